@@ -1,0 +1,78 @@
+"""One exception type for problems the user can fix, and the entry-point wrapper that prints them.
+
+Every script's `if __name__ == "__main__"` goes through `run_cli`, so a user-caused failure is one line on
+stderr and exit code 2, never a traceback (unless --debug is given).
+"""
+
+from __future__ import annotations
+
+import errno
+import sys
+from typing import Callable, NoReturn, Sequence
+
+
+class UserError(Exception):
+    """A failure the user caused and can fix. The message is one line: what is wrong and how to fix it."""
+
+
+EXIT_USER_ERROR = 2
+EXIT_INTERNAL_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+
+def _one_line(message: object) -> str:
+    return " ".join(str(message).split())
+
+
+def describe_os_error(exc: OSError) -> str:
+    """A one-line description of an OSError, with a hint for the common cases (disk full, permissions)."""
+    where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+    reason = exc.strerror or str(exc)
+    hint = ""
+    if exc.errno == errno.ENOSPC:
+        hint = "; free some disk space or choose another output directory"
+    elif exc.errno in (errno.EACCES, errno.EPERM):
+        hint = "; check the permissions or choose another path"
+    elif exc.errno == errno.ENOENT:
+        hint = "; check that the path exists"
+    return f"{reason}{where}{hint}"
+
+
+def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None) -> NoReturn:
+    """Run `main(argv)` and exit with its return code; turn failures into one line on stderr.
+
+    `--debug` anywhere in argv is removed before `main` sees it and lets tracebacks through.
+    UserError exits 2; OSError (disk full, permissions) exits 2 with its reason; any other
+    exception is a bug and exits 1 with one line that says how to get the traceback.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    args = [a for a in args if a != "--debug"]
+    try:
+        code = main(args)
+    except SystemExit:
+        raise
+    except UserError as exc:
+        if debug:
+            raise
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+    except OSError as exc:
+        if debug:
+            raise
+        print(f"error: {_one_line(describe_os_error(exc))}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
+    except Exception as exc:  # a bug: still one line, the traceback on request
+        if debug:
+            raise
+        print(
+            f"internal error: {type(exc).__name__}: {_one_line(exc)} (rerun with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        sys.exit(EXIT_INTERNAL_ERROR)
+    sys.exit(code or 0)

@@ -1,0 +1,69 @@
+"""Atomic file writes: a reader never sees a half-written file, and a failed write leaves nothing behind.
+
+The data goes to a temporary file in the destination's directory (same filesystem, so the final
+`os.replace` is atomic), is flushed and fsynced, and only then renamed over the destination.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+
+def _fsync_directory(directory: Path) -> None:
+    # Makes the rename itself durable; not every platform/filesystem allows opening a directory.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "wb", suffix: str = ".tmp") -> Iterator[IO[Any]]:
+    """Open a temporary file beside `path` for writing; on success it replaces `path` atomically.
+
+    Takes the destination path and a write mode ("wb" or "w"). Yields the open file object.
+    If the block raises (including KeyboardInterrupt or a full disk), the temporary file is
+    removed and `path` is left exactly as it was.
+    """
+    if "w" not in mode:
+        raise ValueError("atomic_open only writes")
+    destination = Path(path)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=suffix, dir=destination.parent)
+    tmp_path = Path(tmp_name)
+    try:
+        encoding = None if "b" in mode else "utf-8"
+        with os.fdopen(fd, mode, encoding=encoding) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_path, destination)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp_path.unlink()
+        raise
+    _fsync_directory(destination.parent)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to `path` atomically."""
+    with atomic_open(path, "wb") as handle:
+        handle.write(data)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write `obj` as indented UTF-8 JSON to `path` atomically."""
+    with atomic_open(path, "w") as handle:
+        json.dump(obj, handle, indent=2, ensure_ascii=False)
+        handle.write("\n")
