@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import errno
 import sys
-from typing import Callable, NoReturn, Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 
 class UserError(Exception):

@@ -10,8 +10,9 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any
 
 
 def _fsync_directory(directory: Path) -> None:

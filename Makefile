@@ -1,0 +1,49 @@
+# Two Quickstart commands, each doing its own set-up in a virtual environment inside the checkout:
+#   make demo   prepare tiny Shakespeare, train the CPU recipe, print a sample
+#   make test   run the test suite (offline) and the linter
+# The environment reuses an installed torch when there is one (e.g. a CUDA build on a GPU machine);
+# otherwise it installs torch==2.13.0 first, so pip never pulls a multi-GB CUDA build on a CPU machine.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+SHARED := $(abspath ../shared)
+
+# Offline GPT-2 BPE files and a local copy of the corpus, when the checkout has ../shared beside it.
+ifneq ($(wildcard $(SHARED)/tiktoken_cache),)
+export TIKTOKEN_CACHE_DIR ?= $(SHARED)/tiktoken_cache
+endif
+ifneq ($(wildcard $(SHARED)/data/tinyshakespeare.txt),)
+export TINYSHAKESPEARE ?= $(SHARED)/data/tinyshakespeare.txt
+endif
+
+.PHONY: demo test lint bench clean-venv
+
+$(VENV)/.runtime: requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+$(VENV)/.test: $(VENV)/.runtime requirements-test.txt
+	$(PY) -m pip install --quiet -r requirements-test.txt
+	touch $@
+
+demo: $(VENV)/.runtime
+	$(PY) prepare_data/shakespeare_char.py
+	$(PY) train.py config/train_shakespeare_char_cpu.py
+	$(PY) sample.py --out_dir=out-shakespeare-char-cpu --num_samples=1 --max_new_tokens=500 --seed=1337
+
+test: $(VENV)/.test
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.test
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+bench: $(VENV)/.test
+	$(PY) bench.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,505 @@
+"""A decoder-only transformer (GPT) in one readable file.
+
+Reads top to bottom: the configuration, the pieces (positions, attention with its KV cache, MLP, block), then
+the model with its forward pass, sampling, optimizer set-up, FLOP accounting and GPT-2 (Hugging Face) interop.
+The default configuration is GPT-2: learned positions, pre-norm blocks, GELU (tanh) MLP, tied LM head.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from errors import UserError
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024  # longest context the model attends over
+    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for faster matmuls
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True  # biases in Linear and LayerNorm layers, as GPT-2 has them
+    pos_encoding: str = "learned"  # "learned" (GPT-2) | "sinusoidal" (fixed sin/cos table) | "rope" (rotary)
+    activation: str = "gelu_tanh"  # "gelu_tanh" (GPT-2's gelu_new) | "gelu" (exact) | "relu2" (squared ReLU)
+    attention: str = "sdpa"  # "sdpa" (fused kernels) | "math" (explicit softmax(QK^T/sqrt(d) + M)V)
+    qk_norm: bool = False  # RMS-normalise queries and keys per head before the dot product
+    tie_embeddings: bool = True  # the LM head shares the token-embedding matrix
+    rope_base: float = 10000.0
+
+    def __post_init__(self) -> None:
+        choices = {"pos_encoding": ("learned", "sinusoidal", "rope"), "activation": ("gelu", "gelu_tanh", "relu2"),
+                   "attention": ("sdpa", "math")}  # fmt: skip
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise UserError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise UserError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.pos_encoding != "learned" and (self.n_embd // self.n_head) % 2:
+            raise UserError(f"{self.pos_encoding} positions need an even head size, got {self.n_embd // self.n_head}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise UserError(f"dropout must be in [0, 1), got {self.dropout}")
+
+
+def sinusoidal_table(length: int, dim: int) -> torch.Tensor:
+    """The original Transformer's fixed encoding: PE[pos, 2i] = sin(pos/10000^(2i/d)), PE[pos, 2i+1] = cos(...)."""
+    position = torch.arange(length, dtype=torch.float64)[:, None]
+    frequency = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    table = torch.zeros(length, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * frequency)
+    table[:, 1::2] = torch.cos(position * frequency)
+    return table.float()
+
+
+def rotary_tables(length: int, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables (length, head_dim/2) for rotary position embedding."""
+    frequency = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angle = torch.arange(length, dtype=torch.float64)[:, None] * frequency
+    return torch.cos(angle).float(), torch.sin(angle).float()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[i], x[i + d/2]) of x (B, nh, T, d) by position-dependent angles (cos/sin: T, d/2)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class KVCache:
+    """Keys and values of every layer for the tokens seen so far, preallocated for `capacity` positions."""
+
+    def __init__(self, n_layer: int, capacity: int) -> None:
+        self.capacity = capacity
+        self.length = 0  # positions filled; the next token goes at this position
+        self.keys: list[torch.Tensor | None] = [None] * n_layer
+        self.values: list[torch.Tensor | None] = [None] * n_layer
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, nh, T, hd) after the cached positions; return all keys and values so far."""
+        if self.keys[layer] is None:
+            shape = (k.shape[0], k.shape[1], self.capacity, k.shape[3])
+            self.keys[layer] = k.new_empty(shape)
+            self.values[layer] = v.new_empty(shape)
+        end = self.length + k.shape[2]
+        self.keys[layer][:, :, self.length : end] = k
+        self.values[layer][:, :, self.length : end] = v
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.n_head, self.head_dim = config.n_head, config.n_embd // config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # fused Q, K, V projection
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn_dropout, self.resid_dropout = nn.Dropout(config.dropout), nn.Dropout(config.dropout)
+        self.dropout, self.path, self.qk_norm = config.dropout, config.attention, config.qk_norm
+
+    def forward(self, x: torch.Tensor, rotary: tuple | None, cache: KVCache | None, layer: int) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)
+        if self.qk_norm:
+            q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        offset = 0
+        if cache is not None:
+            offset = cache.length
+            k, v = cache.append(layer, k, v)
+        S = k.shape[2]  # keys attended over: the cached ones plus these T
+        dropout = self.dropout if self.training else 0.0
+        if self.path == "sdpa":
+            if offset == 0:
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+            else:  # query i (absolute position offset+i) sees keys 0..offset+i
+                allowed = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=offset)
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout)
+        else:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+            future = torch.ones(T, S, dtype=torch.bool, device=x.device).triu(diagonal=offset + 1)
+            weights = self.attn_dropout(F.softmax(scores.masked_fill(future, float("-inf")), dim=-1))
+            y = weights @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+        self.activation = config.activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.c_fc(x)
+        if self.activation == "relu2":
+            x = F.relu(x).square()
+        else:
+            x = F.gelu(x, approximate="tanh" if self.activation == "gelu_tanh" else "none")
+        return self.dropout(self.c_proj(x))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, rotary: tuple | None, cache: KVCache | None, layer: int) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), rotary, cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
+        if config.pos_encoding == "learned":
+            self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.transformer.wte.weight = self.lm_head.weight  # one matrix serves both ends
+        self._build_position_tables(config.block_size)
+        self.apply(self._init_weights)
+        for name, param in self.named_parameters():  # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer)
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _build_position_tables(self, length: int) -> None:
+        # Fixed tables are buffers, not parameters: rebuilt from the config, never saved in checkpoints.
+        config = self.config
+        if config.pos_encoding == "sinusoidal":
+            self.register_buffer("pos_table", sinusoidal_table(length, config.n_embd), persistent=False)
+        elif config.pos_encoding == "rope":
+            cos, sin = rotary_tables(length, config.n_embd // config.n_head, config.rope_base)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def get_num_params(self, non_embedding: bool = True) -> int:
+        """Number of parameters; by default without the position embedding (the token embedding is the tied
+        head, so it counts as compute)."""
+        total = sum(p.numel() for p in self.parameters())
+        if non_embedding and self.config.pos_encoding == "learned":
+            total -= self.transformer.wpe.weight.numel()
+        return total
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Take token ids idx (B, T) and optional targets (B, T; -1 = ignore) and an optional KV cache.
+
+        Returns (logits, loss): with targets, logits for every position (B, T, V) and the mean cross-entropy;
+        without, logits for the last position only (B, 1, V) and None.
+        """
+        T = idx.shape[1]
+        start = cache.length if cache is not None else 0
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of {start + T} tokens is longer than block_size {self.config.block_size}")
+        x = self.transformer.wte(idx)
+        if self.config.pos_encoding == "learned":
+            x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))
+        elif self.config.pos_encoding == "sinusoidal":
+            x = x + self.pos_table[start : start + T].to(x.dtype)
+        rotary = None
+        if self.config.pos_encoding == "rope":
+            rotary = (self.rope_cos[start : start + T], self.rope_sin[start : start + T])
+        x = self.transformer.drop(x)
+        for layer, block in enumerate(self.transformer.h):
+            x = block(x, rotary, cache, layer)
+        if cache is not None:
+            cache.length += T
+        x = self.transformer.ln_f(x)
+        if targets is None:
+            return self.lm_head(x[:, [-1], :]), None  # only the next token's logits are needed
+        logits = self.lm_head(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    def crop_block_size(self, block_size: int) -> None:
+        """Shrink the context to block_size (e.g. to fine-tune GPT-2 on shorter windows)."""
+        if block_size > self.config.block_size:
+            raise UserError(f"cannot grow block_size from {self.config.block_size} to {block_size}")
+        self.config.block_size = block_size
+        if self.config.pos_encoding == "learned":
+            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+        self._build_position_tables(block_size)
+
+    @torch.no_grad()
+    def generate_stream(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        stop_tokens: list[int] | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[torch.Tensor]:
+        """Yield the next token of every sequence (B,) for up to max_new_tokens steps, using a KV cache.
+
+        The prompt idx (B, T) runs once; each later step feeds one token. When the context would pass
+        block_size, the cache is rebuilt from the last 3/4 of a window (one full pass per quarter window),
+        so generation continues indefinitely over a sliding window. A row that has produced a stop token
+        repeats it; generation ends early once every row has stopped.
+        """
+        block = self.config.block_size
+        context = idx[:, -block:]
+        stopped = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
+        previous = idx[:, -1]
+        stop_ids = torch.tensor(stop_tokens or [], dtype=idx.dtype, device=idx.device)
+        cache = KVCache(self.config.n_layer, block)
+        logits, _ = self(context, cache=cache)
+        for _ in range(max_new_tokens):
+            next_token = sample_next_token(logits[:, -1, :], temperature, top_k, top_p, generator)
+            if stop_ids.numel():
+                next_token = torch.where(stopped, previous, next_token)
+                stopped |= torch.isin(next_token, stop_ids)
+            yield next_token
+            previous = next_token
+            if bool(stopped.all()):
+                return
+            context = torch.cat((context, next_token[:, None]), dim=1)
+            if cache.length < block:
+                logits, _ = self(next_token[:, None], cache=cache)
+            else:  # window full: slide by a quarter window and recompute the cache once
+                context = context[:, -(block - block // 4) :]
+                cache = KVCache(self.config.n_layer, block)
+                logits, _ = self(context, cache=cache)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        stop_tokens: list[int] | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Extend idx (B, T) by up to max_new_tokens sampled tokens and return it (B, T + n).
+
+        temperature 0 is greedy; top_k keeps the k most likely tokens; top_p keeps the smallest set whose
+        probability reaches p; generator makes sampling reproducible. See generate_stream for stop tokens.
+        """
+        steps = self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, stop_tokens, generator)
+        new_tokens = [token[:, None] for token in steps]
+        return torch.cat([idx, *new_tokens], dim=1)
+
+    def configure_optimizers(
+        self, weight_decay: float, learning_rate: float, betas: tuple[float, float], device_type: str
+    ) -> torch.optim.AdamW:
+        """AdamW with weight decay on matrices and embeddings (>= 2-D) only, fused on CUDA."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **({"fused": True} if fused else {}))
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token (forward + backward): 6 per parameter plus the attention score products."""
+        config = self.config
+        return 6 * self.get_num_params() + 12 * config.n_layer * config.n_embd * config.block_size
+
+    def estimate_mfu(self, fwdbwd_per_iter: int, dt: float, peak_flops: float | None) -> float | None:
+        """Model FLOPs utilisation: achieved FLOP/s over the device's peak (None when the peak is unknown).
+
+        fwdbwd_per_iter: sequences of block_size processed per iteration; dt: seconds per iteration.
+        """
+        if not peak_flops or dt <= 0:
+            return None
+        return self.flops_per_token() * self.config.block_size * fwdbwd_per_iter / dt / peak_flops
+
+    @classmethod
+    def from_pretrained(cls, name_or_dir: str, override_args: dict[str, Any] | None = None) -> GPT:
+        """Load GPT-2 weights from a local Hugging Face directory or a hub name (gpt2, gpt2-medium, ...).
+
+        Reads config.json and model.safetensors (or pytorch_model.bin, weights only); keys may carry the
+        `transformer.` prefix or not; a missing lm_head.weight means tied. override_args may set dropout.
+        """
+        directory = Path(name_or_dir)
+        if not directory.is_dir():
+            if name_or_dir not in GPT2_HUB_NAMES:
+                raise UserError(f"{name_or_dir} is neither a directory nor one of {', '.join(GPT2_HUB_NAMES)}")
+            directory = download_gpt2(name_or_dir)
+        hf = json.loads((directory / "config.json").read_text())
+        activation = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}.get(
+            hf.get("activation_function", "gelu_new")
+        )
+        if activation is None:
+            raise UserError(f"{directory}: unsupported activation_function {hf.get('activation_function')!r}")
+        config = GPTConfig(
+            block_size=hf["n_positions"], vocab_size=hf["vocab_size"], n_layer=hf["n_layer"], n_head=hf["n_head"],
+            n_embd=hf["n_embd"], bias=True, activation=activation, **(override_args or {}),
+        )  # fmt: skip
+        state = read_hf_gpt2_state(directory)
+        model = cls(config)
+        ours = model.state_dict()
+        missing = [k for k in ours if k not in state and k != "lm_head.weight"]
+        if missing:
+            raise UserError(f"{directory}: weights file lacks {len(missing)} tensors, e.g. {missing[0]}")
+        state.setdefault("lm_head.weight", state["transformer.wte.weight"])
+        for key, value in ours.items():
+            if state[key].shape != value.shape:
+                raise UserError(
+                    f"{directory}: {key} has shape {tuple(state[key].shape)}, expected {tuple(value.shape)}"
+                )
+        model.load_state_dict({k: state[k] for k in ours})
+        return model
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """Write config.json and model.safetensors that transformers' GPT2LMHeadModel.from_pretrained loads."""
+        from safetensors.torch import save as safetensors_bytes
+
+        from fileio import atomic_write_bytes, atomic_write_json
+
+        config = self.config
+        standard = config.pos_encoding == "learned" and config.bias and config.activation != "relu2"
+        if not (standard and config.tie_embeddings and not config.qk_norm):
+            raise UserError("only GPT-2-shaped models (learned positions, bias, GELU, tied head) export to GPT-2")
+        hf_config = {
+            "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": config.vocab_size,
+            "n_positions": config.block_size, "n_ctx": config.block_size, "n_embd": config.n_embd,
+            "n_layer": config.n_layer, "n_head": config.n_head, "layer_norm_epsilon": 1e-5,
+            "activation_function": "gelu_new" if config.activation == "gelu_tanh" else "gelu",
+            "resid_pdrop": config.dropout, "embd_pdrop": config.dropout, "attn_pdrop": config.dropout,
+            "initializer_range": 0.02, "tie_word_embeddings": True, "bos_token_id": 50256, "eos_token_id": 50256,
+        }  # fmt: skip
+        state = {}
+        for key, value in self.state_dict().items():
+            if key == "lm_head.weight":
+                continue  # tied to transformer.wte.weight
+            value = value.detach().cpu()
+            state[key] = value.t().contiguous() if key.endswith(CONV1D_WEIGHTS) else value.contiguous()
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(directory / "model.safetensors", safetensors_bytes(state, metadata={"format": "pt"}))
+        atomic_write_json(directory / "config.json", hf_config)
+
+
+# Hugging Face GPT-2 stores these four projections as Conv1D: weight (in, out), the transpose of nn.Linear's.
+CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+GPT2_HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+
+
+def read_hf_gpt2_state(directory: Path) -> dict[str, torch.Tensor]:
+    """A Hugging Face GPT-2 state dict renamed to this model's keys, Conv1D weights transposed."""
+    if (directory / "model.safetensors").exists():
+        from safetensors.torch import load_file
+
+        raw = load_file(directory / "model.safetensors")
+    elif (directory / "pytorch_model.bin").exists():
+        raw = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise UserError(f"{directory} has neither model.safetensors nor pytorch_model.bin")
+    state = {}
+    for key, value in raw.items():
+        if key.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # old causal-mask buffers, not weights
+        if not key.startswith(("transformer.", "lm_head.")):
+            key = "transformer." + key
+        state[key] = value.t() if key.endswith(CONV1D_WEIGHTS) else value
+    return state
+
+
+def download_gpt2(name: str) -> Path:
+    """Fetch a GPT-2 checkpoint's config.json and model.safetensors from the Hugging Face Hub into the cache."""
+    from prepare_data.download import cache_root, download
+
+    directory = cache_root() / "hf" / name
+    for filename in ("config.json", "model.safetensors"):
+        url = f"https://huggingface.co/openai-community/{name}/resolve/main/{filename}"
+        download(url, directory / filename, what=f"{name} {filename} from the Hugging Face Hub")
+    return directory
+
+
+def sample_next_token(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Pick one token per row from logits (B, V): greedy at temperature 0, else sampled after top-k/top-p."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth_largest = torch.topk(logits, top_k, dim=-1).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted = cumulative - sorted_logits.softmax(dim=-1) >= top_p  # mass before this token already >= p
+        logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+    probs = F.softmax(logits, dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+# bf16/fp16 dense peaks (datasheet, no sparsity); float32 matmuls run as TF32 on these parts.
+_PEAK_FLOPS = {"H200": (989e12, 494e12), "H100 PCIe": (756e12, 378e12), "H100": (989e12, 494e12),
+               "A100": (312e12, 156e12)}  # fmt: skip
+
+
+def peak_flops_for_device(device: torch.device | str, dtype: torch.dtype) -> float | None:
+    """The device's peak FLOP/s for dtype's matmuls, for known GPUs (A100, H100, H200); None otherwise."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, (half, tf32) in _PEAK_FLOPS.items():
+        if key in name:
+            return half if dtype in (torch.bfloat16, torch.float16) else tf32
+    return None
+
+
+def config_from_dict(model_args: dict[str, Any]) -> GPTConfig:
+    """A GPTConfig from a checkpoint's model_args; unknown keys are an error, missing ones take defaults."""
+    known = {f.name for f in fields(GPTConfig)}
+    unknown = sorted(set(model_args) - known)
+    if unknown:
+        raise UserError(f"checkpoint model_args has unknown keys {unknown}; was it written by a newer version?")
+    return GPTConfig(**model_args)
+
+
+def config_to_dict(config: GPTConfig) -> dict[str, Any]:
+    """The config as plain literals (stored as model_args in checkpoints)."""
+    return asdict(config)

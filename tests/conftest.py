@@ -1,0 +1,35 @@
+"""Shared test set-up: the repository root on sys.path, offline tokenizers, deterministic seeds."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+SHARED = REPO_ROOT.parent / "shared"
+TINYSHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
+if "TIKTOKEN_CACHE_DIR" not in os.environ and (SHARED / "tiktoken_cache").is_dir():
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED / "tiktoken_cache")
+# Never reach out to a hub or tracker from tests.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything():
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    yield

@@ -1,0 +1,140 @@
+"""GPT-2 interop with Hugging Face transformers (the reference implementation), entirely offline."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from errors import UserError
+from model import GPT, GPTConfig
+
+transformers = pytest.importorskip("transformers")
+
+
+def random_hf_gpt2(tmp_path: Path, activation: str = "gelu_new", seed: int = 0) -> tuple[object, Path]:
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(
+        vocab_size=101, n_positions=32, n_embd=32, n_layer=2, n_head=4, activation_function=activation,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )  # fmt: skip
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():  # random biases and norm gains too, so a mix-up of any tensor shows
+        for name, param in hf.named_parameters():
+            if param.dim() == 1:
+                param.normal_(0.0 if name.endswith("bias") else 1.0, 0.1)
+    directory = tmp_path / "hf-gpt2"
+    hf.save_pretrained(directory)
+    return hf, directory
+
+
+@pytest.mark.parametrize("activation", ["gelu_new", "gelu"])
+def test_hf_gpt2_loads_with_same_logits_and_loss(tmp_path, activation):
+    hf, directory = random_hf_gpt2(tmp_path, activation)
+    assert (directory / "model.safetensors").exists()
+    ours = GPT.from_pretrained(str(directory)).eval()
+    idx = torch.randint(0, 101, (2, 20))
+    with torch.no_grad():
+        expected = hf(idx, labels=idx)
+        last_logits, _ = ours(idx)
+        _, loss = ours(idx[:, :-1], idx[:, 1:])  # HF shifts labels inside
+    torch.testing.assert_close(last_logits[:, -1], expected.logits[:, -1], rtol=0, atol=1e-4)
+    assert loss.item() == pytest.approx(expected.loss.item(), abs=1e-5)
+
+
+def test_greedy_generate_matches_hf_token_for_token(tmp_path):
+    hf, directory = random_hf_gpt2(tmp_path, seed=3)
+    ours = GPT.from_pretrained(str(directory)).eval()
+    prompt = torch.randint(0, 101, (2, 5))
+    expected = hf.generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, do_sample=False, pad_token_id=0
+    )
+    assert torch.equal(ours.generate(prompt, max_new_tokens=20, temperature=0), expected)
+
+
+def test_pytorch_model_bin_without_transformer_prefix(tmp_path):
+    hf, _ = random_hf_gpt2(tmp_path)
+    directory = tmp_path / "bare"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(hf.config.to_dict()))
+    # GPT2Model's keys (no "transformer." prefix, no lm_head: tied) as an old-style .bin with mask buffers
+    state = {k.removeprefix("transformer."): v for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    state["h.0.attn.bias"] = torch.ones(1, 1, 32, 32)
+    state["h.0.attn.masked_bias"] = torch.tensor(-1e4)
+    torch.save(state, directory / "pytorch_model.bin")
+    ours = GPT.from_pretrained(str(directory)).eval()
+    idx = torch.randint(0, 101, (1, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx)[0][:, -1], hf(idx).logits[:, -1], rtol=0, atol=1e-4)
+
+
+def test_save_pretrained_round_trips_through_hf_exactly(tmp_path):
+    torch.manual_seed(1)
+    ours = GPT(GPTConfig(block_size=24, vocab_size=77, n_layer=2, n_head=2, n_embd=16)).eval()
+    directory = tmp_path / "export"
+    ours.save_pretrained(directory)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(directory).eval()
+    idx = torch.randint(0, 77, (2, 24))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx)[0][:, -1], hf(idx).logits[:, -1], rtol=0, atol=1e-5)
+    again = GPT.from_pretrained(str(directory))
+    for (name, a), (_, b) in zip(ours.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert not list(directory.glob("*.tmp")) and not list(directory.glob(".*"))
+
+
+def test_save_pretrained_refuses_non_gpt2_shapes(tmp_path):
+    model = GPT(GPTConfig(block_size=8, vocab_size=10, n_layer=1, n_head=1, n_embd=8, pos_encoding="rope"))
+    with pytest.raises(UserError, match="GPT-2"):
+        model.save_pretrained(tmp_path / "x")
+    assert not (tmp_path / "x" / "config.json").exists()
+
+
+def test_from_pretrained_errors_are_clear(tmp_path, monkeypatch):
+    with pytest.raises(UserError, match="neither a directory nor one of"):
+        GPT.from_pretrained(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "config.json").write_text(json.dumps({"n_positions": 8, "vocab_size": 10, "n_layer": 1,
+                                                                "n_head": 1, "n_embd": 8}))  # fmt: skip
+    with pytest.raises(UserError, match="neither model.safetensors nor pytorch_model.bin"):
+        GPT.from_pretrained(str(tmp_path / "empty"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("GPT_TOOLKIT_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(UserError, match="offline"):
+        GPT.from_pretrained("gpt2")
+
+
+def test_hub_names_download_from_the_endpoint(tmp_path, monkeypatch):
+    """`gpt2` resolves through HF_ENDPOINT; here a loopback server plays the hub."""
+    hf, directory = random_hf_gpt2(tmp_path)
+    served = tmp_path / "hub" / "openai-community" / "gpt2" / "resolve" / "main"
+    served.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(directory / name, served / name)
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(tmp_path / "hub"), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+        monkeypatch.setenv("GPT_TOOLKIT_CACHE", str(tmp_path / "cache"))
+        ours = GPT.from_pretrained("gpt2").eval()
+    finally:
+        server.shutdown()
+    idx = torch.randint(0, 101, (1, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx)[0][:, -1], hf(idx).logits[:, -1], rtol=0, atol=1e-4)
+    assert (tmp_path / "cache" / "hf" / "gpt2" / "model.safetensors").exists()
