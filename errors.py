@@ -6,7 +6,9 @@ stderr and exit code 2, never a traceback (unless --debug is given).
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -58,6 +60,11 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
             raise
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): stop quietly, as command-line tools do.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(EXIT_INTERNAL_ERROR)
     except KeyboardInterrupt:
         if debug:
             raise

@@ -101,7 +101,7 @@ def test_from_pretrained_errors_are_clear(tmp_path, monkeypatch):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "config.json").write_text(json.dumps({"n_positions": 8, "vocab_size": 10, "n_layer": 1,
                                                                 "n_head": 1, "n_embd": 8}))  # fmt: skip
-    with pytest.raises(UserError, match="neither model.safetensors nor pytorch_model.bin"):
+    with pytest.raises(UserError, match=r"neither model\.safetensors nor pytorch_model\.bin"):
         GPT.from_pretrained(str(tmp_path / "empty"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("GPT_TOOLKIT_CACHE", str(tmp_path / "cache"))

@@ -1,0 +1,58 @@
+"""Choosing the device and the numeric precision, shared by train.py, sample.py and bench.py."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from errors import UserError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch.device for a --device value: "auto" picks cuda, then mps, then cpu.
+
+    Accepts auto, cpu, cuda, cuda:N and mps; UserError for anything else or a device that is not there.
+    """
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise UserError(f"unsupported device {name!r}; use auto, cpu, cuda, cuda:N or mps")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device {name!r} asked for, but CUDA is not available here; use --device=cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UserError(f"device {name!r} does not exist; this machine has {torch.cuda.device_count()} GPU(s)")
+    if device.type == "mps" and not (torch.backends.mps.is_available()):
+        raise UserError("device 'mps' asked for, but MPS is not available here; use --device=cpu")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The compute dtype for a --dtype value: "auto" is bfloat16 on GPUs that support it, else float16 on
+    CUDA, and float32 elsewhere. UserError for unknown names and float16 off CUDA."""
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if name not in DTYPES:
+        raise UserError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16")
+    if name == "float16" and device.type != "cuda":
+        raise UserError("float16 needs a CUDA device; use --dtype=bfloat16 or float32 on this device")
+    return DTYPES[name]
+
+
+def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:
+    """Mixed-precision context for the forward pass (a no-op in float32)."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)

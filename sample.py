@@ -1,0 +1,217 @@
+"""Generate text from a trained checkpoint or from GPT-2: settings → checkpoint → tokenizer → model → text.
+
+python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --max_new_tokens=300
+python sample.py --init_from=gpt2 --start="FILE:prompt.txt" --top_p=0.9 --stop="\\n\\n"
+python sample.py --out_dir=out --interactive          # one prompt per line from stdin, until EOF
+"""
+
+from __future__ import annotations
+
+import codecs
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from checkpoint import build_model, load_checkpoint, resolve_checkpoint
+from devices import autocast, resolve_device, resolve_dtype
+from errors import UserError, run_cli
+from model import GPT, GPT2_HUB_NAMES
+from settings import parse_settings, setting, setting_list
+from tokenizer import make_tokenizer, read_meta, tokenizer_from_meta
+
+SEPARATOR = "\n" + "-" * 40 + "\n"
+
+
+@dataclass
+class SampleSettings:
+    out_dir: str = setting("out", "training output directory (or a checkpoint file) to sample from")
+    checkpoint: str = setting("best", "which checkpoint of out_dir: best (best val loss) or latest")
+    init_from: str = setting("resume", "resume = the out_dir checkpoint; or a Hugging Face GPT-2 dir, or gpt2*")
+    data_dir: str = setting("", "take the tokenizer from this data dir's meta.json (for checkpoints without one)")
+    start: str = setting("\n", "the prompt; FILE:path reads it from a file")
+    num_samples: int = setting(1, "how many samples, generated together as one batch")
+    max_new_tokens: int = setting(500, "tokens to generate per sample")
+    temperature: float = setting(0.8, "sampling temperature; 0 = greedy (always the most likely token)")
+    top_k: int | None = setting(200, "sample only among the k most likely tokens (None = all)")
+    top_p: float | None = setting(None, "sample only among the most likely tokens whose probability reaches p")
+    stop: list[str] = setting_list([], "end a sample when this text appears (repeatable); not printed")
+    stop_at_eot: bool = setting(True, "end a sample at the end-of-text token, when the tokenizer has one")
+    seed: int = setting(1337, "random seed: same seed and settings give the same text")
+    device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps")
+    dtype: str = setting("auto", "auto, float32, bfloat16 or float16")
+    compile: bool = setting(False, "torch.compile the model (pays off only for long generations on a GPU)")
+    interactive: bool = setting(False, "read prompts from stdin, one per line, until end of input")
+    stream: bool = setting(True, "print tokens as they are generated (when num_samples is 1)")
+
+    def validate(self) -> None:
+        if self.max_new_tokens <= 0:
+            raise UserError(f"--max_new_tokens must be positive, got {self.max_new_tokens}")
+        if self.num_samples <= 0:
+            raise UserError(f"--num_samples must be positive, got {self.num_samples}")
+        if self.temperature < 0:
+            raise UserError(f"--temperature must be >= 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k <= 0:
+            raise UserError(f"--top_k must be a positive integer or None, got {self.top_k}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise UserError(f"--top_p must be in (0, 1], got {self.top_p}")
+        if self.checkpoint not in ("best", "latest"):
+            raise UserError(f"--checkpoint must be best or latest, got {self.checkpoint!r}")
+        if any(stop == "" for stop in self.stop):
+            raise UserError("--stop needs a non-empty string")
+
+
+def load_model_and_tokenizer(cfg: SampleSettings) -> tuple[GPT, object]:
+    """The model (on CPU, eval mode) and its tokenizer, from a checkpoint or GPT-2 weights."""
+    if cfg.init_from == "resume":
+        path = resolve_checkpoint(cfg.out_dir, cfg.checkpoint)
+        checkpoint = load_checkpoint(path)
+        model = build_model(checkpoint, str(path))
+        tokenizer_meta = checkpoint.get("tokenizer")
+        if cfg.data_dir:
+            tokenizer_meta = read_meta(cfg.data_dir)["tokenizer"]
+        if not tokenizer_meta:
+            raise UserError(
+                f"checkpoint {path} records no tokenizer; pass --data_dir=DIR with the meta.json it was trained on"
+            )
+        tokenizer = tokenizer_from_meta(tokenizer_meta)
+    elif Path(cfg.init_from).is_dir() or cfg.init_from in GPT2_HUB_NAMES:
+        model = GPT.from_pretrained(cfg.init_from)
+        tokenizer = (
+            tokenizer_from_meta(read_meta(cfg.data_dir)["tokenizer"]) if cfg.data_dir else make_tokenizer("gpt2")
+        )
+    else:
+        raise UserError(f"--init_from={cfg.init_from!r}: use resume, a GPT-2 directory, or {', '.join(GPT2_HUB_NAMES)}")
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise UserError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}; "
+            "pass the --data_dir the model was trained on"
+        )
+    return model.eval(), tokenizer
+
+
+def read_prompt(start: str) -> str:
+    """The prompt text: `start` itself, or the contents of the file after a FILE: prefix."""
+    if start.startswith("FILE:"):
+        path = Path(start[len("FILE:") :])
+        try:
+            return path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise UserError(f"prompt file {path} does not exist") from None
+        except UnicodeDecodeError as exc:
+            raise UserError(f"prompt file {path} is not UTF-8 text (byte {exc.start})") from None
+    return start
+
+
+class TextStream:
+    """Turns generated token ids into text for one sample: UTF-8 safe, and cut at the first stop string.
+
+    `push` takes the next token id and returns the text that is now safe to print: a multi-byte character split
+    across tokens is held back until complete, and so is any tail that could still become a stop string.
+    """
+
+    def __init__(self, tokenizer: object, stops: list[str], eot_token: int | None) -> None:
+        self.tokenizer, self.stops, self.eot_token = tokenizer, stops, eot_token
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text, self.printed, self.done = "", 0, False
+        self.hold_back = max((len(s) for s in stops), default=1) - 1
+
+    def push(self, token: int) -> str:
+        if self.done:
+            return ""
+        if token == self.eot_token:
+            return self.finish()
+        self.text += self.decoder.decode(self.tokenizer.decode_bytes([token]))
+        positions = [self.text.find(stop, max(0, self.printed - self.hold_back)) for stop in self.stops]
+        found = [p for p in positions if p >= 0]
+        if found:
+            self.text, self.done = self.text[: min(found)], True  # what follows the stop string is dropped
+            return self.finish()
+        safe_end = max(self.printed, len(self.text) - self.hold_back)
+        piece, self.printed = self.text[self.printed : safe_end], safe_end
+        return piece
+
+    def finish(self) -> str:
+        """Mark the sample complete and return the text not yet printed."""
+        if not self.done:
+            self.text += self.decoder.decode(b"", final=True)  # an incomplete character at the end shows as U+FFFD
+            self.done = True
+        piece, self.printed = self.text[self.printed :], len(self.text)
+        return piece
+
+
+def generate_samples(
+    model: GPT,
+    tokenizer: object,
+    prompt: str,
+    cfg: SampleSettings,
+    device: torch.device,
+    dtype: torch.dtype,
+    write: Callable[[str], None] | None,
+) -> list[str]:
+    """Generate cfg.num_samples continuations of `prompt`; stream sample 0 through `write` when given.
+
+    Returns each sample's text (prompt included, stop strings and end-of-text excluded).
+    """
+    if prompt == "":
+        raise UserError('the prompt is empty; give some text with --start (e.g. --start="\\n")')
+    ids = tokenizer.encode(prompt)
+    block = model.config.block_size
+    if len(ids) > block:
+        print(
+            f"warning: the prompt has {len(ids)} tokens; keeping its last {block} (the context size)", file=sys.stderr
+        )
+        ids = ids[-block:]
+    idx = torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    eot = tokenizer.eot_token if cfg.stop_at_eot else None
+    streams = [TextStream(tokenizer, cfg.stop, eot) for _ in range(cfg.num_samples)]
+    if write:
+        write(prompt)
+    steps: Iterator[torch.Tensor] = model.generate_stream(
+        idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, None if eot is None else [eot], generator
+    )
+    with autocast(device, dtype):
+        for tokens in steps:
+            for stream, token in zip(streams, tokens.tolist()):
+                piece = stream.push(token)
+                if write and stream is streams[0]:
+                    write(piece)
+            if all(stream.done for stream in streams):
+                break
+    tails = [stream.finish() for stream in streams]
+    if write:
+        write(tails[0])
+    return [prompt + stream.text for stream in streams]
+
+
+def main(argv: list[str]) -> int:
+    cfg = parse_settings(SampleSettings, argv, prog="sample.py", description="Generate text from a trained model.")
+    torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    model, tokenizer = load_model_and_tokenizer(cfg)
+    model.to(device)
+    if cfg.compile:
+        model = torch.compile(model)
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    prompts = (line.rstrip("\n") for line in sys.stdin) if cfg.interactive else [read_prompt(cfg.start)]
+    for prompt in prompts:
+        if cfg.interactive and not prompt:
+            continue  # an empty line asks for nothing
+        streaming = cfg.stream and cfg.num_samples == 1
+        samples = generate_samples(model, tokenizer, prompt, cfg, device, dtype, write if streaming else None)
+        if not streaming:
+            write(SEPARATOR.join(samples))
+        write(SEPARATOR if cfg.interactive else "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)
