@@ -21,6 +21,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from errors import UserError
+from muon import MuonAdamW
 
 
 @dataclass
@@ -128,6 +129,8 @@ class CausalSelfAttention(nn.Module):
         if self.path == "sdpa":
             if offset == 0:
                 y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+            elif T == 1:  # one new token sees every cached key: no mask needed
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
             else:  # query i (absolute position offset+i) sees keys 0..offset+i
                 allowed = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=offset)
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout)
@@ -323,16 +326,33 @@ class GPT(nn.Module):
         return torch.cat([idx, *new_tokens], dim=1)
 
     def configure_optimizers(
-        self, weight_decay: float, learning_rate: float, betas: tuple[float, float], device_type: str
-    ) -> torch.optim.AdamW:
-        """AdamW with weight decay on matrices and embeddings (>= 2-D) only, fused on CUDA."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        self,
+        weight_decay: float,
+        learning_rate: float,
+        betas: tuple[float, float],
+        device_type: str,
+        muon_lr: float | None = None,
+        muon_momentum: float = 0.95,
+    ) -> torch.optim.Optimizer:
+        """AdamW with weight decay on matrices and embeddings (>= 2-D) only, fused on CUDA.
+
+        With muon_lr, the blocks' weight matrices use Muon at that learning rate instead (no weight decay)
+        and the rest AdamW, in one MuonAdamW optimizer. Every group records its "base_lr" for schedules.
+        """
+        named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+        hidden = [p for n, p in named if muon_lr is not None and n.startswith("transformer.h.") and p.dim() == 2]
+        taken = {id(p) for p in hidden}
+        adam_groups = [
+            {"params": [p for _, p in named if p.dim() >= 2 and id(p) not in taken], "weight_decay": weight_decay},
+            {"params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0},
         ]
+        for group in adam_groups:
+            group.update(lr=learning_rate, base_lr=learning_rate, betas=betas)
+        if muon_lr is not None:
+            muon_group = {"params": hidden, "muon": True, "lr": muon_lr, "base_lr": muon_lr, "momentum": muon_momentum}
+            return MuonAdamW([muon_group, *adam_groups])
         fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **({"fused": True} if fused else {}))
+        return torch.optim.AdamW(adam_groups, lr=learning_rate, betas=betas, **({"fused": True} if fused else {}))
 
     def flops_per_token(self) -> float:
         """Training FLOPs per token (forward + backward): 6 per parameter plus the attention score products."""

@@ -1,0 +1,94 @@
+"""Muon: momentum SGD whose update for each weight matrix is orthogonalised before it is applied.
+
+For a hidden weight matrix W with gradient G, Muon keeps a momentum buffer M = mu*M + G, takes the Nesterov
+direction U = G + mu*M, replaces U by the nearest semi-orthogonal matrix (its singular values pushed to ~1
+by a few Newton-Schulz iterations, so every direction in the update moves at the same rate), scales it by
+sqrt(max(1, rows/cols)) and steps W -= lr * U. Embeddings, the LM head and vector parameters (norm gains,
+biases) are not matrices of this kind; they stay with AdamW inside the same optimizer (`MuonAdamW`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Coefficients of the quintic iteration X <- aX + b(XX^T)X + c(XX^T)^2 X: chosen so that five steps drive
+# the singular values that matter (not far below the largest) into roughly [0.7, 1.2]: all the update needs.
+NEWTON_SCHULZ_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+def orthogonalize(update: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """Approximately the U V^T of update = U S V^T (a 2-D tensor), by Newton-Schulz iteration.
+
+    Runs in bfloat16 on CUDA (fast and accurate enough) and float32 elsewhere; returns update's dtype.
+    """
+    a, b, c = NEWTON_SCHULZ_COEFFICIENTS
+    x = update.to(torch.bfloat16 if update.is_cuda else torch.float32)
+    transposed = x.shape[0] > x.shape[1]
+    if transposed:  # iterate on the smaller Gram matrix
+        x = x.T
+    x = x / (x.norm() + 1e-7)  # the Frobenius norm bounds the spectral norm: singular values now <= 1
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    if transposed:
+        x = x.T
+    return x.to(update.dtype)
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """One optimizer for the whole model: Muon for the param groups marked `muon=True`, AdamW for the rest.
+
+    Being a single torch Optimizer, it works unchanged with learning-rate schedules (each group's "lr"),
+    GradScaler and checkpoints. Muon groups take lr, momentum, nesterov, weight_decay, ns_steps; AdamW groups
+    take lr, betas, eps, weight_decay and follow torch.optim.AdamW's arithmetic exactly.
+    """
+
+    def __init__(self, param_groups: list[dict]) -> None:
+        defaults = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, momentum=0.95, nesterov=True,
+                        ns_steps=5, muon=False)  # fmt: skip
+        super().__init__(param_groups, defaults)
+        for group in self.param_groups:
+            if group["muon"] and any(p.dim() != 2 for p in group["params"]):
+                raise ValueError("Muon groups may only hold 2-D weight matrices")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    (self._muon_update if group["muon"] else self._adamw_update)(param, group)
+        return loss
+
+    def _muon_update(self, param: torch.Tensor, group: dict) -> None:
+        state = self.state[param]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(param)
+        buffer = state["momentum_buffer"]
+        buffer.mul_(group["momentum"]).add_(param.grad)
+        direction = param.grad.add(buffer, alpha=group["momentum"]) if group["nesterov"] else buffer
+        update = orthogonalize(direction, group["ns_steps"])
+        update *= max(1.0, param.shape[0] / param.shape[1]) ** 0.5  # tall matrices: same per-row step size
+        param.mul_(1 - group["lr"] * group["weight_decay"])
+        param.add_(update, alpha=-group["lr"])
+
+    def _adamw_update(self, param: torch.Tensor, group: dict) -> None:
+        state = self.state[param]
+        if "step" not in state:
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = torch.zeros_like(param)
+            state["exp_avg_sq"] = torch.zeros_like(param)
+        state["step"] += 1
+        step = state["step"].item()
+        beta1, beta2 = group["betas"]
+        grad, exp_avg, exp_avg_sq = param.grad, state["exp_avg"], state["exp_avg_sq"]
+        param.mul_(1 - group["lr"] * group["weight_decay"])
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        bias_correction1 = 1 - beta1**step
+        bias_correction2_sqrt = (1 - beta2**step) ** 0.5
+        denominator = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(group["eps"])
+        param.addcdiv_(exp_avg, denominator, value=-group["lr"] / bias_correction1)
