@@ -1,0 +1,249 @@
+"""Benchmarks that print a table and write JSON: sampling speed, training throughput, time to quality.
+
+    python bench.py sample   [--repeats=3 --batch_sizes=1 --batch_sizes=8 --json_out=bench_results/sample.json]
+    python bench.py train    [--config=config/train_shakespeare_char_cpu.py --iters=30]
+    python bench.py quality  [--config=config/train_shakespeare_char_cpu.py --runs=3]   (wall time + full val loss)
+
+Data-preparation throughput is bench_prepare.py. Results and the exact commands live in docs/benchmarks.md.
+Figures are medians over several runs; on a shared 2-core machine single runs are noisy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from devices import resolve_device
+from errors import UserError, run_cli
+from fileio import atomic_write_json
+from model import GPT, GPTConfig
+from settings import parse_settings, setting, setting_list
+
+
+def machine_description() -> dict:
+    """Where a figure was measured: CPU/GPU, core count, torch version, date."""
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    return {
+        "device": device,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    for row in rows:
+        print("  ".join(str(row.get(c, "")).ljust(w) for c, w in zip(columns, widths)))
+
+
+def write_results(path: str, kind: str, settings: object, rows: list[dict]) -> None:
+    if path:
+        atomic_write_json(path, {"benchmark": kind, "settings": vars(settings), "machine": machine_description(),
+                                 "results": rows})  # fmt: skip
+        print(f"wrote {path}")
+
+
+# ----------------------------------------------------------------------------------------------- sampling
+@dataclass
+class SampleBench:
+    repeats: int = setting(3, "runs per measurement; the median is reported")
+    batch_sizes: list[int] = setting_list([1, 8], "batch sizes to measure (repeat the flag)")
+    prompt_tokens: int = setting(16, "prompt length")
+    new_tokens: int = setting(256, "tokens generated per sequence")
+    top_k: int = setting(200, "top-k sampling, as nanoGPT's sample.py")
+    threads: int = setting(0, "torch threads (0 = torch's default)")
+    paths: list[str] = setting_list(
+        ["cached", "cached_bf16", "uncached", "hf"], "which generators: cached, cached_bf16, uncached, hf"
+    )
+    uncached_new_tokens: int = setting(64, "tokens for the slow uncached path (its tokens/s hardly varies)")
+    device: str = setting("cpu", "device to run on")
+    json_out: str = setting("bench_results/sample.json", "where to write the JSON results ('' = nowhere)")
+
+
+def uncached_generate(model: GPT, idx: torch.Tensor, new_tokens: int, top_k: int, generator) -> torch.Tensor:
+    """The plain path, as nanoGPT samples: a full forward pass over the whole context for every token."""
+    from model import sample_next_token
+
+    for _ in range(new_tokens):
+        logits, _ = model(idx[:, -model.config.block_size :])
+        idx = torch.cat((idx, sample_next_token(logits[:, -1], 1.0, top_k, None, generator)[:, None]), dim=1)
+    return idx
+
+
+def time_call(fn, repeats: int) -> float:
+    fn()  # warm-up: allocator, kernels, lazy imports
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_sample(cfg: SampleBench) -> list[dict]:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=50257)  # GPT-2 124M shape, random weights
+    model = GPT(config).eval().to(device)
+    hf_model = None
+    if "hf" in cfg.paths:
+        import transformers
+
+        hf_config = transformers.GPT2Config(vocab_size=50257, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        hf_model = transformers.GPT2LMHeadModel(hf_config).eval().to(device)
+        hf_model.load_state_dict(hf_state_from(model), strict=False)
+    rows = []
+    for batch in cfg.batch_sizes:
+        prompt = torch.randint(0, 50257, (batch, cfg.prompt_tokens), device=device)
+        for path in cfg.paths:
+            new_tokens = cfg.uncached_new_tokens if path == "uncached" else cfg.new_tokens
+            generator = torch.Generator(device=device).manual_seed(0)
+            if path in ("cached", "cached_bf16"):
+                dtype = torch.bfloat16 if path == "cached_bf16" else torch.float32
+                runner = model if dtype == torch.float32 else GPT(config).eval().to(device, dtype)
+                if runner is not model:
+                    runner.load_state_dict(model.state_dict())
+
+                def fn(runner=runner, prompt=prompt, new_tokens=new_tokens, generator=generator):
+                    with torch.inference_mode():
+                        runner.generate(prompt, new_tokens, top_k=cfg.top_k, generator=generator)
+
+            elif path == "uncached":
+
+                def fn(prompt=prompt, new_tokens=new_tokens, generator=generator):
+                    with torch.inference_mode():
+                        uncached_generate(model, prompt, new_tokens, cfg.top_k, generator)
+
+            elif path == "hf":
+
+                def fn(prompt=prompt, new_tokens=new_tokens):
+                    with torch.inference_mode():
+                        hf_model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True,
+                                          top_k=cfg.top_k, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                          pad_token_id=0)  # fmt: skip
+
+            else:
+                raise UserError(f"unknown path {path!r}; use cached, cached_bf16, uncached or hf")
+            seconds = time_call(fn, cfg.repeats)
+            rows.append({"path": path, "batch": batch, "new_tokens": new_tokens, "seconds": round(seconds, 3),
+                         "tokens_per_s": round(batch * new_tokens / seconds, 1)})  # fmt: skip
+            print_table(rows[-1:], list(rows[-1]))
+    by_key = {(r["path"], r["batch"]): r["tokens_per_s"] for r in rows}
+    for row in rows:
+        for reference in ("hf", "uncached"):
+            if (reference, row["batch"]) in by_key and row["path"] != reference:
+                row[f"x_{reference}"] = round(row["tokens_per_s"] / by_key[(reference, row["batch"])], 2)
+    return rows
+
+
+def hf_state_from(model: GPT) -> dict[str, torch.Tensor]:
+    """Our weights under Hugging Face GPT-2 names (Conv1D weights transposed), so both run the same model."""
+    from model import CONV1D_WEIGHTS
+
+    return {k: (v.t() if k.endswith(CONV1D_WEIGHTS) else v) for k, v in model.state_dict().items()}
+
+
+# ----------------------------------------------------------------------------------------------- training
+@dataclass
+class TrainBench:
+    config: str = setting("config/train_shakespeare_char_cpu.py", "training recipe to measure")
+    iters: int = setting(30, "training iterations per run (the first few are warm-up)")
+    runs: int = setting(1, "runs; the median is reported")
+    extra: list[str] = setting_list([], "extra --key=value flags for train.py (repeat the flag)")
+    json_out: str = setting("bench_results/train.json", "where to write the JSON results ('' = nowhere)")
+
+
+def run_train(args: list[str]) -> tuple[float, str]:
+    """Run train.py with args; return (wall seconds, its stdout)."""
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "train.py", *args], capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if result.returncode != 0:
+        raise UserError(f"train.py {' '.join(args)} failed: {result.stderr.strip().splitlines()[-1:]}")
+    return seconds, result.stdout
+
+
+def parse_summary(stdout: str) -> dict:
+    """train.py prints one JSON line starting with 'summary ' at the end of a run."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("summary "):
+            return json.loads(line[len("summary ") :])
+    raise UserError("train.py printed no summary line")
+
+
+def bench_train(cfg: TrainBench) -> list[dict]:
+    rows = []
+    for run in range(cfg.runs):
+        out_dir = f"bench_results/train_run{run}"
+        args = [cfg.config, f"--max_iters={cfg.iters}", f"--out_dir={out_dir}", "--eval_interval=1000000",
+                "--eval_iters=1", "--always_save_checkpoint=False", "--log_interval=10", *cfg.extra]  # fmt: skip
+        seconds, stdout = run_train(args)
+        summary = parse_summary(stdout)
+        rows.append({"config": cfg.config, "run": run, "wall_s": round(seconds, 1),
+                     "tokens_per_s": summary.get("tokens_per_s"), "ms_per_iter": summary.get("ms_per_iter"),
+                     "mfu": summary.get("mfu")})  # fmt: skip
+    print_table(rows, list(rows[0]))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------- time to quality
+@dataclass
+class QualityBench:
+    config: list[str] = setting_list(["config/train_shakespeare_char_cpu.py"], "recipes to run (repeat the flag)")
+    runs: int = setting(3, "runs per recipe; medians are reported")
+    extra: list[str] = setting_list([], "extra --key=value flags for every run")
+    json_out: str = setting("bench_results/quality.json", "where to write the JSON results ('' = nowhere)")
+
+
+def bench_quality(cfg: QualityBench) -> list[dict]:
+    """Whole-command wall time and the final full-split val loss of each recipe (train.py --eval_full)."""
+    rows = []
+    for config in cfg.config:
+        runs = []
+        for run in range(cfg.runs):
+            out_dir = f"bench_results/quality_{Path(config).stem}_{run}"
+            seconds, stdout = run_train([config, f"--out_dir={out_dir}", *cfg.extra])
+            summary = parse_summary(stdout)
+            runs.append({"wall_s": seconds, "val_loss_full": summary["val_loss_full"],
+                         "train_s": summary.get("train_seconds")})  # fmt: skip
+            print(f"{config} run {run}: {seconds:.1f} s wall, full val loss {summary['val_loss_full']:.4f}")
+        rows.append({"config": config, "extra": " ".join(cfg.extra), "runs": cfg.runs,
+                     "median_wall_s": round(statistics.median(r["wall_s"] for r in runs), 1),
+                     "median_val_loss_full": round(statistics.median(r["val_loss_full"] for r in runs), 4),
+                     "all": runs})  # fmt: skip
+    print_table(rows, ["config", "extra", "runs", "median_wall_s", "median_val_loss_full"])
+    return rows
+
+
+COMMANDS = {"sample": (SampleBench, bench_sample), "train": (TrainBench, bench_train),
+            "quality": (QualityBench, bench_quality)}  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in COMMANDS:
+        raise UserError(f"name a benchmark first: python bench.py {{{','.join(COMMANDS)}}} [--key=value ...]")
+    settings_class, function = COMMANDS[argv[0]]
+    cfg = parse_settings(settings_class, argv[1:], prog=f"bench.py {argv[0]}", description=function.__doc__ or "")
+    print(json.dumps(machine_description()))
+    rows = function(cfg)
+    write_results(cfg.json_out, argv[0], cfg, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

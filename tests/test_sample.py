@@ -1,0 +1,177 @@
+"""sample.py end to end on a tiny checkpoint trained in the test, plus the streaming decoder on its own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from checkpoint import save_checkpoint
+from model import GPT, GPTConfig, config_to_dict
+from sample import TextStream
+from tokenizer import CharTokenizer, TiktokenTokenizer, write_meta
+
+REPO = Path(__file__).resolve().parent.parent
+CORPUS = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 40
+
+
+def run_script(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args], cwd=REPO, capture_output=True, input=None if stdin is None else stdin.encode(),
+        timeout=300,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained_char_checkpoint(tmp_path_factory) -> Path:
+    """A 1-layer char model trained for a few dozen steps by train.py on a tiny corpus."""
+    root = tmp_path_factory.mktemp("sample")
+    data_dir = root / "data"
+    tokenizer = CharTokenizer.from_text(CORPUS)
+    ids = np.array(tokenizer.encode(CORPUS), dtype=np.uint16)
+    split = int(0.9 * len(ids))
+    data_dir.mkdir()
+    ids[:split].tofile(data_dir / "train.bin")
+    ids[split:].tofile(data_dir / "val.bin")
+    write_meta(data_dir, {
+        "format": "gpt-tokens", "version": 1, "tokenizer": tokenizer.to_meta(), "vocab_size": tokenizer.vocab_size,
+        "dtype": "uint16", "eot_token": None,
+        "splits": {"train": {"files": ["train.bin"], "tokens": split, "text_bytes": split, "documents": 1},
+                   "val": {"files": ["val.bin"], "tokens": len(ids) - split, "text_bytes": len(ids) - split,
+                           "documents": 1}},
+        "source": {"test": "tiny corpus"},
+    })  # fmt: skip
+    out_dir = root / "out"
+    result = run_script(
+        "train.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--device=cpu", "--compile=False",
+        "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=8", "--max_iters=60",
+        "--eval_interval=30", "--eval_iters=2", "--learning_rate=3e-3", "--warmup_iters=5", "--log_interval=30",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr.decode()
+    assert (out_dir / "ckpt.pt").exists()
+    return out_dir
+
+
+def test_same_seed_same_text_and_different_seed_different_text(trained_char_checkpoint):
+    common = ["sample.py", f"--out_dir={trained_char_checkpoint}", "--start=First", "--max_new_tokens=60"]
+    a = run_script(*common, "--seed=7")
+    b = run_script(*common, "--seed=7")
+    c = run_script(*common, "--seed=8")
+    assert a.returncode == b.returncode == c.returncode == 0, a.stderr.decode()
+    assert a.stdout == b.stdout and a.stdout != c.stdout
+    assert a.stdout.decode().startswith("First")
+    assert len(a.stdout.decode()) == len("First") + 60 + 1  # prompt, 60 characters, final newline
+
+
+def test_stop_string_ends_the_sample_and_is_not_printed(trained_char_checkpoint):
+    free = run_script("sample.py", f"--out_dir={trained_char_checkpoint}", "--start=A", "--max_new_tokens=80",
+                      "--temperature=0")  # fmt: skip
+    text = free.stdout.decode()[1:-1]  # greedy continuation without the prompt and final newline
+    stop = text[10:12]
+    expected = "A" + text[: text.index(stop)] + "\n"
+    stopped = run_script("sample.py", f"--out_dir={trained_char_checkpoint}", "--start=A", "--max_new_tokens=80",
+                         "--temperature=0", f"--stop={stop}")  # fmt: skip
+    assert stopped.returncode == 0
+    assert stopped.stdout.decode() == expected
+
+
+def test_file_prompt_and_batch(trained_char_checkpoint, tmp_path):
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text("All:\nSpeak")
+    result = run_script("sample.py", f"--out_dir={trained_char_checkpoint}", f"--start=FILE:{prompt_file}",
+                        "--num_samples=3", "--max_new_tokens=20", "--seed=3")  # fmt: skip
+    assert result.returncode == 0, result.stderr.decode()
+    samples = result.stdout.decode().rstrip("\n").split("\n" + "-" * 40 + "\n")
+    assert len(samples) == 3
+    assert all(s.startswith("All:\nSpeak") and len(s) == len("All:\nSpeak") + 20 for s in samples)
+    assert len(set(samples)) > 1  # one batch, but each row samples its own tokens
+
+
+def test_interactive_reads_prompts_until_eof(trained_char_checkpoint):
+    result = run_script("sample.py", f"--out_dir={trained_char_checkpoint}", "--interactive", "--max_new_tokens=5",
+                        stdin="First\nAll\n")  # fmt: skip
+    assert result.returncode == 0, result.stderr.decode()
+    outputs = result.stdout.decode().split("\n" + "-" * 40 + "\n")
+    assert outputs[0].startswith("First") and outputs[1].startswith("All")
+
+
+def test_out_of_vocabulary_characters_are_one_clear_error(trained_char_checkpoint):
+    result = run_script("sample.py", f"--out_dir={trained_char_checkpoint}", "--start=Zebra ☃ Q")
+    stderr = result.stderr.decode()
+    assert result.returncode == 2 and result.stdout == b""
+    assert stderr.count("\n") == 1 and stderr.startswith("error:") and "Traceback" not in stderr
+    assert "'☃'" in stderr and "'Z'" in stderr and "'Q'" in stderr
+
+
+@pytest.mark.parametrize(
+    "flag, message",
+    [("--max_new_tokens=0", "max_new_tokens"), ("--top_p=1.5", "top_p"), ("--top_p=0", "top_p"),
+     ("--start=", "prompt is empty"), ("--top_k=0", "top_k"), ("--temperature=-1", "temperature")],
+)  # fmt: skip
+def test_bad_settings_are_one_clear_error(trained_char_checkpoint, flag, message):
+    result = run_script("sample.py", f"--out_dir={trained_char_checkpoint}", flag)
+    stderr = result.stderr.decode()
+    assert result.returncode == 2 and stderr.startswith("error:") and message in stderr and stderr.count("\n") == 1
+
+
+def test_long_prompt_is_truncated_from_the_left_with_a_warning(trained_char_checkpoint):
+    long_prompt = "speak " * 20  # 120 characters, context is 32
+    result = run_script("sample.py", f"--out_dir={trained_char_checkpoint}", f"--start={long_prompt}",
+                        "--max_new_tokens=40")  # fmt: skip
+    assert result.returncode == 0
+    assert "warning: the prompt has 120 tokens; keeping the last 32" in result.stderr.decode()
+    assert len(result.stdout.decode()) == 120 + 40 + 1  # generation beyond block_size works
+
+
+def test_streamed_bpe_text_is_valid_utf8_across_split_characters():
+    tokenizer = TiktokenTokenizer("gpt2")
+    text = "naïve café — 日本語のテキスト 🙂🚀 done"
+    ids = tokenizer.encode(text)
+    assert any(not _is_complete_utf8(tokenizer.decode_bytes([i])) for i in ids)  # some tokens split characters
+    stream = TextStream(tokenizer, stops=[], eot_token=tokenizer.eot_token)
+    pieces = [stream.push(i) for i in ids] + [stream.finish()]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in piece for piece in pieces)
+
+
+def test_stream_holds_back_a_partial_stop_string():
+    tokenizer = CharTokenizer(list("abcXY"))
+    stream = TextStream(tokenizer, stops=["XY"], eot_token=None)
+    printed = [stream.push(i) for i in tokenizer.encode("abXcXY")]
+    assert "".join(printed) + stream.finish() == "abXc"
+    # each character waits one token: it could be the start of "XY"; the final X never prints
+    assert printed == ["", "a", "b", "X", "c", ""]
+
+
+def test_bpe_checkpoint_streams_valid_utf8_end_to_end(tmp_path):
+    tokenizer = TiktokenTokenizer("gpt2")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=50304, n_layer=1, n_head=2, n_embd=16))
+    record = {**tokenizer.to_meta(), "vocab_size": tokenizer.vocab_size, "eot_token": tokenizer.eot_token}
+    save_checkpoint(tmp_path / "ckpt.pt", {"model": model.state_dict(), "model_args": config_to_dict(model.config),
+                                           "tokenizer": record})  # fmt: skip
+    result = run_script("sample.py", f"--out_dir={tmp_path}", "--start=日本語 🙂", "--max_new_tokens=200",
+                        "--top_k=None", "--stop_at_eot=False")  # fmt: skip
+    assert result.returncode == 0, result.stderr.decode()
+    result.stdout.decode("utf-8", errors="strict")  # random byte-level tokens still print as valid UTF-8
+    assert result.stdout.decode().startswith("日本語 🙂")
+
+
+def test_checkpoint_without_tokenizer_is_a_clear_error(tmp_path):
+    model = GPT(GPTConfig(block_size=8, vocab_size=10, n_layer=1, n_head=1, n_embd=8))
+    save_checkpoint(tmp_path / "ckpt.pt", {"model": model.state_dict(), "model_args": config_to_dict(model.config)})
+    result = run_script("sample.py", f"--out_dir={tmp_path}")
+    assert result.returncode == 2 and "records no tokenizer" in result.stderr.decode()
+    assert "Traceback" not in result.stderr.decode()
+
+
+def _is_complete_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
