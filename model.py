@@ -337,7 +337,8 @@ class GPT(nn.Module):
         """AdamW with weight decay on matrices and embeddings (>= 2-D) only, fused on CUDA.
 
         With muon_lr, the blocks' weight matrices use Muon at that learning rate instead (no weight decay)
-        and the rest AdamW, in one MuonAdamW optimizer. Every group records its "base_lr" for schedules.
+        and the rest AdamW, in one MuonAdamW optimizer. Every group records its "lr_scale", the factor a
+        learning-rate schedule applies to its own learning rate (muon_lr / learning_rate for the Muon group).
         """
         named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
         hidden = [p for n, p in named if muon_lr is not None and n.startswith("transformer.h.") and p.dim() == 2]
@@ -347,9 +348,10 @@ class GPT(nn.Module):
             {"params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0},
         ]
         for group in adam_groups:
-            group.update(lr=learning_rate, base_lr=learning_rate, betas=betas)
+            group.update(lr=learning_rate, lr_scale=1.0, betas=betas)
         if muon_lr is not None:
-            muon_group = {"params": hidden, "muon": True, "lr": muon_lr, "base_lr": muon_lr, "momentum": muon_momentum}
+            scale = muon_lr / learning_rate
+            muon_group = {"params": hidden, "muon": True, "lr": muon_lr, "lr_scale": scale, "momentum": muon_momentum}
             return MuonAdamW([muon_group, *adam_groups])
         fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
         return torch.optim.AdamW(adam_groups, lr=learning_rate, betas=betas, **({"fused": True} if fused else {}))

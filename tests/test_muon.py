@@ -84,7 +84,8 @@ def test_configure_optimizers_puts_block_matrices_on_muon():
     assert all(p.dim() == 1 for p in plain_group["params"])
     counted = sum(len(g["params"]) for g in optimizer.param_groups)
     assert counted == len(list(model.parameters()))
-    assert [g["base_lr"] for g in optimizer.param_groups] == [0.02, 1e-3, 1e-3]
+    assert [g["lr"] for g in optimizer.param_groups] == [0.02, 1e-3, 1e-3]
+    assert [g["lr_scale"] for g in optimizer.param_groups] == [pytest.approx(20.0), 1.0, 1.0]
 
 
 def test_muon_trains_a_small_gpt_and_its_state_round_trips():
