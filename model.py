@@ -463,14 +463,16 @@ def read_hf_gpt2_state(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def download_gpt2(name: str) -> Path:
-    """Fetch a GPT-2 checkpoint's config.json and model.safetensors from the Hugging Face Hub into the cache."""
-    from prepare_data.download import cache_root, download
+    """Fetch a GPT-2 checkpoint's config.json and model.safetensors from the Hugging Face Hub (HF_ENDPOINT)
+    into the download cache, once; returns the directory. UserError when offline or unreachable."""
+    from prepare_data.download import fetch
 
-    directory = cache_root() / "hf" / name
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
+        raise UserError(f"cannot download {name}: HF_HUB_OFFLINE is set (offline); pass a local GPT-2 directory")
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     for filename in ("config.json", "model.safetensors"):
-        url = f"https://huggingface.co/openai-community/{name}/resolve/main/{filename}"
-        download(url, directory / filename, what=f"{name} {filename} from the Hugging Face Hub")
-    return directory
+        path = fetch(f"{endpoint}/openai-community/{name}/resolve/main/{filename}", name=f"hf/{name}/{filename}")
+    return path.parent
 
 
 def sample_next_token(
