@@ -1,0 +1,220 @@
+"""Tests for tokenizer.py: char and tiktoken tokenizers, offline GPT-2 from --bpe_dir, meta.json read/write."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tokenizer
+from errors import UserError
+from tokenizer import CharTokenizer, TiktokenTokenizer
+
+SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+GPT2_URLS = {
+    "vocab.bpe": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
+    "encoder.json": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
+}
+
+
+def tiktoken_cache_dir() -> Path:
+    return Path(os.environ["TIKTOKEN_CACHE_DIR"])  # conftest.py sets it when ../shared exists
+
+
+def copy_gpt2_bpe_files(destination: Path) -> Path:
+    """Copy GPT-2's BPE files out of tiktoken's cache, where each is named by the sha1 of its URL."""
+    destination.mkdir(parents=True, exist_ok=True)
+    for name, url in GPT2_URLS.items():
+        shutil.copyfile(tiktoken_cache_dir() / hashlib.sha1(url.encode()).hexdigest(), destination / name)
+    return destination
+
+
+@pytest.fixture(scope="module")
+def shakespeare_text() -> str:
+    return SHAKESPEARE.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def gpt2() -> TiktokenTokenizer:
+    return TiktokenTokenizer("gpt2")
+
+
+def test_char_tokenizer_round_trips_shakespeare(shakespeare_text: str) -> None:
+    tok = CharTokenizer.from_text(shakespeare_text)
+    assert tok.vocab_size == 65
+    assert tok.eot_token is None
+    assert tok.chars == sorted(set(shakespeare_text))
+    ids = tok.encode(shakespeare_text)
+    assert len(ids) == len(shakespeare_text)
+    assert ids[:5] == [tok.chars.index(c) for c in "First"]
+    assert tok.decode(ids) == shakespeare_text
+
+
+def test_char_tokenizer_with_eot_and_non_ascii() -> None:
+    tok = CharTokenizer(["a", "é", "😀"], eot=True)
+    assert tok.vocab_size == 4 and tok.eot_token == 3
+    assert tok.encode("é😀a") == [1, 2, 0]
+    assert tok.decode([0, 3, 1]) == "a<|endoftext|>é"
+    assert tok.decode_bytes([2]) == "😀".encode()
+    assert tok.decode([0, 99]) == "a\ufffd"
+    assert tok.to_meta() == {"kind": "char", "chars": ["a", "é", "😀"], "eot": True}
+    assert tok.encode_batch(["a", "éé"], num_threads=2) == [[0], [1, 1]]
+    assert tok.encode_array("aé").dtype == np.int64
+
+
+def test_char_tokenizer_unknown_characters_listed_once() -> None:
+    tok = CharTokenizer(["a", "b"])
+    with pytest.raises(UserError) as info:
+        tok.encode("abxxzx\n")
+    message = str(info.value)
+    assert "3 character(s)" in message
+    assert "'\\n'" in message and "'x'" in message and "'z'" in message
+    assert message.count("'x'") == 1
+
+
+def test_char_tokenizer_rejects_bad_tables() -> None:
+    with pytest.raises(UserError, match="duplicate"):
+        CharTokenizer(["a", "a"])
+    with pytest.raises(UserError, match="single characters"):
+        CharTokenizer(["ab"])
+
+
+def test_gpt2_known_ids_and_specials_as_text(gpt2: TiktokenTokenizer) -> None:
+    assert gpt2.vocab_size == 50257 and gpt2.eot_token == 50256
+    assert gpt2.encode("Hello world") == [15496, 995]
+    # Special-token text is ordinary text here: it must not turn into the end-of-text id.
+    assert 50256 not in gpt2.encode("a <|endoftext|> b")
+    assert gpt2.decode([15496, 995]) == "Hello world"
+    assert gpt2.decode([50256]) == "<|endoftext|>"
+    # An id past the vocabulary (a padded model's output) decodes to U+FFFD instead of crashing.
+    assert gpt2.decode([15496, 50300]) == "Hello\ufffd"
+    assert gpt2.to_meta() == {"kind": "tiktoken", "encoding": "gpt2"}
+
+
+def test_gpt2_batch_matches_single(gpt2: TiktokenTokenizer, shakespeare_text: str) -> None:
+    texts = [shakespeare_text[i : i + 5000] for i in range(0, 50000, 5000)]
+    assert gpt2.encode_batch(texts, num_threads=2) == [gpt2.encode(t) for t in texts]
+
+
+def test_bpe_dir_matches_cached_encoding(tmp_path: Path, gpt2: TiktokenTokenizer, shakespeare_text: str) -> None:
+    local = TiktokenTokenizer("gpt2", bpe_dir=copy_gpt2_bpe_files(tmp_path / "bpe"))
+    assert local.vocab_size == 50257 and local.eot_token == 50256
+    sample = shakespeare_text[:200_000] + " naïve café 😀 \t\r\n  x"
+    assert local.encode(sample) == gpt2.encode(sample)
+    assert local.decode(local.encode(sample)) == sample
+
+
+def test_bpe_dir_corrupted_or_missing_file_rejected(tmp_path: Path) -> None:
+    bpe = copy_gpt2_bpe_files(tmp_path / "bpe")
+    data = bytearray((bpe / "vocab.bpe").read_bytes())
+    data[100] ^= 0x01  # one flipped bit
+    (bpe / "vocab.bpe").write_bytes(bytes(data))
+    with pytest.raises(UserError, match=r"vocab.bpe has sha256"):
+        TiktokenTokenizer("gpt2", bpe_dir=bpe)
+    (bpe / "encoder.json").unlink()
+    copy = copy_gpt2_bpe_files(tmp_path / "other")
+    (copy / "encoder.json").unlink()
+    with pytest.raises(UserError, match=r"encoder.json is missing"):
+        TiktokenTokenizer("gpt2", bpe_dir=copy)
+    with pytest.raises(UserError, match="only supports the gpt2"):
+        TiktokenTokenizer("cl100k_base", bpe_dir=copy)
+
+
+def test_unknown_encoding_name() -> None:
+    with pytest.raises(UserError, match="unknown tokenizer 'gpt5'"):
+        TiktokenTokenizer("gpt5")
+
+
+def test_tokenizer_from_meta_rebuilds_both_kinds() -> None:
+    char = tokenizer.tokenizer_from_meta({"kind": "char", "chars": ["x", "y"], "eot": True})
+    assert isinstance(char, CharTokenizer) and char.vocab_size == 3 and char.encode("yx") == [1, 0]
+    bpe = tokenizer.tokenizer_from_meta({"kind": "tiktoken", "encoding": "gpt2"})
+    assert isinstance(bpe, TiktokenTokenizer) and bpe.encode("Hello") == [15496]
+    with pytest.raises(UserError):
+        tokenizer.tokenizer_from_meta({"kind": "sentencepiece"})
+
+
+def make_meta(**changes: object) -> dict:
+    meta = {
+        "format": "gpt-tokens",
+        "version": 1,
+        "tokenizer": {"kind": "char", "chars": ["a", "b", "c"], "eot": False},
+        "vocab_size": 3,
+        "dtype": "uint16",
+        "eot_token": None,
+        "splits": {
+            "train": {"files": ["train.bin"], "tokens": 4, "text_bytes": 4, "documents": 1},
+            "val": {"files": ["val.bin"], "tokens": 2, "text_bytes": 2, "documents": 1},
+        },
+        "source": {"note": "test"},
+    }
+    meta.update(changes)
+    return meta
+
+
+def test_write_then_read_meta(tmp_path: Path) -> None:
+    meta = make_meta()
+    tokenizer.write_meta(tmp_path, meta)
+    assert json.loads((tmp_path / "meta.json").read_text()) == meta
+    assert tokenizer.read_meta(tmp_path) == meta
+    assert [p.name for p in tmp_path.iterdir()] == ["meta.json"]  # no temporary file left
+
+
+def test_read_meta_checks_files(tmp_path: Path) -> None:
+    tokenizer.write_meta(tmp_path, make_meta())
+    with pytest.raises(UserError, match=r"train.bin .*missing"):
+        tokenizer.read_meta(tmp_path, check_files=True)
+    np.array([0, 1, 2, 0], dtype=np.uint16).tofile(tmp_path / "train.bin")
+    np.array([1], dtype=np.uint16).tofile(tmp_path / "val.bin")  # one token short
+    with pytest.raises(UserError, match="split 'val' files hold 2 bytes"):
+        tokenizer.read_meta(tmp_path, check_files=True)
+    np.array([1, 2], dtype=np.uint16).tofile(tmp_path / "val.bin")
+    assert tokenizer.read_meta(tmp_path, check_files=True)["vocab_size"] == 3
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"format": "other"}, "not a token-data description"),
+        ({"vocab_size": 4}, "does not match the character table"),
+        ({"dtype": "int8"}, "'dtype' must be one of"),
+        ({"eot_token": 7}, "eot_token"),
+        ({"splits": {"train": {"files": [], "tokens": 1, "text_bytes": 1, "documents": 1}}}, "non-empty list"),
+        ({"splits": {"train": {"files": ["../x.bin"], "tokens": 1, "text_bytes": 1, "documents": 1}}}, "outside"),
+        ({"splits": {"train": {"files": ["t.bin"], "tokens": -1, "text_bytes": 1, "documents": 1}}}, "'tokens'"),
+        ({"tokenizer": {"kind": "tiktoken"}}, "needs 'encoding'"),
+        (
+            {"tokenizer": {"kind": "tiktoken", "encoding": "cl100k_base"}, "vocab_size": 100277, "dtype": "uint16"},
+            "does not fit",
+        ),
+    ],
+)
+def test_malformed_meta_rejected(tmp_path: Path, changes: dict, message: str) -> None:
+    (tmp_path / "meta.json").write_text(json.dumps(make_meta(**changes)))
+    with pytest.raises(UserError, match=message):
+        tokenizer.read_meta(tmp_path)
+    with pytest.raises(UserError, match=message):
+        tokenizer.write_meta(tmp_path / "out", make_meta(**changes))
+    assert not (tmp_path / "out").exists()
+
+
+def test_read_meta_missing_or_not_json(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="does not exist"):
+        tokenizer.read_meta(tmp_path / "nowhere")
+    with pytest.raises(UserError, match=r"no meta.json"):
+        tokenizer.read_meta(tmp_path)
+    (tmp_path / "meta.json").write_text("{not json")
+    with pytest.raises(UserError, match="not valid JSON"):
+        tokenizer.read_meta(tmp_path)
+
+
+def test_dtype_for_vocab() -> None:
+    assert tokenizer.dtype_for_vocab(65) == "uint16"
+    assert tokenizer.dtype_for_vocab(65536) == "uint16"
+    assert tokenizer.dtype_for_vocab(65537) == "uint32"
+    assert tokenizer.dtype_for_vocab(100277) == "uint32"

@@ -1,0 +1,348 @@
+"""Tests for train.py in one process: settings and recipes, a real run, exact resume after kill -9 and SIGTERM,
+failures (bad settings, NaN loss), fine-tuning a Hugging Face GPT-2 directory, eval_only and wandb offline.
+
+The multi-process runs (DDP, FSDP) are in test_train_ddp.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from datadirs import make_char_data
+
+import checkpoint as ckpt
+import train
+from errors import UserError
+from model import GPT, GPTConfig
+from settings import parse_settings
+
+REPO = Path(__file__).resolve().parent.parent
+MAX_ITERS = 150  # long enough after the first checkpoint (step 10) for a kill to land mid-run
+
+
+def tiny_args(data_dir: Path, out_dir: Path, **overrides: object) -> list[str]:
+    """A 2-layer, 32-wide model on 32-character windows: a few milliseconds per step on one core."""
+    settings = {
+        "data_dir": data_dir, "out_dir": out_dir, "device": "cpu", "compile": False, "n_layer": 2, "n_head": 2,
+        "n_embd": 32, "block_size": 32, "batch_size": 4, "gradient_accumulation_steps": 2, "dropout": 0.1,
+        "max_iters": MAX_ITERS, "eval_interval": 10, "eval_iters": 4, "log_interval": 5, "learning_rate": 3e-3,
+        "warmup_iters": 5, "lr_decay_iters": MAX_ITERS, "min_lr": 3e-4,
+    }  # fmt: skip
+    settings.update(overrides)
+    return [f"--{key}={value}" for key, value in settings.items()]
+
+
+def script_env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
+
+
+def run_train(args: list[str], cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args],
+        cwd=cwd or REPO, env=script_env(**env), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def start_train(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *args],
+        cwd=REPO, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def wait_for_checkpoint(process: subprocess.Popen, path: Path, min_iter: int) -> int:
+    """Poll until `path` holds a checkpoint of at least `min_iter` steps; returns its iter_num.
+
+    Checkpoints are written atomically, so any file seen here is complete.
+    """
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "training ended before a checkpoint could be observed"
+        if path.exists():
+            iter_num = torch.load(path, weights_only=True)["iter_num"]
+            if iter_num >= min_iter:
+                return iter_num
+        time.sleep(0.005)
+    raise AssertionError(f"no checkpoint with iter_num >= {min_iter} in {path}")
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # In-process runs on a shared 2-core machine: one thread avoids OpenMP threads spinning against each other.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("char_data")
+    make_char_data(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def reference(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One uninterrupted run of the tiny config, started from an empty working directory."""
+    out_dir = tmp_path_factory.mktemp("reference") / "out"
+    cwd = tmp_path_factory.mktemp("cwd")
+    result = run_train(tiny_args(data_dir, out_dir), cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert list(cwd.iterdir()) == []  # everything went under out_dir
+    return out_dir, result
+
+
+# ----------------------------------------------------------------------------- settings and recipes
+
+
+def test_learning_rate_warms_up_from_above_zero_then_decays_to_min_lr() -> None:
+    cfg = train.TrainSettings(learning_rate=1.0, min_lr=0.1, warmup_iters=9, lr_decay_iters=109)
+    assert train.learning_rate_at(0, cfg) == pytest.approx(0.1)
+    assert train.learning_rate_at(8, cfg) == pytest.approx(0.9)
+    assert train.learning_rate_at(9, cfg) == pytest.approx(1.0)
+    assert train.learning_rate_at(59, cfg) == pytest.approx(0.55)  # half way down the cosine
+    assert train.learning_rate_at(109, cfg) == pytest.approx(0.1)
+    assert train.learning_rate_at(10_000, cfg) == pytest.approx(0.1)
+    assert train.learning_rate_at(3, dataclasses.replace(cfg, decay_lr=False)) == 1.0
+
+
+def test_help_lists_every_setting(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for field in dataclasses.fields(train.TrainSettings):
+        assert f"--{field.name}  (" in text
+
+
+def test_recipes_parse_with_the_documented_values() -> None:
+    def load(name: str) -> train.TrainSettings:
+        return parse_settings(train.TrainSettings, [str(REPO / "config" / name)], "train.py", "", config_files=True)
+
+    gpu = load("train_shakespeare_char.py")
+    assert (gpu.n_layer, gpu.n_head, gpu.n_embd, gpu.block_size, gpu.batch_size) == (6, 6, 384, 256, 64)
+    assert gpu.dropout == 0.2 and gpu.gradient_accumulation_steps == 1
+    assert (gpu.max_iters, gpu.learning_rate, gpu.beta2, gpu.warmup_iters, gpu.min_lr) == (5000, 1e-3, 0.99, 100, 1e-4)
+    assert (gpu.eval_interval, gpu.eval_iters, gpu.dataset) == (250, 200, "shakespeare_char")
+    cpu = load("train_shakespeare_char_cpu.py")
+    assert (cpu.n_layer, cpu.n_head, cpu.n_embd, cpu.block_size, cpu.batch_size) == (4, 4, 128, 64, 12)
+    assert (cpu.learning_rate, cpu.dropout, cpu.device, cpu.compile) == (1e-3, 0.0, "cpu", False)
+    gpt2 = load("train_gpt2.py")
+    assert (gpt2.batch_size, gpt2.block_size, gpt2.gradient_accumulation_steps) == (12, 1024, 40)
+    assert (gpt2.max_iters, gpt2.learning_rate, gpt2.weight_decay, gpt2.pad_vocab) == (600000, 6e-4, 0.1, True)
+    finetune = load("finetune_shakespeare.py")
+    assert (finetune.init_from, finetune.dataset) == ("gpt2", "shakespeare")
+    evaluation = load("eval_gpt2.py")
+    assert evaluation.eval_only and evaluation.init_from == "gpt2"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--learning_rate=-1"], "learning_rate must be a positive number"),
+        (["--n_embd=30", "--n_head=4"], r"n_embd \(30\) must be divisible by n_head \(4\)"),
+        (["--block_size=100000"], r"fewer than block_size\+1 = 100001"),
+        (["--dtype=float8"], "dtype='float8' is not one of"),
+        (["--init_from=resume"], "ckpt.pt does not exist"),
+        (["--data_dir=/nonexistent/data"], "no meta.json in /nonexistent/data"),
+    ],
+)
+def test_impossible_settings_fail_before_training(data_dir: Path, tmp_path: Path, flags: list, message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        train.main([*tiny_args(data_dir, tmp_path / "out"), *flags])
+    assert not (tmp_path / "out").exists()
+
+
+def test_accumulation_must_divide_among_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(UserError, match=r"gradient_accumulation_steps \(4\) must be divisible .* \(3\)"):
+        train.start_processes(train.TrainSettings(device="cpu", gradient_accumulation_steps=4))
+
+
+def test_user_error_is_one_line_on_stderr(tmp_path: Path) -> None:
+    result = run_train(["--data_dir", str(tmp_path / "missing"), "--out_dir", str(tmp_path / "out")])
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: no meta.json") and result.stderr.count("\n") == 1
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- a real run and its checkpoints
+
+
+def test_run_logs_learns_and_writes_complete_checkpoints(reference: tuple, data_dir: Path) -> None:
+    out_dir, result = reference
+    lines = result.stdout.splitlines()
+    assert "Traceback" not in result.stderr
+    assert any(line.startswith("iter 0: loss ") and "ms/iter" in line and "mfu n/a" in line for line in lines)
+    assert any(line.startswith("step 10: train loss") and "val bpb" in line for line in lines)
+    assert lines[-1].startswith(f"done: {MAX_ITERS} iters")
+    assert sorted(p.name for p in out_dir.iterdir()) == ["best.pt", "ckpt.pt", "log.jsonl"]
+
+    meta = json.loads((data_dir / "meta.json").read_text())
+    vocab_size = meta["vocab_size"]
+    state = ckpt.load_checkpoint(out_dir / "ckpt.pt", required_keys=ckpt.RESUME_KEYS)  # weights_only
+    assert state["iter_num"] == MAX_ITERS
+    assert state["sampler"] == {"seed": 1337, "purpose": 0, "position": MAX_ITERS * 2}
+    assert state["model_args"]["n_embd"] == 32 and state["model_args"]["vocab_size"] == vocab_size
+    assert state["config"]["learning_rate"] == 3e-3 and state["config"]["data_dir"] == str(data_dir)
+    assert set(state["rng"]) == {"python", "numpy", "torch", "cuda"}
+    assert state["tokenizer"] == {**meta["tokenizer"], "vocab_size": vocab_size, "eot_token": None}
+    assert state["scaler"] == {}  # float32 on CPU: no loss scaling
+
+    records = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "val/loss" in r]
+    assert [r["iter"] for r in evals] == list(range(0, MAX_ITERS + 1, 10))
+    assert evals[-1]["val/loss"] < evals[0]["val/loss"] - 0.5  # it learns
+    assert evals[0]["val/loss"] == pytest.approx(math.log(vocab_size), abs=0.1)  # an untrained model is uniform
+    assert state["best_val_loss"] == pytest.approx(min(r["val/loss"] for r in evals))
+    best = ckpt.load_checkpoint(out_dir / "best.pt")
+    best_eval = min(evals, key=lambda r: r["val/loss"])
+    assert best["iter_num"] == best_eval["iter"]
+    bpb = best_eval["val/loss"] / math.log(2) * meta["splits"]["val"]["tokens"] / meta["splits"]["val"]["text_bytes"]
+    assert best_eval["val/bpb"] == pytest.approx(bpb)
+    assert [r["iter"] for r in records if "lr" in r] == list(range(0, MAX_ITERS, 5))
+
+
+def test_kill_9_then_resume_ends_bit_identical(reference: tuple, data_dir: Path, tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    args = tiny_args(data_dir, out_dir)
+    process = start_train(args)
+    killed_at = wait_for_checkpoint(process, out_dir / "ckpt.pt", min_iter=10)
+    process.kill()  # SIGKILL: no handler, no cleanup
+    process.communicate()
+    assert process.returncode == -signal.SIGKILL
+    saved = ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"]
+    assert killed_at <= saved < MAX_ITERS
+
+    result = run_train([*args, "--init_from=resume"])
+    assert result.returncode == 0, result.stderr
+    resumed = ckpt.load_checkpoint(out_dir / "ckpt.pt")
+    uninterrupted = ckpt.load_checkpoint(reference[0] / "ckpt.pt")
+    assert resumed["iter_num"] == MAX_ITERS
+    assert_same_weights(resumed["model"], uninterrupted["model"])
+    assert_same_weights(resumed["optimizer"]["state"][0], uninterrupted["optimizer"]["state"][0])
+    assert not [p for p in out_dir.iterdir() if p.name.startswith(".")]  # no temporary file left behind
+
+
+def test_sigterm_finishes_the_step_saves_and_exits_cleanly(reference: tuple, data_dir: Path, tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    args = tiny_args(data_dir, out_dir)
+    process = start_train(args)
+    wait_for_checkpoint(process, out_dir / "ckpt.pt", min_iter=10)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    stopped = [line for line in stdout.splitlines() if line.startswith("stopped by SIGTERM after")]
+    assert len(stopped) == 1 and "continue with --init_from=resume" in stopped[0]
+    steps = int(stopped[0].split("after ")[1].split(" steps")[0])
+    assert ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == steps < MAX_ITERS
+
+    result = run_train([*args, "--init_from=resume"])
+    assert result.returncode == 0, result.stderr
+    assert_same_weights(
+        ckpt.load_checkpoint(out_dir / "ckpt.pt")["model"], ckpt.load_checkpoint(reference[0] / "ckpt.pt")["model"]
+    )
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(reference: tuple, data_dir: Path, tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    shutil.copy(reference[0] / "ckpt.pt", out_dir / "ckpt.pt")
+    before = (out_dir / "ckpt.pt").read_bytes()
+    args = tiny_args(data_dir, out_dir, max_iters=MAX_ITERS + 20, learning_rate=1e6, grad_clip=0, decay_lr=False)
+    with pytest.raises(UserError, match=r"NaN or infinite at iter \d+; stopped without saving; the last good"):
+        train.main([*args, "--init_from=resume"])
+    assert (out_dir / "ckpt.pt").read_bytes() == before
+    assert sorted(p.name for p in out_dir.iterdir()) == ["ckpt.pt", "log.jsonl"]
+
+
+def test_resume_refuses_data_from_another_tokenizer(reference: tuple, tmp_path: Path) -> None:
+    other = tmp_path / "other_data"
+    make_char_data(other, text="xyz " * 5000)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    shutil.copy(reference[0] / "ckpt.pt", out_dir / "ckpt.pt")
+    with pytest.raises(UserError, match="trained with another tokenizer"):
+        train.main([*tiny_args(other, out_dir), "--init_from=resume"])
+
+
+def test_eval_only_reports_estimate_and_whole_split_and_writes_nothing(
+    reference: tuple, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    shutil.copy(reference[0] / "ckpt.pt", out_dir / "ckpt.pt")
+    assert train.main([*tiny_args(data_dir, out_dir, dropout=0.0), "--init_from=resume", "--eval_only"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2].startswith("eval (4 batches per split): train loss")
+    meta = json.loads((data_dir / "meta.json").read_text())
+    assert lines[-1].startswith(f"eval (whole val split, {meta['splits']['val']['tokens']:,} tokens): val loss")
+    full_loss = float(lines[-1].split("val loss ")[1].split(" |")[0])
+    last_eval = json.loads((reference[0] / "log.jsonl").read_text().splitlines()[-1])
+    assert full_loss == pytest.approx(last_eval["val/loss"], abs=0.15)  # the estimate is close to the exact value
+    assert sorted(p.name for p in out_dir.iterdir()) == ["ckpt.pt"]
+
+
+# ----------------------------------------------------------------------------- fine-tuning and wandb
+
+
+def test_finetune_from_a_hugging_face_directory_crops_the_context(data_dir: Path, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    pretrained = GPT(GPTConfig(block_size=64, vocab_size=80, n_layer=1, n_head=2, n_embd=16, bias=True))
+    pretrained.save_pretrained(tmp_path / "hf")
+    out_dir = tmp_path / "out"
+    args = tiny_args(data_dir, out_dir, init_from=tmp_path / "hf", max_iters=4, eval_interval=4, block_size=16)
+    assert train.main(args) == 0
+    state = ckpt.load_checkpoint(out_dir / "ckpt.pt")
+    assert state["model_args"]["block_size"] == 16 and state["model_args"]["vocab_size"] == 80
+    assert state["model_args"]["dropout"] == 0.1 and state["model"]["transformer.wpe.weight"].shape == (16, 16)
+
+    small = GPT(GPTConfig(block_size=64, vocab_size=40, n_layer=1, n_head=2, n_embd=16, bias=True))
+    small.save_pretrained(tmp_path / "hf_small")
+    with pytest.raises(UserError, match=r"data's vocab_size \(\d+\) is larger than the model's \(40\)"):
+        train.main(tiny_args(data_dir, tmp_path / "out2", init_from=tmp_path / "hf_small"))
+
+
+def test_wandb_offline_run_is_written(data_dir: Path, tmp_path: Path) -> None:
+    wandb_dir = tmp_path / "wandb_root"
+    wandb_dir.mkdir()
+    args = tiny_args(data_dir, tmp_path / "out", max_iters=10, wandb_log=True, wandb_run_name="tiny")
+    result = run_train(args, WANDB_MODE="offline", WANDB_DIR=str(wandb_dir), WANDB_SILENT="true")
+    assert result.returncode == 0, result.stderr
+    runs = list((wandb_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    assert list(runs[0].glob("*.wandb"))  # the run's log of metrics
+
+
+def test_muon_optimizer_trains_and_resumes(data_dir: Path, tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    args = tiny_args(data_dir, out_dir, optimizer="muon", muon_lr=0.02, max_iters=10, lr_decay_iters=14)
+    assert train.main(args) == 0
+    state = ckpt.load_checkpoint(out_dir / "ckpt.pt")
+    muon_groups = [g for g in state["optimizer"]["param_groups"] if g.get("muon")]
+    assert len(muon_groups) == 1 and muon_groups[0]["lr_scale"] == pytest.approx(0.02 / 3e-3)
+    records = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
+    assert records[-1]["val/loss"] < records[0]["val/loss"]
+    assert train.main([*args, "--max_iters=14", "--init_from=resume"]) == 0
+    assert ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == 14
