@@ -29,6 +29,12 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "wb", suffix: str = ".tmp") -> Iterator[IO[Any]]:
     """Open a temporary file beside `path` for writing; on success it replaces `path` atomically.
@@ -44,6 +50,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", suffix: str = ".tmp")
     fd, tmp_name = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=suffix, dir=destination.parent)
     tmp_path = Path(tmp_name)
     try:
+        os.chmod(tmp_path, 0o666 & ~_current_umask())  # mkstemp creates 0600; use what open() would give
         encoding = None if "b" in mode else "utf-8"
         with os.fdopen(fd, mode, encoding=encoding) as handle:
             yield handle

@@ -196,7 +196,12 @@ def test_run_logs_learns_and_writes_complete_checkpoints(reference: tuple, data_
     assert any(line.startswith("iter 0: loss ") and "ms/iter" in line and "mfu n/a" in line for line in lines)
     assert any(line.startswith("step 10: train loss") and "val bpb" in line for line in lines)
     assert lines[-1].startswith(f"done: {MAX_ITERS} iters")
-    assert sorted(p.name for p in out_dir.iterdir()) == ["best.pt", "ckpt.pt", "log.jsonl"]
+    assert sorted(p.name for p in out_dir.iterdir()) == ["best.pt", "ckpt.pt", "log.jsonl", "summary.json"]
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["iters"] == MAX_ITERS and summary["train_seconds"] > 0 and summary["tokens_per_s"] > 0
+    assert (
+        summary["val_loss"] == pytest.approx(summary["best_val_loss"]) or summary["val_loss"] > summary["best_val_loss"]
+    )
 
     meta = json.loads((data_dir / "meta.json").read_text())
     vocab_size = meta["vocab_size"]
@@ -293,7 +298,12 @@ def test_eval_only_reports_estimate_and_whole_split_and_writes_nothing(
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     shutil.copy(reference[0] / "ckpt.pt", out_dir / "ckpt.pt")
-    assert train.main([*tiny_args(data_dir, out_dir, dropout=0.0), "--init_from=resume", "--eval_only"]) == 0
+    assert (
+        train.main(
+            [*tiny_args(data_dir, out_dir, dropout=0.0), "--init_from=resume", "--eval_only", "--eval_full_split"]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     assert lines[-2].startswith("eval (4 batches per split): train loss")
     meta = json.loads((data_dir / "meta.json").read_text())

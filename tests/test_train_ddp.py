@@ -82,7 +82,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_ddp_matches_one_process_with_twice_the_accumulation(runs: dict[str, Path]) -> None:
     assert_same_curve(runs["single"], runs["ddp"])
     assert_close_weights(runs["single"], runs["ddp"])
-    assert sorted(p.name for p in runs["ddp"].iterdir()) == ["best.pt", "ckpt.pt", "log.jsonl"]
+    assert sorted(p.name for p in runs["ddp"].iterdir()) == ["best.pt", "ckpt.pt", "log.jsonl", "summary.json"]
 
 
 def test_fsdp_matches_ddp_and_saves_the_same_checkpoint_format(runs: dict[str, Path]) -> None:
