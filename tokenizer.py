@@ -331,7 +331,7 @@ def read_meta(data_dir: str | os.PathLike, check_files: bool = False) -> dict:
         )
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
         raise UserError(f"{path} is not valid JSON ({exc}); prepare the data again") from exc
     validate_meta(meta, str(path))
     if check_files:

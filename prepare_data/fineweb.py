@@ -1,0 +1,173 @@
+"""FineWeb-Edu sample-10BT: download parquet shards over HTTP and tokenise them into sharded token files.
+
+    python prepare_data/fineweb.py --shards=2                  # 000_00000.parquet and 001_00000.parquet
+    python prepare_data/fineweb.py --shards=14 --num_workers=16 --out_dir=data/fineweb_edu
+
+Downloads go to the cache (--cache_dir, $GPT_TOOLKIT_CACHE or ~/.cache/gpt-toolkit), resume after an interrupted
+transfer and skip shards already complete. Each parquet row's "text" is one document; documents go to train or
+val by a keyed hash (--val_fraction, --seed). Parquet is read one row group at a time. Needs pyarrow
+(pip install pyarrow), which only this script uses.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo root is importable
+
+from errors import UserError, run_cli
+from prepare_data import download, pipeline
+from settings import parse_settings, setting
+
+DEFAULT_BASE_URL = "https://huggingface.co/datasets/HuggingFaceFW/fineweb-edu/resolve/main/sample/10BT"
+ROWS_PER_BATCH = 1024
+
+
+@dataclass
+class FinewebSettings:
+    shards: int = setting(1, "how many parquet files of sample-10BT to use (000_00000.parquet, 001_00000.parquet...)")
+    base_url: str = setting(DEFAULT_BASE_URL, "URL of the folder holding the parquet files")
+    out_dir: str = setting("data/fineweb_edu", "output directory for the token shards and meta.json")
+    cache_dir: str | None = setting(None, "download cache; default $GPT_TOOLKIT_CACHE or ~/.cache/gpt-toolkit")
+    tokenizer: str = setting("gpt2", "gpt2, char, or any tiktoken encoding name")
+    bpe_dir: str | None = setting(None, "directory with GPT-2's vocab.bpe + encoder.json, to work offline")
+    text_field: str = setting("text", "parquet column holding each document's text")
+    val_fraction: float = setting(0.001, "fraction of documents for val")
+    seed: int = setting(1337, "seed of the train/val assignment")
+    shard_tokens: int | None = setting(100_000_000, "tokens per output shard; None writes one file per split")
+    block_size: int = setting(1024, "training context length: each split must hold at least block_size + 1 tokens")
+    num_workers: int = setting(pipeline.default_num_workers(), "tokenising processes (1 = in the main process)")
+    chunk_bytes: int = setting(pipeline.DEFAULT_CHUNK_BYTES, "bytes of text per tokenisation task")
+    retries: int = setting(5, "download retries per file after the first attempt")
+    read_timeout: float = setting(60.0, "seconds without data before a download attempt is abandoned")
+
+    def validate(self) -> None:
+        pipeline.check_settings(self)
+        if self.shards < 1:
+            raise UserError("--shards must be at least 1")
+        if self.retries < 0 or self.read_timeout <= 0:
+            raise UserError("--retries must be >= 0 and --read_timeout > 0")
+
+
+def import_parquet() -> Any:
+    """pyarrow.parquet, or a UserError saying how to install it."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UserError(
+            "fineweb.py reads parquet files with pyarrow, which is not installed: pip install pyarrow"
+        ) from None
+    return pq
+
+
+def shard_names(count: int) -> list[str]:
+    """File names of the first `count` parquet files of sample-10BT."""
+    return [f"{index:03d}_00000.parquet" for index in range(count)]
+
+
+def fetch_shards(cfg: FinewebSettings, pq: Any) -> list[Path]:
+    """Download (or find in the cache) each parquet file; a file that does not open as parquet is removed."""
+    policy = download.DownloadPolicy(retries=cfg.retries, read_timeout=cfg.read_timeout)
+    paths = []
+    for name in shard_names(cfg.shards):
+        url = f"{cfg.base_url.rstrip('/')}/{name}"
+        cache_name = f"fineweb-edu-sample-10BT/{name}"
+        path = download.fetch(url, cache_dir=cfg.cache_dir, name=cache_name, policy=policy)
+        try:
+            pq.ParquetFile(path).close()
+        except Exception as exc:  # pyarrow raises ArrowInvalid / OSError variants for a damaged file
+            path.unlink(missing_ok=True)
+            raise UserError(f"{path} is not a readable parquet file ({exc}); it was removed, run again") from exc
+        paths.append(path)
+    return paths
+
+
+def parquet_tasks(paths: list[Path], text_field: str, chunk_bytes: int, pq: Any) -> Iterator[pipeline.Task]:
+    """Tasks of about `chunk_bytes` of text each, reading every parquet file one row group at a time."""
+    for file_index, path in enumerate(paths):
+        with pq.ParquetFile(path) as parquet:
+            if text_field not in parquet.schema_arrow.names:
+                raise UserError(
+                    f"{path} has no column {text_field!r} (columns: {', '.join(parquet.schema_arrow.names)})"
+                )
+            rows_total = max(parquet.metadata.num_rows, 1)
+            disk_bytes = path.stat().st_size
+            row = 0
+            group: list[str] = []
+            group_bytes = 0
+            first_row = 0
+            for row_group in range(parquet.num_row_groups):
+                for batch in parquet.iter_batches(
+                    batch_size=ROWS_PER_BATCH, row_groups=[row_group], columns=[text_field]
+                ):
+                    for text in batch.column(0).to_pylist():
+                        if text is not None and not isinstance(text, str):
+                            raise UserError(f"{path}: column {text_field!r} does not hold text")
+                        group.append(text or "")
+                        group_bytes += len(text or "")
+                        row += 1
+                        if group_bytes >= chunk_bytes:
+                            yield _docs_task(path, file_index, group, first_row, row, rows_total, disk_bytes)
+                            group, group_bytes, first_row = [], 0, row
+            if group:
+                yield _docs_task(path, file_index, group, first_row, row, rows_total, disk_bytes)
+
+
+def _docs_task(
+    path: Path, file_index: int, texts: list[str], first_row: int, end_row: int, rows_total: int, disk_bytes: int
+) -> pipeline.Task:
+    # Progress counts the file's bytes in proportion to the rows covered.
+    covered = disk_bytes * end_row // rows_total - disk_bytes * first_row // rows_total
+    return pipeline.Task(
+        kind="docs", source=str(path), file_index=file_index, data=texts, first_key=first_row, input_bytes=covered
+    )
+
+
+def main(argv: list[str]) -> int:
+    cfg = parse_settings(
+        FinewebSettings,
+        argv,
+        prog="prepare_data/fineweb.py",
+        description="Download FineWeb-Edu sample-10BT parquet shards and tokenise them into sharded token files.",
+    )
+    pq = import_parquet()
+    paths = fetch_shards(cfg, pq)
+    settings = pipeline.PrepareSettings(
+        out_dir=cfg.out_dir,
+        tokenizer=cfg.tokenizer,
+        bpe_dir=cfg.bpe_dir,
+        val_fraction=cfg.val_fraction,
+        seed=cfg.seed,
+        shard_tokens=cfg.shard_tokens,
+        block_size=cfg.block_size,
+        num_workers=cfg.num_workers,
+        text_field=cfg.text_field,
+        chunk_bytes=cfg.chunk_bytes,
+    )
+    source = {
+        "dataset": "HuggingFaceFW/fineweb-edu sample/10BT",
+        "base_url": cfg.base_url,
+        "parquet_files": shard_names(cfg.shards),
+        "tokenizer": cfg.tokenizer,
+        "bpe_dir": cfg.bpe_dir,
+        "split": "by document (keyed hash)",
+        "val_fraction": cfg.val_fraction,
+        "seed": cfg.seed,
+        "text_field": cfg.text_field,
+    }
+    total_bytes = sum(path.stat().st_size for path in paths)
+
+    def make_tasks() -> Iterator[pipeline.Task]:
+        return parquet_tasks(paths, cfg.text_field, cfg.chunk_bytes, pq)
+
+    meta, seconds = pipeline.prepare(make_tasks, settings, source, total_bytes, what=f"{cfg.shards} parquet file(s)")
+    print(pipeline.summary_line(meta, cfg.out_dir, seconds, total_bytes))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,50 @@
+"""Tiny Shakespeare with GPT-2 BPE (tiktoken "gpt2"): train.bin / val.bin (uint16) and meta.json.
+
+    python prepare_data/shakespeare.py
+    python prepare_data/shakespeare.py --bpe_dir=DIR   # GPT-2's vocab.bpe + encoder.json, no network needed
+
+Same 90/10 character split as shakespeare_char.py, then each part encoded on its own: 301,966 train and
+36,059 val tokens, no end-of-text token (the corpus is one document).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo root is importable
+
+from errors import run_cli
+from prepare_data import pipeline
+from prepare_data.shakespeare_char import ShakespeareSettings, read_tiny_shakespeare, split_text
+from settings import parse_settings, setting
+from tokenizer import TiktokenTokenizer
+
+
+@dataclass
+class ShakespeareBpeSettings(ShakespeareSettings):
+    out_dir: str = setting("data/shakespeare", "output directory for train.bin, val.bin and meta.json")
+    bpe_dir: str | None = setting(None, "directory with GPT-2's vocab.bpe + encoder.json, to work offline")
+
+
+def main(argv: list[str]) -> int:
+    cfg = parse_settings(
+        ShakespeareBpeSettings,
+        argv,
+        prog="prepare_data/shakespeare.py",
+        description="Tiny Shakespeare with GPT-2 BPE, split 90/10 by characters as nanoGPT does.",
+    )
+    text, provenance = read_tiny_shakespeare(cfg)
+    tokenizer = TiktokenTokenizer("gpt2", bpe_dir=cfg.bpe_dir)
+    splits = {
+        name: (tokenizer.encode_array(part), len(part.encode("utf-8")), 1)
+        for name, part in zip(("train", "val"), split_text(text))
+    }
+    meta = pipeline.write_dataset(cfg.out_dir, tokenizer, splits, {**provenance, "bpe_dir": cfg.bpe_dir})
+    print(pipeline.summary_line(meta, cfg.out_dir, 0.0, 0))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

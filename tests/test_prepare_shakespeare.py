@@ -1,0 +1,149 @@
+"""End-to-end tests of prepare_data/shakespeare_char.py and shakespeare.py (subprocesses, exact token counts)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tokenizer as tok
+
+REPO = Path(__file__).resolve().parents[1]
+SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
+GPT2_FILES = {
+    "vocab.bpe": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
+    "encoder.json": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
+}
+
+
+def run_script(name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    environment = {key: value for key, value in os.environ.items() if key != "TINYSHAKESPEARE"}
+    environment.update(env or {})
+    return subprocess.run(
+        [sys.executable, str(REPO / "prepare_data" / name), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=environment,
+        timeout=120,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, fragment: str) -> None:
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], result.stderr
+
+
+@pytest.fixture
+def file_server() -> Iterator[tuple[str, list[str]]]:
+    """Serve the shared data folder on 127.0.0.1; yields (base URL, list of requested paths)."""
+    requested: list[str] = []
+
+    class Handler(SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass
+
+        def do_GET(self) -> None:
+            requested.append(self.path)
+            super().do_GET()
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(SHAKESPEARE.parent)))
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", requested
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_char_level_counts_vocab_and_meta(tmp_path: Path) -> None:
+    out = tmp_path / "sc"
+    result = run_script("shakespeare_char.py", f"--out_dir={out}", env={"TINYSHAKESPEARE": str(SHAKESPEARE)})
+    assert result.returncode == 0, result.stderr
+    assert "train 1,003,854 tokens" in result.stdout and "val 111,540 tokens" in result.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]
+    meta = tok.read_meta(out, check_files=True)
+    text = SHAKESPEARE.read_text(encoding="utf-8")
+    chars = sorted(set(text))
+    assert len(chars) == 65 and meta["vocab_size"] == 65
+    assert meta["tokenizer"] == {"kind": "char", "chars": chars, "eot": False}
+    assert (meta["dtype"], meta["eot_token"]) == ("uint16", None)
+    assert meta["splits"]["train"] == {"files": ["train.bin"], "tokens": 1003854, "text_bytes": 1003854, "documents": 1}
+    assert meta["splits"]["val"] == {"files": ["val.bin"], "tokens": 111540, "text_bytes": 111540, "documents": 1}
+    assert meta["source"]["sha256"] == "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+    assert meta["source"]["source"] == str(SHAKESPEARE)
+    # Raw little-endian uint16, id = rank of the character.
+    train = np.fromfile(out / "train.bin", dtype="<u2")
+    val = np.fromfile(out / "val.bin", dtype="<u2")
+    ranks = {c: i for i, c in enumerate(chars)}
+    assert train[:20].tolist() == [ranks[c] for c in text[:20]]
+    assert "".join(chars[i] for i in val[-20:]) == text[-20:]
+    assert "".join(chars[i] for i in np.concatenate([train, val])) == text
+
+
+def test_gpt2_counts_with_source_flag(tmp_path: Path) -> None:
+    out = tmp_path / "s"
+    result = run_script("shakespeare.py", f"--source={SHAKESPEARE}", f"--out_dir={out}")
+    assert result.returncode == 0, result.stderr
+    meta = tok.read_meta(out, check_files=True)
+    assert meta["tokenizer"] == {"kind": "tiktoken", "encoding": "gpt2"}
+    assert (meta["vocab_size"], meta["dtype"], meta["eot_token"]) == (50257, "uint16", 50256)
+    assert meta["splits"]["train"]["tokens"] == 301966 and meta["splits"]["val"]["tokens"] == 36059
+    text = SHAKESPEARE.read_text(encoding="utf-8")
+    enc = tok.TiktokenTokenizer("gpt2")
+    assert np.fromfile(out / "val.bin", dtype="<u2").tolist() == enc.encode(text[int(len(text) * 0.9) :])
+
+
+def test_gpt2_from_bpe_dir_without_tiktoken_cache(tmp_path: Path) -> None:
+    bpe = tmp_path / "bpe"
+    bpe.mkdir()
+    cache = Path(os.environ["TIKTOKEN_CACHE_DIR"])
+    for name, url in GPT2_FILES.items():  # tiktoken names cached files by the sha1 of their URL
+        shutil.copyfile(cache / hashlib.sha1(url.encode()).hexdigest(), bpe / name)
+    offline = {"TIKTOKEN_CACHE_DIR": str(tmp_path / "empty"), "TINYSHAKESPEARE": str(SHAKESPEARE)}
+    result = run_script("shakespeare.py", f"--out_dir={tmp_path / 'o'}", f"--bpe_dir={bpe}", env=offline)
+    assert result.returncode == 0, result.stderr
+    assert "train 301,966 tokens" in result.stdout and "val 36,059 tokens" in result.stdout
+    vocab = bytearray((bpe / "vocab.bpe").read_bytes())
+    vocab[-2] ^= 1
+    (bpe / "vocab.bpe").write_bytes(bytes(vocab))
+    corrupted = run_script("shakespeare.py", f"--out_dir={tmp_path / 'o2'}", f"--bpe_dir={bpe}", env=offline)
+    assert_one_line_error(corrupted, "vocab.bpe has sha256")
+    assert not (tmp_path / "o2").exists()
+
+
+def test_download_from_url_once_into_cache(tmp_path: Path, file_server: tuple[str, list[str]]) -> None:
+    base, requested = file_server
+    env = {"TINYSHAKESPEARE": f"{base}/{SHAKESPEARE.name}", "GPT_TOOLKIT_CACHE": str(tmp_path / "cache")}
+    first = run_script("shakespeare_char.py", f"--out_dir={tmp_path / 'a'}", env=env)
+    second = run_script("shakespeare_char.py", f"--out_dir={tmp_path / 'b'}", env=env)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert requested == [f"/{SHAKESPEARE.name}"]  # the second run used the cache
+    assert (tmp_path / "a" / "train.bin").read_bytes() == (tmp_path / "b" / "train.bin").read_bytes()
+    assert len(list((tmp_path / "cache" / "downloads").iterdir())) == 1
+    missing = run_script("shakespeare_char.py", f"--source={base}/nope.txt", f"--out_dir={tmp_path / 'c'}", env=env)
+    assert_one_line_error(missing, "HTTP 404")
+    assert not (tmp_path / "c").exists()
+
+
+def test_other_text_needs_sha256_none(tmp_path: Path) -> None:
+    other = tmp_path / "other.txt"
+    other.write_text("To be, or not to be, that is the question.\n" * 40)
+    rejected = run_script("shakespeare_char.py", f"--source={other}", f"--out_dir={tmp_path / 'o'}")
+    assert_one_line_error(rejected, "pass --sha256=None")
+    accepted = run_script("shakespeare_char.py", f"--source={other}", "--sha256=None", f"--out_dir={tmp_path / 'o'}")
+    assert accepted.returncode == 0, accepted.stderr
+    meta = tok.read_meta(tmp_path / "o")
+    assert meta["splits"]["train"]["tokens"] == int(len(other.read_text()) * 0.9)
+    missing = run_script("shakespeare_char.py", f"--source={tmp_path / 'missing.txt'}", f"--out_dir={tmp_path / 'x'}")
+    assert_one_line_error(missing, "does not exist")
