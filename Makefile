@@ -1,6 +1,7 @@
 # Two Quickstart commands, each doing its own set-up in a virtual environment inside the checkout:
 #   make demo   prepare tiny Shakespeare, train the CPU recipe, print a sample
 #   make test   run the test suite (offline) and the linter
+#   make bench  the benchmarks of docs/benchmarks.md (several minutes on 2 cores)
 # The environment reuses an installed torch when there is one (e.g. a CUDA build on a GPU machine);
 # otherwise it installs torch==2.13.0 first, so pip never pulls a multi-GB CUDA build on a CPU machine.
 
@@ -43,7 +44,10 @@ lint: $(VENV)/.test
 	$(PY) -m ruff format --check .
 
 bench: $(VENV)/.test
-	$(PY) bench.py
+	$(PY) prepare_data/shakespeare_char.py
+	$(PY) bench.py sample
+	$(PY) bench.py quality --config=config/train_shakespeare_char_cpu.py --config=config/train_shakespeare_char_cpu_best.py
+	$(PY) bench_prepare.py --json_out=bench_results/prepare.json
 
 clean-venv:
 	rm -rf $(VENV)

@@ -168,35 +168,24 @@ class TrainBench:
     json_out: str = setting("bench_results/train.json", "where to write the JSON results ('' = nowhere)")
 
 
-def run_train(args: list[str]) -> tuple[float, str]:
-    """Run train.py with args; return (wall seconds, its stdout)."""
+def run_train(args: list[str], out_dir: str) -> tuple[float, dict]:
+    """Run train.py with args into out_dir; return (wall seconds of the whole command, its summary.json)."""
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "train.py", *args], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "train.py", *args, f"--out_dir={out_dir}"], capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if result.returncode != 0:
         raise UserError(f"train.py {' '.join(args)} failed: {result.stderr.strip().splitlines()[-1:]}")
-    return seconds, result.stdout
-
-
-def parse_summary(stdout: str) -> dict:
-    """train.py prints one JSON line starting with 'summary ' at the end of a run."""
-    for line in reversed(stdout.splitlines()):
-        if line.startswith("summary "):
-            return json.loads(line[len("summary ") :])
-    raise UserError("train.py printed no summary line")
+    return seconds, json.loads((Path(out_dir) / "summary.json").read_text())
 
 
 def bench_train(cfg: TrainBench) -> list[dict]:
     rows = []
     for run in range(cfg.runs):
-        out_dir = f"bench_results/train_run{run}"
-        args = [cfg.config, f"--max_iters={cfg.iters}", f"--out_dir={out_dir}", "--eval_interval=1000000",
-                "--eval_iters=1", "--always_save_checkpoint=False", "--log_interval=10", *cfg.extra]  # fmt: skip
-        seconds, stdout = run_train(args)
-        summary = parse_summary(stdout)
-        rows.append({"config": cfg.config, "run": run, "wall_s": round(seconds, 1),
-                     "tokens_per_s": summary.get("tokens_per_s"), "ms_per_iter": summary.get("ms_per_iter"),
-                     "mfu": summary.get("mfu")})  # fmt: skip
+        args = [cfg.config, f"--max_iters={cfg.iters}", "--eval_interval=1000000", "--eval_iters=1",
+                "--always_save_checkpoint=False", "--eval_full_split=False", *cfg.extra]  # fmt: skip
+        seconds, summary = run_train(args, f"bench_results/train_run{run}")
+        rows.append({"config": cfg.config, "run": run, "wall_s": round(seconds, 1), "train_s": summary["train_seconds"],
+                     "tokens_per_s": summary["tokens_per_s"]})  # fmt: skip
     print_table(rows, list(rows[0]))
     return rows
 
@@ -211,16 +200,15 @@ class QualityBench:
 
 
 def bench_quality(cfg: QualityBench) -> list[dict]:
-    """Whole-command wall time and the final full-split val loss of each recipe (train.py --eval_full)."""
+    """Whole-command wall time and the final whole-val-split loss of each recipe (train.py --eval_full_split)."""
     rows = []
     for config in cfg.config:
         runs = []
         for run in range(cfg.runs):
             out_dir = f"bench_results/quality_{Path(config).stem}_{run}"
-            seconds, stdout = run_train([config, f"--out_dir={out_dir}", *cfg.extra])
-            summary = parse_summary(stdout)
-            runs.append({"wall_s": seconds, "val_loss_full": summary["val_loss_full"],
-                         "train_s": summary.get("train_seconds")})  # fmt: skip
+            seconds, summary = run_train([config, "--eval_full_split=True", *cfg.extra], out_dir)
+            runs.append({"wall_s": round(seconds, 1), "val_loss_full": summary["val_loss_full"],
+                         "train_s": summary["train_seconds"]})  # fmt: skip
             print(f"{config} run {run}: {seconds:.1f} s wall, full val loss {summary['val_loss_full']:.4f}")
         rows.append({"config": config, "extra": " ".join(cfg.extra), "runs": cfg.runs,
                      "median_wall_s": round(statistics.median(r["wall_s"] for r in runs), 1),

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from errors import UserError
+from errors import UserError, describe_os_error
 from fileio import atomic_open
 from model import GPT, config_from_dict
 
@@ -35,9 +35,21 @@ _WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
-    """Write `checkpoint` to `path` atomically (temp file beside it, fsync, rename): never a half-written file."""
-    with atomic_open(path, "wb") as handle:
-        torch.save(checkpoint, handle)
+    """Write `checkpoint` to `path` atomically (temp file beside it, fsync, rename): never a half-written file.
+
+    A failed write (disk full, quota, permissions) is a UserError naming the file; `path` is left as it was.
+    """
+    try:
+        with atomic_open(path, "wb") as handle:
+            torch.save(checkpoint, handle)
+    except (OSError, RuntimeError) as exc:
+        # torch reports a failed write as a RuntimeError ("unexpected pos"); the OSError behind it says why.
+        os_error = exc if isinstance(exc, OSError) else exc.__context__
+        if not isinstance(os_error, OSError):
+            raise
+        raise UserError(
+            f"cannot write checkpoint {path}: {describe_os_error(os_error)}; the file was left as it was"
+        ) from exc
 
 
 def load_checkpoint(
@@ -97,23 +109,28 @@ def resolve_checkpoint(out_dir: str | os.PathLike, which: str = "best") -> Path:
     raise UserError(f"no checkpoint in {location} (looked for {', '.join(names)}); train a model first")
 
 
-def mark_best(latest: str | os.PathLike, best: str | os.PathLike) -> None:
-    """Make `best` a copy of the checkpoint `latest`, atomically.
+def copy_checkpoint(source: str | os.PathLike, destination: str | os.PathLike) -> None:
+    """Make `destination` a copy of the checkpoint `source`, atomically.
 
-    A hard link when the filesystem allows it (no second write of a large file); a later save of `latest`
-    replaces that file's name, not its contents, so `best` keeps the old checkpoint.
+    A hard link when the filesystem allows it (no second write of a large file); a later save of either name
+    replaces that name, not the shared contents, so the other keeps its checkpoint.
     """
-    latest, best = Path(latest), Path(best)
-    temporary = best.with_name(f".{best.name}.link")
+    source, destination = Path(source), Path(destination)
+    temporary = destination.with_name(f".{destination.name}.link")
     temporary.unlink(missing_ok=True)
     try:
-        os.link(latest, temporary)
+        os.link(source, temporary)
     except OSError:  # no hard links here (some network or FAT filesystems): copy instead
-        with atomic_open(best, "wb") as handle, open(latest, "rb") as source:
-            while chunk := source.read(1 << 24):
+        with atomic_open(destination, "wb") as handle, open(source, "rb") as original:
+            while chunk := original.read(1 << 24):
                 handle.write(chunk)
         return
-    os.replace(temporary, best)
+    os.replace(temporary, destination)
+
+
+def mark_best(latest: str | os.PathLike, best: str | os.PathLike) -> None:
+    """Make `best` a copy of the checkpoint `latest` (see copy_checkpoint)."""
+    copy_checkpoint(latest, best)
 
 
 def remove_stale_temporaries(out_dir: str | os.PathLike) -> list[Path]:
@@ -169,6 +186,8 @@ def clean_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Ten
 
 def load_model_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
     """Load `state_dict` into `model`; UserError naming `source` when names or shapes do not match."""
+    if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
+        raise UserError(f"checkpoint {source}: 'model' is not a dict of tensors; the file is damaged")
     state_dict = clean_state_dict(state_dict)
     expected = model.state_dict()
     # nanoGPT without flash attention saved its causal mask as a buffer named attn.bias; it is not a weight.
@@ -189,6 +208,8 @@ def load_model_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tenso
 
 def model_args_of(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """The checkpoint's model_args, completed for nanoGPT checkpoints (which used exact GELU and no options)."""
+    if not isinstance(checkpoint["model_args"], dict):
+        raise UserError("model_args is not a dict")
     model_args = dict(checkpoint["model_args"])
     if "activation" not in model_args:  # written by nanoGPT: nn.GELU() is the exact (erf) GELU
         model_args["activation"] = "gelu"
@@ -201,11 +222,10 @@ def build_model(checkpoint: dict[str, Any], source: str, overrides: dict[str, An
     `overrides` replaces model_args entries that do not change shapes, e.g. {"dropout": 0.1}. Raises UserError
     when model_args are invalid or do not match the weights.
     """
-    model_args = {**model_args_of(checkpoint), **(overrides or {})}
     try:
-        config = config_from_dict(model_args)
-    except TypeError as exc:
-        raise UserError(f"checkpoint {source} has invalid model_args ({exc})") from exc
+        config = config_from_dict({**model_args_of(checkpoint), **(overrides or {})})
+    except (TypeError, ValueError, UserError) as exc:  # UserError: GPTConfig refuses the values
+        raise UserError(f"checkpoint {source} has invalid model_args ({exc}); the file is damaged") from exc
     model = GPT(config)
     load_model_weights(model, checkpoint["model"], source)
     return model
@@ -264,6 +284,27 @@ def gather_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimiz
         ids = {name: index for index, name in enumerate(_parameter_names(model, optimizer))}
         optimizer_state = _rekey_optimizer_state(optimizer_state, ids)
     return model_state, optimizer_state
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, source: str) -> None:
+    """UserError unless `state` (single-process layout) fits `optimizer`: same groups, and every per-parameter
+    tensor shaped like its parameter. torch itself would only fail at the first step, with a shape error."""
+    try:
+        saved_groups = [list(group["params"]) for group in state["param_groups"]]
+        per_parameter = state["state"]
+        fits = [len(saved) for saved in saved_groups] == [len(group["params"]) for group in optimizer.param_groups]
+    except (KeyError, TypeError) as exc:
+        raise UserError(f"checkpoint {source}: the optimizer state is damaged ({type(exc).__name__}: {exc})") from exc
+    if not fits:
+        raise UserError(f"checkpoint {source}: the optimizer state belongs to another model or optimizer")
+    for saved, group in zip(saved_groups, optimizer.param_groups):
+        for saved_id, parameter in zip(saved, group["params"]):
+            for name, value in per_parameter.get(saved_id, {}).items():
+                if isinstance(value, torch.Tensor) and value.dim() and value.shape != parameter.shape:
+                    raise UserError(
+                        f"checkpoint {source}: optimizer state {name} has shape {tuple(value.shape)} for a parameter "
+                        f"of shape {tuple(parameter.shape)}; it belongs to another model, the file is inconsistent"
+                    )
 
 
 def restore_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:

@@ -43,6 +43,7 @@ class TokenStream:
     paths: tuple[Path, ...]
     lengths: tuple[int, ...]  # tokens per file
     dtype: np.dtype
+    vocab_size: int | None = None  # when known, reading a larger id is an error (the model would crash on it)
 
     def __post_init__(self) -> None:
         ends = np.cumsum(np.asarray(self.lengths, dtype=np.int64))
@@ -74,6 +75,11 @@ class TokenStream:
                     maps[index] = _map_file(self.paths[index], self.dtype, sequential)
                 out[row, filled : filled + take] = maps[index][offset : offset + take]
                 filled += take
+        if self.vocab_size is not None and out.size and out.max() >= self.vocab_size:
+            raise UserError(
+                f"the {self.name} split holds token id {out.max()} but meta.json's vocab_size is {self.vocab_size}; "
+                "the token files are damaged or belong to other data, prepare the data again"
+            )
         return out
 
 
@@ -115,7 +121,7 @@ def open_split(data_dir: str | os.PathLike, split: str, meta: dict | None = None
             raise UserError(f"{path} is {size} bytes, not a whole number of {meta['dtype']} tokens; prepare again")
         paths.append(path)
         lengths.append(size // dtype.itemsize)
-    stream = TokenStream(split, tuple(paths), tuple(lengths), dtype)
+    stream = TokenStream(split, tuple(paths), tuple(lengths), dtype, meta["vocab_size"])
     if len(stream) != info["tokens"]:
         raise UserError(
             f"{directory}: split {split!r} files hold {len(stream)} tokens but meta.json says {info['tokens']}; "

@@ -10,6 +10,7 @@ biases) are not matrices of this kind; they stay with AdamW inside the same opti
 from __future__ import annotations
 
 import torch
+from torch.optim.adamw import adamw as adamw_functional
 
 # Coefficients of the quintic iteration X <- aX + b(XX^T)X + c(XX^T)^2 X: chosen so that five steps drive
 # the singular values that matter (not far below the largest) into roughly [0.7, 1.2]: all the update needs.
@@ -58,9 +59,12 @@ class MuonAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            for param in group["params"]:
-                if param.grad is not None:
-                    (self._muon_update if group["muon"] else self._adamw_update)(param, group)
+            params = [p for p in group["params"] if p.grad is not None]
+            if group["muon"]:
+                for param in params:
+                    self._muon_update(param, group)
+            elif params:
+                self._adamw_update(params, group)
         return loss
 
     def _muon_update(self, param: torch.Tensor, group: dict) -> None:
@@ -75,20 +79,19 @@ class MuonAdamW(torch.optim.Optimizer):
         param.mul_(1 - group["lr"] * group["weight_decay"])
         param.add_(update, alpha=-group["lr"])
 
-    def _adamw_update(self, param: torch.Tensor, group: dict) -> None:
-        state = self.state[param]
-        if "step" not in state:
-            state["step"] = torch.tensor(0.0)
-            state["exp_avg"] = torch.zeros_like(param)
-            state["exp_avg_sq"] = torch.zeros_like(param)
-        state["step"] += 1
-        step = state["step"].item()
+    def _adamw_update(self, params: list[torch.Tensor], group: dict) -> None:
+        """torch's own AdamW arithmetic (its functional form), fused into one kernel on CPU and CUDA."""
+        for param in params:
+            state = self.state[param]
+            if "step" not in state:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
+                state["exp_avg"] = torch.zeros_like(param)
+                state["exp_avg_sq"] = torch.zeros_like(param)
+        states = [self.state[p] for p in params]
+        fused = params[0].device.type in ("cpu", "cuda")
         beta1, beta2 = group["betas"]
-        grad, exp_avg, exp_avg_sq = param.grad, state["exp_avg"], state["exp_avg_sq"]
-        param.mul_(1 - group["lr"] * group["weight_decay"])
-        exp_avg.lerp_(grad, 1 - beta1)
-        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        bias_correction1 = 1 - beta1**step
-        bias_correction2_sqrt = (1 - beta2**step) ** 0.5
-        denominator = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(group["eps"])
-        param.addcdiv_(exp_avg, denominator, value=-group["lr"] / bias_correction1)
+        adamw_functional(
+            params, [p.grad for p in params], [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], [],
+            [s["step"] for s in states], fused=fused, foreach=None if fused else False, amsgrad=False, beta1=beta1,
+            beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
+        )  # fmt: skip

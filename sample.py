@@ -8,6 +8,7 @@ python sample.py --out_dir=out --interactive          # one prompt per line from
 from __future__ import annotations
 
 import codecs
+import math
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -51,8 +52,8 @@ class SampleSettings:
             raise UserError(f"--max_new_tokens must be positive, got {self.max_new_tokens}")
         if self.num_samples <= 0:
             raise UserError(f"--num_samples must be positive, got {self.num_samples}")
-        if self.temperature < 0:
-            raise UserError(f"--temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:
+            raise UserError(f"--temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k is not None and self.top_k <= 0:
             raise UserError(f"--top_k must be a positive integer or None, got {self.top_k}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
@@ -76,7 +77,10 @@ def load_model_and_tokenizer(cfg: SampleSettings) -> tuple[GPT, object]:
             raise UserError(
                 f"checkpoint {path} records no tokenizer; pass --data_dir=DIR with the meta.json it was trained on"
             )
-        tokenizer = tokenizer_from_meta(tokenizer_meta)
+        try:
+            tokenizer = tokenizer_from_meta(tokenizer_meta)
+        except UserError as exc:  # say where the tokenizer description came from
+            raise UserError(f"{cfg.data_dir or f'checkpoint {path}'}: {exc}") from exc
     elif Path(cfg.init_from).is_dir() or cfg.init_from in GPT2_HUB_NAMES:
         model = GPT.from_pretrained(cfg.init_from)
         tokenizer = (
@@ -161,7 +165,7 @@ def generate_samples(
     block = model.config.block_size
     if len(ids) > block:
         print(
-            f"warning: the prompt has {len(ids)} tokens; keeping its last {block} (the context size)", file=sys.stderr
+            f"warning: the prompt has {len(ids)} tokens; keeping the last {block} (the context length)", file=sys.stderr
         )
         ids = ids[-block:]
     idx = torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device)

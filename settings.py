@@ -121,16 +121,18 @@ def read_config_file(path: str | Path) -> dict[str, tuple[Any, int]]:
     A module docstring is allowed.
     """
     path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file {path} does not exist or is not a file; check the path")
     try:
-        source = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"config file {path} does not exist; check the path") from None
+        source = path.read_text(encoding="utf-8-sig")  # -sig: editors on Windows may start the file with a BOM
     except UnicodeDecodeError:
         raise UserError(f"config file {path} is not UTF-8 text") from None
     try:
         tree = ast.parse(source, filename=str(path))
     except SyntaxError as exc:
-        raise UserError(f"{path}:{exc.lineno}: not valid Python syntax ({exc.msg})") from None
+        raise UserError(f"{path}:{exc.lineno or 1}: not valid Python syntax ({exc.msg})") from None
+    except (ValueError, MemoryError, RecursionError):  # null bytes; nesting too deep for the parser
+        raise UserError(f"{path}: not a config file (null bytes or too deeply nested)") from None
     values: dict[str, tuple[Any, int]] = {}
     for index, node in enumerate(tree.body):
         is_docstring = index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)

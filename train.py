@@ -35,10 +35,11 @@ from checkpoint import (
     StopRequest,
     build_model,
     capture_rng_state,
+    check_optimizer_state,
+    copy_checkpoint,
     gather_training_state,
     is_fsdp,
     load_checkpoint,
-    mark_best,
     remove_stale_temporaries,
     restore_optimizer_state,
     restore_rng_state,
@@ -136,6 +137,12 @@ class TrainSettings:
             raise UserError(f"cpu_threads must be a positive integer or None, got {self.cpu_threads}")
         if self.n_embd % self.n_head:
             raise UserError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if not self.muon_lr > 0 or not math.isfinite(self.muon_lr):
+            raise UserError(f"muon_lr must be a positive number, got {self.muon_lr}")
+        if not 0 <= self.muon_momentum < 1:
+            raise UserError(f"muon_momentum must be in [0, 1), got {self.muon_momentum}")
+        if not self.out_dir:
+            raise UserError("out_dir must not be empty; give a directory for the checkpoints, e.g. --out_dir=out")
         choices = {
             "dtype": ("auto", *DTYPES),
             "backend": ("auto", "nccl", "gloo"),
@@ -239,6 +246,33 @@ def check_same_tokenizer(checkpoint: dict, meta: dict, path: Path) -> None:
     saved = checkpoint.get("tokenizer")
     if saved is not None and saved != tokenizer_record(meta):
         raise UserError(f"{path} was trained with another tokenizer than this data's; use the data it was trained on")
+
+
+def restore_training_state(
+    checkpoint: dict,
+    source: str,
+    model: GPT,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    sampler: data.BatchSampler,
+) -> tuple[int, float]:
+    """Continue from `checkpoint`: optimizer, loss scaler, data position and RNG states; returns (iter_num,
+    best_val_loss). A damaged or foreign training state is a UserError naming the file, never a crash mid-run."""
+    check_optimizer_state(optimizer, checkpoint["optimizer"], source)
+    try:
+        restore_optimizer_state(model, optimizer, checkpoint["optimizer"])
+        if checkpoint.get("scaler"):
+            scaler.load_state_dict(checkpoint["scaler"])
+        if "sampler" in checkpoint:
+            sampler.load_state_dict(checkpoint["sampler"])
+        if "rng" in checkpoint:
+            restore_rng_state(checkpoint["rng"])
+        return int(checkpoint["iter_num"]), float(checkpoint["best_val_loss"])
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as exc:
+        raise UserError(
+            f"checkpoint {source} has a damaged training state ({type(exc).__name__}: {exc}); "
+            "resume from another checkpoint or start over"
+        ) from exc
 
 
 def parallelize(model: GPT, cfg: TrainSettings, procs: Processes, device: torch.device) -> torch.nn.Module:
@@ -391,11 +425,18 @@ def main(argv: list[str]) -> int:
     """Train (or evaluate) as the settings in argv say; returns the exit code."""
     cfg = parse_settings(TrainSettings, argv, prog="train.py", description=__doc__.splitlines()[0], config_files=True)
     procs, device = start_processes(cfg)
+    finished = False
     try:
         with StopRequest(force_on_repeat=not procs.distributed) as stop:
-            return run(cfg, procs, device, stop)
+            code = run(cfg, procs, device, stop)
+        finished = True
+        return code
     finally:
         if procs.distributed:
+            if finished:
+                # Tear down together: a process that destroys its group while a peer still writes its last
+                # checkpoint or summary can abort in gloo's threads ("terminate called without an active exception").
+                torch.distributed.barrier()
             torch.distributed.destroy_process_group()
 
 
@@ -430,14 +471,8 @@ def run(cfg: TrainSettings, procs: Processes, device: torch.device, stop: StopRe
     sampler = data.BatchSampler(streams["train"], cfg.batch_size, block_size, cfg.seed, data.PURPOSE_TRAIN)
     iter_num, best_val_loss = 0, math.inf
     if checkpoint is not None:
-        restore_optimizer_state(model, optimizer, checkpoint["optimizer"])
-        if checkpoint.get("scaler"):
-            scaler.load_state_dict(checkpoint["scaler"])
-        if "sampler" in checkpoint:
-            sampler.load_state_dict(checkpoint["sampler"])
-        if "rng" in checkpoint:
-            restore_rng_state(checkpoint["rng"])
-        iter_num, best_val_loss = int(checkpoint["iter_num"]), float(checkpoint["best_val_loss"])
+        source = str(Path(cfg.out_dir) / LATEST_NAME)
+        iter_num, best_val_loss = restore_training_state(checkpoint, source, model, optimizer, scaler, sampler)
         del checkpoint  # free the CPU copy of the weights
     start_iter = iter_num
     eval_sets = {
@@ -468,8 +503,10 @@ def run(cfg: TrainSettings, procs: Processes, device: torch.device, stop: StopRe
     def save(best: bool) -> str:
         model_state, optimizer_state = gather_training_state(model, optimizer)  # every process takes part
         if procs.master:
+            # A new best is written as best.pt first and then linked as ckpt.pt: killed in between, the run resumes
+            # from the older ckpt.pt and redoes the same steps, so best.pt can never lag behind ckpt.pt's record.
             save_checkpoint(
-                latest_path,
+                best_path if best else latest_path,
                 {
                     "model": model_state,
                     "optimizer": optimizer_state,
@@ -484,7 +521,7 @@ def run(cfg: TrainSettings, procs: Processes, device: torch.device, stop: StopRe
                 },
             )
             if best:
-                mark_best(latest_path, best_path)
+                copy_checkpoint(best_path, latest_path)
         return f" | saved {latest_path}" + (f" and {best_path}" if best else "")
 
     # Non-finite losses are noted on the device (no sync) and checked where the loop syncs anyway.

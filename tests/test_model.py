@@ -267,3 +267,37 @@ def test_invalid_configs_are_user_errors():
         GPTConfig(pos_encoding="alibi")
     with pytest.raises(UserError, match="block_size"):
         GPTConfig(block_size=0)
+
+
+def test_fused_adamw_matches_the_plain_path():
+    """configure_optimizers' fused AdamW (CPU and CUDA) takes the same steps as torch's plain for-loop AdamW."""
+    # bias=False: a key bias gets only rounding noise as gradient (softmax ignores it), which Adam amplifies
+    fast, plain = tiny_model(seed=3, bias=False), tiny_model(seed=3, bias=False)
+    fused = fast.configure_optimizers(0.1, 1e-2, (0.9, 0.95), "cpu")
+    assert fused.defaults["fused"] is True
+    groups = [{"params": [p for p in plain.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in plain.parameters() if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
+    reference = torch.optim.AdamW(groups, lr=1e-2, betas=(0.9, 0.95), foreach=False)
+    idx = torch.randint(0, 37, (4, 16))
+    for model, optimizer in ((fast, fused), (plain, reference)):
+        for _ in range(5):
+            _, loss = model(idx, idx)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    for (name, a), (_, b) in zip(fast.named_parameters(), plain.named_parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+
+
+def test_compiled_model_matches_eager_loss_and_gradients():
+    eager = tiny_model(seed=4, pos_encoding="rope", qk_norm=True)
+    compiled_copy = tiny_model(seed=4, pos_encoding="rope", qk_norm=True)
+    compiled = torch.compile(compiled_copy)
+    idx = torch.randint(0, 37, (2, 16))
+    _, loss_eager = eager(idx, idx)
+    _, loss_compiled = compiled(idx, idx)
+    assert loss_compiled.item() == pytest.approx(loss_eager.item(), abs=1e-5)
+    loss_eager.backward()
+    loss_compiled.backward()
+    for (name, a), (_, b) in zip(eager.named_parameters(), compiled_copy.named_parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)

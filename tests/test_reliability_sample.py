@@ -1,0 +1,179 @@
+"""sample.py given hostile or broken input: prompts, prompt files, tokenizer records, checkpoint locations.
+
+Already covered in tests/test_sample.py and not repeated: characters outside the vocabulary in --start, an empty
+--start, max_new_tokens=0, top_p outside (0, 1], top_k=0, temperature<0, a checkpoint without a tokenizer record.
+Bad setting values are in tests/test_reliability_config.py, damaged and malicious checkpoints in
+tests/test_reliability_train.py. Every failure: exit code 2, one line on stderr starting with "error:", no
+traceback, nothing written.
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import sample
+from checkpoint import save_checkpoint, tokenizer_record
+from errors import run_cli
+from model import GPT, GPTConfig, config_to_dict
+from tokenizer import CharTokenizer, write_meta
+
+REPO = Path(__file__).resolve().parent.parent
+TEXT = "To be, or not to be, that is the question:\n"
+
+
+def char_checkpoint(out_dir: Path, tokenizer: dict | None, vocab_size: int) -> Path:
+    """A tiny untrained model saved as out_dir/ckpt.pt, with `tokenizer` as its tokenizer record."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=vocab_size, n_layer=1, n_head=2, n_embd=16))
+    state = {"model": model.state_dict(), "model_args": config_to_dict(model.config)}
+    if tokenizer is not None:
+        state["tokenizer"] = tokenizer
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(out_dir / "ckpt.pt", state)
+    return out_dir
+
+
+@pytest.fixture
+def out_dir(tmp_path: Path) -> Path:
+    tokenizer = CharTokenizer.from_text(TEXT)
+    meta = {"tokenizer": tokenizer.to_meta(), "vocab_size": tokenizer.vocab_size, "eot_token": None}
+    return char_checkpoint(tmp_path / "out", tokenizer_record(meta), tokenizer.vocab_size)
+
+
+def cli(args: list[str], capsys: pytest.CaptureFixture, stdin: str | None = None) -> tuple[int, str, str]:
+    """sample.main through errors.run_cli, in this process; (exit code, stdout, stderr)."""
+    capsys.readouterr()
+    if stdin is not None:
+        sys.stdin = io.StringIO(stdin)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            run_cli(sample.main, ["--device=cpu", *args])
+    finally:
+        sys.stdin = sys.__stdin__
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
+def assert_one_line_error(code: int, stderr: str, fragment: str) -> None:
+    assert code == 2 and "Traceback" not in stderr
+    assert stderr.count("\n") == 1 and stderr.startswith("error: ") and fragment in stderr, stderr
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_the_tiny_checkpoint_samples(out_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    code, stdout, stderr = cli([f"--out_dir={out_dir}", "--start=To be", "--max_new_tokens=7"], capsys)
+    assert code == 0, stderr
+    assert stdout.startswith("To be") and len(stdout) == len("To be") + 7 + 1
+
+
+@pytest.mark.parametrize(
+    ("prompt_file", "fragment"),
+    [
+        (b"", "the prompt is empty"),
+        ("Zürich ☃".encode(), "4 character(s) not in the character vocabulary: 'Z', 'c', 'ü', '☃'"),
+        (b"\xff\xfe bad", "is not UTF-8 text (byte 0)"),
+        (None, "does not exist"),
+    ],
+    ids=["empty", "out_of_vocabulary", "not_utf8", "missing"],
+)
+def test_bad_prompt_files(
+    prompt_file: bytes | None, fragment: str, out_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    path = tmp_path / "prompt.txt"
+    if prompt_file is not None:
+        path.write_bytes(prompt_file)
+    before = tree(tmp_path)
+    code, stdout, stderr = cli([f"--out_dir={out_dir}", f"--start=FILE:{path}"], capsys)
+    assert_one_line_error(code, stderr, fragment)
+    assert stdout == "" and tree(tmp_path) == before
+
+
+def test_prompt_file_that_is_a_directory(out_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code, _, stderr = cli([f"--out_dir={out_dir}", f"--start=FILE:{tmp_path}"], capsys)
+    assert_one_line_error(code, stderr, f"Is a directory ({tmp_path})")
+
+
+def test_interactive_skips_empty_lines_and_stops_at_an_unknown_character(
+    out_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    code, stdout, stderr = cli([f"--out_dir={out_dir}", "--interactive", "--max_new_tokens=3"], capsys, "To\n\n€\nbe\n")
+    assert_one_line_error(code, stderr, "not in the character vocabulary: '€'")
+    answers = stdout.split(sample.SEPARATOR)
+    assert len(answers) == 2 and answers[0].startswith("To") and answers[1] == ""  # "be" never ran
+
+
+@pytest.mark.parametrize(
+    ("record", "fragment"),
+    [
+        ({"kind": "char", "chars": "abc", "vocab_size": 3}, "a char tokenizer needs 'chars', a list of single"),
+        ({"kind": "sentencepiece", "vocab_size": 3}, "'tokenizer' must be an object with kind 'char' or 'tiktoken'"),
+        (["a", "b", "c"], "'tokenizer' must be an object"),
+        ({"kind": "tiktoken", "encoding": "gpt-9", "vocab_size": 3}, "unknown tokenizer 'gpt-9'"),
+    ],
+    ids=["chars_not_a_list", "unknown_kind", "not_an_object", "unknown_encoding"],
+)
+def test_damaged_tokenizer_record_names_the_checkpoint(
+    record: object, fragment: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out_dir = char_checkpoint(tmp_path / "out", record, 3)
+    code, _, stderr = cli([f"--out_dir={out_dir}"], capsys)
+    assert_one_line_error(code, stderr, fragment)
+    assert stderr.startswith(f"error: checkpoint {out_dir / 'ckpt.pt'}: ")
+
+
+def test_tokenizer_larger_than_the_model(out_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    tokenizer = CharTokenizer.from_text(TEXT + "XYZ0123456789")
+    ids = np.asarray(tokenizer.encode(TEXT * 4), dtype=np.uint16)
+    ids.tofile(data_dir / "train.bin")
+    split = {"files": ["train.bin"], "tokens": len(ids), "text_bytes": len(ids), "documents": 1}
+    write_meta(data_dir, {"format": "gpt-tokens", "version": 1, "tokenizer": tokenizer.to_meta(),
+                          "vocab_size": tokenizer.vocab_size, "dtype": "uint16", "eot_token": None,
+                          "splits": {"train": split}, "source": {}})  # fmt: skip
+    code, _, stderr = cli([f"--out_dir={out_dir}", f"--data_dir={data_dir}"], capsys)
+    assert_one_line_error(code, stderr, f"the tokenizer has {tokenizer.vocab_size} tokens but the model only")
+
+
+def test_data_dir_without_meta(out_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code, _, stderr = cli([f"--out_dir={out_dir}", f"--data_dir={tmp_path}"], capsys)
+    assert_one_line_error(code, stderr, f"no meta.json in {tmp_path}: prepare the data first")
+
+
+def test_checkpoint_locations(out_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / ".ckpt.pt.x1y2.tmp").write_bytes((out_dir / "ckpt.pt").read_bytes())  # a temporary is not a checkpoint
+    code, _, stderr = cli([f"--out_dir={empty}"], capsys)
+    assert_one_line_error(code, stderr, f"no checkpoint in {empty} (looked for best.pt, ckpt.pt); train a model")
+
+    (out_dir / "ckpt.pt").rename(out_dir / "best.pt")
+    code, _, stderr = cli([f"--out_dir={out_dir}", "--checkpoint=latest"], capsys)
+    assert_one_line_error(code, stderr, "(looked for ckpt.pt)")
+
+    text_file = tmp_path / "notes.txt"
+    text_file.write_text("not a checkpoint\n")
+    code, _, stderr = cli([f"--out_dir={text_file}"], capsys)
+    assert_one_line_error(code, stderr, f"cannot load checkpoint {text_file}: the file is truncated, damaged")
+
+    code, _, stderr = cli([f"--out_dir={out_dir}", "--init_from=gpt-5"], capsys)
+    assert_one_line_error(code, stderr, "--init_from='gpt-5': use resume, a GPT-2 directory, or gpt2")
+
+
+def test_sampling_error_end_to_end(out_dir: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "sample.py", f"--out_dir={out_dir}", "--device=cpu", "--start=FILE:/nonexistent/prompt"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == "error: prompt file /nonexistent/prompt does not exist\n"

@@ -1,0 +1,451 @@
+"""Faults during training and hostile checkpoints: kill -9 at seeded moments (also in the middle of a checkpoint
+write), a full disk while saving, damaged and malicious checkpoints given to train.py and sample.py.
+
+Faults inside a save are placed exactly by a `sitecustomize` module (FAULT_HOOK below) that Python loads in the
+child process: it wraps the file object of the n-th checkpoint write so that it stops after a given number of
+bytes and then kills the process with SIGKILL, or fails with ENOSPC as a full disk does. The code under test
+(fileio.atomic_open, checkpoint.save_checkpoint, train.py) runs unchanged. docs/reliability.md lists every case.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import re
+import resource
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from datadirs import make_char_data, sample_text
+
+import checkpoint as ckpt
+import sample
+import train
+from errors import UserError, run_cli
+from model import GPT, GPTConfig, config_to_dict
+
+REPO = Path(__file__).resolve().parent.parent
+INTERVAL = 10  # eval_interval: a checkpoint every 10 steps
+MAX_ITERS = 150  # where every resumed run (and the reference run) ends
+
+FAULT_HOOK = '''
+"""Test-only fault injection, imported by Python at start-up (sitecustomize).
+
+FAULT=kill|enospc with FAULT_SAVE=n and FAULT_BYTES=b: the n-th checkpoint write (a .ckpt.pt.*.tmp or
+.best.pt.*.tmp file) receives b bytes, then the process is killed with SIGKILL or the write fails with ENOSPC.
+FAULT=kill_before_link with FAULT_SAVE=n: SIGKILL just before the n-th .ckpt.pt.link is renamed to ckpt.pt.
+"""
+import errno
+import os
+import signal
+
+FAULT = os.environ.get("FAULT")
+
+
+def _die():
+    os.kill(os.getpid(), signal.SIGKILL)
+    while True:
+        signal.pause()
+
+
+class _FaultyFile:
+    def __init__(self, handle, budget):
+        self._handle, self._budget = handle, budget
+
+    def write(self, data):
+        data = bytes(data)
+        if len(data) <= self._budget:
+            self._budget -= len(data)
+            return self._handle.write(data)
+        self._handle.write(data[: self._budget])
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        if FAULT == "kill":
+            _die()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __getattr__(self, name):
+        return getattr(self._handle, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self._handle.__exit__(*exc)
+
+
+if FAULT:
+    _target = int(os.environ["FAULT_SAVE"])
+    _counts = {"write": 0, "link": 0}
+    _fdopen, _replace = os.fdopen, os.replace
+
+    def _checked_fdopen(fd, *args, **kwargs):
+        handle = _fdopen(fd, *args, **kwargs)
+        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        if name.startswith((".ckpt.pt.", ".best.pt.")) and name.endswith(".tmp"):
+            _counts["write"] += 1
+            if FAULT in ("kill", "enospc") and _counts["write"] == _target:
+                return _FaultyFile(handle, int(os.environ["FAULT_BYTES"]))
+        return handle
+
+    def _checked_replace(source, destination, *args, **kwargs):
+        if os.path.basename(str(source)) == ".ckpt.pt.link":
+            _counts["link"] += 1
+            if FAULT == "kill_before_link" and _counts["link"] == _target:
+                _die()
+        return _replace(source, destination, *args, **kwargs)
+
+    os.fdopen, os.replace = _checked_fdopen, _checked_replace
+'''
+
+
+def tiny_args(data_dir: Path, out_dir: Path, **overrides: object) -> list[str]:
+    """A 1-layer, 16-wide model on 16-token windows: about a millisecond per step on one core."""
+    settings = {
+        "data_dir": data_dir, "out_dir": out_dir, "device": "cpu", "compile": False, "n_layer": 1, "n_head": 2,
+        "n_embd": 16, "block_size": 16, "batch_size": 4, "gradient_accumulation_steps": 1, "dropout": 0.0,
+        "max_iters": MAX_ITERS, "eval_interval": INTERVAL, "eval_iters": 2, "log_interval": 1,
+        "learning_rate": 1e-2, "warmup_iters": 5, "lr_decay_iters": MAX_ITERS, "min_lr": 1e-3,
+    }  # fmt: skip
+    settings.update(overrides)
+    return [f"--{key}={value}" for key, value in settings.items()]
+
+
+def child_env(hooks: Path | None = None, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", **extra}
+    if hooks is not None:
+        env["PYTHONPATH"] = str(hooks)
+    return env
+
+
+def run_script(
+    script: str, args: list[str], env: dict[str, str] | None = None, **kwargs
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / script), *args],
+        cwd=REPO, env=env or child_env(), capture_output=True, text=True, timeout=300, **kwargs,
+    )  # fmt: skip
+
+
+def cli(main: Callable[[list[str]], int], args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str]:
+    """Run a script's main in this process through errors.run_cli, as its `__main__` does; (exit code, stderr)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(main, args)
+    return exit_info.value.code, capsys.readouterr().err
+
+
+def assert_one_line_error(code: int, stderr: str, fragment: str) -> None:
+    assert code == 2, stderr
+    assert "Traceback" not in stderr
+    assert stderr.count("\n") == 1 and stderr.startswith("error: "), stderr
+    assert fragment in stderr, stderr
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())} if directory.exists() else {}
+
+
+def temporaries(out_dir: Path) -> list[str]:
+    return sorted(p.name for p in out_dir.iterdir() if p.name.startswith("."))
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def hooks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("hooks")
+    (directory / "sitecustomize.py").write_text(FAULT_HOOK)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("data")
+    make_char_data(directory, text=sample_text(30_000))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def reference(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run every interrupted one is compared with (in this process: one thread, like the children)."""
+    out_dir = tmp_path_factory.mktemp("reference")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert train.main(tiny_args(data_dir, out_dir)) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return out_dir
+
+
+# ----------------------------------------------------------------------------- kill -9
+
+
+def kill_trials() -> list[tuple]:
+    """Seeded kill moments: after a random step, inside the n-th checkpoint write after a random number of bytes,
+    and between writing best.pt and linking it as ckpt.pt."""
+    rng = random.Random(20240611)
+    trials = [("after_step", rng.randrange(INTERVAL, 6 * INTERVAL)) for _ in range(3)]  # a checkpoint exists
+    trials += [("mid_write", rng.randrange(2, 9), rng.uniform(0.02, 0.98)) for _ in range(2)]
+    trials.append(("before_link", rng.randrange(2, 4)))
+    return trials
+
+
+def steps_done(stdout: str) -> int:
+    """Steps the killed run finished, from its `iter k:` lines (log_interval=1)."""
+    return 1 + max(int(m) for m in re.findall(r"^iter (\d+):", stdout, flags=re.MULTILINE))
+
+
+@pytest.mark.parametrize("trial", kill_trials(), ids=lambda t: "-".join(str(x)[:5] for x in t))
+def test_kill_9_keeps_a_loadable_checkpoint_and_resume_ends_identical(
+    trial: tuple, hooks: Path, data_dir: Path, reference: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out_dir = tmp_path / "out"
+    kind = trial[0]
+    args = tiny_args(data_dir, out_dir)
+    if kind == "after_step":
+        # No end of its own (max_iters huge, the same schedule), so only the kill stops it.
+        args = tiny_args(data_dir, out_dir, max_iters=10**6)
+        env = child_env()
+    elif kind == "mid_write":
+        size = (reference / "ckpt.pt").stat().st_size
+        env = child_env(hooks, FAULT="kill", FAULT_SAVE=str(trial[1]), FAULT_BYTES=str(int(size * trial[2])))
+    else:
+        env = child_env(hooks, FAULT="kill_before_link", FAULT_SAVE=str(trial[1]))
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *args],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    seen = []
+    try:
+        if kind == "after_step":
+            for line in process.stdout:
+                seen.append(line)
+                if line.startswith(f"iter {trial[1]}:") or len(seen) > 10 * MAX_ITERS:  # the latter: a bug
+                    process.kill()
+                    break
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:  # the fault did not fire: never leave the run behind
+            process.kill()
+            process.communicate()
+    stdout = "".join(seen) + stdout
+    assert process.returncode == -signal.SIGKILL, stderr
+
+    done = steps_done(stdout)
+    latest = ckpt.load_checkpoint(out_dir / "ckpt.pt", required_keys=ckpt.RESUME_KEYS)  # always loads
+    saved = latest["iter_num"]
+    assert done - INTERVAL <= saved <= done < MAX_ITERS  # lost progress: at most one checkpoint interval
+    assert ckpt.load_checkpoint(out_dir / "best.pt")["iter_num"] <= done
+    stale = temporaries(out_dir)
+    if kind == "mid_write":
+        # Killed while the checkpoint of step n*INTERVAL was being written: the previous one is intact.
+        assert (saved, done) == ((trial[1] - 1) * INTERVAL, trial[1] * INTERVAL)
+        assert len(stale) == 1 and re.fullmatch(r"\.(ckpt|best)\.pt\.\w+\.tmp", stale[0])
+        with pytest.raises(UserError, match="truncated, damaged or not a checkpoint"):
+            ckpt.load_checkpoint(out_dir / stale[0])  # a temporary is never a checkpoint
+    elif kind == "before_link":
+        # best.pt already holds the new best step; ckpt.pt is one interval older; a complete .ckpt.pt.link is left.
+        assert stale == [".ckpt.pt.link"]
+        assert ckpt.load_checkpoint(out_dir / "best.pt")["iter_num"] == done == saved + INTERVAL
+    for which in ("best", "latest"):  # what sample.py would load
+        assert ckpt.resolve_checkpoint(out_dir, which).name in ("best.pt", "ckpt.pt")
+
+    capsys.readouterr()
+    assert train.main([*tiny_args(data_dir, out_dir), "--init_from=resume"]) == 0
+    resumed_log = capsys.readouterr().out
+    assert re.search(rf"^iter {saved}: ", resumed_log, flags=re.MULTILINE)  # continued from ckpt.pt, not a temporary
+    assert temporaries(out_dir) == []  # stale temporaries were cleaned on resume
+    for name in ("ckpt.pt", "best.pt"):
+        resumed, uninterrupted = ckpt.load_checkpoint(out_dir / name), ckpt.load_checkpoint(reference / name)
+        assert resumed["iter_num"] == uninterrupted["iter_num"]
+        assert same_weights(resumed["model"], uninterrupted["model"]), name
+
+
+def test_kill_9_during_the_first_save_leaves_no_checkpoint_and_clear_errors(
+    hooks: Path, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out_dir = tmp_path / "out"
+    args = tiny_args(data_dir, out_dir)
+    result = run_script("train.py", args, env=child_env(hooks, FAULT="kill", FAULT_SAVE="1", FAULT_BYTES="3000"))
+    assert result.returncode == -signal.SIGKILL
+    assert sorted(p.name for p in out_dir.iterdir() if not p.name.startswith(".")) == ["log.jsonl"]
+    assert len(temporaries(out_dir)) == 1
+    before = snapshot(out_dir)
+
+    code, stderr = cli(train.main, [*args, "--init_from=resume"], capsys)
+    assert_one_line_error(code, stderr, "ckpt.pt does not exist; train first")
+    code, stderr = cli(sample.main, [f"--out_dir={out_dir}", "--device=cpu"], capsys)
+    assert_one_line_error(code, stderr, f"no checkpoint in {out_dir}")
+    assert snapshot(out_dir) == before  # failed commands touch nothing
+
+    assert train.main(tiny_args(data_dir, out_dir, max_iters=INTERVAL)) == 0  # starting afresh cleans up
+    assert temporaries(out_dir) == []
+    assert ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == INTERVAL
+
+
+# ----------------------------------------------------------------------------- disk full
+
+
+def test_disk_full_during_a_save_keeps_the_previous_checkpoint(hooks: Path, data_dir: Path, tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    env = child_env(hooks, FAULT="enospc", FAULT_SAVE="3", FAULT_BYTES="5000")
+    result = run_script("train.py", tiny_args(data_dir, out_dir), env=env)
+    assert_one_line_error(result.returncode, result.stderr, "No space left on device; free some disk space")
+    assert re.match(rf"error: cannot write checkpoint {re.escape(str(out_dir))}/(ckpt|best)\.pt: ", result.stderr)
+    assert sorted(p.name for p in out_dir.iterdir()) == ["best.pt", "ckpt.pt", "log.jsonl"]  # no temporary left
+    assert ckpt.load_checkpoint(out_dir / "ckpt.pt", required_keys=ckpt.RESUME_KEYS)["iter_num"] == 2 * INTERVAL
+
+
+def test_file_size_limit_of_the_os_during_a_save_keeps_the_previous_checkpoint(data_dir: Path, tmp_path: Path) -> None:
+    """A real write failure from the kernel (RLIMIT_FSIZE: EFBIG), no Python patched at all."""
+    out_dir = tmp_path / "out"
+    assert train.main(tiny_args(data_dir, out_dir, max_iters=INTERVAL)) == 0
+    before = snapshot(out_dir)
+    limit = (out_dir / "ckpt.pt").stat().st_size // 2
+
+    def limit_file_size() -> None:  # in the child, before exec: writes past `limit` bytes fail with EFBIG
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    args = [*tiny_args(data_dir, out_dir, max_iters=2 * INTERVAL), "--init_from=resume"]
+    result = run_script("train.py", args, preexec_fn=limit_file_size)
+    assert_one_line_error(result.returncode, result.stderr, "File too large")
+    assert result.stderr.startswith(f"error: cannot write checkpoint {out_dir}/")
+    after = snapshot(out_dir)
+    assert after.pop("log.jsonl").startswith(before.pop("log.jsonl"))  # the log only grew
+    assert after == before  # checkpoints byte for byte as they were, no temporary left
+
+
+# ----------------------------------------------------------------------------- damaged and malicious checkpoints
+
+
+class RunsCode:
+    """Unpickling this object would create `marker` (a stand-in for any code an attacker wants run)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (str(self.marker),))
+
+
+def other_model_state(good: dict, **changes: int) -> tuple[dict, dict]:
+    """(state_dict, model_args) of a model shaped like the checkpoint's except for `changes`."""
+    model = GPT(GPTConfig(**{**good["model_args"], **changes}))
+    return model.state_dict(), config_to_dict(model.config)
+
+
+def damage_checkpoint(path: Path, how: str, marker: Path) -> None:
+    good = torch.load(path, weights_only=True)
+    if how == "empty":
+        path.write_bytes(b"")
+    elif how == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size * 2 // 3])
+    elif how == "random_bytes":
+        path.write_bytes(random.Random(0).randbytes(50_000))
+    elif how == "weights_of_another_shape":
+        torch.save({**good, "model": other_model_state(good, n_embd=32)[0]}, path)
+    elif how == "optimizer_of_another_shape":
+        weights, model_args = other_model_state(good, n_embd=32)
+        torch.save({**good, "model": weights, "model_args": model_args}, path)
+    elif how == "impossible_model_args":
+        torch.save({**good, "model_args": {**good["model_args"], "n_embd": 15}}, path)
+    elif how == "damaged_training_state":
+        torch.save({**good, "sampler": {"seed": 1}, "iter_num": "ten"}, path)
+    elif how == "malicious_pickle_in_zip":
+        torch.save({**good, "model": RunsCode(marker)}, path)
+    elif how == "malicious_raw_pickle":
+        # The legacy (non-zip) format: a bare pickle stream, protocol 2 as torch writes it.
+        path.write_bytes(pickle.dumps({"model": RunsCode(marker), "model_args": {}}, protocol=2))
+
+
+# (how the checkpoint is damaged, what train.py --init_from=resume says, what sample.py says; None: it works)
+DAMAGES = [
+    ("empty", "is empty; the file is damaged", "is empty; the file is damaged"),
+    ("truncated", "truncated, damaged or not a checkpoint", "truncated, damaged or not a checkpoint"),
+    ("random_bytes", "truncated, damaged or not a checkpoint", "truncated, damaged or not a checkpoint"),
+    ("weights_of_another_shape", "transformer.wte.weight has shape", "but model_args give"),
+    ("optimizer_of_another_shape", "optimizer state exp_avg has shape", None),
+    ("impossible_model_args", "invalid model_args (n_embd (15) must be divisible", "invalid model_args"),
+    ("damaged_training_state", "has a damaged training state", None),
+    ("malicious_pickle_in_zip", "asks to run code on load (posix.mkdir), which is refused", "which is refused"),
+    ("malicious_raw_pickle", "asks to run code on load (posix.mkdir), which is refused", "which is refused"),
+]
+
+
+@pytest.fixture(scope="module")
+def trained(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A complete training output (ckpt.pt, best.pt, log.jsonl) to copy and damage."""
+    out_dir = tmp_path_factory.mktemp("trained")
+    assert train.main(tiny_args(data_dir, out_dir, max_iters=INTERVAL)) == 0
+    return out_dir
+
+
+@pytest.mark.parametrize(("how", "train_says", "sample_says"), DAMAGES, ids=[d[0] for d in DAMAGES])
+def test_damaged_or_malicious_checkpoint_is_one_clear_line_in_train_and_sample(
+    how: str, train_says: str, sample_says: str | None, trained: Path, data_dir: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+) -> None:  # fmt: skip
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    marker = tmp_path / "code_ran"
+    for name in ("ckpt.pt", "log.jsonl"):
+        (out_dir / name).write_bytes((trained / name).read_bytes())
+    damage_checkpoint(out_dir / "ckpt.pt", how, marker)
+    before = snapshot(out_dir)
+
+    code, stderr = cli(train.main, [*tiny_args(data_dir, out_dir, max_iters=30), "--init_from=resume"], capsys)
+    assert_one_line_error(code, stderr, train_says)
+    assert str(out_dir / "ckpt.pt") in stderr  # names the file
+    code, stderr = cli(sample.main, [f"--out_dir={out_dir}", "--device=cpu", "--max_new_tokens=3"], capsys)
+    if sample_says is None:
+        assert code == 0, stderr  # the weights are fine: sampling needs nothing else
+    else:
+        assert_one_line_error(code, stderr, sample_says)
+    assert not marker.exists()  # no code from the file ever ran
+    assert snapshot(out_dir) == before  # nothing written, nothing removed
+
+
+@pytest.mark.parametrize("script", ["train.py", "sample.py"])
+def test_malicious_checkpoint_refused_end_to_end(script: str, trained: Path, data_dir: Path, tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    marker = tmp_path / "code_ran"
+    (out_dir / "ckpt.pt").write_bytes((trained / "ckpt.pt").read_bytes())
+    damage_checkpoint(out_dir / "ckpt.pt", "malicious_pickle_in_zip", marker)
+    if script == "train.py":
+        args = [*tiny_args(data_dir, out_dir), "--init_from=resume"]
+    else:
+        args = [f"--out_dir={out_dir}", "--device=cpu"]
+    result = run_script(script, args)
+    assert_one_line_error(result.returncode, result.stderr, "asks to run code on load")
+    assert not marker.exists()
+    assert sorted(p.name for p in out_dir.iterdir()) == ["ckpt.pt"]
+
+
+def test_debug_flag_shows_the_traceback(trained: Path, data_dir: Path, tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "ckpt.pt").write_bytes(b"")
+    result = run_script("train.py", [*tiny_args(data_dir, out_dir), "--init_from=resume", "--debug"])
+    assert result.returncode != 0
+    assert "Traceback (most recent call last)" in result.stderr
+    assert "errors.UserError: checkpoint" in result.stderr and "is empty" in result.stderr
