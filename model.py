@@ -383,16 +383,17 @@ class GPT(nn.Module):
             if name_or_dir not in GPT2_HUB_NAMES:
                 raise UserError(f"{name_or_dir} is neither a directory nor one of {', '.join(GPT2_HUB_NAMES)}")
             directory = download_gpt2(name_or_dir)
-        hf = json.loads((directory / "config.json").read_text())
-        activation = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}.get(
-            hf.get("activation_function", "gelu_new")
-        )
-        if activation is None:
-            raise UserError(f"{directory}: unsupported activation_function {hf.get('activation_function')!r}")
-        config = GPTConfig(
-            block_size=hf["n_positions"], vocab_size=hf["vocab_size"], n_layer=hf["n_layer"], n_head=hf["n_head"],
-            n_embd=hf["n_embd"], bias=True, activation=activation, **(override_args or {}),
-        )  # fmt: skip
+        try:
+            hf = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+            sizes = {ours: int(hf[theirs]) for ours, theirs in GPT2_CONFIG_KEYS.items()}
+            activation = GPT2_ACTIVATIONS[hf.get("activation_function", "gelu_new")]
+        except FileNotFoundError:
+            raise UserError(f"{directory} has no config.json; is it a Hugging Face GPT-2 directory?") from None
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # bad JSON, missing or odd entries
+            raise UserError(
+                f"{directory}/config.json is not a usable GPT-2 config ({type(exc).__name__}: {exc})"
+            ) from None
+        config = GPTConfig(**sizes, bias=True, activation=activation, **(override_args or {}))
         state = read_hf_gpt2_state(directory)
         model = cls(config)
         ours = model.state_dict()
@@ -438,6 +439,9 @@ class GPT(nn.Module):
         atomic_write_json(directory / "config.json", hf_config)
 
 
+GPT2_CONFIG_KEYS = {"block_size": "n_positions", "vocab_size": "vocab_size", "n_layer": "n_layer",
+                    "n_head": "n_head", "n_embd": "n_embd"}  # fmt: skip
+GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 # Hugging Face GPT-2 stores these four projections as Conv1D: weight (in, out), the transpose of nn.Linear's.
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 GPT2_HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -448,11 +452,20 @@ def read_hf_gpt2_state(directory: Path) -> dict[str, torch.Tensor]:
     if (directory / "model.safetensors").exists():
         from safetensors.torch import load_file
 
-        raw = load_file(directory / "model.safetensors")
+        loader, path = load_file, directory / "model.safetensors"
     elif (directory / "pytorch_model.bin").exists():
-        raw = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        path = directory / "pytorch_model.bin"
+
+        def loader(file: Path) -> dict:
+            return torch.load(file, map_location="cpu", weights_only=True)
     else:
         raise UserError(f"{directory} has neither model.safetensors nor pytorch_model.bin")
+    try:
+        raw = loader(path)
+    except Exception as exc:  # truncated or foreign files, and pickles that would run code, are all refused
+        raise UserError(f"cannot read weights {path}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}") from None
+    if not isinstance(raw, dict) or not all(isinstance(v, torch.Tensor) for v in raw.values()):
+        raise UserError(f"{path} does not hold a state dict of tensors")
     state = {}
     for key, value in raw.items():
         if key.endswith((".attn.bias", ".attn.masked_bias")):

@@ -138,3 +138,20 @@ def test_hub_names_download_from_the_endpoint(tmp_path, monkeypatch):
     with torch.no_grad():
         torch.testing.assert_close(ours(idx)[0][:, -1], hf(idx).logits[:, -1], rtol=0, atol=1e-4)
     assert (tmp_path / "cache" / "hf" / "gpt2" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize(
+    "config_text, weights, message",
+    [("{not json", None, "not a usable GPT-2 config"),
+     ('{"n_positions": 8}', None, "not a usable GPT-2 config"),
+     ('{"n_positions": 8, "vocab_size": 10, "n_layer": 1, "n_head": 1, "n_embd": 8, "activation_function": "swish"}',
+      None, "not a usable GPT-2 config"),
+     ('{"n_positions": 8, "vocab_size": 10, "n_layer": 1, "n_head": 1, "n_embd": 8}', b"garbage",
+      "cannot read weights")],
+)  # fmt: skip
+def test_malformed_hf_directories_are_clear_errors(tmp_path, config_text, weights, message):
+    (tmp_path / "config.json").write_text(config_text)
+    if weights is not None:
+        (tmp_path / "model.safetensors").write_bytes(weights)
+    with pytest.raises(UserError, match=message):
+        GPT.from_pretrained(str(tmp_path))
