@@ -68,7 +68,8 @@ class SampleBench:
     paths: list[str] = setting_list(
         ["cached", "cached_bf16", "uncached", "hf"], "which generators: cached, cached_bf16, uncached, hf"
     )
-    uncached_new_tokens: int = setting(64, "tokens for the slow uncached path (its tokens/s hardly varies)")
+    uncached_new_tokens: int = setting(256, "tokens for the slow uncached path (fewer make it look faster)")
+    uncached_repeats: int = setting(1, "runs of the slow uncached path")
     device: str = setting("cpu", "device to run on")
     json_out: str = setting("bench_results/sample.json", "where to write the JSON results ('' = nowhere)")
 
@@ -84,11 +85,12 @@ def uncached_generate(model: GPT, idx: torch.Tensor, new_tokens: int, top_k: int
 
 
 def time_call(fn, repeats: int) -> float:
-    fn()  # warm-up: allocator, kernels, lazy imports
+    """Median seconds of fn(new_tokens) over `repeats` runs, after a short warm-up (allocator, kernels, imports)."""
+    fn(8)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        fn()
+        fn(None)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -119,27 +121,27 @@ def bench_sample(cfg: SampleBench) -> list[dict]:
                 if runner is not model:
                     runner.load_state_dict(model.state_dict())
 
-                def fn(runner=runner, prompt=prompt, new_tokens=new_tokens, generator=generator):
+                def fn(n, runner=runner, prompt=prompt, new_tokens=new_tokens, generator=generator):
                     with torch.inference_mode():
-                        runner.generate(prompt, new_tokens, top_k=cfg.top_k, generator=generator)
+                        runner.generate(prompt, n or new_tokens, top_k=cfg.top_k, generator=generator)
 
             elif path == "uncached":
 
-                def fn(prompt=prompt, new_tokens=new_tokens, generator=generator):
+                def fn(n, prompt=prompt, new_tokens=new_tokens, generator=generator):
                     with torch.inference_mode():
-                        uncached_generate(model, prompt, new_tokens, cfg.top_k, generator)
+                        uncached_generate(model, prompt, n or new_tokens, cfg.top_k, generator)
 
             elif path == "hf":
 
-                def fn(prompt=prompt, new_tokens=new_tokens):
+                def fn(n, prompt=prompt, new_tokens=new_tokens):
                     with torch.inference_mode():
                         hf_model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True,
-                                          top_k=cfg.top_k, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                          pad_token_id=0)  # fmt: skip
+                                          top_k=cfg.top_k, max_new_tokens=n or new_tokens,
+                                          min_new_tokens=n or new_tokens, pad_token_id=0)  # fmt: skip
 
             else:
                 raise UserError(f"unknown path {path!r}; use cached, cached_bf16, uncached or hf")
-            seconds = time_call(fn, cfg.repeats)
+            seconds = time_call(fn, cfg.uncached_repeats if path == "uncached" else cfg.repeats)
             rows.append({"path": path, "batch": batch, "new_tokens": new_tokens, "seconds": round(seconds, 3),
                          "tokens_per_s": round(batch * new_tokens / seconds, 1)})  # fmt: skip
             print_table(rows[-1:], list(rows[-1]))
@@ -153,7 +155,7 @@ def bench_sample(cfg: SampleBench) -> list[dict]:
 
 def hf_state_from(model: GPT) -> dict[str, torch.Tensor]:
     """Our weights under Hugging Face GPT-2 names (Conv1D weights transposed), so both run the same model."""
-    from model import CONV1D_WEIGHTS
+    from hf_gpt2 import CONV1D_WEIGHTS
 
     return {k: (v.t() if k.endswith(CONV1D_WEIGHTS) else v) for k, v in model.state_dict().items()}
 

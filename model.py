@@ -8,18 +8,17 @@ The default configuration is GPT-2: learned positions, pre-norm blocks, GELU (ta
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+import hf_gpt2
 from errors import UserError
 from muon import MuonAdamW
 
@@ -375,118 +374,20 @@ class GPT(nn.Module):
     def from_pretrained(cls, name_or_dir: str, override_args: dict[str, Any] | None = None) -> GPT:
         """Load GPT-2 weights from a local Hugging Face directory or a hub name (gpt2, gpt2-medium, ...).
 
-        Reads config.json and model.safetensors (or pytorch_model.bin, weights only); keys may carry the
-        `transformer.` prefix or not; a missing lm_head.weight means tied. override_args may set dropout.
+        override_args may change what does not change shapes (dropout). See hf_gpt2.py for the file formats.
         """
-        directory = Path(name_or_dir)
-        if not directory.is_dir():
-            if name_or_dir not in GPT2_HUB_NAMES:
-                raise UserError(f"{name_or_dir} is neither a directory nor one of {', '.join(GPT2_HUB_NAMES)}")
-            directory = download_gpt2(name_or_dir)
-        try:
-            hf = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-            sizes = {ours: int(hf[theirs]) for ours, theirs in GPT2_CONFIG_KEYS.items()}
-            activation = GPT2_ACTIVATIONS[hf.get("activation_function", "gelu_new")]
-        except FileNotFoundError:
-            raise UserError(f"{directory} has no config.json; is it a Hugging Face GPT-2 directory?") from None
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # bad JSON, missing or odd entries
-            raise UserError(
-                f"{directory}/config.json is not a usable GPT-2 config ({type(exc).__name__}: {exc})"
-            ) from None
-        config = GPTConfig(**sizes, bias=True, activation=activation, **(override_args or {}))
-        state = read_hf_gpt2_state(directory)
-        model = cls(config)
-        ours = model.state_dict()
-        missing = [k for k in ours if k not in state and k != "lm_head.weight"]
-        if missing:
-            raise UserError(f"{directory}: weights file lacks {len(missing)} tensors, e.g. {missing[0]}")
-        state.setdefault("lm_head.weight", state["transformer.wte.weight"])
-        for key, value in ours.items():
-            if state[key].shape != value.shape:
-                raise UserError(
-                    f"{directory}: {key} has shape {tuple(state[key].shape)}, expected {tuple(value.shape)}"
-                )
-        model.load_state_dict({k: state[k] for k in ours})
+        directory = hf_gpt2.locate(name_or_dir)
+        model = cls(GPTConfig(**hf_gpt2.read_config(directory), **(override_args or {})))
+        model.load_state_dict(hf_gpt2.read_state(directory, model.state_dict()))
         return model
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         """Write config.json and model.safetensors that transformers' GPT2LMHeadModel.from_pretrained loads."""
-        from safetensors.torch import save as safetensors_bytes
-
-        from fileio import atomic_write_bytes, atomic_write_json
-
         config = self.config
         standard = config.pos_encoding == "learned" and config.bias and config.activation != "relu2"
         if not (standard and config.tie_embeddings and not config.qk_norm):
             raise UserError("only GPT-2-shaped models (learned positions, bias, GELU, tied head) export to GPT-2")
-        hf_config = {
-            "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": config.vocab_size,
-            "n_positions": config.block_size, "n_ctx": config.block_size, "n_embd": config.n_embd,
-            "n_layer": config.n_layer, "n_head": config.n_head, "layer_norm_epsilon": 1e-5,
-            "activation_function": "gelu_new" if config.activation == "gelu_tanh" else "gelu",
-            "resid_pdrop": config.dropout, "embd_pdrop": config.dropout, "attn_pdrop": config.dropout,
-            "initializer_range": 0.02, "tie_word_embeddings": True, "bos_token_id": 50256, "eos_token_id": 50256,
-        }  # fmt: skip
-        state = {}
-        for key, value in self.state_dict().items():
-            if key == "lm_head.weight":
-                continue  # tied to transformer.wte.weight
-            value = value.detach().cpu()
-            state[key] = value.t().contiguous() if key.endswith(CONV1D_WEIGHTS) else value.contiguous()
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(directory / "model.safetensors", safetensors_bytes(state, metadata={"format": "pt"}))
-        atomic_write_json(directory / "config.json", hf_config)
-
-
-GPT2_CONFIG_KEYS = {"block_size": "n_positions", "vocab_size": "vocab_size", "n_layer": "n_layer",
-                    "n_head": "n_head", "n_embd": "n_embd"}  # fmt: skip
-GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
-# Hugging Face GPT-2 stores these four projections as Conv1D: weight (in, out), the transpose of nn.Linear's.
-CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-GPT2_HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
-
-
-def read_hf_gpt2_state(directory: Path) -> dict[str, torch.Tensor]:
-    """A Hugging Face GPT-2 state dict renamed to this model's keys, Conv1D weights transposed."""
-    if (directory / "model.safetensors").exists():
-        from safetensors.torch import load_file
-
-        loader, path = load_file, directory / "model.safetensors"
-    elif (directory / "pytorch_model.bin").exists():
-        path = directory / "pytorch_model.bin"
-
-        def loader(file: Path) -> dict:
-            return torch.load(file, map_location="cpu", weights_only=True)
-    else:
-        raise UserError(f"{directory} has neither model.safetensors nor pytorch_model.bin")
-    try:
-        raw = loader(path)
-    except Exception as exc:  # truncated or foreign files, and pickles that would run code, are all refused
-        raise UserError(f"cannot read weights {path}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}") from None
-    if not isinstance(raw, dict) or not all(isinstance(v, torch.Tensor) for v in raw.values()):
-        raise UserError(f"{path} does not hold a state dict of tensors")
-    state = {}
-    for key, value in raw.items():
-        if key.endswith((".attn.bias", ".attn.masked_bias")):
-            continue  # old causal-mask buffers, not weights
-        if not key.startswith(("transformer.", "lm_head.")):
-            key = "transformer." + key
-        state[key] = value.t() if key.endswith(CONV1D_WEIGHTS) else value
-    return state
-
-
-def download_gpt2(name: str) -> Path:
-    """Fetch a GPT-2 checkpoint's config.json and model.safetensors from the Hugging Face Hub (HF_ENDPOINT)
-    into the download cache, once; returns the directory. UserError when offline or unreachable."""
-    from prepare_data.download import fetch
-
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
-        raise UserError(f"cannot download {name}: HF_HUB_OFFLINE is set (offline); pass a local GPT-2 directory")
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-    for filename in ("config.json", "model.safetensors"):
-        path = fetch(f"{endpoint}/openai-community/{name}/resolve/main/{filename}", name=f"hf/{name}/{filename}")
-    return path.parent
+        hf_gpt2.write(directory, asdict(config), self.state_dict())
 
 
 def sample_next_token(

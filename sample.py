@@ -19,9 +19,10 @@ import torch
 from checkpoint import build_model, load_checkpoint, resolve_checkpoint
 from devices import autocast, resolve_device, resolve_dtype
 from errors import UserError, run_cli
-from model import GPT, GPT2_HUB_NAMES
+from hf_gpt2 import GPT2_HUB_NAMES
+from model import GPT
 from settings import parse_settings, setting, setting_list
-from tokenizer import make_tokenizer, read_meta, tokenizer_from_meta
+from tokenizer import Tokenizer, make_tokenizer, read_meta, tokenizer_from_meta
 
 SEPARATOR = "\n" + "-" * 40 + "\n"
 
@@ -64,7 +65,7 @@ class SampleSettings:
             raise UserError("--stop needs a non-empty string")
 
 
-def load_model_and_tokenizer(cfg: SampleSettings) -> tuple[GPT, object]:
+def load_model_and_tokenizer(cfg: SampleSettings) -> tuple[GPT, Tokenizer]:
     """The model (on CPU, eval mode) and its tokenizer, from a checkpoint or GPT-2 weights."""
     if cfg.init_from == "resume":
         path = resolve_checkpoint(cfg.out_dir, cfg.checkpoint)
@@ -116,7 +117,7 @@ class TextStream:
     across tokens is held back until complete, and so is any tail that could still become a stop string.
     """
 
-    def __init__(self, tokenizer: object, stops: list[str], eot_token: int | None) -> None:
+    def __init__(self, tokenizer: Tokenizer, stops: list[str], eot_token: int | None) -> None:
         self.tokenizer, self.stops, self.eot_token = tokenizer, stops, eot_token
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.text, self.printed, self.done = "", 0, False
@@ -148,7 +149,7 @@ class TextStream:
 
 def generate_samples(
     model: GPT,
-    tokenizer: object,
+    tokenizer: Tokenizer,
     prompt: str,
     cfg: SampleSettings,
     device: torch.device,
