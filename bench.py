@@ -29,9 +29,20 @@ from model import GPT, GPTConfig
 from settings import parse_settings, setting, setting_list
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
 def machine_description() -> dict:
     """Where a figure was measured: CPU/GPU, core count, torch version, date."""
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu_name()
     return {
         "device": device,
         "cpu_count": os.cpu_count(),
@@ -102,13 +113,17 @@ def bench_sample(cfg: SampleBench) -> list[dict]:
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=50257)  # GPT-2 124M shape, random weights
     model = GPT(config).eval().to(device)
+    plain = GPT(config).eval().to(device)  # the same weights, as nanoGPT stores them, for the uncached path
+    plain.load_state_dict(model.state_dict())
+    if device.type == "cpu":
+        model.use_decoding_layout()  # what sample.py does on CPU in float32
     hf_model = None
     if "hf" in cfg.paths:
         import transformers
 
         hf_config = transformers.GPT2Config(vocab_size=50257, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         hf_model = transformers.GPT2LMHeadModel(hf_config).eval().to(device)
-        hf_model.load_state_dict(hf_state_from(model), strict=False)
+        hf_model.load_state_dict(hf_state_from(plain), strict=False)
     rows = []
     for batch in cfg.batch_sizes:
         prompt = torch.randint(0, 50257, (batch, cfg.prompt_tokens), device=device)
@@ -129,7 +144,7 @@ def bench_sample(cfg: SampleBench) -> list[dict]:
 
                 def fn(n, prompt=prompt, new_tokens=new_tokens, generator=generator):
                     with torch.inference_mode():
-                        uncached_generate(model, prompt, n or new_tokens, cfg.top_k, generator)
+                        uncached_generate(plain, prompt, n or new_tokens, cfg.top_k, generator)
 
             elif path == "hf":
 

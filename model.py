@@ -263,6 +263,20 @@ class GPT(nn.Module):
         self._build_position_tables(block_size)
 
     @torch.no_grad()
+    def use_decoding_layout(self) -> GPT:
+        """Store each Linear weight transposed in memory ((in, out) contiguous; to PyTorch still (out, in)).
+
+        Decoding one token is a matrix-vector product per layer, bound by reading the weights, and CPU kernels
+        stream this layout faster (measured on a 2-core EPYC: LM head 17 -> 28 GB/s, GPT-2 124M sampling 1.26x
+        tokens/s). Values and outputs are unchanged; meant for float32 sampling on CPU (bfloat16 kernels
+        measured slower with it). Returns the model.
+        """
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                module.weight.data = module.weight.data.t().contiguous().t()  # a tied head stays tied
+        return self
+
+    @torch.no_grad()
     def generate_stream(
         self,
         idx: torch.Tensor,

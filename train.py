@@ -113,9 +113,14 @@ class TrainSettings:
     cpu_threads: int | None = setting(None, "torch CPU threads (None: torch's default; fewer on a busy machine)")
     backend: str = setting("auto", "torch.distributed backend under torchrun: auto (nccl on CUDA, gloo) | nccl | gloo")
     parallel: str = setting("ddp", "under torchrun: ddp (a replica per process) | fsdp (parameters sharded)")
+    peak_flops: float | None = setting(
+        None, "the device's peak FLOP/s for the MFU figure (None: known for A100/H100/H200 GPUs, else MFU is n/a)"
+    )
 
     def validate(self) -> None:
         """Raise UserError for values that cannot work, before anything is loaded."""
+        if self.peak_flops is not None and not (self.peak_flops > 0 and math.isfinite(self.peak_flops)):
+            raise UserError(f"peak_flops must be a positive number of FLOP/s (e.g. 1.4e11), got {self.peak_flops}")
         positive = ("batch_size", "block_size", "gradient_accumulation_steps", "eval_interval", "log_interval")
         for name in (*positive, "eval_iters", "n_layer", "n_head", "n_embd"):
             if getattr(self, name) <= 0:
@@ -489,7 +494,7 @@ def run(cfg: TrainSettings, procs: Processes, device: torch.device, stop: StopRe
         remove_stale_temporaries(out_dir)  # a run killed while saving leaves its temporary file behind
     accumulation = cfg.gradient_accumulation_steps // procs.world_size  # micro-steps in this process
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * block_size
-    peak_flops = peak_flops_for_device(device, dtype)
+    peak_flops = cfg.peak_flops or peak_flops_for_device(device, dtype)
     log.say(
         f"{model.get_num_params() / 1e6:.2f}M parameters | {device} {str(dtype).removeprefix('torch.')} | "
         f"{procs.world_size} process(es) | {tokens_per_iter:,} tokens per step | data {data_dir}"

@@ -236,7 +236,7 @@ class _Worker:
 
     def _encode(self, text: str, starts_document: bool) -> np.ndarray:
         tokenizer = self.tokenizer
-        ids = tokenizer.encode_array(text) if isinstance(tokenizer, tok.CharTokenizer) else tokenizer.encode(text)
+        ids = tokenizer.encode_array(text)
         separator = 1 if starts_document and tokenizer.eot_token is not None else 0
         out = np.empty(len(ids) + separator, dtype=self.dtype)
         if separator:

@@ -301,3 +301,16 @@ def test_compiled_model_matches_eager_loss_and_gradients():
     loss_compiled.backward()
     for (name, a), (_, b) in zip(eager.named_parameters(), compiled_copy.named_parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_decoding_layout_changes_memory_not_results():
+    model = tiny_model(seed=5)
+    prompt = torch.randint(0, 37, (2, 4))
+    expected_tokens = model.generate(prompt, 10, temperature=0)
+    expected_logits, _ = model(prompt)
+    model.use_decoding_layout()
+    assert model.lm_head.weight is model.transformer.wte.weight  # still tied
+    assert model.transformer.h[0].mlp.c_fc.weight.stride() == (1, 64)  # (in, out) contiguous in memory
+    logits, _ = model(prompt)
+    torch.testing.assert_close(logits, expected_logits, rtol=0, atol=1e-5)
+    assert torch.equal(model.generate(prompt, 10, temperature=0), expected_tokens)

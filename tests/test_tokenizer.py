@@ -101,6 +101,14 @@ def test_gpt2_batch_matches_single(gpt2: TiktokenTokenizer, shakespeare_text: st
     assert gpt2.encode_batch(texts, num_threads=2) == [gpt2.encode(t) for t in texts]
 
 
+def test_gpt2_numpy_encoding_matches_the_list_encoding(gpt2: TiktokenTokenizer, shakespeare_text: str) -> None:
+    """encode_array (the pipeline's fast path) gives exactly encode's ids, special-token text included."""
+    text = shakespeare_text[:20000] + " <|endoftext|> naïve 日本語 🙂"
+    array = gpt2.encode_array(text)
+    assert array.dtype == np.uint32
+    assert array.tolist() == gpt2.encode(text)
+
+
 def test_bpe_dir_matches_cached_encoding(tmp_path: Path, gpt2: TiktokenTokenizer, shakespeare_text: str) -> None:
     local = TiktokenTokenizer("gpt2", bpe_dir=copy_gpt2_bpe_files(tmp_path / "bpe"))
     assert local.vocab_size == 50257 and local.eot_token == 50256

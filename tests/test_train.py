@@ -356,3 +356,17 @@ def test_muon_optimizer_trains_and_resumes(data_dir: Path, tmp_path: Path) -> No
     assert records[-1]["val/loss"] < records[0]["val/loss"]
     assert train.main([*args, "--max_iters=14", "--init_from=resume"]) == 0
     assert ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == 14
+
+
+def test_mfu_uses_a_peak_the_caller_gives(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """On a device with no known peak, --peak_flops turns 'mfu n/a' into a figure consistent with ms/iter."""
+    args = tiny_args(data_dir, tmp_path / "out", max_iters=4, log_interval=1, eval_interval=100, peak_flops=1e9)
+    assert train.main(args) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("iter 3:"))
+    ms_per_iter = float(line.split("|")[2].split()[0])
+    mfu = float(line.split("mfu ")[1].rstrip("%")) / 100
+    vocab_size = json.loads((data_dir / "meta.json").read_text())["vocab_size"]
+    model = GPT(GPTConfig(block_size=32, vocab_size=vocab_size, n_layer=2, n_head=2, n_embd=32, bias=False))
+    tokens_per_iter = 4 * 2 * 32  # batch_size x gradient_accumulation_steps x block_size
+    expected = model.flops_per_token() * tokens_per_iter / (ms_per_iter / 1000) / 1e9
+    assert mfu == pytest.approx(expected, rel=0.05)  # ms/iter is printed rounded to 0.1 ms
