@@ -144,7 +144,16 @@ def test_recipes_parse_with_the_documented_values() -> None:
     assert (gpu.eval_interval, gpu.eval_iters, gpu.dataset) == (250, 200, "shakespeare_char")
     cpu = load("train_shakespeare_char_cpu.py")
     assert (cpu.n_layer, cpu.n_head, cpu.n_embd, cpu.block_size, cpu.batch_size) == (4, 4, 128, 64, 12)
-    assert (cpu.learning_rate, cpu.dropout, cpu.device, cpu.compile) == (1e-3, 0.0, "cpu", False)
+    assert (cpu.learning_rate, cpu.dropout, cpu.device, cpu.compile) == (3e-3, 0.0, "cpu", False)
+    assert (cpu.optimizer, cpu.muon_lr, cpu.pos_encoding, cpu.qk_norm, cpu.max_iters) == (
+        "muon",
+        0.02,
+        "rope",
+        True,
+        1000,
+    )
+    best = load("train_shakespeare_char_cpu_best.py")
+    assert (best.n_layer, best.n_embd, best.block_size, best.dtype, best.optimizer) == (6, 192, 128, "bfloat16", "muon")
     gpt2 = load("train_gpt2.py")
     assert (gpt2.batch_size, gpt2.block_size, gpt2.gradient_accumulation_steps) == (12, 1024, 40)
     assert (gpt2.max_iters, gpt2.learning_rate, gpt2.weight_decay, gpt2.pad_vocab) == (600000, 6e-4, 0.1, True)
