@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -439,9 +440,11 @@ def main(argv: list[str]) -> int:
     finally:
         if procs.distributed:
             if finished:
-                # Tear down together: a process that destroys its group while a peer still writes its last
-                # checkpoint or summary can abort in gloo's threads ("terminate called without an active exception").
-                torch.distributed.barrier()
+                torch.distributed.barrier()  # tear down together, after rank 0 has written its last files
+            # The DDP/FSDP-wrapped modules sit in reference cycles that keep the process group alive; collect them
+            # now so gloo's threads stop here, not during interpreter exit, where they abort the process
+            # ("terminate called without an active exception").
+            gc.collect()
             torch.distributed.destroy_process_group()
 
 
