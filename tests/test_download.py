@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import socket
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from loopback import QuietHandler, ScriptedServer, serving
 
 from errors import UserError
 from prepare_data import download as dl
@@ -24,28 +23,8 @@ BODY_SHA256 = hashlib.sha256(BODY).hexdigest()
 FAST = dl.DownloadPolicy(connect_timeout=2.0, read_timeout=0.3, retries=2, backoff=0.01)
 
 
-class ScriptedServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), ScriptedHandler)
-        self.log: list[tuple[str, str | None]] = []
-        self.hits: dict[str, int] = {}
-        self.release = threading.Event()  # ends stalled responses at teardown
-        self.lock = threading.Lock()
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class ScriptedHandler(BaseHTTPRequestHandler):
-    server: ScriptedServer
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - keep test output quiet
-        pass
-
-    def do_GET(self) -> None:
+class ScriptedHandler(QuietHandler):
+    def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
         path = self.path
         with self.server.lock:
             self.server.log.append((path, self.headers.get("Range")))
@@ -109,14 +88,8 @@ class ScriptedHandler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server() -> Iterator[ScriptedServer]:
-    httpd = ScriptedServer()
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield httpd
-    httpd.release.set()
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join(5)
+    with serving(ScriptedHandler) as httpd:
+        yield httpd
 
 
 def assert_nothing_left(destination: Path) -> None:

@@ -18,14 +18,13 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
 import pytest
 from datadirs import make_char_data, sample_text
+from loopback import QuietHandler, ScriptedServer, serving
 
 import train
 from errors import run_cli
@@ -58,29 +57,8 @@ def tiny_args(data_dir: Path, out_dir: Path) -> list[str]:
             "--max_iters=4", "--eval_interval=2", "--eval_iters=1", "--log_interval=2"]  # fmt: skip
 
 
-class ScriptedServer(ThreadingHTTPServer):
-    """127.0.0.1 only. Paths script one behaviour each; `log` records (path, Range header) of every request."""
-
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), ScriptedHandler)
-        self.log: list[tuple[str, str | None]] = []
-        self.release = threading.Event()  # ends stalled responses at teardown
-        self.lock = threading.Lock()
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class ScriptedHandler(BaseHTTPRequestHandler):
-    server: ScriptedServer
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - keep the test output clean
-        pass
-
-    def do_GET(self) -> None:
+class ScriptedHandler(QuietHandler):
+    def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
         with self.server.lock:
             self.server.log.append((self.path, self.headers.get("Range")))
             first = sum(1 for path, _ in self.server.log if path == self.path) == 1
@@ -120,14 +98,8 @@ class ScriptedHandler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server() -> Iterator[ScriptedServer]:
-    httpd = ScriptedServer()
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield httpd
-    httpd.release.set()
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join(5)
+    with serving(ScriptedHandler) as httpd:
+        yield httpd
 
 
 # ----------------------------------------------------------------------------- broken data directories
