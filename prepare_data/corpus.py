@@ -51,19 +51,7 @@ def main(argv: list[str]) -> int:
         description="Tokenise your own text/JSONL corpus into token files that train.py streams.",
     )
     files = pipeline.collect_inputs(cfg.input, exclude=cfg.out_dir)
-    settings = pipeline.PrepareSettings(
-        out_dir=cfg.out_dir,
-        tokenizer=cfg.tokenizer,
-        bpe_dir=cfg.bpe_dir,
-        val_fraction=cfg.val_fraction,
-        seed=cfg.seed,
-        shard_tokens=cfg.shard_tokens,
-        block_size=cfg.block_size,
-        num_workers=cfg.num_workers,
-        on_decode_error=cfg.on_decode_error,
-        text_field=cfg.text_field,
-        chunk_bytes=cfg.chunk_bytes,
-    )
+    settings = pipeline.PrepareSettings.from_cli(cfg)
     single_document = len(files) == 1 and files[0].kind == "text"
     source = {
         "inputs": list(cfg.input),

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import requests
@@ -182,21 +183,21 @@ def _attempt(session: requests.Session, url: str, part: Path, policy: DownloadPo
         raise UserError(f"download of {url} failed: too many redirects") from exc
 
 
-def _progress_bar(url: str):
+def byte_progress_bar(description: str, total: int | None = None, **options: Any) -> Any:
+    """A tqdm bar counting bytes on stderr, or None without tqdm (progress is a nicety, never a requirement).
+
+    It draws only on a terminal (disable=None), so logs and error output stay clean.
+    """
     try:
         from tqdm import tqdm
-    except ImportError:  # progress is a nicety, never a requirement
+    except ImportError:
         return None
-    # disable=None: only draw on a terminal, so logs and error output stay clean.
-    return tqdm(
-        desc=f"download {Path(urlsplit(url).path).name}",
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        file=sys.stderr,
-        disable=None,
-        leave=False,
-    )
+    return tqdm(total=total, desc=description, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
+                disable=None, leave=False, **options)  # fmt: skip
+
+
+def _progress_bar(url: str) -> Any:
+    return byte_progress_bar(f"download {Path(urlsplit(url).path).name}")
 
 
 def download(

@@ -136,18 +136,7 @@ def main(argv: list[str]) -> int:
     )
     pq = import_parquet()
     paths = fetch_shards(cfg, pq)
-    settings = pipeline.PrepareSettings(
-        out_dir=cfg.out_dir,
-        tokenizer=cfg.tokenizer,
-        bpe_dir=cfg.bpe_dir,
-        val_fraction=cfg.val_fraction,
-        seed=cfg.seed,
-        shard_tokens=cfg.shard_tokens,
-        block_size=cfg.block_size,
-        num_workers=cfg.num_workers,
-        text_field=cfg.text_field,
-        chunk_bytes=cfg.chunk_bytes,
-    )
+    settings = pipeline.PrepareSettings.from_cli(cfg)
     source = {
         "dataset": "HuggingFaceFW/fineweb-edu sample/10BT",
         "base_url": cfg.base_url,

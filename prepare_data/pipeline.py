@@ -35,14 +35,13 @@ import json
 import multiprocessing
 import os
 import signal
-import sys
 import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
 
@@ -50,6 +49,7 @@ import numpy as np
 
 import tokenizer as tok
 from errors import UserError
+from prepare_data.download import byte_progress_bar
 
 SPLITS = ("train", "val")
 DECODE_POLICIES = ("error", "replace", "skip")
@@ -773,22 +773,7 @@ class Progress:
         self.started = time.perf_counter()
         self.tokens = 0
         self.input_bytes = 0
-        self._bar = None
-        try:
-            from tqdm import tqdm
-        except ImportError:  # progress display is optional
-            return
-        self._bar = tqdm(
-            total=total_bytes or None,
-            desc=description,
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1024,
-            file=sys.stderr,
-            disable=None,
-            leave=False,
-            smoothing=0.1,
-        )
+        self._bar = byte_progress_bar(description, total_bytes or None, smoothing=0.1)
 
     def update(self, input_bytes: int, tokens: int) -> None:
         """Count bytes of input consumed and tokens produced."""
@@ -824,6 +809,11 @@ class PrepareSettings:
     on_decode_error: str = "error"
     text_field: str = "text"
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
+
+    @classmethod
+    def from_cli(cls, cfg: Any) -> PrepareSettings:
+        """The preparation settings a script's CLI settings name (fields it lacks keep their defaults)."""
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls) if hasattr(cfg, f.name)})
 
 
 def check_settings(settings: Any) -> None:

@@ -16,8 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo root is importable
 
 from errors import run_cli
-from prepare_data import pipeline
-from prepare_data.shakespeare_char import ShakespeareSettings, read_tiny_shakespeare, split_text
+from prepare_data.shakespeare_char import ShakespeareSettings, read_tiny_shakespeare, write_split_text
 from settings import parse_settings, setting
 from tokenizer import TiktokenTokenizer
 
@@ -37,12 +36,7 @@ def main(argv: list[str]) -> int:
     )
     text, provenance = read_tiny_shakespeare(cfg)
     tokenizer = TiktokenTokenizer("gpt2", bpe_dir=cfg.bpe_dir)
-    splits = {
-        name: (tokenizer.encode_array(part), len(part.encode("utf-8")), 1)
-        for name, part in zip(("train", "val"), split_text(text))
-    }
-    meta = pipeline.write_dataset(cfg.out_dir, tokenizer, splits, {**provenance, "bpe_dir": cfg.bpe_dir})
-    print(pipeline.summary_line(meta, cfg.out_dir, 0.0, 0))
+    write_split_text(cfg.out_dir, tokenizer, text, {**provenance, "bpe_dir": cfg.bpe_dir})
     return 0
 
 

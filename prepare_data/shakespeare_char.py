@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 from errors import UserError, run_cli
 from prepare_data import download, pipeline
 from settings import parse_settings, setting
-from tokenizer import CharTokenizer
+from tokenizer import CharTokenizer, Tokenizer
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -62,6 +62,16 @@ def split_text(text: str) -> tuple[str, str]:
     return text[:cut], text[cut:]
 
 
+def write_split_text(out_dir: str, tokenizer: Tokenizer, text: str, provenance: dict) -> None:
+    """Tokenise nanoGPT's train/val split of `text` (one document each), write the data set and print a summary."""
+    splits = {
+        name: (tokenizer.encode_array(part), len(part.encode("utf-8")), 1)
+        for name, part in zip(("train", "val"), split_text(text))
+    }
+    meta = pipeline.write_dataset(out_dir, tokenizer, splits, provenance)
+    print(pipeline.summary_line(meta, out_dir, 0.0, 0))
+
+
 def main(argv: list[str]) -> int:
     cfg = parse_settings(
         ShakespeareSettings,
@@ -70,14 +80,7 @@ def main(argv: list[str]) -> int:
         description="Tiny Shakespeare, character level, split 90/10 as nanoGPT does.",
     )
     text, provenance = read_tiny_shakespeare(cfg)
-    tokenizer = CharTokenizer.from_text(text)
-    train, val = split_text(text)
-    splits = {
-        name: (tokenizer.encode_array(part), len(part.encode("utf-8")), 1)
-        for name, part in (("train", train), ("val", val))
-    }
-    meta = pipeline.write_dataset(cfg.out_dir, tokenizer, splits, provenance)
-    print(pipeline.summary_line(meta, cfg.out_dir, 0.0, 0))
+    write_split_text(cfg.out_dir, CharTokenizer.from_text(text), text, provenance)
     return 0
 
 

@@ -26,7 +26,8 @@ os.environ.setdefault("WANDB_MODE", "offline")
 
 
 @pytest.fixture(autouse=True)
-def _seed_everything():
+def _seed_everything_one_thread():
+    """Seeded generators, and one torch thread in-process even where OMP_NUM_THREADS says otherwise."""
     import random
 
     import numpy as np
@@ -35,4 +36,7 @@ def _seed_everything():
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     yield
+    torch.set_num_threads(threads)

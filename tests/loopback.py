@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterator
+from functools import partial
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 
 class ScriptedServer(ThreadingHTTPServer):
@@ -14,7 +16,7 @@ class ScriptedServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+    def __init__(self, handler: Callable[..., BaseHTTPRequestHandler]) -> None:
         super().__init__(("127.0.0.1", 0), handler)
         self.log: list[tuple[str, str | None]] = []
         self.hits: dict[str, int] = {}
@@ -36,7 +38,7 @@ class QuietHandler(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[ScriptedServer]:
+def serving(handler: Callable[..., BaseHTTPRequestHandler]) -> Iterator[ScriptedServer]:
     """Run a ScriptedServer with `handler` in a thread for the duration of the block."""
     httpd = ScriptedServer(handler)
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -48,3 +50,17 @@ def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[ScriptedServer]:
         httpd.shutdown()
         httpd.server_close()
         thread.join(5)
+
+
+@contextlib.contextmanager
+def serving_directory(directory: str | Path) -> Iterator[tuple[str, list[str]]]:
+    """Serve the files under `directory` on 127.0.0.1; yields (base URL, the paths requested so far)."""
+    requested: list[str] = []
+
+    class FileHandler(SimpleHTTPRequestHandler, QuietHandler):
+        def do_GET(self) -> None:
+            requested.append(self.path)
+            super().do_GET()
+
+    with serving(partial(FileHandler, directory=str(directory))) as httpd:
+        yield httpd.base, requested

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import http.server
 import json
 import shutil
-import threading
 from pathlib import Path
 
 import pytest
 import torch
+from loopback import serving_directory
 
 from errors import UserError
 from model import GPT, GPTConfig
@@ -117,23 +116,12 @@ def test_hub_names_download_from_the_endpoint(tmp_path, monkeypatch):
     for name in ("config.json", "model.safetensors"):
         shutil.copy(directory / name, served / name)
 
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, directory=str(tmp_path / "hub"), **kwargs)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving_directory(tmp_path / "hub") as (base, requested):
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+        monkeypatch.setenv("HF_ENDPOINT", base)
         monkeypatch.setenv("GPT_TOOLKIT_CACHE", str(tmp_path / "cache"))
         ours = GPT.from_pretrained("gpt2").eval()
-    finally:
-        server.shutdown()
+    assert requested == [f"/openai-community/gpt2/resolve/main/{name}" for name in ("config.json", "model.safetensors")]
     idx = torch.randint(0, 101, (1, 10))
     with torch.no_grad():
         torch.testing.assert_close(ours(idx)[0][:, -1], hf(idx).logits[:, -1], rtol=0, atol=1e-4)

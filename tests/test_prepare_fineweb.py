@@ -6,16 +6,14 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Iterator
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa  # in requirements-test.txt: the optional dependency of fineweb.py
 import pyarrow.parquet as pq
 import pytest
+from loopback import serving_directory
 
 import tokenizer as tok
 from prepare_data import pipeline
@@ -41,22 +39,8 @@ def parquet_server(tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
         texts = documents(index)
         table = pa.table({"id": [f"doc{index}-{i}" for i in range(len(texts))], "text": texts})
         pq.write_table(table, folder / f"{index:03d}_00000.parquet", row_group_size=25)
-    requested: list[str] = []
-
-    class Handler(SimpleHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-            pass
-
-        def do_GET(self) -> None:
-            requested.append(self.path)
-            super().do_GET()
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(tmp_path / "served")))
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/sample/10BT", requested
-    httpd.shutdown()
-    httpd.server_close()
+    with serving_directory(tmp_path / "served") as (base, requested):
+        yield f"{base}/sample/10BT", requested
 
 
 def run_fineweb(*args: str, prelude: str = "") -> subprocess.CompletedProcess:

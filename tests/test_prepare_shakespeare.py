@@ -7,14 +7,12 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
 import pytest
+from loopback import serving_directory
 
 import tokenizer as tok
 
@@ -48,22 +46,8 @@ def assert_one_line_error(result: subprocess.CompletedProcess, fragment: str) ->
 @pytest.fixture
 def file_server() -> Iterator[tuple[str, list[str]]]:
     """Serve the shared data folder on 127.0.0.1; yields (base URL, list of requested paths)."""
-    requested: list[str] = []
-
-    class Handler(SimpleHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-            pass
-
-        def do_GET(self) -> None:
-            requested.append(self.path)
-            super().do_GET()
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(SHAKESPEARE.parent)))
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", requested
-    httpd.shutdown()
-    httpd.server_close()
+    with serving_directory(SHAKESPEARE.parent) as served:
+        yield served
 
 
 def test_char_level_counts_vocab_and_meta(tmp_path: Path) -> None:

@@ -160,14 +160,6 @@ def same_weights(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def hooks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("hooks")

@@ -83,15 +83,6 @@ def assert_same_weights(a: dict, b: dict) -> None:
         assert torch.equal(a[key], b[key]), key
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # In-process runs on a shared 2-core machine: one thread avoids OpenMP threads spinning against each other.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("char_data")
