@@ -1,6 +1,7 @@
 """Benchmarks that print a table and write JSON: sampling speed, training throughput, time to quality.
 
     python bench.py sample   [--repeats=3 --batch_sizes=1 --batch_sizes=8 --json_out=bench_results/sample.json]
+    python bench.py linear   [--batch_sizes=1 --batch_sizes=8]   (weight-streaming GB/s of each decoding kernel)
     python bench.py train    [--config=config/train_shakespeare_char_cpu.py --iters=30]
     python bench.py quality  [--config=config/train_shakespeare_char_cpu.py --runs=3]   (wall time + full val loss)
 
@@ -25,7 +26,7 @@ import torch
 from devices import resolve_device
 from errors import UserError, run_cli
 from fileio import atomic_write_json
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, Linear, onednn_linear_available
 from settings import parse_settings, setting, setting_list
 
 
@@ -77,7 +78,9 @@ class SampleBench:
     top_k: int = setting(200, "top-k sampling, as nanoGPT's sample.py")
     threads: int = setting(0, "torch threads (0 = torch's default)")
     paths: list[str] = setting_list(
-        ["cached", "cached_bf16", "uncached", "hf"], "which generators: cached, cached_bf16, uncached, hf"
+        ["cached", "cached_plain", "cached_bf16", "uncached", "hf"],
+        "which generators: cached, cached_plain (KV cache without optimize_for_cpu_decoding), cached_bf16, "
+        "uncached, hf",
     )
     uncached_new_tokens: int = setting(256, "tokens for the slow uncached path (fewer make it look faster)")
     uncached_repeats: int = setting(1, "runs of the slow uncached path")
@@ -106,7 +109,13 @@ def time_call(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+SAMPLE_PATHS = ("cached", "cached_plain", "cached_bf16", "uncached", "hf")
+
+
 def bench_sample(cfg: SampleBench) -> list[dict]:
+    unknown = sorted(set(cfg.paths) - set(SAMPLE_PATHS))
+    if unknown:
+        raise UserError(f"unknown --paths {unknown}; use {', '.join(SAMPLE_PATHS)}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
@@ -116,7 +125,7 @@ def bench_sample(cfg: SampleBench) -> list[dict]:
     plain = GPT(config).eval().to(device)  # the same weights, as nanoGPT stores them, for the uncached path
     plain.load_state_dict(model.state_dict())
     if device.type == "cpu":
-        model.use_decoding_layout()  # what sample.py does on CPU in float32
+        model.optimize_for_cpu_decoding()  # what sample.py does on CPU in float32
     hf_model = None
     if "hf" in cfg.paths:
         import transformers
@@ -130,10 +139,10 @@ def bench_sample(cfg: SampleBench) -> list[dict]:
         for path in cfg.paths:
             new_tokens = cfg.uncached_new_tokens if path == "uncached" else cfg.new_tokens
             generator = torch.Generator(device=device).manual_seed(0)
-            if path in ("cached", "cached_bf16"):
-                dtype = torch.bfloat16 if path == "cached_bf16" else torch.float32
-                runner = model if dtype == torch.float32 else GPT(config).eval().to(device, dtype)
-                if runner is not model:
+            if path in ("cached", "cached_plain", "cached_bf16"):
+                runner = plain if path == "cached_plain" else model
+                if path == "cached_bf16":
+                    runner = GPT(config).eval().to(device, torch.bfloat16)
                     runner.load_state_dict(model.state_dict())
 
                 def fn(n, runner=runner, prompt=prompt, new_tokens=new_tokens, generator=generator):
@@ -155,7 +164,7 @@ def bench_sample(cfg: SampleBench) -> list[dict]:
                                           min_new_tokens=n or new_tokens, pad_token_id=0)  # fmt: skip
 
             else:
-                raise UserError(f"unknown path {path!r}; use cached, cached_bf16, uncached or hf")
+                raise AssertionError(path)  # bench_sample checked the paths first
             seconds = time_call(fn, cfg.uncached_repeats if path == "uncached" else cfg.repeats)
             rows.append({"path": path, "batch": batch, "new_tokens": new_tokens, "seconds": round(seconds, 3),
                          "tokens_per_s": round(batch * new_tokens / seconds, 1)})  # fmt: skip
@@ -165,6 +174,55 @@ def bench_sample(cfg: SampleBench) -> list[dict]:
         for reference in ("hf", "uncached"):
             if (reference, row["batch"]) in by_key and row["path"] != reference:
                 row[f"x_{reference}"] = round(row["tokens_per_s"] / by_key[(reference, row["batch"])], 2)
+    return rows
+
+
+@dataclass
+class LinearBench:
+    batch_sizes: list[int] = setting_list([1, 8], "rows per product: sequences decoded at once (repeat the flag)")
+    repeats: int = setting(5, "passes over every weight copy; the median pass is reported")
+    weight_mb: int = setting(256, "megabytes of copies of each matrix per pass: more than the CPU caches hold")
+    threads: int = setting(0, "torch threads (0 = torch's default)")
+    json_out: str = setting("bench_results/linear.json", "where to write the JSON results ('' = nowhere)")
+
+
+# The weight matrices (out, in) that decoding GPT-2 124M multiplies, once per layer or once per token.
+GPT2_DECODING_WEIGHTS = {"attn.c_attn": (2304, 768), "attn.c_proj": (768, 768), "mlp.c_fc": (3072, 768),
+                         "mlp.c_proj": (768, 3072), "lm_head": (50257, 768)}  # fmt: skip
+
+
+def bench_linear(cfg: LinearBench) -> list[dict]:
+    """Weight-streaming speed (GB/s) of one decoding step's matrix products on CPU, float32: F.linear on the
+    weights as stored, F.linear on the transposed layout, and the Linear that optimize_for_cpu_decoding sets up."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(0)
+    rows = []
+    for name, (out_features, in_features) in GPT2_DECODING_WEIGHTS.items():
+        nbytes = out_features * in_features * 4
+        copies = max(2, -(-cfg.weight_mb * 2**20 // nbytes))  # weights come from memory, not from a cache
+        layers = [Linear(in_features, out_features) for _ in range(copies)]
+        for batch in cfg.batch_sizes:
+            x = torch.randn(batch, 1, in_features)
+            row = {"weight": name, "shape": f"{out_features}x{in_features}", "batch": batch}
+            for variant in ("F.linear", "transposed", "optimized"):
+                for layer in layers:
+                    if variant == "transposed":
+                        layer.weight.data = layer.weight.data.t().contiguous().t()
+                    layer.onednn = variant == "optimized" and onednn_linear_available()
+                if variant == "optimized" and not onednn_linear_available():
+                    row[variant] = None  # this build or CPU has no direct oneDNN path: same as "transposed"
+                    continue
+                passes = []
+                with torch.inference_mode():
+                    for _ in range(cfg.repeats + 1):  # the first pass warms up
+                        start = time.perf_counter()
+                        for layer in layers:
+                            layer(x)
+                        passes.append((time.perf_counter() - start) / copies)
+                row[variant] = round(nbytes / statistics.median(passes[1:]) / 1e9, 1)
+            rows.append(row)
+            print_table(rows[-1:], list(rows[-1]))
     return rows
 
 
@@ -182,13 +240,15 @@ class TrainBench:
     iters: int = setting(30, "training iterations per run (the first few are warm-up)")
     runs: int = setting(1, "runs; the median is reported")
     extra: list[str] = setting_list([], "extra --key=value flags for train.py (repeat the flag)")
+    work_dir: str = setting("bench_results", "where each run's out_dir goes")
     json_out: str = setting("bench_results/train.json", "where to write the JSON results ('' = nowhere)")
 
 
 def run_train(args: list[str], out_dir: str) -> tuple[float, dict]:
     """Run train.py with args into out_dir; return (wall seconds of the whole command, its summary.json)."""
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "train.py", *args, f"--out_dir={out_dir}"], capture_output=True, text=True)
+    train_py = str(Path(__file__).resolve().parent / "train.py")
+    result = subprocess.run([sys.executable, train_py, *args, f"--out_dir={out_dir}"], capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if result.returncode != 0:
         raise UserError(f"train.py {' '.join(args)} failed: {result.stderr.strip().splitlines()[-1:]}")
@@ -200,7 +260,7 @@ def bench_train(cfg: TrainBench) -> list[dict]:
     for run in range(cfg.runs):
         args = [cfg.config, f"--max_iters={cfg.iters}", "--eval_interval=1000000", "--eval_iters=1",
                 "--always_save_checkpoint=False", "--eval_full_split=False", *cfg.extra]  # fmt: skip
-        seconds, summary = run_train(args, f"bench_results/train_run{run}")
+        seconds, summary = run_train(args, str(Path(cfg.work_dir) / f"train_run{run}"))
         rows.append({"config": cfg.config, "run": run, "wall_s": round(seconds, 1), "train_s": summary["train_seconds"],
                      "tokens_per_s": summary["tokens_per_s"]})  # fmt: skip
     print_table(rows, list(rows[0]))
@@ -213,6 +273,7 @@ class QualityBench:
     config: list[str] = setting_list(["config/train_shakespeare_char_cpu.py"], "recipes to run (repeat the flag)")
     runs: int = setting(3, "runs per recipe; medians are reported")
     extra: list[str] = setting_list([], "extra --key=value flags for every run")
+    work_dir: str = setting("bench_results", "where each run's out_dir goes")
     json_out: str = setting("bench_results/quality.json", "where to write the JSON results ('' = nowhere)")
 
 
@@ -222,7 +283,7 @@ def bench_quality(cfg: QualityBench) -> list[dict]:
     for config in cfg.config:
         runs = []
         for run in range(cfg.runs):
-            out_dir = f"bench_results/quality_{Path(config).stem}_{run}"
+            out_dir = str(Path(cfg.work_dir) / f"quality_{Path(config).stem}_{run}")
             seconds, summary = run_train([config, "--eval_full_split=True", *cfg.extra], out_dir)
             runs.append({"wall_s": round(seconds, 1), "val_loss_full": summary["val_loss_full"],
                          "train_s": summary["train_seconds"]})  # fmt: skip
@@ -235,8 +296,8 @@ def bench_quality(cfg: QualityBench) -> list[dict]:
     return rows
 
 
-COMMANDS = {"sample": (SampleBench, bench_sample), "train": (TrainBench, bench_train),
-            "quality": (QualityBench, bench_quality)}  # fmt: skip
+COMMANDS = {"sample": (SampleBench, bench_sample), "linear": (LinearBench, bench_linear),
+            "train": (TrainBench, bench_train), "quality": (QualityBench, bench_quality)}  # fmt: skip
 
 
 def main(argv: list[str]) -> int:

@@ -56,3 +56,20 @@ def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractCon
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+# bf16/fp16 dense peaks (datasheet, no sparsity); float32 matmuls run as TF32 on these parts.
+_PEAK_FLOPS = {"H200": (989e12, 494e12), "H100 PCIe": (756e12, 378e12), "H100": (989e12, 494e12),
+               "A100": (312e12, 156e12)}  # fmt: skip
+
+
+def peak_flops_for_device(device: torch.device | str, dtype: torch.dtype) -> float | None:
+    """The device's peak FLOP/s for dtype's matmuls, for known GPUs (A100, H100, H200); None otherwise."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, (half, tf32) in _PEAK_FLOPS.items():
+        if key in name:
+            return half if dtype in (torch.bfloat16, torch.float16) else tf32
+    return None

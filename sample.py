@@ -200,7 +200,7 @@ def main(argv: list[str]) -> int:
     model, tokenizer = load_model_and_tokenizer(cfg)
     model.to(device)
     if device.type == "cpu" and dtype == torch.float32:
-        model.use_decoding_layout()  # float32 only: CPU bfloat16 kernels measured slower with it
+        model.optimize_for_cpu_decoding()  # float32 only: CPU bfloat16 kernels measured slower with it
     if cfg.compile:
         model = torch.compile(model)
 

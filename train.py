@@ -47,10 +47,10 @@ from checkpoint import (
     save_checkpoint,
     tokenizer_record,
 )
-from devices import DTYPES, autocast, resolve_device, resolve_dtype
+from devices import DTYPES, autocast, peak_flops_for_device, resolve_device, resolve_dtype
 from errors import UserError, run_cli
 from fileio import atomic_write_json
-from model import GPT, GPTConfig, config_to_dict, peak_flops_for_device
+from model import GPT, GPTConfig, config_to_dict
 from settings import parse_settings, setting, settings_to_dict
 from tokenizer import read_meta
 

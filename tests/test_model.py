@@ -13,8 +13,9 @@ from model import (
     GPT,
     GPTConfig,
     KVCache,
+    Linear,
     apply_rotary,
-    peak_flops_for_device,
+    onednn_linear_available,
     rotary_tables,
     sample_next_token,
     sinusoidal_table,
@@ -209,6 +210,20 @@ def test_sampling_controls():
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p, kept",
+    [(1.0, None, None, [0, 1, 2, 3, 4]), (1.0, 3, None, [1, 2, 0]), (1.0, None, 0.8, [1, 2]),
+     (1.0, 4, 0.9, [1, 2, 0]), (0.5, 2, None, [1, 2])],
+)  # fmt: skip
+def test_sampling_frequencies_follow_the_renormalized_distribution(temperature, top_k, top_p, kept):
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0, -1.0]]).repeat(20_000, 1)  # probabilities .09 .64 .24 .03 .01
+    tokens = sample_next_token(logits, temperature, top_k, top_p, torch.Generator().manual_seed(0))
+    frequencies = torch.bincount(tokens, minlength=5).double() / tokens.numel()
+    expected = torch.zeros(5, dtype=torch.float64)
+    expected[kept] = F.softmax(logits[0, kept].double() / temperature, dim=-1)
+    torch.testing.assert_close(frequencies, expected, rtol=0, atol=0.01)
+
+
 def test_seeded_generation_is_reproducible():
     model = tiny_model()
     prompt = torch.randint(0, 37, (2, 3))
@@ -239,7 +254,6 @@ def test_configure_optimizers_decays_only_matrices():
 
 def test_flops_and_mfu_use_the_given_peak():
     model = tiny_model()
-    assert peak_flops_for_device("cpu", torch.float32) is None
     assert model.estimate_mfu(4, 0.5, None) is None
     expected = model.flops_per_token() * 16 * 4 / 0.5 / 1e12
     assert model.estimate_mfu(4, 0.5, 1e12) == pytest.approx(expected)
@@ -303,14 +317,51 @@ def test_compiled_model_matches_eager_loss_and_gradients():
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_decoding_layout_changes_memory_not_results():
-    model = tiny_model(seed=5)
+@pytest.mark.parametrize("bias", [True, False])
+def test_cpu_decoding_optimization_changes_speed_not_results(bias):
+    model = tiny_model(seed=5, bias=bias)
     prompt = torch.randint(0, 37, (2, 4))
     expected_tokens = model.generate(prompt, 10, temperature=0)
     expected_logits, _ = model(prompt)
-    model.use_decoding_layout()
+    model.optimize_for_cpu_decoding()
     assert model.lm_head.weight is model.transformer.wte.weight  # still tied
     assert model.transformer.h[0].mlp.c_fc.weight.stride() == (1, 64)  # (in, out) contiguous in memory
-    logits, _ = model(prompt)
+    assert model.lm_head.onednn == onednn_linear_available()
+    with torch.no_grad():
+        logits, _ = model(prompt)
     torch.testing.assert_close(logits, expected_logits, rtol=0, atol=1e-5)
     assert torch.equal(model.generate(prompt, 10, temperature=0), expected_tokens)
+    seeded = [model.generate(prompt, 10, top_k=5, generator=torch.Generator().manual_seed(3)) for _ in range(2)]
+    assert torch.equal(*seeded)
+
+
+def test_compiled_model_after_cpu_decoding_optimization():
+    """torch.compile cannot lower the direct oneDNN call, so a compiled model must trace F.linear instead."""
+    model = tiny_model(seed=2).optimize_for_cpu_decoding()
+    prompt = torch.randint(0, 37, (2, 6))
+    with torch.no_grad():
+        expected, _ = model(prompt)
+        compiled, _ = torch.compile(model)(prompt)
+    torch.testing.assert_close(compiled, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not onednn_linear_available(), reason="needs oneDNN on an x86 CPU")
+@pytest.mark.parametrize("shape", [(3, 48), (2, 5, 48), (1, 1, 48)])
+def test_onednn_linear_matches_plain_linear(shape):
+    torch.manual_seed(0)
+    layer = Linear(48, 40)
+    layer.weight.data = layer.weight.data.t().contiguous().t()
+    layer.onednn = True
+    x = torch.randn(*shape)
+    with torch.no_grad(), torch.profiler.profile() as prof:
+        y = layer(x)
+    calls = [event.name for event in prof.events()]
+    assert "mkldnn::_linear_pointwise" in calls  # the direct kernel really ran
+    torch.testing.assert_close(y, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    strided = torch.randn(*shape[:-1], 96)[..., ::2]  # a view with gaps between its elements
+    with torch.no_grad():
+        torch.testing.assert_close(layer(strided), F.linear(strided, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    # With gradients on (training), the module stays on F.linear and autograd works.
+    y = layer(x)
+    y.sum().backward()
+    torch.testing.assert_close(layer.bias.grad, torch.full((40,), float(x[..., 0].numel())))

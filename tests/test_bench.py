@@ -1,0 +1,77 @@
+"""bench.py: each benchmark runs its paths, derives its ratios from the measured rows and writes JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from datadirs import make_char_data
+
+import bench
+from model import onednn_linear_available
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "bench.py", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_linear_bench_measures_every_decoding_weight(tmp_path: Path):
+    out = tmp_path / "linear.json"
+    assert bench.main(["linear", "--batch_sizes=1", "--batch_sizes=2", "--repeats=1", "--weight_mb=2",
+                       f"--json_out={out}"]) == 0  # fmt: skip
+    report = json.loads(out.read_text())
+    rows = report["results"]
+    assert [(r["weight"], r["batch"]) for r in rows] == [(w, b) for w in bench.GPT2_DECODING_WEIGHTS for b in (1, 2)]
+    for row in rows:
+        assert row["F.linear"] > 0 and row["transposed"] > 0
+        assert (row["optimized"] > 0) if onednn_linear_available() else row["optimized"] is None
+    assert report["settings"]["weight_mb"] == 2 and report["machine"]["cpu_count"] >= 1
+
+
+def test_sample_bench_compares_every_path_in_one_run(tmp_path: Path):
+    out = tmp_path / "sample.json"
+    assert bench.main(["sample", "--batch_sizes=2", "--repeats=1", "--new_tokens=3", "--uncached_new_tokens=2",
+                       "--paths=cached", "--paths=cached_plain", "--paths=uncached", "--paths=hf",
+                       f"--json_out={out}"]) == 0  # fmt: skip
+    rows = {row["path"]: row for row in json.loads(out.read_text())["results"]}
+    assert set(rows) == {"cached", "cached_plain", "uncached", "hf"}
+    assert rows["uncached"]["new_tokens"] == 2 and rows["cached"]["new_tokens"] == 3
+    for row in rows.values():
+        assert row["batch"] == 2 and row["tokens_per_s"] == pytest.approx(2 * row["new_tokens"] / row["seconds"], 0.02)
+    cached = rows["cached"]
+    assert cached["x_hf"] == pytest.approx(cached["tokens_per_s"] / rows["hf"]["tokens_per_s"], abs=0.01)
+    assert cached["x_uncached"] == pytest.approx(cached["tokens_per_s"] / rows["uncached"]["tokens_per_s"], abs=0.01)
+    assert "x_hf" not in rows["hf"] and "x_uncached" not in rows["uncached"]
+
+
+def test_quality_bench_reports_the_whole_split_loss_of_each_run(tmp_path: Path):
+    data_dir = tmp_path / "data"
+    make_char_data(data_dir, text="to be or not to be, that is the question. " * 200)
+    out = tmp_path / "quality.json"
+    result = run_bench("quality", "--config=config/train_shakespeare_char_cpu.py", "--runs=2",
+                       "--extra=--max_iters=4", f"--extra=--data_dir={data_dir}", "--extra=--device=cpu",
+                       f"--work_dir={tmp_path / 'runs'}", f"--json_out={out}")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(out.read_text())["results"]
+    assert len(row["all"]) == 2 and row["runs"] == 2
+    for run, out_dir in zip(row["all"], sorted((tmp_path / "runs").iterdir())):
+        summary = json.loads((out_dir / "summary.json").read_text())
+        assert run["val_loss_full"] == summary["val_loss_full"] > 0
+    assert row["all"][0]["val_loss_full"] == row["all"][1]["val_loss_full"]  # same seed, same CPU: same loss
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [([], "name a benchmark first"), (["sample", "--paths=fast"], "unknown --paths ['fast']"),
+     (["quality", "--config=config/missing.py", "--runs=1"], "train.py")],
+)  # fmt: skip
+def test_bad_requests_fail_in_one_line(args, message, tmp_path: Path):
+    result = run_bench(*args, f"--json_out={tmp_path / 'x.json'}" if args else "")
+    assert result.returncode == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.json").exists()
