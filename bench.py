@@ -69,6 +69,9 @@ def write_results(path: str, kind: str, settings: object, rows: list[dict]) -> N
 
 
 # ----------------------------------------------------------------------------------------------- sampling
+SAMPLE_PATHS = ("cached", "cached_plain", "cached_bf16", "uncached", "hf")
+
+
 @dataclass
 class SampleBench:
     repeats: int = setting(3, "runs per measurement; the median is reported")
@@ -78,9 +81,8 @@ class SampleBench:
     top_k: int = setting(200, "top-k sampling, as nanoGPT's sample.py")
     threads: int = setting(0, "torch threads (0 = torch's default)")
     paths: list[str] = setting_list(
-        ["cached", "cached_plain", "cached_bf16", "uncached", "hf"],
-        "which generators: cached, cached_plain (KV cache without optimize_for_cpu_decoding), cached_bf16, "
-        "uncached, hf",
+        list(SAMPLE_PATHS),
+        f"which generators: {', '.join(SAMPLE_PATHS)} (cached_plain: KV cache without optimize_for_cpu_decoding)",
     )
     uncached_new_tokens: int = setting(256, "tokens for the slow uncached path (fewer make it look faster)")
     uncached_repeats: int = setting(1, "runs of the slow uncached path")
@@ -107,9 +109,6 @@ def time_call(fn, repeats: int) -> float:
         fn(None)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-SAMPLE_PATHS = ("cached", "cached_plain", "cached_bf16", "uncached", "hf")
 
 
 def bench_sample(cfg: SampleBench) -> list[dict]:
@@ -197,22 +196,24 @@ def bench_linear(cfg: LinearBench) -> list[dict]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)
+    onednn = onednn_linear_available()
     rows = []
     for name, (out_features, in_features) in GPT2_DECODING_WEIGHTS.items():
         nbytes = out_features * in_features * 4
         copies = max(2, -(-cfg.weight_mb * 2**20 // nbytes))  # weights come from memory, not from a cache
         layers = [Linear(in_features, out_features) for _ in range(copies)]
-        for batch in cfg.batch_sizes:
-            x = torch.randn(batch, 1, in_features)
-            row = {"weight": name, "shape": f"{out_features}x{in_features}", "batch": batch}
-            for variant in ("F.linear", "transposed", "optimized"):
-                for layer in layers:
-                    if variant == "transposed":
-                        layer.weight.data = layer.weight.data.t().contiguous().t()
-                    layer.onednn = variant == "optimized" and onednn_linear_available()
-                if variant == "optimized" and not onednn_linear_available():
+        by_batch = {b: {"weight": name, "shape": f"{out_features}x{in_features}", "batch": b} for b in cfg.batch_sizes}
+        # Variants in this order, each over every batch size: each step changes the layers for good.
+        for variant in ("F.linear", "transposed", "optimized"):
+            if variant == "optimized" and not onednn:
+                for row in by_batch.values():
                     row[variant] = None  # this build or CPU has no direct oneDNN path: same as "transposed"
-                    continue
+                continue
+            if variant != "F.linear":  # what GPT.optimize_for_cpu_decoding does to each Linear
+                for layer in layers:
+                    layer.use_decoding_layout(onednn=variant == "optimized")
+            for batch, row in by_batch.items():
+                x = torch.randn(batch, 1, in_features)
                 passes = []
                 with torch.inference_mode():
                     for _ in range(cfg.repeats + 1):  # the first pass warms up
@@ -221,8 +222,8 @@ def bench_linear(cfg: LinearBench) -> list[dict]:
                             layer(x)
                         passes.append((time.perf_counter() - start) / copies)
                 row[variant] = round(nbytes / statistics.median(passes[1:]) / 1e9, 1)
-            rows.append(row)
-            print_table(rows[-1:], list(rows[-1]))
+        rows.extend(by_batch.values())
+        print_table(rows[-len(by_batch) :], list(rows[-1]))
     return rows
 
 

@@ -86,11 +86,19 @@ class Linear(nn.Linear):
     """nn.Linear that can send float32 CPU inference straight to oneDNN (see GPT.optimize_for_cpu_decoding).
 
     Decoding multiplies each weight matrix by one row per sequence, so it is bound by reading the weights. On
-    x86 PyTorch sends float32 F.linear to MKL, which streamed GPT-2's weights at 16-21 GB/s on a 2-core EPYC
-    against 31-41 GB/s for oneDNN's kernel (`python bench.py linear`). Training and autograd take F.linear.
+    x86 PyTorch sends float32 F.linear to MKL, which streamed GPT-2's weights at 16-22 GB/s on a 2-core EPYC
+    against 30-41 GB/s for oneDNN's kernel (`python bench.py linear`). Training and autograd take F.linear.
     """
 
-    onednn = False  # set by GPT.optimize_for_cpu_decoding
+    onednn = False  # set by use_decoding_layout
+
+    @torch.no_grad()
+    def use_decoding_layout(self, onednn: bool) -> None:
+        """Store the weight transposed in memory ((in, out) contiguous; to PyTorch still (out, in)), which CPU
+        kernels stream faster, and route float32 inference to oneDNN if `onednn`. Values are unchanged; calling it
+        again keeps the layout. A tied weight stays tied: the Parameter is kept, only its storage changes."""
+        self.weight.data = self.weight.data.t().contiguous().t()
+        self.onednn = onednn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         direct = self.onednn and x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_grad_enabled()
@@ -301,8 +309,7 @@ class GPT(nn.Module):
         onednn = onednn_linear_available()
         for module in self.modules():
             if isinstance(module, Linear):
-                module.weight.data = module.weight.data.t().contiguous().t()  # a tied head stays tied
-                module.onednn = onednn
+                module.use_decoding_layout(onednn)
         return self
 
     @torch.no_grad()

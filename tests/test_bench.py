@@ -71,7 +71,7 @@ def test_quality_bench_reports_the_whole_split_loss_of_each_run(tmp_path: Path):
      (["quality", "--config=config/missing.py", "--runs=1"], "train.py")],
 )  # fmt: skip
 def test_bad_requests_fail_in_one_line(args, message, tmp_path: Path):
-    result = run_bench(*args, f"--json_out={tmp_path / 'x.json'}" if args else "")
+    result = run_bench(*args, *([f"--json_out={tmp_path / 'x.json'}"] if args else []))
     assert result.returncode == 2
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.json").exists()

@@ -350,8 +350,7 @@ def test_compiled_model_after_cpu_decoding_optimization():
 def test_onednn_linear_matches_plain_linear(shape):
     torch.manual_seed(0)
     layer = Linear(48, 40)
-    layer.weight.data = layer.weight.data.t().contiguous().t()
-    layer.onednn = True
+    layer.use_decoding_layout(onednn=True)
     x = torch.randn(*shape)
     with torch.no_grad(), torch.profiler.profile() as prof:
         y = layer(x)
