@@ -20,10 +20,11 @@ endif
 
 .PHONY: demo test lint bench clean-venv
 
-$(VENV)/.runtime: requirements.txt
+$(VENV)/.runtime: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
 $(VENV)/.test: $(VENV)/.runtime requirements-test.txt
@@ -45,9 +46,9 @@ lint: $(VENV)/.test
 
 bench: $(VENV)/.test
 	$(PY) prepare_data/shakespeare_char.py
-	$(PY) bench.py sample
-	$(PY) bench.py quality --config=config/train_shakespeare_char_cpu.py --config=config/train_shakespeare_char_cpu_best.py
-	$(PY) bench_prepare.py --json_out=bench_results/prepare.json
+	$(PY) benchmarks/bench.py sample
+	$(PY) benchmarks/bench.py quality --config=config/train_shakespeare_char_cpu.py --config=config/train_shakespeare_char_cpu_best.py
+	$(PY) benchmarks/bench_prepare.py --json_out=bench_results/prepare.json
 
 clean-venv:
 	rm -rf $(VENV)

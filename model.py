@@ -19,9 +19,10 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-import hf_gpt2
-from errors import UserError
-from muon import MuonAdamW
+from gptkit import hf_gpt2
+from gptkit.checkpoint import load_model_weights, model_args_of
+from gptkit.errors import UserError
+from gptkit.muon import MuonAdamW
 
 
 @dataclass
@@ -419,6 +420,21 @@ class GPT(nn.Module):
         if not peak_flops or dt <= 0:
             return None
         return self.flops_per_token() * self.config.block_size * fwdbwd_per_iter / dt / peak_flops
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: dict[str, Any], source: str, overrides: dict[str, Any] | None = None) -> GPT:
+        """Rebuild the GPT a checkpoint describes and load its weights (on CPU).
+
+        `overrides` replaces model_args entries that do not change shapes, e.g. {"dropout": 0.1}. Raises UserError
+        when model_args are invalid or do not match the weights.
+        """
+        try:
+            config = config_from_dict({**model_args_of(checkpoint), **(overrides or {})})
+        except (TypeError, ValueError, UserError) as exc:  # UserError: GPTConfig refuses the values
+            raise UserError(f"checkpoint {source} has invalid model_args ({exc}); the file is damaged") from exc
+        model = cls(config)
+        load_model_weights(model, checkpoint["model"], source)
+        return model
 
     @classmethod
     def from_pretrained(cls, name_or_dir: str, override_args: dict[str, Any] | None = None) -> GPT:

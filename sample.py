@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import build_model, load_checkpoint, resolve_checkpoint
-from devices import autocast, resolve_device, resolve_dtype
-from errors import UserError, run_cli
-from hf_gpt2 import GPT2_HUB_NAMES
+from gptkit.checkpoint import load_checkpoint, resolve_checkpoint
+from gptkit.devices import autocast, resolve_device, resolve_dtype
+from gptkit.errors import UserError, run_cli
+from gptkit.hf_gpt2 import GPT2_HUB_NAMES
+from gptkit.settings import parse_settings, setting, setting_list
+from gptkit.tokenizer import Tokenizer, make_tokenizer, read_meta, tokenizer_from_meta
 from model import GPT
-from settings import parse_settings, setting, setting_list
-from tokenizer import Tokenizer, make_tokenizer, read_meta, tokenizer_from_meta
 
 SEPARATOR = "\n" + "-" * 40 + "\n"
 
@@ -70,7 +70,7 @@ def load_model_and_tokenizer(cfg: SampleSettings) -> tuple[GPT, Tokenizer]:
     if cfg.init_from == "resume":
         path = resolve_checkpoint(cfg.out_dir, cfg.checkpoint)
         checkpoint = load_checkpoint(path)
-        model = build_model(checkpoint, str(path))
+        model = GPT.from_checkpoint(checkpoint, str(path))
         tokenizer_meta = checkpoint.get("tokenizer")
         if cfg.data_dir:
             tokenizer_meta = read_meta(cfg.data_dir)["tokenizer"]

@@ -28,13 +28,12 @@ from typing import Any
 import numpy as np
 import torch
 
-import data
-from checkpoint import (
+from gptkit import data
+from gptkit.checkpoint import (
     BEST_NAME,
     LATEST_NAME,
     RESUME_KEYS,
     StopRequest,
-    build_model,
     capture_rng_state,
     check_optimizer_state,
     copy_checkpoint,
@@ -47,12 +46,12 @@ from checkpoint import (
     save_checkpoint,
     tokenizer_record,
 )
-from devices import DTYPES, autocast, peak_flops_for_device, resolve_device, resolve_dtype
-from errors import UserError, run_cli
-from fileio import atomic_write_json
+from gptkit.devices import DTYPES, autocast, peak_flops_for_device, resolve_device, resolve_dtype
+from gptkit.errors import UserError, run_cli
+from gptkit.fileio import atomic_write_json
+from gptkit.settings import parse_settings, setting, settings_to_dict
+from gptkit.tokenizer import read_meta
 from model import GPT, GPTConfig, config_to_dict
-from settings import parse_settings, setting, settings_to_dict
-from tokenizer import read_meta
 
 DROPOUT_STREAM = 1000  # seeds dropout per micro-batch, apart from the data sampler's streams (data.PURPOSE_*)
 
@@ -234,7 +233,7 @@ def create_model(cfg: TrainSettings, meta: dict) -> tuple[GPT, dict | None]:
         path = Path(cfg.out_dir) / LATEST_NAME
         checkpoint = load_checkpoint(path, required_keys=RESUME_KEYS)
         check_same_tokenizer(checkpoint, meta, path)
-        model = build_model(checkpoint, str(path), overrides={"dropout": cfg.dropout})
+        model = GPT.from_checkpoint(checkpoint, str(path), overrides={"dropout": cfg.dropout})
     else:
         model = GPT.from_pretrained(cfg.init_from, override_args={"dropout": cfg.dropout})
     if cfg.block_size < model.config.block_size:

@@ -11,15 +11,11 @@ its size is bounded by the disk, not by memory.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo root is importable
-
-from errors import UserError, run_cli
-from prepare_data import pipeline
-from settings import parse_settings, setting, setting_list
+from gptkit.errors import UserError, run_cli
+from gptkit.prepare import pipeline
+from gptkit.settings import parse_settings, setting, setting_list
 
 
 @dataclass

@@ -11,17 +11,15 @@ val by a keyed hash (--val_fraction, --seed). Parquet is read one row group at a
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo root is importable
-
-from errors import UserError, run_cli
-from prepare_data import download, pipeline
-from settings import parse_settings, setting
+from gptkit import download
+from gptkit.errors import UserError, run_cli
+from gptkit.prepare import pipeline
+from gptkit.settings import parse_settings, setting
 
 DEFAULT_BASE_URL = "https://huggingface.co/datasets/HuggingFaceFW/fineweb-edu/resolve/main/sample/10BT"
 ROWS_PER_BATCH = 1024

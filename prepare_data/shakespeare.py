@@ -9,16 +9,12 @@ Same 90/10 character split as shakespeare_char.py, then each part encoded on its
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo root is importable
-
-from errors import run_cli
-from prepare_data.shakespeare_char import ShakespeareSettings, read_tiny_shakespeare, write_split_text
-from settings import parse_settings, setting
-from tokenizer import TiktokenTokenizer
+from gptkit.errors import run_cli
+from gptkit.prepare.shakespeare import ShakespeareSettings, read_tiny_shakespeare, write_split_text
+from gptkit.settings import parse_settings, setting
+from gptkit.tokenizer import TiktokenTokenizer
 
 
 @dataclass

@@ -1,16 +1,13 @@
-"""Shared test set-up: the repository root on sys.path, offline tokenizers, deterministic seeds."""
+"""Shared test set-up: offline tokenizers, no hubs or trackers, deterministic seeds, one thread."""
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
 
 SHARED = REPO_ROOT.parent / "shared"
 TINYSHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
@@ -40,3 +37,14 @@ def _seed_everything_one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def char_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A char-level data directory of tiny Shakespeare's first 20,000 characters, shared by the whole session
+    (tests that change their data make their own with helpers.make_char_data)."""
+    from helpers import make_char_data, sample_text
+
+    directory = tmp_path_factory.mktemp("char_data")
+    make_char_data(directory, text=sample_text(20_000))
+    return directory

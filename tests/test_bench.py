@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from datadirs import make_char_data
+from helpers import make_char_data
 
 import bench
 from model import onednn_linear_available
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run_bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "bench.py", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "benchmarks/bench.py", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
 def test_linear_bench_measures_every_decoding_weight(tmp_path: Path):

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-import checkpoint as ckpt
-from errors import UserError
+from gptkit import checkpoint as ckpt
+from gptkit.errors import UserError
 from model import GPT, GPTConfig
 
 TINY = GPTConfig(block_size=16, vocab_size=40, n_layer=1, n_head=2, n_embd=16)
@@ -127,7 +127,7 @@ def test_mark_best_keeps_its_contents_when_latest_is_rewritten(tmp_path: Path) -
 def test_build_model_restores_weights_and_strips_wrapper_prefixes(tmp_path: Path) -> None:
     state = tiny_checkpoint()
     state["model"] = {"_orig_mod." + k: v for k, v in state["model"].items()}
-    model = ckpt.build_model(state, "x.pt", overrides={"dropout": 0.1})
+    model = GPT.from_checkpoint(state, "x.pt", overrides={"dropout": 0.1})
     assert model.config.dropout == 0.1 and model.config.n_embd == 16
     reference = tiny_checkpoint()["model"]
     assert all(torch.equal(model.state_dict()[k], v) for k, v in reference.items())
@@ -138,7 +138,7 @@ def test_nanogpt_checkpoints_load_with_exact_gelu_and_mask_buffers_ignored() -> 
     state["model_args"] = {k: state["model_args"][k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias",
                                                                "vocab_size", "dropout")}  # fmt: skip
     state["model"]["transformer.h.0.attn.bias"] = torch.ones(1, 1, 16, 16).tril()
-    model = ckpt.build_model(state, "nanogpt.pt")
+    model = GPT.from_checkpoint(state, "nanogpt.pt")
     assert model.config.activation == "gelu"
 
 
@@ -146,15 +146,15 @@ def test_shape_mismatch_is_a_user_error() -> None:
     state = tiny_checkpoint()
     state["model_args"]["n_embd"] = 32
     with pytest.raises(UserError, match=r"x.pt: .* has shape"):
-        ckpt.build_model(state, "x.pt")
+        GPT.from_checkpoint(state, "x.pt")
     state = tiny_checkpoint()
     state["model_args"]["n_layer"] = 2
     with pytest.raises(UserError, match="does not match its model_args"):
-        ckpt.build_model(state, "x.pt")
+        GPT.from_checkpoint(state, "x.pt")
 
 
 def test_tokenizer_record_is_meta_tokenizer_plus_sizes() -> None:
-    from tokenizer import tokenizer_from_meta
+    from gptkit.tokenizer import tokenizer_from_meta
 
     meta = {"tokenizer": {"kind": "char", "chars": ["a", "b"], "eot": True}, "vocab_size": 3, "eot_token": 2}
     record = ckpt.tokenizer_record(meta)

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from datadirs import make_char_data
+from helpers import make_char_data
 
-import data
-from errors import UserError
-from tokenizer import read_meta, write_meta
+from gptkit import data
+from gptkit.errors import UserError
+from gptkit.tokenizer import read_meta, write_meta
 
 
 def whole_split(directory: Path, split: str) -> np.ndarray:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from devices import peak_flops_for_device, resolve_device, resolve_dtype
-from errors import UserError
+from gptkit.devices import peak_flops_for_device, resolve_device, resolve_dtype
+from gptkit.errors import UserError
 
 
 def test_cpu_has_no_known_peak():

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from loopback import QuietHandler, ScriptedServer, serving
+from helpers import QuietHandler, ScriptedServer, serving
 
-from errors import UserError
-from prepare_data import download as dl
+from gptkit import download as dl
+from gptkit.errors import UserError
 
 BODY = bytes(range(256)) * 400  # 100 KiB, every byte value
 BODY_SHA256 = hashlib.sha256(BODY).hexdigest()

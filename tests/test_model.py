@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from errors import UserError
+from gptkit.errors import UserError
 from model import (
     GPT,
     GPTConfig,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from loopback import serving_directory
+from helpers import serving_directory
 
-from errors import UserError
+from gptkit.errors import UserError
 from model import GPT, GPTConfig
 
 transformers = pytest.importorskip("transformers")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gptkit.muon import NEWTON_SCHULZ_COEFFICIENTS, MuonAdamW, orthogonalize
 from model import GPT, GPTConfig
-from muon import NEWTON_SCHULZ_COEFFICIENTS, MuonAdamW, orthogonalize
 
 
 @pytest.mark.parametrize("shape", [(32, 32), (16, 64), (96, 24)])

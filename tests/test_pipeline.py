@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import tokenizer as tok
-from errors import UserError
-from prepare_data import pipeline
+from gptkit import tokenizer as tok
+from gptkit.errors import UserError
+from gptkit.prepare import pipeline
 
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import tokenizer as tok
-from prepare_data import pipeline
+from gptkit import tokenizer as tok
+from gptkit.prepare import pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -218,9 +218,9 @@ def test_decode_error_replace_and_skip(tmp_path: Path) -> None:
 
 CRASH_SCRIPT = textwrap.dedent(
     """
-    import os, sys
-    sys.path.insert(0, {repo!r})
-    from prepare_data import corpus, pipeline
+    import os, runpy, sys
+    from gptkit.prepare import pipeline
+    corpus_main = runpy.run_path({corpus!r})["main"]
     where = sys.argv[1]
     if where == "write":
         real_write, calls = pipeline.TokenFileWriter.write, []
@@ -237,7 +237,7 @@ CRASH_SCRIPT = textwrap.dedent(
                 os._exit(137)
             real_replace(src, dst)
         os.replace = replace
-    corpus.main(sys.argv[2:])
+    corpus_main(sys.argv[2:])
     """
 )
 
@@ -248,7 +248,7 @@ def test_killed_run_leaves_nothing_that_looks_complete(tmp_path: Path, where: st
     args = [f"--input={SHAKESPEARE}", f"--out_dir={out}", "--num_workers=1", "--chunk_bytes=20000"]
     if where == "commit":  # an earlier complete dataset is there: the crash must not leave it looking current
         assert run_corpus(*args, "--tokenizer=char").returncode == 0
-    script = CRASH_SCRIPT.format(repo=str(REPO))
+    script = CRASH_SCRIPT.format(corpus=str(REPO / "prepare_data" / "corpus.py"))
     crashed = subprocess.run([sys.executable, "-c", script, where, *args], capture_output=True, text=True, cwd=REPO)
     assert crashed.returncode == 137, crashed.stderr
     assert not (out / "meta.json").exists()

@@ -13,10 +13,10 @@ import numpy as np
 import pyarrow as pa  # in requirements-test.txt: the optional dependency of fineweb.py
 import pyarrow.parquet as pq
 import pytest
-from loopback import serving_directory
+from helpers import serving_directory
 
-import tokenizer as tok
-from prepare_data import pipeline
+from gptkit import tokenizer as tok
+from gptkit.prepare import pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from loopback import serving_directory
+from helpers import serving_directory
 
-import tokenizer as tok
+from gptkit import tokenizer as tok
 
 REPO = Path(__file__).resolve().parents[1]
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"

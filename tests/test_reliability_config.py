@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from datadirs import make_char_data, sample_text
+from helpers import make_char_data, sample_text
 
 import sample
 import train
-from errors import UserError, run_cli
-from settings import parse_settings, read_config_file
+from gptkit.errors import UserError, run_cli
+from gptkit.settings import parse_settings, read_config_file
 
 REPO = Path(__file__).resolve().parent.parent
 

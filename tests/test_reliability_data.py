@@ -23,11 +23,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from datadirs import make_char_data, sample_text
-from loopback import QuietHandler, ScriptedServer, serving
+from helpers import QuietHandler, ScriptedServer, make_char_data, sample_text, serving
 
 import train
-from errors import run_cli
+from gptkit.errors import run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 TEXT = sample_text(20_000)

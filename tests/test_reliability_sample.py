@@ -19,10 +19,10 @@ import pytest
 import torch
 
 import sample
-from checkpoint import save_checkpoint, tokenizer_record
-from errors import run_cli
+from gptkit.checkpoint import save_checkpoint, tokenizer_record
+from gptkit.errors import run_cli
+from gptkit.tokenizer import CharTokenizer, write_meta
 from model import GPT, GPTConfig, config_to_dict
-from tokenizer import CharTokenizer, write_meta
 
 REPO = Path(__file__).resolve().parent.parent
 TEXT = "To be, or not to be, that is the question:\n"

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from datadirs import make_char_data, sample_text
+from helpers import make_char_data, sample_text
 
-import checkpoint as ckpt
 import sample
 import train
-from errors import UserError, run_cli
+from gptkit import checkpoint as ckpt
+from gptkit.errors import UserError, run_cli
 from model import GPT, GPTConfig, config_to_dict
 
 REPO = Path(__file__).resolve().parent.parent

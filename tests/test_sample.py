@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from checkpoint import save_checkpoint
+from gptkit.checkpoint import save_checkpoint
+from gptkit.tokenizer import CharTokenizer, TiktokenTokenizer, write_meta
 from model import GPT, GPTConfig, config_to_dict
 from sample import TextStream
-from tokenizer import CharTokenizer, TiktokenTokenizer, write_meta
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 40

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import tokenizer
-from errors import UserError
-from tokenizer import CharTokenizer, TiktokenTokenizer
+from gptkit import tokenizer
+from gptkit.errors import UserError
+from gptkit.tokenizer import CharTokenizer, TiktokenTokenizer
 
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 GPT2_URLS = {

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from datadirs import make_char_data
+from helpers import make_char_data
 
-import checkpoint as ckpt
 import train
-from errors import UserError
+from gptkit import checkpoint as ckpt
+from gptkit.errors import UserError
+from gptkit.settings import parse_settings
 from model import GPT, GPTConfig
-from settings import parse_settings
 
 REPO = Path(__file__).resolve().parent.parent
 MAX_ITERS = 150  # long enough after the first checkpoint (step 10) for a kill to land mid-run

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from datadirs import make_char_data
+from helpers import make_char_data
 
-import checkpoint as ckpt
+from gptkit import checkpoint as ckpt
 
 REPO = Path(__file__).resolve().parent.parent
 MAX_ITERS = 20

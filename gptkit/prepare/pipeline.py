@@ -47,9 +47,9 @@ from typing import IO, Any
 
 import numpy as np
 
-import tokenizer as tok
-from errors import UserError
-from prepare_data.download import byte_progress_bar
+from gptkit import tokenizer as tok
+from gptkit.download import byte_progress_bar
+from gptkit.errors import UserError
 
 SPLITS = ("train", "val")
 DECODE_POLICIES = ("error", "replace", "skip")

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from errors import UserError
-from tokenizer import read_meta
+from gptkit.errors import UserError
+from gptkit.tokenizer import read_meta
 
 # Token files are raw little-endian arrays without a header (the nanoGPT layout).
 _FILE_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}

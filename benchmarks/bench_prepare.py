@@ -33,12 +33,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from errors import UserError, run_cli
-from fileio import atomic_write_json
-from prepare_data import pipeline
-from settings import parse_settings, setting
+from gptkit.errors import UserError, run_cli
+from gptkit.fileio import atomic_write_json
+from gptkit.prepare import pipeline
+from gptkit.settings import parse_settings, setting
 
-REPO = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parent.parent
 DEFAULT_SOURCE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 PIECE_BYTES = 1 << 20
 
@@ -126,7 +126,7 @@ def _tree_rss(pid: int) -> int:
 def run_measured(command: list[str], log_path: Path) -> Run:
     """Run `command`; returns wall and CPU time (its own and its children's), the peak RSS of its largest process
     (wait4) and the sampled sum over its process tree."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO / "benchmarks")}
     with open(log_path, "w") as log:
         started = time.perf_counter()
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)

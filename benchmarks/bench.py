@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from devices import resolve_device
-from errors import UserError, run_cli
-from fileio import atomic_write_json
+from gptkit.devices import resolve_device
+from gptkit.errors import UserError, run_cli
+from gptkit.fileio import atomic_write_json
+from gptkit.settings import parse_settings, setting, setting_list
 from model import GPT, GPTConfig, Linear, onednn_linear_available
-from settings import parse_settings, setting, setting_list
 
 
 def cpu_name() -> str:
@@ -229,7 +229,7 @@ def bench_linear(cfg: LinearBench) -> list[dict]:
 
 def hf_state_from(model: GPT) -> dict[str, torch.Tensor]:
     """Our weights under Hugging Face GPT-2 names (Conv1D weights transposed), so both run the same model."""
-    from hf_gpt2 import CONV1D_WEIGHTS
+    from gptkit.hf_gpt2 import CONV1D_WEIGHTS
 
     return {k: (v.t() if k.endswith(CONV1D_WEIGHTS) else v) for k, v in model.state_dict().items()}
 
@@ -248,7 +248,7 @@ class TrainBench:
 def run_train(args: list[str], out_dir: str) -> tuple[float, dict]:
     """Run train.py with args into out_dir; return (wall seconds of the whole command, its summary.json)."""
     start = time.perf_counter()
-    train_py = str(Path(__file__).resolve().parent / "train.py")
+    train_py = str(Path(__file__).resolve().parent.parent / "train.py")
     result = subprocess.run([sys.executable, train_py, *args, f"--out_dir={out_dir}"], capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if result.returncode != 0:

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import requests
 import urllib3
 
-from errors import UserError
+from gptkit.errors import UserError
 
 CACHE_ENV = "GPT_TOOLKIT_CACHE"
 PART_SUFFIX = ".part"

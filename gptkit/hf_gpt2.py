@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from errors import UserError
+from gptkit.errors import UserError
 
 GPT2_HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -37,7 +37,7 @@ def locate(name_or_dir: str) -> Path:
 def download(name: str) -> Path:
     """Fetch a GPT-2 checkpoint's config.json and model.safetensors from the Hugging Face Hub (HF_ENDPOINT)
     into the download cache, once; returns the directory. UserError when offline or unreachable."""
-    from prepare_data.download import fetch
+    from gptkit.download import fetch
 
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
         raise UserError(f"cannot download {name}: HF_HUB_OFFLINE is set (offline); pass a local GPT-2 directory")
@@ -105,7 +105,7 @@ def write(directory: str | os.PathLike, model_args: dict[str, Any], state: dict[
     """Write config.json and model.safetensors for a GPT-2-shaped model (its model_args and state dict)."""
     from safetensors.torch import save as safetensors_bytes
 
-    from fileio import atomic_write_bytes, atomic_write_json
+    from gptkit.fileio import atomic_write_bytes, atomic_write_json
 
     dropout = model_args["dropout"]
     hf_config = {

@@ -21,9 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from errors import UserError, describe_os_error
-from fileio import atomic_open
-from model import GPT, config_from_dict
+from gptkit.errors import UserError, describe_os_error
+from gptkit.fileio import atomic_open
 
 LATEST_NAME = "ckpt.pt"
 BEST_NAME = "best.pt"
@@ -214,21 +213,6 @@ def model_args_of(checkpoint: dict[str, Any]) -> dict[str, Any]:
     if "activation" not in model_args:  # written by nanoGPT: nn.GELU() is the exact (erf) GELU
         model_args["activation"] = "gelu"
     return model_args
-
-
-def build_model(checkpoint: dict[str, Any], source: str, overrides: dict[str, Any] | None = None) -> GPT:
-    """Rebuild the GPT a checkpoint describes and load its weights (on CPU).
-
-    `overrides` replaces model_args entries that do not change shapes, e.g. {"dropout": 0.1}. Raises UserError
-    when model_args are invalid or do not match the weights.
-    """
-    try:
-        config = config_from_dict({**model_args_of(checkpoint), **(overrides or {})})
-    except (TypeError, ValueError, UserError) as exc:  # UserError: GPTConfig refuses the values
-        raise UserError(f"checkpoint {source} has invalid model_args ({exc}); the file is damaged") from exc
-    model = GPT(config)
-    load_model_weights(model, checkpoint["model"], source)
-    return model
 
 
 def tokenizer_record(meta: dict[str, Any]) -> dict[str, Any]:

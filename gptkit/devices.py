@@ -6,7 +6,7 @@ import contextlib
 
 import torch
 
-from errors import UserError
+from gptkit.errors import UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

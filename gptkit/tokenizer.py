@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from errors import UserError
-from fileio import atomic_write_json
+from gptkit.errors import UserError
+from gptkit.fileio import atomic_write_json
 
 META_FILENAME = "meta.json"
 META_FORMAT = "gpt-tokens"

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from errors import UserError
+from gptkit.errors import UserError
 
 T = TypeVar("T")
 

@@ -1,0 +1,194 @@
+"""The tests' shared helpers: tiny data and models, running scripts, asserting one-line errors, loopback HTTP.
+
+Everything here builds its inputs on the fly (never downloaded) and talks only to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from functools import partial
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gptkit.tokenizer import CharTokenizer, write_meta
+
+REPO = Path(__file__).resolve().parent.parent
+SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+# ----------------------------------------------------------------------------- running scripts and their errors
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment for a child: one thread, and no variables that point scripts at other data or caches."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TINYSHAKESPEARE", "GPT_TOOLKIT_CACHE")}
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", **extra}
+
+
+def run_script(
+    script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 300, **popen: Any
+) -> subprocess.CompletedProcess:
+    """Run a script of the repository (e.g. "train.py", "prepare_data/corpus.py") as a user would, from the
+    repository root; returns the finished process with text stdout and stderr."""
+    return subprocess.run([sys.executable, str(REPO / script), *map(str, args)], capture_output=True, text=True,
+                          cwd=REPO, env=env if env is not None else clean_env(), timeout=timeout, **popen)  # fmt: skip
+
+
+def assert_one_line_error(code: int, stderr: str, *fragments: str) -> str:
+    """A user error as every script reports it: exit code 2, one line `error: ...` holding each fragment, no
+    traceback. Returns that line."""
+    assert code == 2, stderr
+    assert "Traceback" not in stderr, stderr
+    assert stderr.count("\n") == 1 and stderr.startswith("error: "), stderr
+    for fragment in fragments:
+        assert fragment in stderr, stderr
+    return stderr.strip()
+
+
+def assert_script_error(result: subprocess.CompletedProcess, *fragments: str) -> str:
+    """assert_one_line_error for a finished script."""
+    return assert_one_line_error(result.returncode, result.stderr, *fragments)
+
+
+def cli_args(**settings: object) -> list[str]:
+    """`--key=value` flags, as a user types them."""
+    return [f"--{key}={value}" for key, value in settings.items()]
+
+
+# ----------------------------------------------------------------------------- tiny models and training runs
+
+# A 2-layer, 32-wide model: a few milliseconds per step on one core.
+TINY_MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32}
+
+
+def tiny_train_args(data_dir: Path, out_dir: Path, **overrides: object) -> list[str]:
+    """train.py flags for a seconds-long CPU run of a 1-layer, 16-wide model on 16-token windows."""
+    settings = {
+        "data_dir": data_dir, "out_dir": out_dir, "device": "cpu", "compile": False, "n_layer": 1, "n_head": 2,
+        "n_embd": 16, "block_size": 16, "batch_size": 2, "gradient_accumulation_steps": 1, "max_iters": 4,
+        "eval_interval": 2, "eval_iters": 1, "log_interval": 2,
+    }  # fmt: skip
+    settings.update(overrides)
+    return cli_args(**settings)
+
+
+# ----------------------------------------------------------------------------- tiny data directories
+
+
+def sample_text(chars: int = 60_000) -> str:
+    """The first `chars` characters of tiny Shakespeare (or a synthetic text where that file is absent)."""
+    if SHAKESPEARE.is_file():
+        return SHAKESPEARE.read_text(encoding="utf-8")[:chars]
+    words = ["the", "king", "and", "queen", "speak", "of", "love", "war", "night", "day"]
+    rng = np.random.default_rng(0)
+    return " ".join(words[i] for i in rng.integers(0, len(words), size=chars // 4))[:chars]
+
+
+def write_split_files(directory: Path, split: str, ids: np.ndarray, shards: int, dtype: str) -> list[str]:
+    """Write `ids` as `shards` raw token files of the split; returns their names in order."""
+    if shards == 1:
+        names = [f"{split}.bin"]
+        pieces = [ids]
+    else:
+        names = [f"{split}_{i:06d}.bin" for i in range(shards)]
+        pieces = np.array_split(ids, shards)
+    for name, piece in zip(names, pieces):
+        piece.astype(dtype).tofile(directory / name)
+    return names
+
+
+def make_char_data(directory: Path, text: str | None = None, shards: int = 1, dtype: str = "uint16") -> dict:
+    """A char-level data directory (train 90% / val 10% of `text`); returns its meta dict."""
+    text = sample_text() if text is None else text
+    directory.mkdir(parents=True, exist_ok=True)
+    tok = CharTokenizer.from_text(text)
+    ids = np.asarray(tok.encode(text), dtype=np.int64)
+    cut = int(len(ids) * 0.9)
+    splits = {}
+    for split, part, part_text in (("train", ids[:cut], text[:cut]), ("val", ids[cut:], text[cut:])):
+        files = write_split_files(directory, split, part, shards, dtype)
+        splits[split] = {
+            "files": files,
+            "tokens": len(part),
+            "text_bytes": len(part_text.encode("utf-8")),
+            "documents": 1,
+        }
+    meta = {
+        "format": "gpt-tokens",
+        "version": 1,
+        "tokenizer": tok.to_meta(),
+        "vocab_size": tok.vocab_size,
+        "dtype": dtype,
+        "eot_token": None,
+        "splits": splits,
+        "source": {"test": "tests/datadirs.py"},
+    }
+    write_meta(directory, meta)
+    return meta
+
+
+# ----------------------------------------------------------------------------- loopback HTTP servers
+
+
+class ScriptedServer(ThreadingHTTPServer):
+    """127.0.0.1 only, on a port the OS picks. `log` records (path, Range header) of every request, `hits`
+    counts requests per path, and `release` ends responses that stall on purpose when the test is over."""
+
+    daemon_threads = True
+
+    def __init__(self, handler: Callable[..., BaseHTTPRequestHandler]) -> None:
+        super().__init__(("127.0.0.1", 0), handler)
+        self.log: list[tuple[str, str | None]] = []
+        self.hits: dict[str, int] = {}
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler that keeps the test output clean."""
+
+    server: ScriptedServer
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+@contextlib.contextmanager
+def serving(handler: Callable[..., BaseHTTPRequestHandler]) -> Iterator[ScriptedServer]:
+    """Run a ScriptedServer with `handler` in a thread for the duration of the block."""
+    httpd = ScriptedServer(handler)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield httpd
+    finally:
+        httpd.release.set()
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(5)
+
+
+@contextlib.contextmanager
+def serving_directory(directory: str | Path) -> Iterator[tuple[str, list[str]]]:
+    """Serve the files under `directory` on 127.0.0.1; yields (base URL, the paths requested so far)."""
+    requested: list[str] = []
+
+    class FileHandler(SimpleHTTPRequestHandler, QuietHandler):
+        def do_GET(self) -> None:
+            requested.append(self.path)
+            super().do_GET()
+
+    with serving(partial(FileHandler, directory=str(directory))) as httpd:
+        yield httpd.base, requested
