@@ -17,7 +17,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run_bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "benchmarks/bench.py", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "benchmarks/bench.py", *args], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_linear_bench_measures_every_decoding_weight(tmp_path: Path):
