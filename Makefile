@@ -33,7 +33,7 @@ $(VENV)/.test: $(VENV)/.runtime requirements-test.txt
 
 demo: $(VENV)/.runtime
 	$(PY) prepare_data/shakespeare_char.py
-	$(PY) train.py config/train_shakespeare_char_cpu.py
+	$(PY) train.py config/train_shakespeare_char_cpu.py --overwrite=True
 	$(PY) sample.py --out_dir=out-shakespeare-char-cpu --num_samples=1 --max_new_tokens=500 --seed=1337
 
 test: $(VENV)/.test

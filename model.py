@@ -1,7 +1,8 @@
 """A decoder-only transformer (GPT) in one readable file.
 
-Reads top to bottom: the configuration, the pieces (positions, attention with its KV cache, MLP, block), then
-the model with its forward pass, sampling, optimizer set-up, FLOP accounting and GPT-2 (Hugging Face) interop.
+Reads top to bottom: the configuration, the pieces (positions, attention, MLP, block), then the model with its
+forward pass, loading and saving, optimizer set-up and FLOP accounting. Generation (KV cache, sampling, batching,
+the CPU fast path) lives in gptkit/engine.py; GPT.generate delegates to it.
 The default configuration is GPT-2: learned positions, pre-norm blocks, GELU (tanh) MLP, tied LM head.
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 import inspect
 import math
 import os
-import platform
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from gptkit import hf_gpt2
+from gptkit import cpu_decoding, engine, hf_gpt2
 from gptkit.checkpoint import load_model_weights, model_args_of
 from gptkit.errors import UserError
 from gptkit.muon import MuonAdamW
@@ -83,69 +83,16 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
-class Linear(nn.Linear):
-    """nn.Linear that can send float32 CPU inference straight to oneDNN (see GPT.optimize_for_cpu_decoding).
-
-    Decoding multiplies each weight matrix by one row per sequence, so it is bound by reading the weights. On
-    x86 PyTorch sends float32 F.linear to MKL, which streamed GPT-2's weights at 16-22 GB/s on a 2-core EPYC
-    against 30-41 GB/s for oneDNN's kernel (`python bench.py linear`). Training and autograd take F.linear.
-    """
-
-    onednn = False  # set by use_decoding_layout
-
-    @torch.no_grad()
-    def use_decoding_layout(self, onednn: bool) -> None:
-        """Store the weight transposed in memory ((in, out) contiguous; to PyTorch still (out, in)), which CPU
-        kernels stream faster, and route float32 inference to oneDNN if `onednn`. Values are unchanged; calling it
-        again keeps the layout. A tied weight stays tied: the Parameter is kept, only its storage changes."""
-        self.weight.data = self.weight.data.t().contiguous().t()
-        self.onednn = onednn
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        direct = self.onednn and x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_grad_enabled()
-        if direct and not torch.compiler.is_compiling():  # torch.compile picks its own kernels
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
-
-
-def onednn_linear_available() -> bool:
-    """Whether this PyTorch build has oneDNN's linear kernel and the CPU is x86 (where it was measured faster)."""
-    if platform.machine().lower() not in ("x86_64", "amd64") or not torch.backends.mkldnn.is_available():
-        return False
-    return hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-class KVCache:
-    """Keys and values of every layer for the tokens seen so far, preallocated for `capacity` positions."""
-
-    def __init__(self, n_layer: int, capacity: int) -> None:
-        self.capacity = capacity
-        self.length = 0  # positions filled; the next token goes at this position
-        self.keys: list[torch.Tensor | None] = [None] * n_layer
-        self.values: list[torch.Tensor | None] = [None] * n_layer
-
-    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v (B, nh, T, hd) after the cached positions; return all keys and values so far."""
-        if self.keys[layer] is None:
-            shape = (k.shape[0], k.shape[1], self.capacity, k.shape[3])
-            self.keys[layer] = k.new_empty(shape)
-            self.values[layer] = v.new_empty(shape)
-        end = self.length + k.shape[2]
-        self.keys[layer][:, :, self.length : end] = k
-        self.values[layer][:, :, self.length : end] = v
-        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.n_head, self.head_dim = config.n_head, config.n_embd // config.n_head
-        self.c_attn = Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # fused Q, K, V projection
-        self.c_proj = Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # fused Q, K, V projection
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_dropout, self.resid_dropout = nn.Dropout(config.dropout), nn.Dropout(config.dropout)
         self.dropout, self.path, self.qk_norm = config.dropout, config.attention, config.qk_norm
 
-    def forward(self, x: torch.Tensor, rotary: tuple | None, cache: KVCache | None, layer: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rotary: tuple | None, cache: Any, layer: int) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)
@@ -153,24 +100,19 @@ class CausalSelfAttention(nn.Module):
             q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        offset = 0
-        if cache is not None:
-            offset = cache.length
-            k, v = cache.append(layer, k, v)
-        S = k.shape[2]  # keys attended over: the cached ones plus these T
+        mask = None  # boolean (.., T, S), True where a query may look; None = plain causal
+        if cache is not None:  # attend over the cached keys too; the cache masks rows of different lengths
+            k, v, mask = cache.update(layer, k, v)
+        S = k.shape[2]
+        if mask is None and (self.path == "math" or 1 < T < S):  # query i sits at key position S - T + i
+            mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
         dropout = self.dropout if self.training else 0.0
-        if self.path == "sdpa":
-            if offset == 0:
-                y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-            elif T == 1:  # one new token sees every cached key: no mask needed
-                y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
-            else:  # query i (absolute position offset+i) sees keys 0..offset+i
-                allowed = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=offset)
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout)
+        if self.path == "sdpa":  # one new token over its cache needs no mask at all: the fastest decoding step
+            causal = mask is None and S == T
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
         else:
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
-            future = torch.ones(T, S, dtype=torch.bool, device=x.device).triu(diagonal=offset + 1)
-            weights = self.attn_dropout(F.softmax(scores.masked_fill(future, float("-inf")), dim=-1))
+            weights = self.attn_dropout(F.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1))
             y = weights @ v
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
         return self.resid_dropout(self.c_proj(y))
@@ -179,8 +121,8 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.c_fc = Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.c_proj = Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
         self.activation = config.activation
 
@@ -203,7 +145,7 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, rotary: tuple | None, cache: KVCache | None, layer: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rotary: tuple | None, cache: Any, layer: int) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), rotary, cache, layer)
         return x + self.mlp(self.ln_2(x))
 
@@ -222,7 +164,7 @@ class GPT(nn.Module):
         )
         if config.pos_encoding == "learned":
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
-        self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight  # one matrix serves both ends
         self._build_position_tables(config.block_size)
@@ -256,30 +198,33 @@ class GPT(nn.Module):
         return total
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: Any = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Take token ids idx (B, T) and optional targets (B, T; -1 = ignore) and an optional KV cache.
+        """Take token ids idx (B, T), optional targets (B, T; -1 = ignore) and an optional KV cache
+        (gptkit.engine.KVCache, which gives each row's positions and keeps the keys and values of earlier tokens).
 
         Returns (logits, loss): with targets, logits for every position (B, T, V) and the mean cross-entropy;
         without, logits for the last position only (B, 1, V) and None.
         """
-        T = idx.shape[1]
-        start = cache.length if cache is not None else 0
-        if start + T > self.config.block_size:
-            raise ValueError(f"sequence of {start + T} tokens is longer than block_size {self.config.block_size}")
+        B, T = idx.shape
+        if cache is None:
+            if idx.shape[1] > self.config.block_size:
+                raise ValueError(f"sequence of {T} tokens is longer than block_size {self.config.block_size}")
+            positions = torch.arange(T, device=idx.device)
+        else:
+            positions = cache.extend(B, T, idx.device)  # (T,), or (B, T) when the rows differ in length
         x = self.transformer.wte(idx)
         if self.config.pos_encoding == "learned":
-            x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))
+            x = x + self.transformer.wpe(positions)
         elif self.config.pos_encoding == "sinusoidal":
-            x = x + self.pos_table[start : start + T].to(x.dtype)
+            x = x + self.pos_table[positions].to(x.dtype)
         rotary = None
-        if self.config.pos_encoding == "rope":
-            rotary = (self.rope_cos[start : start + T], self.rope_sin[start : start + T])
+        if self.config.pos_encoding == "rope":  # per-row tables broadcast over the heads: (B, 1, T, hd/2)
+            rotary = (self.rope_cos[positions], self.rope_sin[positions])
+            rotary = tuple(t.unsqueeze(1) for t in rotary) if positions.dim() == 2 else rotary
         x = self.transformer.drop(x)
         for layer, block in enumerate(self.transformer.h):
             x = block(x, rotary, cache, layer)
-        if cache is not None:
-            cache.length += T
         x = self.transformer.ln_f(x)
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None  # only the next token's logits are needed
@@ -296,24 +241,12 @@ class GPT(nn.Module):
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
         self._build_position_tables(block_size)
 
-    @torch.no_grad()
     def optimize_for_cpu_decoding(self) -> GPT:
-        """Make float32 sampling on CPU faster; values and outputs stay the same (to float rounding).
-
-        Decoding one token is a matrix-vector product per weight matrix, bound by reading the weights. Two
-        changes, measured on a 2-core EPYC with GPT-2 124M: each weight is stored transposed in memory ((in, out)
-        contiguous; to PyTorch still (out, in)), which CPU kernels stream faster, and every Linear calls oneDNN
-        directly where available (see Linear). Together 1.9x tokens/s at batch 1, 2.2x at batch 8 (`python
-        bench.py sample`, cached vs cached_plain). Meant for float32: bfloat16 kernels measured slower with the
-        transposed layout. Returns the model.
-        """
-        onednn = onednn_linear_available()
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.use_decoding_layout(onednn)
+        """Apply the float32 CPU decoding fast path now (generate applies it itself; see gptkit/cpu_decoding.py).
+        Outputs stay the same to float rounding. Returns the model."""
+        cpu_decoding.optimize_for_cpu_decoding(self)
         return self
 
-    @torch.no_grad()
     def generate_stream(
         self,
         idx: torch.Tensor,
@@ -324,38 +257,11 @@ class GPT(nn.Module):
         stop_tokens: list[int] | None = None,
         generator: torch.Generator | None = None,
     ) -> Iterator[torch.Tensor]:
-        """Yield the next token of every sequence (B,) for up to max_new_tokens steps, using a KV cache.
+        """Yield the next token of every sequence (B,) for up to max_new_tokens steps (gptkit.engine: a KV cache,
+        a sliding window past block_size, and the CPU fast path). A row that has produced a stop token repeats it;
+        generation ends early once every row has stopped."""
+        return engine.generate_stream(self, idx, max_new_tokens, temperature, top_k, top_p, stop_tokens, generator)
 
-        The prompt idx (B, T) runs once; each later step feeds one token. When the context would pass
-        block_size, the cache is rebuilt from the last 3/4 of a window (one full pass per quarter window),
-        so generation continues indefinitely over a sliding window. A row that has produced a stop token
-        repeats it; generation ends early once every row has stopped.
-        """
-        block = self.config.block_size
-        context = idx[:, -block:]
-        stopped = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
-        previous = idx[:, -1]
-        stop_ids = torch.tensor(stop_tokens or [], dtype=idx.dtype, device=idx.device)
-        cache = KVCache(self.config.n_layer, block)
-        logits, _ = self(context, cache=cache)
-        for _ in range(max_new_tokens):
-            next_token = sample_next_token(logits[:, -1, :], temperature, top_k, top_p, generator)
-            if stop_ids.numel():
-                next_token = torch.where(stopped, previous, next_token)
-                stopped |= torch.isin(next_token, stop_ids)
-            yield next_token
-            previous = next_token
-            if bool(stopped.all()):
-                return
-            context = torch.cat((context, next_token[:, None]), dim=1)
-            if cache.length < block:
-                logits, _ = self(next_token[:, None], cache=cache)
-            else:  # window full: slide by a quarter window and recompute the cache once
-                context = context[:, -(block - block // 4) :]
-                cache = KVCache(self.config.n_layer, block)
-                logits, _ = self(context, cache=cache)
-
-    @torch.no_grad()
     def generate(
         self,
         idx: torch.Tensor,
@@ -372,8 +278,7 @@ class GPT(nn.Module):
         probability reaches p; generator makes sampling reproducible. See generate_stream for stop tokens.
         """
         steps = self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p, stop_tokens, generator)
-        new_tokens = [token[:, None] for token in steps]
-        return torch.cat([idx, *new_tokens], dim=1)
+        return torch.cat([idx, *(token[:, None] for token in steps)], dim=1)
 
     def configure_optimizers(
         self,
@@ -454,29 +359,6 @@ class GPT(nn.Module):
         if not (standard and config.tie_embeddings and not config.qk_norm):
             raise UserError("only GPT-2-shaped models (learned positions, bias, GELU, tied head) export to GPT-2")
         hf_gpt2.write(directory, asdict(config), self.state_dict())
-
-
-def sample_next_token(
-    logits: torch.Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Pick one token per row from logits (B, V): greedy at temperature 0, else sampled after top-k/top-p."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    logits = logits.float() if temperature == 1.0 else logits.float() / temperature
-    candidates = None  # the token id of each column, once logits are narrowed and sorted
-    if top_k is not None and top_k < logits.size(-1):
-        logits, candidates = torch.topk(logits, top_k, dim=-1)  # then sample among k columns, not all V
-    if top_p is not None and top_p < 1.0:
-        if candidates is None:
-            logits, candidates = torch.sort(logits, descending=True, dim=-1)
-        probs = logits.softmax(dim=-1)
-        logits = logits.masked_fill(probs.cumsum(dim=-1) - probs >= top_p, float("-inf"))  # mass before >= p
-    choice = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
-    return (choice if candidates is None else candidates.gather(-1, choice)).squeeze(-1)
 
 
 def config_from_dict(model_args: dict[str, Any]) -> GPTConfig:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import codecs
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +18,7 @@ import torch
 
 from gptkit.checkpoint import load_checkpoint, resolve_checkpoint
 from gptkit.devices import autocast, resolve_device, resolve_dtype
+from gptkit.engine import Engine, Request
 from gptkit.errors import UserError, run_cli
 from gptkit.hf_gpt2 import GPT2_HUB_NAMES
 from gptkit.settings import parse_settings, setting, setting_list
@@ -169,23 +170,23 @@ def generate_samples(
             f"warning: the prompt has {len(ids)} tokens; keeping the last {block} (the context length)", file=sys.stderr
         )
         ids = ids[-block:]
-    idx = torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device)
-    generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    eot = tokenizer.eot_token if cfg.stop_at_eot else None
-    streams = [TextStream(tokenizer, cfg.stop, eot) for _ in range(cfg.num_samples)]
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)  # one for the batch: the samples differ
+    stop_tokens = [] if not cfg.stop_at_eot or tokenizer.eot_token is None else [tokenizer.eot_token]
+    requests = [Request(ids, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, stop_tokens,
+                        generator=generator) for _ in range(cfg.num_samples)]  # fmt: skip
+    streams = [TextStream(tokenizer, cfg.stop, stop_tokens[0] if stop_tokens else None) for _ in requests]
+    stream_of = dict(zip(requests, streams))
     if write:
         write(prompt)
-    steps: Iterator[torch.Tensor] = model.generate_stream(
-        idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, None if eot is None else [eot], generator
-    )
     with autocast(device, dtype):
-        for tokens in steps:
-            for stream, token in zip(streams, tokens.tolist()):
-                piece = stream.push(token)
-                if write and stream is streams[0]:
+        engine = Engine(model, slots=cfg.num_samples)  # inside autocast: it picks the CPU fast path for float32 only
+        for made in engine.run(requests):
+            for request, token in made:
+                piece = stream_of[request].push(token)
+                if write and request is requests[0]:
                     write(piece)
-            if all(stream.done for stream in streams):
-                break
+                if stream_of[request].done and request.finish_reason is None:
+                    engine.remove(request)  # a stop string ended its text: free the row
     tails = [stream.finish() for stream in streams]
     if write:
         write(tails[0])
@@ -198,9 +199,7 @@ def main(argv: list[str]) -> int:
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     model, tokenizer = load_model_and_tokenizer(cfg)
-    model.to(device)
-    if device.type == "cpu" and dtype == torch.float32:
-        model.optimize_for_cpu_decoding()  # float32 only: CPU bfloat16 kernels measured slower with it
+    model.to(device)  # on the CPU in float32 the engine applies gptkit.cpu_decoding's fast path itself
     if cfg.compile:
         model = torch.compile(model)
 

@@ -18,16 +18,20 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 
+from gptkit.cpu_decoding import onednn_linear_available, use_decoding_layout
 from gptkit.devices import resolve_device
+from gptkit.engine import generate_stream, sample_next_token
 from gptkit.errors import UserError, run_cli
 from gptkit.fileio import atomic_write_json
 from gptkit.settings import parse_settings, setting, setting_list
-from model import GPT, GPTConfig, Linear, onednn_linear_available
+from model import GPT, GPTConfig
 
 
 def cpu_name() -> str:
@@ -69,7 +73,10 @@ def write_results(path: str, kind: str, settings: object, rows: list[dict]) -> N
 
 
 # ----------------------------------------------------------------------------------------------- sampling
-SAMPLE_PATHS = ("cached", "cached_plain", "cached_bf16", "uncached", "hf")
+# generate: the documented call on a fresh model, `GPT(config).eval().generate(...)`, nothing else (the engine
+# applies the CPU fast path itself); cached: the same after an explicit optimize_for_cpu_decoding(), as before;
+# cached_plain: the engine with the fast path off; cached_bf16: bfloat16 weights; uncached: nanoGPT's loop.
+SAMPLE_PATHS = ("generate", "cached", "cached_plain", "cached_bf16", "uncached", "hf")
 
 
 @dataclass
@@ -82,7 +89,8 @@ class SampleBench:
     threads: int = setting(0, "torch threads (0 = torch's default)")
     paths: list[str] = setting_list(
         list(SAMPLE_PATHS),
-        f"which generators: {', '.join(SAMPLE_PATHS)} (cached_plain: KV cache without optimize_for_cpu_decoding)",
+        f"which generators: {', '.join(SAMPLE_PATHS)} (generate: the documented model.generate call alone; "
+        "cached_plain: KV cache without the CPU fast path)",
     )
     uncached_new_tokens: int = setting(256, "tokens for the slow uncached path (fewer make it look faster)")
     uncached_repeats: int = setting(1, "runs of the slow uncached path")
@@ -92,23 +100,66 @@ class SampleBench:
 
 def uncached_generate(model: GPT, idx: torch.Tensor, new_tokens: int, top_k: int, generator) -> torch.Tensor:
     """The plain path, as nanoGPT samples: a full forward pass over the whole context for every token."""
-    from model import sample_next_token
-
     for _ in range(new_tokens):
         logits, _ = model(idx[:, -model.config.block_size :])
         idx = torch.cat((idx, sample_next_token(logits[:, -1], 1.0, top_k, None, generator)[:, None]), dim=1)
     return idx
 
 
-def time_call(fn, repeats: int) -> float:
-    """Median seconds of fn(new_tokens) over `repeats` runs, after a short warm-up (allocator, kernels, imports)."""
-    fn(8)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(None)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def run_sample_path(path: str, models: dict, prompt: torch.Tensor, top_k: int, new_tokens: int) -> None:
+    """Generate new_tokens for every row of prompt by `path` (see SAMPLE_PATHS), as a user would call it."""
+    generator = torch.Generator(device=prompt.device).manual_seed(0)
+    with torch.inference_mode():
+        if path == "uncached":
+            uncached_generate(models["plain"], prompt, new_tokens, top_k, generator)
+        elif path == "cached_plain":
+            for _ in generate_stream(models["plain"], prompt, new_tokens, top_k=top_k, generator=generator,
+                                     cpu_fast_path=False):  # fmt: skip
+                pass
+        elif path == "hf":
+            models["hf"].generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, top_k=top_k,
+                                  max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)  # fmt: skip
+        else:
+            models[path].generate(prompt, new_tokens, top_k=top_k, generator=generator)
+
+
+def time_paths(runs: dict[str, tuple[Callable[[int], None], int, int]]) -> dict[str, float]:
+    """Median seconds of each path's fn(new_tokens), for runs {path: (fn, new_tokens, repeats)}.
+
+    Each fn first runs once on a few tokens (allocator, kernels, imports, and the generate path's one-time switch
+    to the CPU fast path). Repeats go round-robin over the paths, so load from other work on a shared machine
+    slows every path alike instead of whichever happened to run during it.
+    """
+    for fn, _, _ in runs.values():
+        fn(8)
+    times: dict[str, list[float]] = {path: [] for path in runs}
+    for round_ in range(max(repeats for _, _, repeats in runs.values())):
+        for path, (fn, new_tokens, repeats) in runs.items():
+            if round_ < repeats:
+                start = time.perf_counter()
+                fn(new_tokens)
+                times[path].append(time.perf_counter() - start)
+    return {path: statistics.median(seconds) for path, seconds in times.items()}
+
+
+def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> dict:
+    """One model per path, all with the same (random) weights; "plain" is never changed by the fast path."""
+    torch.manual_seed(0)
+    plain = GPT(config).eval().to(device)  # the weights as nanoGPT stores them, for the uncached path
+    models = {"plain": plain}
+    for path, dtype in (("generate", torch.float32), ("cached", torch.float32), ("cached_bf16", torch.bfloat16)):
+        if path in paths:
+            models[path] = GPT(config).eval().to(device, dtype)
+            models[path].load_state_dict(plain.state_dict())
+    if "cached" in models and device.type == "cpu":
+        models["cached"].optimize_for_cpu_decoding()  # the explicit call, as sample.py made it before the engine
+    if "hf" in paths:
+        import transformers
+
+        hf_config = transformers.GPT2Config(vocab_size=50257, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        models["hf"] = transformers.GPT2LMHeadModel(hf_config).eval().to(device)
+        models["hf"].load_state_dict(hf_state_from(plain), strict=False)
+    return models
 
 
 def bench_sample(cfg: SampleBench) -> list[dict]:
@@ -118,61 +169,23 @@ def bench_sample(cfg: SampleBench) -> list[dict]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
-    torch.manual_seed(0)
-    config = GPTConfig(vocab_size=50257)  # GPT-2 124M shape, random weights
-    model = GPT(config).eval().to(device)
-    plain = GPT(config).eval().to(device)  # the same weights, as nanoGPT stores them, for the uncached path
-    plain.load_state_dict(model.state_dict())
-    if device.type == "cpu":
-        model.optimize_for_cpu_decoding()  # what sample.py does on CPU in float32
-    hf_model = None
-    if "hf" in cfg.paths:
-        import transformers
-
-        hf_config = transformers.GPT2Config(vocab_size=50257, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-        hf_model = transformers.GPT2LMHeadModel(hf_config).eval().to(device)
-        hf_model.load_state_dict(hf_state_from(plain), strict=False)
+    models = sample_models(GPTConfig(vocab_size=50257), cfg.paths, device)  # GPT-2 124M shape, random weights
     rows = []
     for batch in cfg.batch_sizes:
         prompt = torch.randint(0, 50257, (batch, cfg.prompt_tokens), device=device)
-        for path in cfg.paths:
-            new_tokens = cfg.uncached_new_tokens if path == "uncached" else cfg.new_tokens
-            generator = torch.Generator(device=device).manual_seed(0)
-            if path in ("cached", "cached_plain", "cached_bf16"):
-                runner = plain if path == "cached_plain" else model
-                if path == "cached_bf16":
-                    runner = GPT(config).eval().to(device, torch.bfloat16)
-                    runner.load_state_dict(model.state_dict())
-
-                def fn(n, runner=runner, prompt=prompt, new_tokens=new_tokens, generator=generator):
-                    with torch.inference_mode():
-                        runner.generate(prompt, n or new_tokens, top_k=cfg.top_k, generator=generator)
-
-            elif path == "uncached":
-
-                def fn(n, prompt=prompt, new_tokens=new_tokens, generator=generator):
-                    with torch.inference_mode():
-                        uncached_generate(plain, prompt, n or new_tokens, cfg.top_k, generator)
-
-            elif path == "hf":
-
-                def fn(n, prompt=prompt, new_tokens=new_tokens):
-                    with torch.inference_mode():
-                        hf_model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True,
-                                          top_k=cfg.top_k, max_new_tokens=n or new_tokens,
-                                          min_new_tokens=n or new_tokens, pad_token_id=0)  # fmt: skip
-
-            else:
-                raise AssertionError(path)  # bench_sample checked the paths first
-            seconds = time_call(fn, cfg.uncached_repeats if path == "uncached" else cfg.repeats)
+        runs = {path: (partial(run_sample_path, path, models, prompt, cfg.top_k),
+                       cfg.uncached_new_tokens if path == "uncached" else cfg.new_tokens,
+                       cfg.uncached_repeats if path == "uncached" else cfg.repeats) for path in cfg.paths}  # fmt: skip
+        for path, seconds in time_paths(runs).items():
+            new_tokens = runs[path][1]
             rows.append({"path": path, "batch": batch, "new_tokens": new_tokens, "seconds": round(seconds, 3),
                          "tokens_per_s": round(batch * new_tokens / seconds, 1)})  # fmt: skip
-            print_table(rows[-1:], list(rows[-1]))
     by_key = {(r["path"], r["batch"]): r["tokens_per_s"] for r in rows}
     for row in rows:
         for reference in ("hf", "uncached"):
             if (reference, row["batch"]) in by_key and row["path"] != reference:
                 row[f"x_{reference}"] = round(row["tokens_per_s"] / by_key[(reference, row["batch"])], 2)
+    print_table(rows, ["path", "batch", "new_tokens", "seconds", "tokens_per_s", "x_hf", "x_uncached"])
     return rows
 
 
@@ -192,7 +205,7 @@ GPT2_DECODING_WEIGHTS = {"attn.c_attn": (2304, 768), "attn.c_proj": (768, 768), 
 
 def bench_linear(cfg: LinearBench) -> list[dict]:
     """Weight-streaming speed (GB/s) of one decoding step's matrix products on CPU, float32: F.linear on the
-    weights as stored, F.linear on the transposed layout, and the Linear that optimize_for_cpu_decoding sets up."""
+    weights as stored, F.linear on the transposed layout, and the DecodingLinear of gptkit.cpu_decoding."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)
@@ -201,7 +214,7 @@ def bench_linear(cfg: LinearBench) -> list[dict]:
     for name, (out_features, in_features) in GPT2_DECODING_WEIGHTS.items():
         nbytes = out_features * in_features * 4
         copies = max(2, -(-cfg.weight_mb * 2**20 // nbytes))  # weights come from memory, not from a cache
-        layers = [Linear(in_features, out_features) for _ in range(copies)]
+        layers = [torch.nn.Linear(in_features, out_features) for _ in range(copies)]
         by_batch = {b: {"weight": name, "shape": f"{out_features}x{in_features}", "batch": b} for b in cfg.batch_sizes}
         # Variants in this order, each over every batch size: each step changes the layers for good.
         for variant in ("F.linear", "transposed", "optimized"):
@@ -209,9 +222,9 @@ def bench_linear(cfg: LinearBench) -> list[dict]:
                 for row in by_batch.values():
                     row[variant] = None  # this build or CPU has no direct oneDNN path: same as "transposed"
                 continue
-            if variant != "F.linear":  # what GPT.optimize_for_cpu_decoding does to each Linear
+            if variant != "F.linear":  # what optimize_for_cpu_decoding does to each Linear
                 for layer in layers:
-                    layer.use_decoding_layout(onednn=variant == "optimized")
+                    use_decoding_layout(layer, onednn=variant == "optimized")
             for batch, row in by_batch.items():
                 x = torch.randn(batch, 1, in_features)
                 passes = []

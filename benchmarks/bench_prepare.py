@@ -35,7 +35,7 @@ from pathlib import Path
 
 from gptkit.errors import UserError, run_cli
 from gptkit.fileio import atomic_write_json
-from gptkit.prepare import pipeline
+from gptkit.prepare.settings import default_num_workers
 from gptkit.settings import parse_settings, setting
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,7 +49,7 @@ class BenchSettings:
     size_mb: int = setting(200, "size of the generated corpus in MB (without --input)")
     source: str = setting(str(DEFAULT_SOURCE), "text the generated corpus is made from (shuffled paragraphs)")
     runs: int = setting(3, "runs of each variant; the table shows the median")
-    num_workers: int = setting(pipeline.default_num_workers(), "workers of the parallel corpus.py run")
+    num_workers: int = setting(default_num_workers(), "workers of the parallel corpus.py run")
     speed: bool = setting(True, "run the speed comparison (False: only the memory check)")
     memory_check_gb: float = setting(0.0, "also run corpus.py once on a generated corpus this large (GB); 0 = skip")
     json_out: str | None = setting(None, "write the results as JSON here")
@@ -123,28 +123,41 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
+class PeakTreeRss(threading.Thread):
+    """Samples the summed RSS of a process tree every 0.1 s until `finish`, which returns the largest sum seen."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.peak = 0
+        self._finished = threading.Event()
+
+    def run(self) -> None:
+        while not self._finished.wait(0.1):
+            self.peak = max(self.peak, _tree_rss(self.pid))
+
+    def finish(self) -> int:
+        """Stop sampling; the peak in bytes (0 without psutil)."""
+        self._finished.set()
+        self.join()
+        return self.peak
+
+
 def run_measured(command: list[str], log_path: Path) -> Run:
     """Run `command`; returns wall and CPU time (its own and its children's), the peak RSS of its largest process
     (wait4) and the sampled sum over its process tree."""
-    env = {**os.environ, "PYTHONPATH": str(REPO / "benchmarks")}
+    # This checkout's gptkit first: the installed one may be another checkout's (e.g. a `git worktree` of a commit
+    # being compared).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "benchmarks")])}
     with open(log_path, "w") as log:
         started = time.perf_counter()
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-        peak_tree = 0
-        stop = threading.Event()
-
-        def sample() -> None:
-            nonlocal peak_tree
-            while not stop.wait(0.1):
-                peak_tree = max(peak_tree, _tree_rss(process.pid))
-
-        sampler = threading.Thread(target=sample, daemon=True)
+        sampler = PeakTreeRss(process.pid)
         sampler.start()
         # wait4 reports this child's rusage including its reaped children (the pool workers).
         _, status, usage = os.wait4(process.pid, 0)
         seconds = time.perf_counter() - started
-        stop.set()
-        sampler.join()
+        peak_tree = sampler.finish()
         process.returncode = os.waitstatus_to_exitcode(status)
     output = log_path.read_text()
     if process.returncode != 0:

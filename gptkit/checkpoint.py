@@ -12,17 +12,18 @@ from __future__ import annotations
 import os
 import random
 import re
-import signal
-import sys
-import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from gptkit.distributed import is_fsdp
 from gptkit.errors import UserError, describe_os_error
 from gptkit.fileio import atomic_open
+
+if TYPE_CHECKING:
+    from gptkit.data import BatchSampler
 
 LATEST_NAME = "ckpt.pt"
 BEST_NAME = "best.pt"
@@ -127,11 +128,6 @@ def copy_checkpoint(source: str | os.PathLike, destination: str | os.PathLike) -
     os.replace(temporary, destination)
 
 
-def mark_best(latest: str | os.PathLike, best: str | os.PathLike) -> None:
-    """Make `best` a copy of the checkpoint `latest` (see copy_checkpoint)."""
-    copy_checkpoint(latest, best)
-
-
 def remove_stale_temporaries(out_dir: str | os.PathLike) -> list[Path]:
     """Delete temporary files that a save interrupted by kill -9 or a power cut left in `out_dir`; returns them."""
     stale = []
@@ -215,6 +211,13 @@ def model_args_of(checkpoint: dict[str, Any]) -> dict[str, Any]:
     return model_args
 
 
+def check_same_tokenizer(checkpoint: dict[str, Any], meta: dict[str, Any], path: Path) -> None:
+    """UserError when a checkpoint was trained on a tokenizer other than the data's."""
+    saved = checkpoint.get("tokenizer")
+    if saved is not None and saved != tokenizer_record(meta):
+        raise UserError(f"{path} was trained with another tokenizer than this data's; use the data it was trained on")
+
+
 def tokenizer_record(meta: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint stores about its tokenizer: meta.json's tokenizer object plus vocab_size and eot_token.
 
@@ -224,15 +227,6 @@ def tokenizer_record(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- training state across processes
-
-
-def is_fsdp(model: torch.nn.Module) -> bool:
-    """Whether `model` has been sharded with FSDP2's fully_shard."""
-    if "torch.distributed.fsdp" not in sys.modules:  # never imported: nothing is sharded (and importing is slow)
-        return False
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
 
 
 def _parameter_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
@@ -303,34 +297,28 @@ def restore_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optim
     set_optimizer_state_dict(model, optimizer, _rekey_optimizer_state(state, names), options=options)
 
 
-class StopRequest:
-    """While active, SIGINT and SIGTERM ask the training loop to stop after the current step and save.
-
-    `signal_name` is the name of the signal received (None until then). With `force_on_repeat`, a second Ctrl-C
-    stops at once (KeyboardInterrupt); under torchrun that is off, because torchrun passes a Ctrl-C on to its
-    workers, which then see it twice. The previous handlers come back on exit. Outside the main thread
-    (where Python allows no signal handlers) it does nothing.
-    """
-
-    def __init__(self, force_on_repeat: bool = True) -> None:
-        self.signal_name: str | None = None
-        self.force_on_repeat = force_on_repeat
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> StopRequest:
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signal_name is not None:
-            if self.force_on_repeat and signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            return
-        self.signal_name = signal.Signals(signum).name
-        print(f"{self.signal_name} received: finishing this step, then saving a checkpoint", flush=True)
+def restore_training_state(
+    checkpoint: dict,
+    source: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    sampler: BatchSampler,
+) -> tuple[int, float]:
+    """Continue from `checkpoint`: optimizer, loss scaler, data position and RNG states; returns (iter_num,
+    best_val_loss). A damaged or foreign training state is a UserError naming the file, never a crash mid-run."""
+    check_optimizer_state(optimizer, checkpoint["optimizer"], source)
+    try:
+        restore_optimizer_state(model, optimizer, checkpoint["optimizer"])
+        if checkpoint.get("scaler"):
+            scaler.load_state_dict(checkpoint["scaler"])
+        if "sampler" in checkpoint:
+            sampler.load_state_dict(checkpoint["sampler"])
+        if "rng" in checkpoint:
+            restore_rng_state(checkpoint["rng"])
+        return int(checkpoint["iter_num"]), float(checkpoint["best_val_loss"])
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as exc:
+        raise UserError(
+            f"checkpoint {source} has a damaged training state ({type(exc).__name__}: {exc}); "
+            "resume from another checkpoint or start over"
+        ) from exc

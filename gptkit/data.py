@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -212,9 +211,6 @@ class SplitWindows:
         else:
             windows = self.stream.read_windows([self.full_windows * self.block_size], self.tail + 1, sequential=True)
         return _inputs_and_targets(windows)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        return (self[i] for i in range(len(self)))
 
 
 def _inputs_and_targets(windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

@@ -73,3 +73,15 @@ def peak_flops_for_device(device: torch.device | str, dtype: torch.dtype) -> flo
         if key in name:
             return half if dtype in (torch.bfloat16, torch.float16) else tf32
     return None
+
+
+def tune_for_training(device: torch.device, cpu_threads: int | None) -> None:
+    """Process-wide math settings for training on `device` (threads: torch's default when None)."""
+    if cpu_threads:
+        torch.set_num_threads(cpu_threads)
+    if device.type == "cpu":
+        # Optimizer states and gradients of small models reach subnormal floats; x86 CPUs compute those up to
+        # 100x slower (Muon's step measured 10x slower here). Flushing them to zero changes nothing visible.
+        torch.set_flush_denormal(True)
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls

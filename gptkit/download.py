@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +20,8 @@ import requests
 import urllib3
 
 from gptkit.errors import UserError
+from gptkit.fileio import sha256_file
+from gptkit.progress import byte_progress_bar
 
 CACHE_ENV = "GPT_TOOLKIT_CACHE"
 PART_SUFFIX = ".part"
@@ -36,6 +37,13 @@ class DownloadPolicy:
     backoff: float = 1.0
     max_backoff: float = 30.0
     block_bytes: int = 1 << 20
+
+
+def policy_from_settings(retries: int, read_timeout: float) -> DownloadPolicy:
+    """The policy a script's --retries and --read_timeout ask for; UserError for values no download can use."""
+    if retries < 0 or not read_timeout > 0:  # `not >`: NaN is refused too
+        raise UserError("--retries must be >= 0 and --read_timeout > 0")
+    return DownloadPolicy(retries=retries, read_timeout=read_timeout)
 
 
 _BAD_URL_ERRORS = (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema)
@@ -54,15 +62,6 @@ def default_cache_dir() -> Path:
 def is_url(source: str) -> bool:
     """Whether `source` is an http(s) URL rather than a local path."""
     return source.startswith(("http://", "https://"))
-
-
-def sha256_of_file(path: str | os.PathLike) -> str:
-    """Hex sha256 of a file, read in blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def cache_path_for(url: str, cache_dir: str | os.PathLike | None = None, name: str | None = None) -> Path:
@@ -84,7 +83,7 @@ def fetch(
     """Return the cached copy of `url`, downloading it first when it is missing (or fails its known sha256)."""
     destination = cache_path_for(url, cache_dir, name)
     if destination.is_file():
-        if sha256 is None or sha256_of_file(destination) == sha256:
+        if sha256 is None or sha256_file(destination) == sha256:
             return destination
         destination.unlink()  # a cached copy that fails its hash is damaged: fetch it again
     return download(url, destination, sha256=sha256, policy=policy)
@@ -183,19 +182,6 @@ def _attempt(session: requests.Session, url: str, part: Path, policy: DownloadPo
         raise UserError(f"download of {url} failed: too many redirects") from exc
 
 
-def byte_progress_bar(description: str, total: int | None = None, **options: Any) -> Any:
-    """A tqdm bar counting bytes on stderr, or None without tqdm (progress is a nicety, never a requirement).
-
-    It draws only on a terminal (disable=None), so logs and error output stay clean.
-    """
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, desc=description, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
-                disable=None, leave=False, **options)  # fmt: skip
-
-
 def _progress_bar(url: str) -> Any:
     return byte_progress_bar(f"download {Path(urlsplit(url).path).name}")
 
@@ -242,7 +228,7 @@ def download(
         if own_session:
             session.close()
     if sha256 is not None:
-        actual = sha256_of_file(part)
+        actual = sha256_file(part)
         if actual != sha256:
             part.unlink()
             raise UserError(
@@ -273,7 +259,7 @@ def resolve_source(
     if not path.is_file():
         raise UserError(f"source {source} does not exist or is not a file; check the path or give a URL")
     if sha256 is not None:
-        actual = sha256_of_file(path)
+        actual = sha256_file(path)
         if actual != sha256:
             raise UserError(
                 f"{source} has sha256 {actual[:16]}..., expected {sha256[:16]}...: it is not the expected text; "

@@ -1,7 +1,9 @@
 """One exception type for problems the user can fix, and the entry-point wrapper that prints them.
 
 Every script's `if __name__ == "__main__"` goes through `run_cli`, so a user-caused failure is one line on
-stderr and exit code 2, never a traceback (unless --debug is given).
+stderr and exit code 2, never a traceback (unless --debug is given). SIGTERM (what schedulers, `timeout` and
+container stops send) unwinds the program like Ctrl-C, so its cleanup runs: worker processes are shut down and
+temporary files removed, then one line and exit code 143.
 """
 
 from __future__ import annotations
@@ -9,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
-from typing import NoReturn
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NoReturn
 
 
 class UserError(Exception):
@@ -21,6 +25,52 @@ class UserError(Exception):
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 128 + signal.SIGTERM  # 143, as shells report a process ended by SIGTERM
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived. A BaseException, like KeyboardInterrupt, so `except Exception` never swallows it while
+    `finally` blocks and context managers still clean up on the way out."""
+
+
+class _RaiseOnSigterm:
+    """The SIGTERM handler run_cli installs: the first SIGTERM raises Terminated in the process that installed it.
+
+    A repeated SIGTERM is ignored, so it cannot cut the cleanup short (kill -9 still ends everything). A child
+    forked without exec inherits the handler but not the program's cleanup: there SIGTERM ends the process as it
+    would without the handler.
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.received = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self.pid:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        if not self.received:
+            self.received = True
+            raise Terminated
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """While active, SIGTERM raises Terminated in the main thread (see `_RaiseOnSigterm`); the previous handler
+    comes back on exit. Does nothing outside the main thread, where Python allows no handlers, or where SIGTERM
+    is not at its default (e.g. ignored on purpose by whoever started us). A handler installed inside the block
+    (train.py's StopRequest) takes precedence while it is active."""
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _RaiseOnSigterm())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _one_line(message: object) -> str:
@@ -45,14 +95,16 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
     """Run `main(argv)` and exit with its return code; turn failures into one line on stderr.
 
     `--debug` anywhere in argv is removed before `main` sees it and lets tracebacks through.
-    UserError exits 2; OSError (disk full, permissions) exits 2 with its reason; any other
-    exception is a bug and exits 1 with one line that says how to get the traceback.
+    UserError exits 2; OSError (disk full, permissions) exits 2 with its reason; Ctrl-C exits 130 and SIGTERM
+    143, each after the program's cleanup has run; any other exception is a bug and exits 1 with one line that
+    says how to get the traceback.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     args = [a for a in args if a != "--debug"]
     try:
-        code = main(args)
+        with sigterm_raises():
+            code = main(args)
     except SystemExit:
         raise
     except UserError as exc:
@@ -70,6 +122,11 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
             raise
         print("interrupted", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
+    except Terminated:
+        if debug:
+            raise
+        print("terminated by SIGTERM", file=sys.stderr)
+        sys.exit(EXIT_TERMINATED)
     except OSError as exc:
         if debug:
             raise

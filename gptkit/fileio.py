@@ -1,12 +1,14 @@
-"""Atomic file writes: a reader never sees a half-written file, and a failed write leaves nothing behind.
+"""Files on disk: atomic writes, and the one sha256 of a file that every check of a known hash uses.
 
-The data goes to a temporary file in the destination's directory (same filesystem, so the final
-`os.replace` is atomic), is flushed and fsynced, and only then renamed over the destination.
+Atomic writes: a reader never sees a half-written file, and a failed write leaves nothing behind. The data goes
+to a temporary file in the destination's directory (same filesystem, so the final `os.replace` is atomic), is
+flushed and fsynced, and only then renamed over the destination.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -75,3 +77,12 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     with atomic_open(path, "w") as handle:
         json.dump(obj, handle, indent=2, ensure_ascii=False)
         handle.write("\n")
+
+
+def sha256_file(path: str | os.PathLike, block_bytes: int = 1 << 20) -> str:
+    """Hex sha256 of the file at `path`, read in blocks so memory stays small whatever the file's size."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(block_bytes):
+            digest.update(block)
+    return digest.hexdigest()

@@ -2,14 +2,17 @@
 
 A settings class is a dataclass whose fields are declared with `setting(default, help)`. `parse_settings`
 fills it from config files (plain `name = literal` lines, never executed) and then from the command line,
-checks every value's type, calls the class's optional `validate()` and returns the instance. Every
-mistake a user can make here is a `UserError` naming the key (and the file and line for config files).
+checks every value's type and the rules its fields declare, calls the class's optional `validate()` and returns
+the instance. Every mistake a user can make here is a `UserError` naming the key (and the file and line for config
+files).
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
+import math
 import sys
 import types
 import typing
@@ -22,11 +25,37 @@ from gptkit.errors import UserError
 T = TypeVar("T")
 
 
-def setting(default: Any, help: str) -> Any:  # noqa: A002 - "help" reads best at the call sites
-    """Declare a settings field with its default and a one-line description for --help."""
+# Rules a setting can declare; parse_settings checks them for every script, worded the same everywhere.
+# NaN fails every rule (each comparison with NaN is false).
+RULES: dict[str, tuple[Any, str]] = {
+    "positive": (lambda v: v > 0, "must be a positive integer"),
+    "positive_number": (lambda v: v > 0 and math.isfinite(v), "must be a positive number"),
+    "non_negative": (lambda v: v >= 0, "must be >= 0"),
+    "fraction": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+}
+
+
+def setting(default: Any, help: str, rule: str | None = None, choices: Sequence[str] = ()) -> Any:  # noqa: A002
+    """Declare a settings field with its default, a one-line description for --help, and optionally a rule from
+    RULES or the values it may take (None, where the type allows it, passes both)."""
+    if rule is not None and rule not in RULES:
+        raise ValueError(f"unknown rule {rule!r}")  # a programming error, caught by any test that builds settings
+    metadata = {"help": help, "rule": rule, "choices": tuple(choices)}
     if isinstance(default, (list, dict, set)):
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return dataclasses.field(default=default, metadata={"help": help})
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def check_rules(instance: Any) -> None:
+    """UserError for the first field whose value breaks its declared rule or choices."""
+    for field in dataclasses.fields(instance):
+        value, rule, choices = getattr(instance, field.name), field.metadata.get("rule"), field.metadata.get("choices")
+        if value is None:
+            continue
+        if rule is not None and not RULES[rule][0](value):
+            raise UserError(f"{field.name} {RULES[rule][1]}, got {value}")
+        if choices and value not in choices:
+            raise UserError(f"{field.name}={value!r} is not one of {', '.join(choices)}")
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -174,6 +203,14 @@ def format_help(cls: type, prog: str, description: str, config_files: bool) -> s
     return "\n".join(lines)
 
 
+def unknown_setting(key: str, known: set[str], where: str) -> UserError:
+    """The error for a key no setting has, naming the closest known key when one is close (a likely typo)."""
+    hint = ""
+    for close in difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75):
+        hint = f"did you mean {close!r}? " if where else f"did you mean --{close}? "  # as the user writes it there
+    return UserError(f"{where}unknown setting {key!r}; {hint}run with --help to list the settings")
+
+
 def parse_settings(
     cls: type[T],
     argv: Sequence[str],
@@ -195,9 +232,6 @@ def parse_settings(
     values: dict[str, Any] = {}
     cli_lists: dict[str, list[Any]] = {}
 
-    def unknown(key: str, where: str) -> UserError:
-        return UserError(f"{where}unknown setting {key!r}; run with --help to list the settings")
-
     index = 0
     while index < len(argv):
         arg = argv[index]
@@ -208,12 +242,12 @@ def parse_settings(
             for key, (value, line) in read_config_file(arg).items():
                 where = f"{arg}:{line}: "
                 if key not in known:
-                    raise unknown(key, where)
+                    raise unknown_setting(key, known, where)
                 values[key] = _coerce(key, value, types_by_name[key], where)
             continue
         key, has_value, text = arg[2:].partition("=")
         if key not in known:
-            raise unknown(key, "")
+            raise unknown_setting(key, known, "")
         annotation = types_by_name[key]
         if not has_value:
             is_flag = _unwrap_optional(annotation)[0] is bool
@@ -232,6 +266,7 @@ def parse_settings(
             values[key] = value
     values.update(cli_lists)
     instance = cls(**values)
+    check_rules(instance)
     validate = getattr(instance, "validate", None)
     if callable(validate):
         validate()

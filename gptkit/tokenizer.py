@@ -10,7 +10,6 @@ encoding is built here from those files after checking their sha256 against the 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -20,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from gptkit.errors import UserError
-from gptkit.fileio import atomic_write_json
+from gptkit.fileio import atomic_write_json, sha256_file
 
 META_FILENAME = "meta.json"
 META_FORMAT = "gpt-tokens"
@@ -93,10 +92,6 @@ class CharTokenizer:
         """Encode ordinary text (no special tokens) to a list of ids."""
         return self.encode_array(text).tolist()
 
-    def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
-        """Encode each text; `num_threads` is accepted for interface parity (numpy lookups are already fast)."""
-        return [self.encode(text) for text in texts]
-
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         """UTF-8 bytes of the ids; the end-of-text id gives '<|endoftext|>', unknown ids give U+FFFD."""
         pieces = self._pieces
@@ -109,14 +104,6 @@ class CharTokenizer:
     def to_meta(self) -> dict[str, Any]:
         """The "tokenizer" object of meta.json."""
         return {"kind": "char", "chars": list(self.chars), "eot": self.eot}
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _gpt2_unicode_to_byte() -> dict[str, int]:
@@ -145,7 +132,7 @@ def load_gpt2_bpe_dir(bpe_dir: str | os.PathLike) -> dict[bytes, int]:
         path = directory / name
         if not path.is_file():
             raise UserError(f"--bpe_dir {directory}: {name} is missing; the directory needs vocab.bpe and encoder.json")
-        actual = _sha256_file(path)
+        actual = sha256_file(path)
         if actual != expected:
             raise UserError(
                 f"{path} has sha256 {actual[:16]}..., expected {expected[:16]}...: the file is corrupted or not "
@@ -192,11 +179,6 @@ class TiktokenTokenizer:
         self.vocab_size: int = self._encoding.n_vocab
         self.eot_token: int | None = self._encoding._special_tokens.get(END_OF_TEXT)
 
-    @property
-    def encoding(self) -> Any:
-        """The underlying tiktoken.Encoding."""
-        return self._encoding
-
     def encode(self, text: str) -> list[int]:
         """Encode ordinary text; special-token strings such as '<|endoftext|>' are treated as plain text."""
         return self._encoding.encode_ordinary(text)
@@ -210,10 +192,6 @@ class TiktokenTokenizer:
             # No special tokens allowed or refused: their strings are encoded as plain text, as encode_ordinary does.
             return self._encoding.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
         return np.asarray(self.encode(text), dtype=np.uint32)
-
-    def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
-        """Encode several texts on `num_threads` threads (tiktoken releases the GIL while encoding)."""
-        return self._encoding.encode_ordinary_batch(list(texts), num_threads=max(1, num_threads))
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         """Bytes of the ids; an id no token has (padded vocabulary) gives U+FFFD."""

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from gptkit import download
 from gptkit.errors import UserError, run_cli
-from gptkit.prepare import pipeline
+from gptkit.prepare import driver
+from gptkit.prepare.items import Documents
+from gptkit.prepare.settings import PrepareSettings
 from gptkit.settings import parse_settings, setting
 
 DEFAULT_BASE_URL = "https://huggingface.co/datasets/HuggingFaceFW/fineweb-edu/resolve/main/sample/10BT"
@@ -26,29 +29,28 @@ ROWS_PER_BATCH = 1024
 
 
 @dataclass
-class FinewebSettings:
-    shards: int = setting(1, "how many parquet files of sample-10BT to use (000_00000.parquet, 001_00000.parquet...)")
-    base_url: str = setting(DEFAULT_BASE_URL, "URL of the folder holding the parquet files")
+class FinewebSettings(PrepareSettings):
+    """The shared preparation settings, where FineWeb needs other defaults, plus the download settings."""
+
+    # Shared settings re-declared for another default or help text (they keep their place in --help).
     out_dir: str = setting("data/fineweb_edu", "output directory for the token shards and meta.json")
-    cache_dir: str | None = setting(None, "download cache; default $GPT_TOOLKIT_CACHE or ~/.cache/gpt-toolkit")
     tokenizer: str = setting("gpt2", "gpt2, char, or any tiktoken encoding name")
-    bpe_dir: str | None = setting(None, "directory with GPT-2's vocab.bpe + encoder.json, to work offline")
     text_field: str = setting("text", "parquet column holding each document's text")
     val_fraction: float = setting(0.001, "fraction of documents for val")
-    seed: int = setting(1337, "seed of the train/val assignment")
     shard_tokens: int | None = setting(100_000_000, "tokens per output shard; None writes one file per split")
     block_size: int = setting(1024, "training context length: each split must hold at least block_size + 1 tokens")
-    num_workers: int = setting(pipeline.default_num_workers(), "tokenising processes (1 = in the main process)")
-    chunk_bytes: int = setting(pipeline.DEFAULT_CHUNK_BYTES, "bytes of text per tokenisation task")
+    # This script's own.
+    shards: int = setting(1, "how many parquet files of sample-10BT to use (000_00000.parquet, 001_00000.parquet...)")
+    base_url: str = setting(DEFAULT_BASE_URL, "URL of the folder holding the parquet files")
+    cache_dir: str | None = setting(None, "download cache; default $GPT_TOOLKIT_CACHE or ~/.cache/gpt-toolkit")
     retries: int = setting(5, "download retries per file after the first attempt")
     read_timeout: float = setting(60.0, "seconds without data before a download attempt is abandoned")
 
     def validate(self) -> None:
-        pipeline.check_settings(self)
+        super().validate()
         if self.shards < 1:
             raise UserError("--shards must be at least 1")
-        if self.retries < 0 or self.read_timeout <= 0:
-            raise UserError("--retries must be >= 0 and --read_timeout > 0")
+        download.policy_from_settings(self.retries, self.read_timeout)  # refuses impossible values before any work
 
 
 def import_parquet() -> Any:
@@ -69,7 +71,7 @@ def shard_names(count: int) -> list[str]:
 
 def fetch_shards(cfg: FinewebSettings, pq: Any) -> list[Path]:
     """Download (or find in the cache) each parquet file; a file that does not open as parquet is removed."""
-    policy = download.DownloadPolicy(retries=cfg.retries, read_timeout=cfg.read_timeout)
+    policy = download.policy_from_settings(cfg.retries, cfg.read_timeout)
     paths = []
     for name in shard_names(cfg.shards):
         url = f"{cfg.base_url.rstrip('/')}/{name}"
@@ -84,8 +86,8 @@ def fetch_shards(cfg: FinewebSettings, pq: Any) -> list[Path]:
     return paths
 
 
-def parquet_tasks(paths: list[Path], text_field: str, chunk_bytes: int, pq: Any) -> Iterator[pipeline.Task]:
-    """Tasks of about `chunk_bytes` of text each, reading every parquet file one row group at a time."""
+def parquet_items(paths: list[Path], text_field: str, chunk_bytes: int, pq: Any) -> Iterator[Documents]:
+    """Work items of about `chunk_bytes` of text each, reading every parquet file one row group at a time."""
     for file_index, path in enumerate(paths):
         with pq.ParquetFile(path) as parquet:
             if text_field not in parquet.schema_arrow.names:
@@ -109,20 +111,18 @@ def parquet_tasks(paths: list[Path], text_field: str, chunk_bytes: int, pq: Any)
                         group_bytes += len(text or "")
                         row += 1
                         if group_bytes >= chunk_bytes:
-                            yield _docs_task(path, file_index, group, first_row, row, rows_total, disk_bytes)
+                            yield _documents(file_index, group, first_row, row, rows_total, disk_bytes)
                             group, group_bytes, first_row = [], 0, row
             if group:
-                yield _docs_task(path, file_index, group, first_row, row, rows_total, disk_bytes)
+                yield _documents(file_index, group, first_row, row, rows_total, disk_bytes)
 
 
-def _docs_task(
-    path: Path, file_index: int, texts: list[str], first_row: int, end_row: int, rows_total: int, disk_bytes: int
-) -> pipeline.Task:
+def _documents(
+    file_index: int, texts: list[str], first_row: int, end_row: int, rows_total: int, disk_bytes: int
+) -> Documents:
     # Progress counts the file's bytes in proportion to the rows covered.
     covered = disk_bytes * end_row // rows_total - disk_bytes * first_row // rows_total
-    return pipeline.Task(
-        kind="docs", source=str(path), file_index=file_index, data=texts, first_key=first_row, input_bytes=covered
-    )
+    return Documents(file_index=file_index, texts=texts, first_row=first_row, input_bytes=covered)
 
 
 def main(argv: list[str]) -> int:
@@ -134,7 +134,6 @@ def main(argv: list[str]) -> int:
     )
     pq = import_parquet()
     paths = fetch_shards(cfg, pq)
-    settings = pipeline.PrepareSettings.from_cli(cfg)
     source = {
         "dataset": "HuggingFaceFW/fineweb-edu sample/10BT",
         "base_url": cfg.base_url,
@@ -147,12 +146,9 @@ def main(argv: list[str]) -> int:
         "text_field": cfg.text_field,
     }
     total_bytes = sum(path.stat().st_size for path in paths)
-
-    def make_tasks() -> Iterator[pipeline.Task]:
-        return parquet_tasks(paths, cfg.text_field, cfg.chunk_bytes, pq)
-
-    meta, seconds = pipeline.prepare(make_tasks, settings, source, total_bytes, what=f"{cfg.shards} parquet file(s)")
-    print(pipeline.summary_line(meta, cfg.out_dir, seconds, total_bytes))
+    make_items = partial(parquet_items, paths, cfg.text_field, cfg.chunk_bytes, pq)
+    meta, seconds = driver.prepare(make_items, cfg, source, total_bytes, what=f"{cfg.shards} parquet file(s)")
+    print(driver.summary_line(meta, cfg.out_dir, seconds, total_bytes))
     return 0
 
 

@@ -192,3 +192,112 @@ def serving_directory(directory: str | Path) -> Iterator[tuple[str, list[str]]]:
 
     with serving(partial(FileHandler, directory=str(directory))) as httpd:
         yield httpd.base, requested
+
+
+# ----------------------------------------------------------------------------- entry points run in-process
+
+
+def run_main(main: Callable[[list[str]], int | None], args: list[str], capsys: Any) -> tuple[int, str, str]:
+    """Run a script's `main(args)` in this process through errors.run_cli, as its `__main__` does; returns (exit
+    code, stdout, stderr) of that call alone (`capsys` is pytest's capture fixture)."""
+    import pytest
+
+    from gptkit.errors import run_cli
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(main, args)
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
+def assert_one_line_message(error: BaseException | str, *fragments: str) -> str:
+    """A UserError's message (or the text itself) is one line and holds each fragment; returns it."""
+    message = str(error)
+    assert "\n" not in message, message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+# ----------------------------------------------------------------------------- GPT-2 BPE files, offline
+
+GPT2_BPE_URLS = {
+    "vocab.bpe": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
+    "encoder.json": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
+}
+
+
+def copy_gpt2_bpe_files(destination: Path) -> Path:
+    """A --bpe_dir: GPT-2's vocab.bpe and encoder.json copied out of tiktoken's cache ($TIKTOKEN_CACHE_DIR, which
+    conftest.py sets), where each file is named by the sha1 of its URL. Returns `destination`."""
+    import hashlib
+    import shutil
+
+    cache = Path(os.environ["TIKTOKEN_CACHE_DIR"])
+    destination.mkdir(parents=True, exist_ok=True)
+    for name, url in GPT2_BPE_URLS.items():
+        shutil.copyfile(cache / hashlib.sha1(url.encode()).hexdigest(), destination / name)
+    return destination
+
+
+# ----------------------------------------------------------------------------- signals sent to a running script
+
+
+def signal_mid_run(
+    command: list[str], out_dir: Path, signum: int, workers: int, group: bool = False, timeout: float = 120
+) -> tuple[subprocess.CompletedProcess, list[int]]:
+    """Start `command` (a data preparation run writing to `out_dir`) from the repository root, wait until it has
+    started `workers` processes and writes a token file (a non-empty *.tmp in out_dir), then send it `signum`: to
+    the process alone, or with `group` to its whole process group as a terminal's Ctrl-C and `timeout` do.
+    Returns the finished process (text stdout and stderr) and the pids of the processes it had started."""
+    import signal
+    import time
+
+    import psutil
+
+    def writing() -> bool:
+        sizes = []
+        for path in out_dir.glob("*.tmp"):
+            with contextlib.suppress(OSError):  # renamed or removed meanwhile
+                sizes.append(path.stat().st_size)
+        return any(sizes)
+
+    process = subprocess.Popen(command, cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)  # fmt: skip
+    children: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + timeout
+        while not (len(children) >= workers and writing()):
+            assert process.poll() is None, f"the run ended before the signal: {process.communicate()}"
+            assert time.monotonic() < deadline, "the run never got going"
+            time.sleep(0.05)
+            children = psutil.Process(process.pid).children(recursive=True)
+        if group:
+            os.killpg(process.pid, signum)
+        else:
+            process.send_signal(signum)
+        stdout, stderr = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:  # the test failed: leave nothing running
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr), [c.pid for c in children]
+
+
+def alive(pids: list[int], wait: float = 5.0) -> list[int]:
+    """The processes among `pids` still running (zombies count as ended) after up to `wait` seconds."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + wait
+    while True:
+        running = []
+        for pid in pids:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    running.append(pid)
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.05)

@@ -11,7 +11,7 @@ import pytest
 from helpers import make_char_data
 
 import bench
-from model import onednn_linear_available
+from gptkit.cpu_decoding import onednn_linear_available
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,10 +38,10 @@ def test_linear_bench_measures_every_decoding_weight(tmp_path: Path):
 def test_sample_bench_compares_every_path_in_one_run(tmp_path: Path):
     out = tmp_path / "sample.json"
     assert bench.main(["sample", "--batch_sizes=2", "--repeats=1", "--new_tokens=3", "--uncached_new_tokens=2",
-                       "--paths=cached", "--paths=cached_plain", "--paths=uncached", "--paths=hf",
+                       "--paths=generate", "--paths=cached", "--paths=cached_plain", "--paths=uncached", "--paths=hf",
                        f"--json_out={out}"]) == 0  # fmt: skip
     rows = {row["path"]: row for row in json.loads(out.read_text())["results"]}
-    assert set(rows) == {"cached", "cached_plain", "uncached", "hf"}
+    assert set(rows) == {"generate", "cached", "cached_plain", "uncached", "hf"}
     assert rows["uncached"]["new_tokens"] == 2 and rows["cached"]["new_tokens"] == 3
     for row in rows.values():
         assert row["batch"] == 2 and row["tokens_per_s"] == pytest.approx(2 * row["new_tokens"] / row["seconds"], 0.02)

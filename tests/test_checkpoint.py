@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 from dataclasses import asdict
 from pathlib import Path
 
@@ -112,15 +111,28 @@ def test_resolve_checkpoint_prefers_best_and_falls_back(tmp_path: Path) -> None:
         ckpt.resolve_checkpoint(tmp_path, "newest")
 
 
-def test_mark_best_keeps_its_contents_when_latest_is_rewritten(tmp_path: Path) -> None:
-    latest, best = tmp_path / "ckpt.pt", tmp_path / "best.pt"
-    ckpt.save_checkpoint(latest, {"model": {}, "model_args": {}, "iter_num": 1})
-    ckpt.mark_best(latest, best)
+def test_a_copied_checkpoint_keeps_its_contents_when_the_source_is_rewritten(tmp_path: Path) -> None:
+    # train.py writes a new best as best.pt and copies it to ckpt.pt; the next save replaces ckpt.pt only.
+    best, latest = tmp_path / "best.pt", tmp_path / "ckpt.pt"
+    ckpt.save_checkpoint(best, {"model": {}, "model_args": {}, "iter_num": 1})
+    ckpt.copy_checkpoint(best, latest)
     ckpt.save_checkpoint(latest, {"model": {}, "model_args": {}, "iter_num": 2})
     assert ckpt.load_checkpoint(best)["iter_num"] == 1
     assert ckpt.load_checkpoint(latest)["iter_num"] == 2
-    ckpt.mark_best(latest, best)
+    ckpt.copy_checkpoint(latest, best)  # over an existing file
     assert ckpt.load_checkpoint(best)["iter_num"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "ckpt.pt"]
+
+
+def test_copy_checkpoint_copies_where_hard_links_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object) -> None:
+        raise OSError(1, "Operation not permitted")
+
+    best, latest = tmp_path / "best.pt", tmp_path / "ckpt.pt"
+    ckpt.save_checkpoint(best, {"model": {}, "model_args": {}, "iter_num": 1})
+    monkeypatch.setattr(os, "link", refuse)  # as on FAT or some network filesystems
+    ckpt.copy_checkpoint(best, latest)
+    assert latest.read_bytes() == best.read_bytes() and os.stat(latest).st_ino != os.stat(best).st_ino
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "ckpt.pt"]
 
 
@@ -162,21 +174,6 @@ def test_tokenizer_record_is_meta_tokenizer_plus_sizes() -> None:
     assert tokenizer_from_meta(record).decode([1, 0]) == "ba"
 
 
-def test_stop_request_turns_signals_into_a_flag_and_restores_handlers() -> None:
-    before = signal.getsignal(signal.SIGTERM)
-    with ckpt.StopRequest() as stop:
-        assert stop.signal_name is None
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert stop.signal_name == "SIGTERM"
-        with pytest.raises(KeyboardInterrupt):  # asking again with Ctrl-C means "now"
-            os.kill(os.getpid(), signal.SIGINT)
-    assert signal.getsignal(signal.SIGTERM) is before
-    with ckpt.StopRequest(force_on_repeat=False) as stop:  # under torchrun a Ctrl-C arrives twice
-        os.kill(os.getpid(), signal.SIGINT)
-        os.kill(os.getpid(), signal.SIGINT)
-        assert stop.signal_name == "SIGINT"
-
-
 def test_stale_temporaries_of_a_killed_save_are_removed(tmp_path: Path) -> None:
     keep = [tmp_path / "ckpt.pt", tmp_path / "notes.tmp", tmp_path / ".other.tmp"]
     stale = [tmp_path / ".ckpt.pt.abc123.tmp", tmp_path / ".best.pt.link"]
@@ -184,3 +181,41 @@ def test_stale_temporaries_of_a_killed_save_are_removed(tmp_path: Path) -> None:
         path.write_bytes(b"x")
     assert sorted(ckpt.remove_stale_temporaries(tmp_path)) == sorted(stale)
     assert sorted(tmp_path.iterdir()) == sorted(keep)
+
+
+def test_training_state_is_restored_and_a_damaged_one_is_a_user_error(tmp_path: Path) -> None:
+    from gptkit.data import BatchSampler, TokenStream
+
+    (np.arange(100) % 40).astype(np.uint16).tofile(tmp_path / "train.bin")
+    stream = TokenStream("train", (tmp_path / "train.bin",), (100,), np.dtype(np.uint16))
+
+    def parts() -> tuple:
+        model = GPT(TINY)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        return model, optimizer, torch.amp.GradScaler("cpu", enabled=False), BatchSampler(stream, 2, 16, seed=1)
+
+    model, optimizer, scaler, sampler = parts()
+    model(torch.zeros(1, 16, dtype=torch.long), torch.zeros(1, 16, dtype=torch.long))[1].backward()
+    optimizer.step()
+    sampler.position = 7
+    saved = {"optimizer": optimizer.state_dict(), "iter_num": 3, "best_val_loss": 2.5, "scaler": {},
+             "sampler": sampler.state_dict(), "rng": ckpt.capture_rng_state()}  # fmt: skip
+    expected_draw = torch.rand(2)
+
+    model, optimizer, scaler, sampler = parts()
+    assert ckpt.restore_training_state(saved, "x.pt", model, optimizer, scaler, sampler) == (3, 2.5)
+    assert sampler.position == 7 and torch.equal(torch.rand(2), expected_draw)
+    assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"], saved["optimizer"]["state"][0]["exp_avg"])
+    with pytest.raises(UserError, match=r"checkpoint x\.pt has a damaged training state \(ValueError"):
+        ckpt.restore_training_state({**saved, "iter_num": "ten"}, "x.pt", *parts())
+    with pytest.raises(UserError, match=r"x\.pt: the optimizer state belongs to another model or optimizer"):
+        ckpt.restore_training_state({**saved, "optimizer": {"state": {}, "param_groups": []}}, "x.pt", *parts())
+
+
+def test_a_checkpoint_from_another_tokenizer_is_refused(tmp_path: Path) -> None:
+    meta = {"tokenizer": {"kind": "char", "chars": ["a", "b"]}, "vocab_size": 2, "eot_token": None}
+    ckpt.check_same_tokenizer({"tokenizer": ckpt.tokenizer_record(meta)}, meta, tmp_path / "ckpt.pt")
+    ckpt.check_same_tokenizer({}, meta, tmp_path / "ckpt.pt")  # nanoGPT's checkpoints record none
+    other = {**meta, "tokenizer": {"kind": "char", "chars": ["b", "a"]}}
+    with pytest.raises(UserError, match=r"ckpt\.pt was trained with another tokenizer than this data's"):
+        ckpt.check_same_tokenizer({"tokenizer": ckpt.tokenizer_record(other)}, meta, tmp_path / "ckpt.pt")

@@ -1,4 +1,4 @@
-"""Tests for prepare_data/download.py against a real HTTP server on 127.0.0.1 (started in a thread).
+"""Tests for gptkit/download.py against a real HTTP server on 127.0.0.1 (started in a thread).
 
 The server's paths script one behaviour each: a plain file with Range support, a connection dropped mid-body,
 404, a stall past the client's read timeout, a redirect, a transient 500. Every request is logged so tests
@@ -17,6 +17,7 @@ from helpers import QuietHandler, ScriptedServer, serving
 
 from gptkit import download as dl
 from gptkit.errors import UserError
+from gptkit.fileio import sha256_file
 
 BODY = bytes(range(256)) * 400  # 100 KiB, every byte value
 BODY_SHA256 = hashlib.sha256(BODY).hexdigest()
@@ -216,3 +217,18 @@ def test_default_cache_dir_honours_environment(monkeypatch: pytest.MonkeyPatch, 
     assert dl.default_cache_dir() == tmp_path / "cache"
     monkeypatch.delenv(dl.CACHE_ENV)
     assert dl.default_cache_dir() == Path.home() / ".cache" / "gpt-toolkit"
+
+
+def test_sha256_file_is_the_sha256_of_the_whole_file(tmp_path: Path) -> None:
+    # gptkit.fileio.sha256_file is the one hash of a file (downloads, the cache, --bpe_dir, meta.json provenance).
+    path = tmp_path / "body.bin"
+    path.write_bytes(BODY)
+    assert sha256_file(path) == BODY_SHA256
+    assert sha256_file(path, block_bytes=1000) == BODY_SHA256  # many blocks, the last one short
+
+
+def test_policy_from_settings_refuses_values_no_download_can_use() -> None:
+    assert dl.policy_from_settings(0, 0.5) == dl.DownloadPolicy(retries=0, read_timeout=0.5)
+    for retries, read_timeout in [(-1, 1.0), (1, 0.0), (1, float("nan"))]:
+        with pytest.raises(UserError, match=r"^--retries must be >= 0 and --read_timeout > 0$"):
+            dl.policy_from_settings(retries, read_timeout)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers import serving_directory
 
+from gptkit.engine import Engine, Request
 from gptkit.errors import UserError
 from model import GPT, GPTConfig
 
@@ -54,6 +55,21 @@ def test_greedy_generate_matches_hf_token_for_token(tmp_path):
         prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, do_sample=False, pad_token_id=0
     )
     assert torch.equal(ours.generate(prompt, max_new_tokens=20, temperature=0), expected)
+
+
+def test_engine_batch_of_different_lengths_matches_hf_alone(tmp_path):
+    """Each row of one engine batch (prompts of 3, 8 and 13 tokens) greedily makes what HF makes for it alone."""
+    hf, directory = random_hf_gpt2(tmp_path, seed=4)
+    ours = GPT.from_pretrained(str(directory)).eval()
+    prompts = [torch.randint(0, 101, (n,)).tolist() for n in (3, 8, 13)]
+    requests = [Request(prompt, 15, temperature=0) for prompt in prompts]
+    for _ in Engine(ours, slots=3).run(requests):
+        pass
+    for prompt, request in zip(prompts, requests):
+        idx = torch.tensor([prompt])
+        expected = hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=15, do_sample=False,
+                               pad_token_id=0)  # fmt: skip
+        assert request.output == expected[0, len(prompt) :].tolist()
 
 
 def test_pytorch_model_bin_without_transformer_prefix(tmp_path):

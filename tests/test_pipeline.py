@@ -1,20 +1,22 @@
-"""Tests for prepare_data/pipeline.py in-process: safe cuts, inputs, split keys, writers and atomic output."""
+"""The data pipeline in-process, end to end through gptkit.prepare.driver.prepare: exact tokens whatever the cuts,
+shards and workers, the keyed split, atomic output, size checks. The parts alone: tests/test_prepare_*.py."""
 
 from __future__ import annotations
 
 import errno
-import gzip
 import json
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import SHAKESPEARE
 
 from gptkit import tokenizer as tok
 from gptkit.errors import UserError
-from gptkit.prepare import pipeline
-
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+from gptkit.prepare import discover, driver, inputs, writer
+from gptkit.prepare.items import is_val_document
+from gptkit.prepare.settings import PrepareSettings
 
 
 @pytest.fixture(scope="module")
@@ -27,37 +29,18 @@ def gpt2() -> tok.TiktokenTokenizer:
     return tok.TiktokenTokenizer("gpt2")
 
 
-def settings(out_dir: Path, **changes: object) -> pipeline.PrepareSettings:
-    values = {"out_dir": str(out_dir), "block_size": 8, "num_workers": 1, "val_fraction": 0.1}
-    values.update(changes)
-    return pipeline.PrepareSettings(**values)
-
-
-def run_corpus(inputs: list[Path], out_dir: Path, **changes: object) -> dict:
-    cfg = settings(out_dir, **changes)
-    files = pipeline.collect_inputs([str(p) for p in inputs])
-
-    def make_tasks():
-        return pipeline.corpus_tasks(files, cfg.chunk_bytes, cfg.seed, cfg.val_fraction, cfg.on_decode_error)
-
-    meta, _ = pipeline.prepare(make_tasks, cfg, {"test": True}, None, what="test input")
+def run_corpus(paths: list[Path], out_dir: Path, **changes: object) -> dict:
+    """What prepare_data/corpus.py does with these inputs and settings, in this process; returns the meta."""
+    values = {"out_dir": str(out_dir), "block_size": 8, "num_workers": 1, "val_fraction": 0.1, **changes}
+    settings = PrepareSettings(**values)
+    files = discover.find_inputs([str(p) for p in paths]).files
+    meta, _ = driver.prepare(partial(inputs.corpus_items, files, settings), settings, {"test": True}, None, "test")
     return meta
 
 
 def read_split(out_dir: Path, meta: dict, split: str) -> np.ndarray:
     parts = [np.fromfile(out_dir / name, dtype=meta["dtype"]) for name in meta["splits"][split]["files"]]
     return np.concatenate(parts)
-
-
-def test_find_cut_prefers_single_newline_between_words() -> None:
-    buffer = b"alpha beta\n\ngamma\ndelta epsilon\nzeta"
-    cut = pipeline.find_cut(buffer, 30)
-    assert buffer[:cut] == b"alpha beta\n\ngamma\n"  # not inside "\n\n", not after "epsilon" (too far)
-    assert pipeline.find_cut(b"aaaa bbbb cccc", 12) == 9  # no newline: before a space between words
-    assert pipeline.find_cut(b"aaaa  bbbb\r\ncccc", 14) == 12  # only a CRLF and a double space: after the newline
-    text = "é" * 10  # two bytes each, no space: never inside a character
-    cut = pipeline.find_cut(text.encode(), 7)
-    assert cut == 6 and text.encode()[:cut].decode() == "ééé"
 
 
 def test_pieces_tokenise_like_the_whole_document(tmp_path: Path, shakespeare: str, gpt2) -> None:
@@ -83,43 +66,12 @@ def test_one_giant_line_still_tokenises_exactly(tmp_path: Path, shakespeare: str
     assert stream[1:].tolist() == gpt2.encode(line)
 
 
-def test_text_tasks_are_bounded(tmp_path: Path) -> None:
-    file = pipeline.collect_inputs([str(SHAKESPEARE)])[0]
-    tasks = list(pipeline.text_file_tasks(file, 5000, "train"))
-    assert max(len(t.data) for t in tasks) <= 5000
-    assert b"".join(t.data for t in tasks) == SHAKESPEARE.read_bytes()
-    assert sum(t.input_bytes for t in tasks) == SHAKESPEARE.stat().st_size
-    assert [t.starts_document for t in tasks[:2]] == [True, False]
-
-
-def test_collect_inputs_dirs_globs_and_errors(tmp_path: Path) -> None:
-    (tmp_path / "d" / "sub").mkdir(parents=True)
-    (tmp_path / "d" / ".git").mkdir()
-    (tmp_path / "d" / "b.txt").write_text("b")
-    (tmp_path / "d" / "sub" / "a.md").write_text("a")
-    (tmp_path / "d" / "sub" / "c.jsonl.gz").write_bytes(gzip.compress(b'{"text": "c"}\n'))
-    (tmp_path / "d" / ".git" / "config").write_text("hidden")
-    (tmp_path / "d" / ".notes.txt").write_text("hidden")
-    files = pipeline.collect_inputs([str(tmp_path / "d"), str(tmp_path / "d" / "*.txt")])
-    assert [f.path.relative_to(tmp_path / "d").as_posix() for f in files] == ["b.txt", "sub/a.md", "sub/c.jsonl.gz"]
-    assert [f.index for f in files] == [0, 1, 2]
-    assert [(f.kind, f.compressed) for f in files] == [("text", False), ("text", False), ("jsonl", True)]
-    inside = pipeline.collect_inputs([str(tmp_path / "d")], exclude=tmp_path / "d" / "sub")  # e.g. the out_dir
-    assert [f.path.name for f in inside] == ["b.txt"]
-    with pytest.raises(UserError, match="does not exist"):
-        pipeline.collect_inputs([str(tmp_path / "missing.txt")])
-    with pytest.raises(UserError, match="matches no files"):
-        pipeline.collect_inputs([str(tmp_path / "*.xyz")])
-    with pytest.raises(UserError, match="no input"):
-        pipeline.collect_inputs([])
-
-
 def test_is_val_document_is_keyed_and_near_the_fraction() -> None:
     keys = range(20000)
-    picks = [pipeline.is_val_document(7, 0.1, 0, k) for k in keys]
-    assert picks == [pipeline.is_val_document(7, 0.1, 0, k) for k in keys]
+    picks = [is_val_document(7, 0.1, 0, k) for k in keys]
+    assert picks == [is_val_document(7, 0.1, 0, k) for k in keys]
     assert 0.09 < sum(picks) / len(picks) < 0.11
-    assert picks != [pipeline.is_val_document(8, 0.1, 0, k) for k in keys]
+    assert picks != [is_val_document(8, 0.1, 0, k) for k in keys]
 
 
 def write_jsonl(path: Path, texts: list[str]) -> Path:
@@ -133,7 +85,7 @@ def test_jsonl_split_follows_the_keyed_hash(tmp_path: Path, gpt2, shakespeare: s
     meta = run_corpus([corpus], tmp_path / "out", seed=5, chunk_bytes=2000)
     expected: dict[str, list[int]] = {"train": [], "val": []}
     for line, text in enumerate(texts, start=1):
-        split = "val" if pipeline.is_val_document(5, 0.1, 0, line) else "train"
+        split = "val" if is_val_document(5, 0.1, 0, line) else "train"
         expected[split] += [gpt2.eot_token, *gpt2.encode(text)]
     for split in ("train", "val"):
         assert read_split(tmp_path / "out", meta, split).tolist() == expected[split]
@@ -190,7 +142,7 @@ def test_failure_mid_write_leaves_the_directory_as_it_was(tmp_path: Path, monkey
     out = tmp_path / "out"
     run_corpus([SHAKESPEARE], out, chunk_bytes=20000)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    real_write = pipeline.TokenFileWriter.write
+    real_write = writer.TokenFileWriter.write
     calls = []
 
     def disk_full_on_third_write(self, ids):
@@ -199,7 +151,7 @@ def test_failure_mid_write_leaves_the_directory_as_it_was(tmp_path: Path, monkey
             raise OSError(errno.ENOSPC, "No space left on device")
         real_write(self, ids)
 
-    monkeypatch.setattr(pipeline.TokenFileWriter, "write", disk_full_on_third_write)
+    monkeypatch.setattr(writer.TokenFileWriter, "write", disk_full_on_third_write)
     with pytest.raises(OSError, match="No space"):
         run_corpus([SHAKESPEARE], out, chunk_bytes=20000, shard_tokens=1000)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # old dataset intact, no *.tmp left
@@ -228,23 +180,36 @@ def test_size_checks(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-def test_check_settings_rejects_impossible_values(tmp_path: Path) -> None:
-    for changes, message in [
-        ({"val_fraction": 1.0}, "val_fraction"),
-        ({"shard_tokens": 0}, "shard_tokens"),
-        ({"on_decode_error": "ignore"}, "on_decode_error"),
-        ({"chunk_bytes": 10}, "chunk_bytes"),
-    ]:
-        with pytest.raises(UserError, match=message):
-            pipeline.check_settings(settings(tmp_path, **changes))
+def test_prepare_refuses_impossible_settings_before_writing(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="--chunk_bytes must be at least 256"):
+        run_corpus([SHAKESPEARE], tmp_path / "out", chunk_bytes=10)
+    assert not (tmp_path / "out").exists()
 
 
-def test_write_dataset_in_memory(tmp_path: Path) -> None:
+def test_write_dataset_in_memory_and_its_summary(tmp_path: Path) -> None:
     chars = tok.CharTokenizer(list("ab"))
-    meta = pipeline.write_dataset(
+    meta = writer.write_dataset(
         tmp_path, chars, {"train": (np.array([0, 1, 1]), 3, 1), "val": (np.array([1]), 1, 1)}, {"note": "x"}
     )
     assert meta["dtype"] == "uint16" and meta["splits"]["train"]["tokens"] == 3
     assert np.fromfile(tmp_path / "train.bin", dtype="<u2").tolist() == [0, 1, 1]
-    line = pipeline.summary_line(meta, tmp_path, 0.0, 0)
-    assert "train 3 tokens / 1 document / 1 file" in line and "val 1 token" in line
+    line = driver.summary_line(meta, tmp_path, 0.0, 0)
+    assert line == (
+        f"wrote 3 files to {tmp_path} (uint16, vocab 2): train 3 tokens / 1 document / 1 file; "
+        "val 1 token / 1 document / 1 file"
+    )
+    timed = driver.summary_line({**meta, "source": {"skipped_documents": 2}}, tmp_path, 2.0, 4_000_000)
+    assert timed.endswith("; 2 documents skipped; 4.0 MB in 2.0 s (2.0 MB/s, 0.00M tokens/s)")
+
+
+def test_summary_line_counts_the_files_left_out_by_reason(tmp_path: Path) -> None:
+    chars = tok.CharTokenizer(list("ab"))
+    skipped = {"binary": 13, "__pycache__": 2424, "version control": 0, "hidden": 1}
+    meta = writer.write_dataset(
+        tmp_path, chars, {"train": (np.array([0, 1]), 2, 1), "val": (np.array([1]), 1, 1)}, {"skipped_files": skipped}
+    )
+    assert driver.summary_line(meta, tmp_path, 0.0, 0).endswith(
+        "val 1 token / 1 document / 1 file; 2,438 files left out (13 binary, 2,424 __pycache__, 1 hidden)"
+    )
+    nothing = {**meta, "source": {"skipped_files": dict.fromkeys(skipped, 0)}}
+    assert "left out" not in driver.summary_line(nothing, tmp_path, 0.0, 0)

@@ -2,45 +2,20 @@
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import serving_directory
+from helpers import SHAKESPEARE, assert_script_error, clean_env, copy_gpt2_bpe_files, run_script, serving_directory
 
 from gptkit import tokenizer as tok
 
-REPO = Path(__file__).resolve().parents[1]
-SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
-GPT2_FILES = {
-    "vocab.bpe": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
-    "encoder.json": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
-}
 
-
-def run_script(name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    environment = {key: value for key, value in os.environ.items() if key != "TINYSHAKESPEARE"}
-    environment.update(env or {})
-    return subprocess.run(
-        [sys.executable, str(REPO / "prepare_data" / name), *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=environment,
-        timeout=120,
-    )
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess, fragment: str) -> None:
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], result.stderr
+def prepare(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """prepare_data/`script` run as a user would, with `env` added to a clean environment."""
+    return run_script(f"prepare_data/{script}", *args, env=clean_env(**(env or {})))
 
 
 @pytest.fixture
@@ -52,7 +27,7 @@ def file_server() -> Iterator[tuple[str, list[str]]]:
 
 def test_char_level_counts_vocab_and_meta(tmp_path: Path) -> None:
     out = tmp_path / "sc"
-    result = run_script("shakespeare_char.py", f"--out_dir={out}", env={"TINYSHAKESPEARE": str(SHAKESPEARE)})
+    result = prepare("shakespeare_char.py", f"--out_dir={out}", env={"TINYSHAKESPEARE": str(SHAKESPEARE)})
     assert result.returncode == 0, result.stderr
     assert "train 1,003,854 tokens" in result.stdout and "val 111,540 tokens" in result.stdout
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]
@@ -77,7 +52,7 @@ def test_char_level_counts_vocab_and_meta(tmp_path: Path) -> None:
 
 def test_gpt2_counts_with_source_flag(tmp_path: Path) -> None:
     out = tmp_path / "s"
-    result = run_script("shakespeare.py", f"--source={SHAKESPEARE}", f"--out_dir={out}")
+    result = prepare("shakespeare.py", f"--source={SHAKESPEARE}", f"--out_dir={out}")
     assert result.returncode == 0, result.stderr
     meta = tok.read_meta(out, check_files=True)
     assert meta["tokenizer"] == {"kind": "tiktoken", "encoding": "gpt2"}
@@ -89,45 +64,41 @@ def test_gpt2_counts_with_source_flag(tmp_path: Path) -> None:
 
 
 def test_gpt2_from_bpe_dir_without_tiktoken_cache(tmp_path: Path) -> None:
-    bpe = tmp_path / "bpe"
-    bpe.mkdir()
-    cache = Path(os.environ["TIKTOKEN_CACHE_DIR"])
-    for name, url in GPT2_FILES.items():  # tiktoken names cached files by the sha1 of their URL
-        shutil.copyfile(cache / hashlib.sha1(url.encode()).hexdigest(), bpe / name)
+    bpe = copy_gpt2_bpe_files(tmp_path / "bpe")
     offline = {"TIKTOKEN_CACHE_DIR": str(tmp_path / "empty"), "TINYSHAKESPEARE": str(SHAKESPEARE)}
-    result = run_script("shakespeare.py", f"--out_dir={tmp_path / 'o'}", f"--bpe_dir={bpe}", env=offline)
+    result = prepare("shakespeare.py", f"--out_dir={tmp_path / 'o'}", f"--bpe_dir={bpe}", env=offline)
     assert result.returncode == 0, result.stderr
     assert "train 301,966 tokens" in result.stdout and "val 36,059 tokens" in result.stdout
     vocab = bytearray((bpe / "vocab.bpe").read_bytes())
     vocab[-2] ^= 1
     (bpe / "vocab.bpe").write_bytes(bytes(vocab))
-    corrupted = run_script("shakespeare.py", f"--out_dir={tmp_path / 'o2'}", f"--bpe_dir={bpe}", env=offline)
-    assert_one_line_error(corrupted, "vocab.bpe has sha256")
+    corrupted = prepare("shakespeare.py", f"--out_dir={tmp_path / 'o2'}", f"--bpe_dir={bpe}", env=offline)
+    assert_script_error(corrupted, "vocab.bpe has sha256")
     assert not (tmp_path / "o2").exists()
 
 
 def test_download_from_url_once_into_cache(tmp_path: Path, file_server: tuple[str, list[str]]) -> None:
     base, requested = file_server
     env = {"TINYSHAKESPEARE": f"{base}/{SHAKESPEARE.name}", "GPT_TOOLKIT_CACHE": str(tmp_path / "cache")}
-    first = run_script("shakespeare_char.py", f"--out_dir={tmp_path / 'a'}", env=env)
-    second = run_script("shakespeare_char.py", f"--out_dir={tmp_path / 'b'}", env=env)
+    first = prepare("shakespeare_char.py", f"--out_dir={tmp_path / 'a'}", env=env)
+    second = prepare("shakespeare_char.py", f"--out_dir={tmp_path / 'b'}", env=env)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     assert requested == [f"/{SHAKESPEARE.name}"]  # the second run used the cache
     assert (tmp_path / "a" / "train.bin").read_bytes() == (tmp_path / "b" / "train.bin").read_bytes()
     assert len(list((tmp_path / "cache" / "downloads").iterdir())) == 1
-    missing = run_script("shakespeare_char.py", f"--source={base}/nope.txt", f"--out_dir={tmp_path / 'c'}", env=env)
-    assert_one_line_error(missing, "HTTP 404")
+    missing = prepare("shakespeare_char.py", f"--source={base}/nope.txt", f"--out_dir={tmp_path / 'c'}", env=env)
+    assert_script_error(missing, "HTTP 404")
     assert not (tmp_path / "c").exists()
 
 
 def test_other_text_needs_sha256_none(tmp_path: Path) -> None:
     other = tmp_path / "other.txt"
     other.write_text("To be, or not to be, that is the question.\n" * 40)
-    rejected = run_script("shakespeare_char.py", f"--source={other}", f"--out_dir={tmp_path / 'o'}")
-    assert_one_line_error(rejected, "pass --sha256=None")
-    accepted = run_script("shakespeare_char.py", f"--source={other}", "--sha256=None", f"--out_dir={tmp_path / 'o'}")
+    rejected = prepare("shakespeare_char.py", f"--source={other}", f"--out_dir={tmp_path / 'o'}")
+    assert_script_error(rejected, "pass --sha256=None")
+    accepted = prepare("shakespeare_char.py", f"--source={other}", "--sha256=None", f"--out_dir={tmp_path / 'o'}")
     assert accepted.returncode == 0, accepted.stderr
     meta = tok.read_meta(tmp_path / "o")
     assert meta["splits"]["train"]["tokens"] == int(len(other.read_text()) * 0.9)
-    missing = run_script("shakespeare_char.py", f"--source={tmp_path / 'missing.txt'}", f"--out_dir={tmp_path / 'x'}")
-    assert_one_line_error(missing, "does not exist")
+    missing = prepare("shakespeare_char.py", f"--source={tmp_path / 'missing.txt'}", f"--out_dir={tmp_path / 'x'}")
+    assert_script_error(missing, "does not exist")

@@ -7,19 +7,15 @@ are refused before a model is built and before out_dir exists. docs/reliability.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import make_char_data, sample_text
+from helpers import assert_one_line_error, assert_one_line_message, run_main, run_script, tiny_train_args
 
 import sample
 import train
-from gptkit.errors import UserError, run_cli
+from gptkit.errors import UserError
 from gptkit.settings import parse_settings, read_config_file
-
-REPO = Path(__file__).resolve().parent.parent
 
 # Each snippet would create MARKER if executed; {marker} is replaced by its path.
 CODE_SNIPPETS = {
@@ -63,26 +59,6 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-def assert_one_line(message: str, *fragments: str) -> None:
-    assert "\n" not in message
-    for fragment in fragments:
-        assert fragment in message, message
-
-
-def cli(main, args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
-    """Run a script's main in this process through errors.run_cli, as its `__main__` does; (code, stdout, stderr)."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        run_cli(main, args)
-    captured = capsys.readouterr()
-    return exit_info.value.code, captured.out, captured.err
-
-
-def assert_cli_error(code: int, stderr: str, fragment: str) -> None:
-    assert code == 2 and "Traceback" not in stderr
-    assert stderr.count("\n") == 1 and stderr.startswith("error: ") and fragment in stderr, stderr
-
-
 def parse_train(args: list[str]) -> train.TrainSettings:
     return parse_settings(train.TrainSettings, args, prog="train.py", description="", config_files=True)
 
@@ -99,7 +75,7 @@ def test_config_file_with_code_is_refused_and_nothing_runs(name: str, tmp_path: 
     with pytest.raises(UserError) as info:
         parse_train([str(config)])
     message = str(info.value)
-    assert_one_line(message, f"{config}:")
+    assert_one_line_message(message, f"{config}:")
     assert any(
         phrase in message
         for phrase in ("only `name = literal` assignments are allowed", "must be a literal", "not valid Python syntax")
@@ -151,14 +127,14 @@ def test_malformed_config_files_are_one_line_errors(content: bytes, fragment: st
     config.write_bytes(content)
     with pytest.raises(UserError) as info:
         parse_train([str(config)])
-    assert_one_line(str(info.value), str(config), fragment)
+    assert_one_line_message(str(info.value), str(config), fragment)
 
 
 def test_missing_or_directory_config_file(tmp_path: Path) -> None:
     for path in (tmp_path / "nope.py", tmp_path):
         with pytest.raises(UserError) as info:
             read_config_file(path)
-        assert_one_line(str(info.value), f"config file {path} does not exist or is not a file")
+        assert_one_line_message(str(info.value), f"config file {path} does not exist or is not a file")
 
 
 def test_byte_order_mark_of_windows_editors_is_accepted(tmp_path: Path) -> None:
@@ -171,11 +147,8 @@ def test_config_with_code_end_to_end_exits_2_before_anything_is_created(tmp_path
     marker = tmp_path / "code_ran"
     config = write(tmp_path / "evil.py", f'import os; os.system("touch {marker}")\n')
     out_dir = tmp_path / "out"
-    result = subprocess.run(
-        [sys.executable, "train.py", str(config), f"--out_dir={out_dir}", "--device=cpu"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 2 and "Traceback" not in result.stderr
+    result = run_script("train.py", config, f"--out_dir={out_dir}", "--device=cpu", timeout=120)
+    assert_one_line_error(result.returncode, result.stderr)
     assert result.stderr == f"error: {config}:1: only `name = literal` assignments are allowed in config files " + (
         "(found Import); config files are read, never executed\n"
     )
@@ -183,19 +156,6 @@ def test_config_with_code_end_to_end_exits_2_before_anything_is_created(tmp_path
 
 
 # ----------------------------------------------------------------------------- bad values
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("data")
-    make_char_data(directory, text=sample_text(20_000))
-    return directory
-
-
-def tiny_args(data_dir: Path, out_dir: Path) -> list[str]:
-    return [f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--device=cpu", "--compile=False", "--n_layer=1",
-            "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=2", "--max_iters=2", "--eval_interval=2",
-            "--eval_iters=1"]  # fmt: skip
 
 
 # Not repeated here (tests/test_train.py::test_impossible_settings_fail_before_training): learning_rate=-1,
@@ -226,8 +186,11 @@ TRAIN_BAD_VALUES = [
     (["--optimizer=sgd"], "optimizer='sgd' is not one of adamw, muon"),
     (["--parallel=zero3"], "parallel='zero3' is not one of ddp, fsdp"),
     (["--pos_encoding=alibi"], "pos_encoding='alibi' is not one of learned, sinusoidal, rope"),
+    (["--activation=swish"], "activation='swish' is not one of gelu, gelu_tanh, relu2"),
+    (["--attention=flash"], "attention='flash' is not one of sdpa, math"),
+    (["--pos_encoding=rope", "--n_embd=30", "--n_head=2"], "rope positions need an even head size, got 15"),
     (["--cpu_threads=0"], "cpu_threads must be a positive integer or None, got 0"),
-    (["--lerning_rate=1e-3"], "unknown setting 'lerning_rate'; run with --help to list the settings"),
+    (["--lerning_rate=1e-3"], "unknown setting 'lerning_rate'"),  # the hint that follows: tests/test_settings.py
     (["--batch_size=big"], "--batch_size must be of type integer, got 'big'"),
     (["--batch_size=1.5"], "--batch_size must be of type integer, got '1.5'"),
     (["--learning_rate=fast"], "--learning_rate must be of type number, got 'fast'"),
@@ -240,13 +203,30 @@ TRAIN_BAD_VALUES = [
 
 @pytest.mark.parametrize(("flags", "message"), TRAIN_BAD_VALUES, ids=[" ".join(f) for f, _ in TRAIN_BAD_VALUES])
 def test_train_bad_values_are_one_line_before_training(
-    flags: list[str], message: str, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    flags: list[str], message: str, char_data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     out_dir = tmp_path / "out"
-    code, stdout, stderr = cli(train.main, [*tiny_args(data_dir, out_dir), *flags], capsys)
-    assert_cli_error(code, stderr, message)
+    code, stdout, stderr = run_main(train.main, [*tiny_train_args(char_data_dir, out_dir), *flags], capsys)
+    assert_one_line_error(code, stderr, message)
     assert stdout == ""  # refused before a model was built or a line printed
     assert sorted(tmp_path.iterdir()) == []  # nothing created, out_dir included
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--n_head=0"], "n_head must be a positive integer, got 0"),
+        (["--dropout=-0.1"], "dropout must be in [0, 1), got -0.1"),
+        (["--pos_encoding=rope", "--n_embd=30", "--n_head=2"], "rope positions need an even head size, got 15"),
+    ],
+)
+def test_model_settings_are_refused_before_the_data_is_read(flags: list[str], message: str, tmp_path: Path) -> None:
+    # Were the model's shape checked only when the model is built, the missing data would be reported first.
+    args = [*tiny_train_args(tmp_path / "no_data", tmp_path / "out"), *flags]
+    with pytest.raises(UserError) as info:
+        train.main(args)
+    assert_one_line_message(info.value, message)
+    assert sorted(tmp_path.iterdir()) == []
 
 
 # Not repeated here (tests/test_sample.py::test_bad_settings_are_one_clear_error): max_new_tokens=0, top_p=1.5,
@@ -273,19 +253,19 @@ SAMPLE_BAD_VALUES = [
 def test_sample_bad_values_are_one_line(
     flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    code, stdout, stderr = cli(sample.main, [f"--out_dir={tmp_path / 'none'}", *flags], capsys)
-    assert_cli_error(code, stderr, message)
+    code, stdout, stderr = run_main(sample.main, [f"--out_dir={tmp_path / 'none'}", *flags], capsys)
+    assert_one_line_error(code, stderr, message)
     assert stdout == ""
     assert sorted(tmp_path.iterdir()) == []
 
 
-def test_bad_value_end_to_end_and_debug_traceback(data_dir: Path, tmp_path: Path) -> None:
+def test_bad_value_end_to_end_and_debug_traceback(char_data_dir: Path, tmp_path: Path) -> None:
     out_dir = tmp_path / "out"
-    command = [sys.executable, "train.py", *tiny_args(data_dir, out_dir), "--batch_size=0"]
-    plain = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    args = [*tiny_train_args(char_data_dir, out_dir), "--batch_size=0"]
+    plain = run_script("train.py", *args, timeout=120)
     assert plain.returncode == 2 and plain.stdout == ""
     assert plain.stderr == "error: batch_size must be a positive integer, got 0\n"
-    debug = subprocess.run([*command, "--debug"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    debug = run_script("train.py", *args, "--debug", timeout=120)
     assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
     assert debug.stderr.rstrip().endswith("errors.UserError: batch_size must be a positive integer, got 0")
     assert not out_dir.exists()

@@ -8,10 +8,16 @@
   a thread (127.0.0.1 only): a stall past the read timeout, a wrong checksum, a dropped connection (resumed with
   Range), a redirect, a refused connection. A 404 is covered by
   tests/test_prepare_shakespeare.py::test_download_from_url_once_into_cache.
+- Hostile inputs to prepare_data/corpus.py: JSONL text that is a number, null or an object; a FIFO, a device,
+  a symbolic link loop or a dangling link named as input; an empty directory, one holding only binary files, a
+  glob matching nothing; a gzip file cut mid-stream; a read failing with EIO: each one line, nothing written.
+  Symbolic link loops and a FIFO inside a tree are left out and counted, never followed or opened.
+  (SIGTERM mid-run: tests/test_prepare_corpus.py and tests/test_prepare_fineweb.py.)
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -23,37 +29,31 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import QuietHandler, ScriptedServer, make_char_data, sample_text, serving
+from helpers import (
+    REPO,
+    QuietHandler,
+    ScriptedServer,
+    assert_one_line_error,
+    clean_env,
+    make_char_data,
+    run_script,
+    sample_text,
+    serving,
+    tiny_train_args,
+)
 
 import train
 from gptkit.errors import run_cli
+from gptkit.prepare.items import is_val_document
 
-REPO = Path(__file__).resolve().parent.parent
 TEXT = sample_text(20_000)
 BODY = TEXT.encode("utf-8")
 BODY_SHA256 = hashlib.sha256(BODY).hexdigest()
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    """The environment for a child: one thread, and no variables that point scripts at other data or caches."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TINYSHAKESPEARE", "GPT_TOOLKIT_CACHE")}
-    return {**env, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", **extra}
-
-
 def tree(root: Path) -> dict[str, bytes]:
     """Every file under `root` (hidden ones included) with its contents."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def assert_one_line_error(code: int, stderr: str, fragment: str) -> None:
-    assert code == 2 and "Traceback" not in stderr
-    assert stderr.count("\n") == 1 and stderr.startswith("error: ") and fragment in stderr, stderr
-
-
-def tiny_args(data_dir: Path, out_dir: Path) -> list[str]:
-    return [f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--device=cpu", "--compile=False", "--n_layer=1",
-            "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=2", "--gradient_accumulation_steps=1",
-            "--max_iters=4", "--eval_interval=2", "--eval_iters=1", "--log_interval=2"]  # fmt: skip
 
 
 class ScriptedHandler(QuietHandler):
@@ -200,7 +200,7 @@ def test_broken_data_dir_is_one_line_and_nothing_is_written(
     out_dir = tmp_path / "out"
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
-        run_cli(train.main, tiny_args(data_dir, out_dir))
+        run_cli(train.main, tiny_train_args(data_dir, out_dir))
     stderr = capsys.readouterr().err
     assert_one_line_error(exit_info.value.code, stderr, message.format(dir=data_dir))
     assert tree(data_dir) == before  # the data is only read
@@ -237,7 +237,7 @@ def test_training_writes_only_under_out_dir(sandbox: dict[str, Path], tmp_path: 
     make_char_data(data_dir, text=TEXT)
     before = tree(tmp_path)
     result = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), *tiny_args(data_dir, tmp_path / "out")],
+        [sys.executable, str(REPO / "train.py"), *tiny_train_args(data_dir, tmp_path / "out")],
         cwd=sandbox["cwd"], env=sandbox_env(sandbox), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -348,3 +348,105 @@ def test_impossible_download_settings(tmp_path: Path) -> None:
     result = prepare("http://127.0.0.1:9/x.txt", tmp_path / "out", tmp_path / "cache", "--read_timeout=0")
     assert_one_line_error(result.returncode, result.stderr, "--retries must be >= 0 and --read_timeout > 0")
     assert sorted(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- hostile inputs to prepare_data/corpus.py
+
+CORPUS = "prepare_data/corpus.py"
+WORDS = "".join(f"line {i} of a perfectly ordinary text file, with words\n" for i in range(400))
+
+
+def text_dir(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "a.txt").write_text(WORDS)
+    (root / "b.txt").write_text(WORDS.upper())
+    return root
+
+
+def jsonl_with(value: str) -> Callable[[Path], list[str]]:
+    def make(tmp_path: Path) -> list[str]:
+        path = tmp_path / "rows.jsonl"
+        path.write_text(json.dumps({"text": WORDS}) + "\n" + '{"text": ' + value + "}\n")
+        return [f"--input={path}"]
+
+    return make
+
+
+def fifo_named(tmp_path: Path) -> list[str]:
+    os.mkfifo(tmp_path / "pipe")  # opening it would wait for a writer for ever
+    return [f"--input={tmp_path / 'pipe'}"]
+
+
+def symlink_loop_named(tmp_path: Path) -> list[str]:
+    (tmp_path / "loop.txt").symlink_to(tmp_path / "loop.txt")
+    return [f"--input={tmp_path / 'loop.txt'}"]
+
+
+def dangling_symlink_named(tmp_path: Path) -> list[str]:
+    (tmp_path / "gone.txt").symlink_to(tmp_path / "deleted.txt")
+    return [f"--input={tmp_path / 'gone.txt'}"]
+
+
+def empty_dir(tmp_path: Path) -> list[str]:
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    return [f"--input={tmp_path / 'empty'}"]
+
+
+def only_binary_dir(tmp_path: Path) -> list[str]:
+    root = tmp_path / "bin"
+    (root / "__pycache__").mkdir(parents=True)
+    (root / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"\xa7\r\r\n\x00\x00\x00\x00")
+    (root / "picture.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    return [f"--input={root}"]
+
+
+def gzip_cut_mid_stream(tmp_path: Path) -> list[str]:
+    whole = gzip.compress((WORDS * 20).encode())
+    (tmp_path / "cut.txt.gz").write_bytes(whole[: len(whole) // 2])  # a download or copy cut off half way
+    return [f"--input={text_dir(tmp_path / 'd')}", f"--input={tmp_path / 'cut.txt.gz'}"]
+
+
+HOSTILE_INPUTS = [  # (name, make the input and return the flags naming it, what the one line says)
+    ("jsonl_text_number", jsonl_with("42"), ["rows.jsonl:2: field 'text' is a number, not a string"]),
+    ("jsonl_text_null", jsonl_with("null"), ["rows.jsonl:2: field 'text' is null, not a string"]),
+    ("jsonl_text_nested", jsonl_with('{"en": "hi"}'), ["rows.jsonl:2: field 'text' is an object, not a string"]),
+    ("fifo_named", fifo_named, ["pipe is a FIFO, not a regular file"]),
+    ("device_named", lambda tmp_path: ["--input=/dev/zero"], ["/dev/zero is a device or special file"]),
+    ("symlink_loop_named", symlink_loop_named, ["loop.txt cannot be read: Too many levels of symbolic links"]),
+    ("dangling_symlink_named", dangling_symlink_named, ["gone.txt is a symbolic link to ", "which does not exist"]),
+    ("empty_dir", empty_dir, ["no input files found in"]),
+    ("only_binary_dir", only_binary_dir, ["no input files found in", "(files left out: 1 binary, 1 __pycache__)"]),
+    ("glob_matches_nothing", lambda tmp_path: [f"--input={text_dir(tmp_path / 'd')}/*.md"], ["matches no files"]),
+    ("gzip_cut_mid_stream", gzip_cut_mid_stream, ["cut.txt.gz is not a valid gzip file"]),
+    # A read that fails part way (a failing disk, a network file system): /proc/self/mem gives EIO, even to root.
+    ("read_error", lambda tmp_path: ["--input=/proc/self/mem"], ["cannot read /proc/self/mem: Input/output error"]),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "fragments"), HOSTILE_INPUTS, ids=[case[0] for case in HOSTILE_INPUTS])
+def test_hostile_input_is_one_line_and_nothing_is_written(
+    tmp_path: Path, name: str, make: Callable[[Path], list[str]], fragments: list[str]
+) -> None:
+    if name in ("read_error", "device_named") and not Path("/proc/self/mem").exists():
+        pytest.skip("needs Linux's /proc and /dev")
+    out = tmp_path / "out"
+    result = run_script(CORPUS, *make(tmp_path), f"--out_dir={out}", "--block_size=8", timeout=60)
+    assert_one_line_error(result.returncode, result.stderr, *fragments)
+    assert not out.exists()
+
+
+def test_symlink_loops_and_a_fifo_in_a_tree_are_left_out_not_followed(tmp_path: Path) -> None:
+    root = text_dir(tmp_path / "tree")
+    (root / "again").symlink_to(root)  # two folder loops: glob.glob's ** would walk 2^40 paths
+    (root / "more").symlink_to(".")
+    (root / "self.txt").symlink_to(root / "self.txt")  # a file loop
+    os.mkfifo(root / "pipe.txt")  # a reader would wait for a writer for ever
+    seed = next(s for s in range(100) if is_val_document(s, 0.5, 0, 0) != is_val_document(s, 0.5, 1, 0))
+    for index, pattern in enumerate([str(root), f"{root}/**", f"{root}/**/*.txt"]):
+        out = tmp_path / f"out{index}"
+        flags = [f"--out_dir={out}", "--block_size=8", "--val_fraction=0.5", f"--seed={seed}"]
+        result = run_script(CORPUS, f"--input={pattern}", *flags, timeout=60)
+        assert result.returncode == 0, result.stderr
+        source = json.loads((out / "meta.json").read_text())["source"]
+        assert source["files"] == 2 and source["skipped_files"]["not a regular file"] == 2, pattern
+        assert "; 2 files left out (2 not a regular file);" in result.stdout

@@ -17,20 +17,28 @@ import resource
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import make_char_data, sample_text
+from helpers import (
+    REPO,
+    assert_one_line_error,
+    clean_env,
+    make_char_data,
+    run_main,
+    run_script,
+    sample_text,
+    tiny_train_args,
+)
 
 import sample
 import train
 from gptkit import checkpoint as ckpt
-from gptkit.errors import UserError, run_cli
+from gptkit.errors import UserError
 from model import GPT, GPTConfig, config_to_dict
 
-REPO = Path(__file__).resolve().parent.parent
 INTERVAL = 10  # eval_interval: a checkpoint every 10 steps
 MAX_ITERS = 150  # where every resumed run (and the reference run) ends
 
@@ -105,47 +113,9 @@ if FAULT:
 '''
 
 
-def tiny_args(data_dir: Path, out_dir: Path, **overrides: object) -> list[str]:
-    """A 1-layer, 16-wide model on 16-token windows: about a millisecond per step on one core."""
-    settings = {
-        "data_dir": data_dir, "out_dir": out_dir, "device": "cpu", "compile": False, "n_layer": 1, "n_head": 2,
-        "n_embd": 16, "block_size": 16, "batch_size": 4, "gradient_accumulation_steps": 1, "dropout": 0.0,
-        "max_iters": MAX_ITERS, "eval_interval": INTERVAL, "eval_iters": 2, "log_interval": 1,
-        "learning_rate": 1e-2, "warmup_iters": 5, "lr_decay_iters": MAX_ITERS, "min_lr": 1e-3,
-    }  # fmt: skip
-    settings.update(overrides)
-    return [f"--{key}={value}" for key, value in settings.items()]
-
-
-def child_env(hooks: Path | None = None, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", **extra}
-    if hooks is not None:
-        env["PYTHONPATH"] = str(hooks)
-    return env
-
-
-def run_script(
-    script: str, args: list[str], env: dict[str, str] | None = None, **kwargs
-) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / script), *args],
-        cwd=REPO, env=env or child_env(), capture_output=True, text=True, timeout=300, **kwargs,
-    )  # fmt: skip
-
-
-def cli(main: Callable[[list[str]], int], args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str]:
-    """Run a script's main in this process through errors.run_cli, as its `__main__` does; (exit code, stderr)."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        run_cli(main, args)
-    return exit_info.value.code, capsys.readouterr().err
-
-
-def assert_one_line_error(code: int, stderr: str, fragment: str) -> None:
-    assert code == 2, stderr
-    assert "Traceback" not in stderr
-    assert stderr.count("\n") == 1 and stderr.startswith("error: "), stderr
-    assert fragment in stderr, stderr
+# This file's runs: the helpers' tiny model, 4 sequences per step, a checkpoint every INTERVAL steps, a line per step.
+RUN = {"batch_size": 4, "dropout": 0.0, "eval_interval": INTERVAL, "eval_iters": 2, "log_interval": 1,
+       "learning_rate": 1e-2, "warmup_iters": 5, "lr_decay_iters": MAX_ITERS, "min_lr": 1e-3}  # fmt: skip
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:
@@ -181,7 +151,7 @@ def reference(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        assert train.main(tiny_args(data_dir, out_dir)) == 0
+        assert train.main(tiny_train_args(data_dir, out_dir, **RUN, max_iters=MAX_ITERS)) == 0
     finally:
         torch.set_num_threads(threads)
     return out_dir
@@ -211,16 +181,18 @@ def test_kill_9_keeps_a_loadable_checkpoint_and_resume_ends_identical(
 ) -> None:
     out_dir = tmp_path / "out"
     kind = trial[0]
-    args = tiny_args(data_dir, out_dir)
+    args = tiny_train_args(data_dir, out_dir, **RUN, max_iters=MAX_ITERS)
     if kind == "after_step":
         # No end of its own (max_iters huge, the same schedule), so only the kill stops it.
-        args = tiny_args(data_dir, out_dir, max_iters=10**6)
-        env = child_env()
+        args = tiny_train_args(data_dir, out_dir, **RUN, max_iters=10**6)
+        env = clean_env(PYTHONUNBUFFERED="1")
     elif kind == "mid_write":
         size = (reference / "ckpt.pt").stat().st_size
-        env = child_env(hooks, FAULT="kill", FAULT_SAVE=str(trial[1]), FAULT_BYTES=str(int(size * trial[2])))
+        env = clean_env(
+            PYTHONPATH=str(hooks), FAULT="kill", FAULT_SAVE=str(trial[1]), FAULT_BYTES=str(int(size * trial[2]))
+        )
     else:
-        env = child_env(hooks, FAULT="kill_before_link", FAULT_SAVE=str(trial[1]))
+        env = clean_env(PYTHONPATH=str(hooks), FAULT="kill_before_link", FAULT_SAVE=str(trial[1]))
     process = subprocess.Popen(
         [sys.executable, str(REPO / "train.py"), *args],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -261,7 +233,7 @@ def test_kill_9_keeps_a_loadable_checkpoint_and_resume_ends_identical(
         assert ckpt.resolve_checkpoint(out_dir, which).name in ("best.pt", "ckpt.pt")
 
     capsys.readouterr()
-    assert train.main([*tiny_args(data_dir, out_dir), "--init_from=resume"]) == 0
+    assert train.main([*tiny_train_args(data_dir, out_dir, **RUN, max_iters=MAX_ITERS), "--init_from=resume"]) == 0
     resumed_log = capsys.readouterr().out
     assert re.search(rf"^iter {saved}: ", resumed_log, flags=re.MULTILINE)  # continued from ckpt.pt, not a temporary
     assert temporaries(out_dir) == []  # stale temporaries were cleaned on resume
@@ -275,20 +247,22 @@ def test_kill_9_during_the_first_save_leaves_no_checkpoint_and_clear_errors(
     hooks: Path, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     out_dir = tmp_path / "out"
-    args = tiny_args(data_dir, out_dir)
-    result = run_script("train.py", args, env=child_env(hooks, FAULT="kill", FAULT_SAVE="1", FAULT_BYTES="3000"))
+    args = tiny_train_args(data_dir, out_dir, **RUN, max_iters=MAX_ITERS)
+    result = run_script(
+        "train.py", *args, env=clean_env(PYTHONPATH=str(hooks), FAULT="kill", FAULT_SAVE="1", FAULT_BYTES="3000")
+    )
     assert result.returncode == -signal.SIGKILL
     assert sorted(p.name for p in out_dir.iterdir() if not p.name.startswith(".")) == ["log.jsonl"]
     assert len(temporaries(out_dir)) == 1
     before = snapshot(out_dir)
 
-    code, stderr = cli(train.main, [*args, "--init_from=resume"], capsys)
+    code, _, stderr = run_main(train.main, [*args, "--init_from=resume"], capsys)
     assert_one_line_error(code, stderr, "ckpt.pt does not exist; train first")
-    code, stderr = cli(sample.main, [f"--out_dir={out_dir}", "--device=cpu"], capsys)
+    code, _, stderr = run_main(sample.main, [f"--out_dir={out_dir}", "--device=cpu"], capsys)
     assert_one_line_error(code, stderr, f"no checkpoint in {out_dir}")
     assert snapshot(out_dir) == before  # failed commands touch nothing
 
-    assert train.main(tiny_args(data_dir, out_dir, max_iters=INTERVAL)) == 0  # starting afresh cleans up
+    assert train.main(tiny_train_args(data_dir, out_dir, **RUN, max_iters=INTERVAL)) == 0  # starting afresh cleans up
     assert temporaries(out_dir) == []
     assert ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == INTERVAL
 
@@ -298,8 +272,8 @@ def test_kill_9_during_the_first_save_leaves_no_checkpoint_and_clear_errors(
 
 def test_disk_full_during_a_save_keeps_the_previous_checkpoint(hooks: Path, data_dir: Path, tmp_path: Path) -> None:
     out_dir = tmp_path / "out"
-    env = child_env(hooks, FAULT="enospc", FAULT_SAVE="3", FAULT_BYTES="5000")
-    result = run_script("train.py", tiny_args(data_dir, out_dir), env=env)
+    env = clean_env(PYTHONPATH=str(hooks), FAULT="enospc", FAULT_SAVE="3", FAULT_BYTES="5000")
+    result = run_script("train.py", *tiny_train_args(data_dir, out_dir, **RUN, max_iters=MAX_ITERS), env=env)
     assert_one_line_error(result.returncode, result.stderr, "No space left on device; free some disk space")
     assert re.match(rf"error: cannot write checkpoint {re.escape(str(out_dir))}/(ckpt|best)\.pt: ", result.stderr)
     assert sorted(p.name for p in out_dir.iterdir()) == ["best.pt", "ckpt.pt", "log.jsonl"]  # no temporary left
@@ -309,7 +283,7 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint(hooks: Path, data
 def test_file_size_limit_of_the_os_during_a_save_keeps_the_previous_checkpoint(data_dir: Path, tmp_path: Path) -> None:
     """A real write failure from the kernel (RLIMIT_FSIZE: EFBIG), no Python patched at all."""
     out_dir = tmp_path / "out"
-    assert train.main(tiny_args(data_dir, out_dir, max_iters=INTERVAL)) == 0
+    assert train.main(tiny_train_args(data_dir, out_dir, **RUN, max_iters=INTERVAL)) == 0
     before = snapshot(out_dir)
     limit = (out_dir / "ckpt.pt").stat().st_size // 2
 
@@ -317,8 +291,8 @@ def test_file_size_limit_of_the_os_during_a_save_keeps_the_previous_checkpoint(d
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    args = [*tiny_args(data_dir, out_dir, max_iters=2 * INTERVAL), "--init_from=resume"]
-    result = run_script("train.py", args, preexec_fn=limit_file_size)
+    args = [*tiny_train_args(data_dir, out_dir, **RUN, max_iters=2 * INTERVAL), "--init_from=resume"]
+    result = run_script("train.py", *args, preexec_fn=limit_file_size)
     assert_one_line_error(result.returncode, result.stderr, "File too large")
     assert result.stderr.startswith(f"error: cannot write checkpoint {out_dir}/")
     after = snapshot(out_dir)
@@ -387,7 +361,7 @@ DAMAGES = [
 def trained(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A complete training output (ckpt.pt, best.pt, log.jsonl) to copy and damage."""
     out_dir = tmp_path_factory.mktemp("trained")
-    assert train.main(tiny_args(data_dir, out_dir, max_iters=INTERVAL)) == 0
+    assert train.main(tiny_train_args(data_dir, out_dir, **RUN, max_iters=INTERVAL)) == 0
     return out_dir
 
 
@@ -404,10 +378,12 @@ def test_damaged_or_malicious_checkpoint_is_one_clear_line_in_train_and_sample(
     damage_checkpoint(out_dir / "ckpt.pt", how, marker)
     before = snapshot(out_dir)
 
-    code, stderr = cli(train.main, [*tiny_args(data_dir, out_dir, max_iters=30), "--init_from=resume"], capsys)
+    code, _, stderr = run_main(
+        train.main, [*tiny_train_args(data_dir, out_dir, **RUN, max_iters=30), "--init_from=resume"], capsys
+    )
     assert_one_line_error(code, stderr, train_says)
     assert str(out_dir / "ckpt.pt") in stderr  # names the file
-    code, stderr = cli(sample.main, [f"--out_dir={out_dir}", "--device=cpu", "--max_new_tokens=3"], capsys)
+    code, _, stderr = run_main(sample.main, [f"--out_dir={out_dir}", "--device=cpu", "--max_new_tokens=3"], capsys)
     if sample_says is None:
         assert code == 0, stderr  # the weights are fine: sampling needs nothing else
     else:
@@ -424,10 +400,10 @@ def test_malicious_checkpoint_refused_end_to_end(script: str, trained: Path, dat
     (out_dir / "ckpt.pt").write_bytes((trained / "ckpt.pt").read_bytes())
     damage_checkpoint(out_dir / "ckpt.pt", "malicious_pickle_in_zip", marker)
     if script == "train.py":
-        args = [*tiny_args(data_dir, out_dir), "--init_from=resume"]
+        args = [*tiny_train_args(data_dir, out_dir, **RUN, max_iters=MAX_ITERS), "--init_from=resume"]
     else:
         args = [f"--out_dir={out_dir}", "--device=cpu"]
-    result = run_script(script, args)
+    result = run_script(script, *args)
     assert_one_line_error(result.returncode, result.stderr, "asks to run code on load")
     assert not marker.exists()
     assert sorted(p.name for p in out_dir.iterdir()) == ["ckpt.pt"]
@@ -437,7 +413,57 @@ def test_debug_flag_shows_the_traceback(trained: Path, data_dir: Path, tmp_path:
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     (out_dir / "ckpt.pt").write_bytes(b"")
-    result = run_script("train.py", [*tiny_args(data_dir, out_dir), "--init_from=resume", "--debug"])
+    args = [*tiny_train_args(data_dir, out_dir, **RUN, max_iters=MAX_ITERS), "--init_from=resume", "--debug"]
+    result = run_script("train.py", *args)
     assert result.returncode != 0
     assert "Traceback (most recent call last)" in result.stderr
     assert "errors.UserError: checkpoint" in result.stderr and "is empty" in result.stderr
+
+
+# ----------------------------------------------------------------------------- re-runs and concurrent runs
+
+
+def test_rerunning_a_scratch_command_is_refused_and_the_earlier_run_kept(data_dir: Path, tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    args = tiny_train_args(data_dir, out_dir, max_iters=4, eval_interval=2)
+    assert run_script("train.py", *args).returncode == 0
+    before = snapshot(out_dir)
+    again = run_script("train.py", *args)
+    assert_one_line_error(again.returncode, again.stderr, str(out_dir / "ckpt.pt"), "--init_from=resume",
+                          "another --out_dir", "--overwrite=True")  # fmt: skip
+    assert snapshot(out_dir) == before  # nothing written, log.jsonl included
+    more = run_script("train.py", *args, "--init_from=auto", "--max_iters=6", "--lr_decay_iters=6")
+    assert more.returncode == 0, more.stderr
+    assert ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == 6  # auto resumed the earlier run
+    fresh = run_script("train.py", *args, "--max_iters=2", "--overwrite=True")
+    assert fresh.returncode == 0, fresh.stderr
+    assert ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == 2  # replaced, as asked
+
+
+def test_init_from_auto_starts_from_scratch_in_an_empty_out_dir(data_dir: Path, tmp_path: Path) -> None:
+    result = run_script("train.py", *tiny_train_args(data_dir, tmp_path / "out", init_from="auto"))
+    assert result.returncode == 0, result.stderr
+    assert ckpt.load_checkpoint(tmp_path / "out" / "ckpt.pt")["iter_num"] == 4
+
+
+def test_a_second_run_into_a_busy_out_dir_is_refused_until_the_first_dies(data_dir: Path, tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    first = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *tiny_train_args(data_dir, out_dir, max_iters=10**7)],
+        cwd=REPO, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (out_dir / "ckpt.pt").exists():  # mid-run: it has saved at least once
+            assert first.poll() is None and time.monotonic() < deadline, "the first run wrote no checkpoint"
+            time.sleep(0.05)
+        second = run_script("train.py", *tiny_train_args(data_dir, out_dir, init_from="auto"))
+        assert_one_line_error(second.returncode, second.stderr, f"in use by another training run (process {first.pid})")
+        sampled = run_script("sample.py", f"--out_dir={out_dir}", "--checkpoint=latest", "--max_new_tokens=5")
+        assert sampled.returncode == 0, sampled.stderr  # readers take no lock
+    finally:
+        first.send_signal(signal.SIGKILL)  # no clean-up: only the kernel can release its lock
+        first.wait(30)
+    iters = ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] + 2
+    resumed = run_script("train.py", *tiny_train_args(data_dir, out_dir, init_from="resume", max_iters=iters))
+    assert resumed.returncode == 0, resumed.stderr

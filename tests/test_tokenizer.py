@@ -2,36 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import SHAKESPEARE, copy_gpt2_bpe_files
 
 from gptkit import tokenizer
 from gptkit.errors import UserError
 from gptkit.tokenizer import CharTokenizer, TiktokenTokenizer
-
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
-GPT2_URLS = {
-    "vocab.bpe": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
-    "encoder.json": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
-}
-
-
-def tiktoken_cache_dir() -> Path:
-    return Path(os.environ["TIKTOKEN_CACHE_DIR"])  # conftest.py sets it when ../shared exists
-
-
-def copy_gpt2_bpe_files(destination: Path) -> Path:
-    """Copy GPT-2's BPE files out of tiktoken's cache, where each is named by the sha1 of its URL."""
-    destination.mkdir(parents=True, exist_ok=True)
-    for name, url in GPT2_URLS.items():
-        shutil.copyfile(tiktoken_cache_dir() / hashlib.sha1(url.encode()).hexdigest(), destination / name)
-    return destination
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +43,6 @@ def test_char_tokenizer_with_eot_and_non_ascii() -> None:
     assert tok.decode_bytes([2]) == "😀".encode()
     assert tok.decode([0, 99]) == "a\ufffd"
     assert tok.to_meta() == {"kind": "char", "chars": ["a", "é", "😀"], "eot": True}
-    assert tok.encode_batch(["a", "éé"], num_threads=2) == [[0], [1, 1]]
     assert tok.encode_array("aé").dtype == np.int64
 
 
@@ -94,11 +73,6 @@ def test_gpt2_known_ids_and_specials_as_text(gpt2: TiktokenTokenizer) -> None:
     # An id past the vocabulary (a padded model's output) decodes to U+FFFD instead of crashing.
     assert gpt2.decode([15496, 50300]) == "Hello\ufffd"
     assert gpt2.to_meta() == {"kind": "tiktoken", "encoding": "gpt2"}
-
-
-def test_gpt2_batch_matches_single(gpt2: TiktokenTokenizer, shakespeare_text: str) -> None:
-    texts = [shakespeare_text[i : i + 5000] for i in range(0, 50000, 5000)]
-    assert gpt2.encode_batch(texts, num_threads=2) == [gpt2.encode(t) for t in texts]
 
 
 def test_gpt2_numpy_encoding_matches_the_list_encoding(gpt2: TiktokenTokenizer, shakespeare_text: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
+import re
 import shutil
 import signal
 import subprocess
@@ -19,7 +19,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import make_char_data
+from helpers import (
+    REPO,
+    TINY_MODEL,
+    assert_script_error,
+    clean_env,
+    cli_args,
+    make_char_data,
+    run_script,
+    tiny_train_args,
+)
 
 import train
 from gptkit import checkpoint as ckpt
@@ -27,37 +36,19 @@ from gptkit.errors import UserError
 from gptkit.settings import parse_settings
 from model import GPT, GPTConfig
 
-REPO = Path(__file__).resolve().parent.parent
 MAX_ITERS = 150  # long enough after the first checkpoint (step 10) for a kill to land mid-run
-
-
-def tiny_args(data_dir: Path, out_dir: Path, **overrides: object) -> list[str]:
-    """A 2-layer, 32-wide model on 32-character windows: a few milliseconds per step on one core."""
-    settings = {
-        "data_dir": data_dir, "out_dir": out_dir, "device": "cpu", "compile": False, "n_layer": 2, "n_head": 2,
-        "n_embd": 32, "block_size": 32, "batch_size": 4, "gradient_accumulation_steps": 2, "dropout": 0.1,
-        "max_iters": MAX_ITERS, "eval_interval": 10, "eval_iters": 4, "log_interval": 5, "learning_rate": 3e-3,
-        "warmup_iters": 5, "lr_decay_iters": MAX_ITERS, "min_lr": 3e-4,
-    }  # fmt: skip
-    settings.update(overrides)
-    return [f"--{key}={value}" for key, value in settings.items()]
-
-
-def script_env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
-
-
-def run_train(args: list[str], cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "train.py"), *args],
-        cwd=cwd or REPO, env=script_env(**env), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+# This file's runs: a 2-layer, 32-wide model on 32-character windows, 2 micro-batches of 4 per step, dropout on.
+RUN = {**TINY_MODEL, "batch_size": 4, "gradient_accumulation_steps": 2, "dropout": 0.1, "max_iters": MAX_ITERS,
+       "eval_interval": 10, "eval_iters": 4, "log_interval": 5, "learning_rate": 3e-3, "warmup_iters": 5,
+       "lr_decay_iters": MAX_ITERS, "min_lr": 3e-4}  # fmt: skip
+UNBUFFERED = clean_env(PYTHONUNBUFFERED="1")  # lines arrive as they are printed
 
 
 def start_train(args: list[str]) -> subprocess.Popen:
+    """train.py in a subprocess that the test can signal or kill while it runs."""
     return subprocess.Popen(
         [sys.executable, str(REPO / "train.py"), *args],
-        cwd=REPO, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO, env=UNBUFFERED, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
 
@@ -95,24 +86,14 @@ def reference(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
     """One uninterrupted run of the tiny config, started from an empty working directory."""
     out_dir = tmp_path_factory.mktemp("reference") / "out"
     cwd = tmp_path_factory.mktemp("cwd")
-    result = run_train(tiny_args(data_dir, out_dir), cwd=cwd)
+    result = subprocess.run([sys.executable, str(REPO / "train.py"), *tiny_train_args(data_dir, out_dir, **RUN)],
+                            cwd=cwd, env=UNBUFFERED, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert list(cwd.iterdir()) == []  # everything went under out_dir
     return out_dir, result
 
 
 # ----------------------------------------------------------------------------- settings and recipes
-
-
-def test_learning_rate_warms_up_from_above_zero_then_decays_to_min_lr() -> None:
-    cfg = train.TrainSettings(learning_rate=1.0, min_lr=0.1, warmup_iters=9, lr_decay_iters=109)
-    assert train.learning_rate_at(0, cfg) == pytest.approx(0.1)
-    assert train.learning_rate_at(8, cfg) == pytest.approx(0.9)
-    assert train.learning_rate_at(9, cfg) == pytest.approx(1.0)
-    assert train.learning_rate_at(59, cfg) == pytest.approx(0.55)  # half way down the cosine
-    assert train.learning_rate_at(109, cfg) == pytest.approx(0.1)
-    assert train.learning_rate_at(10_000, cfg) == pytest.approx(0.1)
-    assert train.learning_rate_at(3, dataclasses.replace(cfg, decay_lr=False)) == 1.0
 
 
 def test_help_lists_every_setting(capsys: pytest.CaptureFixture) -> None:
@@ -124,34 +105,73 @@ def test_help_lists_every_setting(capsys: pytest.CaptureFixture) -> None:
         assert f"--{field.name}  (" in text
 
 
-def test_recipes_parse_with_the_documented_values() -> None:
-    def load(name: str) -> train.TrainSettings:
-        return parse_settings(train.TrainSettings, [str(REPO / "config" / name)], "train.py", "", config_files=True)
+RECIPES = sorted((REPO / "config").glob("*.py"))
+CPU_RECIPES = [
+    REPO / "config" / name for name in ("train_shakespeare_char_cpu.py", "train_shakespeare_char_cpu_best.py")
+]
 
-    gpu = load("train_shakespeare_char.py")
-    assert (gpu.n_layer, gpu.n_head, gpu.n_embd, gpu.block_size, gpu.batch_size) == (6, 6, 384, 256, 64)
-    assert gpu.dropout == 0.2 and gpu.gradient_accumulation_steps == 1
-    assert (gpu.max_iters, gpu.learning_rate, gpu.beta2, gpu.warmup_iters, gpu.min_lr) == (5000, 1e-3, 0.99, 100, 1e-4)
-    assert (gpu.eval_interval, gpu.eval_iters, gpu.dataset) == (250, 200, "shakespeare_char")
-    cpu = load("train_shakespeare_char_cpu.py")
-    assert (cpu.n_layer, cpu.n_head, cpu.n_embd, cpu.block_size, cpu.batch_size) == (4, 4, 128, 64, 12)
-    assert (cpu.learning_rate, cpu.dropout, cpu.device, cpu.compile) == (3e-3, 0.0, "cpu", False)
-    assert (cpu.optimizer, cpu.muon_lr, cpu.pos_encoding, cpu.qk_norm, cpu.max_iters) == (
-        "muon",
-        0.02,
-        "rope",
-        True,
-        1000,
-    )
-    best = load("train_shakespeare_char_cpu_best.py")
-    assert (best.n_layer, best.n_embd, best.block_size, best.dtype, best.optimizer) == (6, 192, 128, "bfloat16", "muon")
-    gpt2 = load("train_gpt2.py")
-    assert (gpt2.batch_size, gpt2.block_size, gpt2.gradient_accumulation_steps) == (12, 1024, 40)
-    assert (gpt2.max_iters, gpt2.learning_rate, gpt2.weight_decay, gpt2.pad_vocab) == (600000, 6e-4, 0.1, True)
-    finetune = load("finetune_shakespeare.py")
-    assert (finetune.init_from, finetune.dataset) == ("gpt2", "shakespeare")
-    evaluation = load("eval_gpt2.py")
-    assert evaluation.eval_only and evaluation.init_from == "gpt2"
+
+def load_recipe(path: Path) -> train.TrainSettings:
+    return parse_settings(train.TrainSettings, [str(path)], "train.py", "", config_files=True)
+
+
+def prepared_datasets() -> set[str]:
+    """The data directories the preparation scripts write by default (data/NAME), by NAME."""
+    scripts = [*(REPO / "prepare_data").glob("*.py"), *(REPO / "gptkit" / "prepare").glob("*.py")]
+    return {m for path in scripts for m in re.findall(r'out_dir: str = setting\(\s*"data/(\w+)"', path.read_text())}
+
+
+def test_the_recipes_the_readme_names_exist() -> None:
+    named = set(re.findall(r"config/(\w+\.py)", (REPO / "README.md").read_text()))
+    assert named >= {path.name for path in CPU_RECIPES}
+    assert named <= {path.name for path in RECIPES}
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda path: path.name)
+def test_each_recipe_is_valid_and_keeps_the_promises_of_its_text(recipe: Path) -> None:
+    cfg = load_recipe(recipe)  # every value checked, the model's shape by GPTConfig
+    text = recipe.read_text()
+    # The data a recipe names is what a preparation script writes by default (prepare, then train, as documented).
+    assert cfg.data_dir is None and cfg.dataset in prepared_datasets()
+    if cfg.eval_only:
+        assert cfg.init_from != "scratch"  # evaluating an untrained model means nothing
+    # The tokens per step that the text states are what the settings give.
+    tokens_per_step = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
+    for stated in re.findall(r"(\d[\d,]*) tokens per step|= (\d[\d,]*) tokens", text):
+        assert int("".join(stated).replace(",", "")) == tokens_per_step
+    for millions in re.findall(r"~(\d+(?:\.\d+)?)M tokens per step", text):
+        assert float(millions) * 1e6 == pytest.approx(tokens_per_step, rel=0.1)
+    # A documented torchrun command must be able to divide the micro-batches among its processes.
+    for processes in re.findall(r"--nproc_per_node=(\d+)", text):
+        assert cfg.gradient_accumulation_steps % int(processes) == 0
+
+
+def test_some_recipes_state_their_step_size() -> None:
+    # The check above would pass vacuously if the texts stopped matching its patterns.
+    stated = [p.name for p in RECIPES if re.search(r"\d[\d,]* tokens per step|= \d[\d,]* tokens", p.read_text())]
+    assert {"train_gpt2.py", "finetune_shakespeare.py"} <= set(stated)
+
+
+@pytest.mark.parametrize("recipe", CPU_RECIPES, ids=lambda path: path.name)
+def test_cpu_recipe_trains_on_shakespeare_chars_in_a_few_steps(
+    recipe: Path, char_data_dir: Path, tmp_path: Path
+) -> None:
+    """The CPU recipes as they are, but 20 steps (in float32: bfloat16 is slow on CPUs without AMX/AVX512-BF16)."""
+    out_dir = tmp_path / "out"
+    flags = cli_args(data_dir=char_data_dir, out_dir=out_dir, max_iters=20, lr_decay_iters=20, eval_interval=20)
+    assert train.main([str(recipe), *flags, "--eval_iters=4", "--dtype=float32", "--cpu_threads=1"]) == 0
+    cfg = load_recipe(recipe)
+    state = ckpt.load_checkpoint(out_dir / "ckpt.pt")
+    args = state["model_args"]
+    assert (args["n_layer"], args["n_embd"], args["block_size"], args["pos_encoding"]) == (
+        cfg.n_layer, cfg.n_embd, cfg.block_size, cfg.pos_encoding
+    )  # fmt: skip
+    evals = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
+    evals = [entry for entry in evals if "val/loss" in entry]
+    assert [entry["iter"] for entry in evals] == [0, 20]
+    assert evals[1]["val/loss"] < 0.8 * evals[0]["val/loss"]  # it learns: 4.1 (uniform) to about 2.7
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["val_loss_full"] == pytest.approx(summary["val_loss"], abs=0.3)  # eval_full_split is on
 
 
 @pytest.mark.parametrize(
@@ -167,23 +187,14 @@ def test_recipes_parse_with_the_documented_values() -> None:
 )
 def test_impossible_settings_fail_before_training(data_dir: Path, tmp_path: Path, flags: list, message: str) -> None:
     with pytest.raises(UserError, match=message):
-        train.main([*tiny_args(data_dir, tmp_path / "out"), *flags])
+        train.main([*tiny_train_args(data_dir, tmp_path / "out", **RUN), *flags])
     assert not (tmp_path / "out").exists()
 
 
-def test_accumulation_must_divide_among_processes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "3")
-    with pytest.raises(UserError, match=r"gradient_accumulation_steps \(4\) must be divisible .* \(3\)"):
-        train.start_processes(train.TrainSettings(device="cpu", gradient_accumulation_steps=4))
-
-
 def test_user_error_is_one_line_on_stderr(tmp_path: Path) -> None:
-    result = run_train(["--data_dir", str(tmp_path / "missing"), "--out_dir", str(tmp_path / "out")])
-    assert result.returncode == 2
-    assert result.stderr.startswith("error: no meta.json") and result.stderr.count("\n") == 1
-    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+    result = run_script("train.py", "--data_dir", tmp_path / "missing", "--out_dir", tmp_path / "out")
+    assert assert_script_error(result).startswith("error: no meta.json")
+    assert not (tmp_path / "out").exists()
 
 
 # ----------------------------------------------------------------------------- a real run and its checkpoints
@@ -230,7 +241,7 @@ def test_run_logs_learns_and_writes_complete_checkpoints(reference: tuple, data_
 
 def test_kill_9_then_resume_ends_bit_identical(reference: tuple, data_dir: Path, tmp_path: Path) -> None:
     out_dir = tmp_path / "out"
-    args = tiny_args(data_dir, out_dir)
+    args = tiny_train_args(data_dir, out_dir, **RUN)
     process = start_train(args)
     killed_at = wait_for_checkpoint(process, out_dir / "ckpt.pt", min_iter=10)
     process.kill()  # SIGKILL: no handler, no cleanup
@@ -239,7 +250,7 @@ def test_kill_9_then_resume_ends_bit_identical(reference: tuple, data_dir: Path,
     saved = ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"]
     assert killed_at <= saved < MAX_ITERS
 
-    result = run_train([*args, "--init_from=resume"])
+    result = run_script("train.py", *args, "--init_from=resume")
     assert result.returncode == 0, result.stderr
     resumed = ckpt.load_checkpoint(out_dir / "ckpt.pt")
     uninterrupted = ckpt.load_checkpoint(reference[0] / "ckpt.pt")
@@ -251,7 +262,7 @@ def test_kill_9_then_resume_ends_bit_identical(reference: tuple, data_dir: Path,
 
 def test_sigterm_finishes_the_step_saves_and_exits_cleanly(reference: tuple, data_dir: Path, tmp_path: Path) -> None:
     out_dir = tmp_path / "out"
-    args = tiny_args(data_dir, out_dir)
+    args = tiny_train_args(data_dir, out_dir, **RUN)
     process = start_train(args)
     wait_for_checkpoint(process, out_dir / "ckpt.pt", min_iter=10)
     process.send_signal(signal.SIGTERM)
@@ -263,7 +274,7 @@ def test_sigterm_finishes_the_step_saves_and_exits_cleanly(reference: tuple, dat
     steps = int(stopped[0].split("after ")[1].split(" steps")[0])
     assert ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == steps < MAX_ITERS
 
-    result = run_train([*args, "--init_from=resume"])
+    result = run_script("train.py", *args, "--init_from=resume")
     assert result.returncode == 0, result.stderr
     assert_same_weights(
         ckpt.load_checkpoint(out_dir / "ckpt.pt")["model"], ckpt.load_checkpoint(reference[0] / "ckpt.pt")["model"]
@@ -275,7 +286,8 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(reference: tuple, dat
     out_dir.mkdir()
     shutil.copy(reference[0] / "ckpt.pt", out_dir / "ckpt.pt")
     before = (out_dir / "ckpt.pt").read_bytes()
-    args = tiny_args(data_dir, out_dir, max_iters=MAX_ITERS + 20, learning_rate=1e6, grad_clip=0, decay_lr=False)
+    args = [*tiny_train_args(data_dir, out_dir, **RUN), *cli_args(max_iters=MAX_ITERS + 20, learning_rate=1e6)]
+    args += ["--grad_clip=0", "--decay_lr=False"]
     with pytest.raises(UserError, match=r"NaN or infinite at iter \d+; stopped without saving; the last good"):
         train.main([*args, "--init_from=resume"])
     assert (out_dir / "ckpt.pt").read_bytes() == before
@@ -289,7 +301,7 @@ def test_resume_refuses_data_from_another_tokenizer(reference: tuple, tmp_path: 
     out_dir.mkdir()
     shutil.copy(reference[0] / "ckpt.pt", out_dir / "ckpt.pt")
     with pytest.raises(UserError, match="trained with another tokenizer"):
-        train.main([*tiny_args(other, out_dir), "--init_from=resume"])
+        train.main([*tiny_train_args(other, out_dir, **RUN), "--init_from=resume"])
 
 
 def test_eval_only_reports_estimate_and_whole_split_and_writes_nothing(
@@ -298,12 +310,8 @@ def test_eval_only_reports_estimate_and_whole_split_and_writes_nothing(
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     shutil.copy(reference[0] / "ckpt.pt", out_dir / "ckpt.pt")
-    assert (
-        train.main(
-            [*tiny_args(data_dir, out_dir, dropout=0.0), "--init_from=resume", "--eval_only", "--eval_full_split"]
-        )
-        == 0
-    )
+    args = [*tiny_train_args(data_dir, out_dir, **RUN), "--dropout=0", "--init_from=resume"]
+    assert train.main([*args, "--eval_only", "--eval_full_split"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[-2].startswith("eval (4 batches per split): train loss")
     meta = json.loads((data_dir / "meta.json").read_text())
@@ -322,7 +330,8 @@ def test_finetune_from_a_hugging_face_directory_crops_the_context(data_dir: Path
     pretrained = GPT(GPTConfig(block_size=64, vocab_size=80, n_layer=1, n_head=2, n_embd=16, bias=True))
     pretrained.save_pretrained(tmp_path / "hf")
     out_dir = tmp_path / "out"
-    args = tiny_args(data_dir, out_dir, init_from=tmp_path / "hf", max_iters=4, eval_interval=4, block_size=16)
+    args = [*tiny_train_args(data_dir, out_dir, **RUN), *cli_args(init_from=tmp_path / "hf", max_iters=4)]
+    args += ["--eval_interval=4", "--block_size=16"]
     assert train.main(args) == 0
     state = ckpt.load_checkpoint(out_dir / "ckpt.pt")
     assert state["model_args"]["block_size"] == 16 and state["model_args"]["vocab_size"] == 80
@@ -331,14 +340,20 @@ def test_finetune_from_a_hugging_face_directory_crops_the_context(data_dir: Path
     small = GPT(GPTConfig(block_size=64, vocab_size=40, n_layer=1, n_head=2, n_embd=16, bias=True))
     small.save_pretrained(tmp_path / "hf_small")
     with pytest.raises(UserError, match=r"data's vocab_size \(\d+\) is larger than the model's \(40\)"):
-        train.main(tiny_args(data_dir, tmp_path / "out2", init_from=tmp_path / "hf_small"))
+        train.main([*tiny_train_args(data_dir, tmp_path / "out2", **RUN), f"--init_from={tmp_path / 'hf_small'}"])
 
 
 def test_wandb_offline_run_is_written(data_dir: Path, tmp_path: Path) -> None:
     wandb_dir = tmp_path / "wandb_root"
     wandb_dir.mkdir()
-    args = tiny_args(data_dir, tmp_path / "out", max_iters=10, wandb_log=True, wandb_run_name="tiny")
-    result = run_train(args, WANDB_MODE="offline", WANDB_DIR=str(wandb_dir), WANDB_SILENT="true")
+    args = [
+        *tiny_train_args(data_dir, tmp_path / "out", **RUN),
+        "--max_iters=10",
+        "--wandb_log",
+        "--wandb_run_name=tiny",
+    ]
+    env = clean_env(WANDB_MODE="offline", WANDB_DIR=str(wandb_dir), WANDB_SILENT="true")
+    result = run_script("train.py", *args, env=env)
     assert result.returncode == 0, result.stderr
     runs = list((wandb_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
@@ -347,7 +362,8 @@ def test_wandb_offline_run_is_written(data_dir: Path, tmp_path: Path) -> None:
 
 def test_muon_optimizer_trains_and_resumes(data_dir: Path, tmp_path: Path) -> None:
     out_dir = tmp_path / "out"
-    args = tiny_args(data_dir, out_dir, optimizer="muon", muon_lr=0.02, max_iters=10, lr_decay_iters=14)
+    args = [*tiny_train_args(data_dir, out_dir, **RUN), *cli_args(optimizer="muon", muon_lr=0.02, max_iters=10)]
+    args.append("--lr_decay_iters=14")
     assert train.main(args) == 0
     state = ckpt.load_checkpoint(out_dir / "ckpt.pt")
     muon_groups = [g for g in state["optimizer"]["param_groups"] if g.get("muon")]
@@ -360,13 +376,19 @@ def test_muon_optimizer_trains_and_resumes(data_dir: Path, tmp_path: Path) -> No
 
 def test_mfu_uses_a_peak_the_caller_gives(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """On a device with no known peak, --peak_flops turns 'mfu n/a' into a figure consistent with ms/iter."""
-    args = tiny_args(data_dir, tmp_path / "out", max_iters=4, log_interval=1, eval_interval=100, peak_flops=1e9)
-    assert train.main(args) == 0
+    args = [*tiny_train_args(data_dir, tmp_path / "out", **RUN), "--max_iters=4", "--log_interval=1"]
+    assert train.main([*args, "--eval_interval=100", "--peak_flops=1e9"]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("iter 3:"))
     ms_per_iter = float(line.split("|")[2].split()[0])
     mfu = float(line.split("mfu ")[1].rstrip("%")) / 100
+    # FLOPs per token by hand: 6 per parameter (the position embedding excluded: a lookup, no compute) plus
+    # 12 * n_layer * n_embd * block_size for the attention scores. Parameters of the tiny model (n_embd 32,
+    # no biases, the token embedding tied to the head): per block 2 LayerNorm gains (2*32), qkv (32*96),
+    # the attention projection (32*32), the MLP (32*128 + 128*32); then the final LayerNorm and the embedding.
     vocab_size = json.loads((data_dir / "meta.json").read_text())["vocab_size"]
-    model = GPT(GPTConfig(block_size=32, vocab_size=vocab_size, n_layer=2, n_head=2, n_embd=32, bias=False))
+    block = 2 * 32 + 32 * 96 + 32 * 32 + 32 * 128 + 128 * 32
+    parameters = 2 * block + 32 + vocab_size * 32
+    flops_per_token = 6 * parameters + 12 * 2 * 32 * 32
     tokens_per_iter = 4 * 2 * 32  # batch_size x gradient_accumulation_steps x block_size
-    expected = model.flops_per_token() * tokens_per_iter / (ms_per_iter / 1000) / 1e9
+    expected = flops_per_token * tokens_per_iter / (ms_per_iter / 1000) / 1e9
     assert mfu == pytest.approx(expected, rel=0.05)  # ms/iter is printed rounded to 0.1 ms

@@ -5,37 +5,34 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import make_char_data
+from helpers import REPO, TINY_MODEL, clean_env, make_char_data, tiny_train_args
 
 from gptkit import checkpoint as ckpt
 
-REPO = Path(__file__).resolve().parent.parent
 MAX_ITERS = 20
+# A 2-layer, 32-wide model, 4 micro-batches of 4 per step (whatever the number of processes), dropout on.
+RUN = {**TINY_MODEL, "batch_size": 4, "gradient_accumulation_steps": 4, "dropout": 0.1, "max_iters": MAX_ITERS,
+       "eval_interval": 10, "eval_iters": 5, "log_interval": 2, "learning_rate": 3e-3, "warmup_iters": 5,
+       "lr_decay_iters": MAX_ITERS, "min_lr": 3e-4}  # fmt: skip
 
 
-def args_for(data_dir: Path, out_dir: Path, accumulation: int, *extra: str) -> list[str]:
-    settings = {
-        "data_dir": data_dir, "out_dir": out_dir, "device": "cpu", "compile": False, "n_layer": 2, "n_head": 2,
-        "n_embd": 32, "block_size": 32, "batch_size": 4, "gradient_accumulation_steps": accumulation,
-        "dropout": 0.1, "max_iters": MAX_ITERS, "eval_interval": 10, "eval_iters": 5, "log_interval": 2,
-        "learning_rate": 3e-3, "warmup_iters": 5, "lr_decay_iters": MAX_ITERS, "min_lr": 3e-4,
-    }  # fmt: skip
-    return [f"--{key}={value}" for key, value in settings.items()] + list(extra)
-
-
-def run(args: list[str], processes: int = 1) -> subprocess.CompletedProcess:
+def train_in(processes: int, data_dir: Path, out_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+    """train.py with this file's run, in one process or under torchrun in `processes` CPU processes (gloo)."""
     launcher = [sys.executable, str(REPO / "train.py")]
     if processes > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
                     str(REPO / "train.py")]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([*launcher, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    args = [*tiny_train_args(data_dir, out_dir, **RUN), *extra]
+    result = subprocess.run([*launcher, *args], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     return result
@@ -72,10 +69,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("ddp")
     make_char_data(root / "data")
     outs = {name: root / name for name in ("single", "ddp", "fsdp")}
-    run(args_for(root / "data", outs["single"], 4))
-    ddp = run(args_for(root / "data", outs["ddp"], 4), processes=2)
+    train_in(1, root / "data", outs["single"])
+    ddp = train_in(2, root / "data", outs["ddp"])
     assert "2 process(es)" in ddp.stdout and ddp.stdout.count("done:") == 1  # only rank 0 reports
-    run(args_for(root / "data", outs["fsdp"], 4, "--parallel=fsdp"), processes=2)
+    train_in(2, root / "data", outs["fsdp"], "--parallel=fsdp")
     return {**outs, "data": root / "data"}
 
 
@@ -102,6 +99,104 @@ def test_checkpoints_move_between_fsdp_and_one_process(runs: dict[str, Path], tm
     for source, processes, extra in (("fsdp", 1, []), ("single", 2, ["--parallel=fsdp"])):
         (tmp_path / source).mkdir()
         (tmp_path / source / "ckpt.pt").write_bytes((runs[source] / "ckpt.pt").read_bytes())
-        run(args_for(runs["data"], tmp_path / source, 4, *more, *extra), processes=processes)
+        train_in(processes, runs["data"], tmp_path / source, *more, *extra)
         assert ckpt.load_checkpoint(tmp_path / source / "ckpt.pt")["iter_num"] == MAX_ITERS + 4
     assert_close_weights(tmp_path / "fsdp", tmp_path / "single")
+
+
+def worker_pid(launcher: subprocess.Popen, rank: int) -> int:
+    """The pid of the torchrun worker of `rank` (a child of the launcher whose environment has RANK=rank)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                environ = (proc / "environ").read_bytes().split(b"\0")
+            except (OSError, ValueError, IndexError):
+                continue  # the process ended meanwhile
+            if parent == launcher.pid and f"RANK={rank}".encode() in environ:
+                return int(proc.name)
+        time.sleep(0.05)
+    raise AssertionError(f"no worker of rank {rank} under torchrun (pid {launcher.pid})")
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds torchrun's workers in /proc")
+def test_a_signal_to_one_process_stops_all_of_them_at_the_same_step(runs: dict[str, Path], tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    args = [*tiny_train_args(runs["data"], out_dir, **RUN), "--max_iters=1000000"]  # only the signal ends it
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py"),
+         *args], cwd=REPO, env=clean_env(PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (out_dir / "ckpt.pt").exists():  # written atomically: it exists only when complete
+            assert launcher.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
+            time.sleep(0.05)
+        os.kill(worker_pid(launcher, rank=1), signal.SIGTERM)  # rank 0, which saves, gets no signal
+        stdout, stderr = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    assert launcher.returncode == 0, stderr[-3000:]
+    stopped = [line for line in stdout.splitlines() if line.startswith("stopped by")]
+    assert len(stopped) == 1, stdout[-2000:]
+    steps = int(stopped[0].split("after ")[1].split(" steps")[0])
+    assert stopped[0] == (
+        f"stopped by a signal to another process after {steps} steps | saved {out_dir / 'ckpt.pt'}; "
+        "continue with --init_from=resume"
+    )
+    assert (steps - 1) % RUN["log_interval"] == 0  # processes agree to stop at log steps only
+    assert ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == steps
+
+
+# Test-only fault, loaded by Python at start-up (sitecustomize): the worker of rank KILL_RANK dies by SIGKILL when it
+# first draws training micro-batch KILL_AT_BATCH or later, once (KILL_MARKER records that it happened).
+KILL_HOOK = """
+import os
+if os.environ.get("RANK") == os.environ.get("KILL_RANK") and not os.path.exists(os.environ["KILL_MARKER"]):
+    from gptkit import data
+
+    _real_batch = data.BatchSampler.batch
+
+    def _batch(self, index):
+        if self.purpose == data.PURPOSE_TRAIN and index >= int(os.environ["KILL_AT_BATCH"]):
+            open(os.environ["KILL_MARKER"], "w").close()
+            os.kill(os.getpid(), 9)
+        return _real_batch(self, index)
+
+    data.BatchSampler.batch = _batch
+"""
+
+
+def test_torchrun_restart_after_a_killed_worker_ends_with_the_uninterrupted_weights(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """--init_from=auto under torchrun --max-restarts=1: rank 1 is killed at step 15 (after the step-10 checkpoint);
+    torchrun restarts both workers, which resume from ckpt.pt and must end exactly where the uninterrupted run did."""
+    (tmp_path / "hooks").mkdir()
+    (tmp_path / "hooks" / "sitecustomize.py").write_text(KILL_HOOK)
+    marker, out_dir = tmp_path / "killed", tmp_path / "out"
+    env = clean_env(PYTHONPATH=str(tmp_path / "hooks"), KILL_RANK="1", KILL_MARKER=str(marker))
+    env["KILL_AT_BATCH"] = str(15 * RUN["gradient_accumulation_steps"])
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=1",
+               str(REPO / "train.py"), *tiny_train_args(runs["data"], out_dir, **RUN), "--init_from=auto"]  # fmt: skip
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    if result.returncode != 0 and "connectFullMesh failed" in result.stderr:
+        # Once, on a loaded 2-core machine, the restarted workers' gloo handshake timed out before training began
+        # (an infrastructure hiccup, not the resume under test): run the whole scenario again from the start.
+        shutil.rmtree(out_dir)
+        marker.unlink()
+        result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert marker.exists()  # the fault really happened
+    assert result.stdout.count("done:") == 1  # the first attempt died; the second finished
+    entries = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
+    assert [e["iter"] for e in entries if "val/loss" in e] == [0, 10, 20]  # resumed after step 10, not from 0
+    restarted = ckpt.load_checkpoint(out_dir / "ckpt.pt")
+    uninterrupted = ckpt.load_checkpoint(runs["ddp"] / "ckpt.pt")
+    assert restarted["iter_num"] == uninterrupted["iter_num"] == MAX_ITERS
+    for key, tensor in uninterrupted["model"].items():
+        assert torch.equal(restarted["model"][key], tensor), key

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 from gptkit import download
 from gptkit.errors import UserError
-from gptkit.prepare import pipeline
+from gptkit.fileio import sha256_file
+from gptkit.prepare.driver import summary_line
+from gptkit.prepare.writer import write_dataset
 from gptkit.settings import setting
 from gptkit.tokenizer import Tokenizer
 
@@ -30,14 +32,13 @@ class ShakespeareSettings:
     read_timeout: float = setting(60.0, "seconds without data before a download attempt is abandoned")
 
     def validate(self) -> None:
-        if self.retries < 0 or not self.read_timeout > 0:
-            raise UserError("--retries must be >= 0 and --read_timeout > 0")
+        download.policy_from_settings(self.retries, self.read_timeout)  # refuses impossible values before any work
 
 
 def read_tiny_shakespeare(cfg: ShakespeareSettings) -> tuple[str, dict]:
     """The corpus text (from --source, $TINYSHAKESPEARE or the canonical URL) and its provenance for meta.json."""
     source = cfg.source or os.environ.get(SOURCE_ENV) or TINY_SHAKESPEARE_URL
-    policy = download.DownloadPolicy(retries=cfg.retries, read_timeout=cfg.read_timeout)
+    policy = download.policy_from_settings(cfg.retries, cfg.read_timeout)
     path = download.resolve_source(source, sha256=cfg.sha256, cache_dir=cfg.cache_dir, policy=policy)
     try:
         text = path.read_text(encoding="utf-8")
@@ -45,7 +46,7 @@ def read_tiny_shakespeare(cfg: ShakespeareSettings) -> tuple[str, dict]:
         raise UserError(f"{source} is not valid UTF-8 at byte offset {exc.start}; check the source") from None
     if not text:
         raise UserError(f"{source} is empty; check the source")
-    provenance = {"source": source, "sha256": download.sha256_of_file(path), "split": "first 90% of characters train"}
+    provenance = {"source": source, "sha256": sha256_file(path), "split": "first 90% of characters train"}
     return text, provenance
 
 
@@ -61,5 +62,5 @@ def write_split_text(out_dir: str, tokenizer: Tokenizer, text: str, provenance: 
         name: (tokenizer.encode_array(part), len(part.encode("utf-8")), 1)
         for name, part in zip(("train", "val"), split_text(text))
     }
-    meta = pipeline.write_dataset(out_dir, tokenizer, splits, provenance)
-    print(pipeline.summary_line(meta, out_dir, 0.0, 0))
+    meta = write_dataset(out_dir, tokenizer, splits, provenance)
+    print(summary_line(meta, out_dir, 0.0, 0))

@@ -1,0 +1,298 @@
+"""Generation: a KV cache with one row per request, sampling, and a step-based engine that batches requests.
+
+- KVCache: keys and values of every layer for a fixed number of rows ("slots"), each row with its own length.
+  A row's tokens sit at positions 0..length-1 (right padding); a forward pass reads and writes a range of rows.
+- sample_next_token: greedy, temperature, top-k and top-p sampling.
+- Request: one prompt with its own sampling settings, stop tokens, token budget and random generator (seed).
+- Engine: runs requests one token per step. A new request is prefilled on its own into a free row; each step
+  feeds the latest token of every active row in one batched forward pass and samples; a finished request frees
+  its row. A row whose window is full slides on its own (rebuilt from the last 3/4 of a window), exactly when it
+  would alone. So a request's tokens do not depend on what else is in the batch: greedy tokens are the same, and
+  a seeded request draws the same tokens (up to float rounding, which the batch size can change).
+- generate_stream: what GPT.generate and GPT.generate_stream delegate to.
+
+The model is duck-typed, never imported: `model(idx, cache=cache)` returns (logits (B, 1, V), _) for the last
+position, `model.config` has block_size and n_layer, and its forward calls `cache.extend(B, T, device)` once for
+the positions of the T new tokens and `cache.update(layer, k, v)` in every layer. On the CPU in float32 the
+engine first applies gptkit.cpu_decoding's fast path to the model (in place, once).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from gptkit import cpu_decoding
+
+
+class KVCache:
+    """Keys and values of every layer for `slots` rows of up to `capacity` positions each.
+
+    Each layer's storage (slots, n_head, capacity, head_dim) is allocated at its first update, in the dtype and on
+    the device of the keys, as zeros: a shorter row's masked positions are still read, so they must be finite.
+    `lengths[r]` counts the positions row r holds. The cache stands for all its rows; rows(start, stop) is a view
+    of some of them that shares storage and lengths (the engine runs a pass over the active rows, or one row).
+    """
+
+    def __init__(self, n_layer: int, capacity: int, slots: int = 1) -> None:
+        self.capacity, self.slots = capacity, slots
+        self.lengths = [0] * slots
+        self.keys: list[torch.Tensor | None] = [None] * n_layer
+        self.values: list[torch.Tensor | None] = [None] * n_layer
+        self.start, self.stop = 0, slots
+        # Set by extend for the pass that follows: where its keys go, and how many positions it attends over.
+        self._offset, self._end = 0, 0
+        self._positions: torch.Tensor | None = None  # (B, T) when rows differ in length, else None
+        self._mask: torch.Tensor | None = None
+
+    def rows(self, start: int, stop: int) -> KVCache:
+        """A view of rows start..stop-1 for one forward pass over a batch of stop - start rows."""
+        if not 0 <= start < stop <= self.slots:
+            raise ValueError(f"rows {start}..{stop - 1} are not in a cache of {self.slots} rows")
+        view = copy.copy(self)  # shares the storage lists and lengths; the per-pass fields are its own
+        view.start, view.stop = start, stop
+        return view
+
+    def extend(self, batch: int, new: int, device: torch.device) -> torch.Tensor:
+        """Make room for `new` tokens after each row's last and return their positions: (new,) when the rows are
+        equally long, else (batch, new). ValueError past capacity or for a batch that is not this view's rows."""
+        if batch != self.stop - self.start:
+            raise ValueError(f"a batch of {batch} rows for a cache view of {self.stop - self.start} rows")
+        lengths = self.lengths[self.start : self.stop]
+        self._end = max(lengths) + new
+        if self._end > self.capacity:
+            raise ValueError(f"sequence of {self._end} tokens is longer than the cache's {self.capacity} positions")
+        self.lengths[self.start : self.stop] = [length + new for length in lengths]
+        if min(lengths) == max(lengths):  # the common case keeps slice writes and needs no mask beyond causality
+            self._offset, self._positions, self._mask = lengths[0], None, None
+            return torch.arange(lengths[0], self._end, device=device)
+        self._positions = torch.tensor(lengths, device=device)[:, None] + torch.arange(new, device=device)
+        # Query t of row b sees keys 0..(its own position): its own earlier tokens, never another row's padding.
+        self._mask = (torch.arange(self._end, device=device) <= self._positions[:, :, None])[:, None]
+        return self._positions
+
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Store k, v (B, nh, T, hd) of `layer` for the pass extend prepared. Returns the keys and values to attend
+        over (B, nh, S, hd) and a boolean mask (B, 1, T, S), or None when every row is equally long (then query t
+        sees keys 0..S-T+t, plain causal attention)."""
+        if self.keys[layer] is None:
+            shape = (self.slots, k.shape[1], self.capacity, k.shape[3])
+            self.keys[layer], self.values[layer] = k.new_zeros(shape), v.new_zeros(shape)
+        keys, values = self.keys[layer][self.start : self.stop], self.values[layer][self.start : self.stop]
+        if self._positions is None:
+            keys[:, :, self._offset : self._end] = k
+            values[:, :, self._offset : self._end] = v
+        else:  # each row writes at its own positions
+            rows = torch.arange(k.shape[0], device=k.device)[:, None]
+            keys[rows, :, self._positions] = k.transpose(1, 2).to(keys.dtype)  # index_put casts nothing itself
+            values[rows, :, self._positions] = v.transpose(1, 2).to(values.dtype)
+        return keys[:, :, : self._end], values[:, :, : self._end], self._mask
+
+    def move(self, source: int, target: int) -> None:
+        """Copy row `source` (its keys, values and length) over row `target`."""
+        length = self.lengths[source]
+        for keys, values in zip(self.keys, self.values):
+            if keys is not None:
+                keys[target, :, :length] = keys[source, :, :length]
+                values[target, :, :length] = values[source, :, :length]
+        self.lengths[target] = length
+
+
+def sample_next_token(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Pick one token per row from logits (B, V): greedy at temperature 0, else sampled after top-k/top-p."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() if temperature == 1.0 else logits.float() / temperature
+    candidates = None  # the token id of each column, once logits are narrowed and sorted
+    if top_k is not None and top_k < logits.size(-1):
+        logits, candidates = torch.topk(logits, top_k, dim=-1)  # then sample among k columns, not all V
+    if top_p is not None and top_p < 1.0:
+        if candidates is None:
+            logits, candidates = torch.sort(logits, descending=True, dim=-1)
+        probs = logits.softmax(dim=-1)
+        logits = logits.masked_fill(probs.cumsum(dim=-1) - probs >= top_p, float("-inf"))  # mass before >= p
+    choice = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
+    return (choice if candidates is None else candidates.gather(-1, choice)).squeeze(-1)
+
+
+@dataclass(eq=False)
+class Request:
+    """One prompt to continue. The engine appends the tokens it makes to `output` and sets `finish_reason`
+    ("stop": a stop token was made, and is the last of output; "length": max_new_tokens made; "removed").
+
+    seed gives the request its own random generator (so its tokens do not depend on the batch); generator
+    instead shares a caller's generator (GPT.generate's); with neither, sampling uses torch's global generator.
+    """
+
+    prompt: list[int]
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    stop_tokens: Sequence[int] = ()
+    seed: int | None = None
+    generator: torch.Generator | None = None
+    output: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def validate(self) -> None:
+        if not self.prompt:
+            raise ValueError("a request needs a prompt of at least one token")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k <= 0:
+            raise ValueError(f"top_k must be positive or None, got {self.top_k}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p}")
+        if self.seed is not None and self.generator is not None:
+            raise ValueError("give a request a seed or a generator, not both")
+
+    def last_token(self) -> int:
+        """The token the next step feeds: the last one made, or the prompt's last."""
+        return self.output[-1] if self.output else self.prompt[-1]
+
+
+class Engine:
+    """Generates for up to `slots` requests at once, one token per step; requests come and go between steps.
+
+    Row r of the cache belongs to active[r]; a finished or removed request's row is refilled by moving the last
+    active row into it, so a pass always covers rows 0..n-1. `cpu_fast_path` applies gptkit.cpu_decoding to the
+    model when its weights are float32 on the CPU (the default; False measures or debugs the plain path).
+    """
+
+    def __init__(self, model: nn.Module, slots: int = 1, cpu_fast_path: bool = True) -> None:
+        if slots <= 0:
+            raise ValueError(f"an engine needs at least one slot, got {slots}")
+        config = model.config
+        self.model, self.block_size = model, config.block_size
+        self.keep = config.block_size - config.block_size // 4  # tokens a full window slides down to
+        self.device = next(model.parameters()).device
+        self.cache = KVCache(config.n_layer, config.block_size, slots)
+        self.active: list[Request] = []
+        if cpu_fast_path and cpu_decoding.suits_fast_path(model):
+            cpu_decoding.optimize_for_cpu_decoding(model)
+
+    @property
+    def free_slots(self) -> int:
+        return self.cache.slots - len(self.active)
+
+    @torch.no_grad()
+    def add(self, request: Request) -> None:
+        """Prefill `request`'s prompt (its last block_size tokens) on its own into a free row; its first token
+        comes with the next step. A request with max_new_tokens=0 finishes at once and takes no row."""
+        request.validate()
+        if request.finish_reason is not None or request in self.active:
+            raise ValueError("this request has already been added")
+        if request.max_new_tokens == 0:
+            request.finish_reason = "length"
+            return
+        if not self.free_slots:
+            raise RuntimeError(f"all {self.cache.slots} slots are busy; step until a request finishes")
+        if request.seed is not None:
+            request.generator = torch.Generator(device=self.device).manual_seed(request.seed)
+        self.active.append(request)
+        self._fill(len(self.active) - 1, request.prompt[-self.block_size :])
+
+    def remove(self, request: Request, reason: str = "removed") -> None:
+        """Take an active request out between steps and free its row."""
+        row = self.active.index(request)  # ValueError when it is not active
+        last = len(self.active) - 1
+        if row != last:  # keep the active rows contiguous
+            self.cache.move(last, row)
+            self.active[row] = self.active[last]
+        self.active.pop()
+        self.cache.lengths[last] = 0
+        request.finish_reason = reason
+
+    @torch.no_grad()
+    def step(self) -> list[tuple[Request, int]]:
+        """Make one token for every active request; return (request, token) pairs in row order. Requests that
+        finish (a stop token, or max_new_tokens reached) leave the engine."""
+        if not self.active:
+            return []
+        for row, request in enumerate(self.active):
+            if self.cache.lengths[row] == self.block_size:  # window full: slide, as this request would alone
+                self._fill(row, (request.prompt + request.output)[-self.keep :])
+        idx = torch.tensor([[request.last_token()] for request in self.active], device=self.device)
+        logits, _ = self.model(idx, cache=self.cache.rows(0, len(self.active)))
+        tokens = self._sample(logits[:, -1])
+        made = list(zip(self.active, tokens))
+        for request, token in made:
+            request.output.append(token)
+            if token in request.stop_tokens:
+                self.remove(request, "stop")
+            elif len(request.output) >= request.max_new_tokens:
+                self.remove(request, "length")
+        return made
+
+    def run(self, requests: Iterable[Request]) -> Iterator[list[tuple[Request, int]]]:
+        """Generate every request, adding waiting ones in order whenever a row is free (continuous batching);
+        yield each step's (request, token) pairs. Requests may be removed between steps."""
+        waiting = deque(requests)
+        while True:
+            while waiting and self.free_slots:
+                self.add(waiting.popleft())
+            if not self.active:
+                return
+            yield self.step()
+
+    def _fill(self, row: int, context: list[int]) -> None:
+        """Make cache row `row` hold context[:-1], computed on its own; the next step feeds context[-1]."""
+        self.cache.lengths[row] = 0
+        if len(context) > 1:
+            self.model(torch.tensor([context[:-1]], device=self.device), cache=self.cache.rows(row, row + 1))
+
+    def _sample(self, logits: torch.Tensor) -> list[int]:
+        """One token per active row; rows with the same settings and generator are sampled in one call."""
+        groups: dict[tuple, list[int]] = {}
+        for row, request in enumerate(self.active):
+            settings = (request.temperature, request.top_k, request.top_p, id(request.generator))
+            groups.setdefault(("greedy",) if request.temperature == 0 else settings, []).append(row)
+        tokens = [0] * len(self.active)
+        for rows in groups.values():
+            first = self.active[rows[0]]
+            part = logits if len(rows) == len(tokens) else logits[rows]
+            chosen = sample_next_token(part, first.temperature, first.top_k, first.top_p, first.generator)
+            for row, token in zip(rows, chosen.tolist()):
+                tokens[row] = token
+        return tokens
+
+
+def generate_stream(
+    model: nn.Module,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop_tokens: Sequence[int] | None = None,
+    generator: torch.Generator | None = None,
+    cpu_fast_path: bool = True,
+) -> Iterator[torch.Tensor]:
+    """Yield the next token of every row of idx (B, T) as a (B,) tensor, up to max_new_tokens steps.
+
+    All rows share `generator` and the settings. A row that has made a stop token repeats it; the stream ends
+    early once every row has stopped. See Engine for the cache, the sliding window and the CPU fast path.
+    """
+    requests = [Request(row, max_new_tokens, temperature, top_k, top_p, tuple(stop_tokens or ()), generator=generator)
+                for row in idx.tolist()]  # fmt: skip
+    engine = Engine(model, slots=len(requests), cpu_fast_path=cpu_fast_path)
+    for _ in engine.run(requests):
+        yield torch.tensor([request.output[-1] for request in requests], dtype=idx.dtype, device=idx.device)

@@ -1,0 +1,367 @@
+"""gptkit/engine.py and gptkit/cpu_decoding.py: KV cache rows, sampling, the step-based engine, the CPU fast path.
+
+Expected tokens come from `reference_greedy`: a full forward pass of the plain model (no cache) over the window
+each step should see, written out here from the rule (the prompt's last block_size tokens; when a window would
+pass block_size it restarts from the last 3/4 of a window).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from gptkit.cpu_decoding import DecodingLinear, onednn_linear_available, optimize_for_cpu_decoding
+from gptkit.engine import Engine, KVCache, Request, generate_stream, sample_next_token
+from model import GPT, GPTConfig
+
+POSITIONS = ["learned", "sinusoidal", "rope"]
+VOCAB = 37
+
+
+def lively_model(seed: int = 0, **overrides) -> GPT:
+    """A tiny model with weights large enough that greedy decoding keeps changing tokens (GPT-2's small init
+    makes a random model repeat one token, which would hide a wrong window or a wrong row)."""
+    settings = dict(block_size=16, vocab_size=VOCAB, n_layer=2, n_head=2, n_embd=32, tie_embeddings=False)
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**{**settings, **overrides})).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() >= 2:
+                param.normal_(0.0, 1.0 if ".wte" in name or ".wpe" in name else 2.0 / param.shape[-1] ** 0.5)
+    return model
+
+
+def plain_copy(model: GPT) -> GPT:
+    """The same weights in a model the engine has never touched (no fast path)."""
+    copy = GPT(model.config).eval()
+    copy.load_state_dict(model.state_dict())
+    return copy
+
+
+def reference_greedy(model: GPT, prompt: list[int], steps: int) -> list[int]:
+    """Greedy tokens by a full forward pass of the plain model over each step's window (no cache)."""
+    block = model.config.block_size
+    tokens, start = list(prompt), max(0, len(prompt) - block)
+    with torch.no_grad():
+        for _ in range(steps):
+            if len(tokens) - start > block:  # the window is full: keep its last 3/4
+                start = len(tokens) - (block - block // 4)
+            logits, _ = model(torch.tensor([tokens[start:]]), torch.zeros(1, len(tokens) - start, dtype=torch.long))
+            tokens.append(int(logits[0, -1].argmax()))
+    return tokens[len(prompt) :]
+
+
+def run_alone(model: GPT, request: Request, fast: bool = True) -> list[int]:
+    engine = Engine(model, slots=1, cpu_fast_path=fast)
+    for _ in engine.run([request]):
+        pass
+    return request.output
+
+
+def prompts_of(*lengths: int, seed: int = 1) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+
+
+# ----------------------------------------------------------------------------------------------- KV cache
+
+
+@pytest.mark.parametrize("pos_encoding", POSITIONS)
+@pytest.mark.parametrize("attention", ["sdpa", "math"])
+def test_cache_rows_of_different_lengths_give_each_row_its_own_logits(pos_encoding, attention):
+    """Two rows at lengths 3 and 7 step together through a masked pass; each equals its own full forward."""
+    model = lively_model(pos_encoding=pos_encoding, attention=attention)
+    short, long = prompts_of(8, 12)
+    cache = KVCache(model.config.n_layer, model.config.block_size, slots=2)
+    with torch.no_grad():
+        model(torch.tensor([short[:3]]), cache=cache.rows(0, 1))
+        model(torch.tensor([long[:7]]), cache=cache.rows(1, 2))
+        for step in range(5):
+            idx = torch.tensor([[short[3 + step]], [long[7 + step]]])
+            logits, _ = model(idx, cache=cache)
+            for row, tokens in enumerate((short[: 4 + step], long[: 8 + step])):
+                full, _ = model(torch.tensor([tokens]))
+                torch.testing.assert_close(logits[row, -1], full[0, -1], rtol=0, atol=1e-5)
+    assert cache.lengths == [8, 12]
+
+
+def test_cache_refuses_to_pass_its_capacity_and_a_batch_of_the_wrong_size():
+    model = lively_model()
+    cache = KVCache(model.config.n_layer, 16, slots=2)
+    with torch.no_grad(), pytest.raises(ValueError, match="longer than the cache"):
+        model(torch.zeros(2, 17, dtype=torch.long), cache=cache)
+    with torch.no_grad(), pytest.raises(ValueError, match="a batch of 1 rows"):
+        model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+
+
+def test_moving_a_row_keeps_its_continuation():
+    model = lively_model()
+    (prompt,) = prompts_of(9)
+    cache = KVCache(model.config.n_layer, 16, slots=3)
+    with torch.no_grad():
+        model(torch.tensor([prompt[:-1]]), cache=cache.rows(2, 3))
+        cache.move(2, 0)
+        logits, _ = model(torch.tensor([prompt[-1:]]), cache=cache.rows(0, 1))
+        full, _ = model(torch.tensor([prompt]))
+    torch.testing.assert_close(logits[0, -1], full[0, -1], rtol=0, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------- sampling
+
+
+def test_sampling_controls():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0, -1.0]])
+    assert sample_next_token(logits, temperature=0).item() == 1
+    generator = torch.Generator().manual_seed(0)
+    top2 = {sample_next_token(logits, 1.0, top_k=2, generator=generator).item() for _ in range(200)}
+    assert top2 == {1, 2}
+    probs = F.softmax(logits, -1)[0]  # sorted: 1 (0.64), 2 (0.24), 0 (0.09), ...
+    p = (probs[1] + 0.5 * probs[2]).item()  # needs tokens 1 and 2 to reach p
+    nucleus = {sample_next_token(logits, 1.0, top_p=p, generator=generator).item() for _ in range(300)}
+    assert nucleus == {1, 2}
+    only_top = {sample_next_token(logits, 1.0, top_p=0.1, generator=generator).item() for _ in range(50)}
+    assert only_top == {1}
+    a = sample_next_token(logits.repeat(8, 1), 1.0, generator=torch.Generator().manual_seed(5))
+    b = sample_next_token(logits.repeat(8, 1), 1.0, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p, kept",
+    [(1.0, None, None, [0, 1, 2, 3, 4]), (1.0, 3, None, [1, 2, 0]), (1.0, None, 0.8, [1, 2]),
+     (1.0, 4, 0.9, [1, 2, 0]), (0.5, 2, None, [1, 2])],
+)  # fmt: skip
+def test_sampling_frequencies_follow_the_renormalized_distribution(temperature, top_k, top_p, kept):
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0, -1.0]]).repeat(20_000, 1)  # probabilities .09 .64 .24 .03 .01
+    tokens = sample_next_token(logits, temperature, top_k, top_p, torch.Generator().manual_seed(0))
+    frequencies = torch.bincount(tokens, minlength=5).double() / tokens.numel()
+    expected = torch.zeros(5, dtype=torch.float64)
+    expected[kept] = F.softmax(logits[0, kept].double() / temperature, dim=-1)
+    torch.testing.assert_close(frequencies, expected, rtol=0, atol=0.01)
+
+
+# ----------------------------------------------------------------------------------------------- the engine
+
+
+@pytest.mark.parametrize("pos_encoding", POSITIONS)
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_cached_greedy_equals_uncached_recompute(pos_encoding, qk_norm):
+    model = lively_model(pos_encoding=pos_encoding, qk_norm=qk_norm)
+    reference = plain_copy(model)
+    prompt = torch.tensor(prompts_of(5, 5))
+    out = model.generate(prompt, max_new_tokens=30, temperature=0)  # the default call: fast path on the CPU
+    for row in range(2):
+        expected = reference_greedy(reference, prompt[row].tolist(), 30)
+        assert out[row, 5:].tolist() == expected
+        assert len(set(expected)) > 4  # the test model really changes tokens
+    plain = generate_stream(reference, prompt, 30, temperature=0, cpu_fast_path=False)
+    assert torch.equal(torch.stack(list(plain), dim=1), out[:, 5:])
+    assert type(reference.lm_head) is torch.nn.Linear  # cpu_fast_path=False leaves the model alone
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "math"])
+@pytest.mark.parametrize("pos_encoding", ["learned", "rope"])
+def test_different_length_batch_gives_each_row_its_alone_greedy_tokens(attention, pos_encoding):
+    """Prompts of 3, 9 and 14 tokens, block 16, 40 new tokens: every row slides, each at its own step."""
+    model = lively_model(attention=attention, pos_encoding=pos_encoding)
+    reference = plain_copy(model)
+    prompts = prompts_of(3, 9, 14)
+    requests = [Request(prompt, 40, temperature=0) for prompt in prompts]
+    engine = Engine(model, slots=3)
+    steps = list(engine.run(requests))
+    assert len(steps) == 40 and [len(step) for step in steps] == [3] * 40
+    for prompt, request in zip(prompts, requests):
+        assert request.output == reference_greedy(reference, prompt, 40)
+        assert request.finish_reason == "length"
+    assert not engine.active and engine.free_slots == 3
+
+
+def test_seeded_requests_draw_the_same_tokens_alone_and_batched():
+    model = lively_model(seed=1)
+    prompts = prompts_of(2, 11, 6)
+    settings = [dict(temperature=0.9, top_k=10), dict(temperature=1.2, top_p=0.9), dict(temperature=0.7)]
+
+    def requests() -> list[Request]:
+        return [Request(p, 30, seed=100 + i, **s) for i, (p, s) in enumerate(zip(prompts, settings))]
+
+    alone = [run_alone(model, request) for request in requests()]
+    batched = requests()
+    for _ in Engine(model, slots=3).run(batched):
+        pass
+    assert [request.output for request in batched] == alone
+    again = requests()[0]
+    assert run_alone(model, again) == alone[0]
+    assert run_alone(model, Request(prompts[0], 30, seed=7, **settings[0])) != alone[0]
+
+
+def test_a_stop_token_ends_one_row_while_the_others_go_on():
+    model = lively_model(seed=2)
+    reference = plain_copy(model)
+    prompts = prompts_of(4, 7, 10)
+    free = [reference_greedy(reference, prompt, 20) for prompt in prompts]
+    stop = next(token for token in free[0][3:] if all(token not in tokens for tokens in free[1:]))
+    first = free[0].index(stop)  # row 0 stops there; rows 1 and 2 never make the token
+    assert first < 15
+    requests = [Request(prompt, 20, temperature=0, stop_tokens=[stop]) for prompt in prompts]
+    steps = list(Engine(model, slots=3).run(requests))
+    assert requests[0].output == free[0][: first + 1] and requests[0].finish_reason == "stop"
+    assert [r.output for r in requests[1:]] == free[1:]
+    assert [len(step) for step in steps] == [3] * (first + 1) + [2] * (20 - first - 1)
+
+
+def test_requests_join_and_leave_a_running_batch():
+    model = lively_model(seed=3)
+    reference = plain_copy(model)
+    a, b, c = (Request(p, 30, temperature=0) for p in prompts_of(5, 12, 2))
+    engine = Engine(model, slots=3)
+    engine.add(a)
+    engine.add(b)
+    for _ in range(6):
+        engine.step()
+    engine.add(c)  # prefilled on its own while a and b are 6 tokens in
+    for _ in range(4):
+        engine.step()
+    engine.remove(a)  # c moves into a's row
+    assert b.finish_reason is None and a.finish_reason == "removed" and engine.active == [c, b]
+    while engine.active:
+        engine.step()
+    assert a.output == reference_greedy(reference, a.prompt, 10)
+    assert b.output == reference_greedy(reference, b.prompt, 30)
+    assert c.output == reference_greedy(reference, c.prompt, 30)
+
+
+def test_run_queues_more_requests_than_slots():
+    model = lively_model(seed=4)
+    reference = plain_copy(model)
+    requests = [Request(p, n, temperature=0) for p, n in zip(prompts_of(3, 6, 9, 4), (5, 12, 7, 3))]
+    for step in Engine(model, slots=2).run(requests):
+        assert len(step) <= 2
+    assert [r.output for r in requests] == [reference_greedy(reference, r.prompt, r.max_new_tokens) for r in requests]
+
+
+def test_engine_refuses_bad_requests_and_a_full_batch():
+    engine = Engine(lively_model(), slots=1)
+    for bad in (Request([], 3), Request([1], -1), Request([1], 3, temperature=-1.0), Request([1], 3, top_k=0),
+                Request([1], 3, top_p=1.5), Request([1], 3, seed=1, generator=torch.Generator())):  # fmt: skip
+        with pytest.raises(ValueError):
+            engine.add(bad)
+    engine.add(Request([1, 2], 3))
+    with pytest.raises(RuntimeError, match="slots are busy"):
+        engine.add(Request([1], 3))
+    nothing = Request([1], 0)
+    engine.add(nothing)  # nothing to make: finished at once, no row taken
+    assert nothing.finish_reason == "length" and len(engine.active) == 1
+
+
+def test_generate_past_block_size_and_the_stream_agree():
+    model = lively_model(pos_encoding="rope")
+    prompt = torch.tensor(prompts_of(20, 20))  # longer than the context: its last 16 tokens are used
+    out = model.generate(prompt, max_new_tokens=40, temperature=0)
+    assert out.shape == (2, 60) and torch.equal(out[:, :20], prompt)
+    steps = list(model.generate_stream(prompt, max_new_tokens=40, temperature=0))
+    assert torch.equal(torch.stack(steps, dim=1), out[:, 20:])
+    assert out[0, 20:].tolist() == reference_greedy(plain_copy(model), prompt[0].tolist(), 40)
+    assert torch.equal(model.generate(prompt, 0), prompt)
+
+
+def test_generate_stop_tokens_repeat_in_stopped_rows():
+    model = lively_model(seed=5)
+    prompt = torch.tensor(prompts_of(3, 3))
+    free = model.generate(prompt, 12, temperature=0)
+    stop = free[0, 6].item()
+    first = [(row[3:] == stop).nonzero() for row in free]
+    stopped = model.generate(prompt, 12, temperature=0, stop_tokens=[stop])
+    ends = [int(f[0]) + 3 if len(f) else free.shape[1] - 1 for f in first]
+    assert stopped.shape[1] == max(ends) + 1
+    for row, end in enumerate(ends):
+        assert torch.equal(stopped[row, : end + 1], free[row, : end + 1])
+        assert (stopped[row, end + 1 :] == stop).all()
+
+
+def test_seeded_generate_is_reproducible():
+    model = lively_model()
+    prompt = torch.tensor(prompts_of(3, 3))
+    a = model.generate(prompt, 10, temperature=0.9, top_k=10, generator=torch.Generator().manual_seed(7))
+    b = model.generate(prompt, 10, temperature=0.9, top_k=10, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(a, b)
+
+
+# ----------------------------------------------------------------------------------------------- CPU fast path
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fast_path_changes_speed_not_results(bias):
+    model = lively_model(seed=6, bias=bias, tie_embeddings=True)
+    plain = plain_copy(model)
+    keys = list(model.state_dict())
+    optimize_for_cpu_decoding(model)
+    optimize_for_cpu_decoding(model)  # idempotent
+    assert model.lm_head.weight is model.transformer.wte.weight  # still tied
+    assert list(model.state_dict()) == keys
+    fc = model.transformer.h[0].mlp.c_fc
+    assert isinstance(fc, DecodingLinear) and fc.weight.stride() == (1, 128)  # (in, out) contiguous in memory
+    assert fc.onednn == onednn_linear_available()
+    prompt = torch.tensor(prompts_of(4, 4))
+    with torch.no_grad():
+        torch.testing.assert_close(model(prompt)[0], plain(prompt)[0], rtol=0, atol=1e-5)
+    expected = torch.stack(list(generate_stream(plain, prompt, 20, temperature=0, cpu_fast_path=False)), dim=1)
+    assert torch.equal(model.generate(prompt, 20, temperature=0)[:, 4:], expected)
+
+
+def test_the_default_generate_call_takes_the_fast_path():
+    model = lively_model(seed=7)
+    assert type(model.lm_head) is torch.nn.Linear
+    prompt = torch.tensor(prompts_of(4))
+    with torch.profiler.profile() as profile:
+        model.generate(prompt, 3, temperature=0)
+    assert isinstance(model.lm_head, DecodingLinear)
+    calls = {event.name for event in profile.events()}
+    if onednn_linear_available():
+        assert "mkldnn::_linear_pointwise" in calls  # the direct kernel really ran
+    bf16 = lively_model(seed=7).to(torch.bfloat16)
+    bf16.generate(prompt, 2)
+    assert type(bf16.lm_head) is torch.nn.Linear  # measured slower in bfloat16: left alone
+
+
+def test_training_still_works_after_the_fast_path():
+    model, plain = lively_model(seed=8), lively_model(seed=8)
+    model.generate(torch.tensor(prompts_of(3)), 2)  # applies the fast path
+    model.train()
+    idx = torch.randint(0, VOCAB, (2, 16))
+    for net in (model, plain):
+        _, loss = net(idx, idx)
+        loss.backward()
+    for (name, a), (_, b) in zip(model.named_parameters(), plain.named_parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
+    optimizer = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95), "cpu")
+    before = model.lm_head.weight.detach().clone()
+    optimizer.step()
+    assert not torch.equal(before, model.lm_head.weight)
+    _, after = model(idx, idx)
+    assert after.item() < loss.item()
+
+
+def test_compiled_model_after_the_fast_path():
+    """torch.compile cannot lower the direct oneDNN call, so a compiled model must trace F.linear instead."""
+    model = optimize_for_cpu_decoding(lively_model(seed=2))
+    prompt = torch.tensor(prompts_of(6, 6))
+    with torch.no_grad():
+        expected, _ = model(prompt)
+        compiled, _ = torch.compile(model)(prompt)
+    torch.testing.assert_close(compiled, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not onednn_linear_available(), reason="needs oneDNN on an x86 CPU")
+@pytest.mark.parametrize("shape", [(3, 48), (2, 5, 48), (1, 1, 48)])
+def test_decoding_linear_matches_f_linear(shape):
+    torch.manual_seed(0)
+    layer = optimize_for_cpu_decoding(torch.nn.Sequential(torch.nn.Linear(48, 40)))[0]
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        strided = torch.randn(*shape[:-1], 96)[..., ::2]  # a view with gaps between its elements
+        torch.testing.assert_close(layer(strided), F.linear(strided, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    y = layer(x)  # with gradients on (training), the module stays on F.linear and autograd works
+    y.sum().backward()
+    torch.testing.assert_close(layer.bias.grad, torch.full((40,), float(x[..., 0].numel())))
