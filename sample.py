@@ -8,7 +8,6 @@ python sample.py --out_dir=out --interactive          # one prompt per line from
 from __future__ import annotations
 
 import codecs
-import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ import torch
 
 from gptkit.checkpoint import load_checkpoint, resolve_checkpoint
 from gptkit.devices import autocast, resolve_device, resolve_dtype
-from gptkit.engine import Engine, Request
+from gptkit.engine import Engine, Request, sampling_problem
 from gptkit.errors import UserError, run_cli
 from gptkit.hf_gpt2 import GPT2_HUB_NAMES
 from gptkit.settings import parse_settings, setting, setting_list
@@ -54,12 +53,9 @@ class SampleSettings:
             raise UserError(f"--max_new_tokens must be positive, got {self.max_new_tokens}")
         if self.num_samples <= 0:
             raise UserError(f"--num_samples must be positive, got {self.num_samples}")
-        if not 0 <= self.temperature < math.inf:
-            raise UserError(f"--temperature must be a finite number >= 0, got {self.temperature}")
-        if self.top_k is not None and self.top_k <= 0:
-            raise UserError(f"--top_k must be a positive integer or None, got {self.top_k}")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise UserError(f"--top_p must be in (0, 1], got {self.top_p}")
+        problem = sampling_problem(self.temperature, self.top_k, self.top_p)
+        if problem:
+            raise UserError(f"--{problem}")
         if self.checkpoint not in ("best", "latest"):
             raise UserError(f"--checkpoint must be best or latest, got {self.checkpoint!r}")
         if any(stop == "" for stop in self.stop):
@@ -207,16 +203,30 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    prompts = (line.rstrip("\n") for line in sys.stdin) if cfg.interactive else [read_prompt(cfg.start)]
-    for prompt in prompts:
-        if cfg.interactive and not prompt:
+    if not cfg.interactive:
+        answer(model, tokenizer, read_prompt(cfg.start), cfg, device, dtype, write)
+        write("\n")
+        return 0
+    for line in sys.stdin:
+        prompt = line.rstrip("\n")
+        if not prompt:
             continue  # an empty line asks for nothing
-        streaming = cfg.stream and cfg.num_samples == 1
-        samples = generate_samples(model, tokenizer, prompt, cfg, device, dtype, write if streaming else None)
-        if not streaming:
-            write(SEPARATOR.join(samples))
-        write(SEPARATOR if cfg.interactive else "\n")
+        try:
+            answer(model, tokenizer, prompt, cfg, device, dtype, write)
+        except UserError as exc:  # a bad prompt (e.g. a character the model never saw) must not end the session
+            print(f"error: {exc}; type another prompt", file=sys.stderr, flush=True)
+            continue
+        write(SEPARATOR)
     return 0
+
+
+def answer(model: GPT, tokenizer: Tokenizer, prompt: str, cfg: SampleSettings, device: torch.device,
+           dtype: torch.dtype, write: Callable[[str], None]) -> None:  # fmt: skip
+    """Generate for one prompt: sample 0 streamed as it comes when there is one sample, else all at the end."""
+    streaming = cfg.stream and cfg.num_samples == 1
+    samples = generate_samples(model, tokenizer, prompt, cfg, device, dtype, write if streaming else None)
+    if not streaming:
+        write(SEPARATOR.join(samples))
 
 
 if __name__ == "__main__":

@@ -259,10 +259,12 @@ class TrainBench:
 
 
 def run_train(args: list[str], out_dir: str) -> tuple[float, dict]:
-    """Run train.py with args into out_dir; return (wall seconds of the whole command, its summary.json)."""
+    """Run train.py with args into out_dir, a work directory of the benchmark's own (a run there replaces the
+    previous benchmark's); return (wall seconds of the whole command, its summary.json)."""
     start = time.perf_counter()
     train_py = str(Path(__file__).resolve().parent.parent / "train.py")
-    result = subprocess.run([sys.executable, train_py, *args, f"--out_dir={out_dir}"], capture_output=True, text=True)
+    command = [sys.executable, train_py, *args, f"--out_dir={out_dir}", "--overwrite=True"]
+    result = subprocess.run(command, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if result.returncode != 0:
         raise UserError(f"train.py {' '.join(args)} failed: {result.stderr.strip().splitlines()[-1:]}")

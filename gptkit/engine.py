@@ -130,6 +130,17 @@ def sample_next_token(
     return (choice if candidates is None else candidates.gather(-1, choice)).squeeze(-1)
 
 
+def sampling_problem(temperature: float, top_k: int | None, top_p: float | None) -> str | None:
+    """What is wrong with these sampling settings (None: nothing); the one place their rules live."""
+    if not 0 <= temperature < math.inf:
+        return f"temperature must be a finite number >= 0, got {temperature}"
+    if top_k is not None and top_k <= 0:
+        return f"top_k must be a positive integer or None, got {top_k}"
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        return f"top_p must be in (0, 1], got {top_p}"
+    return None
+
+
 @dataclass(eq=False)
 class Request:
     """One prompt to continue. The engine appends the tokens it makes to `output` and sets `finish_reason`
@@ -155,12 +166,9 @@ class Request:
             raise ValueError("a request needs a prompt of at least one token")
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
-        if not 0 <= self.temperature < math.inf:
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if self.top_k is not None and self.top_k <= 0:
-            raise ValueError(f"top_k must be positive or None, got {self.top_k}")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p}")
+        problem = sampling_problem(self.temperature, self.top_k, self.top_p)
+        if problem:
+            raise ValueError(problem)
         if self.seed is not None and self.generator is not None:
             raise ValueError("give a request a seed or a generator, not both")
 

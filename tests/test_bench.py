@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import make_char_data
 
 import bench
 from gptkit.cpu_decoding import onednn_linear_available
+from helpers import make_char_data
 
 REPO = Path(__file__).resolve().parent.parent
 

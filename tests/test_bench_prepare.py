@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import sample_text
 
 import bench_prepare
 from gptkit.errors import UserError
+from helpers import sample_text
 
 needs_gpt2_bpe = pytest.mark.skipif(
     not os.environ.get("TIKTOKEN_CACHE_DIR"), reason="GPT-2 BPE files needed offline (../shared/tiktoken_cache)"

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import clean_env, make_char_data
 
 from gptkit import data
 from gptkit.errors import UserError
 from gptkit.tokenizer import read_meta, write_meta
+from helpers import clean_env, make_char_data
 
 
 def whole_split(directory: Path, split: str) -> np.ndarray:

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import QuietHandler, ScriptedServer, serving
 
 from gptkit import download as dl
 from gptkit.errors import UserError
 from gptkit.fileio import sha256_file
+from helpers import QuietHandler, ScriptedServer, serving
 
 BODY = bytes(range(256)) * 400  # 100 KiB, every byte value
 BODY_SHA256 = hashlib.sha256(BODY).hexdigest()

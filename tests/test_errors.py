@@ -14,10 +14,10 @@ import textwrap
 import time
 
 import pytest
-from helpers import REPO, clean_env, run_main
 
 from gptkit.errors import EXIT_TERMINATED, Terminated, sigterm_raises
 from gptkit.signals import StopRequest
+from helpers import REPO, clean_env, run_main
 
 pytestmark = pytest.mark.skipif(
     signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, reason="SIGTERM is handled by whatever runs the tests"

@@ -10,6 +10,7 @@ import ast
 from pathlib import Path
 
 import pytest
+
 from helpers import REPO
 
 # Lowest first. A module may import from its own layer and the ones below it, never from a higher one.

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import FIXTURES, make_char_data, run_script
 
 from gptkit.checkpoint import load_checkpoint
 from gptkit.tokenizer import tokenizer_from_meta
+from helpers import FIXTURES, make_char_data, run_script
 from model import GPT
 
 CHECKPOINT = FIXTURES / "legacy_checkpoint.pt"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import serving_directory
 
 from gptkit.engine import Engine, Request
 from gptkit.errors import UserError
+from helpers import serving_directory
 from model import GPT, GPTConfig
 
 transformers = pytest.importorskip("transformers")

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import SHAKESPEARE
 
 from gptkit import tokenizer as tok
 from gptkit.errors import UserError
 from gptkit.prepare import discover, driver, inputs, writer
 from gptkit.prepare.items import is_val_document
 from gptkit.prepare.settings import PrepareSettings
+from helpers import SHAKESPEARE
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from gptkit import tokenizer as tok
+from gptkit.prepare.items import is_val_document
 from helpers import (
     REPO,
     SHAKESPEARE,
@@ -26,9 +29,6 @@ from helpers import (
     run_script,
     signal_mid_run,
 )
-
-from gptkit import tokenizer as tok
-from gptkit.prepare.items import is_val_document
 
 CORPUS = "prepare_data/corpus.py"
 

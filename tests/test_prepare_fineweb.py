@@ -14,6 +14,9 @@ import numpy as np
 import pyarrow as pa  # in requirements-test.txt: the optional dependency of fineweb.py
 import pyarrow.parquet as pq
 import pytest
+
+from gptkit import tokenizer as tok
+from gptkit.prepare.items import is_val_document
 from helpers import (
     REPO,
     SHAKESPEARE,
@@ -25,9 +28,6 @@ from helpers import (
     serving_directory,
     signal_mid_run,
 )
-
-from gptkit import tokenizer as tok
-from gptkit.prepare.items import is_val_document
 
 
 def documents(file_index: int) -> list[str | None]:

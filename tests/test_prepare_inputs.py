@@ -5,12 +5,11 @@ from __future__ import annotations
 import gzip
 from pathlib import Path
 
-from helpers import SHAKESPEARE
-
 from gptkit.prepare import inputs
 from gptkit.prepare.discover import find_inputs
 from gptkit.prepare.items import JsonlLines, SkippedDocument, TextPiece
 from gptkit.prepare.settings import PrepareSettings
+from helpers import SHAKESPEARE
 
 
 def test_find_cut_prefers_single_newline_between_words() -> None:

@@ -8,11 +8,11 @@ import runpy
 from typing import Any
 
 import pytest
-from helpers import REPO
 
 from gptkit.errors import UserError
 from gptkit.prepare.settings import PrepareSettings
 from gptkit.settings import parse_settings
+from helpers import REPO
 
 
 def script_settings(script: str, name: str) -> type:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import SHAKESPEARE, assert_script_error, clean_env, copy_gpt2_bpe_files, run_script, serving_directory
 
 from gptkit import tokenizer as tok
+from helpers import SHAKESPEARE, assert_script_error, clean_env, copy_gpt2_bpe_files, run_script, serving_directory
 
 
 def prepare(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

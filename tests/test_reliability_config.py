@@ -10,12 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import assert_one_line_error, assert_one_line_message, run_main, run_script, tiny_train_args
 
 import sample
 import train
 from gptkit.errors import UserError
 from gptkit.settings import parse_settings, read_config_file
+from helpers import assert_one_line_error, assert_one_line_message, run_main, run_script, tiny_train_args
 
 # Each snippet would create MARKER if executed; {marker} is replaced by its path.
 CODE_SNIPPETS = {

@@ -29,6 +29,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+import train
+from gptkit.errors import run_cli
+from gptkit.prepare.items import is_val_document
 from helpers import (
     REPO,
     QuietHandler,
@@ -41,10 +45,6 @@ from helpers import (
     serving,
     tiny_train_args,
 )
-
-import train
-from gptkit.errors import run_cli
-from gptkit.prepare.items import is_val_document
 
 TEXT = sample_text(20_000)
 BODY = TEXT.encode("utf-8")

@@ -22,6 +22,11 @@ from pathlib import Path
 
 import pytest
 import torch
+
+import sample
+import train
+from gptkit import checkpoint as ckpt
+from gptkit.errors import UserError
 from helpers import (
     REPO,
     assert_one_line_error,
@@ -32,11 +37,6 @@ from helpers import (
     sample_text,
     tiny_train_args,
 )
-
-import sample
-import train
-from gptkit import checkpoint as ckpt
-from gptkit.errors import UserError
 from model import GPT, GPTConfig, config_to_dict
 
 INTERVAL = 10  # eval_interval: a checkpoint every 10 steps

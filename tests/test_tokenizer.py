@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import SHAKESPEARE, copy_gpt2_bpe_files
 
 from gptkit import tokenizer
 from gptkit.errors import UserError
 from gptkit.tokenizer import CharTokenizer, TiktokenTokenizer
+from helpers import SHAKESPEARE, copy_gpt2_bpe_files
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,11 @@ from pathlib import Path
 
 import pytest
 import torch
+
+import train
+from gptkit import checkpoint as ckpt
+from gptkit.errors import UserError
+from gptkit.settings import parse_settings
 from helpers import (
     REPO,
     TINY_MODEL,
@@ -29,11 +34,6 @@ from helpers import (
     run_script,
     tiny_train_args,
 )
-
-import train
-from gptkit import checkpoint as ckpt
-from gptkit.errors import UserError
-from gptkit.settings import parse_settings
 from model import GPT, GPTConfig
 
 MAX_ITERS = 150  # long enough after the first checkpoint (step 10) for a kill to land mid-run

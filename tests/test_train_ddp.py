@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, TINY_MODEL, clean_env, make_char_data, tiny_train_args
 
 from gptkit import checkpoint as ckpt
+from helpers import REPO, TINY_MODEL, clean_env, make_char_data, tiny_train_args
 
 MAX_ITERS = 20
 # A 2-layer, 32-wide model, 4 micro-batches of 4 per step (whatever the number of processes), dropout on.
