@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -171,28 +170,25 @@ if os.environ.get("RANK") == os.environ.get("KILL_RANK") and not os.path.exists(
 """
 
 
-def test_torchrun_restart_after_a_killed_worker_ends_with_the_uninterrupted_weights(
+def test_a_relaunch_with_init_from_auto_after_a_killed_worker_ends_with_the_uninterrupted_weights(
     runs: dict[str, Path], tmp_path: Path
 ) -> None:
-    """--init_from=auto under torchrun --max-restarts=1: rank 1 is killed at step 15 (after the step-10 checkpoint);
-    torchrun restarts both workers, which resume from ckpt.pt and must end exactly where the uninterrupted run did."""
+    """What a preemptible job does: rank 1 is SIGKILLed at step 15 (after the step-10 checkpoint), the job fails,
+    and the same command is launched again with --init_from=auto. It resumes from ckpt.pt and must end exactly
+    where the uninterrupted run did. (torchrun's own --max-restarts relaunch is not used here: on this 2-core
+    machine its restarted gloo workers failed to connect to each other in about half the runs.)"""
     (tmp_path / "hooks").mkdir()
     (tmp_path / "hooks" / "sitecustomize.py").write_text(KILL_HOOK)
     marker, out_dir = tmp_path / "killed", tmp_path / "out"
     env = clean_env(PYTHONPATH=str(tmp_path / "hooks"), KILL_RANK="1", KILL_MARKER=str(marker))
     env["KILL_AT_BATCH"] = str(15 * RUN["gradient_accumulation_steps"])
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=1",
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                str(REPO / "train.py"), *tiny_train_args(runs["data"], out_dir, **RUN), "--init_from=auto"]  # fmt: skip
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    if result.returncode != 0 and "connectFullMesh failed" in result.stderr:
-        # Once, on a loaded 2-core machine, the restarted workers' gloo handshake timed out before training began
-        # (an infrastructure hiccup, not the resume under test): run the whole scenario again from the start.
-        shutil.rmtree(out_dir)
-        marker.unlink()
-        result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert marker.exists()  # the fault really happened
-    assert result.stdout.count("done:") == 1  # the first attempt died; the second finished
+    killed = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert killed.returncode != 0 and marker.exists()  # the fault really happened, and the job failed
+    assert ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == 10
+    relaunched = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert relaunched.returncode == 0, relaunched.stdout[-2000:] + relaunched.stderr[-3000:]
     entries = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
     assert [e["iter"] for e in entries if "val/loss" in e] == [0, 10, 20]  # resumed after step 10, not from 0
     restarted = ckpt.load_checkpoint(out_dir / "ckpt.pt")
