@@ -209,8 +209,6 @@ class Run:
     eval_sets: dict[str, data.FixedBatches]  # the same evaluation batches every time
     log: RunLog
     peak_flops: float | None
-    latest_path: Path  # out_dir/ckpt.pt
-    best_path: Path  # out_dir/best.pt
 
     @property
     def accumulation(self) -> int:
@@ -219,6 +217,14 @@ class Run:
     @property
     def tokens_per_iter(self) -> int:
         return self.cfg.gradient_accumulation_steps * self.cfg.batch_size * self.model.config.block_size
+
+    @property
+    def latest_path(self) -> Path:
+        return Path(self.cfg.out_dir) / ckpt.LATEST_NAME
+
+    @property
+    def best_path(self) -> Path:
+        return Path(self.cfg.out_dir) / ckpt.BEST_NAME
 
 
 def set_up(
@@ -263,8 +269,7 @@ def set_up(
     if procs.master and not cfg.eval_only:
         ckpt.remove_stale_temporaries(Path(cfg.out_dir))  # a run killed while saving leaves its temporary file behind
     run = Run(cfg, procs, device, meta, streams, model, wrapped, autocast(device, dtype), optimizer, scaler,
-              sampler, eval_sets, log, cfg.peak_flops or peak_flops_for_device(device, dtype),
-              Path(cfg.out_dir) / ckpt.LATEST_NAME, Path(cfg.out_dir) / ckpt.BEST_NAME)  # fmt: skip
+              sampler, eval_sets, log, cfg.peak_flops or peak_flops_for_device(device, dtype))  # fmt: skip
     dtype_name = str(dtype).removeprefix("torch.")
     log.say(runlog.header_line(model.get_num_params(), str(device), dtype_name, procs.world_size,
                                run.tokens_per_iter, str(data_dir)))  # fmt: skip
