@@ -206,6 +206,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     sampler: data.BatchSampler  # training batches; its position is saved in checkpoints
+    batches: data.BatchPrefetcher  # the sampler's batches, the next one read while a step computes
     eval_sets: dict[str, data.FixedBatches]  # the same evaluation batches every time
     log: RunLog
     peak_flops: float | None
@@ -253,6 +254,8 @@ def set_up(
         source = str(Path(cfg.out_dir) / ckpt.LATEST_NAME)
         iter_num, best_val_loss = ckpt.restore_training_state(checkpoint, source, model, optimizer, scaler, sampler)
         del checkpoint  # free the CPU copy of the weights
+    batches = data.BatchPrefetcher(sampler, device)
+    held.callback(batches.close)
     eval_sets = {
         split: data.FixedBatches(
             data.BatchSampler(streams[split], cfg.batch_size, block_size, cfg.seed, purpose), cfg.eval_iters
@@ -269,7 +272,7 @@ def set_up(
     if procs.master and not cfg.eval_only:
         ckpt.remove_stale_temporaries(Path(cfg.out_dir))  # a run killed while saving leaves its temporary file behind
     run = Run(cfg, procs, device, meta, streams, model, wrapped, autocast(device, dtype), optimizer, scaler,
-              sampler, eval_sets, log, cfg.peak_flops or peak_flops_for_device(device, dtype))  # fmt: skip
+              sampler, batches, eval_sets, log, cfg.peak_flops or peak_flops_for_device(device, dtype))  # fmt: skip
     dtype_name = str(dtype).removeprefix("torch.")
     log.say(runlog.header_line(model.get_num_params(), str(device), dtype_name, procs.world_size,
                                run.tokens_per_iter, str(data_dir)))  # fmt: skip
@@ -362,7 +365,9 @@ def train_step(run: Run, state: LoopState) -> tuple[int, float]:
     training.set_learning_rate(run.optimizer, lr)
     first = run.sampler.position + run.procs.rank * run.accumulation
     for micro in range(run.accumulation):
-        x, y = data.to_device(*run.sampler.batch(first + micro), run.device)
+        # This process's next batch: the following micro-batch, or the first of its group in the next step.
+        upcoming = first + micro + 1 if micro < run.accumulation - 1 else first + cfg.gradient_accumulation_steps
+        x, y = run.batches.get(first + micro, upcoming)
         # Dropout follows the data: seeded by the global micro-batch, whichever process draws it.
         torch.manual_seed(training.seed_for(cfg.seed, training.DROPOUT_STREAM, first + micro))
         with distributed.gradient_sync(wrapped, model, sync=micro == run.accumulation - 1):

@@ -156,23 +156,27 @@ def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> 
     if "hf" in paths:
         import transformers
 
-        hf_config = transformers.GPT2Config(vocab_size=50257, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        hf_config = transformers.GPT2Config(vocab_size=config.vocab_size, n_positions=config.block_size,
+                                            n_embd=config.n_embd, n_layer=config.n_layer, n_head=config.n_head,
+                                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
         models["hf"] = transformers.GPT2LMHeadModel(hf_config).eval().to(device)
         models["hf"].load_state_dict(hf_state_from(plain), strict=False)
     return models
 
 
-def bench_sample(cfg: SampleBench) -> list[dict]:
+def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict]:
+    """Tokens/s of each generation path at each batch size; `config`: the model's shape (GPT-2 124M)."""
     unknown = sorted(set(cfg.paths) - set(SAMPLE_PATHS))
     if unknown:
         raise UserError(f"unknown --paths {unknown}; use {', '.join(SAMPLE_PATHS)}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
-    models = sample_models(GPTConfig(vocab_size=50257), cfg.paths, device)  # GPT-2 124M shape, random weights
+    config = config or GPTConfig(vocab_size=50257)  # GPT-2 124M shape, random weights
+    models = sample_models(config, cfg.paths, device)
     rows = []
     for batch in cfg.batch_sizes:
-        prompt = torch.randint(0, 50257, (batch, cfg.prompt_tokens), device=device)
+        prompt = torch.randint(0, config.vocab_size, (batch, cfg.prompt_tokens), device=device)
         runs = {path: (partial(run_sample_path, path, models, prompt, cfg.top_k),
                        cfg.uncached_new_tokens if path == "uncached" else cfg.new_tokens,
                        cfg.uncached_repeats if path == "uncached" else cfg.repeats) for path in cfg.paths}  # fmt: skip

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -223,6 +224,54 @@ def to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device) -> tuple[t
     if device.type == "cuda":
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.to(device), y.to(device)
+
+
+class BatchPrefetcher:
+    """A sampler's batches on `device`, the next one read (and on CUDA pinned and copied) on a background thread
+    while the current step computes.
+
+    `get(index, upcoming)` returns batch `index` and starts preparing batch `upcoming`, the one the caller will ask
+    for next. A batch is a pure function of its index, so prefetching never changes what training sees: a miss (the
+    first call, or a different index than announced) is read on the spot. On CUDA the copy runs on a stream of its
+    own and the compute stream waits for it, so the host-to-device transfer overlaps the previous step's kernels.
+    """
+
+    def __init__(self, sampler: BatchSampler, device: torch.device) -> None:
+        self.sampler, self.device = sampler, device
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-prefetch")
+        self._pending: tuple[int, Future] | None = None
+        self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def get(self, index: int, upcoming: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch `index` (x, y) on the device; then batch `upcoming` starts on the background thread."""
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == index:
+            x, y = pending[1].result()
+        else:
+            if pending is not None:
+                pending[1].cancel()
+            x, y = self._prepare(index)
+        if self._copy_stream is not None:
+            compute = torch.cuda.current_stream(self.device)
+            compute.wait_stream(self._copy_stream)  # the copy has been queued: kernels start after it lands
+            x.record_stream(compute)  # memory made on the copy stream is not reused while compute reads it
+            y.record_stream(compute)
+        if upcoming is not None:
+            self._pending = (upcoming, self._pool.submit(self._prepare, upcoming))
+        return x, y
+
+    def close(self) -> None:
+        """Stop the background thread (a batch being read is finished and dropped)."""
+        self._pending = None
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _prepare(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.sampler.batch(index)
+        if self._copy_stream is None:
+            return x.to(self.device), y.to(self.device)
+        # This thread's current CUDA device is not the caller's: name it, then queue the copy on the copy stream.
+        with torch.cuda.device(self.device), torch.cuda.stream(self._copy_stream):
+            return to_device(x, y, self.device)
 
 
 def bits_per_byte(loss_nats: float, split_info: dict) -> float | None:

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,6 +24,27 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `cuda` run where torch sees a CUDA GPU (or where GPU_TESTS_DEVICE names a device to run their
+    bodies on instead); elsewhere they are skipped, saying why."""
+    import torch
+
+    if torch.cuda.is_available() or os.environ.get("GPU_TESTS_DEVICE"):
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def gpu_device() -> torch.device:
+    """The device of the `cuda` tests: cuda, or GPU_TESTS_DEVICE (e.g. cpu, to check the tests themselves)."""
+    import torch
+
+    return torch.device(os.environ.get("GPU_TESTS_DEVICE", "cuda"))
 
 
 @pytest.fixture(autouse=True)

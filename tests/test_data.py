@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -165,3 +166,47 @@ def test_to_device_and_bits_per_byte() -> None:
     assert data.bits_per_byte(1.0, {"tokens": 100, "text_bytes": 0}) is None
     assert data.data_dir_for("shakespeare_char", None) == Path("data/shakespeare_char")
     assert data.data_dir_for("ignored", "/tmp/x") == Path("/tmp/x")
+
+
+class RecordingSampler(data.BatchSampler):
+    """A BatchSampler that notes which batch each call read and on which thread."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.reads: list[tuple[int, str]] = []
+
+    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.reads.append((index, threading.current_thread().name))
+        return super().batch(index)
+
+
+def test_prefetcher_gives_the_samplers_batches_whatever_is_announced(tmp_path: Path) -> None:
+    make_char_data(tmp_path, text="abcdefghij" * 40)
+    stream = data.open_split(tmp_path, "train")
+    sampler = data.BatchSampler(stream, batch_size=3, block_size=8, seed=5)
+    reference = data.BatchSampler(stream, batch_size=3, block_size=8, seed=5)
+    prefetcher = data.BatchPrefetcher(sampler, torch.device("cpu"))
+    # Announced right, announced wrong (a miss), nothing announced, then a jump (as after a resume).
+    calls = [(0, 1), (1, 7), (2, None), (9, 10), (10, 11), (11, None)]
+    try:
+        for index, upcoming in calls:
+            x, y = prefetcher.get(index, upcoming)
+            expected_x, expected_y = reference.batch(index)
+            assert torch.equal(x, expected_x) and torch.equal(y, expected_y), index
+    finally:
+        prefetcher.close()
+
+
+def test_prefetcher_reads_the_announced_batch_ahead_on_its_own_thread(tmp_path: Path) -> None:
+    make_char_data(tmp_path, text="abcdefghij" * 40)
+    sampler = RecordingSampler(data.open_split(tmp_path, "train"), batch_size=2, block_size=8, seed=1)
+    prefetcher = data.BatchPrefetcher(sampler, torch.device("cpu"))
+    try:
+        prefetcher.get(0, upcoming=1)
+        prefetcher._pending[1].result(timeout=10)  # batch 1 is ready before anyone asks for it
+        assert sampler.reads == [(0, "MainThread"), (1, sampler.reads[1][1])]
+        assert sampler.reads[1][1].startswith("batch-prefetch")
+        prefetcher.get(1, upcoming=None)
+        assert len(sampler.reads) == 2  # served from the prefetched copy, not read again
+    finally:
+        prefetcher.close()
