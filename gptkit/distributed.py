@@ -13,6 +13,7 @@ import os
 import sys
 
 import torch
+from torch.distributed.constants import default_pg_timeout
 
 from gptkit.devices import resolve_device
 from gptkit.errors import UserError
@@ -63,8 +64,23 @@ def start_processes(requested_device: str, backend: str, accumulation_steps: int
         torch.cuda.set_device(device)
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
-    torch.distributed.init_process_group(backend=backend)
+    torch.distributed.init_process_group(backend=backend, store=attempt_store(procs), rank=procs.rank,
+                                         world_size=procs.world_size)  # fmt: skip
     return procs, device
+
+
+def attempt_store(procs: Processes) -> torch.distributed.Store:
+    """The job's rendezvous store (MASTER_ADDR:MASTER_PORT), under a prefix of this attempt of the job.
+
+    torchrun --max-restarts relaunches the workers against the same agent store; without a prefix per attempt the
+    new processes read the dead ones' gloo addresses from it and fail with "Connection refused" or wait forever.
+    Under torchrun the agent hosts the store; under another launcher rank 0 does, as init_process_group would.
+    """
+    agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), procs.world_size,
+                                       is_master=procs.rank == 0 and not agent_hosts_it,
+                                       timeout=default_pg_timeout)  # fmt: skip
+    return torch.distributed.PrefixStore(f"attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
 
 
 def teardown(procs: Processes, finished: bool) -> None:

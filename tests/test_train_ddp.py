@@ -170,29 +170,53 @@ if os.environ.get("RANK") == os.environ.get("KILL_RANK") and not os.path.exists(
 """
 
 
-def test_a_relaunch_with_init_from_auto_after_a_killed_worker_ends_with_the_uninterrupted_weights(
-    runs: dict[str, Path], tmp_path: Path
-) -> None:
-    """What a preemptible job does: rank 1 is SIGKILLed at step 15 (after the step-10 checkpoint), the job fails,
-    and the same command is launched again with --init_from=auto. It resumes from ckpt.pt and must end exactly
-    where the uninterrupted run did. (torchrun's own --max-restarts relaunch is not used here: on this 2-core
-    machine its restarted gloo workers failed to connect to each other in about half the runs.)"""
+def run_killing_rank_1_at_step_15(tmp_path: Path, data_dir: Path, launcher: list[str]) -> tuple[Path, Path, list]:
+    """The kill hook armed for rank 1 at step 15 (after the step-10 checkpoint); returns (marker, out_dir, command)."""
     (tmp_path / "hooks").mkdir()
     (tmp_path / "hooks" / "sitecustomize.py").write_text(KILL_HOOK)
     marker, out_dir = tmp_path / "killed", tmp_path / "out"
     env = clean_env(PYTHONPATH=str(tmp_path / "hooks"), KILL_RANK="1", KILL_MARKER=str(marker))
     env["KILL_AT_BATCH"] = str(15 * RUN["gradient_accumulation_steps"])
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(REPO / "train.py"), *tiny_train_args(runs["data"], out_dir, **RUN), "--init_from=auto"]  # fmt: skip
+    command = [*launcher, str(REPO / "train.py"), *tiny_train_args(data_dir, out_dir, **RUN), "--init_from=auto"]
+    return marker, out_dir, [command, env]
+
+
+def assert_resumed_to_the_uninterrupted_weights(out_dir: Path, uninterrupted_dir: Path) -> None:
+    entries = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
+    assert [e["iter"] for e in entries if "val/loss" in e] == [0, 10, 20]  # resumed after step 10, not from 0
+    restarted = ckpt.load_checkpoint(out_dir / "ckpt.pt")
+    uninterrupted = ckpt.load_checkpoint(uninterrupted_dir / "ckpt.pt")
+    assert restarted["iter_num"] == uninterrupted["iter_num"] == MAX_ITERS
+    for key, tensor in uninterrupted["model"].items():
+        assert torch.equal(restarted["model"][key], tensor), key
+
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+
+
+def test_torchrun_max_restarts_after_a_killed_worker_ends_with_the_uninterrupted_weights(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """An elastic job: rank 1 is SIGKILLed at step 15, torchrun (--max-restarts=1) stops the other worker and starts
+    both again with the same command, --init_from=auto; they resume from the step-10 checkpoint and end exactly
+    where the uninterrupted run did."""
+    launcher = [*TORCHRUN, "--max-restarts=1", "--monitor-interval=0.5"]
+    marker, out_dir, (command, env) = run_killing_rank_1_at_step_15(tmp_path, runs["data"], launcher)
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert marker.exists()  # the fault really happened, so only the restart can have finished the job
+    assert_resumed_to_the_uninterrupted_weights(out_dir, runs["ddp"])
+
+
+def test_a_relaunch_with_init_from_auto_after_a_killed_worker_ends_with_the_uninterrupted_weights(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """What a preemptible job does without an elastic launcher: rank 1 is SIGKILLed at step 15, the job fails, and
+    the same command is launched again with --init_from=auto. It must end exactly where the uninterrupted run did."""
+    marker, out_dir, (command, env) = run_killing_rank_1_at_step_15(tmp_path, runs["data"], TORCHRUN)
     killed = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert killed.returncode != 0 and marker.exists()  # the fault really happened, and the job failed
     assert ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == 10
     relaunched = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert relaunched.returncode == 0, relaunched.stdout[-2000:] + relaunched.stderr[-3000:]
-    entries = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
-    assert [e["iter"] for e in entries if "val/loss" in e] == [0, 10, 20]  # resumed after step 10, not from 0
-    restarted = ckpt.load_checkpoint(out_dir / "ckpt.pt")
-    uninterrupted = ckpt.load_checkpoint(runs["ddp"] / "ckpt.pt")
-    assert restarted["iter_num"] == uninterrupted["iter_num"] == MAX_ITERS
-    for key, tensor in uninterrupted["model"].items():
-        assert torch.equal(restarted["model"][key], tensor), key
+    assert_resumed_to_the_uninterrupted_weights(out_dir, runs["ddp"])
