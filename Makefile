@@ -27,8 +27,16 @@ $(VENV)/.runtime: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
+# The playground test drives a real headless browser: Debian's chromium and chromium-driver, installed here when
+# missing and we are root with apt-get (elsewhere the test skips, saying what it needs).
 $(VENV)/.test: $(VENV)/.runtime requirements-test.txt
 	$(PY) -m pip install --quiet -r requirements-test.txt
+	@if command -v chromedriver >/dev/null 2>&1 && { command -v chromium || command -v chromium-browser; } >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing chromium and chromium-driver for the playground test"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
+	    || echo "note: could not install chromium; the playground browser test will be skipped"; \
+	else echo "note: no chromium/chromedriver; the playground browser test will be skipped (apt-get install chromium chromium-driver)"; fi
 	touch $@
 
 demo: $(VENV)/.runtime
@@ -49,6 +57,7 @@ bench: $(VENV)/.test
 	$(PY) benchmarks/bench.py sample
 	$(PY) benchmarks/bench.py quality --config=config/train_shakespeare_char_cpu.py --config=config/train_shakespeare_char_cpu_best.py
 	$(PY) benchmarks/bench_prepare.py --json_out=bench_results/prepare.json
+	$(PY) benchmarks/bench_serve.py --json_out=bench_results/serve.json
 
 clean-venv:
 	rm -rf $(VENV)

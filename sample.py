@@ -7,7 +7,6 @@ python sample.py --out_dir=out --interactive          # one prompt per line from
 
 from __future__ import annotations
 
-import codecs
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,13 +14,14 @@ from pathlib import Path
 
 import torch
 
-from gptkit.checkpoint import load_checkpoint, resolve_checkpoint
 from gptkit.devices import autocast, resolve_device, resolve_dtype
 from gptkit.engine import Engine, Request, sampling_problem
 from gptkit.errors import UserError, run_cli
-from gptkit.hf_gpt2 import GPT2_HUB_NAMES
+from gptkit.loading import load_model_and_tokenizer
+from gptkit.quantization import QUANTIZE_CHOICES, apply_quantization
 from gptkit.settings import parse_settings, setting, setting_list
-from gptkit.tokenizer import Tokenizer, make_tokenizer, read_meta, tokenizer_from_meta
+from gptkit.textstream import TextStream
+from gptkit.tokenizer import Tokenizer
 from model import GPT
 
 SEPARATOR = "\n" + "-" * 40 + "\n"
@@ -47,6 +47,8 @@ class SampleSettings:
     compile: bool = setting(False, "torch.compile the model (pays off only for long generations on a GPU)")
     interactive: bool = setting(False, "read prompts from stdin, one per line, until end of input")
     stream: bool = setting(True, "print tokens as they are generated (when num_samples is 1)")
+    quantize: str = setting("none", "none, or int8: int8 weights for CPU decoding (float32 compute)",
+                            choices=QUANTIZE_CHOICES)  # fmt: skip
 
     def validate(self) -> None:
         if self.max_new_tokens <= 0:
@@ -62,38 +64,6 @@ class SampleSettings:
             raise UserError("--stop needs a non-empty string")
 
 
-def load_model_and_tokenizer(cfg: SampleSettings) -> tuple[GPT, Tokenizer]:
-    """The model (on CPU, eval mode) and its tokenizer, from a checkpoint or GPT-2 weights."""
-    if cfg.init_from == "resume":
-        path = resolve_checkpoint(cfg.out_dir, cfg.checkpoint)
-        checkpoint = load_checkpoint(path)
-        model = GPT.from_checkpoint(checkpoint, str(path))
-        tokenizer_meta = checkpoint.get("tokenizer")
-        if cfg.data_dir:
-            tokenizer_meta = read_meta(cfg.data_dir)["tokenizer"]
-        if not tokenizer_meta:
-            raise UserError(
-                f"checkpoint {path} records no tokenizer; pass --data_dir=DIR with the meta.json it was trained on"
-            )
-        try:
-            tokenizer = tokenizer_from_meta(tokenizer_meta)
-        except UserError as exc:  # say where the tokenizer description came from
-            raise UserError(f"{cfg.data_dir or f'checkpoint {path}'}: {exc}") from exc
-    elif Path(cfg.init_from).is_dir() or cfg.init_from in GPT2_HUB_NAMES:
-        model = GPT.from_pretrained(cfg.init_from)
-        tokenizer = (
-            tokenizer_from_meta(read_meta(cfg.data_dir)["tokenizer"]) if cfg.data_dir else make_tokenizer("gpt2")
-        )
-    else:
-        raise UserError(f"--init_from={cfg.init_from!r}: use resume, a GPT-2 directory, or {', '.join(GPT2_HUB_NAMES)}")
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise UserError(
-            f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}; "
-            "pass the --data_dir the model was trained on"
-        )
-    return model.eval(), tokenizer
-
-
 def read_prompt(start: str) -> str:
     """The prompt text: `start` itself, or the contents of the file after a FILE: prefix."""
     if start.startswith("FILE:"):
@@ -105,43 +75,6 @@ def read_prompt(start: str) -> str:
         except UnicodeDecodeError as exc:
             raise UserError(f"prompt file {path} is not UTF-8 text (byte {exc.start})") from None
     return start
-
-
-class TextStream:
-    """Turns generated token ids into text for one sample: UTF-8 safe, and cut at the first stop string.
-
-    `push` takes the next token id and returns the text that is now safe to print: a multi-byte character split
-    across tokens is held back until complete, and so is any tail that could still become a stop string.
-    """
-
-    def __init__(self, tokenizer: Tokenizer, stops: list[str], eot_token: int | None) -> None:
-        self.tokenizer, self.stops, self.eot_token = tokenizer, stops, eot_token
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.text, self.printed, self.done = "", 0, False
-        self.hold_back = max((len(s) for s in stops), default=1) - 1
-
-    def push(self, token: int) -> str:
-        if self.done:
-            return ""
-        if token == self.eot_token:
-            return self.finish()
-        self.text += self.decoder.decode(self.tokenizer.decode_bytes([token]))
-        positions = [self.text.find(stop, max(0, self.printed - self.hold_back)) for stop in self.stops]
-        found = [p for p in positions if p >= 0]
-        if found:
-            self.text, self.done = self.text[: min(found)], True  # what follows the stop string is dropped
-            return self.finish()
-        safe_end = max(self.printed, len(self.text) - self.hold_back)
-        piece, self.printed = self.text[self.printed : safe_end], safe_end
-        return piece
-
-    def finish(self) -> str:
-        """Mark the sample complete and return the text not yet printed."""
-        if not self.done:
-            self.text += self.decoder.decode(b"", final=True)  # an incomplete character at the end shows as U+FFFD
-            self.done = True
-        piece, self.printed = self.text[self.printed :], len(self.text)
-        return piece
 
 
 def generate_samples(
@@ -194,8 +127,9 @@ def main(argv: list[str]) -> int:
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    model, tokenizer = load_model_and_tokenizer(cfg)
+    model, tokenizer = load_model_and_tokenizer(GPT, cfg.init_from, cfg.out_dir, cfg.checkpoint, cfg.data_dir)
     model.to(device)  # on the CPU in float32 the engine applies gptkit.cpu_decoding's fast path itself
+    apply_quantization(model, cfg.quantize, dtype)
     if cfg.compile:
         model = torch.compile(model)
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from gptkit import checkpoint as ckpt
-from gptkit import data, distributed, runlog, training
+from gptkit import data, distributed, evaluation, plotting, runlog, training
 from gptkit.devices import DTYPES, autocast, peak_flops_for_device, resolve_dtype, tune_for_training
 from gptkit.distributed import Processes
 from gptkit.errors import UserError, run_cli
@@ -59,6 +59,11 @@ class TrainSettings:
         False, "also the exact val loss over the whole val split (non-overlapping windows), at the end or eval_only"
     )
     always_save_checkpoint: bool = setting(True, "save ckpt.pt at every evaluation, not only when val improves")
+    eval_tasks: str = setting("", "also evaluate these tasks (comma-separated: hellaswag), see evaluate.py")
+    eval_tasks_interval: int | None = setting(None, "eval_tasks only at steps divisible by this", rule="positive")
+    eval_tasks_limit: int | None = setting(None, "eval_tasks: the first N items of each task", rule="positive")
+    hellaswag_path: str = setting("", "eval_tasks: HellaSwag JSONL file or URL (empty: the canonical val set, cached)")
+    curves: bool = setting(True, "draw out_dir/curves.png (plot.py's picture of log.jsonl) at each evaluation")
     init_from: str = setting("scratch", INIT_CHOICES_HELP)
     overwrite: bool = setting(False, "start afresh even where out_dir holds an earlier run's checkpoint, replacing it")
     seed: int = setting(1337, "seed for initialisation, data order and dropout")
@@ -208,6 +213,7 @@ class Run:
     sampler: data.BatchSampler  # training batches; its position is saved in checkpoints
     batches: data.BatchPrefetcher  # the sampler's batches, the next one read while a step computes
     eval_sets: dict[str, data.FixedBatches]  # the same evaluation batches every time
+    tasks: evaluation.TrainingTasks  # eval_tasks, scored at evaluations
     log: RunLog
     peak_flops: float | None
 
@@ -262,6 +268,8 @@ def set_up(
         )
         for split, purpose in (("train", data.PURPOSE_EVAL_TRAIN), ("val", data.PURPOSE_EVAL_VAL))
     }
+    tasks = evaluation.TrainingTasks(cfg.eval_tasks, cfg.eval_tasks_interval, cfg.eval_tasks_limit, cfg.hellaswag_path,
+                                     meta["tokenizer"], cfg.batch_size, procs)  # fmt: skip
 
     wandb = None
     if cfg.wandb_log:
@@ -271,8 +279,9 @@ def set_up(
     log = RunLog(procs.master, None if cfg.eval_only else Path(cfg.out_dir), wandb)  # eval_only writes nothing
     if procs.master and not cfg.eval_only:
         ckpt.remove_stale_temporaries(Path(cfg.out_dir))  # a run killed while saving leaves its temporary file behind
-    run = Run(cfg, procs, device, meta, streams, model, wrapped, autocast(device, dtype), optimizer, scaler,
-              sampler, batches, eval_sets, log, cfg.peak_flops or peak_flops_for_device(device, dtype))  # fmt: skip
+    run = Run(cfg, procs, device, meta, streams, model, wrapped, autocast(device, dtype), optimizer, scaler, sampler,
+              batches, eval_sets, tasks, log, cfg.peak_flops or peak_flops_for_device(device, dtype))  # fmt: skip
+    log.tokens_per_iter = run.tokens_per_iter
     dtype_name = str(dtype).removeprefix("torch.")
     log.say(runlog.header_line(model.get_num_params(), str(device), dtype_name, procs.world_size,
                                run.tokens_per_iter, str(data_dir)))  # fmt: skip
@@ -349,7 +358,9 @@ def evaluate_and_save(run: Run, state: LoopState, at_end: bool) -> None:
     if state.iter_num > 0 and (improved or run.cfg.always_save_checkpoint or at_end):
         saved = save_checkpoint_of_run(run, state, best=improved)
     run.log.say(runlog.eval_line(result, saved))
+    result.update(run.tasks.run(run.wrapped, state.iter_num, at_end, run.precision, run.log))
     run.log.record(result)
+    plotting.refresh_curves(run.cfg.out_dir, enabled=run.cfg.curves and run.procs.master)
     state.last_eval = result
     state.watch.restart(state.iter_num)
 

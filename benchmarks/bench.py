@@ -30,6 +30,7 @@ from gptkit.devices import resolve_device
 from gptkit.engine import generate_stream, sample_next_token
 from gptkit.errors import UserError, run_cli
 from gptkit.fileio import atomic_write_json
+from gptkit.quantization import quantize_int8
 from gptkit.settings import parse_settings, setting, setting_list
 from model import GPT, GPTConfig
 
@@ -75,8 +76,11 @@ def write_results(path: str, kind: str, settings: object, rows: list[dict]) -> N
 # ----------------------------------------------------------------------------------------------- sampling
 # generate: the documented call on a fresh model, `GPT(config).eval().generate(...)`, nothing else (the engine
 # applies the CPU fast path itself); cached: the same after an explicit optimize_for_cpu_decoding(), as before;
-# cached_plain: the engine with the fast path off; cached_bf16: bfloat16 weights; uncached: nanoGPT's loop.
-SAMPLE_PATHS = ("generate", "cached", "cached_plain", "cached_bf16", "uncached", "hf")
+# cached_plain: the engine with the fast path off; cached_bf16: bfloat16 weights; int8: int8 weights
+# (gptkit.quantization, as --quantize=int8); uncached: nanoGPT's loop.
+SAMPLE_PATHS = ("generate", "cached", "cached_plain", "cached_bf16", "int8", "uncached", "hf")
+# Bytes per weight a path reads in one decoding step (float32 elsewhere): the memory-speed bound's numerator.
+WEIGHT_BYTES = {"cached_bf16": 2, "int8": 1}
 
 
 @dataclass
@@ -92,6 +96,7 @@ class SampleBench:
         f"which generators: {', '.join(SAMPLE_PATHS)} (generate: the documented model.generate call alone; "
         "cached_plain: KV cache without the CPU fast path)",
     )
+    bandwidth_mb: int = setting(1024, "megabytes read to measure the memory read speed (0 = skip the bound)")
     uncached_new_tokens: int = setting(256, "tokens for the slow uncached path (fewer make it look faster)")
     uncached_repeats: int = setting(1, "runs of the slow uncached path")
     device: str = setting("cpu", "device to run on")
@@ -151,6 +156,10 @@ def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> 
         if path in paths:
             models[path] = GPT(config).eval().to(device, dtype)
             models[path].load_state_dict(plain.state_dict())
+    if "int8" in paths:
+        models["int8"] = GPT(config).eval()
+        models["int8"].load_state_dict(plain.state_dict())
+        quantize_int8(models["int8"])  # the CPU's int8 kernels (a UserError on other devices)
     if "cached" in models and device.type == "cpu":
         models["cached"].optimize_for_cpu_decoding()  # the explicit call, as sample.py made it before the engine
     if "hf" in paths:
@@ -164,6 +173,29 @@ def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> 
     return models
 
 
+def read_bandwidth(device: torch.device, megabytes: int, repeats: int = 5) -> float:
+    """Bytes/s the device reads: the best of `repeats` sums over a float32 buffer far larger than the caches."""
+    buffer = torch.ones(megabytes * 2**20 // 4, device=device)
+    best = float("inf")
+    for attempt in range(repeats + 1):  # the first one warms up
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        buffer.sum().item()
+        if attempt:
+            best = min(best, time.perf_counter() - start)
+    return buffer.numel() * 4 / best
+
+
+def add_memory_bound(rows: list[dict], models: dict, bandwidth: float) -> None:
+    """At batch 1 a decoding step reads every weight once: bound = read speed / weight bytes of the path."""
+    weights = models["plain"].get_num_params(non_embedding=True)  # the blocks and the head; lookups read a row
+    for row in rows:
+        if row["batch"] == 1 and row["path"] != "uncached":
+            bound = bandwidth / (weights * WEIGHT_BYTES.get(row["path"], 4))
+            row["bound_tokens_per_s"], row["of_bound"] = round(bound, 1), round(row["tokens_per_s"] / bound, 3)
+
+
 def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict]:
     """Tokens/s of each generation path at each batch size; `config`: the model's shape (GPT-2 124M)."""
     unknown = sorted(set(cfg.paths) - set(SAMPLE_PATHS))
@@ -174,6 +206,9 @@ def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict
     device = resolve_device(cfg.device)
     config = config or GPTConfig(vocab_size=50257)  # GPT-2 124M shape, random weights
     models = sample_models(config, cfg.paths, device)
+    bandwidth = read_bandwidth(device, cfg.bandwidth_mb) if cfg.bandwidth_mb else None
+    if bandwidth:
+        print(f"memory read speed: {bandwidth / 1e9:.3f} GB/s ({cfg.bandwidth_mb} MB summed, best of 5)")
     rows = []
     for batch in cfg.batch_sizes:
         prompt = torch.randint(0, config.vocab_size, (batch, cfg.prompt_tokens), device=device)
@@ -189,7 +224,10 @@ def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict
         for reference in ("hf", "uncached"):
             if (reference, row["batch"]) in by_key and row["path"] != reference:
                 row[f"x_{reference}"] = round(row["tokens_per_s"] / by_key[(reference, row["batch"])], 2)
-    print_table(rows, ["path", "batch", "new_tokens", "seconds", "tokens_per_s", "x_hf", "x_uncached"])
+    if bandwidth:
+        add_memory_bound(rows, models, bandwidth)
+    print_table(rows, ["path", "batch", "new_tokens", "seconds", "tokens_per_s", "x_hf", "x_uncached",
+                       "bound_tokens_per_s", "of_bound"])  # fmt: skip
     return rows
 
 

@@ -4,7 +4,8 @@
   A row's tokens sit at positions 0..length-1 (right padding); a forward pass reads and writes a range of rows.
 - sample_next_token: greedy, temperature, top-k and top-p sampling.
 - Request: one prompt with its own sampling settings, stop tokens, token budget and random generator (seed).
-- Engine: runs requests one token per step. A new request is prefilled on its own into a free row; each step
+- Engine: runs requests one token per step. A new request is prefilled into a free row (on its own, or in one
+  pass with the equally long prompts add_many adds with it); each step
   feeds the latest token of every active row in one batched forward pass and samples; a finished request frees
   its row. A row whose window is full slides on its own (rebuilt from the last 3/4 of a window), exactly when it
   would alone. So a request's tokens do not depend on what else is in the batch: greedy tokens are the same, and
@@ -201,22 +202,33 @@ class Engine:
     def free_slots(self) -> int:
         return self.cache.slots - len(self.active)
 
-    @torch.no_grad()
     def add(self, request: Request) -> None:
-        """Prefill `request`'s prompt (its last block_size tokens) on its own into a free row; its first token
-        comes with the next step. A request with max_new_tokens=0 finishes at once and takes no row."""
-        request.validate()
-        if request.finish_reason is not None or request in self.active:
-            raise ValueError("this request has already been added")
-        if request.max_new_tokens == 0:
-            request.finish_reason = "length"
-            return
-        if not self.free_slots:
+        """Prefill `request`'s prompt (its last block_size tokens) into a free row; its first token comes with the
+        next step. A request with max_new_tokens=0 finishes at once and takes no row."""
+        self.add_many([request])
+
+    @torch.no_grad()
+    def add_many(self, requests: Sequence[Request]) -> None:
+        """add() for several requests, all or none. Prompts of the same length are prefilled together, in one pass
+        over their rows (a server admitting a burst of requests saves a pass per request)."""
+        for request in requests:
+            request.validate()
+            if request.finish_reason is not None or request in self.active:
+                raise ValueError("this request has already been added")
+        starting = [request for request in requests if request.max_new_tokens > 0]
+        if len(starting) > self.free_slots:
             raise RuntimeError(f"all {self.cache.slots} slots are busy; step until a request finishes")
-        if request.seed is not None:
-            request.generator = torch.Generator(device=self.device).manual_seed(request.seed)
-        self.active.append(request)
-        self._fill(len(self.active) - 1, request.prompt[-self.block_size :])
+        same_length: dict[int, list[Request]] = {}
+        for request in requests:
+            if request.max_new_tokens == 0:
+                request.finish_reason = "length"
+                continue
+            if request.seed is not None:
+                request.generator = torch.Generator(device=self.device).manual_seed(request.seed)
+            same_length.setdefault(min(len(request.prompt), self.block_size), []).append(request)
+        for group in same_length.values():
+            self.active.extend(group)
+            self._fill(len(self.active) - len(group), *(request.prompt[-self.block_size :] for request in group))
 
     def remove(self, request: Request, reason: str = "removed") -> None:
         """Take an active request out between steps and free its row."""
@@ -261,11 +273,13 @@ class Engine:
                 return
             yield self.step()
 
-    def _fill(self, row: int, context: list[int]) -> None:
-        """Make cache row `row` hold context[:-1], computed on its own; the next step feeds context[-1]."""
-        self.cache.lengths[row] = 0
-        if len(context) > 1:
-            self.model(torch.tensor([context[:-1]], device=self.device), cache=self.cache.rows(row, row + 1))
+    def _fill(self, row: int, *contexts: list[int]) -> None:
+        """Make cache rows row, row + 1, ... hold contexts[i][:-1] (equally long), computed in one pass of their own;
+        the next step feeds each context's last token."""
+        self.cache.lengths[row : row + len(contexts)] = [0] * len(contexts)
+        if len(contexts[0]) > 1:
+            idx = torch.tensor([context[:-1] for context in contexts], device=self.device)
+            self.model(idx, cache=self.cache.rows(row, row + len(contexts)))
 
     def _sample(self, logits: torch.Tensor) -> list[int]:
         """One token per active row; rows with the same settings and generator are sampled in one call."""

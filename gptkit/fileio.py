@@ -81,7 +81,17 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
 
 def sha256_file(path: str | os.PathLike, block_bytes: int = 1 << 20) -> str:
     """Hex sha256 of the file at `path`, read in blocks so memory stays small whatever the file's size."""
-    digest = hashlib.sha256()
+    return _digest_file(hashlib.sha256(), path, block_bytes)
+
+
+def git_blob_sha1(path: str | os.PathLike, block_bytes: int = 1 << 20) -> str:
+    """The id git gives the file's content (sha1 of "blob SIZE\\0" and the bytes), as a repository's tree lists it:
+    the checksum to pin for a file published in a git repository."""
+    header = f"blob {os.path.getsize(path)}\0".encode()
+    return _digest_file(hashlib.sha1(header, usedforsecurity=False), path, block_bytes)
+
+
+def _digest_file(digest: Any, path: str | os.PathLike, block_bytes: int) -> str:
     with open(path, "rb") as handle:
         while block := handle.read(block_bytes):
             digest.update(block)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ class RunLog:
         self.master = master
         self.file = None
         self.wandb_run = None
+        self.tokens_per_iter: int | None = None  # when set, records also get "tokens" (iter × it) and "time" (Unix)
         if not master or out_dir is None:
             return
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -42,6 +44,8 @@ class RunLog:
 
     def record(self, entry: dict[str, Any]) -> None:
         """Append `entry` (which has "iter") to log.jsonl and log it to wandb at step entry["iter"]."""
+        if self.tokens_per_iter is not None:  # the x axes of gptkit.plotting's tokens and wall-time curves
+            entry = {**entry, "tokens": entry["iter"] * self.tokens_per_iter, "time": round(time.time(), 3)}
         if self.file is not None:
             self.file.write(json.dumps(entry) + "\n")
             self.file.flush()

@@ -1,4 +1,5 @@
-"""One interface over a character table and tiktoken encodings, plus reading and writing meta.json.
+"""One interface over a character table and tiktoken encodings (named ones, and BPEs trained here), plus reading
+and writing meta.json.
 
 A data directory's meta.json says which tokenizer produced its token files; `tokenizer_from_meta` rebuilds
 that tokenizer so training and sampling encode and decode exactly as preparation did.
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from gptkit import bpe
 from gptkit.errors import UserError
 from gptkit.fileio import atomic_write_json, sha256_file
 
@@ -106,7 +108,7 @@ class CharTokenizer:
         return {"kind": "char", "chars": list(self.chars), "eot": self.eot}
 
 
-def _gpt2_unicode_to_byte() -> dict[str, int]:
+def gpt2_unicode_to_byte() -> dict[str, int]:
     """GPT-2's reversible byte <-> printable-character mapping used in vocab.bpe and encoder.json.
 
     Printable Latin-1 bytes stand for themselves; the other bytes, in increasing order, are shifted to the
@@ -138,7 +140,7 @@ def load_gpt2_bpe_dir(bpe_dir: str | os.PathLike) -> dict[bytes, int]:
                 f"{path} has sha256 {actual[:16]}..., expected {expected[:16]}...: the file is corrupted or not "
                 "GPT-2's; copy it again"
             )
-    to_byte = _gpt2_unicode_to_byte()
+    to_byte = gpt2_unicode_to_byte()
     encoder = json.loads((directory / "encoder.json").read_text(encoding="utf-8"))
     ranks = {bytes(to_byte[ch] for ch in token): rank for token, rank in encoder.items() if token != END_OF_TEXT}
     # The merges file must agree with the ranks: merge n builds token 256 + n (tiktoken relies on this order).
@@ -213,12 +215,55 @@ class TiktokenTokenizer:
         return {"kind": "tiktoken", "encoding": self.name}
 
 
+class BpeTokenizer(TiktokenTokenizer):
+    """A byte-level BPE trained by prepare_data/train_tokenizer.py, encoded and decoded by tiktoken.
+
+    Built from its record (gptkit.bpe: the ranks text, its sha256, the pattern and special tokens), which
+    meta.json and checkpoints embed; `from_dir` reads a tokenizer directory. Any damage is a UserError naming
+    `where`.
+    """
+
+    kind = "bpe"
+
+    def __init__(self, record: dict[str, Any], where: str = "tokenizer") -> None:
+        import tiktoken
+
+        ranks = bpe.ranks_of_record(record, where)
+        self.name = record["name"]
+        self.bpe_dir = None
+        try:
+            self._encoding = tiktoken.Encoding(
+                name=self.name,
+                pat_str=record["pattern"],
+                mergeable_ranks=ranks,
+                special_tokens=dict(record["special_tokens"]),
+            )
+        except ValueError as exc:  # the pattern is no valid regex
+            raise UserError(f"{where}: tiktoken refuses the tokenizer ({exc}); {bpe.RETRAIN}") from None
+        self.vocab_size = self._encoding.n_vocab
+        self.eot_token = self._encoding._special_tokens.get(END_OF_TEXT)
+        # The record without what a checkpoint adds to it (vocab_size, eot_token): what meta.json stores.
+        self._record = {key: record[key] for key in bpe.RECORD_KEYS}
+
+    @classmethod
+    def from_dir(cls, directory: str | os.PathLike) -> BpeTokenizer:
+        """The tokenizer in a directory written by prepare_data/train_tokenizer.py."""
+        return cls(bpe.read_tokenizer_dir(directory), where=str(directory))
+
+    def to_meta(self) -> dict[str, Any]:
+        """The "tokenizer" object of meta.json: the whole tokenizer, ranks included, so a checkpoint suffices."""
+        return dict(self._record)
+
+
 def _get_tiktoken_encoding(name: str) -> Any:
     import tiktoken
 
     known = tiktoken.list_encoding_names()
     if name not in known:
-        raise UserError(f"unknown tokenizer {name!r}: use 'char' or a tiktoken encoding ({', '.join(known)})")
+        raise UserError(
+            f"unknown tokenizer {name!r}: use 'char', a tiktoken encoding ({', '.join(known)}) or a directory "
+            "written by prepare_data/train_tokenizer.py"
+        )
     try:
         return tiktoken.get_encoding(name)
     except Exception as exc:  # tiktoken raises requests/ValueError/OSError variants when it cannot fetch
@@ -233,8 +278,25 @@ def _get_tiktoken_encoding(name: str) -> Any:
 Tokenizer = CharTokenizer | TiktokenTokenizer
 
 
+def is_tokenizer_dir(name: str) -> bool:
+    """Whether a --tokenizer value names a tokenizer directory: a path (holds a separator, or is an existing
+    directory) that is not a tiktoken encoding name."""
+    import tiktoken
+
+    if name in tiktoken.list_encoding_names():
+        return False
+    return os.sep in name or "/" in name or Path(name).is_dir()
+
+
 def make_tokenizer(name: str, bpe_dir: str | os.PathLike | None = None) -> TiktokenTokenizer:
-    """A tiktoken tokenizer by name ('gpt2', 'cl100k_base', ...). Char tokenizers need a table: use CharTokenizer."""
+    """A tiktoken tokenizer by name ('gpt2', 'cl100k_base', ...) or a trained one from its directory (a path).
+
+    Char tokenizers need a table: use CharTokenizer.
+    """
+    if is_tokenizer_dir(name):
+        if bpe_dir is not None:
+            raise UserError("--bpe_dir is for GPT-2 BPE; it makes no sense with a trained tokenizer directory")
+        return BpeTokenizer.from_dir(name)
     return TiktokenTokenizer(name, bpe_dir=bpe_dir)
 
 
@@ -243,13 +305,17 @@ def tokenizer_from_meta(tokenizer_meta: dict, bpe_dir: str | os.PathLike | None 
     _check_tokenizer_meta(tokenizer_meta, "tokenizer")
     if tokenizer_meta["kind"] == "char":
         return CharTokenizer(tokenizer_meta["chars"], eot=bool(tokenizer_meta.get("eot", False)))
+    if tokenizer_meta["kind"] == bpe.KIND:
+        return BpeTokenizer(tokenizer_meta)
     return TiktokenTokenizer(tokenizer_meta["encoding"], bpe_dir=bpe_dir)
 
 
 def _check_tokenizer_meta(tok: Any, where: str) -> None:
-    if not isinstance(tok, dict) or tok.get("kind") not in ("char", "tiktoken"):
-        raise UserError(f"{where}: 'tokenizer' must be an object with kind 'char' or 'tiktoken'")
-    if tok["kind"] == "char":
+    if not isinstance(tok, dict) or tok.get("kind") not in ("char", "tiktoken", bpe.KIND):
+        raise UserError(f"{where}: 'tokenizer' must be an object with kind 'char', 'tiktoken' or 'bpe'")
+    if tok["kind"] == bpe.KIND:
+        bpe.check_record(tok, where)
+    elif tok["kind"] == "char":
         chars = tok.get("chars")
         if not isinstance(chars, list) or not all(isinstance(c, str) and len(c) == 1 for c in chars):
             raise UserError(f"{where}: a char tokenizer needs 'chars', a list of single characters")

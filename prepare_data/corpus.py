@@ -17,22 +17,24 @@ from functools import partial
 
 from gptkit.errors import UserError, run_cli
 from gptkit.prepare import discover, driver, inputs
-from gptkit.prepare.settings import PrepareSettings
-from gptkit.settings import parse_settings, setting, setting_list
+from gptkit.prepare.settings import (
+    PrepareSettings,
+    decode_error_setting,
+    exclude_setting,
+    include_setting,
+    input_setting,
+)
+from gptkit.settings import parse_settings
 
 
 @dataclass
 class CorpusSettings(PrepareSettings):
     """The shared preparation settings (their defaults are this script's) plus the inputs and the UTF-8 policy."""
 
-    input: list[str] = setting_list([], "input file, directory (recursive) or glob; repeat for more")
-    include: list[str] = setting_list(
-        [], "in directories and globs, read only files matching this glob (relative path or name); repeatable"
-    )
-    exclude: list[str] = setting_list(
-        [], "in directories and globs, leave out files and folders matching this glob; repeatable"
-    )
-    on_decode_error: str = setting("error", "invalid UTF-8: error (stop), replace (U+FFFD), skip (drop the document)")
+    input: list[str] = input_setting()
+    include: list[str] = include_setting()
+    exclude: list[str] = exclude_setting()
+    on_decode_error: str = decode_error_setting()
 
     def validate(self) -> None:
         super().validate()

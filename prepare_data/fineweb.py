@@ -34,7 +34,7 @@ class FinewebSettings(PrepareSettings):
 
     # Shared settings re-declared for another default or help text (they keep their place in --help).
     out_dir: str = setting("data/fineweb_edu", "output directory for the token shards and meta.json")
-    tokenizer: str = setting("gpt2", "gpt2, char, or any tiktoken encoding name")
+    tokenizer: str = setting("gpt2", "gpt2, char, any tiktoken encoding name, or a train_tokenizer.py directory")
     text_field: str = setting("text", "parquet column holding each document's text")
     val_fraction: float = setting(0.001, "fraction of documents for val")
     shard_tokens: int | None = setting(100_000_000, "tokens per output shard; None writes one file per split")

@@ -6,6 +6,7 @@ Everything here builds its inputs on the fly (never downloaded) and talks only t
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -74,7 +75,7 @@ def tiny_train_args(data_dir: Path, out_dir: Path, **overrides: object) -> list[
     settings = {
         "data_dir": data_dir, "out_dir": out_dir, "device": "cpu", "compile": False, "n_layer": 1, "n_head": 2,
         "n_embd": 16, "block_size": 16, "batch_size": 2, "gradient_accumulation_steps": 1, "max_iters": 4,
-        "eval_interval": 2, "eval_iters": 1, "log_interval": 2,
+        "eval_interval": 2, "eval_iters": 1, "log_interval": 2, "curves": False,
     }  # fmt: skip
     settings.update(overrides)
     return cli_args(**settings)
@@ -133,6 +134,24 @@ def make_char_data(directory: Path, text: str | None = None, shards: int = 1, dt
     }
     write_meta(directory, meta)
     return meta
+
+
+# ----------------------------------------------------------------------------- real text nobody here wrote
+
+
+def stdlib_sources(every: int = 2, offset: int = 0, max_bytes: int | None = None) -> list[Path]:
+    """Python's own standard library modules (the top-level *.py files beside os.py, in sorted order): every
+    `every`-th one from `offset`, up to about `max_bytes` in all. Disjoint offsets give disjoint sets (e.g. 0 to
+    train on, 1 held out); the same arguments give the same files on every run."""
+    files = sorted(Path(os.__file__).parent.glob("*.py"))[offset::every]
+    chosen: list[Path] = []
+    total = 0
+    for path in files:
+        if max_bytes is not None and total >= max_bytes:
+            break
+        chosen.append(path)
+        total += path.stat().st_size
+    return chosen
 
 
 # ----------------------------------------------------------------------------- loopback HTTP servers
@@ -301,3 +320,90 @@ def alive(pids: list[int], wait: float = 5.0) -> list[int]:
         if not running or time.monotonic() > deadline:
             return running
         time.sleep(0.05)
+
+
+# ----------------------------------------------------------------------------- a served model (serve.py)
+
+SERVE_TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\nROMEO: Juliet?\n"
+
+
+def lively_char_checkpoint(out_dir: Path, text: str = SERVE_TEXT, seed: int = 0, **shape: int) -> CharTokenizer:
+    """A random char-level GPT (2 layers, 32 wide, 32-token context unless `shape` says otherwise) whose weights are
+    large enough that greedy decoding keeps changing characters (GPT-2's small init repeats one), saved with its
+    tokenizer as out_dir/ckpt.pt. Returns the tokenizer."""
+    import torch
+
+    from gptkit.checkpoint import save_checkpoint
+    from model import GPT, GPTConfig, config_to_dict
+
+    tokenizer = CharTokenizer.from_text(text)
+    torch.manual_seed(seed)
+    settings = {"block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 32, "tie_embeddings": False, **shape}
+    model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, **settings))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() >= 2:
+                param.normal_(0.0, 1.0 if ".wte" in name or ".wpe" in name else 2.0 / param.shape[-1] ** 0.5)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(out_dir / "ckpt.pt", {"model": model.state_dict(), "model_args": config_to_dict(model.config),
+                                          "tokenizer": tokenizer.to_meta()})  # fmt: skip
+    return tokenizer
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def get_json(url: str, timeout: float = 5) -> Any:
+    """GET `url` and parse its JSON answer (urllib: no client library needed)."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+@contextlib.contextmanager
+def serve_process(*args: str, log: Path, timeout: float = 120) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Run `serve.py ARGS --port=P` (P a free loopback port) until the block ends; yields (base URL, process) once
+    /health answers. Its output goes to `log` (never a pipe nobody reads, which would stall the server)."""
+    import time
+
+    port = free_port()
+    with open(log, "w") as out:
+        process = subprocess.Popen([sys.executable, str(REPO / "serve.py"), *args, f"--port={port}"], cwd=REPO,
+                                   env=clean_env(), stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            assert process.poll() is None, f"serve.py exited: {log.read_text()}"
+            assert time.monotonic() < deadline, f"serve.py never answered: {log.read_text()}"
+            try:
+                get_json(f"{base}/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield base, process
+    finally:
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+# ----------------------------------------------------------------------------- evaluation items
+
+
+def write_items(path: Path, items: list[Any]) -> Path:
+    """HellaSwag-format JSONL (ctx, endings, label) of gptkit.evaluation items, as the real file is laid out."""
+    lines = [json.dumps({"ctx": i.context, "endings": list(i.endings), "label": i.label}) for i in items]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

@@ -148,7 +148,7 @@ BAD_UTF8 = b"good line\nanother line \xff\xfe broken\nmore\n"
         ("small", [], ["split has", "fewer than one training block (block_size 8 + 1)"]),
         ("good", ["--tokenizer=gpt5"], ["unknown tokenizer 'gpt5'"]),
         ("good", ["--val_fraction=1.5"], ["--val_fraction must be between 0 and 1"]),
-        ("good", ["--on_decode_error=ignore"], ["--on_decode_error must be one of"]),
+        ("good", ["--on_decode_error=ignore"], ["on_decode_error='ignore' is not one of error, replace, skip"]),
         ("good", ["--shards=2"], ["unknown setting 'shards'"]),
     ],
 )

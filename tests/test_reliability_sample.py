@@ -120,7 +120,10 @@ def test_interactive_skips_empty_lines_and_goes_on_after_an_unknown_character(
     ("record", "fragment"),
     [
         ({"kind": "char", "chars": "abc", "vocab_size": 3}, "a char tokenizer needs 'chars', a list of single"),
-        ({"kind": "sentencepiece", "vocab_size": 3}, "'tokenizer' must be an object with kind 'char' or 'tiktoken'"),
+        (
+            {"kind": "sentencepiece", "vocab_size": 3},
+            "'tokenizer' must be an object with kind 'char', 'tiktoken' or 'bpe'",
+        ),
         (["a", "b", "c"], "'tokenizer' must be an object"),
         ({"kind": "tiktoken", "encoding": "gpt-9", "vocab_size": 3}, "unknown tokenizer 'gpt-9'"),
     ],

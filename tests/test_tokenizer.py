@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from gptkit import tokenizer
+from gptkit.bpe import GPT4_PATTERN, make_record, ranks_to_text
 from gptkit.errors import UserError
-from gptkit.tokenizer import CharTokenizer, TiktokenTokenizer
+from gptkit.tokenizer import BpeTokenizer, CharTokenizer, TiktokenTokenizer
 from helpers import SHAKESPEARE, copy_gpt2_bpe_files
 
 
@@ -200,3 +201,60 @@ def test_dtype_for_vocab() -> None:
     assert tokenizer.dtype_for_vocab(65536) == "uint16"
     assert tokenizer.dtype_for_vocab(65537) == "uint32"
     assert tokenizer.dtype_for_vocab(100277) == "uint32"
+
+
+# ----------------------------------------------------------------------------- trained BPE records (gptkit.bpe)
+
+TINY_RANKS = {**{bytes([b]): b for b in range(256)}, b"ab": 256, b"abc": 257}
+
+
+def tiny_record(ranks: dict[bytes, int] = TINY_RANKS, specials: dict | None = None, pattern: str = GPT4_PATTERN):
+    """A trained-BPE record: every byte, then the merges a+b and ab+c, then end-of-text."""
+    return make_record("tiny", pattern, specials or {tokenizer.END_OF_TEXT: len(ranks)}, ranks_to_text(ranks))
+
+
+def test_a_bpe_record_rebuilds_the_tokenizer_as_a_checkpoint_stores_it() -> None:
+    record = tiny_record()
+    # A checkpoint's record is meta.json's plus vocab_size and eot_token (checkpoint.tokenizer_record).
+    tok = tokenizer.tokenizer_from_meta({**record, "vocab_size": 259, "eot_token": 258})
+    assert isinstance(tok, BpeTokenizer) and (tok.vocab_size, tok.eot_token) == (259, 258)
+    assert tok.encode("abc ab") == [257, 32, 256] and tok.decode([257, 258, 99]) == "abc<|endoftext|>c"
+    assert tok.to_meta() == record
+    meta = make_meta(tokenizer=record, vocab_size=259, eot_token=258)
+    tokenizer.validate_meta(meta)
+
+
+def _rehashed(record: dict, ranks_text: str) -> dict:
+    return make_record(record["name"], record["pattern"], record["special_tokens"], ranks_text)
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda r: {**r, "ranks": r["ranks"].replace("YWI= 256", "YWI= 255")}, "altered or damaged"),
+        (lambda r: {**r, "ranks": r["ranks"][:-9]}, "altered or damaged"),  # truncated
+        (lambda r: _rehashed(r, r["ranks"].replace("YWI= 256", "YWI= 300")), "ranks must be 0, 1, 2"),
+        (lambda r: _rehashed(r, r["ranks"].replace("YWI= 256", "Y!I= 256")), "is not 'base64 rank'"),
+        (lambda r: tiny_record({t: i for i, t in enumerate(list(TINY_RANKS)[1:])}), "single bytes have no token"),
+        (lambda r: {**r, "special_tokens": {"<|endoftext|>": 3}}, "collide"),
+        (lambda r: {**r, "pattern": "(unclosed"}, "tiktoken refuses"),
+        (lambda r: {k: v for k, v in r.items() if k != "ranks"}, "'ranks' must be"),
+        (lambda r: {**r, "ranks_sha256": "abc"}, "not a sha256"),
+    ],
+)
+def test_a_damaged_bpe_record_is_one_clear_error(damage, message: str) -> None:
+    with pytest.raises(UserError) as info:
+        tokenizer.tokenizer_from_meta(damage(tiny_record()))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_make_tokenizer_takes_names_and_trained_directories(tmp_path: Path) -> None:
+    assert type(tokenizer.make_tokenizer("gpt2")) is TiktokenTokenizer
+    with pytest.raises(UserError, match=r"train_tokenizer\.py"):
+        tokenizer.make_tokenizer("gpt5")  # neither a tiktoken name nor a directory
+    with pytest.raises(UserError, match="does not exist"):
+        tokenizer.make_tokenizer(str(tmp_path / "missing"))
+    with pytest.raises(UserError, match=r"has no tokenizer\.json"):
+        tokenizer.make_tokenizer(str(tmp_path))
+    with pytest.raises(UserError, match="--bpe_dir is for GPT-2"):
+        tokenizer.make_tokenizer(str(tmp_path), bpe_dir=tmp_path)

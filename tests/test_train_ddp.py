@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from gptkit import checkpoint as ckpt
-from helpers import REPO, TINY_MODEL, clean_env, make_char_data, tiny_train_args
+from gptkit import evaluation
+from helpers import REPO, TINY_MODEL, clean_env, make_char_data, sample_text, tiny_train_args, write_items
 
 MAX_ITERS = 20
 # A 2-layer, 32-wide model, 4 micro-batches of 4 per step (whatever the number of processes), dropout on.
@@ -67,11 +68,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One process with 4 micro-batches per step; 2 DDP processes and 2 FSDP processes with 2 each."""
     root = tmp_path_factory.mktemp("ddp")
     make_char_data(root / "data")
+    items = write_items(root / "items.jsonl", evaluation.items_from_text(sample_text(), 21, 60, 12, seed=3))
+    tasks = ("--eval_tasks=hellaswag", f"--hellaswag_path={items}")  # 21 items: the processes get 11 and 10
     outs = {name: root / name for name in ("single", "ddp", "fsdp")}
-    train_in(1, root / "data", outs["single"])
-    ddp = train_in(2, root / "data", outs["ddp"])
+    train_in(1, root / "data", outs["single"], *tasks)
+    ddp = train_in(2, root / "data", outs["ddp"], *tasks)
     assert "2 process(es)" in ddp.stdout and ddp.stdout.count("done:") == 1  # only rank 0 reports
-    train_in(2, root / "data", outs["fsdp"], "--parallel=fsdp")
+    train_in(2, root / "data", outs["fsdp"], "--parallel=fsdp", *tasks)
     return {**outs, "data": root / "data"}
 
 
@@ -79,6 +82,18 @@ def test_ddp_matches_one_process_with_twice_the_accumulation(runs: dict[str, Pat
     assert_same_curve(runs["single"], runs["ddp"])
     assert_close_weights(runs["single"], runs["ddp"])
     assert sorted(p.name for p in runs["ddp"].iterdir()) == ["best.pt", "ckpt.pt", "log.jsonl", "summary.json"]
+
+
+def test_evaluation_tasks_split_over_processes_count_every_item_once(runs: dict[str, Path]) -> None:
+    """HellaSwag during training: each process scores its share of the items, and the reduced counts equal what one
+    process finds scoring them all (same choices: the weights agree to float rounding)."""
+    figures = {}
+    for name in ("single", "ddp", "fsdp"):
+        entries = [json.loads(line) for line in (runs[name] / "log.jsonl").read_text().splitlines()]
+        figures[name] = [(e["iter"], e["hellaswag/n"], e["hellaswag/acc"], e["hellaswag/acc_norm"])
+                         for e in entries if "hellaswag/acc" in e]  # fmt: skip
+    assert [row[:2] for row in figures["single"]] == [(0, 21), (10, 21), (20, 21)]
+    assert figures["ddp"] == figures["single"] and figures["fsdp"] == figures["single"]
 
 
 def test_fsdp_matches_ddp_and_saves_the_same_checkpoint_format(runs: dict[str, Path]) -> None:

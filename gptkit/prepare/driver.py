@@ -80,12 +80,13 @@ def build_char_vocabulary(
 
 
 def make_tokenizer(settings: PrepareSettings, make_items: MakeItems, total_bytes: int | None) -> tok.Tokenizer:
-    """The tokenizer named by settings.tokenizer ('char' scans the corpus for its characters first)."""
+    """The tokenizer settings.tokenizer names ('char' scans the corpus for its characters first) or the trained
+    tokenizer in the directory it names."""
     if settings.tokenizer == "char":
         if settings.bpe_dir is not None:
             raise UserError("--bpe_dir is for GPT-2 BPE; it makes no sense with --tokenizer=char")
         return build_char_vocabulary(make_items, settings, total_bytes)
-    return tok.TiktokenTokenizer(settings.tokenizer, bpe_dir=settings.bpe_dir)
+    return tok.make_tokenizer(settings.tokenizer, bpe_dir=settings.bpe_dir)  # a name, or a trained one's directory
 
 
 def _write_result(writer: DatasetWriter, result: ItemResult) -> None:

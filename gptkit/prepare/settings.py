@@ -9,13 +9,38 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from gptkit.errors import UserError
-from gptkit.settings import setting
+from gptkit.settings import setting, setting_list
 
 DEFAULT_CHUNK_BYTES = 1 << 20
 MIN_CHUNK_BYTES = 256
 DECODE_POLICIES = ("error", "replace", "skip")
+
+
+def input_setting() -> Any:
+    """--input, as corpus.py and train_tokenizer.py both take it."""
+    return setting_list([], "input file, directory (recursive) or glob; repeat for more")
+
+
+def include_setting() -> Any:
+    """--include, as corpus.py and train_tokenizer.py both take it."""
+    return setting_list(
+        [], "in directories and globs, read only files matching this glob (relative path or name); repeatable"
+    )
+
+
+def exclude_setting() -> Any:
+    """--exclude, as corpus.py and train_tokenizer.py both take it."""
+    return setting_list([], "in directories and globs, leave out files and folders matching this glob; repeatable")
+
+
+def decode_error_setting() -> Any:
+    """--on_decode_error, for the scripts that read bytes (parquet text arrives decoded)."""
+    return setting(
+        "error", "invalid UTF-8: error (stop), replace (U+FFFD), skip (drop the document)", choices=DECODE_POLICIES
+    )
 
 
 def default_num_workers() -> int:
@@ -31,7 +56,9 @@ class PrepareSettings:
     """How a corpus is split, tokenised and written; `validate` refuses impossible values with one line."""
 
     out_dir: str = setting("data/corpus", "output directory for the token files and meta.json")
-    tokenizer: str = setting("gpt2", "gpt2, char, or any tiktoken encoding name (e.g. cl100k_base)")
+    tokenizer: str = setting(
+        "gpt2", "gpt2, char, any tiktoken encoding name (e.g. cl100k_base), or a prepare_data/train_tokenizer.py dir"
+    )
     bpe_dir: str | None = setting(None, "directory with GPT-2's vocab.bpe + encoder.json, to work offline")
     text_field: str = setting("text", "JSONL field holding each document's text")
     val_fraction: float = setting(0.05, "fraction of documents (or of a single document's text) for val")

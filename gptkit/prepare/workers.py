@@ -135,6 +135,12 @@ class Worker:
                 result.parts[split] = SplitPart(joined, text_bytes[split], documents[split])
         return result
 
+    def texts(self, item: WorkItem) -> Iterator[tuple[str, str]]:
+        """(split, text) of each document, or piece of one, in `item`: decoded and checked as for tokenising
+        (prepare_data/train_tokenizer.py reads its inputs so); documents the decode policy leaves out give none."""
+        for text in self._texts(item, ItemResult(input_bytes=item.input_bytes)):
+            yield text.split, text.text
+
     def _encode(self, text: str, starts_document: bool) -> np.ndarray:
         tokenizer = self.job.tokenizer
         assert tokenizer is not None
@@ -231,7 +237,7 @@ _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
-def _end_with_parent(parent_pid: int | None) -> None:
+def end_with_parent(parent_pid: int | None) -> None:
     """Linux: the kernel kills this worker when the main process (`parent_pid`, which forked it) dies, even by
     kill -9, which runs no cleanup; otherwise a worker waits for work forever. Elsewhere workers notice only a
     clean shutdown."""
@@ -249,7 +255,7 @@ def _init_worker(job: Job, parent_pid: int | None) -> None:
         signal.signal(signum, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):  # blocked while the main process forked us (`_submit`): discarded now
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-    _end_with_parent(parent_pid)
+    end_with_parent(parent_pid)
     _worker = Worker(job)
 
 

@@ -1,0 +1,132 @@
+"""Evaluate a model on tasks beyond the loss: HellaSwag as build-nanogpt scores it, and any lm-evaluation-harness task.
+
+python evaluate.py --out_dir=out-shakespeare-char --tasks=hellaswag --limit=500
+python evaluate.py --init_from=gpt2 --tasks=hellaswag --json_out=hellaswag.json
+python evaluate.py --out_dir=out --tasks= --harness_tasks=lambada_openai,arc_easy
+python evaluate.py --out_dir=out --tasks= --harness_tasks=my_task --harness_include=my_tasks/   # local task YAMLs
+
+The last line on stdout is the summary of every task; --json_out writes {"hellaswag": {"acc", "acc_norm", "n"}, ...}
+(harness tasks as "lm_eval/<task>": {metric: value}).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gptkit import evaluation
+from gptkit.devices import autocast, resolve_device, resolve_dtype
+from gptkit.errors import UserError, run_cli
+from gptkit.loading import load_model_and_tokenizer
+from gptkit.quantization import QUANTIZE_CHOICES, apply_quantization
+from gptkit.settings import parse_settings, setting
+from gptkit.tokenizer import Tokenizer
+from model import GPT
+
+SUMMARY_FIGURES = ("acc", "acc_norm", "perplexity", "word_perplexity", "exact_match")  # shown in the summary line
+
+
+@dataclass
+class EvaluateSettings:
+    out_dir: str = setting("out", "training output directory (or a checkpoint file) to evaluate")
+    checkpoint: str = setting("best", "which checkpoint of out_dir: best (best val loss) or latest")
+    init_from: str = setting("resume", "resume = the out_dir checkpoint; or a Hugging Face GPT-2 dir, or gpt2*")
+    data_dir: str = setting("", "take the tokenizer from this data dir's meta.json (for checkpoints without one)")
+    tasks: str = setting("hellaswag", f"comma-separated tasks of our own scorer ({', '.join(evaluation.TASKS)}); "
+                         "empty for none")  # fmt: skip
+    limit: int | None = setting(None, "evaluate only the first N items of each task (None: all)", rule="positive")
+    hellaswag_path: str = setting("", "HellaSwag JSONL file or URL (ctx, endings, label); empty: the canonical "
+                                  "validation set, downloaded once into the cache")  # fmt: skip
+    harness_tasks: str = setting("", "comma-separated lm-evaluation-harness tasks (needs: pip install lm-eval)")
+    harness_include: str = setting("", "a directory of extra lm-eval task YAML files (local task definitions)")
+    json_out: str = setting("", "write the results to this JSON file")
+    batch_size: int = setting(16, "items (harness: requests) per forward pass", rule="positive")
+    device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps")
+    dtype: str = setting("auto", "auto, float32, bfloat16 or float16")
+    seed: int = setting(1337, "random seed (harness tasks that sample)")
+    quantize: str = setting("none", "none, or int8: int8 weights (CPU, float32 compute)", choices=QUANTIZE_CHOICES)
+
+    def validate(self) -> None:
+        if self.checkpoint not in ("best", "latest"):
+            raise UserError(f"--checkpoint must be best or latest, got {self.checkpoint!r}")
+        if not evaluation.parse_tasks(self.tasks) and not self.harness_tasks.strip():
+            raise UserError("nothing to evaluate: give --tasks=hellaswag and/or --harness_tasks=...")
+        if self.harness_include and not self.harness_tasks:
+            raise UserError("--harness_include needs --harness_tasks naming the tasks to run")
+
+
+def run_own_tasks(model: GPT, tokenizer: Tokenizer, cfg: EvaluateSettings, device: torch.device,
+                  dtype: torch.dtype) -> dict[str, Any]:  # fmt: skip
+    """Our scorer's tasks, with a progress bar on stderr (drawn on a terminal only)."""
+    from tqdm import tqdm
+
+    results = {}
+    for task, items in evaluation.load_task_items(evaluation.parse_tasks(cfg.tasks), cfg.hellaswag_path,
+                                                  cfg.limit).items():  # fmt: skip
+        with tqdm(total=len(items), desc=task, unit="item", file=sys.stderr, disable=None, leave=False) as bar:
+            precision = autocast(device, dtype)
+            results.update(evaluation.evaluate_tasks(model, tokenizer, {task: items}, device, cfg.batch_size,
+                                                     precision=precision, on_batch=bar.update))  # fmt: skip
+        if results[task]["n"] == 0:
+            raise UserError(
+                f"the tokenizer could encode none of the {len(items)} {task} items (a character vocabulary without "
+                "their characters?); use a model with a byte-level tokenizer"
+            )
+    return results
+
+
+def run_harness_tasks(model: GPT, tokenizer: Tokenizer, cfg: EvaluateSettings, device: torch.device,
+                      dtype: torch.dtype) -> dict[str, Any]:  # fmt: skip
+    """The lm-evaluation-harness tasks, as {"lm_eval/<task>": {metric: value, "n": items}}."""
+    try:
+        from gptkit import harness
+    except ImportError as exc:
+        raise UserError(f"--harness_tasks: {exc}") from None
+    tasks = [name.strip() for name in cfg.harness_tasks.split(",") if name.strip()]
+    lm = harness.GPTKitLM(model, tokenizer, device, dtype, batch_size=cfg.batch_size)
+    try:
+        output = harness.simple_evaluate(lm, tasks, cfg.harness_include or None, cfg.limit, random_seed=cfg.seed,
+                                         log_samples=False)  # fmt: skip
+    except (KeyError, ValueError) as exc:  # lm-eval's words for an unknown task or a task it cannot load
+        raise UserError(f"lm-eval could not run {', '.join(tasks)}: {str(exc).strip() or type(exc).__name__}") from None
+    results = {}
+    for task, metrics in (output or {}).get("results", {}).items():
+        figures = {key.split(",")[0]: value for key, value in metrics.items() if isinstance(value, (int, float))}
+        samples = output.get("n-samples", {}).get(task, {})
+        results[f"lm_eval/{task}"] = {**figures, "n": samples.get("effective", samples.get("original"))}
+    return results
+
+
+def summary(results: dict[str, Any]) -> str:
+    """The last line on stdout: each task's main figures."""
+    parts = []
+    for task, figures in results.items():
+        shown = [f"{key} {value:.4f}" for key, value in figures.items() if key in SUMMARY_FIGURES and value is not None]
+        parts.append(f"{task} {' '.join(shown)} (n={figures.get('n')})")
+    return "summary: " + " | ".join(parts)
+
+
+def main(argv: list[str]) -> int:
+    cfg = parse_settings(EvaluateSettings, argv, prog="evaluate.py", description=__doc__.splitlines()[0])
+    torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    model, tokenizer = load_model_and_tokenizer(GPT, cfg.init_from, cfg.out_dir, cfg.checkpoint, cfg.data_dir)
+    model.to(device)
+    apply_quantization(model, cfg.quantize, dtype)
+    results = run_own_tasks(model, tokenizer, cfg, device, dtype)
+    for task, result in results.items():
+        print(evaluation.summary_line({task: result}), flush=True)
+    if cfg.harness_tasks.strip():
+        results.update(run_harness_tasks(model, tokenizer, cfg, device, dtype))
+    if cfg.json_out:
+        evaluation.write_json(cfg.json_out, results)
+    print(summary(results), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

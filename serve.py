@@ -1,0 +1,59 @@
+"""Serve a trained model over HTTP: an OpenAI-compatible API and a playground page in the browser.
+
+python serve.py --out_dir=out-shakespeare-char-cpu               # http://127.0.0.1:8000/ (the playground)
+python serve.py --init_from=gpt2 --port=8080 --api_key=SECRET     # /v1 requests need `Authorization: Bearer SECRET`
+curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
+     -d '{"model": "out-shakespeare-char-cpu", "prompt": "ROMEO:", "max_tokens": 50}'
+
+settings → model and tokenizer → app (gptkit.server: FastAPI routes, the decode thread of gptkit.batcher) → uvicorn.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from gptkit.devices import resolve_device, resolve_dtype
+from gptkit.errors import run_cli
+from gptkit.loading import load_model_and_tokenizer
+from gptkit.quantization import apply_quantization
+from gptkit.server import ServeSettings, create_app, listen, serve
+from gptkit.settings import parse_settings
+from model import GPT
+
+
+def default_model_name(cfg: ServeSettings) -> str:
+    """The id clients send when --model_name is not given: the out_dir's name, or init_from's."""
+    if cfg.init_from != "resume":
+        return Path(cfg.init_from).name or cfg.init_from
+    location = Path(cfg.out_dir).resolve()
+    return (location.parent.name if location.is_file() else location.name) or "model"
+
+
+def main(argv: list[str]) -> int:
+    cfg = parse_settings(ServeSettings, argv, prog="serve.py",
+                         description="Serve a model: an OpenAI-compatible HTTP API and a playground page.")  # fmt: skip
+    torch.manual_seed(cfg.seed)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    sock = listen(cfg.host, cfg.port)  # before the model loads: a taken port fails at once
+    try:
+        model, tokenizer = load_model_and_tokenizer(GPT, cfg.init_from, cfg.out_dir, cfg.checkpoint, cfg.data_dir)
+        model.to(device)  # on the CPU in float32 the engine applies gptkit.cpu_decoding's fast path itself
+        apply_quantization(model, cfg.quantize, dtype)
+        cfg.model_name = cfg.model_name or default_model_name(cfg)
+        app = create_app(model, tokenizer, cfg, device, dtype)
+        host, port = sock.getsockname()[:2]
+        url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        print(f"serving {cfg.model_name!r} at {url}/ (playground) and {url}/v1 (OpenAI API)", flush=True)
+        serve(app, sock, cfg.access_log)
+    finally:
+        sock.close()
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

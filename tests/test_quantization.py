@@ -1,0 +1,109 @@
+"""gptkit/quantization.py: int8 weights keep a trained model's whole-split val loss within 1% of float32, the same
+greedy text, and refuse what they cannot do; sample.py --quantize=int8 end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from gptkit import data, training
+from gptkit.distributed import Processes
+from gptkit.errors import UserError
+from gptkit.quantization import apply_quantization, quantize_int8
+from helpers import assert_script_error, run_script, tiny_train_args
+from model import GPT, GPTConfig
+
+
+def trained_char_model(data_dir: Path, steps: int = 250) -> GPT:
+    """A small char model trained for a few seconds: its loss is far below a random model's."""
+    sampler = data.BatchSampler(data.open_split(data_dir, "train"), batch_size=16, block_size=64, seed=0)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, vocab_size=65, n_layer=2, n_head=4, n_embd=64, dropout=0.0, bias=True))
+    optimizer = model.configure_optimizers(0.1, 3e-3, (0.9, 0.99), "cpu")
+    for index in range(steps):
+        _, loss = model(*sampler.batch(index))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+def whole_split_loss(model: nn.Module, data_dir: Path) -> float:
+    windows = data.SplitWindows(data.open_split(data_dir, "val"), block_size=64, batch_size=32)
+    with torch.inference_mode():
+        return training.mean_loss(
+            model, windows, torch.autocast("cpu", enabled=False), torch.device("cpu"), Processes()
+        )
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[GPT, Path]:
+    from helpers import make_char_data, sample_text
+
+    directory = tmp_path_factory.mktemp("quant_data")
+    make_char_data(directory, text=sample_text(40_000))
+    return trained_char_model(directory), directory
+
+
+def copy_of(model: GPT) -> GPT:
+    twin = GPT(model.config).eval()
+    twin.load_state_dict(model.state_dict())
+    return twin
+
+
+def test_int8_keeps_the_whole_split_val_loss_within_one_percent(trained: tuple[GPT, Path]) -> None:
+    model, data_dir = trained
+    reference = whole_split_loss(model, data_dir)
+    quantized = quantize_int8(copy_of(model))
+    int8_loss = whole_split_loss(quantized, data_dir)
+    assert reference < 3.0  # trained: a random 65-way guess scores ln(65) = 4.17
+    assert abs(int8_loss - reference) / reference < 0.01, (reference, int8_loss)
+    assert int8_loss != reference  # the weights really changed precision
+
+
+def test_int8_layers_replace_every_linear_and_leave_the_embedding_exact(trained: tuple[GPT, Path]) -> None:
+    model, _ = trained
+    quantized = quantize_int8(copy_of(model))
+    assert not any(type(module) is nn.Linear for module in quantized.modules())
+    quantized_layers = [m for m in quantized.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
+    assert len(quantized_layers) == 4 * model.config.n_layer + 1  # qkv, proj, fc, proj per block, and the head
+    assert torch.equal(quantized.transformer.wte.weight, model.transformer.wte.weight)  # the tie was cut, not shared
+
+
+def test_int8_greedy_text_and_logits_follow_float32(trained: tuple[GPT, Path]) -> None:
+    model, data_dir = trained
+    quantized = quantize_int8(copy_of(model))
+    prompt = torch.from_numpy(data.open_split(data_dir, "val").read_windows([0], 32)[0].astype("int64"))[None]
+    with torch.inference_mode():
+        logits_fp32, _ = model(prompt)
+        logits_int8, _ = quantized(prompt)
+        greedy_fp32 = model.generate(prompt, 40, temperature=0.0)[0].tolist()
+        greedy_int8 = quantized.generate(prompt, 40, temperature=0.0)[0].tolist()
+    probs_fp32, probs_int8 = logits_fp32.softmax(-1), logits_int8.softmax(-1)
+    assert (probs_fp32 - probs_int8).abs().max() < 0.05
+    assert greedy_int8 == greedy_fp32
+
+
+def test_int8_refuses_what_it_cannot_run() -> None:
+    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=1, n_embd=8))
+    with pytest.raises(UserError, match=r"float32 model on the CPU, got torch\.bfloat16"):
+        quantize_int8(GPT(model.config).to(torch.bfloat16))
+    with pytest.raises(UserError, match=r"computes in float32, not bfloat16"):
+        apply_quantization(model, "int8", torch.bfloat16)
+    with pytest.raises(UserError, match=r"unknown --quantize='int4'"):
+        apply_quantization(model, "int4")
+    assert apply_quantization(model, "none") is model and type(model.lm_head) is nn.Linear
+
+
+def test_sample_with_int8_weights(char_data_dir: Path, tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    assert run_script("train.py", *tiny_train_args(char_data_dir, out_dir)).returncode == 0
+    result = run_script("sample.py", f"--out_dir={out_dir}", "--quantize=int8", "--max_new_tokens=20",
+                        "--start=ROMEO:", "--device=cpu")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ROMEO:") and len(result.stdout) > len("ROMEO:")
+    refused = run_script("sample.py", f"--out_dir={out_dir}", "--quantize=int8", "--dtype=bfloat16", "--device=cpu")
+    assert_script_error(refused, "--quantize=int8 computes in float32")
