@@ -18,6 +18,7 @@ lm_eval is imported here only; the rest of the package works without it.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -155,7 +156,15 @@ def simple_evaluate(
     """lm_eval.simple_evaluate over `lm`, with local task definitions from `include_path` (a directory of task
     YAML files) added to the harness's own; returns the harness's results dictionary."""
     import lm_eval
+
+    return lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=task_manager(include_path), limit=limit,
+                                   **options)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=8)
+def task_manager(include_path: str | None) -> Any:
+    """The harness's index of its thousands of task files (and those under `include_path`): built once per process,
+    since indexing them takes seconds every time."""
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=include_path) if include_path else TaskManager()
-    return lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit, **options)
+    return TaskManager(include_path=include_path) if include_path else TaskManager()
