@@ -20,8 +20,7 @@ import torch
 from gptkit import evaluation
 from gptkit.devices import autocast, resolve_device, resolve_dtype
 from gptkit.errors import UserError, run_cli
-from gptkit.loading import load_model_and_tokenizer
-from gptkit.quantization import QUANTIZE_CHOICES, apply_quantization
+from gptkit.loading import ModelSource, load_for_inference
 from gptkit.settings import parse_settings, setting
 from gptkit.tokenizer import Tokenizer
 from model import GPT
@@ -30,11 +29,7 @@ SUMMARY_FIGURES = ("acc", "acc_norm", "perplexity", "word_perplexity", "exact_ma
 
 
 @dataclass
-class EvaluateSettings:
-    out_dir: str = setting("out", "training output directory (or a checkpoint file) to evaluate")
-    checkpoint: str = setting("best", "which checkpoint of out_dir: best (best val loss) or latest")
-    init_from: str = setting("resume", "resume = the out_dir checkpoint; or a Hugging Face GPT-2 dir, or gpt2*")
-    data_dir: str = setting("", "take the tokenizer from this data dir's meta.json (for checkpoints without one)")
+class EvaluateSettings(ModelSource):
     tasks: str = setting("hellaswag", f"comma-separated tasks of our own scorer ({', '.join(evaluation.TASKS)}); "
                          "empty for none")  # fmt: skip
     limit: int | None = setting(None, "evaluate only the first N items of each task (None: all)", rule="positive")
@@ -47,11 +42,9 @@ class EvaluateSettings:
     device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps")
     dtype: str = setting("auto", "auto, float32, bfloat16 or float16")
     seed: int = setting(1337, "random seed (harness tasks that sample)")
-    quantize: str = setting("none", "none, or int8: int8 weights (CPU, float32 compute)", choices=QUANTIZE_CHOICES)
 
     def validate(self) -> None:
-        if self.checkpoint not in ("best", "latest"):
-            raise UserError(f"--checkpoint must be best or latest, got {self.checkpoint!r}")
+        super().validate()
         if not evaluation.parse_tasks(self.tasks) and not self.harness_tasks.strip():
             raise UserError("nothing to evaluate: give --tasks=hellaswag and/or --harness_tasks=...")
         if self.harness_include and not self.harness_tasks:
@@ -114,9 +107,7 @@ def main(argv: list[str]) -> int:
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    model, tokenizer = load_model_and_tokenizer(GPT, cfg.init_from, cfg.out_dir, cfg.checkpoint, cfg.data_dir)
-    model.to(device)
-    apply_quantization(model, cfg.quantize, dtype)
+    model, tokenizer = load_for_inference(GPT, cfg, device, dtype)
     results = run_own_tasks(model, tokenizer, cfg, device, dtype)
     for task, result in results.items():
         print(evaluation.summary_line({task: result}), flush=True)

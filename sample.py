@@ -17,8 +17,7 @@ import torch
 from gptkit.devices import autocast, resolve_device, resolve_dtype
 from gptkit.engine import Engine, Request, sampling_problem
 from gptkit.errors import UserError, run_cli
-from gptkit.loading import load_model_and_tokenizer
-from gptkit.quantization import QUANTIZE_CHOICES, apply_quantization
+from gptkit.loading import ModelSource, load_for_inference
 from gptkit.settings import parse_settings, setting, setting_list
 from gptkit.textstream import TextStream
 from gptkit.tokenizer import Tokenizer
@@ -28,11 +27,7 @@ SEPARATOR = "\n" + "-" * 40 + "\n"
 
 
 @dataclass
-class SampleSettings:
-    out_dir: str = setting("out", "training output directory (or a checkpoint file) to sample from")
-    checkpoint: str = setting("best", "which checkpoint of out_dir: best (best val loss) or latest")
-    init_from: str = setting("resume", "resume = the out_dir checkpoint; or a Hugging Face GPT-2 dir, or gpt2*")
-    data_dir: str = setting("", "take the tokenizer from this data dir's meta.json (for checkpoints without one)")
+class SampleSettings(ModelSource):
     start: str = setting("\n", "the prompt; FILE:path reads it from a file")
     num_samples: int = setting(1, "how many samples, generated together as one batch")
     max_new_tokens: int = setting(500, "tokens to generate per sample")
@@ -47,10 +42,9 @@ class SampleSettings:
     compile: bool = setting(False, "torch.compile the model (pays off only for long generations on a GPU)")
     interactive: bool = setting(False, "read prompts from stdin, one per line, until end of input")
     stream: bool = setting(True, "print tokens as they are generated (when num_samples is 1)")
-    quantize: str = setting("none", "none, or int8: int8 weights for CPU decoding (float32 compute)",
-                            choices=QUANTIZE_CHOICES)  # fmt: skip
 
     def validate(self) -> None:
+        super().validate()
         if self.max_new_tokens <= 0:
             raise UserError(f"--max_new_tokens must be positive, got {self.max_new_tokens}")
         if self.num_samples <= 0:
@@ -58,8 +52,6 @@ class SampleSettings:
         problem = sampling_problem(self.temperature, self.top_k, self.top_p)
         if problem:
             raise UserError(f"--{problem}")
-        if self.checkpoint not in ("best", "latest"):
-            raise UserError(f"--checkpoint must be best or latest, got {self.checkpoint!r}")
         if any(stop == "" for stop in self.stop):
             raise UserError("--stop needs a non-empty string")
 
@@ -127,9 +119,7 @@ def main(argv: list[str]) -> int:
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    model, tokenizer = load_model_and_tokenizer(GPT, cfg.init_from, cfg.out_dir, cfg.checkpoint, cfg.data_dir)
-    model.to(device)  # on the CPU in float32 the engine applies gptkit.cpu_decoding's fast path itself
-    apply_quantization(model, cfg.quantize, dtype)
+    model, tokenizer = load_for_inference(GPT, cfg, device, dtype)
     if cfg.compile:
         model = torch.compile(model)
 

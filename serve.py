@@ -16,8 +16,7 @@ import torch
 
 from gptkit.devices import resolve_device, resolve_dtype
 from gptkit.errors import run_cli
-from gptkit.loading import load_model_and_tokenizer
-from gptkit.quantization import apply_quantization
+from gptkit.loading import load_for_inference
 from gptkit.server import ServeSettings, create_app, listen, serve
 from gptkit.settings import parse_settings
 from model import GPT
@@ -41,9 +40,7 @@ def main(argv: list[str]) -> int:
     dtype = resolve_dtype(cfg.dtype, device)
     sock = listen(cfg.host, cfg.port)  # before the model loads: a taken port fails at once
     try:
-        model, tokenizer = load_model_and_tokenizer(GPT, cfg.init_from, cfg.out_dir, cfg.checkpoint, cfg.data_dir)
-        model.to(device)  # on the CPU in float32 the engine applies gptkit.cpu_decoding's fast path itself
-        apply_quantization(model, cfg.quantize, dtype)
+        model, tokenizer = load_for_inference(GPT, cfg, device, dtype)
         cfg.model_name = cfg.model_name or default_model_name(cfg)
         app = create_app(model, tokenizer, cfg, device, dtype)
         host, port = sock.getsockname()[:2]

@@ -1,17 +1,22 @@
-"""A model and its tokenizer, from a training run's checkpoint or from GPT-2 weights: what sample.py and serve.py
-load before they generate.
+"""A model and its tokenizer, from a training run's checkpoint or from GPT-2 weights: what sample.py, evaluate.py
+and serve.py load before they generate or score, and the settings that say where it comes from.
 
 The package never imports model.py (it sits above the package), so the scripts pass its GPT class in.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from gptkit.checkpoint import load_checkpoint, resolve_checkpoint
 from gptkit.errors import UserError
 from gptkit.hf_gpt2 import GPT2_HUB_NAMES
+from gptkit.quantization import QUANTIZE_CHOICES, apply_quantization
+from gptkit.settings import setting
 from gptkit.tokenizer import Tokenizer, make_tokenizer, read_meta, tokenizer_from_meta
 
 
@@ -50,3 +55,32 @@ def load_model_and_tokenizer(
             "pass the --data_dir the model was trained on"
         )
     return model.eval(), tokenizer
+
+
+@dataclass
+class ModelSource:
+    """The settings of the scripts that load a trained model (sample.py, evaluate.py, serve.py): which model, and how
+    its weights are stored. The scripts' settings classes extend it (and call its validate)."""
+
+    out_dir: str = setting("out", "training output directory (or a checkpoint file) to load the model from")
+    checkpoint: str = setting("best", "which checkpoint of out_dir: best (best val loss) or latest")
+    init_from: str = setting("resume", "resume = the out_dir checkpoint; or a Hugging Face GPT-2 dir, or gpt2*")
+    data_dir: str = setting("", "take the tokenizer from this data dir's meta.json (for checkpoints without one)")
+    quantize: str = setting("none", "none, or int8: int8 weights for CPU decoding (float32 compute)",
+                            choices=QUANTIZE_CHOICES)  # fmt: skip
+
+    def validate(self) -> None:
+        if self.checkpoint not in ("best", "latest"):
+            raise UserError(f"--checkpoint must be best or latest, got {self.checkpoint!r}")
+
+
+def load_for_inference(
+    gpt: Any, source: ModelSource, device: torch.device, dtype: torch.dtype
+) -> tuple[Any, Tokenizer]:
+    """The model of `source` on `device` (eval mode, int8 weights when source.quantize says so) and its tokenizer.
+    `dtype` is the compute dtype the script will run under (int8 needs float32)."""
+    model, tokenizer = load_model_and_tokenizer(gpt, source.init_from, source.out_dir, source.checkpoint,
+                                                source.data_dir)  # fmt: skip
+    model.to(device)  # on the CPU in float32 the engine applies gptkit.cpu_decoding's fast path itself
+    apply_quantization(model, source.quantize, dtype)
+    return model, tokenizer

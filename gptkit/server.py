@@ -39,19 +39,15 @@ from gptkit import engine
 from gptkit import openai_api as api
 from gptkit.batcher import Batcher, Job, ServerBusyError
 from gptkit.errors import UserError
+from gptkit.loading import ModelSource
 from gptkit.openai_api import APIError, CompletionRequest, error_response
-from gptkit.quantization import QUANTIZE_CHOICES
 from gptkit.settings import setting
 from gptkit.textstream import TextStream
 from gptkit.tokenizer import Tokenizer
 
 
 @dataclass
-class ServeSettings:
-    out_dir: str = setting("out", "training output directory (or a checkpoint file) to serve")
-    checkpoint: str = setting("best", "which checkpoint of out_dir: best or latest", choices=("best", "latest"))
-    init_from: str = setting("resume", "resume = the out_dir checkpoint; or a Hugging Face GPT-2 dir, or gpt2*")
-    data_dir: str = setting("", "take the tokenizer from this data dir's meta.json (for checkpoints without one)")
+class ServeSettings(ModelSource):
     model_name: str = setting("", "the model id clients send ('' = the out_dir's name, or init_from)")
     host: str = setting("127.0.0.1", "address to listen on (127.0.0.1: this machine only)")
     port: int = setting(8000, "port to listen on (0 = any free port; the URL is printed)", rule="non_negative")
@@ -59,7 +55,6 @@ class ServeSettings:
     allow_public_without_key: bool = setting(False, "allow a non-loopback --host without --api_key")
     device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps")
     dtype: str = setting("auto", "auto, float32, bfloat16 or float16")
-    quantize: str = setting("none", "none, or int8: int8 weights (CPU, float32 compute)", choices=QUANTIZE_CHOICES)
     threads: int = setting(0, "CPU threads for decoding (0 = torch's default: one per core)", rule="non_negative")
     seed: int = setting(1337, "seed of the shared generator that requests without a seed sample from")
     slots: int = setting(16, "requests decoded together, one batch per step", rule="positive")
@@ -76,6 +71,7 @@ class ServeSettings:
     access_log: bool = setting(True, "log each request on stdout")
 
     def validate(self) -> None:
+        super().validate()
         if self.port > 65535:
             raise UserError(f"--port must be at most 65535, got {self.port}")
         if self.max_n > self.slots + self.max_queue:

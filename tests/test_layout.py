@@ -19,7 +19,7 @@ LAYERS: list[set[str]] = [
     {"gptkit.fileio", "gptkit.progress", "gptkit.signals", "gptkit.bpe"},
     {"gptkit.settings", "gptkit.devices", "gptkit.download", "gptkit.tokenizer", "gptkit.muon"},
     {"gptkit.data", "gptkit.hf_gpt2", "gptkit.distributed", "gptkit.checkpoint", "gptkit.rundir"},
-    {"gptkit.loading", "gptkit.textstream"},
+    {"gptkit.textstream"},
     {
         "gptkit.prepare",
         "gptkit.prepare.settings",
@@ -32,6 +32,7 @@ LAYERS: list[set[str]] = [
     {
         "gptkit.cpu_decoding",
         "gptkit.quantization",
+        "gptkit.loading",
         "gptkit.runlog",
         "gptkit.training",
         "gptkit.evaluation",
