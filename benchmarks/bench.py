@@ -4,6 +4,7 @@
     python bench.py linear   [--batch_sizes=1 --batch_sizes=8]   (weight-streaming GB/s of each decoding kernel)
     python bench.py train    [--config=config/train_shakespeare_char_cpu.py --iters=30]
     python bench.py quality  [--config=config/train_shakespeare_char_cpu.py --runs=3]   (wall time + full val loss)
+                             [--nanogpt_dir=DIR]   (nanoGPT's CPU recipe first, as the reference time)
 
 Data-preparation throughput is bench_prepare.py. Results and the exact commands live in docs/benchmarks.md.
 Figures are medians over several runs; on a shared 2-core machine single runs are noisy.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -331,13 +333,40 @@ class QualityBench:
     config: list[str] = setting_list(["config/train_shakespeare_char_cpu.py"], "recipes to run (repeat the flag)")
     runs: int = setting(3, "runs per recipe; medians are reported")
     extra: list[str] = setting_list([], "extra --key=value flags for every run")
+    nanogpt_dir: str = setting("", "a karpathy/nanoGPT checkout with data/shakespeare_char prepared (its prepare.py): "
+                               "its CPU recipe runs once first, and each recipe's time is also given as a fraction of "
+                               "its time ('' = no reference run)")  # fmt: skip
     work_dir: str = setting("bench_results", "where each run's out_dir goes")
     json_out: str = setting("bench_results/quality.json", "where to write the JSON results ('' = nowhere)")
 
 
+# nanoGPT's CPU recipe, as its README gives it for a laptop: 4 layers x 128, 64-character windows, 2000 AdamW steps.
+NANOGPT_CPU_RECIPE = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
+                      "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4",
+                      "--n_embd=128", "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]  # fmt: skip
+
+
+def run_nanogpt(directory: str) -> dict:
+    """Wall seconds of nanoGPT's CPU recipe in `directory` (its own train.py) and its last printed val loss
+    (nanoGPT's 20-batch estimate; its whole-split loss, 1.898, is documented in docs/benchmarks.md)."""
+    if not (Path(directory) / "train.py").is_file():
+        raise UserError(f"no train.py in --nanogpt_dir={directory}; give a checkout of karpathy/nanoGPT")
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "train.py", *NANOGPT_CPU_RECIPE], cwd=directory, capture_output=True,
+                            text=True, env={**os.environ, "WANDB_MODE": "offline"})  # fmt: skip
+    seconds = time.perf_counter() - start
+    losses = re.findall(r"^step \d+: train loss [\d.]+, val loss ([\d.]+)", result.stdout, re.MULTILINE)
+    if result.returncode != 0 or not losses:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UserError(f"nanoGPT's train.py in {directory} failed ({last}); prepare its data first")
+    print(f"nanoGPT CPU recipe: {seconds:.1f} s wall, val loss (its 20-batch estimate) {losses[-1]}")
+    return {"config": "nanoGPT " + " ".join(NANOGPT_CPU_RECIPE), "runs": 1, "median_wall_s": round(seconds, 1),
+            "val_loss_estimate": float(losses[-1])}  # fmt: skip
+
+
 def bench_quality(cfg: QualityBench) -> list[dict]:
     """Whole-command wall time and the final whole-val-split loss of each recipe (train.py --eval_full_split)."""
-    rows = []
+    rows = [run_nanogpt(cfg.nanogpt_dir)] if cfg.nanogpt_dir else []
     for config in cfg.config:
         runs = []
         for run in range(cfg.runs):
@@ -350,7 +379,11 @@ def bench_quality(cfg: QualityBench) -> list[dict]:
                      "median_wall_s": round(statistics.median(r["wall_s"] for r in runs), 1),
                      "median_val_loss_full": round(statistics.median(r["val_loss_full"] for r in runs), 4),
                      "all": runs})  # fmt: skip
-    print_table(rows, ["config", "extra", "runs", "median_wall_s", "median_val_loss_full"])
+    if cfg.nanogpt_dir:
+        for row in rows[1:]:
+            row["x_nanogpt_time"] = round(row["median_wall_s"] / rows[0]["median_wall_s"], 3)
+    print_table(rows, ["config", "extra", "runs", "median_wall_s", "median_val_loss_full", "val_loss_estimate",
+                       "x_nanogpt_time"])  # fmt: skip
     return rows
 
 

@@ -67,15 +67,33 @@ def test_sample_bench_puts_batch_one_against_the_memory_bound(capsys):
         assert rows[path]["of_bound"] == pytest.approx(rows[path]["tokens_per_s"] / bound, rel=0.02, abs=6e-4)
 
 
-def test_quality_bench_reports_the_whole_split_loss_of_each_run(tmp_path: Path):
+def fake_nanogpt(directory: Path) -> Path:
+    """A stand-in for a nanoGPT checkout: its train.py records the arguments it got and prints nanoGPT's lines."""
+    directory.mkdir()
+    (directory / "train.py").write_text(
+        "import json, sys, time\n"
+        "open('argv.json', 'w').write(json.dumps(sys.argv[1:]))\n"
+        "time.sleep(0.5)\n"
+        "print('step 0: train loss 4.1773, val loss 4.1804')\n"
+        "print('iter 0: loss 4.1858, time 120.00ms, mfu -100.00%')\n"
+        "print('step 2000: train loss 1.7648, val loss 1.8857')\n"
+    )
+    return directory
+
+
+def test_quality_bench_reports_the_whole_split_loss_of_each_run_and_the_nanogpt_ratio(tmp_path: Path):
     data_dir = tmp_path / "data"
     make_char_data(data_dir, text="to be or not to be, that is the question. " * 200)
+    nanogpt = fake_nanogpt(tmp_path / "nanoGPT")
     out = tmp_path / "quality.json"
     result = run_bench("quality", "--config=config/train_shakespeare_char_cpu.py", "--runs=2",
                        "--extra=--max_iters=4", f"--extra=--data_dir={data_dir}", "--extra=--device=cpu",
-                       f"--work_dir={tmp_path / 'runs'}", f"--json_out={out}")  # fmt: skip
+                       f"--work_dir={tmp_path / 'runs'}", f"--json_out={out}", f"--nanogpt_dir={nanogpt}")  # fmt: skip
     assert result.returncode == 0, result.stderr
-    (row,) = json.loads(out.read_text())["results"]
+    reference, row = json.loads(out.read_text())["results"]
+    assert json.loads((nanogpt / "argv.json").read_text()) == bench.NANOGPT_CPU_RECIPE
+    assert reference["val_loss_estimate"] == 1.8857 and reference["median_wall_s"] >= 0.5
+    assert row["x_nanogpt_time"] == pytest.approx(row["median_wall_s"] / reference["median_wall_s"], abs=1e-3)
     assert len(row["all"]) == 2 and row["runs"] == 2
     for run, out_dir in zip(row["all"], sorted((tmp_path / "runs").iterdir())):
         summary = json.loads((out_dir / "summary.json").read_text())
@@ -86,7 +104,8 @@ def test_quality_bench_reports_the_whole_split_loss_of_each_run(tmp_path: Path):
 @pytest.mark.parametrize(
     "args, message",
     [([], "name a benchmark first"), (["sample", "--paths=fast"], "unknown --paths ['fast']"),
-     (["quality", "--config=config/missing.py", "--runs=1"], "train.py")],
+     (["quality", "--config=config/missing.py", "--runs=1"], "train.py"),
+     (["quality", "--nanogpt_dir=/nonexistent/nanoGPT"], "no train.py in --nanogpt_dir=/nonexistent/nanoGPT")],
 )  # fmt: skip
 def test_bad_requests_fail_in_one_line(args, message, tmp_path: Path):
     result = run_bench(*args, *([f"--json_out={tmp_path / 'x.json'}"] if args else []))

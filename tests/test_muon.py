@@ -41,16 +41,29 @@ def reference_muon_step(weight, grad, buffer, lr, momentum):
 
 
 def test_muon_steps_match_the_float64_reference():
+    # two matrices of one shape (orthogonalised together as a stack) and one of another
     torch.manual_seed(1)
-    weight = torch.nn.Parameter(torch.randn(48, 16))
-    optimizer = MuonAdamW([{"params": [weight], "muon": True, "lr": 0.05, "momentum": 0.9, "ns_dtype": torch.float32}])
-    expected, buffer = weight.detach().double().clone(), torch.zeros(48, 16, dtype=torch.float64)
+    shapes = [(48, 16), (16, 40), (48, 16)]
+    weights = [torch.nn.Parameter(torch.randn(*shape)) for shape in shapes]
+    optimizer = MuonAdamW([{"params": weights, "muon": True, "lr": 0.05, "momentum": 0.9, "ns_dtype": torch.float32}])
+    expected = [weight.detach().double().clone() for weight in weights]
+    buffers = [torch.zeros(*shape, dtype=torch.float64) for shape in shapes]
     for _ in range(3):
-        grad = torch.randn(48, 16)
-        weight.grad = grad.clone()
+        grads = [torch.randn(*shape) for shape in shapes]
+        for weight, grad in zip(weights, grads):
+            weight.grad = grad.clone()
         optimizer.step()
-        expected, buffer = reference_muon_step(expected, grad.double(), buffer, 0.05, 0.9)
-    torch.testing.assert_close(weight.detach().double(), expected, rtol=0, atol=1e-5)
+        for i, grad in enumerate(grads):
+            expected[i], buffers[i] = reference_muon_step(expected[i], grad.double(), buffers[i], 0.05, 0.9)
+    for weight, reference in zip(weights, expected):
+        torch.testing.assert_close(weight.detach().double(), reference, rtol=0, atol=1e-5)
+
+
+def test_orthogonalize_a_stack_equals_each_matrix_alone():
+    torch.manual_seed(3)
+    stack = torch.randn(3, 40, 24)
+    each = torch.stack([orthogonalize(matrix, dtype=torch.float32) for matrix in stack])
+    torch.testing.assert_close(orthogonalize(stack, dtype=torch.float32), each, rtol=0, atol=1e-5)
 
 
 def test_adamw_groups_follow_torch_adamw_exactly():

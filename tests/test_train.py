@@ -106,9 +106,8 @@ def test_help_lists_every_setting(capsys: pytest.CaptureFixture) -> None:
 
 
 RECIPES = sorted((REPO / "config").glob("*.py"))
-CPU_RECIPES = [
-    REPO / "config" / name for name in ("train_shakespeare_char_cpu.py", "train_shakespeare_char_cpu_best.py")
-]
+CPU_RECIPE_NAMES = ("train_shakespeare_char_cpu", "train_shakespeare_char_cpu_best", "speedrun_shakespeare_char_cpu")
+CPU_RECIPES = [REPO / "config" / f"{name}.py" for name in CPU_RECIPE_NAMES]
 
 
 def load_recipe(path: Path) -> train.TrainSettings:
