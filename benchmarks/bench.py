@@ -302,16 +302,25 @@ class TrainBench:
     json_out: str = setting("bench_results/train.json", "where to write the JSON results ('' = nowhere)")
 
 
+def timed_command(command: list[str], cwd: str | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    """Run `command` with its output captured; return (wall seconds of the whole command, its result). Every
+    wall time this benchmark reports, ours and nanoGPT's, is measured here, the same way."""
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    return time.perf_counter() - start, result
+
+
+def last_error_line(result: subprocess.CompletedProcess) -> str:
+    return (result.stderr.strip().splitlines() or ["no output"])[-1]
+
+
 def run_train(args: list[str], out_dir: str) -> tuple[float, dict]:
     """Run train.py with args into out_dir, a work directory of the benchmark's own (a run there replaces the
     previous benchmark's); return (wall seconds of the whole command, its summary.json)."""
-    start = time.perf_counter()
     train_py = str(Path(__file__).resolve().parent.parent / "train.py")
-    command = [sys.executable, train_py, *args, f"--out_dir={out_dir}", "--overwrite=True"]
-    result = subprocess.run(command, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
+    seconds, result = timed_command([sys.executable, train_py, *args, f"--out_dir={out_dir}", "--overwrite=True"])
     if result.returncode != 0:
-        raise UserError(f"train.py {' '.join(args)} failed: {result.stderr.strip().splitlines()[-1:]}")
+        raise UserError(f"train.py {' '.join(args)} failed: {last_error_line(result)}")
     return seconds, json.loads((Path(out_dir) / "summary.json").read_text())
 
 
@@ -351,14 +360,10 @@ def run_nanogpt(directory: str) -> dict:
     (nanoGPT's 20-batch estimate; its whole-split loss, 1.898, is documented in docs/benchmarks.md)."""
     if not (Path(directory) / "train.py").is_file():
         raise UserError(f"no train.py in --nanogpt_dir={directory}; give a checkout of karpathy/nanoGPT")
-    start = time.perf_counter()
-    result = subprocess.run([sys.executable, "train.py", *NANOGPT_CPU_RECIPE], cwd=directory, capture_output=True,
-                            text=True, env={**os.environ, "WANDB_MODE": "offline"})  # fmt: skip
-    seconds = time.perf_counter() - start
+    seconds, result = timed_command([sys.executable, "train.py", *NANOGPT_CPU_RECIPE], cwd=directory)
     losses = re.findall(r"^step \d+: train loss [\d.]+, val loss ([\d.]+)", result.stdout, re.MULTILINE)
     if result.returncode != 0 or not losses:
-        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UserError(f"nanoGPT's train.py in {directory} failed ({last}); prepare its data first")
+        raise UserError(f"nanoGPT's train.py in {directory} failed ({last_error_line(result)}); prepare its data first")
     print(f"nanoGPT CPU recipe: {seconds:.1f} s wall, val loss (its 20-batch estimate) {losses[-1]}")
     return {"config": "nanoGPT " + " ".join(NANOGPT_CPU_RECIPE), "runs": 1, "median_wall_s": round(seconds, 1),
             "val_loss_estimate": float(losses[-1])}  # fmt: skip
@@ -366,7 +371,8 @@ def run_nanogpt(directory: str) -> dict:
 
 def bench_quality(cfg: QualityBench) -> list[dict]:
     """Whole-command wall time and the final whole-val-split loss of each recipe (train.py --eval_full_split)."""
-    rows = [run_nanogpt(cfg.nanogpt_dir)] if cfg.nanogpt_dir else []
+    reference = run_nanogpt(cfg.nanogpt_dir) if cfg.nanogpt_dir else None
+    rows = []
     for config in cfg.config:
         runs = []
         for run in range(cfg.runs):
@@ -379,9 +385,10 @@ def bench_quality(cfg: QualityBench) -> list[dict]:
                      "median_wall_s": round(statistics.median(r["wall_s"] for r in runs), 1),
                      "median_val_loss_full": round(statistics.median(r["val_loss_full"] for r in runs), 4),
                      "all": runs})  # fmt: skip
-    if cfg.nanogpt_dir:
-        for row in rows[1:]:
-            row["x_nanogpt_time"] = round(row["median_wall_s"] / rows[0]["median_wall_s"], 3)
+    if reference:
+        for row in rows:
+            row["x_nanogpt_time"] = round(row["median_wall_s"] / reference["median_wall_s"], 3)
+        rows.insert(0, reference)
     print_table(rows, ["config", "extra", "runs", "median_wall_s", "median_val_loss_full", "val_loss_estimate",
                        "x_nanogpt_time"])  # fmt: skip
     return rows
