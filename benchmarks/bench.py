@@ -12,6 +12,7 @@ Figures are medians over several runs; on a shared 2-core machine single runs ar
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import platform
@@ -79,8 +80,10 @@ def write_results(path: str, kind: str, settings: object, rows: list[dict]) -> N
 # generate: the documented call on a fresh model, `GPT(config).eval().generate(...)`, nothing else (the engine
 # applies the CPU fast path itself); cached: the same after an explicit optimize_for_cpu_decoding(), as before;
 # cached_plain: the engine with the fast path off; cached_bf16: bfloat16 weights; int8: int8 weights
-# (gptkit.quantization, as --quantize=int8); uncached: nanoGPT's loop.
-SAMPLE_PATHS = ("generate", "cached", "cached_plain", "cached_bf16", "int8", "uncached", "hf")
+# (gptkit.quantization, as --quantize=int8); uncached: nanoGPT's loop; no_products: the generate path with every
+# matrix product skipped (each Linear returns zeros of its output's shape without reading its weight), so its
+# time per token is what the rest of a decoding step costs: attention, norms, GELU, sampling, Python.
+SAMPLE_PATHS = ("generate", "cached", "cached_plain", "cached_bf16", "int8", "no_products", "uncached", "hf")
 # Bytes per weight a path reads in one decoding step (float32 elsewhere): the memory-speed bound's numerator.
 WEIGHT_BYTES = {"cached_bf16": 2, "int8": 1}
 
@@ -149,6 +152,26 @@ def time_paths(runs: dict[str, tuple[Callable[[int], None], int, int]]) -> dict[
     return {path: statistics.median(seconds) for path, seconds in times.items()}
 
 
+class SkippedProduct(torch.nn.Module):
+    """Stands in for a Linear in the no_products path: an output of the right shape, no weight read."""
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        self.out_features = linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.new_zeros((*x.shape[:-1], self.out_features))
+
+
+def without_products(model: GPT) -> GPT:
+    """`model` (in place) with every nn.Linear replaced by a SkippedProduct."""
+    for module in list(model.modules()):
+        for name, child in module.named_children():
+            if isinstance(child, torch.nn.Linear):
+                setattr(module, name, SkippedProduct(child))
+    return model
+
+
 def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> dict:
     """One model per path, all with the same (random) weights; "plain" is never changed by the fast path."""
     torch.manual_seed(0)
@@ -162,6 +185,8 @@ def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> 
         models["int8"] = GPT(config).eval()
         models["int8"].load_state_dict(plain.state_dict())
         quantize_int8(models["int8"])  # the CPU's int8 kernels (a UserError on other devices)
+    if "no_products" in paths:
+        models["no_products"] = without_products(GPT(config).eval().to(device))
     if "cached" in models and device.type == "cpu":
         models["cached"].optimize_for_cpu_decoding()  # the explicit call, as sample.py made it before the engine
     if "hf" in paths:
@@ -190,12 +215,22 @@ def read_bandwidth(device: torch.device, megabytes: int, repeats: int = 5) -> fl
 
 
 def add_memory_bound(rows: list[dict], models: dict, bandwidth: float) -> None:
-    """At batch 1 a decoding step reads every weight once: bound = read speed / weight bytes of the path."""
+    """At batch 1 a decoding step reads every weight once: bound = read speed / weight bytes of the path.
+
+    With a no_products row in the run, each row also gets the time its matrix products take (its time per token
+    less no_products') and the speed they stream the weights at in the step: where the rest of the step goes.
+    """
     weights = models["plain"].get_num_params(non_embedding=True)  # the blocks and the head; lookups read a row
+    rest = next((1 / r["tokens_per_s"] for r in rows if r["path"] == "no_products" and r["batch"] == 1), None)
     for row in rows:
-        if row["batch"] == 1 and row["path"] != "uncached":
-            bound = bandwidth / (weights * WEIGHT_BYTES.get(row["path"], 4))
+        if row["batch"] == 1 and row["path"] not in ("uncached", "no_products"):
+            weight_bytes = weights * WEIGHT_BYTES.get(row["path"], 4)
+            bound = bandwidth / weight_bytes
             row["bound_tokens_per_s"], row["of_bound"] = round(bound, 1), round(row["tokens_per_s"] / bound, 3)
+            products = 1 / row["tokens_per_s"] - rest if rest is not None else 0.0
+            if products > 0:
+                row["products_ms"] = round(products * 1e3, 2)
+                row["products_gb_s"] = round(weight_bytes / products / 1e9, 1)
 
 
 def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict]:
@@ -229,7 +264,7 @@ def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict
     if bandwidth:
         add_memory_bound(rows, models, bandwidth)
     print_table(rows, ["path", "batch", "new_tokens", "seconds", "tokens_per_s", "x_hf", "x_uncached",
-                       "bound_tokens_per_s", "of_bound"])  # fmt: skip
+                       "bound_tokens_per_s", "of_bound", "products_ms", "products_gb_s"])  # fmt: skip
     return rows
 
 
@@ -247,9 +282,23 @@ GPT2_DECODING_WEIGHTS = {"attn.c_attn": (2304, 768), "attn.c_proj": (768, 768), 
                          "mlp.c_proj": (768, 3072), "lm_head": (50257, 768)}  # fmt: skip
 
 
+def median_pass_seconds(layers: list[torch.nn.Module], batch: int, in_features: int, repeats: int) -> float:
+    """Median seconds per layer of `repeats` passes over every layer (after one pass that warms up)."""
+    x = torch.randn(batch, 1, in_features)
+    passes = []
+    with torch.inference_mode():
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            for layer in layers:
+                layer(x)
+            passes.append((time.perf_counter() - start) / len(layers))
+    return statistics.median(passes[1:])
+
+
 def bench_linear(cfg: LinearBench) -> list[dict]:
-    """Weight-streaming speed (GB/s) of one decoding step's matrix products on CPU, float32: F.linear on the
-    weights as stored, F.linear on the transposed layout, and the DecodingLinear of gptkit.cpu_decoding."""
+    """Weight-streaming speed (GB/s) of one decoding step's matrix products on CPU: float32 F.linear on the
+    weights as stored, F.linear on the transposed layout, the DecodingLinear of gptkit.cpu_decoding, and the
+    int8 Linear of gptkit.quantization (GB/s of its int8 bytes)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)
@@ -260,6 +309,9 @@ def bench_linear(cfg: LinearBench) -> list[dict]:
         copies = max(2, -(-cfg.weight_mb * 2**20 // nbytes))  # weights come from memory, not from a cache
         layers = [torch.nn.Linear(in_features, out_features) for _ in range(copies)]
         by_batch = {b: {"weight": name, "shape": f"{out_features}x{in_features}", "batch": b} for b in cfg.batch_sizes}
+        int8_layers = list(quantize_int8(copy.deepcopy(torch.nn.Sequential(*layers))))  # before the layout changes
+        int8 = {b: median_pass_seconds(int8_layers, b, in_features, cfg.repeats) for b in cfg.batch_sizes}
+        del int8_layers
         # Variants in this order, each over every batch size: each step changes the layers for good.
         for variant in ("F.linear", "transposed", "optimized"):
             if variant == "optimized" and not onednn:
@@ -270,15 +322,9 @@ def bench_linear(cfg: LinearBench) -> list[dict]:
                 for layer in layers:
                     use_decoding_layout(layer, onednn=variant == "optimized")
             for batch, row in by_batch.items():
-                x = torch.randn(batch, 1, in_features)
-                passes = []
-                with torch.inference_mode():
-                    for _ in range(cfg.repeats + 1):  # the first pass warms up
-                        start = time.perf_counter()
-                        for layer in layers:
-                            layer(x)
-                        passes.append((time.perf_counter() - start) / copies)
-                row[variant] = round(nbytes / statistics.median(passes[1:]) / 1e9, 1)
+                row[variant] = round(nbytes / median_pass_seconds(layers, batch, in_features, cfg.repeats) / 1e9, 1)
+        for batch, row in by_batch.items():
+            row["int8"] = round(nbytes / 4 / int8[batch] / 1e9, 1)  # an int8 weight is a quarter of float32's bytes
         rows.extend(by_batch.values())
         print_table(rows[-len(by_batch) :], list(rows[-1]))
     return rows

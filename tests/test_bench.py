@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import bench
 from gptkit.cpu_decoding import onednn_linear_available
 from helpers import make_char_data
-from model import GPTConfig
+from model import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -31,7 +32,7 @@ def test_linear_bench_measures_every_decoding_weight(tmp_path: Path):
     rows = report["results"]
     assert [(r["weight"], r["batch"]) for r in rows] == [(w, b) for w in bench.GPT2_DECODING_WEIGHTS for b in (1, 2)]
     for row in rows:
-        assert row["F.linear"] > 0 and row["transposed"] > 0
+        assert row["F.linear"] > 0 and row["transposed"] > 0 and row["int8"] > 0
         assert (row["optimized"] > 0) if onednn_linear_available() else row["optimized"] is None
     assert report["settings"]["weight_mb"] == 2 and report["machine"]["cpu_count"] >= 1
 
@@ -54,7 +55,7 @@ def test_sample_bench_compares_every_path_in_one_run(tmp_path: Path):
 
 def test_sample_bench_puts_batch_one_against_the_memory_bound(capsys):
     settings = bench.SampleBench(batch_sizes=[1], repeats=1, new_tokens=3, bandwidth_mb=64, json_out="",
-                                 paths=["generate", "cached_bf16", "int8"])  # fmt: skip
+                                 paths=["generate", "cached_bf16", "int8", "no_products"])  # fmt: skip
     shape = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64, "vocab_size": 1000, "bias": True}
     rows = {row["path"]: row for row in bench.bench_sample(settings, GPTConfig(**shape))}
     speed = float(capsys.readouterr().out.split("memory read speed: ")[1].split(" GB/s")[0]) * 1e9
@@ -65,6 +66,26 @@ def test_sample_bench_puts_batch_one_against_the_memory_bound(capsys):
         bound = speed / (weights * weight_bytes)
         assert rows[path]["bound_tokens_per_s"] == pytest.approx(bound, rel=0.01)
         assert rows[path]["of_bound"] == pytest.approx(rows[path]["tokens_per_s"] / bound, rel=0.02, abs=6e-4)
+        # the products' share of a step: the path's time per token less the step without products
+        products = 1 / rows[path]["tokens_per_s"] - 1 / rows["no_products"]["tokens_per_s"]
+        if products > 0:  # a tiny model's products can cost less than timing noise
+            assert rows[path]["products_ms"] == pytest.approx(products * 1e3, rel=0.02, abs=0.01)
+            assert rows[path]["products_gb_s"] == pytest.approx(
+                weights * weight_bytes / products / 1e9, rel=0.05, abs=0.1
+            )
+        else:
+            assert "products_ms" not in rows[path]
+    assert "bound_tokens_per_s" not in rows["no_products"]
+
+
+def test_no_products_path_skips_every_product_but_keeps_the_step():
+    model = bench.without_products(GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=50)))
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert sum(isinstance(m, bench.SkippedProduct) for m in model.modules()) == 2 * 4 + 1  # qkv, proj, fc, proj; head
+    with torch.inference_mode():
+        logits, _ = model(torch.zeros(1, 5, dtype=torch.long))
+        out = model.generate(torch.zeros(1, 3, dtype=torch.long), 4, top_k=10)
+    assert logits.shape == (1, 1, 50) and not logits.any() and out.shape == (1, 7)
 
 
 def fake_nanogpt(directory: Path) -> Path:
