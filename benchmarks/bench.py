@@ -83,7 +83,17 @@ def write_results(path: str, kind: str, settings: object, rows: list[dict]) -> N
 # (gptkit.quantization, as --quantize=int8); uncached: nanoGPT's loop; no_products: the generate path with every
 # matrix product skipped (each Linear returns zeros of its output's shape without reading its weight), so its
 # time per token is what the rest of a decoding step costs: attention, norms, GELU, sampling, Python.
-SAMPLE_PATHS = ("generate", "cached", "cached_plain", "cached_bf16", "int8", "no_products", "uncached", "hf")
+SAMPLE_PATHS = (
+    "generate",
+    "cached",
+    "cached_plain",
+    "cached_bf16",
+    "compiled",
+    "int8",
+    "no_products",
+    "uncached",
+    "hf",
+)
 # Bytes per weight a path reads in one decoding step (float32 elsewhere): the memory-speed bound's numerator.
 WEIGHT_BYTES = {"cached_bf16": 2, "int8": 1}
 
@@ -99,7 +109,7 @@ class SampleBench:
     paths: list[str] = setting_list(
         list(SAMPLE_PATHS),
         f"which generators: {', '.join(SAMPLE_PATHS)} (generate: the documented model.generate call alone; "
-        "cached_plain: KV cache without the CPU fast path)",
+        "cached_plain: KV cache without the CPU fast path; compiled: float32, the compiled decoding step)",
     )
     bandwidth_mb: int = setting(1024, "megabytes read to measure the memory read speed (0 = skip the bound)")
     uncached_new_tokens: int = setting(256, "tokens for the slow uncached path (fewer make it look faster)")
@@ -125,6 +135,9 @@ def run_sample_path(path: str, models: dict, prompt: torch.Tensor, top_k: int, n
         elif path == "cached_plain":
             for _ in generate_stream(models["plain"], prompt, new_tokens, top_k=top_k, generator=generator,
                                      cpu_fast_path=False):  # fmt: skip
+                pass
+        elif path == "compiled":
+            for _ in generate_stream(models[path], prompt, new_tokens, top_k=top_k, generator=generator, compiled=True):
                 pass
         elif path == "hf":
             models["hf"].generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, top_k=top_k,
@@ -177,7 +190,8 @@ def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> 
     torch.manual_seed(0)
     plain = GPT(config).eval().to(device)  # the weights as nanoGPT stores them, for the uncached path
     models = {"plain": plain}
-    for path, dtype in (("generate", torch.float32), ("cached", torch.float32), ("cached_bf16", torch.bfloat16)):
+    for path, dtype in (("generate", torch.float32), ("cached", torch.float32), ("cached_bf16", torch.bfloat16),
+                        ("compiled", torch.float32)):  # fmt: skip
         if path in paths:
             models[path] = GPT(config).eval().to(device, dtype)
             models[path].load_state_dict(plain.state_dict())
@@ -227,7 +241,8 @@ def add_memory_bound(rows: list[dict], models: dict, bandwidth: float) -> None:
             weight_bytes = weights * WEIGHT_BYTES.get(row["path"], 4)
             bound = bandwidth / weight_bytes
             row["bound_tokens_per_s"], row["of_bound"] = round(bound, 1), round(row["tokens_per_s"] / bound, 3)
-            products = 1 / row["tokens_per_s"] - rest if rest is not None else 0.0
+            # no_products is the eager step: its rest says nothing of the compiled step, which fuses that work
+            products = 1 / row["tokens_per_s"] - rest if rest is not None and row["path"] != "compiled" else 0.0
             if products > 0:
                 row["products_ms"] = round(products * 1e3, 2)
                 row["products_gb_s"] = round(weight_bytes / products / 1e9, 1)

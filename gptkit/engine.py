@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from gptkit import cpu_decoding
+from gptkit import compiled_decoding, cpu_decoding
 
 
 class KVCache:
@@ -86,8 +86,7 @@ class KVCache:
         over (B, nh, S, hd) and a boolean mask (B, 1, T, S), or None when every row is equally long (then query t
         sees keys 0..S-T+t, plain causal attention)."""
         if self.keys[layer] is None:
-            shape = (self.slots, k.shape[1], self.capacity, k.shape[3])
-            self.keys[layer], self.values[layer] = k.new_zeros(shape), v.new_zeros(shape)
+            self.allocate(k.shape[1], k.shape[3], k.dtype, k.device)
         keys, values = self.keys[layer][self.start : self.stop], self.values[layer][self.start : self.stop]
         if self._positions is None:
             keys[:, :, self._offset : self._end] = k
@@ -97,6 +96,17 @@ class KVCache:
             keys[rows, :, self._positions] = k.transpose(1, 2).to(keys.dtype)  # index_put casts nothing itself
             values[rows, :, self._positions] = v.transpose(1, 2).to(values.dtype)
         return keys[:, :, : self._end], values[:, :, : self._end], self._mask
+
+    def allocate(self, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Make every layer's storage now (zeros), unless it exists: the compiled step writes into it in place.
+
+        One position more than the capacity: a view of the storage over all its positions would be contiguous,
+        and any shorter one is not, so a compiled step attending over the whole capacity would compile twice."""
+        shape = (self.slots, n_head, self.capacity + 1, head_dim)
+        for layer, keys in enumerate(self.keys):
+            if keys is None:
+                self.keys[layer] = torch.zeros(shape, dtype=dtype, device=device)
+                self.values[layer] = torch.zeros(shape, dtype=dtype, device=device)
 
     def move(self, source: int, target: int) -> None:
         """Copy row `source` (its keys, values and length) over row `target`."""
@@ -184,9 +194,11 @@ class Engine:
     Row r of the cache belongs to active[r]; a finished or removed request's row is refilled by moving the last
     active row into it, so a pass always covers rows 0..n-1. `cpu_fast_path` applies gptkit.cpu_decoding to the
     model when its weights are float32 on the CPU (the default; False measures or debugs the plain path).
+    `compiled` runs each step's pass through gptkit.compiled_decoding (torch.compile; prefills stay eager): the
+    first step of each batch size compiles, about a minute for GPT-2 124M on 2 cores; for inference only.
     """
 
-    def __init__(self, model: nn.Module, slots: int = 1, cpu_fast_path: bool = True) -> None:
+    def __init__(self, model: nn.Module, slots: int = 1, cpu_fast_path: bool = True, compiled: bool = False) -> None:
         if slots <= 0:
             raise ValueError(f"an engine needs at least one slot, got {slots}")
         config = model.config
@@ -195,6 +207,7 @@ class Engine:
         self.device = next(model.parameters()).device
         self.cache = KVCache(config.n_layer, config.block_size, slots)
         self.active: list[Request] = []
+        self.compiled = compiled
         if cpu_fast_path and cpu_decoding.suits_fast_path(model):
             cpu_decoding.optimize_for_cpu_decoding(model)
 
@@ -251,8 +264,7 @@ class Engine:
             if self.cache.lengths[row] == self.block_size:  # window full: slide, as this request would alone
                 self._fill(row, (request.prompt + request.output)[-self.keep :])
         idx = torch.tensor([[request.last_token()] for request in self.active], device=self.device)
-        logits, _ = self.model(idx, cache=self.cache.rows(0, len(self.active)))
-        tokens = self._sample(logits[:, -1])
+        tokens = self._sample(self._decode(idx)[:, -1])
         made = list(zip(self.active, tokens))
         for request, token in made:
             request.output.append(token)
@@ -272,6 +284,20 @@ class Engine:
             if not self.active:
                 return
             yield self.step()
+
+    def _decode(self, idx: torch.Tensor) -> torch.Tensor:
+        """Logits (B, 1, V) for the latest token idx (B, 1) of every active row, eager or compiled."""
+        if not self.compiled:
+            return self.model(idx, cache=self.cache.rows(0, len(self.active)))[0]
+        config, weight = self.model.config, next(self.model.parameters())
+        autocast = torch.is_autocast_enabled(self.device.type)
+        dtype = torch.get_autocast_dtype(self.device.type) if autocast else weight.dtype  # what keys come out as
+        self.cache.allocate(config.n_head, config.n_embd // config.n_head, dtype, self.device)
+        lengths = self.cache.lengths[: len(self.active)]
+        logits = compiled_decoding.decode_step(self.model, idx, self.cache.keys, self.cache.values, lengths,
+                                               self.cache.capacity)  # fmt: skip
+        self.cache.lengths[: len(self.active)] = [length + 1 for length in lengths]
+        return logits
 
     def _fill(self, row: int, *contexts: list[int]) -> None:
         """Make cache rows row, row + 1, ... hold contexts[i][:-1] (equally long), computed in one pass of their own;
@@ -307,6 +333,7 @@ def generate_stream(
     stop_tokens: Sequence[int] | None = None,
     generator: torch.Generator | None = None,
     cpu_fast_path: bool = True,
+    compiled: bool = False,
 ) -> Iterator[torch.Tensor]:
     """Yield the next token of every row of idx (B, T) as a (B,) tensor, up to max_new_tokens steps.
 
@@ -315,6 +342,6 @@ def generate_stream(
     """
     requests = [Request(row, max_new_tokens, temperature, top_k, top_p, tuple(stop_tokens or ()), generator=generator)
                 for row in idx.tolist()]  # fmt: skip
-    engine = Engine(model, slots=len(requests), cpu_fast_path=cpu_fast_path)
+    engine = Engine(model, slots=len(requests), cpu_fast_path=cpu_fast_path, compiled=compiled)
     for _ in engine.run(requests):
         yield torch.tensor([request.output[-1] for request in requests], dtype=idx.dtype, device=idx.device)

@@ -365,3 +365,22 @@ def test_decoding_linear_matches_f_linear(shape):
     y = layer(x)  # with gradients on (training), the module stays on F.linear and autograd works
     y.sum().backward()
     torch.testing.assert_close(layer.bias.grad, torch.full((40,), float(x[..., 0].numel())))
+
+
+# ------------------------------------------------------------------------------ the compiled decoding step
+
+
+def test_compiled_steps_give_each_row_its_greedy_tokens_from_one_graph():
+    """gptkit/compiled_decoding.py: rows of 1, 9 and 26 tokens (the first with no prefill, so the step makes the
+    cache itself), block 40, 30 new tokens: the attended span grows 16 -> 32 -> 40 and the last row slides. Every row
+    gets exactly its reference greedy tokens, and one compiled graph serves every span."""
+    model = lively_model(block_size=40, pos_encoding="rope")
+    reference = plain_copy(model)
+    prompts = prompts_of(1, 9, 26)
+    requests = [Request(prompt, 30, temperature=0) for prompt in prompts]
+    graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    engine = Engine(model, slots=3, compiled=True)
+    assert [len(step) for step in engine.run(requests)] == [3] * 30
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == 1
+    for prompt, request in zip(prompts, requests):
+        assert request.output == reference_greedy(reference, prompt, 30)

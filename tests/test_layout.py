@@ -31,6 +31,7 @@ LAYERS: list[set[str]] = [
     {"gptkit.prepare.driver", "gptkit.prepare.shakespeare", "gptkit.prepare.tokenizer_training"},
     {
         "gptkit.cpu_decoding",
+        "gptkit.compiled_decoding",
         "gptkit.quantization",
         "gptkit.loading",
         "gptkit.runlog",

@@ -1,0 +1,89 @@
+"""A compiled decoding step: the engine's one-token-per-row pass through torch.compile (inductor).
+
+Why: at batch 1 a step reads every weight once, so its floor is the weight bytes over the memory's read speed.
+Eager PyTorch adds two costs on top: its matrix-vector kernels stream the weights well below that speed, and a
+step runs ~100 small ops (layer norms, GELU, residual adds, attention), each with its own dispatch. On the CPU,
+inductor with freezing and max-autotune replaces the products with its own matrix-vector kernels on prepacked
+weights, fuses the small ops, and (cpp_wrapper) calls it all from C++. `python benchmarks/bench.py sample
+--paths=compiled` measures it against the memory bound; docs/benchmarks.md has the figures.
+
+How the step stays one graph for every length: it takes only tensors (the new tokens (B, 1), each row's position
+(B,), a mask (B, 1, 1, S) over the positions it attends to, and the cache's whole key and value storage), and S is
+a dynamic size, rounded up to a multiple of LENGTH_MULTIPLE. StepCache is the KV cache the model's forward sees
+inside the graph: each layer writes the new key and value at the row's position in place and attends over the
+first S positions with the mask.
+The batch size stays static: each one compiles once (about a minute for GPT-2 124M on 2 cores).
+
+Caveats: freezing folds the weights into the compiled graph as constants (a prepacked copy: the weights' memory
+twice over), so this is for inference only: weights changed after the first compiled step are not seen.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn as nn
+
+LENGTH_MULTIPLE = 16  # attended span rounded up to this: padded positions are masked, and S is never 0 or 1
+
+
+class StepCache:
+    """The KV cache of one compiled decoding step (duck-typed like gptkit.engine.KVCache for one new token).
+
+    keys[layer], values[layer]: the whole storage (rows, n_head, capacity, head_dim), written in place; `mask`
+    (B, 1, 1, S), True where row b may look, sets the batch B and the span S attended over.
+    """
+
+    def __init__(self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], positions: torch.Tensor,
+                 mask: torch.Tensor) -> None:  # fmt: skip
+        self.keys, self.values, self.positions, self.mask = keys, values, positions, mask
+
+    def extend(self, batch: int, new: int, device: torch.device) -> torch.Tensor:
+        return self.positions[:, None]  # (B, 1): the new token of each row sits at that row's own length
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        keys, values = self.keys[layer], self.values[layer]
+        rows = torch.arange(k.shape[0], device=k.device)
+        keys[rows, :, self.positions] = k[:, :, 0].to(keys.dtype)  # in place: inductor writes into the storage
+        values[rows, :, self.positions] = v[:, :, 0].to(values.dtype)
+        batch, span = self.mask.shape[0], self.mask.shape[-1]
+        return keys[:batch, :, :span], values[:batch, :, :span], self.mask
+
+
+def _step(model: nn.Module, idx: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, keys: list,
+          values: list) -> torch.Tensor:  # fmt: skip
+    logits, _ = model(idx, cache=StepCache(keys, values, positions, mask))
+    return logits
+
+
+@functools.cache
+def compiled_step(device_type: str) -> Callable:
+    """The compiled _step for a device type; one per process, so its graphs serve every engine of a model."""
+    # CPU: max-autotune lets inductor pick its own matrix-vector kernels (they need frozen weights: see
+    # decode_step), and cpp_wrapper saves the Python call of each kernel. Elsewhere inductor's defaults.
+    options = {"max_autotune": True, "cpp_wrapper": True} if device_type == "cpu" else {}
+    return torch.compile(_step, fullgraph=True, options=options)
+
+
+def attended_span(lengths: Sequence[int], capacity: int) -> int:
+    """Positions a step attends over: the longest row after its new token, rounded up, at most `capacity`."""
+    return min(capacity, -(-(max(lengths) + 1) // LENGTH_MULTIPLE) * LENGTH_MULTIPLE)
+
+
+def decode_step(
+    model: nn.Module, idx: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
+    lengths: Sequence[int], capacity: int,
+) -> torch.Tensor:  # fmt: skip
+    """Logits (B, 1, V) for idx (B, 1): row r's token goes at position lengths[r] of rows 0..B-1 of the cache
+    storage keys[layer], values[layer] ((rows, n_head, positions, head_dim) each, positions > capacity so that
+    a span is never all of it: see gptkit.engine.KVCache.allocate), written in place there."""
+    positions = torch.tensor(lengths, device=idx.device)
+    span = torch.arange(attended_span(lengths, capacity), device=idx.device)
+    mask = (span <= positions[:, None])[:, None, None, :]  # (B, 1, 1, S): a row sees its own tokens only
+    torch._dynamo.maybe_mark_dynamic(mask, 3)  # its size is the span: one graph serves every span
+    # Freezing must be on while dynamo traces, not only in inductor (compile options reach inductor alone), for the
+    # weights to become constants; patched per call so that no other compile in the process is frozen.
+    with torch._inductor.config.patch(freezing=True):
+        return compiled_step(idx.device.type)(model, idx, positions, mask, list(keys), list(values))
