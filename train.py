@@ -63,7 +63,7 @@ class TrainSettings:
     eval_tasks_interval: int | None = setting(None, "eval_tasks only at steps divisible by this", rule="positive")
     eval_tasks_limit: int | None = setting(None, "eval_tasks: the first N items of each task", rule="positive")
     hellaswag_path: str = setting("", "eval_tasks: HellaSwag JSONL file or URL (empty: the canonical val set, cached)")
-    curves: bool = setting(True, "draw out_dir/curves.png (plot.py's picture of log.jsonl) at each evaluation")
+    curves: bool = setting(True, "draw out_dir/curves.png of log.jsonl at the end and at evaluations 30 s apart")
     init_from: str = setting("scratch", INIT_CHOICES_HELP)
     overwrite: bool = setting(False, "start afresh even where out_dir holds an earlier run's checkpoint, replacing it")
     seed: int = setting(1337, "seed for initialisation, data order and dropout")
@@ -360,7 +360,8 @@ def evaluate_and_save(run: Run, state: LoopState, at_end: bool) -> None:
     run.log.say(runlog.eval_line(result, saved))
     result.update(run.tasks.run(run.wrapped, state.iter_num, at_end, run.precision, run.log))
     run.log.record(result)
-    plotting.refresh_curves(run.cfg.out_dir, enabled=run.cfg.curves and run.procs.master)
+    enabled = run.cfg.curves and run.procs.master
+    state.curves_drawn_at = plotting.refresh_curves(run.cfg.out_dir, enabled, state.curves_drawn_at, at_end)
     state.last_eval = result
     state.watch.restart(state.iter_num)
 

@@ -192,15 +192,12 @@ def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> 
     models = {"plain": plain}
     for path, dtype in (("generate", torch.float32), ("cached", torch.float32), ("cached_bf16", torch.bfloat16),
                         ("compiled", torch.float32)):  # fmt: skip
-        if path in paths:
-            models[path] = GPT(config).eval().to(device, dtype)
-            models[path].load_state_dict(plain.state_dict())
+        if path in paths:  # copies: a second random initialisation of GPT-2 124M would take seconds
+            models[path] = copy.deepcopy(plain).to(device, dtype)
     if "int8" in paths:
-        models["int8"] = GPT(config).eval()
-        models["int8"].load_state_dict(plain.state_dict())
-        quantize_int8(models["int8"])  # the CPU's int8 kernels (a UserError on other devices)
+        models["int8"] = quantize_int8(copy.deepcopy(plain))  # the CPU's int8 kernels (a UserError elsewhere)
     if "no_products" in paths:
-        models["no_products"] = without_products(GPT(config).eval().to(device))
+        models["no_products"] = without_products(copy.deepcopy(plain))
     if "cached" in models and device.type == "cpu":
         models["cached"].optimize_for_cpu_decoding()  # the explicit call, as sample.py made it before the engine
     if "hf" in paths:
@@ -258,7 +255,8 @@ def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict
     device = resolve_device(cfg.device)
     config = config or GPTConfig(vocab_size=50257)  # GPT-2 124M shape, random weights
     models = sample_models(config, cfg.paths, device)
-    bandwidth = read_bandwidth(device, cfg.bandwidth_mb) if cfg.bandwidth_mb else None
+    # the bound is for batch 1 only (see add_memory_bound): no read to measure without it
+    bandwidth = read_bandwidth(device, cfg.bandwidth_mb) if cfg.bandwidth_mb and 1 in cfg.batch_sizes else None
     if bandwidth:
         print(f"memory read speed: {bandwidth / 1e9:.3f} GB/s ({cfg.bandwidth_mb} MB summed, best of 5)")
     rows = []

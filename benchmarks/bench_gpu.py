@@ -112,7 +112,7 @@ def training_throughput(cfg: GpuBench, device: torch.device, shape: dict, measur
                 "attention": "sdpa", "bias": True, "pad_vocab": True, "dropout": 0.0, "batch_size": cfg.batch_size,
                 "gradient_accumulation_steps": cfg.accumulation, "max_iters": cfg.train_iters,
                 "eval_interval": 10**9, "eval_iters": 1, "log_interval": 1, "always_save_checkpoint": False,
-                "eval_full_split": False, "learning_rate": 6e-4, "warmup_iters": 0}  # fmt: skip
+                "eval_full_split": False, "learning_rate": 6e-4, "warmup_iters": 0, "curves": False}  # fmt: skip
     out_dir = Path(cfg.work_dir) / "throughput_run"
     seconds, _ = run_train([f"--{key}={value}" for key, value in settings.items()], str(out_dir))
     log = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]

@@ -3,7 +3,7 @@
 One row per quantity (train and val loss, val bits per byte, learning rate, each evaluation task's accuracies),
 one column per x axis (steps, tokens seen, wall time since the run's first entry); each run has its colour and
 its label in the legend. plot.py draws runs from the command line; train.py refreshes out_dir/curves.png at
-each evaluation.
+evaluations, at most every CURVES_EVERY_S seconds, and at the end of the run.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,9 @@ from gptkit.fileio import atomic_write_bytes
 from gptkit.runlog import LOG_NAME
 
 CURVES_NAME = "curves.png"
+# A picture takes about a second to draw: at every evaluation of a short run that is a tenth of the run (the demo's
+# five evaluations in a minute), and a refresh more often than this shows someone watching nothing new.
+CURVES_EVERY_S = 30.0
 X_AXES = (("iter", "step"), ("tokens", "tokens"), ("time", "wall time (minutes)"))
 FIXED_PANELS = (
     ("loss", ("train/loss", "val/loss")),
@@ -136,14 +140,20 @@ def draw(axis: Any, run: RunCurves, key: str, x_index: str, colour: str, style: 
         axis.plot(xs, ys, style, color=colour, label=f"{run.label} {key}", marker="." if len(xs) < 30 else None)
 
 
-def refresh_curves(out_dir: str | os.PathLike, enabled: bool = True) -> None:
+def refresh_curves(out_dir: str | os.PathLike, enabled: bool, drawn_at: float, at_end: bool) -> float:
     """train.py's out_dir/curves.png, drawn again from its log.jsonl (when `enabled`: rank 0 with curves=True).
-    A picture is a nicety: without matplotlib, or if drawing fails, the run goes on and says why once."""
-    if not enabled:
-        return
+
+    drawn_at: time.monotonic() of the last picture (or of the run's start); before the end (`at_end` False) a
+    picture is drawn only CURVES_EVERY_S after it. Returns the new drawn_at: now if it drew, else drawn_at.
+    A picture is a nicety: without matplotlib, or if drawing fails, the run goes on and says why once.
+    """
+    now = time.monotonic()
+    if not enabled or (not at_end and now - drawn_at < CURVES_EVERY_S):
+        return drawn_at
     try:
         plot_runs([out_dir], Path(out_dir) / CURVES_NAME)
     except (ImportError, UserError, OSError, ValueError) as exc:
         if not getattr(refresh_curves, "warned", False):
             print(f"warning: could not draw {Path(out_dir) / CURVES_NAME} ({exc}); training goes on", flush=True)
             refresh_curves.warned = True  # type: ignore[attr-defined]
+    return now

@@ -114,6 +114,7 @@ class LoopState:
     last_log_iter: int  # the loss of a log line is averaged over the steps since the previous one
     watch: Stopwatch = dataclasses.field(default_factory=Stopwatch)
     last_eval: dict | None = None  # the latest evaluation result
+    curves_drawn_at: float = dataclasses.field(default_factory=time.monotonic)  # curves.png's last refresh (or start)
 
     @classmethod
     def begin(cls, iter_num: int, best_val_loss: float, device: torch.device) -> LoopState:

@@ -107,8 +107,8 @@ def test_quality_bench_reports_the_whole_split_loss_of_each_run_and_the_nanogpt_
     make_char_data(data_dir, text="to be or not to be, that is the question. " * 200)
     nanogpt = fake_nanogpt(tmp_path / "nanoGPT")
     out = tmp_path / "quality.json"
-    result = run_bench("quality", "--config=config/train_shakespeare_char_cpu.py", "--runs=2",
-                       "--extra=--max_iters=4", f"--extra=--data_dir={data_dir}", "--extra=--device=cpu",
+    result = run_bench("quality", "--config=config/train_shakespeare_char_cpu.py", "--runs=2", "--extra=--max_iters=4",
+                       f"--extra=--data_dir={data_dir}", "--extra=--device=cpu", "--extra=--curves=False",
                        f"--work_dir={tmp_path / 'runs'}", f"--json_out={out}", f"--nanogpt_dir={nanogpt}")  # fmt: skip
     assert result.returncode == 0, result.stderr
     reference, row = json.loads(out.read_text())["results"]

@@ -12,7 +12,8 @@ SMOKE_FLAGS = ["--device=cpu", "--smoke=True", "--batch_size=2", "--accumulation
                "--warmup_iters=1", "--compile=False", "--sample_batches=1", "--sample_tokens=4",
                "--char_config=config/train_shakespeare_char_cpu.py", "--prepare_char=False"]  # fmt: skip
 TINY_RECIPE = ["--max_iters=4", "--eval_interval=2", "--eval_iters=1", "--n_layer=1", "--n_head=2", "--n_embd=16",
-               "--block_size=16", "--batch_size=2", "--gradient_accumulation_steps=1", "--compile=False"]  # fmt: skip
+               "--block_size=16", "--batch_size=2", "--gradient_accumulation_steps=1", "--compile=False",
+               "--curves=False"]  # fmt: skip
 
 
 def test_smoke_run_measures_every_section(tmp_path: Path, char_data_dir: Path, capsys) -> None:

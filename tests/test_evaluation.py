@@ -13,6 +13,7 @@ import json
 import math
 import struct
 import subprocess
+import time
 import zlib
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import torch
 import evaluate
 import plot
 import train
-from gptkit import evaluation
+from gptkit import evaluation, plotting
 from gptkit.download import cache_path_for
 from gptkit.errors import UserError
 from gptkit.tokenizer import CharTokenizer
@@ -224,6 +225,20 @@ def test_training_logs_the_task_and_a_trained_model_beats_chance(trained: dict[s
 
 def test_train_draws_curves(trained: dict[str, Path]) -> None:
     assert_drawn_png(trained["out"] / "curves.png")
+
+
+def test_curves_are_redrawn_at_most_every_30_s_before_the_end(trained: dict[str, Path], tmp_path: Path) -> None:
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    (out_dir / "log.jsonl").write_bytes((trained["out"] / "log.jsonl").read_bytes())
+    picture, now = out_dir / "curves.png", time.monotonic()
+    assert plotting.refresh_curves(out_dir, True, now - 29, at_end=False) == now - 29 and not picture.exists()
+    assert plotting.refresh_curves(out_dir, False, now - 31, at_end=True) == now - 31 and not picture.exists()
+    drawn_at = plotting.refresh_curves(out_dir, True, now - 31, at_end=False)
+    assert drawn_at >= now and picture.exists()
+    picture.unlink()
+    assert plotting.refresh_curves(out_dir, True, drawn_at, at_end=True) >= drawn_at  # the end always draws
+    assert_drawn_png(picture)
 
 
 # ----------------------------------------------------------------------------- evaluate.py

@@ -50,6 +50,7 @@ def trained_char_checkpoint(tmp_path_factory) -> Path:
         "train.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--device=cpu", "--compile=False",
         "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=8", "--max_iters=60",
         "--eval_interval=30", "--eval_iters=2", "--learning_rate=3e-3", "--warmup_iters=5", "--log_interval=30",
+        "--curves=False",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr.decode()
     assert (out_dir / "ckpt.pt").exists()
