@@ -83,17 +83,8 @@ def write_results(path: str, kind: str, settings: object, rows: list[dict]) -> N
 # (gptkit.quantization, as --quantize=int8); uncached: nanoGPT's loop; no_products: the generate path with every
 # matrix product skipped (each Linear returns zeros of its output's shape without reading its weight), so its
 # time per token is what the rest of a decoding step costs: attention, norms, GELU, sampling, Python.
-SAMPLE_PATHS = (
-    "generate",
-    "cached",
-    "cached_plain",
-    "cached_bf16",
-    "compiled",
-    "int8",
-    "no_products",
-    "uncached",
-    "hf",
-)
+SAMPLE_PATHS = ("generate", "cached", "cached_plain", "cached_bf16", "compiled", "int8", "no_products",
+                "uncached", "hf")  # fmt: skip
 # Bytes per weight a path reads in one decoding step (float32 elsewhere): the memory-speed bound's numerator.
 WEIGHT_BYTES = {"cached_bf16": 2, "int8": 1}
 
@@ -225,6 +216,14 @@ def read_bandwidth(device: torch.device, megabytes: int, repeats: int = 5) -> fl
     return buffer.numel() * 4 / best
 
 
+def reported_read_speed(device: torch.device, megabytes: int) -> float | None:
+    """read_bandwidth, printed; None without measuring when `megabytes` is 0."""
+    bandwidth = read_bandwidth(device, megabytes) if megabytes else None
+    if bandwidth:
+        print(f"memory read speed: {bandwidth / 1e9:.3f} GB/s ({megabytes} MB summed, best of 5)")
+    return bandwidth
+
+
 def add_memory_bound(rows: list[dict], models: dict, bandwidth: float) -> None:
     """At batch 1 a decoding step reads every weight once: bound = read speed / weight bytes of the path.
 
@@ -256,9 +255,7 @@ def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict
     config = config or GPTConfig(vocab_size=50257)  # GPT-2 124M shape, random weights
     models = sample_models(config, cfg.paths, device)
     # the bound is for batch 1 only (see add_memory_bound): no read to measure without it
-    bandwidth = read_bandwidth(device, cfg.bandwidth_mb) if cfg.bandwidth_mb and 1 in cfg.batch_sizes else None
-    if bandwidth:
-        print(f"memory read speed: {bandwidth / 1e9:.3f} GB/s ({cfg.bandwidth_mb} MB summed, best of 5)")
+    bandwidth = reported_read_speed(device, cfg.bandwidth_mb if 1 in cfg.batch_sizes else 0)
     rows = []
     for batch in cfg.batch_sizes:
         prompt = torch.randint(0, config.vocab_size, (batch, cfg.prompt_tokens), device=device)
@@ -287,6 +284,9 @@ class LinearBench:
     repeats: int = setting(5, "passes over every weight copy; the median pass is reported")
     weight_mb: int = setting(256, "megabytes of copies of each matrix per pass: more than the CPU caches hold")
     threads: int = setting(0, "torch threads (0 = torch's default)")
+    weights: list[str] = setting_list([], "which of GPT-2's decoding weights (repeat the flag; none = all of them)")
+    compiled: bool = setting(False, "also inductor's kernels (torch.compile, max-autotune, frozen weights): slow")
+    bandwidth_mb: int = setting(1024, "megabytes read to measure the memory read speed (0 = skip it)")
     json_out: str = setting("bench_results/linear.json", "where to write the JSON results ('' = nowhere)")
 
 
@@ -308,16 +308,38 @@ def median_pass_seconds(layers: list[torch.nn.Module], batch: int, in_features: 
     return statistics.median(passes[1:])
 
 
+class ProductsOfCopies(torch.nn.ModuleList):
+    """Every layer's product with the same input, as one graph: torch.compile streams all the copies' weights."""
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [layer(x) for layer in self]
+
+
+def compiled_products(layers: list[torch.nn.Module], x: torch.Tensor) -> Callable:
+    """ProductsOfCopies(layers) compiled as gptkit.compiled_decoding compiles a step (frozen weights), built on x."""
+    options = {"max_autotune": True, "cpp_wrapper": True}
+    with torch._inductor.config.patch(freezing=True), torch.inference_mode():
+        compiled = torch.compile(ProductsOfCopies(layers), fullgraph=True, options=options)
+        compiled(x)  # compiles (and autotunes) now, not in a timed pass
+    return compiled
+
+
 def bench_linear(cfg: LinearBench) -> list[dict]:
-    """Weight-streaming speed (GB/s) of one decoding step's matrix products on CPU: float32 F.linear on the
-    weights as stored, F.linear on the transposed layout, the DecodingLinear of gptkit.cpu_decoding, and the
-    int8 Linear of gptkit.quantization (GB/s of its int8 bytes)."""
+    """Weight-streaming GB/s of a decoding step's products on CPU: float32 F.linear on the weights as stored and
+    transposed, gptkit.cpu_decoding's DecodingLinear, inductor's kernels (`compiled`), gptkit.quantization's int8
+    Linear (of its int8 bytes); the fastest float32 one as a fraction of the read speed measured in the same run."""
+    unknown = sorted(set(cfg.weights) - set(GPT2_DECODING_WEIGHTS))
+    if unknown:
+        raise UserError(f"unknown --weights {unknown}; use {', '.join(GPT2_DECODING_WEIGHTS)}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)
     onednn = onednn_linear_available()
+    bandwidth = reported_read_speed(torch.device("cpu"), cfg.bandwidth_mb)
     rows = []
     for name, (out_features, in_features) in GPT2_DECODING_WEIGHTS.items():
+        if cfg.weights and name not in cfg.weights:
+            continue
         nbytes = out_features * in_features * 4
         copies = max(2, -(-cfg.weight_mb * 2**20 // nbytes))  # weights come from memory, not from a cache
         layers = [torch.nn.Linear(in_features, out_features) for _ in range(copies)]
@@ -325,6 +347,10 @@ def bench_linear(cfg: LinearBench) -> list[dict]:
         int8_layers = list(quantize_int8(copy.deepcopy(torch.nn.Sequential(*layers))))  # before the layout changes
         int8 = {b: median_pass_seconds(int8_layers, b, in_features, cfg.repeats) for b in cfg.batch_sizes}
         del int8_layers
+        for batch, row in by_batch.items():  # on the weights as stored (freezing prepacks its own copy)
+            compiled = compiled_products(layers, torch.randn(batch, 1, in_features)) if cfg.compiled else None
+            seconds = median_pass_seconds([compiled], batch, in_features, cfg.repeats) / copies if compiled else None
+            row["compiled"] = round(nbytes / seconds / 1e9, 1) if seconds else None
         # Variants in this order, each over every batch size: each step changes the layers for good.
         for variant in ("F.linear", "transposed", "optimized"):
             if variant == "optimized" and not onednn:
@@ -338,6 +364,8 @@ def bench_linear(cfg: LinearBench) -> list[dict]:
                 row[variant] = round(nbytes / median_pass_seconds(layers, batch, in_features, cfg.repeats) / 1e9, 1)
         for batch, row in by_batch.items():
             row["int8"] = round(nbytes / 4 / int8[batch] / 1e9, 1)  # an int8 weight is a quarter of float32's bytes
+            fastest = max(row[v] or 0 for v in ("F.linear", "transposed", "optimized", "compiled"))
+            row["float32_of_read"] = round(fastest * 1e9 / bandwidth, 3) if bandwidth else None
         rows.extend(by_batch.values())
         print_table(rows[-len(by_batch) :], list(rows[-1]))
     return rows

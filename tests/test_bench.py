@@ -12,7 +12,7 @@ import torch
 
 import bench
 from gptkit.cpu_decoding import onednn_linear_available
-from helpers import make_char_data
+from helpers import make_char_data, run_main
 from model import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,17 +24,43 @@ def run_bench(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_linear_bench_measures_every_decoding_weight(tmp_path: Path):
+def test_linear_bench_measures_every_decoding_weight(tmp_path: Path, capsys):
     out = tmp_path / "linear.json"
     assert bench.main(["linear", "--batch_sizes=1", "--batch_sizes=2", "--repeats=1", "--weight_mb=2",
-                       f"--json_out={out}"]) == 0  # fmt: skip
+                       "--bandwidth_mb=64", f"--json_out={out}"]) == 0  # fmt: skip
+    read_speed = float(capsys.readouterr().out.split("memory read speed: ")[1].split(" GB/s")[0])
     report = json.loads(out.read_text())
     rows = report["results"]
     assert [(r["weight"], r["batch"]) for r in rows] == [(w, b) for w in bench.GPT2_DECODING_WEIGHTS for b in (1, 2)]
     for row in rows:
         assert row["F.linear"] > 0 and row["transposed"] > 0 and row["int8"] > 0
         assert (row["optimized"] > 0) if onednn_linear_available() else row["optimized"] is None
+        fastest = max(row[v] or 0 for v in ("F.linear", "transposed", "optimized"))
+        assert row["compiled"] is None and row["float32_of_read"] == pytest.approx(fastest / read_speed, abs=1e-3)
     assert report["settings"]["weight_mb"] == 2 and report["machine"]["cpu_count"] >= 1
+
+
+def test_linear_bench_measures_the_chosen_weights_and_refuses_unknown_ones(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "linear.json"
+    args = ["linear", "--batch_sizes=1", "--repeats=1", "--weight_mb=1", "--weights=attn.c_proj", "--bandwidth_mb=0"]
+    code, _, err = run_main(bench.main, [*args, f"--json_out={out}"], capsys)
+    assert code == 0, err
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["weight"] == "attn.c_proj" and row["compiled"] is None and row["float32_of_read"] is None
+    code, _, err = run_main(bench.main, ["linear", "--weights=attn.c_qkv", "--json_out="], capsys)
+    assert code == 2 and "unknown --weights ['attn.c_qkv']" in err
+
+
+def test_compiled_products_of_copies_match_eager() -> None:
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(32, 16) for _ in range(3)]
+    x = torch.randn(2, 1, 32)
+    compiled = bench.compiled_products(layers, x)
+    with torch.inference_mode():
+        outputs = compiled(x)
+    assert len(outputs) == 3
+    for got, layer in zip(outputs, layers):
+        torch.testing.assert_close(got, x @ layer.weight.detach().T + layer.bias.detach())
 
 
 def test_sample_bench_compares_every_path_in_one_run(tmp_path: Path):
