@@ -173,7 +173,7 @@ def train_model(
         "max_iters": iters, "lr_decay_iters": iters, "warmup_iters": min(30, iters // 10), "eval_interval": iters,
         "eval_iters": 1, "log_interval": log_every, "eval_full_split": full_split, "optimizer": "muon",
         "pos_encoding": "rope", "qk_norm": True, "learning_rate": 3e-3, "min_lr": 3e-4, "beta2": 0.99,
-        "always_save_checkpoint": False, "cpu_threads": cfg.cpu_threads,
+        "always_save_checkpoint": False, "cpu_threads": cfg.cpu_threads, "curves": False,  # timed: no pictures
     }  # fmt: skip
     command = [sys.executable, str(REPO / "train.py"), *(f"--{key}={value}" for key, value in settings.items())]
     run_measured(command, out_dir.parent / f"{out_dir.name}.log")
