@@ -36,6 +36,10 @@ class StepCache:
     (B, 1, 1, S), True where row b may look, sets the batch B and the span S attended over.
     """
 
+    # The model's attention path for this cache: inductor fuses the explicit softmax(q k^T / sqrt(d)) v of one query
+    # into its own loops, which was faster than a scaled_dot_product_attention call per layer (docs/benchmarks.md).
+    attention = "math"
+
     def __init__(self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], positions: torch.Tensor,
                  mask: torch.Tensor) -> None:  # fmt: skip
         self.keys, self.values, self.positions, self.mask = keys, values, positions, mask
