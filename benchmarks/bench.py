@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from gptkit.compiled_decoding import CPU_COMPILE_OPTIONS
 from gptkit.cpu_decoding import onednn_linear_available, use_decoding_layout
 from gptkit.devices import resolve_device
 from gptkit.engine import generate_stream, sample_next_token
@@ -317,9 +318,8 @@ class ProductsOfCopies(torch.nn.ModuleList):
 
 def compiled_products(layers: list[torch.nn.Module], x: torch.Tensor) -> Callable:
     """ProductsOfCopies(layers) compiled as gptkit.compiled_decoding compiles a step (frozen weights), built on x."""
-    options = {"max_autotune": True, "cpp_wrapper": True}
     with torch._inductor.config.patch(freezing=True), torch.inference_mode():
-        compiled = torch.compile(ProductsOfCopies(layers), fullgraph=True, options=options)
+        compiled = torch.compile(ProductsOfCopies(layers), fullgraph=True, options=CPU_COMPILE_OPTIONS)
         compiled(x)  # compiles (and autotunes) now, not in a timed pass
     return compiled
 

@@ -27,6 +27,9 @@ import torch
 import torch.nn as nn
 
 LENGTH_MULTIPLE = 16  # attended span rounded up to this: padded positions are masked, and S is never 0 or 1
+# CPU: max-autotune lets inductor pick its own matrix-vector kernels (they need frozen weights: see decode_step),
+# and cpp_wrapper saves the Python call of each kernel. Elsewhere inductor's defaults.
+CPU_COMPILE_OPTIONS = {"max_autotune": True, "cpp_wrapper": True}
 
 
 class StepCache:
@@ -65,9 +68,7 @@ def _step(model: nn.Module, idx: torch.Tensor, positions: torch.Tensor, mask: to
 @functools.cache
 def compiled_step(device_type: str) -> Callable:
     """The compiled _step for a device type; one per process, so its graphs serve every engine of a model."""
-    # CPU: max-autotune lets inductor pick its own matrix-vector kernels (they need frozen weights: see
-    # decode_step), and cpp_wrapper saves the Python call of each kernel. Elsewhere inductor's defaults.
-    options = {"max_autotune": True, "cpp_wrapper": True} if device_type == "cpu" else {}
+    options = CPU_COMPILE_OPTIONS if device_type == "cpu" else {}
     return torch.compile(_step, fullgraph=True, options=options)
 
 
