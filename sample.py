@@ -58,8 +58,6 @@ class SampleSettings(ModelSource):
             raise UserError(f"--{problem}")
         if any(stop == "" for stop in self.stop):
             raise UserError("--stop needs a non-empty string")
-        if self.compile and self.quantize != "none":  # torch.compile cannot trace PyTorch's int8 Linear
-            raise UserError(f"--compile=True and --quantize={self.quantize} do not go together; drop one of them")
 
 
 def read_prompt(start: str) -> str:

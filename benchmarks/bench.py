@@ -6,8 +6,7 @@
     python bench.py quality  [--config=config/train_shakespeare_char_cpu.py --runs=3]   (wall time + full val loss)
                              [--nanogpt_dir=DIR]   (nanoGPT's CPU recipe first, as the reference time)
 
-Data-preparation throughput is bench_prepare.py. Results and the exact commands live in docs/benchmarks.md.
-Figures are medians over several runs; on a shared 2-core machine single runs are noisy.
+Data preparation: bench_prepare.py. Results and their commands: docs/benchmarks.md. Figures are medians of runs.
 """
 
 from __future__ import annotations
@@ -80,14 +79,15 @@ def write_results(path: str, kind: str, settings: object, rows: list[dict]) -> N
 # ----------------------------------------------------------------------------------------------- sampling
 # generate: the documented call on a fresh model, `GPT(config).eval().generate(...)`, nothing else (the engine
 # applies the CPU fast path itself); cached: the same after an explicit optimize_for_cpu_decoding(), as before;
-# cached_plain: the engine with the fast path off; cached_bf16: bfloat16 weights; int8: int8 weights
-# (gptkit.quantization, as --quantize=int8); uncached: nanoGPT's loop; no_products: the generate path with every
-# matrix product skipped (each Linear returns zeros of its output's shape without reading its weight), so its
-# time per token is what the rest of a decoding step costs: attention, norms, GELU, sampling, Python.
-SAMPLE_PATHS = ("generate", "cached", "cached_plain", "cached_bf16", "compiled", "int8", "no_products",
-                "uncached", "hf")  # fmt: skip
+# cached_plain: the engine with the fast path off; cached_bf16: bfloat16 weights; int8: int8 weights (gptkit.
+# quantization, as --quantize=int8), int8_compiled: the same in the compiled step; uncached: nanoGPT's loop;
+# no_products: the generate path with every matrix product skipped (each Linear returns zeros of its output's
+# shape without reading its weight): a token's time in it is what the rest of a step costs (attention, norms...).
+SAMPLE_PATHS = ("generate", "cached", "cached_plain", "cached_bf16", "compiled", "int8", "int8_compiled",
+                "no_products", "uncached", "hf")  # fmt: skip
 # Bytes per weight a path reads in one decoding step (float32 elsewhere): the memory-speed bound's numerator.
-WEIGHT_BYTES = {"cached_bf16": 2, "int8": 1}
+WEIGHT_BYTES = {"cached_bf16": 2, "int8": 1, "int8_compiled": 1}
+COMPILED_PATHS = ("compiled", "int8_compiled")
 
 
 @dataclass
@@ -128,7 +128,7 @@ def run_sample_path(path: str, models: dict, prompt: torch.Tensor, top_k: int, n
             for _ in generate_stream(models["plain"], prompt, new_tokens, top_k=top_k, generator=generator,
                                      cpu_fast_path=False):  # fmt: skip
                 pass
-        elif path == "compiled":
+        elif path in COMPILED_PATHS:
             for _ in generate_stream(models[path], prompt, new_tokens, top_k=top_k, generator=generator, compiled=True):
                 pass
         elif path == "hf":
@@ -186,8 +186,8 @@ def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> 
                         ("compiled", torch.float32)):  # fmt: skip
         if path in paths:  # copies: a second random initialisation of GPT-2 124M would take seconds
             models[path] = copy.deepcopy(plain).to(device, dtype)
-    if "int8" in paths:
-        models["int8"] = quantize_int8(copy.deepcopy(plain))  # the CPU's int8 kernels (a UserError elsewhere)
+    if {"int8", "int8_compiled"} & set(paths):  # one int8 model: eager and compiled calls use their own kernels
+        models["int8"] = models["int8_compiled"] = quantize_int8(copy.deepcopy(plain))  # a UserError off the CPU
     if "no_products" in paths:
         models["no_products"] = without_products(copy.deepcopy(plain))
     if "cached" in models and device.type == "cpu":
@@ -239,7 +239,7 @@ def add_memory_bound(rows: list[dict], models: dict, bandwidth: float) -> None:
             bound = bandwidth / weight_bytes
             row["bound_tokens_per_s"], row["of_bound"] = round(bound, 1), round(row["tokens_per_s"] / bound, 3)
             # no_products is the eager step: its rest says nothing of the compiled step, which fuses that work
-            products = 1 / row["tokens_per_s"] - rest if rest is not None and row["path"] != "compiled" else 0.0
+            products = 1 / row["tokens_per_s"] - rest if rest is not None and row["path"] not in COMPILED_PATHS else 0
             if products > 0:
                 row["products_ms"] = round(products * 1e3, 2)
                 row["products_gb_s"] = round(weight_bytes / products / 1e9, 1)
@@ -269,12 +269,12 @@ def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict
                          "tokens_per_s": round(batch * new_tokens / seconds, 1)})  # fmt: skip
     by_key = {(r["path"], r["batch"]): r["tokens_per_s"] for r in rows}
     for row in rows:
-        for reference in ("hf", "uncached"):
+        for reference in ("hf", "uncached", "generate"):
             if (reference, row["batch"]) in by_key and row["path"] != reference:
                 row[f"x_{reference}"] = round(row["tokens_per_s"] / by_key[(reference, row["batch"])], 2)
     if bandwidth:
         add_memory_bound(rows, models, bandwidth)
-    print_table(rows, ["path", "batch", "new_tokens", "seconds", "tokens_per_s", "x_hf", "x_uncached",
+    print_table(rows, ["path", "batch", "new_tokens", "seconds", "tokens_per_s", "x_hf", "x_uncached", "x_generate",
                        "bound_tokens_per_s", "of_bound", "products_ms", "products_gb_s"])  # fmt: skip
     return rows
 

@@ -76,22 +76,26 @@ def test_sample_bench_compares_every_path_in_one_run(tmp_path: Path):
     cached = rows["cached"]
     assert cached["x_hf"] == pytest.approx(cached["tokens_per_s"] / rows["hf"]["tokens_per_s"], abs=0.01)
     assert cached["x_uncached"] == pytest.approx(cached["tokens_per_s"] / rows["uncached"]["tokens_per_s"], abs=0.01)
-    assert "x_hf" not in rows["hf"] and "x_uncached" not in rows["uncached"]
+    assert cached["x_generate"] == pytest.approx(cached["tokens_per_s"] / rows["generate"]["tokens_per_s"], abs=0.01)
+    assert "x_hf" not in rows["hf"] and "x_uncached" not in rows["uncached"] and "x_generate" not in rows["generate"]
 
 
 def test_sample_bench_puts_batch_one_against_the_memory_bound(capsys):
     settings = bench.SampleBench(batch_sizes=[1], repeats=1, new_tokens=3, bandwidth_mb=64, json_out="",
-                                 paths=["generate", "cached_bf16", "int8", "no_products"])  # fmt: skip
+                                 paths=["generate", "cached_bf16", "int8", "int8_compiled", "no_products"])  # fmt: skip
     shape = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64, "vocab_size": 1000, "bias": True}
     rows = {row["path"]: row for row in bench.bench_sample(settings, GPTConfig(**shape))}
     speed = float(capsys.readouterr().out.split("memory read speed: ")[1].split(" GB/s")[0]) * 1e9
     # Read per step: 2 blocks (qkv, proj, fc, proj with biases, two layer norms), the final norm, the tied head.
     block = 64 * 192 + 192 + 64 * 64 + 64 + 64 * 256 + 256 + 256 * 64 + 64 + 4 * 64
     weights = 2 * block + 2 * 64 + 1000 * 64
-    for path, weight_bytes in (("generate", 4), ("cached_bf16", 2), ("int8", 1)):
+    for path, weight_bytes in (("generate", 4), ("cached_bf16", 2), ("int8", 1), ("int8_compiled", 1)):
         bound = speed / (weights * weight_bytes)
         assert rows[path]["bound_tokens_per_s"] == pytest.approx(bound, rel=0.01)
         assert rows[path]["of_bound"] == pytest.approx(rows[path]["tokens_per_s"] / bound, rel=0.02, abs=6e-4)
+        if path == "int8_compiled":  # the compiled step fuses the rest of the step: no products' share for it
+            assert "products_ms" not in rows[path]
+            continue
         # the products' share of a step: the path's time per token less the step without products
         products = 1 / rows[path]["tokens_per_s"] - 1 / rows["no_products"]["tokens_per_s"]
         if products > 0:  # a tiny model's products can cost less than timing noise

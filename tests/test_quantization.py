@@ -11,8 +11,9 @@ from torch import nn
 
 from gptkit import data, training
 from gptkit.distributed import Processes
+from gptkit.engine import Engine, Request
 from gptkit.errors import UserError
-from gptkit.quantization import apply_quantization, quantize_int8
+from gptkit.quantization import Int8Linear, apply_quantization, quantize_int8
 from helpers import assert_script_error, run_script, tiny_train_args
 from model import GPT, GPTConfig
 
@@ -68,9 +69,50 @@ def test_int8_layers_replace_every_linear_and_leave_the_embedding_exact(trained:
     model, _ = trained
     quantized = quantize_int8(copy_of(model))
     assert not any(type(module) is nn.Linear for module in quantized.modules())
-    quantized_layers = [m for m in quantized.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
-    assert len(quantized_layers) == 4 * model.config.n_layer + 1  # qkv, proj, fc, proj per block, and the head
+    int8_layers = [m for m in quantized.modules() if isinstance(m, Int8Linear)]
+    assert len(int8_layers) == 4 * model.config.n_layer + 1  # qkv, proj, fc, proj per block, and the head
     assert torch.equal(quantized.transformer.wte.weight, model.transformer.wte.weight)  # the tie was cut, not shared
+    head, weight = quantized.lm_head, model.lm_head.weight.detach()
+    row_max = weight.abs().max(dim=1).values  # symmetric per-row scales: the row's largest |w| maps to ~127
+    assert head.weight_int8.dtype == torch.int8 and head.weight_int8.abs().max(dim=1).values.min() >= 126
+    assert head.scale.dtype == torch.bfloat16
+    torch.testing.assert_close(head.scale.float(), row_max / 127, rtol=2**-8, atol=0)  # rounded to bfloat16
+    scale = head.scale.float()[:, None]
+    assert ((head.weight_int8.float() * scale - weight).abs() <= scale / 2 + 1e-7).all()  # rounding to the nearest
+
+
+def int8_reference(layer: Int8Linear, x: torch.Tensor) -> torch.Tensor:
+    """The product from the stored int8 weights, dequantized by hand in float64."""
+    weight = layer.weight_int8.double() * layer.scale.double()[:, None]
+    return (x.double() @ weight.T + layer.bias.double()).float()
+
+
+def test_int8_linear_eager_and_compiled_products_match_the_dequantized_weights() -> None:
+    torch.manual_seed(0)
+    layer = Int8Linear.from_linear(nn.Linear(64, 40))
+    x = torch.randn(3, 5, 64)
+    expected = int8_reference(layer, x)
+    with torch.inference_mode():
+        eager = layer(x)  # fbgemm: activations quantized to 7 bits on the fly, so a looser match
+        compiled = torch.compile(layer, fullgraph=True)(x[:, :1])  # inductor: bfloat16 activations
+    assert eager.shape == (3, 5, 40) and compiled.shape == (3, 1, 40)
+    torch.testing.assert_close(eager, expected, rtol=0, atol=0.05 * expected.abs().max().item())
+    rounded = int8_reference(layer, x[:, :1].bfloat16().float())  # the bfloat16 input, exactly
+    torch.testing.assert_close(compiled, rounded, rtol=0.02, atol=0.02)
+
+
+def test_compiled_int8_decoding_follows_eager_int8(trained: tuple[GPT, Path]) -> None:
+    """sample.py --compile=True --quantize=int8: the compiled step's weight-only int8 kernel gives the greedy tokens of
+    the eager int8 model, and of float32."""
+    model, data_dir = trained
+    quantized = quantize_int8(copy_of(model))
+    prompt = data.open_split(data_dir, "val").read_windows([0], 24)[0].astype("int64").tolist()
+    requests = [Request(prompt, 24, temperature=0)]
+    assert len(list(Engine(quantized, compiled=True).run(requests))) == 24
+    with torch.inference_mode():
+        eager = quantized.generate(torch.tensor([prompt]), 24, temperature=0.0)[0, len(prompt) :].tolist()
+        fp32 = model.generate(torch.tensor([prompt]), 24, temperature=0.0)[0, len(prompt) :].tolist()
+    assert requests[0].output == eager == fp32
 
 
 def test_int8_greedy_text_and_logits_follow_float32(trained: tuple[GPT, Path]) -> None:
@@ -96,6 +138,7 @@ def test_int8_refuses_what_it_cannot_run() -> None:
     with pytest.raises(UserError, match=r"unknown --quantize='int4'"):
         apply_quantization(model, "int4")
     assert apply_quantization(model, "none") is model and type(model.lm_head) is nn.Linear
+    assert isinstance(apply_quantization(model, "int8").lm_head, Int8Linear)
 
 
 def test_sample_with_int8_weights(char_data_dir: Path, tmp_path: Path) -> None:

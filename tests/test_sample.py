@@ -111,8 +111,7 @@ def test_out_of_vocabulary_characters_are_one_clear_error(trained_char_checkpoin
 @pytest.mark.parametrize(
     "flag, message",
     [("--max_new_tokens=0", "max_new_tokens"), ("--top_p=1.5", "top_p"), ("--top_p=0", "top_p"),
-     ("--start=", "prompt is empty"), ("--top_k=0", "top_k"), ("--temperature=-1", "temperature"),
-     ("--compile=True --quantize=int8", "do not go together")],
+     ("--start=", "prompt is empty"), ("--top_k=0", "top_k"), ("--temperature=-1", "temperature")],
 )  # fmt: skip
 def test_bad_settings_are_one_clear_error(trained_char_checkpoint, flag, message):
     result = run_script("sample.py", f"--out_dir={trained_char_checkpoint}", *flag.split())
