@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import time
 from pathlib import Path
 
 import psutil
@@ -144,6 +145,18 @@ def signal_masks(pid: int) -> dict[str, int]:
     return {name: int(fields[name].strip(), 16) for name in ("SigIgn", "SigBlk")}
 
 
+def masks_once_initialised(pid: int, signals: int, timeout: float = 10.0) -> dict[str, int]:
+    """signal_masks(pid) once the worker ignores `signals` and no longer blocks them (its initializer has run), or
+    at the timeout: the pool forks every worker at once, and the first result can come before another worker has
+    run its initializer."""
+    deadline = time.monotonic() + timeout
+    masks = signal_masks(pid)
+    while (masks["SigIgn"] & signals != signals or masks["SigBlk"] & signals) and time.monotonic() < deadline:
+        time.sleep(0.01)
+        masks = signal_masks(pid)
+    return masks
+
+
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
 def test_pool_workers_leave_ctrl_c_and_sigterm_to_the_main_process() -> None:
     # They go to the whole process group: the main process unwinds and shuts the pool down, the workers finish the
@@ -157,7 +170,7 @@ def test_pool_workers_leave_ctrl_c_and_sigterm_to_the_main_process() -> None:
         assert len(workers) == 2
         stop = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1))
         for pid in workers:
-            masks = signal_masks(pid)
+            masks = masks_once_initialised(pid, stop)
             assert masks["SigIgn"] & stop == stop and masks["SigBlk"] & stop == 0
         assert signal_masks(os.getpid())["SigBlk"] & stop == 0
     finally:
