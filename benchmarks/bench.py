@@ -11,6 +11,7 @@ Data preparation: bench_prepare.py. Results and their commands: docs/benchmarks.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -40,26 +41,19 @@ from model import GPT, GPTConfig
 
 def cpu_name() -> str:
     """The CPU's model name (Linux /proc/cpuinfo), else what platform knows."""
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or "cpu"
 
 
 def machine_description() -> dict:
     """Where a figure was measured: CPU/GPU, core count, torch version, date."""
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu_name()
-    return {
-        "device": device,
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d"),
-    }
+    return {"device": device, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d")}  # fmt: skip
 
 
 def print_table(rows: list[dict], columns: list[str]) -> None:
@@ -250,8 +244,6 @@ def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict
     unknown = sorted(set(cfg.paths) - set(SAMPLE_PATHS))
     if unknown:
         raise UserError(f"unknown --paths {unknown}; use {', '.join(SAMPLE_PATHS)}")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
     config = config or GPTConfig(vocab_size=50257)  # GPT-2 124M shape, random weights
     models = sample_models(config, cfg.paths, device)
@@ -318,21 +310,27 @@ class ProductsOfCopies(torch.nn.ModuleList):
 
 def compiled_products(layers: list[torch.nn.Module], x: torch.Tensor) -> Callable:
     """ProductsOfCopies(layers) compiled as gptkit.compiled_decoding compiles a step (frozen weights), built on x."""
-    with torch._inductor.config.patch(freezing=True), torch.inference_mode():
+    recompiles = torch._dynamo.config.patch(recompile_limit=64)  # each call's graph recompiles the one forward
+    with torch._inductor.config.patch(freezing=True), recompiles, torch.inference_mode():
         compiled = torch.compile(ProductsOfCopies(layers), fullgraph=True, options=CPU_COMPILE_OPTIONS)
         compiled(x)  # compiles (and autotunes) now, not in a timed pass
     return compiled
 
 
+def compiled_gb_s(layers: list[torch.nn.Module], batch: int, weight_bytes: int, repeats: int) -> float:
+    """GB/s of weight bytes (`weight_bytes` per layer) that compiled_products(layers) streams at `batch` rows."""
+    in_features = layers[0].in_features
+    compiled = compiled_products(layers, torch.randn(batch, 1, in_features))
+    return round(weight_bytes * len(layers) / median_pass_seconds([compiled], batch, in_features, repeats) / 1e9, 1)
+
+
 def bench_linear(cfg: LinearBench) -> list[dict]:
     """Weight-streaming GB/s of a decoding step's products on CPU: float32 F.linear on the weights as stored and
     transposed, gptkit.cpu_decoding's DecodingLinear, inductor's kernels (`compiled`), gptkit.quantization's int8
-    Linear (of its int8 bytes); the fastest float32 one as a fraction of the read speed measured in the same run."""
+    Linear, eager and compiled (of its int8 bytes); the fastest float32 one over the read speed of the same run."""
     unknown = sorted(set(cfg.weights) - set(GPT2_DECODING_WEIGHTS))
     if unknown:
         raise UserError(f"unknown --weights {unknown}; use {', '.join(GPT2_DECODING_WEIGHTS)}")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)
     onednn = onednn_linear_available()
     bandwidth = reported_read_speed(torch.device("cpu"), cfg.bandwidth_mb)
@@ -346,11 +344,10 @@ def bench_linear(cfg: LinearBench) -> list[dict]:
         by_batch = {b: {"weight": name, "shape": f"{out_features}x{in_features}", "batch": b} for b in cfg.batch_sizes}
         int8_layers = list(quantize_int8(copy.deepcopy(torch.nn.Sequential(*layers))))  # before the layout changes
         int8 = {b: median_pass_seconds(int8_layers, b, in_features, cfg.repeats) for b in cfg.batch_sizes}
-        del int8_layers
         for batch, row in by_batch.items():  # on the weights as stored (freezing prepacks its own copy)
-            compiled = compiled_products(layers, torch.randn(batch, 1, in_features)) if cfg.compiled else None
-            seconds = median_pass_seconds([compiled], batch, in_features, cfg.repeats) / copies if compiled else None
-            row["compiled"] = round(nbytes / seconds / 1e9, 1) if seconds else None
+            row["compiled"] = compiled_gb_s(layers, batch, nbytes, cfg.repeats) if cfg.compiled else None
+            row["int8_compiled"] = compiled_gb_s(int8_layers, batch, nbytes // 4, cfg.repeats) if cfg.compiled else None
+        del int8_layers
         # Variants in this order, each over every batch size: each step changes the layers for good.
         for variant in ("F.linear", "transposed", "optimized"):
             if variant == "optimized" and not onednn:
@@ -490,6 +487,8 @@ def main(argv: list[str]) -> int:
         raise UserError(f"name a benchmark first: python bench.py {{{','.join(COMMANDS)}}} [--key=value ...]")
     settings_class, function = COMMANDS[argv[0]]
     cfg = parse_settings(settings_class, argv[1:], prog=f"bench.py {argv[0]}", description=function.__doc__ or "")
+    if getattr(cfg, "threads", 0):  # sample and linear: before anything runs
+        torch.set_num_threads(cfg.threads)
     print(json.dumps(machine_description()))
     rows = function(cfg)
     write_results(cfg.json_out, argv[0], cfg, rows)

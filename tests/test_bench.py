@@ -12,6 +12,7 @@ import torch
 
 import bench
 from gptkit.cpu_decoding import onednn_linear_available
+from gptkit.quantization import quantize_int8
 from helpers import make_char_data, run_main
 from model import GPT, GPTConfig
 
@@ -47,6 +48,7 @@ def test_linear_bench_measures_the_chosen_weights_and_refuses_unknown_ones(tmp_p
     assert code == 0, err
     (row,) = json.loads(out.read_text())["results"]
     assert row["weight"] == "attn.c_proj" and row["compiled"] is None and row["float32_of_read"] is None
+    assert row["int8_compiled"] is None and row["int8"] > 0
     code, _, err = run_main(bench.main, ["linear", "--weights=attn.c_qkv", "--json_out="], capsys)
     assert code == 2 and "unknown --weights ['attn.c_qkv']" in err
 
@@ -61,6 +63,24 @@ def test_compiled_products_of_copies_match_eager() -> None:
     assert len(outputs) == 3
     for got, layer in zip(outputs, layers):
         torch.testing.assert_close(got, x @ layer.weight.detach().T + layer.bias.detach())
+
+
+def test_compiled_gb_s_counts_every_copy_s_weight_bytes(monkeypatch) -> None:
+    """int8 layers through inductor, as `bench.py linear --compiled=True` measures them: GB/s is the bytes of all
+    the copies over one pass's time (the timing is fixed here, so the figure is exact)."""
+    torch.manual_seed(0)
+    layers = list(quantize_int8(torch.nn.Sequential(*(torch.nn.Linear(64, 32) for _ in range(3)))))
+    timed = []
+    monkeypatch.setattr(bench, "median_pass_seconds", lambda fns, *args: timed.append((fns, args)) or 0.002)
+    assert bench.compiled_gb_s(layers, 2, 64 * 32, repeats=4) == round(3 * 64 * 32 / 0.002 / 1e9, 1)
+    ((compiled,), (batch, in_features, repeats)) = timed[0]
+    assert (batch, in_features, repeats) == (2, 64, 4)
+    x = torch.randn(2, 1, 64)
+    with torch.inference_mode():
+        outputs = compiled(x)
+    for got, layer in zip(outputs, layers):
+        expected = x @ (layer.weight_int8.float() * layer.scale.float()[:, None]).T + layer.bias
+        torch.testing.assert_close(got, expected, rtol=0.02, atol=0.02)
 
 
 def test_sample_bench_compares_every_path_in_one_run(tmp_path: Path):
