@@ -34,7 +34,7 @@ from gptkit.devices import resolve_device
 from gptkit.engine import generate_stream, sample_next_token
 from gptkit.errors import UserError, run_cli
 from gptkit.fileio import atomic_write_json
-from gptkit.quantization import quantize_int8
+from gptkit.quantization import quantize_int8, replace_linears
 from gptkit.settings import parse_settings, setting, setting_list
 from model import GPT, GPTConfig
 
@@ -164,11 +164,7 @@ class SkippedProduct(torch.nn.Module):
 
 def without_products(model: GPT) -> GPT:
     """`model` (in place) with every nn.Linear replaced by a SkippedProduct."""
-    for module in list(model.modules()):
-        for name, child in module.named_children():
-            if isinstance(child, torch.nn.Linear):
-                setattr(module, name, SkippedProduct(child))
-    return model
+    return replace_linears(model, SkippedProduct)
 
 
 def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> dict:

@@ -14,6 +14,7 @@ The embeddings stay float32: a lookup reads one row.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -41,7 +42,7 @@ class Int8Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int8Linear:
-        weight = linear.weight.detach().float()
+        weight = linear.weight.detach().float().contiguous()  # (out, in) rows, also from the transposed decoding layout
         scale = (weight.abs().amax(dim=1) / INT8_MAX).clamp_min(torch.finfo(torch.bfloat16).tiny).bfloat16()
         weight_int8 = torch.round(weight / scale.float()[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
@@ -89,11 +90,17 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     if engine is None:
         raise UserError(f"this PyTorch build has no int8 CPU kernels (engines: {engines}); drop --quantize")
     torch.backends.quantized.engine = engine
+    # A tied head is converted from its own (shared) weight: the tie is cut and the embedding stays float32.
+    return replace_linears(model, Int8Linear.from_linear).eval()
+
+
+def replace_linears(model: nn.Module, replacement: Callable[[nn.Linear], nn.Module]) -> nn.Module:
+    """`model` (in place, returned) with every nn.Linear child (subclasses included) replaced by replacement(it)."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is nn.Linear:  # a tied head is converted from its own (shared) weight: the tie is cut
-                setattr(module, name, Int8Linear.from_linear(child))
-    return model.eval()
+            if isinstance(child, nn.Linear):
+                setattr(module, name, replacement(child))
+    return model
 
 
 def apply_quantization(model: nn.Module, quantize: str, compute_dtype: torch.dtype = torch.float32) -> nn.Module:

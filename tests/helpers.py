@@ -81,6 +81,13 @@ def tiny_train_args(data_dir: Path, out_dir: Path, **overrides: object) -> list[
     return cli_args(**settings)
 
 
+def int8_reference(layer: Any, x: Any) -> Any:
+    """gptkit.quantization.Int8Linear's product computed by hand: its stored int8 weights times their row scales,
+    in float64, returned as float32."""
+    weight = layer.weight_int8.double() * layer.scale.double()[:, None]
+    return (x.double() @ weight.T + layer.bias.double()).float()
+
+
 # ----------------------------------------------------------------------------- tiny data directories
 
 

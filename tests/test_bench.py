@@ -13,7 +13,7 @@ import torch
 import bench
 from gptkit.cpu_decoding import onednn_linear_available
 from gptkit.quantization import quantize_int8
-from helpers import make_char_data, run_main
+from helpers import int8_reference, make_char_data, run_main
 from model import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,11 +25,16 @@ def run_bench(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+def printed_read_speed(out: str) -> float:
+    """The GB/s of the benchmark's "memory read speed: ... GB/s" line."""
+    return float(out.split("memory read speed: ")[1].split(" GB/s")[0])
+
+
 def test_linear_bench_measures_every_decoding_weight(tmp_path: Path, capsys):
     out = tmp_path / "linear.json"
     assert bench.main(["linear", "--batch_sizes=1", "--batch_sizes=2", "--repeats=1", "--weight_mb=2",
                        "--bandwidth_mb=64", f"--json_out={out}"]) == 0  # fmt: skip
-    read_speed = float(capsys.readouterr().out.split("memory read speed: ")[1].split(" GB/s")[0])
+    read_speed = printed_read_speed(capsys.readouterr().out)
     report = json.loads(out.read_text())
     rows = report["results"]
     assert [(r["weight"], r["batch"]) for r in rows] == [(w, b) for w in bench.GPT2_DECODING_WEIGHTS for b in (1, 2)]
@@ -79,8 +84,7 @@ def test_compiled_gb_s_counts_every_copy_s_weight_bytes(monkeypatch) -> None:
     with torch.inference_mode():
         outputs = compiled(x)
     for got, layer in zip(outputs, layers):
-        expected = x @ (layer.weight_int8.float() * layer.scale.float()[:, None]).T + layer.bias
-        torch.testing.assert_close(got, expected, rtol=0.02, atol=0.02)
+        torch.testing.assert_close(got, int8_reference(layer, x), rtol=0.02, atol=0.02)
 
 
 def test_sample_bench_compares_every_path_in_one_run(tmp_path: Path):
@@ -105,7 +109,7 @@ def test_sample_bench_puts_batch_one_against_the_memory_bound(capsys):
                                  paths=["generate", "cached_bf16", "int8", "int8_compiled", "no_products"])  # fmt: skip
     shape = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64, "vocab_size": 1000, "bias": True}
     rows = {row["path"]: row for row in bench.bench_sample(settings, GPTConfig(**shape))}
-    speed = float(capsys.readouterr().out.split("memory read speed: ")[1].split(" GB/s")[0]) * 1e9
+    speed = printed_read_speed(capsys.readouterr().out) * 1e9
     # Read per step: 2 blocks (qkv, proj, fc, proj with biases, two layer norms), the final norm, the tied head.
     block = 64 * 192 + 192 + 64 * 64 + 64 + 64 * 256 + 256 + 256 * 64 + 64 + 4 * 64
     weights = 2 * block + 2 * 64 + 1000 * 64

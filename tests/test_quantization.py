@@ -10,11 +10,12 @@ import torch
 from torch import nn
 
 from gptkit import data, training
+from gptkit.cpu_decoding import optimize_for_cpu_decoding
 from gptkit.distributed import Processes
 from gptkit.engine import Engine, Request
 from gptkit.errors import UserError
 from gptkit.quantization import Int8Linear, apply_quantization, quantize_int8
-from helpers import assert_script_error, run_script, tiny_train_args
+from helpers import assert_script_error, int8_reference, run_script, tiny_train_args
 from model import GPT, GPTConfig
 
 
@@ -81,12 +82,6 @@ def test_int8_layers_replace_every_linear_and_leave_the_embedding_exact(trained:
     assert ((head.weight_int8.float() * scale - weight).abs() <= scale / 2 + 1e-7).all()  # rounding to the nearest
 
 
-def int8_reference(layer: Int8Linear, x: torch.Tensor) -> torch.Tensor:
-    """The product from the stored int8 weights, dequantized by hand in float64."""
-    weight = layer.weight_int8.double() * layer.scale.double()[:, None]
-    return (x.double() @ weight.T + layer.bias.double()).float()
-
-
 def test_int8_linear_eager_and_compiled_products_match_the_dequantized_weights() -> None:
     torch.manual_seed(0)
     layer = Int8Linear.from_linear(nn.Linear(64, 40))
@@ -99,6 +94,19 @@ def test_int8_linear_eager_and_compiled_products_match_the_dequantized_weights()
     torch.testing.assert_close(eager, expected, rtol=0, atol=0.05 * expected.abs().max().item())
     rounded = int8_reference(layer, x[:, :1].bfloat16().float())  # the bfloat16 input, exactly
     torch.testing.assert_close(compiled, rounded, rtol=0.02, atol=0.02)
+
+
+def test_int8_converts_layers_already_in_the_cpu_decoding_layout(trained: tuple[GPT, Path]) -> None:
+    """A model that has generated has DecodingLinear layers (transposed storage): they are quantized like the rest."""
+    model, data_dir = trained
+    fresh, decoded = quantize_int8(copy_of(model)), quantize_int8(optimize_for_cpu_decoding(copy_of(model)))
+    assert sum(isinstance(m, Int8Linear) for m in decoded.modules()) == 4 * model.config.n_layer + 1
+    for ours, theirs in zip(fresh.modules(), decoded.modules()):
+        if isinstance(ours, Int8Linear):
+            assert torch.equal(ours.weight_int8, theirs.weight_int8) and torch.equal(ours.scale, theirs.scale)
+    prompt = torch.from_numpy(data.open_split(data_dir, "val").read_windows([0], 32)[0].astype("int64"))[None]
+    with torch.inference_mode():
+        torch.testing.assert_close(decoded(prompt)[0], fresh(prompt)[0])
 
 
 def test_compiled_int8_decoding_follows_eager_int8(trained: tuple[GPT, Path]) -> None:
