@@ -73,15 +73,15 @@ def write_results(path: str, kind: str, settings: object, rows: list[dict]) -> N
 # ----------------------------------------------------------------------------------------------- sampling
 # generate: the documented call on a fresh model, `GPT(config).eval().generate(...)`, nothing else (the engine
 # applies the CPU fast path itself); cached: the same after an explicit optimize_for_cpu_decoding(), as before;
-# cached_plain: the engine with the fast path off; cached_bf16: bfloat16 weights; int8: int8 weights (gptkit.
-# quantization, as --quantize=int8), int8_compiled: the same in the compiled step; uncached: nanoGPT's loop;
+# cached_plain: the engine with the fast path off; cached_bf16: bfloat16 weights; int8: int8 weights (--quantize=int8);
+# compiled, compiled_bf16, int8_compiled: the compiled step (float32, bfloat16, int8); uncached: nanoGPT's loop;
 # no_products: the generate path with every matrix product skipped (each Linear returns zeros of its output's
 # shape without reading its weight): a token's time in it is what the rest of a step costs (attention, norms...).
-SAMPLE_PATHS = ("generate", "cached", "cached_plain", "cached_bf16", "compiled", "int8", "int8_compiled",
-                "no_products", "uncached", "hf")  # fmt: skip
+SAMPLE_PATHS = ("generate", "cached", "cached_plain", "cached_bf16", "compiled", "compiled_bf16", "int8",
+                "int8_compiled", "no_products", "uncached", "hf")  # fmt: skip
 # Bytes per weight a path reads in one decoding step (float32 elsewhere): the memory-speed bound's numerator.
-WEIGHT_BYTES = {"cached_bf16": 2, "int8": 1, "int8_compiled": 1}
-COMPILED_PATHS = ("compiled", "int8_compiled")
+WEIGHT_BYTES = {"cached_bf16": 2, "compiled_bf16": 2, "int8": 1, "int8_compiled": 1}
+COMPILED_PATHS = ("compiled", "compiled_bf16", "int8_compiled")
 
 
 @dataclass
@@ -132,23 +132,25 @@ def run_sample_path(path: str, models: dict, prompt: torch.Tensor, top_k: int, n
             models[path].generate(prompt, new_tokens, top_k=top_k, generator=generator)
 
 
-def time_paths(runs: dict[str, tuple[Callable[[int], None], int, int]]) -> dict[str, float]:
-    """Median seconds of each path's fn(new_tokens), for runs {path: (fn, new_tokens, repeats)}.
-
-    Each fn first runs once on a few tokens (allocator, kernels, imports, and the generate path's one-time switch
-    to the CPU fast path). Repeats go round-robin over the paths, so load from other work on a shared machine
-    slows every path alike instead of whichever happened to run during it.
-    """
+def time_paths(runs: dict[str, tuple[Callable[[int], None], int, int]],
+               read_speed: Callable[[], float] | None = None) -> tuple[dict[str, float], list[float]]:  # fmt: skip
+    """Median seconds of each path's fn(new_tokens), for runs {path: (fn, new_tokens, repeats)}, and read_speed()
+    of every round. Each fn first runs on a few tokens (allocator, kernels, imports, the CPU fast path). Repeats go
+    round-robin over the paths, and the read speed (it drifts by a fifth within minutes on a shared machine) is
+    measured each round, so load from other work slows everything alike instead of whatever ran during it."""
     for fn, _, _ in runs.values():
         fn(8)
     times: dict[str, list[float]] = {path: [] for path in runs}
+    speeds = []
     for round_ in range(max(repeats for _, _, repeats in runs.values())):
+        if read_speed is not None:
+            speeds.append(read_speed())
         for path, (fn, new_tokens, repeats) in runs.items():
             if round_ < repeats:
                 start = time.perf_counter()
                 fn(new_tokens)
                 times[path].append(time.perf_counter() - start)
-    return {path: statistics.median(seconds) for path, seconds in times.items()}
+    return {path: statistics.median(seconds) for path, seconds in times.items()}, speeds
 
 
 class SkippedProduct(torch.nn.Module):
@@ -173,7 +175,7 @@ def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> 
     plain = GPT(config).eval().to(device)  # the weights as nanoGPT stores them, for the uncached path
     models = {"plain": plain}
     for path, dtype in (("generate", torch.float32), ("cached", torch.float32), ("cached_bf16", torch.bfloat16),
-                        ("compiled", torch.float32)):  # fmt: skip
+                        ("compiled", torch.float32), ("compiled_bf16", torch.bfloat16)):  # fmt: skip
         if path in paths:  # copies: a second random initialisation of GPT-2 124M would take seconds
             models[path] = copy.deepcopy(plain).to(device, dtype)
     if {"int8", "int8_compiled"} & set(paths):  # one int8 model: eager and compiled calls use their own kernels
@@ -207,14 +209,6 @@ def read_bandwidth(device: torch.device, megabytes: int, repeats: int = 5) -> fl
     return buffer.numel() * 4 / best
 
 
-def reported_read_speed(device: torch.device, megabytes: int) -> float | None:
-    """read_bandwidth, printed; None without measuring when `megabytes` is 0."""
-    bandwidth = read_bandwidth(device, megabytes) if megabytes else None
-    if bandwidth:
-        print(f"memory read speed: {bandwidth / 1e9:.3f} GB/s ({megabytes} MB summed, best of 5)")
-    return bandwidth
-
-
 def add_memory_bound(rows: list[dict], models: dict, bandwidth: float) -> None:
     """At batch 1 a decoding step reads every weight once: bound = read speed / weight bytes of the path.
 
@@ -243,15 +237,20 @@ def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict
     device = resolve_device(cfg.device)
     config = config or GPTConfig(vocab_size=50257)  # GPT-2 124M shape, random weights
     models = sample_models(config, cfg.paths, device)
-    # the bound is for batch 1 only (see add_memory_bound): no read to measure without it
-    bandwidth = reported_read_speed(device, cfg.bandwidth_mb if 1 in cfg.batch_sizes else 0)
-    rows = []
+    rows, bandwidth = [], None
     for batch in cfg.batch_sizes:
         prompt = torch.randint(0, config.vocab_size, (batch, cfg.prompt_tokens), device=device)
         runs = {path: (partial(run_sample_path, path, models, prompt, cfg.top_k),
                        cfg.uncached_new_tokens if path == "uncached" else cfg.new_tokens,
                        cfg.uncached_repeats if path == "uncached" else cfg.repeats) for path in cfg.paths}  # fmt: skip
-        for path, seconds in time_paths(runs).items():
+        # the bound is for batch 1 only (see add_memory_bound): no read to measure without it
+        measure = partial(read_bandwidth, device, cfg.bandwidth_mb) if batch == 1 and cfg.bandwidth_mb else None
+        seconds_by_path, speeds = time_paths(runs, measure)
+        if speeds:
+            bandwidth = statistics.median(speeds)
+            print(f"memory read speed: {bandwidth / 1e9:.3f} GB/s (median of {len(speeds)} rounds' best of 5 sums of "
+                  f"{cfg.bandwidth_mb} MB; {min(speeds) / 1e9:.1f}-{max(speeds) / 1e9:.1f})")  # fmt: skip
+        for path, seconds in seconds_by_path.items():
             new_tokens = runs[path][1]
             rows.append({"path": path, "batch": batch, "new_tokens": new_tokens, "seconds": round(seconds, 3),
                          "tokens_per_s": round(batch * new_tokens / seconds, 1)})  # fmt: skip
@@ -329,7 +328,9 @@ def bench_linear(cfg: LinearBench) -> list[dict]:
         raise UserError(f"unknown --weights {unknown}; use {', '.join(GPT2_DECODING_WEIGHTS)}")
     torch.manual_seed(0)
     onednn = onednn_linear_available()
-    bandwidth = reported_read_speed(torch.device("cpu"), cfg.bandwidth_mb)
+    bandwidth = read_bandwidth(torch.device("cpu"), cfg.bandwidth_mb) if cfg.bandwidth_mb else None
+    if bandwidth:
+        print(f"memory read speed: {bandwidth / 1e9:.3f} GB/s (best of 5 sums of {cfg.bandwidth_mb} MB)")
     rows = []
     for name, (out_features, in_features) in GPT2_DECODING_WEIGHTS.items():
         if cfg.weights and name not in cfg.weights:

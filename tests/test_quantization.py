@@ -1,5 +1,6 @@
 """gptkit/quantization.py: int8 weights keep a trained model's whole-split val loss within 1% of float32, the same
-greedy text, and refuse what they cannot do; sample.py --quantize=int8 end to end."""
+greedy text, and refuse what they cannot do; sample.py --quantize=int8 end to end. Also the other way to read fewer
+bytes per token, the compiled step under bfloat16 autocast (sample.py --compile=True --dtype=bfloat16)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import torch
 from torch import nn
 
 from gptkit import data, training
+from gptkit.compiled_decoding import decode_step
 from gptkit.cpu_decoding import optimize_for_cpu_decoding
 from gptkit.distributed import Processes
-from gptkit.engine import Engine, Request
+from gptkit.engine import Engine, KVCache, Request
 from gptkit.errors import UserError
 from gptkit.quantization import Int8Linear, apply_quantization, quantize_int8
 from helpers import assert_script_error, int8_reference, run_script, tiny_train_args
@@ -121,6 +123,28 @@ def test_compiled_int8_decoding_follows_eager_int8(trained: tuple[GPT, Path]) ->
         eager = quantized.generate(torch.tensor([prompt]), 24, temperature=0.0)[0, len(prompt) :].tolist()
         fp32 = model.generate(torch.tensor([prompt]), 24, temperature=0.0)[0, len(prompt) :].tolist()
     assert requests[0].output == eager == fp32
+
+
+def test_compiled_bfloat16_decoding_follows_eager_bfloat16(trained: tuple[GPT, Path]) -> None:
+    """sample.py --compile=True --dtype=bfloat16: float32 weights under bfloat16 autocast, which the frozen compiled
+    step folds into bfloat16 constants (half the bytes a token reads). Its logits match eager bfloat16's, and its
+    greedy tokens are eager bfloat16's and float32's."""
+    model, data_dir = trained
+    prompt = data.open_split(data_dir, "val").read_windows([0], 25)[0].astype("int64").tolist()
+    compiled_model = copy_of(model)
+    with torch.inference_mode():
+        fp32 = model.generate(torch.tensor([prompt]), 24, temperature=0.0)[0, len(prompt) :].tolist()
+        with torch.autocast("cpu", torch.bfloat16):
+            eager_logits = model(torch.tensor([prompt]))[0][0, -1].float()
+            eager = model.generate(torch.tensor([prompt]), 24, temperature=0.0)[0, len(prompt) :].tolist()
+            cache = KVCache(model.config.n_layer, model.config.block_size)
+            compiled_model(torch.tensor([prompt[:-1]]), cache=cache)  # the prefill stays eager, as in the engine
+            step_logits = decode_step(compiled_model, torch.tensor([prompt[-1:]]), cache.keys, cache.values,
+                                      cache.lengths, cache.capacity)[0, -1].float()  # fmt: skip
+            request = Request(prompt, 24, temperature=0)
+            assert len(list(Engine(compiled_model, compiled=True).run([request]))) == 24
+    torch.testing.assert_close(step_logits, eager_logits, rtol=0, atol=0.05 * eager_logits.abs().max().item())
+    assert request.output == eager == fp32
 
 
 def test_int8_greedy_text_and_logits_follow_float32(trained: tuple[GPT, Path]) -> None:
