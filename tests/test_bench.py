@@ -118,21 +118,12 @@ def test_sample_bench_puts_batch_one_against_the_memory_bound(capsys, monkeypatc
     # Read per step: 2 blocks (qkv, proj, fc, proj with biases, two layer norms), the final norm, the tied head.
     block = 64 * 192 + 192 + 64 * 64 + 64 + 64 * 256 + 256 + 256 * 64 + 64 + 4 * 64
     weights = 2 * block + 2 * 64 + 1000 * 64
-    weight_bytes_of_paths = (
-        ("generate", 4),
-        ("cached_bf16", 2),
-        ("compiled_bf16", 2),
-        ("int8", 1),
-        ("int8_compiled", 1),
-    )
-    for path, weight_bytes in weight_bytes_of_paths:
+    weight_bytes_of = {"generate": 4, "cached_bf16": 2, "compiled_bf16": 2, "int8": 1, "int8_compiled": 1}
+    for path, weight_bytes in weight_bytes_of.items():
         bound = speed / (weights * weight_bytes)
         assert rows[path]["bound_tokens_per_s"] == pytest.approx(bound, rel=0.01)
         assert rows[path]["of_bound"] == pytest.approx(rows[path]["tokens_per_s"] / bound, rel=0.02, abs=6e-4)
-        if path in (
-            "compiled_bf16",
-            "int8_compiled",
-        ):  # the compiled step fuses the rest of the step: no products' share
+        if path in ("compiled_bf16", "int8_compiled"):  # the compiled step fuses the rest: no products' share
             assert "products_ms" not in rows[path]
             continue
         # the products' share of a step: the path's time per token less the step without products
