@@ -6,8 +6,9 @@ PyTorch's own:
 - eager: the x86/fbgemm dynamic int8 product (torch.ops.quantized.linear_dynamic), the fastest eager kernel on
   the machines measured;
 - under torch.compile (gptkit.compiled_decoding): aten._weight_int8pack_mm, which inductor lowers to its C++
-  weight-only-int8 GEMM template (bfloat16 activations, int8 weights widened in registers). That kernel streams
-  the int8 weights far faster than the eager ones do; docs/benchmarks.md has the figures.
+  weight-only-int8 GEMM template (bfloat16 activations, int8 weights widened in registers). Product for product it
+  is no faster than fbgemm, but in the compiled step (one graph, no per-call costs) a token takes far less time;
+  docs/benchmarks.md has the figures.
 The embeddings stay float32: a lookup reads one row.
 """
 
