@@ -20,8 +20,9 @@ twice over), so this is for inference only: weights changed after the first comp
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.nn as nn
@@ -65,6 +66,22 @@ def _step(model: nn.Module, idx: torch.Tensor, positions: torch.Tensor, mask: to
     return logits
 
 
+@contextlib.contextmanager
+def frozen_weights() -> Iterator[None]:
+    """Compile with the weights frozen into the graph as constants, and without inductor's compile caches.
+
+    Freezing must be on while dynamo traces, not only in inductor (compile options reach inductor alone), for the
+    weights to become constants. The caches must be off: a cache entry is keyed by a frozen weight's shape and
+    dtype, not its values, yet max-autotune's kernels pack the weights into new constants saved with the entry.
+    With the caches on, a second model of the same shapes (in this process or a later one) ran the first model's
+    bfloat16 and int8 weights (tests/test_quantization.py); float32 ones escaped only because oneDNN's prepacked
+    copies cannot be cached.
+    """
+    caches_off = torch._functorch.config.patch(enable_autograd_cache=False)
+    with torch._inductor.config.patch(freezing=True, fx_graph_cache=False), caches_off:
+        yield
+
+
 @functools.cache
 def compiled_step(device_type: str) -> Callable:
     """The compiled _step for a device type; one per process, so its graphs serve every engine of a model."""
@@ -88,7 +105,5 @@ def decode_step(
     span = torch.arange(attended_span(lengths, capacity), device=idx.device)
     mask = (span <= positions[:, None])[:, None, None, :]  # (B, 1, 1, S): a row sees its own tokens only
     torch._dynamo.maybe_mark_dynamic(mask, 3)  # its size is the span: one graph serves every span
-    # Freezing must be on while dynamo traces, not only in inductor (compile options reach inductor alone), for the
-    # weights to become constants; patched per call so that no other compile in the process is frozen.
-    with torch._inductor.config.patch(freezing=True):
+    with frozen_weights():  # per call, so that no other compile in the process is frozen or loses its caches
         return compiled_step(idx.device.type)(model, idx, positions, mask, list(keys), list(values))

@@ -58,6 +58,30 @@ def copy_of(model: GPT) -> GPT:
     return twin
 
 
+def with_shifted_embeddings(model: GPT) -> GPT:
+    """A copy of `model` whose token embeddings (and so its tied head) are moved down one row: the same shapes and
+    scale, other logits."""
+    shifted = copy_of(model)
+    with torch.no_grad():
+        shifted.transformer.wte.weight.copy_(model.transformer.wte.weight.roll(1, dims=0))
+    return shifted
+
+
+def compiled_step_logits(model: GPT, prompt: list[int]) -> torch.Tensor:
+    """The compiled decoding step's logits (V,) for prompt's last token, after an eager prefill of the rest, as
+    gptkit.engine.Engine runs it (under the caller's inference_mode and autocast)."""
+    cache = KVCache(model.config.n_layer, model.config.block_size)
+    model(torch.tensor([prompt[:-1]]), cache=cache)
+    step = decode_step(model, torch.tensor([prompt[-1:]]), cache.keys, cache.values, cache.lengths, cache.capacity)
+    return step[0, -1]
+
+
+def assert_same_logits(got: torch.Tensor, expected: torch.Tensor) -> None:
+    """Equal to within 5% of the largest logit: the rounding of bfloat16 activations, far below another model's."""
+    got, expected = got.float(), expected.float()
+    torch.testing.assert_close(got, expected, rtol=0, atol=0.05 * expected.abs().max().item())
+
+
 def test_int8_keeps_the_whole_split_val_loss_within_one_percent(trained: tuple[GPT, Path]) -> None:
     model, data_dir = trained
     reference = whole_split_loss(model, data_dir)
@@ -113,7 +137,7 @@ def test_int8_converts_layers_already_in_the_cpu_decoding_layout(trained: tuple[
 
 def test_compiled_int8_decoding_follows_eager_int8(trained: tuple[GPT, Path]) -> None:
     """sample.py --compile=True --quantize=int8: the compiled step's weight-only int8 kernel gives the greedy tokens of
-    the eager int8 model, and of float32."""
+    the eager int8 model, and of float32. A second model of the same shapes, compiled next, runs its own weights."""
     model, data_dir = trained
     quantized = quantize_int8(copy_of(model))
     prompt = data.open_split(data_dir, "val").read_windows([0], 24)[0].astype("int64").tolist()
@@ -123,27 +147,28 @@ def test_compiled_int8_decoding_follows_eager_int8(trained: tuple[GPT, Path]) ->
         eager = quantized.generate(torch.tensor([prompt]), 24, temperature=0.0)[0, len(prompt) :].tolist()
         fp32 = model.generate(torch.tensor([prompt]), 24, temperature=0.0)[0, len(prompt) :].tolist()
     assert requests[0].output == eager == fp32
+    other = quantize_int8(with_shifted_embeddings(model))
+    with torch.inference_mode():
+        assert_same_logits(compiled_step_logits(other, prompt), other(torch.tensor([prompt]))[0][0, -1])
 
 
 def test_compiled_bfloat16_decoding_follows_eager_bfloat16(trained: tuple[GPT, Path]) -> None:
     """sample.py --compile=True --dtype=bfloat16: float32 weights under bfloat16 autocast, which the frozen compiled
     step folds into bfloat16 constants (half the bytes a token reads). Its logits match eager bfloat16's, and its
-    greedy tokens are eager bfloat16's and float32's."""
+    greedy tokens are eager bfloat16's and float32's. A second model of the same shapes, compiled next, runs its own
+    weights."""
     model, data_dir = trained
     prompt = data.open_split(data_dir, "val").read_windows([0], 25)[0].astype("int64").tolist()
-    compiled_model = copy_of(model)
+    compiled_model, other = copy_of(model), with_shifted_embeddings(model)
     with torch.inference_mode():
         fp32 = model.generate(torch.tensor([prompt]), 24, temperature=0.0)[0, len(prompt) :].tolist()
         with torch.autocast("cpu", torch.bfloat16):
-            eager_logits = model(torch.tensor([prompt]))[0][0, -1].float()
+            eager_logits = model(torch.tensor([prompt]))[0][0, -1]
             eager = model.generate(torch.tensor([prompt]), 24, temperature=0.0)[0, len(prompt) :].tolist()
-            cache = KVCache(model.config.n_layer, model.config.block_size)
-            compiled_model(torch.tensor([prompt[:-1]]), cache=cache)  # the prefill stays eager, as in the engine
-            step_logits = decode_step(compiled_model, torch.tensor([prompt[-1:]]), cache.keys, cache.values,
-                                      cache.lengths, cache.capacity)[0, -1].float()  # fmt: skip
+            assert_same_logits(compiled_step_logits(compiled_model, prompt), eager_logits)
             request = Request(prompt, 24, temperature=0)
             assert len(list(Engine(compiled_model, compiled=True).run([request]))) == 24
-    torch.testing.assert_close(step_logits, eager_logits, rtol=0, atol=0.05 * eager_logits.abs().max().item())
+            assert_same_logits(compiled_step_logits(other, prompt), other(torch.tensor([prompt]))[0][0, -1])
     assert request.output == eager == fp32
 
 
