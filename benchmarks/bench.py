@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from gptkit.compiled_decoding import CPU_COMPILE_OPTIONS, frozen_weights
+from gptkit.compiled_decoding import CPU_COMPILE_OPTIONS
 from gptkit.cpu_decoding import onednn_linear_available, use_decoding_layout
 from gptkit.devices import resolve_device
 from gptkit.engine import generate_stream, sample_next_token
@@ -306,7 +306,7 @@ class ProductsOfCopies(torch.nn.ModuleList):
 def compiled_products(layers: list[torch.nn.Module], x: torch.Tensor) -> Callable:
     """ProductsOfCopies(layers) compiled as gptkit.compiled_decoding compiles a step (frozen weights), built on x."""
     recompiles = torch._dynamo.config.patch(recompile_limit=64)  # each call's graph recompiles the one forward
-    with frozen_weights(), recompiles, torch.inference_mode():
+    with torch._inductor.config.patch(freezing=True), recompiles, torch.inference_mode():
         compiled = torch.compile(ProductsOfCopies(layers), fullgraph=True, options=CPU_COMPILE_OPTIONS)
         compiled(x)  # compiles (and autotunes) now, not in a timed pass
     return compiled

@@ -20,17 +20,21 @@ twice over), so this is for inference only: weights changed after the first comp
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn as nn
 
 LENGTH_MULTIPLE = 16  # attended span rounded up to this: padded positions are masked, and S is never 0 or 1
+# Every device: no FX-graph cache. An entry keys a frozen weight by its shape and dtype, not its values, yet the
+# kernels pack the weights into new constants saved with it: with the cache, a second model of the same shapes (in
+# this process or a later one) ran the first model's bfloat16 and int8 weights (tests/test_quantization.py; float32
+# escaped only because oneDNN's prepacked copies cannot be cached). AOTAutograd's cache already skips frozen graphs.
+STEP_COMPILE_OPTIONS = {"fx_graph_cache": False}
 # CPU: max-autotune lets inductor pick its own matrix-vector kernels (they need frozen weights: see decode_step),
-# and cpp_wrapper saves the Python call of each kernel. Elsewhere inductor's defaults.
-CPU_COMPILE_OPTIONS = {"max_autotune": True, "cpp_wrapper": True}
+# and cpp_wrapper saves the Python call of each kernel.
+CPU_COMPILE_OPTIONS = {**STEP_COMPILE_OPTIONS, "max_autotune": True, "cpp_wrapper": True}
 
 
 class StepCache:
@@ -66,26 +70,10 @@ def _step(model: nn.Module, idx: torch.Tensor, positions: torch.Tensor, mask: to
     return logits
 
 
-@contextlib.contextmanager
-def frozen_weights() -> Iterator[None]:
-    """Compile with the weights frozen into the graph as constants, and without inductor's compile caches.
-
-    Freezing must be on while dynamo traces, not only in inductor (compile options reach inductor alone), for the
-    weights to become constants. The caches must be off: a cache entry is keyed by a frozen weight's shape and
-    dtype, not its values, yet max-autotune's kernels pack the weights into new constants saved with the entry.
-    With the caches on, a second model of the same shapes (in this process or a later one) ran the first model's
-    bfloat16 and int8 weights (tests/test_quantization.py); float32 ones escaped only because oneDNN's prepacked
-    copies cannot be cached.
-    """
-    caches_off = torch._functorch.config.patch(enable_autograd_cache=False)
-    with torch._inductor.config.patch(freezing=True, fx_graph_cache=False), caches_off:
-        yield
-
-
 @functools.cache
 def compiled_step(device_type: str) -> Callable:
     """The compiled _step for a device type; one per process, so its graphs serve every engine of a model."""
-    options = CPU_COMPILE_OPTIONS if device_type == "cpu" else {}
+    options = CPU_COMPILE_OPTIONS if device_type == "cpu" else STEP_COMPILE_OPTIONS
     return torch.compile(_step, fullgraph=True, options=options)
 
 
@@ -105,5 +93,7 @@ def decode_step(
     span = torch.arange(attended_span(lengths, capacity), device=idx.device)
     mask = (span <= positions[:, None])[:, None, None, :]  # (B, 1, 1, S): a row sees its own tokens only
     torch._dynamo.maybe_mark_dynamic(mask, 3)  # its size is the span: one graph serves every span
-    with frozen_weights():  # per call, so that no other compile in the process is frozen or loses its caches
+    # Freezing must be on while dynamo traces, not only in inductor (compile options reach inductor alone), for the
+    # weights to become constants; patched per call so that no other compile in the process is frozen.
+    with torch._inductor.config.patch(freezing=True):
         return compiled_step(idx.device.type)(model, idx, positions, mask, list(keys), list(values))
