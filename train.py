@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
+from gptkit import averaging, data, distributed, evaluation, plotting, runlog, training
 from gptkit import checkpoint as ckpt
-from gptkit import data, distributed, evaluation, plotting, runlog, training
 from gptkit.devices import DTYPES, autocast, peak_flops_for_device, resolve_dtype, tune_for_training
 from gptkit.distributed import Processes
 from gptkit.errors import UserError, run_cli
@@ -113,6 +113,9 @@ class TrainSettings:
     min_lr: float = setting(
         6e-5, "learning rate at the end of the decay (usually learning_rate/10)", rule="non_negative"
     )
+    ema_decay: float = setting(0.0, "evaluate and save an exponential moving average of the weights, with this "
+                               "decay per step, as the model (0 = off; e.g. 0.95)", rule="fraction")  # fmt: skip
+    ema_start: int = setting(0, "ema_decay: average the weights from this step on", rule="non_negative")
     # system
     device: str = setting("auto", "auto (cuda → mps → cpu) | cpu | cuda | cuda:N | mps")
     dtype: str = setting(
@@ -121,7 +124,9 @@ class TrainSettings:
         choices=("auto", *DTYPES),
     )
     compile: bool | None = setting(None, "torch.compile the model (None: on for CUDA, off otherwise)")
-    cpu_threads: int | None = setting(None, "torch CPU threads (None: torch's default; fewer on a busy machine)")
+    cpu_threads: int | None = setting(
+        None, "torch CPU threads (None: torch's default; fewer on a busy machine)", rule="positive"
+    )
     backend: str = setting(
         "auto",
         "torch.distributed backend under torchrun: auto (nccl on CUDA, gloo) | nccl | gloo",
@@ -131,16 +136,14 @@ class TrainSettings:
         "ddp", "under torchrun: ddp (a replica per process) | fsdp (parameters sharded)", choices=("ddp", "fsdp")
     )
     peak_flops: float | None = setting(
-        None, "the device's peak FLOP/s for the MFU figure (None: known for A100/H100/H200 GPUs, else MFU is n/a)"
+        None,
+        "the device's peak FLOP/s for the MFU figure (None: known for A100/H100/H200 GPUs, else MFU is n/a)",
+        rule="positive_number",
     )
 
     def validate(self) -> None:
         """Raise UserError for values that cannot work, before anything is loaded: the rules declared above are
         checked by parse_settings, the model settings by GPTConfig itself (model_config); these are the rest."""
-        if self.peak_flops is not None and not (self.peak_flops > 0 and math.isfinite(self.peak_flops)):
-            raise UserError(f"peak_flops must be a positive number of FLOP/s (e.g. 1.4e11), got {self.peak_flops}")
-        if self.cpu_threads is not None and self.cpu_threads <= 0:
-            raise UserError(f"cpu_threads must be a positive integer or None, got {self.cpu_threads}")
         if not self.out_dir:
             raise UserError("out_dir must not be empty; give a directory for the checkpoints, e.g. --out_dir=out")
         model_config(self)
@@ -168,7 +171,8 @@ def create_model(cfg: TrainSettings, meta: dict) -> tuple[GPT, dict | None]:
         path = Path(cfg.out_dir) / ckpt.LATEST_NAME
         checkpoint = ckpt.load_checkpoint(path, required_keys=ckpt.RESUME_KEYS)
         ckpt.check_same_tokenizer(checkpoint, meta, path)
-        model = GPT.from_checkpoint(checkpoint, str(path), overrides={"dropout": cfg.dropout})
+        weights = checkpoint if cfg.eval_only else averaging.trained_weights(checkpoint)  # not the EMA's
+        model = GPT.from_checkpoint(weights, str(path), overrides={"dropout": cfg.dropout})
     else:
         model = GPT.from_pretrained(cfg.init_from, override_args={"dropout": cfg.dropout})
     if cfg.block_size < model.config.block_size:
@@ -209,6 +213,7 @@ class Run:
     wrapped: torch.nn.Module  # the one to call (DDP, FSDP, torch.compile)
     precision: Any  # the autocast context of forward passes (a no-op in float32)
     optimizer: torch.optim.Optimizer
+    average: averaging.WeightAverage  # ema_decay's average of the weights (a no-op when off)
     scaler: torch.amp.GradScaler
     sampler: data.BatchSampler  # training batches; its position is saved in checkpoints
     batches: data.BatchPrefetcher  # the sampler's batches, the next one read while a step computes
@@ -253,6 +258,7 @@ def set_up(
     wrapped = distributed.parallelize(model, procs, device, cfg.parallel, cfg.compile)
 
     optimizer = build_optimizer(cfg, model, device)
+    average = averaging.for_training(model, cfg.ema_decay, cfg.ema_start, checkpoint)
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
     sampler = data.BatchSampler(streams["train"], cfg.batch_size, block_size, cfg.seed, data.PURPOSE_TRAIN)
     iter_num, best_val_loss = 0, math.inf
@@ -279,8 +285,9 @@ def set_up(
     log = RunLog(procs.master, None if cfg.eval_only else Path(cfg.out_dir), wandb)  # eval_only writes nothing
     if procs.master and not cfg.eval_only:
         ckpt.remove_stale_temporaries(Path(cfg.out_dir))  # a run killed while saving leaves its temporary file behind
-    run = Run(cfg, procs, device, meta, streams, model, wrapped, autocast(device, dtype), optimizer, scaler, sampler,
-              batches, eval_sets, tasks, log, cfg.peak_flops or peak_flops_for_device(device, dtype))  # fmt: skip
+    peak = cfg.peak_flops or peak_flops_for_device(device, dtype)
+    run = Run(cfg, procs, device, meta, streams, model, wrapped, autocast(device, dtype), optimizer, average, scaler,
+              sampler, batches, eval_sets, tasks, log, peak)  # fmt: skip
     log.tokens_per_iter = run.tokens_per_iter
     dtype_name = str(dtype).removeprefix("torch.")
     log.say(runlog.header_line(model.get_num_params(), str(device), dtype_name, procs.world_size,
@@ -293,10 +300,11 @@ def set_up(
 
 def evaluate(run: Run, iter_num: int) -> dict[str, Any]:
     """The mean loss on each split's fixed evaluation batches and val bits per byte, as a log.jsonl entry."""
-    losses = {
-        split: training.mean_loss(run.wrapped, batches, run.precision, run.device, run.procs)
-        for split, batches in run.eval_sets.items()
-    }
+    with run.average.applied():
+        losses = {
+            split: training.mean_loss(run.wrapped, batches, run.precision, run.device, run.procs)
+            for split, batches in run.eval_sets.items()
+        }
     val_bpb = data.bits_per_byte(losses["val"], run.meta["splits"]["val"])
     return {"iter": iter_num, "train/loss": losses["train"], "val/loss": losses["val"], "val/bpb": val_bpb}
 
@@ -304,7 +312,8 @@ def evaluate(run: Run, iter_num: int) -> dict[str, Any]:
 def evaluate_full_split(run: Run) -> float:
     """The exact val loss over the whole val split (non-overlapping windows); prints it and returns it."""
     windows = data.SplitWindows(run.streams["val"], run.model.config.block_size, run.cfg.batch_size)
-    loss = training.mean_loss(run.wrapped, windows, run.precision, run.device, run.procs)
+    with run.average.applied():
+        loss = training.mean_loss(run.wrapped, windows, run.precision, run.device, run.procs)
     bpb = data.bits_per_byte(loss, run.meta["splits"]["val"])
     run.log.say(runlog.full_split_line(len(run.streams["val"]), loss, bpb))
     return loss
@@ -319,7 +328,7 @@ def save_checkpoint_of_run(run: Run, state: LoopState, best: bool) -> str:
         ckpt.save_checkpoint(
             run.best_path if best else run.latest_path,
             {
-                "model": model_state,
+                **run.average.checkpoint_entries(model_state),  # "model", and "trained_model" under an EMA
                 "optimizer": optimizer_state,
                 "model_args": config_to_dict(run.model.config),
                 "iter_num": state.iter_num,
@@ -336,21 +345,10 @@ def save_checkpoint_of_run(run: Run, state: LoopState, best: bool) -> str:
     return runlog.saved_note(run.latest_path, run.best_path if best else None)
 
 
-def check_finite(run: Run, state: LoopState) -> None:
-    """UserError if any step so far had a NaN or infinite loss (checked where the loop syncs anyway)."""
-    bad = training.first_non_finite(state.first_bad_iter, run.device, run.procs)
-    if bad is not None:
-        kept = f"; the last good checkpoint {run.latest_path} is kept" if run.latest_path.exists() else ""
-        raise UserError(
-            f"the loss became NaN or infinite at iter {bad}; stopped without saving{kept}. "
-            "Lower --learning_rate or --grad_clip, or use --dtype=float32"
-        )
-
-
 def evaluate_and_save(run: Run, state: LoopState, at_end: bool) -> None:
     """Evaluate; save when the val loss improved (as best.pt too), when always_save_checkpoint, or at the end."""
     state.watch.lap()  # evaluation time is not training time
-    check_finite(run, state)
+    training.check_finite(state.first_bad_iter, run.device, run.procs, run.latest_path)
     result = evaluate(run, state.iter_num)
     improved = result["val/loss"] < state.best_val_loss
     state.best_val_loss = min(state.best_val_loss, result["val/loss"])
@@ -358,7 +356,8 @@ def evaluate_and_save(run: Run, state: LoopState, at_end: bool) -> None:
     if state.iter_num > 0 and (improved or run.cfg.always_save_checkpoint or at_end):
         saved = save_checkpoint_of_run(run, state, best=improved)
     run.log.say(runlog.eval_line(result, saved))
-    result.update(run.tasks.run(run.wrapped, state.iter_num, at_end, run.precision, run.log))
+    with run.average.applied():
+        result.update(run.tasks.run(run.wrapped, state.iter_num, at_end, run.precision, run.log))
     run.log.record(result)
     enabled = run.cfg.curves and run.procs.master
     state.curves_drawn_at = plotting.refresh_curves(run.cfg.out_dir, enabled, state.curves_drawn_at, at_end)
@@ -395,13 +394,14 @@ def train_step(run: Run, state: LoopState) -> tuple[int, float]:
     run.optimizer.zero_grad(set_to_none=True)
     run.sampler.position += cfg.gradient_accumulation_steps
     step, state.iter_num = state.iter_num, state.iter_num + 1  # lines name the step by its index, as nanoGPT does
+    run.average.update(state.iter_num)
     state.first_bad_iter = training.note_non_finite(state.first_bad_iter, state.loss_sum, step)
     return step, lr
 
 
 def log_progress(run: Run, state: LoopState, step: int, lr: float) -> None:
     """The training line of `step`: the loss averaged since the last line, learning rate, speed and MFU."""
-    check_finite(run, state)
+    training.check_finite(state.first_bad_iter, run.device, run.procs, run.latest_path)
     cfg = run.cfg
     steps = state.iter_num - state.last_log_iter
     loss_total = distributed.reduce_numbers([state.loss_sum.item()], run.device, run.procs)[0]
@@ -439,7 +439,7 @@ def train(run: Run, state: LoopState, stop: StopRequest) -> int:
 
 def stop_and_save(run: Run, state: LoopState, stop: StopRequest) -> int:
     """After SIGINT/SIGTERM (in any process): save ckpt.pt and say how to continue."""
-    check_finite(run, state)
+    training.check_finite(state.first_bad_iter, run.device, run.procs, run.latest_path)
     saved = save_checkpoint_of_run(run, state, best=False)
     run.log.say(runlog.stopped_line(stop.signal_name, state.iter_num, saved))
     run.log.close()

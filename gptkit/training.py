@@ -11,6 +11,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -18,6 +19,7 @@ import torch
 
 from gptkit import data
 from gptkit.distributed import Processes, reduce_numbers
+from gptkit.errors import UserError
 
 DROPOUT_STREAM = 1000  # seeds dropout per micro-batch, apart from the data sampler's streams (data.PURPOSE_*)
 
@@ -139,3 +141,15 @@ def first_non_finite(first_bad_iter: torch.Tensor, device: torch.device, procs: 
     """The first step with a NaN or infinite loss in any process, or None (a collective call)."""
     bad = int(reduce_numbers([first_bad_iter.item()], device, procs, op="max")[0])
     return bad if bad >= 0 else None
+
+
+def check_finite(first_bad_iter: torch.Tensor, device: torch.device, procs: Processes, latest: Path) -> None:
+    """UserError if any step so far had a NaN or infinite loss (checked where the loop syncs anyway); the message
+    names the run's last checkpoint `latest` if there is one."""
+    bad = first_non_finite(first_bad_iter, device, procs)
+    if bad is not None:
+        kept = f"; the last good checkpoint {latest} is kept" if latest.exists() else ""
+        raise UserError(
+            f"the loss became NaN or infinite at iter {bad}; stopped without saving{kept}. "
+            "Lower --learning_rate or --grad_clip, or use --dtype=float32"
+        )

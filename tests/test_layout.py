@@ -18,7 +18,7 @@ LAYERS: list[set[str]] = [
     {"gptkit", "gptkit.errors"},
     {"gptkit.fileio", "gptkit.progress", "gptkit.signals", "gptkit.bpe"},
     {"gptkit.settings", "gptkit.devices", "gptkit.download", "gptkit.tokenizer", "gptkit.muon"},
-    {"gptkit.data", "gptkit.hf_gpt2", "gptkit.distributed", "gptkit.checkpoint", "gptkit.rundir"},
+    {"gptkit.data", "gptkit.hf_gpt2", "gptkit.distributed", "gptkit.checkpoint", "gptkit.rundir", "gptkit.averaging"},
     {"gptkit.textstream"},
     {
         "gptkit.prepare",

@@ -189,7 +189,7 @@ TRAIN_BAD_VALUES = [
     (["--activation=swish"], "activation='swish' is not one of gelu, gelu_tanh, relu2"),
     (["--attention=flash"], "attention='flash' is not one of sdpa, math"),
     (["--pos_encoding=rope", "--n_embd=30", "--n_head=2"], "rope positions need an even head size, got 15"),
-    (["--cpu_threads=0"], "cpu_threads must be a positive integer or None, got 0"),
+    (["--cpu_threads=0"], "cpu_threads must be a positive integer, got 0"),
     (["--lerning_rate=1e-3"], "unknown setting 'lerning_rate'"),  # the hint that follows: tests/test_settings.py
     (["--batch_size=big"], "--batch_size must be of type integer, got 'big'"),
     (["--batch_size=1.5"], "--batch_size must be of type integer, got '1.5'"),

@@ -391,3 +391,24 @@ def test_mfu_uses_a_peak_the_caller_gives(data_dir: Path, tmp_path: Path, capsys
     tokens_per_iter = 4 * 2 * 32  # batch_size x gradient_accumulation_steps x block_size
     expected = flops_per_token * tokens_per_iter / (ms_per_iter / 1000) / 1e9
     assert mfu == pytest.approx(expected, rel=0.05)  # ms/iter is printed rounded to 0.1 ms
+
+
+def test_ema_is_evaluated_and_saved_as_the_model_and_resumes_exactly(data_dir: Path, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture) -> None:  # fmt: skip
+    ema = cli_args(optimizer="muon", muon_lr=0.02, lr_decay_iters=14, ema_decay=0.8, ema_start=4)
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert train.main([*tiny_train_args(data_dir, whole, **RUN), *ema, "--max_iters=14"]) == 0
+    saved = ckpt.load_checkpoint(whole / "ckpt.pt")
+    assert not torch.equal(saved["model"]["lm_head.weight"], saved["trained_model"]["lm_head.weight"])
+    # The logged val loss is the saved "model"'s (the average), as --eval_only measures it from the checkpoint.
+    logged = [json.loads(line) for line in (whole / "log.jsonl").read_text().splitlines()][-1]["val/loss"]
+    capsys.readouterr()
+    assert train.main([*tiny_train_args(data_dir, whole, **RUN), *ema, "--eval_only=True", "--init_from=resume"]) == 0
+    assert f"val loss {logged:.4f}" in capsys.readouterr().out
+
+    # Stopped at step 10 (the average 6 steps old) and resumed to 14: the same average and trained weights.
+    assert train.main([*tiny_train_args(data_dir, parts, **RUN), *ema, "--max_iters=10"]) == 0
+    assert train.main([*tiny_train_args(data_dir, parts, **RUN), *ema, "--max_iters=14", "--init_from=resume"]) == 0
+    resumed = ckpt.load_checkpoint(parts / "ckpt.pt")
+    assert_same_weights(resumed["model"], saved["model"])
+    assert_same_weights(resumed["trained_model"], saved["trained_model"])

@@ -118,6 +118,19 @@ def test_checkpoints_move_between_fsdp_and_one_process(runs: dict[str, Path], tm
     assert_close_weights(tmp_path / "fsdp", tmp_path / "single")
 
 
+def test_an_ema_under_ddp_matches_one_process(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Every process keeps the same average of its replica: evaluated and saved as in one process."""
+    ema = ("--ema_decay=0.8", "--ema_start=12")
+    train_in(1, runs["data"], tmp_path / "single", *ema)
+    train_in(2, runs["data"], tmp_path / "ddp", *ema)
+    assert_same_curve(tmp_path / "single", tmp_path / "ddp")
+    single, ddp = (ckpt.load_checkpoint(tmp_path / name / "ckpt.pt") for name in ("single", "ddp"))
+    for key in ("model", "trained_model"):
+        for name, value in single[key].items():
+            torch.testing.assert_close(ddp[key][name], value, atol=1e-5, rtol=1e-4)
+    assert not torch.equal(single["model"]["lm_head.weight"], single["trained_model"]["lm_head.weight"])
+
+
 def worker_pid(launcher: subprocess.Popen, rank: int) -> int:
     """The pid of the torchrun worker of `rank` (a child of the launcher whose environment has RANK=rank)."""
     deadline = time.monotonic() + 60
