@@ -10,8 +10,8 @@ average from step 400 on, which is what is evaluated and saved (ema_decay, gptki
     python train.py config/train_shakespeare_char_cpu_best.py
     python sample.py --out_dir=out-shakespeare-char-cpu-best
 
-On CPUs with native bfloat16 products (AVX512-BF16 or AMX) a larger model computed in bfloat16 reached 1.5924 in
-125 s (6 x 192, the earlier version of this recipe; its flags are in docs/benchmarks.md §1).
+On CPUs with native bfloat16 products (AVX512-BF16 or AMX) a larger model computed in bfloat16 pays instead (6 x 192,
+the earlier version of this recipe; its flags and figures are in docs/benchmarks.md §1).
 """
 
 out_dir = "out-shakespeare-char-cpu-best"
