@@ -85,6 +85,10 @@ class WeightAverage:
         missing = [names[0] for names in self.names if names[0] not in averaged_state]
         if missing:
             raise KeyError(f"the averaged weights lack {', '.join(missing[:3])}")
+        for names, param in zip(self.names, self.params):
+            if tuple(averaged_state[names[0]].shape) != tuple(param.shape):
+                shape = tuple(averaged_state[names[0]].shape)
+                raise ValueError(f"the averaged {names[0]} has shape {shape}, the model's {tuple(param.shape)}")
         self.average = [
             averaged_state[names[0]].to(param.device, param.dtype).clone()
             for names, param in zip(self.names, self.params)
@@ -103,5 +107,11 @@ def for_training(model: torch.nn.Module, decay: float, start: int, checkpoint: d
         raise UserError("ema_decay needs whole weights in every process; use it with --parallel=ddp, not fsdp")
     average = WeightAverage(model, decay, start)
     if decay and checkpoint is not None and TRAINED_KEY in checkpoint:
-        average.load(clean_state_dict(checkpoint["model"]))
+        try:
+            average.load(clean_state_dict(checkpoint["model"]))
+        except (KeyError, ValueError, AttributeError) as exc:  # a damaged file: one line, as every other
+            raise UserError(
+                f"the checkpoint's averaged weights are damaged ({exc}); resume with --ema_decay=0 to drop the "
+                "average, or from another checkpoint"
+            ) from exc
     return average

@@ -118,3 +118,12 @@ def test_an_average_under_fsdp_is_refused_with_the_way_out(monkeypatch: pytest.M
     with pytest.raises(UserError, match="ema_decay needs whole weights in every process; use it with --parallel=ddp"):
         averaging.for_training(Tied(), 0.9, 0, None)
     assert not averaging.for_training(Tied(), 0.0, 0, None).active  # off: FSDP trains as before
+
+
+def test_a_resumed_checkpoint_with_damaged_averaged_weights_is_one_clear_error() -> None:
+    good = Tied().state_dict()
+    for damaged in ({"first.weight": good["first.weight"]}, {**good, "gain": torch.zeros(3)}):
+        checkpoint = {"model": damaged, TRAINED_KEY: good}
+        with pytest.raises(UserError, match=r"averaged weights are damaged \(.*(gain).*\); resume with --ema_decay=0"):
+            averaging.for_training(Tied(), 0.9, 0, checkpoint)
+    assert averaging.for_training(Tied(), 0.9, 0, {"model": good, TRAINED_KEY: good}).active  # intact: continued
