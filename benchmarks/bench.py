@@ -5,8 +5,7 @@
     python bench.py train    [--config=config/train_shakespeare_char_cpu.py --iters=30]
     python bench.py quality  [--config=config/train_shakespeare_char_cpu.py --runs=3]   (wall time + full val loss)
                              [--nanogpt_dir=DIR]   (nanoGPT's CPU recipe first, as the reference time)
-
-Data preparation: bench_prepare.py. Results and their commands: docs/benchmarks.md. Figures are medians of runs.
+Also bench_step.py, bench_prepare.py, bench_serve.py, bench_tokenizer.py. Results, commands: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -68,6 +68,13 @@ def write_results(path: str, kind: str, settings: object, rows: list[dict]) -> N
         atomic_write_json(path, {"benchmark": kind, "settings": vars(settings), "machine": machine_description(),
                                  "results": rows})  # fmt: skip
         print(f"wrote {path}")
+
+
+def run_benchmark(cfg: Any, function: Callable[[Any], list[dict]], kind: str) -> int:
+    """A benchmark script's work once its settings are parsed: the machine, the table, the JSON (cfg.json_out)."""
+    print(json.dumps(machine_description()))
+    write_results(cfg.json_out, kind, cfg, function(cfg))
+    return 0
 
 
 # ----------------------------------------------------------------------------------------------- sampling
@@ -486,10 +493,7 @@ def main(argv: list[str]) -> int:
     cfg = parse_settings(settings_class, argv[1:], prog=f"bench.py {argv[0]}", description=function.__doc__ or "")
     if getattr(cfg, "threads", 0):  # sample and linear: before anything runs
         torch.set_num_threads(cfg.threads)
-    print(json.dumps(machine_description()))
-    rows = function(cfg)
-    write_results(cfg.json_out, argv[0], cfg, rows)
-    return 0
+    return run_benchmark(cfg, function, argv[0])
 
 
 if __name__ == "__main__":

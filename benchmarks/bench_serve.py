@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from bench import machine_description, print_table, write_results
+from bench import print_table, run_benchmark
 from gptkit.checkpoint import save_checkpoint
 from gptkit.errors import UserError, run_cli
 from gptkit.settings import parse_settings, setting
@@ -218,10 +218,7 @@ def bench_serve(cfg: ServeBench) -> list[dict]:
 
 def main(argv: list[str]) -> int:
     cfg = parse_settings(ServeBench, argv, prog="bench_serve.py", description=bench_serve.__doc__ or "")
-    print(json.dumps(machine_description()))
-    rows = bench_serve(cfg)
-    write_results(cfg.json_out, "serve", cfg, rows)
-    return 0
+    return run_benchmark(cfg, bench_serve, "serve")
 
 
 if __name__ == "__main__":
