@@ -118,6 +118,11 @@ class KVCache:
         self.lengths[target] = length
 
 
+# Column counts tried, smallest first, for the most likely tokens that hold a top-p nucleus: a partial top-k is much
+# cheaper than sorting a whole vocabulary, and with a trained model the nucleus is usually small.
+NUCLEUS_PREFIXES = (256, 4096)
+
+
 def sample_next_token(
     logits: torch.Tensor,
     temperature: float = 1.0,
@@ -133,12 +138,40 @@ def sample_next_token(
     if top_k is not None and top_k < logits.size(-1):
         logits, candidates = torch.topk(logits, top_k, dim=-1)  # then sample among k columns, not all V
     if top_p is not None and top_p < 1.0:
+        probs = logits.softmax(dim=-1)  # of all tokens, or of the top k (top-p then applies to those, renormalized)
         if candidates is None:
-            logits, candidates = torch.sort(logits, descending=True, dim=-1)
-        probs = logits.softmax(dim=-1)
+            probs, candidates = most_likely_holding(probs, top_p)
+            logits = logits.gather(-1, candidates)
         logits = logits.masked_fill(probs.cumsum(dim=-1) - probs >= top_p, float("-inf"))  # mass before >= p
-    choice = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
+    choice = draw(F.softmax(logits, dim=-1), generator)
     return (choice if candidates is None else candidates.gather(-1, choice)).squeeze(-1)
+
+
+def most_likely_holding(probs: torch.Tensor, mass: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The largest probabilities of each row of probs (B, V), sorted descending, with their columns: enough of them
+    that every row's add up to `mass` (so no token after them is in that row's nucleus), else all of them."""
+    largest = probs.amax(dim=-1)
+    for size in NUCLEUS_PREFIXES:
+        if size >= probs.size(-1):
+            break
+        if bool((largest * size < mass).any()):  # some row's `size` largest cannot add up to the mass: skip the top-k
+            continue
+        top, columns = torch.topk(probs, size, dim=-1)
+        if bool((top.sum(dim=-1) >= mass).all()):
+            return top, columns
+    return torch.sort(probs, descending=True, dim=-1)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One column per row of probs (B, N) (not necessarily normalized), with probability proportional to its
+    entry: (B, 1). Inverse transform sampling, one uniform number a row: torch.multinomial draws a random number
+    for every entry, which over a whole vocabulary costs several times the rest of sampling (docs/benchmarks.md)."""
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1:].contiguous()  # searchsorted wants contiguous values
+    uniform = torch.rand(total.shape, generator=generator, device=probs.device, dtype=cdf.dtype) * total
+    column = torch.searchsorted(cdf, uniform, right=True)  # the first column whose cdf exceeds the draw
+    # A draw that rounds up to the total would land past the end: it takes the last column with a positive entry.
+    return torch.minimum(column, torch.searchsorted(cdf, total))
 
 
 def sampling_problem(temperature: float, top_k: int | None, top_p: float | None) -> str | None:

@@ -12,7 +12,7 @@ import torch
 from torch.nn import functional as F
 
 from gptkit.cpu_decoding import DecodingLinear, onednn_linear_available, optimize_for_cpu_decoding
-from gptkit.engine import Engine, KVCache, Request, generate_stream, sample_next_token
+from gptkit.engine import Engine, KVCache, Request, draw, generate_stream, most_likely_holding, sample_next_token
 from model import GPT, GPTConfig
 
 POSITIONS = ["learned", "sinusoidal", "rope"]
@@ -139,6 +139,57 @@ def test_sampling_frequencies_follow_the_renormalized_distribution(temperature, 
     expected = torch.zeros(5, dtype=torch.float64)
     expected[kept] = F.softmax(logits[0, kept].double() / temperature, dim=-1)
     torch.testing.assert_close(frequencies, expected, rtol=0, atol=0.01)
+
+
+def test_top_p_over_a_whole_vocabulary_keeps_exactly_the_nucleus():
+    """GPT-2's vocabulary size, so the nucleus comes from a partial top-k (peaked rows) or a whole sort (a flat row);
+    the reference nucleus is computed here in float64 from a full sort."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 50257, generator=generator)
+    logits[0, :6] += torch.tensor([14.0, 13.5, 13.0, 12.0, 11.0, 10.0])  # a few tokens hold most of the mass
+    logits[1, 100:400] += 9.0  # the nucleus needs more than the first prefix (256 columns)
+    logits[2] *= 0.01  # almost flat: tens of thousands of tokens in the nucleus
+    for row, top_p in ((0, 0.9), (1, 0.8), (2, 0.5)):
+        probs = F.softmax(logits[row].double(), dim=-1)
+        ordered, order = torch.sort(probs, descending=True)
+        expected = set(order[(ordered.cumsum(0) - ordered) < top_p].tolist())
+        drawn = set()
+        for _ in range(10):
+            drawn |= set(sample_next_token(logits[row].repeat(100, 1), 1.0, top_p=top_p, generator=generator).tolist())
+        assert drawn <= expected and len(drawn) >= min(len(expected), 5)
+    top, columns = most_likely_holding(F.softmax(logits, dim=-1), 0.5)  # the flat row needs the whole sort
+    assert top.shape == (3, 50257) and torch.equal(top[:, :-1] >= top[:, 1:], torch.ones(3, 50256, dtype=torch.bool))
+    peaked = F.softmax(logits[:1], dim=-1)
+    top, columns = most_likely_holding(peaked, 0.9)
+    assert top.shape == (1, 256) and set(columns[0, :6].tolist()) == {0, 1, 2, 3, 4, 5}
+    assert torch.equal(top, torch.sort(peaked, descending=True).values[:, :256])
+
+
+def test_top_p_frequencies_over_a_whole_vocabulary():
+    logits = torch.full((1, 50257), -20.0)
+    logits[0, [7, 300, 50000]] = torch.tensor([2.0, 1.0, 0.0])  # probabilities ~.665 .245 .090 (the rest ~1e-8)
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.cat([sample_next_token(logits.repeat(500, 1), 1.0, top_p=0.95, generator=generator)
+                        for _ in range(8)])  # fmt: skip
+    kept = torch.tensor([2.0, 1.0, 0.0], dtype=torch.float64).softmax(0)  # all three needed to reach 0.95
+    frequencies = torch.tensor(
+        [(tokens == token).double().mean().item() for token in (7, 300, 50000)], dtype=torch.float64
+    )
+    torch.testing.assert_close(frequencies, kept, rtol=0, atol=0.025)
+    assert set(tokens.tolist()) == {7, 300, 50000}
+
+
+def test_a_draw_that_rounds_up_to_the_total_takes_the_last_token_with_a_probability(monkeypatch):
+    monkeypatch.setattr(torch, "rand", lambda shape, **kwargs: torch.ones(shape, dtype=kwargs.get("dtype")))
+    probs = torch.tensor([[0.2, 0.0, 0.8, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0, 0.0]])
+    assert draw(probs).squeeze(-1).tolist() == [2, 1]  # never a column whose probability is 0
+
+
+def test_draw_follows_unnormalized_weights():
+    weights = torch.tensor([[1.0, 0.0, 3.0, 6.0]]).repeat(20_000, 1)  # .1 0 .3 .6 once normalized
+    columns = draw(weights, torch.Generator().manual_seed(3)).squeeze(-1)
+    frequencies = torch.bincount(columns, minlength=4).double() / columns.numel()
+    torch.testing.assert_close(frequencies, torch.tensor([0.1, 0.0, 0.3, 0.6], dtype=torch.float64), rtol=0, atol=0.01)
 
 
 # ----------------------------------------------------------------------------------------------- the engine
