@@ -37,8 +37,10 @@ from model import GPT, GPTConfig
 WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "int8": 1}  # int8: one bfloat16 scale per row besides, not counted
 PRODUCT_KERNEL = re.compile(r"gemm_m(\d+)n(\d+)k(\d+)")  # inductor's name for the kernel of a (rows x in) @ (in x out)
 INT8_KERNEL = "_weight_int8pack_mm"  # in the names of the kernels inductor fuses int8 products into (no shape)
+INT8_BLOCKS_PART = "block products (int8 kernels)"  # their row: every block's weights, read once a token
 WRAPPER_EVENT = "## Call CompiledFxGraph"  # the graph's C++ entry: kernels and the code between them
 REGION_EVENT = "Torch-Compiled Region"  # dynamo's frame: guards, then the graph
+GUARDS_EVENT = "TorchDynamo Cache Lookup"  # recorded outside the region's record
 
 
 @dataclass
@@ -112,7 +114,7 @@ def step_rows(events: dict[str, tuple[int, float, float]], profiled_s: float, cf
         if shape is not None:
             part, weights = f"product {shape[3]}x{shape[2]}", int(shape[2]) * int(shape[3])
         elif INT8_KERNEL in key:  # int8 block products fused with their neighbours: one row for all of them
-            part, weights = "block products (int8 kernels)", 12 * cfg.n_embd**2 * cfg.n_layer  # per token
+            part, weights = INT8_BLOCKS_PART, 12 * cfg.n_embd**2 * cfg.n_layer  # per token
         else:
             other_kernels_ms += self_ms
             continue
@@ -120,7 +122,7 @@ def step_rows(events: dict[str, tuple[int, float, float]], profiled_s: float, cf
         entry[1], entry[2] = entry[1] + calls, entry[2] + self_ms
     rows = []
     for part, (weights, calls, ms) in sorted(products.items()):
-        times = 1 if part.startswith("block") else calls * per_token  # the block row's weights are per token
+        times = 1 if part == INT8_BLOCKS_PART else calls * per_token  # a product row's weights are per call
         weight_bytes, ms_per_token = weights * WEIGHT_BYTES[cfg.dtype] * times, ms * per_token
         row = {"part": part, "calls": round(calls * per_token, 2), "ms": round(ms_per_token, 3),
                "gb_s": round(weight_bytes / ms_per_token / 1e6, 1)}  # fmt: skip
@@ -128,7 +130,7 @@ def step_rows(events: dict[str, tuple[int, float, float]], profiled_s: float, cf
             row["of_read_speed"] = round(weight_bytes / ms_per_token / 1e6 / (read_speed / 1e9), 3)
         rows.append(row)
     wrapper_ms, region_ms = event_total(events, WRAPPER_EVENT), event_total(events, REGION_EVENT)
-    guards_ms = event_total(events, "TorchDynamo Cache Lookup")  # outside the region's record
+    guards_ms = event_total(events, GUARDS_EVENT)
     rest = {"other kernels (attention, norms)": other_kernels_ms, "graph wrapper (between kernels)":
             wrapper_ms - kernels_ms, "entering the graph (guards, call)": region_ms - wrapper_ms + guards_ms,
             "outside the graph (inputs, sampling, engine)": profiled_s * 1e3 - region_ms - guards_ms}  # fmt: skip
