@@ -15,23 +15,46 @@ first S positions with the mask.
 The batch size stays static: each one compiles once (about a minute for GPT-2 124M on 2 cores).
 
 Caveats: freezing folds the weights into the compiled graph as constants (a prepacked copy: the weights' memory
-twice over), so this is for inference only: weights changed after the first compiled step are not seen.
+twice over), so this is for inference only: weights changed after the first compiled step are not seen. Nor are
+changes to the model's modules (their attributes, hooks, train/eval mode): a step checks the model's identity, its
+inputs and the global state (grad mode, autocast) before it runs, not every module (see model_identity_guards).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn as nn
 
 LENGTH_MULTIPLE = 16  # attended span rounded up to this: padded positions are masked, and S is never 0 or 1
+
+
+def model_identity_guards(entries: Sequence[Any]) -> list[bool]:
+    """Which of dynamo's guards a compiled step keeps (its guard_filter_fn): all but those on the model's modules,
+    save the identity of one weight (a frozen graph holds its model's weights, so it must serve that model alone)
+    and the shapes of weights that are inputs (none when frozen).
+
+    Why: dynamo checks every guard before every call, and GPT-2 124M's modules carry over a thousand of them
+    (each module's hooks, attributes and weights); the step's own inputs and the global state keep theirs.
+    """
+    keep, identity_kept = [], False
+    for entry in entries:
+        on_module = entry.orig_guard.source.is_unspecialized_nn_module()
+        identity = entry.guard_type == "ID_MATCH" and isinstance(entry.value, torch.Tensor) and not identity_kept
+        keep.append(not on_module or identity or entry.guard_type == "TENSOR_MATCH")
+        identity_kept |= on_module and identity
+    return keep
+
+
 # Every device: no FX-graph cache. An entry keys a frozen weight by its shape and dtype, not its values, yet the
 # kernels pack the weights into new constants saved with it: with the cache, a second model of the same shapes (in
 # this process or a later one) ran the first model's bfloat16 and int8 weights (tests/test_quantization.py; float32
 # escaped only because oneDNN's prepacked copies cannot be cached). AOTAutograd's cache already skips frozen graphs.
-STEP_COMPILE_OPTIONS = {"fx_graph_cache": False}
+STEP_COMPILE_OPTIONS = {"fx_graph_cache": False, "guard_filter_fn": model_identity_guards}
+
 # CPU: max-autotune lets inductor pick its own matrix-vector kernels (they need frozen weights: see decode_step),
 # and cpp_wrapper saves the Python call of each kernel.
 CPU_COMPILE_OPTIONS = {**STEP_COMPILE_OPTIONS, "max_autotune": True, "cpp_wrapper": True}

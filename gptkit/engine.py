@@ -131,8 +131,8 @@ def sample_next_token(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Pick one token per row from logits (B, V): greedy at temperature 0, else sampled after top-k/top-p."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
+    if temperature == 0:  # max, not argmax: the same first largest column, and in bfloat16 argmax is ~4x slower
+        return logits.max(dim=-1).indices
     logits = logits.float() if temperature == 1.0 else logits.float() / temperature
     candidates = None  # the token id of each column, once logits are narrowed and sorted
     if top_k is not None and top_k < logits.size(-1):

@@ -7,6 +7,8 @@ pass block_size it restarts from the last 3/4 of a window).
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from torch.nn import functional as F
@@ -125,6 +127,16 @@ def test_sampling_controls():
     a = sample_next_token(logits.repeat(8, 1), 1.0, generator=torch.Generator().manual_seed(5))
     b = sample_next_token(logits.repeat(8, 1), 1.0, generator=torch.Generator().manual_seed(5))
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_takes_the_first_of_tied_largest_logits(dtype):
+    """Each row's token is its largest logit's column; on a tie, the lowest such column (as argmax documents)."""
+    logits = torch.zeros(3, 50257, dtype=dtype)
+    ties = [(7, 3000, 50000), (50256,), (40000, 40001)]
+    for row, columns in enumerate(ties):
+        logits[row, list(columns)] = 2.5
+    assert sample_next_token(logits, temperature=0).tolist() == [7, 50256, 40000]
 
 
 @pytest.mark.parametrize(
@@ -435,3 +447,25 @@ def test_compiled_steps_give_each_row_its_greedy_tokens_from_one_graph():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == 1
     for prompt, request in zip(prompts, requests):
         assert request.output == reference_greedy(reference, prompt, 30)
+
+
+def test_compiled_steps_serve_each_model_its_own_frozen_weights():
+    """The compiled step checks one weight's identity in place of every module's guards: two models of the same
+    shapes (and a third made after the first is freed, which may reuse its memory) each get their own greedy tokens,
+    whichever ran last, and one graph per model."""
+    first, second = lively_model(seed=1), lively_model(seed=2)
+    prompt = prompts_of(5)[0]
+    expected = {1: reference_greedy(plain_copy(first), prompt, 12), 2: reference_greedy(plain_copy(second), prompt, 12)}
+    assert expected[1] != expected[2]
+    graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for model, seed in ((first, 1), (second, 2), (first, 1)):
+        request = Request(prompt, 12, temperature=0)
+        list(Engine(model, compiled=True).run([request]))
+        assert request.output == expected[seed]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == 2
+    del first
+    gc.collect()
+    third = lively_model(seed=3)
+    request = Request(prompt, 12, temperature=0)
+    list(Engine(third, compiled=True).run([request]))
+    assert request.output == reference_greedy(plain_copy(third), prompt, 12)
