@@ -206,6 +206,16 @@ class GPT(nn.Module):
         Returns (logits, loss): with targets, logits for every position (B, T, V) and the mean cross-entropy;
         without, logits for the last position only (B, 1, V) and None.
         """
+        x = self.hidden_states(idx, cache)
+        if targets is None:
+            return self.lm_head(x[:, [-1], :]), None  # only the next token's logits are needed
+        logits = self.lm_head(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    def hidden_states(self, idx: torch.Tensor, cache: Any = None) -> torch.Tensor:
+        """The last layer's normalized output (B, T, n_embd) for idx (B, T): what the head turns into logits. Alone,
+        it fills a KV cache with a prompt without paying for the head (the largest product) on a token no one reads."""
         B, T = idx.shape
         if cache is None:
             if idx.shape[1] > self.config.block_size:
@@ -225,12 +235,7 @@ class GPT(nn.Module):
         x = self.transformer.drop(x)
         for layer, block in enumerate(self.transformer.h):
             x = block(x, rotary, cache, layer)
-        x = self.transformer.ln_f(x)
-        if targets is None:
-            return self.lm_head(x[:, [-1], :]), None  # only the next token's logits are needed
-        logits = self.lm_head(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        return self.transformer.ln_f(x)
 
     def crop_block_size(self, block_size: int) -> None:
         """Shrink the context to block_size (e.g. to fine-tune GPT-2 on shorter windows)."""

@@ -334,11 +334,11 @@ class Engine:
 
     def _fill(self, row: int, *contexts: list[int]) -> None:
         """Make cache rows row, row + 1, ... hold contexts[i][:-1] (equally long), computed in one pass of their own;
-        the next step feeds each context's last token."""
+        the next step feeds each context's last token (so the pass needs no logits: the head is skipped)."""
         self.cache.lengths[row : row + len(contexts)] = [0] * len(contexts)
         if len(contexts[0]) > 1:
             idx = torch.tensor([context[:-1] for context in contexts], device=self.device)
-            self.model(idx, cache=self.cache.rows(row, row + len(contexts)))
+            self.model.hidden_states(idx, cache=self.cache.rows(row, row + len(contexts)))
 
     def _sample(self, logits: torch.Tensor) -> list[int]:
         """One token per active row; rows with the same settings and generator are sampled in one call."""

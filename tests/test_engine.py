@@ -240,6 +240,20 @@ def test_different_length_batch_gives_each_row_its_alone_greedy_tokens(attention
     assert not engine.active and engine.free_slots == 3
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_head_runs_once_per_made_token(fast):
+    """Filling the cache with a prompt (and refilling it when the window slides) computes no logits: the head
+    turns exactly one position into logits per token made, and the tokens are still the plain model's."""
+    model, prompt = lively_model(), prompts_of(10)[0]
+    engine = Engine(model, slots=1, cpu_fast_path=fast)
+    head_rows = []
+    model.lm_head.register_forward_hook(lambda module, inputs, output: head_rows.append(inputs[0].shape[:2].numel()))
+    request = Request(prompt, 12, temperature=0)  # 10 + 12 tokens pass block_size 16: the window slides once
+    list(engine.run([request]))
+    assert request.output == reference_greedy(plain_copy(model), prompt, 12)
+    assert head_rows == [1] * 12
+
+
 def test_seeded_requests_draw_the_same_tokens_alone_and_batched():
     model = lively_model(seed=1)
     prompts = prompts_of(2, 11, 6)
