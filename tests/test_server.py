@@ -137,7 +137,8 @@ def test_add_many_prefills_equal_prompts_together_with_the_same_tokens():
     engine = Engine(model, slots=4)
     requests = [Request(prompt, 12, temperature=0) for prompt in prompts]
     passes = []
-    handle = model.register_forward_pre_hook(lambda module, args: passes.append(args[0].shape))
+    # every pass over tokens, with logits or without (a prompt fill), starts at the token embedding
+    handle = model.transformer.wte.register_forward_pre_hook(lambda module, args: passes.append(args[0].shape))
     try:
         engine.add_many(requests)
     finally:
