@@ -13,8 +13,9 @@
 - generate_stream: what GPT.generate and GPT.generate_stream delegate to.
 
 The model is duck-typed, never imported: `model(idx, cache=cache)` returns (logits (B, 1, V), _) for the last
-position, `model.config` has block_size and n_layer, and its forward calls `cache.extend(B, T, device)` once for
-the positions of the T new tokens and `cache.update(layer, k, v)` in every layer. On the CPU in float32 the
+position, `model.hidden_states(idx, cache=cache)` does the same pass without the head (to fill a prompt into the
+cache), `model.config` has block_size and n_layer, and both calls run `cache.extend(B, T, device)` once for the
+positions of the T new tokens and `cache.update(layer, k, v)` in every layer. On the CPU in float32 the
 engine first applies gptkit.cpu_decoding's fast path to the model (in place, once).
 """
 
