@@ -42,10 +42,13 @@ def model_identity_guards(entries: Sequence[Any]) -> list[bool]:
     """
     keep, identity_kept = [], False
     for entry in entries:
-        on_module = entry.orig_guard.source.is_unspecialized_nn_module()
-        identity = entry.guard_type == "ID_MATCH" and isinstance(entry.value, torch.Tensor) and not identity_kept
-        keep.append(not on_module or identity or entry.guard_type == "TENSOR_MATCH")
-        identity_kept |= on_module and identity
+        if not entry.orig_guard.source.is_unspecialized_nn_module() or entry.guard_type == "TENSOR_MATCH":
+            keep.append(True)
+        elif entry.guard_type == "ID_MATCH" and isinstance(entry.value, torch.Tensor) and not identity_kept:
+            keep.append(True)  # the first weight's identity stands for the model's
+            identity_kept = True
+        else:
+            keep.append(False)
     return keep
 
 
