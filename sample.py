@@ -15,9 +15,10 @@ from pathlib import Path
 import torch
 
 from gptkit.devices import autocast, resolve_device, resolve_dtype
-from gptkit.engine import Engine, Request, sampling_problem
+from gptkit.engine import Engine, Request
 from gptkit.errors import UserError, run_cli
 from gptkit.loading import ModelSource, load_for_inference
+from gptkit.sampling import sampling_problem
 from gptkit.settings import parse_settings, setting, setting_list
 from gptkit.textstream import TextStream
 from gptkit.tokenizer import Tokenizer

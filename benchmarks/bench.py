@@ -31,10 +31,11 @@ import torch
 from gptkit.compiled_decoding import CPU_COMPILE_OPTIONS
 from gptkit.cpu_decoding import onednn_linear_available, use_decoding_layout
 from gptkit.devices import resolve_device
-from gptkit.engine import generate_stream, sample_next_token
+from gptkit.engine import generate_stream
 from gptkit.errors import UserError, run_cli
 from gptkit.fileio import atomic_write_json
 from gptkit.quantization import quantize_int8, replace_linears
+from gptkit.sampling import sample_next_token
 from gptkit.settings import parse_settings, setting, setting_list
 from model import GPT, GPTConfig
 
@@ -51,9 +52,8 @@ def cpu_name() -> str:
 def machine_description() -> dict:
     """Where a figure was measured: CPU/GPU, core count, torch version, date."""
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu_name()
-    return {"device": device, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%d")}  # fmt: skip
+    return {"device": device, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch":
+            torch.__version__, "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}  # fmt: skip
 
 
 def print_table(rows: list[dict], columns: list[str]) -> None:

@@ -7,6 +7,13 @@ inductor with freezing and max-autotune replaces the products with its own matri
 weights, fuses the small ops, and (cpp_wrapper) calls it all from C++. `python benchmarks/bench.py sample
 --paths=compiled` measures it against the memory bound; docs/benchmarks.md has the figures.
 
+The graph also chooses each row's token (gptkit.sampling.sample_next_token, on logits that the head has just left
+in the caches): run eagerly after the graph, sampling's ~10 small ops each paid a dispatch and a cold cache. A
+sampled step takes the uniform numbers of its draw as an input, drawn by the caller from each request's generator,
+so its tokens are the eager path's. Greedy and sampled steps are different graphs, and so are top-k and a whole
+vocabulary; the temperature is an input (a new one compiles nothing), a new top_k compiles again. top-p stays eager
+(its nucleus search branches on the data): the step returns the logits too.
+
 How the step stays one graph for every length: it takes only tensors (the new tokens (B, 1), each row's position
 (B,), a mask (B, 1, 1, S) over the positions it attends to, and the cache's whole key and value storage), and S is
 a dynamic size, rounded up to a multiple of LENGTH_MULTIPLE. StepCache is the KV cache the model's forward sees
@@ -28,6 +35,8 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+
+from gptkit.sampling import sample_next_token
 
 LENGTH_MULTIPLE = 16  # attended span rounded up to this: padded positions are masked, and S is never 0 or 1
 
@@ -90,10 +99,12 @@ class StepCache:
         return keys[:batch, :, :span], values[:batch, :, :span], self.mask
 
 
-def _step(model: nn.Module, idx: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, keys: list,
-          values: list) -> torch.Tensor:  # fmt: skip
+def _step(
+    model: nn.Module, idx: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, keys: list, values: list,
+    temperature: float, top_k: int | None, uniform: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     logits, _ = model(idx, cache=StepCache(keys, values, positions, mask))
-    return logits
+    return logits, sample_next_token(logits[:, -1], temperature, top_k, uniform=uniform)
 
 
 @functools.cache
@@ -110,11 +121,15 @@ def attended_span(lengths: Sequence[int], capacity: int) -> int:
 
 def decode_step(
     model: nn.Module, idx: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
-    lengths: Sequence[int], capacity: int,
-) -> torch.Tensor:  # fmt: skip
-    """Logits (B, 1, V) for idx (B, 1): row r's token goes at position lengths[r] of rows 0..B-1 of the cache
-    storage keys[layer], values[layer] ((rows, n_head, positions, head_dim) each, positions > capacity so that
-    a span is never all of it: see gptkit.engine.KVCache.allocate), written in place there."""
+    lengths: Sequence[int], capacity: int, temperature: float = 0.0, top_k: int | None = None,
+    uniform: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Logits (B, 1, V) for idx (B, 1), and each row's next token (B,): greedy at temperature 0, else sampled with
+    `uniform` (B, 1), numbers in [0, 1) (see gptkit.sampling.draw). Row r's token goes at position lengths[r] of rows
+    0..B-1 of the cache storage keys[layer], values[layer] ((rows, n_head, positions, head_dim) each, positions >
+    capacity so that a span is never all of it: see gptkit.engine.KVCache.allocate), written in place there."""
+    if temperature != 0 and uniform is None:
+        raise ValueError("a sampled step needs its uniform numbers: the graph must not draw from its own generator")
     positions = torch.tensor(lengths, device=idx.device)
     span = torch.arange(attended_span(lengths, capacity), device=idx.device)
     mask = (span <= positions[:, None])[:, None, None, :]  # (B, 1, 1, S): a row sees its own tokens only
@@ -122,4 +137,5 @@ def decode_step(
     # Freezing must be on while dynamo traces, not only in inductor (compile options reach inductor alone), for the
     # weights to become constants; patched per call so that no other compile in the process is frozen.
     with torch._inductor.config.patch(freezing=True):
-        return compiled_step(idx.device.type)(model, idx, positions, mask, list(keys), list(values))
+        return compiled_step(idx.device.type)(model, idx, positions, mask, list(keys), list(values), temperature,
+                                              top_k, uniform)  # fmt: skip

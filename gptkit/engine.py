@@ -1,8 +1,7 @@
-"""Generation: a KV cache with one row per request, sampling, and a step-based engine that batches requests.
+"""Generation: a KV cache with one row per request, and a step-based engine that batches requests.
 
 - KVCache: keys and values of every layer for a fixed number of rows ("slots"), each row with its own length.
   A row's tokens sit at positions 0..length-1 (right padding); a forward pass reads and writes a range of rows.
-- sample_next_token: greedy, temperature, top-k and top-p sampling.
 - Request: one prompt with its own sampling settings, stop tokens, token budget and random generator (seed).
 - Engine: runs requests one token per step. A new request is prefilled into a free row (on its own, or in one
   pass with the equally long prompts add_many adds with it); each step
@@ -22,16 +21,15 @@ engine first applies gptkit.cpu_decoding's fast path to the model (in place, onc
 from __future__ import annotations
 
 import copy
-import math
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
-from torch.nn import functional as F
 
 from gptkit import compiled_decoding, cpu_decoding
+from gptkit.sampling import sample_next_token, sampling_problem
 
 
 class KVCache:
@@ -117,73 +115,6 @@ class KVCache:
                 keys[target, :, :length] = keys[source, :, :length]
                 values[target, :, :length] = values[source, :, :length]
         self.lengths[target] = length
-
-
-# Column counts tried, smallest first, for the most likely tokens that hold a top-p nucleus: a partial top-k is much
-# cheaper than sorting a whole vocabulary, and with a trained model the nucleus is usually small.
-NUCLEUS_PREFIXES = (256, 4096)
-
-
-def sample_next_token(
-    logits: torch.Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Pick one token per row from logits (B, V): greedy at temperature 0, else sampled after top-k/top-p."""
-    if temperature == 0:  # max, not argmax: the same first largest column, and in bfloat16 argmax is ~4x slower
-        return logits.max(dim=-1).indices
-    logits = logits.float() if temperature == 1.0 else logits.float() / temperature
-    candidates = None  # the token id of each column, once logits are narrowed and sorted
-    if top_k is not None and top_k < logits.size(-1):
-        logits, candidates = torch.topk(logits, top_k, dim=-1)  # then sample among k columns, not all V
-    if top_p is not None and top_p < 1.0:
-        probs = logits.softmax(dim=-1)  # of all tokens, or of the top k (top-p then applies to those, renormalized)
-        if candidates is None:
-            probs, candidates = most_likely_holding(probs, top_p)
-            logits = logits.gather(-1, candidates)
-        logits = logits.masked_fill(probs.cumsum(dim=-1) - probs >= top_p, float("-inf"))  # mass before >= p
-    choice = draw(F.softmax(logits, dim=-1), generator)
-    return (choice if candidates is None else candidates.gather(-1, choice)).squeeze(-1)
-
-
-def most_likely_holding(probs: torch.Tensor, mass: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The largest probabilities of each row of probs (B, V), sorted descending, with their columns: enough of them
-    that every row's add up to `mass` (so no token after them is in that row's nucleus), else all of them."""
-    largest = probs.amax(dim=-1)
-    for size in NUCLEUS_PREFIXES:
-        if size >= probs.size(-1):
-            break
-        if bool((largest * size < mass).any()):  # some row's `size` largest cannot add up to the mass: skip the top-k
-            continue
-        top, columns = torch.topk(probs, size, dim=-1)
-        if bool((top.sum(dim=-1) >= mass).all()):
-            return top, columns
-    return torch.sort(probs, descending=True, dim=-1)
-
-
-def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One column per row of probs (B, N) (not necessarily normalized), with probability proportional to its
-    entry: (B, 1). Inverse transform sampling, one uniform number a row: torch.multinomial draws a random number
-    for every entry, which over a whole vocabulary costs several times the rest of sampling (docs/benchmarks.md)."""
-    cdf = probs.cumsum(dim=-1)
-    total = cdf[:, -1:].contiguous()  # searchsorted wants contiguous values
-    uniform = torch.rand(total.shape, generator=generator, device=probs.device, dtype=cdf.dtype) * total
-    column = torch.searchsorted(cdf, uniform, right=True)  # the first column whose cdf exceeds the draw
-    # A draw that rounds up to the total would land past the end: it takes the last column with a positive entry.
-    return torch.minimum(column, torch.searchsorted(cdf, total))
-
-
-def sampling_problem(temperature: float, top_k: int | None, top_p: float | None) -> str | None:
-    """What is wrong with these sampling settings (None: nothing); the one place their rules live."""
-    if not 0 <= temperature < math.inf:
-        return f"temperature must be a finite number >= 0, got {temperature}"
-    if top_k is not None and top_k <= 0:
-        return f"top_k must be a positive integer or None, got {top_k}"
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        return f"top_p must be in (0, 1], got {top_p}"
-    return None
 
 
 @dataclass(eq=False)
@@ -298,7 +229,7 @@ class Engine:
             if self.cache.lengths[row] == self.block_size:  # window full: slide, as this request would alone
                 self._fill(row, (request.prompt + request.output)[-self.keep :])
         idx = torch.tensor([[request.last_token()] for request in self.active], device=self.device)
-        tokens = self._sample(self._decode(idx)[:, -1])
+        tokens = self._compiled_tokens(idx) if self.compiled else self._sample(self._eager_logits(idx))
         made = list(zip(self.active, tokens))
         for request, token in made:
             request.output.append(token)
@@ -319,19 +250,41 @@ class Engine:
                 return
             yield self.step()
 
-    def _decode(self, idx: torch.Tensor) -> torch.Tensor:
-        """Logits (B, 1, V) for the latest token idx (B, 1) of every active row, eager or compiled."""
-        if not self.compiled:
-            return self.model(idx, cache=self.cache.rows(0, len(self.active)))[0]
+    def _eager_logits(self, idx: torch.Tensor) -> torch.Tensor:
+        """Logits (B, V) for the latest token idx (B, 1) of every active row."""
+        return self.model(idx, cache=self.cache.rows(0, len(self.active)))[0][:, -1]
+
+    def _compiled_tokens(self, idx: torch.Tensor) -> list[int]:
+        """The next token of every active row through one compiled step, which also chooses the tokens when all rows
+        share settings that it can sample with (no top-p); otherwise its logits are sampled eagerly."""
+        settings = {(0.0, None, None) if r.temperature == 0 else (r.temperature, r.top_k, r.top_p) for r in self.active}
+        temperature, top_k, top_p = settings.pop() if len(settings) == 1 else (0.0, None, 1.0)
+        in_graph = top_p is None or top_p >= 1.0  # sample_next_token, too, skips top-p at 1
+        uniform = self._uniform_numbers() if in_graph and temperature != 0 else None
         config, weight = self.model.config, next(self.model.parameters())
         autocast = torch.is_autocast_enabled(self.device.type)
         dtype = torch.get_autocast_dtype(self.device.type) if autocast else weight.dtype  # what keys come out as
         self.cache.allocate(config.n_head, config.n_embd // config.n_head, dtype, self.device)
         lengths = self.cache.lengths[: len(self.active)]
-        logits = compiled_decoding.decode_step(self.model, idx, self.cache.keys, self.cache.values, lengths,
-                                               self.cache.capacity)  # fmt: skip
+        logits, tokens = compiled_decoding.decode_step(
+            self.model, idx, self.cache.keys, self.cache.values, lengths, self.cache.capacity,
+            temperature if in_graph else 0.0, top_k, uniform,
+        )  # fmt: skip
         self.cache.lengths[: len(self.active)] = [length + 1 for length in lengths]
-        return logits
+        return tokens.tolist() if in_graph else self._sample(logits[:, -1])
+
+    def _uniform_numbers(self) -> torch.Tensor:
+        """(B, 1) numbers in [0, 1) for a sampled step, drawn as _sample would draw them: one call per generator,
+        over its rows in order, so a seeded request makes the same tokens compiled or eager."""
+        rows_of: dict[int, tuple[torch.Generator | None, list[int]]] = {}
+        for row, request in enumerate(self.active):
+            rows_of.setdefault(id(request.generator), (request.generator, []))[1].append(row)
+        if len(rows_of) == 1:
+            return torch.rand((len(self.active), 1), generator=self.active[0].generator, device=self.device)
+        uniform = torch.empty((len(self.active), 1), device=self.device)
+        for generator, rows in rows_of.values():
+            uniform[rows] = torch.rand((len(rows), 1), generator=generator, device=self.device)
+        return uniform
 
     def _fill(self, row: int, *contexts: list[int]) -> None:
         """Make cache rows row, row + 1, ... hold contexts[i][:-1] (equally long), computed in one pass of their own;

@@ -35,7 +35,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gptkit import engine
+from gptkit import engine, sampling
 from gptkit import openai_api as api
 from gptkit.batcher import Batcher, Job, ServerBusyError
 from gptkit.errors import UserError
@@ -239,7 +239,7 @@ class Service:
                                 f"{cfg.max_n}", "n")  # fmt: skip
         temperature = 1.0 if body.temperature is None else body.temperature
         top_p = None if body.top_p in (None, 1.0) else body.top_p
-        problem = engine.sampling_problem(temperature, body.top_k, top_p)
+        problem = sampling.sampling_problem(temperature, body.top_k, top_p)
         if problem:
             raise APIError(400, problem, problem.split()[0])
         stops, eot = body.stops(), self.tokenizer.eot_token

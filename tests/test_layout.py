@@ -19,7 +19,7 @@ LAYERS: list[set[str]] = [
     {"gptkit.fileio", "gptkit.progress", "gptkit.signals", "gptkit.bpe"},
     {"gptkit.settings", "gptkit.devices", "gptkit.download", "gptkit.tokenizer", "gptkit.muon"},
     {"gptkit.data", "gptkit.hf_gpt2", "gptkit.distributed", "gptkit.checkpoint", "gptkit.rundir", "gptkit.averaging"},
-    {"gptkit.textstream"},
+    {"gptkit.textstream", "gptkit.sampling"},
     {
         "gptkit.prepare",
         "gptkit.prepare.settings",

@@ -72,8 +72,8 @@ def compiled_step_logits(model: GPT, prompt: list[int]) -> torch.Tensor:
     gptkit.engine.Engine runs it (under the caller's inference_mode and autocast)."""
     cache = KVCache(model.config.n_layer, model.config.block_size)
     model(torch.tensor([prompt[:-1]]), cache=cache)
-    step = decode_step(model, torch.tensor([prompt[-1:]]), cache.keys, cache.values, cache.lengths, cache.capacity)
-    return step[0, -1]
+    logits, _ = decode_step(model, torch.tensor([prompt[-1:]]), cache.keys, cache.values, cache.lengths, cache.capacity)
+    return logits[0, -1]
 
 
 def assert_same_logits(got: torch.Tensor, expected: torch.Tensor) -> None:
