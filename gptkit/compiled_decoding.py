@@ -11,8 +11,10 @@ The graph also chooses each row's token (gptkit.sampling.sample_next_token, on l
 in the caches): run eagerly after the graph, sampling's ~10 small ops each paid a dispatch and a cold cache. A
 sampled step takes the uniform numbers of its draw as an input, drawn by the caller from each request's generator,
 so its tokens are the eager path's. Greedy and sampled steps are different graphs, and so are top-k and a whole
-vocabulary; the temperature is an input (a new one compiles nothing), a new top_k compiles again. top-p stays eager
-(its nucleus search branches on the data): the step returns the logits too.
+vocabulary; the temperature is a tensor input (a new one compiles nothing, whatever the process compiled before: as a
+Python float, dynamo specialized it at sampling's `temperature == 1.0` test and compiled again for a new value once
+an earlier graph had done so), a new top_k compiles again. top-p stays eager (its nucleus search branches on the
+data): the step returns the logits too.
 
 How the step stays one graph for every length: it takes only tensors (the new tokens (B, 1), each row's position
 (B,), a mask (B, 1, 1, S) over the positions it attends to, and the cache's whole key and value storage), and S is
@@ -101,10 +103,14 @@ class StepCache:
 
 def _step(
     model: nn.Module, idx: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, keys: list, values: list,
-    temperature: float, top_k: int | None, uniform: torch.Tensor | None,
+    temperature: torch.Tensor | None, top_k: int | None, uniform: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """temperature: None for a greedy step, else a 0-d float32 tensor (sampled with `uniform`)."""
     logits, _ = model(idx, cache=StepCache(keys, values, positions, mask))
-    return logits, sample_next_token(logits[:, -1], temperature, top_k, uniform=uniform)
+    if temperature is None:
+        return logits, sample_next_token(logits[:, -1], 0.0)
+    scaled = logits[:, -1].float() / temperature  # what sample_next_token does with a float temperature
+    return logits, sample_next_token(scaled, 1.0, top_k, uniform=uniform)
 
 
 @functools.cache
@@ -131,11 +137,12 @@ def decode_step(
     if temperature != 0 and uniform is None:
         raise ValueError("a sampled step needs its uniform numbers: the graph must not draw from its own generator")
     positions = torch.tensor(lengths, device=idx.device)
+    sampled = torch.tensor(temperature, dtype=torch.float32, device=idx.device) if temperature != 0 else None
     span = torch.arange(attended_span(lengths, capacity), device=idx.device)
     mask = (span <= positions[:, None])[:, None, None, :]  # (B, 1, 1, S): a row sees its own tokens only
     torch._dynamo.maybe_mark_dynamic(mask, 3)  # its size is the span: one graph serves every span
     # Freezing must be on while dynamo traces, not only in inductor (compile options reach inductor alone), for the
     # weights to become constants; patched per call so that no other compile in the process is frozen.
     with torch._inductor.config.patch(freezing=True):
-        return compiled_step(idx.device.type)(model, idx, positions, mask, list(keys), list(values), temperature,
-                                              top_k, uniform)  # fmt: skip
+        return compiled_step(idx.device.type)(model, idx, positions, mask, list(keys), list(values), sampled,
+                                              top_k, uniform if sampled is not None else None)  # fmt: skip
