@@ -139,25 +139,33 @@ def run_sample_path(path: str, models: dict, prompt: torch.Tensor, top_k: int, n
             models[path].generate(prompt, new_tokens, top_k=top_k, generator=generator)
 
 
+TimedRuns = dict[str, list[tuple[float, float | None]]]  # path: [(seconds, read speed around the run or None)]
+
+
 def time_paths(runs: dict[str, tuple[Callable[[int], None], int, int]],
-               read_speed: Callable[[], float] | None = None) -> tuple[dict[str, float], list[float]]:  # fmt: skip
-    """Median seconds of each path's fn(new_tokens), for runs {path: (fn, new_tokens, repeats)}, and read_speed()
-    of every round. Each fn first runs on a few tokens (allocator, kernels, imports, the CPU fast path). Repeats go
-    round-robin over the paths, and the read speed (it drifts by a fifth within minutes on a shared machine) is
-    measured each round, so load from other work slows everything alike instead of whatever ran during it."""
+               read_speed: Callable[[], float] | None = None) -> TimedRuns:  # fmt: skip
+    """Each path's timed runs, for runs {path: (fn, new_tokens, repeats)}: (seconds of fn(new_tokens), the read speed
+    around that run, or None without read_speed). Each fn first runs on a few tokens (allocator, kernels, imports, the
+    CPU fast path). Repeats go round-robin over the paths, so load from other work slows every path alike.
+
+    The read speed is measured before a round's first run and after every run, and a run gets the mean of the measures
+    just before and just after it: on a shared machine the read speed can jump between two levels within minutes
+    (docs/benchmarks.md), so a run set against the median of a whole benchmark's speeds may meet another moment's.
+    """
     for fn, _, _ in runs.values():
         fn(8)
-    times: dict[str, list[float]] = {path: [] for path in runs}
-    speeds = []
+    timed: TimedRuns = {path: [] for path in runs}
     for round_ in range(max(repeats for _, _, repeats in runs.values())):
-        if read_speed is not None:
-            speeds.append(read_speed())
+        before = read_speed() if read_speed is not None else None
         for path, (fn, new_tokens, repeats) in runs.items():
             if round_ < repeats:
                 start = time.perf_counter()
                 fn(new_tokens)
-                times[path].append(time.perf_counter() - start)
-    return {path: statistics.median(seconds) for path, seconds in times.items()}, speeds
+                seconds = time.perf_counter() - start
+                after = read_speed() if read_speed is not None else None
+                timed[path].append((seconds, (before + after) / 2 if before and after else None))
+                before = after
+    return timed
 
 
 class SkippedProduct(torch.nn.Module):
@@ -216,19 +224,23 @@ def read_bandwidth(device: torch.device, megabytes: int, repeats: int = 5) -> fl
     return buffer.numel() * 4 / best
 
 
-def add_memory_bound(rows: list[dict], models: dict, bandwidth: float) -> None:
+def add_memory_bound(rows: list[dict], models: dict) -> None:
     """At batch 1 a decoding step reads every weight once: bound = read speed / weight bytes of the path.
 
+    Each run of a row is set against the read speed measured around it (see time_paths): of_bound is the median of
+    the runs' fractions of their own bound; bound_tokens_per_s is the bound at the median of those read speeds.
     With a no_products row in the run, each row also gets the time its matrix products take (its time per token
     less no_products') and the speed they stream the weights at in the step: where the rest of the step goes.
     """
     weights = models["plain"].get_num_params(non_embedding=True)  # the blocks and the head; lookups read a row
     rest = next((1 / r["tokens_per_s"] for r in rows if r["path"] == "no_products" and r["batch"] == 1), None)
     for row in rows:
-        if row["batch"] == 1 and row["path"] not in ("uncached", "no_products"):
+        if row["batch"] == 1 and row["path"] not in ("uncached", "no_products") and row.get("read_gb_s"):
             weight_bytes = weights * WEIGHT_BYTES.get(row["path"], 4)
-            bound = bandwidth / weight_bytes
-            row["bound_tokens_per_s"], row["of_bound"] = round(bound, 1), round(row["tokens_per_s"] / bound, 3)
+            fractions = [row["new_tokens"] / run["seconds"] / (run["read_gb_s"] * 1e9 / weight_bytes)
+                         for run in row["runs"]]  # fmt: skip
+            row["bound_tokens_per_s"] = round(row["read_gb_s"] * 1e9 / weight_bytes, 1)
+            row["of_bound"] = round(statistics.median(fractions), 3)
             # no_products is the eager step: its rest says nothing of the compiled step, which fuses that work
             products = 1 / row["tokens_per_s"] - rest if rest is not None and row["path"] not in COMPILED_PATHS else 0
             if products > 0:
@@ -244,7 +256,7 @@ def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict
     device = resolve_device(cfg.device)
     config = config or GPTConfig(vocab_size=50257)  # GPT-2 124M shape, random weights
     models = sample_models(config, cfg.paths, device)
-    rows, bandwidth = [], None
+    rows = []
     for batch in cfg.batch_sizes:
         prompt = torch.randint(0, config.vocab_size, (batch, cfg.prompt_tokens), device=device)
         runs = {path: (partial(run_sample_path, path, models, prompt, cfg.top_k),
@@ -252,25 +264,33 @@ def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict
                        cfg.uncached_repeats if path == "uncached" else cfg.repeats) for path in cfg.paths}  # fmt: skip
         # the bound is for batch 1 only (see add_memory_bound): no read to measure without it
         measure = partial(read_bandwidth, device, cfg.bandwidth_mb) if batch == 1 and cfg.bandwidth_mb else None
-        seconds_by_path, speeds = time_paths(runs, measure)
-        if speeds:
-            bandwidth = statistics.median(speeds)
-            print(f"memory read speed: {bandwidth / 1e9:.3f} GB/s (median of {len(speeds)} rounds' best of 5 sums of "
-                  f"{cfg.bandwidth_mb} MB; {min(speeds) / 1e9:.1f}-{max(speeds) / 1e9:.1f})")  # fmt: skip
-        for path, seconds in seconds_by_path.items():
-            new_tokens = runs[path][1]
-            rows.append({"path": path, "batch": batch, "new_tokens": new_tokens, "seconds": round(seconds, 3),
-                         "tokens_per_s": round(batch * new_tokens / seconds, 1)})  # fmt: skip
+        for path, timed in time_paths(runs, measure).items():
+            new_tokens, seconds = runs[path][1], statistics.median(run[0] for run in timed)
+            row = {"path": path, "batch": batch, "new_tokens": new_tokens, "seconds": round(seconds, 3),
+                   "tokens_per_s": round(batch * new_tokens / seconds, 1)}  # fmt: skip
+            if measure is not None:
+                row["read_gb_s"] = round(statistics.median(run[1] for run in timed) / 1e9, 2)
+                row["runs"] = [{"seconds": round(s, 6), "read_gb_s": round(speed / 1e9, 2)} for s, speed in timed]
+            rows.append(row)
+        if measure is not None:
+            print_read_speeds(rows, cfg.bandwidth_mb)
     by_key = {(r["path"], r["batch"]): r["tokens_per_s"] for r in rows}
     for row in rows:
         for reference in ("hf", "uncached", "generate"):
             if (reference, row["batch"]) in by_key and row["path"] != reference:
                 row[f"x_{reference}"] = round(row["tokens_per_s"] / by_key[(reference, row["batch"])], 2)
-    if bandwidth:
-        add_memory_bound(rows, models, bandwidth)
+    add_memory_bound(rows, models)
     print_table(rows, ["path", "batch", "new_tokens", "seconds", "tokens_per_s", "x_hf", "x_uncached", "x_generate",
-                       "bound_tokens_per_s", "of_bound", "products_ms", "products_gb_s"])  # fmt: skip
+                       "read_gb_s", "bound_tokens_per_s", "of_bound", "products_ms", "products_gb_s"])  # fmt: skip
     return rows
+
+
+def print_read_speeds(rows: list[dict], megabytes: int) -> None:
+    """The read speed the batch-1 runs were set against: the median of all of them, and their range."""
+    speeds = [run["read_gb_s"] for row in rows if "runs" in row for run in row["runs"]]
+    print(f"memory read speed: {statistics.median(speeds):.3f} GB/s (median over the {len(speeds)} runs of the "
+          f"mean of a measure before and after each, every measure the best of 5 sums of {megabytes} MB; "
+          f"{min(speeds):.1f}-{max(speeds):.1f})")  # fmt: skip
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -105,24 +106,32 @@ def test_sample_bench_compares_every_path_in_one_run(tmp_path: Path):
 
 
 def test_sample_bench_puts_batch_one_against_the_memory_bound(capsys, monkeypatch):
-    # The read speed is measured once per round; the bound takes the median of the rounds' speeds.
-    round_speeds = iter([31e9, 17e9, 23e9])
-    monkeypatch.setattr(bench, "read_bandwidth", lambda device, megabytes: next(round_speeds))
-    settings = bench.SampleBench(batch_sizes=[1], repeats=3, new_tokens=3, bandwidth_mb=64, json_out="",
-                                 paths=["generate", "cached_bf16", "compiled_bf16", "int8", "int8_compiled",
-                                        "no_products"])  # fmt: skip
+    # The read speed is measured before each round and after every run: a run is set against the mean of the two
+    # measures around it (round r, path i: measures 7r + i and 7r + i + 1 with six paths), of_bound is the median of
+    # the runs' fractions of their own bound.
+    measures = [20e9 + 1e9 * k for k in range(21)]
+    remaining = iter(measures)
+    monkeypatch.setattr(bench, "read_bandwidth", lambda device, megabytes: next(remaining))
+    paths = ["generate", "cached_bf16", "compiled_bf16", "int8", "int8_compiled", "no_products"]
+    settings = bench.SampleBench(batch_sizes=[1], repeats=3, new_tokens=3, bandwidth_mb=64, json_out="", paths=paths)
     shape = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64, "vocab_size": 1000, "bias": True}
     rows = {row["path"]: row for row in bench.bench_sample(settings, GPTConfig(**shape))}
-    speed = 23e9
-    assert printed_read_speed(capsys.readouterr().out) == 23.0 and next(round_speeds, None) is None
+    assert next(remaining, None) is None
+    speeds = {path: [(measures[7 * r + i] + measures[7 * r + i + 1]) / 2 for r in range(3)]
+              for i, path in enumerate(paths)}  # fmt: skip
+    every_run = [speed for runs in speeds.values() for speed in runs]
+    assert printed_read_speed(capsys.readouterr().out) == pytest.approx(statistics.median(every_run) / 1e9, abs=1e-3)
     # Read per step: 2 blocks (qkv, proj, fc, proj with biases, two layer norms), the final norm, the tied head.
     block = 64 * 192 + 192 + 64 * 64 + 64 + 64 * 256 + 256 + 256 * 64 + 64 + 4 * 64
     weights = 2 * block + 2 * 64 + 1000 * 64
     weight_bytes_of = {"generate": 4, "cached_bf16": 2, "compiled_bf16": 2, "int8": 1, "int8_compiled": 1}
     for path, weight_bytes in weight_bytes_of.items():
-        bound = speed / (weights * weight_bytes)
-        assert rows[path]["bound_tokens_per_s"] == pytest.approx(bound, rel=0.01)
-        assert rows[path]["of_bound"] == pytest.approx(rows[path]["tokens_per_s"] / bound, rel=0.02, abs=6e-4)
+        assert [run["read_gb_s"] for run in rows[path]["runs"]] == pytest.approx([s / 1e9 for s in speeds[path]])
+        median_speed = sorted(speeds[path])[1]
+        assert rows[path]["bound_tokens_per_s"] == pytest.approx(median_speed / (weights * weight_bytes), rel=0.01)
+        fractions = sorted(3 / run["seconds"] / (speed / (weights * weight_bytes))
+                           for run, speed in zip(rows[path]["runs"], speeds[path]))  # fmt: skip
+        assert rows[path]["of_bound"] == pytest.approx(fractions[1], rel=0.01, abs=6e-4)
         if path in ("compiled_bf16", "int8_compiled"):  # the compiled step fuses the rest: no products' share
             assert "products_ms" not in rows[path]
             continue
