@@ -10,11 +10,11 @@ weights, fuses the small ops, and (cpp_wrapper) calls it all from C++. `python b
 The graph also chooses each row's token (gptkit.sampling.sample_next_token, on logits that the head has just left
 in the caches): run eagerly after the graph, sampling's ~10 small ops each paid a dispatch and a cold cache. A
 sampled step takes the uniform numbers of its draw as an input, drawn by the caller from each request's generator,
-so its tokens are the eager path's. Greedy and sampled steps are different graphs, and so are top-k and a whole
-vocabulary; the temperature is a tensor input (a new one compiles nothing, whatever the process compiled before: as a
-Python float, dynamo specialized it at sampling's `temperature == 1.0` test and compiled again for a new value once
-an earlier graph had done so), a new top_k compiles again. top-p stays eager (its nucleus search branches on the
-data): the step returns the logits too.
+so its tokens are the eager path's (save where logits tie at top-k's k-th place: gptkit.sampling.largest_k).
+Greedy and sampled steps are different graphs, and so are top-k and a whole vocabulary; the temperature is a tensor
+input (a new one compiles nothing, whatever the process compiled before: as a Python float, dynamo specialized it at
+sampling's `temperature == 1.0` test and compiled again for a new value once an earlier graph had done so), a new
+top_k compiles again. top-p stays eager (its nucleus search branches on the data): the step returns the logits too.
 
 How the step stays one graph for every length: it takes only tensors (the new tokens (B, 1), each row's position
 (B,), a mask (B, 1, 1, S) over the positions it attends to, and the cache's whole key and value storage), and S is

@@ -2,7 +2,8 @@
 
 A step's draw takes one uniform number a row (inverse transform sampling), from the row's generator or given by
 the caller: gptkit.compiled_decoding samples inside its compiled graph with numbers the engine draws beforehand, so
-a seeded request makes the same tokens whether its steps run eager or compiled.
+a seeded request makes the same tokens whether its steps run eager or compiled. In a compiled graph, top-k searches
+a large vocabulary by blocks (largest_k).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from torch.nn import functional as F
 # Column counts tried, smallest first, for the most likely tokens that hold a top-p nucleus: a partial top-k is much
 # cheaper than sorting a whole vocabulary, and with a trained model the nucleus is usually small.
 NUCLEUS_PREFIXES = (256, 4096)
+# Columns per block of largest_k's search inside a compiled graph (one AVX-512 vector of float32).
+TOP_K_BLOCK = 16
 
 
 def sample_next_token(
@@ -32,7 +35,7 @@ def sample_next_token(
     logits = logits.float() if temperature == 1.0 else logits.float() / temperature
     candidates = None  # the token id of each column, once logits are narrowed and sorted
     if top_k is not None and top_k < logits.size(-1):
-        logits, candidates = torch.topk(logits, top_k, dim=-1)  # then sample among k columns, not all V
+        logits, candidates = largest_k(logits, top_k)  # then sample among k columns, not all V
     if top_p is not None and top_p < 1.0:
         probs = logits.softmax(dim=-1)  # of all tokens, or of the top k (top-p then applies to those, renormalized)
         if candidates is None:
@@ -41,6 +44,26 @@ def sample_next_token(
         logits = logits.masked_fill(probs.cumsum(dim=-1) - probs >= top_p, float("-inf"))  # mass before >= p
     choice = draw(F.softmax(logits, dim=-1), generator, uniform)
     return (choice if candidates is None else candidates.gather(-1, choice)).squeeze(-1)
+
+
+def largest_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest entries of each row of logits (B, V), in descending order, and their columns: torch.topk's.
+
+    Inside a compiled graph (gptkit.compiled_decoding) over a large vocabulary, by blocks of TOP_K_BLOCK columns: the
+    k blocks with the largest maxima hold the k largest entries (an entry outside them is below k block maxima), so
+    torch.topk runs on the k block maxima's row of V / TOP_K_BLOCK and on those blocks' k * TOP_K_BLOCK entries, not
+    on all V; inductor computes the maxima in one vectorized pass. The values are torch.topk's; among entries that tie
+    at the k-th place, the columns kept may differ. Eagerly each extra op is a dispatch, and one topk is faster.
+    """
+    blocks = -(-logits.size(-1) // TOP_K_BLOCK)
+    if not torch.compiler.is_compiling() or 4 * k * TOP_K_BLOCK > logits.size(-1):
+        return torch.topk(logits, k, dim=-1)
+    padded = F.pad(logits, (0, blocks * TOP_K_BLOCK - logits.size(-1)), value=float("-inf"))
+    by_block = padded.view(logits.size(0), blocks, TOP_K_BLOCK)
+    best_blocks = torch.topk(by_block.amax(dim=-1), k, dim=-1).indices  # (B, k)
+    entries = by_block.gather(1, best_blocks[..., None].expand(-1, -1, TOP_K_BLOCK)).flatten(1)  # (B, k * BLOCK)
+    values, places = torch.topk(entries, k, dim=-1)
+    return values, best_blocks.gather(1, places // TOP_K_BLOCK) * TOP_K_BLOCK + places % TOP_K_BLOCK
 
 
 def most_likely_holding(probs: torch.Tensor, mass: float) -> tuple[torch.Tensor, torch.Tensor]:

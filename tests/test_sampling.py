@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from gptkit.sampling import draw, most_likely_holding, sample_next_token
+from gptkit.sampling import TOP_K_BLOCK, draw, largest_k, most_likely_holding, sample_next_token
 
 
 def test_sampling_controls():
@@ -122,3 +122,24 @@ def test_given_uniform_numbers_are_the_generators_own_draw():
         drawn = sample_next_token(logits, 0.8, top_k, generator=torch.Generator().manual_seed(9))
         uniform = torch.rand((6, 1), generator=torch.Generator().manual_seed(9))
         assert torch.equal(sample_next_token(logits, 0.8, top_k, uniform=uniform), drawn)
+
+
+def test_largest_k_in_a_compiled_graph_is_torch_topk():
+    """Compiled, largest_k searches by blocks of TOP_K_BLOCK columns; its values and columns are torch.topk's, for
+    vocabularies that are and are not multiples of the block, rows whose largest entries crowd into a few blocks, and
+    a vocabulary too small for blocks. Where entries tie at the k-th place only the values must agree."""
+    compiled = torch.compile(largest_k, fullgraph=True, dynamic=False)
+    generator = torch.Generator().manual_seed(4)
+    for vocab, k in ((50257, 200), (4096, 40), (1000, 100)):  # 1000: 4 * 100 * 16 columns would not pay, plain topk
+        logits = torch.randn(3, vocab, generator=generator)
+        logits[1, 32:64] += 10.0  # the row's 32 largest entries fill two blocks
+        logits[2, -5:] += 10.0  # and here the last, partial block (with 50257 columns)
+        values, columns = compiled(logits, k)
+        expected = torch.topk(logits, k, dim=-1)
+        assert torch.equal(values, expected.values) and torch.equal(columns, expected.indices)
+    tied = torch.zeros(2, 50257)
+    tied[:, 100:150] = torch.arange(50, 0, -1.0)  # 50 distinct largest, then 50207 zeros tie for the other places
+    values, columns = compiled(tied, 200)
+    assert torch.equal(values, torch.topk(tied, 200, dim=-1).values)
+    assert torch.equal(tied.gather(1, columns), values) and all(len(set(row)) == 200 for row in columns.tolist())
+    assert TOP_K_BLOCK * 4 * 200 <= 50257  # the first case above took the block search
