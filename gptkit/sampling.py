@@ -50,15 +50,16 @@ def largest_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     """The k largest entries of each row of logits (B, V), in descending order, and their columns: torch.topk's.
 
     Inside a compiled graph (gptkit.compiled_decoding) over a large vocabulary, by blocks of TOP_K_BLOCK columns: the
-    k blocks with the largest maxima hold the k largest entries (an entry outside them is below k block maxima), so
-    torch.topk runs on the k block maxima's row of V / TOP_K_BLOCK and on those blocks' k * TOP_K_BLOCK entries, not
-    on all V; inductor computes the maxima in one vectorized pass. The values are torch.topk's; among entries that tie
+    k blocks with the largest maxima hold the k largest entries (an entry outside them is no larger than any of those
+    k maxima), so torch.topk runs on the V / TOP_K_BLOCK block maxima and then on the k best blocks' entries, not on
+    all V; inductor computes the maxima in one vectorized pass. The values are torch.topk's; among entries that tie
     at the k-th place, the columns kept may differ. Eagerly each extra op is a dispatch, and one topk is faster.
     """
-    blocks = -(-logits.size(-1) // TOP_K_BLOCK)
-    if not torch.compiler.is_compiling() or 4 * k * TOP_K_BLOCK > logits.size(-1):
+    columns = logits.size(-1)
+    if not torch.compiler.is_compiling() or 4 * k * TOP_K_BLOCK > columns:  # the k blocks: a quarter of V at most
         return torch.topk(logits, k, dim=-1)
-    padded = F.pad(logits, (0, blocks * TOP_K_BLOCK - logits.size(-1)), value=float("-inf"))
+    blocks = -(-columns // TOP_K_BLOCK)
+    padded = F.pad(logits, (0, blocks * TOP_K_BLOCK - columns), value=float("-inf"))
     by_block = padded.view(logits.size(0), blocks, TOP_K_BLOCK)
     best_blocks = torch.topk(by_block.amax(dim=-1), k, dim=-1).indices  # (B, k)
     entries = by_block.gather(1, best_blocks[..., None].expand(-1, -1, TOP_K_BLOCK)).flatten(1)  # (B, k * BLOCK)
