@@ -10,11 +10,8 @@ Also bench_step.py, bench_prepare.py, bench_serve.py, bench_tokenizer.py. Result
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
-import os
-import platform
 import re
 import statistics
 import subprocess
@@ -24,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -33,49 +29,11 @@ from gptkit.cpu_decoding import onednn_linear_available, use_decoding_layout
 from gptkit.devices import resolve_device
 from gptkit.engine import generate_stream
 from gptkit.errors import UserError, run_cli
-from gptkit.fileio import atomic_write_json
 from gptkit.quantization import quantize_int8, replace_linears
 from gptkit.sampling import sample_next_token
 from gptkit.settings import parse_settings, setting, setting_list
+from measure import print_table, read_bandwidth, run_benchmark, time_paths
 from model import GPT, GPTConfig
-
-
-def cpu_name() -> str:
-    """The CPU's model name (Linux /proc/cpuinfo), else what platform knows."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "cpu"
-
-
-def machine_description() -> dict:
-    """Where a figure was measured: CPU/GPU, core count, torch version, date."""
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu_name()
-    return {"device": device, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch":
-            torch.__version__, "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}  # fmt: skip
-
-
-def print_table(rows: list[dict], columns: list[str]) -> None:
-    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
-    for row in rows:
-        print("  ".join(str(row.get(c, "")).ljust(w) for c, w in zip(columns, widths)))
-
-
-def write_results(path: str, kind: str, settings: object, rows: list[dict]) -> None:
-    if path:
-        atomic_write_json(path, {"benchmark": kind, "settings": vars(settings), "machine": machine_description(),
-                                 "results": rows})  # fmt: skip
-        print(f"wrote {path}")
-
-
-def run_benchmark(cfg: Any, function: Callable[[Any], list[dict]], kind: str) -> int:
-    """A benchmark script's work once its settings are parsed: the machine, the table, the JSON (cfg.json_out)."""
-    print(json.dumps(machine_description()))
-    write_results(cfg.json_out, kind, cfg, function(cfg))
-    return 0
-
 
 # ----------------------------------------------------------------------------------------------- sampling
 # generate: the documented call on a fresh model, `GPT(config).eval().generate(...)`, nothing else (the engine
@@ -139,35 +97,6 @@ def run_sample_path(path: str, models: dict, prompt: torch.Tensor, top_k: int, n
             models[path].generate(prompt, new_tokens, top_k=top_k, generator=generator)
 
 
-TimedRuns = dict[str, list[tuple[float, float | None]]]  # path: [(seconds, read speed around the run or None)]
-
-
-def time_paths(runs: dict[str, tuple[Callable[[int], None], int, int]],
-               read_speed: Callable[[], float] | None = None) -> TimedRuns:  # fmt: skip
-    """Each path's timed runs, for runs {path: (fn, new_tokens, repeats)}: (seconds of fn(new_tokens), the read speed
-    around that run, or None without read_speed). Each fn first runs on a few tokens (allocator, kernels, imports, the
-    CPU fast path). Repeats go round-robin over the paths, so load from other work slows every path alike.
-
-    The read speed is measured before a round's first run and after every run, and a run gets the mean of the measures
-    just before and just after it: on a shared machine the read speed can jump between two levels within minutes
-    (docs/benchmarks.md), so a run set against the median of a whole benchmark's speeds may meet another moment's.
-    """
-    for fn, _, _ in runs.values():
-        fn(8)
-    timed: TimedRuns = {path: [] for path in runs}
-    for round_ in range(max(repeats for _, _, repeats in runs.values())):
-        before = read_speed() if read_speed is not None else None
-        for path, (fn, new_tokens, repeats) in runs.items():
-            if round_ < repeats:
-                start = time.perf_counter()
-                fn(new_tokens)
-                seconds = time.perf_counter() - start
-                after = read_speed() if read_speed is not None else None
-                timed[path].append((seconds, (before + after) / 2 if before and after else None))
-                before = after
-    return timed
-
-
 class SkippedProduct(torch.nn.Module):
     """Stands in for a Linear in the no_products path: an output of the right shape, no weight read."""
 
@@ -208,20 +137,6 @@ def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> 
         models["hf"] = transformers.GPT2LMHeadModel(hf_config).eval().to(device)
         models["hf"].load_state_dict(hf_state_from(plain), strict=False)
     return models
-
-
-def read_bandwidth(device: torch.device, megabytes: int, repeats: int = 5) -> float:
-    """Bytes/s the device reads: the best of `repeats` sums over a float32 buffer far larger than the caches."""
-    buffer = torch.ones(megabytes * 2**20 // 4, device=device)
-    best = float("inf")
-    for attempt in range(repeats + 1):  # the first one warms up
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        buffer.sum().item()
-        if attempt:
-            best = min(best, time.perf_counter() - start)
-    return buffer.numel() * 4 / best
 
 
 def add_memory_bound(rows: list[dict], models: dict) -> None:

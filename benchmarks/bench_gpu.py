@@ -24,11 +24,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench import SampleBench, bench_sample, machine_description, print_table, run_train, write_results
+from bench import SampleBench, bench_sample, run_train
 from gptkit.devices import peak_flops_for_device, resolve_device
 from gptkit.errors import UserError, run_cli
 from gptkit.settings import parse_settings, setting, setting_list
 from gptkit.tokenizer import GPT2_VOCAB_SIZE, write_meta
+from measure import machine_description, print_table, write_results
 from model import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parent.parent

@@ -28,11 +28,11 @@ from pathlib import Path
 
 import torch
 
-from bench import print_table, run_benchmark
 from gptkit.checkpoint import save_checkpoint
 from gptkit.errors import UserError, run_cli
 from gptkit.settings import parse_settings, setting
 from gptkit.tokenizer import make_tokenizer
+from measure import print_table, run_benchmark
 from model import GPT, GPTConfig, config_to_dict
 
 REPO = Path(__file__).resolve().parent.parent

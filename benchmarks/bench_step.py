@@ -27,11 +27,11 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench import print_table, read_bandwidth, run_benchmark
 from gptkit.engine import generate_stream
 from gptkit.errors import UserError, run_cli
 from gptkit.quantization import quantize_int8
 from gptkit.settings import parse_settings, setting
+from measure import print_table, read_bandwidth, run_benchmark
 from model import GPT, GPTConfig
 
 WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "int8": 1}  # int8: one bfloat16 scale per row besides, not counted

@@ -33,12 +33,12 @@ from pathlib import Path
 
 import tiktoken
 
-from bench import cpu_name
 from bench_prepare import run_measured
 from gptkit import tokenizer as tok
 from gptkit.errors import UserError, run_cli
 from gptkit.fileio import atomic_write_json
 from gptkit.settings import parse_settings, setting, setting_list
+from measure import cpu_name
 
 REPO = Path(__file__).resolve().parent.parent
 STDLIB = Path(os.__file__).parent

@@ -1,0 +1,97 @@
+"""What every benchmark script shares: where it ran (the machine), how it times (the memory read speed, runs taken
+round-robin, each set against the read speed around it) and how it reports (a table, a JSON file)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptkit.fileio import atomic_write_json
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else what platform knows."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "cpu"
+
+
+def machine_description() -> dict:
+    """Where a figure was measured: CPU/GPU, core count, torch version, date."""
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu_name()
+    return {"device": device, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch":
+            torch.__version__, "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}  # fmt: skip
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    for row in rows:
+        print("  ".join(str(row.get(c, "")).ljust(w) for c, w in zip(columns, widths)))
+
+
+def write_results(path: str, kind: str, settings: object, rows: list[dict]) -> None:
+    if path:
+        atomic_write_json(path, {"benchmark": kind, "settings": vars(settings), "machine": machine_description(),
+                                 "results": rows})  # fmt: skip
+        print(f"wrote {path}")
+
+
+def run_benchmark(cfg: Any, function: Callable[[Any], list[dict]], kind: str) -> int:
+    """A benchmark script's work once its settings are parsed: the machine, the table, the JSON (cfg.json_out)."""
+    print(json.dumps(machine_description()))
+    write_results(cfg.json_out, kind, cfg, function(cfg))
+    return 0
+
+
+def read_bandwidth(device: torch.device, megabytes: int, repeats: int = 5) -> float:
+    """Bytes/s the device reads: the best of `repeats` sums over a float32 buffer far larger than the caches."""
+    buffer = torch.ones(megabytes * 2**20 // 4, device=device)
+    best = float("inf")
+    for attempt in range(repeats + 1):  # the first one warms up
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        buffer.sum().item()
+        if attempt:
+            best = min(best, time.perf_counter() - start)
+    return buffer.numel() * 4 / best
+
+
+TimedRuns = dict[str, list[tuple[float, float | None]]]  # path: [(seconds, read speed around the run or None)]
+
+
+def time_paths(runs: dict[str, tuple[Callable[[int], None], int, int]],
+               read_speed: Callable[[], float] | None = None) -> TimedRuns:  # fmt: skip
+    """Each path's timed runs, for runs {path: (fn, new_tokens, repeats)}: (seconds of fn(new_tokens), the read speed
+    around that run, or None without read_speed). Each fn first runs on a few tokens (allocator, kernels, imports, the
+    CPU fast path). Repeats go round-robin over the paths, so load from other work slows every path alike.
+
+    The read speed is measured before a round's first run and after every run, and a run gets the mean of the measures
+    just before and just after it: on a shared machine the read speed can jump between two levels within minutes
+    (docs/benchmarks.md), so a run set against the median of a whole benchmark's speeds may meet another moment's.
+    """
+    for fn, _, _ in runs.values():
+        fn(8)
+    timed: TimedRuns = {path: [] for path in runs}
+    for round_ in range(max(repeats for _, _, repeats in runs.values())):
+        before = read_speed() if read_speed is not None else None
+        for path, (fn, new_tokens, repeats) in runs.items():
+            if round_ < repeats:
+                start = time.perf_counter()
+                fn(new_tokens)
+                seconds = time.perf_counter() - start
+                after = read_speed() if read_speed is not None else None
+                timed[path].append((seconds, (before + after) / 2 if before and after else None))
+                before = after
+    return timed
