@@ -42,11 +42,15 @@ from model import GPT, GPTConfig
 # compiled, compiled_bf16, int8_compiled: the compiled step (float32, bfloat16, int8); uncached: nanoGPT's loop;
 # no_products: the generate path with every matrix product skipped (each Linear returns zeros of its output's
 # shape without reading its weight): a token's time in it is what the rest of a step costs (attention, norms...).
+# weights_read, weights_read_bf16: no decoding; per token, one plain sum over every weight a step reads (float32,
+# bfloat16): the speed these tensors stream at, the ceiling of a decoding path's of_bound at that moment (the bound's
+# read speed comes from one sum over a single buffer of bandwidth_mb, which can read faster: docs/benchmarks.md).
 SAMPLE_PATHS = ("generate", "cached", "cached_plain", "cached_bf16", "compiled", "compiled_bf16", "int8",
-                "int8_compiled", "no_products", "uncached", "hf")  # fmt: skip
+                "int8_compiled", "no_products", "weights_read", "weights_read_bf16", "uncached", "hf")  # fmt: skip
 # Bytes per weight a path reads in one decoding step (float32 elsewhere): the memory-speed bound's numerator.
-WEIGHT_BYTES = {"cached_bf16": 2, "compiled_bf16": 2, "int8": 1, "int8_compiled": 1}
+WEIGHT_BYTES = {"cached_bf16": 2, "compiled_bf16": 2, "int8": 1, "int8_compiled": 1, "weights_read_bf16": 2}
 COMPILED_PATHS = ("compiled", "compiled_bf16", "int8_compiled")
+READ_PATHS = ("weights_read", "weights_read_bf16")
 
 
 @dataclass
@@ -60,7 +64,8 @@ class SampleBench:
     paths: list[str] = setting_list(
         list(SAMPLE_PATHS),
         f"which generators: {', '.join(SAMPLE_PATHS)} (generate: the documented model.generate call alone; "
-        "cached_plain: KV cache without the CPU fast path; compiled: float32, the compiled decoding step)",
+        "cached_plain: KV cache without the CPU fast path; compiled: float32, the compiled decoding step; "
+        "weights_read: no decoding, a plain sum over the step's weights, the ceiling of of_bound)",
     )
     bandwidth_mb: int = setting(1024, "megabytes read to measure the memory read speed (0 = skip the bound)")
     uncached_new_tokens: int = setting(256, "tokens for the slow uncached path (fewer make it look faster)")
@@ -90,11 +95,27 @@ def run_sample_path(path: str, models: dict, prompt: torch.Tensor, top_k: int, n
         elif path in COMPILED_PATHS:
             for _ in generate_stream(models[path], prompt, new_tokens, top_k=top_k, generator=generator, compiled=True):
                 pass
+        elif path in READ_PATHS:
+            read_every_weight(step_weights(models[path]), new_tokens)
         elif path == "hf":
             models["hf"].generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, top_k=top_k,
                                   max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)  # fmt: skip
         else:
             models[path].generate(prompt, new_tokens, top_k=top_k, generator=generator)
+
+
+def step_weights(model: GPT) -> list[torch.Tensor]:
+    """The tensors a decoding step reads whole: every parameter but a learned position table (a step reads one row
+    of it), as GPT.get_num_params(non_embedding=True) counts them; the tied head once."""
+    position_table = model.transformer.wpe.weight if model.config.pos_encoding == "learned" else None
+    return [p for p in model.parameters() if p is not position_table]
+
+
+def read_every_weight(weights: list[torch.Tensor], passes: int) -> None:
+    """`passes` times, one sum over each of `weights`: a step's weight reads with nothing else."""
+    for _ in range(passes):
+        for weight in weights:
+            torch.sum(weight)
 
 
 class SkippedProduct(torch.nn.Module):
@@ -119,7 +140,8 @@ def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> 
     plain = GPT(config).eval().to(device)  # the weights as nanoGPT stores them, for the uncached path
     models = {"plain": plain}
     for path, dtype in (("generate", torch.float32), ("cached", torch.float32), ("cached_bf16", torch.bfloat16),
-                        ("compiled", torch.float32), ("compiled_bf16", torch.bfloat16)):  # fmt: skip
+                        ("compiled", torch.float32), ("compiled_bf16", torch.bfloat16),
+                        ("weights_read", torch.float32), ("weights_read_bf16", torch.bfloat16)):  # fmt: skip
         if path in paths:  # copies: a second random initialisation of GPT-2 124M would take seconds
             models[path] = copy.deepcopy(plain).to(device, dtype)
     if {"int8", "int8_compiled"} & set(paths):  # one int8 model: eager and compiled calls use their own kernels
@@ -156,8 +178,10 @@ def add_memory_bound(rows: list[dict], models: dict) -> None:
                          for run in row["runs"]]  # fmt: skip
             row["bound_tokens_per_s"] = round(row["read_gb_s"] * 1e9 / weight_bytes, 1)
             row["of_bound"] = round(statistics.median(fractions), 3)
-            # no_products is the eager step: its rest says nothing of the compiled step, which fuses that work
-            products = 1 / row["tokens_per_s"] - rest if rest is not None and row["path"] not in COMPILED_PATHS else 0
+            # no_products is the eager step: its rest says nothing of the compiled step, which fuses that work; a
+            # read path has no products
+            fused_or_none = row["path"] in COMPILED_PATHS + READ_PATHS
+            products = 1 / row["tokens_per_s"] - rest if rest is not None and not fused_or_none else 0
             if products > 0:
                 row["products_ms"] = round(products * 1e3, 2)
                 row["products_gb_s"] = round(weight_bytes / products / 1e9, 1)
@@ -191,8 +215,8 @@ def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict
             print_read_speeds(rows, cfg.bandwidth_mb)
     by_key = {(r["path"], r["batch"]): r["tokens_per_s"] for r in rows}
     for row in rows:
-        for reference in ("hf", "uncached", "generate"):
-            if (reference, row["batch"]) in by_key and row["path"] != reference:
+        for reference in ("hf", "uncached", "generate"):  # a read path generates nothing: no speed-up to show
+            if (reference, row["batch"]) in by_key and row["path"] not in (reference, *READ_PATHS):
                 row[f"x_{reference}"] = round(row["tokens_per_s"] / by_key[(reference, row["batch"])], 2)
     add_memory_bound(rows, models)
     print_table(rows, ["path", "batch", "new_tokens", "seconds", "tokens_per_s", "x_hf", "x_uncached", "x_generate",

@@ -147,6 +147,35 @@ def test_sample_bench_puts_batch_one_against_the_memory_bound(capsys, monkeypatc
     assert "bound_tokens_per_s" not in rows["no_products"]
 
 
+def test_step_weights_are_what_the_bound_counts_and_a_read_pass_sums_each_once(monkeypatch):
+    for encoding in ("learned", "rope"):
+        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=50, pos_encoding=encoding))
+        weights = bench.step_weights(model)
+        assert sum(w.numel() for w in weights) == model.get_num_params(non_embedding=True)
+        # every parameter once (the head is tied to the token table), less the learned position table alone
+        assert len(weights) == len(list(model.parameters())) - (encoding == "learned")
+    summed = []
+    monkeypatch.setattr(torch, "sum", lambda tensor: summed.append(id(tensor)))
+    weights = [torch.ones(3), torch.ones(2, 2)]
+    bench.read_every_weight(weights, passes=3)
+    assert summed == [id(weights[0]), id(weights[1])] * 3
+
+
+def test_weights_read_paths_are_set_against_the_bound_without_products(monkeypatch):
+    monkeypatch.setattr(bench, "read_bandwidth", lambda device, megabytes: 10e9)
+    paths = ["weights_read", "weights_read_bf16", "generate", "no_products"]
+    settings = bench.SampleBench(batch_sizes=[1], repeats=2, new_tokens=5, bandwidth_mb=64, json_out="", paths=paths)
+    shape = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64, "vocab_size": 1000, "bias": True}
+    rows = {row["path"]: row for row in bench.bench_sample(settings, GPTConfig(**shape))}
+    weights = GPT(GPTConfig(**shape)).get_num_params(non_embedding=True)
+    for path, weight_bytes in (("weights_read", 4), ("weights_read_bf16", 2)):
+        fractions = sorted(5 / run["seconds"] / (10e9 / (weights * weight_bytes)) for run in rows[path]["runs"])
+        assert rows[path]["of_bound"] == pytest.approx(statistics.median(fractions), rel=0.01, abs=6e-4)
+        assert rows[path]["bound_tokens_per_s"] == pytest.approx(10e9 / (weights * weight_bytes), rel=0.01)
+        assert "products_ms" not in rows[path] and "x_generate" not in rows[path]
+    assert "x_generate" not in rows["generate"] and rows["generate"]["of_bound"] > 0
+
+
 def test_no_products_path_skips_every_product_but_keeps_the_step():
     model = bench.without_products(GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=50)))
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
