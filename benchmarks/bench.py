@@ -42,8 +42,8 @@ from model import GPT, GPTConfig
 # compiled, compiled_bf16, int8_compiled: the compiled step (float32, bfloat16, int8); uncached: nanoGPT's loop;
 # no_products: the generate path with every matrix product skipped (each Linear returns zeros of its output's
 # shape without reading its weight): a token's time in it is what the rest of a step costs (attention, norms...).
-# weights_read, weights_read_bf16: no decoding; per token, one plain sum over every weight a step reads (float32,
-# bfloat16): the speed these tensors stream at, the ceiling of a decoding path's of_bound at that moment (the bound's
+# weights_read, weights_read_bf16: no decoding; per token, one plain sum over every weight matrix a step reads
+# (float32, bfloat16): the speed these tensors stream at, the ceiling of a decoding path's of_bound at that moment (the bound's
 # read speed comes from one sum over a single buffer of bandwidth_mb, which can read faster: docs/benchmarks.md).
 SAMPLE_PATHS = ("generate", "cached", "cached_plain", "cached_bf16", "compiled", "compiled_bf16", "int8",
                 "int8_compiled", "no_products", "weights_read", "weights_read_bf16", "uncached", "hf")  # fmt: skip
@@ -105,10 +105,11 @@ def run_sample_path(path: str, models: dict, prompt: torch.Tensor, top_k: int, n
 
 
 def step_weights(model: GPT) -> list[torch.Tensor]:
-    """The tensors a decoding step reads whole: every parameter but a learned position table (a step reads one row
-    of it), as GPT.get_num_params(non_embedding=True) counts them; the tied head once."""
+    """The matrices a decoding step reads whole: the blocks' and the (tied) head's, not a learned position table (a
+    step reads one row of it). Biases and norm weights are left out: they are ~0.1% of GPT-2's bytes, and a sum over
+    each would time its own dispatch (some 100 calls a token), not its bytes."""
     position_table = model.transformer.wpe.weight if model.config.pos_encoding == "learned" else None
-    return [p for p in model.parameters() if p is not position_table]
+    return [p for p in model.parameters() if p.dim() == 2 and p is not position_table]
 
 
 def read_every_weight(weights: list[torch.Tensor], passes: int) -> None:

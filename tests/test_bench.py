@@ -151,9 +151,9 @@ def test_step_weights_are_what_the_bound_counts_and_a_read_pass_sums_each_once(m
     for encoding in ("learned", "rope"):
         model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=50, pos_encoding=encoding))
         weights = bench.step_weights(model)
-        assert sum(w.numel() for w in weights) == model.get_num_params(non_embedding=True)
-        # every parameter once (the head is tied to the token table), less the learned position table alone
-        assert len(weights) == len(list(model.parameters())) - (encoding == "learned")
+        # 2 blocks' qkv, proj, fc and proj matrices, and the head (tied to the token table) once
+        assert len(weights) == 2 * 4 + 1
+        assert sum(w.numel() for w in weights) == 2 * (32 * 96 + 32 * 32 + 32 * 128 + 128 * 32) + 50 * 32
     summed = []
     monkeypatch.setattr(torch, "sum", lambda tensor: summed.append(id(tensor)))
     weights = [torch.ones(3), torch.ones(2, 2)]
