@@ -43,8 +43,9 @@ from model import GPT, GPTConfig
 # no_products: the generate path with every matrix product skipped (each Linear returns zeros of its output's
 # shape without reading its weight): a token's time in it is what the rest of a step costs (attention, norms...).
 # weights_read, weights_read_bf16: no decoding; per token, one plain sum over every weight matrix a step reads
-# (float32, bfloat16): the speed these tensors stream at, the ceiling of a decoding path's of_bound at that moment (the bound's
-# read speed comes from one sum over a single buffer of bandwidth_mb, which can read faster: docs/benchmarks.md).
+# (float32, bfloat16): the speed these tensors stream at, the ceiling of a decoding path's of_bound at that moment
+# (the bound's read speed comes from one sum over a single buffer of bandwidth_mb, which can read faster: see
+# docs/benchmarks.md).
 SAMPLE_PATHS = ("generate", "cached", "cached_plain", "cached_bf16", "compiled", "compiled_bf16", "int8",
                 "int8_compiled", "no_products", "weights_read", "weights_read_bf16", "uncached", "hf")  # fmt: skip
 # Bytes per weight a path reads in one decoding step (float32 elsewhere): the memory-speed bound's numerator.
