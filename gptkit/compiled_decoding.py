@@ -69,6 +69,11 @@ def model_identity_guards(entries: Sequence[Any]) -> list[bool]:
 # escaped only because oneDNN's prepacked copies cannot be cached). AOTAutograd's cache already skips frozen graphs.
 STEP_COMPILE_OPTIONS = {"fx_graph_cache": False, "guard_filter_fn": model_identity_guards}
 
+# Graphs the step may hold in one process: one per model, batch size, greedy or sampled and top_k (see the module's
+# docstring). Dynamo's default limit of 8 per function is a hard error under fullgraph=True, which a server's changing
+# batch sizes or a process that decodes with several models reached (tests/test_engine.py).
+STEP_GRAPH_LIMIT = 64
+
 # CPU: max-autotune lets inductor pick its own matrix-vector kernels (they need frozen weights: see decode_step),
 # and cpp_wrapper saves the Python call of each kernel.
 CPU_COMPILE_OPTIONS = {**STEP_COMPILE_OPTIONS, "max_autotune": True, "cpp_wrapper": True}
@@ -142,7 +147,8 @@ def decode_step(
     mask = (span <= positions[:, None])[:, None, None, :]  # (B, 1, 1, S): a row sees its own tokens only
     torch._dynamo.maybe_mark_dynamic(mask, 3)  # its size is the span: one graph serves every span
     # Freezing must be on while dynamo traces, not only in inductor (compile options reach inductor alone), for the
-    # weights to become constants; patched per call so that no other compile in the process is frozen.
-    with torch._inductor.config.patch(freezing=True):
+    # weights to become constants; patched per call so that no other compile in the process is frozen. The graph
+    # limit, too, is read while dynamo compiles, and only this function's graphs should get the higher one.
+    with torch._inductor.config.patch(freezing=True), torch._dynamo.config.patch(recompile_limit=STEP_GRAPH_LIMIT):
         return compiled_step(idx.device.type)(model, idx, positions, mask, list(keys), list(values), sampled,
                                               top_k, uniform if sampled is not None else None)  # fmt: skip

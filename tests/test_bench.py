@@ -147,7 +147,7 @@ def test_sample_bench_puts_batch_one_against_the_memory_bound(capsys, monkeypatc
     assert "bound_tokens_per_s" not in rows["no_products"]
 
 
-def test_step_weights_are_what_the_bound_counts_and_a_read_pass_sums_each_once(monkeypatch):
+def test_step_weights_are_the_matrices_a_step_reads_and_a_read_pass_sums_each_once(monkeypatch):
     for encoding in ("learned", "rope"):
         model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=50, pos_encoding=encoding))
         weights = bench.step_weights(model)

@@ -8,12 +8,14 @@ pass block_size it restarts from the last 3/4 of a window).
 
 from __future__ import annotations
 
+import functools
 import gc
 
 import pytest
 import torch
 from torch.nn import functional as F
 
+from gptkit import compiled_decoding
 from gptkit.compiled_decoding import decode_step
 from gptkit.cpu_decoding import DecodingLinear, onednn_linear_available, optimize_for_cpu_decoding
 from gptkit.engine import Engine, KVCache, Request, generate_stream
@@ -415,6 +417,24 @@ def test_compiled_steps_sample_the_tokens_of_eager_steps():
             outputs[compiled] = [request.output for request in requests]
         assert outputs[True] == outputs[False] and (outputs[True] == greedy) == (temperature == 0)
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == new_graphs
+
+
+def test_the_compiled_step_holds_more_graphs_than_dynamos_default_limit(monkeypatch):
+    """Every model (as every batch size and top_k) is a graph of its own, and past dynamo's default of 8 graphs a
+    function, fullgraph=True made the next one a hard error. The step's own limit lets a process hold more; other
+    compiled functions keep the default. Dynamo's eager backend stands in for inductor here: the graphs and their
+    limit are dynamo's, and inductor would take many seconds a graph."""
+    eager_step = functools.cache(lambda device: torch.compile(compiled_decoding._step, fullgraph=True, backend="eager"))
+    monkeypatch.setattr(compiled_decoding, "compiled_step", eager_step)
+    prompt = prompts_of(5)[0]
+    graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for seed in range(11):
+        model = lively_model(seed=seed)
+        request = Request(prompt, 3, temperature=0)
+        list(Engine(model, compiled=True).run([request]))
+        assert request.output == reference_greedy(plain_copy(model), prompt, 3)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == 11
+    assert torch._dynamo.config.recompile_limit == 8
 
 
 def test_a_sampled_compiled_step_needs_its_uniform_numbers():
