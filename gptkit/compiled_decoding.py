@@ -27,6 +27,8 @@ Caveats: freezing folds the weights into the compiled graph as constants (a prep
 twice over), so this is for inference only: weights changed after the first compiled step are not seen. Nor are
 changes to the model's modules (their attributes, hooks, train/eval mode): a step checks the model's identity, its
 inputs and the global state (grad mode, autocast) before it runs, not every module (see model_identity_guards).
+A process keeps every graph it compiled, each with its frozen weights, up to STEP_GRAPH_LIMIT graphs; past that,
+dynamo refuses to compile another.
 """
 
 from __future__ import annotations
