@@ -33,6 +33,7 @@ dynamo refuses to compile another.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -121,6 +122,19 @@ def _step(
 
 
 @functools.cache
+def step_config_patchers() -> tuple[Callable[[], Callable[[], None]], ...]:
+    """What decode_step sets around each call: freezing (inductor) and the step's graph limit (dynamo). Each patcher
+    sets its value and returns the function that restores the old one.
+
+    Why not `config.patch(...)` as a context manager: entered and left around every call, it took a sizeable share of
+    the host's time a token; the closure patchers, which dynamo itself uses on its critical path, cost a fraction of
+    that (docs/benchmarks.md).
+    """
+    return (torch._inductor.config._make_closure_patcher(freezing=True),
+            torch._dynamo.config._make_closure_patcher(recompile_limit=STEP_GRAPH_LIMIT))  # fmt: skip
+
+
+@functools.cache
 def compiled_step(device_type: str) -> Callable:
     """The compiled _step for a device type; one per process, so its graphs serve every engine of a model."""
     options = CPU_COMPILE_OPTIONS if device_type == "cpu" else STEP_COMPILE_OPTIONS
@@ -132,6 +146,9 @@ def attended_span(lengths: Sequence[int], capacity: int) -> int:
     return min(capacity, -(-(max(lengths) + 1) // LENGTH_MULTIPLE) * LENGTH_MULTIPLE)
 
 
+# No gradients, whatever the caller's mode: in grad mode the step's in-place cache writes would join every step into
+# one autograd graph that grows (and holds memory) with each token, and dynamo would compile another graph for it.
+@torch.no_grad()
 def decode_step(
     model: nn.Module, idx: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
     lengths: Sequence[int], capacity: int, temperature: float = 0.0, top_k: int | None = None,
@@ -151,6 +168,8 @@ def decode_step(
     # Freezing must be on while dynamo traces, not only in inductor (compile options reach inductor alone), for the
     # weights to become constants; patched per call so that no other compile in the process is frozen. The graph
     # limit, too, is read while dynamo compiles, and only this function's graphs should get the higher one.
-    with torch._inductor.config.patch(freezing=True), torch._dynamo.config.patch(recompile_limit=STEP_GRAPH_LIMIT):
+    with contextlib.ExitStack() as restore:
+        for patch in step_config_patchers():
+            restore.callback(patch())  # restored in reverse order, also when the step raises
         return compiled_step(idx.device.type)(model, idx, positions, mask, list(keys), list(values), sampled,
                                               top_k, uniform if sampled is not None else None)  # fmt: skip

@@ -437,6 +437,42 @@ def test_the_compiled_step_holds_more_graphs_than_dynamos_default_limit(monkeypa
     assert torch._dynamo.config.recompile_limit == 8
 
 
+def test_the_step_sets_freezing_and_its_graph_limit_for_its_own_call_only(monkeypatch):
+    """Freezing and the step's graph limit hold while the step runs (dynamo and inductor read them when it compiles),
+    and the process's own values come back after it, also when the step raises."""
+    seen = []
+
+    def failing_step(*args):
+        seen.append((torch._inductor.config.freezing, torch._dynamo.config.recompile_limit))
+        raise RuntimeError("the step failed")
+
+    monkeypatch.setattr(compiled_decoding, "compiled_step", lambda device_type: failing_step)
+    model = lively_model()
+    cache = KVCache(model.config.n_layer, model.config.block_size)
+    before = (torch._inductor.config.freezing, torch._dynamo.config.recompile_limit)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="the step failed"):
+            decode_step(model, torch.tensor([[1]]), cache.keys, cache.values, cache.lengths, cache.capacity)
+        assert (torch._inductor.config.freezing, torch._dynamo.config.recompile_limit) == before == (False, 8)
+    assert seen == [(True, 64), (True, 64)]
+
+
+def test_a_step_called_in_grad_mode_keeps_the_cache_out_of_autograd(monkeypatch):
+    eager_step = functools.cache(lambda device: torch.compile(compiled_decoding._step, fullgraph=True, backend="eager"))
+    monkeypatch.setattr(compiled_decoding, "compiled_step", eager_step)
+    model = lively_model()
+    config = model.config
+    cache = KVCache(config.n_layer, config.block_size)
+    cache.allocate(config.n_head, config.n_embd // config.n_head, torch.float32, torch.device("cpu"))
+    assert torch.is_grad_enabled()
+    logits, token = decode_step(model, torch.tensor([[7]]), cache.keys, cache.values, [0], cache.capacity)
+    assert not logits.requires_grad and not any(t.requires_grad for t in cache.keys + cache.values)
+    with torch.no_grad():
+        expected, _ = plain_copy(model)(torch.tensor([[7]]))
+    torch.testing.assert_close(logits[:, -1], expected[:, -1])
+    assert token.tolist() == [int(expected[0, -1].argmax())]
+
+
 def test_a_sampled_compiled_step_needs_its_uniform_numbers():
     model = lively_model()
     cache = KVCache(model.config.n_layer, model.config.block_size)
