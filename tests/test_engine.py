@@ -419,13 +419,18 @@ def test_compiled_steps_sample_the_tokens_of_eager_steps():
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == new_graphs
 
 
+def step_with_dynamos_eager_backend(monkeypatch) -> None:
+    """The compiled step through dynamo with its eager backend (no inductor): dynamo's graphs, guards and limits in
+    milliseconds where inductor would take many seconds a graph."""
+    eager_step = functools.cache(lambda device: torch.compile(compiled_decoding._step, fullgraph=True, backend="eager"))
+    monkeypatch.setattr(compiled_decoding, "compiled_step", eager_step)
+
+
 def test_the_compiled_step_holds_more_graphs_than_dynamos_default_limit(monkeypatch):
     """Every model (as every batch size and top_k) is a graph of its own, and past dynamo's default of 8 graphs a
     function, fullgraph=True made the next one a hard error. The step's own limit lets a process hold more; other
-    compiled functions keep the default. Dynamo's eager backend stands in for inductor here: the graphs and their
-    limit are dynamo's, and inductor would take many seconds a graph."""
-    eager_step = functools.cache(lambda device: torch.compile(compiled_decoding._step, fullgraph=True, backend="eager"))
-    monkeypatch.setattr(compiled_decoding, "compiled_step", eager_step)
+    compiled functions keep the default."""
+    step_with_dynamos_eager_backend(monkeypatch)
     prompt = prompts_of(5)[0]
     graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     for seed in range(11):
@@ -458,8 +463,7 @@ def test_the_step_sets_freezing_and_its_graph_limit_for_its_own_call_only(monkey
 
 
 def test_a_step_called_in_grad_mode_keeps_the_cache_out_of_autograd(monkeypatch):
-    eager_step = functools.cache(lambda device: torch.compile(compiled_decoding._step, fullgraph=True, backend="eager"))
-    monkeypatch.setattr(compiled_decoding, "compiled_step", eager_step)
+    step_with_dynamos_eager_backend(monkeypatch)
     model = lively_model()
     config = model.config
     cache = KVCache(config.n_layer, config.block_size)
