@@ -45,6 +45,11 @@ class SampleSettings(ModelSource):
         "compiled decoding steps (torch.compile; the first step compiles, about a minute "
         "for GPT-2 124M on 2 cores): faster decoding once compiled",
     )
+    native: bool = setting(
+        False,
+        "decode one sample on the CPU through one C++ call a token (gptkit/native_decoding.py; built on first use, "
+        "~25 s; float32 or bfloat16; not rope, qk_norm or int8): the fastest path for --num_samples=1",
+    )
     interactive: bool = setting(False, "read prompts from stdin, one per line, until end of input")
     stream: bool = setting(True, "print tokens as they are generated (when num_samples is 1)")
 
@@ -106,7 +111,7 @@ def generate_samples(
         write(prompt)
     with autocast(device, dtype):
         # inside autocast: the engine picks the CPU fast path for float32 only
-        engine = Engine(model, slots=cfg.num_samples, compiled=cfg.compile)
+        engine = Engine(model, slots=cfg.num_samples, compiled=cfg.compile, native=cfg.native)
         for made in engine.run(requests):
             for request, token in made:
                 piece = stream_of[request].push(token)

@@ -39,17 +39,21 @@ from model import GPT, GPTConfig
 # generate: the documented call on a fresh model, `GPT(config).eval().generate(...)`, nothing else (the engine
 # applies the CPU fast path itself); cached: the same after an explicit optimize_for_cpu_decoding(), as before;
 # cached_plain: the engine with the fast path off; cached_bf16: bfloat16 weights; int8: int8 weights (--quantize=int8);
-# compiled, compiled_bf16, int8_compiled: the compiled step (float32, bfloat16, int8); uncached: nanoGPT's loop;
+# compiled, compiled_bf16, int8_compiled: the compiled step (float32, bfloat16, int8); native, native_bf16: the
+# native step (float32, bfloat16; batch 1 only, other batches run eagerly); uncached: nanoGPT's loop;
 # no_products: the generate path with every matrix product skipped (each Linear returns zeros of its output's
 # shape without reading its weight): a token's time in it is what the rest of a step costs (attention, norms...).
 # weights_read, weights_read_bf16: no decoding; per token, one plain sum over every weight matrix a step reads
 # (float32, bfloat16): the speed these tensors stream at, the ceiling of a decoding path's of_bound at that moment
 # (the bound's read speed comes from one sum over a single buffer of bandwidth_mb, which can read faster: see
 # docs/benchmarks.md).
-SAMPLE_PATHS = ("generate", "cached", "cached_plain", "cached_bf16", "compiled", "compiled_bf16", "int8",
-                "int8_compiled", "no_products", "weights_read", "weights_read_bf16", "uncached", "hf")  # fmt: skip
+SAMPLE_PATHS = ("generate", "cached", "cached_plain", "cached_bf16", "compiled", "compiled_bf16", "native",
+                "native_bf16", "int8", "int8_compiled", "no_products", "weights_read", "weights_read_bf16", "uncached",
+                "hf")  # fmt: skip
 # Bytes per weight a path reads in one decoding step (float32 elsewhere): the memory-speed bound's numerator.
-WEIGHT_BYTES = {"cached_bf16": 2, "compiled_bf16": 2, "int8": 1, "int8_compiled": 1, "weights_read_bf16": 2}
+WEIGHT_BYTES = {"cached_bf16": 2, "compiled_bf16": 2, "native_bf16": 2, "int8": 1, "int8_compiled": 1,
+                "weights_read_bf16": 2}  # fmt: skip
+NATIVE_PATHS = ("native", "native_bf16")
 COMPILED_PATHS = ("compiled", "compiled_bf16", "int8_compiled")
 READ_PATHS = ("weights_read", "weights_read_bf16")
 
@@ -95,6 +99,9 @@ def run_sample_path(path: str, models: dict, prompt: torch.Tensor, top_k: int, n
                 pass
         elif path in COMPILED_PATHS:
             for _ in generate_stream(models[path], prompt, new_tokens, top_k=top_k, generator=generator, compiled=True):
+                pass
+        elif path in NATIVE_PATHS:
+            for _ in generate_stream(models[path], prompt, new_tokens, top_k=top_k, generator=generator, native=True):
                 pass
         elif path in READ_PATHS:
             read_every_weight(step_weights(models[path]), new_tokens)
@@ -142,7 +149,8 @@ def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> 
     plain = GPT(config).eval().to(device)  # the weights as nanoGPT stores them, for the uncached path
     models = {"plain": plain}
     for path, dtype in (("generate", torch.float32), ("cached", torch.float32), ("cached_bf16", torch.bfloat16),
-                        ("compiled", torch.float32), ("compiled_bf16", torch.bfloat16),
+                        ("compiled", torch.float32), ("compiled_bf16", torch.bfloat16), ("native", torch.float32),
+                        ("native_bf16", torch.bfloat16),
                         ("weights_read", torch.float32), ("weights_read_bf16", torch.bfloat16)):  # fmt: skip
         if path in paths:  # copies: a second random initialisation of GPT-2 124M would take seconds
             models[path] = copy.deepcopy(plain).to(device, dtype)
@@ -182,7 +190,7 @@ def add_memory_bound(rows: list[dict], models: dict) -> None:
             row["of_bound"] = round(statistics.median(fractions), 3)
             # no_products is the eager step: its rest says nothing of the compiled step, which fuses that work; a
             # read path has no products
-            fused_or_none = row["path"] in COMPILED_PATHS + READ_PATHS
+            fused_or_none = row["path"] in COMPILED_PATHS + NATIVE_PATHS + READ_PATHS
             products = 1 / row["tokens_per_s"] - rest if rest is not None and not fused_or_none else 0
             if products > 0:
                 row["products_ms"] = round(products * 1e3, 2)

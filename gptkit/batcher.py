@@ -78,16 +78,17 @@ def _put_all(items: list[tuple[asyncio.Queue, tuple]]) -> None:
 class Batcher:
     """The decode thread and its queue. `start()` once, `stop()` at shutdown; `submit` and `cancel` from any thread.
 
-    `engine` is built here, under autocast for `dtype`, so it takes the CPU fast path exactly when sample.py would.
+    `engine` is built here, under autocast for `dtype`, so it takes the CPU fast path exactly when sample.py would;
+    `native`: a step with one active job runs through gptkit.native_decoding (see Engine).
     Counters for /health: `steps` (engine steps run), `tokens` (tokens made), `finished` (jobs that ran to their
     end, or failed), `cancelled` (jobs that left the engine because their client went away).
     """
 
     def __init__(self, model: torch.nn.Module, slots: int, max_queue: int, device: torch.device,
-                 dtype: torch.dtype) -> None:  # fmt: skip
+                 dtype: torch.dtype, native: bool = False) -> None:  # fmt: skip
         self.device, self.dtype, self.max_queue = device, dtype, max_queue
         with autocast(device, dtype):
-            self.engine = Engine(model, slots=slots)
+            self.engine = Engine(model, slots=slots, native=native)
         self.slots = slots
         self._cond = threading.Condition()
         self._pending: deque[Job] = deque()

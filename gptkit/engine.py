@@ -29,6 +29,7 @@ import torch
 import torch.nn as nn
 
 from gptkit import compiled_decoding, cpu_decoding
+from gptkit.native_decoding import NativeStep
 from gptkit.sampling import sample_next_token, sampling_problem
 
 
@@ -161,9 +162,13 @@ class Engine:
     model when its weights are float32 on the CPU (the default; False measures or debugs the plain path).
     `compiled` runs each step's pass through gptkit.compiled_decoding (torch.compile; prefills stay eager): the
     first step of each batch size compiles, about a minute for GPT-2 124M on 2 cores; for inference only.
+    `native` runs each step with a single active row through gptkit.native_decoding (one C++ call a token, on the
+    CPU, in the weights' dtype or CPU autocast's; UserError for a model it cannot run); steps with more rows take
+    the compiled or eager path as set.
     """
 
-    def __init__(self, model: nn.Module, slots: int = 1, cpu_fast_path: bool = True, compiled: bool = False) -> None:
+    def __init__(self, model: nn.Module, slots: int = 1, cpu_fast_path: bool = True, compiled: bool = False,
+                 native: bool = False) -> None:  # fmt: skip
         if slots <= 0:
             raise ValueError(f"an engine needs at least one slot, got {slots}")
         config = model.config
@@ -173,6 +178,7 @@ class Engine:
         self.cache = KVCache(config.n_layer, config.block_size, slots)
         self.active: list[Request] = []
         self.compiled = compiled
+        self.native = NativeStep.for_model(model, self._compute_dtype()) if native else None
         if cpu_fast_path and cpu_decoding.suits_fast_path(model):
             cpu_decoding.optimize_for_cpu_decoding(model)
 
@@ -228,8 +234,11 @@ class Engine:
         for row, request in enumerate(self.active):
             if self.cache.lengths[row] == self.block_size:  # window full: slide, as this request would alone
                 self._fill(row, (request.prompt + request.output)[-self.keep :])
-        idx = torch.tensor([[request.last_token()] for request in self.active], device=self.device)
-        tokens = self._compiled_tokens(idx) if self.compiled else self._sample(self._eager_logits(idx))
+        if self.native is not None and len(self.active) == 1:
+            tokens = self._native_tokens()
+        else:
+            idx = torch.tensor([[request.last_token()] for request in self.active], device=self.device)
+            tokens = self._compiled_tokens(idx) if self.compiled else self._sample(self._eager_logits(idx))
         made = list(zip(self.active, tokens))
         for request, token in made:
             request.output.append(token)
@@ -261,10 +270,8 @@ class Engine:
         temperature, top_k, top_p = settings.pop() if len(settings) == 1 else (0.0, None, 1.0)
         in_graph = top_p is None or top_p >= 1.0  # sample_next_token, too, skips top-p at 1
         uniform = self._uniform_numbers() if in_graph and temperature != 0 else None
-        config, weight = self.model.config, next(self.model.parameters())
-        autocast = torch.is_autocast_enabled(self.device.type)
-        dtype = torch.get_autocast_dtype(self.device.type) if autocast else weight.dtype  # what keys come out as
-        self.cache.allocate(config.n_head, config.n_embd // config.n_head, dtype, self.device)
+        config = self.model.config
+        self.cache.allocate(config.n_head, config.n_embd // config.n_head, self._compute_dtype(), self.device)
         lengths = self.cache.lengths[: len(self.active)]
         logits, tokens = compiled_decoding.decode_step(
             self.model, idx, self.cache.keys, self.cache.values, lengths, self.cache.capacity,
@@ -272,6 +279,25 @@ class Engine:
         )  # fmt: skip
         self.cache.lengths[: len(self.active)] = [length + 1 for length in lengths]
         return tokens.tolist() if in_graph else self._sample(logits[:, -1])
+
+    def _native_tokens(self) -> list[int]:
+        """The next token of the one active row through the native step, which also chooses it, save with top-p
+        (then its logits are sampled eagerly)."""
+        request, config = self.active[0], self.model.config
+        self.cache.allocate(config.n_head, config.n_embd // config.n_head, self.native.dtype, self.device)
+        position = self.cache.lengths[0]
+        in_step = request.temperature != 0 and (request.top_p is None or request.top_p >= 1.0)
+        uniform = self._uniform_numbers().item() if in_step else 0.0  # drawn as _sample would draw it
+        logits, token = self.native(request.last_token(), position, self.cache.keys, self.cache.values,
+                                    request.temperature if in_step else 0.0, request.top_k, uniform)  # fmt: skip
+        self.cache.lengths[0] = position + 1
+        return [token] if in_step or request.temperature == 0 else self._sample(logits[None])
+
+    def _compute_dtype(self) -> torch.dtype:
+        """The dtype a pass computes in, and so the dtype its keys come out as: autocast's, else the weights'."""
+        if torch.is_autocast_enabled(self.device.type):
+            return torch.get_autocast_dtype(self.device.type)
+        return next(self.model.parameters()).dtype
 
     def _uniform_numbers(self) -> torch.Tensor:
         """(B, 1) numbers in [0, 1) for a sampled step, drawn as _sample would draw them: one call per generator,
@@ -321,6 +347,7 @@ def generate_stream(
     generator: torch.Generator | None = None,
     cpu_fast_path: bool = True,
     compiled: bool = False,
+    native: bool = False,
 ) -> Iterator[torch.Tensor]:
     """Yield the next token of every row of idx (B, T) as a (B,) tensor, up to max_new_tokens steps.
 
@@ -329,6 +356,6 @@ def generate_stream(
     """
     requests = [Request(row, max_new_tokens, temperature, top_k, top_p, tuple(stop_tokens or ()), generator=generator)
                 for row in idx.tolist()]  # fmt: skip
-    engine = Engine(model, slots=len(requests), cpu_fast_path=cpu_fast_path, compiled=compiled)
+    engine = Engine(model, slots=len(requests), cpu_fast_path=cpu_fast_path, compiled=compiled, native=native)
     for _ in engine.run(requests):
         yield torch.tensor([request.output[-1] for request in requests], dtype=idx.dtype, device=idx.device)

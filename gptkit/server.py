@@ -58,6 +58,11 @@ class ServeSettings(ModelSource):
     threads: int = setting(0, "CPU threads for decoding (0 = torch's default: one per core)", rule="non_negative")
     seed: int = setting(1337, "seed of the shared generator that requests without a seed sample from")
     slots: int = setting(16, "requests decoded together, one batch per step", rule="positive")
+    native: bool = setting(
+        False,
+        "a request decoded alone runs through the native step (CPU, float32 or bfloat16, "
+        "not rope, qk_norm or int8; built on first use, ~25 s): faster for one client at a time",
+    )
     max_queue: int = setting(64, "requests waiting for a slot; more get 429 with Retry-After", rule="non_negative")
     retry_after: int = setting(1, "seconds a 429 answer asks the client to wait (Retry-After)", rule="positive")
     max_tokens: int = setting(2048, "the largest max_tokens a request may ask for", rule="positive")
@@ -155,7 +160,7 @@ class Service:
                  dtype: torch.dtype) -> None:  # fmt: skip
         self.cfg, self.tokenizer, self.name = cfg, tokenizer, cfg.model_name or "model"
         self.block_size, self.created = model.config.block_size, int(time.time())
-        self.batcher = Batcher(model, cfg.slots, cfg.max_queue, device, dtype)
+        self.batcher = Batcher(model, cfg.slots, cfg.max_queue, device, dtype, native=cfg.native)
         self.playground = (resources.files("gptkit") / "static" / "playground.html").read_bytes()
 
     async def page(self) -> HTMLResponse:

@@ -329,6 +329,58 @@ def alive(pids: list[int], wait: float = 5.0) -> list[int]:
         time.sleep(0.05)
 
 
+# ----------------------------------------------------------------------------- tiny models for decoding
+
+
+def lively_weights(model: Any) -> Any:
+    """`model` (a GPT, in place) with random weights large enough that greedy decoding keeps changing tokens
+    (GPT-2's small init makes a random model repeat one token, which would hide a wrong window, row or cache)."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() >= 2:
+                param.normal_(0.0, 1.0 if ".wte" in name or ".wpe" in name else 2.0 / param.shape[-1] ** 0.5)
+    return model
+
+
+def lively_model(vocab_size: int = 37, seed: int = 0, **overrides: Any) -> Any:
+    """A tiny GPT in eval mode (2 layers, 32 wide, 16-token context, untied head unless `overrides` say otherwise)
+    with lively_weights."""
+    import torch
+
+    from model import GPT, GPTConfig
+
+    settings = dict(block_size=16, vocab_size=vocab_size, n_layer=2, n_head=2, n_embd=32, tie_embeddings=False)
+    torch.manual_seed(seed)
+    return lively_weights(GPT(GPTConfig(**{**settings, **overrides})).eval())
+
+
+def plain_copy(model: Any) -> Any:
+    """The same weights in a model no engine has touched (no fast path, no packed copy)."""
+    from model import GPT
+
+    copy = GPT(model.config).eval()
+    copy.load_state_dict(model.state_dict())
+    return copy
+
+
+def reference_greedy(model: Any, prompt: list[int], steps: int) -> list[int]:
+    """Greedy tokens by a full forward pass of the plain model over each step's window (no cache): the prompt's last
+    block_size tokens, and when a window would pass block_size it restarts from the last 3/4 of a window."""
+    import torch
+
+    block = model.config.block_size
+    tokens, start = list(prompt), max(0, len(prompt) - block)
+    with torch.no_grad():
+        for _ in range(steps):
+            if len(tokens) - start > block:  # the window is full: keep its last 3/4
+                start = len(tokens) - (block - block // 4)
+            logits, _ = model(torch.tensor([tokens[start:]]), torch.zeros(1, len(tokens) - start, dtype=torch.long))
+            tokens.append(int(logits[0, -1].argmax()))
+    return tokens[len(prompt) :]
+
+
 # ----------------------------------------------------------------------------- a served model (serve.py)
 
 SERVE_TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\nROMEO: Juliet?\n"
@@ -346,11 +398,7 @@ def lively_char_checkpoint(out_dir: Path, text: str = SERVE_TEXT, seed: int = 0,
     tokenizer = CharTokenizer.from_text(text)
     torch.manual_seed(seed)
     settings = {"block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 32, "tie_embeddings": False, **shape}
-    model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, **settings))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if param.dim() >= 2:
-                param.normal_(0.0, 1.0 if ".wte" in name or ".wpe" in name else 2.0 / param.shape[-1] ** 0.5)
+    model = lively_weights(GPT(GPTConfig(vocab_size=tokenizer.vocab_size, **settings)))
     out_dir.mkdir(parents=True, exist_ok=True)
     save_checkpoint(out_dir / "ckpt.pt", {"model": model.state_dict(), "model_args": config_to_dict(model.config),
                                           "tokenizer": tokenizer.to_meta()})  # fmt: skip

@@ -107,24 +107,25 @@ def test_sample_bench_compares_every_path_in_one_run(tmp_path: Path):
 
 def test_sample_bench_puts_batch_one_against_the_memory_bound(capsys, monkeypatch):
     # The read speed is measured before each round and after every run: a run is set against the mean of the two
-    # measures around it (round r, path i: measures 7r + i and 7r + i + 1 with six paths), of_bound is the median of
-    # the runs' fractions of their own bound.
-    measures = [20e9 + 1e9 * k for k in range(21)]
+    # measures around it (round r, path i: measures 8r + i and 8r + i + 1 with seven paths), of_bound is the median
+    # of the runs' fractions of their own bound.
+    measures = [20e9 + 1e9 * k for k in range(24)]
     remaining = iter(measures)
     monkeypatch.setattr(bench, "read_bandwidth", lambda device, megabytes: next(remaining))
-    paths = ["generate", "cached_bf16", "compiled_bf16", "int8", "int8_compiled", "no_products"]
+    paths = ["generate", "cached_bf16", "compiled_bf16", "native_bf16", "int8", "int8_compiled", "no_products"]
     settings = bench.SampleBench(batch_sizes=[1], repeats=3, new_tokens=3, bandwidth_mb=64, json_out="", paths=paths)
     shape = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64, "vocab_size": 1000, "bias": True}
     rows = {row["path"]: row for row in bench.bench_sample(settings, GPTConfig(**shape))}
     assert next(remaining, None) is None
-    speeds = {path: [(measures[7 * r + i] + measures[7 * r + i + 1]) / 2 for r in range(3)]
+    speeds = {path: [(measures[8 * r + i] + measures[8 * r + i + 1]) / 2 for r in range(3)]
               for i, path in enumerate(paths)}  # fmt: skip
     every_run = [speed for runs in speeds.values() for speed in runs]
     assert printed_read_speed(capsys.readouterr().out) == pytest.approx(statistics.median(every_run) / 1e9, abs=1e-3)
     # Read per step: 2 blocks (qkv, proj, fc, proj with biases, two layer norms), the final norm, the tied head.
     block = 64 * 192 + 192 + 64 * 64 + 64 + 64 * 256 + 256 + 256 * 64 + 64 + 4 * 64
     weights = 2 * block + 2 * 64 + 1000 * 64
-    weight_bytes_of = {"generate": 4, "cached_bf16": 2, "compiled_bf16": 2, "int8": 1, "int8_compiled": 1}
+    weight_bytes_of = {"generate": 4, "cached_bf16": 2, "compiled_bf16": 2, "native_bf16": 2, "int8": 1,
+                       "int8_compiled": 1}  # fmt: skip
     for path, weight_bytes in weight_bytes_of.items():
         assert [run["read_gb_s"] for run in rows[path]["runs"]] == pytest.approx([s / 1e9 for s in speeds[path]])
         median_speed = sorted(speeds[path])[1]
@@ -132,7 +133,7 @@ def test_sample_bench_puts_batch_one_against_the_memory_bound(capsys, monkeypatc
         fractions = sorted(3 / run["seconds"] / (speed / (weights * weight_bytes))
                            for run, speed in zip(rows[path]["runs"], speeds[path]))  # fmt: skip
         assert rows[path]["of_bound"] == pytest.approx(fractions[1], rel=0.01, abs=6e-4)
-        if path in ("compiled_bf16", "int8_compiled"):  # the compiled step fuses the rest: no products' share
+        if path in ("compiled_bf16", "native_bf16", "int8_compiled"):  # a fused step: no products' share
             assert "products_ms" not in rows[path]
             continue
         # the products' share of a step: the path's time per token less the step without products

@@ -1,9 +1,8 @@
 """gptkit/engine.py, gptkit/cpu_decoding.py and gptkit/compiled_decoding.py: KV cache rows, the step-based engine,
 the CPU fast path, the compiled step.
 
-Expected tokens come from `reference_greedy`: a full forward pass of the plain model (no cache) over the window
-each step should see, written out here from the rule (the prompt's last block_size tokens; when a window would
-pass block_size it restarts from the last 3/4 of a window).
+Expected tokens come from helpers.reference_greedy: a full forward pass of the plain model (no cache) over the window
+each step should see, written out there from the rule.
 """
 
 from __future__ import annotations
@@ -19,43 +18,11 @@ from gptkit import compiled_decoding
 from gptkit.compiled_decoding import decode_step
 from gptkit.cpu_decoding import DecodingLinear, onednn_linear_available, optimize_for_cpu_decoding
 from gptkit.engine import Engine, KVCache, Request, generate_stream
-from model import GPT, GPTConfig
+from helpers import lively_model, plain_copy, reference_greedy
+from model import GPT
 
 POSITIONS = ["learned", "sinusoidal", "rope"]
 VOCAB = 37
-
-
-def lively_model(seed: int = 0, **overrides) -> GPT:
-    """A tiny model with weights large enough that greedy decoding keeps changing tokens (GPT-2's small init
-    makes a random model repeat one token, which would hide a wrong window or a wrong row)."""
-    settings = dict(block_size=16, vocab_size=VOCAB, n_layer=2, n_head=2, n_embd=32, tie_embeddings=False)
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig(**{**settings, **overrides})).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if param.dim() >= 2:
-                param.normal_(0.0, 1.0 if ".wte" in name or ".wpe" in name else 2.0 / param.shape[-1] ** 0.5)
-    return model
-
-
-def plain_copy(model: GPT) -> GPT:
-    """The same weights in a model the engine has never touched (no fast path)."""
-    copy = GPT(model.config).eval()
-    copy.load_state_dict(model.state_dict())
-    return copy
-
-
-def reference_greedy(model: GPT, prompt: list[int], steps: int) -> list[int]:
-    """Greedy tokens by a full forward pass of the plain model over each step's window (no cache)."""
-    block = model.config.block_size
-    tokens, start = list(prompt), max(0, len(prompt) - block)
-    with torch.no_grad():
-        for _ in range(steps):
-            if len(tokens) - start > block:  # the window is full: keep its last 3/4
-                start = len(tokens) - (block - block // 4)
-            logits, _ = model(torch.tensor([tokens[start:]]), torch.zeros(1, len(tokens) - start, dtype=torch.long))
-            tokens.append(int(logits[0, -1].argmax()))
-    return tokens[len(prompt) :]
 
 
 def run_alone(model: GPT, request: Request, fast: bool = True) -> list[int]:

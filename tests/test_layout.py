@@ -32,6 +32,7 @@ LAYERS: list[set[str]] = [
     {
         "gptkit.cpu_decoding",
         "gptkit.compiled_decoding",
+        "gptkit.native_decoding",
         "gptkit.quantization",
         "gptkit.loading",
         "gptkit.runlog",

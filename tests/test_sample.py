@@ -12,6 +12,7 @@ import torch
 
 from gptkit.checkpoint import save_checkpoint
 from gptkit.tokenizer import CharTokenizer, TiktokenTokenizer, write_meta
+from helpers import assert_one_line_error, lively_char_checkpoint
 from model import GPT, GPTConfig, config_to_dict
 from sample import TextStream
 
@@ -66,6 +67,21 @@ def test_same_seed_same_text_and_different_seed_different_text(trained_char_chec
     assert a.stdout == b.stdout and a.stdout != c.stdout
     assert a.stdout.decode().startswith("First")
     assert len(a.stdout.decode()) == len("First") + 60 + 1  # prompt, 60 characters, final newline
+
+
+def test_native_decoding_prints_the_default_paths_text(trained_char_checkpoint):
+    """--native=True (one C++ call a token) prints the text of the default path, greedy and sampled with a seed."""
+    common = ["sample.py", f"--out_dir={trained_char_checkpoint}", "--start=First", "--max_new_tokens=60"]
+    for settings in (["--temperature=0"], ["--seed=7"]):
+        default, native = run_script(*common, *settings), run_script(*common, *settings, "--native=True")
+        assert default.returncode == native.returncode == 0, native.stderr.decode()
+        assert native.stdout == default.stdout and len(native.stdout.decode()) == len("First") + 60 + 1
+
+
+def test_native_decoding_of_a_model_it_cannot_run_is_one_clear_error(tmp_path):
+    lively_char_checkpoint(tmp_path, pos_encoding="rope")
+    result = run_script("sample.py", f"--out_dir={tmp_path}", "--start=A", "--native=True")
+    assert_one_line_error(result.returncode, result.stderr.decode(), "rotary positions", "--compile=True")
 
 
 def test_stop_string_ends_the_sample_and_is_not_printed(trained_char_checkpoint):

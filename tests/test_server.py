@@ -11,27 +11,15 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-import torch
 import uvicorn
 
 from gptkit.engine import Engine, Request
 from gptkit.errors import UserError
+from gptkit.native_decoding import NativeStep
 from gptkit.server import ServeSettings, create_app, is_loopback, listen
 from gptkit.tokenizer import CharTokenizer, TiktokenTokenizer
-from helpers import SERVE_TEXT, get_json
-from model import GPT, GPTConfig
-
-
-def lively_model(vocab_size: int, seed: int = 0, **overrides) -> GPT:
-    """A tiny model whose greedy output keeps changing (large random weights)."""
-    torch.manual_seed(seed)
-    settings = {"block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32, "tie_embeddings": False, **overrides}
-    model = GPT(GPTConfig(vocab_size=vocab_size, **settings)).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if param.dim() >= 2:
-                param.normal_(0.0, 1.0 if ".wte" in name or ".wpe" in name else 2.0 / param.shape[-1] ** 0.5)
-    return model
+from helpers import SERVE_TEXT, get_json, lively_model
+from model import GPT
 
 
 @contextlib.contextmanager
@@ -92,6 +80,24 @@ def test_a_full_queue_answers_429_with_retry_after(char_tokenizer):
         assert (health["requests_cancelled"], health["requests_finished"]) == (1, 0)  # the waiting one never started
         answer = client.post(f"{base}/v1/completions", json={"model": "m", "prompt": "All:", "max_tokens": 3})
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
+
+
+def test_native_decoding_serves_a_lone_request_the_same_text(char_tokenizer, monkeypatch):
+    """--native=True: a request alone in the engine decodes through the native step (greedy, and sampled with a
+    seed), with the text the default path gives, past a sliding window."""
+    model = lively_model(char_tokenizer.vocab_size, block_size=32)
+    native_calls = []
+    original = NativeStep.__call__
+    monkeypatch.setattr(NativeStep, "__call__", lambda self, *args: native_calls.append(1) or original(self, *args))
+    greedy = {"model": "m", "prompt": "All:", "max_tokens": 40, "temperature": 0}
+    bodies = [greedy, {**greedy, "prompt": "ROMEO:", "temperature": 1.0, "top_k": 5, "seed": 3}]
+    texts = {}
+    for native in (False, True):
+        with running_app(model, char_tokenizer, native=native) as base:
+            texts[native] = [httpx.post(f"{base}/v1/completions", json=body).json()["choices"][0]["text"]
+                             for body in bodies]  # fmt: skip
+    assert texts[True] == texts[False] and [len(text) for text in texts[True]] == [40, 40]
+    assert len(native_calls) == 80
 
 
 def test_long_prompts_are_cut_from_the_left_or_refused(char_tokenizer):

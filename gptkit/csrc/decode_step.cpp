@@ -1,0 +1,343 @@
+// One decoding step of a GPT at batch 1 on the CPU (gptkit/native_decoding.py builds and calls it).
+//
+// Why: at batch 1 a step reads every weight once, so its floor is the weight bytes over the memory's read speed.
+// Here the whole step is one parallel region: the threads split each matrix product's rows and each layer's heads,
+// and meet at a barrier where a stage needs the one before it, instead of entering a parallel region (and leaving
+// Python, dynamo and inductor's wrappers) once per kernel. The weights come from one buffer laid out in the order
+// they are read, so the memory streams them like one long array.
+//
+// Weights are float32 or bfloat16 (W); activations, norms, attention and logits are computed in float32, and the
+// inputs of each product are rounded to W (bfloat16 products multiply bfloat16 pairs, as PyTorch's do).
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <omp.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+using bf16 = c10::BFloat16;
+
+enum Activation : int64_t { kGeluTanh = 0, kGelu = 1, kRelu2 = 2 };
+
+#if defined(__AVX512F__)
+// Asks for the 256 bytes PREFETCH_AHEAD past `at` in the L2 cache. A thread reads its share of each matrix as one
+// stream, so these are its next rows (at its share's end, the other thread's first rows: harmless). The hardware's
+// own prefetcher alone kept each core below the read speed of a plain sum (docs/benchmarks.md).
+constexpr int64_t PREFETCH_AHEAD = 4096;
+inline void prefetch_ahead(const void* at) {
+  const char* ahead = static_cast<const char*>(at) + PREFETCH_AHEAD;
+  for (int line = 0; line < 4; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T1);
+}
+#endif
+
+// The dot product of one weight row with the product's input, accumulated in float32.
+float dot(const float* w, const float* x, int64_t n) {
+  int64_t k = 0;
+  float sum = 0.0f;
+#if defined(__AVX512F__)
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;  // four chains hide the FMA latency
+  for (; k + 64 <= n; k += 64) {
+    prefetch_ahead(w + k);
+    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a0);
+    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
+    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
+    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
+  }
+  sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#endif
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = k; i < n; ++i) sum += w[i] * x[i];
+  return sum;
+}
+
+float dot(const bf16* w, const bf16* x, int64_t n) {
+  int64_t k = 0;
+  float sum = 0.0f;
+#if defined(__AVX512BF16__)
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;  // one instruction: 32 bfloat16 pairs, float32 sums
+  for (; k + 128 <= n; k += 128) {
+    prefetch_ahead(w + k);
+    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_loadu_si512(x + k));
+    a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w + k + 32), (__m512bh)_mm512_loadu_si512(x + k + 32));
+    a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(w + k + 64), (__m512bh)_mm512_loadu_si512(x + k + 64));
+    a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(w + k + 96), (__m512bh)_mm512_loadu_si512(x + k + 96));
+  }
+  sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#endif
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = k; i < n; ++i) sum += static_cast<float>(w[i]) * static_cast<float>(x[i]);
+  return sum;
+}
+
+float activate(float x, int64_t activation) {
+  if (activation == kRelu2) return x > 0.0f ? x * x : 0.0f;
+  if (activation == kGelu) return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
+  const float inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);  // sqrt(2 / pi) (x + 0.044715 x^3)
+  return 0.5f * x * (1.0f + std::tanh(inner));
+}
+
+// out = LayerNorm(x) * weight + bias over n values, rounded to the products' input type.
+template <typename W>
+void layer_norm(const float* x, const float* weight, const float* bias, int64_t n, float eps, W* out) {
+  double mean = 0.0, square = 0.0;
+  for (int64_t i = 0; i < n; ++i) mean += x[i];
+  mean /= n;
+  for (int64_t i = 0; i < n; ++i) square += (x[i] - mean) * (x[i] - mean);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(square / n) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<W>((x[i] - static_cast<float>(mean)) * scale * weight[i] + bias[i]);
+}
+
+// A thread's largest logits, (value, row) pairs in a min-heap of at most `keep`: a row enters only when its value
+// is larger than the smallest kept (so among equal values the first row stays, as torch.max and torch.topk keep it).
+class Largest {
+ public:
+  explicit Largest(int64_t keep) : keep_(keep) {}
+  void offer(float value, int64_t row) {
+    if (keep_ == 0) return;
+    if (static_cast<int64_t>(heap_.size()) < keep_) {
+      heap_.emplace_back(value, row);
+      std::push_heap(heap_.begin(), heap_.end(), smaller_first);
+    } else if (value > heap_.front().first) {
+      std::pop_heap(heap_.begin(), heap_.end(), smaller_first);
+      heap_.back() = {value, row};
+      std::push_heap(heap_.begin(), heap_.end(), smaller_first);
+    }
+  }
+  const std::vector<std::pair<float, int64_t>>& entries() const { return heap_; }
+
+ private:
+  static bool smaller_first(const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
+    return a.first > b.first;  // std::push_heap keeps a max-heap of this order: the smallest value on top
+  }
+  int64_t keep_;
+  std::vector<std::pair<float, int64_t>> heap_;
+};
+
+// The `keep` largest of every thread's candidates, largest first (earlier rows first among equal values).
+std::vector<std::pair<float, int64_t>> merged(const std::vector<Largest>& per_thread, int64_t keep) {
+  std::vector<std::pair<float, int64_t>> all;
+  for (const auto& largest : per_thread) all.insert(all.end(), largest.entries().begin(), largest.entries().end());
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  if (static_cast<int64_t>(all.size()) > keep) all.resize(keep);
+  return all;
+}
+
+// One draw from softmax(scaled) by inverse transform, as gptkit.sampling.draw makes it: the first column whose
+// cumulative sum exceeds uniform * total, and never one past the last column with a positive probability.
+int64_t draw(const std::vector<float>& scaled, double uniform) {
+  const float largest = *std::max_element(scaled.begin(), scaled.end());
+  std::vector<float> cdf(scaled.size());
+  float total = 0.0f;
+  for (size_t i = 0; i < scaled.size(); ++i) cdf[i] = total += std::exp(scaled[i] - largest);
+  const float target = static_cast<float>(uniform) * total;
+  const size_t column = std::upper_bound(cdf.begin(), cdf.end(), target) - cdf.begin();
+  const size_t last = std::lower_bound(cdf.begin(), cdf.end(), total) - cdf.begin();
+  return static_cast<int64_t>(std::min(column, last));
+}
+
+// The rows [first, last) of a product that this thread computes: one contiguous share of each matrix.
+struct Share {
+  int64_t first, last;
+  Share(int64_t rows, int thread, int threads) : first(rows * thread / threads), last(rows * (thread + 1) / threads) {}
+};
+
+// The layout of the two buffers, in read order (see gptkit/native_decoding.py, which packs them).
+struct Shapes {
+  int64_t embd, hidden, vocab, layers, heads, head_dim;
+  int64_t layer_matrix_elements() const { return 3 * embd * embd + embd * embd + 2 * hidden * embd; }
+  int64_t layer_vector_elements() const { return 2 * embd + 3 * embd + embd + 2 * embd + hidden + embd; }
+};
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const bf16* p) {  // a bfloat16 is the top half of a float32
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+#endif
+
+// q . key over n values (a key of the cache, in its dtype).
+template <typename W>
+float dot_key(const float* q, const W* key, int64_t n) {
+  int64_t d = 0;
+  float sum = 0.0f;
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  for (; d + 16 <= n; d += 16) acc = _mm512_fmadd_ps(load16(q + d), load16(key + d), acc);
+  sum = _mm512_reduce_add_ps(acc);
+#endif
+  for (; d < n; ++d) sum += q[d] * static_cast<float>(key[d]);
+  return sum;
+}
+
+// out += weight * value over n values (a value of the cache, in its dtype).
+template <typename W>
+void add_scaled(float weight, const W* value, float* out, int64_t n) {
+  int64_t d = 0;
+#if defined(__AVX512F__)
+  const __m512 w = _mm512_set1_ps(weight);
+  for (; d + 16 <= n; d += 16) _mm512_storeu_ps(out + d, _mm512_fmadd_ps(w, load16(value + d), _mm512_loadu_ps(out + d)));
+#endif
+  for (; d < n; ++d) out[d] += weight * static_cast<float>(value[d]);
+}
+
+// One head's attention for the new token at `position`: stores its key and value in the cache, then attends over
+// positions 0..position. cache_k/cache_v point at this head's (positions, head_dim) storage of the cache's row 0;
+// scores and mixed are the thread's scratch (position + 1 and head_dim values).
+template <typename W>
+void attend(const float* q, const float* k, const float* v, W* cache_k, W* cache_v, int64_t position, int64_t head_dim,
+            float* scores, float* mixed, W* out) {
+  for (int64_t d = 0; d < head_dim; ++d) {
+    cache_k[position * head_dim + d] = static_cast<W>(k[d]);
+    cache_v[position * head_dim + d] = static_cast<W>(v[d]);
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  float largest = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t <= position; ++t) {
+    scores[t] = dot_key(q, cache_k + t * head_dim, head_dim) * scale;
+    largest = std::max(largest, scores[t]);
+  }
+  float total = 0.0f;
+  for (int64_t t = 0; t <= position; ++t) total += (scores[t] = std::exp(scores[t] - largest));
+  std::fill(mixed, mixed + head_dim, 0.0f);
+  for (int64_t t = 0; t <= position; ++t) add_scaled(scores[t] / total, cache_v + t * head_dim, mixed, head_dim);
+  for (int64_t d = 0; d < head_dim; ++d) out[d] = static_cast<W>(mixed[d]);
+}
+
+// One decoding step: fills logits (vocab) and offers each thread's share of them to per_thread[thread].
+//
+// Each thread takes one share of the heads and one share of every other product's rows. It computes the queries,
+// keys and values of its own heads and attends with them, so the heads need no barrier of their own; each thread
+// normalizes the whole residual stream itself (n_embd values) rather than waiting for one thread to do it. The
+// threads meet four times a layer: after attention, and after each product whose whole output the next one reads.
+template <typename W>
+void step(const W* matrices, const float* vectors, const W* embedding, const float* position_row,
+          const std::vector<W*>& keys, const std::vector<W*>& values, int64_t cache_positions, const Shapes& s,
+          int64_t token, int64_t position, int64_t activation, float eps, float* logits,
+          std::vector<Largest>& per_thread) {
+  const int64_t C = s.embd, F = s.hidden, D = s.head_dim;
+  std::vector<float> x(C), qkv(3 * C);
+  std::vector<W> attended(C), hidden(F);
+  for (int64_t i = 0; i < C; ++i) x[i] = static_cast<float>(embedding[token * C + i]) + position_row[i];
+
+#pragma omp parallel num_threads(static_cast<int>(per_thread.size()))
+  {
+    const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
+    const Share heads(s.heads, thread, threads);
+    std::vector<W> normed(C);
+    std::vector<float> scores(position + 1), mixed(D);
+    const W* matrix = matrices;
+    const float* vector = vectors;
+    for (int64_t layer = 0; layer < s.layers; ++layer) {
+      const float *ln1_w = vector, *ln1_b = ln1_w + C, *attn_b = ln1_b + C, *proj_b = attn_b + 3 * C;
+      const float *ln2_w = proj_b + C, *ln2_b = ln2_w + C, *fc_b = ln2_b + C, *fc_proj_b = fc_b + F;
+      const W *attn_w = matrix, *proj_w = attn_w + 3 * C * C, *fc_w = proj_w + C * C, *fc_proj_w = fc_w + F * C;
+      layer_norm(x.data(), ln1_w, ln1_b, C, eps, normed.data());
+      for (int64_t part = 0; part < 3; ++part)  // this thread's heads' rows of Q, then of K, then of V
+        for (int64_t row = part * C + heads.first * D; row < part * C + heads.last * D; ++row)
+          qkv[row] = dot(attn_w + row * C, normed.data(), C) + attn_b[row];
+      for (int64_t h = heads.first; h < heads.last; ++h) {
+        const int64_t at = h * D, storage = h * cache_positions * D;
+        attend(&qkv[at], &qkv[C + at], &qkv[2 * C + at], keys[layer] + storage, values[layer] + storage, position, D,
+               scores.data(), mixed.data(), &attended[at]);
+      }
+#pragma omp barrier
+      for (Share r(C, thread, threads); r.first < r.last; ++r.first)  // the residual: x is not this product's input
+        x[r.first] += dot(proj_w + r.first * C, attended.data(), C) + proj_b[r.first];
+#pragma omp barrier
+      layer_norm(x.data(), ln2_w, ln2_b, C, eps, normed.data());
+      for (Share r(F, thread, threads); r.first < r.last; ++r.first)
+        hidden[r.first] = static_cast<W>(activate(dot(fc_w + r.first * C, normed.data(), C) + fc_b[r.first], activation));
+#pragma omp barrier
+      for (Share r(C, thread, threads); r.first < r.last; ++r.first)
+        x[r.first] += dot(fc_proj_w + r.first * F, hidden.data(), F) + fc_proj_b[r.first];
+#pragma omp barrier
+      matrix += s.layer_matrix_elements();
+      vector += s.layer_vector_elements();
+    }
+    layer_norm(x.data(), vector, vector + C, C, eps, normed.data());
+    for (Share r(s.vocab, thread, threads); r.first < r.last; ++r.first) {
+      logits[r.first] = dot(matrix + r.first * C, normed.data(), C);
+      per_thread[thread].offer(logits[r.first], r.first);
+    }
+  }
+}
+
+// The next token from the logits: greedy (temperature 0: the first largest), else a draw with `uniform` from the
+// softmax of logits / temperature over the top_k largest (top_k 0: over the whole vocabulary), as
+// gptkit.sampling.sample_next_token chooses it.
+int64_t choose(const float* logits, int64_t vocab, const std::vector<Largest>& per_thread, int64_t keep,
+               double temperature, double uniform) {
+  if (temperature == 0.0) return merged(per_thread, 1).front().second;
+  std::vector<float> scaled;
+  if (keep == 0) {
+    for (int64_t i = 0; i < vocab; ++i) scaled.push_back(logits[i] / static_cast<float>(temperature));
+    return draw(scaled, uniform);
+  }
+  const auto largest = merged(per_thread, keep);
+  for (const auto& entry : largest) scaled.push_back(entry.first / static_cast<float>(temperature));
+  return largest[draw(scaled, uniform)].second;
+}
+
+template <typename W>
+std::vector<W*> storage_of(const std::vector<torch::Tensor>& cache) {
+  std::vector<W*> pointers;
+  for (const auto& tensor : cache) pointers.push_back(reinterpret_cast<W*>(tensor.data_ptr()));
+  return pointers;
+}
+
+}  // namespace
+
+// Logits (vocab,) float32 for `token` at `position`, and the next token (see choose). keys[l], values[l]: layer l's
+// cache storage (rows, heads, positions, head_dim), contiguous, in the weights' dtype; row 0 is written at
+// `position` and attended over 0..position. shapes: embd, hidden, vocab, layers, heads.
+std::tuple<torch::Tensor, int64_t> decode_step(const torch::Tensor& matrices, const torch::Tensor& vectors,
+                                               const torch::Tensor& embedding, const torch::Tensor& position_row,
+                                               const std::vector<torch::Tensor>& keys,
+                                               const std::vector<torch::Tensor>& values, std::vector<int64_t> shapes,
+                                               int64_t token, int64_t position, int64_t activation, double eps,
+                                               double temperature, int64_t top_k, double uniform) {
+  const Shapes s{shapes[0], shapes[1], shapes[2], shapes[3], shapes[4], shapes[0] / shapes[4]};
+  TORCH_CHECK(matrices.is_contiguous() && vectors.scalar_type() == torch::kFloat && vectors.is_contiguous());
+  TORCH_CHECK(matrices.numel() == s.layers * s.layer_matrix_elements() + s.vocab * s.embd, "matrices: wrong size");
+  TORCH_CHECK(vectors.numel() == s.layers * s.layer_vector_elements() + 2 * s.embd, "vectors: wrong size");
+  TORCH_CHECK(embedding.scalar_type() == matrices.scalar_type() && embedding.is_contiguous());
+  TORCH_CHECK(position_row.scalar_type() == torch::kFloat && position_row.numel() == s.embd);
+  TORCH_CHECK(static_cast<int64_t>(keys.size()) == s.layers && static_cast<int64_t>(values.size()) == s.layers);
+  const int64_t cache_positions = keys[0].size(2);
+  TORCH_CHECK(0 <= position && position < cache_positions && 0 <= token && token < embedding.size(0));
+  for (int64_t l = 0; l < s.layers; ++l)
+    TORCH_CHECK(keys[l].is_contiguous() && values[l].is_contiguous() && keys[l].scalar_type() == matrices.scalar_type() &&
+                    keys[l].sizes() == values[l].sizes() && keys[l].size(1) == s.heads && keys[l].size(3) == s.head_dim,
+                "the cache must be contiguous (rows, heads, positions, head_dim) in the weights' dtype");
+  TORCH_CHECK(temperature >= 0.0 && top_k >= 0 && 0.0 <= uniform && uniform < 1.0);
+  auto logits = torch::empty({s.vocab}, vectors.options());
+  const int64_t keep = temperature == 0.0 ? 1 : (top_k < s.vocab ? top_k : 0);
+  std::vector<Largest> per_thread(at::get_num_threads(), Largest(keep));
+  if (matrices.scalar_type() == torch::kBFloat16) {
+    step(matrices.data_ptr<bf16>(), vectors.data_ptr<float>(), embedding.data_ptr<bf16>(),
+                position_row.data_ptr<float>(), storage_of<bf16>(keys), storage_of<bf16>(values), cache_positions, s,
+                token, position, activation, static_cast<float>(eps), logits.data_ptr<float>(), per_thread);
+  } else {
+    TORCH_CHECK(matrices.scalar_type() == torch::kFloat, "weights must be float32 or bfloat16");
+    step(matrices.data_ptr<float>(), vectors.data_ptr<float>(), embedding.data_ptr<float>(),
+                position_row.data_ptr<float>(), storage_of<float>(keys), storage_of<float>(values), cache_positions, s,
+                token, position, activation, static_cast<float>(eps), logits.data_ptr<float>(), per_thread);
+  }
+  return {logits, choose(logits.data_ptr<float>(), s.vocab, per_thread, keep, temperature, uniform)};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("decode_step", &decode_step); }

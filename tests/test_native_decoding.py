@@ -1,0 +1,220 @@
+"""gptkit/native_decoding.py (and gptkit/csrc/decode_step.cpp): the native step's logits, cache writes, tokens and
+refusals, against the plain model's full forward pass (no cache) and the eager engine.
+
+The first test builds the C++ extension (~25 s once; torch caches the build)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gptkit import native_decoding
+from gptkit.engine import Engine, KVCache, Request
+from gptkit.errors import UserError
+from gptkit.native_decoding import NativeStep, huge_page_zeros
+from gptkit.quantization import quantize_int8
+from helpers import assert_one_line_message, lively_model, plain_copy, reference_greedy
+
+NO_BIASES = dict(bias=False, activation="gelu", pos_encoding="sinusoidal", tie_embeddings=True)
+SHAPES = {
+    "gpt2": {},
+    "no biases, exact gelu, sinusoidal, tied": NO_BIASES,
+    "squared relu, 3 layers, 4 heads": dict(activation="relu2", n_layer=3, n_head=4, n_embd=48),
+}
+
+
+def native_steps(model, dtype: torch.dtype, prompt: list[int], steps: int) -> tuple[list[torch.Tensor], KVCache]:
+    """Logits of `steps` greedy native steps after the eager model fills the cache with prompt[:-1]."""
+    cache = KVCache(model.config.n_layer, model.config.block_size)
+    cache.allocate(model.config.n_head, model.config.n_embd // model.config.n_head, dtype, torch.device("cpu"))
+    with torch.no_grad():
+        model.hidden_states(torch.tensor([prompt[:-1]]), cache=cache)
+    step, token, all_logits = NativeStep.for_model(model, dtype), prompt[-1], []
+    for _ in range(steps):
+        logits, token = step(token, cache.lengths[0], cache.keys, cache.values)
+        cache.lengths[0] += 1
+        all_logits.append(logits)
+    return all_logits, cache
+
+
+def full_pass_logits(model, tokens: list[int]) -> torch.Tensor:
+    """The last position's logits by the plain model's forward pass over all of `tokens` (no cache)."""
+    with torch.no_grad():
+        return model(torch.tensor([tokens]))[0][0, -1].float()
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_float32_logits_and_cache_match_the_full_forward_pass(shape):
+    """Each step's logits are the full pass's over the prompt and the greedy tokens so far (float32 rounding), and
+    the cache holds the keys and values an eager pass writes."""
+    model = lively_model(vocab_size=61, block_size=32, seed=3, **SHAPES[shape])
+    prompt = torch.randint(0, 61, (7,), generator=torch.Generator().manual_seed(0)).tolist()
+    logits, cache = native_steps(model, torch.float32, prompt, 10)
+    tokens = list(prompt)
+    for step_logits in logits:
+        expected = full_pass_logits(model, tokens)
+        torch.testing.assert_close(step_logits, expected, rtol=1e-4, atol=1e-4)
+        tokens.append(int(expected.argmax()))
+    eager = KVCache(model.config.n_layer, model.config.block_size)
+    with torch.no_grad():
+        model.hidden_states(torch.tensor([tokens[:-1]]), cache=eager)
+    length = len(tokens) - 1
+    for layer in range(model.config.n_layer):
+        torch.testing.assert_close(cache.keys[layer][:, :, :length], eager.keys[layer][:, :, :length])
+        torch.testing.assert_close(cache.values[layer][:, :, :length], eager.values[layer][:, :, :length])
+
+
+def test_bfloat16_logits_are_the_float32_pass_of_the_same_weights_within_bfloat16_rounding():
+    """bfloat16 weights: the step's logits stay within bfloat16 rounding of a float32 pass over the same (rounded)
+    weights, and closer to it than the eager bfloat16 pass's logits are allowed to be wrong by much."""
+    model = lively_model(vocab_size=61, block_size=32, seed=4).to(torch.bfloat16)
+    reference = plain_copy(model).float()
+    prompt = torch.randint(0, 61, (9,), generator=torch.Generator().manual_seed(1)).tolist()
+    logits, _ = native_steps(model, torch.bfloat16, prompt, 6)
+    tokens = list(prompt)
+    for step_logits in logits:
+        expected = full_pass_logits(reference, tokens)
+        scale = expected.abs().max()
+        assert (step_logits - expected).abs().max() <= 0.03 * scale
+        tokens.append(int(step_logits.argmax()))
+
+
+@pytest.mark.parametrize("pos_encoding", ["learned", "sinusoidal"])
+def test_the_engine_gives_each_request_its_reference_greedy_tokens(pos_encoding):
+    """Prompts of 1, 9 and 26 tokens (the first with no prefill), block 40, 30 new tokens: the longest slides its
+    window. Alone in the engine, each request gets exactly its reference greedy tokens."""
+    model = lively_model(block_size=40, pos_encoding=pos_encoding)
+    reference = plain_copy(model)
+    for length in (1, 9, 26):
+        prompt = torch.randint(0, 37, (length,), generator=torch.Generator().manual_seed(length)).tolist()
+        request = Request(prompt, 30, temperature=0)
+        list(Engine(model, native=True).run([request]))
+        assert request.output == reference_greedy(reference, prompt, 30)
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(1.0, 5, None), (0.7, None, None), (1.0, 40, None),
+                                                             (1.0, 5, 0.8)])  # fmt: skip
+def test_seeded_sampling_draws_the_eager_engines_tokens(temperature, top_k, top_p):
+    """The step samples inside the C++ call (top-k, or the whole vocabulary at top_k >= vocab) with the uniform
+    number the eager engine would draw; with top-p the engine samples the step's logits itself. Same seed, same
+    tokens as the eager engine, over a window that slides."""
+    model = lively_model(block_size=24)
+    outputs = {}
+    for native in (True, False):
+        request = Request([3, 1, 4, 1, 5], 40, temperature, top_k, top_p, seed=11)
+        list(Engine(plain_copy(model) if not native else model, native=native).run([request]))
+        outputs[native] = request.output
+    assert outputs[True] == outputs[False]
+    assert len(set(outputs[True])) > 5  # sampled, not one repeated token
+
+
+def test_steps_with_more_rows_take_the_engines_other_path(monkeypatch):
+    """Three requests in one engine: batched steps run eagerly; once one row is left, the native step runs it. Each
+    request gets its reference greedy tokens either way."""
+    model = lively_model(block_size=40)
+    reference = plain_copy(model)
+    calls = []
+    original = NativeStep.__call__
+    monkeypatch.setattr(NativeStep, "__call__", lambda self, *args: calls.append(1) or original(self, *args))
+    prompts = [[1, 2, 3], [4, 5, 6, 7], [8]]
+    requests = [Request(prompt, new, temperature=0) for prompt, new in zip(prompts, (5, 8, 20))]
+    list(Engine(model, slots=3, native=True).run(requests))
+    for prompt, request in zip(prompts, requests):
+        assert request.output == reference_greedy(reference, prompt, len(request.output))
+    assert [len(r.output) for r in requests] == [5, 8, 20] and len(calls) == 20 - 8
+
+
+def test_the_packed_weights_follow_a_changed_model():
+    """One packed copy per model and dtype, made again after a weight changes in place (load_state_dict)."""
+    model, other = lively_model(seed=1), lively_model(seed=2)
+    first = NativeStep.for_model(model, torch.float32)
+    assert NativeStep.for_model(model, torch.float32) is first
+    assert NativeStep.for_model(model, torch.bfloat16) is not first
+    model.load_state_dict(other.state_dict())
+    assert NativeStep.for_model(model, torch.float32) is not first
+    request = Request([1, 2, 3], 12, temperature=0)
+    list(Engine(model, native=True).run([request]))
+    assert request.output == reference_greedy(plain_copy(other), [1, 2, 3], 12)
+
+
+def test_bfloat16_autocast_packs_bfloat16_weights():
+    """Under CPU bfloat16 autocast (sample.py --dtype=bfloat16) float32 weights are packed in bfloat16, as the cache
+    the eager prefill makes; the logits stay within bfloat16 rounding of the float32 pass."""
+    model = lively_model(block_size=32, seed=5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        engine = Engine(model, native=True)
+        assert engine.native.dtype == torch.bfloat16
+        request = Request([2, 7, 1, 8], 4, temperature=0)
+        engine.add(request)
+        engine.step()
+        assert engine.cache.keys[0].dtype == torch.bfloat16
+    prompt = [2, 7, 1, 8]
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the prefill writes bfloat16 keys, as in the engine
+        logits, _ = native_steps(model, torch.bfloat16, prompt, 1)
+    expected = full_pass_logits(model, prompt)
+    assert (logits[0] - expected).abs().max() <= 0.05 * expected.abs().max()
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        (lambda m: lively_model(pos_encoding="rope"), "rotary positions"),
+        (lambda m: lively_model(qk_norm=True), "QK-norm"),
+        (lambda m: quantize_int8(m), "int8"),
+    ],
+)
+def test_models_it_cannot_run_are_one_clear_error(change, fragment):
+    with pytest.raises(UserError) as error:
+        Engine(change(lively_model()), native=True)
+    assert_one_line_message(error.value, fragment, "--compile=True")
+
+
+def test_a_float16_compute_dtype_is_one_clear_error():
+    with pytest.raises(UserError) as error:
+        NativeStep(lively_model(), torch.float16)
+    assert_one_line_message(error.value, "float32 or bfloat16, not float16")
+
+
+def test_a_failed_build_is_one_clear_error(monkeypatch):
+    """No compiler or ninja: one line saying what is missing and what to use instead."""
+    from torch.utils import cpp_extension
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("Error building extension 'gptkit_decode_step': c++: not found\nmore detail")
+
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    native_decoding.extension.cache_clear()
+    try:
+        with pytest.raises(UserError) as error:
+            native_decoding.extension()
+        assert_one_line_message(error.value, "c++: not found", "g++", "ninja", "--compile=True")
+    finally:
+        native_decoding.extension.cache_clear()  # the next call loads the real build again
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_any_thread_count_gives_the_reference_tokens(threads):
+    """The threads split the heads and the rows: one thread does it all, and of three threads over two heads one
+    has no head (its share of the heads is empty) yet takes its share of every product."""
+    model = lively_model(block_size=24)
+    reference = plain_copy(model)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        request = Request([5, 3, 9], 30, temperature=0)
+        list(Engine(model, native=True).run([request]))
+    finally:
+        torch.set_num_threads(before)
+    assert request.output == reference_greedy(reference, [5, 3, 9], 30)
+
+
+def test_huge_page_buffers_are_zeros_from_a_2_mb_boundary():
+    """The packed weights' buffer: zeros, writable, starting at a 2 MB boundary (so whole huge pages hold it); a
+    buffer under 2 MB is a plain tensor."""
+    buffer = huge_page_zeros(3 * 2**20, torch.bfloat16)
+    assert buffer.dtype == torch.bfloat16 and buffer.shape == (3 * 2**20,) and buffer.data_ptr() % (2 << 20) == 0
+    assert not buffer.any()
+    buffer.fill_(1.0)
+    assert buffer.float().sum().item() == 3 * 2**20
+    small = huge_page_zeros(10, torch.float32)
+    assert small.shape == (10,) and not small.any()
