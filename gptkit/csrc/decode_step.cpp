@@ -32,8 +32,8 @@ enum Activation : int64_t { kGeluTanh = 0, kGelu = 1, kRelu2 = 2 };
 
 #if defined(__AVX512F__)
 // Asks for the 256 bytes PREFETCH_AHEAD past `at` in the L2 cache. A thread reads its share of each matrix as one
-// stream, so these are its next rows (at its share's end, the other thread's first rows: harmless). The hardware's
-// own prefetcher alone kept each core below the read speed of a plain sum (docs/benchmarks.md).
+// stream, so these are its next rows (at its share's end, the other thread's first rows: harmless). With the
+// hardware's own prefetcher alone, float32 products read below a plain sum's speed (docs/benchmarks.md).
 constexpr int64_t PREFETCH_AHEAD = 4096;
 inline void prefetch_ahead(const void* at) {
   const char* ahead = static_cast<const char*>(at) + PREFETCH_AHEAD;
@@ -66,8 +66,7 @@ float dot(const bf16* w, const bf16* x, int64_t n) {
   float sum = 0.0f;
 #if defined(__AVX512BF16__)
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;  // one instruction: 32 bfloat16 pairs, float32 sums
-  for (; k + 128 <= n; k += 128) {
-    prefetch_ahead(w + k);
+  for (; k + 128 <= n; k += 128) {  // no prefetch_ahead: it made bfloat16 steps slower at every read speed measured
     a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_loadu_si512(x + k));
     a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w + k + 32), (__m512bh)_mm512_loadu_si512(x + k + 32));
     a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(w + k + 64), (__m512bh)_mm512_loadu_si512(x + k + 64));
