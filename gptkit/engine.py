@@ -270,8 +270,7 @@ class Engine:
         temperature, top_k, top_p = settings.pop() if len(settings) == 1 else (0.0, None, 1.0)
         in_graph = top_p is None or top_p >= 1.0  # sample_next_token, too, skips top-p at 1
         uniform = self._uniform_numbers() if in_graph and temperature != 0 else None
-        config = self.model.config
-        self.cache.allocate(config.n_head, config.n_embd // config.n_head, self._compute_dtype(), self.device)
+        self._allocate_cache(self._compute_dtype())
         lengths = self.cache.lengths[: len(self.active)]
         logits, tokens = compiled_decoding.decode_step(
             self.model, idx, self.cache.keys, self.cache.values, lengths, self.cache.capacity,
@@ -283,8 +282,8 @@ class Engine:
     def _native_tokens(self) -> list[int]:
         """The next token of the one active row through the native step, which also chooses it, save with top-p
         (then its logits are sampled eagerly)."""
-        request, config = self.active[0], self.model.config
-        self.cache.allocate(config.n_head, config.n_embd // config.n_head, self.native.dtype, self.device)
+        request = self.active[0]
+        self._allocate_cache(self.native.dtype)
         position = self.cache.lengths[0]
         in_step = request.temperature != 0 and (request.top_p is None or request.top_p >= 1.0)
         uniform = self._uniform_numbers().item() if in_step else 0.0  # drawn as _sample would draw it
@@ -292,6 +291,11 @@ class Engine:
                                     request.temperature if in_step else 0.0, request.top_k, uniform)  # fmt: skip
         self.cache.lengths[0] = position + 1
         return [token] if in_step or request.temperature == 0 else self._sample(logits[None])
+
+    def _allocate_cache(self, dtype: torch.dtype) -> None:
+        """Every layer's cache storage, made now if it is not there: a step that is one call writes into it in place."""
+        config = self.model.config
+        self.cache.allocate(config.n_head, config.n_embd // config.n_head, dtype, self.device)
 
     def _compute_dtype(self) -> torch.dtype:
         """The dtype a pass computes in, and so the dtype its keys come out as: autocast's, else the weights'."""
