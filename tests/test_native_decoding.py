@@ -64,10 +64,12 @@ def test_float32_logits_and_cache_match_the_full_forward_pass(shape):
         torch.testing.assert_close(cache.values[layer][:, :, :length], eager.values[layer][:, :, :length])
 
 
-def test_bfloat16_logits_are_the_float32_pass_of_the_same_weights_within_bfloat16_rounding():
+@pytest.mark.parametrize("width", [32, 768])
+def test_bfloat16_logits_are_the_float32_pass_of_the_same_weights_within_bfloat16_rounding(width):
     """bfloat16 weights: the step's logits stay within bfloat16 rounding of a float32 pass over the same (rounded)
-    weights, and closer to it than the eager bfloat16 pass's logits are allowed to be wrong by much."""
-    model = lively_model(vocab_size=61, block_size=32, seed=4).to(torch.bfloat16)
+    weights, at a small width and at GPT-2's (768: its rows are 24 vectors of 32 bfloat16 values)."""
+    shape = dict(n_embd=width, n_head=width // 16, n_layer=1) if width == 768 else {}
+    model = lively_model(vocab_size=61, block_size=32, seed=4, **shape).to(torch.bfloat16)
     reference = plain_copy(model).float()
     prompt = torch.randint(0, 61, (9,), generator=torch.Generator().manual_seed(1)).tolist()
     logits, _ = native_steps(model, torch.bfloat16, prompt, 6)
