@@ -97,11 +97,9 @@ def run_sample_path(path: str, models: dict, prompt: torch.Tensor, top_k: int, n
             for _ in generate_stream(models["plain"], prompt, new_tokens, top_k=top_k, generator=generator,
                                      cpu_fast_path=False):  # fmt: skip
                 pass
-        elif path in COMPILED_PATHS:
-            for _ in generate_stream(models[path], prompt, new_tokens, top_k=top_k, generator=generator, compiled=True):
-                pass
-        elif path in NATIVE_PATHS:
-            for _ in generate_stream(models[path], prompt, new_tokens, top_k=top_k, generator=generator, native=True):
+        elif path in COMPILED_PATHS + NATIVE_PATHS:
+            for _ in generate_stream(models[path], prompt, new_tokens, top_k=top_k, generator=generator,
+                                     compiled=path in COMPILED_PATHS, native=path in NATIVE_PATHS):  # fmt: skip
                 pass
         elif path in READ_PATHS:
             read_every_weight(step_weights(models[path]), new_tokens)

@@ -48,10 +48,9 @@ OTHER_PATHS = "use --compile=True (the compiled step) or the default eager path 
 
 def native_problem(model: nn.Module, dtype: torch.dtype) -> str | None:
     """Why the native step cannot run `model` computing in `dtype` (None: it can); the one place its rules live."""
-    config = model.config
-    params = list(model.parameters())
-    if params[0].device.type != "cpu":
-        return f"the native step runs on the CPU only, and this model is on {params[0].device}"
+    config, device = model.config, next(model.parameters()).device
+    if device.type != "cpu":
+        return f"the native step runs on the CPU only, and this model is on {device}"
     if config.pos_encoding == "rope" or config.qk_norm:
         return "the native step does not implement rotary positions or QK-norm"
     if dtype not in (torch.float32, torch.bfloat16):
@@ -181,13 +180,10 @@ class NativeStep:
 
     @staticmethod
     def _position_table(model: nn.Module) -> torch.Tensor:
-        """float32 (block_size, n_embd): the row added to each position's embedding (zeros without a table)."""
-        config = model.config
-        if config.pos_encoding == "learned":
-            return model.transformer.wpe.weight.detach().float().contiguous()
-        if config.pos_encoding == "sinusoidal":
-            return model.pos_table.float().contiguous()
-        return torch.zeros(config.block_size, config.n_embd)
+        """float32 (block_size, n_embd): the row added to each position's embedding, learned or sinusoidal (the only
+        positions native_problem lets through)."""
+        table = model.transformer.wpe.weight if model.config.pos_encoding == "learned" else model.pos_table
+        return table.detach().float().contiguous()
 
     @staticmethod
     def _versions(model: nn.Module) -> tuple[int, ...]:

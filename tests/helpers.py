@@ -356,6 +356,16 @@ def lively_model(vocab_size: int = 37, seed: int = 0, **overrides: Any) -> Any:
     return lively_weights(GPT(GPTConfig(**{**settings, **overrides})).eval())
 
 
+def count_native_steps(monkeypatch: Any) -> list[int]:
+    """A list that gets one entry for each native decoding step run while the test lasts (the steps still run)."""
+    from gptkit.native_decoding import NativeStep
+
+    calls: list[int] = []
+    original = NativeStep.__call__
+    monkeypatch.setattr(NativeStep, "__call__", lambda self, *args: calls.append(1) or original(self, *args))
+    return calls
+
+
 def plain_copy(model: Any) -> Any:
     """The same weights in a model no engine has touched (no fast path, no packed copy)."""
     from model import GPT

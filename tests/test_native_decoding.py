@@ -13,7 +13,7 @@ from gptkit.engine import Engine, KVCache, Request
 from gptkit.errors import UserError
 from gptkit.native_decoding import NativeStep, huge_page_zeros
 from gptkit.quantization import quantize_int8
-from helpers import assert_one_line_message, lively_model, plain_copy, reference_greedy
+from helpers import assert_one_line_message, count_native_steps, lively_model, plain_copy, reference_greedy
 
 NO_BIASES = dict(bias=False, activation="gelu", pos_encoding="sinusoidal", tie_embeddings=True)
 SHAPES = {
@@ -115,9 +115,7 @@ def test_steps_with_more_rows_take_the_engines_other_path(monkeypatch):
     request gets its reference greedy tokens either way."""
     model = lively_model(block_size=40)
     reference = plain_copy(model)
-    calls = []
-    original = NativeStep.__call__
-    monkeypatch.setattr(NativeStep, "__call__", lambda self, *args: calls.append(1) or original(self, *args))
+    calls = count_native_steps(monkeypatch)
     prompts = [[1, 2, 3], [4, 5, 6, 7], [8]]
     requests = [Request(prompt, new, temperature=0) for prompt, new in zip(prompts, (5, 8, 20))]
     list(Engine(model, slots=3, native=True).run(requests))

@@ -15,10 +15,9 @@ import uvicorn
 
 from gptkit.engine import Engine, Request
 from gptkit.errors import UserError
-from gptkit.native_decoding import NativeStep
 from gptkit.server import ServeSettings, create_app, is_loopback, listen
 from gptkit.tokenizer import CharTokenizer, TiktokenTokenizer
-from helpers import SERVE_TEXT, get_json, lively_model
+from helpers import SERVE_TEXT, count_native_steps, get_json, lively_model
 from model import GPT
 
 
@@ -86,9 +85,7 @@ def test_native_decoding_serves_a_lone_request_the_same_text(char_tokenizer, mon
     """--native=True: a request alone in the engine decodes through the native step (greedy, and sampled with a
     seed), with the text the default path gives, past a sliding window."""
     model = lively_model(char_tokenizer.vocab_size, block_size=32)
-    native_calls = []
-    original = NativeStep.__call__
-    monkeypatch.setattr(NativeStep, "__call__", lambda self, *args: native_calls.append(1) or original(self, *args))
+    native_calls = count_native_steps(monkeypatch)
     greedy = {"model": "m", "prompt": "All:", "max_tokens": 40, "temperature": 0}
     bodies = [greedy, {**greedy, "prompt": "ROMEO:", "temperature": 1.0, "top_k": 5, "seed": 3}]
     texts = {}
