@@ -48,7 +48,7 @@ class SampleSettings(ModelSource):
     native: bool = setting(
         False,
         "decode one sample on the CPU through one C++ call a token (gptkit/native_decoding.py; built on first use, "
-        "~25 s; float32 or bfloat16; not rope, qk_norm or int8): faster than --compile=True for one sample",
+        "~25 s; float32, bfloat16 or --quantize=int8; not rope or qk_norm): faster than --compile=True for one sample",
     )
     interactive: bool = setting(False, "read prompts from stdin, one per line, until end of input")
     stream: bool = setting(True, "print tokens as they are generated (when num_samples is 1)")

@@ -39,8 +39,9 @@ from model import GPT, GPTConfig
 # generate: the documented call on a fresh model, `GPT(config).eval().generate(...)`, nothing else (the engine
 # applies the CPU fast path itself); cached: the same after an explicit optimize_for_cpu_decoding(), as before;
 # cached_plain: the engine with the fast path off; cached_bf16: bfloat16 weights; int8: int8 weights (--quantize=int8);
-# compiled, compiled_bf16, int8_compiled: the compiled step (float32, bfloat16, int8); native, native_bf16: the
-# native step (float32, bfloat16; batch 1 only, other batches run eagerly); uncached: nanoGPT's loop;
+# compiled, compiled_bf16, int8_compiled: the compiled step (float32, bfloat16, int8); native, native_bf16,
+# native_int8: the native step (float32, bfloat16, int8; batch 1 only, other batches run eagerly); uncached:
+# nanoGPT's loop;
 # no_products: the generate path with every matrix product skipped (each Linear returns zeros of its output's
 # shape without reading its weight): a token's time in it is what the rest of a step costs (attention, norms...).
 # weights_read, weights_read_bf16: no decoding; per token, one plain sum over every weight matrix a step reads
@@ -48,12 +49,12 @@ from model import GPT, GPTConfig
 # (the bound's read speed comes from one sum over a single buffer of bandwidth_mb, which can read faster: see
 # docs/benchmarks.md).
 SAMPLE_PATHS = ("generate", "cached", "cached_plain", "cached_bf16", "compiled", "compiled_bf16", "native",
-                "native_bf16", "int8", "int8_compiled", "no_products", "weights_read", "weights_read_bf16", "uncached",
-                "hf")  # fmt: skip
+                "native_bf16", "native_int8", "int8", "int8_compiled", "no_products", "weights_read",
+                "weights_read_bf16", "uncached", "hf")  # fmt: skip
 # Bytes per weight a path reads in one decoding step (float32 elsewhere): the memory-speed bound's numerator.
-WEIGHT_BYTES = {"cached_bf16": 2, "compiled_bf16": 2, "native_bf16": 2, "int8": 1, "int8_compiled": 1,
-                "weights_read_bf16": 2}  # fmt: skip
-NATIVE_PATHS = ("native", "native_bf16")
+WEIGHT_BYTES = {"cached_bf16": 2, "compiled_bf16": 2, "native_bf16": 2, "native_int8": 1, "int8": 1,
+                "int8_compiled": 1, "weights_read_bf16": 2}  # fmt: skip
+NATIVE_PATHS = ("native", "native_bf16", "native_int8")
 COMPILED_PATHS = ("compiled", "compiled_bf16", "int8_compiled")
 READ_PATHS = ("weights_read", "weights_read_bf16")
 
@@ -152,8 +153,9 @@ def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> 
                         ("weights_read", torch.float32), ("weights_read_bf16", torch.bfloat16)):  # fmt: skip
         if path in paths:  # copies: a second random initialisation of GPT-2 124M would take seconds
             models[path] = copy.deepcopy(plain).to(device, dtype)
-    if {"int8", "int8_compiled"} & set(paths):  # one int8 model: eager and compiled calls use their own kernels
-        models["int8"] = models["int8_compiled"] = quantize_int8(copy.deepcopy(plain))  # a UserError off the CPU
+    if {"int8", "int8_compiled", "native_int8"} & set(paths):  # one int8 model: each path uses its own kernels
+        int8 = quantize_int8(copy.deepcopy(plain))  # a UserError off the CPU
+        models["int8"] = models["int8_compiled"] = models["native_int8"] = int8
     if "no_products" in paths:
         models["no_products"] = without_products(copy.deepcopy(plain))
     if "cached" in models and device.type == "cpu":

@@ -6,9 +6,10 @@ dynamo's and inductor's wrappers; the native step runs the whole pass in one par
 barriers, reading the weights from one buffer in the order the pass reads them. `python benchmarks/bench.py sample
 --paths=native --paths=native_bf16` measures it against the memory bound; docs/benchmarks.md has the figures.
 
-What it serves: float32 or bfloat16 weights on the CPU; learned or sinusoidal positions; LayerNorm with or without
-biases; the GELU (tanh or exact) or squared-ReLU MLP; a tied or separate head. Not rotary positions, QK-norm or int8
-weights (native_problem says why a model does not fit). The engine uses it for steps with one active row and keeps
+What it serves: float32 or bfloat16 weights on the CPU, or int8 ones (gptkit.quantization's Int8Linear: one scale
+per row, products with float32 inputs); learned or sinusoidal positions; LayerNorm with or without biases; the GELU
+(tanh or exact) or squared-ReLU MLP; a tied or separate head. Not rotary positions or QK-norm (native_problem says
+why a model does not fit). The engine uses it for steps with one active row and keeps
 its other paths for more rows and for prefills.
 
 The C++ source is compiled on first use (torch.utils.cpp_extension: a C++ compiler and ninja, ~25 s once; the build
@@ -38,6 +39,7 @@ import torch
 import torch.nn as nn
 
 from gptkit.errors import UserError
+from gptkit.quantization import Int8Linear
 
 SOURCE = Path(__file__).parent / "csrc" / "decode_step.cpp"
 ACTIVATIONS = {"gelu_tanh": 0, "gelu": 1, "relu2": 2}  # decode_step.cpp's Activation codes
@@ -55,9 +57,12 @@ def native_problem(model: nn.Module, dtype: torch.dtype) -> str | None:
         return "the native step does not implement rotary positions or QK-norm"
     if dtype not in (torch.float32, torch.bfloat16):
         return f"the native step computes in float32 or bfloat16, not {str(dtype).removeprefix('torch.')}"
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    if len(linears) != 4 * config.n_layer + 1:  # int8 layers (gptkit.quantization) are not nn.Linear
-        return "the native step needs plain Linear layers (no int8 quantization)"
+    products = 4 * config.n_layer + 1
+    int8_layers = sum(isinstance(m, Int8Linear) for m in model.modules())
+    if int8_layers == products:
+        return None if dtype == torch.float32 else "the native step's int8 products compute in float32 only"
+    if int8_layers or sum(isinstance(m, nn.Linear) for m in model.modules()) != products:
+        return "the native step needs every product to be a plain Linear layer, or every one int8 (--quantize=int8)"
     return None
 
 
@@ -100,13 +105,21 @@ def extension():
                         f"ninja (pip install ninja); {OTHER_PATHS}") from error  # fmt: skip
 
 
-def layer_tensors(block: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
-    """One block's matrices and vectors in the order decode_step.cpp reads them (None: a bias the model lacks)."""
+def layer_tensors(block: nn.Module) -> tuple[list[nn.Module], list[torch.Tensor | None]]:
+    """One block's products (Linear or Int8Linear) and vectors in the order decode_step.cpp reads them (None: a
+    bias the model lacks)."""
     attn, mlp = block.attn, block.mlp
-    matrices = [attn.c_attn.weight, attn.c_proj.weight, mlp.c_fc.weight, mlp.c_proj.weight]
+    products = [attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj]
     vectors = [block.ln_1.weight, block.ln_1.bias, attn.c_attn.bias, attn.c_proj.bias, block.ln_2.weight,
                block.ln_2.bias, mlp.c_fc.bias, mlp.c_proj.bias]  # fmt: skip
-    return matrices, vectors
+    return products, vectors
+
+
+def weight_and_scale(product: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A product's (out, in) weight as the step reads it, and its rows' scales (int8; None for a plain Linear)."""
+    if isinstance(product, Int8Linear):
+        return product.weight_int8, product.scale.float()
+    return product.weight, None
 
 
 def huge_page_zeros(numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -155,21 +168,25 @@ class NativeStep:
         if problem:
             raise UserError(f"{problem}; {OTHER_PATHS}")
         config, transformer = model.config, model.transformer
-        self.dtype = dtype
-        matrices, vectors = [], []
+        self.dtype = dtype  # the products' inputs, the cache's and the logits' compute dtype
+        products, vectors = [], []
         for block in transformer.h:
-            block_matrices, block_vectors = layer_tensors(block)
-            matrices += block_matrices
+            block_products, block_vectors = layer_tensors(block)
+            products += block_products
             vectors += block_vectors
-        matrices.append(model.lm_head.weight)
+        products.append(model.lm_head)
         vectors += [transformer.ln_f.weight, transformer.ln_f.bias]
         C = config.n_embd
         vector_sizes = [C, C, 3 * C, C, C, C, 4 * C, C] * config.n_layer + [C, C]
-        self.matrices = packed(matrices, [m.numel() for m in matrices], self.dtype)
+        matrices, scales = zip(*map(weight_and_scale, products))
+        self.int8 = scales[0] is not None
+        self.matrices = packed(matrices, [m.numel() for m in matrices], torch.int8 if self.int8 else dtype)
+        self.scales = packed(scales, [m.shape[0] for m in matrices], torch.float32) if self.int8 else \
+            torch.empty(0)  # fmt: skip
         self.vectors = packed(vectors, vector_sizes, torch.float32)
-        head_start = self.matrices.numel() - model.lm_head.weight.numel()
-        tied = transformer.wte.weight is model.lm_head.weight
-        self.embedding = self.matrices[head_start:].view_as(model.lm_head.weight) if tied else \
+        head = matrices[-1]
+        tied = transformer.wte.weight is head  # an int8 head has a weight of its own (quantize_int8 unties it)
+        self.embedding = self.matrices[-head.numel() :].view_as(head) if tied else \
             transformer.wte.weight.detach().to(dtype).contiguous()  # fmt: skip
         self.positions = self._position_table(model)
         self.shapes = [config.n_embd, 4 * config.n_embd, config.vocab_size, config.n_layer, config.n_head]
@@ -187,8 +204,9 @@ class NativeStep:
 
     @staticmethod
     def _versions(model: nn.Module) -> tuple[int, ...]:
-        """The parameters' in-place version counters: they change when an optimizer or a load writes a weight."""
-        return tuple(p._version for p in model.parameters())
+        """The parameters' and buffers' (int8 weights') in-place version counters: they change when an optimizer or
+        a load writes a weight."""
+        return tuple(t._version for t in (*model.parameters(), *model.buffers()))
 
     @classmethod
     def for_model(cls, model: nn.Module, dtype: torch.dtype) -> NativeStep:
@@ -209,6 +227,6 @@ class NativeStep:
 
         keys[layer], values[layer]: the cache's storage (rows, n_head, positions, head_dim) in the step's dtype;
         row 0 gets this token's key and value at `position` and attends over positions 0..position."""
-        return self.kernel(self.matrices, self.vectors, self.embedding, self.positions[position], list(keys),
-                           list(values), self.shapes, token, position, self.activation, self.eps, temperature,
-                           top_k or 0, uniform)  # fmt: skip
+        return self.kernel(self.matrices, self.scales, self.vectors, self.embedding, self.positions[position],
+                           list(keys), list(values), self.shapes, token, position, self.activation, self.eps,
+                           temperature, top_k or 0, uniform)  # fmt: skip

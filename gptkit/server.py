@@ -60,8 +60,8 @@ class ServeSettings(ModelSource):
     slots: int = setting(16, "requests decoded together, one batch per step", rule="positive")
     native: bool = setting(
         False,
-        "a request decoded alone runs through the native step (CPU, float32 or bfloat16, "
-        "not rope, qk_norm or int8; built on first use, ~25 s): faster for one client at a time",
+        "a request decoded alone runs through the native step (CPU, float32, bfloat16 or --quantize=int8, "
+        "not rope or qk_norm; built on first use, ~25 s): faster for one client at a time",
     )
     max_queue: int = setting(64, "requests waiting for a slot; more get 429 with Retry-After", rule="non_negative")
     retry_after: int = setting(1, "seconds a 429 answer asks the client to wait (Retry-After)", rule="positive")

@@ -81,11 +81,15 @@ def tiny_train_args(data_dir: Path, out_dir: Path, **overrides: object) -> list[
     return cli_args(**settings)
 
 
+def dequantized_weight(layer: Any) -> Any:
+    """The (out, in) float64 weight an Int8Linear stands for: its stored int8 weights times their row scales."""
+    return layer.weight_int8.double() * layer.scale.double()[:, None]
+
+
 def int8_reference(layer: Any, x: Any) -> Any:
-    """gptkit.quantization.Int8Linear's product computed by hand: its stored int8 weights times their row scales,
-    in float64, returned as float32."""
-    weight = layer.weight_int8.double() * layer.scale.double()[:, None]
-    return (x.double() @ weight.T + layer.bias.double()).float()
+    """gptkit.quantization.Int8Linear's product computed by hand in float64 (dequantized_weight), returned as
+    float32."""
+    return (x.double() @ dequantized_weight(layer).T + layer.bias.double()).float()
 
 
 # ----------------------------------------------------------------------------- tiny data directories
@@ -373,6 +377,20 @@ def plain_copy(model: Any) -> Any:
     copy = GPT(model.config).eval()
     copy.load_state_dict(model.state_dict())
     return copy
+
+
+def dequantized_model(quantized: Any, original: Any) -> Any:
+    """A plain float32 copy of `original` whose Linear weights are those `quantized` (its int8 version, made by
+    gptkit.quantization.quantize_int8) stands for (dequantized_weight)."""
+    import torch
+
+    reference = plain_copy(original)
+    int8_layers = dict(quantized.named_modules())
+    with torch.no_grad():
+        for name, module in reference.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight = torch.nn.Parameter(dequantized_weight(int8_layers[name]).float())
+    return reference
 
 
 def reference_greedy(model: Any, prompt: list[int], steps: int) -> list[int]:

@@ -1,5 +1,6 @@
 """gptkit/native_decoding.py (and gptkit/csrc/decode_step.cpp): the native step's logits, cache writes, tokens and
-refusals, against the plain model's full forward pass (no cache) and the eager engine.
+refusals, against the plain model's full forward pass (no cache) and the eager engine; int8 weights against the
+float32 pass of the weights they stand for (each int8 value times its row's scale).
 
 The first test builds the C++ extension (~25 s once; torch caches the build)."""
 
@@ -12,8 +13,15 @@ from gptkit import native_decoding
 from gptkit.engine import Engine, KVCache, Request
 from gptkit.errors import UserError
 from gptkit.native_decoding import NativeStep, huge_page_zeros
-from gptkit.quantization import quantize_int8
-from helpers import assert_one_line_message, count_native_steps, lively_model, plain_copy, reference_greedy
+from gptkit.quantization import Int8Linear, quantize_int8
+from helpers import (
+    assert_one_line_message,
+    count_native_steps,
+    dequantized_model,
+    lively_model,
+    plain_copy,
+    reference_greedy,
+)
 
 NO_BIASES = dict(bias=False, activation="gelu", pos_encoding="sinusoidal", tie_embeddings=True)
 SHAPES = {
@@ -23,12 +31,13 @@ SHAPES = {
 }
 
 
-def native_steps(model, dtype: torch.dtype, prompt: list[int], steps: int) -> tuple[list[torch.Tensor], KVCache]:
-    """Logits of `steps` greedy native steps after the eager model fills the cache with prompt[:-1]."""
+def native_steps(model, dtype: torch.dtype, prompt: list[int], steps: int, prefill_model=None):
+    """Logits of `steps` greedy native steps after the eager model (or prefill_model) fills the cache with
+    prompt[:-1], and the cache."""
     cache = KVCache(model.config.n_layer, model.config.block_size)
     cache.allocate(model.config.n_head, model.config.n_embd // model.config.n_head, dtype, torch.device("cpu"))
     with torch.no_grad():
-        model.hidden_states(torch.tensor([prompt[:-1]]), cache=cache)
+        (prefill_model or model).hidden_states(torch.tensor([prompt[:-1]]), cache=cache)
     step, token, all_logits = NativeStep.for_model(model, dtype), prompt[-1], []
     for _ in range(steps):
         logits, token = step(token, cache.lengths[0], cache.keys, cache.values)
@@ -79,6 +88,37 @@ def test_bfloat16_logits_are_the_float32_pass_of_the_same_weights_within_bfloat1
         scale = expected.abs().max()
         assert (step_logits - expected).abs().max() <= 0.03 * scale
         tokens.append(int(step_logits.argmax()))
+
+
+@pytest.mark.parametrize("shape", [*SHAPES, "gpt2 width"])
+def test_int8_logits_match_the_float32_pass_of_the_weights_they_stand_for(shape):
+    """int8 weights (--quantize=int8): each step's logits are the full float32 pass's over the dequantized weights
+    (float32 rounding: the activations stay float32), tied heads included; at GPT-2's width too (768: rows of 12
+    blocks of 64 weights, where the small widths take the kernel's tail loop). The dequantized model fills the
+    cache (the eager int8 prefill rounds its activations to 7 bits, gptkit.quantization)."""
+    overrides = dict(n_embd=768, n_head=12, n_layer=1) if shape == "gpt2 width" else SHAPES[shape]
+    original = lively_model(vocab_size=61, block_size=32, seed=6, **overrides)
+    model = quantize_int8(plain_copy(original))
+    reference = dequantized_model(model, original)
+    prompt = torch.randint(0, 61, (8,), generator=torch.Generator().manual_seed(2)).tolist()
+    logits, _ = native_steps(model, torch.float32, prompt, 6, prefill_model=reference)
+    tokens = list(prompt)
+    for step_logits in logits:
+        expected = full_pass_logits(reference, tokens)
+        torch.testing.assert_close(step_logits, expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+        tokens.append(int(expected.argmax()))
+
+
+def test_an_int8_model_in_the_engine_gets_the_reference_greedy_tokens():
+    """An int8 model alone in the engine: the greedy tokens of the float32 model with the dequantized weights. The
+    prompt is one token and the window never slides, so no eager int8 pass (7-bit activations) fills the cache."""
+    original = lively_model(block_size=24, seed=8)
+    model = quantize_int8(plain_copy(original))
+    request = Request([4], 23, temperature=0)
+    engine = Engine(model, native=True)
+    assert engine.native.int8 and engine.native.dtype == torch.float32
+    list(engine.run([request]))
+    assert request.output == reference_greedy(dequantized_model(model, original), [4], 23)
 
 
 @pytest.mark.parametrize("pos_encoding", ["learned", "sinusoidal"])
@@ -160,7 +200,10 @@ def test_bfloat16_autocast_packs_bfloat16_weights():
     [
         (lambda m: lively_model(pos_encoding="rope"), "rotary positions"),
         (lambda m: lively_model(qk_norm=True), "QK-norm"),
-        (lambda m: quantize_int8(m), "int8"),
+        (
+            lambda m: setattr(m.transformer.h[0].mlp, "c_fc", Int8Linear.from_linear(m.transformer.h[0].mlp.c_fc)) or m,
+            "every one int8",
+        ),
     ],
 )
 def test_models_it_cannot_run_are_one_clear_error(change, fragment):
@@ -173,6 +216,12 @@ def test_a_float16_compute_dtype_is_one_clear_error():
     with pytest.raises(UserError) as error:
         NativeStep(lively_model(), torch.float16)
     assert_one_line_message(error.value, "float32 or bfloat16, not float16")
+
+
+def test_int8_weights_under_bfloat16_autocast_are_one_clear_error():
+    with pytest.raises(UserError) as error:
+        NativeStep(quantize_int8(lively_model()), torch.bfloat16)
+    assert_one_line_message(error.value, "int8 products compute in float32 only", "--compile=True")
 
 
 def test_a_failed_build_is_one_clear_error(monkeypatch):

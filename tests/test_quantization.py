@@ -152,6 +152,20 @@ def test_compiled_int8_decoding_follows_eager_int8(trained: tuple[GPT, Path]) ->
         assert_same_logits(compiled_step_logits(other, prompt), other(torch.tensor([prompt]))[0][0, -1])
 
 
+def test_native_int8_decoding_follows_eager_int8(trained: tuple[GPT, Path]) -> None:
+    """sample.py --native=True --quantize=int8: the native step's int8 products (float32 inputs) give the greedy tokens
+    of the eager int8 model, and of float32."""
+    model, data_dir = trained
+    quantized = quantize_int8(copy_of(model))
+    prompt = data.open_split(data_dir, "val").read_windows([1], 24)[0].astype("int64").tolist()
+    requests = [Request(prompt, 24, temperature=0)]
+    assert len(list(Engine(quantized, native=True).run(requests))) == 24
+    with torch.inference_mode():
+        eager = quantized.generate(torch.tensor([prompt]), 24, temperature=0.0)[0, len(prompt) :].tolist()
+        fp32 = model.generate(torch.tensor([prompt]), 24, temperature=0.0)[0, len(prompt) :].tolist()
+    assert requests[0].output == eager == fp32
+
+
 def test_compiled_bfloat16_decoding_follows_eager_bfloat16(trained: tuple[GPT, Path]) -> None:
     """sample.py --compile=True --dtype=bfloat16: float32 weights under bfloat16 autocast, which the frozen compiled
     step folds into bfloat16 constants (half the bytes a token reads). Its logits match eager bfloat16's, and its
@@ -205,5 +219,9 @@ def test_sample_with_int8_weights(char_data_dir: Path, tmp_path: Path) -> None:
                         "--start=ROMEO:", "--device=cpu")  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ROMEO:") and len(result.stdout) > len("ROMEO:")
+    native = run_script("sample.py", f"--out_dir={out_dir}", "--quantize=int8", "--native=True", "--max_new_tokens=20",
+                        "--start=ROMEO:", "--device=cpu", "--seed=5")  # fmt: skip
+    assert native.returncode == 0, native.stderr
+    assert native.stdout.startswith("ROMEO:") and len(native.stdout) > len("ROMEO:")
     refused = run_script("sample.py", f"--out_dir={out_dir}", "--quantize=int8", "--dtype=bfloat16", "--device=cpu")
     assert_script_error(refused, "--quantize=int8 computes in float32")

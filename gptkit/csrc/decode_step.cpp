@@ -6,8 +6,10 @@
 // Python, dynamo and inductor's wrappers) once per kernel. The weights come from one buffer laid out in the order
 // they are read, so the memory streams them like one long array.
 //
-// Weights are float32 or bfloat16 (W); activations, norms, attention and logits are computed in float32, and the
-// inputs of each product are rounded to W (bfloat16 products multiply bfloat16 pairs, as PyTorch's do).
+// Weights are float32, bfloat16 or int8 (W); activations, norms, attention and logits are computed in float32. The
+// inputs of each float32 or bfloat16 product are rounded to W (bfloat16 products multiply bfloat16 pairs, as
+// PyTorch's do); int8 weights (gptkit.quantization's: one float scale per row) meet float32 inputs, so only the
+// weights are quantized.
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -16,6 +18,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -31,15 +35,36 @@ using bf16 = c10::BFloat16;
 enum Activation : int64_t { kGeluTanh = 0, kGelu = 1, kRelu2 = 2 };
 
 #if defined(__AVX512F__)
-// Asks for the 256 bytes PREFETCH_AHEAD past `at` in the L2 cache. A thread reads its share of each matrix as one
-// stream, so these are its next rows (at its share's end, the other thread's first rows: harmless). With the
-// hardware's own prefetcher alone, float32 products read below a plain sum's speed (docs/benchmarks.md).
+// Asks for the `lines` 64-byte lines PREFETCH_AHEAD past `at` in the L2 cache. A thread reads its share of each
+// matrix as one stream, so these are its next rows (at its share's end, the other thread's first rows: harmless).
+// With the hardware's own prefetcher alone, float32 products read below a plain sum's speed (docs/benchmarks.md).
 constexpr int64_t PREFETCH_AHEAD = 4096;
-inline void prefetch_ahead(const void* at) {
+inline void prefetch_ahead(const void* at, int lines) {
   const char* ahead = static_cast<const char*>(at) + PREFETCH_AHEAD;
-  for (int line = 0; line < 4; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T1);
+  for (int line = 0; line < lines; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T1);
 }
 #endif
+
+// The type a product's input and the cache are stored in: the weights' own for float32 and bfloat16, float32 for
+// int8 weights (weight-only quantization: the activations stay in float32).
+template <typename W>
+struct Stored {
+  using type = W;
+};
+template <>
+struct Stored<int8_t> {
+  using type = float;
+};
+
+// sum plus the products of w[i] and x[i] for i in [k, n): the values past a dot product's last whole vector block
+// (rows of GPT-2's widths have none). A plain loop: with `omp simd reduction` the compiler added 16-64 partial sums
+// in one dependent chain after every row, tail or not, which took more time than the row's own reads
+// (docs/benchmarks.md).
+template <typename W, typename X>
+inline float dot_tail(const W* w, const X* x, int64_t k, int64_t n, float sum) {
+  for (; k < n; ++k) sum += static_cast<float>(w[k]) * static_cast<float>(x[k]);
+  return sum;
+}
 
 // The dot product of one weight row with the product's input, accumulated in float32.
 float dot(const float* w, const float* x, int64_t n) {
@@ -48,7 +73,7 @@ float dot(const float* w, const float* x, int64_t n) {
 #if defined(__AVX512F__)
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;  // four chains hide the FMA latency
   for (; k + 64 <= n; k += 64) {
-    prefetch_ahead(w + k);
+    prefetch_ahead(w + k, 4);
     a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a0);
     a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
     a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
@@ -56,9 +81,7 @@ float dot(const float* w, const float* x, int64_t n) {
   }
   sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 #endif
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = k; i < n; ++i) sum += w[i] * x[i];
-  return sum;
+  return dot_tail(w, x, k, n, sum);
 }
 
 float dot(const bf16* w, const bf16* x, int64_t n) {
@@ -74,16 +97,86 @@ float dot(const bf16* w, const bf16* x, int64_t n) {
   }
   sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 #endif
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = k; i < n; ++i) sum += static_cast<float>(w[i]) * static_cast<float>(x[i]);
-  return sum;
+  return dot_tail(w, x, k, n, sum);
 }
+
+#if defined(__AVX512F__)
+inline __m512 widened16(const int8_t* w) {  // 16 int8 weights as float32 (exact: every int8 is a float32)
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
+}
+#endif
+
+// The dot product of one int8 weight row with a float32 input (the row's scale is applied by the caller).
+float dot(const int8_t* w, const float* x, int64_t n) {
+  int64_t k = 0;
+  float sum = 0.0f;
+#if defined(__AVX512F__)
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (; k + 64 <= n; k += 64) {
+    prefetch_ahead(w + k, 1);
+    a0 = _mm512_fmadd_ps(widened16(w + k), _mm512_loadu_ps(x + k), a0);
+    a1 = _mm512_fmadd_ps(widened16(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
+    a2 = _mm512_fmadd_ps(widened16(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
+    a3 = _mm512_fmadd_ps(widened16(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
+  }
+  sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#endif
+  return dot_tail(w, x, k, n, sum);
+}
+
+// Row `row` of a product over `columns` inputs: its dot product with x, times the row's scale for int8 weights
+// (scales is null for float32 and bfloat16 ones).
+template <typename W, typename X>
+inline float product_row(const W* matrix, const float* scales, int64_t row, int64_t columns, const X* x) {
+  const float sum = dot(matrix + row * columns, x, columns);
+  return scales == nullptr ? sum : sum * scales[row];
+}
+
+constexpr float GELU_INNER = 0.79788456080286536f;  // sqrt(2 / pi): tanh's argument is GELU_INNER (x + 0.044715 x^3)
 
 float activate(float x, int64_t activation) {
   if (activation == kRelu2) return x > 0.0f ? x * x : 0.0f;
   if (activation == kGelu) return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
-  const float inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);  // sqrt(2 / pi) (x + 0.044715 x^3)
-  return 0.5f * x * (1.0f + std::tanh(inner));
+  return 0.5f * x * (1.0f + std::tanh(GELU_INNER * (x + 0.044715f * x * x * x)));
+}
+
+#if defined(__AVX512F__)
+// e^v for 16 values v in [0, 88]: v = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor series to r^7 (relative
+// error under 1e-8 there), times 2^n.
+inline __m512 exp16(__m512 v) {
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), v);  // ln 2 in two parts: n ln 2 exact enough
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 sum = _mm512_set1_ps(1.0f / 5040);
+  for (const float coefficient : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+    sum = _mm512_fmadd_ps(sum, r, _mm512_set1_ps(coefficient));
+  return _mm512_scalef_ps(sum, n);
+}
+
+// GELU's tanh form of 16 values, with tanh(u) = sign(u) (1 - 2 / (e^(2|u|) + 1)) (absolute error near float32's
+// epsilon; std::tanh called per value took some 0.5 ms of a GPT-2 124M step, docs/benchmarks.md).
+inline __m512 gelu_tanh16(__m512 x) {
+  const __m512 one = _mm512_set1_ps(1.0f), half = _mm512_set1_ps(0.5f);
+  const __m512 cube = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+  const __m512 u = _mm512_mul_ps(_mm512_set1_ps(GELU_INNER), _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), cube, x));
+  const __m512 a = _mm512_abs_ps(u);
+  const __m512 e = exp16(_mm512_min_ps(_mm512_add_ps(a, a), _mm512_set1_ps(88.0f)));
+  const __m512 magnitude = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
+  const __m512i sign = _mm512_and_si512(_mm512_castps_si512(u), _mm512_set1_epi32(INT32_MIN));
+  const __m512 tanh = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(magnitude), sign));
+  return _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, tanh));
+}
+#endif
+
+// values[i] = activate(values[i]) for n values, 16 at a time for GELU's tanh form (GPT-2's).
+void activate_all(float* values, int64_t n, int64_t activation) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  if (activation == kGeluTanh)
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(values + i, gelu_tanh16(_mm512_loadu_ps(values + i)));
+#endif
+  for (; i < n; ++i) values[i] = activate(values[i], activation);
 }
 
 // out = LayerNorm(x) * weight + bias over n values, rounded to the products' input type.
@@ -158,6 +251,7 @@ struct Shapes {
   int64_t embd, hidden, vocab, layers, heads, head_dim;
   int64_t layer_matrix_elements() const { return 3 * embd * embd + embd * embd + 2 * hidden * embd; }
   int64_t layer_vector_elements() const { return 2 * embd + 3 * embd + embd + 2 * embd + hidden + embd; }
+  int64_t layer_rows() const { return 3 * embd + embd + hidden + embd; }  // one int8 scale each
 };
 
 #if defined(__AVX512F__)
@@ -216,38 +310,44 @@ void attend(const float* q, const float* k, const float* v, W* cache_k, W* cache
   for (int64_t d = 0; d < head_dim; ++d) out[d] = static_cast<W>(mixed[d]);
 }
 
+// base + offset, or null for a null base (the scales of float32 and bfloat16 weights).
+inline const float* offset_or_null(const float* base, int64_t offset) { return base ? base + offset : nullptr; }
+
 // One decoding step: fills logits (vocab) and offers each thread's share of them to per_thread[thread].
 //
 // Each thread takes one share of the heads and one share of every other product's rows. It computes the queries,
 // keys and values of its own heads and attends with them, so the heads need no barrier of their own; each thread
 // normalizes the whole residual stream itself (n_embd values) rather than waiting for one thread to do it. The
 // threads meet four times a layer: after attention, and after each product whose whole output the next one reads.
-template <typename W>
-void step(const W* matrices, const float* vectors, const W* embedding, const float* position_row,
-          const std::vector<W*>& keys, const std::vector<W*>& values, int64_t cache_positions, const Shapes& s,
+template <typename W, typename S = typename Stored<W>::type>
+void step(const W* matrices, const float* scales, const float* vectors, const S* embedding, const float* position_row,
+          const std::vector<S*>& keys, const std::vector<S*>& values, int64_t cache_positions, const Shapes& s,
           int64_t token, int64_t position, int64_t activation, float eps, float* logits,
           std::vector<Largest>& per_thread) {
   const int64_t C = s.embd, F = s.hidden, D = s.head_dim;
   std::vector<float> x(C), qkv(3 * C);
-  std::vector<W> attended(C), hidden(F);
+  std::vector<S> attended(C), hidden(F);
   for (int64_t i = 0; i < C; ++i) x[i] = static_cast<float>(embedding[token * C + i]) + position_row[i];
 
 #pragma omp parallel num_threads(static_cast<int>(per_thread.size()))
   {
     const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
     const Share heads(s.heads, thread, threads);
-    std::vector<W> normed(C);
-    std::vector<float> scores(position + 1), mixed(D);
+    std::vector<S> normed(C);
+    std::vector<float> scores(position + 1), mixed(D), activations(F);
     const W* matrix = matrices;
     const float* vector = vectors;
     for (int64_t layer = 0; layer < s.layers; ++layer) {
       const float *ln1_w = vector, *ln1_b = ln1_w + C, *attn_b = ln1_b + C, *proj_b = attn_b + 3 * C;
       const float *ln2_w = proj_b + C, *ln2_b = ln2_w + C, *fc_b = ln2_b + C, *fc_proj_b = fc_b + F;
       const W *attn_w = matrix, *proj_w = attn_w + 3 * C * C, *fc_w = proj_w + C * C, *fc_proj_w = fc_w + F * C;
+      const float* attn_s = offset_or_null(scales, layer * s.layer_rows());
+      const float *proj_s = offset_or_null(attn_s, 3 * C), *fc_s = offset_or_null(proj_s, C),
+                  *fc_proj_s = offset_or_null(fc_s, F);
       layer_norm(x.data(), ln1_w, ln1_b, C, eps, normed.data());
       for (int64_t part = 0; part < 3; ++part)  // this thread's heads' rows of Q, then of K, then of V
         for (int64_t row = part * C + heads.first * D; row < part * C + heads.last * D; ++row)
-          qkv[row] = dot(attn_w + row * C, normed.data(), C) + attn_b[row];
+          qkv[row] = product_row(attn_w, attn_s, row, C, normed.data()) + attn_b[row];
       for (int64_t h = heads.first; h < heads.last; ++h) {
         const int64_t at = h * D, storage = h * cache_positions * D;
         attend(&qkv[at], &qkv[C + at], &qkv[2 * C + at], keys[layer] + storage, values[layer] + storage, position, D,
@@ -255,21 +355,25 @@ void step(const W* matrices, const float* vectors, const W* embedding, const flo
       }
 #pragma omp barrier
       for (Share r(C, thread, threads); r.first < r.last; ++r.first)  // the residual: x is not this product's input
-        x[r.first] += dot(proj_w + r.first * C, attended.data(), C) + proj_b[r.first];
+        x[r.first] += product_row(proj_w, proj_s, r.first, C, attended.data()) + proj_b[r.first];
 #pragma omp barrier
       layer_norm(x.data(), ln2_w, ln2_b, C, eps, normed.data());
-      for (Share r(F, thread, threads); r.first < r.last; ++r.first)
-        hidden[r.first] = static_cast<W>(activate(dot(fc_w + r.first * C, normed.data(), C) + fc_b[r.first], activation));
+      const Share mine(F, thread, threads);  // this thread's hidden units: computed, activated, then stored as S
+      for (int64_t row = mine.first; row < mine.last; ++row)
+        activations[row - mine.first] = product_row(fc_w, fc_s, row, C, normed.data()) + fc_b[row];
+      activate_all(activations.data(), mine.last - mine.first, activation);
+      for (int64_t row = mine.first; row < mine.last; ++row) hidden[row] = static_cast<S>(activations[row - mine.first]);
 #pragma omp barrier
       for (Share r(C, thread, threads); r.first < r.last; ++r.first)
-        x[r.first] += dot(fc_proj_w + r.first * F, hidden.data(), F) + fc_proj_b[r.first];
+        x[r.first] += product_row(fc_proj_w, fc_proj_s, r.first, F, hidden.data()) + fc_proj_b[r.first];
 #pragma omp barrier
       matrix += s.layer_matrix_elements();
       vector += s.layer_vector_elements();
     }
     layer_norm(x.data(), vector, vector + C, C, eps, normed.data());
+    const float* head_s = offset_or_null(scales, s.layers * s.layer_rows());
     for (Share r(s.vocab, thread, threads); r.first < r.last; ++r.first) {
-      logits[r.first] = dot(matrix + r.first * C, normed.data(), C);
+      logits[r.first] = product_row(matrix, head_s, r.first, C, normed.data());
       per_thread[thread].offer(logits[r.first], r.first);
     }
   }
@@ -298,13 +402,44 @@ std::vector<W*> storage_of(const std::vector<torch::Tensor>& cache) {
   return pointers;
 }
 
+// step() for the weights' dtype W, with the cache and the embedding in Stored<W>'s and the scales of int8 rows.
+template <typename W, typename S = typename Stored<W>::type>
+void step_in(const torch::Tensor& matrices, const torch::Tensor& scales, const torch::Tensor& vectors,
+             const torch::Tensor& embedding, const torch::Tensor& position_row, const std::vector<torch::Tensor>& keys,
+             const std::vector<torch::Tensor>& values, const Shapes& s, int64_t token, int64_t position,
+             int64_t activation, double eps, float* logits, std::vector<Largest>& per_thread) {
+  const auto stored = c10::CppTypeToScalarType<S>::value;
+  TORCH_CHECK(embedding.scalar_type() == stored && embedding.is_contiguous(), "embedding: wrong dtype");
+  for (int64_t l = 0; l < s.layers; ++l)
+    TORCH_CHECK(keys[l].scalar_type() == stored && values[l].scalar_type() == stored,
+                "the cache must be in the weights' dtype (float32 for int8 weights)");
+  const bool int8 = std::is_same_v<W, int8_t>;
+  TORCH_CHECK(scales.numel() == (int8 ? s.layers * s.layer_rows() + s.vocab : 0), "scales: wrong size");
+  TORCH_CHECK(scales.scalar_type() == torch::kFloat && scales.is_contiguous());
+  step(matrices.data_ptr<W>(), int8 ? scales.data_ptr<float>() : nullptr, vectors.data_ptr<float>(),
+       embedding.data_ptr<S>(), position_row.data_ptr<float>(), storage_of<S>(keys), storage_of<S>(values),
+       keys[0].size(2), s, token, position, activation, static_cast<float>(eps), logits, per_thread);
+}
+
+using StepIn = decltype(&step_in<float>);
+
+// The step_in for weights of `dtype`.
+StepIn step_for(torch::ScalarType dtype) {
+  if (dtype == torch::kBFloat16) return &step_in<bf16>;
+  if (dtype == torch::kChar) return &step_in<int8_t>;
+  TORCH_CHECK(dtype == torch::kFloat, "weights must be float32, bfloat16 or int8");
+  return &step_in<float>;
+}
+
 }  // namespace
 
-// Logits (vocab,) float32 for `token` at `position`, and the next token (see choose). keys[l], values[l]: layer l's
-// cache storage (rows, heads, positions, head_dim), contiguous, in the weights' dtype; row 0 is written at
-// `position` and attended over 0..position. shapes: embd, hidden, vocab, layers, heads.
-std::tuple<torch::Tensor, int64_t> decode_step(const torch::Tensor& matrices, const torch::Tensor& vectors,
-                                               const torch::Tensor& embedding, const torch::Tensor& position_row,
+// Logits (vocab,) float32 for `token` at `position`, and the next token (see choose). matrices: float32, bfloat16 or
+// int8; scales: one float32 per matrix row for int8 (in read order), else empty. keys[l], values[l]: layer l's cache
+// storage (rows, heads, positions, head_dim), contiguous, in the weights' dtype (float32 for int8); row 0 is written
+// at `position` and attended over 0..position. shapes: embd, hidden, vocab, layers, heads.
+std::tuple<torch::Tensor, int64_t> decode_step(const torch::Tensor& matrices, const torch::Tensor& scales,
+                                               const torch::Tensor& vectors, const torch::Tensor& embedding,
+                                               const torch::Tensor& position_row,
                                                const std::vector<torch::Tensor>& keys,
                                                const std::vector<torch::Tensor>& values, std::vector<int64_t> shapes,
                                                int64_t token, int64_t position, int64_t activation, double eps,
@@ -313,29 +448,19 @@ std::tuple<torch::Tensor, int64_t> decode_step(const torch::Tensor& matrices, co
   TORCH_CHECK(matrices.is_contiguous() && vectors.scalar_type() == torch::kFloat && vectors.is_contiguous());
   TORCH_CHECK(matrices.numel() == s.layers * s.layer_matrix_elements() + s.vocab * s.embd, "matrices: wrong size");
   TORCH_CHECK(vectors.numel() == s.layers * s.layer_vector_elements() + 2 * s.embd, "vectors: wrong size");
-  TORCH_CHECK(embedding.scalar_type() == matrices.scalar_type() && embedding.is_contiguous());
   TORCH_CHECK(position_row.scalar_type() == torch::kFloat && position_row.numel() == s.embd);
   TORCH_CHECK(static_cast<int64_t>(keys.size()) == s.layers && static_cast<int64_t>(values.size()) == s.layers);
-  const int64_t cache_positions = keys[0].size(2);
-  TORCH_CHECK(0 <= position && position < cache_positions && 0 <= token && token < embedding.size(0));
+  TORCH_CHECK(0 <= position && position < keys[0].size(2) && 0 <= token && token < embedding.size(0));
   for (int64_t l = 0; l < s.layers; ++l)
-    TORCH_CHECK(keys[l].is_contiguous() && values[l].is_contiguous() && keys[l].scalar_type() == matrices.scalar_type() &&
-                    keys[l].sizes() == values[l].sizes() && keys[l].size(1) == s.heads && keys[l].size(3) == s.head_dim,
-                "the cache must be contiguous (rows, heads, positions, head_dim) in the weights' dtype");
+    TORCH_CHECK(keys[l].is_contiguous() && values[l].is_contiguous() && keys[l].sizes() == values[l].sizes() &&
+                    keys[l].size(1) == s.heads && keys[l].size(3) == s.head_dim,
+                "the cache must be contiguous (rows, heads, positions, head_dim)");
   TORCH_CHECK(temperature >= 0.0 && top_k >= 0 && 0.0 <= uniform && uniform < 1.0);
   auto logits = torch::empty({s.vocab}, vectors.options());
   const int64_t keep = temperature == 0.0 ? 1 : (top_k < s.vocab ? top_k : 0);
   std::vector<Largest> per_thread(at::get_num_threads(), Largest(keep));
-  if (matrices.scalar_type() == torch::kBFloat16) {
-    step(matrices.data_ptr<bf16>(), vectors.data_ptr<float>(), embedding.data_ptr<bf16>(),
-                position_row.data_ptr<float>(), storage_of<bf16>(keys), storage_of<bf16>(values), cache_positions, s,
-                token, position, activation, static_cast<float>(eps), logits.data_ptr<float>(), per_thread);
-  } else {
-    TORCH_CHECK(matrices.scalar_type() == torch::kFloat, "weights must be float32 or bfloat16");
-    step(matrices.data_ptr<float>(), vectors.data_ptr<float>(), embedding.data_ptr<float>(),
-                position_row.data_ptr<float>(), storage_of<float>(keys), storage_of<float>(values), cache_positions, s,
-                token, position, activation, static_cast<float>(eps), logits.data_ptr<float>(), per_thread);
-  }
+  step_for(matrices.scalar_type())(matrices, scales, vectors, embedding, position_row, keys, values, s, token, position,
+                                   activation, eps, logits.data_ptr<float>(), per_thread);
   return {logits, choose(logits.data_ptr<float>(), s.vocab, per_thread, keep, temperature, uniform)};
 }
 
