@@ -57,12 +57,15 @@ struct Stored<int8_t> {
 };
 
 // sum plus the products of w[i] and x[i] for i in [k, n): the values past a dot product's last whole vector block
-// (rows of GPT-2's widths have none). A plain loop: with `omp simd reduction` the compiler added 16-64 partial sums
-// in one dependent chain after every row, tail or not, which took more time than the row's own reads
-// (docs/benchmarks.md).
+// (rows of GPT-2's widths have none). With AVX-512 a plain loop: with `omp simd reduction` the compiler added 16-64
+// partial sums in one dependent chain after every row, tail or not, which took more time than the row's own reads
+// (docs/benchmarks.md). Without AVX-512 this is the whole product, so the compiler may vectorize it.
 template <typename W, typename X>
 inline float dot_tail(const W* w, const X* x, int64_t k, int64_t n, float sum) {
-  for (; k < n; ++k) sum += static_cast<float>(w[k]) * static_cast<float>(x[k]);
+#if !defined(__AVX512F__)
+#pragma omp simd reduction(+ : sum)
+#endif
+  for (int64_t i = k; i < n; ++i) sum += static_cast<float>(w[i]) * static_cast<float>(x[i]);
   return sum;
 }
 
