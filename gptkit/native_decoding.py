@@ -17,8 +17,8 @@ is cached under torch's extensions directory and redone when the source changes)
 set (AVX-512 and its bfloat16 products where the CPU has them).
 
 Caveat: the step reads a packed copy of the weights (their memory twice over), made once per model and remade when
-a parameter is changed in place (an optimizer step, a load_state_dict), which `NativeStep.for_model` notices by the
-parameters' version counters.
+a parameter or buffer (int8 weights are buffers) is changed in place (an optimizer step, a load_state_dict), which
+`NativeStep.for_model` notices by their version counters.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ PyTorch's own:
   weight-only-int8 GEMM template (bfloat16 activations, int8 weights widened in registers). Product for product it
   is no faster than fbgemm, but in the compiled step (one graph, no per-call costs) a token takes far less time;
   docs/benchmarks.md has the figures.
-The embeddings stay float32: a lookup reads one row.
+The native step (gptkit.native_decoding, --native=True) reads the same int8 weights and scales with kernels of its
+own (float32 inputs). The embeddings stay float32: a lookup reads one row.
 """
 
 from __future__ import annotations
