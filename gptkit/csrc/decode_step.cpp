@@ -19,8 +19,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -58,7 +58,7 @@ struct Stored<int8_t> {
 
 // sum plus the products of w[i] and x[i] for i in [k, n): the values past a dot product's last whole vector block
 // (rows of GPT-2's widths have none). With AVX-512 a plain loop: with `omp simd reduction` the compiler added 16-64
-// partial sums in one dependent chain after every row, tail or not, which took more time than the row's own reads
+// partial sums in one dependent chain after every row, tail or not, a cost a profile showed on every row
 // (docs/benchmarks.md). Without AVX-512 this is the whole product, so the compiler may vectorize it.
 template <typename W, typename X>
 inline float dot_tail(const W* w, const X* x, int64_t k, int64_t n, float sum) {
@@ -158,7 +158,7 @@ inline __m512 exp16(__m512 v) {
 }
 
 // GELU's tanh form of 16 values, with tanh(u) = sign(u) (1 - 2 / (e^(2|u|) + 1)) (absolute error near float32's
-// epsilon; std::tanh called per value took some 0.5 ms of a GPT-2 124M step, docs/benchmarks.md).
+// epsilon; std::tanh called per value was a visible share of a step in a profile, docs/benchmarks.md).
 inline __m512 gelu_tanh16(__m512 x) {
   const __m512 one = _mm512_set1_ps(1.0f), half = _mm512_set1_ps(0.5f);
   const __m512 cube = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
