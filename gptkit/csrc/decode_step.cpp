@@ -144,8 +144,8 @@ float activate(float x, int64_t activation) {
 }
 
 #if defined(__AVX512F__)
-// e^v for 16 values v in [0, 88]: v = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor series to r^7 (relative
-// error under 1e-8 there), times 2^n.
+// e^v for 16 values v in [-100, 88]: v = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor series to r^7
+// (relative error under 1e-8 there), times 2^n (a float32 subnormal or 0 below about -87).
 inline __m512 exp16(__m512 v) {
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -172,6 +172,24 @@ inline __m512 gelu_tanh16(__m512 x) {
 }
 #endif
 
+// values[i] = e^(values[i] - largest) for n values (none larger than `largest`), 16 at a time; returns their sum.
+float exp_shifted(float* values, int64_t n, float largest) {
+  int64_t i = 0;
+  float total = 0.0f;
+#if defined(__AVX512F__)
+  const __m512 shift = _mm512_set1_ps(largest), lowest = _mm512_set1_ps(-100.0f);
+  __m512 sums = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = exp16(_mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(values + i), shift), lowest));
+    _mm512_storeu_ps(values + i, e);
+    sums = _mm512_add_ps(sums, e);
+  }
+  total = _mm512_reduce_add_ps(sums);
+#endif
+  for (; i < n; ++i) total += (values[i] = std::exp(values[i] - largest));
+  return total;
+}
+
 // values[i] = activate(values[i]) for n values, 16 at a time for GELU's tanh form (GPT-2's).
 void activate_all(float* values, int64_t n, int64_t activation) {
   int64_t i = 0;
@@ -183,14 +201,17 @@ void activate_all(float* values, int64_t n, int64_t activation) {
 }
 
 // out = LayerNorm(x) * weight + bias over n values, rounded to the products' input type.
+// The sums run in float32 vector lanes, not as one dependent chain of n additions (in double, as before).
 template <typename W>
 void layer_norm(const float* x, const float* weight, const float* bias, int64_t n, float eps, W* out) {
-  double mean = 0.0, square = 0.0;
-  for (int64_t i = 0; i < n; ++i) mean += x[i];
-  mean /= n;
+  float total = 0.0f, square = 0.0f;
+#pragma omp simd reduction(+ : total)
+  for (int64_t i = 0; i < n; ++i) total += x[i];
+  const float mean = total / static_cast<float>(n);
+#pragma omp simd reduction(+ : square)
   for (int64_t i = 0; i < n; ++i) square += (x[i] - mean) * (x[i] - mean);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(square / n) + eps);
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<W>((x[i] - static_cast<float>(mean)) * scale * weight[i] + bias[i]);
+  const float scale = 1.0f / std::sqrt(square / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<W>((x[i] - mean) * scale * weight[i] + bias[i]);
 }
 
 // A thread's largest logits, (value, row) pairs in a min-heap of at most `keep`: a row enters only when its value
@@ -306,8 +327,7 @@ void attend(const float* q, const float* k, const float* v, W* cache_k, W* cache
     scores[t] = dot_key(q, cache_k + t * head_dim, head_dim) * scale;
     largest = std::max(largest, scores[t]);
   }
-  float total = 0.0f;
-  for (int64_t t = 0; t <= position; ++t) total += (scores[t] = std::exp(scores[t] - largest));
+  const float total = exp_shifted(scores, position + 1, largest);
   std::fill(mixed, mixed + head_dim, 0.0f);
   for (int64_t t = 0; t <= position; ++t) add_scaled(scores[t] / total, cache_v + t * head_dim, mixed, head_dim);
   for (int64_t d = 0; d < head_dim; ++d) out[d] = static_cast<W>(mixed[d]);
