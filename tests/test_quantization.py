@@ -135,18 +135,25 @@ def test_int8_converts_layers_already_in_the_cpu_decoding_layout(trained: tuple[
         torch.testing.assert_close(decoded(prompt)[0], fresh(prompt)[0])
 
 
-def test_compiled_int8_decoding_follows_eager_int8(trained: tuple[GPT, Path]) -> None:
-    """sample.py --compile=True --quantize=int8: the compiled step's weight-only int8 kernel gives the greedy tokens of
-    the eager int8 model, and of float32. A second model of the same shapes, compiled next, runs its own weights."""
-    model, data_dir = trained
+def assert_int8_engine_follows_eager_int8(model: GPT, data_dir: Path, window: int, **engine_options) -> list[int]:
+    """An engine (with engine_options) over an int8 copy of `model` gives the greedy tokens of the eager int8 model
+    and of float32: 24 tokens after the val split's window `window` (24 tokens), which is returned."""
     quantized = quantize_int8(copy_of(model))
-    prompt = data.open_split(data_dir, "val").read_windows([0], 24)[0].astype("int64").tolist()
+    prompt = data.open_split(data_dir, "val").read_windows([window], 24)[0].astype("int64").tolist()
     requests = [Request(prompt, 24, temperature=0)]
-    assert len(list(Engine(quantized, compiled=True).run(requests))) == 24
+    assert len(list(Engine(quantized, **engine_options).run(requests))) == 24
     with torch.inference_mode():
         eager = quantized.generate(torch.tensor([prompt]), 24, temperature=0.0)[0, len(prompt) :].tolist()
         fp32 = model.generate(torch.tensor([prompt]), 24, temperature=0.0)[0, len(prompt) :].tolist()
     assert requests[0].output == eager == fp32
+    return prompt
+
+
+def test_compiled_int8_decoding_follows_eager_int8(trained: tuple[GPT, Path]) -> None:
+    """sample.py --compile=True --quantize=int8: the compiled step's weight-only int8 kernel gives the greedy tokens of
+    the eager int8 model, and of float32. A second model of the same shapes, compiled next, runs its own weights."""
+    model, data_dir = trained
+    prompt = assert_int8_engine_follows_eager_int8(model, data_dir, 0, compiled=True)
     other = quantize_int8(with_shifted_embeddings(model))
     with torch.inference_mode():
         assert_same_logits(compiled_step_logits(other, prompt), other(torch.tensor([prompt]))[0][0, -1])
@@ -156,14 +163,7 @@ def test_native_int8_decoding_follows_eager_int8(trained: tuple[GPT, Path]) -> N
     """sample.py --native=True --quantize=int8: the native step's int8 products (float32 inputs) give the greedy tokens
     of the eager int8 model, and of float32."""
     model, data_dir = trained
-    quantized = quantize_int8(copy_of(model))
-    prompt = data.open_split(data_dir, "val").read_windows([1], 24)[0].astype("int64").tolist()
-    requests = [Request(prompt, 24, temperature=0)]
-    assert len(list(Engine(quantized, native=True).run(requests))) == 24
-    with torch.inference_mode():
-        eager = quantized.generate(torch.tensor([prompt]), 24, temperature=0.0)[0, len(prompt) :].tolist()
-        fp32 = model.generate(torch.tensor([prompt]), 24, temperature=0.0)[0, len(prompt) :].tolist()
-    assert requests[0].output == eager == fp32
+    assert_int8_engine_follows_eager_int8(model, data_dir, 1, native=True)
 
 
 def test_compiled_bfloat16_decoding_follows_eager_bfloat16(trained: tuple[GPT, Path]) -> None:

@@ -69,24 +69,39 @@ inline float dot_tail(const W* w, const X* x, int64_t k, int64_t n, float sum) {
   return sum;
 }
 
-// The dot product of one weight row with the product's input, accumulated in float32.
-float dot(const float* w, const float* x, int64_t n) {
+#if defined(__AVX512F__)
+// 16 values as float32: float32 as they are, bfloat16 as the top halves of float32s, int8 converted (exactly).
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const bf16* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+inline __m512 load16(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+#endif
+
+// The dot product of one float32 or int8 weight row with a float32 input, accumulated in float32 (an int8 row's
+// scale is applied by the caller).
+template <typename W>
+float dot(const W* w, const float* x, int64_t n) {
   int64_t k = 0;
   float sum = 0.0f;
 #if defined(__AVX512F__)
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;  // four chains hide the FMA latency
   for (; k + 64 <= n; k += 64) {
-    prefetch_ahead(w + k, 4);
-    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a0);
-    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
-    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
-    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
+    prefetch_ahead(w + k, static_cast<int>(sizeof(W)));  // the 64 weights' lines: 4 of float32, 1 of int8
+    a0 = _mm512_fmadd_ps(load16(w + k), _mm512_loadu_ps(x + k), a0);
+    a1 = _mm512_fmadd_ps(load16(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
+    a2 = _mm512_fmadd_ps(load16(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
+    a3 = _mm512_fmadd_ps(load16(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
   }
   sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 #endif
   return dot_tail(w, x, k, n, sum);
 }
 
+// The dot product of one bfloat16 weight row with a bfloat16 input, accumulated in float32.
 float dot(const bf16* w, const bf16* x, int64_t n) {
   int64_t k = 0;
   float sum = 0.0f;
@@ -97,30 +112,6 @@ float dot(const bf16* w, const bf16* x, int64_t n) {
     a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w + k + 32), (__m512bh)_mm512_loadu_si512(x + k + 32));
     a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(w + k + 64), (__m512bh)_mm512_loadu_si512(x + k + 64));
     a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(w + k + 96), (__m512bh)_mm512_loadu_si512(x + k + 96));
-  }
-  sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-#endif
-  return dot_tail(w, x, k, n, sum);
-}
-
-#if defined(__AVX512F__)
-inline __m512 widened16(const int8_t* w) {  // 16 int8 weights as float32 (exact: every int8 is a float32)
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
-}
-#endif
-
-// The dot product of one int8 weight row with a float32 input (the row's scale is applied by the caller).
-float dot(const int8_t* w, const float* x, int64_t n) {
-  int64_t k = 0;
-  float sum = 0.0f;
-#if defined(__AVX512F__)
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (; k + 64 <= n; k += 64) {
-    prefetch_ahead(w + k, 1);
-    a0 = _mm512_fmadd_ps(widened16(w + k), _mm512_loadu_ps(x + k), a0);
-    a1 = _mm512_fmadd_ps(widened16(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
-    a2 = _mm512_fmadd_ps(widened16(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
-    a3 = _mm512_fmadd_ps(widened16(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
   }
   sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 #endif
@@ -278,14 +269,6 @@ struct Shapes {
   int64_t layer_rows() const { return 3 * embd + embd + hidden + embd; }  // one int8 scale each
 };
 
-#if defined(__AVX512F__)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const bf16* p) {  // a bfloat16 is the top half of a float32
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-#endif
-
 // q . key over n values (a key of the cache, in its dtype).
 template <typename W>
 float dot_key(const float* q, const W* key, int64_t n) {
@@ -385,7 +368,8 @@ void step(const W* matrices, const float* scales, const float* vectors, const S*
       for (int64_t row = mine.first; row < mine.last; ++row)
         activations[row - mine.first] = product_row(fc_w, fc_s, row, C, normed.data()) + fc_b[row];
       activate_all(activations.data(), mine.last - mine.first, activation);
-      for (int64_t row = mine.first; row < mine.last; ++row) hidden[row] = static_cast<S>(activations[row - mine.first]);
+      for (int64_t row = mine.first; row < mine.last; ++row)
+        hidden[row] = static_cast<S>(activations[row - mine.first]);
 #pragma omp barrier
       for (Share r(C, thread, threads); r.first < r.last; ++r.first)
         x[r.first] += product_row(fc_proj_w, fc_proj_s, r.first, F, hidden.data()) + fc_proj_b[r.first];
