@@ -4,13 +4,14 @@ Why: at batch 1 a step reads every weight once, so its floor is the weight bytes
 compiled step (gptkit.compiled_decoding) runs some 150 kernels a token, each its own parallel region, behind
 dynamo's and inductor's wrappers; the native step runs the whole pass in one parallel region whose threads meet at
 barriers, reading the weights from one buffer in the order the pass reads them. `python benchmarks/bench.py sample
---paths=native --paths=native_bf16` measures it against the memory bound; docs/benchmarks.md has the figures.
+--paths=native --paths=native_bf16 --paths=native_int8` measures it against the memory bound; docs/benchmarks.md
+has the figures.
 
 What it serves: float32 or bfloat16 weights on the CPU, or int8 ones (gptkit.quantization's Int8Linear: one scale
 per row, products with float32 inputs); learned or sinusoidal positions; LayerNorm with or without biases; the GELU
 (tanh or exact) or squared-ReLU MLP; a tied or separate head. Not rotary positions or QK-norm (native_problem says
-why a model does not fit). The engine uses it for steps with one active row and keeps
-its other paths for more rows and for prefills.
+why a model does not fit). The engine uses it for steps with one active row and keeps its other paths for more
+rows and for prefills.
 
 The C++ source is compiled on first use (torch.utils.cpp_extension: a C++ compiler and ninja, ~25 s once; the build
 is cached under torch's extensions directory and redone when the source changes), for this machine's instruction
