@@ -192,7 +192,7 @@ void activate_all(float* values, int64_t n, int64_t activation) {
 }
 
 // out = LayerNorm(x) * weight + bias over n values, rounded to the products' input type.
-// The sums run in float32 vector lanes, not as one dependent chain of n additions (in double, as before).
+// The sums run in float32 vector lanes rather than as one dependent chain of n additions.
 template <typename W>
 void layer_norm(const float* x, const float* weight, const float* bias, int64_t n, float eps, W* out) {
   float total = 0.0f, square = 0.0f;
