@@ -15,7 +15,8 @@ rows and for prefills.
 
 The C++ source is compiled on first use (torch.utils.cpp_extension: a C++ compiler and ninja, ~25 s once; the build
 is cached under torch's extensions directory and redone when the source changes), for this machine's instruction
-set (AVX-512 and its bfloat16 products where the CPU has them).
+set: AVX-512 and its bfloat16 products where the CPU has them, else AVX2 with FMA, else what the compiler makes of
+plain loops.
 
 Caveat: the step reads a packed copy of the weights (their memory twice over), made once per model and remade when
 a parameter or buffer (int8 weights are buffers) is changed in place (an optimizer step, a load_state_dict), which

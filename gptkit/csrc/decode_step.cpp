@@ -24,7 +24,8 @@
 #include <utility>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#define GPTKIT_VECTORS 1
 #include <immintrin.h>
 #endif
 
@@ -34,14 +35,91 @@ using bf16 = c10::BFloat16;
 
 enum Activation : int64_t { kGeluTanh = 0, kGelu = 1, kRelu2 = 2 };
 
+#if defined(GPTKIT_VECTORS)
+// One vector of float32 lanes and the few operations the step needs, so that each loop below is written once for
+// AVX-512 (16 lanes) and for AVX2 with FMA (8 lanes: CPUs without AVX-512, such as AMD's Zen 3).
 #if defined(__AVX512F__)
-// Asks for the `lines` 64-byte lines PREFETCH_AHEAD past `at` in the L2 cache. A thread reads its share of each
-// matrix as one stream, so these are its next rows (at its share's end, the other thread's first rows: harmless).
-// With the hardware's own prefetcher alone, float32 products read below a plain sum's speed (docs/benchmarks.md).
+using Vec = __m512;
+constexpr int64_t LANES = 16;
+inline Vec splat(float v) { return _mm512_set1_ps(v); }
+inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
+// bfloat16 as the top halves of float32s; int8 converted (exactly).
+inline Vec load(const bf16* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+inline Vec load(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec fnmadd(Vec a, Vec b, Vec c) { return _mm512_fnmadd_ps(a, b, c); }
+inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+inline Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+inline Vec div(Vec a, Vec b) { return _mm512_div_ps(a, b); }
+inline Vec min(Vec a, Vec b) { return _mm512_min_ps(a, b); }
+inline Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+inline Vec abs(Vec v) { return _mm512_abs_ps(v); }
+inline float reduce_add(Vec v) { return _mm512_reduce_add_ps(v); }
+inline Vec round_to_integer(Vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+// v * 2^n for whole numbers n in [-126, 127].
+inline Vec times_power_of_two(Vec v, Vec n) { return _mm512_scalef_ps(v, n); }
+// magnitude (not negative) with the sign of sign_of.
+inline Vec with_sign(Vec magnitude, Vec sign_of) {
+  const __m512i sign = _mm512_and_si512(_mm512_castps_si512(sign_of), _mm512_set1_epi32(INT32_MIN));
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(magnitude), sign));
+}
+#else
+using Vec = __m256;
+constexpr int64_t LANES = 8;
+inline Vec splat(float v) { return _mm256_set1_ps(v); }
+inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec load(const bf16* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+inline Vec load(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec fnmadd(Vec a, Vec b, Vec c) { return _mm256_fnmadd_ps(a, b, c); }
+inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
+inline Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+inline Vec div(Vec a, Vec b) { return _mm256_div_ps(a, b); }
+inline Vec min(Vec a, Vec b) { return _mm256_min_ps(a, b); }
+inline Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+inline Vec abs(Vec v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+inline float reduce_add(Vec v) {
+  __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
+  return _mm_cvtss_f32(_mm_add_ss(sum, _mm_movehdup_ps(sum)));
+}
+inline Vec round_to_integer(Vec v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline Vec times_power_of_two(Vec v, Vec n) {  // 2^n built in the exponent bits: n must make a normal float32
+  const __m256i exponent = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+  return _mm256_mul_ps(v, _mm256_castsi256_ps(_mm256_slli_epi32(exponent, 23)));
+}
+inline Vec with_sign(Vec magnitude, Vec sign_of) {
+  return _mm256_or_ps(magnitude, _mm256_and_ps(sign_of, _mm256_set1_ps(-0.0f)));
+}
+#endif
+
+// Asks for the 64-byte lines of 64 weights of type W, PREFETCH_AHEAD past `at`, in the L2 cache. A thread reads its
+// share of each matrix as one stream, so these are its next rows (at its share's end, the other thread's first rows:
+// harmless). Where it pays was measured on two CPUs (docs/benchmarks.md): with the hardware's prefetcher alone,
+// float32 products read below a plain sum's speed on a Zen 4 (AVX-512); on a Zen 3 (AVX2) bfloat16 and int8 ones
+// did, while float32 ones read fastest without software prefetch.
 constexpr int64_t PREFETCH_AHEAD = 4096;
-inline void prefetch_ahead(const void* at, int lines) {
-  const char* ahead = static_cast<const char*>(at) + PREFETCH_AHEAD;
-  for (int line = 0; line < lines; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T1);
+template <typename W>
+inline void prefetch_ahead(const W* at) {
+#if !defined(__AVX512F__)
+  if (std::is_same_v<W, float>) return;
+#endif
+  const char* ahead = reinterpret_cast<const char*>(at) + PREFETCH_AHEAD;
+  for (size_t line = 0; line < sizeof(W); ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T1);
 }
 #endif
 
@@ -57,66 +135,55 @@ struct Stored<int8_t> {
 };
 
 // sum plus the products of w[i] and x[i] for i in [k, n): the values past a dot product's last whole vector block
-// (rows of GPT-2's widths have none). With AVX-512 a plain loop: with `omp simd reduction` the compiler added 16-64
+// (rows of GPT-2's widths have none). With vectors a plain loop: with `omp simd reduction` the compiler added 16-64
 // partial sums in one dependent chain after every row, tail or not, a cost a profile showed on every row
-// (docs/benchmarks.md). Without AVX-512 this is the whole product, so the compiler may vectorize it.
+// (docs/benchmarks.md). Without them this is the whole product, so the compiler may vectorize it.
 template <typename W, typename X>
 inline float dot_tail(const W* w, const X* x, int64_t k, int64_t n, float sum) {
-#if !defined(__AVX512F__)
+#if !defined(GPTKIT_VECTORS)
 #pragma omp simd reduction(+ : sum)
 #endif
   for (int64_t i = k; i < n; ++i) sum += static_cast<float>(w[i]) * static_cast<float>(x[i]);
   return sum;
 }
 
-#if defined(__AVX512F__)
-// 16 values as float32: float32 as they are, bfloat16 as the top halves of float32s, int8 converted (exactly).
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const bf16* p) {
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-inline __m512 load16(const int8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-#endif
-
-// The dot product of one float32 or int8 weight row with a float32 input, accumulated in float32 (an int8 row's
-// scale is applied by the caller).
-template <typename W>
-float dot(const W* w, const float* x, int64_t n) {
+// The dot product of one weight row (float32, bfloat16 or int8) with an input (float32, or bfloat16 for bfloat16
+// weights), both widened to float32 lanes and accumulated in float32 (an int8 row's scale is applied by the caller).
+template <typename W, typename X>
+float dot(const W* w, const X* x, int64_t n) {
   int64_t k = 0;
   float sum = 0.0f;
-#if defined(__AVX512F__)
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;  // four chains hide the FMA latency
+#if defined(GPTKIT_VECTORS)
+  constexpr int64_t CHAINS = 64 / LANES;  // 64 weights a turn, in independent sums that hide the FMA latency
+  Vec sums[CHAINS];
+  for (auto& chain : sums) chain = splat(0.0f);
   for (; k + 64 <= n; k += 64) {
-    prefetch_ahead(w + k, static_cast<int>(sizeof(W)));  // the 64 weights' lines: 4 of float32, 1 of int8
-    a0 = _mm512_fmadd_ps(load16(w + k), _mm512_loadu_ps(x + k), a0);
-    a1 = _mm512_fmadd_ps(load16(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
-    a2 = _mm512_fmadd_ps(load16(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
-    a3 = _mm512_fmadd_ps(load16(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
+    prefetch_ahead(w + k);
+    for (int64_t c = 0; c < CHAINS; ++c) sums[c] = fmadd(load(w + k + c * LANES), load(x + k + c * LANES), sums[c]);
   }
-  sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  for (int64_t width = CHAINS / 2; width > 0; width /= 2)  // pairwise, as (a0 + a1) + (a2 + a3)
+    for (int64_t c = 0; c < width; ++c) sums[c] = add(sums[2 * c], sums[2 * c + 1]);
+  sum = reduce_add(sums[0]);
 #endif
   return dot_tail(w, x, k, n, sum);
 }
 
-// The dot product of one bfloat16 weight row with a bfloat16 input, accumulated in float32.
+#if defined(__AVX512BF16__)
+// The dot product of one bfloat16 weight row with a bfloat16 input, accumulated in float32, by the CPU's own
+// bfloat16 products.
 float dot(const bf16* w, const bf16* x, int64_t n) {
   int64_t k = 0;
-  float sum = 0.0f;
-#if defined(__AVX512BF16__)
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;  // one instruction: 32 bfloat16 pairs, float32 sums
-  for (; k + 128 <= n; k += 128) {  // no prefetch_ahead: it made bfloat16 steps slower at every read speed measured
+  for (; k + 128 <= n; k += 128) {  // no prefetch_ahead: on a Zen 4 it made bfloat16 steps slower at every read speed
     a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_loadu_si512(x + k));
     a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w + k + 32), (__m512bh)_mm512_loadu_si512(x + k + 32));
     a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(w + k + 64), (__m512bh)_mm512_loadu_si512(x + k + 64));
     a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(w + k + 96), (__m512bh)_mm512_loadu_si512(x + k + 96));
   }
-  sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-#endif
+  const float sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
   return dot_tail(w, x, k, n, sum);
 }
+#endif
 
 // Row `row` of a product over `columns` inputs: its dot product with x, times the row's scale for int8 weights
 // (scales is null for float32 and bfloat16 ones).
@@ -134,59 +201,61 @@ float activate(float x, int64_t activation) {
   return 0.5f * x * (1.0f + std::tanh(GELU_INNER * (x + 0.044715f * x * x * x)));
 }
 
-#if defined(__AVX512F__)
-// e^v for 16 values v in [-100, 88]: v = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor series to r^7
-// (relative error under 1e-8 there), times 2^n (a float32 subnormal or 0 below about -87).
-inline __m512 exp16(__m512 v) {
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), v);  // ln 2 in two parts: n ln 2 exact enough
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 sum = _mm512_set1_ps(1.0f / 5040);
+#if defined(GPTKIT_VECTORS)
+// The lowest argument exp_lanes takes: 2^n stays a normal float32 (e^-87 is 1.6e-38, nothing next to a largest
+// term of 1 in a softmax).
+constexpr float LOWEST_EXP = -87.0f;
+
+// e^v for each lane's v in [LOWEST_EXP, 88]: v = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor series to r^7
+// (relative error under 1e-8 there), times 2^n.
+inline Vec exp_lanes(Vec v) {
+  const Vec n = round_to_integer(mul(v, splat(1.44269504088896341f)));
+  Vec r = fnmadd(n, splat(0.693359375f), v);  // ln 2 in two parts: n ln 2 exact enough
+  r = fnmadd(n, splat(-2.12194440e-4f), r);
+  Vec sum = splat(1.0f / 5040);
   for (const float coefficient : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
-    sum = _mm512_fmadd_ps(sum, r, _mm512_set1_ps(coefficient));
-  return _mm512_scalef_ps(sum, n);
+    sum = fmadd(sum, r, splat(coefficient));
+  return times_power_of_two(sum, n);
 }
 
-// GELU's tanh form of 16 values, with tanh(u) = sign(u) (1 - 2 / (e^(2|u|) + 1)) (absolute error near float32's
+// GELU's tanh form of each lane, with tanh(u) = sign(u) (1 - 2 / (e^(2|u|) + 1)) (absolute error near float32's
 // epsilon; std::tanh called per value was a visible share of a step in a profile, docs/benchmarks.md).
-inline __m512 gelu_tanh16(__m512 x) {
-  const __m512 one = _mm512_set1_ps(1.0f), half = _mm512_set1_ps(0.5f);
-  const __m512 cube = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
-  const __m512 u = _mm512_mul_ps(_mm512_set1_ps(GELU_INNER), _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), cube, x));
-  const __m512 a = _mm512_abs_ps(u);
-  const __m512 e = exp16(_mm512_min_ps(_mm512_add_ps(a, a), _mm512_set1_ps(88.0f)));
-  const __m512 magnitude = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
-  const __m512i sign = _mm512_and_si512(_mm512_castps_si512(u), _mm512_set1_epi32(INT32_MIN));
-  const __m512 tanh = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(magnitude), sign));
-  return _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, tanh));
+inline Vec gelu_tanh_lanes(Vec x) {
+  const Vec one = splat(1.0f), half = splat(0.5f);
+  const Vec cube = mul(mul(x, x), x);
+  const Vec u = mul(splat(GELU_INNER), fmadd(splat(0.044715f), cube, x));
+  const Vec a = abs(u);
+  const Vec e = exp_lanes(min(add(a, a), splat(88.0f)));
+  const Vec tanh = with_sign(sub(one, div(splat(2.0f), add(e, one))), u);
+  return mul(mul(half, x), add(one, tanh));
 }
 #endif
 
-// values[i] = e^(values[i] - largest) for n values (none larger than `largest`), 16 at a time; returns their sum.
+// values[i] = e^(values[i] - largest) for n values (none larger than `largest`), a vector at a time; returns their
+// sum.
 float exp_shifted(float* values, int64_t n, float largest) {
   int64_t i = 0;
   float total = 0.0f;
-#if defined(__AVX512F__)
-  const __m512 shift = _mm512_set1_ps(largest), lowest = _mm512_set1_ps(-100.0f);
-  __m512 sums = _mm512_setzero_ps();
-  for (; i + 16 <= n; i += 16) {
-    const __m512 e = exp16(_mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(values + i), shift), lowest));
-    _mm512_storeu_ps(values + i, e);
-    sums = _mm512_add_ps(sums, e);
+#if defined(GPTKIT_VECTORS)
+  const Vec shift = splat(largest), lowest = splat(LOWEST_EXP);
+  Vec sums = splat(0.0f);
+  for (; i + LANES <= n; i += LANES) {
+    const Vec e = exp_lanes(max(sub(load(values + i), shift), lowest));
+    store(values + i, e);
+    sums = add(sums, e);
   }
-  total = _mm512_reduce_add_ps(sums);
+  total = reduce_add(sums);
 #endif
   for (; i < n; ++i) total += (values[i] = std::exp(values[i] - largest));
   return total;
 }
 
-// values[i] = activate(values[i]) for n values, 16 at a time for GELU's tanh form (GPT-2's).
+// values[i] = activate(values[i]) for n values, a vector at a time for GELU's tanh form (GPT-2's).
 void activate_all(float* values, int64_t n, int64_t activation) {
   int64_t i = 0;
-#if defined(__AVX512F__)
+#if defined(GPTKIT_VECTORS)
   if (activation == kGeluTanh)
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(values + i, gelu_tanh16(_mm512_loadu_ps(values + i)));
+    for (; i + LANES <= n; i += LANES) store(values + i, gelu_tanh_lanes(load(values + i)));
 #endif
   for (; i < n; ++i) values[i] = activate(values[i], activation);
 }
@@ -274,10 +343,10 @@ template <typename W>
 float dot_key(const float* q, const W* key, int64_t n) {
   int64_t d = 0;
   float sum = 0.0f;
-#if defined(__AVX512F__)
-  __m512 acc = _mm512_setzero_ps();
-  for (; d + 16 <= n; d += 16) acc = _mm512_fmadd_ps(load16(q + d), load16(key + d), acc);
-  sum = _mm512_reduce_add_ps(acc);
+#if defined(GPTKIT_VECTORS)
+  Vec acc = splat(0.0f);
+  for (; d + LANES <= n; d += LANES) acc = fmadd(load(q + d), load(key + d), acc);
+  sum = reduce_add(acc);
 #endif
   for (; d < n; ++d) sum += q[d] * static_cast<float>(key[d]);
   return sum;
@@ -287,9 +356,9 @@ float dot_key(const float* q, const W* key, int64_t n) {
 template <typename W>
 void add_scaled(float weight, const W* value, float* out, int64_t n) {
   int64_t d = 0;
-#if defined(__AVX512F__)
-  const __m512 w = _mm512_set1_ps(weight);
-  for (; d + 16 <= n; d += 16) _mm512_storeu_ps(out + d, _mm512_fmadd_ps(w, load16(value + d), _mm512_loadu_ps(out + d)));
+#if defined(GPTKIT_VECTORS)
+  const Vec w = splat(weight);
+  for (; d + LANES <= n; d += LANES) store(out + d, fmadd(w, load(value + d), load(out + d)));
 #endif
   for (; d < n; ++d) out[d] += weight * static_cast<float>(value[d]);
 }
