@@ -154,15 +154,19 @@ float dot(const W* w, const X* x, int64_t n) {
   int64_t k = 0;
   float sum = 0.0f;
 #if defined(GPTKIT_VECTORS)
-  constexpr int64_t CHAINS = 64 / LANES;  // 64 weights a turn, in independent sums that hide the FMA latency
+  // 64 weights a turn, in independent sums that hide the FMA latency. The loops over them are unrolled so that the
+  // sums stay in registers (otherwise gcc keeps the array in memory and clears it with a call to memset every row).
+  constexpr int64_t CHAINS = 64 / LANES;
   Vec sums[CHAINS];
-  for (auto& chain : sums) chain = splat(0.0f);
+#pragma GCC unroll 8
+  for (int64_t c = 0; c < CHAINS; ++c) sums[c] = splat(0.0f);
   for (; k + 64 <= n; k += 64) {
     prefetch_ahead(w + k);
+#pragma GCC unroll 8
     for (int64_t c = 0; c < CHAINS; ++c) sums[c] = fmadd(load(w + k + c * LANES), load(x + k + c * LANES), sums[c]);
   }
-  for (int64_t width = CHAINS / 2; width > 0; width /= 2)  // pairwise, as (a0 + a1) + (a2 + a3)
-    for (int64_t c = 0; c < width; ++c) sums[c] = add(sums[2 * c], sums[2 * c + 1]);
+#pragma GCC unroll 8
+  for (int64_t c = 1; c < CHAINS; ++c) sums[0] = add(sums[0], sums[c]);
   sum = reduce_add(sums[0]);
 #endif
   return dot_tail(w, x, k, n, sum);
