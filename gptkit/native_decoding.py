@@ -196,6 +196,7 @@ class NativeStep:
         self.eps = transformer.ln_f.eps
         self.versions = self._versions(model)
         self.kernel = extension().decode_step
+        self.prefill_kernel = extension().prefill
 
     @staticmethod
     def _position_table(model: nn.Module) -> torch.Tensor:
@@ -232,3 +233,13 @@ class NativeStep:
         return self.kernel(self.matrices, self.scales, self.vectors, self.embedding, self.positions[position],
                            list(keys), list(values), self.shapes, token, position, self.activation, self.eps,
                            temperature, top_k or 0, uniform)  # fmt: skip
+
+    @torch.no_grad()
+    def prefill(self, tokens: Sequence[int], start: int, keys: Sequence[torch.Tensor],
+                values: Sequence[torch.Tensor]) -> None:  # fmt: skip
+        """Store the keys and values of `tokens` at positions start, start + 1, ... in row 0 of the cache (storage as
+        __call__ takes it), each token attending over those before it; no logits (the next step feeds the token
+        that follows). One pass reads each weight row once for up to 8 tokens, where steps would read it per token."""
+        rows = self.positions[start : start + len(tokens)]
+        self.prefill_kernel(self.matrices, self.scales, self.vectors, self.embedding, rows, list(keys), list(values),
+                            self.shapes, list(tokens), start, self.activation, self.eps)  # fmt: skip

@@ -360,14 +360,20 @@ def lively_model(vocab_size: int = 37, seed: int = 0, **overrides: Any) -> Any:
     return lively_weights(GPT(GPTConfig(**{**settings, **overrides})).eval())
 
 
+def count_calls(monkeypatch: Any, owner: type, name: str) -> list[int]:
+    """A list that gets one entry for each call of the method owner.name while the test lasts (the calls still
+    run)."""
+    calls: list[int] = []
+    original = getattr(owner, name)
+    monkeypatch.setattr(owner, name, lambda self, *args: calls.append(1) or original(self, *args))
+    return calls
+
+
 def count_native_steps(monkeypatch: Any) -> list[int]:
     """A list that gets one entry for each native decoding step run while the test lasts (the steps still run)."""
     from gptkit.native_decoding import NativeStep
 
-    calls: list[int] = []
-    original = NativeStep.__call__
-    monkeypatch.setattr(NativeStep, "__call__", lambda self, *args: calls.append(1) or original(self, *args))
-    return calls
+    return count_calls(monkeypatch, NativeStep, "__call__")
 
 
 def plain_copy(model: Any) -> Any:

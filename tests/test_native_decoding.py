@@ -16,6 +16,7 @@ from gptkit.native_decoding import NativeStep, huge_page_zeros
 from gptkit.quantization import Int8Linear, quantize_int8
 from helpers import (
     assert_one_line_message,
+    count_calls,
     count_native_steps,
     dequantized_model,
     lively_model,
@@ -109,16 +110,69 @@ def test_int8_logits_match_the_float32_pass_of_the_weights_they_stand_for(shape)
         tokens.append(int(expected.argmax()))
 
 
-def test_an_int8_model_in_the_engine_gets_the_reference_greedy_tokens():
-    """An int8 model alone in the engine: the greedy tokens of the float32 model with the dequantized weights. The
-    prompt is one token and the window never slides, so no eager int8 pass (7-bit activations) fills the cache."""
+def test_an_int8_model_in_the_engine_gets_the_reference_greedy_tokens(monkeypatch):
+    """An int8 model alone in the engine: the greedy tokens of the float32 model with the dequantized weights, over a
+    prompt of 9 tokens and a window that slides. The native prefill fills the cache each time, with float32
+    activations (the eager int8 pass would round them to 7 bits)."""
     original = lively_model(block_size=24, seed=8)
     model = quantize_int8(plain_copy(original))
-    request = Request([4], 23, temperature=0)
+    prompt = [4, 9, 1, 30, 2, 2, 17, 5, 11]
+    request = Request(prompt, 23, temperature=0)
     engine = Engine(model, native=True)
     assert engine.native.int8 and engine.native.dtype == torch.float32
+    prefills = count_calls(monkeypatch, NativeStep, "prefill")
     list(engine.run([request]))
-    assert request.output == reference_greedy(dequantized_model(model, original), [4], 23)
+    assert request.output == reference_greedy(dequantized_model(model, original), prompt, 23)
+    assert len(prefills) == 2  # the prompt, and the window once it slid
+
+
+@pytest.mark.parametrize("shape", [*SHAPES, "gpt2 width"])
+def test_the_prefill_writes_the_keys_and_values_of_the_eager_pass(shape):
+    """The native prefill (the tokens in one pass, 4 at a time, 2 weight rows at a time) stores the keys and values
+    an eager pass over the same tokens stores (float32 rounding), also when it goes on from a filled position;
+    the step after it gets the full pass's logits. 11 and 6 tokens: neither a whole number of 4-token blocks."""
+    overrides = dict(n_embd=768, n_head=12, n_layer=1) if shape == "gpt2 width" else SHAPES[shape]
+    model = lively_model(vocab_size=61, block_size=32, seed=5, **overrides)
+    config = model.config
+    tokens = torch.randint(0, 61, (18,), generator=torch.Generator().manual_seed(4)).tolist()
+    cache = KVCache(config.n_layer, config.block_size)
+    cache.allocate(config.n_head, config.n_embd // config.n_head, torch.float32, torch.device("cpu"))
+    step = NativeStep.for_model(model, torch.float32)
+    step.prefill(tokens[:11], 0, cache.keys, cache.values)
+    step.prefill(tokens[11:17], 11, cache.keys, cache.values)
+    eager = KVCache(config.n_layer, config.block_size)
+    with torch.no_grad():
+        model.hidden_states(torch.tensor([tokens[:17]]), cache=eager)
+    for layer in range(config.n_layer):
+        torch.testing.assert_close(cache.keys[layer][:, :, :17], eager.keys[layer][:, :, :17], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(cache.values[layer][:, :, :17], eager.values[layer][:, :, :17], rtol=1e-4, atol=1e-5)
+    logits, _ = step(tokens[17], 17, cache.keys, cache.values)
+    torch.testing.assert_close(logits, full_pass_logits(model, tokens), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_a_bfloat16_or_int8_prefill_gives_the_steps_their_reference_logits(dtype):
+    """bfloat16 and int8 weights, at GPT-2's width: after a native prefill of 13 tokens, the steps' logits stay within
+    bfloat16 rounding of the float32 pass over the same bfloat16 weights, or match the float32 pass over the
+    weights int8 stands for (the prefill's int8 products take float32 inputs, as the step's)."""
+    original = lively_model(vocab_size=61, block_size=32, seed=7, n_embd=768, n_head=12, n_layer=1)
+    if dtype == "bfloat16":
+        model, compute = original.to(torch.bfloat16), torch.bfloat16
+        reference, tolerance = plain_copy(model).float(), 0.03
+    else:
+        model, compute = quantize_int8(plain_copy(original)), torch.float32
+        reference, tolerance = dequantized_model(model, original), 1e-4
+    tokens = torch.randint(0, 61, (14,), generator=torch.Generator().manual_seed(6)).tolist()
+    cache = KVCache(1, 32)
+    cache.allocate(12, 64, compute, torch.device("cpu"))
+    step = NativeStep.for_model(model, compute)
+    step.prefill(tokens[:13], 0, cache.keys, cache.values)
+    token = tokens[13]
+    for position in range(13, 18):
+        logits, token = step(token, position, cache.keys, cache.values)
+        expected = full_pass_logits(reference, tokens)
+        assert (logits - expected).abs().max() <= tolerance * expected.abs().max()
+        tokens.append(token)
 
 
 @pytest.mark.parametrize("pos_encoding", ["learned", "sinusoidal"])

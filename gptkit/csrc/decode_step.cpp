@@ -197,6 +197,58 @@ inline float product_row(const W* matrix, const float* scales, int64_t row, int6
   return scales == nullptr ? sum : sum * scales[row];
 }
 
+// A prefill's products take 2 weight rows and 4 tokens at a time: each row is read (and widened) once for 4 tokens,
+// each input vector loaded once for 2 rows, in 8 independent sums that hide the FMA latency (registers allow no
+// more with AVX2: 8 sums, 2 rows, an input).
+constexpr int64_t ROWS = 2, TOKENS = 4;
+
+// out[r * TOKENS + t] = the dot product of row ws[r] with input xs[t].
+template <typename W, typename X>
+void dot_block(const W* const* ws, const X* const* xs, int64_t n, float* out) {
+  int64_t k = 0;
+#if defined(GPTKIT_VECTORS)
+  Vec sums[ROWS * TOKENS];
+#pragma GCC unroll 8
+  for (int64_t i = 0; i < ROWS * TOKENS; ++i) sums[i] = splat(0.0f);
+  for (; k + LANES <= n; k += LANES) {
+    const Vec w0 = load(ws[0] + k), w1 = load(ws[1] + k);
+#pragma GCC unroll 4
+    for (int64_t t = 0; t < TOKENS; ++t) {
+      const Vec x = load(xs[t] + k);
+      sums[t] = fmadd(w0, x, sums[t]);
+      sums[TOKENS + t] = fmadd(w1, x, sums[TOKENS + t]);
+    }
+  }
+  for (int64_t i = 0; i < ROWS * TOKENS; ++i) out[i] = reduce_add(sums[i]);
+#else
+  std::fill(out, out + ROWS * TOKENS, 0.0f);
+#endif
+  for (int64_t r = 0; r < ROWS; ++r)
+    for (int64_t t = 0; t < TOKENS; ++t) out[r * TOKENS + t] = dot_tail(ws[r], xs[t], k, n, out[r * TOKENS + t]);
+}
+
+// Rows [first, last) of a product for `count` inputs (rows of `inputs`, `columns` values each):
+// out[(row - first) * count + t] for input t, times the row's scale for int8 weights (scales null otherwise).
+template <typename W, typename X>
+void product_rows_tokens(const W* matrix, const float* scales, int64_t first, int64_t last, int64_t columns,
+                         const X* inputs, int64_t count, float* out) {
+  for (int64_t row = first; row < last; row += ROWS) {
+    const W* ws[ROWS];
+    for (int64_t r = 0; r < ROWS; ++r)  // past the last row or input: the last again (computed, not kept)
+      ws[r] = matrix + std::min(row + r, last - 1) * columns;
+    for (int64_t token = 0; token < count; token += TOKENS) {
+      const X* xs[TOKENS];
+      for (int64_t t = 0; t < TOKENS; ++t) xs[t] = inputs + std::min(token + t, count - 1) * columns;
+      float sums[ROWS * TOKENS];
+      dot_block(ws, xs, columns, sums);
+      for (int64_t r = 0; r < ROWS && row + r < last; ++r)
+        for (int64_t t = 0; t < TOKENS && token + t < count; ++t)
+          out[(row + r - first) * count + token + t] =
+              scales == nullptr ? sums[r * TOKENS + t] : sums[r * TOKENS + t] * scales[row + r];
+    }
+  }
+}
+
 constexpr float GELU_INNER = 0.79788456080286536f;  // sqrt(2 / pi): tanh's argument is GELU_INNER (x + 0.044715 x^3)
 
 float activate(float x, int64_t activation) {
@@ -392,6 +444,24 @@ void attend(const float* q, const float* k, const float* v, W* cache_k, W* cache
 // base + offset, or null for a null base (the scales of float32 and bfloat16 weights).
 inline const float* offset_or_null(const float* base, int64_t offset) { return base ? base + offset : nullptr; }
 
+// One layer's weights, vectors and int8 scales (null for other weights) in the buffers, as the packing lays them out.
+template <typename W>
+struct Layer {
+  const W *attn_w, *proj_w, *fc_w, *fc_proj_w;
+  const float *ln1_w, *ln1_b, *attn_b, *proj_b, *ln2_w, *ln2_b, *fc_b, *fc_proj_b;
+  const float *attn_s, *proj_s, *fc_s, *fc_proj_s;
+  Layer(const W* matrices, const float* vectors, const float* scales, int64_t layer, const Shapes& s) {
+    const int64_t C = s.embd, F = s.hidden;
+    attn_w = matrices + layer * s.layer_matrix_elements();
+    proj_w = attn_w + 3 * C * C, fc_w = proj_w + C * C, fc_proj_w = fc_w + F * C;
+    ln1_w = vectors + layer * s.layer_vector_elements();
+    ln1_b = ln1_w + C, attn_b = ln1_b + C, proj_b = attn_b + 3 * C, ln2_w = proj_b + C, ln2_b = ln2_w + C;
+    fc_b = ln2_b + C, fc_proj_b = fc_b + F;
+    attn_s = offset_or_null(scales, layer * s.layer_rows());
+    proj_s = offset_or_null(attn_s, 3 * C), fc_s = offset_or_null(proj_s, C), fc_proj_s = offset_or_null(fc_s, F);
+  }
+};
+
 // One decoding step: fills logits (vocab) and offers each thread's share of them to per_thread[thread].
 //
 // Each thread takes one share of the heads and one share of every other product's rows. It computes the queries,
@@ -414,19 +484,12 @@ void step(const W* matrices, const float* scales, const float* vectors, const S*
     const Share heads(s.heads, thread, threads);
     std::vector<S> normed(C);
     std::vector<float> scores(position + 1), mixed(D), activations(F);
-    const W* matrix = matrices;
-    const float* vector = vectors;
     for (int64_t layer = 0; layer < s.layers; ++layer) {
-      const float *ln1_w = vector, *ln1_b = ln1_w + C, *attn_b = ln1_b + C, *proj_b = attn_b + 3 * C;
-      const float *ln2_w = proj_b + C, *ln2_b = ln2_w + C, *fc_b = ln2_b + C, *fc_proj_b = fc_b + F;
-      const W *attn_w = matrix, *proj_w = attn_w + 3 * C * C, *fc_w = proj_w + C * C, *fc_proj_w = fc_w + F * C;
-      const float* attn_s = offset_or_null(scales, layer * s.layer_rows());
-      const float *proj_s = offset_or_null(attn_s, 3 * C), *fc_s = offset_or_null(proj_s, C),
-                  *fc_proj_s = offset_or_null(fc_s, F);
-      layer_norm(x.data(), ln1_w, ln1_b, C, eps, normed.data());
+      const Layer<W> l(matrices, vectors, scales, layer, s);
+      layer_norm(x.data(), l.ln1_w, l.ln1_b, C, eps, normed.data());
       for (int64_t part = 0; part < 3; ++part)  // this thread's heads' rows of Q, then of K, then of V
         for (int64_t row = part * C + heads.first * D; row < part * C + heads.last * D; ++row)
-          qkv[row] = product_row(attn_w, attn_s, row, C, normed.data()) + attn_b[row];
+          qkv[row] = product_row(l.attn_w, l.attn_s, row, C, normed.data()) + l.attn_b[row];
       for (int64_t h = heads.first; h < heads.last; ++h) {
         const int64_t at = h * D, storage = h * cache_positions * D;
         attend(&qkv[at], &qkv[C + at], &qkv[2 * C + at], keys[layer] + storage, values[layer] + storage, position, D,
@@ -434,27 +497,88 @@ void step(const W* matrices, const float* scales, const float* vectors, const S*
       }
 #pragma omp barrier
       for (Share r(C, thread, threads); r.first < r.last; ++r.first)  // the residual: x is not this product's input
-        x[r.first] += product_row(proj_w, proj_s, r.first, C, attended.data()) + proj_b[r.first];
+        x[r.first] += product_row(l.proj_w, l.proj_s, r.first, C, attended.data()) + l.proj_b[r.first];
 #pragma omp barrier
-      layer_norm(x.data(), ln2_w, ln2_b, C, eps, normed.data());
+      layer_norm(x.data(), l.ln2_w, l.ln2_b, C, eps, normed.data());
       const Share mine(F, thread, threads);  // this thread's hidden units: computed, activated, then stored as S
       for (int64_t row = mine.first; row < mine.last; ++row)
-        activations[row - mine.first] = product_row(fc_w, fc_s, row, C, normed.data()) + fc_b[row];
+        activations[row - mine.first] = product_row(l.fc_w, l.fc_s, row, C, normed.data()) + l.fc_b[row];
       activate_all(activations.data(), mine.last - mine.first, activation);
       for (int64_t row = mine.first; row < mine.last; ++row)
         hidden[row] = static_cast<S>(activations[row - mine.first]);
 #pragma omp barrier
       for (Share r(C, thread, threads); r.first < r.last; ++r.first)
-        x[r.first] += product_row(fc_proj_w, fc_proj_s, r.first, F, hidden.data()) + fc_proj_b[r.first];
+        x[r.first] += product_row(l.fc_proj_w, l.fc_proj_s, r.first, F, hidden.data()) + l.fc_proj_b[r.first];
 #pragma omp barrier
-      matrix += s.layer_matrix_elements();
-      vector += s.layer_vector_elements();
     }
-    layer_norm(x.data(), vector, vector + C, C, eps, normed.data());
+    const float* final_norm = vectors + s.layers * s.layer_vector_elements();
+    layer_norm(x.data(), final_norm, final_norm + C, C, eps, normed.data());
+    const W* head = matrices + s.layers * s.layer_matrix_elements();
     const float* head_s = offset_or_null(scales, s.layers * s.layer_rows());
     for (Share r(s.vocab, thread, threads); r.first < r.last; ++r.first) {
-      logits[r.first] = product_row(matrix, head_s, r.first, C, normed.data());
+      logits[r.first] = product_row(head, head_s, r.first, C, normed.data());
       per_thread[thread].offer(logits[r.first], r.first);
+    }
+  }
+}
+
+// A prefill: the keys and values of tokens[t] at positions start + t stored in every layer's cache, each token
+// attending over the positions before it, without the head (the next step feeds the token that follows). The
+// threads split the work as in step(); each product reads a weight row once for up to TOKENS tokens, so a pass over
+// a prompt reads the weights about once instead of once a token.
+template <typename W, typename S = typename Stored<W>::type>
+void prefill(const W* matrices, const float* scales, const float* vectors, const S* embedding,
+             const float* position_rows, const std::vector<S*>& keys, const std::vector<S*>& values,
+             int64_t cache_positions, const Shapes& s, const std::vector<int64_t>& tokens, int64_t start,
+             int64_t activation, float eps, int threads_wanted) {
+  const int64_t C = s.embd, F = s.hidden, D = s.head_dim, T = static_cast<int64_t>(tokens.size());
+  std::vector<float> x(T * C), qkv(T * 3 * C);
+  std::vector<S> attended(T * C), hidden(T * F);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < C; ++i)
+      x[t * C + i] = static_cast<float>(embedding[tokens[t] * C + i]) + position_rows[t * C + i];
+
+#pragma omp parallel num_threads(threads_wanted)
+  {
+    const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
+    const Share heads(s.heads, thread, threads), mine(F, thread, threads);
+    std::vector<S> normed(T * C);
+    std::vector<float> scores(start + T), mixed(D), out(T * std::max(C, mine.last - mine.first));
+    for (int64_t layer = 0; layer < s.layers; ++layer) {
+      const Layer<W> l(matrices, vectors, scales, layer, s);
+      for (int64_t t = 0; t < T; ++t) layer_norm(&x[t * C], l.ln1_w, l.ln1_b, C, eps, &normed[t * C]);
+      for (int64_t part = 0; part < 3; ++part) {  // this thread's heads' rows of Q, then of K, then of V
+        const int64_t first = part * C + heads.first * D, last = part * C + heads.last * D;
+        product_rows_tokens(l.attn_w, l.attn_s, first, last, C, normed.data(), T, out.data());
+        for (int64_t row = first; row < last; ++row)
+          for (int64_t t = 0; t < T; ++t) qkv[t * 3 * C + row] = out[(row - first) * T + t] + l.attn_b[row];
+      }
+      for (int64_t h = heads.first; h < heads.last; ++h) {
+        const int64_t at = h * D, storage = h * cache_positions * D;
+        for (int64_t t = 0; t < T; ++t) {  // in order: each token's key and value are stored before the next attends
+          const float* q = &qkv[t * 3 * C + at];
+          attend(q, q + C, q + 2 * C, keys[layer] + storage, values[layer] + storage, start + t, D, scores.data(),
+                 mixed.data(), &attended[t * C + at]);
+        }
+      }
+#pragma omp barrier
+      const Share residual(C, thread, threads);
+      product_rows_tokens(l.proj_w, l.proj_s, residual.first, residual.last, C, attended.data(), T, out.data());
+      for (int64_t row = residual.first; row < residual.last; ++row)
+        for (int64_t t = 0; t < T; ++t) x[t * C + row] += out[(row - residual.first) * T + t] + l.proj_b[row];
+#pragma omp barrier
+      for (int64_t t = 0; t < T; ++t) layer_norm(&x[t * C], l.ln2_w, l.ln2_b, C, eps, &normed[t * C]);
+      product_rows_tokens(l.fc_w, l.fc_s, mine.first, mine.last, C, normed.data(), T, out.data());
+      for (int64_t row = mine.first; row < mine.last; ++row)
+        for (int64_t t = 0; t < T; ++t) out[(row - mine.first) * T + t] += l.fc_b[row];
+      activate_all(out.data(), T * (mine.last - mine.first), activation);
+      for (int64_t row = mine.first; row < mine.last; ++row)
+        for (int64_t t = 0; t < T; ++t) hidden[t * F + row] = static_cast<S>(out[(row - mine.first) * T + t]);
+#pragma omp barrier
+      product_rows_tokens(l.fc_proj_w, l.fc_proj_s, residual.first, residual.last, F, hidden.data(), T, out.data());
+      for (int64_t row = residual.first; row < residual.last; ++row)
+        for (int64_t t = 0; t < T; ++t) x[t * C + row] += out[(row - residual.first) * T + t] + l.fc_proj_b[row];
+#pragma omp barrier
     }
   }
 }
@@ -482,12 +606,12 @@ std::vector<W*> storage_of(const std::vector<torch::Tensor>& cache) {
   return pointers;
 }
 
-// step() for the weights' dtype W, with the cache and the embedding in Stored<W>'s and the scales of int8 rows.
+// Checks that the embedding, the cache and the scales suit weights of type W: the first two in Stored<W>'s dtype,
+// scales (one per matrix row) only for int8.
 template <typename W, typename S = typename Stored<W>::type>
-void step_in(const torch::Tensor& matrices, const torch::Tensor& scales, const torch::Tensor& vectors,
-             const torch::Tensor& embedding, const torch::Tensor& position_row, const std::vector<torch::Tensor>& keys,
-             const std::vector<torch::Tensor>& values, const Shapes& s, int64_t token, int64_t position,
-             int64_t activation, double eps, float* logits, std::vector<Largest>& per_thread) {
+void check_for_weights(const torch::Tensor& scales, const torch::Tensor& embedding,
+                       const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
+                       const Shapes& s) {
   const auto stored = c10::CppTypeToScalarType<S>::value;
   TORCH_CHECK(embedding.scalar_type() == stored && embedding.is_contiguous(), "embedding: wrong dtype");
   for (int64_t l = 0; l < s.layers; ++l)
@@ -496,19 +620,37 @@ void step_in(const torch::Tensor& matrices, const torch::Tensor& scales, const t
   const bool int8 = std::is_same_v<W, int8_t>;
   TORCH_CHECK(scales.numel() == (int8 ? s.layers * s.layer_rows() + s.vocab : 0), "scales: wrong size");
   TORCH_CHECK(scales.scalar_type() == torch::kFloat && scales.is_contiguous());
-  step(matrices.data_ptr<W>(), int8 ? scales.data_ptr<float>() : nullptr, vectors.data_ptr<float>(),
-       embedding.data_ptr<S>(), position_row.data_ptr<float>(), storage_of<S>(keys), storage_of<S>(values),
-       keys[0].size(2), s, token, position, activation, static_cast<float>(eps), logits, per_thread);
 }
 
-using StepIn = decltype(&step_in<float>);
+// The int8 rows' scales, or null for other weights.
+template <typename W>
+const float* scales_of(const torch::Tensor& scales) {
+  return std::is_same_v<W, int8_t> ? scales.data_ptr<float>() : nullptr;
+}
 
-// The step_in for weights of `dtype`.
-StepIn step_for(torch::ScalarType dtype) {
-  if (dtype == torch::kBFloat16) return &step_in<bf16>;
-  if (dtype == torch::kChar) return &step_in<int8_t>;
+// call(W{}) for the C++ type W of weights in `dtype`.
+template <typename Call>
+void with_weight_type(torch::ScalarType dtype, Call&& call) {
+  if (dtype == torch::kBFloat16) return call(bf16{});
+  if (dtype == torch::kChar) return call(int8_t{});
   TORCH_CHECK(dtype == torch::kFloat, "weights must be float32, bfloat16 or int8");
-  return &step_in<float>;
+  call(float{});
+}
+
+// The shapes (embd, hidden, vocab, layers, heads), checked against the buffers' sizes and the cache's layout.
+Shapes checked_shapes(const std::vector<int64_t>& shapes, const torch::Tensor& matrices, const torch::Tensor& vectors,
+                      const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values) {
+  TORCH_CHECK(shapes.size() == 5 && shapes[4] > 0 && shapes[0] % shapes[4] == 0, "shapes: embd, hidden, vocab, layers, heads");
+  const Shapes s{shapes[0], shapes[1], shapes[2], shapes[3], shapes[4], shapes[0] / shapes[4]};
+  TORCH_CHECK(matrices.is_contiguous() && vectors.scalar_type() == torch::kFloat && vectors.is_contiguous());
+  TORCH_CHECK(matrices.numel() == s.layers * s.layer_matrix_elements() + s.vocab * s.embd, "matrices: wrong size");
+  TORCH_CHECK(vectors.numel() == s.layers * s.layer_vector_elements() + 2 * s.embd, "vectors: wrong size");
+  TORCH_CHECK(static_cast<int64_t>(keys.size()) == s.layers && static_cast<int64_t>(values.size()) == s.layers);
+  for (int64_t l = 0; l < s.layers; ++l)
+    TORCH_CHECK(keys[l].is_contiguous() && values[l].is_contiguous() && keys[l].sizes() == values[l].sizes() &&
+                    keys[l].size(1) == s.heads && keys[l].size(3) == s.head_dim,
+                "the cache must be contiguous (rows, heads, positions, head_dim)");
+  return s;
 }
 
 }  // namespace
@@ -524,24 +666,48 @@ std::tuple<torch::Tensor, int64_t> decode_step(const torch::Tensor& matrices, co
                                                const std::vector<torch::Tensor>& values, std::vector<int64_t> shapes,
                                                int64_t token, int64_t position, int64_t activation, double eps,
                                                double temperature, int64_t top_k, double uniform) {
-  const Shapes s{shapes[0], shapes[1], shapes[2], shapes[3], shapes[4], shapes[0] / shapes[4]};
-  TORCH_CHECK(matrices.is_contiguous() && vectors.scalar_type() == torch::kFloat && vectors.is_contiguous());
-  TORCH_CHECK(matrices.numel() == s.layers * s.layer_matrix_elements() + s.vocab * s.embd, "matrices: wrong size");
-  TORCH_CHECK(vectors.numel() == s.layers * s.layer_vector_elements() + 2 * s.embd, "vectors: wrong size");
+  const Shapes s = checked_shapes(shapes, matrices, vectors, keys, values);
   TORCH_CHECK(position_row.scalar_type() == torch::kFloat && position_row.numel() == s.embd);
-  TORCH_CHECK(static_cast<int64_t>(keys.size()) == s.layers && static_cast<int64_t>(values.size()) == s.layers);
   TORCH_CHECK(0 <= position && position < keys[0].size(2) && 0 <= token && token < embedding.size(0));
-  for (int64_t l = 0; l < s.layers; ++l)
-    TORCH_CHECK(keys[l].is_contiguous() && values[l].is_contiguous() && keys[l].sizes() == values[l].sizes() &&
-                    keys[l].size(1) == s.heads && keys[l].size(3) == s.head_dim,
-                "the cache must be contiguous (rows, heads, positions, head_dim)");
   TORCH_CHECK(temperature >= 0.0 && top_k >= 0 && 0.0 <= uniform && uniform < 1.0);
   auto logits = torch::empty({s.vocab}, vectors.options());
   const int64_t keep = temperature == 0.0 ? 1 : (top_k < s.vocab ? top_k : 0);
   std::vector<Largest> per_thread(at::get_num_threads(), Largest(keep));
-  step_for(matrices.scalar_type())(matrices, scales, vectors, embedding, position_row, keys, values, s, token, position,
-                                   activation, eps, logits.data_ptr<float>(), per_thread);
+  with_weight_type(matrices.scalar_type(), [&](auto weight) {
+    using W = decltype(weight);
+    using S = typename Stored<W>::type;
+    check_for_weights<W>(scales, embedding, keys, values, s);
+    step(matrices.data_ptr<W>(), scales_of<W>(scales), vectors.data_ptr<float>(), embedding.data_ptr<S>(),
+         position_row.data_ptr<float>(), storage_of<S>(keys), storage_of<S>(values), keys[0].size(2), s, token,
+         position, activation, static_cast<float>(eps), logits.data_ptr<float>(), per_thread);
+  });
   return {logits, choose(logits.data_ptr<float>(), s.vocab, per_thread, keep, temperature, uniform)};
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("decode_step", &decode_step); }
+// Fills row 0 of the cache at positions start .. start + len(tokens) - 1 with `tokens` (see prefill); the buffers as
+// decode_step takes them, position_rows: (len(tokens), embd) float32, the rows added at those positions.
+void prefill_tokens(const torch::Tensor& matrices, const torch::Tensor& scales, const torch::Tensor& vectors,
+                    const torch::Tensor& embedding, const torch::Tensor& position_rows,
+                    const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
+                    std::vector<int64_t> shapes, std::vector<int64_t> tokens, int64_t start, int64_t activation,
+                    double eps) {
+  const Shapes s = checked_shapes(shapes, matrices, vectors, keys, values);
+  const int64_t count = static_cast<int64_t>(tokens.size());
+  TORCH_CHECK(count > 0 && 0 <= start && start + count <= keys[0].size(2), "the tokens must fit in the cache");
+  for (const int64_t token : tokens) TORCH_CHECK(0 <= token && token < embedding.size(0), "a token past the vocabulary");
+  TORCH_CHECK(position_rows.scalar_type() == torch::kFloat && position_rows.is_contiguous() &&
+              position_rows.numel() == count * s.embd);
+  with_weight_type(matrices.scalar_type(), [&](auto weight) {
+    using W = decltype(weight);
+    using S = typename Stored<W>::type;
+    check_for_weights<W>(scales, embedding, keys, values, s);
+    prefill(matrices.data_ptr<W>(), scales_of<W>(scales), vectors.data_ptr<float>(), embedding.data_ptr<S>(),
+            position_rows.data_ptr<float>(), storage_of<S>(keys), storage_of<S>(values), keys[0].size(2), s, tokens,
+            start, activation, static_cast<float>(eps), at::get_num_threads());
+  });
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decode_step", &decode_step);
+  m.def("prefill", &prefill_tokens);
+}
