@@ -319,12 +319,11 @@ class Engine:
     def _fill(self, row: int, *contexts: list[int]) -> None:
         """Make cache rows row, row + 1, ... hold contexts[i][:-1] (equally long), computed in one pass of their own;
         the next step feeds each context's last token (so the pass needs no logits: the head is skipped). With the
-        native step a single context is filled by its prefill (on the CPU it reads the weights about once for
-        several tokens, where the eager bfloat16 products were some 4x slower than float32's: docs/benchmarks.md)."""
+        native step a single context is filled by its prefill where that is the faster pass (NativeStep.prefills)."""
         self.cache.lengths[row : row + len(contexts)] = [0] * len(contexts)
         if len(contexts[0]) <= 1:
             return
-        if self.native is not None and len(contexts) == 1:
+        if self.native is not None and len(contexts) == 1 and self.native.prefills(len(contexts[0]) - 1):
             self._allocate_cache(self.native.dtype)
             keys = [layer[row : row + 1] for layer in self.cache.keys]
             values = [layer[row : row + 1] for layer in self.cache.values]

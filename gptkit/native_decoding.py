@@ -11,7 +11,8 @@ What it serves: float32 or bfloat16 weights on the CPU, or int8 ones (gptkit.qua
 per row, products with float32 inputs); learned or sinusoidal positions; LayerNorm with or without biases; the GELU
 (tanh or exact) or squared-ReLU MLP; a tied or separate head. Not rotary positions or QK-norm (native_problem says
 why a model does not fit). The engine uses it for steps with one active row and keeps its other paths for more
-rows and for prefills.
+rows; it fills a prompt with the native prefill (NativeStep.prefill: the prompt's tokens in one pass) up to
+PREFILL_LIMITS' length.
 
 The C++ source is compiled on first use (torch.utils.cpp_extension: a C++ compiler and ninja, ~25 s once; the build
 is cached under torch's extensions directory and redone when the source changes), for this machine's instruction
@@ -156,6 +157,12 @@ def packed(tensors: Sequence[torch.Tensor | None], sizes: Sequence[int], dtype: 
     return buffer
 
 
+# The longest prompt (tokens filled) the engine gives the native prefill, by weights; longer ones take the eager
+# pass, whose GEMM libraries (MKL, fbgemm's int8 products with 7-bit activations) pass the native pass's 2-row,
+# 4-token blocks as prompts grow. bfloat16 prompts of any length: PyTorch's eager bfloat16 products were some 4x
+# slower on a CPU without bfloat16 instructions. Measured on a Zen 3 EPYC (docs/benchmarks.md).
+PREFILL_LIMITS = {"float32": 64, "bfloat16": None, "int8": 16}
+
 # Each model's steps by dtype; a model that is garbage collected takes its packed weights with it.
 PACKED_STEPS: weakref.WeakKeyDictionary[nn.Module, dict[torch.dtype, NativeStep]] = weakref.WeakKeyDictionary()
 
@@ -233,6 +240,11 @@ class NativeStep:
         return self.kernel(self.matrices, self.scales, self.vectors, self.embedding, self.positions[position],
                            list(keys), list(values), self.shapes, token, position, self.activation, self.eps,
                            temperature, top_k or 0, uniform)  # fmt: skip
+
+    def prefills(self, tokens: int) -> bool:
+        """Whether the engine fills a prompt of `tokens` tokens with prefill (PREFILL_LIMITS) rather than eagerly."""
+        limit = PREFILL_LIMITS["int8" if self.int8 else str(self.dtype).removeprefix("torch.")]
+        return limit is None or tokens <= limit
 
     @torch.no_grad()
     def prefill(self, tokens: Sequence[int], start: int, keys: Sequence[torch.Tensor],

@@ -112,9 +112,9 @@ def test_int8_logits_match_the_float32_pass_of_the_weights_they_stand_for(shape)
 
 def test_an_int8_model_in_the_engine_gets_the_reference_greedy_tokens(monkeypatch):
     """An int8 model alone in the engine: the greedy tokens of the float32 model with the dequantized weights, over a
-    prompt of 9 tokens and a window that slides. The native prefill fills the cache each time, with float32
-    activations (the eager int8 pass would round them to 7 bits)."""
-    original = lively_model(block_size=24, seed=8)
+    prompt of 9 tokens and a window that slides (block 16: it keeps 12). The native prefill fills the cache each
+    time, with float32 activations (the eager int8 pass would round them to 7 bits)."""
+    original = lively_model(block_size=16, seed=8)
     model = quantize_int8(plain_copy(original))
     prompt = [4, 9, 1, 30, 2, 2, 17, 5, 11]
     request = Request(prompt, 23, temperature=0)
@@ -123,7 +123,20 @@ def test_an_int8_model_in_the_engine_gets_the_reference_greedy_tokens(monkeypatc
     prefills = count_calls(monkeypatch, NativeStep, "prefill")
     list(engine.run([request]))
     assert request.output == reference_greedy(dequantized_model(model, original), prompt, 23)
-    assert len(prefills) == 2  # the prompt, and the window once it slid
+    assert len(prefills) == 4  # the prompt (8 tokens filled), then 11 of the 12 kept before outputs 9, 14 and 19
+
+
+@pytest.mark.parametrize(("prompt_length", "prefills"), [(65, 1), (66, 0)])
+def test_a_float32_prompt_past_64_tokens_is_filled_eagerly(monkeypatch, prompt_length, prefills):
+    """The engine fills a float32 prompt of up to 64 tokens (the last is fed by the first step) with the native
+    prefill and a longer one with the eager pass; the greedy tokens are the reference's either way."""
+    model = lively_model(block_size=80)
+    prompt = torch.randint(0, 37, (prompt_length,), generator=torch.Generator().manual_seed(3)).tolist()
+    calls = count_calls(monkeypatch, NativeStep, "prefill")
+    request = Request(prompt, 5, temperature=0)
+    list(Engine(model, native=True).run([request]))
+    assert request.output == reference_greedy(plain_copy(model), prompt, 5)
+    assert len(calls) == prefills
 
 
 @pytest.mark.parametrize("shape", [*SHAPES, "gpt2 width"])
