@@ -640,7 +640,8 @@ void with_weight_type(torch::ScalarType dtype, Call&& call) {
 // The shapes (embd, hidden, vocab, layers, heads), checked against the buffers' sizes and the cache's layout.
 Shapes checked_shapes(const std::vector<int64_t>& shapes, const torch::Tensor& matrices, const torch::Tensor& vectors,
                       const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values) {
-  TORCH_CHECK(shapes.size() == 5 && shapes[4] > 0 && shapes[0] % shapes[4] == 0, "shapes: embd, hidden, vocab, layers, heads");
+  TORCH_CHECK(shapes.size() == 5 && shapes[4] > 0 && shapes[0] % shapes[4] == 0,
+              "shapes: embd, hidden, vocab, layers, heads");
   const Shapes s{shapes[0], shapes[1], shapes[2], shapes[3], shapes[4], shapes[0] / shapes[4]};
   TORCH_CHECK(matrices.is_contiguous() && vectors.scalar_type() == torch::kFloat && vectors.is_contiguous());
   TORCH_CHECK(matrices.numel() == s.layers * s.layer_matrix_elements() + s.vocab * s.embd, "matrices: wrong size");
@@ -694,7 +695,8 @@ void prefill_tokens(const torch::Tensor& matrices, const torch::Tensor& scales, 
   const Shapes s = checked_shapes(shapes, matrices, vectors, keys, values);
   const int64_t count = static_cast<int64_t>(tokens.size());
   TORCH_CHECK(count > 0 && 0 <= start && start + count <= keys[0].size(2), "the tokens must fit in the cache");
-  for (const int64_t token : tokens) TORCH_CHECK(0 <= token && token < embedding.size(0), "a token past the vocabulary");
+  for (const int64_t token : tokens)
+    TORCH_CHECK(0 <= token && token < embedding.size(0), "a token past the vocabulary");
   TORCH_CHECK(position_rows.scalar_type() == torch::kFloat && position_rows.is_contiguous() &&
               position_rows.numel() == count * s.embd);
   with_weight_type(matrices.scalar_type(), [&](auto weight) {
