@@ -159,8 +159,8 @@ def packed(tensors: Sequence[torch.Tensor | None], sizes: Sequence[int], dtype: 
 
 # The longest prompt (tokens filled) the engine gives the native prefill, by weights; longer ones take the eager
 # pass, whose GEMM libraries (MKL, fbgemm's int8 products with 7-bit activations) pass the native pass's 2-row,
-# 4-token blocks as prompts grow. bfloat16 prompts of any length: PyTorch's eager bfloat16 products were some 4x
-# slower on a CPU without bfloat16 instructions. Measured on a Zen 3 EPYC (docs/benchmarks.md).
+# 4-token blocks as prompts grow. bfloat16 prompts of any length: PyTorch's eager bfloat16 products were 2-4x slower
+# than its float32 ones on a CPU without bfloat16 instructions. Measured on a Zen 3 EPYC (docs/benchmarks.md).
 PREFILL_LIMITS = {"float32": 64, "bfloat16": None, "int8": 16}
 
 # Each model's steps by dtype; a model that is garbage collected takes its packed weights with it.
@@ -251,7 +251,7 @@ class NativeStep:
                 values: Sequence[torch.Tensor]) -> None:  # fmt: skip
         """Store the keys and values of `tokens` at positions start, start + 1, ... in row 0 of the cache (storage as
         __call__ takes it), each token attending over those before it; no logits (the next step feeds the token
-        that follows). One pass reads each weight row once for up to 8 tokens, where steps would read it per token."""
+        that follows). One pass reads each weight row once for every 4 tokens, where steps would read it per token."""
         rows = self.positions[start : start + len(tokens)]
         self.prefill_kernel(self.matrices, self.scales, self.vectors, self.embedding, rows, list(keys), list(values),
                             self.shapes, list(tokens), start, self.activation, self.eps)  # fmt: skip
