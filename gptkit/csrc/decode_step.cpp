@@ -462,6 +462,23 @@ struct Layer {
   }
 };
 
+// What a step or a prefill reads and writes, as typed pointers: the packed buffers (in the layout
+// gptkit/native_decoding.py packs), the position rows added at the tokens' positions, and each layer's cache
+// storage (row 0 of it), all in the types weights of type W go with (model_for makes one from tensors).
+template <typename W, typename S = typename Stored<W>::type>
+struct Model {
+  const W* matrices;
+  const float* scales;  // one per matrix row for int8 weights, else null
+  const float* vectors;
+  const S* embedding;
+  const float* position_rows;
+  std::vector<S*> keys, values;
+  int64_t cache_positions;
+  Shapes s;
+  int64_t activation;
+  float eps;
+};
+
 // One decoding step: fills logits (vocab) and offers each thread's share of them to per_thread[thread].
 //
 // Each thread takes one share of the heads and one share of every other product's rows. It computes the queries,
@@ -469,14 +486,12 @@ struct Layer {
 // normalizes the whole residual stream itself (n_embd values) rather than waiting for one thread to do it. The
 // threads meet four times a layer: after attention, and after each product whose whole output the next one reads.
 template <typename W, typename S = typename Stored<W>::type>
-void step(const W* matrices, const float* scales, const float* vectors, const S* embedding, const float* position_row,
-          const std::vector<S*>& keys, const std::vector<S*>& values, int64_t cache_positions, const Shapes& s,
-          int64_t token, int64_t position, int64_t activation, float eps, float* logits,
-          std::vector<Largest>& per_thread) {
+void step(const Model<W>& m, int64_t token, int64_t position, float* logits, std::vector<Largest>& per_thread) {
+  const Shapes& s = m.s;
   const int64_t C = s.embd, F = s.hidden, D = s.head_dim;
   std::vector<float> x(C), qkv(3 * C);
   std::vector<S> attended(C), hidden(F);
-  for (int64_t i = 0; i < C; ++i) x[i] = static_cast<float>(embedding[token * C + i]) + position_row[i];
+  for (int64_t i = 0; i < C; ++i) x[i] = static_cast<float>(m.embedding[token * C + i]) + m.position_rows[i];
 
 #pragma omp parallel num_threads(static_cast<int>(per_thread.size()))
   {
@@ -485,25 +500,25 @@ void step(const W* matrices, const float* scales, const float* vectors, const S*
     std::vector<S> normed(C);
     std::vector<float> scores(position + 1), mixed(D), activations(F);
     for (int64_t layer = 0; layer < s.layers; ++layer) {
-      const Layer<W> l(matrices, vectors, scales, layer, s);
-      layer_norm(x.data(), l.ln1_w, l.ln1_b, C, eps, normed.data());
+      const Layer<W> l(m.matrices, m.vectors, m.scales, layer, s);
+      layer_norm(x.data(), l.ln1_w, l.ln1_b, C, m.eps, normed.data());
       for (int64_t part = 0; part < 3; ++part)  // this thread's heads' rows of Q, then of K, then of V
         for (int64_t row = part * C + heads.first * D; row < part * C + heads.last * D; ++row)
           qkv[row] = product_row(l.attn_w, l.attn_s, row, C, normed.data()) + l.attn_b[row];
       for (int64_t h = heads.first; h < heads.last; ++h) {
-        const int64_t at = h * D, storage = h * cache_positions * D;
-        attend(&qkv[at], &qkv[C + at], &qkv[2 * C + at], keys[layer] + storage, values[layer] + storage, position, D,
-               scores.data(), mixed.data(), &attended[at]);
+        const int64_t at = h * D, storage = h * m.cache_positions * D;
+        attend(&qkv[at], &qkv[C + at], &qkv[2 * C + at], m.keys[layer] + storage, m.values[layer] + storage,
+               position, D, scores.data(), mixed.data(), &attended[at]);
       }
 #pragma omp barrier
       for (Share r(C, thread, threads); r.first < r.last; ++r.first)  // the residual: x is not this product's input
         x[r.first] += product_row(l.proj_w, l.proj_s, r.first, C, attended.data()) + l.proj_b[r.first];
 #pragma omp barrier
-      layer_norm(x.data(), l.ln2_w, l.ln2_b, C, eps, normed.data());
+      layer_norm(x.data(), l.ln2_w, l.ln2_b, C, m.eps, normed.data());
       const Share mine(F, thread, threads);  // this thread's hidden units: computed, activated, then stored as S
       for (int64_t row = mine.first; row < mine.last; ++row)
         activations[row - mine.first] = product_row(l.fc_w, l.fc_s, row, C, normed.data()) + l.fc_b[row];
-      activate_all(activations.data(), mine.last - mine.first, activation);
+      activate_all(activations.data(), mine.last - mine.first, m.activation);
       for (int64_t row = mine.first; row < mine.last; ++row)
         hidden[row] = static_cast<S>(activations[row - mine.first]);
 #pragma omp barrier
@@ -511,10 +526,10 @@ void step(const W* matrices, const float* scales, const float* vectors, const S*
         x[r.first] += product_row(l.fc_proj_w, l.fc_proj_s, r.first, F, hidden.data()) + l.fc_proj_b[r.first];
 #pragma omp barrier
     }
-    const float* final_norm = vectors + s.layers * s.layer_vector_elements();
-    layer_norm(x.data(), final_norm, final_norm + C, C, eps, normed.data());
-    const W* head = matrices + s.layers * s.layer_matrix_elements();
-    const float* head_s = offset_or_null(scales, s.layers * s.layer_rows());
+    const float* final_norm = m.vectors + s.layers * s.layer_vector_elements();
+    layer_norm(x.data(), final_norm, final_norm + C, C, m.eps, normed.data());
+    const W* head = m.matrices + s.layers * s.layer_matrix_elements();
+    const float* head_s = offset_or_null(m.scales, s.layers * s.layer_rows());
     for (Share r(s.vocab, thread, threads); r.first < r.last; ++r.first) {
       logits[r.first] = product_row(head, head_s, r.first, C, normed.data());
       per_thread[thread].offer(logits[r.first], r.first);
@@ -527,16 +542,14 @@ void step(const W* matrices, const float* scales, const float* vectors, const S*
 // threads split the work as in step(); each product reads a weight row once for up to TOKENS tokens, so a pass over
 // a prompt reads the weights about once instead of once a token.
 template <typename W, typename S = typename Stored<W>::type>
-void prefill(const W* matrices, const float* scales, const float* vectors, const S* embedding,
-             const float* position_rows, const std::vector<S*>& keys, const std::vector<S*>& values,
-             int64_t cache_positions, const Shapes& s, const std::vector<int64_t>& tokens, int64_t start,
-             int64_t activation, float eps, int threads_wanted) {
+void prefill(const Model<W>& m, const std::vector<int64_t>& tokens, int64_t start, int threads_wanted) {
+  const Shapes& s = m.s;
   const int64_t C = s.embd, F = s.hidden, D = s.head_dim, T = static_cast<int64_t>(tokens.size());
   std::vector<float> x(T * C), qkv(T * 3 * C);
   std::vector<S> attended(T * C), hidden(T * F);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < C; ++i)
-      x[t * C + i] = static_cast<float>(embedding[tokens[t] * C + i]) + position_rows[t * C + i];
+      x[t * C + i] = static_cast<float>(m.embedding[tokens[t] * C + i]) + m.position_rows[t * C + i];
 
 #pragma omp parallel num_threads(threads_wanted)
   {
@@ -545,8 +558,8 @@ void prefill(const W* matrices, const float* scales, const float* vectors, const
     std::vector<S> normed(T * C);
     std::vector<float> scores(start + T), mixed(D), out(T * std::max(C, mine.last - mine.first));
     for (int64_t layer = 0; layer < s.layers; ++layer) {
-      const Layer<W> l(matrices, vectors, scales, layer, s);
-      for (int64_t t = 0; t < T; ++t) layer_norm(&x[t * C], l.ln1_w, l.ln1_b, C, eps, &normed[t * C]);
+      const Layer<W> l(m.matrices, m.vectors, m.scales, layer, s);
+      for (int64_t t = 0; t < T; ++t) layer_norm(&x[t * C], l.ln1_w, l.ln1_b, C, m.eps, &normed[t * C]);
       for (int64_t part = 0; part < 3; ++part) {  // this thread's heads' rows of Q, then of K, then of V
         const int64_t first = part * C + heads.first * D, last = part * C + heads.last * D;
         product_rows_tokens(l.attn_w, l.attn_s, first, last, C, normed.data(), T, out.data());
@@ -554,10 +567,10 @@ void prefill(const W* matrices, const float* scales, const float* vectors, const
           for (int64_t t = 0; t < T; ++t) qkv[t * 3 * C + row] = out[(row - first) * T + t] + l.attn_b[row];
       }
       for (int64_t h = heads.first; h < heads.last; ++h) {
-        const int64_t at = h * D, storage = h * cache_positions * D;
+        const int64_t at = h * D, storage = h * m.cache_positions * D;
         for (int64_t t = 0; t < T; ++t) {  // in order: each token's key and value are stored before the next attends
           const float* q = &qkv[t * 3 * C + at];
-          attend(q, q + C, q + 2 * C, keys[layer] + storage, values[layer] + storage, start + t, D, scores.data(),
+          attend(q, q + C, q + 2 * C, m.keys[layer] + storage, m.values[layer] + storage, start + t, D, scores.data(),
                  mixed.data(), &attended[t * C + at]);
         }
       }
@@ -567,11 +580,11 @@ void prefill(const W* matrices, const float* scales, const float* vectors, const
       for (int64_t row = residual.first; row < residual.last; ++row)
         for (int64_t t = 0; t < T; ++t) x[t * C + row] += out[(row - residual.first) * T + t] + l.proj_b[row];
 #pragma omp barrier
-      for (int64_t t = 0; t < T; ++t) layer_norm(&x[t * C], l.ln2_w, l.ln2_b, C, eps, &normed[t * C]);
+      for (int64_t t = 0; t < T; ++t) layer_norm(&x[t * C], l.ln2_w, l.ln2_b, C, m.eps, &normed[t * C]);
       product_rows_tokens(l.fc_w, l.fc_s, mine.first, mine.last, C, normed.data(), T, out.data());
       for (int64_t row = mine.first; row < mine.last; ++row)
         for (int64_t t = 0; t < T; ++t) out[(row - mine.first) * T + t] += l.fc_b[row];
-      activate_all(out.data(), T * (mine.last - mine.first), activation);
+      activate_all(out.data(), T * (mine.last - mine.first), m.activation);
       for (int64_t row = mine.first; row < mine.last; ++row)
         for (int64_t t = 0; t < T; ++t) hidden[t * F + row] = static_cast<S>(out[(row - mine.first) * T + t]);
 #pragma omp barrier
@@ -606,12 +619,13 @@ std::vector<W*> storage_of(const std::vector<torch::Tensor>& cache) {
   return pointers;
 }
 
-// Checks that the embedding, the cache and the scales suit weights of type W: the first two in Stored<W>'s dtype,
-// scales (one per matrix row) only for int8.
+// The Model a step or prefill of weights of type W reads, from the tensors the entry points take; checks that the
+// embedding and the cache are in Stored<W>'s dtype, and that only int8 weights come with scales (one per row).
 template <typename W, typename S = typename Stored<W>::type>
-void check_for_weights(const torch::Tensor& scales, const torch::Tensor& embedding,
-                       const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
-                       const Shapes& s) {
+Model<W> model_for(const torch::Tensor& matrices, const torch::Tensor& scales, const torch::Tensor& vectors,
+                   const torch::Tensor& embedding, const torch::Tensor& position_rows,
+                   const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values, const Shapes& s,
+                   int64_t activation, double eps) {
   const auto stored = c10::CppTypeToScalarType<S>::value;
   TORCH_CHECK(embedding.scalar_type() == stored && embedding.is_contiguous(), "embedding: wrong dtype");
   for (int64_t l = 0; l < s.layers; ++l)
@@ -620,12 +634,9 @@ void check_for_weights(const torch::Tensor& scales, const torch::Tensor& embeddi
   const bool int8 = std::is_same_v<W, int8_t>;
   TORCH_CHECK(scales.numel() == (int8 ? s.layers * s.layer_rows() + s.vocab : 0), "scales: wrong size");
   TORCH_CHECK(scales.scalar_type() == torch::kFloat && scales.is_contiguous());
-}
-
-// The int8 rows' scales, or null for other weights.
-template <typename W>
-const float* scales_of(const torch::Tensor& scales) {
-  return std::is_same_v<W, int8_t> ? scales.data_ptr<float>() : nullptr;
+  return {matrices.data_ptr<W>(), int8 ? scales.data_ptr<float>() : nullptr, vectors.data_ptr<float>(),
+          embedding.data_ptr<S>(), position_rows.data_ptr<float>(), storage_of<S>(keys), storage_of<S>(values),
+          keys[0].size(2), s, activation, static_cast<float>(eps)};
 }
 
 // call(W{}) for the C++ type W of weights in `dtype`.
@@ -675,12 +686,9 @@ std::tuple<torch::Tensor, int64_t> decode_step(const torch::Tensor& matrices, co
   const int64_t keep = temperature == 0.0 ? 1 : (top_k < s.vocab ? top_k : 0);
   std::vector<Largest> per_thread(at::get_num_threads(), Largest(keep));
   with_weight_type(matrices.scalar_type(), [&](auto weight) {
-    using W = decltype(weight);
-    using S = typename Stored<W>::type;
-    check_for_weights<W>(scales, embedding, keys, values, s);
-    step(matrices.data_ptr<W>(), scales_of<W>(scales), vectors.data_ptr<float>(), embedding.data_ptr<S>(),
-         position_row.data_ptr<float>(), storage_of<S>(keys), storage_of<S>(values), keys[0].size(2), s, token,
-         position, activation, static_cast<float>(eps), logits.data_ptr<float>(), per_thread);
+    const auto model = model_for<decltype(weight)>(matrices, scales, vectors, embedding, position_row, keys, values,
+                                                   s, activation, eps);
+    step(model, token, position, logits.data_ptr<float>(), per_thread);
   });
   return {logits, choose(logits.data_ptr<float>(), s.vocab, per_thread, keep, temperature, uniform)};
 }
@@ -700,12 +708,9 @@ void prefill_tokens(const torch::Tensor& matrices, const torch::Tensor& scales, 
   TORCH_CHECK(position_rows.scalar_type() == torch::kFloat && position_rows.is_contiguous() &&
               position_rows.numel() == count * s.embd);
   with_weight_type(matrices.scalar_type(), [&](auto weight) {
-    using W = decltype(weight);
-    using S = typename Stored<W>::type;
-    check_for_weights<W>(scales, embedding, keys, values, s);
-    prefill(matrices.data_ptr<W>(), scales_of<W>(scales), vectors.data_ptr<float>(), embedding.data_ptr<S>(),
-            position_rows.data_ptr<float>(), storage_of<S>(keys), storage_of<S>(values), keys[0].size(2), s, tokens,
-            start, activation, static_cast<float>(eps), at::get_num_threads());
+    const auto model = model_for<decltype(weight)>(matrices, scales, vectors, embedding, position_rows, keys, values,
+                                                   s, activation, eps);
+    prefill(model, tokens, start, at::get_num_threads());
   });
 }
 
