@@ -8,7 +8,8 @@ barriers, reading the weights from one buffer in the order the pass reads them. 
 has the figures.
 
 What it serves: float32 or bfloat16 weights on the CPU, or int8 ones (gptkit.quantization's Int8Linear: one scale
-per row, products with float32 inputs); learned or sinusoidal positions; LayerNorm with or without biases; the GELU
+per row; each product's float32 input is rounded to 16-bit integers with one scale, so that the products run in
+integer lanes); learned or sinusoidal positions; LayerNorm with or without biases; the GELU
 (tanh or exact) or squared-ReLU MLP; a tied or separate head. Not rotary positions or QK-norm (native_problem says
 why a model does not fit). The engine uses it for steps with one active row and keeps its other paths for more
 rows; it fills a prompt with the native prefill (NativeStep.prefill: the prompt's tokens in one pass) up to
@@ -158,10 +159,10 @@ def packed(tensors: Sequence[torch.Tensor | None], sizes: Sequence[int], dtype: 
 
 
 # The longest prompt (tokens filled) the engine gives the native prefill, by weights; longer ones take the eager
-# pass, whose GEMM libraries (MKL, fbgemm's int8 products with 7-bit activations) pass the native pass's 2-row,
-# 4-token blocks as prompts grow. bfloat16 prompts of any length: PyTorch's eager bfloat16 products were 2-4x slower
+# pass, whose GEMM libraries (MKL; fbgemm's int8 products with 7-bit activations, past 32 tokens against the native
+# pass's 16-bit ones) pass the native pass's 2-row, 4-token blocks as prompts grow. bfloat16 prompts of any length: PyTorch's eager bfloat16 products were 2-4x slower
 # than its float32 ones on a CPU without bfloat16 instructions. Measured on a Zen 3 EPYC (docs/benchmarks.md).
-PREFILL_LIMITS = {"float32": 64, "bfloat16": None, "int8": 16}
+PREFILL_LIMITS = {"float32": 64, "bfloat16": None, "int8": 32}
 
 # Each model's steps by dtype; a model that is garbage collected takes its packed weights with it.
 PACKED_STEPS: weakref.WeakKeyDictionary[nn.Module, dict[torch.dtype, NativeStep]] = weakref.WeakKeyDictionary()

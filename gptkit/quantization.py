@@ -10,7 +10,7 @@ PyTorch's own:
   is no faster than fbgemm, but in the compiled step (one graph, no per-call costs) a token takes far less time;
   docs/benchmarks.md has the figures.
 The native step (gptkit.native_decoding, --native=True) reads the same int8 weights and scales with kernels of its
-own (float32 inputs). The embeddings stay float32: a lookup reads one row.
+own (each product's input rounded to 16-bit integers). The embeddings stay float32: a lookup reads one row.
 """
 
 from __future__ import annotations

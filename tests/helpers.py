@@ -399,6 +399,24 @@ def dequantized_model(quantized: Any, original: Any) -> Any:
     return reference
 
 
+def with_16_bit_inputs(model: Any) -> Any:
+    """`model` (in place) with each Linear's input rounded as the native int8 step rounds it: every row (one token's
+    values) to integers of magnitude at most 32767, times one scale, the row's largest |x| / 32767 (the limit for
+    rows up to 4128 wide; tests use narrower ones)."""
+    import torch
+
+    def round_rows(module: Any, inputs: tuple) -> tuple:
+        x = inputs[0]
+        largest = x.abs().amax(dim=-1, keepdim=True)
+        integers = torch.where(largest > 0, torch.round(x * (32767 / largest)), torch.zeros_like(x))
+        return (integers * (largest / 32767),)
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.register_forward_pre_hook(round_rows)
+    return model
+
+
 def reference_greedy(model: Any, prompt: list[int], steps: int) -> list[int]:
     """Greedy tokens by a full forward pass of the plain model over each step's window (no cache): the prompt's last
     block_size tokens, and when a window would pass block_size it restarts from the last 3/4 of a window."""

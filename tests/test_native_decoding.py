@@ -1,6 +1,7 @@
 """gptkit/native_decoding.py (and gptkit/csrc/decode_step.cpp): the native step's logits, cache writes, tokens and
 refusals, against the plain model's full forward pass (no cache) and the eager engine; int8 weights against the
-float32 pass of the weights they stand for (each int8 value times its row's scale).
+float32 pass of the weights they stand for (each int8 value times its row's scale), with each product's input rounded
+to 16 bits as the native int8 products round it.
 
 The first test builds the C++ extension (~25 s once; torch caches the build)."""
 
@@ -22,7 +23,13 @@ from helpers import (
     lively_model,
     plain_copy,
     reference_greedy,
+    with_16_bit_inputs,
 )
+
+# int8 steps and prefills against a reference that rounds each product's input to 16 bits as they do: where the two
+# passes' float32 rounding puts a value on either side of a rounding boundary, that input differs by one step
+# (2^-15 of its row's largest) and an output by up to ~1e-4 of the largest; 1e-3 of it leaves room for a few.
+INT8_TOLERANCE = 1e-3
 
 NO_BIASES = dict(bias=False, activation="gelu", pos_encoding="sinusoidal", tie_embeddings=True)
 SHAPES = {
@@ -51,6 +58,15 @@ def full_pass_logits(model, tokens: list[int]) -> torch.Tensor:
     """The last position's logits by the plain model's forward pass over all of `tokens` (no cache)."""
     with torch.no_grad():
         return model(torch.tensor([tokens]))[0][0, -1].float()
+
+
+def assert_close_to(actual: torch.Tensor, expected: torch.Tensor, tolerance: float | None) -> None:
+    """actual is expected up to float32 rounding (tolerance None), or within tolerance times expected's largest
+    magnitude."""
+    if tolerance is None:
+        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+    else:
+        assert (actual - expected).abs().max() <= tolerance * expected.abs().max()
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -94,26 +110,26 @@ def test_bfloat16_logits_are_the_float32_pass_of_the_same_weights_within_bfloat1
 @pytest.mark.parametrize("shape", [*SHAPES, "gpt2 width"])
 def test_int8_logits_match_the_float32_pass_of_the_weights_they_stand_for(shape):
     """int8 weights (--quantize=int8): each step's logits are the full float32 pass's over the dequantized weights
-    (float32 rounding: the activations stay float32), tied heads included; at GPT-2's width too (768: rows of 12
-    blocks of 64 weights, where the small widths take the kernel's tail loop). The dequantized model fills the
-    cache (the eager int8 prefill rounds its activations to 7 bits, gptkit.quantization)."""
+    with each product's input rounded to 16 bits (within INT8_TOLERANCE), tied heads included; at GPT-2's width too
+    (768: rows of 12 blocks of 64 weights, where the small widths take the kernel's tail loop). That reference fills
+    the cache (the eager int8 prefill rounds its activations to 7 bits, gptkit.quantization)."""
     overrides = dict(n_embd=768, n_head=12, n_layer=1) if shape == "gpt2 width" else SHAPES[shape]
     original = lively_model(vocab_size=61, block_size=32, seed=6, **overrides)
     model = quantize_int8(plain_copy(original))
-    reference = dequantized_model(model, original)
+    reference = with_16_bit_inputs(dequantized_model(model, original))
     prompt = torch.randint(0, 61, (8,), generator=torch.Generator().manual_seed(2)).tolist()
     logits, _ = native_steps(model, torch.float32, prompt, 6, prefill_model=reference)
     tokens = list(prompt)
     for step_logits in logits:
         expected = full_pass_logits(reference, tokens)
-        torch.testing.assert_close(step_logits, expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+        assert_close_to(step_logits, expected, INT8_TOLERANCE)
         tokens.append(int(expected.argmax()))
 
 
 def test_an_int8_model_in_the_engine_gets_the_reference_greedy_tokens(monkeypatch):
-    """An int8 model alone in the engine: the greedy tokens of the float32 model with the dequantized weights, over a
-    prompt of 9 tokens and a window that slides (block 16: it keeps 12). The native prefill fills the cache each
-    time, with float32 activations (the eager int8 pass would round them to 7 bits)."""
+    """An int8 model alone in the engine: the greedy tokens of the float32 model with the dequantized weights and
+    16-bit inputs, over a prompt of 9 tokens and a window that slides (block 16: it keeps 12). The native prefill
+    fills the cache each time, with 16-bit inputs (the eager int8 pass would round them to 7 bits)."""
     original = lively_model(block_size=16, seed=8)
     model = quantize_int8(plain_copy(original))
     prompt = [4, 9, 1, 30, 2, 2, 17, 5, 11]
@@ -122,7 +138,7 @@ def test_an_int8_model_in_the_engine_gets_the_reference_greedy_tokens(monkeypatc
     assert engine.native.int8 and engine.native.dtype == torch.float32
     prefills = count_calls(monkeypatch, NativeStep, "prefill")
     list(engine.run([request]))
-    assert request.output == reference_greedy(dequantized_model(model, original), prompt, 23)
+    assert request.output == reference_greedy(with_16_bit_inputs(dequantized_model(model, original)), prompt, 23)
     assert len(prefills) == 4  # the prompt (8 tokens filled), then 11 of the 12 kept before outputs 9, 14 and 19
 
 
@@ -139,42 +155,62 @@ def test_a_float32_prompt_past_64_tokens_is_filled_eagerly(monkeypatch, prompt_l
     assert len(calls) == prefills
 
 
-@pytest.mark.parametrize("shape", [*SHAPES, "gpt2 width"])
-def test_the_prefill_writes_the_keys_and_values_of_the_eager_pass(shape):
-    """The native prefill (the tokens in one pass, 4 at a time, 2 weight rows at a time) stores the keys and values
-    an eager pass over the same tokens stores (float32 rounding), also when it goes on from a filled position;
-    the step after it gets the full pass's logits. 11 and 6 tokens: neither a whole number of 4-token blocks."""
-    overrides = dict(n_embd=768, n_head=12, n_layer=1) if shape == "gpt2 width" else SHAPES[shape]
-    model = lively_model(vocab_size=61, block_size=32, seed=5, **overrides)
+def assert_prefill_matches_eager_pass(model, reference, tokens: list[int], tolerance: float | None = None) -> None:
+    """model's native prefill of tokens[:11], then of tokens[11:17] from position 11, stores the keys and values the
+    eager pass of `reference` over tokens[:17] stores (assert_close_to); the step after it gets the full pass's
+    logits."""
     config = model.config
-    tokens = torch.randint(0, 61, (18,), generator=torch.Generator().manual_seed(4)).tolist()
+    dtype = torch.float32
     cache = KVCache(config.n_layer, config.block_size)
-    cache.allocate(config.n_head, config.n_embd // config.n_head, torch.float32, torch.device("cpu"))
-    step = NativeStep.for_model(model, torch.float32)
+    cache.allocate(config.n_head, config.n_embd // config.n_head, dtype, torch.device("cpu"))
+    step = NativeStep.for_model(model, dtype)
     step.prefill(tokens[:11], 0, cache.keys, cache.values)
     step.prefill(tokens[11:17], 11, cache.keys, cache.values)
     eager = KVCache(config.n_layer, config.block_size)
     with torch.no_grad():
-        model.hidden_states(torch.tensor([tokens[:17]]), cache=eager)
+        reference.hidden_states(torch.tensor([tokens[:17]]), cache=eager)
     for layer in range(config.n_layer):
-        torch.testing.assert_close(cache.keys[layer][:, :, :17], eager.keys[layer][:, :, :17], rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(cache.values[layer][:, :, :17], eager.values[layer][:, :, :17], rtol=1e-4, atol=1e-5)
+        assert_close_to(cache.keys[layer][:, :, :17], eager.keys[layer][:, :, :17], tolerance)
+        assert_close_to(cache.values[layer][:, :, :17], eager.values[layer][:, :, :17], tolerance)
     logits, _ = step(tokens[17], 17, cache.keys, cache.values)
-    torch.testing.assert_close(logits, full_pass_logits(model, tokens), rtol=1e-4, atol=1e-4)
+    assert_close_to(logits, full_pass_logits(reference, tokens), tolerance or 1e-4)
+
+
+@pytest.mark.parametrize("shape", [*SHAPES, "gpt2 width"])
+def test_the_prefill_writes_the_keys_and_values_of_the_eager_pass(shape):
+    """The native prefill (the tokens in one pass, 4 at a time, 2 weight rows at a time) stores the keys and values
+    an eager pass over the same tokens stores, also when it goes on from a filled position. 11 and 6 tokens: neither
+    a whole number of 4-token blocks."""
+    overrides = dict(n_embd=768, n_head=12, n_layer=1) if shape == "gpt2 width" else SHAPES[shape]
+    model = lively_model(vocab_size=61, block_size=32, seed=5, **overrides)
+    tokens = torch.randint(0, 61, (18,), generator=torch.Generator().manual_seed(4)).tolist()
+    assert_prefill_matches_eager_pass(model, plain_copy(model), tokens)
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(n_embd=40, n_head=4)], ids=["32 wide", "40 wide"])
+def test_an_int8_prefill_writes_the_keys_and_values_of_its_reference(overrides):
+    """int8 weights: the native prefill's integer products (2 rows and 4 tokens at a time, 16 weights a turn) store
+    the keys and values of the eager float32 pass over the dequantized weights with 16-bit inputs, within
+    INT8_TOLERANCE; 40 wide, the values past the last whole 16 count too."""
+    original = lively_model(vocab_size=61, block_size=32, seed=9, **overrides)
+    model = quantize_int8(plain_copy(original))
+    tokens = torch.randint(0, 61, (18,), generator=torch.Generator().manual_seed(5)).tolist()
+    reference = with_16_bit_inputs(dequantized_model(model, original))
+    assert_prefill_matches_eager_pass(model, reference, tokens, INT8_TOLERANCE)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
 def test_a_bfloat16_or_int8_prefill_gives_the_steps_their_reference_logits(dtype):
     """bfloat16 and int8 weights, at GPT-2's width: after a native prefill of 13 tokens, the steps' logits stay within
     bfloat16 rounding of the float32 pass over the same bfloat16 weights, or match the float32 pass over the
-    weights int8 stands for (the prefill's int8 products take float32 inputs, as the step's)."""
+    weights int8 stands for with 16-bit inputs (the prefill's int8 products round their inputs as the step's)."""
     original = lively_model(vocab_size=61, block_size=32, seed=7, n_embd=768, n_head=12, n_layer=1)
     if dtype == "bfloat16":
         model, compute = original.to(torch.bfloat16), torch.bfloat16
         reference, tolerance = plain_copy(model).float(), 0.03
     else:
         model, compute = quantize_int8(plain_copy(original)), torch.float32
-        reference, tolerance = dequantized_model(model, original), 1e-4
+        reference, tolerance = with_16_bit_inputs(dequantized_model(model, original)), INT8_TOLERANCE
     tokens = torch.randint(0, 61, (14,), generator=torch.Generator().manual_seed(6)).tolist()
     cache = KVCache(1, 32)
     cache.allocate(12, 64, compute, torch.device("cpu"))

@@ -8,8 +8,8 @@
 //
 // Weights are float32, bfloat16 or int8 (W); activations, norms, attention and logits are computed in float32. The
 // inputs of each float32 or bfloat16 product are rounded to W (bfloat16 products multiply bfloat16 pairs, as
-// PyTorch's do); int8 weights (gptkit.quantization's: one float scale per row) meet float32 inputs, so only the
-// weights are quantized.
+// PyTorch's do); int8 weights (gptkit.quantization's: one float scale per row) meet each float32 input rounded to
+// 16-bit integers with one scale (ProductInput<int8_t>), finer than bfloat16, and multiply in integer lanes.
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -36,6 +36,13 @@ using bf16 = c10::BFloat16;
 enum Activation : int64_t { kGeluTanh = 0, kGelu = 1, kRelu2 = 2 };
 
 #if defined(GPTKIT_VECTORS)
+// The sum of 8 float32 lanes (AVX2's vector; the AVX-512 build's int8 products use it too).
+inline float reduce_add_floats(__m256 v) {
+  __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
+  return _mm_cvtss_f32(_mm_add_ss(sum, _mm_movehdup_ps(sum)));
+}
+
 // One vector of float32 lanes and the few operations the step needs, so that each loop below is written once for
 // AVX-512 (16 lanes) and for AVX2 with FMA (8 lanes: CPUs without AVX-512, such as AMD's Zen 3).
 #if defined(__AVX512F__)
@@ -92,11 +99,7 @@ inline Vec div(Vec a, Vec b) { return _mm256_div_ps(a, b); }
 inline Vec min(Vec a, Vec b) { return _mm256_min_ps(a, b); }
 inline Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
 inline Vec abs(Vec v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
-inline float reduce_add(Vec v) {
-  __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
-  return _mm_cvtss_f32(_mm_add_ss(sum, _mm_movehdup_ps(sum)));
-}
+inline float reduce_add(Vec v) { return reduce_add_floats(v); }
 inline Vec round_to_integer(Vec v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline Vec times_power_of_two(Vec v, Vec n) {  // 2^n built in the exponent bits: n must make a normal float32
   const __m256i exponent = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
@@ -107,24 +110,31 @@ inline Vec with_sign(Vec magnitude, Vec sign_of) {
 }
 #endif
 
-// Asks for the 64-byte lines of 64 weights of type W, PREFETCH_AHEAD past `at`, in the L2 cache. A thread reads its
-// share of each matrix as one stream, so these are its next rows (at its share's end, the other thread's first rows:
-// harmless). Where it pays was measured on two CPUs (docs/benchmarks.md): with the hardware's prefetcher alone,
-// float32 products read below a plain sum's speed on a Zen 4 (AVX-512); on a Zen 3 (AVX2) bfloat16 and int8 ones
-// did, while float32 ones read fastest without software prefetch.
-constexpr int64_t PREFETCH_AHEAD = 4096;
+// Asks for the 64-byte lines of 64 weights of type W, PREFETCH_AHEAD weights past `at`, in the L2 cache. A thread
+// reads its share of each matrix as one stream, so these are its next rows (at its share's end, the other thread's
+// first rows: harmless). Where it pays and how far ahead were measured on two CPUs (docs/benchmarks.md): with the
+// hardware's prefetcher alone, float32 products read below a plain sum's speed on a Zen 4 (AVX-512), where 4 KB
+// ahead served every dtype; on a Zen 3 (AVX2) bfloat16 and int8 ones did, best 1024 weights ahead (4 KB was
+// 6-20% slower), while float32 ones read fastest without software prefetch.
+#if defined(__AVX512F__)
+template <typename W>
+constexpr int64_t PREFETCH_AHEAD = 4096 / sizeof(W);
+#else
+template <typename W>
+constexpr int64_t PREFETCH_AHEAD = 1024;
+#endif
 template <typename W>
 inline void prefetch_ahead(const W* at) {
 #if !defined(__AVX512F__)
   if (std::is_same_v<W, float>) return;
 #endif
-  const char* ahead = reinterpret_cast<const char*>(at) + PREFETCH_AHEAD;
+  const char* ahead = reinterpret_cast<const char*>(at + PREFETCH_AHEAD<W>);
   for (size_t line = 0; line < sizeof(W); ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T1);
 }
 #endif
 
 // The type a product's input and the cache are stored in: the weights' own for float32 and bfloat16, float32 for
-// int8 weights (weight-only quantization: the activations stay in float32).
+// int8 weights (the activations stay in float32 between the products).
 template <typename W>
 struct Stored {
   using type = W;
@@ -189,12 +199,95 @@ float dot(const bf16* w, const bf16* x, int64_t n) {
 }
 #endif
 
-// Row `row` of a product over `columns` inputs: its dot product with x, times the row's scale for int8 weights
-// (scales is null for float32 and bfloat16 ones).
-template <typename W, typename X>
-inline float product_row(const W* matrix, const float* scales, int64_t row, int64_t columns, const X* x) {
-  const float sum = dot(matrix + row * columns, x, columns);
-  return scales == nullptr ? sum : sum * scales[row];
+// The largest |q| a 16-bit input of n values may take: each int32 lane of a row's sums then stays below 2^31 for
+// weights in [-127, 127], however the row's n products are spread over 8 lanes; 32767 up to 4128 columns.
+inline int64_t input_limit(int64_t n) {
+  const int64_t products_per_lane = std::max<int64_t>(1, (n + 7) / 8);
+  return std::min<int64_t>(32767, std::numeric_limits<int32_t>::max() / (127 * products_per_lane));
+}
+
+#if defined(GPTKIT_VECTORS)
+// 16 int8 weights widened to 16 bits.
+inline __m256i load_widened(const int8_t* w) {
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+}
+inline __m256i load_integers(const int16_t* x) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)); }
+// sums + the 16 products of w and x, summed in pairs into 8 int32 lanes (one vpmaddwd).
+inline __m256i add_products(__m256i sums, __m256i w, __m256i x) {
+  return _mm256_add_epi32(sums, _mm256_madd_epi16(w, x));
+}
+// The sum of 8 int32 lanes, each exact, added as float32 (a row's total may not fit in int32).
+inline float reduce_add(__m256i v) { return reduce_add_floats(_mm256_cvtepi32_ps(v)); }
+#endif
+
+// The dot product of an int8 row with a 16-bit integer input, exact in int32 lanes (see input_limit) and then
+// rounded to float32 once per lane.
+inline float dot(const int8_t* w, const int16_t* x, int64_t n) {
+  int64_t k = 0;
+  float sum = 0.0f;
+#if defined(GPTKIT_VECTORS)
+  __m256i sums[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+  for (; k + 64 <= n; k += 64) {  // four independent sums
+    prefetch_ahead(w + k);
+#pragma GCC unroll 4
+    for (int64_t c = 0; c < 4; ++c)
+      sums[c] = add_products(sums[c], load_widened(w + k + 16 * c), load_integers(x + k + 16 * c));
+  }
+  sum = reduce_add(_mm256_add_epi32(sums[0], sums[1])) + reduce_add(_mm256_add_epi32(sums[2], sums[3]));
+#endif
+  int64_t tail = 0;
+  for (; k < n; ++k) tail += static_cast<int64_t>(w[k]) * x[k];
+  return sum + static_cast<float>(tail);
+}
+
+// A product's inputs (count rows of n values) as its weight rows read them: for float32 and bfloat16 weights the
+// values themselves (already in the weights' type), which need no scale.
+template <typename W>
+struct ProductInput {
+  const typename Stored<W>::type* values = nullptr;
+  void take(const typename Stored<W>::type* x, int64_t, int64_t = 1) { values = x; }
+  const typename Stored<W>::type* input(int64_t t, int64_t n) const { return values + t * n; }
+  float scaled(float sum, const float*, int64_t, int64_t) const { return sum; }
+};
+
+// For int8 weights, each float32 input row as 16-bit integers times one scale, so that the products run in integer
+// lanes: 16 weight and input pairs a vpmaddwd, where widening 8 weights to float32 and an FMA held the step below
+// the memory's speed on a Zen 3 (docs/benchmarks.md). A value's rounding error is at most half of
+// largest |x| / input_limit(n): 2^-16 of the row's largest, finer than bfloat16's 2^-9 of the value itself for
+// values within 1/128 of the largest.
+template <>
+struct ProductInput<int8_t> {
+  std::vector<int16_t> storage;
+  std::vector<float> input_scales;
+  const int16_t* values = nullptr;
+  void take(const float* x, int64_t n, int64_t count = 1) {
+    storage.resize(count * n + 32);  // from a 64-byte boundary, so that fewer 32-byte loads straddle two lines
+    const auto address = reinterpret_cast<uintptr_t>(storage.data());
+    int16_t* rounded = storage.data() + ((64 - address % 64) % 64) / sizeof(int16_t);
+    input_scales.resize(count);
+    const float limit = static_cast<float>(input_limit(n));
+    for (int64_t t = 0; t < count; ++t) {
+      const float* row = x + t * n;
+      float largest = 0.0f;
+      for (int64_t i = 0; i < n; ++i) largest = std::max(largest, std::abs(row[i]));
+      input_scales[t] = largest / limit;
+      const float inverse = largest > 0.0f ? limit / largest : 0.0f;
+      for (int64_t i = 0; i < n; ++i) rounded[t * n + i] = static_cast<int16_t>(std::nearbyint(row[i] * inverse));
+    }
+    values = rounded;
+  }
+  const int16_t* input(int64_t t, int64_t n) const { return values + t * n; }
+  // A weight row's integer sum with input t, times the row's scale and the input's.
+  float scaled(float sum, const float* scales, int64_t row, int64_t t) const {
+    return sum * input_scales[t] * scales[row];
+  }
+};
+
+// Row `row` of a product over `columns` values for (the first) input.
+template <typename W>
+inline float product_row(const W* matrix, const float* scales, int64_t row, int64_t columns,
+                         const ProductInput<W>& in) {
+  return in.scaled(dot(matrix + row * columns, in.input(0, columns), columns), scales, row, 0);
 }
 
 // A prefill's products take 2 weight rows and 4 tokens at a time: each row is read (and widened) once for 4 tokens,
@@ -227,24 +320,51 @@ void dot_block(const W* const* ws, const X* const* xs, int64_t n, float* out) {
     for (int64_t t = 0; t < TOKENS; ++t) out[r * TOKENS + t] = dot_tail(ws[r], xs[t], k, n, out[r * TOKENS + t]);
 }
 
-// Rows [first, last) of a product for `count` inputs (rows of `inputs`, `columns` values each):
-// out[(row - first) * count + t] for input t, times the row's scale for int8 weights (scales null otherwise).
-template <typename W, typename X>
+// The same for int8 rows and 16-bit integer inputs: 16 weights at a time, widened once for 4 tokens, in 8 int32
+// sums (each lane exact, see input_limit).
+inline void dot_block(const int8_t* const* ws, const int16_t* const* xs, int64_t n, float* out) {
+  int64_t k = 0;
+#if defined(GPTKIT_VECTORS)
+  __m256i sums[ROWS * TOKENS];
+#pragma GCC unroll 8
+  for (int64_t i = 0; i < ROWS * TOKENS; ++i) sums[i] = _mm256_setzero_si256();
+  for (; k + 16 <= n; k += 16) {
+    const __m256i w0 = load_widened(ws[0] + k), w1 = load_widened(ws[1] + k);
+#pragma GCC unroll 4
+    for (int64_t t = 0; t < TOKENS; ++t) {
+      const __m256i x = load_integers(xs[t] + k);
+      sums[t] = add_products(sums[t], w0, x);
+      sums[TOKENS + t] = add_products(sums[TOKENS + t], w1, x);
+    }
+  }
+  for (int64_t i = 0; i < ROWS * TOKENS; ++i) out[i] = reduce_add(sums[i]);
+#else
+  std::fill(out, out + ROWS * TOKENS, 0.0f);
+#endif
+  for (int64_t i = 0; i < ROWS * TOKENS; ++i) {
+    int64_t tail = 0;
+    for (int64_t j = k; j < n; ++j) tail += static_cast<int64_t>(ws[i / TOKENS][j]) * xs[i % TOKENS][j];
+    out[i] += static_cast<float>(tail);
+  }
+}
+
+// Rows [first, last) of a product for `count` inputs (in.input(t, columns) for t < count):
+// out[(row - first) * count + t] for input t (scaled for int8 weights).
+template <typename W>
 void product_rows_tokens(const W* matrix, const float* scales, int64_t first, int64_t last, int64_t columns,
-                         const X* inputs, int64_t count, float* out) {
+                         const ProductInput<W>& in, int64_t count, float* out) {
   for (int64_t row = first; row < last; row += ROWS) {
     const W* ws[ROWS];
     for (int64_t r = 0; r < ROWS; ++r)  // past the last row or input: the last again (computed, not kept)
       ws[r] = matrix + std::min(row + r, last - 1) * columns;
     for (int64_t token = 0; token < count; token += TOKENS) {
-      const X* xs[TOKENS];
-      for (int64_t t = 0; t < TOKENS; ++t) xs[t] = inputs + std::min(token + t, count - 1) * columns;
+      decltype(in.input(0, 0)) xs[TOKENS];  // float32, bfloat16 or 16-bit integer rows
+      for (int64_t t = 0; t < TOKENS; ++t) xs[t] = in.input(std::min(token + t, count - 1), columns);
       float sums[ROWS * TOKENS];
       dot_block(ws, xs, columns, sums);
       for (int64_t r = 0; r < ROWS && row + r < last; ++r)
         for (int64_t t = 0; t < TOKENS && token + t < count; ++t)
-          out[(row + r - first) * count + token + t] =
-              scales == nullptr ? sums[r * TOKENS + t] : sums[r * TOKENS + t] * scales[row + r];
+          out[(row + r - first) * count + token + t] = in.scaled(sums[r * TOKENS + t], scales, row + r, token + t);
     }
   }
 }
@@ -408,16 +528,51 @@ float dot_key(const float* q, const W* key, int64_t n) {
   return sum;
 }
 
-// out += weight * value over n values (a value of the cache, in its dtype).
+// scores[t] = q . key t over n values for the keys t in [0, count) (rows of n values of the cache, in its dtype).
+// Four keys at a time, in four independent sums (one key's single sum would wait on each FMA's latency); each key's
+// sum is taken in the same order as one at a time, so the scores do not depend on the blocking.
 template <typename W>
-void add_scaled(float weight, const W* value, float* out, int64_t n) {
-  int64_t d = 0;
+void dot_keys(const float* q, const W* keys, int64_t count, int64_t n, float* scores) {
+  int64_t t = 0;
 #if defined(GPTKIT_VECTORS)
-  const Vec w = splat(weight);
-  for (; d + LANES <= n; d += LANES) store(out + d, fmadd(w, load(value + d), load(out + d)));
+  if (n % LANES == 0) {
+    for (; t + 4 <= count; t += 4) {
+      const W* key = keys + t * n;
+      Vec sums[4] = {splat(0.0f), splat(0.0f), splat(0.0f), splat(0.0f)};
+      for (int64_t d = 0; d < n; d += LANES) {
+        const Vec x = load(q + d);
+#pragma GCC unroll 4
+        for (int64_t j = 0; j < 4; ++j) sums[j] = fmadd(x, load(key + j * n + d), sums[j]);
+      }
+      for (int64_t j = 0; j < 4; ++j) scores[t + j] = reduce_add(sums[j]);
+    }
+  }
 #endif
-  for (; d < n; ++d) out[d] += weight * static_cast<float>(value[d]);
+  for (; t < count; ++t) scores[t] = dot_key(q, keys + t * n, n);
 }
+
+#if defined(GPTKIT_VECTORS)
+// out[d] = the sum over t in [0, count) of weights[t] * values[t * n + d] (rows of the cache, in its dtype), for the
+// d from `d` on in whole blocks of BLOCK vectors; returns the first d left. Each block's sums stay in registers over
+// all t (one per vector: independent chains), rather than being loaded and stored again for every t; per lane the
+// order of the additions is the same.
+template <int64_t BLOCK, typename W>
+int64_t mix_values(const float* weights, const W* values, int64_t count, int64_t n, int64_t d, float* out) {
+  for (; d + BLOCK * LANES <= n; d += BLOCK * LANES) {
+    Vec sums[BLOCK];
+#pragma GCC unroll 8
+    for (int64_t j = 0; j < BLOCK; ++j) sums[j] = splat(0.0f);
+    for (int64_t t = 0; t < count; ++t) {
+      const Vec weight = splat(weights[t]);
+#pragma GCC unroll 8
+      for (int64_t j = 0; j < BLOCK; ++j) sums[j] = fmadd(weight, load(values + t * n + d + j * LANES), sums[j]);
+    }
+#pragma GCC unroll 8
+    for (int64_t j = 0; j < BLOCK; ++j) store(out + d + j * LANES, sums[j]);
+  }
+  return d;
+}
+#endif
 
 // One head's attention for the new token at `position`: stores its key and value in the cache, then attends over
 // positions 0..position. cache_k/cache_v point at this head's (positions, head_dim) storage of the cache's row 0;
@@ -429,15 +584,22 @@ void attend(const float* q, const float* k, const float* v, W* cache_k, W* cache
     cache_k[position * head_dim + d] = static_cast<W>(k[d]);
     cache_v[position * head_dim + d] = static_cast<W>(v[d]);
   }
+  const int64_t count = position + 1;
+  dot_keys(q, cache_k, count, head_dim, scores);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   float largest = -std::numeric_limits<float>::infinity();
-  for (int64_t t = 0; t <= position; ++t) {
-    scores[t] = dot_key(q, cache_k + t * head_dim, head_dim) * scale;
-    largest = std::max(largest, scores[t]);
+  for (int64_t t = 0; t < count; ++t) largest = std::max(largest, scores[t] *= scale);
+  const float total = exp_shifted(scores, count, largest);
+  for (int64_t t = 0; t < count; ++t) scores[t] /= total;
+  int64_t d = 0;
+#if defined(GPTKIT_VECTORS)
+  d = mix_values<64 / LANES>(scores, cache_v, count, head_dim, d, mixed);  // GPT-2's 64 values a block
+  d = mix_values<1>(scores, cache_v, count, head_dim, d, mixed);
+#endif
+  for (; d < head_dim; ++d) {
+    mixed[d] = 0.0f;
+    for (int64_t t = 0; t < count; ++t) mixed[d] += scores[t] * static_cast<float>(cache_v[t * head_dim + d]);
   }
-  const float total = exp_shifted(scores, position + 1, largest);
-  std::fill(mixed, mixed + head_dim, 0.0f);
-  for (int64_t t = 0; t <= position; ++t) add_scaled(scores[t] / total, cache_v + t * head_dim, mixed, head_dim);
   for (int64_t d = 0; d < head_dim; ++d) out[d] = static_cast<W>(mixed[d]);
 }
 
@@ -499,39 +661,45 @@ void step(const Model<W>& m, int64_t token, int64_t position, float* logits, std
     const Share heads(s.heads, thread, threads);
     std::vector<S> normed(C);
     std::vector<float> scores(position + 1), mixed(D), activations(F);
+    ProductInput<W> input;  // the input of this thread's next product, as its rows read it
     for (int64_t layer = 0; layer < s.layers; ++layer) {
       const Layer<W> l(m.matrices, m.vectors, m.scales, layer, s);
       layer_norm(x.data(), l.ln1_w, l.ln1_b, C, m.eps, normed.data());
+      input.take(normed.data(), C);
       for (int64_t part = 0; part < 3; ++part)  // this thread's heads' rows of Q, then of K, then of V
         for (int64_t row = part * C + heads.first * D; row < part * C + heads.last * D; ++row)
-          qkv[row] = product_row(l.attn_w, l.attn_s, row, C, normed.data()) + l.attn_b[row];
+          qkv[row] = product_row(l.attn_w, l.attn_s, row, C, input) + l.attn_b[row];
       for (int64_t h = heads.first; h < heads.last; ++h) {
         const int64_t at = h * D, storage = h * m.cache_positions * D;
         attend(&qkv[at], &qkv[C + at], &qkv[2 * C + at], m.keys[layer] + storage, m.values[layer] + storage,
                position, D, scores.data(), mixed.data(), &attended[at]);
       }
 #pragma omp barrier
+      input.take(attended.data(), C);
       for (Share r(C, thread, threads); r.first < r.last; ++r.first)  // the residual: x is not this product's input
-        x[r.first] += product_row(l.proj_w, l.proj_s, r.first, C, attended.data()) + l.proj_b[r.first];
+        x[r.first] += product_row(l.proj_w, l.proj_s, r.first, C, input) + l.proj_b[r.first];
 #pragma omp barrier
       layer_norm(x.data(), l.ln2_w, l.ln2_b, C, m.eps, normed.data());
+      input.take(normed.data(), C);
       const Share mine(F, thread, threads);  // this thread's hidden units: computed, activated, then stored as S
       for (int64_t row = mine.first; row < mine.last; ++row)
-        activations[row - mine.first] = product_row(l.fc_w, l.fc_s, row, C, normed.data()) + l.fc_b[row];
+        activations[row - mine.first] = product_row(l.fc_w, l.fc_s, row, C, input) + l.fc_b[row];
       activate_all(activations.data(), mine.last - mine.first, m.activation);
       for (int64_t row = mine.first; row < mine.last; ++row)
         hidden[row] = static_cast<S>(activations[row - mine.first]);
 #pragma omp barrier
+      input.take(hidden.data(), F);
       for (Share r(C, thread, threads); r.first < r.last; ++r.first)
-        x[r.first] += product_row(l.fc_proj_w, l.fc_proj_s, r.first, F, hidden.data()) + l.fc_proj_b[r.first];
+        x[r.first] += product_row(l.fc_proj_w, l.fc_proj_s, r.first, F, input) + l.fc_proj_b[r.first];
 #pragma omp barrier
     }
     const float* final_norm = m.vectors + s.layers * s.layer_vector_elements();
     layer_norm(x.data(), final_norm, final_norm + C, C, m.eps, normed.data());
+    input.take(normed.data(), C);
     const W* head = m.matrices + s.layers * s.layer_matrix_elements();
     const float* head_s = offset_or_null(m.scales, s.layers * s.layer_rows());
     for (Share r(s.vocab, thread, threads); r.first < r.last; ++r.first) {
-      logits[r.first] = product_row(head, head_s, r.first, C, normed.data());
+      logits[r.first] = product_row(head, head_s, r.first, C, input);
       per_thread[thread].offer(logits[r.first], r.first);
     }
   }
@@ -557,12 +725,14 @@ void prefill(const Model<W>& m, const std::vector<int64_t>& tokens, int64_t star
     const Share heads(s.heads, thread, threads), mine(F, thread, threads);
     std::vector<S> normed(T * C);
     std::vector<float> scores(start + T), mixed(D), out(T * std::max(C, mine.last - mine.first));
+    ProductInput<W> input;  // the inputs of this thread's next product, as its rows read them
     for (int64_t layer = 0; layer < s.layers; ++layer) {
       const Layer<W> l(m.matrices, m.vectors, m.scales, layer, s);
       for (int64_t t = 0; t < T; ++t) layer_norm(&x[t * C], l.ln1_w, l.ln1_b, C, m.eps, &normed[t * C]);
+      input.take(normed.data(), C, T);
       for (int64_t part = 0; part < 3; ++part) {  // this thread's heads' rows of Q, then of K, then of V
         const int64_t first = part * C + heads.first * D, last = part * C + heads.last * D;
-        product_rows_tokens(l.attn_w, l.attn_s, first, last, C, normed.data(), T, out.data());
+        product_rows_tokens(l.attn_w, l.attn_s, first, last, C, input, T, out.data());
         for (int64_t row = first; row < last; ++row)
           for (int64_t t = 0; t < T; ++t) qkv[t * 3 * C + row] = out[(row - first) * T + t] + l.attn_b[row];
       }
@@ -576,19 +746,22 @@ void prefill(const Model<W>& m, const std::vector<int64_t>& tokens, int64_t star
       }
 #pragma omp barrier
       const Share residual(C, thread, threads);
-      product_rows_tokens(l.proj_w, l.proj_s, residual.first, residual.last, C, attended.data(), T, out.data());
+      input.take(attended.data(), C, T);
+      product_rows_tokens(l.proj_w, l.proj_s, residual.first, residual.last, C, input, T, out.data());
       for (int64_t row = residual.first; row < residual.last; ++row)
         for (int64_t t = 0; t < T; ++t) x[t * C + row] += out[(row - residual.first) * T + t] + l.proj_b[row];
 #pragma omp barrier
       for (int64_t t = 0; t < T; ++t) layer_norm(&x[t * C], l.ln2_w, l.ln2_b, C, m.eps, &normed[t * C]);
-      product_rows_tokens(l.fc_w, l.fc_s, mine.first, mine.last, C, normed.data(), T, out.data());
+      input.take(normed.data(), C, T);
+      product_rows_tokens(l.fc_w, l.fc_s, mine.first, mine.last, C, input, T, out.data());
       for (int64_t row = mine.first; row < mine.last; ++row)
         for (int64_t t = 0; t < T; ++t) out[(row - mine.first) * T + t] += l.fc_b[row];
       activate_all(out.data(), T * (mine.last - mine.first), m.activation);
       for (int64_t row = mine.first; row < mine.last; ++row)
         for (int64_t t = 0; t < T; ++t) hidden[t * F + row] = static_cast<S>(out[(row - mine.first) * T + t]);
 #pragma omp barrier
-      product_rows_tokens(l.fc_proj_w, l.fc_proj_s, residual.first, residual.last, F, hidden.data(), T, out.data());
+      input.take(hidden.data(), F, T);
+      product_rows_tokens(l.fc_proj_w, l.fc_proj_s, residual.first, residual.last, F, input, T, out.data());
       for (int64_t row = residual.first; row < residual.last; ++row)
         for (int64_t t = 0; t < T; ++t) x[t * C + row] += out[(row - residual.first) * T + t] + l.fc_proj_b[row];
 #pragma omp barrier
