@@ -160,8 +160,8 @@ def test_compiled_int8_decoding_follows_eager_int8(trained: tuple[GPT, Path]) ->
 
 
 def test_native_int8_decoding_follows_eager_int8(trained: tuple[GPT, Path]) -> None:
-    """sample.py --native=True --quantize=int8: the native step's int8 products (float32 inputs) give the greedy tokens
-    of the eager int8 model, and of float32."""
+    """sample.py --native=True --quantize=int8: the native step's int8 products (16-bit integer inputs) give the
+    greedy tokens of the eager int8 model, and of float32."""
     model, data_dir = trained
     assert_int8_engine_follows_eager_int8(model, data_dir, 1, native=True)
 
