@@ -60,11 +60,11 @@ def full_pass_logits(model, tokens: list[int]) -> torch.Tensor:
         return model(torch.tensor([tokens]))[0][0, -1].float()
 
 
-def assert_close_to(actual: torch.Tensor, expected: torch.Tensor, tolerance: float | None) -> None:
-    """actual is expected up to float32 rounding (tolerance None), or within tolerance times expected's largest
-    magnitude."""
+def assert_close_to(actual: torch.Tensor, expected: torch.Tensor, tolerance: float | None, atol: float = 1e-5) -> None:
+    """actual is expected up to float32 rounding (tolerance None: rtol 1e-4 and `atol`), or within tolerance times
+    expected's largest magnitude."""
     if tolerance is None:
-        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=atol)
     else:
         assert (actual - expected).abs().max() <= tolerance * expected.abs().max()
 
@@ -160,10 +160,9 @@ def assert_prefill_matches_eager_pass(model, reference, tokens: list[int], toler
     eager pass of `reference` over tokens[:17] stores (assert_close_to); the step after it gets the full pass's
     logits."""
     config = model.config
-    dtype = torch.float32
     cache = KVCache(config.n_layer, config.block_size)
-    cache.allocate(config.n_head, config.n_embd // config.n_head, dtype, torch.device("cpu"))
-    step = NativeStep.for_model(model, dtype)
+    cache.allocate(config.n_head, config.n_embd // config.n_head, torch.float32, torch.device("cpu"))
+    step = NativeStep.for_model(model, torch.float32)
     step.prefill(tokens[:11], 0, cache.keys, cache.values)
     step.prefill(tokens[11:17], 11, cache.keys, cache.values)
     eager = KVCache(config.n_layer, config.block_size)
@@ -173,7 +172,7 @@ def assert_prefill_matches_eager_pass(model, reference, tokens: list[int], toler
         assert_close_to(cache.keys[layer][:, :, :17], eager.keys[layer][:, :, :17], tolerance)
         assert_close_to(cache.values[layer][:, :, :17], eager.values[layer][:, :, :17], tolerance)
     logits, _ = step(tokens[17], 17, cache.keys, cache.values)
-    assert_close_to(logits, full_pass_logits(reference, tokens), tolerance or 1e-4)
+    assert_close_to(logits, full_pass_logits(reference, tokens), tolerance, atol=1e-4)
 
 
 @pytest.mark.parametrize("shape", [*SHAPES, "gpt2 width"])

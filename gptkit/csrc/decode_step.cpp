@@ -50,13 +50,10 @@ using Vec = __m512;
 constexpr int64_t LANES = 16;
 inline Vec splat(float v) { return _mm512_set1_ps(v); }
 inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
-// bfloat16 as the top halves of float32s; int8 converted (exactly).
+// bfloat16 as the top halves of float32s.
 inline Vec load(const bf16* p) {
   const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-inline Vec load(const int8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
@@ -85,9 +82,6 @@ inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
 inline Vec load(const bf16* p) {
   const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
-}
-inline Vec load(const int8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
@@ -157,8 +151,8 @@ inline float dot_tail(const W* w, const X* x, int64_t k, int64_t n, float sum) {
   return sum;
 }
 
-// The dot product of one weight row (float32, bfloat16 or int8) with an input (float32, or bfloat16 for bfloat16
-// weights), both widened to float32 lanes and accumulated in float32 (an int8 row's scale is applied by the caller).
+// The dot product of one weight row (float32 or bfloat16) with an input (float32, or bfloat16 for bfloat16 weights),
+// both widened to float32 lanes and accumulated in float32 (int8 rows have their own integer dot below).
 template <typename W, typename X>
 float dot(const W* w, const X* x, int64_t n) {
   int64_t k = 0;
@@ -220,6 +214,14 @@ inline __m256i add_products(__m256i sums, __m256i w, __m256i x) {
 inline float reduce_add(__m256i v) { return reduce_add_floats(_mm256_cvtepi32_ps(v)); }
 #endif
 
+// sum plus the products of w[i] and x[i] for i in [k, n), for an int8 row and a 16-bit integer input: summed exactly
+// in an integer, then added once.
+inline float dot_tail(const int8_t* w, const int16_t* x, int64_t k, int64_t n, float sum) {
+  int64_t tail = 0;
+  for (int64_t i = k; i < n; ++i) tail += static_cast<int64_t>(w[i]) * x[i];
+  return sum + static_cast<float>(tail);
+}
+
 // The dot product of an int8 row with a 16-bit integer input, exact in int32 lanes (see input_limit) and then
 // rounded to float32 once per lane.
 inline float dot(const int8_t* w, const int16_t* x, int64_t n) {
@@ -235,9 +237,7 @@ inline float dot(const int8_t* w, const int16_t* x, int64_t n) {
   }
   sum = reduce_add(_mm256_add_epi32(sums[0], sums[1])) + reduce_add(_mm256_add_epi32(sums[2], sums[3]));
 #endif
-  int64_t tail = 0;
-  for (; k < n; ++k) tail += static_cast<int64_t>(w[k]) * x[k];
-  return sum + static_cast<float>(tail);
+  return dot_tail(w, x, k, n, sum);
 }
 
 // A product's inputs (count rows of n values) as its weight rows read them: for float32 and bfloat16 weights the
@@ -341,11 +341,8 @@ inline void dot_block(const int8_t* const* ws, const int16_t* const* xs, int64_t
 #else
   std::fill(out, out + ROWS * TOKENS, 0.0f);
 #endif
-  for (int64_t i = 0; i < ROWS * TOKENS; ++i) {
-    int64_t tail = 0;
-    for (int64_t j = k; j < n; ++j) tail += static_cast<int64_t>(ws[i / TOKENS][j]) * xs[i % TOKENS][j];
-    out[i] += static_cast<float>(tail);
-  }
+  for (int64_t r = 0; r < ROWS; ++r)
+    for (int64_t t = 0; t < TOKENS; ++t) out[r * TOKENS + t] = dot_tail(ws[r], xs[t], k, n, out[r * TOKENS + t]);
 }
 
 // Rows [first, last) of a product for `count` inputs (in.input(t, columns) for t < count):
