@@ -29,6 +29,7 @@ from gptkit.cpu_decoding import onednn_linear_available, use_decoding_layout
 from gptkit.devices import resolve_device
 from gptkit.engine import generate_stream
 from gptkit.errors import UserError, run_cli
+from gptkit.native_decoding import NativeStep
 from gptkit.quantization import quantize_int8, replace_linears
 from gptkit.sampling import sample_next_token
 from gptkit.settings import parse_settings, setting, setting_list
@@ -48,15 +49,19 @@ from model import GPT, GPTConfig
 # (float32, bfloat16): the speed these tensors stream at, the ceiling of a decoding path's of_bound at that moment
 # (the bound's read speed comes from one sum over a single buffer of bandwidth_mb, which can read faster: see
 # docs/benchmarks.md).
+# native_read: no decoding; per token, one plain sum over the buffer the float32 native step packed its matrices
+# into, the very memory the native path reads. Where a buffer lies moved its speed by ~12% on a VM
+# (docs/benchmarks.md), so this is the native path's own ceiling at that moment. (No bfloat16 twin: torch's bfloat16
+# sum is slower than the native bfloat16 step itself.)
 SAMPLE_PATHS = ("generate", "cached", "cached_plain", "cached_bf16", "compiled", "compiled_bf16", "native",
                 "native_bf16", "native_int8", "int8", "int8_compiled", "no_products", "weights_read",
-                "weights_read_bf16", "uncached", "hf")  # fmt: skip
+                "weights_read_bf16", "native_read", "uncached", "hf")  # fmt: skip
 # Bytes per weight a path reads in one decoding step (float32 elsewhere): the memory-speed bound's numerator.
 WEIGHT_BYTES = {"cached_bf16": 2, "compiled_bf16": 2, "native_bf16": 2, "native_int8": 1, "int8": 1,
                 "int8_compiled": 1, "weights_read_bf16": 2}  # fmt: skip
 NATIVE_PATHS = ("native", "native_bf16", "native_int8")
 COMPILED_PATHS = ("compiled", "compiled_bf16", "int8_compiled")
-READ_PATHS = ("weights_read", "weights_read_bf16")
+READ_PATHS = ("weights_read", "weights_read_bf16", "native_read")
 
 
 @dataclass
@@ -71,7 +76,8 @@ class SampleBench:
         list(SAMPLE_PATHS),
         f"which generators: {', '.join(SAMPLE_PATHS)} (generate: the documented model.generate call alone; "
         "cached_plain: KV cache without the CPU fast path; compiled: float32, the compiled decoding step; "
-        "weights_read: no decoding, a plain sum over the step's weights, the ceiling of of_bound)",
+        "weights_read: no decoding, a plain sum over the step's weights, the ceiling of of_bound; native_read: the "
+        "same over the native step's own packed weights)",
     )
     bandwidth_mb: int = setting(1024, "megabytes read to measure the memory read speed (0 = skip the bound)")
     uncached_new_tokens: int = setting(256, "tokens for the slow uncached path (fewer make it look faster)")
@@ -102,6 +108,8 @@ def run_sample_path(path: str, models: dict, prompt: torch.Tensor, top_k: int, n
             for _ in generate_stream(models[path], prompt, new_tokens, top_k=top_k, generator=generator,
                                      compiled=path in COMPILED_PATHS, native=path in NATIVE_PATHS):  # fmt: skip
                 pass
+        elif path == "native_read":
+            read_every_weight([NativeStep.for_model(models[path], torch.float32).matrices], new_tokens)
         elif path in READ_PATHS:
             read_every_weight(step_weights(models[path]), new_tokens)
         elif path == "hf":
@@ -153,6 +161,8 @@ def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> 
                         ("weights_read", torch.float32), ("weights_read_bf16", torch.bfloat16)):  # fmt: skip
         if path in paths:  # copies: a second random initialisation of GPT-2 124M would take seconds
             models[path] = copy.deepcopy(plain).to(device, dtype)
+    if "native_read" in paths:  # the native path's own model when it runs too: one packed buffer, read by both
+        models["native_read"] = models["native"] if "native" in models else copy.deepcopy(plain).to(device)
     if {"int8", "int8_compiled", "native_int8"} & set(paths):  # one int8 model: each path uses its own kernels
         int8 = quantize_int8(copy.deepcopy(plain))  # a UserError off the CPU
         models["int8"] = models["int8_compiled"] = models["native_int8"] = int8

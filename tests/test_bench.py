@@ -13,6 +13,7 @@ import torch
 
 import bench
 from gptkit.cpu_decoding import onednn_linear_available
+from gptkit.native_decoding import PACKED_STEPS
 from gptkit.quantization import quantize_int8
 from helpers import int8_reference, make_char_data, run_main
 from model import GPT, GPTConfig
@@ -164,17 +165,33 @@ def test_step_weights_are_the_matrices_a_step_reads_and_a_read_pass_sums_each_on
 
 def test_weights_read_paths_are_set_against_the_bound_without_products(monkeypatch):
     monkeypatch.setattr(bench, "read_bandwidth", lambda device, megabytes: 10e9)
-    paths = ["weights_read", "weights_read_bf16", "generate", "no_products"]
+    paths = ["weights_read", "weights_read_bf16", "native_read", "generate", "no_products"]
     settings = bench.SampleBench(batch_sizes=[1], repeats=2, new_tokens=5, bandwidth_mb=64, json_out="", paths=paths)
     shape = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64, "vocab_size": 1000, "bias": True}
     rows = {row["path"]: row for row in bench.bench_sample(settings, GPTConfig(**shape))}
     weights = GPT(GPTConfig(**shape)).get_num_params(non_embedding=True)
-    for path, weight_bytes in (("weights_read", 4), ("weights_read_bf16", 2)):
+    for path, weight_bytes in (("weights_read", 4), ("weights_read_bf16", 2), ("native_read", 4)):
         fractions = sorted(5 / run["seconds"] / (10e9 / (weights * weight_bytes)) for run in rows[path]["runs"])
         assert rows[path]["of_bound"] == pytest.approx(statistics.median(fractions), rel=0.01, abs=6e-4)
         assert rows[path]["bound_tokens_per_s"] == pytest.approx(10e9 / (weights * weight_bytes), rel=0.01)
         assert "products_ms" not in rows[path] and "x_generate" not in rows[path]
     assert "x_generate" not in rows["generate"] and rows["generate"]["of_bound"] > 0
+
+
+def test_native_read_sums_the_buffer_the_native_path_reads(monkeypatch):
+    shape = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 50}
+    prompt = torch.zeros(1, 4, dtype=torch.long)
+    models = bench.sample_models(GPTConfig(**shape), ["native", "native_read"], torch.device("cpu"))
+    bench.run_sample_path("native", models, prompt, top_k=10, new_tokens=3)  # the engine packs the native step
+    packed = PACKED_STEPS[models["native"]][torch.float32].matrices
+    # every block's qkv, proj, fc and fc_proj matrices and the head, in float32
+    assert packed.dtype == torch.float32 and packed.numel() == 2 * (32 * 96 + 32 * 32 + 32 * 128 + 128 * 32) + 50 * 32
+    summed = []
+    monkeypatch.setattr(torch, "sum", lambda tensor: summed.append(tensor.data_ptr()))
+    bench.run_sample_path("native_read", models, prompt, top_k=10, new_tokens=3)
+    assert summed == [packed.data_ptr()] * 3
+    alone = bench.sample_models(GPTConfig(**shape), ["native_read"], torch.device("cpu"))["native_read"]
+    assert alone is not models["native"] and next(alone.parameters()).dtype == torch.float32
 
 
 def test_no_products_path_skips_every_product_but_keeps_the_step():
