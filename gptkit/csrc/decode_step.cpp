@@ -295,46 +295,46 @@ inline float product_row(const W* matrix, const float* scales, int64_t row, int6
 // more with AVX2: 8 sums, 2 rows, an input).
 constexpr int64_t ROWS = 2, TOKENS = 4;
 
-// out[r * TOKENS + t] = the dot product of row ws[r] with input xs[t].
+#if defined(GPTKIT_VECTORS)
+// How a block of products multiplies and sums in vector lanes: float32 and bfloat16 rows widened to float32 lanes and
+// multiplied with FMAs; int8 rows with 16-bit integer inputs, 16 at a time, in 8 exact int32 sums (see input_limit).
+template <typename W, typename X>
+struct BlockLanes {
+  using Sum = Vec;
+  static constexpr int64_t WIDTH = LANES;
+  static Sum zero() { return splat(0.0f); }
+  static Vec weights(const W* w) { return load(w); }
+  static Vec inputs(const X* x) { return load(x); }
+  static Sum add(Sum sum, Vec w, Vec x) { return fmadd(w, x, sum); }
+};
+template <>
+struct BlockLanes<int8_t, int16_t> {
+  using Sum = __m256i;
+  static constexpr int64_t WIDTH = 16;
+  static Sum zero() { return _mm256_setzero_si256(); }
+  static __m256i weights(const int8_t* w) { return load_widened(w); }
+  static __m256i inputs(const int16_t* x) { return load_integers(x); }
+  static Sum add(Sum sum, __m256i w, __m256i x) { return add_products(sum, w, x); }
+};
+#endif
+
+// out[r * TOKENS + t] = the dot product of row ws[r] with input xs[t]: each row's lanes loaded (and widened) once for
+// the 4 tokens, each input's once for the 2 rows.
 template <typename W, typename X>
 void dot_block(const W* const* ws, const X* const* xs, int64_t n, float* out) {
   int64_t k = 0;
 #if defined(GPTKIT_VECTORS)
-  Vec sums[ROWS * TOKENS];
+  using Lanes = BlockLanes<W, X>;
+  typename Lanes::Sum sums[ROWS * TOKENS];
 #pragma GCC unroll 8
-  for (int64_t i = 0; i < ROWS * TOKENS; ++i) sums[i] = splat(0.0f);
-  for (; k + LANES <= n; k += LANES) {
-    const Vec w0 = load(ws[0] + k), w1 = load(ws[1] + k);
+  for (int64_t i = 0; i < ROWS * TOKENS; ++i) sums[i] = Lanes::zero();
+  for (; k + Lanes::WIDTH <= n; k += Lanes::WIDTH) {
+    const auto w0 = Lanes::weights(ws[0] + k), w1 = Lanes::weights(ws[1] + k);
 #pragma GCC unroll 4
     for (int64_t t = 0; t < TOKENS; ++t) {
-      const Vec x = load(xs[t] + k);
-      sums[t] = fmadd(w0, x, sums[t]);
-      sums[TOKENS + t] = fmadd(w1, x, sums[TOKENS + t]);
-    }
-  }
-  for (int64_t i = 0; i < ROWS * TOKENS; ++i) out[i] = reduce_add(sums[i]);
-#else
-  std::fill(out, out + ROWS * TOKENS, 0.0f);
-#endif
-  for (int64_t r = 0; r < ROWS; ++r)
-    for (int64_t t = 0; t < TOKENS; ++t) out[r * TOKENS + t] = dot_tail(ws[r], xs[t], k, n, out[r * TOKENS + t]);
-}
-
-// The same for int8 rows and 16-bit integer inputs: 16 weights at a time, widened once for 4 tokens, in 8 int32
-// sums (each lane exact, see input_limit).
-inline void dot_block(const int8_t* const* ws, const int16_t* const* xs, int64_t n, float* out) {
-  int64_t k = 0;
-#if defined(GPTKIT_VECTORS)
-  __m256i sums[ROWS * TOKENS];
-#pragma GCC unroll 8
-  for (int64_t i = 0; i < ROWS * TOKENS; ++i) sums[i] = _mm256_setzero_si256();
-  for (; k + 16 <= n; k += 16) {
-    const __m256i w0 = load_widened(ws[0] + k), w1 = load_widened(ws[1] + k);
-#pragma GCC unroll 4
-    for (int64_t t = 0; t < TOKENS; ++t) {
-      const __m256i x = load_integers(xs[t] + k);
-      sums[t] = add_products(sums[t], w0, x);
-      sums[TOKENS + t] = add_products(sums[TOKENS + t], w1, x);
+      const auto x = Lanes::inputs(xs[t] + k);
+      sums[t] = Lanes::add(sums[t], w0, x);
+      sums[TOKENS + t] = Lanes::add(sums[TOKENS + t], w1, x);
     }
   }
   for (int64_t i = 0; i < ROWS * TOKENS; ++i) out[i] = reduce_add(sums[i]);
