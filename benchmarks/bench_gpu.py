@@ -29,12 +29,10 @@ from gptkit.devices import peak_flops_for_device, resolve_device
 from gptkit.errors import UserError, run_cli
 from gptkit.settings import parse_settings, setting, setting_list
 from gptkit.tokenizer import GPT2_VOCAB_SIZE, write_meta
-from measure import machine_description, print_table, write_results
+from measure import GPT2_124M, SMOKE_MODEL, machine_description, print_table, synchronize, write_results
 from model import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parent.parent
-GPT2_124M = {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024}
-SMOKE_MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64}
 
 
 @dataclass
@@ -84,11 +82,6 @@ def matmul_peak(device: torch.device, size: int, repeats: int = 20) -> float:
         if attempt >= 3:
             best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def random_token_data(directory: Path, tokens: int) -> Path:

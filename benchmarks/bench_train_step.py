@@ -26,11 +26,9 @@ from gptkit.devices import autocast, peak_flops_for_device, resolve_device
 from gptkit.errors import UserError, run_cli
 from gptkit.settings import parse_settings, setting
 from gptkit.tokenizer import GPT2_VOCAB_SIZE
-from measure import print_table, run_benchmark
+from measure import GPT2_124M, SMOKE_MODEL, print_table, run_benchmark, synchronize
 from model import GPT, GPTConfig
 
-GPT2_124M = {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024}
-SMOKE_MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64}
 # Kernel name patterns, first match wins: cuBLAS/cuBLASLt/CUTLASS products, flash/efficient attention, the
 # optimizer's multi-tensor kernels, then whatever inductor generated (triton_*); on the CPU, aten's operators.
 GROUPS = (
@@ -117,11 +115,6 @@ class TrainStep:
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def bench_train_step(cfg: TrainStepBench) -> list[dict]:

@@ -16,6 +16,10 @@ import torch
 
 from gptkit.fileio import atomic_write_json
 
+# The model shapes of the GPU benchmarks: GPT-2 124M, and a tiny one that checks a script on any device.
+GPT2_124M = {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024}
+SMOKE_MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64}
+
 
 def cpu_name() -> str:
     """The CPU's model name (Linux /proc/cpuinfo), else what platform knows."""
@@ -54,13 +58,18 @@ def run_benchmark(cfg: Any, function: Callable[[Any], list[dict]], kind: str) ->
     return 0
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU), so a timer read after it has seen that work end."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def read_bandwidth(device: torch.device, megabytes: int, repeats: int = 5) -> float:
     """Bytes/s the device reads: the best of `repeats` sums over a float32 buffer far larger than the caches."""
     buffer = torch.ones(megabytes * 2**20 // 4, device=device)
     best = float("inf")
     for attempt in range(repeats + 1):  # the first one warms up
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         start = time.perf_counter()
         buffer.sum().item()
         if attempt:
