@@ -36,7 +36,7 @@ from gptkit.rundir import INIT_CHOICES_HELP, RunDirLock, resolve_init_from
 from gptkit.runlog import RunLog
 from gptkit.settings import parse_settings, setting, settings_to_dict
 from gptkit.signals import StopRequest
-from gptkit.tokenizer import read_meta
+from gptkit.tokenizer import padded_vocab_size, read_meta
 from gptkit.training import LoopState
 from model import GPT, GPTConfig, config_to_dict
 
@@ -165,7 +165,7 @@ def create_model(cfg: TrainSettings, meta: dict) -> tuple[GPT, dict | None]:
     if cfg.init_from == "scratch":
         vocab_size = meta["vocab_size"]
         if cfg.pad_vocab:
-            vocab_size = -(-vocab_size // 64) * 64
+            vocab_size = padded_vocab_size(vocab_size)
         model = GPT(model_config(cfg, vocab_size))
     elif cfg.init_from == "resume":
         path = Path(cfg.out_dir) / ckpt.LATEST_NAME

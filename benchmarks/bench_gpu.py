@@ -28,7 +28,7 @@ from bench import SampleBench, bench_sample, run_train
 from gptkit.devices import peak_flops_for_device, resolve_device
 from gptkit.errors import UserError, run_cli
 from gptkit.settings import parse_settings, setting, setting_list
-from gptkit.tokenizer import GPT2_VOCAB_SIZE, write_meta
+from gptkit.tokenizer import GPT2_VOCAB_SIZE, padded_vocab_size, write_meta
 from measure import GPT2_124M, SMOKE_MODEL, machine_description, print_table, synchronize, write_results
 from model import GPT, GPTConfig
 
@@ -112,7 +112,7 @@ def training_throughput(cfg: GpuBench, device: torch.device, shape: dict, measur
     log = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
     speeds = [entry["tokens_per_s"] for entry in log if "tokens_per_s" in entry and entry["iter"] >= cfg.warmup_iters]
     tokens_per_s = statistics.median(speeds)
-    vocab = -(-GPT2_VOCAB_SIZE // 64) * 64
+    vocab = padded_vocab_size(GPT2_VOCAB_SIZE)  # train.py's pad_vocab, as the run above trained
     flops_per_token = GPT(GPTConfig(**shape, vocab_size=vocab, bias=True)).flops_per_token()
     datasheet = peak_flops_for_device(device, torch.bfloat16)
     achieved = tokens_per_s * flops_per_token

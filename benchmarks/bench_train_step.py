@@ -25,7 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 from gptkit.devices import autocast, peak_flops_for_device, resolve_device
 from gptkit.errors import UserError, run_cli
 from gptkit.settings import parse_settings, setting
-from gptkit.tokenizer import GPT2_VOCAB_SIZE
+from gptkit.tokenizer import GPT2_VOCAB_SIZE, padded_vocab_size
 from measure import GPT2_124M, SMOKE_MODEL, print_table, run_benchmark, synchronize
 from model import GPT, GPTConfig
 
@@ -100,7 +100,7 @@ class TrainStep:
     def __init__(self, cfg: TrainStepBench, device: torch.device) -> None:
         torch.manual_seed(0)
         shape = SMOKE_MODEL if cfg.smoke else GPT2_124M
-        vocab = -(-GPT2_VOCAB_SIZE // 64) * 64  # train.py's pad_vocab
+        vocab = padded_vocab_size(GPT2_VOCAB_SIZE)  # train.py's pad_vocab
         self.model = GPT(GPTConfig(**shape, vocab_size=vocab, bias=True, dropout=0.0)).to(device)
         self.optimizer = self.model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device.type)  # fused on CUDA
         self.wrapped = torch.compile(self.model) if cfg.compile else self.model
@@ -137,7 +137,7 @@ def bench_train_step(cfg: TrainStepBench) -> list[dict]:
         synchronize(device)
     rows = step_rows(profiled_kernels(profiler.key_averages(), device), cfg.steps, step_ms)
     tokens_per_s = step.tokens / (step_ms / 1e3)
-    peak = peak_flops_for_device(device, getattr(torch, cfg.dtype))
+    peak = peak_flops_for_device(device, step.dtype)
     mfu = tokens_per_s * step.model.flops_per_token() / peak if peak else None
     print(f"step {step_ms:.2f} ms, {tokens_per_s:,.0f} tokens/s, MFU {mfu:.3f} of the datasheet peak" if mfu else
           f"step {step_ms:.2f} ms, {tokens_per_s:,.0f} tokens/s (no datasheet peak for this device)")  # fmt: skip

@@ -258,3 +258,8 @@ def test_make_tokenizer_takes_names_and_trained_directories(tmp_path: Path) -> N
         tokenizer.make_tokenizer(str(tmp_path))
     with pytest.raises(UserError, match="--bpe_dir is for GPT-2"):
         tokenizer.make_tokenizer(str(tmp_path), bpe_dir=tmp_path)
+
+
+@pytest.mark.parametrize("vocab_size, padded", [(50257, 50304), (65, 128), (64, 64), (1, 64)])
+def test_padded_vocab_size_rounds_up_to_a_multiple_of_64(vocab_size: int, padded: int) -> None:
+    assert tokenizer.padded_vocab_size(vocab_size) == padded  # GPT-2's 50257 to nanoGPT's 50304
