@@ -21,10 +21,12 @@ How the step stays one graph for every length: it takes only tensors (the new to
 a dynamic size, rounded up to a multiple of LENGTH_MULTIPLE. StepCache is the KV cache the model's forward sees
 inside the graph: each layer writes the new key and value at the row's position in place and attends over the
 first S positions with the mask.
-The batch size stays static: each one compiles once (about a minute for GPT-2 124M on 2 cores).
+The batch size stays static: each one compiles once (about a minute for GPT-2 124M on 2 cores). On CUDA the step is
+replayed as a CUDA graph (one launch a step instead of one a kernel), whose shapes and addresses are fixed: there S
+is the cache's whole capacity, and a new cache records the graph again (once a generate call).
 
-Caveats: freezing folds the weights into the compiled graph as constants (a prepacked copy: the weights' memory
-twice over), so this is for inference only: weights changed after the first compiled step are not seen. Nor are
+Caveats: off CUDA, freezing folds the weights into the compiled graph as constants (a prepacked copy: the weights'
+memory twice over), so this is for inference only: weights changed after the first compiled step are not seen. Nor are
 changes to the model's modules (their attributes, hooks, train/eval mode): a step checks the model's identity, its
 inputs and the global state (grad mode, autocast) before it runs, not every module (see model_identity_guards).
 A process keeps every graph it compiled, each with its frozen weights, up to STEP_GRAPH_LIMIT graphs; past that,
@@ -81,6 +83,12 @@ STEP_GRAPH_LIMIT = 64
 # and cpp_wrapper saves the Python call of each kernel.
 CPU_COMPILE_OPTIONS = {**STEP_COMPILE_OPTIONS, "max_autotune": True, "cpp_wrapper": True}
 
+# CUDA: at batch 1 each of a step's ~150 kernels is too small to keep the GPU busy, so launching them sets the step's
+# pace (docs/benchmarks.md); inductor's CUDA graphs launch the whole step at once. A graph replays fixed shapes and
+# addresses, so on CUDA the step attends over the cache's whole capacity (one graph, not one per span) and the cache's
+# storage is a static input, written in place by the graph (see decode_step).
+CUDA_COMPILE_OPTIONS = {**STEP_COMPILE_OPTIONS, "triton.cudagraphs": True}
+
 
 class StepCache:
     """The KV cache of one compiled decoding step (duck-typed like gptkit.engine.KVCache for one new token).
@@ -122,22 +130,26 @@ def _step(
 
 
 @functools.cache
-def step_config_patchers() -> tuple[Callable[[], Callable[[], None]], ...]:
-    """What decode_step sets around each call: freezing (inductor) and the step's graph limit (dynamo). Each patcher
-    sets its value and returns the function that restores the old one.
+def step_config_patchers(device_type: str) -> tuple[Callable[[], Callable[[], None]], ...]:
+    """What decode_step sets around each call on a device type: freezing (inductor) and the step's graph limit
+    (dynamo). Each patcher sets its value and returns the function that restores the old one.
+
+    No freezing on CUDA: it would make the cache's static storage (see decode_step) constants of the graph too, so
+    that every later cache's step would still read and write the first one's. Unfrozen, the weights are the graph's
+    static inputs, which a CUDA graph reads where they lie.
 
     Why not `config.patch(...)` as a context manager: entered and left around every call, it took a sizeable share of
     the host's time a token; the closure patchers, which dynamo itself uses on its critical path, cost a fraction of
     that (docs/benchmarks.md).
     """
-    return (torch._inductor.config._make_closure_patcher(freezing=True),
+    return (torch._inductor.config._make_closure_patcher(freezing=device_type != "cuda"),
             torch._dynamo.config._make_closure_patcher(recompile_limit=STEP_GRAPH_LIMIT))  # fmt: skip
 
 
 @functools.cache
 def compiled_step(device_type: str) -> Callable:
     """The compiled _step for a device type; one per process, so its graphs serve every engine of a model."""
-    options = CPU_COMPILE_OPTIONS if device_type == "cpu" else STEP_COMPILE_OPTIONS
+    options = {"cpu": CPU_COMPILE_OPTIONS, "cuda": CUDA_COMPILE_OPTIONS}.get(device_type, STEP_COMPILE_OPTIONS)
     return torch.compile(_step, fullgraph=True, options=options)
 
 
@@ -162,14 +174,19 @@ def decode_step(
         raise ValueError("a sampled step needs its uniform numbers: the graph must not draw from its own generator")
     positions = torch.tensor(lengths, device=idx.device)
     sampled = torch.tensor(temperature, dtype=torch.float32, device=idx.device) if temperature != 0 else None
-    span = torch.arange(attended_span(lengths, capacity), device=idx.device)
+    graphed = idx.device.type == "cuda"  # replayed as a CUDA graph (see CUDA_COMPILE_OPTIONS)
+    span = torch.arange(capacity if graphed else attended_span(lengths, capacity), device=idx.device)
     mask = (span <= positions[:, None])[:, None, None, :]  # (B, 1, 1, S): a row sees its own tokens only
-    torch._dynamo.maybe_mark_dynamic(mask, 3)  # its size is the span: one graph serves every span
-    # Freezing must be on while dynamo traces, not only in inductor (compile options reach inductor alone), for the
+    if graphed:  # the storage's address is part of the graph: a new cache (a new engine) records the graph again
+        for storage in (*keys, *values):
+            torch._dynamo.mark_static_address(storage, guard=False)
+    else:
+        torch._dynamo.maybe_mark_dynamic(mask, 3)  # its size is the span: one graph serves every span
+    # Freezing must be set while dynamo traces, not only in inductor (compile options reach inductor alone), for the
     # weights to become constants; patched per call so that no other compile in the process is frozen. The graph
     # limit, too, is read while dynamo compiles, and only this function's graphs should get the higher one.
     with contextlib.ExitStack() as restore:
-        for patch in step_config_patchers():
+        for patch in step_config_patchers(idx.device.type):
             restore.callback(patch())  # restored in reverse order, also when the step raises
         return compiled_step(idx.device.type)(model, idx, positions, mask, list(keys), list(values), sampled,
                                               top_k, uniform if sampled is not None else None)  # fmt: skip

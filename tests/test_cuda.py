@@ -18,6 +18,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gptkit import data
 from gptkit.checkpoint import load_checkpoint
+from gptkit.engine import generate_stream
 from helpers import run_script, tiny_train_args
 from model import GPT, GPTConfig
 
@@ -169,6 +170,32 @@ def test_kv_cached_greedy_on_gpu_equals_cpu_greedy(
         tokens_cpu = on_cpu.generate(idx, 100, temperature=0.0)[0].tolist()
     assert tokens_gpu == tokens_cpu
     assert len(set(tokens_gpu[16:])) > 3  # a trained model says something, not one character over and over
+
+
+def test_compiled_decoding_on_gpu_makes_the_eager_tokens(
+    gpu_device: torch.device, char_data_dir: Path, exact_float32: None
+) -> None:
+    """The compiled step (on CUDA replayed as a CUDA graph, its cache a static input) chooses the eager step's tokens:
+    greedy, and sampled with the same seed; past the block's 64 positions (the window slides); and in a second call,
+    whose new cache lies elsewhere, so that its graph is recorded again."""
+    model = trained_char_model(char_data_dir, gpu_device)
+    window = data.open_split(char_data_dir, "val").read_windows([0], 16)[0].astype("int64")
+    prompt = torch.from_numpy(window)[None].to(gpu_device)
+
+    def tokens(compiled: bool, temperature: float) -> list[int]:
+        generator = torch.Generator(device=gpu_device).manual_seed(7)
+        with torch.inference_mode():
+            stream = generate_stream(model, prompt, 80, temperature=temperature, top_k=10, generator=generator,
+                                     compiled=compiled)  # fmt: skip
+            return [token.item() for token in stream]
+
+    greedy = tokens(False, 0.0)
+    assert len(set(greedy)) > 3  # a trained model says something, not one character over and over
+    assert tokens(True, 0.0) == greedy
+    sampled = tokens(False, 0.8)
+    assert sampled != greedy
+    assert tokens(True, 0.8) == sampled
+    assert tokens(True, 0.8) == sampled  # a new engine: a new cache, the graph recorded at its address
 
 
 def train_into(data_dir: Path, out_dir: Path, device: str, **overrides: object) -> list[dict]:
