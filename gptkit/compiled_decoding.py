@@ -90,6 +90,12 @@ CPU_COMPILE_OPTIONS = {**STEP_COMPILE_OPTIONS, "max_autotune": True, "cpp_wrappe
 CUDA_COMPILE_OPTIONS = {**STEP_COMPILE_OPTIONS, "triton.cudagraphs": True}
 
 
+def replays_as_graph(device_type: str) -> bool:
+    """Whether the step on this device type is a CUDA graph: the one rule behind its compile options, its frozen or
+    unfrozen weights and its span and static cache (see CUDA_COMPILE_OPTIONS); these must agree with each other."""
+    return device_type == "cuda"
+
+
 class StepCache:
     """The KV cache of one compiled decoding step (duck-typed like gptkit.engine.KVCache for one new token).
 
@@ -142,14 +148,15 @@ def step_config_patchers(device_type: str) -> tuple[Callable[[], Callable[[], No
     the host's time a token; the closure patchers, which dynamo itself uses on its critical path, cost a fraction of
     that (docs/benchmarks.md).
     """
-    return (torch._inductor.config._make_closure_patcher(freezing=device_type != "cuda"),
+    return (torch._inductor.config._make_closure_patcher(freezing=not replays_as_graph(device_type)),
             torch._dynamo.config._make_closure_patcher(recompile_limit=STEP_GRAPH_LIMIT))  # fmt: skip
 
 
 @functools.cache
 def compiled_step(device_type: str) -> Callable:
     """The compiled _step for a device type; one per process, so its graphs serve every engine of a model."""
-    options = {"cpu": CPU_COMPILE_OPTIONS, "cuda": CUDA_COMPILE_OPTIONS}.get(device_type, STEP_COMPILE_OPTIONS)
+    off_cpu = CUDA_COMPILE_OPTIONS if replays_as_graph(device_type) else STEP_COMPILE_OPTIONS
+    options = CPU_COMPILE_OPTIONS if device_type == "cpu" else off_cpu
     return torch.compile(_step, fullgraph=True, options=options)
 
 
@@ -174,7 +181,7 @@ def decode_step(
         raise ValueError("a sampled step needs its uniform numbers: the graph must not draw from its own generator")
     positions = torch.tensor(lengths, device=idx.device)
     sampled = torch.tensor(temperature, dtype=torch.float32, device=idx.device) if temperature != 0 else None
-    graphed = idx.device.type == "cuda"  # replayed as a CUDA graph (see CUDA_COMPILE_OPTIONS)
+    graphed = replays_as_graph(idx.device.type)
     span = torch.arange(capacity if graphed else attended_span(lengths, capacity), device=idx.device)
     mask = (span <= positions[:, None])[:, None, None, :]  # (B, 1, 1, S): a row sees its own tokens only
     if graphed:  # the storage's address is part of the graph: a new cache (a new engine) records the graph again
