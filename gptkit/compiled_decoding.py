@@ -155,8 +155,12 @@ def step_config_patchers(device_type: str) -> tuple[Callable[[], Callable[[], No
 @functools.cache
 def compiled_step(device_type: str) -> Callable:
     """The compiled _step for a device type; one per process, so its graphs serve every engine of a model."""
-    off_cpu = CUDA_COMPILE_OPTIONS if replays_as_graph(device_type) else STEP_COMPILE_OPTIONS
-    options = CPU_COMPILE_OPTIONS if device_type == "cpu" else off_cpu
+    if device_type == "cpu":
+        options = CPU_COMPILE_OPTIONS
+    elif replays_as_graph(device_type):
+        options = CUDA_COMPILE_OPTIONS
+    else:
+        options = STEP_COMPILE_OPTIONS
     return torch.compile(_step, fullgraph=True, options=options)
 
 
