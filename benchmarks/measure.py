@@ -65,7 +65,12 @@ def synchronize(device: torch.device) -> None:
 
 
 def read_bandwidth(device: torch.device, megabytes: int, repeats: int = 5) -> float:
-    """Bytes/s the device reads: the best of `repeats` sums over a float32 buffer far larger than the caches."""
+    """Bytes/s the device reads: the best of `repeats` sums over a float32 buffer far larger than the caches.
+
+    On the CPU the buffer is PyTorch's own allocation (4 KB pages where transparent huge pages are `madvise`):
+    every fraction of the bound in docs/benchmarks.md uses this measure. Its speed moves with what the machine holds; a
+    buffer on 2 MB pages reads faster and steadier (docs/benchmarks.md, twenty-seventh session).
+    """
     buffer = torch.ones(megabytes * 2**20 // 4, device=device)
     best = float("inf")
     for attempt in range(repeats + 1):  # the first one warms up
