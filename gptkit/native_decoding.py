@@ -3,7 +3,8 @@
 Why: at batch 1 a step reads every weight once, so its floor is the weight bytes over the memory's read speed. The
 compiled step (gptkit.compiled_decoding) runs some 150 kernels a token, each its own parallel region, behind
 dynamo's and inductor's wrappers; the native step runs the whole pass in one parallel region whose threads meet at
-barriers, reading the weights from one buffer in the order the pass reads them. `python benchmarks/bench.py sample
+barriers, reading the weights from one buffer in the order the pass reads them (float32 matrices in blocks of rows,
+copy_in_blocks: one load of an input serves a block's rows). `python benchmarks/bench.py sample
 --paths=native --paths=native_bf16 --paths=native_int8` measures it against the memory bound; docs/benchmarks.md
 has the figures.
 
@@ -146,13 +147,32 @@ def huge_page_zeros(numel: int, dtype: torch.dtype) -> torch.Tensor:
     return raw[start : start + nbytes].view(dtype)
 
 
-def packed(tensors: Sequence[torch.Tensor | None], sizes: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+def copy_in_blocks(destination: torch.Tensor, matrix: torch.Tensor, block_rows: int, chunk: int) -> None:
+    """Copy `matrix` (rows, columns) into the 1-D `destination` as decode_step.cpp reads blocked float32 matrices:
+    blocks of `block_rows` rows (the last block holds the rows left), each holding `chunk` values of each of its rows
+    in turn."""
+    rows, columns = matrix.shape
+    whole = rows // block_rows * block_rows
+    for first, last, height in ((0, whole, block_rows), (whole, rows, rows - whole)):
+        if last > first:
+            blocks = (last - first) // height
+            place = destination[first * columns : last * columns].as_strided(
+                (blocks, height, columns // chunk, chunk), (height * columns, chunk, height * chunk, 1)
+            )
+            place.copy_(matrix[first:last].reshape(blocks, height, columns // chunk, chunk))
+
+
+def packed(tensors: Sequence[torch.Tensor | None], sizes: Sequence[int], dtype: torch.dtype,
+           blocks: Sequence[int] = ()) -> torch.Tensor:  # fmt: skip
     """One contiguous buffer (on huge pages where it is large enough) holding `tensors` back to back, each flattened
-    from its logical (row-major) order; None stands for `size` zeros (a missing bias)."""
+    from its logical (row-major) order, or matrices in blocks of (rows, chunk) (copy_in_blocks) where `blocks` says
+    so; None stands for `size` zeros (a missing bias)."""
     buffer = huge_page_zeros(sum(sizes), dtype)
     start = 0
     for tensor, size in zip(tensors, sizes):
-        if tensor is not None:
+        if tensor is not None and blocks and tensor.dim() == 2:
+            copy_in_blocks(buffer[start : start + size], tensor.detach(), *blocks)
+        elif tensor is not None:
             buffer[start : start + size].view(tensor.shape).copy_(tensor.detach())
         start += size
     return buffer
@@ -191,13 +211,16 @@ class NativeStep:
         vector_sizes = [C, C, 3 * C, C, C, C, 4 * C, C] * config.n_layer + [C, C]
         matrices, scales = zip(*map(weight_and_scale, products))
         self.int8 = scales[0] is not None
-        self.matrices = packed(matrices, [m.numel() for m in matrices], torch.int8 if self.int8 else dtype)
+        # float32 matrices in the blocks decode_step.cpp reads where their widths allow (float32_blocks)
+        blocks = [] if self.int8 or dtype != torch.float32 else extension().float32_blocks(C, 4 * C)
+        self.matrices = packed(matrices, [m.numel() for m in matrices], torch.int8 if self.int8 else dtype, blocks)
         self.scales = packed(scales, [m.shape[0] for m in matrices], torch.float32) if self.int8 else \
             torch.empty(0)  # fmt: skip
         self.vectors = packed(vectors, vector_sizes, torch.float32)
         head = matrices[-1]
         tied = transformer.wte.weight is head  # an int8 head has a weight of its own (quantize_int8 unties it)
-        self.embedding = self.matrices[-head.numel() :].view_as(head) if tied else \
+        # a tied head's rows are the token embeddings, unless blocks interleave them: then the model's own table
+        self.embedding = self.matrices[-head.numel() :].view_as(head) if tied and not blocks else \
             transformer.wte.weight.detach().to(dtype).contiguous()  # fmt: skip
         self.positions = self._position_table(model)
         self.shapes = [config.n_embd, 4 * config.n_embd, config.vocab_size, config.n_layer, config.n_head]

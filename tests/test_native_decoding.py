@@ -36,6 +36,8 @@ SHAPES = {
     "gpt2": {},
     "no biases, exact gelu, sinusoidal, tied": NO_BIASES,
     "squared relu, 3 layers, 4 heads": dict(activation="relu2", n_layer=3, n_head=4, n_embd=48),
+    "36 wide: float32 rows one after another": dict(n_embd=36, n_head=4),  # not whole chunks of 8 or 16 values
+    "40 wide: an odd number of chunks": dict(n_embd=40, n_head=4),  # 5 of 8 values (AVX2); 48 wide: 3 of 16
 }
 
 
@@ -177,9 +179,9 @@ def assert_prefill_matches_eager_pass(model, reference, tokens: list[int], toler
 
 @pytest.mark.parametrize("shape", [*SHAPES, "gpt2 width"])
 def test_the_prefill_writes_the_keys_and_values_of_the_eager_pass(shape):
-    """The native prefill (the tokens in one pass, 4 at a time, 2 weight rows at a time) stores the keys and values
-    an eager pass over the same tokens stores, also when it goes on from a filled position. 11 and 6 tokens: neither
-    a whole number of 4-token blocks."""
+    """The native prefill (the tokens in one pass: 4 at a time over 2 weight rows, or 2 at a time over a block of
+    float32 rows) stores the keys and values an eager pass over the same tokens stores, also when it goes on from a
+    filled position. 11 and 6 tokens: neither a whole number of 4-token blocks."""
     overrides = dict(n_embd=768, n_head=12, n_layer=1) if shape == "gpt2 width" else SHAPES[shape]
     model = lively_model(vocab_size=61, block_size=32, seed=5, **overrides)
     tokens = torch.randint(0, 61, (18,), generator=torch.Generator().manual_seed(4)).tolist()
@@ -361,6 +363,27 @@ def test_any_thread_count_gives_the_reference_tokens(threads):
     finally:
         torch.set_num_threads(before)
     assert request.output == reference_greedy(reference, [5, 3, 9], 30)
+
+
+def test_float32_matrices_lie_in_blocks_of_rows_a_chunk_of_each_row_in_turn():
+    """32 wide (whole chunks), the float32 head of 61 rows is packed in blocks of block_rows rows, each block holding
+    `chunk` values of each of its rows in turn; its last block holds the one row left. 36 wide, rows lie one after
+    another. The expected order is built here row piece by row piece."""
+    block_rows, chunk = native_decoding.extension().float32_blocks(32, 128)
+    assert block_rows > 1 and 32 % chunk == 0
+    model = lively_model(vocab_size=61, seed=2)
+    head = model.lm_head.weight.detach()
+    expected = []
+    for first in range(0, 61, block_rows):
+        rows = range(first, min(first + block_rows, 61))
+        for column in range(0, 32, chunk):
+            expected += [head[row, column : column + chunk] for row in rows]
+    packed = NativeStep.for_model(model, torch.float32).matrices
+    assert torch.equal(packed[-head.numel() :], torch.cat(expected))
+    assert native_decoding.extension().float32_blocks(36, 144) == []
+    narrow = lively_model(vocab_size=61, n_embd=36, n_head=4)
+    packed = NativeStep.for_model(narrow, torch.float32).matrices
+    assert torch.equal(packed[-narrow.lm_head.weight.numel() :], narrow.lm_head.weight.detach().flatten())
 
 
 def test_huge_page_buffers_are_zeros_from_a_2_mb_boundary():

@@ -4,7 +4,7 @@
 // Here the whole step is one parallel region: the threads split each matrix product's rows and each layer's heads,
 // and meet at a barrier where a stage needs the one before it, instead of entering a parallel region (and leaving
 // Python, dynamo and inductor's wrappers) once per kernel. The weights come from one buffer laid out in the order
-// they are read, so the memory streams them like one long array.
+// they are read, so the memory streams them like one long array (float32 matrices in blocks of rows: Matrix).
 //
 // Weights are float32, bfloat16 or int8 (W); activations, norms, attention and logits are computed in float32. The
 // inputs of each float32 or bfloat16 product are rounded to W (bfloat16 products multiply bfloat16 pairs, as
@@ -290,9 +290,130 @@ inline float product_row(const W* matrix, const float* scales, int64_t row, int6
   return in.scaled(dot(matrix + row * columns, in.input(0, columns), columns), scales, row, 0);
 }
 
-// A prefill's products take 2 weight rows and 4 tokens at a time: each row is read (and widened) once for 4 tokens,
-// each input vector loaded once for 2 rows, in 8 independent sums that hide the FMA latency (registers allow no
-// more with AVX2: 8 sums, 2 rows, an input).
+// A matrix in the packed buffer: rows x columns weights of type W, its rows' scales (int8 weights; else null), and
+// whether it lies in blocks (below) or row after row.
+template <typename W>
+struct Matrix {
+  const W* values;
+  const float* scales;
+  int64_t rows, columns;
+  bool blocked;
+};
+
+// float32 matrices lie in blocks of BLOCK_ROWS rows (the last block holds the rows left), each block holding CHUNK
+// values of each of its rows in turn. Why: row after row, a product loads its input again for every row; in blocks one
+// load of CHUNK inputs serves the block's rows, and a thread still reads its share as one stream: the products then
+// read as fast as a plain sum on a Zen 3 (docs/benchmarks.md). gptkit/native_decoding.py packs them (float32_blocks).
+constexpr int64_t BLOCK_ROWS = 4;
+#if defined(GPTKIT_VECTORS)
+constexpr int64_t CHUNK = LANES;
+#else
+constexpr int64_t CHUNK = 8;
+#endif
+
+// Whether a model's float32 matrices lie in blocks: when the columns of each (embd or hidden) are whole chunks.
+inline bool in_blocks(int64_t embd, int64_t hidden) { return embd % CHUNK == 0 && hidden % CHUNK == 0; }
+
+// Where a row of a blocked matrix lies: its c-th chunk of CHUNK values starts at first + c * stride.
+struct RowPlace {
+  const float* first;
+  int64_t stride;
+};
+inline RowPlace place(const Matrix<float>& m, int64_t row) {
+  const int64_t start = row / BLOCK_ROWS * BLOCK_ROWS, rows_in_block = std::min(BLOCK_ROWS, m.rows - start);
+  return {m.values + start * m.columns + (row - start) * CHUNK, rows_in_block * CHUNK};
+}
+
+// One row's dot product with x over n values (whole chunks): for the rows of a block that a share cuts, and for a
+// last block of fewer rows.
+inline float dot_placed(RowPlace w, const float* x, int64_t n) {
+  float sum = 0.0f;
+#if defined(GPTKIT_VECTORS)
+  Vec sums[2] = {splat(0.0f), splat(0.0f)};
+  for (int64_t c = 0; c * CHUNK < n; ++c)
+    sums[c % 2] = fmadd(load(w.first + c * w.stride), load(x + c * CHUNK), sums[c % 2]);
+  sum = reduce_add(add(sums[0], sums[1]));
+#else
+  for (int64_t c = 0; c * CHUNK < n; ++c)
+    for (int64_t i = 0; i < CHUNK; ++i) sum += w.first[c * w.stride + i] * x[c * CHUNK + i];
+#endif
+  return sum;
+}
+
+#if defined(GPTKIT_VECTORS)
+// Adds one chunk of each row of a block (`w`: the block's values at that chunk) times inputs xs[t] (at `at`) to
+// the sums of `half` (block_dots' layout of its sums).
+template <int64_t T, int64_t SPLIT>
+inline void add_chunk(Vec* sums, const float* w, const float* const* xs, int64_t at, int64_t half) {
+  Vec x[T];
+#pragma GCC unroll 2
+  for (int64_t t = 0; t < T; ++t) x[t] = load(xs[t] + at);
+#pragma GCC unroll 4
+  for (int64_t r = 0; r < BLOCK_ROWS; ++r) {
+    const Vec weights = load(w + r * CHUNK);
+#pragma GCC unroll 2
+    for (int64_t t = 0; t < T; ++t) {
+      Vec& sum = sums[(r * T + t) * SPLIT + half];
+      sum = fmadd(weights, x[t], sum);
+    }
+  }
+}
+#endif
+
+// out[r * T + t] = the dot product of row r of a whole block (at `block`) with input xs[t], over n values. Eight
+// independent sums hide the FMA latency: for one input two a row (even and odd chunks), for two one a row and input.
+template <int64_t T>
+void block_dots(const float* block, const float* const* xs, int64_t n, float* out) {
+  static_assert(T == 1 || T == 2);
+#if defined(GPTKIT_VECTORS)
+  constexpr int64_t SPLIT = 2 / T, SUMS = BLOCK_ROWS * T * SPLIT, STEP = SPLIT * BLOCK_ROWS * CHUNK;
+  Vec sums[SUMS];
+#pragma GCC unroll 8
+  for (int64_t i = 0; i < SUMS; ++i) sums[i] = splat(0.0f);
+  int64_t c = 0;
+  for (; (c + SPLIT) * CHUNK <= n; c += SPLIT) {
+    const float* w = block + c * BLOCK_ROWS * CHUNK;
+#pragma GCC unroll 2
+    for (int64_t i = 0; i < STEP; i += 64) prefetch_ahead(w + i);
+#pragma GCC unroll 2
+    for (int64_t half = 0; half < SPLIT; ++half)
+      add_chunk<T, SPLIT>(sums, w + half * BLOCK_ROWS * CHUNK, xs, (c + half) * CHUNK, half);
+  }
+  if (c * CHUNK < n) add_chunk<T, SPLIT>(sums, block + c * BLOCK_ROWS * CHUNK, xs, c * CHUNK, 0);  // an odd last chunk
+  for (int64_t i = 0; i < BLOCK_ROWS * T; ++i) {
+    Vec total = sums[i * SPLIT];
+    for (int64_t half = 1; half < SPLIT; ++half) total = add(total, sums[i * SPLIT + half]);
+    out[i] = reduce_add(total);
+  }
+#else
+  for (int64_t r = 0; r < BLOCK_ROWS; ++r)
+    for (int64_t t = 0; t < T; ++t) out[r * T + t] = dot_placed({block + r * CHUNK, BLOCK_ROWS * CHUNK}, xs[t], n);
+#endif
+}
+
+// out[row - first] = rows [first, last) of a product with the (first) input, scaled for int8 weights.
+template <typename W>
+void product(const Matrix<W>& m, int64_t first, int64_t last, const ProductInput<W>& in, float* out) {
+  int64_t row = first;
+  if constexpr (std::is_same_v<W, float>) {
+    const float* x = in.input(0, m.columns);
+    while (m.blocked && row < last) {
+      if (row % BLOCK_ROWS == 0 && row + BLOCK_ROWS <= last) {
+        block_dots<1>(m.values + row * m.columns, &x, m.columns, out + row - first);
+        row += BLOCK_ROWS;
+      } else {
+        out[row - first] = dot_placed(place(m, row), x, m.columns);
+        ++row;
+      }
+    }
+  }
+  for (; row < last; ++row) out[row - first] = product_row(m.values, m.scales, row, m.columns, in);
+}
+
+// A prefill's products over rows that lie one after another (bfloat16, int8, and float32 too narrow for blocks) take
+// 2 weight rows and 4 tokens at a time: each row is read (and widened) once for 4 tokens, each input vector loaded
+// once for 2 rows, in 8 independent sums that hide the FMA latency (registers allow no more with AVX2: 8 sums, 2 rows,
+// an input). Blocked float32 rows take a block and 2 tokens at a time (block_dots).
 constexpr int64_t ROWS = 2, TOKENS = 4;
 
 #if defined(GPTKIT_VECTORS)
@@ -348,20 +469,39 @@ void dot_block(const W* const* ws, const X* const* xs, int64_t n, float* out) {
 // Rows [first, last) of a product for `count` inputs (in.input(t, columns) for t < count):
 // out[(row - first) * count + t] for input t (scaled for int8 weights).
 template <typename W>
-void product_rows_tokens(const W* matrix, const float* scales, int64_t first, int64_t last, int64_t columns,
-                         const ProductInput<W>& in, int64_t count, float* out) {
-  for (int64_t row = first; row < last; row += ROWS) {
+void product_tokens(const Matrix<W>& m, int64_t first, int64_t last, const ProductInput<W>& in, int64_t count,
+                    float* out) {
+  const int64_t n = m.columns;
+  int64_t row = first;
+  if constexpr (std::is_same_v<W, float>) {
+    while (m.blocked && row < last) {  // a whole block and 2 inputs at a time (8 sums), else a row
+      const bool whole = row % BLOCK_ROWS == 0 && row + BLOCK_ROWS <= last;
+      for (int64_t token = 0; token < count; token += 2) {
+        const float* xs[2] = {in.input(token, n), in.input(std::min(token + 1, count - 1), n)};  // past the last: again
+        float sums[BLOCK_ROWS * 2];
+        if (whole)
+          block_dots<2>(m.values + row * n, xs, n, sums);
+        else
+          for (int64_t t = 0; t < 2; ++t) sums[t] = dot_placed(place(m, row), xs[t], n);
+        for (int64_t r = 0; r < (whole ? BLOCK_ROWS : 1); ++r)
+          for (int64_t t = 0; t < 2 && token + t < count; ++t)
+            out[(row + r - first) * count + token + t] = sums[r * 2 + t];
+      }
+      row += whole ? BLOCK_ROWS : 1;
+    }
+  }
+  for (; row < last; row += ROWS) {
     const W* ws[ROWS];
     for (int64_t r = 0; r < ROWS; ++r)  // past the last row or input: the last again (computed, not kept)
-      ws[r] = matrix + std::min(row + r, last - 1) * columns;
+      ws[r] = m.values + std::min(row + r, last - 1) * n;
     for (int64_t token = 0; token < count; token += TOKENS) {
       decltype(in.input(0, 0)) xs[TOKENS];  // float32, bfloat16 or 16-bit integer rows
-      for (int64_t t = 0; t < TOKENS; ++t) xs[t] = in.input(std::min(token + t, count - 1), columns);
+      for (int64_t t = 0; t < TOKENS; ++t) xs[t] = in.input(std::min(token + t, count - 1), n);
       float sums[ROWS * TOKENS];
-      dot_block(ws, xs, columns, sums);
+      dot_block(ws, xs, n, sums);
       for (int64_t r = 0; r < ROWS && row + r < last; ++r)
         for (int64_t t = 0; t < TOKENS && token + t < count; ++t)
-          out[(row + r - first) * count + token + t] = in.scaled(sums[r * TOKENS + t], scales, row + r, token + t);
+          out[(row + r - first) * count + token + t] = in.scaled(sums[r * TOKENS + t], m.scales, row + r, token + t);
     }
   }
 }
@@ -603,21 +743,22 @@ void attend(const float* q, const float* k, const float* v, W* cache_k, W* cache
 // base + offset, or null for a null base (the scales of float32 and bfloat16 weights).
 inline const float* offset_or_null(const float* base, int64_t offset) { return base ? base + offset : nullptr; }
 
-// One layer's weights, vectors and int8 scales (null for other weights) in the buffers, as the packing lays them out.
+// One layer's matrices and vectors in the buffers, as the packing lays them out.
 template <typename W>
 struct Layer {
-  const W *attn_w, *proj_w, *fc_w, *fc_proj_w;
+  Matrix<W> attn, proj, fc, fc_proj;
   const float *ln1_w, *ln1_b, *attn_b, *proj_b, *ln2_w, *ln2_b, *fc_b, *fc_proj_b;
-  const float *attn_s, *proj_s, *fc_s, *fc_proj_s;
-  Layer(const W* matrices, const float* vectors, const float* scales, int64_t layer, const Shapes& s) {
+  Layer(const W* matrices, const float* vectors, const float* scales, int64_t layer, const Shapes& s, bool blocked) {
     const int64_t C = s.embd, F = s.hidden;
-    attn_w = matrices + layer * s.layer_matrix_elements();
-    proj_w = attn_w + 3 * C * C, fc_w = proj_w + C * C, fc_proj_w = fc_w + F * C;
+    const W* attn_w = matrices + layer * s.layer_matrix_elements();
+    const float* attn_s = offset_or_null(scales, layer * s.layer_rows());
+    attn = {attn_w, attn_s, 3 * C, C, blocked};
+    proj = {attn_w + 3 * C * C, offset_or_null(attn_s, 3 * C), C, C, blocked};
+    fc = {proj.values + C * C, offset_or_null(proj.scales, C), F, C, blocked};
+    fc_proj = {fc.values + F * C, offset_or_null(fc.scales, F), C, F, blocked};
     ln1_w = vectors + layer * s.layer_vector_elements();
     ln1_b = ln1_w + C, attn_b = ln1_b + C, proj_b = attn_b + 3 * C, ln2_w = proj_b + C, ln2_b = ln2_w + C;
     fc_b = ln2_b + C, fc_proj_b = fc_b + F;
-    attn_s = offset_or_null(scales, layer * s.layer_rows());
-    proj_s = offset_or_null(attn_s, 3 * C), fc_s = offset_or_null(proj_s, C), fc_proj_s = offset_or_null(fc_s, F);
   }
 };
 
@@ -636,6 +777,12 @@ struct Model {
   Shapes s;
   int64_t activation;
   float eps;
+  bool blocked;  // float32 matrices in blocks (in_blocks), else row after row
+  Layer<W> layer(int64_t l) const { return Layer<W>(matrices, vectors, scales, l, s, blocked); }
+  Matrix<W> head() const {
+    return {matrices + s.layers * s.layer_matrix_elements(), offset_or_null(scales, s.layers * s.layer_rows()), s.vocab,
+            s.embd, blocked};
+  }
 };
 
 // One decoding step: fills logits (vocab) and offers each thread's share of them to per_thread[thread].
@@ -657,48 +804,50 @@ void step(const Model<W>& m, int64_t token, int64_t position, float* logits, std
     const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
     const Share heads(s.heads, thread, threads);
     std::vector<S> normed(C);
-    std::vector<float> scores(position + 1), mixed(D), activations(F);
+    std::vector<float> scores(position + 1), mixed(D), activations(F), out(C);
     ProductInput<W> input;  // the input of this thread's next product, as its rows read it
     for (int64_t layer = 0; layer < s.layers; ++layer) {
-      const Layer<W> l(m.matrices, m.vectors, m.scales, layer, s);
+      const Layer<W> l = m.layer(layer);
       layer_norm(x.data(), l.ln1_w, l.ln1_b, C, m.eps, normed.data());
       input.take(normed.data(), C);
-      for (int64_t part = 0; part < 3; ++part)  // this thread's heads' rows of Q, then of K, then of V
-        for (int64_t row = part * C + heads.first * D; row < part * C + heads.last * D; ++row)
-          qkv[row] = product_row(l.attn_w, l.attn_s, row, C, input) + l.attn_b[row];
+      for (int64_t part = 0; part < 3; ++part) {  // this thread's heads' rows of Q, then of K, then of V
+        const int64_t first = part * C + heads.first * D, last = part * C + heads.last * D;
+        product(l.attn, first, last, input, &qkv[first]);
+        for (int64_t row = first; row < last; ++row) qkv[row] += l.attn_b[row];
+      }
       for (int64_t h = heads.first; h < heads.last; ++h) {
         const int64_t at = h * D, storage = h * m.cache_positions * D;
         attend(&qkv[at], &qkv[C + at], &qkv[2 * C + at], m.keys[layer] + storage, m.values[layer] + storage,
                position, D, scores.data(), mixed.data(), &attended[at]);
       }
 #pragma omp barrier
+      const Share residual(C, thread, threads);  // x is not this product's input: its rows are added to in place
       input.take(attended.data(), C);
-      for (Share r(C, thread, threads); r.first < r.last; ++r.first)  // the residual: x is not this product's input
-        x[r.first] += product_row(l.proj_w, l.proj_s, r.first, C, input) + l.proj_b[r.first];
+      product(l.proj, residual.first, residual.last, input, out.data());
+      for (int64_t row = residual.first; row < residual.last; ++row)
+        x[row] += out[row - residual.first] + l.proj_b[row];
 #pragma omp barrier
       layer_norm(x.data(), l.ln2_w, l.ln2_b, C, m.eps, normed.data());
       input.take(normed.data(), C);
       const Share mine(F, thread, threads);  // this thread's hidden units: computed, activated, then stored as S
-      for (int64_t row = mine.first; row < mine.last; ++row)
-        activations[row - mine.first] = product_row(l.fc_w, l.fc_s, row, C, input) + l.fc_b[row];
+      product(l.fc, mine.first, mine.last, input, activations.data());
+      for (int64_t row = mine.first; row < mine.last; ++row) activations[row - mine.first] += l.fc_b[row];
       activate_all(activations.data(), mine.last - mine.first, m.activation);
       for (int64_t row = mine.first; row < mine.last; ++row)
         hidden[row] = static_cast<S>(activations[row - mine.first]);
 #pragma omp barrier
       input.take(hidden.data(), F);
-      for (Share r(C, thread, threads); r.first < r.last; ++r.first)
-        x[r.first] += product_row(l.fc_proj_w, l.fc_proj_s, r.first, F, input) + l.fc_proj_b[r.first];
+      product(l.fc_proj, residual.first, residual.last, input, out.data());
+      for (int64_t row = residual.first; row < residual.last; ++row)
+        x[row] += out[row - residual.first] + l.fc_proj_b[row];
 #pragma omp barrier
     }
     const float* final_norm = m.vectors + s.layers * s.layer_vector_elements();
     layer_norm(x.data(), final_norm, final_norm + C, C, m.eps, normed.data());
     input.take(normed.data(), C);
-    const W* head = m.matrices + s.layers * s.layer_matrix_elements();
-    const float* head_s = offset_or_null(m.scales, s.layers * s.layer_rows());
-    for (Share r(s.vocab, thread, threads); r.first < r.last; ++r.first) {
-      logits[r.first] = product_row(head, head_s, r.first, C, input);
-      per_thread[thread].offer(logits[r.first], r.first);
-    }
+    const Share vocab(s.vocab, thread, threads);
+    product(m.head(), vocab.first, vocab.last, input, &logits[vocab.first]);
+    for (int64_t row = vocab.first; row < vocab.last; ++row) per_thread[thread].offer(logits[row], row);
   }
 }
 
@@ -724,12 +873,12 @@ void prefill(const Model<W>& m, const std::vector<int64_t>& tokens, int64_t star
     std::vector<float> scores(start + T), mixed(D), out(T * std::max(C, mine.last - mine.first));
     ProductInput<W> input;  // the inputs of this thread's next product, as its rows read them
     for (int64_t layer = 0; layer < s.layers; ++layer) {
-      const Layer<W> l(m.matrices, m.vectors, m.scales, layer, s);
+      const Layer<W> l = m.layer(layer);
       for (int64_t t = 0; t < T; ++t) layer_norm(&x[t * C], l.ln1_w, l.ln1_b, C, m.eps, &normed[t * C]);
       input.take(normed.data(), C, T);
       for (int64_t part = 0; part < 3; ++part) {  // this thread's heads' rows of Q, then of K, then of V
         const int64_t first = part * C + heads.first * D, last = part * C + heads.last * D;
-        product_rows_tokens(l.attn_w, l.attn_s, first, last, C, input, T, out.data());
+        product_tokens(l.attn, first, last, input, T, out.data());
         for (int64_t row = first; row < last; ++row)
           for (int64_t t = 0; t < T; ++t) qkv[t * 3 * C + row] = out[(row - first) * T + t] + l.attn_b[row];
       }
@@ -744,13 +893,13 @@ void prefill(const Model<W>& m, const std::vector<int64_t>& tokens, int64_t star
 #pragma omp barrier
       const Share residual(C, thread, threads);
       input.take(attended.data(), C, T);
-      product_rows_tokens(l.proj_w, l.proj_s, residual.first, residual.last, C, input, T, out.data());
+      product_tokens(l.proj, residual.first, residual.last, input, T, out.data());
       for (int64_t row = residual.first; row < residual.last; ++row)
         for (int64_t t = 0; t < T; ++t) x[t * C + row] += out[(row - residual.first) * T + t] + l.proj_b[row];
 #pragma omp barrier
       for (int64_t t = 0; t < T; ++t) layer_norm(&x[t * C], l.ln2_w, l.ln2_b, C, m.eps, &normed[t * C]);
       input.take(normed.data(), C, T);
-      product_rows_tokens(l.fc_w, l.fc_s, mine.first, mine.last, C, input, T, out.data());
+      product_tokens(l.fc, mine.first, mine.last, input, T, out.data());
       for (int64_t row = mine.first; row < mine.last; ++row)
         for (int64_t t = 0; t < T; ++t) out[(row - mine.first) * T + t] += l.fc_b[row];
       activate_all(out.data(), T * (mine.last - mine.first), m.activation);
@@ -758,7 +907,7 @@ void prefill(const Model<W>& m, const std::vector<int64_t>& tokens, int64_t star
         for (int64_t t = 0; t < T; ++t) hidden[t * F + row] = static_cast<S>(out[(row - mine.first) * T + t]);
 #pragma omp barrier
       input.take(hidden.data(), F, T);
-      product_rows_tokens(l.fc_proj_w, l.fc_proj_s, residual.first, residual.last, F, input, T, out.data());
+      product_tokens(l.fc_proj, residual.first, residual.last, input, T, out.data());
       for (int64_t row = residual.first; row < residual.last; ++row)
         for (int64_t t = 0; t < T; ++t) x[t * C + row] += out[(row - residual.first) * T + t] + l.fc_proj_b[row];
 #pragma omp barrier
@@ -806,7 +955,8 @@ Model<W> model_for(const torch::Tensor& matrices, const torch::Tensor& scales, c
   TORCH_CHECK(scales.scalar_type() == torch::kFloat && scales.is_contiguous());
   return {matrices.data_ptr<W>(), int8 ? scales.data_ptr<float>() : nullptr, vectors.data_ptr<float>(),
           embedding.data_ptr<S>(), position_rows.data_ptr<float>(), storage_of<S>(keys), storage_of<S>(values),
-          keys[0].size(2), s, activation, static_cast<float>(eps)};
+          keys[0].size(2), s, activation, static_cast<float>(eps),
+          std::is_same_v<W, float> && in_blocks(s.embd, s.hidden)};
 }
 
 // call(W{}) for the C++ type W of weights in `dtype`.
@@ -884,7 +1034,15 @@ void prefill_tokens(const torch::Tensor& matrices, const torch::Tensor& scales, 
   });
 }
 
+// How decode_step and prefill read float32 matrices of a model embd wide with a hidden layer `hidden` wide: in blocks
+// of (rows, chunk) (see BLOCK_ROWS), or row after row (empty).
+std::vector<int64_t> float32_blocks(int64_t embd, int64_t hidden) {
+  if (!in_blocks(embd, hidden)) return {};
+  return {BLOCK_ROWS, CHUNK};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_step", &decode_step);
+  m.def("float32_blocks", &float32_blocks);
   m.def("prefill", &prefill_tokens);
 }
