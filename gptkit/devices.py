@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import platform
 
 import torch
 
@@ -83,5 +85,28 @@ def tune_for_training(device: torch.device, cpu_threads: int | None) -> None:
         # Optimizer states and gradients of small models reach subnormal floats; x86 CPUs compute those up to
         # 100x slower (Muon's step measured 10x slower here). Flushing them to zero changes nothing visible.
         torch.set_flush_denormal(True)
+        keep_freed_memory()
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls
+
+
+# glibc's mallopt parameters (malloc.h) and the values set: blocks up to 256 MiB come from the heap, and up to
+# 1 GiB of freed heap stays in the process.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_HEAP_BLOCKS_UP_TO, _FREE_HEAP_KEPT = 256 << 20, 1 << 30
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc keep the memory tensors free for the next ones of their sizes, instead of handing it
+    back to the kernel; False where the C library is not glibc (nothing changed).
+
+    A CPU training step frees and allocates again the same few-MB activations and gradients. By default glibc
+    maps large blocks afresh and unmaps them when freed, and gives a freed heap top back, so every step
+    faults the same pages in again (docs/benchmarks.md §1 has what that costs). The process then holds its
+    peak memory until it exits.
+    """
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    libc = ctypes.CDLL(None)  # the C library this process already runs on
+    heap_blocks = libc.mallopt(_M_MMAP_THRESHOLD, _HEAP_BLOCKS_UP_TO)
+    return bool(heap_blocks and libc.mallopt(_M_TRIM_THRESHOLD, _FREE_HEAP_KEPT))

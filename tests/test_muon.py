@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gptkit import muon
 from gptkit.muon import NEWTON_SCHULZ_COEFFICIENTS, MuonAdamW, orthogonalize
+from gptkit.muon import newton_schulz_on_gram as on_gram
 from model import GPT, GPTConfig
 
 
@@ -25,19 +27,38 @@ def test_orthogonalize_pushes_singular_values_towards_one(shape):
     assert (fast - orthogonalize(matrix, dtype=torch.float32)).norm() / fast.norm() < 0.06
 
 
-def reference_muon_step(weight, grad, buffer, lr, momentum):
-    """Muon written out in float64: Nesterov momentum, quintic Newton-Schulz, aspect-ratio scale."""
+def reference_newton_schulz(x):
+    """The quintic Newton-Schulz iteration written out in float64, for one matrix, on its wide orientation."""
     a, b, c = NEWTON_SCHULZ_COEFFICIENTS
-    buffer = momentum * buffer + grad
-    x = grad + momentum * buffer
+    x = x.double()
     tall = x.shape[0] > x.shape[1]
     x = x.T if tall else x
     x = x / (x.norm() + 1e-7)
     for _ in range(5):
         gram = x @ x.T
         x = a * x + (b * gram + c * gram @ gram) @ x
-    x = x.T if tall else x
+    return x.T if tall else x
+
+
+def reference_muon_step(weight, grad, buffer, lr, momentum):
+    """Muon written out in float64: Nesterov momentum, quintic Newton-Schulz, aspect-ratio scale."""
+    buffer = momentum * buffer + grad
+    x = reference_newton_schulz(grad + momentum * buffer)
     return weight - lr * max(1.0, weight.shape[0] / weight.shape[1]) ** 0.5 * x, buffer
+
+
+@pytest.mark.parametrize("shape", [(24, 96), (96, 24), (3, 32, 48)])
+def test_float32_iteration_on_the_gram_matrix_matches_the_direct_one(monkeypatch, shape):
+    calls = []
+    monkeypatch.setattr(muon, "newton_schulz_on_gram", lambda x, steps: calls.append(x.shape) or on_gram(x, steps))
+    torch.manual_seed(4)
+    # a few strong directions over noise, as gradients have: the small singular values are where rounding grows
+    strong = torch.randn(*shape[:-1], 4) @ torch.randn(*shape[:-2], 4, shape[-1])
+    update = torch.randn(*shape) + 3 * strong
+    expected = torch.stack([reference_newton_schulz(matrix) for matrix in update.reshape(-1, *shape[-2:])])
+    got = orthogonalize(update, dtype=torch.float32).reshape(expected.shape)
+    assert calls == [(*shape[:-2], min(shape[-2:]), max(shape[-2:]))]  # the wide orientation took the Gram form
+    assert ((got.double() - expected).norm() / expected.norm()).item() < 2e-4
 
 
 def test_muon_steps_match_the_float64_reference():
