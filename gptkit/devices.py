@@ -1,4 +1,5 @@
-"""Choosing the device and the numeric precision, shared by train.py, sample.py and bench.py."""
+"""Choosing the device and the numeric precision, shared by train.py, sample.py and bench.py, and the process-wide
+settings a training run makes (threads, subnormals flushed, freed memory kept)."""
 
 from __future__ import annotations
 
