@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from gptkit.errors import run_cli
-from gptkit.plotting import CURVES_NAME, plot_runs
+from gptkit.core.errors import run_cli
+from gptkit.train.curves import CURVES_NAME, plot_runs
 
 
 def main(argv: list[str]) -> int:

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import torch
 
-from gptkit.devices import autocast, resolve_device, resolve_dtype
-from gptkit.engine import Engine, Request
-from gptkit.errors import UserError, run_cli
-from gptkit.loading import ModelSource, load_for_inference
-from gptkit.sampling import sampling_problem
-from gptkit.settings import parse_settings, setting, setting_list
-from gptkit.textstream import TextStream
-from gptkit.tokenizer import Tokenizer
-from model import GPT
+from gptkit.core.devices import autocast, resolve_device, resolve_dtype
+from gptkit.core.errors import UserError, run_cli
+from gptkit.core.settings import parse_settings, setting, setting_list
+from gptkit.data.tokenizer import Tokenizer
+from gptkit.infer.engine import Engine, Request
+from gptkit.infer.next_token import sampling_problem
+from gptkit.infer.textstream import TextStream
+from gptkit.model import GPT
+from gptkit.weights.loading import ModelSource, load_for_inference
 
 SEPARATOR = "\n" + "-" * 40 + "\n"
 
@@ -47,7 +47,7 @@ class SampleSettings(ModelSource):
     )
     native: bool = setting(
         False,
-        "decode one sample on the CPU through one C++ call a token (gptkit/native_decoding.py; built on first use, "
+        "decode one sample on the CPU through one C++ call a token (gptkit/infer/native.py; built on first use, "
         "~25 s; float32, bfloat16 or --quantize=int8; not rope or qk_norm): faster than --compile=True for one sample",
     )
     interactive: bool = setting(False, "read prompts from stdin, one per line, until end of input")
@@ -103,8 +103,10 @@ def generate_samples(
         ids = ids[-block:]
     generator = torch.Generator(device=device).manual_seed(cfg.seed)  # one for the batch: the samples differ
     stop_tokens = [] if not cfg.stop_at_eot or tokenizer.eot_token is None else [tokenizer.eot_token]
-    requests = [Request(ids, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, stop_tokens,
-                        generator=generator) for _ in range(cfg.num_samples)]  # fmt: skip
+    requests = [
+        Request(ids, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, stop_tokens, generator=generator)
+        for _ in range(cfg.num_samples)
+    ]
     streams = [TextStream(tokenizer, cfg.stop, stop_tokens[0] if stop_tokens else None) for _ in requests]
     stream_of = dict(zip(requests, streams))
     if write:
@@ -130,7 +132,7 @@ def main(argv: list[str]) -> int:
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    model, tokenizer = load_for_inference(GPT, cfg, device, dtype)
+    model, tokenizer = load_for_inference(cfg, device, dtype)
 
     def write(text: str) -> None:
         sys.stdout.write(text)
@@ -153,8 +155,15 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def answer(model: GPT, tokenizer: Tokenizer, prompt: str, cfg: SampleSettings, device: torch.device,
-           dtype: torch.dtype, write: Callable[[str], None]) -> None:  # fmt: skip
+def answer(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompt: str,
+    cfg: SampleSettings,
+    device: torch.device,
+    dtype: torch.dtype,
+    write: Callable[[str], None],
+) -> None:
     """Generate for one prompt: sample 0 streamed as it comes when there is one sample, else all at the end."""
     streaming = cfg.stream and cfg.num_samples == 1
     samples = generate_samples(model, tokenizer, prompt, cfg, device, dtype, write if streaming else None)

@@ -5,7 +5,7 @@ python serve.py --init_from=gpt2 --port=8080 --api_key=SECRET     # /v1 requests
 curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
      -d '{"model": "out-shakespeare-char-cpu", "prompt": "ROMEO:", "max_tokens": 50}'
 
-settings → model and tokenizer → app (gptkit.server: FastAPI routes, the decode thread of gptkit.batcher) → uvicorn.
+settings → model and tokenizer → app (gptkit.serve.app: FastAPI routes, the decode thread of gptkit.serve.batcher) → uvicorn.
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ from pathlib import Path
 
 import torch
 
-from gptkit.devices import resolve_device, resolve_dtype
-from gptkit.errors import run_cli
-from gptkit.loading import load_for_inference
-from gptkit.server import ServeSettings, create_app, listen, serve
-from gptkit.settings import parse_settings
-from model import GPT
+from gptkit.core.devices import resolve_device, resolve_dtype
+from gptkit.core.errors import run_cli
+from gptkit.core.settings import parse_settings
+from gptkit.serve.app import ServeSettings, create_app, listen, serve
+from gptkit.weights.loading import load_for_inference
 
 
 def default_model_name(cfg: ServeSettings) -> str:
@@ -31,8 +30,12 @@ def default_model_name(cfg: ServeSettings) -> str:
 
 
 def main(argv: list[str]) -> int:
-    cfg = parse_settings(ServeSettings, argv, prog="serve.py",
-                         description="Serve a model: an OpenAI-compatible HTTP API and a playground page.")  # fmt: skip
+    cfg = parse_settings(
+        ServeSettings,
+        argv,
+        prog="serve.py",
+        description="Serve a model: an OpenAI-compatible HTTP API and a playground page.",
+    )
     torch.manual_seed(cfg.seed)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -40,7 +43,7 @@ def main(argv: list[str]) -> int:
     dtype = resolve_dtype(cfg.dtype, device)
     sock = listen(cfg.host, cfg.port)  # before the model loads: a taken port fails at once
     try:
-        model, tokenizer = load_for_inference(GPT, cfg, device, dtype)
+        model, tokenizer = load_for_inference(cfg, device, dtype)
         cfg.model_name = cfg.model_name or default_model_name(cfg)
         app = create_app(model, tokenizer, cfg, device, dtype)
         host, port = sock.getsockname()[:2]

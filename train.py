@@ -9,11 +9,11 @@ or a shard (FSDP2) and rank 0 alone logs and saves. Checkpoints (out_dir/ckpt.pt
 hold everything needed to continue exactly where a run stopped (--init_from=resume), even after kill -9.
 
 Data placement: step s consumes global micro-batches s*G ... s*G+G-1 (G = gradient_accumulation_steps) and
-rank r of N takes the r-th contiguous group of G/N of them (see data.py). Dropout is seeded per global
+rank r of N takes the r-th contiguous group of G/N of them (see loader.py). Dropout is seeded per global
 micro-batch. So a run's data and dropout do not depend on how many processes share the work.
 
 The set-up is built once (Run); the numbers the loop changes live in one LoopState that each step of the loop
-takes explicitly. Processes: gptkit/distributed.py; what a run prints and logs: gptkit/runlog.py.
+takes explicitly. Processes: gptkit/core/distributed.py; what a run prints and logs: gptkit/train/runlog.py.
 """
 
 from __future__ import annotations
@@ -26,19 +26,25 @@ from typing import Any
 
 import torch
 
-from gptkit import averaging, data, distributed, evaluation, plotting, runlog, training
-from gptkit import checkpoint as ckpt
-from gptkit.devices import DTYPES, autocast, peak_flops_for_device, resolve_dtype, tune_for_training
-from gptkit.distributed import Processes
-from gptkit.errors import UserError, run_cli
-from gptkit.fileio import atomic_write_json
-from gptkit.rundir import INIT_CHOICES_HELP, RunDirLock, resolve_init_from
-from gptkit.runlog import RunLog
-from gptkit.settings import parse_settings, setting, settings_to_dict
-from gptkit.signals import StopRequest
-from gptkit.tokenizer import padded_vocab_size, read_meta
-from gptkit.training import LoopState
-from model import GPT, GPTConfig, config_to_dict
+from gptkit.core import distributed
+from gptkit.core.devices import DTYPES, autocast, peak_flops_for_device, resolve_dtype, tune_for_training
+from gptkit.core.distributed import Processes
+from gptkit.core.errors import UserError, run_cli
+from gptkit.core.fileio import atomic_write_json
+from gptkit.core.settings import parse_settings, setting, settings_to_dict
+from gptkit.core.signals import StopRequest
+from gptkit.data import loader
+from gptkit.data.tokenizer import padded_vocab_size, read_meta
+from gptkit.eval import hellaswag
+from gptkit.model import GPT, GPTConfig, config_to_dict
+from gptkit.train import curves, ema, loop, runlog
+from gptkit.train.loop import LoopState
+from gptkit.train.optim import configure_optimizers
+from gptkit.train.rundir import INIT_CHOICES_HELP, RunDirLock, resolve_init_from
+from gptkit.train.runlog import RunLog
+from gptkit.weights import checkpoint as ckpt
+from gptkit.weights.checkpoint import model_from_checkpoint
+from gptkit.weights.hf_gpt2 import load_gpt2
 
 # ----------------------------------------------------------------------------- settings
 
@@ -59,7 +65,7 @@ class TrainSettings:
         False, "also the exact val loss over the whole val split (non-overlapping windows), at the end or eval_only"
     )
     always_save_checkpoint: bool = setting(True, "save ckpt.pt at every evaluation, not only when val improves")
-    eval_tasks: str = setting("", "also evaluate these tasks (comma-separated: hellaswag), see evaluate.py")
+    eval_tasks: str = setting("", "also evaluate these tasks (comma-separated: hellaswag), see eval.py")
     eval_tasks_interval: int | None = setting(None, "eval_tasks only at steps divisible by this", rule="positive")
     eval_tasks_limit: int | None = setting(None, "eval_tasks: the first N items of each task", rule="positive")
     hellaswag_path: str = setting("", "eval_tasks: HellaSwag JSONL file or URL (empty: the canonical val set, cached)")
@@ -113,8 +119,12 @@ class TrainSettings:
     min_lr: float = setting(
         6e-5, "learning rate at the end of the decay (usually learning_rate/10)", rule="non_negative"
     )
-    ema_decay: float = setting(0.0, "evaluate and save an exponential moving average of the weights, with this "
-                               "decay per step, as the model (0 = off; e.g. 0.95)", rule="fraction")  # fmt: skip
+    ema_decay: float = setting(
+        0.0,
+        "evaluate and save an exponential moving average of the weights, with this "
+        "decay per step, as the model (0 = off; e.g. 0.95)",
+        rule="fraction",
+    )
     ema_start: int = setting(0, "ema_decay: average the weights from this step on", rule="non_negative")
     # system
     device: str = setting("auto", "auto (cuda → mps → cpu) | cpu | cuda | cuda:N | mps")
@@ -151,9 +161,13 @@ class TrainSettings:
 
 def model_config(cfg: TrainSettings, vocab_size: int = GPTConfig.vocab_size) -> GPTConfig:
     """The model the settings describe: every GPTConfig field that is also a setting (n_layer, dropout,
-    pos_encoding, ...) comes from them. GPTConfig checks the values, the one place model settings are checked."""
+    pos_encoding, ...) comes from them. GPTConfig checks the values, the one place model settings are checked; its
+    ValueError is the user's mistake here."""
     options = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(GPTConfig) if hasattr(cfg, f.name)}
-    return GPTConfig(**options, vocab_size=vocab_size)
+    try:
+        return GPTConfig(**options, vocab_size=vocab_size)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
 
 
 # ----------------------------------------------------------------------------- data, model and optimizer
@@ -171,10 +185,10 @@ def create_model(cfg: TrainSettings, meta: dict) -> tuple[GPT, dict | None]:
         path = Path(cfg.out_dir) / ckpt.LATEST_NAME
         checkpoint = ckpt.load_checkpoint(path, required_keys=ckpt.RESUME_KEYS)
         ckpt.check_same_tokenizer(checkpoint, meta, path)
-        weights = checkpoint if cfg.eval_only else averaging.trained_weights(checkpoint)  # not the EMA's
-        model = GPT.from_checkpoint(weights, str(path), overrides={"dropout": cfg.dropout})
+        weights = checkpoint if cfg.eval_only else ema.trained_weights(checkpoint)  # not the EMA's
+        model = model_from_checkpoint(weights, str(path), overrides={"dropout": cfg.dropout})
     else:
-        model = GPT.from_pretrained(cfg.init_from, override_args={"dropout": cfg.dropout})
+        model = load_gpt2(cfg.init_from, override_args={"dropout": cfg.dropout})
     if cfg.block_size < model.config.block_size:
         model.crop_block_size(cfg.block_size)  # e.g. GPT-2's 1024 positions fine-tuned on shorter windows
     if meta["vocab_size"] > model.config.vocab_size:
@@ -193,8 +207,8 @@ def build_optimizer(cfg: TrainSettings, model: GPT, device: torch.device) -> tor
         if distributed.is_fsdp(model):
             raise UserError("optimizer=muon needs whole weight matrices; use it with --parallel=ddp, not fsdp")
         muon = {"muon_lr": cfg.muon_lr, "muon_momentum": cfg.muon_momentum}
-        return model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, betas, device.type, **muon)
-    return model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, betas, device.type)
+        return configure_optimizers(model, cfg.weight_decay, cfg.learning_rate, betas, device.type, **muon)
+    return configure_optimizers(model, cfg.weight_decay, cfg.learning_rate, betas, device.type)
 
 
 # ----------------------------------------------------------------------------- the run's set-up
@@ -208,17 +222,17 @@ class Run:
     procs: Processes
     device: torch.device
     meta: dict
-    streams: dict[str, data.TokenStream]
+    streams: dict[str, loader.TokenStream]
     model: GPT  # the unwrapped model: saved, counted
     wrapped: torch.nn.Module  # the one to call (DDP, FSDP, torch.compile)
     precision: Any  # the autocast context of forward passes (a no-op in float32)
     optimizer: torch.optim.Optimizer
-    average: averaging.WeightAverage  # ema_decay's average of the weights (a no-op when off)
+    average: ema.WeightAverage  # ema_decay's average of the weights (a no-op when off)
     scaler: torch.amp.GradScaler
-    sampler: data.BatchSampler  # training batches; its position is saved in checkpoints
-    batches: data.BatchPrefetcher  # the sampler's batches, the next one read while a step computes
-    eval_sets: dict[str, data.FixedBatches]  # the same evaluation batches every time
-    tasks: evaluation.TrainingTasks  # eval_tasks, scored at evaluations
+    sampler: loader.BatchSampler  # training batches; its position is saved in checkpoints
+    batches: loader.BatchPrefetcher  # the sampler's batches, the next one read while a step computes
+    eval_sets: dict[str, loader.FixedBatches]  # the same evaluation batches every time
+    tasks: hellaswag.TrainingTasks  # eval_tasks, scored at evaluations
     log: RunLog
     peak_flops: float | None
 
@@ -245,37 +259,44 @@ def set_up(
     """Data → model → optimizer (restored from out_dir/ckpt.pt for --init_from=resume) → the run's log.
     A training run's rank 0 owns out_dir from its first write to its end: `held` keeps the lock."""
     dtype = resolve_dtype(cfg.dtype, device)
-    data_dir = data.data_dir_for(cfg.dataset, cfg.data_dir)
+    data_dir = loader.data_dir_for(cfg.dataset, cfg.data_dir)
     meta = read_meta(data_dir)
-    streams = {split: data.open_split(data_dir, split, meta) for split in ("train", "val")}  # memory-mapped
+    streams = {split: loader.open_split(data_dir, split, meta) for split in ("train", "val")}  # memory-mapped
 
     torch.manual_seed(cfg.seed)  # the same initialisation in every process: FSDP shards are cut from it
     model, checkpoint = create_model(cfg, meta)
     block_size = model.config.block_size
     for stream in streams.values():
-        data.check_stream_fits(stream, block_size, str(data_dir))
+        loader.check_stream_fits(stream, block_size, str(data_dir))
     tune_for_training(device, cfg.cpu_threads)  # after initialising: a seed gives the weights it always gave
     wrapped = distributed.parallelize(model, procs, device, cfg.parallel, cfg.compile)
 
     optimizer = build_optimizer(cfg, model, device)
-    average = averaging.for_training(model, cfg.ema_decay, cfg.ema_start, checkpoint)
+    average = ema.for_training(model, cfg.ema_decay, cfg.ema_start, checkpoint)
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
-    sampler = data.BatchSampler(streams["train"], cfg.batch_size, block_size, cfg.seed, data.PURPOSE_TRAIN)
+    sampler = loader.BatchSampler(streams["train"], cfg.batch_size, block_size, cfg.seed, loader.PURPOSE_TRAIN)
     iter_num, best_val_loss = 0, math.inf
     if checkpoint is not None:
         source = str(Path(cfg.out_dir) / ckpt.LATEST_NAME)
         iter_num, best_val_loss = ckpt.restore_training_state(checkpoint, source, model, optimizer, scaler, sampler)
         del checkpoint  # free the CPU copy of the weights
-    batches = data.BatchPrefetcher(sampler, device)
+    batches = loader.BatchPrefetcher(sampler, device)
     held.callback(batches.close)
     eval_sets = {
-        split: data.FixedBatches(
-            data.BatchSampler(streams[split], cfg.batch_size, block_size, cfg.seed, purpose), cfg.eval_iters
+        split: loader.FixedBatches(
+            loader.BatchSampler(streams[split], cfg.batch_size, block_size, cfg.seed, purpose), cfg.eval_iters
         )
-        for split, purpose in (("train", data.PURPOSE_EVAL_TRAIN), ("val", data.PURPOSE_EVAL_VAL))
+        for split, purpose in (("train", loader.PURPOSE_EVAL_TRAIN), ("val", loader.PURPOSE_EVAL_VAL))
     }
-    tasks = evaluation.TrainingTasks(cfg.eval_tasks, cfg.eval_tasks_interval, cfg.eval_tasks_limit, cfg.hellaswag_path,
-                                     meta["tokenizer"], cfg.batch_size, procs)  # fmt: skip
+    tasks = hellaswag.TrainingTasks(
+        cfg.eval_tasks,
+        cfg.eval_tasks_interval,
+        cfg.eval_tasks_limit,
+        cfg.hellaswag_path,
+        meta["tokenizer"],
+        cfg.batch_size,
+        procs,
+    )
 
     wandb = None
     if cfg.wandb_log:
@@ -286,12 +307,32 @@ def set_up(
     if procs.master and not cfg.eval_only:
         ckpt.remove_stale_temporaries(Path(cfg.out_dir))  # a run killed while saving leaves its temporary file behind
     peak = cfg.peak_flops or peak_flops_for_device(device, dtype)
-    run = Run(cfg, procs, device, meta, streams, model, wrapped, autocast(device, dtype), optimizer, average, scaler,
-              sampler, batches, eval_sets, tasks, log, peak)  # fmt: skip
+    run = Run(
+        cfg,
+        procs,
+        device,
+        meta,
+        streams,
+        model,
+        wrapped,
+        autocast(device, dtype),
+        optimizer,
+        average,
+        scaler,
+        sampler,
+        batches,
+        eval_sets,
+        tasks,
+        log,
+        peak,
+    )
     log.tokens_per_iter = run.tokens_per_iter
     dtype_name = str(dtype).removeprefix("torch.")
-    log.say(runlog.header_line(model.get_num_params(), str(device), dtype_name, procs.world_size,
-                               run.tokens_per_iter, str(data_dir)))  # fmt: skip
+    log.say(
+        runlog.header_line(
+            model.get_num_params(), str(device), dtype_name, procs.world_size, run.tokens_per_iter, str(data_dir)
+        )
+    )
     return run, LoopState.begin(iter_num, best_val_loss, device)
 
 
@@ -302,19 +343,19 @@ def evaluate(run: Run, iter_num: int) -> dict[str, Any]:
     """The mean loss on each split's fixed evaluation batches and val bits per byte, as a log.jsonl entry."""
     with run.average.applied():
         losses = {
-            split: training.mean_loss(run.wrapped, batches, run.precision, run.device, run.procs)
+            split: loop.mean_loss(run.wrapped, batches, run.precision, run.device, run.procs)
             for split, batches in run.eval_sets.items()
         }
-    val_bpb = data.bits_per_byte(losses["val"], run.meta["splits"]["val"])
+    val_bpb = loader.bits_per_byte(losses["val"], run.meta["splits"]["val"])
     return {"iter": iter_num, "train/loss": losses["train"], "val/loss": losses["val"], "val/bpb": val_bpb}
 
 
 def evaluate_full_split(run: Run) -> float:
     """The exact val loss over the whole val split (non-overlapping windows); prints it and returns it."""
-    windows = data.SplitWindows(run.streams["val"], run.model.config.block_size, run.cfg.batch_size)
+    windows = loader.SplitWindows(run.streams["val"], run.model.config.block_size, run.cfg.batch_size)
     with run.average.applied():
-        loss = training.mean_loss(run.wrapped, windows, run.precision, run.device, run.procs)
-    bpb = data.bits_per_byte(loss, run.meta["splits"]["val"])
+        loss = loop.mean_loss(run.wrapped, windows, run.precision, run.device, run.procs)
+    bpb = loader.bits_per_byte(loss, run.meta["splits"]["val"])
     run.log.say(runlog.full_split_line(len(run.streams["val"]), loss, bpb))
     return loss
 
@@ -348,7 +389,7 @@ def save_checkpoint_of_run(run: Run, state: LoopState, best: bool) -> str:
 def evaluate_and_save(run: Run, state: LoopState, at_end: bool) -> None:
     """Evaluate; save when the val loss improved (as best.pt too), when always_save_checkpoint, or at the end."""
     state.watch.lap()  # evaluation time is not training time
-    training.check_finite(state.first_bad_iter, run.device, run.procs, run.latest_path)
+    loop.check_finite(state.first_bad_iter, run.device, run.procs, run.latest_path)
     result = evaluate(run, state.iter_num)
     improved = result["val/loss"] < state.best_val_loss
     state.best_val_loss = min(state.best_val_loss, result["val/loss"])
@@ -360,7 +401,7 @@ def evaluate_and_save(run: Run, state: LoopState, at_end: bool) -> None:
         result.update(run.tasks.run(run.wrapped, state.iter_num, at_end, run.precision, run.log))
     run.log.record(result)
     enabled = run.cfg.curves and run.procs.master
-    state.curves_drawn_at = plotting.refresh_curves(run.cfg.out_dir, enabled, state.curves_drawn_at, at_end)
+    state.curves_drawn_at = curves.refresh_curves(run.cfg.out_dir, enabled, state.curves_drawn_at, at_end)
     state.last_eval = result
     state.watch.restart(state.iter_num)
 
@@ -372,15 +413,15 @@ def train_step(run: Run, state: LoopState) -> tuple[int, float]:
     """One optimizer step: this process's micro-batches of the global step, gradients synced on the last one.
     Returns the step's index and learning rate."""
     cfg, model, wrapped = run.cfg, run.model, run.wrapped
-    lr = training.learning_rate_at(state.iter_num, cfg)
-    training.set_learning_rate(run.optimizer, lr)
+    lr = loop.learning_rate_at(state.iter_num, cfg)
+    loop.set_learning_rate(run.optimizer, lr)
     first = run.sampler.position + run.procs.rank * run.accumulation
     for micro in range(run.accumulation):
         # This process's next batch: the following micro-batch, or the first of its group in the next step.
         upcoming = first + micro + 1 if micro < run.accumulation - 1 else first + cfg.gradient_accumulation_steps
         x, y = run.batches.get(first + micro, upcoming)
         # Dropout follows the data: seeded by the global micro-batch, whichever process draws it.
-        torch.manual_seed(training.seed_for(cfg.seed, training.DROPOUT_STREAM, first + micro))
+        torch.manual_seed(loop.seed_for(cfg.seed, loop.DROPOUT_STREAM, first + micro))
         with distributed.gradient_sync(wrapped, model, sync=micro == run.accumulation - 1):
             with run.precision:
                 _, loss = wrapped(x, y)
@@ -395,13 +436,13 @@ def train_step(run: Run, state: LoopState) -> tuple[int, float]:
     run.sampler.position += cfg.gradient_accumulation_steps
     step, state.iter_num = state.iter_num, state.iter_num + 1  # lines name the step by its index, as nanoGPT does
     run.average.update(state.iter_num)
-    state.first_bad_iter = training.note_non_finite(state.first_bad_iter, state.loss_sum, step)
+    state.first_bad_iter = loop.note_non_finite(state.first_bad_iter, state.loss_sum, step)
     return step, lr
 
 
 def log_progress(run: Run, state: LoopState, step: int, lr: float) -> None:
     """The training line of `step`: the loss averaged since the last line, learning rate, speed and MFU."""
-    training.check_finite(state.first_bad_iter, run.device, run.procs, run.latest_path)
+    loop.check_finite(state.first_bad_iter, run.device, run.procs, run.latest_path)
     cfg = run.cfg
     steps = state.iter_num - state.last_log_iter
     loss_total = distributed.reduce_numbers([state.loss_sum.item()], run.device, run.procs)[0]
@@ -439,7 +480,7 @@ def train(run: Run, state: LoopState, stop: StopRequest) -> int:
 
 def stop_and_save(run: Run, state: LoopState, stop: StopRequest) -> int:
     """After SIGINT/SIGTERM (in any process): save ckpt.pt and say how to continue."""
-    training.check_finite(state.first_bad_iter, run.device, run.procs, run.latest_path)
+    loop.check_finite(state.first_bad_iter, run.device, run.procs, run.latest_path)
     saved = save_checkpoint_of_run(run, state, best=False)
     run.log.say(runlog.stopped_line(stop.signal_name, state.iter_num, saved))
     run.log.close()

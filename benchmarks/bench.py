@@ -24,20 +24,20 @@ from pathlib import Path
 
 import torch
 
-from gptkit.compiled_decoding import CPU_COMPILE_OPTIONS
-from gptkit.cpu_decoding import onednn_linear_available, use_decoding_layout
-from gptkit.devices import resolve_device
-from gptkit.engine import generate_stream
-from gptkit.errors import UserError, run_cli
-from gptkit.native_decoding import NativeStep
-from gptkit.quantization import quantize_int8, replace_linears
-from gptkit.sampling import sample_next_token
-from gptkit.settings import parse_settings, setting, setting_list
+from gptkit.core.devices import resolve_device
+from gptkit.core.errors import UserError, run_cli
+from gptkit.core.settings import parse_settings, setting, setting_list
+from gptkit.infer.compiled import CPU_COMPILE_OPTIONS
+from gptkit.infer.engine import generate, generate_stream
+from gptkit.infer.native import NativeStep
+from gptkit.infer.next_token import sample_next_token
+from gptkit.infer.onednn import onednn_linear_available, optimize_for_cpu_decoding, use_decoding_layout
+from gptkit.model import GPT, GPTConfig
+from gptkit.weights.quantization import quantize_int8, replace_linears
 from measure import print_table, read_bandwidth, run_benchmark, time_paths
-from model import GPT, GPTConfig
 
 # ----------------------------------------------------------------------------------------------- sampling
-# generate: the documented call on a fresh model, `GPT(config).eval().generate(...)`, nothing else (the engine
+# generate: the documented call on a fresh model, `GPT(config).generate(eval(), ...)`, nothing else (the engine
 # applies the CPU fast path itself); cached: the same after an explicit optimize_for_cpu_decoding(), as before;
 # cached_plain: the engine with the fast path off; cached_bf16: bfloat16 weights; int8: int8 weights (--quantize=int8);
 # compiled, compiled_bf16, int8_compiled: the compiled step (float32, bfloat16, int8); native, native_bf16,
@@ -53,12 +53,35 @@ from model import GPT, GPTConfig
 # into, the very memory the native path reads. Where a buffer lies moved its speed by ~12% on a VM
 # (docs/benchmarks.md), so this is the native path's own ceiling at that moment. (No bfloat16 twin: torch's bfloat16
 # sum is slower than the native bfloat16 step itself.)
-SAMPLE_PATHS = ("generate", "cached", "cached_plain", "cached_bf16", "compiled", "compiled_bf16", "native",
-                "native_bf16", "native_int8", "int8", "int8_compiled", "no_products", "weights_read",
-                "weights_read_bf16", "native_read", "uncached", "hf")  # fmt: skip
+SAMPLE_PATHS = (
+    "generate",
+    "cached",
+    "cached_plain",
+    "cached_bf16",
+    "compiled",
+    "compiled_bf16",
+    "native",
+    "native_bf16",
+    "native_int8",
+    "int8",
+    "int8_compiled",
+    "no_products",
+    "weights_read",
+    "weights_read_bf16",
+    "native_read",
+    "uncached",
+    "hf",
+)
 # Bytes per weight a path reads in one decoding step (float32 elsewhere): the memory-speed bound's numerator.
-WEIGHT_BYTES = {"cached_bf16": 2, "compiled_bf16": 2, "native_bf16": 2, "native_int8": 1, "int8": 1,
-                "int8_compiled": 1, "weights_read_bf16": 2}  # fmt: skip
+WEIGHT_BYTES = {
+    "cached_bf16": 2,
+    "compiled_bf16": 2,
+    "native_bf16": 2,
+    "native_int8": 1,
+    "int8": 1,
+    "int8_compiled": 1,
+    "weights_read_bf16": 2,
+}
 NATIVE_PATHS = ("native", "native_bf16", "native_int8")
 COMPILED_PATHS = ("compiled", "compiled_bf16", "int8_compiled")
 READ_PATHS = ("weights_read", "weights_read_bf16", "native_read")
@@ -101,22 +124,37 @@ def run_sample_path(path: str, models: dict, prompt: torch.Tensor, top_k: int, n
         if path == "uncached":
             uncached_generate(models["plain"], prompt, new_tokens, top_k, generator)
         elif path == "cached_plain":
-            for _ in generate_stream(models["plain"], prompt, new_tokens, top_k=top_k, generator=generator,
-                                     cpu_fast_path=False):  # fmt: skip
+            for _ in generate_stream(
+                models["plain"], prompt, new_tokens, top_k=top_k, generator=generator, cpu_fast_path=False
+            ):
                 pass
         elif path in COMPILED_PATHS + NATIVE_PATHS:
-            for _ in generate_stream(models[path], prompt, new_tokens, top_k=top_k, generator=generator,
-                                     compiled=path in COMPILED_PATHS, native=path in NATIVE_PATHS):  # fmt: skip
+            for _ in generate_stream(
+                models[path],
+                prompt,
+                new_tokens,
+                top_k=top_k,
+                generator=generator,
+                compiled=path in COMPILED_PATHS,
+                native=path in NATIVE_PATHS,
+            ):
                 pass
         elif path == "native_read":
             read_every_weight([NativeStep.for_model(models[path], torch.float32).matrices], new_tokens)
         elif path in READ_PATHS:
             read_every_weight(step_weights(models[path]), new_tokens)
         elif path == "hf":
-            models["hf"].generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, top_k=top_k,
-                                  max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)  # fmt: skip
+            models["hf"].generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                do_sample=True,
+                top_k=top_k,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                pad_token_id=0,
+            )
         else:
-            models[path].generate(prompt, new_tokens, top_k=top_k, generator=generator)
+            generate(models[path], prompt, new_tokens, top_k=top_k, generator=generator)
 
 
 def step_weights(model: GPT) -> list[torch.Tensor]:
@@ -155,10 +193,17 @@ def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> 
     torch.manual_seed(0)
     plain = GPT(config).eval().to(device)  # the weights as nanoGPT stores them, for the uncached path
     models = {"plain": plain}
-    for path, dtype in (("generate", torch.float32), ("cached", torch.float32), ("cached_bf16", torch.bfloat16),
-                        ("compiled", torch.float32), ("compiled_bf16", torch.bfloat16), ("native", torch.float32),
-                        ("native_bf16", torch.bfloat16),
-                        ("weights_read", torch.float32), ("weights_read_bf16", torch.bfloat16)):  # fmt: skip
+    for path, dtype in (
+        ("generate", torch.float32),
+        ("cached", torch.float32),
+        ("cached_bf16", torch.bfloat16),
+        ("compiled", torch.float32),
+        ("compiled_bf16", torch.bfloat16),
+        ("native", torch.float32),
+        ("native_bf16", torch.bfloat16),
+        ("weights_read", torch.float32),
+        ("weights_read_bf16", torch.bfloat16),
+    ):
         if path in paths:  # copies: a second random initialisation of GPT-2 124M would take seconds
             models[path] = copy.deepcopy(plain).to(device, dtype)
     if "native_read" in paths:  # the native path's own model when it runs too: one packed buffer, read by both
@@ -169,13 +214,20 @@ def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> 
     if "no_products" in paths:
         models["no_products"] = without_products(copy.deepcopy(plain))
     if "cached" in models and device.type == "cpu":
-        models["cached"].optimize_for_cpu_decoding()  # the explicit call, as sample.py made it before the engine
+        optimize_for_cpu_decoding(models["cached"])  # the explicit call, as sample.py made it before the engine
     if "hf" in paths:
         import transformers
 
-        hf_config = transformers.GPT2Config(vocab_size=config.vocab_size, n_positions=config.block_size,
-                                            n_embd=config.n_embd, n_layer=config.n_layer, n_head=config.n_head,
-                                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+        hf_config = transformers.GPT2Config(
+            vocab_size=config.vocab_size,
+            n_positions=config.block_size,
+            n_embd=config.n_embd,
+            n_layer=config.n_layer,
+            n_head=config.n_head,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
         models["hf"] = transformers.GPT2LMHeadModel(hf_config).eval().to(device)
         models["hf"].load_state_dict(hf_state_from(plain), strict=False)
     return models
@@ -194,8 +246,9 @@ def add_memory_bound(rows: list[dict], models: dict) -> None:
     for row in rows:
         if row["batch"] == 1 and row["path"] not in ("uncached", "no_products") and row.get("read_gb_s"):
             weight_bytes = weights * WEIGHT_BYTES.get(row["path"], 4)
-            fractions = [row["new_tokens"] / run["seconds"] / (run["read_gb_s"] * 1e9 / weight_bytes)
-                         for run in row["runs"]]  # fmt: skip
+            fractions = [
+                row["new_tokens"] / run["seconds"] / (run["read_gb_s"] * 1e9 / weight_bytes) for run in row["runs"]
+            ]
             row["bound_tokens_per_s"] = round(row["read_gb_s"] * 1e9 / weight_bytes, 1)
             row["of_bound"] = round(statistics.median(fractions), 3)
             # no_products is the eager step: its rest says nothing of the compiled step, which fuses that work; a
@@ -218,15 +271,25 @@ def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict
     rows = []
     for batch in cfg.batch_sizes:
         prompt = torch.randint(0, config.vocab_size, (batch, cfg.prompt_tokens), device=device)
-        runs = {path: (partial(run_sample_path, path, models, prompt, cfg.top_k),
-                       cfg.uncached_new_tokens if path == "uncached" else cfg.new_tokens,
-                       cfg.uncached_repeats if path == "uncached" else cfg.repeats) for path in cfg.paths}  # fmt: skip
+        runs = {
+            path: (
+                partial(run_sample_path, path, models, prompt, cfg.top_k),
+                cfg.uncached_new_tokens if path == "uncached" else cfg.new_tokens,
+                cfg.uncached_repeats if path == "uncached" else cfg.repeats,
+            )
+            for path in cfg.paths
+        }
         # the bound is for batch 1 only (see add_memory_bound): no read to measure without it
         measure = partial(read_bandwidth, device, cfg.bandwidth_mb) if batch == 1 and cfg.bandwidth_mb else None
         for path, timed in time_paths(runs, measure).items():
             new_tokens, seconds = runs[path][1], statistics.median(run[0] for run in timed)
-            row = {"path": path, "batch": batch, "new_tokens": new_tokens, "seconds": round(seconds, 3),
-                   "tokens_per_s": round(batch * new_tokens / seconds, 1)}  # fmt: skip
+            row = {
+                "path": path,
+                "batch": batch,
+                "new_tokens": new_tokens,
+                "seconds": round(seconds, 3),
+                "tokens_per_s": round(batch * new_tokens / seconds, 1),
+            }
             if measure is not None:
                 row["read_gb_s"] = round(statistics.median(run[1] for run in timed) / 1e9, 2)
                 row["runs"] = [{"seconds": round(s, 6), "read_gb_s": round(speed / 1e9, 2)} for s, speed in timed]
@@ -239,17 +302,35 @@ def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict
             if (reference, row["batch"]) in by_key and row["path"] not in (reference, *READ_PATHS):
                 row[f"x_{reference}"] = round(row["tokens_per_s"] / by_key[(reference, row["batch"])], 2)
     add_memory_bound(rows, models)
-    print_table(rows, ["path", "batch", "new_tokens", "seconds", "tokens_per_s", "x_hf", "x_uncached", "x_generate",
-                       "read_gb_s", "bound_tokens_per_s", "of_bound", "products_ms", "products_gb_s"])  # fmt: skip
+    print_table(
+        rows,
+        [
+            "path",
+            "batch",
+            "new_tokens",
+            "seconds",
+            "tokens_per_s",
+            "x_hf",
+            "x_uncached",
+            "x_generate",
+            "read_gb_s",
+            "bound_tokens_per_s",
+            "of_bound",
+            "products_ms",
+            "products_gb_s",
+        ],
+    )
     return rows
 
 
 def print_read_speeds(rows: list[dict], megabytes: int) -> None:
     """The read speed the batch-1 runs were set against: the median of all of them, and their range."""
     speeds = [run["read_gb_s"] for row in rows if "runs" in row for run in row["runs"]]
-    print(f"memory read speed: {statistics.median(speeds):.3f} GB/s (median over the {len(speeds)} runs of the "
-          f"mean of a measure before and after each, every measure the best of 5 sums of {megabytes} MB; "
-          f"{min(speeds):.1f}-{max(speeds):.1f})")  # fmt: skip
+    print(
+        f"memory read speed: {statistics.median(speeds):.3f} GB/s (median over the {len(speeds)} runs of the "
+        f"mean of a measure before and after each, every measure the best of 5 sums of {megabytes} MB; "
+        f"{min(speeds):.1f}-{max(speeds):.1f})"
+    )
 
 
 @dataclass
@@ -265,8 +346,13 @@ class LinearBench:
 
 
 # The weight matrices (out, in) that decoding GPT-2 124M multiplies, once per layer or once per token.
-GPT2_DECODING_WEIGHTS = {"attn.c_attn": (2304, 768), "attn.c_proj": (768, 768), "mlp.c_fc": (3072, 768),
-                         "mlp.c_proj": (768, 3072), "lm_head": (50257, 768)}  # fmt: skip
+GPT2_DECODING_WEIGHTS = {
+    "attn.c_attn": (2304, 768),
+    "attn.c_proj": (768, 768),
+    "mlp.c_fc": (3072, 768),
+    "mlp.c_proj": (768, 3072),
+    "lm_head": (50257, 768),
+}
 
 
 def median_pass_seconds(layers: list[torch.nn.Module], batch: int, in_features: int, repeats: int) -> float:
@@ -290,7 +376,7 @@ class ProductsOfCopies(torch.nn.ModuleList):
 
 
 def compiled_products(layers: list[torch.nn.Module], x: torch.Tensor) -> Callable:
-    """ProductsOfCopies(layers) compiled as gptkit.compiled_decoding compiles a step (frozen weights), built on x."""
+    """ProductsOfCopies(layers) compiled as gptkit.infer.compiled compiles a step (frozen weights), built on x."""
     recompiles = torch._dynamo.config.patch(recompile_limit=64)  # each call's graph recompiles the one forward
     with torch._inductor.config.patch(freezing=True), recompiles, torch.inference_mode():
         compiled = torch.compile(ProductsOfCopies(layers), fullgraph=True, options=CPU_COMPILE_OPTIONS)
@@ -307,7 +393,7 @@ def compiled_gb_s(layers: list[torch.nn.Module], batch: int, weight_bytes: int, 
 
 def bench_linear(cfg: LinearBench) -> list[dict]:
     """Weight-streaming GB/s of a decoding step's products on CPU: float32 F.linear on the weights as stored and
-    transposed, gptkit.cpu_decoding's DecodingLinear, inductor's kernels (`compiled`), gptkit.quantization's int8
+    transposed, gptkit.infer.onednn's DecodingLinear, inductor's kernels (`compiled`), gptkit.weights.quantization's int8
     Linear, eager and compiled (of its int8 bytes); the fastest float32 one over the read speed of the same run."""
     unknown = sorted(set(cfg.weights) - set(GPT2_DECODING_WEIGHTS))
     if unknown:
@@ -353,7 +439,7 @@ def bench_linear(cfg: LinearBench) -> list[dict]:
 
 def hf_state_from(model: GPT) -> dict[str, torch.Tensor]:
     """Our weights under Hugging Face GPT-2 names (Conv1D weights transposed), so both run the same model."""
-    from gptkit.hf_gpt2 import CONV1D_WEIGHTS
+    from gptkit.weights.hf_gpt2 import CONV1D_WEIGHTS
 
     return {k: (v.t() if k.endswith(CONV1D_WEIGHTS) else v) for k, v in model.state_dict().items()}
 
@@ -394,11 +480,25 @@ def run_train(args: list[str], out_dir: str) -> tuple[float, dict]:
 def bench_train(cfg: TrainBench) -> list[dict]:
     rows = []
     for run in range(cfg.runs):
-        args = [cfg.config, f"--max_iters={cfg.iters}", "--eval_interval=1000000", "--eval_iters=1",
-                "--always_save_checkpoint=False", "--eval_full_split=False", *cfg.extra]  # fmt: skip
+        args = [
+            cfg.config,
+            f"--max_iters={cfg.iters}",
+            "--eval_interval=1000000",
+            "--eval_iters=1",
+            "--always_save_checkpoint=False",
+            "--eval_full_split=False",
+            *cfg.extra,
+        ]
         seconds, summary = run_train(args, str(Path(cfg.work_dir) / f"train_run{run}"))
-        rows.append({"config": cfg.config, "run": run, "wall_s": round(seconds, 1), "train_s": summary["train_seconds"],
-                     "tokens_per_s": summary["tokens_per_s"]})  # fmt: skip
+        rows.append(
+            {
+                "config": cfg.config,
+                "run": run,
+                "wall_s": round(seconds, 1),
+                "train_s": summary["train_seconds"],
+                "tokens_per_s": summary["tokens_per_s"],
+            }
+        )
     print_table(rows, list(rows[0]))
     return rows
 
@@ -409,17 +509,32 @@ class QualityBench:
     config: list[str] = setting_list(["config/train_shakespeare_char_cpu.py"], "recipes to run (repeat the flag)")
     runs: int = setting(3, "runs per recipe; medians are reported")
     extra: list[str] = setting_list([], "extra --key=value flags for every run")
-    nanogpt_dir: str = setting("", "a karpathy/nanoGPT checkout with data/shakespeare_char prepared (its prepare.py): "
-                               "its CPU recipe runs once first, and each recipe's time is also given as a fraction of "
-                               "its time ('' = no reference run)")  # fmt: skip
+    nanogpt_dir: str = setting(
+        "",
+        "a karpathy/nanoGPT checkout with data/shakespeare_char prepared (its prepare.py): "
+        "its CPU recipe runs once first, and each recipe's time is also given as a fraction of "
+        "its time ('' = no reference run)",
+    )
     work_dir: str = setting("bench_results", "where each run's out_dir goes")
     json_out: str = setting("bench_results/quality.json", "where to write the JSON results ('' = nowhere)")
 
 
 # nanoGPT's CPU recipe, as its README gives it for a laptop: 4 layers x 128, 64-character windows, 2000 AdamW steps.
-NANOGPT_CPU_RECIPE = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
-                      "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4",
-                      "--n_embd=128", "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]  # fmt: skip
+NANOGPT_CPU_RECIPE = [
+    "config/train_shakespeare_char.py",
+    "--device=cpu",
+    "--compile=False",
+    "--eval_iters=20",
+    "--log_interval=1",
+    "--block_size=64",
+    "--batch_size=12",
+    "--n_layer=4",
+    "--n_head=4",
+    "--n_embd=128",
+    "--max_iters=2000",
+    "--lr_decay_iters=2000",
+    "--dropout=0.0",
+]
 
 
 def run_nanogpt(directory: str) -> dict:
@@ -432,8 +547,12 @@ def run_nanogpt(directory: str) -> dict:
     if result.returncode != 0 or not losses:
         raise UserError(f"nanoGPT's train.py in {directory} failed ({last_error_line(result)}); prepare its data first")
     print(f"nanoGPT CPU recipe: {seconds:.1f} s wall, val loss (its 20-batch estimate) {losses[-1]}")
-    return {"config": "nanoGPT " + " ".join(NANOGPT_CPU_RECIPE), "runs": 1, "median_wall_s": round(seconds, 1),
-            "val_loss_estimate": float(losses[-1])}  # fmt: skip
+    return {
+        "config": "nanoGPT " + " ".join(NANOGPT_CPU_RECIPE),
+        "runs": 1,
+        "median_wall_s": round(seconds, 1),
+        "val_loss_estimate": float(losses[-1]),
+    }
 
 
 def bench_quality(cfg: QualityBench) -> list[dict]:
@@ -445,24 +564,41 @@ def bench_quality(cfg: QualityBench) -> list[dict]:
         for run in range(cfg.runs):
             out_dir = str(Path(cfg.work_dir) / f"quality_{Path(config).stem}_{run}")
             seconds, summary = run_train([config, "--eval_full_split=True", *cfg.extra], out_dir)
-            runs.append({"wall_s": round(seconds, 1), "val_loss_full": summary["val_loss_full"],
-                         "train_s": summary["train_seconds"]})  # fmt: skip
+            runs.append(
+                {
+                    "wall_s": round(seconds, 1),
+                    "val_loss_full": summary["val_loss_full"],
+                    "train_s": summary["train_seconds"],
+                }
+            )
             print(f"{config} run {run}: {seconds:.1f} s wall, full val loss {summary['val_loss_full']:.4f}")
-        rows.append({"config": config, "extra": " ".join(cfg.extra), "runs": cfg.runs,
-                     "median_wall_s": round(statistics.median(r["wall_s"] for r in runs), 1),
-                     "median_val_loss_full": round(statistics.median(r["val_loss_full"] for r in runs), 4),
-                     "all": runs})  # fmt: skip
+        rows.append(
+            {
+                "config": config,
+                "extra": " ".join(cfg.extra),
+                "runs": cfg.runs,
+                "median_wall_s": round(statistics.median(r["wall_s"] for r in runs), 1),
+                "median_val_loss_full": round(statistics.median(r["val_loss_full"] for r in runs), 4),
+                "all": runs,
+            }
+        )
     if reference:
         for row in rows:
             row["x_nanogpt_time"] = round(row["median_wall_s"] / reference["median_wall_s"], 3)
         rows.insert(0, reference)
-    print_table(rows, ["config", "extra", "runs", "median_wall_s", "median_val_loss_full", "val_loss_estimate",
-                       "x_nanogpt_time"])  # fmt: skip
+    print_table(
+        rows,
+        ["config", "extra", "runs", "median_wall_s", "median_val_loss_full", "val_loss_estimate", "x_nanogpt_time"],
+    )
     return rows
 
 
-COMMANDS = {"sample": (SampleBench, bench_sample), "linear": (LinearBench, bench_linear),
-            "train": (TrainBench, bench_train), "quality": (QualityBench, bench_quality)}  # fmt: skip
+COMMANDS = {
+    "sample": (SampleBench, bench_sample),
+    "linear": (LinearBench, bench_linear),
+    "train": (TrainBench, bench_train),
+    "quality": (QualityBench, bench_quality),
+}
 
 
 def main(argv: list[str]) -> int:

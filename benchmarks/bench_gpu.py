@@ -25,12 +25,12 @@ import numpy as np
 import torch
 
 from bench import SampleBench, bench_sample, run_train
-from gptkit.devices import peak_flops_for_device, resolve_device
-from gptkit.errors import UserError, run_cli
-from gptkit.settings import parse_settings, setting, setting_list
-from gptkit.tokenizer import GPT2_VOCAB_SIZE, padded_vocab_size, write_meta
+from gptkit.core.devices import peak_flops_for_device, resolve_device
+from gptkit.core.errors import UserError, run_cli
+from gptkit.core.settings import parse_settings, setting, setting_list
+from gptkit.data.tokenizer import GPT2_VOCAB_SIZE, padded_vocab_size, write_meta
+from gptkit.model import GPT, GPTConfig
 from measure import GPT2_124M, SMOKE_MODEL, machine_description, print_table, synchronize, write_results
-from model import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -92,9 +92,19 @@ def random_token_data(directory: Path, tokens: int) -> Path:
     for split, count in (("train", tokens), ("val", max(tokens // 10, 4096))):
         rng.integers(0, GPT2_VOCAB_SIZE, size=count, dtype=np.uint16).tofile(directory / f"{split}.bin")
         splits[split] = {"files": [f"{split}.bin"], "tokens": count, "text_bytes": 0, "documents": 1}
-    write_meta(directory, {"format": "gpt-tokens", "version": 1, "tokenizer": {"kind": "tiktoken", "encoding": "gpt2"},
-                           "vocab_size": GPT2_VOCAB_SIZE, "dtype": "uint16", "eot_token": None, "splits": splits,
-                           "source": {"benchmark": "random tokens"}})  # fmt: skip
+    write_meta(
+        directory,
+        {
+            "format": "gpt-tokens",
+            "version": 1,
+            "tokenizer": {"kind": "tiktoken", "encoding": "gpt2"},
+            "vocab_size": GPT2_VOCAB_SIZE,
+            "dtype": "uint16",
+            "eot_token": None,
+            "splits": splits,
+            "source": {"benchmark": "random tokens"},
+        },
+    )
     return directory
 
 
@@ -102,11 +112,28 @@ def training_throughput(cfg: GpuBench, device: torch.device, shape: dict, measur
     """train.py on random tokens: median tokens/s after the warm-up steps, and MFU against both peaks."""
     tokens = cfg.batch_size * shape["block_size"] * cfg.accumulation * (cfg.train_iters + 2)
     data_dir = random_token_data(Path(cfg.work_dir) / "random_tokens", tokens)
-    settings = {**shape, "data_dir": data_dir, "device": device, "dtype": "bfloat16", "compile": cfg.compile,
-                "attention": "sdpa", "bias": True, "pad_vocab": True, "dropout": 0.0, "batch_size": cfg.batch_size,
-                "gradient_accumulation_steps": cfg.accumulation, "max_iters": cfg.train_iters,
-                "eval_interval": 10**9, "eval_iters": 1, "log_interval": 1, "always_save_checkpoint": False,
-                "eval_full_split": False, "learning_rate": 6e-4, "warmup_iters": 0, "curves": False}  # fmt: skip
+    settings = {
+        **shape,
+        "data_dir": data_dir,
+        "device": device,
+        "dtype": "bfloat16",
+        "compile": cfg.compile,
+        "attention": "sdpa",
+        "bias": True,
+        "pad_vocab": True,
+        "dropout": 0.0,
+        "batch_size": cfg.batch_size,
+        "gradient_accumulation_steps": cfg.accumulation,
+        "max_iters": cfg.train_iters,
+        "eval_interval": 10**9,
+        "eval_iters": 1,
+        "log_interval": 1,
+        "always_save_checkpoint": False,
+        "eval_full_split": False,
+        "learning_rate": 6e-4,
+        "warmup_iters": 0,
+        "curves": False,
+    }
     out_dir = Path(cfg.work_dir) / "throughput_run"
     seconds, _ = run_train([f"--{key}={value}" for key, value in settings.items()], str(out_dir))
     log = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
@@ -116,30 +143,52 @@ def training_throughput(cfg: GpuBench, device: torch.device, shape: dict, measur
     flops_per_token = GPT(GPTConfig(**shape, vocab_size=vocab, bias=True)).flops_per_token()
     datasheet = peak_flops_for_device(device, torch.bfloat16)
     achieved = tokens_per_s * flops_per_token
-    return {"section": "train", "model": "x".join(str(shape[k]) for k in ("n_layer", "n_embd", "block_size")),
-            "batch_size": cfg.batch_size, "accumulation": cfg.accumulation, "compile": cfg.compile,
-            "tokens_per_s": round(tokens_per_s), "achieved_tflops": round(achieved / 1e12, 2),
-            "mfu_datasheet": round(achieved / datasheet, 4) if datasheet else None,
-            "mfu_measured_peak": round(achieved / measured_peak, 4), "wall_s": round(seconds, 1)}  # fmt: skip
+    return {
+        "section": "train",
+        "model": "x".join(str(shape[k]) for k in ("n_layer", "n_embd", "block_size")),
+        "batch_size": cfg.batch_size,
+        "accumulation": cfg.accumulation,
+        "compile": cfg.compile,
+        "tokens_per_s": round(tokens_per_s),
+        "achieved_tflops": round(achieved / 1e12, 2),
+        "mfu_datasheet": round(achieved / datasheet, 4) if datasheet else None,
+        "mfu_measured_peak": round(achieved / measured_peak, 4),
+        "wall_s": round(seconds, 1),
+    }
 
 
 def time_to_quality(cfg: GpuBench, device: torch.device) -> dict:
     """The char recipe, whole command: wall time and whole-val-split loss (nanoGPT: ~3 min on an A100, 1.4697)."""
     if cfg.prepare_char:
-        result = subprocess.run([sys.executable, str(REPO / "prepare_data" / "shakespeare_char.py")], cwd=REPO,
-                                capture_output=True, text=True)  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, str(REPO / "prepare_data" / "shakespeare_char.py")],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
         if result.returncode != 0:
             raise UserError(f"prepare_data/shakespeare_char.py failed: {result.stderr.strip()[-300:]}")
     args = [cfg.char_config, f"--device={device}", "--eval_full_split=True", *cfg.char_extra]
     seconds, summary = run_train(args, str(Path(cfg.work_dir) / "char_run"))
-    return {"section": "shakespeare_char", "config": cfg.char_config, "extra": " ".join(cfg.char_extra),
-            "wall_s": round(seconds, 1), "val_loss_full": summary["val_loss_full"]}  # fmt: skip
+    return {
+        "section": "shakespeare_char",
+        "config": cfg.char_config,
+        "extra": " ".join(cfg.char_extra),
+        "wall_s": round(seconds, 1),
+        "val_loss_full": summary["val_loss_full"],
+    }
 
 
 def sampling(cfg: GpuBench, shape: dict) -> list[dict]:
     """Tokens/s of our generate (float32 and bfloat16) against Hugging Face generate, same weights, same device."""
-    settings = SampleBench(repeats=1 if cfg.smoke else 3, batch_sizes=cfg.sample_batches, new_tokens=cfg.sample_tokens,
-                           paths=["generate", "cached_bf16", "hf"], device=cfg.device, json_out="")  # fmt: skip
+    settings = SampleBench(
+        repeats=1 if cfg.smoke else 3,
+        batch_sizes=cfg.sample_batches,
+        new_tokens=cfg.sample_tokens,
+        paths=["generate", "cached_bf16", "hf"],
+        device=cfg.device,
+        json_out="",
+    )
     rows = bench_sample(settings, GPTConfig(**shape, vocab_size=GPT2_VOCAB_SIZE, bias=True, dropout=0.0))
     return [{"section": "sample", **row} for row in rows]
 
@@ -152,8 +201,14 @@ def bench_gpu(cfg: GpuBench) -> list[dict]:
     rows = [cuda_tests()] if cfg.tests else []
     peak = matmul_peak(device, 256 if cfg.smoke else cfg.matmul_size)
     datasheet = peak_flops_for_device(device, torch.bfloat16)
-    rows.append({"section": "matmul_peak", "dtype": "bfloat16", "tflops": round(peak / 1e12, 3),
-                 "datasheet_tflops": datasheet / 1e12 if datasheet else None})  # fmt: skip
+    rows.append(
+        {
+            "section": "matmul_peak",
+            "dtype": "bfloat16",
+            "tflops": round(peak / 1e12, 3),
+            "datasheet_tflops": datasheet / 1e12 if datasheet else None,
+        }
+    )
     rows.append(training_throughput(cfg, device, shape, peak))
     print_table(
         rows[-2:], ["section", "tflops", "datasheet_tflops", "tokens_per_s", "mfu_datasheet", "mfu_measured_peak"]

@@ -33,10 +33,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptkit.errors import UserError, run_cli
-from gptkit.fileio import atomic_write_json
-from gptkit.prepare.settings import default_num_workers
-from gptkit.settings import parse_settings, setting
+from gptkit.core.errors import UserError, run_cli
+from gptkit.core.fileio import atomic_write_json
+from gptkit.core.settings import parse_settings, setting
+from gptkit.data.prepare.settings import default_num_workers
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_SOURCE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"

@@ -28,12 +28,12 @@ from pathlib import Path
 
 import torch
 
-from gptkit.checkpoint import save_checkpoint
-from gptkit.errors import UserError, run_cli
-from gptkit.settings import parse_settings, setting
-from gptkit.tokenizer import make_tokenizer
+from gptkit.core.errors import UserError, run_cli
+from gptkit.core.settings import parse_settings, setting
+from gptkit.data.tokenizer import make_tokenizer
+from gptkit.model import GPT, GPTConfig, config_to_dict
+from gptkit.weights.checkpoint import save_checkpoint
 from measure import print_table, run_benchmark
-from model import GPT, GPTConfig, config_to_dict
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPT = "The history of the city begins with a small settlement on the river, where traders met"
@@ -62,13 +62,19 @@ def write_model(cfg: ServeBench) -> Path:
     """A random model of the benchmark's shape, saved as a checkpoint that records GPT-2's BPE tokenizer."""
     tokenizer = make_tokenizer("gpt2")
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=tokenizer.vocab_size, n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
-                       block_size=cfg.block_size)  # fmt: skip
+    config = GPTConfig(
+        vocab_size=tokenizer.vocab_size,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        n_embd=cfg.n_embd,
+        block_size=cfg.block_size,
+    )
     model = GPT(config)
     out_dir = Path(cfg.work_dir)
     record = {**tokenizer.to_meta(), "vocab_size": tokenizer.vocab_size, "eot_token": tokenizer.eot_token}
-    save_checkpoint(out_dir / "ckpt.pt", {"model": model.state_dict(), "model_args": config_to_dict(config),
-                                          "tokenizer": record})  # fmt: skip
+    save_checkpoint(
+        out_dir / "ckpt.pt", {"model": model.state_dict(), "model_args": config_to_dict(config), "tokenizer": record}
+    )
     return out_dir
 
 
@@ -82,10 +88,18 @@ def free_port() -> int:
 def running_server(cfg: ServeBench, out_dir: Path) -> Iterator[int]:
     """serve.py on a free loopback port, for the block; yields the port. Its output goes to work_dir/server.log."""
     port = free_port()
-    command = [sys.executable, str(REPO / "serve.py"), f"--out_dir={out_dir}", f"--port={port}",
-               f"--device={cfg.device}", f"--threads={cfg.threads}", f"--slots={cfg.clients}", "--model_name=bench",
-               "--access_log=False",
-               f"--max_tokens={max(cfg.new_tokens, cfg.probe_tokens)}"]  # fmt: skip
+    command = [
+        sys.executable,
+        str(REPO / "serve.py"),
+        f"--out_dir={out_dir}",
+        f"--port={port}",
+        f"--device={cfg.device}",
+        f"--threads={cfg.threads}",
+        f"--slots={cfg.clients}",
+        "--model_name=bench",
+        "--access_log=False",
+        f"--max_tokens={max(cfg.new_tokens, cfg.probe_tokens)}",
+    ]
     with open(out_dir / "server.log", "w") as log:
         server = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -115,8 +129,16 @@ def health(port: int) -> dict | None:
 
 def stream(port: int, max_tokens: int, seed: int, cfg: ServeBench, first: threading.Event | None = None) -> dict:
     """One streamed completion; returns its completion tokens, time to the first text and total seconds."""
-    body = {"model": "bench", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": cfg.temperature,
-            "top_k": cfg.top_k, "seed": seed, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": "bench",
+        "prompt": PROMPT,
+        "max_tokens": max_tokens,
+        "temperature": cfg.temperature,
+        "top_k": cfg.top_k,
+        "seed": seed,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start = time.perf_counter()
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
@@ -138,16 +160,21 @@ def stream(port: int, max_tokens: int, seed: int, cfg: ServeBench, first: thread
     return {"tokens": tokens, "ttft_s": ttft, "seconds": time.perf_counter() - start}
 
 
-def concurrently(port: int, cfg: ServeBench, seeds: list[int], firsts: list[threading.Event] | None = None,
-                 ) -> tuple[list[dict], list[threading.Thread]]:  # fmt: skip
+def concurrently(
+    port: int,
+    cfg: ServeBench,
+    seeds: list[int],
+    firsts: list[threading.Event] | None = None,
+) -> tuple[list[dict], list[threading.Thread]]:
     """Start one client thread per seed; returns the list their results land in, and the threads."""
     results: list[dict] = []
 
     def client(seed: int, first: threading.Event | None) -> None:
         results.append(stream(port, cfg.new_tokens, seed, cfg, first))
 
-    threads = [threading.Thread(target=client, args=(seed, firsts[i] if firsts else None))
-               for i, seed in enumerate(seeds)]  # fmt: skip
+    threads = [
+        threading.Thread(target=client, args=(seed, firsts[i] if firsts else None)) for i, seed in enumerate(seeds)
+    ]
     for thread in threads:
         thread.start()
     return results, threads
@@ -158,10 +185,15 @@ def phase_row(mode: str, runs: list[tuple[list[dict], float]]) -> dict:
     each round's own figure is listed too."""
     results = [r for round_results, _ in runs for r in round_results]
     tokens, seconds = sum(r["tokens"] for r in results), sum(s for _, s in runs)
-    return {"mode": mode, "requests": len(results), "tokens": tokens, "seconds": round(seconds, 3),
-            "tokens_per_s": round(tokens / seconds, 1),
-            "rounds_tokens_per_s": [round(sum(r["tokens"] for r in rs) / s, 1) for rs, s in runs],
-            "median_ttft_ms": round(1000 * statistics.median(r["ttft_s"] for r in results), 1)}  # fmt: skip
+    return {
+        "mode": mode,
+        "requests": len(results),
+        "tokens": tokens,
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(tokens / seconds, 1),
+        "rounds_tokens_per_s": [round(sum(r["tokens"] for r in rs) / s, 1) for rs, s in runs],
+        "median_ttft_ms": round(1000 * statistics.median(r["ttft_s"] for r in results), 1),
+    }
 
 
 def timed(function, *args) -> tuple[list[dict], float]:
@@ -185,8 +217,13 @@ def measure(port: int, cfg: ServeBench) -> list[dict]:
     rows = [phase_row("one at a time", alone), phase_row(f"{cfg.clients} concurrent", together)]
     rows[-1]["x_one_at_a_time"] = round(rows[-1]["tokens_per_s"] / rows[0]["tokens_per_s"], 2)
     idle = [stream(port, cfg.probe_tokens, 1000 + i, cfg)["ttft_s"] for i in range(cfg.probes)]
-    rows.append({"mode": "first token, idle server", "requests": cfg.probes,
-                 "median_ttft_ms": round(1000 * statistics.median(idle), 1)})  # fmt: skip
+    rows.append(
+        {
+            "mode": "first token, idle server",
+            "requests": cfg.probes,
+            "median_ttft_ms": round(1000 * statistics.median(idle), 1),
+        }
+    )
     firsts = [threading.Event() for _ in range(cfg.clients - 1)]
     _, threads = concurrently(port, cfg, list(range(100, 100 + cfg.clients - 1)), firsts)
     for first in firsts:
@@ -197,10 +234,15 @@ def measure(port: int, cfg: ServeBench) -> list[dict]:
         busy.append((stream(port, cfg.probe_tokens, 2000 + i, cfg)["ttft_s"], active))
     for thread in threads:
         thread.join()
-    rows.append({"mode": f"first token, {cfg.clients - 1} others decoding", "requests": cfg.probes,
-                 "median_ttft_ms": round(1000 * statistics.median(t for t, _ in busy), 1),
-                 "all_ttft_ms": [round(1000 * t, 1) for t, _ in busy],
-                 "decoding_when_sent": [active for _, active in busy]})  # fmt: skip
+    rows.append(
+        {
+            "mode": f"first token, {cfg.clients - 1} others decoding",
+            "requests": cfg.probes,
+            "median_ttft_ms": round(1000 * statistics.median(t for t, _ in busy), 1),
+            "all_ttft_ms": [round(1000 * t, 1) for t, _ in busy],
+            "decoding_when_sent": [active for _, active in busy],
+        }
+    )
     return rows
 
 

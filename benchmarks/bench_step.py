@@ -2,7 +2,7 @@
 
     python benchmarks/bench_step.py [--dtype=float32|bfloat16|int8 --tokens=64 --json_out=bench_results/step.json]
 
-The step is the one `sample.py --compile=True` runs (gptkit.compiled_decoding, driven by the engine with top-k
+The step is the one `sample.py --compile=True` runs (gptkit.infer.compiled, driven by the engine with top-k
 sampling) on a GPT-2 124M-shaped model with random weights, one row. Inductor's kernel profiling puts a profiler
 record in each C++ kernel it generates, and a matrix product's kernel is named after its shape (gemm_m{rows}n{out}
 k{in}), so torch.profiler splits a token's time into:
@@ -27,12 +27,12 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from gptkit.engine import generate_stream
-from gptkit.errors import UserError, run_cli
-from gptkit.quantization import quantize_int8
-from gptkit.settings import parse_settings, setting
+from gptkit.core.errors import UserError, run_cli
+from gptkit.core.settings import parse_settings, setting
+from gptkit.infer.engine import generate_stream
+from gptkit.model import GPT, GPTConfig
+from gptkit.weights.quantization import quantize_int8
 from measure import print_table, read_bandwidth, run_benchmark
-from model import GPT, GPTConfig
 
 WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "int8": 1}  # int8: one bfloat16 scale per row besides, not counted
 PRODUCT_KERNEL = re.compile(r"gemm_m(\d+)n(\d+)k(\d+)")  # inductor's name for the kernel of a (rows x in) @ (in x out)
@@ -52,8 +52,9 @@ class StepBench:
     n_head: int = setting(12, "model shape: heads (12)", rule="positive")
     n_embd: int = setting(768, "model shape: width (768)", rule="positive")
     vocab_size: int = setting(50257, "model shape: vocabulary (50257)", rule="positive")
-    bandwidth_mb: int = setting(1024, "megabytes read to measure the memory read speed (0 = skip it)",
-                                rule="non_negative")  # fmt: skip
+    bandwidth_mb: int = setting(
+        1024, "megabytes read to measure the memory read speed (0 = skip it)", rule="non_negative"
+    )
     json_out: str = setting("bench_results/step.json", "where to write the JSON results ('' = nowhere)")
 
 
@@ -71,8 +72,9 @@ def decode(model: GPT, tokens: int, top_k: int) -> float:
     generator = torch.Generator().manual_seed(0)
     start = time.perf_counter()
     with torch.inference_mode():
-        for _ in generate_stream(model, torch.zeros(1, 1, dtype=torch.long), tokens, top_k=top_k,
-                                 generator=generator, compiled=True):  # fmt: skip
+        for _ in generate_stream(
+            model, torch.zeros(1, 1, dtype=torch.long), tokens, top_k=top_k, generator=generator, compiled=True
+        ):
             pass
     return time.perf_counter() - start
 
@@ -86,8 +88,10 @@ def profiled_events(model: GPT, cfg: StepBench) -> tuple[dict[str, tuple[int, fl
     unprofiled = decode(model, cfg.tokens, cfg.top_k)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         profiled = decode(model, cfg.tokens, cfg.top_k)
-    events = {event.key: (event.count, event.self_cpu_time_total / 1e3, event.cpu_time_total / 1e3)
-              for event in prof.key_averages()}  # fmt: skip
+    events = {
+        event.key: (event.count, event.self_cpu_time_total / 1e3, event.cpu_time_total / 1e3)
+        for event in prof.key_averages()
+    }
     return events, profiled, unprofiled
 
 
@@ -95,13 +99,16 @@ def event_total(events: dict[str, tuple[int, float, float]], prefix: str) -> flo
     """Total ms of the events named `prefix`...; UserError when there are none (the names are torch's own)."""
     found = [total for key, (_, _, total) in events.items() if key.startswith(prefix)]
     if not found:
-        raise UserError(f"torch.profiler recorded no {prefix!r} event; this benchmark reads the event names of "
-                        f"torch 2.13, and this is torch {torch.__version__}")  # fmt: skip
+        raise UserError(
+            f"torch.profiler recorded no {prefix!r} event; this benchmark reads the event names of "
+            f"torch 2.13, and this is torch {torch.__version__}"
+        )
     return sum(found)
 
 
-def step_rows(events: dict[str, tuple[int, float, float]], profiled_s: float, cfg: StepBench,
-              read_speed: float | None) -> list[dict]:  # fmt: skip
+def step_rows(
+    events: dict[str, tuple[int, float, float]], profiled_s: float, cfg: StepBench, read_speed: float | None
+) -> list[dict]:
     """One row per product shape, then the rest of the step, each per token; see the module's docstring."""
     per_token = 1 / cfg.tokens
     products: dict[str, list] = {}  # part: [weights (out x in) per call, calls, self ms]
@@ -124,16 +131,23 @@ def step_rows(events: dict[str, tuple[int, float, float]], profiled_s: float, cf
     for part, (weights, calls, ms) in sorted(products.items()):
         times = 1 if part == INT8_BLOCKS_PART else calls * per_token  # a product row's weights are per call
         weight_bytes, ms_per_token = weights * WEIGHT_BYTES[cfg.dtype] * times, ms * per_token
-        row = {"part": part, "calls": round(calls * per_token, 2), "ms": round(ms_per_token, 3),
-               "gb_s": round(weight_bytes / ms_per_token / 1e6, 1)}  # fmt: skip
+        row = {
+            "part": part,
+            "calls": round(calls * per_token, 2),
+            "ms": round(ms_per_token, 3),
+            "gb_s": round(weight_bytes / ms_per_token / 1e6, 1),
+        }
         if read_speed:
             row["of_read_speed"] = round(weight_bytes / ms_per_token / 1e6 / (read_speed / 1e9), 3)
         rows.append(row)
     wrapper_ms, region_ms = event_total(events, WRAPPER_EVENT), event_total(events, REGION_EVENT)
     guards_ms = event_total(events, GUARDS_EVENT)
-    rest = {"other kernels (attention, norms)": other_kernels_ms, "graph wrapper (between kernels)":
-            wrapper_ms - kernels_ms, "entering the graph (guards, call)": region_ms - wrapper_ms + guards_ms,
-            "outside the graph (inputs, sampling, engine)": profiled_s * 1e3 - region_ms - guards_ms}  # fmt: skip
+    rest = {
+        "other kernels (attention, norms)": other_kernels_ms,
+        "graph wrapper (between kernels)": wrapper_ms - kernels_ms,
+        "entering the graph (guards, call)": region_ms - wrapper_ms + guards_ms,
+        "outside the graph (inputs, sampling, engine)": profiled_s * 1e3 - region_ms - guards_ms,
+    }
     rows += [{"part": part, "ms": round(ms * per_token, 3)} for part, ms in rest.items()]
     total = profiled_s * 1e3 * per_token
     for row in rows:

@@ -34,10 +34,10 @@ from pathlib import Path
 import tiktoken
 
 from bench_prepare import run_measured
-from gptkit import tokenizer as tok
-from gptkit.errors import UserError, run_cli
-from gptkit.fileio import atomic_write_json
-from gptkit.settings import parse_settings, setting, setting_list
+from gptkit.core.errors import UserError, run_cli
+from gptkit.core.fileio import atomic_write_json
+from gptkit.core.settings import parse_settings, setting, setting_list
+from gptkit.data import tokenizer as tok
 from measure import cpu_name
 
 REPO = Path(__file__).resolve().parent.parent
@@ -102,25 +102,33 @@ def train_tokenizers(cfg: TokenizerBench, train_dir: Path, work: Path) -> list[d
     rows = []
     for vocab_size in cfg.vocab_sizes:
         out_dir = work / f"tok_{vocab_size}"
-        command = [sys.executable, str(REPO / "prepare_data" / "train_tokenizer.py"), f"--input={train_dir}",
-                   f"--vocab_size={vocab_size}", f"--out_dir={out_dir}",
-                   f"--val_fraction={cfg.val_fraction}", "--on_decode_error=skip"]  # fmt: skip
+        command = [
+            sys.executable,
+            str(REPO / "prepare_data" / "train_tokenizer.py"),
+            f"--input={train_dir}",
+            f"--vocab_size={vocab_size}",
+            f"--out_dir={out_dir}",
+            f"--val_fraction={cfg.val_fraction}",
+            "--on_decode_error=skip",
+        ]
         load_before = os.getloadavg()[0]
         run = run_measured(command, work / "train_tokenizer.log")
         training = json.loads((out_dir / "tokenizer.json").read_text())["training"]
-        rows.append({
-            "vocab_size": vocab_size,
-            "dir": str(out_dir),
-            "input_mb": round(training["input_bytes"] / 1e6, 2),
-            "trained_text_mb": round(training["text_bytes"] / 1e6, 2),
-            "wall_s": round(run.seconds, 2),
-            "trainer_s": training["seconds"],
-            "cpu_s": round(run.cpu_seconds, 2),
-            "mb_per_s": round(training["input_bytes"] / 1e6 / run.seconds, 2),
-            "peak_rss_mb": round(run.max_rss_bytes / 2**20, 1),
-            "tiktoken_check": training["tiktoken_check"],
-            "load_avg_1m_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-        })  # fmt: skip
+        rows.append(
+            {
+                "vocab_size": vocab_size,
+                "dir": str(out_dir),
+                "input_mb": round(training["input_bytes"] / 1e6, 2),
+                "trained_text_mb": round(training["text_bytes"] / 1e6, 2),
+                "wall_s": round(run.seconds, 2),
+                "trainer_s": training["seconds"],
+                "cpu_s": round(run.cpu_seconds, 2),
+                "mb_per_s": round(training["input_bytes"] / 1e6 / run.seconds, 2),
+                "peak_rss_mb": round(run.max_rss_bytes / 2**20, 1),
+                "tiktoken_check": training["tiktoken_check"],
+                "load_avg_1m_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            }
+        )
     return rows
 
 
@@ -136,9 +144,16 @@ def compression(held_out: list[Path], tokenizers: dict[str, tok.Tokenizer]) -> l
     rows = []
     for name, tokenizer in tokenizers.items():
         tokens = sum(len(tokenizer.encode(text)) for text in texts)
-        rows.append({"tokenizer": name, "vocab_size": tokenizer.vocab_size, "held_out_files": len(texts),
-                     "held_out_mb": round(text_bytes / 1e6, 2), "tokens": tokens,
-                     "bytes_per_token": round(text_bytes / tokens, 3)})  # fmt: skip
+        rows.append(
+            {
+                "tokenizer": name,
+                "vocab_size": tokenizer.vocab_size,
+                "held_out_files": len(texts),
+                "held_out_mb": round(text_bytes / 1e6, 2),
+                "tokens": tokens,
+                "bytes_per_token": round(text_bytes / tokens, 3),
+            }
+        )
     return rows
 
 
@@ -155,9 +170,16 @@ def reference_tokenizers() -> dict[str, tok.Tokenizer]:
 
 def prepare(train_dir: Path, tokenizer: str, data_dir: Path, cfg: TokenizerBench, work: Path) -> dict:
     """corpus.py on the training folder; returns the val split's entry of meta.json."""
-    command = [sys.executable, str(REPO / "prepare_data" / "corpus.py"), f"--input={train_dir}",
-               f"--tokenizer={tokenizer}", f"--out_dir={data_dir}", f"--val_fraction={cfg.val_fraction}",
-               f"--block_size={cfg.block_size}", "--on_decode_error=skip"]  # fmt: skip
+    command = [
+        sys.executable,
+        str(REPO / "prepare_data" / "corpus.py"),
+        f"--input={train_dir}",
+        f"--tokenizer={tokenizer}",
+        f"--out_dir={data_dir}",
+        f"--val_fraction={cfg.val_fraction}",
+        f"--block_size={cfg.block_size}",
+        "--on_decode_error=skip",
+    ]
     run_measured(command, work / "corpus.log")
     return json.loads((data_dir / "meta.json").read_text())["splits"]["val"]
 
@@ -167,14 +189,35 @@ def train_model(
 ) -> dict:
     """train.py, the CPU recipe's optimizer and positions at the benchmark's size; returns summary.json."""
     settings = {
-        "data_dir": data_dir, "out_dir": out_dir, "overwrite": True, "device": "cpu", "dtype": "float32",
-        "compile": False, "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_embd": cfg.n_embd,
-        "block_size": cfg.block_size, "batch_size": cfg.batch_size, "gradient_accumulation_steps": 1,
-        "max_iters": iters, "lr_decay_iters": iters, "warmup_iters": min(30, iters // 10), "eval_interval": iters,
-        "eval_iters": 1, "log_interval": log_every, "eval_full_split": full_split, "optimizer": "muon",
-        "pos_encoding": "rope", "qk_norm": True, "learning_rate": 3e-3, "min_lr": 3e-4, "beta2": 0.99,
-        "always_save_checkpoint": False, "cpu_threads": cfg.cpu_threads, "curves": False,  # timed: no pictures
-    }  # fmt: skip
+        "data_dir": data_dir,
+        "out_dir": out_dir,
+        "overwrite": True,
+        "device": "cpu",
+        "dtype": "float32",
+        "compile": False,
+        "n_layer": cfg.n_layer,
+        "n_head": cfg.n_head,
+        "n_embd": cfg.n_embd,
+        "block_size": cfg.block_size,
+        "batch_size": cfg.batch_size,
+        "gradient_accumulation_steps": 1,
+        "max_iters": iters,
+        "lr_decay_iters": iters,
+        "warmup_iters": min(30, iters // 10),
+        "eval_interval": iters,
+        "eval_iters": 1,
+        "log_interval": log_every,
+        "eval_full_split": full_split,
+        "optimizer": "muon",
+        "pos_encoding": "rope",
+        "qk_norm": True,
+        "learning_rate": 3e-3,
+        "min_lr": 3e-4,
+        "beta2": 0.99,
+        "always_save_checkpoint": False,
+        "cpu_threads": cfg.cpu_threads,
+        "curves": False,  # timed: no pictures
+    }
     command = [sys.executable, str(REPO / "train.py"), *(f"--{key}={value}" for key, value in settings.items())]
     run_measured(command, out_dir.parent / f"{out_dir.name}.log")
     return json.loads((out_dir / "summary.json").read_text())
@@ -197,13 +240,19 @@ def what_it_buys(cfg: TokenizerBench, train_dir: Path, tokenizer_dir: str, work:
         bpb = summary["val_loss_full"] / math.log(2) * val["tokens"] / val["text_bytes"]
         if cfg.seconds > 0 and abs(summary["train_seconds"] / cfg.seconds - 1) > 0.25:
             print(f"warning: {name} trained {summary['train_seconds']:.0f} s, not {cfg.seconds:.0f} (other load?)")
-        rows.append({
-            "tokenizer": name, "iters": iters, "train_s": summary["train_seconds"],
-            "tokens_per_s": summary["tokens_per_s"], "val_tokens": val["tokens"],
-            "val_mb": round(val["text_bytes"] / 1e6, 3),
-            "val_loss_per_token": round(summary["val_loss_full"], 4), "val_bits_per_byte": round(bpb, 4),
-            "bytes_seen": round(iters * cfg.batch_size * cfg.block_size * val["text_bytes"] / val["tokens"]),
-        })  # fmt: skip
+        rows.append(
+            {
+                "tokenizer": name,
+                "iters": iters,
+                "train_s": summary["train_seconds"],
+                "tokens_per_s": summary["tokens_per_s"],
+                "val_tokens": val["tokens"],
+                "val_mb": round(val["text_bytes"] / 1e6, 3),
+                "val_loss_per_token": round(summary["val_loss_full"], 4),
+                "val_bits_per_byte": round(bpb, 4),
+                "bytes_seen": round(iters * cfg.batch_size * cfg.block_size * val["text_bytes"] / val["tokens"]),
+            }
+        )
     return rows
 
 
@@ -214,15 +263,19 @@ def print_tables(result: dict) -> None:
     for row in result["training"]:
         check = row["tiktoken_check"]
         same = "yes" if check["texts_encoded_differently"] == 0 else f"NO ({check['texts_encoded_differently']})"
-        print(f"{row['vocab_size']:>7} {row['input_mb']:>9.1f} {row['wall_s']:>7.1f} {row['mb_per_s']:>6.2f} "
-              f"{row['cpu_s']:>6.1f} {row['peak_rss_mb']:>12.1f}  {same} on {check['chars']:,} chars")  # fmt: skip
+        print(
+            f"{row['vocab_size']:>7} {row['input_mb']:>9.1f} {row['wall_s']:>7.1f} {row['mb_per_s']:>6.2f} "
+            f"{row['cpu_s']:>6.1f} {row['peak_rss_mb']:>12.1f}  {same} on {check['chars']:,} chars"
+        )
     print(f"\n{'tokenizer':<22} {'vocab':>7} {'bytes/token':>12}  (held-out stdlib sources)")
     for row in result["compression"]:
         print(f"{row['tokenizer']:<22} {row['vocab_size']:>7} {row['bytes_per_token']:>12.3f}")
     print(f"\n{'tokenizer':<22} {'steps':>6} {'train s':>8} {'val loss/token':>15} {'val bits/byte':>14}")
     for row in result["model"]:
-        print(f"{row['tokenizer']:<22} {row['iters']:>6} {row['train_s']:>8.1f} {row['val_loss_per_token']:>15.4f} "
-              f"{row['val_bits_per_byte']:>14.4f}")  # fmt: skip
+        print(
+            f"{row['tokenizer']:<22} {row['iters']:>6} {row['train_s']:>8.1f} {row['val_loss_per_token']:>15.4f} "
+            f"{row['val_bits_per_byte']:>14.4f}"
+        )
 
 
 def main(argv: list[str]) -> int:

@@ -22,12 +22,13 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from gptkit.devices import autocast, peak_flops_for_device, resolve_device
-from gptkit.errors import UserError, run_cli
-from gptkit.settings import parse_settings, setting
-from gptkit.tokenizer import GPT2_VOCAB_SIZE, padded_vocab_size
+from gptkit.core.devices import autocast, peak_flops_for_device, resolve_device
+from gptkit.core.errors import UserError, run_cli
+from gptkit.core.settings import parse_settings, setting
+from gptkit.data.tokenizer import GPT2_VOCAB_SIZE, padded_vocab_size
+from gptkit.model import GPT, GPTConfig
+from gptkit.train.optim import configure_optimizers
 from measure import GPT2_124M, SMOKE_MODEL, print_table, run_benchmark, synchronize
-from model import GPT, GPTConfig
 
 # Kernel name patterns, first match wins: cuBLAS/cuBLASLt/CUTLASS products, flash/efficient attention, the
 # optimizer's multi-tensor kernels, then whatever inductor generated (triton_*); on the CPU, aten's operators.
@@ -68,13 +69,23 @@ def step_rows(kernels: dict[str, tuple[int, float]], steps: int, step_ms: float)
         entry[0] += calls
         entry[1] += ms
     busy = sum(ms for _, ms in per_step.values())
-    rows = [{"part": group, "calls": round(calls), "ms": round(ms, 3), "share": round(ms / step_ms, 3)}
-            for group, (calls, ms) in sorted(groups.items(), key=lambda item: -item[1][1])]  # fmt: skip
+    rows = [
+        {"part": group, "calls": round(calls), "ms": round(ms, 3), "share": round(ms / step_ms, 3)}
+        for group, (calls, ms) in sorted(groups.items(), key=lambda item: -item[1][1])
+    ]
     idle = max(step_ms - busy, 0.0)
     rows.append({"part": "device idle (no kernel running)", "ms": round(idle, 3), "share": round(idle / step_ms, 3)})
     ranked = sorted(per_step.items(), key=lambda item: -item[1][1])
-    return rows + [{"part": f"  {name[:90]}", "group": kernel_group(name), "calls": round(calls, 1), "ms": round(ms, 3),
-                    "share": round(ms / step_ms, 3)} for name, (calls, ms) in ranked]  # fmt: skip
+    return rows + [
+        {
+            "part": f"  {name[:90]}",
+            "group": kernel_group(name),
+            "calls": round(calls, 1),
+            "ms": round(ms, 3),
+            "share": round(ms / step_ms, 3),
+        }
+        for name, (calls, ms) in ranked
+    ]
 
 
 def profiled_kernels(events: list, device: torch.device) -> dict[str, tuple[int, float]]:
@@ -102,7 +113,7 @@ class TrainStep:
         shape = SMOKE_MODEL if cfg.smoke else GPT2_124M
         vocab = padded_vocab_size(GPT2_VOCAB_SIZE)  # train.py's pad_vocab
         self.model = GPT(GPTConfig(**shape, vocab_size=vocab, bias=True, dropout=0.0)).to(device)
-        self.optimizer = self.model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device.type)  # fused on CUDA
+        self.optimizer = configure_optimizers(self.model, 0.1, 6e-4, (0.9, 0.95), device.type)  # fused on CUDA
         self.wrapped = torch.compile(self.model) if cfg.compile else self.model
         batch_size = 2 if cfg.smoke else cfg.batch_size
         self.x, self.y = torch.randint(0, GPT2_VOCAB_SIZE, (2, batch_size, shape["block_size"]), device=device)
@@ -139,10 +150,18 @@ def bench_train_step(cfg: TrainStepBench) -> list[dict]:
     tokens_per_s = step.tokens / (step_ms / 1e3)
     peak = peak_flops_for_device(device, step.dtype)
     mfu = tokens_per_s * step.model.flops_per_token() / peak if peak else None
-    print(f"step {step_ms:.2f} ms, {tokens_per_s:,.0f} tokens/s, MFU {mfu:.3f} of the datasheet peak" if mfu else
-          f"step {step_ms:.2f} ms, {tokens_per_s:,.0f} tokens/s (no datasheet peak for this device)")  # fmt: skip
-    summary = {"part": "whole step (not profiled)", "ms": round(step_ms, 3), "share": 1.0,
-               "tokens_per_s": round(tokens_per_s), "mfu_datasheet": round(mfu, 4) if mfu else None}  # fmt: skip
+    print(
+        f"step {step_ms:.2f} ms, {tokens_per_s:,.0f} tokens/s, MFU {mfu:.3f} of the datasheet peak"
+        if mfu
+        else f"step {step_ms:.2f} ms, {tokens_per_s:,.0f} tokens/s (no datasheet peak for this device)"
+    )
+    summary = {
+        "part": "whole step (not profiled)",
+        "ms": round(step_ms, 3),
+        "share": 1.0,
+        "tokens_per_s": round(tokens_per_s),
+        "mfu_datasheet": round(mfu, 4) if mfu else None,
+    }
     shown = [row for row in rows if not row["part"].startswith("  ")]
     print_table([summary, *shown, *rows[len(shown) : len(shown) + cfg.top]], ["part", "calls", "ms", "share"])
     return [summary, *rows]

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from gptkit.fileio import atomic_write_json
+from gptkit.core.fileio import atomic_write_json
 
 # The model shapes of the GPU benchmarks: GPT-2 124M, and a tiny one that checks a script on any device.
 GPT2_124M = {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024}
@@ -33,8 +33,14 @@ def cpu_name() -> str:
 def machine_description() -> dict:
     """Where a figure was measured: CPU/GPU, core count, torch version, date."""
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu_name()
-    return {"device": device, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch":
-            torch.__version__, "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}  # fmt: skip
+    return {
+        "device": device,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
 
 
 def print_table(rows: list[dict], columns: list[str]) -> None:
@@ -46,8 +52,9 @@ def print_table(rows: list[dict], columns: list[str]) -> None:
 
 def write_results(path: str, kind: str, settings: object, rows: list[dict]) -> None:
     if path:
-        atomic_write_json(path, {"benchmark": kind, "settings": vars(settings), "machine": machine_description(),
-                                 "results": rows})  # fmt: skip
+        atomic_write_json(
+            path, {"benchmark": kind, "settings": vars(settings), "machine": machine_description(), "results": rows}
+        )
         print(f"wrote {path}")
 
 
@@ -85,8 +92,9 @@ def read_bandwidth(device: torch.device, megabytes: int, repeats: int = 5) -> fl
 TimedRuns = dict[str, list[tuple[float, float | None]]]  # path: [(seconds, read speed around the run or None)]
 
 
-def time_paths(runs: dict[str, tuple[Callable[[int], None], int, int]],
-               read_speed: Callable[[], float] | None = None) -> TimedRuns:  # fmt: skip
+def time_paths(
+    runs: dict[str, tuple[Callable[[int], None], int, int]], read_speed: Callable[[], float] | None = None
+) -> TimedRuns:
     """Each path's timed runs, for runs {path: (fn, new_tokens, repeats)}: (seconds of fn(new_tokens), the read speed
     around that run, or None without read_speed). Each fn first runs on a few tokens (allocator, kernels, imports, the
     CPU fast path). Repeats go round-robin over the paths, so load from other work slows every path alike.

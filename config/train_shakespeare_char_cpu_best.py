@@ -5,7 +5,7 @@ reaches 1.90 (docs/benchmarks.md §1 has the runs, measured back to back with na
 with two heads over 128-character windows (batch 16 x 128 = 2,048 tokens per step), with Muon, rotary positions,
 QK-norm and the exact GELU (faster than the tanh form on CPUs, docs/benchmarks.md §1), in float32, and the
 weights averaged over the last steps: an exponential moving average from step 400 on, which is what is evaluated
-and saved (ema_decay, gptkit/averaging.py).
+and saved (ema_decay, gptkit/train/ema.py).
 
     python prepare_data/shakespeare_char.py
     python train.py config/train_shakespeare_char_cpu_best.py

@@ -15,16 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
-from gptkit.errors import UserError, run_cli
-from gptkit.prepare import discover, driver, inputs
-from gptkit.prepare.settings import (
+from gptkit.core.errors import UserError, run_cli
+from gptkit.core.settings import parse_settings
+from gptkit.data.prepare import discover, driver, inputs
+from gptkit.data.prepare.settings import (
     PrepareSettings,
     decode_error_setting,
     exclude_setting,
     include_setting,
     input_setting,
 )
-from gptkit.settings import parse_settings
 
 
 @dataclass

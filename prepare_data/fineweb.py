@@ -17,12 +17,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from gptkit import download
-from gptkit.errors import UserError, run_cli
-from gptkit.prepare import driver
-from gptkit.prepare.items import Documents
-from gptkit.prepare.settings import PrepareSettings
-from gptkit.settings import parse_settings, setting
+from gptkit.core import download
+from gptkit.core.errors import UserError, run_cli
+from gptkit.core.settings import parse_settings, setting
+from gptkit.data.prepare import driver
+from gptkit.data.prepare.items import Documents
+from gptkit.data.prepare.settings import PrepareSettings
 
 DEFAULT_BASE_URL = "https://huggingface.co/datasets/HuggingFaceFW/fineweb-edu/resolve/main/sample/10BT"
 ROWS_PER_BATCH = 1024

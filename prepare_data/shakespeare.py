@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gptkit.errors import run_cli
-from gptkit.prepare.shakespeare import ShakespeareSettings, read_tiny_shakespeare, write_split_text
-from gptkit.settings import parse_settings, setting
-from gptkit.tokenizer import TiktokenTokenizer
+from gptkit.core.errors import run_cli
+from gptkit.core.settings import parse_settings, setting
+from gptkit.data.prepare.shakespeare import ShakespeareSettings, read_tiny_shakespeare, write_split_text
+from gptkit.data.tokenizer import TiktokenTokenizer
 
 
 @dataclass

@@ -9,10 +9,10 @@ rest val (111,540); the vocabulary is the 65 sorted distinct characters, id = ra
 
 from __future__ import annotations
 
-from gptkit.errors import run_cli
-from gptkit.prepare.shakespeare import ShakespeareSettings, read_tiny_shakespeare, write_split_text
-from gptkit.settings import parse_settings
-from gptkit.tokenizer import CharTokenizer
+from gptkit.core.errors import run_cli
+from gptkit.core.settings import parse_settings
+from gptkit.data.prepare.shakespeare import ShakespeareSettings, read_tiny_shakespeare, write_split_text
+from gptkit.data.tokenizer import CharTokenizer
 
 
 def main(argv: list[str]) -> int:

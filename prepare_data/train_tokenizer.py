@@ -18,19 +18,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptkit import bpe
-from gptkit import tokenizer as tok
-from gptkit.errors import UserError, run_cli
-from gptkit.prepare import discover
-from gptkit.prepare.settings import (
+from gptkit.core.errors import UserError, run_cli
+from gptkit.core.settings import parse_settings, setting
+from gptkit.data import bpe
+from gptkit.data import tokenizer as tok
+from gptkit.data.prepare import discover
+from gptkit.data.prepare.settings import (
     PrepareSettings,
     decode_error_setting,
     exclude_setting,
     include_setting,
     input_setting,
 )
-from gptkit.prepare.tokenizer_training import MIN_VOCAB_SIZE, TrainingJob, TrainingResult, train_in_child
-from gptkit.settings import parse_settings, setting
+from gptkit.data.prepare.tokenizer_training import MIN_VOCAB_SIZE, TrainingJob, TrainingResult, train_in_child
 
 DEFAULT_CHUNK_BYTES = 1 << 16  # pieces the trainer counts in parallel; it buffers 256 of them
 

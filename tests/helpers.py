@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from gptkit.tokenizer import CharTokenizer, write_meta
+from gptkit.data.tokenizer import CharTokenizer, write_meta
 
 REPO = Path(__file__).resolve().parent.parent
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -39,8 +39,15 @@ def run_script(
 ) -> subprocess.CompletedProcess:
     """Run a script of the repository (e.g. "train.py", "prepare_data/corpus.py") as a user would, from the
     repository root; returns the finished process with text stdout and stderr."""
-    return subprocess.run([sys.executable, str(REPO / script), *map(str, args)], capture_output=True, text=True,
-                          cwd=REPO, env=env if env is not None else clean_env(), timeout=timeout, **popen)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(REPO / script), *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env if env is not None else clean_env(),
+        timeout=timeout,
+        **popen,
+    )
 
 
 def assert_one_line_error(code: int, stderr: str, *fragments: str) -> str:
@@ -73,10 +80,22 @@ TINY_MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32}
 def tiny_train_args(data_dir: Path, out_dir: Path, **overrides: object) -> list[str]:
     """train.py flags for a seconds-long CPU run of a 1-layer, 16-wide model on 16-token windows."""
     settings = {
-        "data_dir": data_dir, "out_dir": out_dir, "device": "cpu", "compile": False, "n_layer": 1, "n_head": 2,
-        "n_embd": 16, "block_size": 16, "batch_size": 2, "gradient_accumulation_steps": 1, "max_iters": 4,
-        "eval_interval": 2, "eval_iters": 1, "log_interval": 2, "curves": False,
-    }  # fmt: skip
+        "data_dir": data_dir,
+        "out_dir": out_dir,
+        "device": "cpu",
+        "compile": False,
+        "n_layer": 1,
+        "n_head": 2,
+        "n_embd": 16,
+        "block_size": 16,
+        "batch_size": 2,
+        "gradient_accumulation_steps": 1,
+        "max_iters": 4,
+        "eval_interval": 2,
+        "eval_iters": 1,
+        "log_interval": 2,
+        "curves": False,
+    }
     settings.update(overrides)
     return cli_args(**settings)
 
@@ -87,7 +106,7 @@ def dequantized_weight(layer: Any) -> Any:
 
 
 def int8_reference(layer: Any, x: Any) -> Any:
-    """gptkit.quantization.Int8Linear's product computed by hand in float64 (dequantized_weight), returned as
+    """gptkit.weights.quantization.Int8Linear's product computed by hand in float64 (dequantized_weight), returned as
     float32."""
     return (x.double() @ dequantized_weight(layer).T + layer.bias.double()).float()
 
@@ -232,7 +251,7 @@ def run_main(main: Callable[[list[str]], int | None], args: list[str], capsys: A
     code, stdout, stderr) of that call alone (`capsys` is pytest's capture fixture)."""
     import pytest
 
-    from gptkit.errors import run_cli
+    from gptkit.core.errors import run_cli
 
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
@@ -293,8 +312,15 @@ def signal_mid_run(
                 sizes.append(path.stat().st_size)
         return any(sizes)
 
-    process = subprocess.Popen(command, cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True)  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     children: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + timeout
@@ -353,7 +379,7 @@ def lively_model(vocab_size: int = 37, seed: int = 0, **overrides: Any) -> Any:
     with lively_weights."""
     import torch
 
-    from model import GPT, GPTConfig
+    from gptkit.model import GPT, GPTConfig
 
     settings = dict(block_size=16, vocab_size=vocab_size, n_layer=2, n_head=2, n_embd=32, tie_embeddings=False)
     torch.manual_seed(seed)
@@ -371,14 +397,14 @@ def count_calls(monkeypatch: Any, owner: type, name: str) -> list[int]:
 
 def count_native_steps(monkeypatch: Any) -> list[int]:
     """A list that gets one entry for each native decoding step run while the test lasts (the steps still run)."""
-    from gptkit.native_decoding import NativeStep
+    from gptkit.infer.native import NativeStep
 
     return count_calls(monkeypatch, NativeStep, "__call__")
 
 
 def plain_copy(model: Any) -> Any:
     """The same weights in a model no engine has touched (no fast path, no packed copy)."""
-    from model import GPT
+    from gptkit.model import GPT
 
     copy = GPT(model.config).eval()
     copy.load_state_dict(model.state_dict())
@@ -387,7 +413,7 @@ def plain_copy(model: Any) -> Any:
 
 def dequantized_model(quantized: Any, original: Any) -> Any:
     """A plain float32 copy of `original` whose Linear weights are those `quantized` (its int8 version, made by
-    gptkit.quantization.quantize_int8) stands for (dequantized_weight)."""
+    gptkit.weights.quantization.quantize_int8) stands for (dequantized_weight)."""
     import torch
 
     reference = plain_copy(original)
@@ -444,16 +470,18 @@ def lively_char_checkpoint(out_dir: Path, text: str = SERVE_TEXT, seed: int = 0,
     tokenizer as out_dir/ckpt.pt. Returns the tokenizer."""
     import torch
 
-    from gptkit.checkpoint import save_checkpoint
-    from model import GPT, GPTConfig, config_to_dict
+    from gptkit.model import GPT, GPTConfig, config_to_dict
+    from gptkit.weights.checkpoint import save_checkpoint
 
     tokenizer = CharTokenizer.from_text(text)
     torch.manual_seed(seed)
     settings = {"block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 32, "tie_embeddings": False, **shape}
     model = lively_weights(GPT(GPTConfig(vocab_size=tokenizer.vocab_size, **settings)))
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_checkpoint(out_dir / "ckpt.pt", {"model": model.state_dict(), "model_args": config_to_dict(model.config),
-                                          "tokenizer": tokenizer.to_meta()})  # fmt: skip
+    save_checkpoint(
+        out_dir / "ckpt.pt",
+        {"model": model.state_dict(), "model_args": config_to_dict(model.config), "tokenizer": tokenizer.to_meta()},
+    )
     return tokenizer
 
 
@@ -483,8 +511,13 @@ def serve_process(*args: str, log: Path, timeout: float = 120) -> Iterator[tuple
 
     port = free_port()
     with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, str(REPO / "serve.py"), *args, f"--port={port}"], cwd=REPO,
-                                   env=clean_env(), stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        process = subprocess.Popen(
+            [sys.executable, str(REPO / "serve.py"), *args, f"--port={port}"],
+            cwd=REPO,
+            env=clean_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
@@ -510,7 +543,7 @@ def serve_process(*args: str, log: Path, timeout: float = 120) -> Iterator[tuple
 
 
 def write_items(path: Path, items: list[Any]) -> Path:
-    """HellaSwag-format JSONL (ctx, endings, label) of gptkit.evaluation items, as the real file is laid out."""
+    """HellaSwag-format JSONL (ctx, endings, label) of gptkit.eval.hellaswag items, as the real file is laid out."""
     lines = [json.dumps({"ctx": i.context, "endings": list(i.endings), "label": i.label}) for i in items]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path

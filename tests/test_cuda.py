@@ -16,11 +16,12 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from gptkit import data
-from gptkit.checkpoint import load_checkpoint
-from gptkit.engine import generate_stream
+from gptkit.data import loader
+from gptkit.infer.engine import generate, generate_stream
+from gptkit.model import GPT, GPTConfig
+from gptkit.train.optim import configure_optimizers
+from gptkit.weights.checkpoint import load_checkpoint
 from helpers import run_script, tiny_train_args
-from model import GPT, GPTConfig
 
 pytestmark = pytest.mark.cuda
 
@@ -128,10 +129,12 @@ def test_flash_attention_equals_explicit_attention(gpu_device: torch.device) -> 
 def test_fused_adamw_equals_plain(gpu_device: torch.device, exact_float32: None) -> None:
     fast = small_model(gpu_device, seed=3)
     plain = copy_of(fast, gpu_device)
-    fused = fast.configure_optimizers(0.1, 1e-2, (0.9, 0.95), gpu_device.type)
+    fused = configure_optimizers(fast, 0.1, 1e-2, (0.9, 0.95), gpu_device.type)
     assert fused.defaults["fused"] is True
-    groups = [{"params": [p for p in plain.parameters() if p.dim() >= 2], "weight_decay": 0.1},
-              {"params": [p for p in plain.parameters() if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
+    groups = [
+        {"params": [p for p in plain.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+        {"params": [p for p in plain.parameters() if p.dim() < 2], "weight_decay": 0.0},
+    ]
     reference = torch.optim.AdamW(groups, lr=1e-2, betas=(0.9, 0.95), foreach=False, fused=False)
     x, y = random_batch(gpu_device)
     for model, optimizer in ((fast, fused), (plain, reference)):
@@ -146,11 +149,11 @@ def test_fused_adamw_equals_plain(gpu_device: torch.device, exact_float32: None)
 
 def trained_char_model(data_dir: Path, device: torch.device, steps: int = 300) -> GPT:
     """A small model trained on tiny Shakespeare's characters until its greedy choices are clear-cut."""
-    sampler = data.BatchSampler(data.open_split(data_dir, "train"), batch_size=16, block_size=64, seed=0)
+    sampler = loader.BatchSampler(loader.open_split(data_dir, "train"), batch_size=16, block_size=64, seed=0)
     model = small_model(device)
-    optimizer = model.configure_optimizers(0.1, 3e-3, (0.9, 0.99), device.type)
+    optimizer = configure_optimizers(model, 0.1, 3e-3, (0.9, 0.99), device.type)
     for index in range(steps):
-        x, y = data.to_device(*sampler.batch(index), device)
+        x, y = loader.to_device(*sampler.batch(index), device)
         _, loss = model(x, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -163,11 +166,11 @@ def test_kv_cached_greedy_on_gpu_equals_cpu_greedy(
 ) -> None:
     on_gpu = trained_char_model(char_data_dir, gpu_device)
     on_cpu = copy_of(on_gpu, torch.device("cpu")).eval()
-    prompt = data.open_split(char_data_dir, "val").read_windows([0], 16)[0].astype("int64")
+    prompt = loader.open_split(char_data_dir, "val").read_windows([0], 16)[0].astype("int64")
     idx = torch.from_numpy(prompt)[None]
     with torch.inference_mode():
-        tokens_gpu = on_gpu.generate(idx.to(gpu_device), 100, temperature=0.0)[0].tolist()
-        tokens_cpu = on_cpu.generate(idx, 100, temperature=0.0)[0].tolist()
+        tokens_gpu = generate(on_gpu, idx.to(gpu_device), 100, temperature=0.0)[0].tolist()
+        tokens_cpu = generate(on_cpu, idx, 100, temperature=0.0)[0].tolist()
     assert tokens_gpu == tokens_cpu
     assert len(set(tokens_gpu[16:])) > 3  # a trained model says something, not one character over and over
 
@@ -179,14 +182,15 @@ def test_compiled_decoding_on_gpu_makes_the_eager_tokens(
     greedy, and sampled with the same seed; past the block's 64 positions (the window slides); and in a second call,
     whose new cache lies elsewhere, so that its graph is recorded again."""
     model = trained_char_model(char_data_dir, gpu_device)
-    window = data.open_split(char_data_dir, "val").read_windows([0], 16)[0].astype("int64")
+    window = loader.open_split(char_data_dir, "val").read_windows([0], 16)[0].astype("int64")
     prompt = torch.from_numpy(window)[None].to(gpu_device)
 
     def tokens(compiled: bool, temperature: float) -> list[int]:
         generator = torch.Generator(device=gpu_device).manual_seed(7)
         with torch.inference_mode():
-            stream = generate_stream(model, prompt, 80, temperature=temperature, top_k=10, generator=generator,
-                                     compiled=compiled)  # fmt: skip
+            stream = generate_stream(
+                model, prompt, 80, temperature=temperature, top_k=10, generator=generator, compiled=compiled
+            )
             return [token.item() for token in stream]
 
     greedy = tokens(False, 0.0)

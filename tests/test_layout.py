@@ -1,55 +1,36 @@
-"""The shape of the code: layers import only downwards, sizes stay readable, no sys.path edits.
+"""The shape of the code: subpackages import only from the layers below them, model.py reads alone, no module
+shadows another distribution's, and nothing edits sys.path.
 
-The layers are the README's "How it is built" picture, lowest first. A new module must be placed in LAYERS (the
-test says so), which keeps the picture and the code in step.
+The layers are the picture in gptkit/__init__.py, lowest first; the root scripts, prepare_data/ and benchmarks/ sit
+above them all. A new subpackage must be placed in MAY_IMPORT (the test says so), which keeps picture and code in step.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import sys
 from pathlib import Path
 
-import pytest
+import tomllib
 
 from helpers import REPO
 
-# Lowest first. A module may import from its own layer and the ones below it, never from a higher one.
-LAYERS: list[set[str]] = [
-    {"gptkit", "gptkit.errors"},
-    {"gptkit.fileio", "gptkit.progress", "gptkit.signals", "gptkit.bpe"},
-    {"gptkit.settings", "gptkit.devices", "gptkit.download", "gptkit.tokenizer", "gptkit.muon"},
-    {"gptkit.data", "gptkit.hf_gpt2", "gptkit.distributed", "gptkit.checkpoint", "gptkit.rundir", "gptkit.averaging"},
-    {"gptkit.textstream", "gptkit.sampling"},
-    {
-        "gptkit.prepare",
-        "gptkit.prepare.settings",
-        "gptkit.prepare.discover",
-        "gptkit.prepare.inputs",
-        "gptkit.prepare.items",
-    },
-    {"gptkit.prepare.workers", "gptkit.prepare.writer"},
-    {"gptkit.prepare.driver", "gptkit.prepare.shakespeare", "gptkit.prepare.tokenizer_training"},
-    {
-        "gptkit.cpu_decoding",
-        "gptkit.compiled_decoding",
-        "gptkit.native_decoding",
-        "gptkit.quantization",
-        "gptkit.loading",
-        "gptkit.runlog",
-        "gptkit.training",
-        "gptkit.evaluation",
-        "gptkit.plotting",
-    },
-    {"gptkit.engine"},
-    {"gptkit.batcher", "gptkit.openai_api", "gptkit.harness"},
-    {"gptkit.server"},
-    {"model"},
-]
-SCRIPT_DIRS = ("prepare_data", "benchmarks")  # scripts: the top layer, with train.py, sample.py and friends
-ROOT_SCRIPT_MAX_FUNCTION_LINES = 80
-PACKAGE_MAX_FUNCTION_LINES = 100
-MAX_MODULE_LINES = 500
-MODEL_MAX_LINES = 380
+# What each part of the package may import from the package, besides itself. Two parts on the same level (train
+# and infer, serve and eval) do not import each other.
+MAY_IMPORT: dict[str, set[str]] = {
+    "gptkit": set(),
+    "gptkit.model": set(),
+    "gptkit.core": set(),
+    "gptkit.data": {"gptkit.core"},
+    "gptkit.weights": {"gptkit.core", "gptkit.data", "gptkit.model"},
+    "gptkit.train": {"gptkit.core", "gptkit.data", "gptkit.weights", "gptkit.model"},
+    "gptkit.infer": {"gptkit.core", "gptkit.data", "gptkit.weights", "gptkit.model"},
+    "gptkit.serve": {"gptkit.core", "gptkit.data", "gptkit.weights", "gptkit.model", "gptkit.infer"},
+    "gptkit.eval": {"gptkit.core", "gptkit.data", "gptkit.weights", "gptkit.model", "gptkit.infer"},
+}
+SCRIPT_DIRS = ("prepare_data", "benchmarks")
+ROOT_SCRIPTS = {"train.py", "sample.py", "serve.py", "eval.py", "plot.py"}
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -59,9 +40,13 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
+def package_files(root: Path) -> list[Path]:
+    return sorted((root / "gptkit").rglob("*.py"))
+
+
 def project_files(root: Path) -> list[Path]:
-    """The package, model.py and the scripts: every Python file but the tests."""
-    files = sorted((root / "gptkit").rglob("*.py")) + sorted(root.glob("*.py"))
+    """The package and the scripts: every Python file but the tests."""
+    files = package_files(root) + sorted(root.glob("*.py"))
     for directory in SCRIPT_DIRS:
         files += sorted((root / directory).glob("*.py"))
     return files
@@ -79,67 +64,65 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
-def layer_of(name: str, layers: list[set[str]]) -> int | None:
-    for rank, layer in enumerate(layers):
-        if name in layer:
-            return rank
-    return None
+def part_of(name: str) -> str | None:
+    """The part of the package a module belongs to: gptkit.infer.engine -> gptkit.infer; None outside it."""
+    parts = name.split(".")
+    if parts[0] != "gptkit":
+        return None
+    return ".".join(parts[:2])
 
 
-def upward_imports(root: Path, layers: list[set[str]]) -> list[str]:
-    """'importer -> imported' for each import of a higher layer (scripts are above every layer), and 'unplaced
-    module X' for a package module missing from the layers."""
+def upward_imports(root: Path, may_import: dict[str, set[str]]) -> list[str]:
+    """'importer -> imported' for each import the layers forbid (of a higher or sideways part, or of a script),
+    and 'unplaced part X' for a subpackage missing from the layers."""
+    scripts = {Path(name).stem for name in ROOT_SCRIPTS} | set(SCRIPT_DIRS) | {"bench", "measure"}
     problems = []
-    for path in project_files(root):
+    for path in package_files(root):
         name = module_name(path, root)
-        in_package = name == "model" or name.startswith("gptkit")
-        rank = layer_of(name, layers) if in_package else len(layers)
-        if rank is None:
-            problems.append(f"unplaced module {name}: add it to LAYERS")
+        part = part_of(name)
+        if part not in may_import:
+            problems.append(f"unplaced part {part}: add it to MAY_IMPORT")
             continue
         for imported in imported_modules(path):
-            target = layer_of(imported, layers)
-            is_script = imported.split(".")[0] in {"train", "sample", "serve", "evaluate", "plot", "bench",
-                                                   *SCRIPT_DIRS}  # fmt: skip
-            if (target is not None and target > rank) or (is_script and in_package):
+            target = part_of(imported)
+            forbidden = target not in (None, "gptkit", part) and target not in may_import[part]
+            if forbidden or imported.split(".")[0] in scripts:
                 problems.append(f"{name} -> {imported}")
-    return problems
+    return sorted(set(problems))
 
 
 def test_no_module_imports_a_higher_layer() -> None:
-    assert upward_imports(REPO, LAYERS) == []
+    assert upward_imports(REPO, MAY_IMPORT) == []
 
 
-def test_the_checker_finds_an_upward_import(tmp_path: Path) -> None:
-    """The layer test can fail: a low module importing a higher one, or a script, is reported."""
-    (tmp_path / "gptkit").mkdir()
+def test_the_checker_finds_upward_and_sideways_imports(tmp_path: Path) -> None:
+    """The layer test can fail: a low module importing a higher one, a sideways part, or a script, is reported."""
+    for part in ("core", "data", "train", "infer", "extra"):
+        (tmp_path / "gptkit" / part).mkdir(parents=True)
+        (tmp_path / "gptkit" / part / "__init__.py").write_text("")
     (tmp_path / "gptkit" / "__init__.py").write_text("")
-    (tmp_path / "gptkit" / "errors.py").write_text("from gptkit import data\nimport train\n")
-    (tmp_path / "gptkit" / "data.py").write_text("from gptkit.errors import UserError\n")
-    (tmp_path / "gptkit" / "extra.py").write_text("")
-    problems = upward_imports(tmp_path, [{"gptkit", "gptkit.errors"}, {"gptkit.data"}])
-    assert sorted(problems) == [
-        "gptkit.errors -> gptkit.data",
-        "gptkit.errors -> train",
-        "unplaced module gptkit.extra: add it to LAYERS",
+    (tmp_path / "gptkit" / "core" / "errors.py").write_text("from gptkit.data import loader\nimport train\n")
+    (tmp_path / "gptkit" / "data" / "loader.py").write_text("from gptkit.core.errors import UserError\n")
+    (tmp_path / "gptkit" / "train" / "loop.py").write_text("from gptkit.infer import engine\n")
+    (tmp_path / "gptkit" / "infer" / "engine.py").write_text("from gptkit.data.loader import x\n")
+    problems = upward_imports(
+        tmp_path,
+        {key: MAY_IMPORT[key] for key in ("gptkit", "gptkit.core", "gptkit.data", "gptkit.train", "gptkit.infer")},
+    )
+    assert problems == [
+        "gptkit.core.errors -> gptkit.data",
+        "gptkit.core.errors -> gptkit.data.loader",
+        "gptkit.core.errors -> train",
+        "gptkit.train.loop -> gptkit.infer",
+        "gptkit.train.loop -> gptkit.infer.engine",
+        "unplaced part gptkit.extra: add it to MAY_IMPORT",
     ]
 
 
-def function_lengths(path: Path) -> list[tuple[str, int]]:
-    """(name, lines) of every function and method in `path`, decorators excluded."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    functions = (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
-    return [(f.name, f.end_lineno - f.lineno + 1) for f in functions]
-
-
-@pytest.mark.parametrize("path", project_files(REPO), ids=lambda p: str(p.relative_to(REPO)))
-def test_functions_and_modules_stay_readable(path: Path) -> None:
-    in_package = path.is_relative_to(REPO / "gptkit")
-    limit = PACKAGE_MAX_FUNCTION_LINES if in_package else ROOT_SCRIPT_MAX_FUNCTION_LINES
-    too_long = [(name, lines) for name, lines in function_lengths(path) if lines > limit]
-    assert too_long == [], f"functions over {limit} lines"
-    lines = len(path.read_text(encoding="utf-8").splitlines())
-    assert lines <= (MODEL_MAX_LINES if path.name == "model.py" and path.parent == REPO else MAX_MODULE_LINES)
+def test_the_model_imports_torch_and_the_standard_library_only() -> None:
+    imported = {name.split(".")[0] for name in imported_modules(REPO / "gptkit" / "model.py")}
+    outside = {name for name in imported if name not in sys.stdlib_module_names and name != "__future__"}
+    assert outside == {"torch"}
 
 
 def test_nothing_outside_the_tests_edits_sys_path() -> None:
@@ -147,7 +130,23 @@ def test_nothing_outside_the_tests_edits_sys_path() -> None:
     assert offenders == []
 
 
-def test_the_root_holds_only_scripts_and_project_files() -> None:
+def test_the_root_holds_only_scripts() -> None:
     """Support code lives in the package: the root's Python files are the scripts people read and run."""
-    root_python = sorted(p.name for p in REPO.glob("*.py"))
-    assert set(root_python) <= {"model.py", "train.py", "sample.py", "serve.py", "evaluate.py", "plot.py"}, root_python
+    root_python = {p.name for p in REPO.glob("*.py")}
+    assert root_python == ROOT_SCRIPTS
+
+
+def test_only_the_package_is_installed_as_a_top_level_module() -> None:
+    """`pip install` puts gptkit alone into site-packages: no `model` or script module to collide with others."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    setuptools = project["tool"]["setuptools"]
+    assert "py-modules" not in setuptools
+    assert setuptools["packages"]["find"]["include"] == ["gptkit*"]
+
+
+def test_no_root_script_shadows_an_installed_distribution() -> None:
+    """A root script named like a module another distribution installs (evaluate.py and Hugging Face's `evaluate`)
+    would be imported in its place by anything run from the checkout."""
+    installed = set(importlib.metadata.packages_distributions()) - {"gptkit"}
+    stems = {Path(name).stem for name in ROOT_SCRIPTS} | set(SCRIPT_DIRS)
+    assert stems & installed == set()

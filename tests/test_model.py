@@ -1,6 +1,6 @@
 """model.py: attention paths, positions, the forward pass with a KV cache, optimizer groups, FLOPs and MFU.
 
-Generation and the CPU fast path are tested in tests/test_engine.py, GPT-2 interop in tests/test_model_hf.py.
+Generation and the CPU fast path are tested in tests/infer/test_engine.py, GPT-2 interop in tests/weights/test_hf_gpt2.py.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from gptkit.engine import KVCache
-from gptkit.errors import UserError
-from model import GPT, GPTConfig, apply_rotary, rotary_tables, sinusoidal_table
+from gptkit.infer.engine import KVCache
+from gptkit.model import GPT, GPTConfig, apply_rotary, rotary_tables, sinusoidal_table
+from gptkit.train.optim import configure_optimizers
 
 POSITIONS = ["learned", "sinusoidal", "rope"]
 
@@ -141,7 +141,7 @@ def test_cached_logits_equal_full_forward_at_every_step(pos_encoding, attention)
 
 def test_configure_optimizers_decays_only_matrices():
     model = tiny_model(bias=True)
-    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    optimizer = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), "cpu")
     decay, no_decay = optimizer.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
@@ -174,12 +174,12 @@ def test_crop_block_size():
             model(torch.zeros(1, 9, dtype=torch.long))
 
 
-def test_invalid_configs_are_user_errors():
-    with pytest.raises(UserError, match="divisible"):
+def test_invalid_configs_are_value_errors():
+    with pytest.raises(ValueError, match="divisible"):
         GPTConfig(n_embd=10, n_head=3)
-    with pytest.raises(UserError, match="pos_encoding"):
+    with pytest.raises(ValueError, match="pos_encoding"):
         GPTConfig(pos_encoding="alibi")
-    with pytest.raises(UserError, match="block_size"):
+    with pytest.raises(ValueError, match="block_size"):
         GPTConfig(block_size=0)
 
 
@@ -187,10 +187,12 @@ def test_fused_adamw_matches_the_plain_path():
     """configure_optimizers' fused AdamW (CPU and CUDA) takes the same steps as torch's plain for-loop AdamW."""
     # bias=False: a key bias gets only rounding noise as gradient (softmax ignores it), which Adam amplifies
     fast, plain = tiny_model(seed=3, bias=False), tiny_model(seed=3, bias=False)
-    fused = fast.configure_optimizers(0.1, 1e-2, (0.9, 0.95), "cpu")
+    fused = configure_optimizers(fast, 0.1, 1e-2, (0.9, 0.95), "cpu")
     assert fused.defaults["fused"] is True
-    groups = [{"params": [p for p in plain.parameters() if p.dim() >= 2], "weight_decay": 0.1},
-              {"params": [p for p in plain.parameters() if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
+    groups = [
+        {"params": [p for p in plain.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+        {"params": [p for p in plain.parameters() if p.dim() < 2], "weight_decay": 0.0},
+    ]
     reference = torch.optim.AdamW(groups, lr=1e-2, betas=(0.9, 0.95), foreach=False)
     idx = torch.randint(0, 37, (4, 16))
     for model, optimizer in ((fast, fused), (plain, reference)):

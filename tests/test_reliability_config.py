@@ -13,8 +13,8 @@ import pytest
 
 import sample
 import train
-from gptkit.errors import UserError
-from gptkit.settings import parse_settings, read_config_file
+from gptkit.core.errors import UserError
+from gptkit.core.settings import parse_settings, read_config_file
 from helpers import assert_one_line_error, assert_one_line_message, run_main, run_script, tiny_train_args
 
 # Each snippet would create MARKER if executed; {marker} is replaced by its path.
@@ -119,9 +119,18 @@ def test_a_plain_recipe_with_docstring_comments_and_literals_is_accepted(tmp_pat
         (b"compile = 1\n", "compile must be of type boolean (True/False) or None, got 1"),
         (b"lerning_rate = 1e-3\n", ":1: unknown setting 'lerning_rate'"),
     ],
-    ids=["null_byte", "parser_exhaustion", "too_deep", "not_utf8", "syntax", "float_for_int", "str_for_int",
-         "int_for_bool", "unknown_key"],
-)  # fmt: skip
+    ids=[
+        "null_byte",
+        "parser_exhaustion",
+        "too_deep",
+        "not_utf8",
+        "syntax",
+        "float_for_int",
+        "str_for_int",
+        "int_for_bool",
+        "unknown_key",
+    ],
+)
 def test_malformed_config_files_are_one_line_errors(content: bytes, fragment: str, tmp_path: Path) -> None:
     config = tmp_path / "bad.py"
     config.write_bytes(content)
@@ -190,7 +199,7 @@ TRAIN_BAD_VALUES = [
     (["--attention=flash"], "attention='flash' is not one of sdpa, math"),
     (["--pos_encoding=rope", "--n_embd=30", "--n_head=2"], "rope positions need an even head size, got 15"),
     (["--cpu_threads=0"], "cpu_threads must be a positive integer, got 0"),
-    (["--lerning_rate=1e-3"], "unknown setting 'lerning_rate'"),  # the hint that follows: tests/test_settings.py
+    (["--lerning_rate=1e-3"], "unknown setting 'lerning_rate'"),  # the hint that follows: tests/core/test_settings.py
     (["--batch_size=big"], "--batch_size must be of type integer, got 'big'"),
     (["--batch_size=1.5"], "--batch_size must be of type integer, got '1.5'"),
     (["--learning_rate=fast"], "--learning_rate must be of type number, got 'fast'"),

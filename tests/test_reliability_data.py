@@ -7,12 +7,12 @@
 - Downloads: prepare_data/shakespeare_char.py --source=http://127.0.0.1:PORT/... against a scripted http.server in
   a thread (127.0.0.1 only): a stall past the read timeout, a wrong checksum, a dropped connection (resumed with
   Range), a redirect, a refused connection. A 404 is covered by
-  tests/test_prepare_shakespeare.py::test_download_from_url_once_into_cache.
+  tests/data/test_prepare_shakespeare.py::test_download_from_url_once_into_cache.
 - Hostile inputs to prepare_data/corpus.py: JSONL text that is a number, null or an object; a FIFO, a device,
   a symbolic link loop or a dangling link named as input; an empty directory, one holding only binary files, a
   glob matching nothing; a gzip file cut mid-stream; a read failing with EIO: each one line, nothing written.
   Symbolic link loops and a FIFO inside a tree are left out and counted, never followed or opened.
-  (SIGTERM mid-run: tests/test_prepare_corpus.py and tests/test_prepare_fineweb.py.)
+  (SIGTERM mid-run: tests/data/test_prepare_corpus.py and tests/data/test_prepare_fineweb.py.)
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import numpy as np
 import pytest
 
 import train
-from gptkit.errors import run_cli
-from gptkit.prepare.items import is_val_document
+from gptkit.core.errors import run_cli
+from gptkit.data.prepare.items import is_val_document
 from helpers import (
     REPO,
     QuietHandler,
@@ -165,7 +165,7 @@ def set_value(value: object, *keys: str) -> Callable[[dict], None]:
 
 
 # (name, how the data dir is broken, what train.py says). Unit-level checks of the same conditions are in
-# tests/test_tokenizer.py (test_malformed_meta_rejected, test_read_meta_*) and tests/test_data.py.
+# tests/data/test_tokenizer.py (test_malformed_meta_rejected, test_read_meta_*) and tests/data/test_loader.py.
 BROKEN_DATA = [
     ("no_meta", remove("meta.json"), "no meta.json in {dir}: prepare the data first"),
     ("no_token_files", remove("train.bin", "val.bin"), "train.bin (split 'train') is missing; prepare the data"),
@@ -238,8 +238,12 @@ def test_training_writes_only_under_out_dir(sandbox: dict[str, Path], tmp_path: 
     before = tree(tmp_path)
     result = subprocess.run(
         [sys.executable, str(REPO / "train.py"), *tiny_train_args(data_dir, tmp_path / "out")],
-        cwd=sandbox["cwd"], env=sandbox_env(sandbox), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=sandbox["cwd"],
+        env=sandbox_env(sandbox),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     changed = changed_paths(before, tree(tmp_path))
     assert changed and all(path.startswith("out/") for path in changed), changed
@@ -271,9 +275,13 @@ def test_preparing_writes_only_under_out_dir_and_the_cache(
     changed = changed_paths(before, tree(tmp_path))
     assert {path.split("/")[0] for path in changed} == {"prep_file", "prep_url", "cache"}, changed
     assert sorted(p for p in changed if not p.startswith("cache/")) == [
-        "prep_file/meta.json", "prep_file/train.bin", "prep_file/val.bin",
-        "prep_url/meta.json", "prep_url/train.bin", "prep_url/val.bin",
-    ]  # fmt: skip
+        "prep_file/meta.json",
+        "prep_file/train.bin",
+        "prep_file/val.bin",
+        "prep_url/meta.json",
+        "prep_url/train.bin",
+        "prep_url/val.bin",
+    ]
     downloads = [p for p in changed if p.startswith("cache/")]
     assert len(downloads) == 1 and downloads[0].endswith("-text.txt")  # the URL's copy, nothing else
     assert (tmp_path / "prep_url" / "train.bin").read_bytes() == (tmp_path / "prep_file" / "train.bin").read_bytes()

@@ -19,10 +19,10 @@ import pytest
 import torch
 
 import sample
-from gptkit.checkpoint import save_checkpoint, tokenizer_record
-from gptkit.errors import run_cli
-from gptkit.tokenizer import CharTokenizer, write_meta
-from model import GPT, GPTConfig, config_to_dict
+from gptkit.core.errors import run_cli
+from gptkit.data.tokenizer import CharTokenizer, write_meta
+from gptkit.model import GPT, GPTConfig, config_to_dict
+from gptkit.weights.checkpoint import save_checkpoint, tokenizer_record
 
 REPO = Path(__file__).resolve().parent.parent
 TEXT = "To be, or not to be, that is the question:\n"
@@ -145,9 +145,19 @@ def test_tokenizer_larger_than_the_model(out_dir: Path, tmp_path: Path, capsys: 
     ids = np.asarray(tokenizer.encode(TEXT * 4), dtype=np.uint16)
     ids.tofile(data_dir / "train.bin")
     split = {"files": ["train.bin"], "tokens": len(ids), "text_bytes": len(ids), "documents": 1}
-    write_meta(data_dir, {"format": "gpt-tokens", "version": 1, "tokenizer": tokenizer.to_meta(),
-                          "vocab_size": tokenizer.vocab_size, "dtype": "uint16", "eot_token": None,
-                          "splits": {"train": split}, "source": {}})  # fmt: skip
+    write_meta(
+        data_dir,
+        {
+            "format": "gpt-tokens",
+            "version": 1,
+            "tokenizer": tokenizer.to_meta(),
+            "vocab_size": tokenizer.vocab_size,
+            "dtype": "uint16",
+            "eot_token": None,
+            "splits": {"train": split},
+            "source": {},
+        },
+    )
     code, _, stderr = cli([f"--out_dir={out_dir}", f"--data_dir={data_dir}"], capsys)
     assert_one_line_error(code, stderr, f"the tokenizer has {tokenizer.vocab_size} tokens but the model only")
 
@@ -180,7 +190,10 @@ def test_checkpoint_locations(out_dir: Path, tmp_path: Path, capsys: pytest.Capt
 def test_sampling_error_end_to_end(out_dir: Path) -> None:
     result = subprocess.run(
         [sys.executable, "sample.py", f"--out_dir={out_dir}", "--device=cpu", "--start=FILE:/nonexistent/prompt"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == "error: prompt file /nonexistent/prompt does not exist\n"

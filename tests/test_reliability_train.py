@@ -25,8 +25,9 @@ import torch
 
 import sample
 import train
-from gptkit import checkpoint as ckpt
-from gptkit.errors import UserError
+from gptkit.core.errors import UserError
+from gptkit.model import GPT, GPTConfig, config_to_dict
+from gptkit.weights import checkpoint as ckpt
 from helpers import (
     REPO,
     assert_one_line_error,
@@ -37,7 +38,6 @@ from helpers import (
     sample_text,
     tiny_train_args,
 )
-from model import GPT, GPTConfig, config_to_dict
 
 INTERVAL = 10  # eval_interval: a checkpoint every 10 steps
 MAX_ITERS = 150  # where every resumed run (and the reference run) ends
@@ -114,8 +114,17 @@ if FAULT:
 
 
 # This file's runs: the helpers' tiny model, 4 sequences per step, a checkpoint every INTERVAL steps, a line per step.
-RUN = {"batch_size": 4, "dropout": 0.0, "eval_interval": INTERVAL, "eval_iters": 2, "log_interval": 1,
-       "learning_rate": 1e-2, "warmup_iters": 5, "lr_decay_iters": MAX_ITERS, "min_lr": 1e-3}  # fmt: skip
+RUN = {
+    "batch_size": 4,
+    "dropout": 0.0,
+    "eval_interval": INTERVAL,
+    "eval_iters": 2,
+    "log_interval": 1,
+    "learning_rate": 1e-2,
+    "warmup_iters": 5,
+    "lr_decay_iters": MAX_ITERS,
+    "min_lr": 1e-3,
+}
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:
@@ -195,8 +204,12 @@ def test_kill_9_keeps_a_loadable_checkpoint_and_resume_ends_identical(
         env = clean_env(PYTHONPATH=str(hooks), FAULT="kill_before_link", FAULT_SAVE=str(trial[1]))
     process = subprocess.Popen(
         [sys.executable, str(REPO / "train.py"), *args],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seen = []
     try:
         if kind == "after_step":
@@ -367,9 +380,14 @@ def trained(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize(("how", "train_says", "sample_says"), DAMAGES, ids=[d[0] for d in DAMAGES])
 def test_damaged_or_malicious_checkpoint_is_one_clear_line_in_train_and_sample(
-    how: str, train_says: str, sample_says: str | None, trained: Path, data_dir: Path, tmp_path: Path,
+    how: str,
+    train_says: str,
+    sample_says: str | None,
+    trained: Path,
+    data_dir: Path,
+    tmp_path: Path,
     capsys: pytest.CaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     marker = tmp_path / "code_ran"
@@ -429,8 +447,14 @@ def test_rerunning_a_scratch_command_is_refused_and_the_earlier_run_kept(data_di
     assert run_script("train.py", *args).returncode == 0
     before = snapshot(out_dir)
     again = run_script("train.py", *args)
-    assert_one_line_error(again.returncode, again.stderr, str(out_dir / "ckpt.pt"), "--init_from=resume",
-                          "another --out_dir", "--overwrite=True")  # fmt: skip
+    assert_one_line_error(
+        again.returncode,
+        again.stderr,
+        str(out_dir / "ckpt.pt"),
+        "--init_from=resume",
+        "another --out_dir",
+        "--overwrite=True",
+    )
     assert snapshot(out_dir) == before  # nothing written, log.jsonl included
     more = run_script("train.py", *args, "--init_from=auto", "--max_iters=6", "--lr_decay_iters=6")
     assert more.returncode == 0, more.stderr
@@ -450,8 +474,11 @@ def test_a_second_run_into_a_busy_out_dir_is_refused_until_the_first_dies(data_d
     out_dir = tmp_path / "out"
     first = subprocess.Popen(
         [sys.executable, str(REPO / "train.py"), *tiny_train_args(data_dir, out_dir, max_iters=10**7)],
-        cwd=REPO, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        cwd=REPO,
+        env=clean_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (out_dir / "ckpt.pt").exists():  # mid-run: it has saved at least once

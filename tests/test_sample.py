@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from gptkit.checkpoint import save_checkpoint
-from gptkit.tokenizer import CharTokenizer, TiktokenTokenizer, write_meta
+from gptkit.data.tokenizer import CharTokenizer, TiktokenTokenizer, write_meta
+from gptkit.model import GPT, GPTConfig, config_to_dict
+from gptkit.weights.checkpoint import save_checkpoint
 from helpers import assert_one_line_error, lively_char_checkpoint
-from model import GPT, GPTConfig, config_to_dict
 from sample import TextStream
 
 REPO = Path(__file__).resolve().parent.parent
@@ -22,9 +22,12 @@ CORPUS = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\
 
 def run_script(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, *args], cwd=REPO, capture_output=True, input=None if stdin is None else stdin.encode(),
+        [sys.executable, *args],
+        cwd=REPO,
+        capture_output=True,
+        input=None if stdin is None else stdin.encode(),
         timeout=300,
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture(scope="module")
@@ -38,21 +41,47 @@ def trained_char_checkpoint(tmp_path_factory) -> Path:
     data_dir.mkdir()
     ids[:split].tofile(data_dir / "train.bin")
     ids[split:].tofile(data_dir / "val.bin")
-    write_meta(data_dir, {
-        "format": "gpt-tokens", "version": 1, "tokenizer": tokenizer.to_meta(), "vocab_size": tokenizer.vocab_size,
-        "dtype": "uint16", "eot_token": None,
-        "splits": {"train": {"files": ["train.bin"], "tokens": split, "text_bytes": split, "documents": 1},
-                   "val": {"files": ["val.bin"], "tokens": len(ids) - split, "text_bytes": len(ids) - split,
-                           "documents": 1}},
-        "source": {"test": "tiny corpus"},
-    })  # fmt: skip
+    write_meta(
+        data_dir,
+        {
+            "format": "gpt-tokens",
+            "version": 1,
+            "tokenizer": tokenizer.to_meta(),
+            "vocab_size": tokenizer.vocab_size,
+            "dtype": "uint16",
+            "eot_token": None,
+            "splits": {
+                "train": {"files": ["train.bin"], "tokens": split, "text_bytes": split, "documents": 1},
+                "val": {
+                    "files": ["val.bin"],
+                    "tokens": len(ids) - split,
+                    "text_bytes": len(ids) - split,
+                    "documents": 1,
+                },
+            },
+            "source": {"test": "tiny corpus"},
+        },
+    )
     out_dir = root / "out"
     result = run_script(
-        "train.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--device=cpu", "--compile=False",
-        "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=8", "--max_iters=60",
-        "--eval_interval=30", "--eval_iters=2", "--learning_rate=3e-3", "--warmup_iters=5", "--log_interval=30",
+        "train.py",
+        f"--data_dir={data_dir}",
+        f"--out_dir={out_dir}",
+        "--device=cpu",
+        "--compile=False",
+        "--n_layer=1",
+        "--n_head=2",
+        "--n_embd=32",
+        "--block_size=32",
+        "--batch_size=8",
+        "--max_iters=60",
+        "--eval_interval=30",
+        "--eval_iters=2",
+        "--learning_rate=3e-3",
+        "--warmup_iters=5",
+        "--log_interval=30",
         "--curves=False",
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr.decode()
     assert (out_dir / "ckpt.pt").exists()
     return out_dir
@@ -85,13 +114,20 @@ def test_native_decoding_of_a_model_it_cannot_run_is_one_clear_error(tmp_path):
 
 
 def test_stop_string_ends_the_sample_and_is_not_printed(trained_char_checkpoint):
-    free = run_script("sample.py", f"--out_dir={trained_char_checkpoint}", "--start=A", "--max_new_tokens=80",
-                      "--temperature=0")  # fmt: skip
+    free = run_script(
+        "sample.py", f"--out_dir={trained_char_checkpoint}", "--start=A", "--max_new_tokens=80", "--temperature=0"
+    )
     text = free.stdout.decode()[1:-1]  # greedy continuation without the prompt and final newline
     stop = text[10:12]
     expected = "A" + text[: text.index(stop)] + "\n"
-    stopped = run_script("sample.py", f"--out_dir={trained_char_checkpoint}", "--start=A", "--max_new_tokens=80",
-                         "--temperature=0", f"--stop={stop}")  # fmt: skip
+    stopped = run_script(
+        "sample.py",
+        f"--out_dir={trained_char_checkpoint}",
+        "--start=A",
+        "--max_new_tokens=80",
+        "--temperature=0",
+        f"--stop={stop}",
+    )
     assert stopped.returncode == 0
     assert stopped.stdout.decode() == expected
 
@@ -99,8 +135,14 @@ def test_stop_string_ends_the_sample_and_is_not_printed(trained_char_checkpoint)
 def test_file_prompt_and_batch(trained_char_checkpoint, tmp_path):
     prompt_file = tmp_path / "prompt.txt"
     prompt_file.write_text("All:\nSpeak")
-    result = run_script("sample.py", f"--out_dir={trained_char_checkpoint}", f"--start=FILE:{prompt_file}",
-                        "--num_samples=3", "--max_new_tokens=20", "--seed=3")  # fmt: skip
+    result = run_script(
+        "sample.py",
+        f"--out_dir={trained_char_checkpoint}",
+        f"--start=FILE:{prompt_file}",
+        "--num_samples=3",
+        "--max_new_tokens=20",
+        "--seed=3",
+    )
     assert result.returncode == 0, result.stderr.decode()
     printed = result.stdout.decode()
     assert printed.endswith("\n")  # one newline after the last sample, which may itself end with a newline
@@ -111,8 +153,9 @@ def test_file_prompt_and_batch(trained_char_checkpoint, tmp_path):
 
 
 def test_interactive_reads_prompts_until_eof(trained_char_checkpoint):
-    result = run_script("sample.py", f"--out_dir={trained_char_checkpoint}", "--interactive", "--max_new_tokens=5",
-                        stdin="First\nAll\n")  # fmt: skip
+    result = run_script(
+        "sample.py", f"--out_dir={trained_char_checkpoint}", "--interactive", "--max_new_tokens=5", stdin="First\nAll\n"
+    )
     assert result.returncode == 0, result.stderr.decode()
     outputs = result.stdout.decode().split("\n" + "-" * 40 + "\n")
     assert outputs[0].startswith("First") and outputs[1].startswith("All")
@@ -128,9 +171,15 @@ def test_out_of_vocabulary_characters_are_one_clear_error(trained_char_checkpoin
 
 @pytest.mark.parametrize(
     "flag, message",
-    [("--max_new_tokens=0", "max_new_tokens"), ("--top_p=1.5", "top_p"), ("--top_p=0", "top_p"),
-     ("--start=", "prompt is empty"), ("--top_k=0", "top_k"), ("--temperature=-1", "temperature")],
-)  # fmt: skip
+    [
+        ("--max_new_tokens=0", "max_new_tokens"),
+        ("--top_p=1.5", "top_p"),
+        ("--top_p=0", "top_p"),
+        ("--start=", "prompt is empty"),
+        ("--top_k=0", "top_k"),
+        ("--temperature=-1", "temperature"),
+    ],
+)
 def test_bad_settings_are_one_clear_error(trained_char_checkpoint, flag, message):
     result = run_script("sample.py", f"--out_dir={trained_char_checkpoint}", *flag.split())
     stderr = result.stderr.decode()
@@ -139,8 +188,9 @@ def test_bad_settings_are_one_clear_error(trained_char_checkpoint, flag, message
 
 def test_long_prompt_is_truncated_from_the_left_with_a_warning(trained_char_checkpoint):
     long_prompt = "speak " * 20  # 120 characters, context is 32
-    result = run_script("sample.py", f"--out_dir={trained_char_checkpoint}", f"--start={long_prompt}",
-                        "--max_new_tokens=40")  # fmt: skip
+    result = run_script(
+        "sample.py", f"--out_dir={trained_char_checkpoint}", f"--start={long_prompt}", "--max_new_tokens=40"
+    )
     assert result.returncode == 0
     assert "warning: the prompt has 120 tokens; keeping the last 32" in result.stderr.decode()
     assert len(result.stdout.decode()) == 120 + 40 + 1  # generation beyond block_size works
@@ -171,10 +221,18 @@ def test_bpe_checkpoint_streams_valid_utf8_end_to_end(tmp_path):
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=32, vocab_size=50304, n_layer=1, n_head=2, n_embd=16))
     record = {**tokenizer.to_meta(), "vocab_size": tokenizer.vocab_size, "eot_token": tokenizer.eot_token}
-    save_checkpoint(tmp_path / "ckpt.pt", {"model": model.state_dict(), "model_args": config_to_dict(model.config),
-                                           "tokenizer": record})  # fmt: skip
-    result = run_script("sample.py", f"--out_dir={tmp_path}", "--start=日本語 🙂", "--max_new_tokens=200",
-                        "--top_k=None", "--stop_at_eot=False")  # fmt: skip
+    save_checkpoint(
+        tmp_path / "ckpt.pt",
+        {"model": model.state_dict(), "model_args": config_to_dict(model.config), "tokenizer": record},
+    )
+    result = run_script(
+        "sample.py",
+        f"--out_dir={tmp_path}",
+        "--start=日本語 🙂",
+        "--max_new_tokens=200",
+        "--top_k=None",
+        "--stop_at_eot=False",
+    )
     assert result.returncode == 0, result.stderr.decode()
     result.stdout.decode("utf-8", errors="strict")  # random byte-level tokens still print as valid UTF-8
     assert result.stdout.decode().startswith("日本語 🙂")

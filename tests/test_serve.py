@@ -30,8 +30,17 @@ def served(tmp_path_factory):
     """(base URL, server process, tokenizer) of serve.py on a tiny model: 8 slots, a key, long generations allowed."""
     root = tmp_path_factory.mktemp("serve")
     tokenizer = lively_char_checkpoint(root / "out")
-    args = (f"--out_dir={root / 'out'}", f"--api_key={KEY}", f"--model_name={NAME}", "--device=cpu", "--slots=8",
-            "--max_queue=32", "--max_tokens=100000", f"--max_body_bytes={MAX_BODY}", "--access_log=False")  # fmt: skip
+    args = (
+        f"--out_dir={root / 'out'}",
+        f"--api_key={KEY}",
+        f"--model_name={NAME}",
+        "--device=cpu",
+        "--slots=8",
+        "--max_queue=32",
+        "--max_tokens=100000",
+        f"--max_body_bytes={MAX_BODY}",
+        "--access_log=False",
+    )
     with serve_process(*args, log=root / "server.log") as (base, process):
         yield base, process, tokenizer
 
@@ -47,8 +56,7 @@ HTTP = httpx.Client(timeout=60)  # one connection pool for the module (a client 
 def post(base: str, body: object, key: str | None = KEY) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     content = body if isinstance(body, (bytes, Iterator)) else json.dumps(body).encode()
-    return HTTP.post(f"{base}/v1/completions", content=content,
-                     headers={"Content-Type": "application/json", **headers})  # fmt: skip
+    return HTTP.post(f"{base}/v1/completions", content=content, headers={"Content-Type": "application/json", **headers})
 
 
 def wait_for(condition, timeout: float = 10.0, what: str = "condition") -> None:
@@ -70,8 +78,9 @@ class LongStreams:
         self.streams = []
         for i in range(count):
             body = {"model": NAME, "prompt": "All:", "max_tokens": 90000, "stream": True, "seed": i}
-            response = self.client.send(self.client.build_request("POST", f"{base}/v1/completions", json=body),
-                                        stream=True)  # fmt: skip
+            response = self.client.send(
+                self.client.build_request("POST", f"{base}/v1/completions", json=body), stream=True
+            )
             assert response.status_code == 200
             lines = response.iter_lines()  # kept: a collected line iterator would close its connection
             assert next(line for line in lines if line.startswith("data: "))  # decoding has begun
@@ -102,8 +111,11 @@ def test_completion_through_the_openai_client(client, served):
 
 def test_streamed_text_equals_the_whole_answer(client):
     whole = greedy(client, "All:", 30).choices[0].text
-    chunks = list(client.completions.create(model=NAME, prompt="All:", max_tokens=30, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}))  # fmt: skip
+    chunks = list(
+        client.completions.create(
+            model=NAME, prompt="All:", max_tokens=30, temperature=0, stream=True, stream_options={"include_usage": True}
+        )
+    )
     texts = [c.choices[0].text for c in chunks if c.choices]
     assert "".join(texts) == whole and len(texts) > 3  # many chunks, not one at the end
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -131,8 +143,12 @@ def test_n_and_a_list_of_prompts_give_every_choice_in_order(client):
     assert answer.usage.prompt_tokens == 6 + 4 and answer.usage.completion_tokens == 4 * 24
     # sampled with a seed: choice j of n uses seed + j, so each choice is what that seed gives alone
     seeded = client.completions.create(model=NAME, prompt="All:", max_tokens=24, n=2, seed=7, extra_body={"top_k": 5})
-    alone = [client.completions.create(model=NAME, prompt="All:", max_tokens=24, seed=s, extra_body={"top_k": 5})
-             .choices[0].text for s in (7, 8)]  # fmt: skip
+    alone = [
+        client.completions.create(model=NAME, prompt="All:", max_tokens=24, seed=s, extra_body={"top_k": 5})
+        .choices[0]
+        .text
+        for s in (7, 8)
+    ]
     assert [c.text for c in seeded.choices] == alone and alone[0] != alone[1]
 
 
@@ -176,8 +192,12 @@ def test_a_closed_stream_frees_its_slot_and_stops_costing_compute(served):
     health = get_json(f"{base}/health")
     assert health["steps"] == steps and health["queued"] == 0  # the engine is idle: nothing decodes for it
     with pytest.raises(httpx.ReadTimeout):  # the same for a whole-answer request whose client gives up
-        HTTP.post(f"{base}/v1/completions", json={"model": NAME, "prompt": "All:", "max_tokens": 90000},
-                  headers={"Authorization": f"Bearer {KEY}"}, timeout=0.5)  # fmt: skip
+        HTTP.post(
+            f"{base}/v1/completions",
+            json={"model": NAME, "prompt": "All:", "max_tokens": 90000},
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=0.5,
+        )
     wait_for(lambda: get_json(f"{base}/health")["active"] == 0, what="the abandoned request to leave")
 
 
@@ -292,8 +312,12 @@ def test_soak_of_mixed_requests_leaves_the_server_up_with_flat_memory(served):
         elif kind == 3:
             assert post(base, good, key="bad").status_code == 401
         elif kind == 4:  # abandoned: read one chunk of a long stream, then hang up
-            with HTTP.stream("POST", f"{base}/v1/completions", json={**good, "max_tokens": 5000, "stream": True},
-                             headers={"Authorization": f"Bearer {KEY}"}) as response:  # fmt: skip
+            with HTTP.stream(
+                "POST",
+                f"{base}/v1/completions",
+                json={**good, "max_tokens": 5000, "stream": True},
+                headers={"Authorization": f"Bearer {KEY}"},
+            ) as response:
                 next(response.iter_lines())
         else:  # a connection that sends half a request and goes
             with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
@@ -329,8 +353,10 @@ def find_chromium() -> tuple[str, str] | None:
 def browser():
     found = find_chromium()
     if found is None:
-        pytest.skip("the playground test needs chromium and chromedriver (Debian: apt-get install chromium "
-                    "chromium-driver; `make test` installs them where it can)")  # fmt: skip
+        pytest.skip(
+            "the playground test needs chromium and chromedriver (Debian: apt-get install chromium "
+            "chromium-driver; `make test` installs them where it can)"
+        )
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

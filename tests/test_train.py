@@ -21,9 +21,11 @@ import pytest
 import torch
 
 import train
-from gptkit import checkpoint as ckpt
-from gptkit.errors import UserError
-from gptkit.settings import parse_settings
+from gptkit.core.errors import UserError
+from gptkit.core.settings import parse_settings
+from gptkit.model import GPT, GPTConfig
+from gptkit.weights import checkpoint as ckpt
+from gptkit.weights.hf_gpt2 import save_gpt2
 from helpers import (
     REPO,
     TINY_MODEL,
@@ -34,13 +36,23 @@ from helpers import (
     run_script,
     tiny_train_args,
 )
-from model import GPT, GPTConfig
 
 MAX_ITERS = 150  # long enough after the first checkpoint (step 10) for a kill to land mid-run
 # This file's runs: a 2-layer, 32-wide model on 32-character windows, 2 micro-batches of 4 per step, dropout on.
-RUN = {**TINY_MODEL, "batch_size": 4, "gradient_accumulation_steps": 2, "dropout": 0.1, "max_iters": MAX_ITERS,
-       "eval_interval": 10, "eval_iters": 4, "log_interval": 5, "learning_rate": 3e-3, "warmup_iters": 5,
-       "lr_decay_iters": MAX_ITERS, "min_lr": 3e-4}  # fmt: skip
+RUN = {
+    **TINY_MODEL,
+    "batch_size": 4,
+    "gradient_accumulation_steps": 2,
+    "dropout": 0.1,
+    "max_iters": MAX_ITERS,
+    "eval_interval": 10,
+    "eval_iters": 4,
+    "log_interval": 5,
+    "learning_rate": 3e-3,
+    "warmup_iters": 5,
+    "lr_decay_iters": MAX_ITERS,
+    "min_lr": 3e-4,
+}
 UNBUFFERED = clean_env(PYTHONUNBUFFERED="1")  # lines arrive as they are printed
 
 
@@ -48,8 +60,12 @@ def start_train(args: list[str]) -> subprocess.Popen:
     """train.py in a subprocess that the test can signal or kill while it runs."""
     return subprocess.Popen(
         [sys.executable, str(REPO / "train.py"), *args],
-        cwd=REPO, env=UNBUFFERED, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        env=UNBUFFERED,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for_checkpoint(process: subprocess.Popen, path: Path, min_iter: int) -> int:
@@ -86,8 +102,14 @@ def reference(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
     """One uninterrupted run of the tiny config, started from an empty working directory."""
     out_dir = tmp_path_factory.mktemp("reference") / "out"
     cwd = tmp_path_factory.mktemp("cwd")
-    result = subprocess.run([sys.executable, str(REPO / "train.py"), *tiny_train_args(data_dir, out_dir, **RUN)],
-                            cwd=cwd, env=UNBUFFERED, capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *tiny_train_args(data_dir, out_dir, **RUN)],
+        cwd=cwd,
+        env=UNBUFFERED,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert list(cwd.iterdir()) == []  # everything went under out_dir
     return out_dir, result
@@ -116,7 +138,7 @@ def load_recipe(path: Path) -> train.TrainSettings:
 
 def prepared_datasets() -> set[str]:
     """The data directories the preparation scripts write by default (data/NAME), by NAME."""
-    scripts = [*(REPO / "prepare_data").glob("*.py"), *(REPO / "gptkit" / "prepare").glob("*.py")]
+    scripts = [*(REPO / "prepare_data").glob("*.py"), *(REPO / "gptkit" / "data" / "prepare").glob("*.py")]
     return {m for path in scripts for m in re.findall(r'out_dir: str = setting\(\s*"data/(\w+)"', path.read_text())}
 
 
@@ -163,8 +185,11 @@ def test_cpu_recipe_trains_on_shakespeare_chars_in_a_few_steps(
     state = ckpt.load_checkpoint(out_dir / "ckpt.pt")
     args = state["model_args"]
     assert (args["n_layer"], args["n_embd"], args["block_size"], args["pos_encoding"]) == (
-        cfg.n_layer, cfg.n_embd, cfg.block_size, cfg.pos_encoding
-    )  # fmt: skip
+        cfg.n_layer,
+        cfg.n_embd,
+        cfg.block_size,
+        cfg.pos_encoding,
+    )
     evals = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
     evals = [entry for entry in evals if "val/loss" in entry]
     assert [entry["iter"] for entry in evals] == [0, 20]
@@ -327,7 +352,7 @@ def test_eval_only_reports_estimate_and_whole_split_and_writes_nothing(
 def test_finetune_from_a_hugging_face_directory_crops_the_context(data_dir: Path, tmp_path: Path) -> None:
     torch.manual_seed(0)
     pretrained = GPT(GPTConfig(block_size=64, vocab_size=80, n_layer=1, n_head=2, n_embd=16, bias=True))
-    pretrained.save_pretrained(tmp_path / "hf")
+    save_gpt2(pretrained, tmp_path / "hf")
     out_dir = tmp_path / "out"
     args = [*tiny_train_args(data_dir, out_dir, **RUN), *cli_args(init_from=tmp_path / "hf", max_iters=4)]
     args += ["--eval_interval=4", "--block_size=16"]
@@ -337,7 +362,7 @@ def test_finetune_from_a_hugging_face_directory_crops_the_context(data_dir: Path
     assert state["model_args"]["dropout"] == 0.1 and state["model"]["transformer.wpe.weight"].shape == (16, 16)
 
     small = GPT(GPTConfig(block_size=64, vocab_size=40, n_layer=1, n_head=2, n_embd=16, bias=True))
-    small.save_pretrained(tmp_path / "hf_small")
+    save_gpt2(small, tmp_path / "hf_small")
     with pytest.raises(UserError, match=r"data's vocab_size \(\d+\) is larger than the model's \(40\)"):
         train.main([*tiny_train_args(data_dir, tmp_path / "out2", **RUN), f"--init_from={tmp_path / 'hf_small'}"])
 
@@ -393,8 +418,9 @@ def test_mfu_uses_a_peak_the_caller_gives(data_dir: Path, tmp_path: Path, capsys
     assert mfu == pytest.approx(expected, rel=0.05)  # ms/iter is printed rounded to 0.1 ms
 
 
-def test_ema_is_evaluated_and_saved_as_the_model_and_resumes_exactly(data_dir: Path, tmp_path: Path,
-                                                                    capsys: pytest.CaptureFixture) -> None:  # fmt: skip
+def test_ema_is_evaluated_and_saved_as_the_model_and_resumes_exactly(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     ema = cli_args(optimizer="muon", muon_lr=0.02, lr_decay_iters=14, ema_decay=0.8, ema_start=4)
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     assert train.main([*tiny_train_args(data_dir, whole, **RUN), *ema, "--max_iters=14"]) == 0

@@ -14,23 +14,40 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptkit import checkpoint as ckpt
-from gptkit import evaluation
+from gptkit.eval import hellaswag
+from gptkit.weights import checkpoint as ckpt
 from helpers import REPO, TINY_MODEL, clean_env, make_char_data, sample_text, tiny_train_args, write_items
 
 MAX_ITERS = 20
 # A 2-layer, 32-wide model, 4 micro-batches of 4 per step (whatever the number of processes), dropout on.
-RUN = {**TINY_MODEL, "batch_size": 4, "gradient_accumulation_steps": 4, "dropout": 0.1, "max_iters": MAX_ITERS,
-       "eval_interval": 10, "eval_iters": 5, "log_interval": 2, "learning_rate": 3e-3, "warmup_iters": 5,
-       "lr_decay_iters": MAX_ITERS, "min_lr": 3e-4}  # fmt: skip
+RUN = {
+    **TINY_MODEL,
+    "batch_size": 4,
+    "gradient_accumulation_steps": 4,
+    "dropout": 0.1,
+    "max_iters": MAX_ITERS,
+    "eval_interval": 10,
+    "eval_iters": 5,
+    "log_interval": 2,
+    "learning_rate": 3e-3,
+    "warmup_iters": 5,
+    "lr_decay_iters": MAX_ITERS,
+    "min_lr": 3e-4,
+}
 
 
 def train_in(processes: int, data_dir: Path, out_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     """train.py with this file's run, in one process or under torchrun in `processes` CPU processes (gloo)."""
     launcher = [sys.executable, str(REPO / "train.py")]
     if processes > 1:
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
-                    str(REPO / "train.py")]  # fmt: skip
+        launcher = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={processes}",
+            str(REPO / "train.py"),
+        ]
     args = [*tiny_train_args(data_dir, out_dir, **RUN), *extra]
     result = subprocess.run([*launcher, *args], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -68,7 +85,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One process with 4 micro-batches per step; 2 DDP processes and 2 FSDP processes with 2 each."""
     root = tmp_path_factory.mktemp("ddp")
     make_char_data(root / "data")
-    items = write_items(root / "items.jsonl", evaluation.items_from_text(sample_text(), 21, 60, 12, seed=3))
+    items = write_items(root / "items.jsonl", hellaswag.items_from_text(sample_text(), 21, 60, 12, seed=3))
     tasks = ("--eval_tasks=hellaswag", f"--hellaswag_path={items}")  # 21 items: the processes get 11 and 10
     outs = {name: root / name for name in ("single", "ddp", "fsdp")}
     train_in(1, root / "data", outs["single"], *tasks)
@@ -90,8 +107,11 @@ def test_evaluation_tasks_split_over_processes_count_every_item_once(runs: dict[
     figures = {}
     for name in ("single", "ddp", "fsdp"):
         entries = [json.loads(line) for line in (runs[name] / "log.jsonl").read_text().splitlines()]
-        figures[name] = [(e["iter"], e["hellaswag/n"], e["hellaswag/acc"], e["hellaswag/acc_norm"])
-                         for e in entries if "hellaswag/acc" in e]  # fmt: skip
+        figures[name] = [
+            (e["iter"], e["hellaswag/n"], e["hellaswag/acc"], e["hellaswag/acc_norm"])
+            for e in entries
+            if "hellaswag/acc" in e
+        ]
     assert [row[:2] for row in figures["single"]] == [(0, 21), (10, 21), (20, 21)]
     assert figures["ddp"] == figures["single"] and figures["fsdp"] == figures["single"]
 
@@ -152,10 +172,21 @@ def test_a_signal_to_one_process_stops_all_of_them_at_the_same_step(runs: dict[s
     out_dir = tmp_path / "out"
     args = [*tiny_train_args(runs["data"], out_dir, **RUN), "--max_iters=1000000"]  # only the signal ends it
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py"),
-         *args], cwd=REPO, env=clean_env(PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(REPO / "train.py"),
+            *args,
+        ],
+        cwd=REPO,
+        env=clean_env(PYTHONUNBUFFERED="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-    )  # fmt: skip
+    )
     try:
         deadline = time.monotonic() + 120
         while not (out_dir / "ckpt.pt").exists():  # written atomically: it exists only when complete
@@ -184,17 +215,17 @@ def test_a_signal_to_one_process_stops_all_of_them_at_the_same_step(runs: dict[s
 KILL_HOOK = """
 import os
 if os.environ.get("RANK") == os.environ.get("KILL_RANK") and not os.path.exists(os.environ["KILL_MARKER"]):
-    from gptkit import data
+    from gptkit.data import loader
 
-    _real_batch = data.BatchSampler.batch
+    _real_batch = loader.BatchSampler.batch
 
     def _batch(self, index):
-        if self.purpose == data.PURPOSE_TRAIN and index >= int(os.environ["KILL_AT_BATCH"]):
+        if self.purpose == loader.PURPOSE_TRAIN and index >= int(os.environ["KILL_AT_BATCH"]):
             open(os.environ["KILL_MARKER"], "w").close()
             os.kill(os.getpid(), 9)
         return _real_batch(self, index)
 
-    data.BatchSampler.batch = _batch
+    loader.BatchSampler.batch = _batch
 """
 
 

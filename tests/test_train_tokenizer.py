@@ -1,4 +1,4 @@
-"""Training a byte-level BPE (gptkit.prepare.tokenizer_training, prepare_data/train_tokenizer.py) on Python's own
+"""Training a byte-level BPE (gptkit.data.prepare.tokenizer_training, prepare_data/train_tokenizer.py) on Python's own
 standard library sources, and using it through tiktoken: agreement with the trainer on held-out text, round trips,
 compression against GPT-2, the whole path to sampling from a checkpoint alone, and damaged tokenizer directories."""
 
@@ -19,13 +19,13 @@ import psutil
 import pytest
 import tiktoken
 
-from gptkit import bpe
-from gptkit import tokenizer as tok
-from gptkit.errors import UserError
-from gptkit.fileio import sha256_file
-from gptkit.prepare import discover
-from gptkit.prepare.settings import PrepareSettings
-from gptkit.prepare.tokenizer_training import TrainingJob, train_bpe
+from gptkit.core.errors import UserError
+from gptkit.core.fileio import sha256_file
+from gptkit.data import bpe
+from gptkit.data import tokenizer as tok
+from gptkit.data.prepare import discover
+from gptkit.data.prepare.settings import PrepareSettings
+from gptkit.data.prepare.tokenizer_training import TrainingJob, train_bpe
 from helpers import (
     REPO,
     SHAKESPEARE,
@@ -186,8 +186,9 @@ def test_train_prepare_train_and_sample_from_the_checkpoint_alone(corpus_tree: P
     again = run_script(TRAIN_TOKENIZER, *cli_args(input=corpus_tree, vocab_size=600, out_dir=tok_dir))
     assert_script_error(again, "already holds a tokenizer", "--overwrite=True")
 
-    prepared = run_script("prepare_data/corpus.py", *cli_args(input=corpus_tree, tokenizer=tok_dir, out_dir=data_dir,
-                                                              block_size=16))  # fmt: skip
+    prepared = run_script(
+        "prepare_data/corpus.py", *cli_args(input=corpus_tree, tokenizer=tok_dir, out_dir=data_dir, block_size=16)
+    )
     assert prepared.returncode == 0, prepared.stderr
     data_meta = tok.read_meta(data_dir, check_files=True)
     assert data_meta["vocab_size"] == 600 and data_meta["eot_token"] == 599 and data_meta["tokenizer"]["kind"] == "bpe"
@@ -202,15 +203,24 @@ def test_train_prepare_train_and_sample_from_the_checkpoint_alone(corpus_tree: P
     assert sampled.stdout.startswith("def ")
 
 
-@pytest.mark.parametrize("signum, group, code, line", [(signal.SIGTERM, False, 143, "terminated by SIGTERM"),
-                                                       (signal.SIGINT, True, 130, "interrupted")])  # fmt: skip
+@pytest.mark.parametrize(
+    "signum, group, code, line",
+    [(signal.SIGTERM, False, 143, "terminated by SIGTERM"), (signal.SIGINT, True, 130, "interrupted")],
+)
 def test_a_signal_stops_the_training_at_once(tmp_path: Path, signum: int, group: bool, code: int, line: str) -> None:
     """The Rust trainer cannot be interrupted; its child process is killed, and nothing is written."""
     big = tmp_path / "big.txt"
     big.write_text(SHAKESPEARE.read_text(encoding="utf-8") * 20)  # ~22 MB: seconds of training at the least
     command = [sys.executable, str(REPO / TRAIN_TOKENIZER), *cli_args(input=big, out_dir=tmp_path / "tok")]
-    process = subprocess.Popen(command, cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True)  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while not (children := psutil.Process(process.pid).children()):
@@ -248,8 +258,9 @@ def _change_hash(directory: Path) -> None:
 
 
 def _hugging_face_file(directory: Path) -> None:
-    (directory / bpe.META_FILENAME).write_text(json.dumps({"version": "1.0", "model": {"type": "BPE"},
-                                                           "pre_tokenizer": None, "added_tokens": []}))  # fmt: skip
+    (directory / bpe.META_FILENAME).write_text(
+        json.dumps({"version": "1.0", "model": {"type": "BPE"}, "pre_tokenizer": None, "added_tokens": []})
+    )
 
 
 DAMAGES = {
@@ -279,8 +290,9 @@ def test_corpus_py_reports_a_damaged_tokenizer_dir_in_one_line(trained: tuple, c
     tok_dir.mkdir()
     bpe.write_tokenizer_dir(tok_dir, trained[0].ranks, bpe.GPT4_PATTERN, {tok.END_OF_TEXT: 999}, "x", {})
     _truncate_ranks(tok_dir)
-    result = run_script("prepare_data/corpus.py", *cli_args(input=corpus_tree, tokenizer=tok_dir,
-                                                            out_dir=tmp_path / "data"))  # fmt: skip
+    result = run_script(
+        "prepare_data/corpus.py", *cli_args(input=corpus_tree, tokenizer=tok_dir, out_dir=tmp_path / "data")
+    )
     assert_script_error(result, str(tok_dir / bpe.RANKS_FILENAME), "train it again")
     assert not (tmp_path / "data").exists()
 

@@ -1,0 +1,134 @@
+"""Evaluate a model on tasks beyond the loss: HellaSwag as build-nanogpt scores it, and any lm-evaluation-harness task.
+
+python eval.py --out_dir=out-shakespeare-char --tasks=hellaswag --limit=500
+python eval.py --init_from=gpt2 --tasks=hellaswag --json_out=hellaswag.json
+python eval.py --out_dir=out --tasks= --harness_tasks=lambada_openai,arc_easy
+python eval.py --out_dir=out --tasks= --harness_tasks=my_task --harness_include=my_tasks/   # local task YAMLs
+
+The last line on stdout is the summary of every task; --json_out writes {"hellaswag": {"acc", "acc_norm", "n"}, ...}
+(harness tasks as "lm_eval/<task>": {metric: value}).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gptkit.core.devices import autocast, resolve_device, resolve_dtype
+from gptkit.core.errors import UserError, run_cli
+from gptkit.core.settings import parse_settings, setting
+from gptkit.data.tokenizer import Tokenizer
+from gptkit.eval import hellaswag
+from gptkit.model import GPT
+from gptkit.weights.loading import ModelSource, load_for_inference
+
+SUMMARY_FIGURES = ("acc", "acc_norm", "perplexity", "word_perplexity", "exact_match")  # shown in the summary line
+
+
+@dataclass
+class EvaluateSettings(ModelSource):
+    tasks: str = setting(
+        "hellaswag", f"comma-separated tasks of our own scorer ({', '.join(hellaswag.TASKS)}); empty for none"
+    )
+    limit: int | None = setting(None, "evaluate only the first N items of each task (None: all)", rule="positive")
+    hellaswag_path: str = setting(
+        "",
+        "HellaSwag JSONL file or URL (ctx, endings, label); empty: the canonical "
+        "validation set, downloaded once into the cache",
+    )
+    harness_tasks: str = setting("", "comma-separated lm-evaluation-harness tasks (needs: pip install lm-eval)")
+    harness_include: str = setting("", "a directory of extra lm-eval task YAML files (local task definitions)")
+    json_out: str = setting("", "write the results to this JSON file")
+    batch_size: int = setting(16, "items (harness: requests) per forward pass", rule="positive")
+    device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps")
+    dtype: str = setting("auto", "auto, float32, bfloat16 or float16")
+    seed: int = setting(1337, "random seed (harness tasks that sample)")
+
+    def validate(self) -> None:
+        super().validate()
+        if not hellaswag.parse_tasks(self.tasks) and not self.harness_tasks.strip():
+            raise UserError("nothing to evaluate: give --tasks=hellaswag and/or --harness_tasks=...")
+        if self.harness_include and not self.harness_tasks:
+            raise UserError("--harness_include needs --harness_tasks naming the tasks to run")
+
+
+def run_own_tasks(
+    model: GPT, tokenizer: Tokenizer, cfg: EvaluateSettings, device: torch.device, dtype: torch.dtype
+) -> dict[str, Any]:
+    """Our scorer's tasks, with a progress bar on stderr (drawn on a terminal only)."""
+    from tqdm import tqdm
+
+    results = {}
+    for task, items in hellaswag.load_task_items(
+        hellaswag.parse_tasks(cfg.tasks), cfg.hellaswag_path, cfg.limit
+    ).items():
+        with tqdm(total=len(items), desc=task, unit="item", file=sys.stderr, disable=None, leave=False) as bar:
+            precision = autocast(device, dtype)
+            results.update(
+                hellaswag.evaluate_tasks(
+                    model, tokenizer, {task: items}, device, cfg.batch_size, precision=precision, on_batch=bar.update
+                )
+            )
+        if results[task]["n"] == 0:
+            raise UserError(
+                f"the tokenizer could encode none of the {len(items)} {task} items (a character vocabulary without "
+                "their characters?); use a model with a byte-level tokenizer"
+            )
+    return results
+
+
+def run_harness_tasks(
+    model: GPT, tokenizer: Tokenizer, cfg: EvaluateSettings, device: torch.device, dtype: torch.dtype
+) -> dict[str, Any]:
+    """The lm-evaluation-harness tasks, as {"lm_eval/<task>": {metric: value, "n": items}}."""
+    try:
+        from gptkit.eval import harness
+    except ImportError as exc:
+        raise UserError(f"--harness_tasks: {exc}") from None
+    tasks = [name.strip() for name in cfg.harness_tasks.split(",") if name.strip()]
+    lm = harness.GPTKitLM(model, tokenizer, device, dtype, batch_size=cfg.batch_size)
+    try:
+        output = harness.simple_evaluate(
+            lm, tasks, cfg.harness_include or None, cfg.limit, random_seed=cfg.seed, log_samples=False
+        )
+    except (KeyError, ValueError) as exc:  # lm-eval's words for an unknown task or a task it cannot load
+        raise UserError(f"lm-eval could not run {', '.join(tasks)}: {str(exc).strip() or type(exc).__name__}") from None
+    results = {}
+    for task, metrics in (output or {}).get("results", {}).items():
+        figures = {key.split(",")[0]: value for key, value in metrics.items() if isinstance(value, (int, float))}
+        samples = output.get("n-samples", {}).get(task, {})
+        results[f"lm_eval/{task}"] = {**figures, "n": samples.get("effective", samples.get("original"))}
+    return results
+
+
+def summary(results: dict[str, Any]) -> str:
+    """The last line on stdout: each task's main figures."""
+    parts = []
+    for task, figures in results.items():
+        shown = [f"{key} {value:.4f}" for key, value in figures.items() if key in SUMMARY_FIGURES and value is not None]
+        parts.append(f"{task} {' '.join(shown)} (n={figures.get('n')})")
+    return "summary: " + " | ".join(parts)
+
+
+def main(argv: list[str]) -> int:
+    cfg = parse_settings(EvaluateSettings, argv, prog="eval.py", description=__doc__.splitlines()[0])
+    torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    model, tokenizer = load_for_inference(cfg, device, dtype)
+    results = run_own_tasks(model, tokenizer, cfg, device, dtype)
+    for task, result in results.items():
+        print(hellaswag.summary_line({task: result}), flush=True)
+    if cfg.harness_tasks.strip():
+        results.update(run_harness_tasks(model, tokenizer, cfg, device, dtype))
+    if cfg.json_out:
+        hellaswag.write_json(cfg.json_out, results)
+    print(summary(results), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,155 @@
+"""The OpenAI completions wire format: the request body, the error body, and the response and stream chunks.
+
+Only what the server speaks: `POST /v1/completions` bodies are checked by pydantic in strict mode (a string is never
+taken for a number, nor a float for an integer); every error, whatever raised it, is answered as OpenAI answers:
+`{"error": {"message", "type", "param", "code"}}` with a 4xx status (5xx only for the server's own failures).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
+
+MAX_STOPS = 4  # as OpenAI: up to 4 stop strings
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+class APIError(HTTPException):
+    """An answer with an OpenAI error body. An HTTPException, so FastAPI passes it through while it reads a body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(status, message, headers)
+        self.message, self.param, self.code = message, param, code
+        self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
+
+    def response(self) -> JSONResponse:
+        return error_response(self.status_code, self.message, self.kind, self.param, self.code, self.headers)
+
+
+def error_response(
+    status: int,
+    message: str,
+    kind: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+class StreamOptions(BaseModel):
+    """include_usage: a last chunk with the usage; continuous_usage_stats (vLLM's extension): usage in every chunk."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
+class CompletionRequest(BaseModel):
+    """The body of POST /v1/completions. `top_k` is an extension; the other fields are OpenAI's. Fields this
+    server cannot honour (echo, logprobs, suffix, penalties, logit_bias, best_of > n) are refused by the server,
+    never silently ignored; unknown fields are ignored, as other OpenAI-compatible servers do."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    model: str
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=1)
+    n: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    echo: bool | None = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+    def unsupported(self) -> str | None:
+        """The first field set to something this server cannot do, or None."""
+        n = self.n or 1
+        asked = {
+            "echo": bool(self.echo),
+            "logprobs": self.logprobs is not None,
+            "suffix": bool(self.suffix),
+            "presence_penalty": bool(self.presence_penalty),
+            "frequency_penalty": bool(self.frequency_penalty),
+            "logit_bias": bool(self.logit_bias),
+            "best_of": self.best_of not in (None, 1, n),
+        }
+        return next((name for name, on in asked.items() if on), None)
+
+    def stops(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > MAX_STOPS:
+            raise APIError(400, f"stop takes at most {MAX_STOPS} strings, got {len(stops)}", "stop")
+        if any(stop == "" for stop in stops):
+            raise APIError(400, "stop strings must not be empty", "stop")
+        return stops
+
+
+def validation_error(exc: RequestValidationError) -> APIError:
+    """The OpenAI answer for a body pydantic refused: malformed JSON, a missing field, a wrong type, a value out of
+    range. Names the field (param) and says what it needs."""
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request", "type": "value_error"}
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    if first.get("type") == "json_invalid":
+        return APIError(400, "the request body is not valid JSON", None, "invalid_json")
+    if not loc:
+        return APIError(400, "the request body must be a JSON object, sent with Content-Type: application/json")
+    param = loc[0]
+    if param == "prompt" and first.get("type") != "missing":
+        return APIError(
+            400,
+            "prompt must be a string, a list of strings, a list of token ids, or a list of lists of token ids",
+            param,
+        )
+    where = ".".join(loc) if len(loc) == 1 or not loc[1].isidentifier() else param
+    return APIError(400, f"{where}: {first.get('msg', 'invalid value')}", param, first.get("type"))
+
+
+def completion_id() -> dict[str, Any]:
+    """The fields every response and chunk of one completion share, but the model."""
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time())}
+
+
+def choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    """One server-sent event: `data: <json>` and a blank line."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()

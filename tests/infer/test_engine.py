@@ -1,0 +1,472 @@
+"""gptkit/infer/engine.py, gptkit/infer/onednn.py and gptkit/infer/compiled.py: KV cache rows, the step-based engine,
+the CPU fast path, the compiled step.
+
+Expected tokens come from helpers.reference_greedy: a full forward pass of the plain model (no cache) over the window
+each step should see, written out there from the rule.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from gptkit.infer import compiled as compiled_decoding
+from gptkit.infer.compiled import decode_step
+from gptkit.infer.engine import Engine, KVCache, Request, generate, generate_stream
+from gptkit.infer.onednn import DecodingLinear, onednn_linear_available, optimize_for_cpu_decoding
+from gptkit.model import GPT
+from gptkit.train.optim import configure_optimizers
+from helpers import lively_model, plain_copy, reference_greedy
+
+POSITIONS = ["learned", "sinusoidal", "rope"]
+VOCAB = 37
+
+
+def run_alone(model: GPT, request: Request, fast: bool = True) -> list[int]:
+    engine = Engine(model, slots=1, cpu_fast_path=fast)
+    for _ in engine.run([request]):
+        pass
+    return request.output
+
+
+def prompts_of(*lengths: int, seed: int = 1) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+
+
+# ----------------------------------------------------------------------------------------------- KV cache
+
+
+@pytest.mark.parametrize("pos_encoding", POSITIONS)
+@pytest.mark.parametrize("attention", ["sdpa", "math"])
+def test_cache_rows_of_different_lengths_give_each_row_its_own_logits(pos_encoding, attention):
+    """Two rows at lengths 3 and 7 step together through a masked pass; each equals its own full forward."""
+    model = lively_model(pos_encoding=pos_encoding, attention=attention)
+    short, long = prompts_of(8, 12)
+    cache = KVCache(model.config.n_layer, model.config.block_size, slots=2)
+    with torch.no_grad():
+        model(torch.tensor([short[:3]]), cache=cache.rows(0, 1))
+        model(torch.tensor([long[:7]]), cache=cache.rows(1, 2))
+        for step in range(5):
+            idx = torch.tensor([[short[3 + step]], [long[7 + step]]])
+            logits, _ = model(idx, cache=cache)
+            for row, tokens in enumerate((short[: 4 + step], long[: 8 + step])):
+                full, _ = model(torch.tensor([tokens]))
+                torch.testing.assert_close(logits[row, -1], full[0, -1], rtol=0, atol=1e-5)
+    assert cache.lengths == [8, 12]
+
+
+def test_cache_refuses_to_pass_its_capacity_and_a_batch_of_the_wrong_size():
+    model = lively_model()
+    cache = KVCache(model.config.n_layer, 16, slots=2)
+    with torch.no_grad(), pytest.raises(ValueError, match="longer than the cache"):
+        model(torch.zeros(2, 17, dtype=torch.long), cache=cache)
+    with torch.no_grad(), pytest.raises(ValueError, match="a batch of 1 rows"):
+        model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+
+
+def test_moving_a_row_keeps_its_continuation():
+    model = lively_model()
+    (prompt,) = prompts_of(9)
+    cache = KVCache(model.config.n_layer, 16, slots=3)
+    with torch.no_grad():
+        model(torch.tensor([prompt[:-1]]), cache=cache.rows(2, 3))
+        cache.move(2, 0)
+        logits, _ = model(torch.tensor([prompt[-1:]]), cache=cache.rows(0, 1))
+        full, _ = model(torch.tensor([prompt]))
+    torch.testing.assert_close(logits[0, -1], full[0, -1], rtol=0, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------- the engine
+
+
+@pytest.mark.parametrize("pos_encoding", POSITIONS)
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_cached_greedy_equals_uncached_recompute(pos_encoding, qk_norm):
+    model = lively_model(pos_encoding=pos_encoding, qk_norm=qk_norm)
+    reference = plain_copy(model)
+    prompt = torch.tensor(prompts_of(5, 5))
+    out = generate(model, prompt, max_new_tokens=30, temperature=0)  # the default call: fast path on the CPU
+    for row in range(2):
+        expected = reference_greedy(reference, prompt[row].tolist(), 30)
+        assert out[row, 5:].tolist() == expected
+        assert len(set(expected)) > 4  # the test model really changes tokens
+    plain = generate_stream(reference, prompt, 30, temperature=0, cpu_fast_path=False)
+    assert torch.equal(torch.stack(list(plain), dim=1), out[:, 5:])
+    assert type(reference.lm_head) is torch.nn.Linear  # cpu_fast_path=False leaves the model alone
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "math"])
+@pytest.mark.parametrize("pos_encoding", ["learned", "rope"])
+def test_different_length_batch_gives_each_row_its_alone_greedy_tokens(attention, pos_encoding):
+    """Prompts of 3, 9 and 14 tokens, block 16, 40 new tokens: every row slides, each at its own step."""
+    model = lively_model(attention=attention, pos_encoding=pos_encoding)
+    reference = plain_copy(model)
+    prompts = prompts_of(3, 9, 14)
+    requests = [Request(prompt, 40, temperature=0) for prompt in prompts]
+    engine = Engine(model, slots=3)
+    steps = list(engine.run(requests))
+    assert len(steps) == 40 and [len(step) for step in steps] == [3] * 40
+    for prompt, request in zip(prompts, requests):
+        assert request.output == reference_greedy(reference, prompt, 40)
+        assert request.finish_reason == "length"
+    assert not engine.active and engine.free_slots == 3
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_head_runs_once_per_made_token(fast):
+    """Filling the cache with a prompt (and refilling it when the window slides) computes no logits: the head
+    turns exactly one position into logits per token made, and the tokens are still the plain model's."""
+    model, prompt = lively_model(), prompts_of(10)[0]
+    engine = Engine(model, slots=1, cpu_fast_path=fast)
+    head_rows = []
+    model.lm_head.register_forward_hook(lambda module, inputs, output: head_rows.append(inputs[0].shape[:2].numel()))
+    request = Request(prompt, 12, temperature=0)  # 10 + 12 tokens pass block_size 16: the window slides once
+    list(engine.run([request]))
+    assert request.output == reference_greedy(plain_copy(model), prompt, 12)
+    assert head_rows == [1] * 12
+
+
+def test_seeded_requests_draw_the_same_tokens_alone_and_batched():
+    model = lively_model(seed=1)
+    prompts = prompts_of(2, 11, 6)
+    settings = [dict(temperature=0.9, top_k=10), dict(temperature=1.2, top_p=0.9), dict(temperature=0.7)]
+
+    def requests() -> list[Request]:
+        return [Request(p, 30, seed=100 + i, **s) for i, (p, s) in enumerate(zip(prompts, settings))]
+
+    alone = [run_alone(model, request) for request in requests()]
+    batched = requests()
+    for _ in Engine(model, slots=3).run(batched):
+        pass
+    assert [request.output for request in batched] == alone
+    again = requests()[0]
+    assert run_alone(model, again) == alone[0]
+    assert run_alone(model, Request(prompts[0], 30, seed=7, **settings[0])) != alone[0]
+
+
+def test_a_stop_token_ends_one_row_while_the_others_go_on():
+    model = lively_model(seed=2)
+    reference = plain_copy(model)
+    prompts = prompts_of(4, 7, 10)
+    free = [reference_greedy(reference, prompt, 20) for prompt in prompts]
+    stop = next(token for token in free[0][3:] if all(token not in tokens for tokens in free[1:]))
+    first = free[0].index(stop)  # row 0 stops there; rows 1 and 2 never make the token
+    assert first < 15
+    requests = [Request(prompt, 20, temperature=0, stop_tokens=[stop]) for prompt in prompts]
+    steps = list(Engine(model, slots=3).run(requests))
+    assert requests[0].output == free[0][: first + 1] and requests[0].finish_reason == "stop"
+    assert [r.output for r in requests[1:]] == free[1:]
+    assert [len(step) for step in steps] == [3] * (first + 1) + [2] * (20 - first - 1)
+
+
+def test_requests_join_and_leave_a_running_batch():
+    model = lively_model(seed=3)
+    reference = plain_copy(model)
+    a, b, c = (Request(p, 30, temperature=0) for p in prompts_of(5, 12, 2))
+    engine = Engine(model, slots=3)
+    engine.add(a)
+    engine.add(b)
+    for _ in range(6):
+        engine.step()
+    engine.add(c)  # prefilled on its own while a and b are 6 tokens in
+    for _ in range(4):
+        engine.step()
+    engine.remove(a)  # c moves into a's row
+    assert b.finish_reason is None and a.finish_reason == "removed" and engine.active == [c, b]
+    while engine.active:
+        engine.step()
+    assert a.output == reference_greedy(reference, a.prompt, 10)
+    assert b.output == reference_greedy(reference, b.prompt, 30)
+    assert c.output == reference_greedy(reference, c.prompt, 30)
+
+
+def test_run_queues_more_requests_than_slots():
+    model = lively_model(seed=4)
+    reference = plain_copy(model)
+    requests = [Request(p, n, temperature=0) for p, n in zip(prompts_of(3, 6, 9, 4), (5, 12, 7, 3))]
+    for step in Engine(model, slots=2).run(requests):
+        assert len(step) <= 2
+    assert [r.output for r in requests] == [reference_greedy(reference, r.prompt, r.max_new_tokens) for r in requests]
+
+
+def test_engine_refuses_bad_requests_and_a_full_batch():
+    engine = Engine(lively_model(), slots=1)
+    for bad in (
+        Request([], 3),
+        Request([1], -1),
+        Request([1], 3, temperature=-1.0),
+        Request([1], 3, top_k=0),
+        Request([1], 3, top_p=1.5),
+        Request([1], 3, seed=1, generator=torch.Generator()),
+    ):
+        with pytest.raises(ValueError):
+            engine.add(bad)
+    engine.add(Request([1, 2], 3))
+    with pytest.raises(RuntimeError, match="slots are busy"):
+        engine.add(Request([1], 3))
+    nothing = Request([1], 0)
+    engine.add(nothing)  # nothing to make: finished at once, no row taken
+    assert nothing.finish_reason == "length" and len(engine.active) == 1
+
+
+def test_generate_past_block_size_and_the_stream_agree():
+    model = lively_model(pos_encoding="rope")
+    prompt = torch.tensor(prompts_of(20, 20))  # longer than the context: its last 16 tokens are used
+    out = generate(model, prompt, max_new_tokens=40, temperature=0)
+    assert out.shape == (2, 60) and torch.equal(out[:, :20], prompt)
+    steps = list(generate_stream(model, prompt, max_new_tokens=40, temperature=0))
+    assert torch.equal(torch.stack(steps, dim=1), out[:, 20:])
+    assert out[0, 20:].tolist() == reference_greedy(plain_copy(model), prompt[0].tolist(), 40)
+    assert torch.equal(generate(model, prompt, 0), prompt)
+
+
+def test_generate_stop_tokens_repeat_in_stopped_rows():
+    model = lively_model(seed=5)
+    prompt = torch.tensor(prompts_of(3, 3))
+    free = generate(model, prompt, 12, temperature=0)
+    stop = free[0, 6].item()
+    first = [(row[3:] == stop).nonzero() for row in free]
+    stopped = generate(model, prompt, 12, temperature=0, stop_tokens=[stop])
+    ends = [int(f[0]) + 3 if len(f) else free.shape[1] - 1 for f in first]
+    assert stopped.shape[1] == max(ends) + 1
+    for row, end in enumerate(ends):
+        assert torch.equal(stopped[row, : end + 1], free[row, : end + 1])
+        assert (stopped[row, end + 1 :] == stop).all()
+
+
+def test_seeded_generate_is_reproducible():
+    model = lively_model()
+    prompt = torch.tensor(prompts_of(3, 3))
+    a = generate(model, prompt, 10, temperature=0.9, top_k=10, generator=torch.Generator().manual_seed(7))
+    b = generate(model, prompt, 10, temperature=0.9, top_k=10, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(a, b)
+
+
+# ----------------------------------------------------------------------------------------------- CPU fast path
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fast_path_changes_speed_not_results(bias):
+    model = lively_model(seed=6, bias=bias, tie_embeddings=True)
+    plain = plain_copy(model)
+    keys = list(model.state_dict())
+    optimize_for_cpu_decoding(model)
+    optimize_for_cpu_decoding(model)  # idempotent
+    assert model.lm_head.weight is model.transformer.wte.weight  # still tied
+    assert list(model.state_dict()) == keys
+    fc = model.transformer.h[0].mlp.c_fc
+    assert isinstance(fc, DecodingLinear) and fc.weight.stride() == (1, 128)  # (in, out) contiguous in memory
+    assert fc.onednn == onednn_linear_available()
+    prompt = torch.tensor(prompts_of(4, 4))
+    with torch.no_grad():
+        torch.testing.assert_close(model(prompt)[0], plain(prompt)[0], rtol=0, atol=1e-5)
+    expected = torch.stack(list(generate_stream(plain, prompt, 20, temperature=0, cpu_fast_path=False)), dim=1)
+    assert torch.equal(generate(model, prompt, 20, temperature=0)[:, 4:], expected)
+
+
+def test_the_default_generate_call_takes_the_fast_path():
+    model = lively_model(seed=7)
+    assert type(model.lm_head) is torch.nn.Linear
+    prompt = torch.tensor(prompts_of(4))
+    with torch.profiler.profile() as profile:
+        generate(model, prompt, 3, temperature=0)
+    assert isinstance(model.lm_head, DecodingLinear)
+    calls = {event.name for event in profile.events()}
+    if onednn_linear_available():
+        assert "mkldnn::_linear_pointwise" in calls  # the direct kernel really ran
+    bf16 = lively_model(seed=7).to(torch.bfloat16)
+    generate(bf16, prompt, 2)
+    assert type(bf16.lm_head) is torch.nn.Linear  # measured slower in bfloat16: left alone
+
+
+def test_training_still_works_after_the_fast_path():
+    model, plain = lively_model(seed=8), lively_model(seed=8)
+    generate(model, torch.tensor(prompts_of(3)), 2)  # applies the fast path
+    model.train()
+    idx = torch.randint(0, VOCAB, (2, 16))
+    for net in (model, plain):
+        _, loss = net(idx, idx)
+        loss.backward()
+    for (name, a), (_, b) in zip(model.named_parameters(), plain.named_parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
+    optimizer = configure_optimizers(model, 0.1, 1e-2, (0.9, 0.95), "cpu")
+    before = model.lm_head.weight.detach().clone()
+    optimizer.step()
+    assert not torch.equal(before, model.lm_head.weight)
+    _, after = model(idx, idx)
+    assert after.item() < loss.item()
+
+
+def test_compiled_model_after_the_fast_path():
+    """torch.compile cannot lower the direct oneDNN call, so a compiled model must trace F.linear instead."""
+    model = optimize_for_cpu_decoding(lively_model(seed=2))
+    prompt = torch.tensor(prompts_of(6, 6))
+    with torch.no_grad():
+        expected, _ = model(prompt)
+        compiled, _ = torch.compile(model)(prompt)
+    torch.testing.assert_close(compiled, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not onednn_linear_available(), reason="needs oneDNN on an x86 CPU")
+@pytest.mark.parametrize("shape", [(3, 48), (2, 5, 48), (1, 1, 48)])
+def test_decoding_linear_matches_f_linear(shape):
+    torch.manual_seed(0)
+    layer = optimize_for_cpu_decoding(torch.nn.Sequential(torch.nn.Linear(48, 40)))[0]
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        strided = torch.randn(*shape[:-1], 96)[..., ::2]  # a view with gaps between its elements
+        torch.testing.assert_close(layer(strided), F.linear(strided, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    y = layer(x)  # with gradients on (training), the module stays on F.linear and autograd works
+    y.sum().backward()
+    torch.testing.assert_close(layer.bias.grad, torch.full((40,), float(x[..., 0].numel())))
+
+
+# ------------------------------------------------------------------------------ the compiled decoding step
+
+
+def test_compiled_steps_give_each_row_its_greedy_tokens_from_one_graph():
+    """gptkit/infer/compiled.py: rows of 1, 9 and 26 tokens (the first with no prefill, so the step makes the
+    cache itself), block 40, 30 new tokens: the attended span grows 16 -> 32 -> 40 and the last row slides. Every row
+    gets exactly its reference greedy tokens, and one compiled graph serves every span."""
+    model = lively_model(block_size=40, pos_encoding="rope")
+    reference = plain_copy(model)
+    prompts = prompts_of(1, 9, 26)
+    requests = [Request(prompt, 30, temperature=0) for prompt in prompts]
+    graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    engine = Engine(model, slots=3, compiled=True)
+    assert [len(step) for step in engine.run(requests)] == [3] * 30
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == 1
+    for prompt, request in zip(prompts, requests):
+        assert request.output == reference_greedy(reference, prompt, 30)
+
+
+def test_compiled_steps_serve_each_model_its_own_frozen_weights():
+    """The compiled step checks one weight's identity in place of every module's guards: two models of the same
+    shapes (and a third made after the first is freed, which may reuse its memory) each get their own greedy tokens,
+    whichever ran last, and one graph per model."""
+    first, second = lively_model(seed=1), lively_model(seed=2)
+    prompt = prompts_of(5)[0]
+    expected = {1: reference_greedy(plain_copy(first), prompt, 12), 2: reference_greedy(plain_copy(second), prompt, 12)}
+    assert expected[1] != expected[2]
+    graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for model, seed in ((first, 1), (second, 2), (first, 1)):
+        request = Request(prompt, 12, temperature=0)
+        list(Engine(model, compiled=True).run([request]))
+        assert request.output == expected[seed]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == 2
+    del first
+    gc.collect()
+    third = lively_model(seed=3)
+    request = Request(prompt, 12, temperature=0)
+    list(Engine(third, compiled=True).run([request]))
+    assert request.output == reference_greedy(plain_copy(third), prompt, 12)
+
+
+def test_compiled_steps_sample_the_tokens_of_eager_steps():
+    """Sampling happens inside the compiled graph, with uniform numbers drawn as the eager path draws them: seeded
+    requests (a generator per row, or one generator shared by the rows) get the eager engine's tokens. One graph per
+    top_k; a new temperature needs none, even after a greedy graph (which, with the temperature a Python float,
+    made dynamo specialize it); top-p, which stays eager, runs on the greedy graph's logits."""
+    model = lively_model(block_size=40)
+    reference = plain_copy(model)
+    prompts = prompts_of(1, 9, 26)
+    greedy = [reference_greedy(plain_copy(model), prompt, 20) for prompt in prompts]
+    cases = [
+        ((0.0, None, None), "seeds", 1),
+        ((1.0, 5, None), "seeds", 1),
+        ((0.7, None, None), "seeds", 1),
+        ((0.9, None, None), "shared", 0),
+        ((1.0, 5, 0.8), "seeds", 0),
+    ]
+    for (temperature, top_k, top_p), draws, new_graphs in cases:
+        outputs = {}
+        graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        for engine_model, compiled in ((model, True), (reference, False)):
+            shared = torch.Generator().manual_seed(4)
+            requests = [
+                Request(
+                    prompt,
+                    20,
+                    temperature,
+                    top_k,
+                    top_p,
+                    seed=row if draws == "seeds" else None,
+                    generator=shared if draws == "shared" else None,
+                )
+                for row, prompt in enumerate(prompts)
+            ]
+            list(Engine(engine_model, slots=3, compiled=compiled).run(requests))
+            outputs[compiled] = [request.output for request in requests]
+        assert outputs[True] == outputs[False] and (outputs[True] == greedy) == (temperature == 0)
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == new_graphs
+
+
+def step_with_dynamos_eager_backend(monkeypatch) -> None:
+    """The compiled step through dynamo with its eager backend (no inductor): dynamo's graphs, guards and limits in
+    milliseconds where inductor would take many seconds a graph."""
+    eager_step = functools.cache(lambda device: torch.compile(compiled_decoding._step, fullgraph=True, backend="eager"))
+    monkeypatch.setattr(compiled_decoding, "compiled_step", eager_step)
+
+
+def test_the_compiled_step_holds_more_graphs_than_dynamos_default_limit(monkeypatch):
+    """Every model (as every batch size and top_k) is a graph of its own, and past dynamo's default of 8 graphs a
+    function, fullgraph=True made the next one a hard error. The step's own limit lets a process hold more; other
+    compiled functions keep the default."""
+    step_with_dynamos_eager_backend(monkeypatch)
+    prompt = prompts_of(5)[0]
+    graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for seed in range(11):
+        model = lively_model(seed=seed)
+        request = Request(prompt, 3, temperature=0)
+        list(Engine(model, compiled=True).run([request]))
+        assert request.output == reference_greedy(plain_copy(model), prompt, 3)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == 11
+    assert torch._dynamo.config.recompile_limit == 8
+
+
+def test_the_step_sets_freezing_and_its_graph_limit_for_its_own_call_only(monkeypatch):
+    """Freezing and the step's graph limit hold while the step runs (dynamo and inductor read them when it compiles),
+    and the process's own values come back after it, also when the step raises."""
+    seen = []
+
+    def failing_step(*args):
+        seen.append((torch._inductor.config.freezing, torch._dynamo.config.recompile_limit))
+        raise RuntimeError("the step failed")
+
+    monkeypatch.setattr(compiled_decoding, "compiled_step", lambda device_type: failing_step)
+    model = lively_model()
+    cache = KVCache(model.config.n_layer, model.config.block_size)
+    before = (torch._inductor.config.freezing, torch._dynamo.config.recompile_limit)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="the step failed"):
+            decode_step(model, torch.tensor([[1]]), cache.keys, cache.values, cache.lengths, cache.capacity)
+        assert (torch._inductor.config.freezing, torch._dynamo.config.recompile_limit) == before == (False, 8)
+    assert seen == [(True, 64), (True, 64)]
+
+
+def test_a_step_called_in_grad_mode_keeps_the_cache_out_of_autograd(monkeypatch):
+    step_with_dynamos_eager_backend(monkeypatch)
+    model = lively_model()
+    config = model.config
+    cache = KVCache(config.n_layer, config.block_size)
+    cache.allocate(config.n_head, config.n_embd // config.n_head, torch.float32, torch.device("cpu"))
+    assert torch.is_grad_enabled()
+    logits, token = decode_step(model, torch.tensor([[7]]), cache.keys, cache.values, [0], cache.capacity)
+    assert not logits.requires_grad and not any(t.requires_grad for t in cache.keys + cache.values)
+    with torch.no_grad():
+        expected, _ = plain_copy(model)(torch.tensor([[7]]))
+    torch.testing.assert_close(logits[:, -1], expected[:, -1])
+    assert token.tolist() == [int(expected[0, -1].argmax())]
+
+
+def test_a_sampled_compiled_step_needs_its_uniform_numbers():
+    model = lively_model()
+    cache = KVCache(model.config.n_layer, model.config.block_size)
+    with pytest.raises(ValueError, match="uniform numbers"):
+        decode_step(model, torch.tensor([[1]]), cache.keys, cache.values, cache.lengths, cache.capacity, 1.0, 5)

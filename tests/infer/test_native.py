@@ -1,0 +1,399 @@
+"""gptkit/infer/native.py (and gptkit/infer/csrc/decode_step.cpp): the native step's logits, cache writes, tokens and
+refusals, against the plain model's full forward pass (no cache) and the eager engine; int8 weights against the
+float32 pass of the weights they stand for (each int8 value times its row's scale), with each product's input rounded
+to 16 bits as the native int8 products round it.
+
+The first test builds the C++ extension (~25 s once; torch caches the build)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gptkit.core.errors import UserError
+from gptkit.infer import native as native_decoding
+from gptkit.infer.engine import Engine, KVCache, Request
+from gptkit.infer.native import NativeStep, huge_page_zeros
+from gptkit.weights.quantization import Int8Linear, quantize_int8
+from helpers import (
+    assert_one_line_message,
+    count_calls,
+    count_native_steps,
+    dequantized_model,
+    lively_model,
+    plain_copy,
+    reference_greedy,
+    with_16_bit_inputs,
+)
+
+# int8 steps and prefills against a reference that rounds each product's input to 16 bits as they do: where the two
+# passes' float32 rounding puts a value on either side of a rounding boundary, that input differs by one step
+# (2^-15 of its row's largest) and an output by up to ~1e-4 of the largest; 1e-3 of it leaves room for a few.
+INT8_TOLERANCE = 1e-3
+
+NO_BIASES = dict(bias=False, activation="gelu", pos_encoding="sinusoidal", tie_embeddings=True)
+SHAPES = {
+    "gpt2": {},
+    "no biases, exact gelu, sinusoidal, tied": NO_BIASES,
+    "squared relu, 3 layers, 4 heads": dict(activation="relu2", n_layer=3, n_head=4, n_embd=48),
+    "36 wide: float32 rows one after another": dict(n_embd=36, n_head=4),  # not whole chunks of 8 or 16 values
+    "40 wide: an odd number of chunks": dict(n_embd=40, n_head=4),  # 5 of 8 values (AVX2); 48 wide: 3 of 16
+}
+
+
+def native_steps(model, dtype: torch.dtype, prompt: list[int], steps: int, prefill_model=None):
+    """Logits of `steps` greedy native steps after the eager model (or prefill_model) fills the cache with
+    prompt[:-1], and the cache."""
+    cache = KVCache(model.config.n_layer, model.config.block_size)
+    cache.allocate(model.config.n_head, model.config.n_embd // model.config.n_head, dtype, torch.device("cpu"))
+    with torch.no_grad():
+        (prefill_model or model).hidden_states(torch.tensor([prompt[:-1]]), cache=cache)
+    step, token, all_logits = NativeStep.for_model(model, dtype), prompt[-1], []
+    for _ in range(steps):
+        logits, token = step(token, cache.lengths[0], cache.keys, cache.values)
+        cache.lengths[0] += 1
+        all_logits.append(logits)
+    return all_logits, cache
+
+
+def full_pass_logits(model, tokens: list[int]) -> torch.Tensor:
+    """The last position's logits by the plain model's forward pass over all of `tokens` (no cache)."""
+    with torch.no_grad():
+        return model(torch.tensor([tokens]))[0][0, -1].float()
+
+
+def assert_close_to(actual: torch.Tensor, expected: torch.Tensor, tolerance: float | None, atol: float = 1e-5) -> None:
+    """actual is expected up to float32 rounding (tolerance None: rtol 1e-4 and `atol`), or within tolerance times
+    expected's largest magnitude."""
+    if tolerance is None:
+        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=atol)
+    else:
+        assert (actual - expected).abs().max() <= tolerance * expected.abs().max()
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_float32_logits_and_cache_match_the_full_forward_pass(shape):
+    """Each step's logits are the full pass's over the prompt and the greedy tokens so far (float32 rounding), and
+    the cache holds the keys and values an eager pass writes."""
+    model = lively_model(vocab_size=61, block_size=32, seed=3, **SHAPES[shape])
+    prompt = torch.randint(0, 61, (7,), generator=torch.Generator().manual_seed(0)).tolist()
+    logits, cache = native_steps(model, torch.float32, prompt, 10)
+    tokens = list(prompt)
+    for step_logits in logits:
+        expected = full_pass_logits(model, tokens)
+        torch.testing.assert_close(step_logits, expected, rtol=1e-4, atol=1e-4)
+        tokens.append(int(expected.argmax()))
+    eager = KVCache(model.config.n_layer, model.config.block_size)
+    with torch.no_grad():
+        model.hidden_states(torch.tensor([tokens[:-1]]), cache=eager)
+    length = len(tokens) - 1
+    for layer in range(model.config.n_layer):
+        torch.testing.assert_close(cache.keys[layer][:, :, :length], eager.keys[layer][:, :, :length])
+        torch.testing.assert_close(cache.values[layer][:, :, :length], eager.values[layer][:, :, :length])
+
+
+@pytest.mark.parametrize("width", [32, 768])
+def test_bfloat16_logits_are_the_float32_pass_of_the_same_weights_within_bfloat16_rounding(width):
+    """bfloat16 weights: the step's logits stay within bfloat16 rounding of a float32 pass over the same (rounded)
+    weights, at a small width and at GPT-2's (768: its rows are 24 vectors of 32 bfloat16 values)."""
+    shape = dict(n_embd=width, n_head=width // 16, n_layer=1) if width == 768 else {}
+    model = lively_model(vocab_size=61, block_size=32, seed=4, **shape).to(torch.bfloat16)
+    reference = plain_copy(model).float()
+    prompt = torch.randint(0, 61, (9,), generator=torch.Generator().manual_seed(1)).tolist()
+    logits, _ = native_steps(model, torch.bfloat16, prompt, 6)
+    tokens = list(prompt)
+    for step_logits in logits:
+        expected = full_pass_logits(reference, tokens)
+        scale = expected.abs().max()
+        assert (step_logits - expected).abs().max() <= 0.03 * scale
+        tokens.append(int(step_logits.argmax()))
+
+
+@pytest.mark.parametrize("shape", [*SHAPES, "gpt2 width"])
+def test_int8_logits_match_the_float32_pass_of_the_weights_they_stand_for(shape):
+    """int8 weights (--quantize=int8): each step's logits are the full float32 pass's over the dequantized weights
+    with each product's input rounded to 16 bits (within INT8_TOLERANCE), tied heads included; at GPT-2's width too
+    (768: rows of 12 blocks of 64 weights, where the small widths take the kernel's tail loop). That reference fills
+    the cache (the eager int8 prefill rounds its activations to 7 bits, gptkit.weights.quantization)."""
+    overrides = dict(n_embd=768, n_head=12, n_layer=1) if shape == "gpt2 width" else SHAPES[shape]
+    original = lively_model(vocab_size=61, block_size=32, seed=6, **overrides)
+    model = quantize_int8(plain_copy(original))
+    reference = with_16_bit_inputs(dequantized_model(model, original))
+    prompt = torch.randint(0, 61, (8,), generator=torch.Generator().manual_seed(2)).tolist()
+    logits, _ = native_steps(model, torch.float32, prompt, 6, prefill_model=reference)
+    tokens = list(prompt)
+    for step_logits in logits:
+        expected = full_pass_logits(reference, tokens)
+        assert_close_to(step_logits, expected, INT8_TOLERANCE)
+        tokens.append(int(expected.argmax()))
+
+
+def test_an_int8_model_in_the_engine_gets_the_reference_greedy_tokens(monkeypatch):
+    """An int8 model alone in the engine: the greedy tokens of the float32 model with the dequantized weights and
+    16-bit inputs, over a prompt of 9 tokens and a window that slides (block 16: it keeps 12). The native prefill
+    fills the cache each time, with 16-bit inputs (the eager int8 pass would round them to 7 bits)."""
+    original = lively_model(block_size=16, seed=8)
+    model = quantize_int8(plain_copy(original))
+    prompt = [4, 9, 1, 30, 2, 2, 17, 5, 11]
+    request = Request(prompt, 23, temperature=0)
+    engine = Engine(model, native=True)
+    assert engine.native.int8 and engine.native.dtype == torch.float32
+    prefills = count_calls(monkeypatch, NativeStep, "prefill")
+    list(engine.run([request]))
+    assert request.output == reference_greedy(with_16_bit_inputs(dequantized_model(model, original)), prompt, 23)
+    assert len(prefills) == 4  # the prompt (8 tokens filled), then 11 of the 12 kept before outputs 9, 14 and 19
+
+
+@pytest.mark.parametrize(("prompt_length", "prefills"), [(65, 1), (66, 0)])
+def test_a_float32_prompt_past_64_tokens_is_filled_eagerly(monkeypatch, prompt_length, prefills):
+    """The engine fills a float32 prompt of up to 64 tokens (the last is fed by the first step) with the native
+    prefill and a longer one with the eager pass; the greedy tokens are the reference's either way."""
+    model = lively_model(block_size=80)
+    prompt = torch.randint(0, 37, (prompt_length,), generator=torch.Generator().manual_seed(3)).tolist()
+    calls = count_calls(monkeypatch, NativeStep, "prefill")
+    request = Request(prompt, 5, temperature=0)
+    list(Engine(model, native=True).run([request]))
+    assert request.output == reference_greedy(plain_copy(model), prompt, 5)
+    assert len(calls) == prefills
+
+
+def assert_prefill_matches_eager_pass(model, reference, tokens: list[int], tolerance: float | None = None) -> None:
+    """model's native prefill of tokens[:11], then of tokens[11:17] from position 11, stores the keys and values the
+    eager pass of `reference` over tokens[:17] stores (assert_close_to); the step after it gets the full pass's
+    logits."""
+    config = model.config
+    cache = KVCache(config.n_layer, config.block_size)
+    cache.allocate(config.n_head, config.n_embd // config.n_head, torch.float32, torch.device("cpu"))
+    step = NativeStep.for_model(model, torch.float32)
+    step.prefill(tokens[:11], 0, cache.keys, cache.values)
+    step.prefill(tokens[11:17], 11, cache.keys, cache.values)
+    eager = KVCache(config.n_layer, config.block_size)
+    with torch.no_grad():
+        reference.hidden_states(torch.tensor([tokens[:17]]), cache=eager)
+    for layer in range(config.n_layer):
+        assert_close_to(cache.keys[layer][:, :, :17], eager.keys[layer][:, :, :17], tolerance)
+        assert_close_to(cache.values[layer][:, :, :17], eager.values[layer][:, :, :17], tolerance)
+    logits, _ = step(tokens[17], 17, cache.keys, cache.values)
+    assert_close_to(logits, full_pass_logits(reference, tokens), tolerance, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [*SHAPES, "gpt2 width"])
+def test_the_prefill_writes_the_keys_and_values_of_the_eager_pass(shape):
+    """The native prefill (the tokens in one pass: 4 at a time over 2 weight rows, or 2 at a time over a block of
+    float32 rows) stores the keys and values an eager pass over the same tokens stores, also when it goes on from a
+    filled position. 11 and 6 tokens: neither a whole number of 4-token blocks."""
+    overrides = dict(n_embd=768, n_head=12, n_layer=1) if shape == "gpt2 width" else SHAPES[shape]
+    model = lively_model(vocab_size=61, block_size=32, seed=5, **overrides)
+    tokens = torch.randint(0, 61, (18,), generator=torch.Generator().manual_seed(4)).tolist()
+    assert_prefill_matches_eager_pass(model, plain_copy(model), tokens)
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(n_embd=40, n_head=4)], ids=["32 wide", "40 wide"])
+def test_an_int8_prefill_writes_the_keys_and_values_of_its_reference(overrides):
+    """int8 weights: the native prefill's integer products (2 rows and 4 tokens at a time, 16 weights a turn) store
+    the keys and values of the eager float32 pass over the dequantized weights with 16-bit inputs, within
+    INT8_TOLERANCE; 40 wide, the values past the last whole 16 count too."""
+    original = lively_model(vocab_size=61, block_size=32, seed=9, **overrides)
+    model = quantize_int8(plain_copy(original))
+    tokens = torch.randint(0, 61, (18,), generator=torch.Generator().manual_seed(5)).tolist()
+    reference = with_16_bit_inputs(dequantized_model(model, original))
+    assert_prefill_matches_eager_pass(model, reference, tokens, INT8_TOLERANCE)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_a_bfloat16_or_int8_prefill_gives_the_steps_their_reference_logits(dtype):
+    """bfloat16 and int8 weights, at GPT-2's width: after a native prefill of 13 tokens, the steps' logits stay within
+    bfloat16 rounding of the float32 pass over the same bfloat16 weights, or match the float32 pass over the
+    weights int8 stands for with 16-bit inputs (the prefill's int8 products round their inputs as the step's)."""
+    original = lively_model(vocab_size=61, block_size=32, seed=7, n_embd=768, n_head=12, n_layer=1)
+    if dtype == "bfloat16":
+        model, compute = original.to(torch.bfloat16), torch.bfloat16
+        reference, tolerance = plain_copy(model).float(), 0.03
+    else:
+        model, compute = quantize_int8(plain_copy(original)), torch.float32
+        reference, tolerance = with_16_bit_inputs(dequantized_model(model, original)), INT8_TOLERANCE
+    tokens = torch.randint(0, 61, (14,), generator=torch.Generator().manual_seed(6)).tolist()
+    cache = KVCache(1, 32)
+    cache.allocate(12, 64, compute, torch.device("cpu"))
+    step = NativeStep.for_model(model, compute)
+    step.prefill(tokens[:13], 0, cache.keys, cache.values)
+    token = tokens[13]
+    for position in range(13, 18):
+        logits, token = step(token, position, cache.keys, cache.values)
+        expected = full_pass_logits(reference, tokens)
+        assert (logits - expected).abs().max() <= tolerance * expected.abs().max()
+        tokens.append(token)
+
+
+@pytest.mark.parametrize("pos_encoding", ["learned", "sinusoidal"])
+def test_the_engine_gives_each_request_its_reference_greedy_tokens(pos_encoding):
+    """Prompts of 1, 9 and 26 tokens (the first with no prefill), block 40, 30 new tokens: the longest slides its
+    window. Alone in the engine, each request gets exactly its reference greedy tokens."""
+    model = lively_model(block_size=40, pos_encoding=pos_encoding)
+    reference = plain_copy(model)
+    for length in (1, 9, 26):
+        prompt = torch.randint(0, 37, (length,), generator=torch.Generator().manual_seed(length)).tolist()
+        request = Request(prompt, 30, temperature=0)
+        list(Engine(model, native=True).run([request]))
+        assert request.output == reference_greedy(reference, prompt, 30)
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"), [(1.0, 5, None), (0.7, None, None), (1.0, 40, None), (1.0, 5, 0.8)]
+)
+def test_seeded_sampling_draws_the_eager_engines_tokens(temperature, top_k, top_p):
+    """The step samples inside the C++ call (top-k, or the whole vocabulary at top_k >= vocab) with the uniform
+    number the eager engine would draw; with top-p the engine samples the step's logits itself. Same seed, same
+    tokens as the eager engine, over a window that slides."""
+    model = lively_model(block_size=24)
+    outputs = {}
+    for native in (True, False):
+        request = Request([3, 1, 4, 1, 5], 40, temperature, top_k, top_p, seed=11)
+        list(Engine(plain_copy(model) if not native else model, native=native).run([request]))
+        outputs[native] = request.output
+    assert outputs[True] == outputs[False]
+    assert len(set(outputs[True])) > 5  # sampled, not one repeated token
+
+
+def test_steps_with_more_rows_take_the_engines_other_path(monkeypatch):
+    """Three requests in one engine: batched steps run eagerly; once one row is left, the native step runs it. Each
+    request gets its reference greedy tokens either way."""
+    model = lively_model(block_size=40)
+    reference = plain_copy(model)
+    calls = count_native_steps(monkeypatch)
+    prompts = [[1, 2, 3], [4, 5, 6, 7], [8]]
+    requests = [Request(prompt, new, temperature=0) for prompt, new in zip(prompts, (5, 8, 20))]
+    list(Engine(model, slots=3, native=True).run(requests))
+    for prompt, request in zip(prompts, requests):
+        assert request.output == reference_greedy(reference, prompt, len(request.output))
+    assert [len(r.output) for r in requests] == [5, 8, 20] and len(calls) == 20 - 8
+
+
+def test_the_packed_weights_follow_a_changed_model():
+    """One packed copy per model and dtype, made again after a weight changes in place (load_state_dict)."""
+    model, other = lively_model(seed=1), lively_model(seed=2)
+    first = NativeStep.for_model(model, torch.float32)
+    assert NativeStep.for_model(model, torch.float32) is first
+    assert NativeStep.for_model(model, torch.bfloat16) is not first
+    model.load_state_dict(other.state_dict())
+    assert NativeStep.for_model(model, torch.float32) is not first
+    request = Request([1, 2, 3], 12, temperature=0)
+    list(Engine(model, native=True).run([request]))
+    assert request.output == reference_greedy(plain_copy(other), [1, 2, 3], 12)
+
+
+def test_bfloat16_autocast_packs_bfloat16_weights():
+    """Under CPU bfloat16 autocast (sample.py --dtype=bfloat16) float32 weights are packed in bfloat16, as the cache
+    the eager prefill makes; the logits stay within bfloat16 rounding of the float32 pass."""
+    model = lively_model(block_size=32, seed=5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        engine = Engine(model, native=True)
+        assert engine.native.dtype == torch.bfloat16
+        request = Request([2, 7, 1, 8], 4, temperature=0)
+        engine.add(request)
+        engine.step()
+        assert engine.cache.keys[0].dtype == torch.bfloat16
+    prompt = [2, 7, 1, 8]
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the prefill writes bfloat16 keys, as in the engine
+        logits, _ = native_steps(model, torch.bfloat16, prompt, 1)
+    expected = full_pass_logits(model, prompt)
+    assert (logits[0] - expected).abs().max() <= 0.05 * expected.abs().max()
+
+
+def with_one_int8_layer(model):
+    """`model` (in place) with its first MLP's input product int8 and every other product a plain Linear."""
+    mlp = model.transformer.h[0].mlp
+    mlp.c_fc = Int8Linear.from_linear(mlp.c_fc)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        (lambda m: lively_model(pos_encoding="rope"), "rotary positions"),
+        (lambda m: lively_model(qk_norm=True), "QK-norm"),
+        (with_one_int8_layer, "every one int8"),
+    ],
+)
+def test_models_it_cannot_run_are_one_clear_error(change, fragment):
+    with pytest.raises(UserError) as error:
+        Engine(change(lively_model()), native=True)
+    assert_one_line_message(error.value, fragment, "--compile=True")
+
+
+def test_a_float16_compute_dtype_is_one_clear_error():
+    with pytest.raises(UserError) as error:
+        NativeStep(lively_model(), torch.float16)
+    assert_one_line_message(error.value, "float32 or bfloat16, not float16")
+
+
+def test_int8_weights_under_bfloat16_autocast_are_one_clear_error():
+    with pytest.raises(UserError) as error:
+        NativeStep(quantize_int8(lively_model()), torch.bfloat16)
+    assert_one_line_message(error.value, "int8 products compute in float32 only", "--compile=True")
+
+
+def test_a_failed_build_is_one_clear_error(monkeypatch):
+    """No compiler or ninja: one line saying what is missing and what to use instead."""
+    from torch.utils import cpp_extension
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("Error building extension 'gptkit_decode_step': c++: not found\nmore detail")
+
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    native_decoding.extension.cache_clear()
+    try:
+        with pytest.raises(UserError) as error:
+            native_decoding.extension()
+        assert_one_line_message(error.value, "c++: not found", "g++", "ninja", "--compile=True")
+    finally:
+        native_decoding.extension.cache_clear()  # the next call loads the real build again
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_any_thread_count_gives_the_reference_tokens(threads):
+    """The threads split the heads and the rows: one thread does it all, and of three threads over two heads one
+    has no head (its share of the heads is empty) yet takes its share of every product."""
+    model = lively_model(block_size=24)
+    reference = plain_copy(model)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        request = Request([5, 3, 9], 30, temperature=0)
+        list(Engine(model, native=True).run([request]))
+    finally:
+        torch.set_num_threads(before)
+    assert request.output == reference_greedy(reference, [5, 3, 9], 30)
+
+
+def test_float32_matrices_lie_in_blocks_of_rows_a_chunk_of_each_row_in_turn():
+    """32 wide (whole chunks), the float32 head of 61 rows is packed in blocks of block_rows rows, each block holding
+    `chunk` values of each of its rows in turn; its last block holds the one row left. 36 wide, rows lie one after
+    another. The expected order is built here row piece by row piece."""
+    block_rows, chunk = native_decoding.extension().float32_blocks(32, 128)
+    assert block_rows > 1 and 32 % chunk == 0
+    model = lively_model(vocab_size=61, seed=2)
+    head = model.lm_head.weight.detach()
+    expected = []
+    for first in range(0, 61, block_rows):
+        rows = range(first, min(first + block_rows, 61))
+        for column in range(0, 32, chunk):
+            expected += [head[row, column : column + chunk] for row in rows]
+    packed = NativeStep.for_model(model, torch.float32).matrices
+    assert torch.equal(packed[-head.numel() :], torch.cat(expected))
+    assert native_decoding.extension().float32_blocks(36, 144) == []
+    narrow = lively_model(vocab_size=61, n_embd=36, n_head=4)
+    packed = NativeStep.for_model(narrow, torch.float32).matrices
+    assert torch.equal(packed[-narrow.lm_head.weight.numel() :], narrow.lm_head.weight.detach().flatten())
+
+
+def test_huge_page_buffers_are_zeros_from_a_2_mb_boundary():
+    """The packed weights' buffer: zeros, writable, starting at a 2 MB boundary (so whole huge pages hold it); a
+    buffer under 2 MB is a plain tensor."""
+    buffer = huge_page_zeros(3 * 2**20, torch.bfloat16)
+    assert buffer.dtype == torch.bfloat16 and buffer.shape == (3 * 2**20,) and buffer.data_ptr() % (2 << 20) == 0
+    assert not buffer.any()
+    buffer.fill_(1.0)
+    assert buffer.float().sum().item() == 3 * 2**20
+    small = huge_page_zeros(10, torch.float32)
+    assert small.shape == (10,) and not small.any()

@@ -1,0 +1,171 @@
+"""gptkit.serve.app, gptkit.serve.batcher and Engine.add_many in-process: the queue and 429, prompt limits, UTF-8 safe
+streaming of BPE text, batched prefill, settings checks. Servers run with uvicorn in a thread on 127.0.0.1."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from gptkit.core.errors import UserError
+from gptkit.data.tokenizer import CharTokenizer, TiktokenTokenizer
+from gptkit.infer.engine import Engine, Request
+from gptkit.model import GPT
+from gptkit.serve.app import ServeSettings, create_app, is_loopback, listen
+from helpers import SERVE_TEXT, count_native_steps, get_json, lively_model
+
+
+@contextlib.contextmanager
+def running_app(model: GPT, tokenizer, **settings) -> Iterator[str]:
+    """The app for `model` served by uvicorn in a thread on a free loopback port; yields the base URL."""
+    cfg = ServeSettings(model_name="m", access_log=False, **settings)
+    app = create_app(model, tokenizer, cfg)
+    sock = listen("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            thread.join(0.02)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def wait_for_health(base: str, timeout: float = 10, **expected: int) -> dict:
+    """/health once it shows the expected counts (AssertionError after `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        health = get_json(f"{base}/health")
+        if all(health[key] == value for key, value in expected.items()):
+            return health
+        assert time.monotonic() < deadline, health
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def char_tokenizer() -> CharTokenizer:
+    return CharTokenizer.from_text(SERVE_TEXT)
+
+
+def test_a_full_queue_answers_429_with_retry_after(char_tokenizer):
+    model = lively_model(char_tokenizer.vocab_size)
+    with running_app(model, char_tokenizer, slots=1, max_queue=1, max_n=2, max_tokens=100000) as base:
+        client = httpx.Client(timeout=30)
+        body = {"model": "m", "prompt": "All:", "max_tokens": 90000, "stream": True}
+        decoding = client.send(client.build_request("POST", f"{base}/v1/completions", json=body), stream=True)
+        with pytest.raises(httpx.ReadTimeout):  # a whole-answer request whose client gives up while it waits
+            client.post(f"{base}/v1/completions", json={**body, "stream": False}, timeout=0.5)
+        wait_for_health(base, active=1, queued=0)
+        waiting = client.send(client.build_request("POST", f"{base}/v1/completions", json=body), stream=True)
+        assert wait_for_health(base, active=1, queued=1)
+        refused = client.post(f"{base}/v1/completions", json={"model": "m", "prompt": "All:"})
+        assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
+        assert refused.json()["error"]["type"] == "rate_limit_error"
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+        with pytest.raises(openai.RateLimitError):
+            openai.OpenAI(base_url=f"{base}/v1", api_key="-", max_retries=0).completions.create(model="m", prompt="A")
+        waiting.close()  # a waiting request whose client leaves never starts
+        decoding.close()
+        health = wait_for_health(base, active=0, queued=0)
+        assert (health["requests_cancelled"], health["requests_finished"]) == (1, 0)  # the waiting one never started
+        answer = client.post(f"{base}/v1/completions", json={"model": "m", "prompt": "All:", "max_tokens": 3})
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
+
+
+def test_native_decoding_serves_a_lone_request_the_same_text(char_tokenizer, monkeypatch):
+    """--native=True: a request alone in the engine decodes through the native step (greedy, and sampled with a
+    seed), with the text the default path gives, past a sliding window."""
+    model = lively_model(char_tokenizer.vocab_size, block_size=32)
+    native_calls = count_native_steps(monkeypatch)
+    greedy = {"model": "m", "prompt": "All:", "max_tokens": 40, "temperature": 0}
+    bodies = [greedy, {**greedy, "prompt": "ROMEO:", "temperature": 1.0, "top_k": 5, "seed": 3}]
+    texts = {}
+    for native in (False, True):
+        with running_app(model, char_tokenizer, native=native) as base:
+            texts[native] = [
+                httpx.post(f"{base}/v1/completions", json=body).json()["choices"][0]["text"] for body in bodies
+            ]
+    assert texts[True] == texts[False] and [len(text) for text in texts[True]] == [40, 40]
+    assert len(native_calls) == 80
+
+
+def test_long_prompts_are_cut_from_the_left_or_refused(char_tokenizer):
+    model = lively_model(char_tokenizer.vocab_size)  # a 16-token context
+    prompt = "Speak, speak. " * 3  # 42 tokens
+    with running_app(model, char_tokenizer) as base:
+        long = httpx.post(f"{base}/v1/completions", json={"model": "m", "prompt": prompt, "temperature": 0}).json()
+        tail = httpx.post(f"{base}/v1/completions", json={"model": "m", "prompt": prompt[-16:], "temperature": 0})
+        assert long["usage"]["prompt_tokens"] == 16 and long["choices"][0]["text"] == tail.json()["choices"][0]["text"]
+    with running_app(model, char_tokenizer, long_prompts="refuse") as base:
+        refused = httpx.post(f"{base}/v1/completions", json={"model": "m", "prompt": prompt})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
+        assert httpx.post(f"{base}/v1/completions", json={"model": "m", "prompt": prompt[-16:]}).status_code == 200
+
+
+def test_bpe_text_streams_utf8_safe_and_whole():
+    """A random GPT-2-vocabulary model makes byte tokens that split characters: every streamed chunk is whole text,
+    and the chunks join to the non-streamed answer of the same seed."""
+    tokenizer = TiktokenTokenizer("gpt2")
+    model = lively_model(tokenizer.vocab_size, block_size=32)
+    body = {"model": "m", "prompt": "日本語 🙂", "max_tokens": 60, "seed": 5, "top_k": None}
+    with running_app(model, tokenizer) as base:
+        whole = httpx.post(f"{base}/v1/completions", json=body).json()["choices"][0]["text"]
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="-", max_retries=0)
+        chunks = [
+            c.choices[0].text
+            for c in client.completions.create(model="m", prompt=body["prompt"], max_tokens=60, seed=5, stream=True)
+        ]
+    assert "".join(chunks) == whole and len(whole) > 0
+    for chunk in chunks:
+        chunk.encode("utf-8", errors="strict")  # no lone surrogates: each chunk is complete characters
+
+
+def test_add_many_prefills_equal_prompts_together_with_the_same_tokens():
+    model = lively_model(37)
+    prompts = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15]]
+    alone = []
+    for prompt in prompts:
+        engine = Engine(model, slots=1)
+        request = Request(prompt, 12, temperature=0)
+        engine.add(request)
+        while engine.active:
+            engine.step()
+        alone.append(request.output)
+    engine = Engine(model, slots=4)
+    requests = [Request(prompt, 12, temperature=0) for prompt in prompts]
+    passes = []
+    # every pass over tokens, with logits or without (a prompt fill), starts at the token embedding
+    handle = model.transformer.wte.register_forward_pre_hook(lambda module, args: passes.append(args[0].shape))
+    try:
+        engine.add_many(requests)
+    finally:
+        handle.remove()
+    assert sorted(passes) == sorted([(2, 3), (1, 1), (1, 4)])  # the two 4-token prompts in one pass
+    while engine.active:
+        engine.step()
+    assert [r.output for r in requests] == alone
+    with pytest.raises(RuntimeError, match="slots are busy"):
+        Engine(model, slots=1).add_many([Request([1], 2), Request([2], 2)])
+    finished = Request([1], 0)
+    Engine(model, slots=1).add_many([finished])
+    assert finished.finish_reason == "length" and finished.output == []
+
+
+def test_settings_refuse_what_cannot_work():
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.2") and not is_loopback("example.org")
+    with pytest.raises(UserError, match="--api_key"):
+        ServeSettings(host="0.0.0.0").validate()
+    ServeSettings(host="0.0.0.0", api_key="k").validate()
+    ServeSettings(host="0.0.0.0", allow_public_without_key=True).validate()
+    with pytest.raises(UserError, match="max_n"):
+        ServeSettings(slots=2, max_queue=1, max_n=4).validate()

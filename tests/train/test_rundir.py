@@ -1,0 +1,80 @@
+"""gptkit.train.rundir: an out_dir lock held against a real second process, released by kill -9; init_from rules."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gptkit.core.errors import UserError
+from gptkit.train.rundir import RunDirLock, resolve_init_from
+
+HOLDER = """
+import sys, time
+from gptkit.train.rundir import RunDirLock
+with RunDirLock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def hold_lock_in_another_process(out_dir: Path) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(out_dir)], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "held"
+    return process
+
+
+def test_a_second_holder_is_refused_with_the_first_ones_pid_until_it_is_killed(tmp_path: Path) -> None:
+    holder = hold_lock_in_another_process(tmp_path / "out")
+    try:
+        with pytest.raises(UserError) as error, RunDirLock(tmp_path / "out"):
+            pass
+        assert f"(process {holder.pid})" in str(error.value) and "another --out_dir" in str(error.value)
+    finally:
+        holder.send_signal(signal.SIGKILL)  # no clean-up runs: the kernel alone drops the lock
+        holder.wait(10)
+    with RunDirLock(tmp_path / "out"):
+        assert list((tmp_path / "out").iterdir()) == []  # the lock leaves no file behind
+
+
+def test_the_lock_is_released_on_exit_and_can_be_taken_again(tmp_path: Path) -> None:
+    with RunDirLock(tmp_path):
+        pass
+    with RunDirLock(tmp_path):
+        pass
+
+
+def test_an_out_dir_that_cannot_be_created_is_one_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(UserError, match="cannot use out_dir"), RunDirLock(tmp_path / "file" / "out"):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("files", "init_from", "overwrite", "expected"),
+    [
+        ([], "auto", False, "scratch"),
+        (["ckpt.pt"], "auto", False, "resume"),
+        ([], "scratch", False, "scratch"),
+        (["ckpt.pt", "best.pt"], "scratch", True, "scratch"),
+        (["ckpt.pt"], "resume", False, "resume"),
+        ([], "gpt2", False, "gpt2"),
+    ],
+)
+def test_init_from_is_resolved(tmp_path: Path, files: list[str], init_from: str, overwrite: bool, expected: str):
+    for name in files:
+        (tmp_path / name).write_bytes(b"x")
+    assert resolve_init_from(init_from, tmp_path, overwrite) == expected
+
+
+@pytest.mark.parametrize(("name", "init_from"), [("ckpt.pt", "scratch"), ("best.pt", "scratch"), ("ckpt.pt", "gpt2")])
+def test_a_fresh_start_over_an_earlier_run_is_refused(tmp_path: Path, name: str, init_from: str) -> None:
+    (tmp_path / name).write_bytes(b"x")
+    with pytest.raises(UserError) as error:
+        resolve_init_from(init_from, tmp_path, overwrite=False)
+    message = str(error.value)
+    assert str(tmp_path / name) in message
+    assert all(way in message for way in ("--init_from=resume", "another --out_dir", "--overwrite=True"))
