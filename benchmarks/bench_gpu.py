@@ -49,6 +49,7 @@ class GpuBench:
     char_config: str = setting("config/train_shakespeare_char.py", "time-to-quality recipe ('' = skip it)")
     char_extra: list[str] = setting_list([], "extra --key=value flags for the recipe's train.py (repeat the flag)")
     prepare_char: bool = setting(True, "prepare tiny Shakespeare first (prepare_data/shakespeare_char.py)")
+    sample: bool = setting(True, "run the sampling comparison (False: training figures only)")
     sample_batches: list[int] = setting_list([1, 8], "batch sizes of the sampling comparison (repeat the flag)")
     sample_tokens: int = setting(256, "tokens generated per sequence in the sampling comparison", rule="positive")
     work_dir: str = setting("bench_results/gpu", "where the benchmark's data and runs go")
@@ -216,7 +217,8 @@ def bench_gpu(cfg: GpuBench) -> list[dict]:
     if cfg.char_config:
         rows.append(time_to_quality(cfg, device))
         print_table(rows[-1:], ["section", "config", "wall_s", "val_loss_full"])
-    rows += sampling(cfg, shape)
+    if cfg.sample:
+        rows += sampling(cfg, shape)
     return rows
 
 
