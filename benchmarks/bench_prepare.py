@@ -11,8 +11,8 @@ single process of the run (wait4's ru_maxrss, which covers the process and every
 sampled sum over the whole process tree (an upper bound: pages shared by forked workers count more than once).
 Generated corpora live in a temporary directory that is deleted afterwards.
 
-Wall-clock speed-up needs idle cores: with Linux's scheduler autogroups every busy terminal session gets a fair
-share, so while another session computes, all of this run's workers together get about one core. The CPU-time
+Wall-clock speed-up needs idle cores: with Linux's scheduler autogroups every busy terminal gets a fair
+share, so while another terminal computes, all of this run's workers together get about one core. The CPU-time
 column (user + system of the run and its workers) is less sensitive to that: corpus.py's CPU time relative to the
 reference shows the parallel overhead, and the 1-minute load average is recorded next to each variant.
 """

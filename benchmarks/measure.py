@@ -76,7 +76,7 @@ def read_bandwidth(device: torch.device, megabytes: int, repeats: int = 5) -> fl
 
     On the CPU the buffer is PyTorch's own allocation (4 KB pages where transparent huge pages are `madvise`):
     every fraction of the bound in docs/benchmarks.md uses this measure. Its speed moves with what the machine holds; a
-    buffer on 2 MB pages reads faster and steadier (docs/benchmarks.md, twenty-seventh session).
+    buffer on 2 MB pages reads faster and steadier.
     """
     buffer = torch.ones(megabytes * 2**20 // 4, device=device)
     best = float("inf")
