@@ -1,9 +1,9 @@
 """One exception type for problems the user can fix, and the entry-point wrapper that prints them.
 
 Every script's `if __name__ == "__main__"` goes through `run_cli`, so a user-caused failure is one line on
-stderr and exit code 2, never a traceback; a bug keeps its full traceback (it is the bug report). SIGTERM (what schedulers, `timeout` and
-container stops send) unwinds the program like Ctrl-C, so its cleanup runs: worker processes are shut down and
-temporary files removed, then one line and exit code 143.
+stderr and exit code 2, never a traceback; a bug keeps its full traceback (it is the bug report) and exits 1.
+SIGTERM (what schedulers, `timeout` and container stops send) unwinds the program like Ctrl-C, so its cleanup
+runs: worker processes are shut down and temporary files removed, then one line and exit code 143.
 """
 
 from __future__ import annotations
