@@ -209,7 +209,7 @@ def all_at_once(port: int, cfg: ServeBench) -> list[dict]:
 
 
 def measure(port: int, cfg: ServeBench) -> list[dict]:
-    stream(port, 4, 0, cfg)  # warm-up: first-call costs (allocations, the CPU fast path switch)
+    stream(port, min(4, cfg.new_tokens), 0, cfg)  # warm-up: first-call costs (allocations, the CPU fast path)
     alone, together = [], []
     for _ in range(cfg.rounds):  # the phases alternate, so a burst of load from elsewhere hits both alike
         alone.append(timed(lambda: [stream(port, cfg.new_tokens, seed, cfg) for seed in range(cfg.clients)]))

@@ -427,17 +427,6 @@ def test_malicious_checkpoint_refused_end_to_end(script: str, trained: Path, dat
     assert sorted(p.name for p in out_dir.iterdir()) == ["ckpt.pt"]
 
 
-def test_debug_flag_shows_the_traceback(trained: Path, data_dir: Path, tmp_path: Path) -> None:
-    out_dir = tmp_path / "out"
-    out_dir.mkdir()
-    (out_dir / "ckpt.pt").write_bytes(b"")
-    args = [*tiny_train_args(data_dir, out_dir, **RUN, max_iters=MAX_ITERS), "--init_from=resume", "--debug"]
-    result = run_script("train.py", *args)
-    assert result.returncode != 0
-    assert "Traceback (most recent call last)" in result.stderr
-    assert "errors.UserError: checkpoint" in result.stderr and "is empty" in result.stderr
-
-
 # ----------------------------------------------------------------------------- re-runs and concurrent runs
 
 

@@ -1,9 +1,9 @@
 """One exception type for problems the user can fix, and the entry-point wrapper that prints them.
 
 Every script's `if __name__ == "__main__"` goes through `run_cli`, so a user-caused failure is one line on
-stderr and exit code 2, never a traceback (unless --debug is given). SIGTERM (what schedulers, `timeout` and
-container stops send) unwinds the program like Ctrl-C, so its cleanup runs: worker processes are shut down and
-temporary files removed, then one line and exit code 143.
+stderr and exit code 2, never a traceback; a bug keeps its full traceback (it is the bug report) and exits 1.
+SIGTERM (what schedulers, `timeout` and container stops send) unwinds the program like Ctrl-C, so its cleanup
+runs: worker processes are shut down and temporary files removed, then one line and exit code 143.
 """
 
 from __future__ import annotations
@@ -73,6 +73,23 @@ def sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+# OSErrors the user's machine causes and the user can fix: a full disk or quota, permissions or a read-only
+# filesystem, a missing or wrong path, a failing disk. Any other OSError (e.g. EBADF, EINVAL) is a bug.
+USER_OS_ERRNOS = frozenset(
+    {
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.EACCES,
+        errno.EPERM,
+        errno.EROFS,
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.EIO,
+    }
+)
+
+
 def _one_line(message: object) -> str:
     return " ".join(str(message).split())
 
@@ -92,24 +109,18 @@ def describe_os_error(exc: OSError) -> str:
 
 
 def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None) -> NoReturn:
-    """Run `main(argv)` and exit with its return code; turn failures into one line on stderr.
+    """Run `main(argv)` and exit with its return code; turn the user's failures into one line on stderr.
 
-    `--debug` anywhere in argv is removed before `main` sees it and lets tracebacks through.
-    UserError exits 2; OSError (disk full, permissions) exits 2 with its reason; Ctrl-C exits 130 and SIGTERM
-    143, each after the program's cleanup has run; any other exception is a bug and exits 1 with one line that
-    says how to get the traceback.
+    UserError exits 2; an OSError the user can fix (USER_OS_ERRNOS: disk full, permissions, a missing path)
+    exits 2 with its reason; Ctrl-C exits 130 and SIGTERM 143, each after the program's cleanup has run. Any
+    other exception is a bug: it propagates, so Python prints its full traceback and exits 1 (and `python -m pdb`
+    can stop at it).
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args
-    args = [a for a in args if a != "--debug"]
     try:
         with sigterm_raises():
             code = main(args)
-    except SystemExit:
-        raise
     except UserError as exc:
-        if debug:
-            raise
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
     except BrokenPipeError:
@@ -118,26 +129,14 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(EXIT_INTERNAL_ERROR)
     except KeyboardInterrupt:
-        if debug:
-            raise
         print("interrupted", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
     except Terminated:
-        if debug:
-            raise
         print("terminated by SIGTERM", file=sys.stderr)
         sys.exit(EXIT_TERMINATED)
     except OSError as exc:
-        if debug:
+        if exc.errno not in USER_OS_ERRNOS:
             raise
         print(f"error: {_one_line(describe_os_error(exc))}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
-    except Exception as exc:  # a bug: still one line, the traceback on request
-        if debug:
-            raise
-        print(
-            f"internal error: {type(exc).__name__}: {_one_line(exc)} (rerun with --debug for the traceback)",
-            file=sys.stderr,
-        )
-        sys.exit(EXIT_INTERNAL_ERROR)
     sys.exit(code or 0)

@@ -195,7 +195,6 @@ def format_help(cls: type, prog: str, description: str, config_files: bool) -> s
         default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
         lines.append(f"  --{field.name}  ({_type_name(types_by_name[field.name])}, default {default!r})")
         lines.append(f"      {field.metadata.get('help', '')}")
-    lines.append("  --debug  show Python tracebacks for errors")
     if config_files:
         lines.append("")
         lines.append("Config files hold `name = literal` lines with the same keys; they are read, never executed.")

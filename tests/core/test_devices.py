@@ -9,18 +9,20 @@ import sys
 import pytest
 import torch
 
-from gptkit.core import devices
 from gptkit.core.devices import peak_flops_for_device, resolve_device, resolve_dtype
 from gptkit.core.errors import UserError
 from helpers import REPO, clean_env
 
-# Allocates, fills and frees a 64 MiB block 8 times after a first one, with or without keep_freed_memory (argv[1]),
-# and prints the page faults those 8 took.
+# Allocates, fills and frees a 64 MiB block 8 times after a first one, as the C library does by default, after
+# keep_freed_memory, or after tune_for_training on the CPU (argv[1]), and prints the page faults those 8 took.
 REUSE_PROBE = """
 import ctypes, resource, sys
-from gptkit.core.devices import keep_freed_memory
+import torch
+from gptkit.core.devices import keep_freed_memory, tune_for_training
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
+if sys.argv[1] == "tune":
+    tune_for_training(torch.device("cpu"), None)
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
 libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
@@ -64,21 +66,34 @@ def test_device_and_dtype_names():
         resolve_device("tpu:0:x")
 
 
+def run_probe(probe: str, *args: str) -> str:
+    """Run a probe in a fresh process: the settings it changes are process-wide, so this one keeps its own."""
+    command = [sys.executable, "-c", probe, *args]
+    return subprocess.run(command, capture_output=True, text=True, check=True, cwd=REPO, env=clean_env()).stdout
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 def test_freed_memory_is_reused_without_faulting_its_pages_in_again():
-    def faults(mode: str) -> int:
-        probe = [sys.executable, "-c", REUSE_PROBE, mode]
-        return int(subprocess.run(probe, capture_output=True, text=True, check=True, cwd=REPO, env=clean_env()).stdout)
-
     # By default glibc maps a 64 MiB block afresh each time (above its largest own threshold, 32 MiB): each fill
     # faults every page in, at least one per 2 MiB even with transparent huge pages.
-    assert faults("default") >= 8 * (64 // 2)
-    assert faults("keep") < 8  # kept: the same pages serve every block
+    assert int(run_probe(REUSE_PROBE, "default")) >= 8 * (64 // 2)
+    assert int(run_probe(REUSE_PROBE, "keep")) < 8  # kept: the same pages serve every block
+    assert int(run_probe(REUSE_PROBE, "tune")) < 8  # CPU training keeps them too
 
 
-def test_cpu_training_keeps_freed_memory(monkeypatch):
-    calls = []
-    monkeypatch.setattr(devices, "keep_freed_memory", lambda: calls.append(True) or True)
-    monkeypatch.setattr(torch, "set_flush_denormal", lambda on: True)  # the test process keeps its own mode
-    devices.tune_for_training(torch.device("cpu"), None)
-    assert calls == [True]
+# Prints a subnormal float32 (1e-39, below the smallest normal 1.18e-38) times one, before and after
+# tune_for_training on the CPU.
+DENORMAL_PROBE = """
+import torch
+from gptkit.core.devices import tune_for_training
+tiny = torch.tensor([1e-39])
+before = (tiny * 1.0).item()
+tune_for_training(torch.device("cpu"), None)
+print(before, (tiny * 1.0).item())
+"""
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="flushing subnormals is x86's (SSE) mode")
+def test_cpu_training_flushes_subnormal_floats_to_zero():
+    before, after = map(float, run_probe(DENORMAL_PROBE).split())
+    assert before == pytest.approx(1e-39, rel=1e-3) and after == 0.0

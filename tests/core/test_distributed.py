@@ -5,7 +5,6 @@ train.py's whole runs under torchrun (DDP, FSDP, a signal to one process) are in
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
 from pathlib import Path
@@ -66,7 +65,14 @@ def test_one_process_trains_the_model_itself(no_torchrun: None) -> None:
     model = GPT(TINY)
     wrapped = parallelize(model, Processes(), torch.device("cpu"), "ddp", compiled=None)  # no compile off CUDA
     assert wrapped is model and not is_fsdp(model)
-    assert isinstance(gradient_sync(wrapped, model, sync=False), contextlib.nullcontext)
+    # with nothing to exchange, micro-steps accumulate gradients whether they sync or not
+    x = torch.arange(8).reshape(1, 8)
+    with gradient_sync(wrapped, model, sync=False):
+        wrapped(x, x)[1].backward()
+    once = model.lm_head.weight.grad.clone()
+    with gradient_sync(wrapped, model, sync=True):
+        wrapped(x, x)[1].backward()
+    torch.testing.assert_close(model.lm_head.weight.grad, 2 * once)
 
 
 def free_port() -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -41,10 +42,14 @@ def test_a_second_holder_is_refused_with_the_first_ones_pid_until_it_is_killed(t
 
 
 def test_the_lock_is_released_on_exit_and_can_be_taken_again(tmp_path: Path) -> None:
-    with RunDirLock(tmp_path):
-        pass
-    with RunDirLock(tmp_path):
-        pass
+    this_process = rf"\(process {os.getpid()}\)"
+    with RunDirLock(tmp_path), pytest.raises(UserError, match=this_process), RunDirLock(tmp_path):
+        pass  # held: even a second holder in the same process is refused
+    holder = hold_lock_in_another_process(tmp_path)  # released on exit: another process takes it
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(10)
+    with RunDirLock(tmp_path), pytest.raises(UserError, match="in use"), RunDirLock(tmp_path):
+        pass  # and taken again here
 
 
 def test_an_out_dir_that_cannot_be_created_is_one_clear_error(tmp_path: Path) -> None:
