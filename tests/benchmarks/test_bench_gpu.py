@@ -53,7 +53,7 @@ def test_smoke_run_measures_every_section(tmp_path: Path, char_data_dir: Path, c
     assert train["tokens_per_s"] > 0 and train["mfu_measured_peak"] > 0 and train["mfu_datasheet"] is None
     assert 0 < sections["shakespeare_char"]["val_loss_full"] < 10
     sample_paths = {row["path"] for row in rows if row["section"] == "sample"}
-    assert sample_paths == {"generate", "cached_bf16", "hf"}
+    assert sample_paths == {"auto", "eager_bf16", "hf"}
     assert "tokens_per_s" in out
 
 
