@@ -68,7 +68,7 @@ def step_model(cfg: StepBench) -> tuple[GPT, int]:
 
 
 def decode(model: GPT, tokens: int, top_k: int) -> float:
-    """Seconds to decode `tokens` tokens after a one-token prompt (no prefill pass), as sample.py --compile does."""
+    """Seconds to decode `tokens` tokens after a one-token prompt (no prefill pass), as sample.py --decode=compiled does."""
     generator = torch.Generator().manual_seed(0)
     start = time.perf_counter()
     with torch.inference_mode():
