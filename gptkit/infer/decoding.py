@@ -56,11 +56,12 @@ def auto_plan(device_type: str, compute: str, slots: int, native_ready: bool, on
     the engine decodes at once; native_ready: the native step is built and serves this model; onednn_ready: oneDNN's
     direct linear exists here (x86).
 
-    - CUDA: CUDA graphs (one launch a step instead of ~150 small kernel launches).
-    - CPU, one row: the native step (0.89-0.93 of the memory-read bound on a Xeon and two EPYCs, 1.4-2.7x the eager
-      path); without it, plain eager (oneDNN at one row lost to it on the Xeon).
-    - CPU, more rows, float32: oneDNN on transposed weights (about 1.6-2x the plain path at batch 8 on Zen 3 and Zen 5).
-      Never compiled on the CPU: its minute of compiling is more than a sample's whole decoding.
+    - CUDA: CUDA graphs (one launch a step instead of some 150 small kernel launches).
+    - CPU, one row: the native step (near the memory-read bound, the fastest at one row on every CPU measured); without
+      it, plain eager (oneDNN at one row lost to it on a Xeon).
+    - CPU, more rows, float32: oneDNN on transposed weights (about twice the plain path at batch 8 on two EPYCs).
+      Never compiled on the CPU: no faster than oneDNN at batch 8, and its minute of compiling outlasts a sample.
+    docs/benchmarks.md has the figures.
     """
     if device_type == "cuda":
         return Plan(compiled=True)
