@@ -3,7 +3,9 @@
 #   make test   run the test suite (offline) and the linter
 #   make bench  the benchmarks of docs/benchmarks.md (several minutes on 2 cores)
 # The environment reuses an installed torch when there is one (e.g. a CUDA build on a GPU machine);
-# otherwise it installs torch==2.13.0 first, so pip never pulls a multi-GB CUDA build on a CPU machine.
+# otherwise it installs torch==2.13.0 first, so pip never pulls a multi-GB CUDA build on a CPU machine. The set-up
+# also builds the native decoding step for this CPU (~25 s; without a C++ compiler it says so and decoding uses
+# the other backends).
 
 PYTHON ?= python3
 VENV := .venv
@@ -20,11 +22,12 @@ endif
 
 .PHONY: demo test lint bench clean-venv
 
-$(VENV)/.runtime: requirements.txt pyproject.toml
+$(VENV)/.runtime: requirements.txt pyproject.toml gptkit/infer/csrc/decode_step.cpp
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m gptkit.infer.native --build
 	touch $@
 
 # The playground test drives a real headless browser: Debian's chromium and chromium-driver, installed here when

@@ -17,11 +17,12 @@ from typing import Any
 
 import torch
 
-from gptkit.core.devices import autocast, resolve_device, resolve_dtype
+from gptkit.core.devices import Runtime, autocast
 from gptkit.core.errors import UserError, run_cli
 from gptkit.core.settings import parse_settings, setting
 from gptkit.data.tokenizer import Tokenizer
 from gptkit.eval import hellaswag
+from gptkit.infer.decoding import Decoding
 from gptkit.model import GPT
 from gptkit.weights.loading import ModelSource, load_for_inference
 
@@ -29,7 +30,7 @@ SUMMARY_FIGURES = ("acc", "acc_norm", "perplexity", "word_perplexity", "exact_ma
 
 
 @dataclass
-class EvaluateSettings(ModelSource):
+class EvaluateSettings(ModelSource, Decoding, Runtime):
     tasks: str = setting(
         "hellaswag", f"comma-separated tasks of our own scorer ({', '.join(hellaswag.TASKS)}); empty for none"
     )
@@ -43,9 +44,6 @@ class EvaluateSettings(ModelSource):
     harness_include: str = setting("", "a directory of extra lm-eval task YAML files (local task definitions)")
     json_out: str = setting("", "write the results to this JSON file")
     batch_size: int = setting(16, "items (harness: requests) per forward pass", rule="positive")
-    device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps")
-    dtype: str = setting("auto", "auto, float32, bfloat16 or float16")
-    seed: int = setting(1337, "random seed (harness tasks that sample)")
 
     def validate(self) -> None:
         super().validate()
@@ -89,7 +87,7 @@ def run_harness_tasks(
     except ImportError as exc:
         raise UserError(f"--harness_tasks: {exc}") from None
     tasks = [name.strip() for name in cfg.harness_tasks.split(",") if name.strip()]
-    lm = harness.GPTKitLM(model, tokenizer, device, dtype, batch_size=cfg.batch_size)
+    lm = harness.GPTKitLM(model, tokenizer, device, dtype, batch_size=cfg.batch_size, decode=cfg.decode)
     try:
         output = harness.simple_evaluate(
             lm, tasks, cfg.harness_include or None, cfg.limit, random_seed=cfg.seed, log_samples=False
@@ -116,8 +114,7 @@ def summary(results: dict[str, Any]) -> str:
 def main(argv: list[str]) -> int:
     cfg = parse_settings(EvaluateSettings, argv, prog="eval.py", description=__doc__.splitlines()[0])
     torch.manual_seed(cfg.seed)
-    device = resolve_device(cfg.device)
-    dtype = resolve_dtype(cfg.dtype, device)
+    device, dtype = cfg.resolve()
     model, tokenizer = load_for_inference(cfg, device, dtype)
     results = run_own_tasks(model, tokenizer, cfg, device, dtype)
     for task, result in results.items():

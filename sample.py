@@ -3,6 +3,7 @@
 python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --max_new_tokens=300
 python sample.py --init_from=gpt2 --start="FILE:prompt.txt" --top_p=0.9 --stop="\\n\\n"
 python sample.py --out_dir=out --interactive          # one prompt per line from stdin, until EOF
+python sample.py --init_from=gpt2 --decode=eager      # a backend of your choice (default auto: the fastest here)
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from pathlib import Path
 
 import torch
 
-from gptkit.core.devices import autocast, resolve_device, resolve_dtype
+from gptkit.core.devices import Runtime, autocast
 from gptkit.core.errors import UserError, run_cli
 from gptkit.core.settings import parse_settings, setting, setting_list
 from gptkit.data.tokenizer import Tokenizer
+from gptkit.infer.decoding import Decoding
 from gptkit.infer.engine import Engine, Request
 from gptkit.infer.next_token import sampling_problem
 from gptkit.infer.textstream import TextStream
@@ -28,7 +30,7 @@ SEPARATOR = "\n" + "-" * 40 + "\n"
 
 
 @dataclass
-class SampleSettings(ModelSource):
+class SampleSettings(ModelSource, Decoding, Runtime):
     start: str = setting("\n", "the prompt; FILE:path reads it from a file")
     num_samples: int = setting(1, "how many samples, generated together as one batch")
     max_new_tokens: int = setting(500, "tokens to generate per sample")
@@ -37,19 +39,6 @@ class SampleSettings(ModelSource):
     top_p: float | None = setting(None, "sample only among the most likely tokens whose probability reaches p")
     stop: list[str] = setting_list([], "end a sample when this text appears (repeatable); not printed")
     stop_at_eot: bool = setting(True, "end a sample at the end-of-text token, when the tokenizer has one")
-    seed: int = setting(1337, "random seed: same seed and settings give the same text")
-    device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps")
-    dtype: str = setting("auto", "auto, float32, bfloat16 or float16")
-    compile: bool = setting(
-        False,
-        "compiled decoding steps (torch.compile; the first step compiles, about a minute "
-        "for GPT-2 124M on 2 cores): faster decoding once compiled",
-    )
-    native: bool = setting(
-        False,
-        "decode one sample on the CPU through one C++ call a token (gptkit/infer/native.py; built on first use, "
-        "~25 s; float32, bfloat16 or --quantize=int8; not rope or qk_norm): faster than --compile=True for one sample",
-    )
     interactive: bool = setting(False, "read prompts from stdin, one per line, until end of input")
     stream: bool = setting(True, "print tokens as they are generated (when num_samples is 1)")
 
@@ -112,8 +101,7 @@ def generate_samples(
     if write:
         write(prompt)
     with autocast(device, dtype):
-        # inside autocast: the engine picks the CPU fast path for float32 only
-        engine = Engine(model, slots=cfg.num_samples, compiled=cfg.compile, native=cfg.native)
+        engine = Engine(model, slots=cfg.num_samples, decode=cfg.decode)  # inside autocast: it computes in dtype
         for made in engine.run(requests):
             for request, token in made:
                 piece = stream_of[request].push(token)
@@ -130,8 +118,7 @@ def generate_samples(
 def main(argv: list[str]) -> int:
     cfg = parse_settings(SampleSettings, argv, prog="sample.py", description="Generate text from a trained model.")
     torch.manual_seed(cfg.seed)
-    device = resolve_device(cfg.device)
-    dtype = resolve_dtype(cfg.dtype, device)
+    device, dtype = cfg.resolve()
     model, tokenizer = load_for_inference(cfg, device, dtype)
 
     def write(text: str) -> None:

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import torch
 
-from gptkit.core.devices import resolve_device, resolve_dtype
 from gptkit.core.errors import run_cli
 from gptkit.core.settings import parse_settings
 from gptkit.serve.app import ServeSettings, create_app, listen, serve
@@ -39,8 +38,7 @@ def main(argv: list[str]) -> int:
     torch.manual_seed(cfg.seed)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    device = resolve_device(cfg.device)
-    dtype = resolve_dtype(cfg.dtype, device)
+    device, dtype = cfg.resolve()
     sock = listen(cfg.host, cfg.port)  # before the model loads: a taken port fails at once
     try:
         model, tokenizer = load_for_inference(cfg, device, dtype)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from gptkit.core import distributed
-from gptkit.core.devices import DTYPES, autocast, peak_flops_for_device, resolve_dtype, tune_for_training
+from gptkit.core.devices import Runtime, autocast, peak_flops_for_device, resolve_dtype, tune_for_training
 from gptkit.core.distributed import Processes
 from gptkit.core.errors import UserError, run_cli
 from gptkit.core.fileio import atomic_write_json
@@ -50,7 +50,7 @@ from gptkit.weights.hf_gpt2 import load_gpt2
 
 
 @dataclasses.dataclass
-class TrainSettings:
+class TrainSettings(Runtime):
     # output, evaluation and checkpoints
     out_dir: str = setting("out", "directory for checkpoints (ckpt.pt latest, best.pt best val loss) and log.jsonl")
     eval_interval: int = setting(
@@ -72,7 +72,6 @@ class TrainSettings:
     curves: bool = setting(True, "draw out_dir/curves.png of log.jsonl at the end and at evaluations 30 s apart")
     init_from: str = setting("scratch", INIT_CHOICES_HELP)
     overwrite: bool = setting(False, "start afresh even where out_dir holds an earlier run's checkpoint, replacing it")
-    seed: int = setting(1337, "seed for initialisation, data order and dropout")
     # logging to Weights & Biases
     wandb_log: bool = setting(False, "log config and metrics to wandb (WANDB_MODE=offline works without network)")
     wandb_project: str = setting("gpt", "wandb project name")
@@ -127,12 +126,6 @@ class TrainSettings:
     )
     ema_start: int = setting(0, "ema_decay: average the weights from this step on", rule="non_negative")
     # system
-    device: str = setting("auto", "auto (cuda → mps → cpu) | cpu | cuda | cuda:N | mps")
-    dtype: str = setting(
-        "auto",
-        "auto (CUDA: bfloat16 or float16; else float32) | float32 | bfloat16 | float16",
-        choices=("auto", *DTYPES),
-    )
     compile: bool | None = setting(None, "torch.compile the model (None: on for CUDA, off otherwise)")
     cpu_threads: int | None = setting(
         None, "torch CPU threads (None: torch's default; fewer on a busy machine)", rule="positive"

@@ -27,8 +27,8 @@ import torch
 from gptkit.core.devices import resolve_device
 from gptkit.core.errors import UserError, run_cli
 from gptkit.core.settings import parse_settings, setting, setting_list
+from gptkit.infer import generate, generate_stream
 from gptkit.infer.compiled import CPU_COMPILE_OPTIONS
-from gptkit.infer.engine import generate, generate_stream
 from gptkit.infer.native import NativeStep
 from gptkit.infer.next_token import sample_next_token
 from gptkit.infer.onednn import onednn_linear_available, optimize_for_cpu_decoding, use_decoding_layout
@@ -37,13 +37,13 @@ from gptkit.weights.quantization import quantize_int8, replace_linears
 from measure import print_table, read_bandwidth, run_benchmark, time_paths
 
 # ----------------------------------------------------------------------------------------------- sampling
-# generate: the documented call on a fresh model, `GPT(config).generate(eval(), ...)`, nothing else (the engine
-# applies the CPU fast path itself); cached: the same after an explicit optimize_for_cpu_decoding(), as before;
-# cached_plain: the engine with the fast path off; cached_bf16: bfloat16 weights; int8: int8 weights (--quantize=int8);
-# compiled, compiled_bf16, int8_compiled: the compiled step (float32, bfloat16, int8); native, native_bf16,
-# native_int8: the native step (float32, bfloat16, int8; batch 1 only, other batches run eagerly); uncached:
-# nanoGPT's loop;
-# no_products: the generate path with every matrix product skipped (each Linear returns zeros of its output's
+# auto: the documented call on a fresh model, `gptkit.infer.generate(GPT(config).eval(), ...)`, nothing else: the
+# default backend, as sample.py decodes with no flag; eager, eager_bf16: decode="eager" (plain PyTorch, float32 and
+# bfloat16 weights); onednn: decode="eager" after an explicit optimize_for_cpu_decoding() (oneDNN at every batch);
+# int8: int8 weights (--quantize=int8), eager; compiled, compiled_bf16, int8_compiled: decode="compiled" (float32,
+# bfloat16, int8); native, native_bf16, native_int8: decode="native" (float32, bfloat16, int8; batch 1 only, other
+# batches run as auto runs them); uncached: nanoGPT's loop;
+# no_products: the eager path with every matrix product skipped (each Linear returns zeros of its output's
 # shape without reading its weight): a token's time in it is what the rest of a step costs (attention, norms...).
 # weights_read, weights_read_bf16: no decoding; per token, one plain sum over every weight matrix a step reads
 # (float32, bfloat16): the speed these tensors stream at, the ceiling of a decoding path's of_bound at that moment
@@ -54,10 +54,10 @@ from measure import print_table, read_bandwidth, run_benchmark, time_paths
 # (docs/benchmarks.md), so this is the native path's own ceiling at that moment. (No bfloat16 twin: torch's bfloat16
 # sum is slower than the native bfloat16 step itself.)
 SAMPLE_PATHS = (
-    "generate",
-    "cached",
-    "cached_plain",
-    "cached_bf16",
+    "auto",
+    "eager",
+    "eager_bf16",
+    "onednn",
     "compiled",
     "compiled_bf16",
     "native",
@@ -74,7 +74,7 @@ SAMPLE_PATHS = (
 )
 # Bytes per weight a path reads in one decoding step (float32 elsewhere): the memory-speed bound's numerator.
 WEIGHT_BYTES = {
-    "cached_bf16": 2,
+    "eager_bf16": 2,
     "compiled_bf16": 2,
     "native_bf16": 2,
     "native_int8": 1,
@@ -85,6 +85,12 @@ WEIGHT_BYTES = {
 NATIVE_PATHS = ("native", "native_bf16", "native_int8")
 COMPILED_PATHS = ("compiled", "compiled_bf16", "int8_compiled")
 READ_PATHS = ("weights_read", "weights_read_bf16", "native_read")
+# The decode argument of every path that passes one (auto passes none: it is the default).
+DECODE_OF_PATH = {
+    **dict.fromkeys(("eager", "eager_bf16", "onednn", "int8", "no_products"), "eager"),
+    **dict.fromkeys(COMPILED_PATHS, "compiled"),
+    **dict.fromkeys(NATIVE_PATHS, "native"),
+}
 
 
 @dataclass
@@ -97,8 +103,8 @@ class SampleBench:
     threads: int = setting(0, "torch threads (0 = torch's default)")
     paths: list[str] = setting_list(
         list(SAMPLE_PATHS),
-        f"which generators: {', '.join(SAMPLE_PATHS)} (generate: the documented model.generate call alone; "
-        "cached_plain: KV cache without the CPU fast path; compiled: float32, the compiled decoding step; "
+        f"which generators: {', '.join(SAMPLE_PATHS)} (auto: the documented gptkit.infer.generate call, the "
+        "default backend; eager: plain PyTorch with the KV cache; compiled: float32, the compiled decoding step; "
         "weights_read: no decoding, a plain sum over the step's weights, the ceiling of of_bound; native_read: the "
         "same over the native step's own packed weights)",
     )
@@ -123,20 +129,9 @@ def run_sample_path(path: str, models: dict, prompt: torch.Tensor, top_k: int, n
     with torch.inference_mode():
         if path == "uncached":
             uncached_generate(models["plain"], prompt, new_tokens, top_k, generator)
-        elif path == "cached_plain":
+        elif path in DECODE_OF_PATH:
             for _ in generate_stream(
-                models["plain"], prompt, new_tokens, top_k=top_k, generator=generator, cpu_fast_path=False
-            ):
-                pass
-        elif path in COMPILED_PATHS + NATIVE_PATHS:
-            for _ in generate_stream(
-                models[path],
-                prompt,
-                new_tokens,
-                top_k=top_k,
-                generator=generator,
-                compiled=path in COMPILED_PATHS,
-                native=path in NATIVE_PATHS,
+                models[path], prompt, new_tokens, top_k=top_k, generator=generator, decode=DECODE_OF_PATH[path]
             ):
                 pass
         elif path == "native_read":
@@ -153,7 +148,7 @@ def run_sample_path(path: str, models: dict, prompt: torch.Tensor, top_k: int, n
                 min_new_tokens=new_tokens,
                 pad_token_id=0,
             )
-        else:
+        else:  # auto: the documented call with no decode argument
             generate(models[path], prompt, new_tokens, top_k=top_k, generator=generator)
 
 
@@ -191,12 +186,13 @@ def without_products(model: GPT) -> GPT:
 def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> dict:
     """One model per path, all with the same (random) weights; "plain" is never changed by the fast path."""
     torch.manual_seed(0)
-    plain = GPT(config).eval().to(device)  # the weights as nanoGPT stores them, for the uncached path
+    plain = GPT(config).eval().to(device)  # the weights as nanoGPT stores them, for the uncached path (never changed)
     models = {"plain": plain}
     for path, dtype in (
-        ("generate", torch.float32),
-        ("cached", torch.float32),
-        ("cached_bf16", torch.bfloat16),
+        ("auto", torch.float32),
+        ("eager", torch.float32),
+        ("onednn", torch.float32),
+        ("eager_bf16", torch.bfloat16),
         ("compiled", torch.float32),
         ("compiled_bf16", torch.bfloat16),
         ("native", torch.float32),
@@ -213,8 +209,8 @@ def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> 
         models["int8"] = models["int8_compiled"] = models["native_int8"] = int8
     if "no_products" in paths:
         models["no_products"] = without_products(copy.deepcopy(plain))
-    if "cached" in models and device.type == "cpu":
-        optimize_for_cpu_decoding(models["cached"])  # the explicit call, as sample.py made it before the engine
+    if "onednn" in models and device.type == "cpu":
+        optimize_for_cpu_decoding(models["onednn"])  # oneDNN at every batch, whatever auto would pick
     if "hf" in paths:
         import transformers
 
@@ -251,9 +247,9 @@ def add_memory_bound(rows: list[dict], models: dict) -> None:
             ]
             row["bound_tokens_per_s"] = round(row["read_gb_s"] * 1e9 / weight_bytes, 1)
             row["of_bound"] = round(statistics.median(fractions), 3)
-            # no_products is the eager step: its rest says nothing of the compiled step, which fuses that work; a
-            # read path has no products
-            fused_or_none = row["path"] in COMPILED_PATHS + NATIVE_PATHS + READ_PATHS
+            # no_products is the eager step: its rest says nothing of the compiled or native step, which fuse that
+            # work, nor of auto (the native step at batch 1 where it is built); a read path has no products
+            fused_or_none = row["path"] in ("auto", *COMPILED_PATHS, *NATIVE_PATHS, *READ_PATHS)
             products = 1 / row["tokens_per_s"] - rest if rest is not None and not fused_or_none else 0
             if products > 0:
                 row["products_ms"] = round(products * 1e3, 2)
@@ -298,7 +294,7 @@ def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict
             print_read_speeds(rows, cfg.bandwidth_mb)
     by_key = {(r["path"], r["batch"]): r["tokens_per_s"] for r in rows}
     for row in rows:
-        for reference in ("hf", "uncached", "generate"):  # a read path generates nothing: no speed-up to show
+        for reference in ("hf", "uncached", "auto"):  # a read path generates nothing: no speed-up to show
             if (reference, row["batch"]) in by_key and row["path"] not in (reference, *READ_PATHS):
                 row[f"x_{reference}"] = round(row["tokens_per_s"] / by_key[(reference, row["batch"])], 2)
     add_memory_bound(rows, models)
@@ -312,7 +308,7 @@ def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict
             "tokens_per_s",
             "x_hf",
             "x_uncached",
-            "x_generate",
+            "x_auto",
             "read_gb_s",
             "bound_tokens_per_s",
             "of_bound",

@@ -186,7 +186,7 @@ def sampling(cfg: GpuBench, shape: dict) -> list[dict]:
         repeats=1 if cfg.smoke else 3,
         batch_sizes=cfg.sample_batches,
         new_tokens=cfg.sample_tokens,
-        paths=["generate", "cached_bf16", "hf"],
+        paths=["auto", "eager_bf16", "hf"],
         device=cfg.device,
         json_out="",
     )

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_step.py [--dtype=float32|bfloat16|int8 --tokens=64 --json_out=bench_results/step.json]
 
-The step is the one `sample.py --compile=True` runs (gptkit.infer.compiled, driven by the engine with top-k
+The step is the one `sample.py --decode=compiled` runs (gptkit.infer.compiled, driven by the engine with top-k
 sampling) on a GPT-2 124M-shaped model with random weights, one row. Inductor's kernel profiling puts a profiler
 record in each C++ kernel it generates, and a matrix product's kernel is named after its shape (gemm_m{rows}n{out}
 k{in}), so torch.profiler splits a token's time into:
@@ -29,7 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from gptkit.core.errors import UserError, run_cli
 from gptkit.core.settings import parse_settings, setting
-from gptkit.infer.engine import generate_stream
+from gptkit.infer import generate_stream
 from gptkit.model import GPT, GPTConfig
 from gptkit.weights.quantization import quantize_int8
 from measure import print_table, read_bandwidth, run_benchmark
@@ -68,12 +68,12 @@ def step_model(cfg: StepBench) -> tuple[GPT, int]:
 
 
 def decode(model: GPT, tokens: int, top_k: int) -> float:
-    """Seconds to decode `tokens` tokens after a one-token prompt (no prefill pass), as sample.py --compile does."""
+    """Seconds to decode `tokens` tokens after a one-token prompt (no prefill pass), as sample.py --decode=compiled does."""
     generator = torch.Generator().manual_seed(0)
     start = time.perf_counter()
     with torch.inference_mode():
         for _ in generate_stream(
-            model, torch.zeros(1, 1, dtype=torch.long), tokens, top_k=top_k, generator=generator, compiled=True
+            model, torch.zeros(1, 1, dtype=torch.long), tokens, top_k=top_k, generator=generator, decode="compiled"
         ):
             pass
     return time.perf_counter() - start

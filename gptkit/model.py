@@ -99,11 +99,11 @@ class CausalSelfAttention(nn.Module):
         mask = None  # boolean (.., T, S), True where a query may look; None = plain causal
         if cache is not None:  # attend over the cached keys too; the cache masks rows of different lengths
             k, v, mask = cache.update(layer, k, v)
-        S, path = k.shape[2], getattr(cache, "attention", self.path)  # a cache may choose (the compiled step does)
-        if mask is None and (path == "math" or 1 < T < S):  # query i sits at key position S - T + i
+        S = k.shape[2]
+        if mask is None and (self.path == "math" or 1 < T < S):  # query i sits at key position S - T + i
             mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
         dropout = self.dropout if self.training else 0.0
-        if path == "sdpa":  # one new token over its cache needs no mask at all: the fastest decoding step
+        if self.path == "sdpa":  # one new token over its cache needs no mask at all: the fastest decoding step
             causal = mask is None and S == T
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
         else:

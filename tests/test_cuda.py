@@ -187,9 +187,10 @@ def test_compiled_decoding_on_gpu_makes_the_eager_tokens(
 
     def tokens(compiled: bool, temperature: float) -> list[int]:
         generator = torch.Generator(device=gpu_device).manual_seed(7)
+        decode = "compiled" if compiled else "eager"
         with torch.inference_mode():
             stream = generate_stream(
-                model, prompt, 80, temperature=temperature, top_k=10, generator=generator, compiled=compiled
+                model, prompt, 80, temperature=temperature, top_k=10, generator=generator, decode=decode
             )
             return [token.item() for token in stream]
 

@@ -98,19 +98,23 @@ def test_same_seed_same_text_and_different_seed_different_text(trained_char_chec
     assert len(a.stdout.decode()) == len("First") + 60 + 1  # prompt, 60 characters, final newline
 
 
-def test_native_decoding_prints_the_default_paths_text(trained_char_checkpoint):
-    """--native=True (one C++ call a token) prints the text of the default path, greedy and sampled with a seed."""
+@pytest.mark.parametrize("decode", ["eager", "native"])
+def test_every_cpu_backend_prints_the_default_text(trained_char_checkpoint, decode):
+    """--decode=eager (plain PyTorch) and --decode=native (one C++ call a token) print the text of the default
+    (auto), greedy and sampled with a seed."""
     common = ["sample.py", f"--out_dir={trained_char_checkpoint}", "--start=First", "--max_new_tokens=60"]
     for settings in (["--temperature=0"], ["--seed=7"]):
-        default, native = run_script(*common, *settings), run_script(*common, *settings, "--native=True")
-        assert default.returncode == native.returncode == 0, native.stderr.decode()
-        assert native.stdout == default.stdout and len(native.stdout.decode()) == len("First") + 60 + 1
+        default, chosen = run_script(*common, *settings), run_script(*common, *settings, f"--decode={decode}")
+        assert default.returncode == chosen.returncode == 0, chosen.stderr.decode()
+        assert chosen.stdout == default.stdout and len(chosen.stdout.decode()) == len("First") + 60 + 1
 
 
 def test_native_decoding_of_a_model_it_cannot_run_is_one_clear_error(tmp_path):
     lively_char_checkpoint(tmp_path, pos_encoding="rope")
-    result = run_script("sample.py", f"--out_dir={tmp_path}", "--start=A", "--native=True")
-    assert_one_line_error(result.returncode, result.stderr.decode(), "rotary positions", "--compile=True")
+    result = run_script("sample.py", f"--out_dir={tmp_path}", "--start=A", "--decode=native")
+    assert_one_line_error(result.returncode, result.stderr.decode(), "rotary positions", "--decode=auto")
+    default = run_script("sample.py", f"--out_dir={tmp_path}", "--start=A", "--max_new_tokens=5")
+    assert default.returncode == 0 and default.stderr.decode() == "", default.stderr.decode()
 
 
 def test_stop_string_ends_the_sample_and_is_not_printed(trained_char_checkpoint):

@@ -1,17 +1,37 @@
-"""Choosing the device and the numeric precision, shared by train.py, sample.py and bench.py, and the process-wide
-settings a training run makes (threads, subnormals flushed, freed memory kept)."""
+"""Choosing the device and the numeric precision (the Runtime settings train.py, sample.py, serve.py and eval.py share),
+and the process-wide settings a training run makes (threads, subnormals flushed, freed memory kept)."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import platform
+from dataclasses import dataclass
 
 import torch
 
 from gptkit.core.errors import UserError
+from gptkit.core.settings import setting
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Runtime:
+    """Where and in what precision a script computes, and its seed: declared once for every script (their settings
+    classes extend it). resolve() gives the torch device and dtype."""
+
+    device: str = setting("auto", "auto (cuda → mps → cpu) | cpu | cuda | cuda:N | mps")
+    dtype: str = setting(
+        "auto",
+        "auto (CUDA: bfloat16 or float16; else float32) | float32 | bfloat16 | float16",
+        choices=("auto", *DTYPES),
+    )
+    seed: int = setting(1337, "random seed: the same seed and settings give the same weights, data order and tokens")
+
+    def resolve(self) -> tuple[torch.device, torch.dtype]:
+        device = resolve_device(self.device)
+        return device, resolve_dtype(self.dtype, device)
 
 
 def resolve_device(name: str) -> torch.device:

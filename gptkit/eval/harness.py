@@ -50,6 +50,7 @@ class GPTKitLM(TemplateLM):
         dtype: torch.dtype | None = None,
         batch_size: int = 16,
         max_gen_toks: int = 256,
+        decode: str = "auto",
     ) -> None:
         super().__init__()
         self._device = torch.device(device)
@@ -58,6 +59,7 @@ class GPTKitLM(TemplateLM):
         self.dtype = dtype or torch.float32
         self.batch_size = int(batch_size)
         self.max_gen_toks = int(max_gen_toks)
+        self.decode = decode  # generate_until's backend (gptkit.infer.decoding)
         self.block_size = model.config.block_size
 
     @property
@@ -142,7 +144,7 @@ class GPTKitLM(TemplateLM):
             streams.append(TextStream(self.gpt_tokenizer, until, eot))
         stream_of = dict(zip(map(id, engine_requests), streams))
         with self._precision():
-            engine = Engine(self.model, slots=self.batch_size)
+            engine = Engine(self.model, slots=self.batch_size, decode=self.decode)
             for made in engine.run(engine_requests):
                 for request, token in made:
                     stream = stream_of[id(request)]

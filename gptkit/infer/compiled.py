@@ -36,7 +36,9 @@ dynamo refuses to compile another.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,6 +46,7 @@ import torch
 import torch.nn as nn
 
 from gptkit.infer.next_token import sample_next_token
+from gptkit.model import CausalSelfAttention
 
 LENGTH_MULTIPLE = 16  # attended span rounded up to this: padded positions are masked, and S is never 0 or 1
 
@@ -103,10 +106,6 @@ class StepCache:
     (B, 1, 1, S), True where row b may look, sets the batch B and the span S attended over.
     """
 
-    # The model's attention path for this cache: inductor fuses the explicit softmax(q k^T / sqrt(d)) v of one query
-    # into its own loops, which was faster than a scaled_dot_product_attention call per layer (docs/benchmarks.md).
-    attention = "math"
-
     def __init__(
         self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], positions: torch.Tensor, mask: torch.Tensor
     ) -> None:
@@ -122,6 +121,26 @@ class StepCache:
         values[rows, :, self.positions] = v[:, :, 0].to(values.dtype)
         batch, span = self.mask.shape[0], self.mask.shape[-1]
         return keys[:batch, :, :span], values[:batch, :, :span], self.mask
+
+
+# Each model's twin with math attention, made once; a model that is garbage collected takes its twin with it.
+MATH_TWINS: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDictionary()
+
+
+def math_attention_twin(model: nn.Module) -> nn.Module:
+    """`model` with every attention module on the explicit softmax(q k^T / sqrt(d)) v path, sharing the very same
+    parameters and buffers (the model itself is untouched). Why: inductor fuses that path's one-query attention into
+    its own loops, which was faster than a scaled_dot_product_attention call per layer (docs/benchmarks.md)."""
+    if all(m.path == "math" for m in model.modules() if isinstance(m, CausalSelfAttention)):
+        return model
+    if model not in MATH_TWINS:
+        shared = {id(tensor): tensor for tensor in (*model.parameters(), *model.buffers())}
+        twin = copy.deepcopy(model, memo=shared)  # new modules around the same tensors
+        for module in twin.modules():
+            if isinstance(module, CausalSelfAttention):
+                module.path = "math"
+        MATH_TWINS[model] = twin
+    return MATH_TWINS[model]
 
 
 def _step(
@@ -216,7 +235,7 @@ def decode_step(
         for patch in step_config_patchers(idx.device.type):
             restore.callback(patch())  # restored in reverse order, also when the step raises
         return compiled_step(idx.device.type)(
-            model,
+            math_attention_twin(model),
             idx,
             positions,
             mask,

@@ -14,8 +14,8 @@
 The model is duck-typed, never imported: `model(idx, cache=cache)` returns (logits (B, 1, V), _) for the last
 position, `model.hidden_states(idx, cache=cache)` does the same pass without the head (to fill a prompt into the
 cache), `model.config` has block_size and n_layer, and both calls run `cache.extend(B, T, device)` once for the
-positions of the T new tokens and `cache.update(layer, k, v)` in every layer. On the CPU in float32 the
-engine first applies gptkit.infer.onednn's fast path to the model (in place, once).
+positions of the T new tokens and `cache.update(layer, k, v)` in every layer. Which backend runs the steps is
+`decode` (gptkit.infer.decoding): auto by default.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import torch
 import torch.nn as nn
 
 from gptkit.infer import compiled, onednn
+from gptkit.infer.decoding import plan_for
 from gptkit.infer.native import NativeStep
 from gptkit.infer.next_token import sample_next_token, sampling_problem
 
@@ -158,18 +159,13 @@ class Engine:
     """Generates for up to `slots` requests at once, one token per step; requests come and go between steps.
 
     Row r of the cache belongs to active[r]; a finished or removed request's row is refilled by moving the last
-    active row into it, so a pass always covers rows 0..n-1. `cpu_fast_path` applies gptkit.infer.onednn to the
-    model when its weights are float32 on the CPU (the default; False measures or debugs the plain path).
-    `compiled` runs each step's pass through gptkit.infer.compiled (torch.compile; prefills stay eager): the
-    first step of each batch size compiles, about a minute for GPT-2 124M on 2 cores; for inference only.
-    `native` runs each step with a single active row through gptkit.infer.native (one C++ call a token, on the
-    CPU, in the weights' dtype or CPU autocast's; UserError for a model it cannot run); steps with more rows take
-    the compiled or eager path as set.
+    active row into it, so a pass always covers rows 0..n-1. `decode` picks the backend (gptkit.infer.decoding:
+    auto, eager, compiled or native; UserError for one that cannot run this model here). Built under autocast, the
+    engine computes in autocast's dtype. On the CPU in float32, auto's plan may turn the model's Linear layers into
+    gptkit.infer.onednn's (in place, once; the same values and parameters).
     """
 
-    def __init__(
-        self, model: nn.Module, slots: int = 1, cpu_fast_path: bool = True, compiled: bool = False, native: bool = False
-    ) -> None:
+    def __init__(self, model: nn.Module, slots: int = 1, decode: str = "auto") -> None:
         if slots <= 0:
             raise ValueError(f"an engine needs at least one slot, got {slots}")
         config = model.config
@@ -178,9 +174,10 @@ class Engine:
         self.device = next(model.parameters()).device
         self.cache = KVCache(config.n_layer, config.block_size, slots)
         self.active: list[Request] = []
-        self.compiled = compiled
-        self.native = NativeStep.for_model(model, self._compute_dtype()) if native else None
-        if cpu_fast_path and onednn.suits_fast_path(model):
+        self.plan = plan_for(decode, model, slots, self._compute_dtype())
+        self.compiled = self.plan.compiled
+        self.native = NativeStep.for_model(model, self._compute_dtype()) if self.plan.native else None
+        if self.plan.onednn:
             onednn.optimize_for_cpu_decoding(model)
 
     @property
@@ -373,20 +370,18 @@ def generate_stream(
     top_p: float | None = None,
     stop_tokens: Sequence[int] | None = None,
     generator: torch.Generator | None = None,
-    cpu_fast_path: bool = True,
-    compiled: bool = False,
-    native: bool = False,
+    decode: str = "auto",
 ) -> Iterator[torch.Tensor]:
     """Yield the next token of every row of idx (B, T) as a (B,) tensor, up to max_new_tokens steps.
 
     All rows share `generator` and the settings. A row that has made a stop token repeats it; the stream ends
-    early once every row has stopped. See Engine for the cache, the sliding window and the CPU fast path.
+    early once every row has stopped. See Engine for the cache, the sliding window and `decode`.
     """
     requests = [
         Request(row, max_new_tokens, temperature, top_k, top_p, tuple(stop_tokens or ()), generator=generator)
         for row in idx.tolist()
     ]
-    engine = Engine(model, slots=len(requests), cpu_fast_path=cpu_fast_path, compiled=compiled, native=native)
+    engine = Engine(model, slots=len(requests), decode=decode)
     for _ in engine.run(requests):
         yield torch.tensor([request.output[-1] for request in requests], dtype=idx.dtype, device=idx.device)
 
@@ -400,11 +395,14 @@ def generate(
     top_p: float | None = None,
     stop_tokens: Sequence[int] | None = None,
     generator: torch.Generator | None = None,
+    decode: str = "auto",
 ) -> torch.Tensor:
-    """Extend idx (B, T) by up to max_new_tokens sampled tokens and return it (B, T + n).
+    """Extend idx (B, T) by up to max_new_tokens sampled tokens and return it (B, T + n): what sample.py does.
 
     temperature 0 is greedy; top_k keeps the k most likely tokens; top_p keeps the smallest set whose probability
-    reaches p; generator makes sampling reproducible. A row that has made a stop token repeats it.
+    reaches p; generator makes sampling reproducible. A row that has made a stop token repeats it. decode: the
+    backend (gptkit.infer.decoding: auto, eager, compiled, native). It computes in the weights' dtype (int8 weights:
+    gptkit.weights.quantization), or in autocast's under torch.autocast.
     """
-    steps = generate_stream(model, idx, max_new_tokens, temperature, top_k, top_p, stop_tokens, generator)
+    steps = generate_stream(model, idx, max_new_tokens, temperature, top_k, top_p, stop_tokens, generator, decode)
     return torch.cat([idx, *(token[:, None] for token in steps)], dim=1)

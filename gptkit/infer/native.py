@@ -16,10 +16,10 @@ why a model does not fit). The engine uses it for steps with one active row and 
 rows; it fills a prompt with the native prefill (NativeStep.prefill: the prompt's tokens in one pass) up to
 PREFILL_LIMITS' length.
 
-The C++ source is compiled on first use (torch.utils.cpp_extension: a C++ compiler and ninja, ~25 s once; the build
-is cached under torch's extensions directory and redone when the source changes), for this machine's instruction
+The C++ source is compiled at set-up (`python -m gptkit.infer.native --build`, which `make venv` runs: a C++
+compiler and ninja, ~25 s once; the build lies under torch's extensions directory), for this machine's instruction
 set: AVX-512 and its bfloat16 products where the CPU has them, else AVX2 with FMA, else what the compiler makes of
-plain loops.
+plain loops. decode=auto uses the step only once it is built (build_problem); decode=native builds it when needed.
 
 Caveat: the step reads a packed copy of the weights (their memory twice over), made once per model and remade when
 a parameter or buffer (int8 weights are buffers) is changed in place (an optimizer step, a load_state_dict), which
@@ -50,7 +50,7 @@ SOURCE = Path(__file__).parent / "csrc" / "decode_step.cpp"
 ACTIVATIONS = {"gelu_tanh": 0, "gelu": 1, "relu2": 2}  # decode_step.cpp's Activation codes
 HUGE_PAGE = 2 << 20  # bytes of a transparent huge page on x86-64 and most arm64 kernels
 # How to fall back, said in every error about this path: the compiled step serves every model and batch.
-OTHER_PATHS = "use --compile=True (the compiled step) or the default eager path instead"
+OTHER_PATHS = "use --decode=auto, eager or compiled instead"
 
 
 def native_problem(model: nn.Module, dtype: torch.dtype) -> str | None:
@@ -85,9 +85,31 @@ def build_directory() -> Path:
     return Path(root) / f"gptkit_decode_step_torch{torch.__version__}_{python}_{tag}"
 
 
+def int8_weights(model: nn.Module) -> bool:
+    """Whether `model`'s products have int8 weights (gptkit.weights.quantization's Int8Linear)."""
+    return any(isinstance(m, Int8Linear) for m in model.modules())
+
+
+def is_built() -> bool:
+    """Whether this machine has a build of the step (decode=auto uses it only then; torch rebuilds it on loading
+    when the source has changed since)."""
+    return any(build_directory().glob("*.so"))
+
+
+def build_problem(build: bool) -> str | None:
+    """Why the native step cannot run here (None: it can): not built (when `build` is False), or a failed build."""
+    if not build and not is_built():
+        return "the native step is not built (python -m gptkit.infer.native --build)"
+    try:
+        extension()
+    except UserError as error:
+        return str(error)
+    return None
+
+
 @functools.cache
 def extension():
-    """The compiled C++ extension, built on first use (torch rebuilds it when the source changes); UserError with
+    """The compiled C++ extension, built when missing (torch rebuilds it when the source changes); UserError with
     what is missing when it cannot be built."""
     from torch.utils import cpp_extension
 
@@ -113,7 +135,7 @@ def extension():
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise UserError(
             f"could not build the native decoding step ({first_line}); it needs a C++ compiler (g++) and "
-            f"ninja (pip install ninja); {OTHER_PATHS}"
+            "ninja (pip install ninja)"
         ) from error
 
 
@@ -332,3 +354,22 @@ class NativeStep:
             self.activation,
             self.eps,
         )
+
+
+def main(argv: Sequence[str]) -> int:
+    """`python -m gptkit.infer.native --build`: build the step for this CPU now (the set-up runs it); a machine
+    without a compiler gets a note, not a failure: decode=auto then takes the other paths."""
+    if list(argv) != ["--build"]:
+        print("usage: python -m gptkit.infer.native --build", file=sys.stderr)
+        return 2
+    problem = build_problem(build=True)
+    print(
+        f"note: {problem}; decoding takes the other paths"
+        if problem
+        else f"native decoding step built in {build_directory()}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

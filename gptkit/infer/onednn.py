@@ -8,7 +8,7 @@ contiguous) faster. `python benchmarks/bench.py linear` measures each variant; d
 `optimize_for_cpu_decoding(model)` changes a model in place: every plain `nn.Linear` keeps its Parameter objects
 (tied weights stay tied, state_dict keys and values are unchanged) and becomes a `DecodingLinear`, which takes
 the direct kernel only for float32 CPU inference; autograd, autocast and torch.compile still get `F.linear`.
-gptkit.infer.engine applies it by default when it generates on the CPU in float32.
+decode=auto (gptkit.infer.decoding) applies it for the CPU's float32 steps over several rows, where it was measured faster.
 """
 
 from __future__ import annotations

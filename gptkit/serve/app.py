@@ -35,10 +35,12 @@ from starlette.exceptions import HTTPException
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gptkit.core.devices import Runtime
 from gptkit.core.errors import UserError
 from gptkit.core.settings import setting
 from gptkit.data.tokenizer import Tokenizer
 from gptkit.infer import engine, next_token
+from gptkit.infer.decoding import Decoding
 from gptkit.infer.textstream import TextStream
 from gptkit.serve import openai_api as api
 from gptkit.serve.batcher import Batcher, Job, ServerBusyError
@@ -47,22 +49,14 @@ from gptkit.weights.loading import ModelSource
 
 
 @dataclass
-class ServeSettings(ModelSource):
+class ServeSettings(ModelSource, Decoding, Runtime):
     model_name: str = setting("", "the model id clients send ('' = the out_dir's name, or init_from)")
     host: str = setting("127.0.0.1", "address to listen on (127.0.0.1: this machine only)")
     port: int = setting(8000, "port to listen on (0 = any free port; the URL is printed)", rule="non_negative")
     api_key: str = setting("", "require `Authorization: Bearer KEY` on every /v1 request ('' = no key)")
     allow_public_without_key: bool = setting(False, "allow a non-loopback --host without --api_key")
-    device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps")
-    dtype: str = setting("auto", "auto, float32, bfloat16 or float16")
     threads: int = setting(0, "CPU threads for decoding (0 = torch's default: one per core)", rule="non_negative")
-    seed: int = setting(1337, "seed of the shared generator that requests without a seed sample from")
     slots: int = setting(16, "requests decoded together, one batch per step", rule="positive")
-    native: bool = setting(
-        False,
-        "a request decoded alone runs through the native step (CPU, float32, bfloat16 or --quantize=int8, "
-        "not rope or qk_norm; built on first use, ~25 s): faster for one client at a time",
-    )
     max_queue: int = setting(64, "requests waiting for a slot; more get 429 with Retry-After", rule="non_negative")
     retry_after: int = setting(1, "seconds a 429 answer asks the client to wait (Retry-After)", rule="positive")
     max_tokens: int = setting(2048, "the largest max_tokens a request may ask for", rule="positive")
@@ -176,7 +170,7 @@ class Service:
     ) -> None:
         self.cfg, self.tokenizer, self.name = cfg, tokenizer, cfg.model_name or "model"
         self.block_size, self.created = model.config.block_size, int(time.time())
-        self.batcher = Batcher(model, cfg.slots, cfg.max_queue, device, dtype, native=cfg.native)
+        self.batcher = Batcher(model, cfg.slots, cfg.max_queue, device, dtype, decode=cfg.decode)
         self.playground = (resources.files("gptkit.serve") / "static" / "playground.html").read_bytes()
 
     async def page(self) -> HTMLResponse:

@@ -78,8 +78,8 @@ def _put_all(items: list[tuple[asyncio.Queue, tuple]]) -> None:
 class Batcher:
     """The decode thread and its queue. `start()` once, `stop()` at shutdown; `submit` and `cancel` from any thread.
 
-    `engine` is built here, under autocast for `dtype`, so it takes the CPU fast path exactly when sample.py would;
-    `native`: a step with one active job runs through gptkit.infer.native (see Engine).
+    `engine` is built here, under autocast for `dtype`, with the backend `decode` (gptkit.infer.decoding), so it
+    decodes as sample.py would.
     Counters for /health: `steps` (engine steps run), `tokens` (tokens made), `finished` (jobs that ran to their
     end, or failed), `cancelled` (jobs that left the engine because their client went away).
     """
@@ -91,11 +91,11 @@ class Batcher:
         max_queue: int,
         device: torch.device,
         dtype: torch.dtype,
-        native: bool = False,
+        decode: str = "auto",
     ) -> None:
         self.device, self.dtype, self.max_queue = device, dtype, max_queue
         with autocast(device, dtype):
-            self.engine = Engine(model, slots=slots, native=native)
+            self.engine = Engine(model, slots=slots, decode=decode)
         self.slots = slots
         self._cond = threading.Condition()
         self._pending: deque[Job] = deque()

@@ -78,6 +78,6 @@ def load_for_inference(source: ModelSource, device: torch.device, dtype: torch.d
     """The model of `source` on `device` (eval mode, int8 weights when source.quantize says so) and its tokenizer.
     `dtype` is the compute dtype the script will run under (int8 needs float32)."""
     model, tokenizer = load_model_and_tokenizer(source.init_from, source.out_dir, source.checkpoint, source.data_dir)
-    model.to(device)  # on the CPU in float32 the engine applies gptkit.infer.onednn's fast path itself
+    model.to(device)  # the engine picks its decoding backend itself (gptkit.infer.decoding)
     apply_quantization(model, source.quantize, dtype)
     return model, tokenizer

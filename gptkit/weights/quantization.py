@@ -9,7 +9,7 @@ PyTorch's own:
   weight-only-int8 GEMM template (bfloat16 activations, int8 weights widened in registers). Product for product it
   is no faster than fbgemm, but in the compiled step (one graph, no per-call costs) a token takes far less time;
   docs/benchmarks.md has the figures.
-The native step (gptkit.infer.native, --native=True) reads the same int8 weights and scales with kernels of its
+The native step (gptkit.infer.native, --decode=native) reads the same int8 weights and scales with kernels of its
 own (each product's input rounded to 16-bit integers). The embeddings stay float32: a lookup reads one row.
 """
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import bench
-from gptkit.infer.engine import generate
+from gptkit.infer import generate
 from gptkit.infer.native import PACKED_STEPS
 from gptkit.infer.onednn import onednn_linear_available
 from gptkit.model import GPT, GPTConfig
@@ -112,9 +112,9 @@ def test_sample_bench_compares_every_path_in_one_run(tmp_path: Path):
                 "--repeats=1",
                 "--new_tokens=3",
                 "--uncached_new_tokens=2",
-                "--paths=generate",
-                "--paths=cached",
-                "--paths=cached_plain",
+                "--paths=auto",
+                "--paths=onednn",
+                "--paths=eager",
                 "--paths=uncached",
                 "--paths=hf",
                 f"--json_out={out}",
@@ -123,15 +123,16 @@ def test_sample_bench_compares_every_path_in_one_run(tmp_path: Path):
         == 0
     )
     rows = {row["path"]: row for row in json.loads(out.read_text())["results"]}
-    assert set(rows) == {"generate", "cached", "cached_plain", "uncached", "hf"}
-    assert rows["uncached"]["new_tokens"] == 2 and rows["cached"]["new_tokens"] == 3
+    assert set(rows) == {"auto", "onednn", "eager", "uncached", "hf"}
+    assert rows["uncached"]["new_tokens"] == 2 and rows["eager"]["new_tokens"] == 3
     for row in rows.values():
         assert row["batch"] == 2 and row["tokens_per_s"] == pytest.approx(2 * row["new_tokens"] / row["seconds"], 0.02)
-    cached = rows["cached"]
-    assert cached["x_hf"] == pytest.approx(cached["tokens_per_s"] / rows["hf"]["tokens_per_s"], abs=0.01)
-    assert cached["x_uncached"] == pytest.approx(cached["tokens_per_s"] / rows["uncached"]["tokens_per_s"], abs=0.01)
-    assert cached["x_generate"] == pytest.approx(cached["tokens_per_s"] / rows["generate"]["tokens_per_s"], abs=0.01)
-    assert "x_hf" not in rows["hf"] and "x_uncached" not in rows["uncached"] and "x_generate" not in rows["generate"]
+    eager = rows["eager"]
+    assert eager["x_hf"] == pytest.approx(eager["tokens_per_s"] / rows["hf"]["tokens_per_s"], abs=0.01)
+    assert eager["x_uncached"] == pytest.approx(eager["tokens_per_s"] / rows["uncached"]["tokens_per_s"], abs=0.01)
+    assert eager["x_auto"] == pytest.approx(eager["tokens_per_s"] / rows["auto"]["tokens_per_s"], abs=0.01)
+    assert rows["auto"]["x_hf"] == pytest.approx(rows["auto"]["tokens_per_s"] / rows["hf"]["tokens_per_s"], abs=0.01)
+    assert "x_hf" not in rows["hf"] and "x_uncached" not in rows["uncached"] and "x_auto" not in rows["auto"]
 
 
 def test_sample_bench_puts_batch_one_against_the_memory_bound(capsys, monkeypatch):
@@ -141,7 +142,7 @@ def test_sample_bench_puts_batch_one_against_the_memory_bound(capsys, monkeypatc
     measures = [20e9 + 1e9 * k for k in range(24)]
     remaining = iter(measures)
     monkeypatch.setattr(bench, "read_bandwidth", lambda device, megabytes: next(remaining))
-    paths = ["generate", "cached_bf16", "compiled_bf16", "native_bf16", "int8", "int8_compiled", "no_products"]
+    paths = ["auto", "eager_bf16", "compiled_bf16", "native_bf16", "int8", "int8_compiled", "no_products"]
     settings = bench.SampleBench(batch_sizes=[1], repeats=3, new_tokens=3, bandwidth_mb=64, json_out="", paths=paths)
     shape = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64, "vocab_size": 1000, "bias": True}
     rows = {row["path"]: row for row in bench.bench_sample(settings, GPTConfig(**shape))}
@@ -155,8 +156,8 @@ def test_sample_bench_puts_batch_one_against_the_memory_bound(capsys, monkeypatc
     block = 64 * 192 + 192 + 64 * 64 + 64 + 64 * 256 + 256 + 256 * 64 + 64 + 4 * 64
     weights = 2 * block + 2 * 64 + 1000 * 64
     weight_bytes_of = {
-        "generate": 4,
-        "cached_bf16": 2,
+        "auto": 4,
+        "eager_bf16": 2,
         "compiled_bf16": 2,
         "native_bf16": 2,
         "int8": 1,
@@ -171,7 +172,7 @@ def test_sample_bench_puts_batch_one_against_the_memory_bound(capsys, monkeypatc
             for run, speed in zip(rows[path]["runs"], speeds[path])
         )
         assert rows[path]["of_bound"] == pytest.approx(fractions[1], rel=0.01, abs=6e-4)
-        if path in ("compiled_bf16", "native_bf16", "int8_compiled"):  # a fused step: no products' share
+        if path in ("auto", "compiled_bf16", "native_bf16", "int8_compiled"):  # a fused step: no products' share
             assert "products_ms" not in rows[path]
             continue
         # the products' share of a step: the path's time per token less the step without products
@@ -202,7 +203,7 @@ def test_step_weights_are_the_matrices_a_step_reads_and_a_read_pass_sums_each_on
 
 def test_weights_read_paths_are_set_against_the_bound_without_products(monkeypatch):
     monkeypatch.setattr(bench, "read_bandwidth", lambda device, megabytes: 10e9)
-    paths = ["weights_read", "weights_read_bf16", "native_read", "generate", "no_products"]
+    paths = ["weights_read", "weights_read_bf16", "native_read", "auto", "no_products"]
     settings = bench.SampleBench(batch_sizes=[1], repeats=2, new_tokens=5, bandwidth_mb=64, json_out="", paths=paths)
     shape = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64, "vocab_size": 1000, "bias": True}
     rows = {row["path"]: row for row in bench.bench_sample(settings, GPTConfig(**shape))}
@@ -211,8 +212,8 @@ def test_weights_read_paths_are_set_against_the_bound_without_products(monkeypat
         fractions = sorted(5 / run["seconds"] / (10e9 / (weights * weight_bytes)) for run in rows[path]["runs"])
         assert rows[path]["of_bound"] == pytest.approx(statistics.median(fractions), rel=0.01, abs=6e-4)
         assert rows[path]["bound_tokens_per_s"] == pytest.approx(10e9 / (weights * weight_bytes), rel=0.01)
-        assert "products_ms" not in rows[path] and "x_generate" not in rows[path]
-    assert "x_generate" not in rows["generate"] and rows["generate"]["of_bound"] > 0
+        assert "products_ms" not in rows[path] and "x_auto" not in rows[path]
+    assert "x_auto" not in rows["auto"] and rows["auto"]["of_bound"] > 0
 
 
 def test_native_read_sums_the_buffer_the_native_path_reads(monkeypatch):
@@ -237,7 +238,7 @@ def test_no_products_path_skips_every_product_but_keeps_the_step():
     assert sum(isinstance(m, bench.SkippedProduct) for m in model.modules()) == 2 * 4 + 1  # qkv, proj, fc, proj; head
     with torch.inference_mode():
         logits, _ = model(torch.zeros(1, 5, dtype=torch.long))
-        out = generate(model, torch.zeros(1, 3, dtype=torch.long), 4, top_k=10)
+        out = generate(model, torch.zeros(1, 3, dtype=torch.long), 4, top_k=10, decode="eager")
     assert logits.shape == (1, 1, 50) and not logits.any() and out.shape == (1, 7)
 
 

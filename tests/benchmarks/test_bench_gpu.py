@@ -43,6 +43,8 @@ def test_smoke_run_writes_every_section(tmp_path: Path, char_data_dir: Path) -> 
     sections = [row["section"] for row in report["results"]]
     assert sections == ["cuda_tests", "matmul_peak", "train", "shakespeare_char", "sample", "sample", "sample"]
     assert all(HEADLINE[row["section"]] in row for row in report["results"])
+    sample_paths = {row["path"] for row in report["results"] if row["section"] == "sample"}
+    assert sample_paths == {"auto", "eager_bf16", "hf"}
 
 
 def test_refuses_a_non_gpu_device_without_smoke() -> None:

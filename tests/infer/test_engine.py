@@ -1,5 +1,5 @@
 """gptkit/infer/engine.py, gptkit/infer/onednn.py and gptkit/infer/compiled.py: KV cache rows, the step-based engine,
-the CPU fast path, the compiled step.
+the CPU fast path, the compiled step (decode=compiled), and the model it leaves untouched.
 
 Expected tokens come from helpers.reference_greedy: a full forward pass of the plain model (no cache) over the window
 each step should see, written out there from the rule.
@@ -26,8 +26,8 @@ POSITIONS = ["learned", "sinusoidal", "rope"]
 VOCAB = 37
 
 
-def run_alone(model: GPT, request: Request, fast: bool = True) -> list[int]:
-    engine = Engine(model, slots=1, cpu_fast_path=fast)
+def run_alone(model: GPT, request: Request) -> list[int]:
+    engine = Engine(model, slots=1)
     for _ in engine.run([request]):
         pass
     return request.output
@@ -90,14 +90,14 @@ def test_cached_greedy_equals_uncached_recompute(pos_encoding, qk_norm):
     model = lively_model(pos_encoding=pos_encoding, qk_norm=qk_norm)
     reference = plain_copy(model)
     prompt = torch.tensor(prompts_of(5, 5))
-    out = generate(model, prompt, max_new_tokens=30, temperature=0)  # the default call: fast path on the CPU
+    out = generate(model, prompt, max_new_tokens=30, temperature=0)  # the default call: decode=auto
     for row in range(2):
         expected = reference_greedy(reference, prompt[row].tolist(), 30)
         assert out[row, 5:].tolist() == expected
         assert len(set(expected)) > 4  # the test model really changes tokens
-    plain = generate_stream(reference, prompt, 30, temperature=0, cpu_fast_path=False)
+    plain = generate_stream(reference, prompt, 30, temperature=0, decode="eager")
     assert torch.equal(torch.stack(list(plain), dim=1), out[:, 5:])
-    assert type(reference.lm_head) is torch.nn.Linear  # cpu_fast_path=False leaves the model alone
+    assert type(reference.lm_head) is torch.nn.Linear  # decode=eager leaves the model alone
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "math"])
@@ -117,12 +117,14 @@ def test_different_length_batch_gives_each_row_its_alone_greedy_tokens(attention
     assert not engine.active and engine.free_slots == 3
 
 
-@pytest.mark.parametrize("fast", [True, False])
-def test_the_head_runs_once_per_made_token(fast):
+@pytest.mark.parametrize("onednn", [True, False])
+def test_the_head_runs_once_per_made_token(onednn):
     """Filling the cache with a prompt (and refilling it when the window slides) computes no logits: the head
     turns exactly one position into logits per token made, and the tokens are still the plain model's."""
     model, prompt = lively_model(), prompts_of(10)[0]
-    engine = Engine(model, slots=1, cpu_fast_path=fast)
+    if onednn:
+        optimize_for_cpu_decoding(model)
+    engine = Engine(model, slots=1, decode="eager")
     head_rows = []
     model.lm_head.register_forward_hook(lambda module, inputs, output: head_rows.append(inputs[0].shape[:2].numel()))
     request = Request(prompt, 12, temperature=0)  # 10 + 12 tokens pass block_size 16: the window slides once
@@ -265,14 +267,14 @@ def test_fast_path_changes_speed_not_results(bias):
     prompt = torch.tensor(prompts_of(4, 4))
     with torch.no_grad():
         torch.testing.assert_close(model(prompt)[0], plain(prompt)[0], rtol=0, atol=1e-5)
-    expected = torch.stack(list(generate_stream(plain, prompt, 20, temperature=0, cpu_fast_path=False)), dim=1)
+    expected = torch.stack(list(generate_stream(plain, prompt, 20, temperature=0, decode="eager")), dim=1)
     assert torch.equal(generate(model, prompt, 20, temperature=0)[:, 4:], expected)
 
 
-def test_the_default_generate_call_takes_the_fast_path():
+def test_the_default_generate_call_takes_the_fast_path_for_several_rows():
     model = lively_model(seed=7)
     assert type(model.lm_head) is torch.nn.Linear
-    prompt = torch.tensor(prompts_of(4))
+    prompt = torch.tensor(prompts_of(4, 4))
     with torch.profiler.profile() as profile:
         generate(model, prompt, 3, temperature=0)
     assert isinstance(model.lm_head, DecodingLinear)
@@ -286,7 +288,7 @@ def test_the_default_generate_call_takes_the_fast_path():
 
 def test_training_still_works_after_the_fast_path():
     model, plain = lively_model(seed=8), lively_model(seed=8)
-    generate(model, torch.tensor(prompts_of(3)), 2)  # applies the fast path
+    generate(model, torch.tensor(prompts_of(3, 3)), 2)  # applies the fast path (two rows)
     model.train()
     idx = torch.randint(0, VOCAB, (2, 16))
     for net in (model, plain):
@@ -339,7 +341,7 @@ def test_compiled_steps_give_each_row_its_greedy_tokens_from_one_graph():
     prompts = prompts_of(1, 9, 26)
     requests = [Request(prompt, 30, temperature=0) for prompt in prompts]
     graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    engine = Engine(model, slots=3, compiled=True)
+    engine = Engine(model, slots=3, decode="compiled")
     assert [len(step) for step in engine.run(requests)] == [3] * 30
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == 1
     for prompt, request in zip(prompts, requests):
@@ -357,14 +359,14 @@ def test_compiled_steps_serve_each_model_its_own_frozen_weights():
     graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     for model, seed in ((first, 1), (second, 2), (first, 1)):
         request = Request(prompt, 12, temperature=0)
-        list(Engine(model, compiled=True).run([request]))
+        list(Engine(model, decode="compiled").run([request]))
         assert request.output == expected[seed]
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == 2
     del first
     gc.collect()
     third = lively_model(seed=3)
     request = Request(prompt, 12, temperature=0)
-    list(Engine(third, compiled=True).run([request]))
+    list(Engine(third, decode="compiled").run([request]))
     assert request.output == reference_greedy(plain_copy(third), prompt, 12)
 
 
@@ -401,7 +403,7 @@ def test_compiled_steps_sample_the_tokens_of_eager_steps():
                 )
                 for row, prompt in enumerate(prompts)
             ]
-            list(Engine(engine_model, slots=3, compiled=compiled).run(requests))
+            list(Engine(engine_model, slots=3, decode="compiled" if compiled else "eager").run(requests))
             outputs[compiled] = [request.output for request in requests]
         assert outputs[True] == outputs[False] and (outputs[True] == greedy) == (temperature == 0)
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == new_graphs
@@ -424,10 +426,9 @@ def test_the_compiled_step_holds_more_graphs_than_dynamos_default_limit(monkeypa
     for seed in range(11):
         model = lively_model(seed=seed)
         request = Request(prompt, 3, temperature=0)
-        list(Engine(model, compiled=True).run([request]))
+        list(Engine(model, decode="compiled").run([request]))
         assert request.output == reference_greedy(plain_copy(model), prompt, 3)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == 11
-    assert torch._dynamo.config.recompile_limit == 8
 
 
 def test_the_step_sets_freezing_and_its_graph_limit_for_its_own_call_only(monkeypatch):
@@ -442,12 +443,13 @@ def test_the_step_sets_freezing_and_its_graph_limit_for_its_own_call_only(monkey
     monkeypatch.setattr(compiled_decoding, "compiled_step", lambda device_type: failing_step)
     model = lively_model()
     cache = KVCache(model.config.n_layer, model.config.block_size)
-    before = (torch._inductor.config.freezing, torch._dynamo.config.recompile_limit)
+    monkeypatch.setattr(torch._inductor.config, "freezing", False)  # the process's own values, set by the test
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 5)
     for _ in range(2):
         with pytest.raises(RuntimeError, match="the step failed"):
             decode_step(model, torch.tensor([[1]]), cache.keys, cache.values, cache.lengths, cache.capacity)
-        assert (torch._inductor.config.freezing, torch._dynamo.config.recompile_limit) == before == (False, 8)
-    assert seen == [(True, 64), (True, 64)]
+        assert (torch._inductor.config.freezing, torch._dynamo.config.recompile_limit) == (False, 5)
+    assert seen == [(True, compiled_decoding.STEP_GRAPH_LIMIT)] * 2
 
 
 def test_a_step_called_in_grad_mode_keeps_the_cache_out_of_autograd(monkeypatch):
@@ -470,3 +472,23 @@ def test_a_sampled_compiled_step_needs_its_uniform_numbers():
     cache = KVCache(model.config.n_layer, model.config.block_size)
     with pytest.raises(ValueError, match="uniform numbers"):
         decode_step(model, torch.tensor([[1]]), cache.keys, cache.values, cache.lengths, cache.capacity, 1.0, 5)
+
+
+def test_the_compiled_step_leaves_the_models_attention_alone(monkeypatch):
+    """The compiled step runs math attention in a twin of the model that shares its very parameters: the user's
+    model still computes with its own path afterwards, and the twin reads weights changed in the model."""
+    step_with_dynamos_eager_backend(monkeypatch)
+    model = lively_model(attention="sdpa")
+    prompt = prompts_of(5)[0]
+    request = Request(prompt, 6, temperature=0)
+    list(Engine(model, decode="compiled").run([request]))
+    assert request.output == reference_greedy(plain_copy(model), prompt, 6)
+    assert {block.attn.path for block in model.transformer.h} == {"sdpa"}
+    twin = compiled_decoding.math_attention_twin(model)
+    assert {block.attn.path for block in twin.transformer.h} == {"math"}
+    assert all(a is b for a, b in zip(twin.parameters(), model.parameters()))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-1)  # in place: the twin must see it
+    request = Request(prompt, 6, temperature=0)
+    list(Engine(model, decode="compiled").run([request]))
+    assert request.output == reference_greedy(plain_copy(model), prompt, 6)

@@ -136,7 +136,7 @@ def test_an_int8_model_in_the_engine_gets_the_reference_greedy_tokens(monkeypatc
     model = quantize_int8(plain_copy(original))
     prompt = [4, 9, 1, 30, 2, 2, 17, 5, 11]
     request = Request(prompt, 23, temperature=0)
-    engine = Engine(model, native=True)
+    engine = Engine(model, decode="native")
     assert engine.native.int8 and engine.native.dtype == torch.float32
     prefills = count_calls(monkeypatch, NativeStep, "prefill")
     list(engine.run([request]))
@@ -152,7 +152,7 @@ def test_a_float32_prompt_past_64_tokens_is_filled_eagerly(monkeypatch, prompt_l
     prompt = torch.randint(0, 37, (prompt_length,), generator=torch.Generator().manual_seed(3)).tolist()
     calls = count_calls(monkeypatch, NativeStep, "prefill")
     request = Request(prompt, 5, temperature=0)
-    list(Engine(model, native=True).run([request]))
+    list(Engine(model, decode="native").run([request]))
     assert request.output == reference_greedy(plain_copy(model), prompt, 5)
     assert len(calls) == prefills
 
@@ -234,7 +234,7 @@ def test_the_engine_gives_each_request_its_reference_greedy_tokens(pos_encoding)
     for length in (1, 9, 26):
         prompt = torch.randint(0, 37, (length,), generator=torch.Generator().manual_seed(length)).tolist()
         request = Request(prompt, 30, temperature=0)
-        list(Engine(model, native=True).run([request]))
+        list(Engine(model, decode="native").run([request]))
         assert request.output == reference_greedy(reference, prompt, 30)
 
 
@@ -249,7 +249,7 @@ def test_seeded_sampling_draws_the_eager_engines_tokens(temperature, top_k, top_
     outputs = {}
     for native in (True, False):
         request = Request([3, 1, 4, 1, 5], 40, temperature, top_k, top_p, seed=11)
-        list(Engine(plain_copy(model) if not native else model, native=native).run([request]))
+        list(Engine(model if native else plain_copy(model), decode="native" if native else "eager").run([request]))
         outputs[native] = request.output
     assert outputs[True] == outputs[False]
     assert len(set(outputs[True])) > 5  # sampled, not one repeated token
@@ -263,7 +263,7 @@ def test_steps_with_more_rows_take_the_engines_other_path(monkeypatch):
     calls = count_native_steps(monkeypatch)
     prompts = [[1, 2, 3], [4, 5, 6, 7], [8]]
     requests = [Request(prompt, new, temperature=0) for prompt, new in zip(prompts, (5, 8, 20))]
-    list(Engine(model, slots=3, native=True).run(requests))
+    list(Engine(model, slots=3, decode="native").run(requests))
     for prompt, request in zip(prompts, requests):
         assert request.output == reference_greedy(reference, prompt, len(request.output))
     assert [len(r.output) for r in requests] == [5, 8, 20] and len(calls) == 20 - 8
@@ -278,7 +278,7 @@ def test_the_packed_weights_follow_a_changed_model():
     model.load_state_dict(other.state_dict())
     assert NativeStep.for_model(model, torch.float32) is not first
     request = Request([1, 2, 3], 12, temperature=0)
-    list(Engine(model, native=True).run([request]))
+    list(Engine(model, decode="native").run([request]))
     assert request.output == reference_greedy(plain_copy(other), [1, 2, 3], 12)
 
 
@@ -287,7 +287,7 @@ def test_bfloat16_autocast_packs_bfloat16_weights():
     the eager prefill makes; the logits stay within bfloat16 rounding of the float32 pass."""
     model = lively_model(block_size=32, seed=5)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        engine = Engine(model, native=True)
+        engine = Engine(model, decode="native")
         assert engine.native.dtype == torch.bfloat16
         request = Request([2, 7, 1, 8], 4, temperature=0)
         engine.add(request)
@@ -317,8 +317,8 @@ def with_one_int8_layer(model):
 )
 def test_models_it_cannot_run_are_one_clear_error(change, fragment):
     with pytest.raises(UserError) as error:
-        Engine(change(lively_model()), native=True)
-    assert_one_line_message(error.value, fragment, "--compile=True")
+        Engine(change(lively_model()), decode="native")
+    assert_one_line_message(error.value, fragment, "--decode=auto")
 
 
 def test_a_float16_compute_dtype_is_one_clear_error():
@@ -330,22 +330,29 @@ def test_a_float16_compute_dtype_is_one_clear_error():
 def test_int8_weights_under_bfloat16_autocast_are_one_clear_error():
     with pytest.raises(UserError) as error:
         NativeStep(quantize_int8(lively_model()), torch.bfloat16)
-    assert_one_line_message(error.value, "int8 products compute in float32 only", "--compile=True")
+    assert_one_line_message(error.value, "int8 products compute in float32 only", "--decode=auto")
 
 
-def test_a_failed_build_is_one_clear_error(monkeypatch):
-    """No compiler or ninja: one line saying what is missing and what to use instead."""
+def test_without_a_build_auto_decodes_eagerly_and_native_says_why_in_one_line(monkeypatch):
+    """No compiler or ninja: decode=auto falls back without a word and gives the reference tokens; decode=native is
+    one line saying what is missing and what to use instead."""
     from torch.utils import cpp_extension
 
     def no_compiler(*args, **kwargs):
         raise RuntimeError("Error building extension 'gptkit_decode_step': c++: not found\nmore detail")
 
     monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    monkeypatch.setattr(native_decoding, "is_built", lambda: False)
     native_decoding.extension.cache_clear()
     try:
+        model = lively_model()
+        request = Request([5, 3, 2], 10, temperature=0)
+        engine = Engine(model)
+        list(engine.run([request]))
+        assert engine.plan.native is False and request.output == reference_greedy(plain_copy(model), [5, 3, 2], 10)
         with pytest.raises(UserError) as error:
-            native_decoding.extension()
-        assert_one_line_message(error.value, "c++: not found", "g++", "ninja", "--compile=True")
+            Engine(model, decode="native")
+        assert_one_line_message(error.value, "c++: not found", "g++", "ninja", "--decode=auto")
     finally:
         native_decoding.extension.cache_clear()  # the next call loads the real build again
 
@@ -360,7 +367,7 @@ def test_any_thread_count_gives_the_reference_tokens(threads):
     torch.set_num_threads(threads)
     try:
         request = Request([5, 3, 9], 30, temperature=0)
-        list(Engine(model, native=True).run([request]))
+        list(Engine(model, decode="native").run([request]))
     finally:
         torch.set_num_threads(before)
     assert request.output == reference_greedy(reference, [5, 3, 9], 30)

@@ -81,20 +81,20 @@ def test_a_full_queue_answers_429_with_retry_after(char_tokenizer):
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
 
 
-def test_native_decoding_serves_a_lone_request_the_same_text(char_tokenizer, monkeypatch):
-    """--native=True: a request alone in the engine decodes through the native step (greedy, and sampled with a
-    seed), with the text the default path gives, past a sliding window."""
+def test_auto_decoding_serves_a_lone_request_natively_with_the_eager_text(char_tokenizer, monkeypatch):
+    """--decode=auto (the default) on the CPU: a request alone in the engine decodes through the native step (greedy,
+    and sampled with a seed), with the text the plain eager path gives, past a sliding window."""
     model = lively_model(char_tokenizer.vocab_size, block_size=32)
     native_calls = count_native_steps(monkeypatch)
     greedy = {"model": "m", "prompt": "All:", "max_tokens": 40, "temperature": 0}
     bodies = [greedy, {**greedy, "prompt": "ROMEO:", "temperature": 1.0, "top_k": 5, "seed": 3}]
     texts = {}
-    for native in (False, True):
-        with running_app(model, char_tokenizer, native=native) as base:
-            texts[native] = [
+    for decode in ("eager", "auto"):
+        with running_app(model, char_tokenizer, decode=decode) as base:
+            texts[decode] = [
                 httpx.post(f"{base}/v1/completions", json=body).json()["choices"][0]["text"] for body in bodies
             ]
-    assert texts[True] == texts[False] and [len(text) for text in texts[True]] == [40, 40]
+    assert texts["auto"] == texts["eager"] and [len(text) for text in texts["auto"]] == [40, 40]
     assert len(native_calls) == 80
 
 
@@ -134,13 +134,13 @@ def test_add_many_prefills_equal_prompts_together_with_the_same_tokens():
     prompts = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15]]
     alone = []
     for prompt in prompts:
-        engine = Engine(model, slots=1)
+        engine = Engine(model, slots=1, decode="eager")  # eager: every prompt fill is a pass of the model
         request = Request(prompt, 12, temperature=0)
         engine.add(request)
         while engine.active:
             engine.step()
         alone.append(request.output)
-    engine = Engine(model, slots=4)
+    engine = Engine(model, slots=4, decode="eager")
     requests = [Request(prompt, 12, temperature=0) for prompt in prompts]
     passes = []
     # every pass over tokens, with logits or without (a prompt fill), starts at the token embedding

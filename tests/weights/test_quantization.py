@@ -1,6 +1,6 @@
 """gptkit/weights/quantization.py: int8 weights keep a trained model's whole-split val loss within 1% of float32, the same
 greedy text, and refuse what they cannot do; sample.py --quantize=int8 end to end. Also the other way to read fewer
-bytes per token, the compiled step under bfloat16 autocast (sample.py --compile=True --dtype=bfloat16)."""
+bytes per token, the compiled step under bfloat16 autocast (sample.py --decode=compiled --dtype=bfloat16)."""
 
 from __future__ import annotations
 
@@ -143,31 +143,31 @@ def assert_int8_engine_follows_eager_int8(model: GPT, data_dir: Path, window: in
     requests = [Request(prompt, 24, temperature=0)]
     assert len(list(Engine(quantized, **engine_options).run(requests))) == 24
     with torch.inference_mode():
-        eager = generate(quantized, torch.tensor([prompt]), 24, temperature=0.0)[0, len(prompt) :].tolist()
-        fp32 = generate(model, torch.tensor([prompt]), 24, temperature=0.0)[0, len(prompt) :].tolist()
-    assert requests[0].output == eager == fp32
+        eager = generate(quantized, torch.tensor([prompt]), 24, temperature=0.0, decode="eager")
+        fp32 = generate(model, torch.tensor([prompt]), 24, temperature=0.0, decode="eager")
+    assert requests[0].output == eager[0, len(prompt) :].tolist() == fp32[0, len(prompt) :].tolist()
     return prompt
 
 
 def test_compiled_int8_decoding_follows_eager_int8(trained: tuple[GPT, Path]) -> None:
-    """sample.py --compile=True --quantize=int8: the compiled step's weight-only int8 kernel gives the greedy tokens of
+    """sample.py --decode=compiled --quantize=int8: the compiled step's weight-only int8 kernel gives the greedy tokens of
     the eager int8 model, and of float32. A second model of the same shapes, compiled next, runs its own weights."""
     model, data_dir = trained
-    prompt = assert_int8_engine_follows_eager_int8(model, data_dir, 0, compiled=True)
+    prompt = assert_int8_engine_follows_eager_int8(model, data_dir, 0, decode="compiled")
     other = quantize_int8(with_shifted_embeddings(model))
     with torch.inference_mode():
         assert_same_logits(compiled_step_logits(other, prompt), other(torch.tensor([prompt]))[0][0, -1])
 
 
 def test_native_int8_decoding_follows_eager_int8(trained: tuple[GPT, Path]) -> None:
-    """sample.py --native=True --quantize=int8: the native step's int8 products (16-bit integer inputs) give the
+    """sample.py --decode=native --quantize=int8 (and auto, which takes it at one row): the native step's int8 products (16-bit integer inputs) give the
     greedy tokens of the eager int8 model, and of float32."""
     model, data_dir = trained
-    assert_int8_engine_follows_eager_int8(model, data_dir, 1, native=True)
+    assert_int8_engine_follows_eager_int8(model, data_dir, 1, decode="native")
 
 
 def test_compiled_bfloat16_decoding_follows_eager_bfloat16(trained: tuple[GPT, Path]) -> None:
-    """sample.py --compile=True --dtype=bfloat16: float32 weights under bfloat16 autocast, which the frozen compiled
+    """sample.py --decode=compiled --dtype=bfloat16: float32 weights under bfloat16 autocast, which the frozen compiled
     step folds into bfloat16 constants (half the bytes a token reads). Its logits match eager bfloat16's, and its
     greedy tokens are eager bfloat16's and float32's. A second model of the same shapes, compiled next, runs its own
     weights."""
@@ -175,13 +175,14 @@ def test_compiled_bfloat16_decoding_follows_eager_bfloat16(trained: tuple[GPT, P
     prompt = loader.open_split(data_dir, "val").read_windows([0], 25)[0].astype("int64").tolist()
     compiled_model, other = copy_of(model), with_shifted_embeddings(model)
     with torch.inference_mode():
-        fp32 = generate(model, torch.tensor([prompt]), 24, temperature=0.0)[0, len(prompt) :].tolist()
+        fp32 = generate(model, torch.tensor([prompt]), 24, temperature=0.0, decode="eager")[0, len(prompt) :].tolist()
         with torch.autocast("cpu", torch.bfloat16):
             eager_logits = model(torch.tensor([prompt]))[0][0, -1]
-            eager = generate(model, torch.tensor([prompt]), 24, temperature=0.0)[0, len(prompt) :].tolist()
+            eager = generate(model, torch.tensor([prompt]), 24, temperature=0.0, decode="eager")
+            eager = eager[0, len(prompt) :].tolist()
             assert_same_logits(compiled_step_logits(compiled_model, prompt), eager_logits)
             request = Request(prompt, 24, temperature=0)
-            assert len(list(Engine(compiled_model, compiled=True).run([request]))) == 24
+            assert len(list(Engine(compiled_model, decode="compiled").run([request]))) == 24
             assert_same_logits(compiled_step_logits(other, prompt), other(torch.tensor([prompt]))[0][0, -1])
     assert request.output == eager == fp32
 
@@ -224,7 +225,7 @@ def test_sample_with_int8_weights(char_data_dir: Path, tmp_path: Path) -> None:
         "sample.py",
         f"--out_dir={out_dir}",
         "--quantize=int8",
-        "--native=True",
+        "--decode=native",
         "--max_new_tokens=20",
         "--start=ROMEO:",
         "--device=cpu",
