@@ -17,7 +17,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gptkit.data import loader
-from gptkit.infer.engine import generate, generate_stream
+from gptkit.infer.engine import Engine, Request, generate, generate_stream
 from gptkit.model import GPT, GPTConfig
 from gptkit.train.optim import configure_optimizers
 from gptkit.weights.checkpoint import load_checkpoint
@@ -201,6 +201,29 @@ def test_compiled_decoding_on_gpu_makes_the_eager_tokens(
     assert sampled != greedy
     assert tokens(True, 0.8) == sampled
     assert tokens(True, 0.8) == sampled  # a new engine: a new cache, the graph recorded at its address
+
+
+def test_sixteen_requests_batched_by_default_each_make_their_tokens_alone(
+    gpu_device: torch.device, char_data_dir: Path, exact_float32: None
+) -> None:
+    """What serve.py does with 16 concurrent clients: one engine of 16 slots with the default decoding (CUDA graphs
+    on a GPU) decodes prompts of different lengths together; each request's greedy tokens are those it makes alone
+    through the eager path."""
+    model = trained_char_model(char_data_dir, gpu_device)
+    windows = loader.open_split(char_data_dir, "val").read_windows(list(range(0, 1600, 100)), 24)
+    prompts = [window[: 4 + row].astype("int64").tolist() for row, window in enumerate(windows)]
+    batched = [Request(prompt=prompt, max_new_tokens=40, temperature=0.0) for prompt in prompts]
+    with torch.inference_mode():
+        for _ in Engine(model, slots=16).run(batched):
+            pass
+        alone = []
+        for prompt in prompts:
+            request = Request(prompt=prompt, max_new_tokens=40, temperature=0.0)
+            for _ in Engine(model, slots=1, decode="eager").run([request]):
+                pass
+            alone.append(request.output)
+    assert [request.output for request in batched] == alone
+    assert len({tuple(output) for output in alone}) > 1  # different prompts, different continuations
 
 
 def train_into(data_dir: Path, out_dir: Path, device: str, **overrides: object) -> list[dict]:

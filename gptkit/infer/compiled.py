@@ -193,6 +193,14 @@ def compiled_step(device_type: str) -> Callable:
     return torch.compile(_step, fullgraph=True, options=options)
 
 
+def padded_batch(rows: int, slots: int) -> int:
+    """The batch a step runs for `rows` active rows: the next power of two, at most `slots`. Each batch size is a graph
+    of its own (about a minute to compile on a CPU, a CUDA graph to record on a GPU), so a server whose batch changes
+    as requests come and go compiles a handful of graphs instead of one per size; the padding rows are free rows of
+    the cache."""
+    return min(slots, 1 << (rows - 1).bit_length())
+
+
 def attended_span(lengths: Sequence[int], capacity: int) -> int:
     """Positions a step attends over: the longest row after its new token, rounded up, at most `capacity`."""
     return min(capacity, -(-(max(lengths) + 1) // LENGTH_MULTIPLE) * LENGTH_MULTIPLE)

@@ -269,7 +269,13 @@ class Engine:
         in_graph = top_p is None or top_p >= 1.0  # sample_next_token, too, skips top-p at 1
         uniform = self._uniform_numbers() if in_graph and temperature != 0 else None
         self._allocate_cache(self._compute_dtype())
-        lengths = self.cache.lengths[: len(self.active)]
+        rows = len(self.active)
+        padding = compiled.padded_batch(rows, self.cache.slots) - rows
+        # Padding rows are free rows of the cache (a new request's prefill or first step writes over position 0).
+        lengths = self.cache.lengths[:rows] + [0] * padding
+        idx = torch.cat([idx, idx.new_zeros(padding, 1)])
+        if uniform is not None:
+            uniform = torch.cat([uniform, uniform.new_zeros(padding, 1)])
         logits, tokens = compiled.decode_step(
             self.model,
             idx,
@@ -281,8 +287,8 @@ class Engine:
             top_k,
             uniform,
         )
-        self.cache.lengths[: len(self.active)] = [length + 1 for length in lengths]
-        return tokens.tolist() if in_graph else self._sample(logits[:, -1])
+        self.cache.lengths[:rows] = [length + 1 for length in lengths[:rows]]
+        return tokens[:rows].tolist() if in_graph else self._sample(logits[:rows, -1])
 
     def _native_tokens(self) -> list[int]:
         """The next token of the one active row through the native step, which also chooses it, save with top-p

@@ -335,13 +335,14 @@ def test_decoding_linear_matches_f_linear(shape):
 def test_compiled_steps_give_each_row_its_greedy_tokens_from_one_graph():
     """gptkit/infer/compiled.py: rows of 1, 9 and 26 tokens (the first with no prefill, so the step makes the
     cache itself), block 40, 30 new tokens: the attended span grows 16 -> 32 -> 40 and the last row slides. Every row
-    gets exactly its reference greedy tokens, and one compiled graph serves every span."""
+    gets exactly its reference greedy tokens, and one compiled graph serves every span. The engine has 4 slots, so the
+    step runs 4 rows, the fourth a padding row that changes nothing."""
     model = lively_model(block_size=40, pos_encoding="rope")
     reference = plain_copy(model)
     prompts = prompts_of(1, 9, 26)
     requests = [Request(prompt, 30, temperature=0) for prompt in prompts]
     graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    engine = Engine(model, slots=3, decode="compiled")
+    engine = Engine(model, slots=4, decode="compiled")
     assert [len(step) for step in engine.run(requests)] == [3] * 30
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == 1
     for prompt, request in zip(prompts, requests):
@@ -492,3 +493,11 @@ def test_the_compiled_step_leaves_the_models_attention_alone(monkeypatch):
     request = Request(prompt, 6, temperature=0)
     list(Engine(model, decode="compiled").run([request]))
     assert request.output == reference_greedy(plain_copy(model), prompt, 6)
+
+
+@pytest.mark.parametrize(
+    "rows, slots, expected",
+    [(1, 16, 1), (2, 16, 2), (3, 16, 4), (5, 16, 8), (8, 16, 8), (9, 16, 16), (16, 16, 16), (9, 12, 12), (3, 3, 3)],
+)
+def test_a_compiled_step_runs_the_next_power_of_two_rows_within_the_slots(rows, slots, expected):
+    assert compiled_decoding.padded_batch(rows, slots) == expected
