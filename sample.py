@@ -135,7 +135,7 @@ def main(argv: list[str]) -> int:
             continue  # an empty line asks for nothing
         try:
             answer(model, tokenizer, prompt, cfg, device, dtype, write)
-        except UserError as exc:  # a bad prompt (e.g. a character the model never saw) must not end the session
+        except UserError as exc:  # a bad prompt (e.g. a character the model never saw) must not end the interactive run
             print(f"error: {exc}; type another prompt", file=sys.stderr, flush=True)
             continue
         write(SEPARATOR)

@@ -26,10 +26,6 @@ PROCESS_WORDS = re.compile(
 ISSUE_NUMBER = re.compile(r"(?:^|[\s(])#\d+\b")
 # Uses of the word that name a technical thing, not a working period.
 TECHNICAL = re.compile(r"requests\.Session|start_new_session|terminal session", re.IGNORECASE)
-# Code lines the docs branch may not edit; each entry is removed once its line is reworded.
-PENDING = {
-    ("sample.py", "must not end the session"),
-}
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
@@ -114,17 +110,14 @@ def test_docs_hold_no_working_notes(path: Path) -> None:
 
 
 def test_code_holds_no_working_notes() -> None:
-    found, pending_seen = [], set()
+    found = []
     for path in code_files():
         name = path.relative_to(ROOT).as_posix()
         for line, text in prose_of_python(path):
             words = process_words(text)
-            pending = {entry for entry in PENDING if entry[0] == name and entry[1] in text}
-            pending_seen |= pending
-            if words and not pending:
+            if words:
                 found.append(f"{name}:{line}: {words}")
     assert not found, "\n".join(found)
-    assert pending_seen >= PENDING, f"fixed, remove from PENDING: {sorted(PENDING - pending_seen)}"
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)

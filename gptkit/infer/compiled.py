@@ -130,7 +130,7 @@ MATH_TWINS: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDic
 def math_attention_twin(model: nn.Module) -> nn.Module:
     """`model` with every attention module on the explicit softmax(q k^T / sqrt(d)) v path, sharing the very same
     parameters and buffers (the model itself is untouched). Why: inductor fuses that path's one-query attention into
-    its own loops, which was faster than a scaled_dot_product_attention call per layer (docs/benchmarks.md)."""
+    its own loops, which was faster than a scaled_dot_product_attention call per layer."""
     if all(m.path == "math" for m in model.modules() if isinstance(m, CausalSelfAttention)):
         return model
     if model not in MATH_TWINS:
@@ -173,7 +173,7 @@ def step_config_patchers(device_type: str) -> tuple[Callable[[], Callable[[], No
 
     Why not `config.patch(...)` as a context manager: entered and left around every call, it took a sizeable share of
     the host's time a token; the closure patchers, which dynamo itself uses on its critical path, cost a fraction of
-    that (docs/benchmarks.md).
+    that.
     """
     return (
         torch._inductor.config._make_closure_patcher(freezing=not replays_as_graph(device_type)),

@@ -88,7 +88,7 @@ def draw(
     """One column per row of probs (B, N) (not necessarily normalized), with probability proportional to its
     entry: (B, 1). Inverse transform sampling, one uniform number a row (`uniform` (B, 1), else drawn from
     `generator`): torch.multinomial draws a random number for every entry, which over a whole vocabulary costs
-    several times the rest of sampling (docs/benchmarks.md)."""
+    several times the rest of sampling."""
     cdf = probs.cumsum(dim=-1)
     total = cdf[:, -1:].contiguous()  # searchsorted wants contiguous values
     if uniform is None:

@@ -74,7 +74,7 @@ def test_a_compiled_step_is_measured_kernel_by_kernel(tmp_path: Path, capsys):
     for part, calls in products.items():
         row = rows[part]
         in_features, out_features = map(int, part.split()[1].split("x"))
-        assert row["calls"] == calls and row["ms"] > 0
+        assert row["calls"] == calls and row["ms"] >= 0  # a fast product can round to 0.000 ms
         megabytes = in_features * out_features * 4 * calls / 1e6  # a token's float32 weights; ms is rounded to 3 places
         assert megabytes / (row["ms"] + 5e-4) - 0.05 <= row["gb_s"] <= megabytes / max(row["ms"] - 5e-4, 1e-9) + 0.05
     parts = [row for row in report["results"] if not row["part"].startswith("whole token")]
