@@ -207,7 +207,7 @@ def build_optimizer(cfg: TrainSettings, model: GPT, device: torch.device) -> tor
 # ----------------------------------------------------------------------------- the run's set-up
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Run:
     """What a run sets up once and every step of the loop uses; the numbers that change are in LoopState."""
 
@@ -301,23 +301,23 @@ def set_up(
         ckpt.remove_stale_temporaries(Path(cfg.out_dir))  # a run killed while saving leaves its temporary file behind
     peak = cfg.peak_flops or peak_flops_for_device(device, dtype)
     run = Run(
-        cfg,
-        procs,
-        device,
-        meta,
-        streams,
-        model,
-        wrapped,
-        autocast(device, dtype),
-        optimizer,
-        average,
-        scaler,
-        sampler,
-        batches,
-        eval_sets,
-        tasks,
-        log,
-        peak,
+        cfg=cfg,
+        procs=procs,
+        device=device,
+        meta=meta,
+        streams=streams,
+        model=model,
+        wrapped=wrapped,
+        precision=autocast(device, dtype),
+        optimizer=optimizer,
+        average=average,
+        scaler=scaler,
+        sampler=sampler,
+        batches=batches,
+        eval_sets=eval_sets,
+        tasks=tasks,
+        log=log,
+        peak_flops=peak,
     )
     log.tokens_per_iter = run.tokens_per_iter
     dtype_name = str(dtype).removeprefix("torch.")
