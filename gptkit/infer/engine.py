@@ -384,7 +384,15 @@ def generate_stream(
     early once every row has stopped. See Engine for the cache, the sliding window and `decode`.
     """
     requests = [
-        Request(row, max_new_tokens, temperature, top_k, top_p, tuple(stop_tokens or ()), generator=generator)
+        Request(
+            prompt=row,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            stop_tokens=tuple(stop_tokens or ()),
+            generator=generator,
+        )
         for row in idx.tolist()
     ]
     engine = Engine(model, slots=len(requests), decode=decode)
