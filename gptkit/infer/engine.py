@@ -273,9 +273,10 @@ class Engine:
         padding = compiled.padded_batch(rows, self.cache.slots) - rows
         # Padding rows are free rows of the cache (a new request's prefill or first step writes over position 0).
         lengths = self.cache.lengths[:rows] + [0] * padding
-        idx = torch.cat([idx, idx.new_zeros(padding, 1)])
-        if uniform is not None:
-            uniform = torch.cat([uniform, uniform.new_zeros(padding, 1)])
+        if padding:  # a step of every token: no copy when the batch is already a power of two
+            idx = torch.cat([idx, idx.new_zeros(padding, 1)])
+            if uniform is not None:
+                uniform = torch.cat([uniform, uniform.new_zeros(padding, 1)])
         logits, tokens = compiled.decode_step(
             self.model,
             idx,

@@ -1,9 +1,10 @@
 """An exponential moving average (EMA) of the weights: evaluated, saved and sampled in place of the trained ones.
 
 Near the end of a run the trained weights still jitter from step to step with the gradient noise; their average
-over the last steps sits nearer the bottom of the valley, for the cost of one more copy of the weights. Averaging starts after step `start` (the weights then seed it); each later step moves it
-`1 - decay` of the way to the new weights. The optimizer keeps stepping the trained weights: the average is only
-swapped into the model to be evaluated, and saved beside them.
+over the last steps sits nearer the bottom of the valley, for the cost of one more copy of the weights. Averaging
+starts after step `start` (the weights then seed it); each later step moves it `1 - decay` of the way to the new
+weights. The optimizer keeps stepping the trained weights: the average is only swapped into the model to be
+evaluated, and saved beside them.
 
 In a checkpoint, "model" holds the weights to use (the average, once it has started: what sample.py, eval.py
 and serve.py load) and "trained_model" the trained weights, which only --init_from=resume needs.
