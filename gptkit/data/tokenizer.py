@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from gptkit.data import bpe
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import atomic_write_json, sha256_file
+from gptkit.data import bpe
+from gptkit.data.chat import SPECIAL_TOKENS, ChatError, ChatTemplate
 
 META_FILENAME = "meta.json"
 META_FORMAT = "gpt-tokens"
@@ -58,6 +59,7 @@ class CharTokenizer:
     """
 
     kind = "char"
+    chat: ChatTemplate | None = None  # plain text only: ChatTokenizer adds a template
 
     def __init__(self, chars: Sequence[str], eot: bool = False) -> None:
         chars = list(chars)
@@ -164,6 +166,7 @@ class TiktokenTokenizer:
     """
 
     kind = "tiktoken"
+    chat: ChatTemplate | None = None
 
     def __init__(self, encoding: str = "gpt2", bpe_dir: str | os.PathLike | None = None) -> None:
         import tiktoken  # imported here so char-level work never needs it
@@ -281,7 +284,59 @@ def _get_tiktoken_encoding(name: str) -> Any:
         ) from exc
 
 
-Tokenizer = CharTokenizer | TiktokenTokenizer
+class ChatTokenizer:
+    """A tokenizer with the chat template's special tokens, whose ids follow the base vocabulary.
+
+    Encoding is the base tokenizer's (ordinary text only: typing a marker's text never gives the marker);
+    decoding shows a marker as its text. `chat` is the template that renders conversations (gptkit.data.chat).
+    """
+
+    def __init__(self, base: CharTokenizer | TiktokenTokenizer, chat: ChatTemplate) -> None:
+        if min(chat.ids) < base.vocab_size:
+            raise UserError("the chat template's special tokens overlap the base vocabulary; prepare the data again")
+        self.base, self.chat = base, chat
+        self.kind = base.kind
+        self.vocab_size: int = max(chat.ids) + 1
+        self.eot_token: int | None = base.eot_token
+        self._marker_bytes = {token_id: text.encode() for text, token_id in chat.special_tokens.items()}
+
+    @classmethod
+    def extending(cls, base: CharTokenizer | TiktokenTokenizer) -> ChatTokenizer:
+        """`base` with the template's markers added right after its vocabulary; a conversation opens with the
+        base's end-of-text token when it has one."""
+        return cls(base, ChatTemplate.for_vocabulary(base.vocab_size, begin=base.eot_token))
+
+    def encode(self, text: str) -> list[int]:
+        """Encode ordinary text; a marker's text is encoded as the characters it is made of."""
+        return self.base.encode(text)
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """As encode, to a numpy array."""
+        return self.base.encode_array(text)
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """Bytes of the ids, a marker as its text (e.g. b"<|end|>")."""
+        pieces, run = [], []
+        for token_id in map(int, ids):
+            marker = self._marker_bytes.get(token_id)
+            if marker is None:
+                run.append(token_id)
+                continue
+            pieces.extend([self.base.decode_bytes(run), marker])
+            run = []
+        pieces.append(self.base.decode_bytes(run))
+        return b"".join(pieces)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of the ids (see decode_bytes)."""
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def to_meta(self) -> dict[str, Any]:
+        """The base tokenizer's "tokenizer" object with the template as its "chat" entry."""
+        return {**self.base.to_meta(), "chat": self.chat.to_meta()}
+
+
+Tokenizer = CharTokenizer | TiktokenTokenizer | ChatTokenizer
 
 
 def is_tokenizer_dir(name: str) -> bool:
@@ -307,13 +362,31 @@ def make_tokenizer(name: str, bpe_dir: str | os.PathLike | None = None) -> Tikto
 
 
 def tokenizer_from_meta(tokenizer_meta: dict, bpe_dir: str | os.PathLike | None = None) -> Tokenizer:
-    """Rebuild the tokenizer described by meta.json's "tokenizer" object (optionally GPT-2 from `bpe_dir`)."""
+    """Rebuild the tokenizer described by meta.json's "tokenizer" object (optionally GPT-2 from `bpe_dir`); with a
+    "chat" entry, a ChatTokenizer."""
     _check_tokenizer_meta(tokenizer_meta, "tokenizer")
     if tokenizer_meta["kind"] == "char":
-        return CharTokenizer(tokenizer_meta["chars"], eot=bool(tokenizer_meta.get("eot", False)))
-    if tokenizer_meta["kind"] == bpe.KIND:
-        return BpeTokenizer(tokenizer_meta)
-    return TiktokenTokenizer(tokenizer_meta["encoding"], bpe_dir=bpe_dir)
+        base = CharTokenizer(tokenizer_meta["chars"], eot=bool(tokenizer_meta.get("eot", False)))
+    elif tokenizer_meta["kind"] == bpe.KIND:
+        base = BpeTokenizer(tokenizer_meta)
+    else:
+        base = TiktokenTokenizer(tokenizer_meta["encoding"], bpe_dir=bpe_dir)
+    if "chat" not in tokenizer_meta:
+        return base
+    return ChatTokenizer(base, chat_template_of(tokenizer_meta, "tokenizer"))
+
+
+def chat_template_of(tokenizer_meta: dict, where: str) -> ChatTemplate:
+    """The template of a tokenizer object's "chat" entry; UserError naming `where` when it is malformed."""
+    try:
+        return ChatTemplate.from_meta(tokenizer_meta["chat"], where)
+    except ChatError as exc:
+        raise UserError(f"{exc}; prepare the chat data again") from None
+
+
+def chat_special_count(tokenizer_meta: dict) -> int:
+    """How many ids a tokenizer object's chat template adds to the base vocabulary (0 without one)."""
+    return len(SPECIAL_TOKENS) if "chat" in tokenizer_meta else 0
 
 
 def _check_tokenizer_meta(tok: Any, where: str) -> None:
@@ -346,7 +419,11 @@ def validate_meta(meta: Any, where: str = "meta.json") -> None:
     if not _is_count(vocab_size) or vocab_size == 0:
         raise UserError(f"{where}: 'vocab_size' must be a positive integer")
     tok = meta["tokenizer"]
-    if tok["kind"] == "char" and vocab_size != len(tok["chars"]) + (1 if tok.get("eot") else 0):
+    if "chat" in tok and max(chat_template_of(tok, where).ids) >= vocab_size:
+        raise UserError(f"{where}: 'vocab_size' {vocab_size} does not hold the chat template's special tokens")
+    if tok["kind"] == "char" and vocab_size != len(tok["chars"]) + (1 if tok.get("eot") else 0) + chat_special_count(
+        tok
+    ):
         raise UserError(f"{where}: 'vocab_size' {vocab_size} does not match the character table")
     if meta.get("dtype") not in TOKEN_DTYPES:
         raise UserError(f"{where}: 'dtype' must be one of {', '.join(TOKEN_DTYPES)}")
@@ -369,6 +446,10 @@ def validate_meta(meta: Any, where: str = "meta.json") -> None:
         for key in ("tokens", "text_bytes", "documents"):
             if not _is_count(info.get(key)):
                 raise UserError(f"{where}: split {split!r} needs '{key}', a non-negative integer")
+        for key in ("mask_files", "conversations_files") if "chat" in tok else ():
+            side = info.get(key)
+            if not isinstance(side, list) or not side or not all(isinstance(f, str) and f for f in side):
+                raise UserError(f"{where}: split {split!r} of chat data needs '{key}', a list of file names")
 
 
 def read_meta(data_dir: str | os.PathLike, check_files: bool = False) -> dict:

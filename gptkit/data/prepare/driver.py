@@ -12,14 +12,14 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from gptkit.data import tokenizer as tok
 from gptkit.core.errors import UserError
+from gptkit.core.progress import byte_progress_bar
+from gptkit.data import tokenizer as tok
 from gptkit.data.prepare.discover import describe_skipped
 from gptkit.data.prepare.items import WorkItem
 from gptkit.data.prepare.settings import PrepareSettings
 from gptkit.data.prepare.workers import ItemResult, Job, run_items
 from gptkit.data.prepare.writer import DatasetWriter
-from gptkit.core.progress import byte_progress_bar
 
 MakeItems = Callable[[], Iterable[WorkItem]]
 

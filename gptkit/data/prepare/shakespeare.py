@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from gptkit.core import download
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import sha256_file
+from gptkit.core.settings import setting
 from gptkit.data.prepare.driver import summary_line
 from gptkit.data.prepare.writer import write_dataset
-from gptkit.core.settings import setting
 from gptkit.data.tokenizer import Tokenizer
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"

@@ -26,14 +26,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from gptkit.core.errors import UserError
+from gptkit.core.progress import byte_progress_bar
 from gptkit.data import bpe
 from gptkit.data import tokenizer as tok
-from gptkit.core.errors import UserError
 from gptkit.data.prepare.discover import InputFile
 from gptkit.data.prepare.inputs import corpus_items
 from gptkit.data.prepare.settings import PrepareSettings
 from gptkit.data.prepare.workers import Job, Worker, end_with_parent
-from gptkit.core.progress import byte_progress_bar
 
 CHECK_CHARS = 500_000  # held-out characters on which tiktoken's encoding is compared with the trainer's
 MIN_VOCAB_SIZE = 257  # the 256 single bytes and the end-of-text token

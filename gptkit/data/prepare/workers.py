@@ -23,7 +23,15 @@ from typing import NamedTuple
 import numpy as np
 
 from gptkit.core.errors import UserError
-from gptkit.data.prepare.items import SPLITS, Documents, JsonlLines, SkippedDocument, TextPiece, WorkItem, is_val_document
+from gptkit.data.prepare.items import (
+    SPLITS,
+    Documents,
+    JsonlLines,
+    SkippedDocument,
+    TextPiece,
+    WorkItem,
+    is_val_document,
+)
 from gptkit.data.tokenizer import Tokenizer
 
 

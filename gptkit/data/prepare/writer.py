@@ -14,8 +14,9 @@ from typing import IO, Any
 
 import numpy as np
 
-from gptkit.data import tokenizer as tok
 from gptkit.core.errors import UserError
+from gptkit.data import tokenizer as tok
+from gptkit.data.conversations import SIDE_STREAMS
 from gptkit.data.prepare.items import SPLITS
 
 
@@ -25,6 +26,8 @@ def _token_file_name(split: str, shard: int | None) -> str:
 
 def _is_token_file_name(name: str) -> bool:
     stem, _, extension = name.partition(".")
+    if extension in {f"{side}.bin" for side in SIDE_STREAMS}:
+        return stem in SPLITS
     if extension != "bin":
         return False
     split, _, number = stem.partition("_")
@@ -38,7 +41,7 @@ class TokenFileWriter:
 
     def __init__(self, out_dir: Path, split: str, dtype: str, shard_tokens: int | None) -> None:
         self.out_dir = out_dir
-        self.split = split
+        self.split = split  # the file name's stem: "train", or "train.mask" for a side stream
         self.dtype = np.dtype(dtype).newbyteorder("<")  # the file format is little-endian on every machine
         self.shard_tokens = shard_tokens
         self.names: list[str] = []
@@ -109,7 +112,11 @@ class DatasetWriter:
     discards this run's temporaries and leaves the directory as it was before the run.
     """
 
-    def __init__(self, out_dir: str | os.PathLike, dtype: str, shard_tokens: int | None = None) -> None:
+    def __init__(
+        self, out_dir: str | os.PathLike, dtype: str, shard_tokens: int | None = None, side_streams: bool = False
+    ) -> None:
+        """`side_streams`: also write chat data's mask and conversation offsets (gptkit.data.conversations), one
+        file per split each, never sharded."""
         self.out_dir = Path(out_dir)
         self.created_out_dir = not self.out_dir.exists()
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -118,6 +125,14 @@ class DatasetWriter:
         self.dtype = dtype
         self.writers = {split: TokenFileWriter(self.out_dir, split, dtype, shard_tokens) for split in SPLITS}
         self.stats = {split: SplitStats() for split in SPLITS}
+        self.side = {
+            split: {
+                name: TokenFileWriter(self.out_dir, f"{split}.{name}", kind, None)
+                for name, kind in SIDE_STREAMS.items()
+            }
+            for split in SPLITS
+            if side_streams
+        }
         self.skipped_documents = 0
         self.committed = False
 
@@ -133,6 +148,14 @@ class DatasetWriter:
         self.writers[split].write(ids)
         self.stats[split].text_bytes += text_bytes
         self.stats[split].documents += documents
+
+    def write_conversation(self, split: str, ids: np.ndarray, mask: np.ndarray, text_bytes: int) -> None:
+        """Append one rendered conversation (its ids and loss mask) to `split` (a writer with side streams)."""
+        if len(ids) != len(mask):
+            raise ValueError(f"{len(ids)} ids but {len(mask)} mask values")
+        self.side[split]["conversations"].write(np.array([self.tokens(split)], dtype=np.uint64))
+        self.side[split]["mask"].write(np.asarray(mask, dtype=np.uint8))
+        self.write(split, np.asarray(ids).astype(self.dtype), text_bytes, 1)
 
     def tokens(self, split: str) -> int:
         """Tokens written to `split` so far."""
@@ -151,9 +174,24 @@ class DatasetWriter:
                     f"(block_size {block_size} + 1): add text, change --val_fraction or --seed, or lower --block_size"
                 )
 
+    def _all_writers(self) -> list[TokenFileWriter]:
+        return [*self.writers.values(), *(writer for streams in self.side.values() for writer in streams.values())]
+
+    def _split_info(self, split: str) -> dict[str, Any]:
+        writer = self.writers[split]
+        info = {
+            "files": writer.names,
+            "tokens": writer.tokens,
+            "text_bytes": self.stats[split].text_bytes,
+            "documents": self.stats[split].documents,
+        }
+        for name, side in self.side.get(split, {}).items():
+            info[f"{name}_files"] = side.names
+        return info
+
     def commit(self, tokenizer: tok.Tokenizer, source: dict[str, Any]) -> dict[str, Any]:
         """Rename the token files into place and write meta.json last; returns the meta dict."""
-        for writer in self.writers.values():
+        for writer in self._all_writers():
             writer.close()
         meta = {
             "format": tok.META_FORMAT,
@@ -162,22 +200,14 @@ class DatasetWriter:
             "vocab_size": tokenizer.vocab_size,
             "dtype": self.dtype,
             "eot_token": tokenizer.eot_token,
-            "splits": {
-                split: {
-                    "files": writer.names,
-                    "tokens": writer.tokens,
-                    "text_bytes": self.stats[split].text_bytes,
-                    "documents": self.stats[split].documents,
-                }
-                for split, writer in self.writers.items()
-            },
+            "splits": {split: self._split_info(split) for split in self.writers},
             "source": source,
         }
         tok.validate_meta(meta, "meta to write")
         # From here until meta.json is written the directory has no meta.json, so nobody takes it as complete.
         (self.out_dir / tok.META_FILENAME).unlink(missing_ok=True)
-        new_names = {name for writer in self.writers.values() for name in writer.names}
-        for writer in self.writers.values():
+        new_names = {name for writer in self._all_writers() for name in writer.names}
+        for writer in self._all_writers():
             for name in writer.names:
                 os.replace(writer.temp_path(name), self.out_dir / name)
         for old in self.out_dir.iterdir():
@@ -189,7 +219,7 @@ class DatasetWriter:
 
     def discard(self) -> None:
         """Delete this run's temporary files (and the output directory if this run created it)."""
-        for writer in self.writers.values():
+        for writer in self._all_writers():
             writer.discard()
         if self.created_out_dir:
             with contextlib.suppress(OSError):  # not empty: someone else put files there meanwhile
