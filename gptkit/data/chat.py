@@ -31,7 +31,12 @@ SPECIAL_TOKENS = (*ROLE_MARKERS.values(), END_OF_TURN)
 
 
 class ChatError(ValueError):
-    """A conversation the template cannot render (a wrong role, empty content, ...): the message says which."""
+    """A conversation the template cannot render (a wrong role, empty content, ...): the message says which, and
+    `reason` names the kind of problem in a few words (data preparation counts skipped conversations by it)."""
+
+    def __init__(self, message: str, reason: str = "invalid conversation") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class TextEncoder(Protocol):
@@ -75,7 +80,9 @@ class ChatTemplate:
         conversation is invalid (see check_messages) or has no assistant turn."""
         check_messages(messages)
         if not any(message["role"] == "assistant" for message in messages):
-            raise ChatError("the conversation has no assistant turn: there is nothing to learn from it")
+            raise ChatError(
+                "the conversation has no assistant turn: there is nothing to learn from it", reason="no assistant turn"
+            )
         pieces, masks = self._opening()
         for message in messages:
             ids = self._turn(message, tokenizer)
@@ -127,15 +134,17 @@ def check_messages(messages: Any) -> None:
     """ChatError naming the first problem: not a non-empty list of {role, content} objects, a role other than
     system/user/assistant, content that is not a non-empty string, or a system message after the first."""
     if not isinstance(messages, (list, tuple)) or not messages:
-        raise ChatError("'messages' must be a non-empty list of {role, content} objects")
+        raise ChatError("'messages' must be a non-empty list of {role, content} objects", reason="no message list")
     for index, message in enumerate(messages):
         where = f"message {index}"
         if not isinstance(message, dict):
-            raise ChatError(f"{where} is not an object with 'role' and 'content'")
+            raise ChatError(f"{where} is not an object with 'role' and 'content'", reason="not a message object")
         role, content = message.get("role"), message.get("content")
         if role not in ROLES:
-            raise ChatError(f"{where} has role {role!r}; use system, user or assistant")
+            raise ChatError(f"{where} has role {role!r}; use system, user or assistant", reason="wrong role")
         if not isinstance(content, str) or not content:
-            raise ChatError(f"{where} ({role}) has empty or non-text content")
+            raise ChatError(f"{where} ({role}) has empty or non-text content", reason="empty content")
         if role == "system" and index > 0:
-            raise ChatError(f"{where} is a system message; only the first message may be one")
+            raise ChatError(
+                f"{where} is a system message; only the first message may be one", reason="system message not first"
+            )

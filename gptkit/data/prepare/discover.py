@@ -100,7 +100,9 @@ def looks_binary(path: Path) -> bool:
     return b"\0" in head
 
 
-def _file_reason(path: Path, relative: PurePosixPath, path_filter: PathFilter) -> str | None:
+def _file_reason(
+    path: Path, relative: PurePosixPath, path_filter: PathFilter, binary_suffixes: tuple[str, ...] = ()
+) -> str | None:
     """Why a file found by walking or a glob is left out (None: it is read). Cheap checks first."""
     for depth in range(1, len(relative.parts)):  # a glob such as src/** also matches files inside __pycache__
         reason = _folder_reason(PurePosixPath(*relative.parts[:depth]), path_filter)
@@ -118,6 +120,8 @@ def _file_reason(path: Path, relative: PurePosixPath, path_filter: PathFilter) -
         raise
     if not stat.S_ISREG(mode):
         return "not a regular file"  # a FIFO (opening one waits for a writer forever), socket or device
+    if relative.name.lower().endswith(binary_suffixes):
+        return None  # a binary format the caller reads (chat data's parquet files)
     return "binary" if looks_binary(path) else None
 
 
@@ -132,8 +136,9 @@ def _relative(path: Path, base: Path) -> PurePosixPath:
 class _Finder:
     """Collects the files of each --input in order, and the files left out of directories and globs, by reason."""
 
-    def __init__(self, path_filter: PathFilter, out_dir: Path | None) -> None:
+    def __init__(self, path_filter: PathFilter, out_dir: Path | None, binary_suffixes: tuple[str, ...] = ()) -> None:
         self.filter = path_filter
+        self.binary_suffixes = binary_suffixes
         self.out_dir = out_dir
         self.paths: list[Path] = []
         self.skipped: dict[str, set[str]] = {reason: set() for reason in SKIP_REASONS}
@@ -154,7 +159,7 @@ class _Finder:
         return self.out_dir is not None and Path(os.path.realpath(path)).is_relative_to(self.out_dir)  # no loop error
 
     def _consider(self, path: Path, base: Path) -> None:
-        reason = _file_reason(path, _relative(path, base), self.filter)
+        reason = _file_reason(path, _relative(path, base), self.filter, self.binary_suffixes)
         if reason is None:
             self.paths.append(path)
         else:
@@ -245,17 +250,19 @@ def find_inputs(
     out_dir: str | os.PathLike | None = None,
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
+    binary_suffixes: Sequence[str] = (),
 ) -> FoundInputs:
     """Expand files, directories (recursive) and globs into a de-duplicated list of InputFile, in sorted order.
 
     A file named on its own is always read; what directories and globs find is left out for a SKIP_REASON (see
-    the module doc), and files under `out_dir` silently. UserError for a path that does not exist or is no file,
+    the module doc), and files under `out_dir` silently. Files whose names end with one of `binary_suffixes`
+    (lower case, e.g. ".parquet") are never left out as binary. UserError for a path that does not exist or is no file,
     a glob that matches nothing, or no files at all.
     """
     if not patterns:
         raise UserError("no input given: pass --input=FILE, a directory or a glob (repeat for more)")
     excluded = Path(out_dir).resolve() if out_dir is not None else None
-    finder = _Finder(PathFilter(tuple(include), tuple(exclude)), excluded)
+    finder = _Finder(PathFilter(tuple(include), tuple(exclude)), excluded, tuple(binary_suffixes))
     for pattern in patterns:
         finder.add(pattern)
     unique: dict[Path, Path] = {}

@@ -14,11 +14,11 @@ import os
 import signal
 import sys
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -236,7 +236,7 @@ class Worker:
 
 # ------------------------------------------------------------------------------------------- the pool
 
-_worker: Worker | None = None  # the worker of this pool process, set once by _init_worker
+_worker: Any = None  # the worker of this pool process (a Worker unless run_items was given another), set once
 
 
 # Ctrl-C goes to the whole process group, and so does SIGTERM from `timeout` or a batch scheduler: the main
@@ -257,17 +257,17 @@ def end_with_parent(parent_pid: int | None) -> None:
         os._exit(1)
 
 
-def _init_worker(job: Job, parent_pid: int | None) -> None:
+def _init_worker(job: Any, parent_pid: int | None, make_worker: Callable[[Any], Any]) -> None:
     global _worker
     for signum in _STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):  # blocked while the main process forked us (`_submit`): discarded now
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     end_with_parent(parent_pid)
-    _worker = Worker(job)
+    _worker = make_worker(job)
 
 
-def _run_item(item: WorkItem) -> ItemResult:
+def _run_item(item: Any) -> Any:
     assert _worker is not None, "worker not initialised"
     return _worker.run(item)
 
@@ -296,19 +296,25 @@ def _submit(pool: ProcessPoolExecutor, item: WorkItem, first: bool) -> Future:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
-def run_items(items: Iterable[WorkItem], job: Job, num_workers: int) -> Iterator[ItemResult]:
+def run_items(
+    items: Iterable[Any], job: Any, num_workers: int, make_worker: Callable[[Any], Any] = Worker
+) -> Iterator[Any]:
     """Run items on `num_workers` processes (in this process when <= 1); yield results in item order.
 
-    At most 2 x num_workers items are in flight, so memory stays bounded however long `items` is.
+    Each process runs `make_worker(job).run(item)`: a Worker (tokenising text) unless another kind is given (chat
+    data renders conversations). At most 2 x num_workers items are in flight, so memory stays bounded however
+    long `items` is.
     """
     if num_workers <= 1:
-        worker = Worker(job)
+        worker = make_worker(job)
         for item in items:
             yield worker.run(item)
         return
     context = _pool_context()
     parent_pid = os.getpid() if context.get_start_method() == "fork" else None  # else a worker's parent may differ
-    pool = ProcessPoolExecutor(num_workers, mp_context=context, initializer=_init_worker, initargs=(job, parent_pid))
+    pool = ProcessPoolExecutor(
+        num_workers, mp_context=context, initializer=_init_worker, initargs=(job, parent_pid, make_worker)
+    )
     pending: deque = deque()
     started = False
     try:

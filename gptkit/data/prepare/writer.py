@@ -101,6 +101,7 @@ class SplitStats:
 
     text_bytes: int = 0
     documents: int = 0
+    assistant_tokens: int = 0  # chat data: tokens the loss mask trains on
 
 
 class DatasetWriter:
@@ -155,6 +156,7 @@ class DatasetWriter:
             raise ValueError(f"{len(ids)} ids but {len(mask)} mask values")
         self.side[split]["conversations"].write(np.array([self.tokens(split)], dtype=np.uint64))
         self.side[split]["mask"].write(np.asarray(mask, dtype=np.uint8))
+        self.stats[split].assistant_tokens += int(np.count_nonzero(mask))
         self.write(split, np.asarray(ids).astype(self.dtype), text_bytes, 1)
 
     def tokens(self, split: str) -> int:
@@ -187,6 +189,8 @@ class DatasetWriter:
         }
         for name, side in self.side.get(split, {}).items():
             info[f"{name}_files"] = side.names
+        if self.side:
+            info["assistant_tokens"] = self.stats[split].assistant_tokens
         return info
 
     def commit(self, tokenizer: tok.Tokenizer, source: dict[str, Any]) -> dict[str, Any]:
