@@ -237,7 +237,9 @@ def prepare_chat(
             seconds = progress.close()
         if not any(writer.tokens(split) for split in SPLITS):
             raise UserError(f"no conversation to write from {what}{counts.describe()}")
-        writer.check_sizes(settings.block_size, what)
+        for split in SPLITS:  # a row per conversation: one is enough, however short (training pads)
+            if not writer.tokens(split):
+                raise UserError(f"the {split} split holds no conversation: add some, or change --val_fraction or --seed")
         source = {**source, "cut": counts.cut, "dropped": dict(counts.dropped), "skipped": dict(counts.skipped)}
         meta = writer.commit(tokenizer, source)
     return meta, seconds
