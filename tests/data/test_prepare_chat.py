@@ -13,7 +13,8 @@ import pytest
 
 from gptkit.data import tokenizer as tok
 from gptkit.data.conversations import open_conversations
-from gptkit.data.prepare.items import is_val_document
+from gptkit.data.prepare import chat_inputs, discover
+from gptkit.data.prepare.items import JsonlLines, is_val_document
 from helpers import REPO, assert_one_line_error, clean_env, make_char_data, run_main, run_script
 from prepare_data import chat as chat_script
 
@@ -201,6 +202,10 @@ BAD_LINES = {
     "empty content": ({"messages": [{"role": "user", "content": ""}, GOOD_LINE["messages"][1]]}, "empty"),
     "no assistant turn": ({"messages": [{"role": "user", "content": "hi"}]}, "no assistant turn"),
     "malformed JSON": ('{"messages": [', "not valid JSON"),
+    "invalid UTF-8": (
+        '{"messages": [{"role": "user", "content": "a\\ud800"}, {"role": "assistant", "content": "b"}]}',
+        "unpaired surrogate",
+    ),
     "not a record": ({"text": "hi"}, "no 'messages' field nor 'prompt' and 'completion'"),
 }
 
@@ -223,7 +228,7 @@ def test_on_bad_skip_counts_each_reason(tmp_path: Path, capsys: Any) -> None:
     meta = tok.read_meta(out)
     assert meta["source"]["skipped"] == {reason: 2 if reason == "wrong role" else 1 for reason in BAD_LINES}
     assert sum(meta["splits"][s]["documents"] for s in ("train", "val")) == 20
-    assert "6 conversations skipped (1 empty content, 1 malformed JSON, 1 no assistant turn" in stdout
+    assert "7 conversations skipped (1 empty content, 1 invalid UTF-8, 1 malformed JSON, 1 no assistant turn" in stdout
 
 
 def test_parquet_bad_row_names_the_row(tmp_path: Path, capsys: Any) -> None:
@@ -331,3 +336,20 @@ def test_mask_file_matches_assistant_tokens(tmp_path: Path, capsys: Any) -> None
     for split in ("train", "val"):
         mask = np.fromfile(out / f"{split}.mask.bin", dtype=np.uint8)
         assert int(mask.sum()) == meta["splits"][split]["assistant_tokens"] and set(mask.tolist()) <= {0, 1}
+
+
+def test_work_items_are_bounded_and_keep_every_record_in_order(tmp_path: Path) -> None:
+    # Memory stays flat because the pool holds at most 2 x num_workers items, each about --chunk_bytes.
+    records = [{"messages": conversation(i)} for i in range(400)]
+    jsonl = write_jsonl(tmp_path / "a.jsonl", records)
+    parquet = write_parquet(tmp_path / "b.parquet", records)
+    files = discover.find_inputs([str(jsonl), str(parquet)]).files
+    items = list(chat_inputs.chat_items(files, 4096, "messages"))
+    longest_line = max(len(json.dumps(r)) + 1 for r in records)
+    lines = [i for i in items if isinstance(i, JsonlLines)]
+    rows = [i for i in items if isinstance(i, chat_inputs.ParquetRows)]
+    assert len(lines) > 10 and all(len(i.data) <= 4096 + longest_line for i in lines)
+    assert len(rows) > 3 and all(len(i.rows) <= 4096 // 100 + chat_inputs.PARQUET_BATCH_ROWS for i in rows)
+    keys = [(r.where.split(":")[0].split(" ")[0], r.key) for item in items for r in chat_inputs.records(item)]
+    assert keys == [(str(jsonl), k) for k in range(1, 401)] + [(str(parquet), k) for k in range(1, 401)]
+    assert sum(i.input_bytes for i in items) == jsonl.stat().st_size + parquet.stat().st_size

@@ -100,8 +100,9 @@ class ChatWorker:
     def _add(self, record: Any, key: int, file_index: int, result: ChatResult) -> None:
         job = self.job
         messages, prompt = conversation_of(record, job.field)
+        check_conversation(messages)
+        text_bytes = _utf8_bytes(messages)
         if job.tokenizer is None:
-            check_conversation(messages)
             for message in messages:
                 result.chars.update(message["content"])
             return
@@ -120,7 +121,6 @@ class ChatWorker:
                 return
             result.cut += 1
         split = "val" if is_val_document(job.seed, job.val_fraction, file_index, key) else "train"
-        text_bytes = sum(len(m["content"].encode("utf-8")) for m in messages)
         result.conversations.append(Rendered(split=split, ids=ids, mask=mask, text_bytes=text_bytes))
 
 
@@ -129,6 +129,13 @@ def check_conversation(messages: Any) -> None:
     check_messages(messages)
     if not any(m["role"] == "assistant" for m in messages):
         raise ChatError("the conversation has no assistant turn: there is nothing to learn from it", "no assistant turn")
+
+
+def _utf8_bytes(messages: list[dict[str, str]]) -> int:
+    try:
+        return sum(len(m["content"].encode("utf-8")) for m in messages)
+    except UnicodeEncodeError:  # JSON can spell unpaired surrogates (\ud800), which are not text
+        raise ChatError("a message holds an unpaired surrogate (e.g. \\ud800), which is not text", "invalid UTF-8") from None
 
 
 # ------------------------------------------------------------------------------------------- the tokenizer
