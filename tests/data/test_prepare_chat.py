@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,16 @@ from gptkit.data import tokenizer as tok
 from gptkit.data.conversations import open_conversations
 from gptkit.data.prepare import chat_inputs, discover
 from gptkit.data.prepare.items import JsonlLines, is_val_document
-from helpers import REPO, assert_one_line_error, clean_env, make_char_data, run_main, run_script
+from helpers import (
+    REPO,
+    alive,
+    assert_one_line_error,
+    clean_env,
+    make_char_data,
+    run_main,
+    run_script,
+    signal_mid_run,
+)
 from prepare_data import chat as chat_script
 
 GPT2_CHAT = tok.ChatTokenizer.extending(tok.TiktokenTokenizer("gpt2"))
@@ -353,3 +364,17 @@ def test_work_items_are_bounded_and_keep_every_record_in_order(tmp_path: Path) -
     keys = [(r.where.split(":")[0].split(" ")[0], r.key) for item in items for r in chat_inputs.records(item)]
     assert keys == [(str(jsonl), k) for k in range(1, 401)] + [(str(parquet), k) for k in range(1, 401)]
     assert sum(i.input_bytes for i in items) == jsonl.stat().st_size + parquet.stat().st_size
+
+
+def test_sigterm_mid_run_ends_the_workers_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # this checkout's gptkit, whatever the environment installed
+    block = "".join(json.dumps({"messages": conversation(i, turns=3)}) + "\n" for i in range(2000))
+    source = tmp_path / "big.jsonl"
+    with open(source, "w", encoding="utf-8") as handle:
+        for _ in range(-(-40_000_000 // len(block))):  # ~40 MB: seconds of rendering on 2 cores
+            handle.write(block)
+    out = tmp_path / "out"
+    command = [sys.executable, str(REPO / "prepare_data" / "chat.py"), f"--input={source}", f"--out_dir={out}"]
+    result, workers = signal_mid_run([*command, "--num_workers=2"], out, signal.SIGTERM, workers=2)
+    assert (result.returncode, result.stderr, result.stdout) == (143, "terminated by SIGTERM\n", "")
+    assert alive(workers) == [] and not out.exists()
