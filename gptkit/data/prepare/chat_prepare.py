@@ -128,14 +128,17 @@ def check_conversation(messages: Any) -> None:
     """What rendering checks, without a tokenizer: ChatError for invalid messages or no assistant turn."""
     check_messages(messages)
     if not any(m["role"] == "assistant" for m in messages):
-        raise ChatError("the conversation has no assistant turn: there is nothing to learn from it", "no assistant turn")
+        raise ChatError(
+            "the conversation has no assistant turn: there is nothing to learn from it", reason="no assistant turn"
+        )
 
 
 def _utf8_bytes(messages: list[dict[str, str]]) -> int:
     try:
         return sum(len(m["content"].encode("utf-8")) for m in messages)
     except UnicodeEncodeError:  # JSON can spell unpaired surrogates (\ud800), which are not text
-        raise ChatError("a message holds an unpaired surrogate (e.g. \\ud800), which is not text", "invalid UTF-8") from None
+        message = "a message holds an unpaired surrogate (e.g. \\ud800), which is not text"
+        raise ChatError(message, reason="invalid UTF-8") from None
 
 
 # ------------------------------------------------------------------------------------------- the tokenizer
@@ -172,7 +175,11 @@ class Counts:
 
     def describe(self) -> str:
         """What was left out, e.g. " (2 dropped: longer than block_size + 1; 1 skipped: malformed JSON)"."""
-        parts = [f"{sum(c.values()):,} {what}: {_reasons(c)}" for what, c in (("dropped", self.dropped), ("skipped", self.skipped)) if c]
+        parts = [
+            f"{sum(counts.values()):,} {what}: {_reasons(counts)}"
+            for what, counts in (("dropped", self.dropped), ("skipped", self.skipped))
+            if counts
+        ]
         return f" ({'; '.join(parts)})" if parts else ""
 
     def add(self, result: ChatResult) -> None:
@@ -244,9 +251,11 @@ def prepare_chat(
             seconds = progress.close()
         if not any(writer.tokens(split) for split in SPLITS):
             raise UserError(f"no conversation to write from {what}{counts.describe()}")
-        for split in SPLITS:  # a row per conversation: one is enough, however short (training pads)
+        for split in SPLITS:  # chat data is read a conversation at a time: one is enough, however short
             if not writer.tokens(split):
-                raise UserError(f"the {split} split holds no conversation: add some, or change --val_fraction or --seed")
+                raise UserError(
+                    f"the {split} split holds no conversation: add some, or change --val_fraction or --seed"
+                )
         source = {**source, "cut": counts.cut, "dropped": dict(counts.dropped), "skipped": dict(counts.skipped)}
         meta = writer.commit(tokenizer, source)
     return meta, seconds
