@@ -1,0 +1,204 @@
+"""Low-rank adapters (LoRA): fine-tune a frozen model through a small trainable product beside chosen Linear layers.
+
+A LoRA layer computes y = x Wᵀ + b + (alpha / rank) · dropout(x) Aᵀ Bᵀ, with the base W and b frozen, A (rank, in)
+initialised as nn.Linear's own weights and B (out, rank) at zero, so training starts exactly at the base model
+(Hu et al., 2021; Hugging Face PEFT does the same). Only A and B train, so the optimizer keeps two moments for a
+few hundred thousand numbers instead of every weight. The frozen base may be held in bfloat16 or int8 to save
+memory; its product is then computed from the stored weights in the input's dtype.
+
+An adapter file is the A and B matrices plus the LoRA settings; `merge_lora` folds them into ordinary weights,
+and `write_peft_adapter` writes them as PEFT's `adapter_config.json` + `adapter_model.safetensors` for
+transformers' GPT2LMHeadModel.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gptkit.core.errors import UserError
+from gptkit.core.fileio import atomic_write_bytes, atomic_write_json
+
+# Which Linear layers of each block get an adapter (the output head, tied to the embedding, never does).
+TARGETS = {
+    "attention": ("attn.c_attn", "attn.c_proj"),
+    "mlp": ("mlp.c_fc", "mlp.c_proj"),
+    "all": ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"),
+}
+BASE_WEIGHTS = ("float32", "bfloat16", "int8")
+INT8_MAX = 127
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraConfig:
+    """The adapters' shape: rank, alpha (the update is scaled by alpha / rank), dropout on their input, targets."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: str = "attention"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rank, int) or self.rank < 1:
+            raise UserError(f"--lora_rank must be a positive integer, got {self.rank!r}")
+        if not self.alpha > 0:
+            raise UserError(f"--lora_alpha must be positive, got {self.alpha!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise UserError(f"--lora_dropout must be in [0, 1), got {self.dropout!r}")
+        if self.targets not in TARGETS:
+            raise UserError(f"--lora_targets must be one of {', '.join(TARGETS)}, got {self.targets!r}")
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, record: Any, where: str) -> LoraConfig:
+        if not isinstance(record, dict) or set(record) != {"rank", "alpha", "dropout", "targets"}:
+            raise UserError(f"{where}: the LoRA record needs rank, alpha, dropout and targets")
+        return cls(**record)
+
+
+class LoraLinear(nn.Module):
+    """A frozen Linear (stored as `base_weights` says) plus a trainable low-rank update `lora_B @ lora_A`."""
+
+    def __init__(self, base: nn.Linear, config: LoraConfig, base_weights: str = "float32") -> None:
+        super().__init__()
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.scale = config.scale
+        weight = base.weight.detach()
+        if base_weights == "int8":  # one scale per output row, as gptkit.weights.quantization stores them
+            row_scale = (weight.float().abs().amax(dim=1) / INT8_MAX).clamp_min(1e-12)
+            self.register_buffer("weight_int8", torch.round(weight.float() / row_scale[:, None]).to(torch.int8))
+            self.register_buffer("weight_scale", row_scale)
+            self.weight = None
+        else:
+            dtype = torch.bfloat16 if base_weights == "bfloat16" else weight.dtype
+            self.weight = nn.Parameter(weight.to(dtype), requires_grad=False)
+        self.bias = None if base.bias is None else nn.Parameter(base.bias.detach().clone(), requires_grad=False)
+        self.lora_A = nn.Parameter(torch.empty(config.rank, self.in_features, device=weight.device))
+        self.lora_B = nn.Parameter(torch.zeros(self.out_features, config.rank, device=weight.device))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's own initialisation
+        self.dropout = nn.Dropout(config.dropout)
+
+    def base_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The frozen (out, in) weight in `dtype`."""
+        if self.weight is None:
+            return (self.weight_int8.to(dtype) * self.weight_scale.to(dtype)[:, None]).detach()
+        return self.weight.to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        base = F.linear(x, self.base_weight(dtype), None if self.bias is None else self.bias.to(dtype))
+        update = F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B)
+        return base + self.scale * update
+
+    def merged(self) -> nn.Linear:
+        """An ordinary float32 nn.Linear computing what this layer computes (without dropout)."""
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None)
+        with torch.no_grad():
+            delta = self.scale * (self.lora_B.float() @ self.lora_A.float())
+            linear.weight.copy_(self.base_weight(torch.float32) + delta)
+            if self.bias is not None:
+                linear.bias.copy_(self.bias.float())
+        return linear.to(self.lora_A.device)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.lora_A.shape[0]}"
+
+
+def _targeted(model: nn.Module, targets: str) -> list[str]:
+    names = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    return [name for name in names if name.endswith(TARGETS[targets]) and ".h." in f".{name}"]
+
+
+def add_lora(model: nn.Module, config: LoraConfig, base_weights: str = "float32") -> nn.Module:
+    """Freeze every parameter of `model` and put a LoraLinear in place of each targeted Linear (in place;
+    returned). Afterwards only the adapters' A and B require gradients."""
+    if base_weights not in BASE_WEIGHTS:
+        raise UserError(f"--lora_base_weights must be one of {', '.join(BASE_WEIGHTS)}, got {base_weights!r}")
+    for param in model.parameters():
+        param.requires_grad_(False)
+    for name in _targeted(model, config.targets):
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, child, LoraLinear(getattr(parent, child), config, base_weights))
+    return model
+
+
+def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The adapters' tensors by name (`...attn.c_attn.lora_A`), on the CPU: what a LoRA checkpoint stores."""
+    return {
+        name.removeprefix("_orig_mod.").removeprefix("module."): param.detach().cpu().clone()
+        for name, param in model.named_parameters()
+        if name.endswith((".lora_A", ".lora_B"))
+    }
+
+
+def load_adapter_state(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """Copy adapter tensors into a model that has had add_lora with the same settings; UserError on a mismatch."""
+    params = dict(model.named_parameters())
+    expected = {name for name in params if name.endswith((".lora_A", ".lora_B"))}
+    if set(state) != expected:
+        raise UserError(f"{source}: its adapters do not fit this model (other layers, or another --lora_targets)")
+    with torch.no_grad():
+        for name, tensor in state.items():
+            if params[name].shape != tensor.shape:
+                raise UserError(
+                    f"{source}: adapter {name} has shape {tuple(tensor.shape)}, the model needs "
+                    f"{tuple(params[name].shape)} (another rank or model?)"
+                )
+            params[name].copy_(tensor)
+
+
+def merge_lora(model: nn.Module) -> nn.Module:
+    """`model` (in place; returned) with every LoraLinear replaced by the ordinary Linear it computes."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, LoraLinear):
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), child, module.merged())
+    for param in model.parameters():
+        param.requires_grad_(True)
+    return model
+
+
+def write_peft_adapter(
+    directory: str | os.PathLike, adapters: dict[str, torch.Tensor], config: LoraConfig, base_model: str = ""
+) -> None:
+    """Write the adapters as Hugging Face PEFT does for GPT2LMHeadModel: adapter_config.json and
+    adapter_model.safetensors, so `PeftModel.from_pretrained(GPT2LMHeadModel.from_pretrained(base), directory)`
+    loads them. `base_model` is recorded as base_model_name_or_path."""
+    from safetensors.torch import save as safetensors_bytes
+
+    tensors = {
+        f"base_model.model.{name.removesuffix('.lora_A').removesuffix('.lora_B')}."
+        f"{'lora_A' if name.endswith('.lora_A') else 'lora_B'}.weight": tensor.float().contiguous()
+        for name, tensor in adapters.items()
+    }
+    peft_config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": config.rank,
+        "lora_alpha": config.alpha,
+        "lora_dropout": config.dropout,
+        # HF GPT-2 stores these layers as Conv1D, whose weight is the transpose of a Linear's.
+        "fan_in_fan_out": True,
+        "target_modules": list(TARGETS[config.targets]),  # PEFT matches module names by suffix
+        "bias": "none",
+        "inference_mode": True,
+    }
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(directory / "adapter_model.safetensors", safetensors_bytes(tensors, metadata={"format": "pt"}))
+    atomic_write_json(directory / "adapter_config.json", peft_config)

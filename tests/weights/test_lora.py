@@ -1,0 +1,131 @@
+"""LoRA layers: the product against a float64 reference, what trains, merging, stored-base precision, and interop
+with Hugging Face PEFT (the real package, loading our adapter files into transformers' GPT2LMHeadModel)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from gptkit.core.errors import UserError
+from gptkit.model import GPT, GPTConfig
+from gptkit.weights.hf_gpt2 import save_gpt2
+from gptkit.weights.lora import (
+    LoraConfig,
+    LoraLinear,
+    adapter_state,
+    add_lora,
+    load_adapter_state,
+    merge_lora,
+    write_peft_adapter,
+)
+
+TINY = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 50, "dropout": 0.0}
+
+
+def tiny_model(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**TINY))
+
+
+def randomise_adapters(model: torch.nn.Module, seed: int = 1) -> None:
+    """Adapters as after some training: B is no longer zero."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith((".lora_A", ".lora_B")):
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+
+
+def test_layer_is_the_base_product_plus_the_scaled_low_rank_update() -> None:
+    torch.manual_seed(0)
+    base = torch.nn.Linear(6, 5)
+    layer = LoraLinear(base, LoraConfig(rank=2, alpha=6.0))
+    randomise_adapters(layer)
+    x = torch.randn(3, 6)
+    w, b = base.weight.double(), base.bias.double()
+    a, bb = layer.lora_A.double(), layer.lora_B.double()
+    expected = x.double() @ w.T + b + 3.0 * (x.double() @ a.T @ bb.T)  # alpha / rank = 6 / 2
+    torch.testing.assert_close(layer(x).double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_fresh_adapter_leaves_the_model_unchanged_and_only_adapters_train() -> None:
+    model = tiny_model()
+    x = torch.randint(0, 50, (2, 12))
+    before = model(x, x)[0]
+    add_lora(model, LoraConfig(rank=4, targets="attention"))
+    torch.testing.assert_close(model(x, x)[0], before)
+    trainable = {name for name, param in model.named_parameters() if param.requires_grad}
+    # 2 blocks x (c_attn, c_proj) x (A, B); nothing else, not even the embedding or the LayerNorms
+    assert len(trainable) == 8 and all(name.endswith((".lora_A", ".lora_B")) for name in trainable)
+    assert all(".attn." in name for name in trainable)
+    # rank 4: c_attn A (4, 32) + B (96, 4), c_proj A (4, 32) + B (32, 4), per block
+    assert sum(model.get_parameter(name).numel() for name in trainable) == 2 * (4 * 32 + 96 * 4 + 4 * 32 + 32 * 4)
+
+
+def test_gradients_reach_only_the_adapters() -> None:
+    model = add_lora(tiny_model(), LoraConfig(rank=2, targets="all"))
+    randomise_adapters(model)
+    x = torch.randint(0, 50, (2, 12))
+    model(x, x)[1].backward()
+    for name, param in model.named_parameters():
+        assert (param.grad is not None) == name.endswith((".lora_A", ".lora_B")), name
+
+
+def test_merged_weights_give_the_unmerged_outputs() -> None:
+    model = add_lora(tiny_model(), LoraConfig(rank=4, alpha=8.0, targets="all"))
+    randomise_adapters(model)
+    x = torch.randint(0, 50, (2, 12))
+    unmerged = model(x, x)[0]
+    merged = merge_lora(model)
+    assert not any(isinstance(module, LoraLinear) for module in merged.modules())
+    torch.testing.assert_close(merged(x, x)[0], unmerged, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("base_weights", "tolerance"), [("bfloat16", 2e-2), ("int8", 2e-2)])
+def test_a_base_held_in_less_precision_stays_close(base_weights: str, tolerance: float) -> None:
+    x = torch.randint(0, 50, (2, 12))
+    exact = add_lora(tiny_model(), LoraConfig(rank=4, targets="all"))
+    randomise_adapters(exact)
+    small = add_lora(tiny_model(), LoraConfig(rank=4, targets="all"), base_weights=base_weights)
+    randomise_adapters(small)
+    torch.testing.assert_close(small(x, x)[0], exact(x, x)[0], rtol=0, atol=tolerance)
+    assert not any(param.requires_grad for name, param in small.named_parameters() if "lora_" not in name)
+
+
+def test_adapters_round_trip_and_refuse_another_shape() -> None:
+    model = add_lora(tiny_model(), LoraConfig(rank=4, targets="mlp"))
+    randomise_adapters(model)
+    state = adapter_state(model)
+    other = add_lora(tiny_model(), LoraConfig(rank=4, targets="mlp"))
+    load_adapter_state(other, state, "adapters")
+    x = torch.randint(0, 50, (1, 8))
+    torch.testing.assert_close(other(x, x)[0], model(x, x)[0])
+    with pytest.raises(UserError, match="do not fit"):
+        load_adapter_state(add_lora(tiny_model(), LoraConfig(rank=4, targets="attention")), state, "adapters")
+    with pytest.raises(UserError, match="shape"):
+        load_adapter_state(add_lora(tiny_model(), LoraConfig(rank=2, targets="mlp")), state, "adapters")
+
+
+@pytest.mark.parametrize("bad", [{"rank": 0}, {"alpha": 0.0}, {"dropout": 1.0}, {"targets": "head"}])
+def test_impossible_settings_are_one_line_errors(bad: dict) -> None:
+    with pytest.raises(UserError):
+        LoraConfig(**bad)
+
+
+@pytest.mark.parametrize("targets", ["attention", "mlp", "all"])
+def test_peft_loads_the_adapter_into_gpt2_and_gives_our_logits(tmp_path: Path, targets: str) -> None:
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    model = tiny_model()
+    save_gpt2(model, tmp_path / "base")
+    config = LoraConfig(rank=4, alpha=8.0, targets=targets)
+    add_lora(model, config)
+    randomise_adapters(model)
+    write_peft_adapter(tmp_path / "adapter", adapter_state(model), config, str(tmp_path / "base"))
+    base = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "base")
+    theirs = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    x = torch.randint(0, 50, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(x).logits, model(x, x)[0], rtol=1e-4, atol=1e-5)
