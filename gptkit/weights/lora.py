@@ -117,14 +117,44 @@ class LoraLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.lora_A.shape[0]}"
 
 
+class GrownVocabulary(nn.Module):
+    """The token embedding and the tied output head with frozen base rows and trainable rows added after them
+    (the chat template's special tokens): the only rows of the vocabulary an adapter run can teach.
+
+    Installed as both `transformer.wte` (a lookup) and `lm_head` (a product), which share its two tensors, as the
+    tied model shares one matrix.
+    """
+
+    def __init__(self, weight: torch.Tensor, first_new_row: int) -> None:
+        super().__init__()
+        self.base = nn.Parameter(weight.detach()[:first_new_row].clone(), requires_grad=False)
+        self.extra = nn.Parameter(weight.detach()[first_new_row:].clone())
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The whole (vocab, n_embd) matrix (a copy): what an ordinary tied model holds."""
+        return torch.cat([self.base, self.extra])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_floating_point():  # token ids: the embedding lookup, each id from the part that holds its row
+            rows = self.base.shape[0]
+            old = F.embedding(x.clamp(max=rows - 1), self.base)
+            new = F.embedding((x - rows).clamp(min=0), self.extra)
+            return torch.where((x < rows)[..., None], old, new)
+        return torch.cat([F.linear(x, self.base), F.linear(x, self.extra)], dim=-1)  # the head's logits
+
+
 def _targeted(model: nn.Module, targets: str) -> list[str]:
     names = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     return [name for name in names if name.endswith(TARGETS[targets]) and ".h." in f".{name}"]
 
 
-def add_lora(model: nn.Module, config: LoraConfig, base_weights: str = "float32") -> nn.Module:
+def add_lora(
+    model: nn.Module, config: LoraConfig, base_weights: str = "float32", first_new_row: int | None = None
+) -> nn.Module:
     """Freeze every parameter of `model` and put a LoraLinear in place of each targeted Linear (in place;
-    returned). Afterwards only the adapters' A and B require gradients."""
+    returned). Afterwards only the adapters' A and B require gradients, and, when `first_new_row` is given (the
+    base model's vocabulary size, below the model's), the token rows from there on (see GrownVocabulary)."""
     if base_weights not in BASE_WEIGHTS:
         raise UserError(f"--lora_base_weights must be one of {', '.join(BASE_WEIGHTS)}, got {base_weights!r}")
     for param in model.parameters():
@@ -133,7 +163,17 @@ def add_lora(model: nn.Module, config: LoraConfig, base_weights: str = "float32"
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         setattr(parent, child, LoraLinear(getattr(parent, child), config, base_weights))
+    if first_new_row is not None and first_new_row < model.lm_head.weight.shape[0]:
+        if model.lm_head.weight is not model.transformer.wte.weight:
+            raise UserError("new token rows with LoRA need a model whose head is tied to the token embedding")
+        vocabulary = GrownVocabulary(model.lm_head.weight, first_new_row)
+        model.transformer.wte = model.lm_head = vocabulary
     return model
+
+
+def is_adapter_name(name: str) -> bool:
+    """Whether a parameter name is one a LoRA run trains (and its checkpoint stores)."""
+    return name.endswith((".lora_A", ".lora_B", ".extra"))
 
 
 def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -141,14 +181,14 @@ def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {
         name.removeprefix("_orig_mod.").removeprefix("module."): param.detach().cpu().clone()
         for name, param in model.named_parameters()
-        if name.endswith((".lora_A", ".lora_B"))
+        if is_adapter_name(name)
     }
 
 
 def load_adapter_state(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
     """Copy adapter tensors into a model that has had add_lora with the same settings; UserError on a mismatch."""
     params = dict(model.named_parameters())
-    expected = {name for name in params if name.endswith((".lora_A", ".lora_B"))}
+    expected = {name for name in params if is_adapter_name(name)}
     if set(state) != expected:
         raise UserError(f"{source}: its adapters do not fit this model (other layers, or another --lora_targets)")
     with torch.no_grad():
@@ -162,11 +202,19 @@ def load_adapter_state(model: nn.Module, state: dict[str, torch.Tensor], source:
 
 
 def merge_lora(model: nn.Module) -> nn.Module:
-    """`model` (in place; returned) with every LoraLinear replaced by the ordinary Linear it computes."""
+    """`model` (in place; returned) with every LoraLinear replaced by the ordinary Linear it computes, and grown
+    token rows joined to one tied embedding again."""
     for name, module in list(model.named_modules()):
         if isinstance(module, LoraLinear):
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name), child, module.merged())
+    if isinstance(model.lm_head, GrownVocabulary):
+        weight = model.lm_head.weight.detach()
+        model.transformer.wte = nn.Embedding(*weight.shape, device=weight.device)
+        model.lm_head = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device)
+        model.transformer.wte.weight = model.lm_head.weight
+        with torch.no_grad():
+            model.lm_head.weight.copy_(weight)
     for param in model.parameters():
         param.requires_grad_(True)
     return model

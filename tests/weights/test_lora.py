@@ -129,3 +129,22 @@ def test_peft_loads_the_adapter_into_gpt2_and_gives_our_logits(tmp_path: Path, t
     x = torch.randint(0, 50, (2, 12))
     with torch.no_grad():
         torch.testing.assert_close(theirs(x).logits, model(x, x)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_new_token_rows_train_and_the_rest_of_the_vocabulary_stays_frozen() -> None:
+    model = tiny_model()
+    x = torch.tensor([[1, 47, 3, 49, 48, 2]])  # ids 46..49 stand for tokens a chat template added
+    before = model(x, x)[0]
+    add_lora(model, LoraConfig(rank=2), first_new_row=46)
+    torch.testing.assert_close(model(x, x)[0], before)  # the same function, split into frozen and new rows
+    trainable = {name for name, param in model.named_parameters() if param.requires_grad}
+    assert "transformer.wte.extra" in trainable and model.get_parameter("transformer.wte.extra").shape == (4, 32)
+    model(x, x)[1].backward()
+    assert model.get_parameter("transformer.wte.base").grad is None
+    randomise_adapters(model)
+    with torch.no_grad():
+        model.get_parameter("transformer.wte.extra").add_(0.5)
+    grown = model(x, x)[0]
+    merged = merge_lora(model)
+    assert merged.transformer.wte.weight is merged.lm_head.weight  # tied again
+    torch.testing.assert_close(merged(x, x)[0], grown, rtol=1e-5, atol=1e-5)
