@@ -12,6 +12,10 @@ Data placement: step s consumes global micro-batches s*G ... s*G+G-1 (G = gradie
 rank r of N takes the r-th contiguous group of G/N of them (see loader.py). Dropout is seeded per global
 micro-batch. So a run's data and dropout do not depend on how many processes share the work.
 
+Chat data (prepare_data/chat.py) is trained on the same way, from conversations packed into rows
+(gptkit/data/packing.py): only assistant tokens are targets, and a step's loss is their summed loss divided by
+their number over the whole step, all micro-batches and processes, so the gradient is the one big batch's.
+
 The set-up is built once (Run); the numbers the loop changes live in one LoopState that each step of the loop
 takes explicitly. Processes: gptkit/core/distributed.py; what a run prints and logs: gptkit/train/runlog.py.
 """
@@ -34,6 +38,8 @@ from gptkit.core.fileio import atomic_write_json
 from gptkit.core.settings import parse_settings, setting, settings_to_dict
 from gptkit.core.signals import StopRequest
 from gptkit.data import loader
+from gptkit.data.conversations import is_chat_data, open_conversations
+from gptkit.data.packing import PackedBatches, PackedEpoch
 from gptkit.data.tokenizer import padded_vocab_size, read_meta
 from gptkit.eval import hellaswag
 from gptkit.model import GPT, GPTConfig, config_to_dict
@@ -170,26 +176,36 @@ def create_model(cfg: TrainSettings, meta: dict) -> tuple[GPT, dict | None]:
     """The model to train (on CPU) and, for resume, the checkpoint it came from."""
     checkpoint = None
     if cfg.init_from == "scratch":
-        vocab_size = meta["vocab_size"]
-        if cfg.pad_vocab:
-            vocab_size = padded_vocab_size(vocab_size)
-        model = GPT(model_config(cfg, vocab_size))
+        model = GPT(model_config(cfg, data_vocab_size(cfg, meta)))
     elif cfg.init_from == "resume":
         path = Path(cfg.out_dir) / ckpt.LATEST_NAME
         checkpoint = ckpt.load_checkpoint(path, required_keys=ckpt.RESUME_KEYS)
         ckpt.check_same_tokenizer(checkpoint, meta, path)
         weights = checkpoint if cfg.eval_only else ema.trained_weights(checkpoint)  # not the EMA's
         model = model_from_checkpoint(weights, str(path), overrides={"dropout": cfg.dropout})
+    elif ckpt.is_checkpoint_source(cfg.init_from):
+        path = ckpt.resolve_checkpoint(cfg.init_from, "best")
+        base = ckpt.load_checkpoint(path)
+        ckpt.check_base_tokenizer(base, meta, path)
+        model = model_from_checkpoint(base, str(path), overrides={"dropout": cfg.dropout})  # weights, no optimizer
     else:
         model = load_gpt2(cfg.init_from, override_args={"dropout": cfg.dropout})
+        ckpt.check_gpt2_tokenizer(meta, cfg.init_from)
     if cfg.block_size < model.config.block_size:
         model.crop_block_size(cfg.block_size)  # e.g. GPT-2's 1024 positions fine-tuned on shorter windows
     if meta["vocab_size"] > model.config.vocab_size:
-        raise UserError(
-            f"the data's vocab_size ({meta['vocab_size']}) is larger than the model's ({model.config.vocab_size}); "
-            f"init_from={cfg.init_from} cannot read this data's tokens, use data from the model's tokenizer"
-        )
+        if cfg.init_from == "resume" or not is_chat_data(meta):
+            raise UserError(
+                f"the data's vocab_size ({meta['vocab_size']}) is larger than the model's ({model.config.vocab_size}); "
+                f"init_from={cfg.init_from} cannot read this data's tokens, use data from the model's tokenizer"
+            )
+        model.grow_vocabulary(data_vocab_size(cfg, meta))  # the chat template's special tokens
     return model, checkpoint
+
+
+def data_vocab_size(cfg: TrainSettings, meta: dict) -> int:
+    """The model's vocabulary for this data: its vocab_size, rounded up to a multiple of 64 under pad_vocab."""
+    return padded_vocab_size(meta["vocab_size"]) if cfg.pad_vocab else meta["vocab_size"]
 
 
 def build_optimizer(cfg: TrainSettings, model: GPT, device: torch.device) -> torch.optim.Optimizer:
@@ -215,14 +231,15 @@ class Run:
     procs: Processes
     device: torch.device
     meta: dict
-    streams: dict[str, loader.TokenStream]
+    chat: bool  # conversations: packed rows, the loss on assistant tokens only
+    streams: dict[str, Any]  # per split: a loader.TokenStream, or a ConversationSplit for chat data
     model: GPT  # the unwrapped model: saved, counted
     wrapped: torch.nn.Module  # the one to call (DDP, FSDP, torch.compile)
     precision: Any  # the autocast context of forward passes (a no-op in float32)
     optimizer: torch.optim.Optimizer
     average: ema.WeightAverage  # ema_decay's average of the weights (a no-op when off)
     scaler: torch.amp.GradScaler
-    sampler: loader.BatchSampler  # training batches; its position is saved in checkpoints
+    sampler: loader.BatchSampler | PackedBatches  # training batches; its position is saved in checkpoints
     batches: loader.BatchPrefetcher  # the sampler's batches, the next one read while a step computes
     eval_sets: dict[str, loader.FixedBatches]  # the same evaluation batches every time
     tasks: hellaswag.TrainingTasks  # eval_tasks, scored at evaluations
@@ -254,12 +271,14 @@ def set_up(
     dtype = resolve_dtype(cfg.dtype, device)
     data_dir = loader.data_dir_for(cfg.dataset, cfg.data_dir)
     meta = read_meta(data_dir)
-    streams = {split: loader.open_split(data_dir, split, meta) for split in ("train", "val")}  # memory-mapped
+    chat = is_chat_data(meta)
+    open_data = open_conversations if chat else loader.open_split
+    streams = {split: open_data(data_dir, split, meta) for split in ("train", "val")}  # memory-mapped
 
     torch.manual_seed(cfg.seed)  # the same initialisation in every process: FSDP shards are cut from it
     model, checkpoint = create_model(cfg, meta)
     block_size = model.config.block_size
-    for stream in streams.values():
+    for stream in streams.values() if not chat else ():  # packed rows are padded: any conversation fits
         loader.check_stream_fits(stream, block_size, str(data_dir))
     tune_for_training(device, cfg.cpu_threads)  # after initialising: a seed gives the weights it always gave
     wrapped = distributed.parallelize(model, procs, device, cfg.parallel, cfg.compile)
@@ -267,7 +286,7 @@ def set_up(
     optimizer = build_optimizer(cfg, model, device)
     average = ema.for_training(model, cfg.ema_decay, cfg.ema_start, checkpoint)
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
-    sampler = loader.BatchSampler(streams["train"], cfg.batch_size, block_size, cfg.seed, loader.PURPOSE_TRAIN)
+    sampler = make_sampler(streams["train"], cfg.batch_size, block_size, cfg.seed, loader.PURPOSE_TRAIN)
     iter_num, best_val_loss = 0, math.inf
     if checkpoint is not None:
         source = str(Path(cfg.out_dir) / ckpt.LATEST_NAME)
@@ -277,7 +296,7 @@ def set_up(
     held.callback(batches.close)
     eval_sets = {
         split: loader.FixedBatches(
-            loader.BatchSampler(streams[split], cfg.batch_size, block_size, cfg.seed, purpose), cfg.eval_iters
+            make_sampler(streams[split], cfg.batch_size, block_size, cfg.seed, purpose), cfg.eval_iters
         )
         for split, purpose in (("train", loader.PURPOSE_EVAL_TRAIN), ("val", loader.PURPOSE_EVAL_VAL))
     }
@@ -305,6 +324,7 @@ def set_up(
         procs=procs,
         device=device,
         meta=meta,
+        chat=chat,
         streams=streams,
         model=model,
         wrapped=wrapped,
@@ -329,6 +349,15 @@ def set_up(
     return run, LoopState.begin(iter_num, best_val_loss, device)
 
 
+def make_sampler(
+    data: Any, batch_size: int, block_size: int, seed: int, purpose: int
+) -> loader.BatchSampler | PackedBatches:
+    """Batches of a split: random windows of a token stream, or packed rows of conversations (chat data)."""
+    if isinstance(data, loader.TokenStream):
+        return loader.BatchSampler(data, batch_size, block_size, seed, purpose)
+    return PackedBatches(data, batch_size, block_size, seed, purpose)
+
+
 # ----------------------------------------------------------------------------- evaluation and checkpoints
 
 
@@ -339,17 +368,22 @@ def evaluate(run: Run, iter_num: int) -> dict[str, Any]:
             split: loop.mean_loss(run.wrapped, batches, run.precision, run.device, run.procs)
             for split, batches in run.eval_sets.items()
         }
-    val_bpb = loader.bits_per_byte(losses["val"], run.meta["splits"]["val"])
+    # Bits per byte need every token of the text; chat losses count assistant tokens only.
+    val_bpb = None if run.chat else loader.bits_per_byte(losses["val"], run.meta["splits"]["val"])
     return {"iter": iter_num, "train/loss": losses["train"], "val/loss": losses["val"], "val/bpb": val_bpb}
 
 
 def evaluate_full_split(run: Run) -> float:
     """The exact val loss over the whole val split (non-overlapping windows); prints it and returns it."""
-    windows = loader.SplitWindows(run.streams["val"], run.model.config.block_size, run.cfg.batch_size)
+    val, block_size = run.streams["val"], run.model.config.block_size
+    if run.chat:
+        windows, tokens = PackedEpoch(val, block_size, run.cfg.batch_size), len(val.tokens)
+    else:
+        windows, tokens = loader.SplitWindows(val, block_size, run.cfg.batch_size), len(val)
     with run.average.applied():
         loss = loop.mean_loss(run.wrapped, windows, run.precision, run.device, run.procs)
-    bpb = loader.bits_per_byte(loss, run.meta["splits"]["val"])
-    run.log.say(runlog.full_split_line(len(run.streams["val"]), loss, bpb))
+    bpb = None if run.chat else loader.bits_per_byte(loss, run.meta["splits"]["val"])
+    run.log.say(runlog.full_split_line(tokens, loss, bpb))
     return loss
 
 
@@ -408,6 +442,7 @@ def train_step(run: Run, state: LoopState) -> tuple[int, float]:
     cfg, model, wrapped = run.cfg, run.model, run.wrapped
     lr = loop.learning_rate_at(state.iter_num, cfg)
     loop.set_learning_rate(run.optimizer, lr)
+    step_targets = step_target_count(run) if run.chat else None
     first = run.sampler.position + run.procs.rank * run.accumulation
     for micro in range(run.accumulation):
         # This process's next batch: the following micro-batch, or the first of its group in the next step.
@@ -416,10 +451,9 @@ def train_step(run: Run, state: LoopState) -> tuple[int, float]:
         # Dropout follows the data: seeded by the global micro-batch, whichever process draws it.
         torch.manual_seed(loop.seed_for(cfg.seed, loop.DROPOUT_STREAM, first + micro))
         with distributed.gradient_sync(wrapped, model, sync=micro == run.accumulation - 1):
-            with run.precision:
-                _, loss = wrapped(x, y)
-            run.scaler.scale(loss / run.accumulation).backward()
-        state.loss_sum += loss.detach().float()
+            loss, logged = micro_step_loss(run, x, y, step_targets)
+            run.scaler.scale(loss).backward()
+        state.loss_sum += logged
     if cfg.grad_clip > 0:
         run.scaler.unscale_(run.optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -431,6 +465,28 @@ def train_step(run: Run, state: LoopState) -> tuple[int, float]:
     run.average.update(state.iter_num)
     state.first_bad_iter = loop.note_non_finite(state.first_bad_iter, state.loss_sum, step)
     return step, lr
+
+
+def step_target_count(run: Run) -> int:
+    """Chat data: the trained targets of the whole coming step, all its micro-batches in every process. Each
+    process computes it from the packing plan, so no process waits for another."""
+    position, count = run.sampler.position, run.cfg.gradient_accumulation_steps
+    return max(1, sum(run.sampler.counted(index) for index in range(position, position + count)))
+
+
+def micro_step_loss(
+    run: Run, x: torch.Tensor, y: torch.Tensor, step_targets: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One micro-batch's (loss to backpropagate, addition to the logged loss sum, a step adding up to G times its
+    mean). Text: the batch mean over the micro-steps. Chat: the summed loss over the step's trained targets, times
+    the processes (their gradients are averaged), so the step's gradient is the one of all its targets at once."""
+    with run.precision:
+        if step_targets is None:
+            _, loss = run.wrapped(x, y)
+            return loss / run.accumulation, loss.detach().float()
+        _, loss = run.wrapped(x, y, reduction="sum")
+    logged = loss.detach().float() * (run.cfg.gradient_accumulation_steps / step_targets)
+    return loss * (run.procs.world_size / step_targets), logged
 
 
 def log_progress(run: Run, state: LoopState, step: int, lr: float) -> None:

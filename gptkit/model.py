@@ -194,19 +194,21 @@ class GPT(nn.Module):
         return total
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: Any = None
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: Any = None, reduction: str = "mean"
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Take token ids idx (B, T), optional targets (B, T; -1 = ignore) and an optional KV cache
         (gptkit.infer.engine.KVCache, which gives each row's positions and keeps the keys and values of earlier tokens).
 
-        Returns (logits, loss): with targets, logits for every position (B, T, V) and the mean cross-entropy;
-        without, logits for the last position only (B, 1, V) and None.
+        Returns (logits, loss): with targets, logits for every position (B, T, V) and the cross-entropy over the
+        targets that are not -1, their mean or (reduction="sum") their sum; without, logits for the last position
+        only (B, 1, V) and None.
         """
         x = self.hidden_states(idx, cache)
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None  # only the next token's logits are needed
         logits = self.lm_head(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+        flat = logits.view(-1, logits.size(-1)).float()
+        loss = F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1, reduction=reduction)
         return logits, loss
 
     def hidden_states(self, idx: torch.Tensor, cache: Any = None) -> torch.Tensor:
@@ -241,6 +243,25 @@ class GPT(nn.Module):
         if self.config.pos_encoding == "learned":
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
         self._build_position_tables(block_size)
+
+    def grow_vocabulary(self, vocab_size: int) -> None:
+        """Add token rows up to vocab_size (e.g. a chat template's special tokens). Each new row starts at the mean
+        of the existing ones: an average token, so the first steps see no outlier logits or inputs."""
+        old = self.config.vocab_size
+        if vocab_size < old:
+            raise ValueError(f"cannot shrink the vocabulary from {old} to {vocab_size}")
+        for owner, name in ((self.transformer, "wte"), (self, "lm_head")):
+            module = getattr(owner, name)
+            weight = module.weight.detach()
+            grown = torch.cat([weight, weight.mean(dim=0, keepdim=True).expand(vocab_size - old, -1)])
+            module.weight = nn.Parameter(grown.contiguous())
+            if name == "wte":
+                module.num_embeddings = vocab_size
+            else:
+                module.out_features = vocab_size
+        if self.config.tie_embeddings:
+            self.transformer.wte.weight = self.lm_head.weight
+        self.config.vocab_size = vocab_size
 
     def flops_per_token(self) -> float:
         """Training FLOPs per token (forward + backward): 6 per parameter plus the attention score products."""

@@ -1,6 +1,7 @@
 """Chat end to end, through the scripts a user runs: a base model is trained on plain text, conversations teach it a
 skill it does not have (reversing a four-letter word), and greedy replies to held-out words show that it learnt.
 
+Rows of 33 tokens hold one 21-token conversation each, so the small model learns the task at one place in the row.
 The base never saw a conversation, so its exact-match rate on the task is at chance (1 in 4,096); the fine-tuned
 model's replies to words it was never trained on must be nearly all right.
 """
@@ -69,12 +70,20 @@ def test_fine_tuning_teaches_a_skill_the_base_model_lacks(tmp_path: Path) -> Non
     )
     assert run.returncode == 0, run.stderr
     common = {"device": "cpu", "compile": False, "eval_iters": 2, "log_interval": 50, "curves": False}
+    common["gradient_accumulation_steps"] = 1
     run = run_script(
         "train.py",
         *cli_args(
-            **BASE, **common, data_dir=base_data, out_dir=base_out, max_iters=100, batch_size=16, eval_interval=100
+            **BASE,
+            **common,
+            data_dir=base_data,
+            out_dir=base_out,
+            max_iters=60,
+            batch_size=16,
+            eval_interval=60,
+            learning_rate=3e-3,
+            warmup_iters=5,
         ),
-        "--learning_rate=3e-3",
     )
     assert run.returncode == 0, run.stderr
 
@@ -93,12 +102,12 @@ def test_fine_tuning_teaches_a_skill_the_base_model_lacks(tmp_path: Path) -> Non
             init_from=base_out / "best.pt",
             data_dir=chat_data,
             out_dir=chat_out,
-            max_iters=250,
+            max_iters=500,
             batch_size=32,
-            eval_interval=250,
+            eval_interval=500,
             learning_rate=3e-3,
             warmup_iters=10,
-            lr_decay_iters=250,
+            lr_decay_iters=500,
             min_lr=3e-4,
         ),
     )

@@ -65,7 +65,8 @@ def mean_loss(
     device: torch.device,
     procs: Processes,
 ) -> float:
-    """Per-token mean loss over an indexable sequence of (x, y) batches, split round-robin over processes.
+    """Per-token mean loss over an indexable sequence of (x, y) batches, split round-robin over processes; targets
+    of -1 do not count.
 
     `wrapped(x, y)` returns (logits, mean loss); `precision` is the autocast context of forward passes. Every
     process runs the same number of forward passes (FSDP needs that); the padding ones count for nothing. The
@@ -78,9 +79,10 @@ def mean_loss(
         x, y = loader.to_device(*batches[min(index, len(batches) - 1)], device)
         with precision:
             _, loss = wrapped(x, y)
-        if index < len(batches):
-            total += loss.item() * y.numel()
-            count += y.numel()
+        targets = int((y >= 0).sum())  # all of them for text; the assistant's tokens for chat
+        if index < len(batches) and targets:
+            total += loss.item() * targets
+            count += targets
     wrapped.train()
     total, count = reduce_numbers([total, count], device, procs)
     return total / count

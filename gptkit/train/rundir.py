@@ -17,7 +17,10 @@ from types import TracebackType
 from gptkit.core.errors import UserError, describe_os_error
 from gptkit.weights.checkpoint import BEST_NAME, LATEST_NAME
 
-INIT_CHOICES_HELP = "scratch | resume (out_dir/ckpt.pt) | auto (resume if out_dir has a checkpoint) | gpt2* | HF dir"
+INIT_CHOICES_HELP = (
+    "scratch | resume (out_dir/ckpt.pt) | auto (resume if out_dir has a checkpoint) | gpt2* | HF dir | "
+    "a checkpoint file or out_dir to fine-tune from (its weights, a fresh optimizer)"
+)
 
 
 def resolve_init_from(init_from: str, out_dir: str | os.PathLike, overwrite: bool) -> str:

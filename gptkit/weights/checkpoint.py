@@ -219,6 +219,39 @@ def check_same_tokenizer(checkpoint: dict[str, Any], meta: dict[str, Any], path:
         raise UserError(f"{path} was trained with another tokenizer than this data's; use the data it was trained on")
 
 
+def check_base_tokenizer(base: dict[str, Any], meta: dict[str, Any], path: Path) -> None:
+    """UserError unless the data was tokenized as the base checkpoint's training data was. Chat data may add its
+    template's special tokens to a base without them (the rows are added to the model then)."""
+    saved = base.get("tokenizer")
+    if saved is None:
+        return  # an old checkpoint that records no tokenizer: nothing to compare
+    ours = dict(meta["tokenizer"])
+    if "chat" not in saved:
+        ours.pop("chat", None)
+    theirs = {key: value for key, value in saved.items() if key not in ("vocab_size", "eot_token")}
+    if theirs != ours or saved.get("eot_token") != meta.get("eot_token"):
+        raise UserError(
+            f"{path} was trained with another tokenizer than this data's; prepare the data with the base's "
+            f"tokenizer, e.g. prepare_data/chat.py --tokenizer={path.parent}"
+        )
+
+
+def check_gpt2_tokenizer(meta: dict[str, Any], init_from: str) -> None:
+    """UserError when chat data for fine-tuning GPT-2 weights was not tokenized with GPT-2's BPE."""
+    tokenizer = meta["tokenizer"]
+    if "chat" in tokenizer and (tokenizer["kind"] != "tiktoken" or tokenizer.get("encoding") != "gpt2"):
+        raise UserError(
+            f"init_from={init_from} needs data in GPT-2's BPE; prepare it with prepare_data/chat.py --tokenizer=gpt2"
+        )
+
+
+def is_checkpoint_source(init_from: str) -> bool:
+    """Whether --init_from names one of our checkpoints: a file, or a directory holding best.pt or ckpt.pt (a
+    Hugging Face GPT-2 directory holds config.json instead)."""
+    location = Path(init_from)
+    return location.is_file() or any((location / name).is_file() for name in (BEST_NAME, LATEST_NAME))
+
+
 def tokenizer_record(meta: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint stores about its tokenizer: meta.json's tokenizer object plus vocab_size and eot_token.
 
