@@ -4,6 +4,7 @@ python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --max_new_token
 python sample.py --init_from=gpt2 --start="FILE:prompt.txt" --top_p=0.9 --stop="\\n\\n"
 python sample.py --out_dir=out --interactive          # one prompt per line from stdin, until EOF
 python sample.py --init_from=gpt2 --decode=eager      # a backend of your choice (default auto: the fastest here)
+python sample.py --out_dir=out-chat --chat --system="Answer briefly."   # talk with a chat fine-tuned model
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from gptkit.core.devices import Runtime, autocast
 from gptkit.core.errors import UserError, run_cli
 from gptkit.core.settings import parse_settings, setting, setting_list
+from gptkit.data.chat import ChatError
 from gptkit.data.tokenizer import Tokenizer
 from gptkit.infer.decoding import Decoding
 from gptkit.infer.engine import Engine, Request
@@ -27,6 +29,7 @@ from gptkit.model import GPT
 from gptkit.weights.loading import ModelSource, load_for_inference
 
 SEPARATOR = "\n" + "-" * 40 + "\n"
+RESET, EXIT = "/reset", "/exit"  # the chat's two commands
 
 
 @dataclass
@@ -41,6 +44,11 @@ class SampleSettings(ModelSource, Decoding, Runtime):
     stop_at_eot: bool = setting(True, "end a sample at the end-of-text token, when the tokenizer has one")
     interactive: bool = setting(False, "read prompts from stdin, one per line, until end of input")
     stream: bool = setting(True, "print tokens as they are generated (when num_samples is 1)")
+    chat: bool = setting(
+        False,
+        f"talk with a chat fine-tuned model: one message per line, {RESET} starts over, {EXIT} or end of input ends",
+    )
+    system: str = setting("", "--chat: the system message that opens every conversation (empty: none)")
 
     def validate(self) -> None:
         super().validate()
@@ -53,6 +61,8 @@ class SampleSettings(ModelSource, Decoding, Runtime):
             raise UserError(f"--{problem}")
         if any(stop == "" for stop in self.stop):
             raise UserError("--stop needs a non-empty string")
+        if self.chat and (self.num_samples != 1 or self.interactive):
+            raise UserError("--chat answers one message at a time; drop --num_samples and --interactive")
 
 
 def read_prompt(start: str) -> str:
@@ -90,16 +100,31 @@ def generate_samples(
             f"warning: the prompt has {len(ids)} tokens; keeping the last {block} (the context length)", file=sys.stderr
         )
         ids = ids[-block:]
-    generator = torch.Generator(device=device).manual_seed(cfg.seed)  # one for the batch: the samples differ
     stop_tokens = [] if not cfg.stop_at_eot or tokenizer.eot_token is None else [tokenizer.eot_token]
+    if write:
+        write(prompt)
+    return [prompt + text for text in continue_ids(model, tokenizer, ids, stop_tokens, cfg, device, dtype, write)]
+
+
+def continue_ids(
+    model: GPT,
+    tokenizer: Tokenizer,
+    ids: list[int],
+    stop_tokens: list[int],
+    cfg: SampleSettings,
+    device: torch.device,
+    dtype: torch.dtype,
+    write: Callable[[str], None] | None,
+) -> list[str]:
+    """cfg.num_samples continuations of the prompt `ids`, as text (stop strings and stop tokens excluded); sample 0
+    is streamed through `write` when given."""
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)  # one for the batch: the samples differ
     requests = [
         Request(ids, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, stop_tokens, generator=generator)
         for _ in range(cfg.num_samples)
     ]
-    streams = [TextStream(tokenizer, cfg.stop, stop_tokens[0] if stop_tokens else None) for _ in requests]
+    streams = [TextStream(tokenizer, cfg.stop, stop_tokens) for _ in requests]
     stream_of = dict(zip(requests, streams))
-    if write:
-        write(prompt)
     with autocast(device, dtype):
         engine = Engine(model, slots=cfg.num_samples, decode=cfg.decode)  # inside autocast: it computes in dtype
         for made in engine.run(requests):
@@ -112,7 +137,7 @@ def generate_samples(
     tails = [stream.finish() for stream in streams]
     if write:
         write(tails[0])
-    return [prompt + stream.text for stream in streams]
+    return [stream.text for stream in streams]
 
 
 def main(argv: list[str]) -> int:
@@ -125,6 +150,8 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
 
+    if cfg.chat:
+        return chat(model, tokenizer, cfg, device, dtype, write)
     if not cfg.interactive:
         answer(model, tokenizer, read_prompt(cfg.start), cfg, device, dtype, write)
         write("\n")
@@ -156,6 +183,76 @@ def answer(
     samples = generate_samples(model, tokenizer, prompt, cfg, device, dtype, write if streaming else None)
     if not streaming:
         write(SEPARATOR.join(samples))
+
+
+# ----------------------------------------------------------------------------- --chat
+
+
+def chat(
+    model: GPT, tokenizer: Tokenizer, cfg: SampleSettings, device: torch.device, dtype: torch.dtype, write: Callable
+) -> int:
+    """A conversation in the terminal: each line of stdin is a user message, each reply is streamed as it is made
+    and ends at the end of its turn. A message the model cannot take is one line on stderr; the talk goes on."""
+    if tokenizer.chat is None:
+        raise UserError(
+            "this model has no chat template: it was not fine-tuned on conversations (prepare_data/chat.py); "
+            "use --start or --interactive"
+        )
+    history = opening(cfg.system)
+    print(f"chat: type a message and Enter; {RESET} starts over, {EXIT} or Ctrl-D ends", file=sys.stderr, flush=True)
+    for line in sys.stdin:
+        text = line.rstrip("\n")
+        if text.strip() == EXIT:
+            break
+        if text.strip() == RESET:
+            history = opening(cfg.system)
+            print("(a new conversation)", file=sys.stderr, flush=True)
+            continue
+        if not text.strip():
+            continue
+        try:
+            reply = chat_reply(
+                model, tokenizer, [*history, {"role": "user", "content": text}], cfg, device, dtype, write
+            )
+        except UserError as exc:  # e.g. a character the model never saw: this message is dropped, the talk goes on
+            print(f"error: {exc}; type another message", file=sys.stderr, flush=True)
+            continue
+        history.append({"role": "user", "content": text})
+        if reply:  # an empty reply (an immediate end of turn) is no message
+            history.append({"role": "assistant", "content": reply})
+        write("\n")
+    return 0
+
+
+def opening(system: str) -> list[dict[str, str]]:
+    """The messages a conversation starts with: the system message, if any."""
+    return [{"role": "system", "content": system}] if system else []
+
+
+def chat_reply(
+    model: GPT,
+    tokenizer: Tokenizer,
+    messages: list[dict[str, str]],
+    cfg: SampleSettings,
+    device: torch.device,
+    dtype: torch.dtype,
+    write: Callable[[str], None],
+) -> str:
+    """The assistant's next reply to `messages`, streamed through `write`. When the conversation has outgrown the
+    context, its oldest turns (after the system message) are left out of the prompt, and the user is told so."""
+    template, block = tokenizer.chat, model.config.block_size
+    messages = list(messages)
+    try:
+        ids = template.render_prompt(messages, tokenizer)
+        while len(ids) >= block and len(messages) > 1 + (messages[0]["role"] == "system"):
+            del messages[1 if messages[0]["role"] == "system" else 0]
+            ids = template.render_prompt(messages, tokenizer)
+            print("(the conversation is longer than the context: its oldest turn is left out)", file=sys.stderr)
+    except ChatError as exc:
+        raise UserError(str(exc)) from None
+    if len(ids) >= block:
+        raise UserError(f"the message needs {len(ids)} tokens with the template; the context holds {block - 1}")
+    return continue_ids(model, tokenizer, ids, list(template.reply_stops), cfg, device, dtype, write)[0]
 
 
 if __name__ == "__main__":

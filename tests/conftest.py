@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,3 +79,35 @@ def char_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("char_data")
     make_char_data(directory, text=sample_text(20_000))
     return directory
+
+
+# ----------------------------------------------------------------------------- a real browser (the playground)
+
+
+def find_chromium() -> tuple[str, str] | None:
+    """(browser, driver) paths of Debian's chromium and chromium-driver (or Chrome's), or None."""
+    browser = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
+    driver = shutil.which("chromedriver")
+    return (browser, driver) if browser and driver else None
+
+
+@pytest.fixture
+def browser():
+    found = find_chromium()
+    if found is None:
+        pytest.skip(
+            "the playground test needs chromium and chromedriver (Debian: apt-get install chromium "
+            "chromium-driver; `make test` installs them where it can)"
+        )
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = found[0]
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=found[1]), options=options)  # no driver download
+    try:
+        yield driver
+    finally:
+        driver.quit()

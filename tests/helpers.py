@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from gptkit.data.tokenizer import CharTokenizer, write_meta
+from gptkit.data.tokenizer import CharTokenizer, ChatTokenizer, write_meta
 
 REPO = Path(__file__).resolve().parent.parent
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -464,16 +464,21 @@ def reference_greedy(model: Any, prompt: list[int], steps: int) -> list[int]:
 SERVE_TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\nROMEO: Juliet?\n"
 
 
-def lively_char_checkpoint(out_dir: Path, text: str = SERVE_TEXT, seed: int = 0, **shape: int) -> CharTokenizer:
+def lively_char_checkpoint(
+    out_dir: Path, text: str = SERVE_TEXT, seed: int = 0, chat: bool = False, **shape: int
+) -> CharTokenizer | ChatTokenizer:
     """A random char-level GPT (2 layers, 32 wide, 32-token context unless `shape` says otherwise) whose weights are
     large enough that greedy decoding keeps changing characters (GPT-2's small init repeats one), saved with its
-    tokenizer as out_dir/ckpt.pt. Returns the tokenizer."""
+    tokenizer as out_dir/ckpt.pt; with `chat`, the tokenizer has an end-of-text token and the chat template.
+    Returns the tokenizer."""
     import torch
 
     from gptkit.model import GPT, GPTConfig, config_to_dict
     from gptkit.weights.checkpoint import save_checkpoint
 
     tokenizer = CharTokenizer.from_text(text)
+    if chat:
+        tokenizer = ChatTokenizer.extending(CharTokenizer.from_text(text, eot=True))
     torch.manual_seed(seed)
     settings = {"block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 32, "tie_embeddings": False, **shape}
     model = lively_weights(GPT(GPTConfig(vocab_size=tokenizer.vocab_size, **settings)))
@@ -547,3 +552,26 @@ def write_items(path: Path, items: list[Any]) -> Path:
     lines = [json.dumps({"ctx": i.context, "endings": list(i.endings), "label": i.label}) for i in items]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+@contextlib.contextmanager
+def running_app(model: Any, tokenizer: Any, **settings: Any) -> Iterator[str]:
+    """The app for `model` served by uvicorn in a thread on a free loopback port; yields the base URL."""
+    from gptkit.serve.app import ServeSettings, create_app, listen
+
+    cfg = ServeSettings(model_name="m", access_log=False, **settings)
+    app = create_app(model, tokenizer, cfg)
+    sock = listen("127.0.0.1", 0)
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            thread.join(0.02)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()

@@ -205,7 +205,7 @@ def test_streamed_bpe_text_is_valid_utf8_across_split_characters():
     text = "naïve café — 日本語のテキスト 🙂🚀 done"
     ids = tokenizer.encode(text)
     assert any(not _is_complete_utf8(tokenizer.decode_bytes([i])) for i in ids)  # some tokens split characters
-    stream = TextStream(tokenizer, stops=[], eot_token=tokenizer.eot_token)
+    stream = TextStream(tokenizer, stops=[], stop_tokens=[tokenizer.eot_token])
     pieces = [stream.push(i) for i in ids] + [stream.finish()]
     assert "".join(pieces) == text
     assert all("\ufffd" not in piece for piece in pieces)
@@ -213,7 +213,7 @@ def test_streamed_bpe_text_is_valid_utf8_across_split_characters():
 
 def test_stream_holds_back_a_partial_stop_string():
     tokenizer = CharTokenizer(list("abcXY"))
-    stream = TextStream(tokenizer, stops=["XY"], eot_token=None)
+    stream = TextStream(tokenizer, stops=["XY"])
     printed = [stream.push(i) for i in tokenizer.encode("abXcXY")]
     assert "".join(printed) + stream.finish() == "abXc"
     # each character waits one token: it could be the start of "XY"; the final X never prints
@@ -256,3 +256,48 @@ def _is_complete_utf8(data: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+def hand_rendered_prompt(tokenizer, system: str, user: str) -> list[int]:
+    """The chat template written out by hand: begin, each turn as marker + text + end, then the assistant's marker."""
+    marker = tokenizer.chat.special_tokens
+    turn = [marker["<|system|>"], *tokenizer.encode(system), marker["<|end|>"]]
+    turn += [marker["<|user|>"], *tokenizer.encode(user), marker["<|end|>"]]
+    return [tokenizer.eot_token, *turn, marker["<|assistant|>"]]
+
+
+def greedy_reply(out_dir: Path, prompt: list[int], tokenizer, limit: int) -> str:
+    """The reply a plain full forward pass makes greedily, up to a stop token or `limit` tokens."""
+    from gptkit.weights.loading import load_model_and_tokenizer
+    from helpers import reference_greedy
+
+    model, _ = load_model_and_tokenizer("resume", str(out_dir))
+    tokens = reference_greedy(model, prompt, limit)
+    stops = set(tokenizer.chat.reply_stops)
+    cut = next((i for i, token in enumerate(tokens) if token in stops), len(tokens))
+    return tokenizer.decode(tokens[:cut])
+
+
+def test_chat_talks_turn_by_turn_resets_and_survives_a_bad_line(tmp_path):
+    tokenizer = lively_char_checkpoint(tmp_path / "out", chat=True, block_size=128)
+    result = run_script(
+        "sample.py",
+        f"--out_dir={tmp_path / 'out'}",
+        "--chat",
+        "--system=Speak",
+        "--temperature=0",
+        "--max_new_tokens=8",
+        stdin="All:\nZebra ☃\n/reset\nROMEO:\n/exit\nnever read\n",
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    replies = result.stdout.decode().split("\n")
+    first = greedy_reply(tmp_path / "out", hand_rendered_prompt(tokenizer, "Speak", "All:"), tokenizer, 8)
+    second = greedy_reply(tmp_path / "out", hand_rendered_prompt(tokenizer, "Speak", "ROMEO:"), tokenizer, 8)
+    assert replies == [first, second, ""]  # the reset forgot the first exchange; /exit ended the talk
+    errors = [line for line in result.stderr.decode().splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "not in the character vocabulary" in errors[0]
+
+
+def test_chat_with_a_model_without_a_template_is_one_clear_error(trained_char_checkpoint):
+    result = run_script("sample.py", f"--out_dir={trained_char_checkpoint}", "--chat", stdin="hello\n")
+    assert_one_line_error(result.returncode, result.stderr.decode(), "no chat template")

@@ -5,7 +5,6 @@ all traffic goes to 127.0.0.1 on a port the test picks."""
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import threading
 import time
@@ -347,35 +346,6 @@ def test_soak_of_mixed_requests_leaves_the_server_up_with_flat_memory(served):
 
 
 # ----------------------------------------------------------------------------------------------- the playground
-
-
-def find_chromium() -> tuple[str, str] | None:
-    """(browser, driver) paths of Debian's chromium and chromium-driver (or Chrome's), or None."""
-    browser = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
-    driver = shutil.which("chromedriver")
-    return (browser, driver) if browser and driver else None
-
-
-@pytest.fixture
-def browser():
-    found = find_chromium()
-    if found is None:
-        pytest.skip(
-            "the playground test needs chromium and chromedriver (Debian: apt-get install chromium "
-            "chromium-driver; `make test` installs them where it can)"
-        )
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = found[0]
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=found[1]), options=options)  # no driver download
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 def test_playground_streams_text_and_stops_in_a_real_browser(served, browser):

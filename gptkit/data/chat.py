@@ -71,6 +71,13 @@ class ChatTemplate:
         return self.special_tokens[END_OF_TURN]
 
     @property
+    def reply_stops(self) -> tuple[int, ...]:
+        """The ids that end a generated reply: the end of its turn, or a marker that would open another turn (a
+        reply never holds one) and the begin id."""
+        stops = [self.end_of_turn, *self._role_ids.values()]
+        return tuple(stops + ([] if self.begin is None else [self.begin]))
+
+    @property
     def ids(self) -> list[int]:
         """The markers' ids, in SPECIAL_TOKENS order."""
         return [self.special_tokens[marker] for marker in SPECIAL_TOKENS]

@@ -141,7 +141,7 @@ class GPTKitLM(TemplateLM):
                     seed=0,
                 )
             )
-            streams.append(TextStream(self.gpt_tokenizer, until, eot))
+            streams.append(TextStream(self.gpt_tokenizer, until, () if eot is None else (eot,)))
         stream_of = dict(zip(map(id, engine_requests), streams))
         with self._precision():
             engine = Engine(self.model, slots=self.batch_size, decode=self.decode)

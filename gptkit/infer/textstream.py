@@ -6,6 +6,7 @@ sample.py prints what `TextStream.push` returns as tokens come; the server (gptk
 from __future__ import annotations
 
 import codecs
+from collections.abc import Iterable
 
 from gptkit.data.tokenizer import Tokenizer
 
@@ -14,11 +15,12 @@ class TextStream:
     """Turns generated token ids into text for one sample: UTF-8 safe, and cut at the first stop string.
 
     `push` takes the next token id and returns the text that is now safe to print: a multi-byte character split
-    across tokens is held back until complete, and so is any tail that could still become a stop string.
+    across tokens is held back until complete, and so is any tail that could still become a stop string. A stop
+    token (end of text, a chat template's end of turn) ends the sample and is not shown.
     """
 
-    def __init__(self, tokenizer: Tokenizer, stops: list[str], eot_token: int | None) -> None:
-        self.tokenizer, self.stops, self.eot_token = tokenizer, stops, eot_token
+    def __init__(self, tokenizer: Tokenizer, stops: list[str], stop_tokens: Iterable[int] = ()) -> None:
+        self.tokenizer, self.stops, self.stop_tokens = tokenizer, stops, frozenset(stop_tokens)
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.text, self.printed, self.done = "", 0, False
         self.hold_back = max((len(s) for s in stops), default=1) - 1
@@ -26,7 +28,7 @@ class TextStream:
     def push(self, token: int) -> str:
         if self.done:
             return ""
-        if token == self.eot_token:
+        if token in self.stop_tokens:
             return self.finish()
         self.text += self.decoder.decode(self.tokenizer.decode_bytes([token]))
         positions = [self.text.find(stop, max(0, self.printed - self.hold_back)) for stop in self.stops]

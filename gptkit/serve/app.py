@@ -20,7 +20,7 @@ import hmac
 import ipaddress
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -38,13 +38,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gptkit.core.devices import Runtime
 from gptkit.core.errors import UserError
 from gptkit.core.settings import setting
+from gptkit.data.chat import ChatError
 from gptkit.data.tokenizer import Tokenizer
 from gptkit.infer import engine, next_token
 from gptkit.infer.decoding import Decoding
 from gptkit.infer.textstream import TextStream
 from gptkit.serve import openai_api as api
 from gptkit.serve.batcher import Batcher, Job, ServerBusyError
-from gptkit.serve.openai_api import APIError, CompletionRequest, error_response
+from gptkit.serve.openai_api import APIError, ChatCompletionRequest, CompletionRequest, error_response
 from gptkit.weights.loading import ModelSource
 
 
@@ -177,7 +178,14 @@ class Service:
         return HTMLResponse(self.playground, headers={"Cache-Control": "no-cache"})
 
     async def health(self) -> dict[str, Any]:
-        return {"status": "ok", "model": self.name, "context_length": self.block_size, **self.batcher.stats()}
+        chat = self.tokenizer.chat is not None
+        return {
+            "status": "ok",
+            "model": self.name,
+            "context_length": self.block_size,
+            "chat": chat,
+            **self.batcher.stats(),
+        }
 
     def model_card(self) -> dict[str, Any]:
         return {
@@ -186,6 +194,7 @@ class Service:
             "created": self.created,
             "owned_by": "gpt-toolkit",
             "context_length": self.block_size,
+            "chat": self.tokenizer.chat is not None,  # whether /v1/chat/completions can answer
         }
 
     async def list_models(self) -> dict[str, Any]:
@@ -209,7 +218,52 @@ class Service:
                 "unsupported_parameter",
             )
         prompts = [await run_in_threadpool(self.encode, prompt) for prompt in self.prompt_list(body)]
-        jobs = self.make_jobs(body, prompts)
+        eot = self.tokenizer.eot_token
+        jobs = self.make_jobs(body, prompts, () if eot is None else (eot,))
+        self.submit(jobs)
+        head = {**api.completion_id(), "model": self.name}
+        prompt_tokens = sum(len(ids) for ids in prompts)
+        if body.stream:
+            events = self.stream(jobs, head, prompt_tokens, body.stream_options, api.choice)
+            return JobStream(events, jobs, self.batcher)
+        return await self.collect(jobs, head, prompt_tokens, request, api.choice)
+
+    async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
+        """A chat completion: the messages rendered with the model's chat template, the reply decoded up to the end
+        of its turn on the same batcher as completions."""
+        await self.get_model(body.model)
+        unsupported = body.unsupported()
+        if unsupported:
+            raise APIError(
+                400,
+                f"{unsupported} is not supported by this server; leave it out",
+                unsupported,
+                "unsupported_parameter",
+            )
+        template = self.tokenizer.chat
+        if template is None:
+            raise APIError(
+                400,
+                "this model has no chat template (it was not fine-tuned on conversations); use /v1/completions",
+                "messages",
+                "model_not_chat",
+            )
+        try:
+            ids = await run_in_threadpool(template.render_prompt, body.message_dicts(), self.tokenizer)
+        except (ChatError, UserError, UnicodeError) as exc:  # a wrong role, empty content, a character never seen
+            raise APIError(400, f"messages: {exc}", "messages") from None
+        ids = self.fit_context(ids)
+        jobs = self.make_jobs(body, [ids], template.reply_stops)
+        self.submit(jobs)
+        if body.stream:
+            head = {**api.chat_completion_id(streamed=True), "model": self.name}
+            events = self.stream(jobs, head, len(ids), body.stream_options, api.chat_delta)
+            return JobStream(events, jobs, self.batcher)
+        head = {**api.chat_completion_id(streamed=False), "model": self.name}
+        return await self.collect(jobs, head, len(ids), request, api.chat_choice)
+
+    def submit(self, jobs: list[Job]) -> None:
+        """Queue the jobs on the batcher, or answer 429 when it is full."""
         try:
             self.batcher.submit(jobs)
         except ServerBusyError as exc:
@@ -221,12 +275,6 @@ class Service:
                 "rate_limit_error",
                 {"Retry-After": str(self.cfg.retry_after)},
             ) from None
-        head = {**api.completion_id(), "model": self.name}
-        prompt_tokens = sum(len(ids) for ids in prompts)
-        if body.stream:
-            events = self.stream(jobs, head, prompt_tokens, body.stream_options)
-            return JobStream(events, jobs, self.batcher)
-        return await self.collect(jobs, head, prompt_tokens, request)
 
     def prompt_list(self, body: CompletionRequest) -> list[str | list[int]]:
         prompt = body.prompt
@@ -250,6 +298,10 @@ class Service:
                 raise APIError(400, f"prompt token ids must be in [0, {self.tokenizer.vocab_size})", "prompt")
         if not ids:
             raise APIError(400, "prompt is empty and this model has no end-of-text token to start from", "prompt")
+        return self.fit_context(ids)
+
+    def fit_context(self, ids: list[int]) -> list[int]:
+        """A prompt longer than the context: cut to its last block_size tokens, or refused, as --long_prompts says."""
         if len(ids) > self.block_size:
             if self.cfg.long_prompts == "refuse":
                 raise APIError(
@@ -261,10 +313,14 @@ class Service:
             ids = ids[-self.block_size :]
         return ids
 
-    def make_jobs(self, body: CompletionRequest, prompts: list[list[int]]) -> list[Job]:
-        """One job per choice: prompt i's j-th choice has index i * n + j and, with a seed, seed + j."""
+    def make_jobs(
+        self, body: CompletionRequest | ChatCompletionRequest, prompts: list[list[int]], stop_tokens: tuple[int, ...]
+    ) -> list[Job]:
+        """One job per choice: prompt i's j-th choice has index i * n + j and, with a seed, seed + j. Each ends at
+        one of `stop_tokens` (end of text; a chat's end of turn), at a stop string, or at its token budget."""
         cfg, n = self.cfg, body.n or 1
-        max_tokens = min(cfg.default_max_tokens, cfg.max_tokens) if body.max_tokens is None else body.max_tokens
+        budget = body.token_budget
+        max_tokens = min(cfg.default_max_tokens, cfg.max_tokens) if budget is None else budget
         if max_tokens > cfg.max_tokens:
             raise APIError(
                 400, f"max_tokens is {max_tokens}; this server allows at most {cfg.max_tokens}", "max_tokens"
@@ -278,16 +334,15 @@ class Service:
         problem = next_token.sampling_problem(temperature, body.top_k, top_p)
         if problem:
             raise APIError(400, problem, problem.split()[0])
-        stops, eot = body.stops(), self.tokenizer.eot_token
+        stops = body.stops()
         events, loop = asyncio.Queue(), asyncio.get_running_loop()
         jobs = []
         for i, ids in enumerate(prompts):
             for j in range(n):
                 seed = None if body.seed is None else (body.seed + j) % (api.SEED_RANGE[1] + 1)
-                request = engine.Request(
-                    ids, max_tokens, temperature, body.top_k, top_p, () if eot is None else (eot,), seed=seed
-                )
-                jobs.append(Job(request, TextStream(self.tokenizer, stops, eot), events, loop, index=i * n + j))
+                request = engine.Request(ids, max_tokens, temperature, body.top_k, top_p, stop_tokens, seed=seed)
+                stream = TextStream(self.tokenizer, stops, stop_tokens)
+                jobs.append(Job(request, stream, events, loop, index=i * n + j))
         return jobs
 
     async def events(self, jobs: list[Job]) -> AsyncIterator[dict[int, tuple[str, str | None]]]:
@@ -305,20 +360,26 @@ class Service:
                 running -= reason is not None
             yield merged
 
-    async def stream(self, jobs: list[Job], head: dict, prompt_tokens: int, options: Any) -> AsyncIterator[bytes]:
-        """The server-sent events of a streamed completion: a chunk per choice with new text, then `[DONE]`."""
+    async def stream(
+        self, jobs: list[Job], head: dict, prompt_tokens: int, options: Any, make_choice: Callable
+    ) -> AsyncIterator[bytes]:
+        """The server-sent events of a streamed completion: a chunk per choice with new text (made by
+        `make_choice`: text, or a chat delta after a first chunk naming the role), then `[DONE]`."""
         every_chunk = bool(options and options.continuous_usage_stats)
 
         def counts() -> dict[str, int]:
             return api.usage(prompt_tokens, sum(job.completion_tokens for job in jobs))
 
         try:
+            if make_choice is api.chat_delta:
+                for job in jobs:
+                    yield api.sse({**head, "choices": [api.chat_role_delta(job.index)]})
             async for merged in self.events(jobs):
                 for index, (text, reason) in sorted(merged.items()):
                     if reason == "error":
                         yield api.sse({"error": {"message": text, "type": "server_error", "param": None, "code": None}})
                         continue
-                    chunk = {**head, "choices": [api.choice(index, text, reason)]}
+                    chunk = {**head, "choices": [make_choice(index, text, reason)]}
                     yield api.sse({**chunk, "usage": counts()} if every_chunk else chunk)
             if options and (options.include_usage or every_chunk):
                 yield api.sse({**head, "choices": [], "usage": counts()})
@@ -326,7 +387,9 @@ class Service:
         finally:  # also when the client went away: Starlette cancels this generator, and its jobs stop
             self.batcher.cancel(jobs)
 
-    async def collect(self, jobs: list[Job], head: dict, prompt_tokens: int, request: Request) -> Response:
+    async def collect(
+        self, jobs: list[Job], head: dict, prompt_tokens: int, request: Request, make_choice: Callable
+    ) -> Response:
         texts, reasons = [""] * len(jobs), [None] * len(jobs)
 
         async def gather() -> None:
@@ -346,7 +409,7 @@ class Service:
             return Response(status_code=499)  # the client closed the connection: nobody reads this
         if "error" in reasons:
             raise APIError(500, texts[reasons.index("error")])
-        choices = [api.choice(index, text, reason) for index, (text, reason) in enumerate(zip(texts, reasons))]
+        choices = [make_choice(index, text, reason) for index, (text, reason) in enumerate(zip(texts, reasons))]
         completion_tokens = sum(job.completion_tokens for job in jobs)
         return JSONResponse({**head, "choices": choices, "usage": api.usage(prompt_tokens, completion_tokens)})
 
@@ -383,6 +446,7 @@ def create_app(
     app.add_api_route("/v1/models", service.list_models, methods=["GET"])
     app.add_api_route("/v1/models/{model:path}", service.get_model, methods=["GET"])
     app.add_api_route("/v1/completions", service.completions, methods=["POST"])
+    app.add_api_route("/v1/chat/completions", service.chat_completions, methods=["POST"])
     app.add_exception_handler(APIError, lambda request, exc: exc.response())
     app.add_exception_handler(RequestValidationError, lambda request, exc: api.validation_error(exc).response())
     app.add_exception_handler(HTTPException, http_error)

@@ -1,6 +1,6 @@
-"""The OpenAI completions wire format: the request body, the error body, and the response and stream chunks.
+"""The OpenAI completions and chat completions wire format: request bodies, the error body, responses and chunks.
 
-Only what the server speaks: `POST /v1/completions` bodies are checked by pydantic in strict mode (a string is never
+Only what the server speaks: `POST /v1/completions` and `/v1/chat/completions` bodies are checked by pydantic in strict mode (a string is never
 taken for a number, nor a float for an integer); every error, whatever raised it, is answered as OpenAI answers:
 `{"error": {"message", "type", "param", "code"}}` with a 4xx status (5xx only for the server's own failures).
 """
@@ -103,12 +103,99 @@ class CompletionRequest(BaseModel):
         return next((name for name, on in asked.items() if on), None)
 
     def stops(self) -> list[str]:
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if len(stops) > MAX_STOPS:
-            raise APIError(400, f"stop takes at most {MAX_STOPS} strings, got {len(stops)}", "stop")
-        if any(stop == "" for stop in stops):
-            raise APIError(400, "stop strings must not be empty", "stop")
-        return stops
+        return stop_list(self.stop)
+
+    @property
+    def token_budget(self) -> int | None:
+        return self.max_tokens
+
+
+def stop_list(stop: str | list[str] | None) -> list[str]:
+    """A request's stop strings as a list; APIError for too many or an empty one."""
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stops) > MAX_STOPS:
+        raise APIError(400, f"stop takes at most {MAX_STOPS} strings, got {len(stops)}", "stop")
+    if any(item == "" for item in stops):
+        raise APIError(400, "stop strings must not be empty", "stop")
+    return stops
+
+
+class ContentPart(BaseModel):
+    """One part of a message's content list; only text parts can be read by a text model."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(BaseModel):
+    """The body of POST /v1/chat/completions: OpenAI's fields (`max_completion_tokens`, and the older `max_tokens`),
+    `top_k` as an extension. Fields this server cannot honour (logprobs, penalties, logit_bias, tools,
+    response_format) are refused, never silently ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    model: str
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=1)
+    n: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    tools: list[dict] | None = None
+    response_format: dict | None = None
+    user: str | None = None
+
+    def unsupported(self) -> str | None:
+        """The first field set to something this server cannot do, or None."""
+        asked = {
+            "logprobs": bool(self.logprobs) or self.top_logprobs is not None,
+            "presence_penalty": bool(self.presence_penalty),
+            "frequency_penalty": bool(self.frequency_penalty),
+            "logit_bias": bool(self.logit_bias),
+            "tools": bool(self.tools),
+            "response_format": self.response_format not in (None, {"type": "text"}),
+        }
+        return next((name for name, on in asked.items() if on), None)
+
+    def stops(self) -> list[str]:
+        return stop_list(self.stop)
+
+    @property
+    def token_budget(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def message_dicts(self) -> list[dict[str, str]]:
+        """The messages as {role, content} with a content list's text parts joined; APIError for other parts."""
+        messages = []
+        for index, message in enumerate(self.messages):
+            content = message.content
+            if isinstance(content, list):
+                other = next((part.type for part in content if part.type != "text" or part.text is None), None)
+                if other is not None:
+                    raise APIError(
+                        400, f"messages[{index}]: only text content parts are read, not {other!r}", "messages"
+                    )
+                content = "".join(part.text for part in content)
+            messages.append({"role": message.role, "content": content})
+        return messages
 
 
 def validation_error(exc: RequestValidationError) -> APIError:
@@ -137,8 +224,30 @@ def completion_id() -> dict[str, Any]:
     return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time())}
 
 
+def chat_completion_id(streamed: bool) -> dict[str, Any]:
+    """The same for a chat completion: its response, or (streamed) its chunks."""
+    kind = "chat.completion.chunk" if streamed else "chat.completion"
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": kind, "created": int(time.time())}
+
+
 def choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
     return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+
+def chat_choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    message = {"role": "assistant", "content": text}
+    return {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason}
+
+
+def chat_delta(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    """A streamed chat choice: new text as a delta (none in the last chunk, which carries the finish reason)."""
+    delta = {"content": text} if text or finish_reason is None else {}
+    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+def chat_role_delta(index: int) -> dict[str, Any]:
+    """A streamed chat choice's first chunk: who speaks."""
+    return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -3,41 +3,17 @@ streaming of BPE text, batched prefill, settings checks. Servers run with uvicor
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
-from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from gptkit.core.errors import UserError
 from gptkit.data.tokenizer import CharTokenizer, TiktokenTokenizer
 from gptkit.infer.engine import Engine, Request
-from gptkit.model import GPT
-from gptkit.serve.app import ServeSettings, create_app, is_loopback, listen
-from helpers import SERVE_TEXT, count_native_steps, get_json, lively_model
-
-
-@contextlib.contextmanager
-def running_app(model: GPT, tokenizer, **settings) -> Iterator[str]:
-    """The app for `model` served by uvicorn in a thread on a free loopback port; yields the base URL."""
-    cfg = ServeSettings(model_name="m", access_log=False, **settings)
-    app = create_app(model, tokenizer, cfg)
-    sock = listen("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            thread.join(0.02)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+from gptkit.serve.app import ServeSettings, is_loopback
+from helpers import SERVE_TEXT, count_native_steps, get_json, lively_model, running_app
 
 
 def wait_for_health(base: str, timeout: float = 10, **expected: int) -> dict:
