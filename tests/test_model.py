@@ -217,3 +217,18 @@ def test_compiled_model_matches_eager_loss_and_gradients():
     loss_compiled.backward()
     for (name, a), (_, b) in zip(eager.named_parameters(), compiled_copy.named_parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_grown_token_rows_start_at_the_mean_and_stay_tied() -> None:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=8, vocab_size=10))
+    old = model.transformer.wte.weight.detach().clone()
+    x = torch.tensor([[1, 2, 3]])
+    before = model(x, x)[0]
+    model.grow_vocabulary(14)
+    weight = model.transformer.wte.weight
+    assert weight is model.lm_head.weight and weight.shape == (14, 8) and model.config.vocab_size == 14
+    torch.testing.assert_close(weight[:10], old)
+    for row in range(10, 14):
+        torch.testing.assert_close(weight[row], old.double().mean(dim=0).float())
+    torch.testing.assert_close(model(x, x)[0][..., :10], before)  # the old tokens' logits are unchanged

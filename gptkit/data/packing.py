@@ -152,8 +152,7 @@ class PackedBatches:
                 tokens[row, filled : filled + take] = self.split.tokens.read_windows(start, take)[0]
                 mask[row, filled : filled + take] = self.split.mask.read_windows(start, take)[0]
                 filled += take
-        targets = np.where(mask[:, 1:] > 0, tokens[:, 1:], -1)
-        return torch.from_numpy(tokens[:, :-1].copy()), torch.from_numpy(targets)
+        return torch.from_numpy(tokens[:, :-1].copy()), torch.from_numpy(masked_targets(tokens, mask))
 
     def padding_share(self) -> float:
         """The share of epoch 0's row positions that hold padding."""
@@ -171,6 +170,12 @@ class PackedBatches:
         self.seed, self.purpose, self.position = int(state["seed"]), int(state["purpose"]), int(state["position"])
         with self._planning:
             self._plans, self._epoch_starts = {}, [0]
+
+
+def masked_targets(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """The targets of rows of tokens (each next token), -1 wherever the loss mask is 0: those are never learnt,
+    whatever token they hold."""
+    return np.where(mask[:, 1:] > 0, rows[:, 1:], -1)
 
 
 def _trained_per_conversation(split: ConversationSplit, row_tokens: int, chunk: int = 1 << 24) -> np.ndarray:

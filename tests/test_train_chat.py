@@ -1,0 +1,172 @@
+"""train.py on chat data: the step's gradient is the one of all its trained tokens at once (however the step is split
+into micro-batches and processes), fine-tuning a base checkpoint into a new run with the template's new token rows,
+exact resume, and DDP against one process."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import train
+from data.test_packing import write_chat_data
+from gptkit.data.conversations import open_conversations
+from gptkit.data.packing import PackedBatches
+from gptkit.data.prepare.writer import write_dataset
+from gptkit.data.tokenizer import CharTokenizer
+from gptkit.model import GPT, GPTConfig
+from gptkit.weights import checkpoint as ckpt
+from helpers import REPO, assert_script_error, clean_env, cli_args, run_script
+
+RUN = {
+    "device": "cpu",
+    "compile": False,
+    "n_layer": 2,
+    "n_head": 2,
+    "n_embd": 32,
+    "block_size": 63,
+    "batch_size": 2,
+    "gradient_accumulation_steps": 4,
+    "dropout": 0.0,
+    "eval_interval": 3,
+    "eval_iters": 2,
+    "log_interval": 1,
+    "learning_rate": 3e-3,
+    "warmup_iters": 2,
+    "lr_decay_iters": 6,
+    "curves": False,
+}
+
+
+def write_text_data(directory: Path, text: str) -> None:
+    """Plain text data whose character tokenizer has an end-of-text token, as prepare_data/corpus.py writes."""
+    tokenizer = CharTokenizer.from_text(text, eot=True)
+    ids = tokenizer.encode_array(text)
+    cut = len(ids) * 9 // 10
+    write_dataset(directory, tokenizer, {"train": (ids[:cut], cut, 1), "val": (ids[cut:], len(ids) - cut, 1)}, {})
+
+
+def step_gradients(model: GPT, batches: PackedBatches, indices: list[int], world_size: int) -> dict:
+    """The gradients one process accumulates over micro-batches `indices` of a step, through train.py's own loss."""
+    model.zero_grad()
+    total = sum(batches.counted(i) for i in range(4))  # the whole step: micro-batches 0..3
+    run = SimpleNamespace(
+        precision=contextlib.nullcontext(),
+        wrapped=model,
+        cfg=SimpleNamespace(gradient_accumulation_steps=4),
+        procs=SimpleNamespace(world_size=world_size),
+        accumulation=len(indices),
+    )
+    for index in indices:
+        loss, _ = train.micro_step_loss(run, *batches.batch(index), total)
+        loss.backward()
+    return {name: param.grad.clone() for name, param in model.named_parameters()}
+
+
+def test_a_step_gives_the_gradient_of_all_its_trained_tokens_at_once(tmp_path: Path) -> None:
+    tokenizer = write_chat_data(tmp_path / "data")
+    batches = PackedBatches(open_conversations(tmp_path / "data", "train"), 2, 63, seed=1)
+    counts = [batches.counted(i) for i in range(4)]
+    assert len(set(counts)) > 1  # micro-batches of different sizes: a mean of their means would differ
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=63, vocab_size=tokenizer.vocab_size, dropout=0.0)
+    model = GPT(config).double()
+    reference = copy.deepcopy(model)
+    x = torch.cat([batches.batch(i)[0] for i in range(4)])
+    y = torch.cat([batches.batch(i)[1] for i in range(4)])
+    logits, _ = reference(x, y)
+    (F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-1, reduction="sum") / (y >= 0).sum()).backward()
+    expected = {name: param.grad for name, param in reference.named_parameters()}
+
+    one_process = step_gradients(model, batches, [0, 1, 2, 3], world_size=1)
+    # Two processes take two micro-batches each; DDP averages their gradients.
+    rank0 = step_gradients(model, batches, [0, 1], world_size=2)
+    rank1 = step_gradients(model, batches, [2, 3], world_size=2)
+    for name, grad in expected.items():
+        torch.testing.assert_close(one_process[name], grad, rtol=1e-4, atol=1e-8)  # the model takes its loss in float32
+        torch.testing.assert_close(
+            (rank0[name] + rank1[name]) / 2, grad, rtol=1e-4, atol=1e-8
+        )  # the model takes its loss in float32
+
+
+@pytest.fixture(scope="module")
+def base_and_chat(tmp_path_factory) -> tuple[Path, Path]:
+    """A base checkpoint trained on plain text over the chat data's characters, and chat data with its tokenizer."""
+    root = tmp_path_factory.mktemp("chat")
+    write_text_data(root / "text", "abcdefgh " * 400)
+    base = root / "base"
+    args = {**RUN, "max_iters": 3, "eval_interval": 3, "gradient_accumulation_steps": 1}
+    result = run_script("train.py", *cli_args(**args, data_dir=root / "text", out_dir=base))
+    assert result.returncode == 0, result.stderr
+    write_chat_data(root / "chat")
+    return base, root / "chat"
+
+
+def test_fine_tuning_a_base_checkpoint_adds_the_template_rows_and_starts_afresh(base_and_chat, tmp_path) -> None:
+    base, chat = base_and_chat
+    result = run_script(
+        "train.py", *cli_args(**RUN, max_iters=3, init_from=base, data_dir=chat, out_dir=tmp_path / "o")
+    )
+    assert result.returncode == 0, result.stderr
+    tuned = ckpt.load_checkpoint(tmp_path / "o" / "ckpt.pt")
+    start = ckpt.load_checkpoint(base / "best.pt")
+    assert tuned["iter_num"] == 3 and tuned["tokenizer"]["chat"]["template"] == "gptkit-chat-1"
+    rows = start["model"]["transformer.wte.weight"].shape[0]
+    assert tuned["model"]["transformer.wte.weight"].shape[0] == rows + 4  # the template's four markers
+    assert "val/bpb" not in result.stdout
+
+
+def test_a_chat_run_resumes_exactly(base_and_chat, tmp_path) -> None:
+    base, chat = base_and_chat
+    common = {**RUN, "data_dir": chat}
+    straight = run_script("train.py", *cli_args(**common, max_iters=6, init_from=base, out_dir=tmp_path / "a"))
+    assert straight.returncode == 0, straight.stderr
+    first = run_script("train.py", *cli_args(**common, max_iters=3, init_from=base, out_dir=tmp_path / "b"))
+    assert first.returncode == 0, first.stderr
+    rest = run_script("train.py", *cli_args(**common, max_iters=6, init_from="resume", out_dir=tmp_path / "b"))
+    assert rest.returncode == 0, rest.stderr
+    a = ckpt.load_checkpoint(tmp_path / "a" / "ckpt.pt")["model"]
+    b = ckpt.load_checkpoint(tmp_path / "b" / "ckpt.pt")["model"]
+    assert all(torch.equal(a[key], b[key]) for key in a)
+
+
+def test_chat_data_of_another_tokenizer_is_one_clear_error(tmp_path) -> None:
+    write_chat_data(tmp_path / "other")
+    write_text_data(tmp_path / "text", "xyz " * 400)  # a base over other characters
+    other_base = tmp_path / "other_base"
+    args = {**RUN, "max_iters": 1, "eval_interval": 1, "gradient_accumulation_steps": 1}
+    assert run_script("train.py", *cli_args(**args, data_dir=tmp_path / "text", out_dir=other_base)).returncode == 0
+    result = run_script(
+        "train.py", *cli_args(**RUN, init_from=other_base, data_dir=tmp_path / "other", out_dir=tmp_path / "o")
+    )
+    assert_script_error(result, "another tokenizer", "prepare_data/chat.py --tokenizer=")
+
+
+def test_ddp_on_chat_data_matches_one_process(base_and_chat, tmp_path) -> None:
+    base, chat = base_and_chat
+    args = cli_args(**RUN, max_iters=3, init_from=base, data_dir=chat)
+    single = run_script("train.py", *args, f"--out_dir={tmp_path / 'one'}")
+    assert single.returncode == 0, single.stderr
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(REPO / "train.py"),
+    ]
+    ddp = subprocess.run(
+        [*launcher, *args, f"--out_dir={tmp_path / 'two'}"], cwd=REPO, env=clean_env(), capture_output=True, text=True
+    )
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    one = ckpt.load_checkpoint(tmp_path / "one" / "ckpt.pt")["model"]
+    two = ckpt.load_checkpoint(tmp_path / "two" / "ckpt.pt")["model"]
+    for key in one:
+        torch.testing.assert_close(one[key], two[key], atol=1e-5, rtol=1e-4)
