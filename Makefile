@@ -63,6 +63,8 @@ bench: $(VENV)/.test
 	$(PY) benchmarks/bench.py quality --config=config/train_shakespeare_char_cpu.py --config=config/train_shakespeare_char_cpu_best.py
 	$(PY) benchmarks/bench_prepare.py --json_out=bench_results/prepare.json
 	$(PY) benchmarks/bench_serve.py --json_out=bench_results/serve.json
+	$(PY) benchmarks/bench_serve.py --chat=True --json_out=bench_results/serve_chat.json
+	$(PY) benchmarks/bench_chat.py --json_out=bench_results/chat.json
 
 clean-venv:
 	rm -rf $(VENV)

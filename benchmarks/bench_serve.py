@@ -1,6 +1,7 @@
 """Serving benchmark: serve.py with a GPT-2 124M-shaped model (random weights), many clients at once vs one at a time.
 
     python benchmarks/bench_serve.py [--clients=16 --new_tokens=128 --device=cpu --json_out=bench_results/serve.json]
+    python benchmarks/bench_serve.py --chat   # chat clients on /v1/chat/completions (a chat template's model)
 
 It writes the model as a checkpoint (GPT-2 BPE tokenizer), starts `serve.py` on a free 127.0.0.1 port, and measures,
 with streaming HTTP clients in this process (one thread each):
@@ -30,7 +31,7 @@ import torch
 
 from gptkit.core.errors import UserError, run_cli
 from gptkit.core.settings import parse_settings, setting
-from gptkit.data.tokenizer import make_tokenizer
+from gptkit.data.tokenizer import ChatTokenizer, make_tokenizer
 from gptkit.model import GPT, GPTConfig, config_to_dict
 from gptkit.weights.checkpoint import save_checkpoint
 from measure import print_table, run_benchmark
@@ -56,11 +57,15 @@ class ServeBench:
     threads: int = setting(0, "the server's --threads (0 = torch's default: one per core)", rule="non_negative")
     work_dir: str = setting("bench_results/serve_model", "where the model's checkpoint and the server log go")
     json_out: str = setting("bench_results/serve.json", "where to write the JSON results ('' = nowhere)")
+    chat: bool = setting(False, "chat clients (/v1/chat/completions) and a model with the chat template's tokens")
 
 
 def write_model(cfg: ServeBench) -> Path:
-    """A random model of the benchmark's shape, saved as a checkpoint that records GPT-2's BPE tokenizer."""
+    """A random model of the benchmark's shape, saved as a checkpoint that records GPT-2's BPE tokenizer (with the
+    chat template for --chat)."""
     tokenizer = make_tokenizer("gpt2")
+    if cfg.chat:
+        tokenizer = ChatTokenizer.extending(tokenizer)
     torch.manual_seed(0)
     config = GPTConfig(
         vocab_size=tokenizer.vocab_size,
@@ -131,17 +136,20 @@ def stream(port: int, max_tokens: int, seed: int, cfg: ServeBench, first: thread
     """One streamed completion; returns its completion tokens, time to the first text and total seconds."""
     body = {
         "model": "bench",
-        "prompt": PROMPT,
-        "max_tokens": max_tokens,
         "temperature": cfg.temperature,
         "top_k": cfg.top_k,
         "seed": seed,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if cfg.chat:
+        body.update(messages=[{"role": "user", "content": PROMPT}], max_completion_tokens=max_tokens)
+    else:
+        body.update(prompt=PROMPT, max_tokens=max_tokens)
+    path = "/v1/chat/completions" if cfg.chat else "/v1/completions"
     start = time.perf_counter()
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
     response = connection.getresponse()
     if response.status != 200:
         raise UserError(f"the server answered {response.status}: {response.read()[:200]!r}")
@@ -152,7 +160,7 @@ def stream(port: int, max_tokens: int, seed: int, cfg: ServeBench, first: thread
         chunk = json.loads(line[6:])
         if chunk.get("usage"):
             tokens = chunk["usage"]["completion_tokens"]
-        if ttft is None and any(c["text"] for c in chunk["choices"]):
+        if ttft is None and any(c.get("text") or c.get("delta", {}).get("content") for c in chunk["choices"]):
             ttft = time.perf_counter() - start
             if first is not None:
                 first.set()

@@ -23,3 +23,12 @@ def test_smoke_run_measures_both_phases_and_first_tokens(tmp_path: Path) -> None
     assert all({"tokens_per_s", "median_ttft_ms"} <= set(row) for row in report["results"][:2])
     assert all("median_ttft_ms" in row for row in report["results"][2:])
     assert sorted(p.name for p in work.iterdir()) == ["server.log"]  # the random weights are deleted
+
+
+def test_smoke_run_of_chat_clients(tmp_path: Path) -> None:
+    out, work = tmp_path / "serve.json", tmp_path / "work"
+    args = ["--chat=True", f"--work_dir={work}", f"--json_out={out}"]
+    result = run_script("benchmarks/bench_serve.py", *TINY, *TINY_MODEL, *args)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out.read_text())["results"]
+    assert rows[0]["mode"] == "one at a time" and rows[0]["tokens"] > 0 and rows[1]["tokens"] > 0
