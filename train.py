@@ -51,6 +51,17 @@ from gptkit.train.runlog import RunLog
 from gptkit.weights import checkpoint as ckpt
 from gptkit.weights.checkpoint import model_from_checkpoint
 from gptkit.weights.hf_gpt2 import load_gpt2
+from gptkit.weights.lora import (
+    BASE_WEIGHTS,
+    TARGETS,
+    LoraConfig,
+    adapter_state,
+    add_lora,
+    base_reference,
+    lora_record,
+    model_of_checkpoint,
+    model_with_adapters,
+)
 
 # ----------------------------------------------------------------------------- settings
 
@@ -102,6 +113,16 @@ class TrainSettings(Runtime):
     qk_norm: bool = setting(False, "RMS-normalise queries and keys")
     tie_embeddings: bool = setting(True, "share the token embedding with the output head")
     pad_vocab: bool = setting(False, "round vocab_size up to a multiple of 64 (faster matmuls on GPUs)")
+    # low-rank adapters: the base frozen, small matrices beside its Linear layers trained (needs init_from a model)
+    lora_rank: int = setting(0, "LoRA: the adapters' rank (0 = off: every weight trains)", rule="non_negative")
+    lora_alpha: float = setting(16.0, "LoRA: the update is scaled by lora_alpha / lora_rank", rule="positive_number")
+    lora_dropout: float = setting(0.0, "LoRA: dropout on the adapters' input", rule="fraction")
+    lora_targets: str = setting(
+        "attention", "LoRA: which Linear layers of each block get adapters", choices=tuple(TARGETS)
+    )
+    lora_base_weights: str = setting(
+        "float32", "LoRA: how the frozen base is held (bfloat16 or int8: less memory)", choices=BASE_WEIGHTS
+    )
     # optimizer and learning-rate schedule
     optimizer: str = setting(
         "adamw", "adamw | muon (Muon for the blocks' weight matrices, AdamW for the rest)", choices=("adamw", "muon")
@@ -150,11 +171,23 @@ class TrainSettings(Runtime):
         rule="positive_number",
     )
 
+    def lora_config(self) -> LoraConfig:
+        """The adapters these settings ask for (LoraConfig checks the values)."""
+        return LoraConfig(
+            rank=self.lora_rank, alpha=self.lora_alpha, dropout=self.lora_dropout, targets=self.lora_targets
+        )
+
     def validate(self) -> None:
         """Raise UserError for values that cannot work, before anything is loaded: the rules declared above are
         checked by parse_settings, the model settings by GPTConfig itself (model_config); these are the rest."""
         if not self.out_dir:
             raise UserError("out_dir must not be empty; give a directory for the checkpoints, e.g. --out_dir=out")
+        if self.lora_rank:
+            self.lora_config()  # its own checks
+            if self.init_from == "scratch":
+                raise UserError("LoRA adapts a trained model: give --init_from=CHECKPOINT (or gpt2), or --lora_rank=0")
+            if self.ema_decay or self.parallel == "fsdp":
+                raise UserError("LoRA runs take neither --ema_decay nor --parallel=fsdp; use DDP and no EMA")
         model_config(self)
 
 
@@ -172,8 +205,8 @@ def model_config(cfg: TrainSettings, vocab_size: int = GPTConfig.vocab_size) -> 
 # ----------------------------------------------------------------------------- data, model and optimizer
 
 
-def create_model(cfg: TrainSettings, meta: dict) -> tuple[GPT, dict | None]:
-    """The model to train (on CPU) and, for resume, the checkpoint it came from."""
+def create_model(cfg: TrainSettings, meta: dict) -> tuple[GPT, dict | None, dict | None]:
+    """The model to train (on CPU), for resume the checkpoint it came from, and for LoRA its checkpoint record."""
     checkpoint = None
     if cfg.init_from == "scratch":
         model = GPT(model_config(cfg, data_vocab_size(cfg, meta)))
@@ -181,26 +214,33 @@ def create_model(cfg: TrainSettings, meta: dict) -> tuple[GPT, dict | None]:
         path = Path(cfg.out_dir) / ckpt.LATEST_NAME
         checkpoint = ckpt.load_checkpoint(path, required_keys=ckpt.RESUME_KEYS)
         ckpt.check_same_tokenizer(checkpoint, meta, path)
+        if "lora" in checkpoint:  # the base again, and the adapters as they were
+            return model_with_adapters(checkpoint, str(path), {"dropout": cfg.dropout}), checkpoint, checkpoint["lora"]
         weights = checkpoint if cfg.eval_only else ema.trained_weights(checkpoint)  # not the EMA's
         model = model_from_checkpoint(weights, str(path), overrides={"dropout": cfg.dropout})
     elif ckpt.is_checkpoint_source(cfg.init_from):
         path = ckpt.resolve_checkpoint(cfg.init_from, "best")
         base = ckpt.load_checkpoint(path)
         ckpt.check_base_tokenizer(base, meta, path)
-        model = model_from_checkpoint(base, str(path), overrides={"dropout": cfg.dropout})  # weights, no optimizer
+        model = model_of_checkpoint(base, str(path), overrides={"dropout": cfg.dropout})  # weights, no optimizer
     else:
         model = load_gpt2(cfg.init_from, override_args={"dropout": cfg.dropout})
         ckpt.check_gpt2_tokenizer(meta, cfg.init_from)
     if cfg.block_size < model.config.block_size:
         model.crop_block_size(cfg.block_size)  # e.g. GPT-2's 1024 positions fine-tuned on shorter windows
-    if meta["vocab_size"] > model.config.vocab_size:
-        if cfg.init_from == "resume" or not is_chat_data(meta):
-            raise UserError(
-                f"the data's vocab_size ({meta['vocab_size']}) is larger than the model's ({model.config.vocab_size}); "
-                f"init_from={cfg.init_from} cannot read this data's tokens, use data from the model's tokenizer"
-            )
+    if meta["vocab_size"] > model.config.vocab_size and (cfg.init_from == "resume" or not is_chat_data(meta)):
+        raise UserError(
+            f"the data's vocab_size ({meta['vocab_size']}) is larger than the model's ({model.config.vocab_size}); "
+            f"init_from={cfg.init_from} cannot read this data's tokens, use data from the model's tokenizer"
+        )
+    base_rows = model.config.vocab_size
+    if meta["vocab_size"] > base_rows:
         model.grow_vocabulary(data_vocab_size(cfg, meta))  # the chat template's special tokens
-    return model, checkpoint
+    if not cfg.lora_rank:
+        return model, checkpoint, None
+    record = lora_record(cfg.lora_config(), cfg.lora_base_weights, base_reference(cfg.init_from), base_rows)
+    add_lora(model, cfg.lora_config(), cfg.lora_base_weights, first_new_row=base_rows)  # new rows train too
+    return model, checkpoint, record
 
 
 def data_vocab_size(cfg: TrainSettings, meta: dict) -> int:
@@ -234,6 +274,7 @@ class Run:
     chat: bool  # conversations: packed rows, the loss on assistant tokens only
     streams: dict[str, Any]  # per split: a loader.TokenStream, or a ConversationSplit for chat data
     model: GPT  # the unwrapped model: saved, counted
+    lora: dict | None  # a LoRA run's checkpoint record (settings, base); its checkpoints hold the adapters only
     wrapped: torch.nn.Module  # the one to call (DDP, FSDP, torch.compile)
     precision: Any  # the autocast context of forward passes (a no-op in float32)
     optimizer: torch.optim.Optimizer
@@ -276,7 +317,7 @@ def set_up(
     streams = {split: open_data(data_dir, split, meta) for split in ("train", "val")}  # memory-mapped
 
     torch.manual_seed(cfg.seed)  # the same initialisation in every process: FSDP shards are cut from it
-    model, checkpoint = create_model(cfg, meta)
+    model, checkpoint, lora = create_model(cfg, meta)
     block_size = model.config.block_size
     for stream in streams.values() if not chat else ():  # packed rows are padded: any conversation fits
         loader.check_stream_fits(stream, block_size, str(data_dir))
@@ -327,6 +368,7 @@ def set_up(
         chat=chat,
         streams=streams,
         model=model,
+        lora=lora,
         wrapped=wrapped,
         precision=autocast(device, dtype),
         optimizer=optimizer,
@@ -346,6 +388,9 @@ def set_up(
             model.get_num_params(), str(device), dtype_name, procs.world_size, run.tokens_per_iter, str(data_dir)
         )
     )
+    if lora is not None:
+        trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        log.say(f"LoRA rank {cfg.lora_rank} on {cfg.lora_targets}: {trained:,} trained parameters, the base frozen")
     return run, LoopState.begin(iter_num, best_val_loss, device)
 
 
@@ -396,7 +441,7 @@ def save_checkpoint_of_run(run: Run, state: LoopState, best: bool) -> str:
         ckpt.save_checkpoint(
             run.best_path if best else run.latest_path,
             {
-                **run.average.checkpoint_entries(model_state),  # "model", and "trained_model" under an EMA
+                **checkpoint_weights(run, model_state),
                 "optimizer": optimizer_state,
                 "model_args": config_to_dict(run.model.config),
                 "iter_num": state.iter_num,
@@ -411,6 +456,14 @@ def save_checkpoint_of_run(run: Run, state: LoopState, best: bool) -> str:
         if best:
             ckpt.copy_checkpoint(run.best_path, run.latest_path)
     return runlog.saved_note(run.latest_path, run.best_path if best else None)
+
+
+def checkpoint_weights(run: Run, model_state: dict) -> dict:
+    """The weights entries of a checkpoint: "model" (and "trained_model" under an EMA); for LoRA, the adapters
+    and the record that finds their base again."""
+    if run.lora is None:
+        return run.average.checkpoint_entries(model_state)
+    return {"model": adapter_state(run.model), "lora": run.lora}
 
 
 def evaluate_and_save(run: Run, state: LoopState, at_end: bool) -> None:

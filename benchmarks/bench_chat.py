@@ -1,12 +1,12 @@
 """Chat fine-tuning against plain training of the same model on the same tokens: what masking and packing cost.
 
-    python benchmarks/bench_chat.py [--conversations=4000 --repeats=3 --json_out=bench_results/chat.json]
+    python benchmarks/bench_chat.py [--conversations=2000 --repeats=3 --json_out=bench_results/chat.json]
 
 It makes synthetic conversations (GPT-2 BPE ids, one to four exchanges of lengths drawn from a log-normal, as real
 chat data varies) and writes them twice: as chat data (prepared with the template: packed rows, loss on assistant
 tokens) and as plain token data of the very same ids. train.py then trains the same model on each for `iters`
 steps, the two alternating for `repeats` rounds; tokens/s is train.py's own figure (positions processed per second
-of training). It also reports the share of padding in the packed rows and of trained (assistant) tokens.
+of training; the plain data writes the template's markers as end-of-text). It also reports the share of padding in the packed rows and of trained (assistant) tokens.
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 @dataclass
 class ChatBench:
-    conversations: int = setting(4000, "synthetic conversations in the train split", rule="positive")
-    iters: int = setting(40, "training steps per run", rule="positive")
+    conversations: int = setting(2000, "synthetic conversations in the train split", rule="positive")
+    iters: int = setting(12, "training steps per run", rule="positive")
     repeats: int = setting(3, "rounds of both runs, alternating", rule="positive")
-    n_layer: int = setting(6, "model shape: layers", rule="positive")
-    n_head: int = setting(6, "model shape: heads", rule="positive")
-    n_embd: int = setting(384, "model shape: width", rule="positive")
+    n_layer: int = setting(4, "model shape: layers", rule="positive")
+    n_head: int = setting(4, "model shape: heads", rule="positive")
+    n_embd: int = setting(256, "model shape: width", rule="positive")
     block_size: int = setting(256, "context (rows of packed conversations)", rule="positive")
     batch_size: int = setting(8, "rows per step", rule="positive")
     work_dir: str = setting("bench_results/chat_data", "where the data and the runs go")
@@ -101,8 +101,9 @@ def write_both(cfg: ChatBench, root: Path) -> dict:
     plain = {}
     for split in rendered:
         ids = open_conversations(root / "chat", split).tokens.read_windows([0], _tokens(root, split))[0]
+        ids = np.where(ids >= tokenizer.base.vocab_size, tokenizer.eot_token, ids)  # plain text has no markers
         plain[split] = (ids.astype(np.uint16), len(ids), 1)
-    write_dataset(root / "plain", tokenizer, plain, {"synthetic": True})
+    write_dataset(root / "plain", tokenizer.base, plain, {"synthetic": True})
     packed = PackedBatches(open_conversations(root / "chat", "train"), cfg.batch_size, cfg.block_size, seed=0)
     trained = packed.trained.sum() / (packed.rows_per_epoch() * (cfg.block_size + 1))
     return {"padding_share": packed.padding_share(), "trained_share": float(trained)}

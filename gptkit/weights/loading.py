@@ -14,8 +14,9 @@ from gptkit.core.errors import UserError
 from gptkit.core.settings import setting
 from gptkit.data.tokenizer import Tokenizer, make_tokenizer, read_meta, tokenizer_from_meta
 from gptkit.model import GPT
-from gptkit.weights.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint
+from gptkit.weights.checkpoint import load_checkpoint, resolve_checkpoint
 from gptkit.weights.hf_gpt2 import GPT2_HUB_NAMES, load_gpt2
+from gptkit.weights.lora import model_of_checkpoint
 from gptkit.weights.quantization import QUANTIZE_CHOICES, apply_quantization
 
 
@@ -31,7 +32,7 @@ def load_model_and_tokenizer(
     if init_from == "resume":
         path = resolve_checkpoint(out_dir, checkpoint)
         state = load_checkpoint(path)
-        model = model_from_checkpoint(state, str(path))
+        model = model_of_checkpoint(state, str(path))  # a LoRA run: its base plus the adapters, merged
         tokenizer_meta = state.get("tokenizer")
         if data_dir:
             tokenizer_meta = read_meta(data_dir)["tokenizer"]

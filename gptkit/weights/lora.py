@@ -6,9 +6,12 @@ initialised as nn.Linear's own weights and B (out, rank) at zero, so training st
 few hundred thousand numbers instead of every weight. The frozen base may be held in bfloat16 or int8 to save
 memory; its product is then computed from the stored weights in the input's dtype.
 
-An adapter file is the A and B matrices plus the LoRA settings; `merge_lora` folds them into ordinary weights,
-and `write_peft_adapter` writes them as PEFT's `adapter_config.json` + `adapter_model.safetensors` for
-transformers' GPT2LMHeadModel.
+A LoRA run's checkpoint holds the A and B matrices, the LoRA settings and a reference to its base (path and sha256);
+`merge_lora` folds adapters into ordinary weights, and `write_peft_adapter` writes them as PEFT's
+`adapter_config.json` + `adapter_model.safetensors` for transformers' GPT2LMHeadModel. From the command line:
+
+    python -m gptkit.weights.lora --action=merge --out_dir=out-lora --to=out-merged
+    python -m gptkit.weights.lora --action=peft --out_dir=out-lora --to=adapter-peft
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from torch import nn
 
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import atomic_write_bytes, atomic_write_json
+from gptkit.core.settings import setting
 
 # Which Linear layers of each block get an adapter (the output head, tied to the embedding, never does).
 TARGETS = {
@@ -250,3 +254,148 @@ def write_peft_adapter(
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(directory / "adapter_model.safetensors", safetensors_bytes(tensors, metadata={"format": "pt"}))
     atomic_write_json(directory / "adapter_config.json", peft_config)
+
+
+# ----------------------------------------------------------------------------- LoRA checkpoints
+
+# A LoRA run's checkpoint stores only what trained ("model": adapter_state) and, under "lora", how to rebuild the
+# rest: the settings, and the base it started from by path (or GPT-2 name) and the sha256 of its weights file.
+
+
+def base_reference(init_from: str) -> dict[str, str]:
+    """{"source", "sha256"} of the base a LoRA run starts from: one of our checkpoints (a file, or an out_dir's
+    best.pt, else ckpt.pt), or GPT-2 (a hub name or a Hugging Face directory: its weights file)."""
+    from gptkit.core.fileio import sha256_file
+    from gptkit.weights.checkpoint import is_checkpoint_source, resolve_checkpoint
+    from gptkit.weights.hf_gpt2 import GPT2_HUB_NAMES, locate
+
+    if is_checkpoint_source(init_from):
+        path = resolve_checkpoint(init_from, "best").resolve()
+        return {"source": str(path), "sha256": sha256_file(path)}
+    directory = locate(init_from)
+    weights = next(
+        (directory / name for name in ("model.safetensors", "pytorch_model.bin") if (directory / name).is_file()), None
+    )
+    if weights is None:
+        raise UserError(f"{directory} holds no GPT-2 weights file to start LoRA from")
+    source = init_from if init_from in GPT2_HUB_NAMES else str(Path(init_from).resolve())
+    return {"source": source, "sha256": sha256_file(weights)}
+
+
+def load_base(reference: dict[str, str], where: str, overrides: dict[str, Any] | None = None) -> nn.Module:
+    """The base model a LoRA checkpoint names, after checking that its weights are the ones it was trained on."""
+    from gptkit.weights.checkpoint import is_checkpoint_source, load_checkpoint
+    from gptkit.weights.hf_gpt2 import GPT2_HUB_NAMES, load_gpt2
+
+    source = reference["source"]
+    if source not in GPT2_HUB_NAMES and not Path(source).exists():
+        raise UserError(f"{where}: its base {source} is missing; put the base model back there (the adapters need it)")
+    found = base_reference(source)["sha256"]
+    if found != reference["sha256"]:
+        raise UserError(
+            f"{where}: its base {source} has changed since the adapters were trained (sha256 {found[:12]}..., expected "
+            f"{reference['sha256'][:12]}...); use the base they were trained on"
+        )
+    if is_checkpoint_source(source):
+        return model_of_checkpoint(load_checkpoint(source), source, overrides)  # a LoRA base: merged first
+    return load_gpt2(source, override_args=overrides)
+
+
+def lora_record(config: LoraConfig, base_weights: str, reference: dict[str, str], first_new_row: int | None) -> dict:
+    """The "lora" entry of a LoRA run's checkpoint."""
+    return {"config": config.to_dict(), "base_weights": base_weights, "base": reference, "first_new_row": first_new_row}
+
+
+def model_with_adapters(checkpoint: dict[str, Any], where: str, overrides: dict[str, Any] | None = None) -> nn.Module:
+    """The model a LoRA checkpoint stands for: its base (checked), cropped and grown to the run's shape, with the
+    adapters in place (still separate: call merge_lora for plain weights)."""
+    record = checkpoint["lora"]
+    config = LoraConfig.from_dict(record.get("config"), where)
+    model = load_base(record["base"], where, overrides)
+    shape = checkpoint["model_args"]
+    if shape["block_size"] < model.config.block_size:
+        model.crop_block_size(shape["block_size"])
+    if shape["vocab_size"] > model.config.vocab_size:
+        model.grow_vocabulary(shape["vocab_size"])
+    add_lora(model, config, record["base_weights"], record.get("first_new_row"))
+    load_adapter_state(model, checkpoint["model"], where)
+    return model
+
+
+def model_of_checkpoint(checkpoint: dict[str, Any], where: str, overrides: dict[str, Any] | None = None) -> nn.Module:
+    """The model a checkpoint holds, as plain weights: a LoRA run's adapters merged into its base."""
+    from gptkit.weights.checkpoint import model_from_checkpoint
+
+    if "lora" in checkpoint:
+        return merge_lora(model_with_adapters(checkpoint, where, overrides))
+    return model_from_checkpoint(checkpoint, where, overrides)
+
+
+# ----------------------------------------------------------------------------- python -m gptkit.weights.lora
+
+
+@dataclass
+class AdapterCommand:
+    action: str = setting(
+        "merge",
+        "merge: the base with the adapters folded in, as an ordinary checkpoint (DIR/ckpt.pt); "
+        "peft: the adapters as Hugging Face PEFT reads them (GPT-2-shaped bases)",
+        choices=("merge", "peft"),
+    )
+    out_dir: str = setting("out", "the LoRA run's out_dir (or one of its checkpoint files)")
+    checkpoint: str = setting("best", "which checkpoint of out_dir: best or latest")
+    to: str = setting("", "the directory to write; it must not exist yet (nothing is ever overwritten)")
+
+
+def merge_to(checkpoint: dict[str, Any], where: str, directory: Path) -> None:
+    """Write the merged model as DIR/ckpt.pt: sample.py, serve.py, eval.py and train.py read it like any other."""
+    from gptkit.model import config_to_dict
+    from gptkit.weights.checkpoint import save_checkpoint
+
+    model = model_of_checkpoint(checkpoint, where)
+    directory.mkdir(parents=True)
+    state = {"model": model.state_dict(), "model_args": config_to_dict(model.config)}
+    save_checkpoint(directory / "ckpt.pt", {**state, "tokenizer": checkpoint.get("tokenizer")})
+
+
+def peft_to(checkpoint: dict[str, Any], where: str, directory: Path) -> None:
+    """Write the adapters for PEFT, with the base beside them in Hugging Face's layout (DIR/base) unless the base is
+    a GPT-2 hub model."""
+    from gptkit.weights.hf_gpt2 import GPT2_HUB_NAMES, save_gpt2
+
+    record = checkpoint["lora"]
+    if record.get("first_new_row") is not None and record["first_new_row"] < checkpoint["model_args"]["vocab_size"]:
+        raise UserError(f"{where} also trains new token rows, which PEFT adapters cannot carry; use --action=merge")
+    base = record["base"]["source"]
+    directory.mkdir(parents=True)
+    if base not in GPT2_HUB_NAMES:
+        save_gpt2(load_base(record["base"], where), directory / "base")
+        base = str(directory / "base")
+    write_peft_adapter(directory, checkpoint["model"], LoraConfig.from_dict(record["config"], where), base)
+
+
+def main(argv: list[str]) -> int:
+    from gptkit.core.settings import parse_settings
+    from gptkit.weights.checkpoint import load_checkpoint, resolve_checkpoint
+
+    cfg = parse_settings(
+        AdapterCommand, argv, prog="python -m gptkit.weights.lora", description=__doc__.splitlines()[0]
+    )
+    if not cfg.to:
+        raise UserError("--to=DIR is required: the new directory to write")
+    target = Path(cfg.to)
+    if target.exists():
+        raise UserError(f"{target} already exists; give a new directory with --to (nothing is overwritten)")
+    path = resolve_checkpoint(cfg.out_dir, cfg.checkpoint)
+    checkpoint = load_checkpoint(path)
+    if "lora" not in checkpoint:
+        raise UserError(f"{path} is not a LoRA run's checkpoint (it holds whole weights already)")
+    (merge_to if cfg.action == "merge" else peft_to)(checkpoint, str(path), target)
+    print(f"wrote {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    from gptkit.core.errors import run_cli
+
+    run_cli(main)

@@ -1,0 +1,113 @@
+"""LoRA runs of train.py: a frozen base and small trained adapters, checkpoints that hold only the adapters and find
+their base by path and sha256, exact resume, chat data's new token rows, loading in sample.py, and the merge and
+PEFT commands (python -m gptkit.weights.lora)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from data.test_packing import write_chat_data
+from gptkit.weights import checkpoint as ckpt
+from gptkit.weights.loading import load_model_and_tokenizer
+from gptkit.weights.lora import model_with_adapters
+from helpers import REPO, assert_script_error, clean_env, cli_args, run_script
+from test_train_chat import RUN, write_text_data
+
+LORA = {"lora_rank": 4, "lora_alpha": 8.0, "lora_targets": "all"}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """A base checkpoint trained a few steps on text, and text data of the same characters beside it."""
+    root = tmp_path_factory.mktemp("lora")
+    write_text_data(root / "text", "abcdefgh " * 400)
+    args = {**RUN, "max_iters": 3, "gradient_accumulation_steps": 1}
+    result = run_script("train.py", *cli_args(**args, data_dir=root / "text", out_dir=root / "base"))
+    assert result.returncode == 0, result.stderr
+    write_chat_data(root / "chat")
+    return root / "base"
+
+
+def adapters_command(*args: str) -> subprocess.CompletedProcess:
+    """python -m gptkit.weights.lora ARGS, as a user runs it from the repository."""
+    command = [sys.executable, "-m", "gptkit.weights.lora", *args]
+    return subprocess.run(command, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=300)
+
+
+def lora_run(base: Path, data: Path, out: Path, **extra: object):
+    args = {**RUN, **LORA, "max_iters": 3, "init_from": base, "data_dir": data, "out_dir": out, **extra}
+    return run_script("train.py", *cli_args(**args))
+
+
+def test_a_lora_run_trains_only_adapters_and_saves_only_them(base: Path, tmp_path: Path) -> None:
+    result = lora_run(base, base.parent / "text", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    # 2 blocks x 4 layers (rank 4, 32 wide): c_attn 4*32+96*4, attn.c_proj 4*32+32*4, c_fc 4*32+128*4, mlp.c_proj 4*128+32*4
+    trained = 2 * ((128 + 384) + (128 + 128) + (128 + 512) + (512 + 128))
+    assert f"{trained:,} trained parameters" in result.stdout
+    saved = ckpt.load_checkpoint(tmp_path / "out" / "ckpt.pt")
+    assert all(name.endswith((".lora_A", ".lora_B")) for name in saved["model"])
+    assert sum(t.numel() for t in saved["model"].values()) == trained
+    assert saved["lora"]["base"]["source"] == str((base / "best.pt").resolve())
+    frozen = ckpt.load_checkpoint(base / "best.pt")["model"]
+    tuned = model_with_adapters(saved, "test")
+    for name, tensor in frozen.items():  # the base's own weights did not move
+        if "lora" not in name and name in dict(tuned.named_parameters()):
+            torch.testing.assert_close(dict(tuned.named_parameters())[name].detach(), tensor)
+
+
+def test_a_lora_run_resumes_exactly(base: Path, tmp_path: Path) -> None:
+    text = base.parent / "text"
+    assert lora_run(base, text, tmp_path / "a", max_iters=6).returncode == 0
+    assert lora_run(base, text, tmp_path / "b", max_iters=3).returncode == 0
+    rest = lora_run(base, text, tmp_path / "b", max_iters=6, init_from="resume")
+    assert rest.returncode == 0, rest.stderr
+    a = ckpt.load_checkpoint(tmp_path / "a" / "ckpt.pt")["model"]
+    b = ckpt.load_checkpoint(tmp_path / "b" / "ckpt.pt")["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
+
+
+def test_on_chat_data_the_new_token_rows_train_with_the_adapters(base: Path, tmp_path: Path) -> None:
+    result = lora_run(base, base.parent / "chat", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    saved = ckpt.load_checkpoint(tmp_path / "out" / "ckpt.pt")
+    assert saved["model"]["transformer.wte.extra"].shape == (4, 32)  # the template's four markers
+    model, tokenizer = load_model_and_tokenizer("resume", str(tmp_path / "out"))
+    assert tokenizer.chat is not None and model.transformer.wte.weight.shape[0] == tokenizer.vocab_size
+
+
+def test_merge_writes_a_plain_checkpoint_with_the_same_outputs(base: Path, tmp_path: Path) -> None:
+    assert lora_run(base, base.parent / "text", tmp_path / "out").returncode == 0
+    result = adapters_command("--action=merge", f"--out_dir={tmp_path / 'out'}", f"--to={tmp_path / 'm'}")
+    assert result.returncode == 0, result.stderr
+    merged = ckpt.load_checkpoint(tmp_path / "m" / "ckpt.pt")
+    assert "lora" not in merged
+    adapted = model_with_adapters(ckpt.load_checkpoint(tmp_path / "out" / "ckpt.pt"), "test").eval()
+    plain, _ = load_model_and_tokenizer("resume", str(tmp_path / "m"))
+    x = torch.randint(0, 10, (2, 16))
+    torch.testing.assert_close(plain(x, x)[0], adapted(x, x)[0], rtol=1e-5, atol=1e-5)
+    again = adapters_command("--action=merge", f"--out_dir={tmp_path / 'out'}", f"--to={tmp_path / 'm'}")
+    assert_script_error(again, "already exists")
+
+
+def test_a_missing_or_changed_base_is_one_clear_line(base: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "base"
+    shutil.copytree(base, copy)
+    assert lora_run(copy, base.parent / "text", tmp_path / "out").returncode == 0
+    sample = ["sample.py", f"--out_dir={tmp_path / 'out'}", "--max_new_tokens=5"]
+    (copy / "best.pt").write_bytes((copy / "best.pt").read_bytes() + b"\0")
+    assert_script_error(run_script(*sample), "has changed since the adapters were trained")
+    shutil.rmtree(copy)
+    assert_script_error(run_script(*sample), "is missing")
+
+
+def test_lora_settings_that_cannot_work_are_refused(base: Path, tmp_path: Path) -> None:
+    scratch = run_script("train.py", *cli_args(**RUN, **LORA, data_dir=base.parent / "text", out_dir=tmp_path / "o"))
+    assert_script_error(scratch, "LoRA adapts a trained model")
+    assert_script_error(lora_run(base, base.parent / "text", tmp_path / "o", lora_rank=-1), "lora_rank")
