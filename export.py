@@ -37,7 +37,7 @@ class ExportSettings:
     outtype: str = setting("f16", "gguf tensor type: f32, f16 or q8_0 (hf is always float32)", choices=OUTTYPES)
     export_dir: str = setting("", "the directory to write; it must not exist or be empty (see --overwrite)")
     overwrite: bool = setting(False, "write into a directory that holds files, replacing those of the same names")
-    name: str = setting("", "the model's name in the GGUF file (default: the export directory's name)")
+    name: str = setting("", "the model's name in the GGUF file and its file name (default: out_dir's name, or gpt2*)")
 
     def validate(self) -> None:
         if self.checkpoint not in ("best", "latest"):
@@ -58,6 +58,14 @@ def load_source(cfg: ExportSettings) -> tuple[GPT, Tokenizer]:
     return load_model_and_tokenizer(cfg.init_from, cfg.out_dir, cfg.checkpoint, cfg.data_dir)
 
 
+def model_name(cfg: ExportSettings) -> str:
+    """The model's name: its run directory's (as serve.py names it), or the GPT-2 directory or hub name."""
+    if cfg.init_from != "resume":
+        return Path(cfg.init_from).resolve().name if Path(cfg.init_from).is_dir() else cfg.init_from
+    source = Path(cfg.out_dir).resolve()
+    return source.parent.name if source.is_file() else source.name
+
+
 def main(argv: list[str]) -> int:
     cfg = parse_settings(ExportSettings, argv, prog="export.py", description="Export a model for other runtimes.")
     model, tokenizer = load_source(cfg)
@@ -66,7 +74,7 @@ def main(argv: list[str]) -> int:
         if cfg.format == "hf":
             files = export_hf(model, tokenizer, staging)
         else:
-            files = export_gguf(model, tokenizer, staging, cfg.outtype, cfg.name or destination.resolve().name)
+            files = export_gguf(model, tokenizer, staging, cfg.outtype, cfg.name or model_name(cfg))
     print(f"wrote {destination}: {', '.join(files)}")
     return 0
 

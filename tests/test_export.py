@@ -70,9 +70,10 @@ def test_gguf_export_writes_the_file_and_a_modelfile(tmp_path, chat_checkpoint, 
     args = cli_args(out_dir=chat_checkpoint, format="gguf", outtype="q8_0", export_dir=destination)
     code, out, err = run_main(export.main, args, capsys)
     assert code == 0, err
-    assert out == f"wrote {destination}: gguf-q8_0.gguf, Modelfile\n"  # named after the directory by default
-    reader = gguf.GGUFReader(destination / "gguf-q8_0.gguf")
-    assert reader.fields["general.name"].contents() == "gguf"
+    name = chat_checkpoint.parent.name  # the run directory's, by default
+    assert out == f"wrote {destination}: {name}-q8_0.gguf, Modelfile\n"
+    reader = gguf.GGUFReader(destination / f"{name}-q8_0.gguf")
+    assert reader.fields["general.name"].contents() == name
     assert len(reader.fields["tokenizer.ggml.tokens"].data) == 50304
 
 

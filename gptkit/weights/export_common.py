@@ -125,6 +125,10 @@ def vocabulary_of(tokenizer: Tokenizer) -> Vocabulary:
         tokens[token_id] = text
     if "" in tokens:
         raise UserError(f"the tokenizer has no token for id {tokens.index('')}; export needs every id to have one")
+    if len(set(tokens)) != len(tokens):  # the formats look tokens up by their text
+        raise UserError(
+            "two of the tokenizer's tokens have the same text (a special token's?); export cannot tell them apart"
+        )
     return Vocabulary(
         tokens=tokens, merges=merges, pattern=pattern, special=special, eot_token=base.eot_token, chat=chat
     )

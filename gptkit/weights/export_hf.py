@@ -33,7 +33,7 @@ def export_hf(model: GPT, tokenizer: Tokenizer, directory: Path) -> list[str]:
     hf_gpt2.write(directory, dataclasses.asdict(config), tensors, eot_token=vocabulary.eot_token)
     build_tokenizer(vocabulary).save(str(directory / "tokenizer.json"))
     atomic_write_json(directory / "tokenizer_config.json", tokenizer_config(vocabulary, config.block_size))
-    generation = {"bos_token_id": vocabulary.eot_token, "eos_token_id": end_ids(vocabulary)}
+    generation = {"bos_token_id": vocabulary.eot_token, "eos_token_id": end_ids(vocabulary) or None}
     atomic_write_json(directory / "generation_config.json", generation)
     return sorted(path.name for path in directory.iterdir())
 
