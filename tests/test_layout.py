@@ -30,7 +30,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "gptkit.eval": {"gptkit.core", "gptkit.data", "gptkit.weights", "gptkit.model", "gptkit.infer"},
 }
 SCRIPT_DIRS = ("prepare_data", "benchmarks")
-ROOT_SCRIPTS = {"train.py", "sample.py", "serve.py", "eval.py", "plot.py"}
+ROOT_SCRIPTS = {"train.py", "sample.py", "serve.py", "eval.py", "plot.py", "export.py"}
 
 
 def module_name(path: Path, root: Path) -> str:

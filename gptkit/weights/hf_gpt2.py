@@ -108,13 +108,20 @@ def _read_tensors(directory: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def write(directory: str | os.PathLike, model_args: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
-    """Write config.json and model.safetensors for a GPT-2-shaped model (its model_args and state dict)."""
+def write(
+    directory: str | os.PathLike,
+    model_args: dict[str, Any],
+    state: dict[str, torch.Tensor],
+    eot_token: int | None = 50256,
+) -> None:
+    """Write config.json and model.safetensors for a GPT-2-shaped model (its model_args and state dict; an untied
+    head is written as lm_head.weight). `eot_token`: the beginning- and end-of-sequence id (None: there is none)."""
     from safetensors.torch import save as safetensors_bytes
 
     from gptkit.core.fileio import atomic_write_bytes, atomic_write_json
 
     dropout = model_args["dropout"]
+    tied = model_args.get("tie_embeddings", True)
     hf_config = {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
@@ -130,13 +137,13 @@ def write(directory: str | os.PathLike, model_args: dict[str, Any], state: dict[
         "embd_pdrop": dropout,
         "attn_pdrop": dropout,
         "initializer_range": 0.02,
-        "tie_word_embeddings": True,
-        "bos_token_id": 50256,
-        "eos_token_id": 50256,
+        "tie_word_embeddings": tied,
+        "bos_token_id": eot_token,
+        "eos_token_id": eot_token,
     }
     tensors = {}
     for key, value in state.items():
-        if key == "lm_head.weight":
+        if key == "lm_head.weight" and tied:
             continue  # tied to transformer.wte.weight (safetensors stores no shared tensors)
         value = value.detach().cpu()
         tensors[key] = value.t().contiguous() if key.endswith(CONV1D_WEIGHTS) else value.contiguous()

@@ -1,0 +1,120 @@
+"""export.py end to end: a chat checkpoint exported to a Hugging Face directory that transformers runs to our
+tokens, and to GGUF; a new directory every time unless --overwrite; every mistake one line."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+import torch
+
+import export
+from gptkit.data import tokenizer as tok
+from gptkit.weights.checkpoint import save_checkpoint, tokenizer_record
+from gptkit.weights.loading import load_model_and_tokenizer
+from helpers import assert_one_line_error, assert_script_error, cli_args, lively_model, run_main, run_script
+
+transformers = pytest.importorskip("transformers")
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello, who are you?"}]
+
+
+def write_checkpoint(path: Path, tokenizer, **model_settings) -> Path:
+    """A checkpoint as train.py saves one (model, model_args, tokenizer record) of a lively tiny model."""
+    model = lively_model(
+        **{"vocab_size": tok.padded_vocab_size(tokenizer.vocab_size), "block_size": 64, **model_settings}
+    )
+    meta = {"tokenizer": tokenizer.to_meta(), "vocab_size": tokenizer.vocab_size, "eot_token": tokenizer.eot_token}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {
+        "model": model.state_dict(),
+        "model_args": dataclasses.asdict(model.config),
+        "tokenizer": tokenizer_record(meta),
+    }
+    save_checkpoint(path, state)
+    return path
+
+
+@pytest.fixture(scope="module")
+def chat_checkpoint(tmp_path_factory) -> Path:
+    tokenizer = tok.ChatTokenizer.extending(tok.TiktokenTokenizer("gpt2"))
+    return write_checkpoint(tmp_path_factory.mktemp("run") / "ckpt.pt", tokenizer, n_embd=64)
+
+
+def test_hf_export_of_a_chat_checkpoint_runs_in_transformers_to_our_tokens(tmp_path, chat_checkpoint, capsys):
+    destination = tmp_path / "exported"
+    code, out, err = run_main(export.main, cli_args(out_dir=chat_checkpoint, export_dir=destination), capsys)
+    assert code == 0, err
+    files = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    assert out == f"wrote {destination}: {', '.join(files)}\n"
+    assert sorted(p.name for p in destination.iterdir()) == files  # nothing else (no staging left behind)
+    model, tokenizer = load_model_and_tokenizer("resume", str(chat_checkpoint))
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(destination)
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(destination).eval()
+    prompt = hf_tokenizer.apply_chat_template(MESSAGES, tokenize=True, add_generation_prompt=True)
+    prompt = list(prompt["input_ids"] if isinstance(prompt, Mapping) else prompt)
+    assert prompt == tokenizer.chat.render_prompt(MESSAGES, tokenizer)
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(8):
+            ids.append(int(model(torch.tensor([ids]))[0][0, -1].argmax()))
+        generated = hf_model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None)
+    assert generated[0].tolist() == ids
+
+
+def test_gguf_export_writes_the_file_and_a_modelfile(tmp_path, chat_checkpoint, capsys):
+    gguf = pytest.importorskip("gguf")
+    destination = tmp_path / "gguf"
+    args = cli_args(out_dir=chat_checkpoint, format="gguf", outtype="q8_0", export_dir=destination)
+    code, out, err = run_main(export.main, args, capsys)
+    assert code == 0, err
+    name = chat_checkpoint.parent.name  # the run directory's, by default
+    assert out == f"wrote {destination}: {name}-q8_0.gguf, Modelfile\n"
+    reader = gguf.GGUFReader(destination / f"{name}-q8_0.gguf")
+    assert reader.fields["general.name"].contents() == name
+    assert len(reader.fields["tokenizer.ggml.tokens"].data) == 50304
+
+
+def test_never_overwrites_unasked(tmp_path, chat_checkpoint, capsys):
+    destination = tmp_path / "taken"
+    destination.mkdir()
+    (destination / "config.json").write_text("mine")
+    (destination / "notes.txt").write_text("mine")
+    code, _, err = run_main(export.main, cli_args(out_dir=chat_checkpoint, export_dir=destination), capsys)
+    assert_one_line_error(code, err, "already holds files", "--overwrite")
+    assert (destination / "config.json").read_text() == "mine"
+    code, _, err = run_main(
+        export.main, [*cli_args(out_dir=chat_checkpoint, export_dir=destination), "--overwrite"], capsys
+    )
+    assert code == 0, err
+    assert (destination / "config.json").read_text() != "mine" and (destination / "notes.txt").read_text() == "mine"
+    assert [p.name for p in tmp_path.iterdir()] == ["taken"]  # no staging directory left beside it
+
+
+def test_mistakes_are_one_line_errors_and_leave_no_directory(tmp_path, capsys):
+    rope = write_checkpoint(tmp_path / "rope" / "ckpt.pt", tok.TiktokenTokenizer("gpt2"), pos_encoding="rope")
+    char = write_checkpoint(tmp_path / "char" / "ckpt.pt", tok.CharTokenizer("abc\n", eot=True))
+    cases = [
+        (cli_args(out_dir=rope, export_dir=tmp_path / "x"), ["pos_encoding=rope"]),
+        (cli_args(out_dir=char, format="gguf", export_dir=tmp_path / "x"), ["character vocabulary", "--format=hf"]),
+        (cli_args(out_dir=tmp_path / "missing", export_dir=tmp_path / "x"), ["no checkpoint in"]),
+        (cli_args(out_dir=char), ["--export_dir is required"]),
+        (cli_args(out_dir=char, format="onnx", export_dir=tmp_path / "x"), ["onnx"]),
+    ]
+    for args, fragments in cases:
+        code, _, err = run_main(export.main, args, capsys)
+        assert_one_line_error(code, err, *fragments)
+        assert not (tmp_path / "x").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["char", "rope"]
+
+
+def test_the_script_runs_as_a_user_runs_it(tmp_path):
+    char = write_checkpoint(tmp_path / "char" / "ckpt.pt", tok.CharTokenizer("abc\n", eot=True))
+    result = run_script("export.py", *cli_args(out_dir=char.parent, export_dir=tmp_path / "hf"))
+    assert result.returncode == 0, result.stderr
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert hf.encode("cab\n") == [2, 0, 1, 3]
+    failed = run_script("export.py", *cli_args(out_dir=char.parent, export_dir=tmp_path / "hf"))
+    assert_script_error(failed, "already holds files")
