@@ -51,8 +51,7 @@ class ExportSettings:
 
 
 def load_source(cfg: ExportSettings) -> tuple[GPT, Tokenizer]:
-    """The model and tokenizer to export. A base + adapter (LoRA) source would be merged into plain weights here:
-    the writers take a plain GPT."""
+    """The model and tokenizer to export, as plain weights: a LoRA run's adapters come merged into its base."""
     if cfg.init_from != "resume" and not (Path(cfg.init_from).is_dir() or cfg.init_from in GPT2_HUB_NAMES):
         raise UserError(f"--init_from={cfg.init_from!r}: use resume, a GPT-2 directory, or {', '.join(GPT2_HUB_NAMES)}")
     return load_model_and_tokenizer(cfg.init_from, cfg.out_dir, cfg.checkpoint, cfg.data_dir)
