@@ -209,14 +209,7 @@ class Service:
 
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         await self.get_model(body.model)
-        unsupported = body.unsupported()
-        if unsupported:
-            raise APIError(
-                400,
-                f"{unsupported} is not supported by this server; leave it out",
-                unsupported,
-                "unsupported_parameter",
-            )
+        body.refuse_unsupported()
         prompts = [await run_in_threadpool(self.encode, prompt) for prompt in self.prompt_list(body)]
         eot = self.tokenizer.eot_token
         jobs = self.make_jobs(body, prompts, () if eot is None else (eot,))
@@ -232,14 +225,7 @@ class Service:
         """A chat completion: the messages rendered with the model's chat template, the reply decoded up to the end
         of its turn on the same batcher as completions."""
         await self.get_model(body.model)
-        unsupported = body.unsupported()
-        if unsupported:
-            raise APIError(
-                400,
-                f"{unsupported} is not supported by this server; leave it out",
-                unsupported,
-                "unsupported_parameter",
-            )
+        body.refuse_unsupported()
         template = self.tokenizer.chat
         if template is None:
             raise APIError(

@@ -61,15 +61,13 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool | None = False
 
 
-class CompletionRequest(BaseModel):
-    """The body of POST /v1/completions. `top_k` is an extension; the other fields are OpenAI's. Fields this
-    server cannot honour (echo, logprobs, suffix, penalties, logit_bias, best_of > n) are refused by the server,
-    never silently ignored; unknown fields are ignored, as other OpenAI-compatible servers do."""
+class SamplingRequest(BaseModel):
+    """The fields completions and chat completions share. `top_k` is an extension; the others are OpenAI's.
+    Unknown fields are ignored, as other OpenAI-compatible servers do."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
 
     model: str
-    prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
@@ -79,14 +77,33 @@ class CompletionRequest(BaseModel):
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    echo: bool | None = False
-    logprobs: int | None = None
-    best_of: int | None = None
-    suffix: str | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+
+    def stops(self) -> list[str]:
+        return stop_list(self.stop)
+
+    def refuse_unsupported(self) -> None:
+        """APIError 400 naming the first field set to something this server cannot do."""
+        name = self.unsupported()
+        if name:
+            raise APIError(400, f"{name} is not supported by this server; leave it out", name, "unsupported_parameter")
+
+    def unsupported(self) -> str | None:
+        raise NotImplementedError
+
+
+class CompletionRequest(SamplingRequest):
+    """The body of POST /v1/completions. Fields this server cannot honour (echo, logprobs, suffix, penalties,
+    logit_bias, best_of > n) are refused, never silently ignored."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool | None = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
 
     def unsupported(self) -> str | None:
         """The first field set to something this server cannot do, or None."""
@@ -101,9 +118,6 @@ class CompletionRequest(BaseModel):
             "best_of": self.best_of not in (None, 1, n),
         }
         return next((name for name, on in asked.items() if on), None)
-
-    def stops(self) -> list[str]:
-        return stop_list(self.stop)
 
     @property
     def token_budget(self) -> int | None:
@@ -135,33 +149,17 @@ class ChatMessage(BaseModel):
     name: str | None = None
 
 
-class ChatCompletionRequest(BaseModel):
+class ChatCompletionRequest(SamplingRequest):
     """The body of POST /v1/chat/completions: OpenAI's fields (`max_completion_tokens`, and the older `max_tokens`),
     `top_k` as an extension. Fields this server cannot honour (logprobs, penalties, logit_bias, tools,
     response_format) are refused, never silently ignored."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
-
-    model: str
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(None, ge=1)
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=1)
-    n: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
     tools: list[dict] | None = None
     response_format: dict | None = None
-    user: str | None = None
 
     def unsupported(self) -> str | None:
         """The first field set to something this server cannot do, or None."""
@@ -174,9 +172,6 @@ class ChatCompletionRequest(BaseModel):
             "response_format": self.response_format not in (None, {"type": "text"}),
         }
         return next((name for name, on in asked.items() if on), None)
-
-    def stops(self) -> list[str]:
-        return stop_list(self.stop)
 
     @property
     def token_budget(self) -> int | None:
