@@ -9,7 +9,7 @@ offset per conversation). meta.json lists the side files as "mask_files" and "co
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -34,14 +34,13 @@ class ConversationSplit:
     tokens: TokenStream
     mask: TokenStream
     starts: np.ndarray  # int64, one per conversation, increasing; the last conversation ends at len(tokens)
+    lengths: np.ndarray = field(init=False)  # tokens of each conversation, derived from starts once
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lengths", np.diff(np.append(self.starts, len(self.tokens))))
 
     def __len__(self) -> int:
         return len(self.starts)
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """Tokens of each conversation."""
-        return np.diff(np.append(self.starts, len(self.tokens)))
 
     def conversation(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Conversation `index` as (ids int64, mask int64)."""
