@@ -2,7 +2,9 @@
 
 - KVCache: keys and values of every layer for a fixed number of rows ("slots"), each row with its own length.
   A row's tokens sit at positions 0..length-1 (right padding); a forward pass reads and writes a range of rows.
-- Request: one prompt with its own sampling settings, stop tokens, token budget and random generator (seed).
+- Request: one prompt with its own sampling settings, stop tokens, token budget and random generator (seed), and
+  optionally OpenAI's logit rules (presence and frequency penalties, logit bias) and the log-probabilities of the
+  tokens it makes (TokenLogprob).
 - Engine: runs requests one token per step. A new request is prefilled into a free row (on its own, or in one
   pass with the equally long prompts add_many adds with it); each step
   feeds the latest token of every active row in one batched forward pass and samples; a finished request frees
@@ -21,6 +23,7 @@ positions of the T new tokens and `cache.update(layer, k, v)` in every layer. Wh
 from __future__ import annotations
 
 import copy
+import math
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -119,6 +122,17 @@ class KVCache:
         self.lengths[target] = length
 
 
+@dataclass
+class TokenLogprob:
+    """A token's log-probability under the model (the raw distribution, before temperature, penalties or bias;
+    None for a prompt's first token, which nothing precedes) and the `top` most likely tokens at its place as
+    (token, log-probability), most likely first."""
+
+    token: int
+    logprob: float | None
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
 @dataclass(eq=False)
 class Request:
     """One prompt to continue. The engine appends the tokens it makes to `output` and sets `finish_reason`
@@ -126,6 +140,10 @@ class Request:
 
     seed gives the request its own random generator (so its tokens do not depend on the batch); generator
     instead shares a caller's generator (GPT.generate's); with neither, sampling uses torch's global generator.
+    presence_penalty, frequency_penalty and logit_bias change the logits before sampling as OpenAI defines them:
+    logit[t] += logit_bias[t] - frequency_penalty * count[t] - presence_penalty * (count[t] > 0), where count[t] is
+    how often t is in `output` so far. With `logprobs` = k, each token made gets a TokenLogprob with the k most
+    likely alternatives in `token_logprobs`.
     """
 
     prompt: list[int]
@@ -136,8 +154,19 @@ class Request:
     stop_tokens: Sequence[int] = ()
     seed: int | None = None
     generator: torch.Generator | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: int | None = None
     output: list[int] = field(default_factory=list)
+    token_logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+
+    @property
+    def reads_logits(self) -> bool:
+        """Whether this request's step needs its logits in Python: to change them, or to report log-probabilities
+        (the compiled and native steps, which choose tokens inside, then hand back logits instead)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias) or self.logprobs is not None
 
     def validate(self) -> None:
         if not self.prompt:
@@ -149,6 +178,11 @@ class Request:
             raise ValueError(problem)
         if self.seed is not None and self.generator is not None:
             raise ValueError("give a request a seed or a generator, not both")
+        numbers = [self.presence_penalty, self.frequency_penalty, *self.logit_bias.values()]
+        if not all(math.isfinite(number) for number in numbers):
+            raise ValueError("penalties and logit biases must be finite numbers")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
 
     def last_token(self) -> int:
         """The token the next step feeds: the last one made, or the prompt's last."""
@@ -193,10 +227,13 @@ class Engine:
     def add_many(self, requests: Sequence[Request]) -> None:
         """add() for several requests, all or none. Prompts of the same length are prefilled together, in one pass
         over their rows (a server admitting a burst of requests saves a pass per request)."""
+        vocab_size = self.model.config.vocab_size
         for request in requests:
             request.validate()
             if request.finish_reason is not None or request in self.active:
                 raise ValueError("this request has already been added")
+            if any(not 0 <= token < vocab_size for token in request.logit_bias):
+                raise ValueError(f"logit_bias names a token outside the model's vocabulary of {vocab_size}")
         starting = [request for request in requests if request.max_new_tokens > 0]
         if len(starting) > self.free_slots:
             raise RuntimeError(f"all {self.cache.slots} slots are busy; step until a request finishes")
@@ -266,7 +303,8 @@ class Engine:
         share settings that it can sample with (no top-p); otherwise its logits are sampled eagerly."""
         settings = {(0.0, None, None) if r.temperature == 0 else (r.temperature, r.top_k, r.top_p) for r in self.active}
         temperature, top_k, top_p = settings.pop() if len(settings) == 1 else (0.0, None, 1.0)
-        in_graph = top_p is None or top_p >= 1.0  # sample_next_token, too, skips top-p at 1
+        # sample_next_token, too, skips top-p at 1
+        in_graph = (top_p is None or top_p >= 1.0) and not any(r.reads_logits for r in self.active)
         uniform = self._uniform_numbers() if in_graph and temperature != 0 else None
         self._allocate_cache(self._compute_dtype())
         rows = len(self.active)
@@ -298,6 +336,7 @@ class Engine:
         self._allocate_cache(self.native.dtype)
         position = self.cache.lengths[0]
         in_step = request.temperature != 0 and (request.top_p is None or request.top_p >= 1.0)
+        in_step = in_step and not request.reads_logits
         uniform = self._uniform_numbers().item() if in_step else 0.0  # drawn as _sample would draw it
         logits, token = self.native(
             request.last_token(),
@@ -309,7 +348,9 @@ class Engine:
             uniform,
         )
         self.cache.lengths[0] = position + 1
-        return [token] if in_step or request.temperature == 0 else self._sample(logits[None])
+        if in_step or (request.temperature == 0 and not request.reads_logits):
+            return [token]
+        return self._sample(logits[None])
 
     def _allocate_cache(self, dtype: torch.dtype) -> None:
         """Every layer's cache storage, made now if it is not there: a step that is one call writes into it in place."""
@@ -353,7 +394,16 @@ class Engine:
         self.model.hidden_states(idx, cache=self.cache.rows(row, row + len(contexts)))
 
     def _sample(self, logits: torch.Tensor) -> list[int]:
-        """One token per active row; rows with the same settings and generator are sampled in one call."""
+        """One token per active row; rows with the same settings and generator are sampled in one call. Rows with
+        penalties or a bias are sampled from their changed logits; log-probabilities are of the raw ones."""
+        raw = logits
+        if any(request.reads_logits for request in self.active):
+            logits = self._apply_logit_rules(logits)
+        tokens = self._choose(logits)
+        self._record_logprobs(raw, tokens)
+        return tokens
+
+    def _choose(self, logits: torch.Tensor) -> list[int]:
         groups: dict[tuple, list[int]] = {}
         for row, request in enumerate(self.active):
             settings = (request.temperature, request.top_k, request.top_p, id(request.generator))
@@ -366,6 +416,52 @@ class Engine:
             for row, token in zip(rows, chosen.tolist()):
                 tokens[row] = token
         return tokens
+
+    def _apply_logit_rules(self, logits: torch.Tensor) -> torch.Tensor:
+        """A float32 copy of logits (B, V) with each row's logit bias and penalties applied (see Request)."""
+        logits = logits.float().clone()
+        vocab = logits.size(-1)
+        for row, request in enumerate(self.active):
+            if request.logit_bias:
+                columns = torch.tensor(list(request.logit_bias), device=logits.device)
+                logits[row, columns] += torch.tensor(list(request.logit_bias.values()), device=logits.device)
+            if (request.presence_penalty or request.frequency_penalty) and request.output:
+                made = torch.tensor(request.output, device=logits.device)
+                counts = torch.bincount(made, minlength=vocab)[:vocab].float()
+                logits[row] -= counts * request.frequency_penalty + (counts > 0).float() * request.presence_penalty
+        return logits
+
+    def _record_logprobs(self, logits: torch.Tensor, tokens: list[int]) -> None:
+        """Append each chosen token's TokenLogprob to the requests that asked for them."""
+        rows = [row for row, request in enumerate(self.active) if request.logprobs is not None]
+        if not rows:
+            return
+        chosen = torch.tensor([tokens[row] for row in rows], device=logits.device)
+        entries = token_logprobs(logits[rows], chosen, max(self.active[row].logprobs for row in rows))
+        for row, entry in zip(rows, entries):
+            request = self.active[row]
+            entry.top = entry.top[: request.logprobs]
+            request.token_logprobs.append(entry)
+
+    @torch.no_grad()
+    def prompt_logprobs(self, prompt: Sequence[int], top: int) -> list[TokenLogprob]:
+        """Score a prompt (its last block_size tokens) in one pass: each token's TokenLogprob given the ones before
+        it, with the `top` most likely alternatives; the first token's log-probability is None."""
+        ids = list(prompt[-self.block_size :])
+        idx = torch.tensor([ids], device=self.device)
+        logits = self.model.lm_head(self.model.hidden_states(idx))[0, :-1]
+        first = TokenLogprob(token=ids[0], logprob=None)
+        return [first, *token_logprobs(logits, idx[0, 1:], top)]
+
+
+def token_logprobs(logits: torch.Tensor, chosen: torch.Tensor, top: int) -> list[TokenLogprob]:
+    """For each row of logits (N, V) and its chosen token (N,): the token's log-probability and the `top` most
+    likely tokens with theirs (log-softmax in float32)."""
+    logprobs = logits.float().log_softmax(dim=-1)
+    picked = logprobs.gather(1, chosen[:, None])[:, 0].tolist()
+    best_values, best_columns = logprobs.topk(top, dim=-1) if top else (logprobs[:, :0], chosen[:, None][:, :0])
+    rows = zip(chosen.tolist(), picked, best_columns.tolist(), best_values.tolist())
+    return [TokenLogprob(token, value, list(zip(columns, values))) for token, value, columns, values in rows]
 
 
 def generate_stream(

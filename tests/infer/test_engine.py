@@ -501,3 +501,99 @@ def test_the_compiled_step_leaves_the_models_attention_alone(monkeypatch):
 )
 def test_a_compiled_step_runs_the_next_power_of_two_rows_within_the_slots(rows, slots, expected):
     assert compiled_decoding.padded_batch(rows, slots) == expected
+
+
+# ----------------------------------------------------------------------------- logit rules and log-probabilities
+
+
+def reference_with_rules(model: GPT, prompt: list[int], steps: int, presence=0.0, frequency=0.0, bias=None):
+    """Greedy tokens and each one's raw log-probability and top-3, by full passes of the plain model in float64, with
+    OpenAI's rule written out: logit[t] + bias[t] - frequency * count[t] - presence * (count[t] > 0)."""
+    tokens, made, logprobs, tops = list(prompt), [], [], []
+    with torch.no_grad():
+        for _ in range(steps):
+            logits, _ = model(torch.tensor([tokens]), torch.zeros(1, len(tokens), dtype=torch.long))
+            raw = logits[0, -1].double()
+            changed = raw.clone()
+            for token, value in (bias or {}).items():
+                changed[token] += value
+            for token in set(made):
+                changed[token] -= frequency * made.count(token) + presence
+            best_two = changed.topk(2).values
+            assert best_two[0] - best_two[1] > 1e-4, "a near tie: pick another prompt"
+            token = int(changed.argmax())
+            log_softmax = raw - torch.logsumexp(raw, dim=0)
+            logprobs.append(float(log_softmax[token]))
+            tops.append([(int(i), float(log_softmax[i])) for i in log_softmax.topk(3).indices])
+            made.append(token)
+            tokens.append(token)
+    return made, logprobs, tops
+
+
+@pytest.mark.parametrize("decode", ["eager", "compiled", "native"])
+def test_penalties_bias_and_logprobs_follow_openais_rule(decode):
+    """Greedy with presence and frequency penalties and a logit bias, against the rule computed in float64; each
+    token's log-probability and top 3 are the raw model's. In a batch beside a plain request, which keeps its own
+    tokens."""
+    model = lively_model()
+    reference = plain_copy(model)
+    prompt, plain_prompt = prompts_of(5, 4, seed=3)
+    rules = {"presence": 0.4, "frequency": 0.9, "bias": {3: 2.0, 7: -100.0}}
+    expected, logprobs, tops = reference_with_rules(reference, prompt, 9, **rules)
+    request = Request(
+        prompt,
+        9,
+        temperature=0,
+        presence_penalty=0.4,
+        frequency_penalty=0.9,
+        logit_bias={3: 2.0, 7: -100.0},
+        logprobs=3,
+    )
+    plain = Request(plain_prompt, 9, temperature=0)
+    batch = [request] if decode == "native" else [request, plain]  # the native step runs one row
+    for _ in Engine(model, slots=len(batch), decode=decode).run(batch):
+        pass
+    assert request.output == expected and 7 not in request.output
+    assert [entry.token for entry in request.token_logprobs] == expected
+    assert [entry.logprob for entry in request.token_logprobs] == pytest.approx(logprobs, abs=1e-5)
+    for entry, top in zip(request.token_logprobs, tops):
+        assert [token for token, _ in entry.top] == [token for token, _ in top]
+        assert [value for _, value in entry.top] == pytest.approx([value for _, value in top], abs=1e-5)
+    if decode != "native":
+        assert plain.output == reference_greedy(reference, plain_prompt, 9)
+
+
+def test_a_large_bias_forces_a_token_and_sampling_draws_from_the_changed_logits():
+    model = lively_model()
+    forced = Request(prompts_of(4)[0], 6, temperature=1.0, seed=5, logit_bias={11: 100.0})
+    banned = Request(prompts_of(4)[0], 40, temperature=1.0, seed=5, logit_bias={t: -100.0 for t in range(0, VOCAB, 2)})
+    for _ in Engine(model, slots=2).run([forced, banned]):
+        pass
+    assert forced.output == [11] * 6
+    assert all(token % 2 == 1 for token in banned.output)
+
+
+def test_prompt_logprobs_score_every_token_after_the_first():
+    model = lively_model()
+    reference = plain_copy(model)
+    (prompt,) = prompts_of(10, seed=4)
+    scored = Engine(model, slots=1).prompt_logprobs(prompt, top=2)
+    with torch.no_grad():
+        logits, _ = reference(torch.tensor([prompt]), torch.zeros(1, len(prompt), dtype=torch.long))
+    log_softmax = logits[0].double().log_softmax(-1)
+    assert [entry.token for entry in scored] == prompt
+    assert scored[0].logprob is None and scored[0].top == []
+    expected = [float(log_softmax[i - 1, prompt[i]]) for i in range(1, len(prompt))]
+    assert [entry.logprob for entry in scored[1:]] == pytest.approx(expected, abs=1e-5)
+    assert [[t for t, _ in e.top] for e in scored[1:]] == log_softmax[:-1].topk(2).indices.tolist()
+
+
+def test_bad_logit_rules_are_refused():
+    model = lively_model()
+    engine = Engine(model, slots=1)
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        engine.add(Request([1, 2], 3, logit_bias={VOCAB + 30: 1.0}))
+    with pytest.raises(ValueError, match="finite"):
+        engine.add(Request([1, 2], 3, presence_penalty=float("nan")))
+    with pytest.raises(ValueError, match="logprobs"):
+        engine.add(Request([1, 2], 3, logprobs=-1))
