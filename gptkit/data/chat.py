@@ -117,6 +117,26 @@ class ChatTemplate:
         content = np.asarray(tokenizer.encode_array(message["content"]), dtype=np.int64)
         return np.concatenate([[self._role_ids[message["role"]]], content, [self.end_of_turn]])
 
+    def to_jinja(self, begin: str) -> str:
+        """The template as Jinja (Hugging Face's `chat_template`, GGUF's `tokenizer.chat_template`, vLLM's
+        /tokenizer_info), `begin` being the text of the token a conversation opens with: rendered and then tokenized
+        with special tokens, it gives the ids render (and, with add_generation_prompt, render_prompt) gives for the
+        same messages."""
+        markers = "{" + ", ".join(f"'{role}': '{marker}'" for role, marker in ROLE_MARKERS.items()) + "}"
+        return (
+            f"{{%- set markers = {markers} -%}}"
+            f"{{{{- '{begin}' -}}}}"
+            "{%- for message in messages -%}"
+            "{%- if message['role'] not in markers -%}"
+            "{{- raise_exception('role ' + message['role'] + ' is not system, user or assistant') -}}"
+            "{%- elif message['role'] == 'system' and not loop.first -%}"
+            "{{- raise_exception('only the first message may be a system message') -}}"
+            "{%- endif -%}"
+            f"{{{{- markers[message['role']] + message['content'] + '{END_OF_TURN}' -}}}}"
+            "{%- endfor -%}"
+            f"{{%- if add_generation_prompt -%}}{{{{- '{ROLE_MARKERS['assistant']}' -}}}}{{%- endif -%}}"
+        )
+
     def to_meta(self) -> dict[str, Any]:
         """The "chat" object of a tokenizer's description."""
         return {"template": self.name, "special_tokens": dict(self.special_tokens), "begin": self.begin}

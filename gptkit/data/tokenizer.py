@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -337,6 +338,30 @@ class ChatTokenizer:
 
 
 Tokenizer = CharTokenizer | TiktokenTokenizer | ChatTokenizer
+
+
+def special_tokens_of(tokenizer: Tokenizer) -> dict[str, int]:
+    """The special tokens' texts and ids: the end of text, and a chat template's markers."""
+    special = {} if tokenizer.eot_token is None else {END_OF_TEXT: tokenizer.eot_token}
+    if tokenizer.chat is not None:
+        special.update(tokenizer.chat.special_tokens)
+    return special
+
+
+def encode_with_special_tokens(tokenizer: Tokenizer, text: str) -> list[int]:
+    """Encode text in which a special token's text stands for that token (as Hugging Face tokenizers read text);
+    the rest is ordinary text. Only for tools that expect this (a server's /tokenize): prompts never read markers."""
+    special = special_tokens_of(tokenizer)
+    if not special:
+        return tokenizer.encode(text)
+    pattern = "(" + "|".join(re.escape(marker) for marker in sorted(special, key=len, reverse=True)) + ")"
+    ids: list[int] = []
+    for number, piece in enumerate(re.split(pattern, text)):
+        if number % 2:  # re.split puts the matched separators at odd places
+            ids.append(special[piece])
+        elif piece:
+            ids += tokenizer.encode(piece)
+    return ids
 
 
 def is_tokenizer_dir(name: str) -> bool:

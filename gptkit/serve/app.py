@@ -4,8 +4,12 @@
     GET  /health           status, the model, slots, queue, counters (no key needed)
     GET  /v1/models        the one model served, as OpenAI lists models; GET /v1/models/{id} for one
     POST /v1/completions   OpenAI's completions: prompt (string, list, token ids), max_tokens, temperature, top_p,
-                           n, stop, seed, stream (server-sent events, then `data: [DONE]`), stream_options.
-                           include_usage; top_k as an extension
+                           n, best_of, stop, seed, stream (server-sent events, then `data: [DONE]`),
+                           stream_options.include_usage, logprobs, echo (max_tokens 0: score the prompt only),
+                           presence_penalty, frequency_penalty, logit_bias; top_k as an extension
+    POST /v1/chat/completions  the same for chat messages, rendered with the model's chat template; logprobs and
+                           top_logprobs in the chat format
+    GET  /tokenizer_info, POST /tokenize, /detokenize   vLLM's tokenizer endpoints (lm-eval's remote tokenizer)
 
 FastAPI parses and checks requests; uvicorn speaks HTTP; gptkit.serve.batcher decodes every request's choices together
 (continuous batching). `Guard` checks the API key and the body size before anything reads the body. Every error is
@@ -39,13 +43,21 @@ from gptkit.core.devices import Runtime
 from gptkit.core.errors import UserError
 from gptkit.core.settings import setting
 from gptkit.data.chat import ChatError
-from gptkit.data.tokenizer import Tokenizer
+from gptkit.data.tokenizer import Tokenizer, encode_with_special_tokens
 from gptkit.infer import engine, next_token
 from gptkit.infer.decoding import Decoding
+from gptkit.infer.engine import TokenLogprob
 from gptkit.infer.textstream import TextStream
 from gptkit.serve import openai_api as api
 from gptkit.serve.batcher import Batcher, Job, ServerBusyError
-from gptkit.serve.openai_api import APIError, ChatCompletionRequest, CompletionRequest, error_response
+from gptkit.serve.openai_api import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    error_response,
+)
 from gptkit.weights.loading import ModelSource
 
 
@@ -207,9 +219,46 @@ class Service:
             )
         return self.model_card()
 
+    async def tokenizer_info(self) -> dict[str, Any]:
+        """The tokenizer as vLLM's /tokenizer_info describes it (what lm-eval's remote tokenizer reads)."""
+        eot, chat = self.tokenizer.eot_token, self.tokenizer.chat
+        begin = "" if chat is None or chat.begin is None else self.tokenizer.decode([chat.begin])
+        return {
+            "tokenizer_class": self.tokenizer.kind,
+            "eos_token": None if eot is None else self.tokenizer.decode([eot]),
+            "bos_token": None,
+            "pad_token": None,
+            "vocab_size": self.tokenizer.vocab_size,
+            "model_max_length": self.block_size,
+            "chat_template": None if chat is None else chat.to_jinja(begin),
+        }
+
+    async def tokenize(self, body: TokenizeRequest) -> dict[str, Any]:
+        """vLLM's /tokenize: a prompt's ids, special tokens' texts read as those tokens (as Hugging Face's
+        tokenizers read them), or the ids of chat messages rendered for a reply."""
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "give a prompt or messages", "prompt")
+        try:
+            if body.prompt is not None:
+                ids = await run_in_threadpool(encode_with_special_tokens, self.tokenizer, body.prompt)
+            elif self.tokenizer.chat is None:
+                raise APIError(400, "this model has no chat template; give a prompt", "messages", "model_not_chat")
+            else:
+                messages = ChatCompletionRequest(model="", messages=body.messages).message_dicts()
+                ids = self.tokenizer.chat.render_prompt(messages, self.tokenizer)
+                ids = ids if body.add_generation_prompt else ids[:-1]
+        except (ChatError, UserError, UnicodeError) as exc:
+            raise APIError(400, f"cannot be tokenized: {exc}", "messages" if body.messages else "prompt") from None
+        return {"count": len(ids), "max_model_len": self.block_size, "tokens": ids}
+
+    async def detokenize(self, body: DetokenizeRequest) -> dict[str, str]:
+        if any(not 0 <= token < self.tokenizer.vocab_size for token in body.tokens):
+            raise APIError(400, f"token ids must be in [0, {self.tokenizer.vocab_size})", "tokens")
+        return {"prompt": self.tokenizer.decode(body.tokens)}
+
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         await self.get_model(body.model)
-        body.refuse_unsupported()
+        body.check()
         prompts = [await run_in_threadpool(self.encode, prompt) for prompt in self.prompt_list(body)]
         eot = self.tokenizer.eot_token
         jobs = self.make_jobs(body, prompts, () if eot is None else (eot,))
@@ -217,15 +266,15 @@ class Service:
         head = {**api.completion_id(), "model": self.name}
         prompt_tokens = sum(len(ids) for ids in prompts)
         if body.stream:
-            events = self.stream(jobs, head, prompt_tokens, body.stream_options, api.choice)
+            events = self.stream(jobs, head, prompt_tokens, body, api.choice)
             return JobStream(events, jobs, self.batcher)
-        return await self.collect(jobs, head, prompt_tokens, request, api.choice)
+        return await self.collect(jobs, head, prompt_tokens, request, body, api.choice)
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
         """A chat completion: the messages rendered with the model's chat template, the reply decoded up to the end
         of its turn on the same batcher as completions."""
         await self.get_model(body.model)
-        body.refuse_unsupported()
+        body.check()
         template = self.tokenizer.chat
         if template is None:
             raise APIError(
@@ -243,10 +292,10 @@ class Service:
         self.submit(jobs)
         if body.stream:
             head = {**api.chat_completion_id(streamed=True), "model": self.name}
-            events = self.stream(jobs, head, len(ids), body.stream_options, api.chat_delta)
+            events = self.stream(jobs, head, len(ids), body, api.chat_delta)
             return JobStream(events, jobs, self.batcher)
         head = {**api.chat_completion_id(streamed=False), "model": self.name}
-        return await self.collect(jobs, head, len(ids), request, api.chat_choice)
+        return await self.collect(jobs, head, len(ids), request, body, api.chat_choice)
 
     def submit(self, jobs: list[Job]) -> None:
         """Queue the jobs on the batcher, or answer 429 when it is full."""
@@ -302,9 +351,10 @@ class Service:
     def make_jobs(
         self, body: CompletionRequest | ChatCompletionRequest, prompts: list[list[int]], stop_tokens: tuple[int, ...]
     ) -> list[Job]:
-        """One job per choice: prompt i's j-th choice has index i * n + j and, with a seed, seed + j. Each ends at
-        one of `stop_tokens` (end of text; a chat's end of turn), at a stop string, or at its token budget."""
-        cfg, n = self.cfg, body.n or 1
+        """One job per choice: prompt i's j-th choice has index i * n + j and, with a seed, seed + j (n: best_of
+        when it asks for more). Each ends at one of `stop_tokens` (end of text; a chat's end of turn), at a stop
+        string, or at its token budget."""
+        cfg, n = self.cfg, body.candidates
         budget = body.token_budget
         max_tokens = min(cfg.default_max_tokens, cfg.max_tokens) if budget is None else budget
         if max_tokens > cfg.max_tokens:
@@ -320,38 +370,73 @@ class Service:
         problem = next_token.sampling_problem(temperature, body.top_k, top_p)
         if problem:
             raise APIError(400, problem, problem.split()[0])
-        stops = body.stops()
+        stops, bias = body.stops(), body.bias(self.tokenizer.vocab_size)
+        # best_of ranks its candidates by their tokens' log-probabilities, asked for or not
+        logprobs = 0 if body.logprob_count is None and n > (body.n or 1) else body.logprob_count
+        echo = bool(getattr(body, "echo", False))
         events, loop = asyncio.Queue(), asyncio.get_running_loop()
         jobs = []
         for i, ids in enumerate(prompts):
             for j in range(n):
                 seed = None if body.seed is None else (body.seed + j) % (api.SEED_RANGE[1] + 1)
-                request = engine.Request(ids, max_tokens, temperature, body.top_k, top_p, stop_tokens, seed=seed)
+                request = engine.Request(
+                    prompt=ids,
+                    max_new_tokens=max_tokens,
+                    temperature=temperature,
+                    top_k=body.top_k,
+                    top_p=top_p,
+                    stop_tokens=stop_tokens,
+                    seed=seed,
+                    presence_penalty=body.presence_penalty or 0.0,
+                    frequency_penalty=body.frequency_penalty or 0.0,
+                    logit_bias=bias,
+                    logprobs=logprobs,
+                )
                 stream = TextStream(self.tokenizer, stops, stop_tokens)
-                jobs.append(Job(request, stream, events, loop, index=i * n + j))
+                job = Job(request, stream, events, loop, index=i * n + j)
+                if echo:
+                    job.echo, job.score_prompt = self.tokenizer.decode(ids), body.logprob_count
+                jobs.append(job)
         return jobs
 
-    async def events(self, jobs: list[Job]) -> AsyncIterator[dict[int, tuple[str, str | None]]]:
-        """What the jobs made since the last time, merged per choice: {index: (text, finish_reason)}, until every
-        job has finished."""
+    async def events(self, jobs: list[Job]) -> AsyncIterator[dict[int, tuple[str, str | None, list]]]:
+        """What the jobs made since the last time, merged per choice: {index: (text, finish_reason, logprobs)},
+        until every job has finished."""
         queue, running = jobs[0].events, len(jobs)
         while running:
             batch = [await queue.get()]
             while not queue.empty():
                 batch.append(queue.get_nowait())
-            merged: dict[int, tuple[str, str | None]] = {}
-            for index, text, reason in batch:
-                old_text, old_reason = merged.get(index, ("", None))
-                merged[index] = (old_text + text, reason or old_reason)
+            merged: dict[int, tuple[str, str | None, list]] = {}
+            for index, text, reason, logprobs in batch:
+                old_text, old_reason, old_logprobs = merged.get(index, ("", None, []))
+                merged[index] = (old_text + text, reason or old_reason, old_logprobs + logprobs)
                 running -= reason is not None
             yield merged
 
+    def logprobs_object(
+        self, body: CompletionRequest | ChatCompletionRequest, entries: list[TokenLogprob], offset: int
+    ) -> dict | None:
+        """The logprobs of a choice (or of a chunk's new tokens) in the API's format; None when not asked for."""
+        if body.logprob_count is None:
+            return None
+        if isinstance(body, ChatCompletionRequest):
+            return api.chat_logprobs(entries, self.tokenizer)
+        return api.completion_logprobs(entries, self.tokenizer, offset)
+
     async def stream(
-        self, jobs: list[Job], head: dict, prompt_tokens: int, options: Any, make_choice: Callable
+        self,
+        jobs: list[Job],
+        head: dict,
+        prompt_tokens: int,
+        body: CompletionRequest | ChatCompletionRequest,
+        make_choice: Callable,
     ) -> AsyncIterator[bytes]:
         """The server-sent events of a streamed completion: a chunk per choice with new text (made by
         `make_choice`: text, or a chat delta after a first chunk naming the role), then `[DONE]`."""
+        options = body.stream_options
         every_chunk = bool(options and options.continuous_usage_stats)
+        offsets = [0] * len(jobs)  # where each choice's next token starts in its text (logprobs' text_offset)
 
         def counts() -> dict[str, int]:
             return api.usage(prompt_tokens, sum(job.completion_tokens for job in jobs))
@@ -361,11 +446,13 @@ class Service:
                 for job in jobs:
                     yield api.sse({**head, "choices": [api.chat_role_delta(job.index)]})
             async for merged in self.events(jobs):
-                for index, (text, reason) in sorted(merged.items()):
+                for index, (text, reason, entries) in sorted(merged.items()):
                     if reason == "error":
                         yield api.sse({"error": {"message": text, "type": "server_error", "param": None, "code": None}})
                         continue
-                    chunk = {**head, "choices": [make_choice(index, text, reason)]}
+                    logprobs = self.logprobs_object(body, entries, offsets[index])
+                    offsets[index] += sum(len(api.token_text(self.tokenizer, entry.token)) for entry in entries)
+                    chunk = {**head, "choices": [make_choice(index, text, reason, logprobs)]}
                     yield api.sse({**chunk, "usage": counts()} if every_chunk else chunk)
             if options and (options.include_usage or every_chunk):
                 yield api.sse({**head, "choices": [], "usage": counts()})
@@ -374,15 +461,22 @@ class Service:
             self.batcher.cancel(jobs)
 
     async def collect(
-        self, jobs: list[Job], head: dict, prompt_tokens: int, request: Request, make_choice: Callable
+        self,
+        jobs: list[Job],
+        head: dict,
+        prompt_tokens: int,
+        request: Request,
+        body: CompletionRequest | ChatCompletionRequest,
+        make_choice: Callable,
     ) -> Response:
-        texts, reasons = [""] * len(jobs), [None] * len(jobs)
+        texts, reasons, entries = [""] * len(jobs), [None] * len(jobs), [[] for _ in jobs]
 
         async def gather() -> None:
             async for merged in self.events(jobs):
-                for index, (text, reason) in merged.items():
+                for index, (text, reason, logprobs) in merged.items():
                     texts[index] += text
                     reasons[index] = reason or reasons[index]
+                    entries[index] += logprobs
 
         work, gone = asyncio.ensure_future(gather()), asyncio.ensure_future(disconnected(request))
         try:
@@ -395,9 +489,30 @@ class Service:
             return Response(status_code=499)  # the client closed the connection: nobody reads this
         if "error" in reasons:
             raise APIError(500, texts[reasons.index("error")])
-        choices = [make_choice(index, text, reason) for index, (text, reason) in enumerate(zip(texts, reasons))]
+        choices = []
+        for number, index in enumerate(best_choices(jobs, body)):
+            logprobs = self.logprobs_object(body, entries[index], 0)
+            choices.append(make_choice(number, texts[index], reasons[index], logprobs))
         completion_tokens = sum(job.completion_tokens for job in jobs)
         return JSONResponse({**head, "choices": choices, "usage": api.usage(prompt_tokens, completion_tokens)})
+
+
+def best_choices(jobs: list[Job], body: CompletionRequest | ChatCompletionRequest) -> list[int]:
+    """The jobs whose choices are answered, in order: all of them, or with best_of the n of each prompt's candidates
+    whose tokens have the highest mean log-probability (as OpenAI ranks them)."""
+    n, candidates = body.n or 1, body.candidates
+    if candidates == n:
+        return list(range(len(jobs)))
+    chosen = []
+    for start in range(0, len(jobs), candidates):
+        group = sorted(range(start, start + candidates), key=lambda index: -mean_logprob(jobs[index]))
+        chosen += group[:n]
+    return chosen
+
+
+def mean_logprob(job: Job) -> float:
+    made = job.request.token_logprobs
+    return sum(entry.logprob for entry in made) / max(1, len(made))
 
 
 async def disconnected(request: Request) -> None:
@@ -433,6 +548,9 @@ def create_app(
     app.add_api_route("/v1/models/{model:path}", service.get_model, methods=["GET"])
     app.add_api_route("/v1/completions", service.completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", service.chat_completions, methods=["POST"])
+    app.add_api_route("/tokenizer_info", service.tokenizer_info, methods=["GET"])
+    app.add_api_route("/tokenize", service.tokenize, methods=["POST"])
+    app.add_api_route("/detokenize", service.detokenize, methods=["POST"])
     app.add_exception_handler(APIError, lambda request, exc: exc.response())
     app.add_exception_handler(RequestValidationError, lambda request, exc: api.validation_error(exc).response())
     app.add_exception_handler(HTTPException, http_error)

@@ -1,9 +1,10 @@
 """Continuous batching for a server: one decode thread owns the Engine; requests come and go between its steps.
 
 The server (gptkit.serve.app, asyncio) turns each choice of an HTTP request into a `Job` and `submit`s them; the
-decode thread admits waiting jobs into free slots before each step, runs `engine.step()` for every active job at
-once, turns each new token into text (gptkit.infer.textstream: UTF-8 safe, stop strings) and hands (index, text,
-finish_reason) events to the job's asyncio queue with `loop.call_soon_threadsafe`. A job that is `cancel`led (its
+decode thread admits waiting jobs into free slots before each step (scoring their prompts first when asked: echo
+with logprobs), runs `engine.step()` for every active job at once, turns each new token into text
+(gptkit.infer.textstream: UTF-8 safe, stop strings) and hands (index, text, finish_reason, logprobs) events to the
+job's asyncio queue with `loop.call_soon_threadsafe`. A job that is `cancel`led (its
 client went away) leaves the engine before the next step, so it costs no more compute. A job's tokens do not
 depend on the others in the batch (see gptkit.infer.engine).
 
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 
 from gptkit.core.devices import autocast
-from gptkit.infer.engine import Engine, Request
+from gptkit.infer.engine import Engine, Request, TokenLogprob
 from gptkit.infer.textstream import TextStream
 
 
@@ -35,9 +36,11 @@ class ServerBusyError(Exception):
 class Job:
     """One choice of one HTTP request: the engine's Request, its text stream, and where its events go.
 
-    Events are (index, text, finish_reason) tuples put on `events` (an asyncio.Queue of `loop`): text is what became
-    printable after a token (possibly ""); finish_reason is None until the last event ("stop", "length", or
-    "error" with the message as text).
+    Events are (index, text, finish_reason, logprobs) tuples put on `events` (an asyncio.Queue of `loop`): text is
+    what became printable after a token (possibly ""); finish_reason is None until the last event ("stop", "length",
+    or "error" with the message as text); logprobs are the TokenLogprobs of the tokens made since the last event
+    (when the request asked for them). `echo` is text the choice begins with (the prompt, for echo); with
+    `score_prompt` = k the first event also brings the prompt's tokens' TokenLogprobs, with k alternatives each.
     """
 
     request: Request
@@ -45,26 +48,36 @@ class Job:
     events: asyncio.Queue
     loop: asyncio.AbstractEventLoop
     index: int = 0
+    echo: str = ""
+    score_prompt: int | None = None
     finish_reason: str | None = None
     cancelled: bool = field(default=False, repr=False)
+    reported: int = field(default=0, repr=False)  # the request's token_logprobs already sent in an event
 
     @property
     def completion_tokens(self) -> int:
         return len(self.request.output)
 
-    def post(self, text: str, finish_reason: str | None) -> None:
+    def post(self, text: str, finish_reason: str | None, logprobs: list[TokenLogprob] | None = None) -> None:
         """Hand an event to the job's event loop (from any thread); dropped when that loop has closed."""
-        deliver([(self, text, finish_reason)])
+        deliver([(self, text, finish_reason, logprobs or [])])
+
+    def new_logprobs(self) -> list[TokenLogprob]:
+        """The TokenLogprobs of the tokens made since the last call."""
+        made = self.request.token_logprobs[self.reported :]
+        self.reported += len(made)
+        return made
 
 
-def deliver(events: list[tuple[Job, str, str | None]]) -> None:
-    """Hand (job, text, finish_reason) events to their jobs' event loops, with one wake-up per loop (a step's
-    events travel together: fewer thread switches on a busy machine). Events for a closed loop are dropped."""
+def deliver(events: list[tuple[Job, str, str | None, list[TokenLogprob]]]) -> None:
+    """Hand (job, text, finish_reason, logprobs) events to their jobs' event loops, with one wake-up per loop (a
+    step's events travel together: fewer thread switches on a busy machine). Events for a closed loop are dropped."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, tuple]]] = {}
-    for job, text, finish_reason in events:
+    for job, text, finish_reason, logprobs in events:
         if finish_reason is not None:
             job.finish_reason = finish_reason
-        by_loop.setdefault(job.loop, []).append((job.events, (job.index, text, finish_reason)))
+        event = (job.index, text, finish_reason, logprobs)
+        by_loop.setdefault(job.loop, []).append((job.events, event))
     for loop, items in by_loop.items():
         with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone, nobody listens
             loop.call_soon_threadsafe(_put_all, items)
@@ -194,7 +207,9 @@ class Batcher:
 
     def _admit(self, jobs: list[Job]) -> None:
         """Prefill the admitted jobs' prompts into free rows, equally long ones in one pass (outside the lock: submit
-        need not wait for it). A job the engine refuses ends with an error; the others start."""
+        need not wait for it). A job the engine refuses ends with an error; the others start. A job that echoes its
+        prompt gets the prompt (and its scores) as its first event; one with no tokens to make ends there."""
+        self._echo(jobs)
         try:
             self.engine.add_many([job.request for job in jobs])
         except Exception:  # a request the server should have refused: add one by one, to find it
@@ -207,6 +222,21 @@ class Batcher:
         with self._cond:
             self._running.update((job.request, job) for job in jobs if job.request in self.engine.active)
             self._starting = 0
+        for job in jobs:
+            if job.request.finish_reason == "length" and job.request not in self.engine.active:  # max_tokens 0
+                self._finish(job, "length", "")
+
+    def _echo(self, jobs: list[Job]) -> None:
+        """Post each echoing job's prompt text, with its tokens scored when asked (once per distinct prompt)."""
+        scores: dict[tuple, list[TokenLogprob]] = {}
+        for job in jobs:
+            if job.score_prompt is not None:
+                key = (tuple(job.request.prompt), job.score_prompt)
+                if key not in scores:
+                    scores[key] = self.engine.prompt_logprobs(job.request.prompt, job.score_prompt)
+                job.post(job.echo, None, scores[key])
+            elif job.echo:
+                job.post(job.echo, None)
 
     def _step(self) -> None:
         if not self._running:
@@ -222,21 +252,22 @@ class Batcher:
                 self.engine.remove(request, "stop")
             if request.finish_reason is None:
                 if text:
-                    events.append((job, text, None))
+                    events.append((job, text, None, job.new_logprobs()))
             else:
                 # "stop": a stop string or the end-of-text token; "length": max_tokens made
                 reason = "stop" if job.stream.done else request.finish_reason
                 events.append(self._finish(job, reason, text + job.stream.finish(), post=False))
         deliver(events)
 
-    def _finish(self, job: Job, reason: str, text: str, post: bool = True) -> tuple[Job, str, str]:
+    def _finish(self, job: Job, reason: str, text: str, post: bool = True) -> tuple[Job, str, str, list[TokenLogprob]]:
         """Take a job out of the running ones and post its last event (or, with post=False, return it)."""
         with self._cond:
             self._running.pop(job.request, None)
             self.finished += 1
+        logprobs = job.new_logprobs()
         if post:
-            job.post(text, reason)
-        return job, text, reason
+            job.post(text, reason, logprobs)
+        return job, text, reason, logprobs
 
     def _fail_running(self, message: str, waiting_too: bool = False) -> None:
         """End every decoding job (and with waiting_too, every waiting one) with an error event."""

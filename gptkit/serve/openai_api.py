@@ -17,8 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
+from gptkit.data.tokenizer import Tokenizer
+from gptkit.infer.engine import TokenLogprob
+
 MAX_STOPS = 4  # as OpenAI: up to 4 stop strings
 SEED_RANGE = (-(2**63), 2**64 - 1)
+MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's chat API and vLLM allow
+MAX_BIAS = 100.0  # logit_bias values lie in [-100, 100], as OpenAI's
 
 
 class APIError(HTTPException):
@@ -77,13 +82,30 @@ class SamplingRequest(BaseModel):
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 
     def stops(self) -> list[str]:
         return stop_list(self.stop)
+
+    def bias(self, vocab_size: int) -> dict[int, float]:
+        """logit_bias with token ids as ints; APIError for a key that is not a token id of this model, or a value
+        outside [-100, 100]."""
+        bias = {}
+        for key, value in (self.logit_bias or {}).items():
+            if not key.isdigit() or int(key) >= vocab_size:
+                raise APIError(400, f"logit_bias keys are token ids in [0, {vocab_size}), got {key!r}", "logit_bias")
+            if not -MAX_BIAS <= value <= MAX_BIAS:
+                raise APIError(400, f"logit_bias values lie in [-100, 100], got {value} for {key}", "logit_bias")
+            bias[int(key)] = value
+        return bias
+
+    @property
+    def logprob_count(self) -> int | None:
+        """How many alternatives each token's log-probability comes with; None: no log-probabilities."""
+        raise NotImplementedError
 
     def refuse_unsupported(self) -> None:
         """APIError 400 naming the first field set to something this server cannot do."""
@@ -96,28 +118,38 @@ class SamplingRequest(BaseModel):
 
 
 class CompletionRequest(SamplingRequest):
-    """The body of POST /v1/completions. Fields this server cannot honour (echo, logprobs, suffix, penalties,
-    logit_bias, best_of > n) are refused, never silently ignored."""
+    """The body of POST /v1/completions. `max_tokens: 0` with `echo` scores a prompt without generating. `suffix`
+    (insertion) is refused, never silently ignored."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=0)
     echo: bool | None = False
-    logprobs: int | None = None
-    best_of: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    best_of: int | None = Field(None, ge=1)
     suffix: str | None = None
 
     def unsupported(self) -> str | None:
         """The first field set to something this server cannot do, or None."""
-        n = self.n or 1
-        asked = {
-            "echo": bool(self.echo),
-            "logprobs": self.logprobs is not None,
-            "suffix": bool(self.suffix),
-            "presence_penalty": bool(self.presence_penalty),
-            "frequency_penalty": bool(self.frequency_penalty),
-            "logit_bias": bool(self.logit_bias),
-            "best_of": self.best_of not in (None, 1, n),
-        }
-        return next((name for name, on in asked.items() if on), None)
+        return "suffix" if self.suffix else None
+
+    def check(self) -> None:
+        """APIError for fields that contradict each other."""
+        self.refuse_unsupported()
+        if self.max_tokens == 0 and not self.echo:
+            raise APIError(400, "max_tokens 0 generates nothing: give echo=true to score the prompt", "max_tokens")
+        if self.best_of is not None and self.best_of < (self.n or 1):
+            raise APIError(400, f"best_of ({self.best_of}) must be at least n ({self.n or 1})", "best_of")
+        if self.candidates > (self.n or 1) and self.stream:
+            raise APIError(400, "best_of > n cannot be streamed: the best choices are known only at the end", "best_of")
+
+    @property
+    def candidates(self) -> int:
+        """Choices generated per prompt: best_of, else n."""
+        return self.best_of or self.n or 1
+
+    @property
+    def logprob_count(self) -> int | None:
+        return self.logprobs
 
     @property
     def token_budget(self) -> int | None:
@@ -151,27 +183,37 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingRequest):
     """The body of POST /v1/chat/completions: OpenAI's fields (`max_completion_tokens`, and the older `max_tokens`),
-    `top_k` as an extension. Fields this server cannot honour (logprobs, penalties, logit_bias, tools,
-    response_format) are refused, never silently ignored."""
+    `top_k` as an extension. Fields this server cannot honour (tools, response_format other than text) are
+    refused, never silently ignored."""
 
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict] | None = None
     response_format: dict | None = None
 
     def unsupported(self) -> str | None:
         """The first field set to something this server cannot do, or None."""
         asked = {
-            "logprobs": bool(self.logprobs) or self.top_logprobs is not None,
-            "presence_penalty": bool(self.presence_penalty),
-            "frequency_penalty": bool(self.frequency_penalty),
-            "logit_bias": bool(self.logit_bias),
             "tools": bool(self.tools),
             "response_format": self.response_format not in (None, {"type": "text"}),
         }
         return next((name for name, on in asked.items() if on), None)
+
+    def check(self) -> None:
+        """APIError for fields that contradict each other."""
+        self.refuse_unsupported()
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+
+    @property
+    def candidates(self) -> int:
+        return self.n or 1
+
+    @property
+    def logprob_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def token_budget(self) -> int | None:
@@ -191,6 +233,25 @@ class ChatCompletionRequest(SamplingRequest):
                 content = "".join(part.text for part in content)
             messages.append({"role": message.role, "content": content})
         return messages
+
+
+class TokenizeRequest(BaseModel):
+    """The body of POST /tokenize (vLLM's): a prompt, or chat messages rendered with the template."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True  # our tokenizers add no begin-of-text token: nothing to add
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    """The body of POST /detokenize (vLLM's)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+    model: str | None = None
+    tokens: list[int]
 
 
 def validation_error(exc: RequestValidationError) -> APIError:
@@ -225,19 +286,58 @@ def chat_completion_id(streamed: bool) -> dict[str, Any]:
     return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": kind, "created": int(time.time())}
 
 
-def choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+def choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def chat_choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+def chat_choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict[str, Any]:
     message = {"role": "assistant", "content": text}
-    return {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason}
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def chat_delta(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+def chat_delta(index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict[str, Any]:
     """A streamed chat choice: new text as a delta (none in the last chunk, which carries the finish reason)."""
     delta = {"content": text} if text or finish_reason is None else {}
-    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def token_text(tokenizer: Tokenizer, token: int) -> str:
+    """A token as text; a token that is not whole UTF-8 (part of a character) as OpenAI writes it: "bytes:\\xe2"."""
+    piece = tokenizer.decode_bytes([token])
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{byte:02x}" for byte in piece)
+
+
+def completion_logprobs(entries: list[TokenLogprob], tokenizer: Tokenizer, offset: int) -> dict[str, list]:
+    """The completions API's logprobs object for these tokens; text_offset counts characters of the choice's
+    text from `offset` (where the tokens before these ended)."""
+    tokens = [token_text(tokenizer, entry.token) for entry in entries]
+    offsets = [offset + sum(len(token) for token in tokens[:i]) for i in range(len(tokens))]
+    top = [
+        None if entry.logprob is None else {token_text(tokenizer, t): value for t, value in entry.top}
+        for entry in entries
+    ]
+    return {
+        "tokens": tokens,
+        "token_logprobs": [entry.logprob for entry in entries],
+        "top_logprobs": top,
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(entries: list[TokenLogprob], tokenizer: Tokenizer) -> dict[str, list]:
+    """The chat API's logprobs object: {"content": [{token, logprob, bytes, top_logprobs}, ...]}."""
+    content = []
+    for entry in entries:
+        top = [chat_token(tokenizer, token, logprob) for token, logprob in entry.top]
+        content.append({**chat_token(tokenizer, entry.token, entry.logprob), "top_logprobs": top})
+    return {"content": content}
+
+
+def chat_token(tokenizer: Tokenizer, token: int, logprob: float) -> dict[str, Any]:
+    return {"token": token_text(tokenizer, token), "logprob": logprob, "bytes": list(tokenizer.decode_bytes([token]))}
 
 
 def chat_role_delta(index: int) -> dict[str, Any]:

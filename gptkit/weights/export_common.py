@@ -23,7 +23,7 @@ import torch
 
 from gptkit.core.errors import UserError
 from gptkit.data import bpe
-from gptkit.data.chat import END_OF_TURN, ROLE_MARKERS, ChatTemplate
+from gptkit.data.chat import ChatTemplate
 from gptkit.data.tokenizer import (
     END_OF_TEXT,
     BpeTokenizer,
@@ -181,25 +181,10 @@ def bpe_merges(ranks: dict[bytes, int]) -> list[tuple[str, str]]:
 # -------------------------------------------------------------------------------------------- chat template
 
 
-def chat_template_jinja(chat: ChatTemplate, vocabulary: Vocabulary) -> str:
-    """The template as Jinja (Hugging Face's `chat_template`, GGUF's `tokenizer.chat_template`): rendered and then
-    tokenized with special tokens, it gives the ids ChatTemplate.render (and, with add_generation_prompt,
-    render_prompt) gives for the same messages."""
-    begin = "" if chat.begin is None else vocabulary.tokens[chat.begin]
-    markers = "{" + ", ".join(f"'{role}': '{marker}'" for role, marker in ROLE_MARKERS.items()) + "}"
-    return (
-        f"{{%- set markers = {markers} -%}}"
-        f"{{{{- '{begin}' -}}}}"
-        "{%- for message in messages -%}"
-        "{%- if message['role'] not in markers -%}"
-        "{{- raise_exception('role ' + message['role'] + ' is not system, user or assistant') -}}"
-        "{%- elif message['role'] == 'system' and not loop.first -%}"
-        "{{- raise_exception('only the first message may be a system message') -}}"
-        "{%- endif -%}"
-        f"{{{{- markers[message['role']] + message['content'] + '{END_OF_TURN}' -}}}}"
-        "{%- endfor -%}"
-        f"{{%- if add_generation_prompt -%}}{{{{- '{ROLE_MARKERS['assistant']}' -}}}}{{%- endif -%}}"
-    )
+def vocabulary_chat_template(vocabulary: Vocabulary) -> str:
+    """The vocabulary's chat template as Jinja (see ChatTemplate.to_jinja)."""
+    chat = vocabulary.chat
+    return chat.to_jinja("" if chat.begin is None else vocabulary.tokens[chat.begin])
 
 
 # -------------------------------------------------------------------------------------------- output directory

@@ -21,7 +21,7 @@ from gptkit.data import bpe
 from gptkit.data.chat import END_OF_TURN, ROLE_MARKERS
 from gptkit.data.tokenizer import Tokenizer
 from gptkit.model import GPT
-from gptkit.weights.export_common import Vocabulary, chat_template_jinja, gpt2_tensors, vocabulary_of
+from gptkit.weights.export_common import Vocabulary, gpt2_tensors, vocabulary_chat_template, vocabulary_of
 
 OUTTYPES = ("f32", "f16", "q8_0")
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which the model uses
@@ -147,7 +147,7 @@ def add_tokenizer(writer: Any, vocabulary: Vocabulary, rows: int) -> None:
     writer.add_add_eos_token(False)
     if vocabulary.chat:
         writer.add_eot_token_id(vocabulary.chat.end_of_turn)
-        writer.add_chat_template(chat_template_jinja(vocabulary.chat, vocabulary))
+        writer.add_chat_template(vocabulary_chat_template(vocabulary))
 
 
 def modelfile(filename: str, vocabulary: Vocabulary, block_size: int) -> str:

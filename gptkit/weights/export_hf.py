@@ -21,7 +21,7 @@ from gptkit.data.chat import END_OF_TURN
 from gptkit.data.tokenizer import Tokenizer
 from gptkit.model import GPT
 from gptkit.weights import hf_gpt2
-from gptkit.weights.export_common import Vocabulary, chat_template_jinja, gpt2_tensors, vocabulary_of
+from gptkit.weights.export_common import Vocabulary, gpt2_tensors, vocabulary_chat_template, vocabulary_of
 
 
 def export_hf(model: GPT, tokenizer: Tokenizer, directory: Path) -> list[str]:
@@ -78,5 +78,5 @@ def tokenizer_config(vocabulary: Vocabulary, block_size: int) -> dict[str, Any]:
         "clean_up_tokenization_spaces": False,
     }
     if vocabulary.chat:
-        config["chat_template"] = chat_template_jinja(vocabulary.chat, vocabulary)
+        config["chat_template"] = vocabulary_chat_template(vocabulary)
     return config

@@ -132,7 +132,10 @@ def test_a_request_alone_equals_itself_in_a_busy_batch(chat_server):
         ({"messages": [{"role": "user", "content": "hi"}], "n": 0}, "n"),
         ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
         ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0}, "max_completion_tokens"),
-        ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "logprobs"),
+        ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),  # no logprobs: true
+        ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 2.5}, "presence_penalty"),
+        ({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"-1": 5}}, "logit_bias"),
         ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, "tools"),
     ],
 )

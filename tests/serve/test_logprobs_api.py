@@ -1,0 +1,176 @@
+"""What the server tells tools about its tokens, in-process: logprobs and echo (a prompt scored, streamed or not),
+chat logprobs, presence and frequency penalties and logit_bias per request, best_of, and vLLM's tokenizer endpoints.
+
+Expected log-probabilities come from full passes of the plain model in float64 (no cache, no engine), and the
+penalised tokens from OpenAI's rule written out in tests/infer/test_engine.py's reference_with_rules.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+import torch
+
+from gptkit.data.tokenizer import CharTokenizer, ChatTokenizer, TiktokenTokenizer
+from helpers import SERVE_TEXT, lively_model, plain_copy, running_app
+from infer.test_engine import reference_with_rules
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> CharTokenizer:
+    return CharTokenizer.from_text(SERVE_TEXT, eot=True)
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return lively_model(tokenizer.vocab_size, block_size=32)
+
+
+@pytest.fixture(scope="module")
+def server(model, tokenizer):
+    with running_app(model, tokenizer, slots=4) as base:
+        yield base
+
+
+def complete(base: str, **body) -> dict:
+    answer = httpx.post(f"{base}/v1/completions", json={"model": "m", **body}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def float64_logprobs(model, tokens: list[int]) -> torch.Tensor:
+    """log-softmax (T, V) of the plain model's logits at every position of `tokens`, in float64."""
+    with torch.no_grad():
+        logits, _ = plain_copy(model)(torch.tensor([tokens]), torch.zeros(1, len(tokens), dtype=torch.long))
+    return logits[0].double().log_softmax(-1)
+
+
+def test_logprobs_of_generated_tokens_are_the_models(server, model, tokenizer):
+    prompt = "ROMEO:"
+    choice = complete(server, prompt=prompt, max_tokens=8, temperature=0, logprobs=3)["choices"][0]
+    logprobs, text = choice["logprobs"], choice["text"]
+    made = tokenizer.encode(text)
+    assert logprobs["tokens"] == list(text) and len(made) == 8  # one character per token
+    expected = float64_logprobs(model, tokenizer.encode(prompt) + made)[len(prompt) - 1 : -1]
+    assert logprobs["token_logprobs"] == pytest.approx([float(expected[i, t]) for i, t in enumerate(made)], abs=1e-5)
+    assert logprobs["text_offset"] == list(range(8))
+    for position, top in enumerate(logprobs["top_logprobs"]):
+        best = expected[position].topk(3)
+        assert list(top) == [tokenizer.decode([int(t)]) for t in best.indices]
+        assert list(top.values()) == pytest.approx(best.values.tolist(), abs=1e-5)
+        assert max(top.values()) == logprobs["token_logprobs"][position]  # greedy: the chosen one is the best
+
+
+def test_echo_with_no_tokens_scores_the_prompt(server, model, tokenizer):
+    prompt = "First Citizen: hear me"
+    answer = complete(server, prompt=prompt, max_tokens=0, echo=True, logprobs=1)
+    choice = answer["choices"][0]
+    ids = tokenizer.encode(prompt)
+    expected = float64_logprobs(model, ids)
+    assert choice["text"] == prompt and choice["finish_reason"] == "length"
+    assert answer["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 0, "total_tokens": len(ids)}
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"] == list(prompt) and logprobs["text_offset"] == list(range(len(prompt)))
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    scores = [float(expected[i - 1, ids[i]]) for i in range(1, len(ids))]
+    assert logprobs["token_logprobs"][1:] == pytest.approx(scores, abs=1e-5)
+    assert sum(logprobs["token_logprobs"][1:]) == pytest.approx(sum(scores), abs=1e-4)
+
+
+def test_echo_streams_the_prompt_then_the_tokens_as_one_answer(server):
+    body = {"prompt": ["All:", "ROMEO:"], "max_tokens": 6, "echo": True, "logprobs": 2, "seed": 3}
+    whole = complete(server, **body)["choices"]
+    response = httpx.post(f"{server}/v1/completions", json={"model": "m", **body, "stream": True}, timeout=60)
+    chunks = [json.loads(line[6:]) for line in response.text.split("\n\n") if line.startswith("data: {")]
+    for index, choice in enumerate(whole):
+        mine = [chunk["choices"][0] for chunk in chunks if chunk["choices"][0]["index"] == index]
+        assert "".join(c["text"] for c in mine) == choice["text"] and choice["text"].startswith(body["prompt"][index])
+        for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+            assert [value for c in mine for value in c["logprobs"][key]] == choice["logprobs"][key]
+        assert len(choice["logprobs"]["tokens"]) == len(body["prompt"][index]) + 6
+
+
+def test_chat_logprobs_come_in_the_chat_format():
+    tokenizer = ChatTokenizer.extending(CharTokenizer.from_text(SERVE_TEXT, eot=True))
+    model = lively_model(tokenizer.vocab_size)
+    with running_app(model, tokenizer) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="-", max_retries=0)
+        answer = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Speak"}], temperature=0, max_tokens=6, logprobs=True,
+            top_logprobs=2,
+        )  # fmt: skip
+    choice = answer.choices[0]
+    content = choice.logprobs.content
+    assert 1 <= len(content) == answer.usage.completion_tokens
+    shown = "".join(entry.token for entry in content)
+    assert shown == choice.message.content + ("<|end|>" if choice.finish_reason == "stop" else "")
+    for entry in content:
+        assert bytes(entry.bytes).decode() == entry.token and len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)  # greedy
+        assert sum(math.exp(top.logprob) for top in entry.top_logprobs) <= 1 + 1e-6
+
+
+def test_a_token_that_is_part_of_a_character_is_written_as_bytes():
+    tokenizer = TiktokenTokenizer("gpt2")
+    model = lively_model(tokenizer.vocab_size, block_size=32)
+    split = tokenizer.encode("🙂")  # four bytes in more than one token
+    assert len(split) > 1
+    with running_app(model, tokenizer) as base:
+        echo = complete(base, prompt=split, max_tokens=0, echo=True, logprobs=0)["choices"][0]["logprobs"]["tokens"]
+    pieces = [tokenizer.decode_bytes([token]) for token in split]
+    assert echo == ["bytes:" + "".join(f"\\x{byte:02x}" for byte in piece) for piece in pieces]
+
+
+def test_penalties_and_bias_follow_openais_rule_even_in_a_busy_batch(server, model, tokenizer):
+    prompt = "All:"
+    # the end of text banned too: the reference does not stop
+    bias = {tokenizer.encode("e")[0]: -100.0, tokenizer.encode("k")[0]: 1.5, tokenizer.eot_token: -100.0}
+    rules = {"presence_penalty": 0.5, "frequency_penalty": 1.2, "logit_bias": {str(k): v for k, v in bias.items()}}
+    body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, **rules}
+    expected, _, _ = reference_with_rules(plain_copy(model), tokenizer.encode(prompt), 12, 0.5, 1.2, bias)
+    others = [{"prompt": "ROMEO:", "max_tokens": 30, "seed": seed} for seed in range(4)]
+    with ThreadPoolExecutor(5) as pool:
+        answers = list(pool.map(lambda b: complete(server, **b), [*others, body]))
+    assert (
+        tokenizer.encode(answers[-1]["choices"][0]["text"]) == expected and "e" not in answers[-1]["choices"][0]["text"]
+    )
+    plain = complete(server, prompt=prompt, max_tokens=12, temperature=0)["choices"][0]["text"]
+    assert plain != answers[-1]["choices"][0]["text"]
+
+
+def test_best_of_answers_the_candidates_with_the_highest_mean_logprob(server):
+    body = {"prompt": "All:", "max_tokens": 10, "temperature": 1.0, "seed": 11}
+    candidates = complete(server, **body, n=5, logprobs=0)["choices"]  # best_of draws the same five: seeds 11..15
+    means = [sum(c["logprobs"]["token_logprobs"]) / len(c["logprobs"]["token_logprobs"]) for c in candidates]
+    ranked = sorted(range(5), key=lambda i: -means[i])
+    best = complete(server, **body, n=2, best_of=5)
+    assert [c["text"] for c in best["choices"]] == [candidates[i]["text"] for i in ranked[:2]]
+    assert [c["index"] for c in best["choices"]] == [0, 1] and best["choices"][0]["logprobs"] is None
+    assert best["usage"]["completion_tokens"] == sum(len(c["logprobs"]["tokens"]) for c in candidates)
+
+
+def test_tokenizer_endpoints_speak_vllms_format():
+    tokenizer = ChatTokenizer.extending(TiktokenTokenizer("gpt2"))
+    model = lively_model(tokenizer.vocab_size)
+    with running_app(model, tokenizer) as base:
+        info = httpx.get(f"{base}/tokenizer_info").json()
+        text = "Hello world<|endoftext|>again"
+        tokens = httpx.post(f"{base}/tokenize", json={"prompt": text}).json()
+        back = httpx.post(f"{base}/detokenize", json={"tokens": tokens["tokens"]}).json()
+        messages = [{"role": "user", "content": "Hi"}]
+        chat = httpx.post(f"{base}/tokenize", json={"messages": messages}).json()
+        bad = httpx.post(f"{base}/detokenize", json={"tokens": [tokenizer.vocab_size]})
+        neither = httpx.post(f"{base}/tokenize", json={})
+    assert info["eos_token"] == "<|endoftext|>" and info["model_max_length"] == 16
+    assert "<|assistant|>" in info["chat_template"]
+    hello, again = tokenizer.encode("Hello world"), tokenizer.encode("again")
+    assert tokens == {"count": len(hello) + 1 + len(again), "max_model_len": 16, "tokens": [*hello, 50256, *again]}
+    assert back == {"prompt": text}
+    assert chat["tokens"] == tokenizer.chat.render_prompt(messages, tokenizer)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    assert neither.status_code == 400 and neither.json()["error"]["param"] == "prompt"
