@@ -157,10 +157,15 @@ class GPTKitLM(TemplateLM):
 
 
 def simple_evaluate(
-    lm: GPTKitLM, tasks: Sequence[str], include_path: str | None = None, limit: int | None = None, **options: Any
+    lm: GPTKitLM | str,
+    tasks: Sequence[str],
+    include_path: str | None = None,
+    limit: int | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
-    """lm_eval.simple_evaluate over `lm`, with local task definitions from `include_path` (a directory of task
-    YAML files) added to the harness's own; returns the harness's results dictionary."""
+    """lm_eval.simple_evaluate over `lm` (or a model the harness names, e.g. "local-completions" with its
+    `model_args`), with local task definitions from `include_path` (a directory of task YAML files) added to the
+    harness's own; returns the harness's results dictionary."""
     import lm_eval
 
     return lm_eval.simple_evaluate(

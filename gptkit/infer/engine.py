@@ -15,7 +15,8 @@
 
 The model is duck-typed, never imported: `model(idx, cache=cache)` returns (logits (B, 1, V), _) for the last
 position, `model.hidden_states(idx, cache=cache)` does the same pass without the head (to fill a prompt into the
-cache), `model.config` has block_size and n_layer, and both calls run `cache.extend(B, T, device)` once for the
+cache; with `model.lm_head` after it, a prompt's logits at every position), `model.config` has block_size and
+n_layer, and both calls run `cache.extend(B, T, device)` once for the
 positions of the T new tokens and `cache.update(layer, k, v)` in every layer. Which backend runs the steps is
 `decode` (gptkit.infer.decoding): auto by default.
 """
@@ -445,13 +446,16 @@ class Engine:
 
     @torch.no_grad()
     def prompt_logprobs(self, prompt: Sequence[int], top: int) -> list[TokenLogprob]:
-        """Score a prompt (its last block_size tokens) in one pass: each token's TokenLogprob given the ones before
-        it, with the `top` most likely alternatives; the first token's log-probability is None."""
-        ids = list(prompt[-self.block_size :])
-        idx = torch.tensor([ids], device=self.device)
-        logits = self.model.lm_head(self.model.hidden_states(idx))[0, :-1]
+        """Score a prompt (its last block_size + 1 tokens: the last is only scored, never read) in one pass: each
+        token's TokenLogprob given the ones before it, with the `top` most likely alternatives; the first token's
+        log-probability is None."""
+        ids = list(prompt[-(self.block_size + 1) :])
         first = TokenLogprob(token=ids[0], logprob=None)
-        return [first, *token_logprobs(logits, idx[0, 1:], top)]
+        if len(ids) == 1:
+            return [first]
+        idx = torch.tensor([ids[:-1]], device=self.device)
+        logits = self.model.lm_head(self.model.hidden_states(idx))[0]
+        return [first, *token_logprobs(logits, torch.tensor(ids[1:], device=self.device), top)]
 
 
 def token_logprobs(logits: torch.Tensor, chosen: torch.Tensor, top: int) -> list[TokenLogprob]:

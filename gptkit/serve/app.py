@@ -260,6 +260,7 @@ class Service:
         await self.get_model(body.model)
         body.check()
         prompts = [await run_in_threadpool(self.encode, prompt) for prompt in self.prompt_list(body)]
+        prompts = [self.fit_echo(ids) if body.echo else self.fit_context(ids) for ids in prompts]
         eot = self.tokenizer.eot_token
         jobs = self.make_jobs(body, prompts, () if eot is None else (eot,))
         self.submit(jobs)
@@ -333,7 +334,20 @@ class Service:
                 raise APIError(400, f"prompt token ids must be in [0, {self.tokenizer.vocab_size})", "prompt")
         if not ids:
             raise APIError(400, "prompt is empty and this model has no end-of-text token to start from", "prompt")
-        return self.fit_context(ids)
+        return ids
+
+    def fit_echo(self, ids: list[int]) -> list[int]:
+        """An echoed prompt whole, or refused: its tokens are scored and shown, so a cut one would not line up
+        with what the client sent. It may hold block_size + 1 tokens (the last is scored, never read)."""
+        if len(ids) > self.block_size + 1:
+            raise APIError(
+                400,
+                f"the prompt has {len(ids)} tokens; an echoed prompt is scored whole, in at most {self.block_size + 1} "
+                f"tokens (the context, and one more): shorten it (lm-eval: max_length={self.block_size + 2})",
+                "prompt",
+                "context_length_exceeded",
+            )
+        return ids
 
     def fit_context(self, ids: list[int]) -> list[int]:
         """A prompt longer than the context: cut to its last block_size tokens, or refused, as --long_prompts says."""

@@ -36,6 +36,7 @@ from helpers import (
     make_char_data,
     run_main,
     run_script,
+    running_app,
     sample_text,
     serving_directory,
     tiny_train_args,
@@ -463,6 +464,24 @@ def test_harness_generation_and_rolling_loglikelihood(trained, harness_tasks) ->
         ]
     )
     assert outputs[0] == free[: free.index(stop)] and len(outputs[0]) < 60 and len(outputs[1]) == 5
+
+
+def test_lm_eval_scores_the_served_model_as_evaluate_py_does(trained, harness_tasks, offline_datasets) -> None:
+    """lm-eval's own `local-completions` model, pointed at the server (tokenizing through its /tokenize, scoring
+    with echo and logprobs), gets the accuracies the in-process adapter gets on the same checkpoint and items."""
+    from gptkit.eval import harness
+    from gptkit.weights.loading import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer("resume", str(trained["out"]))
+    lm = harness.GPTKitLM(model, tokenizer, "cpu", batch_size=32)
+    ours = harness.simple_evaluate(lm, ["local_mc"], include_path=str(harness_tasks), limit=60)["results"]["local_mc"]
+    with running_app(model, tokenizer, slots=8) as base:
+        # max_length: the context (32) + 2, so lm-eval sends the 33 tokens the adapter scores (one is only scored)
+        args = f"model=m,base_url={base}/v1/completions,tokenizer_backend=remote,max_length=34,batch_size=16"
+        served = harness.simple_evaluate("local-completions", ["local_mc"], str(harness_tasks), 60, model_args=args)
+    theirs = served["results"]["local_mc"]
+    assert theirs["acc,none"] == ours["acc,none"] and theirs["acc_norm,none"] == ours["acc_norm,none"]
+    assert ours["acc_norm,none"] > 0.5  # the trained model beats chance (0.25): the equality is not 0 == 0
 
 
 def test_evaluate_script_runs_harness_tasks(trained, harness_tasks, offline_datasets, capsys) -> None:

@@ -174,3 +174,20 @@ def test_tokenizer_endpoints_speak_vllms_format():
     assert chat["tokens"] == tokenizer.chat.render_prompt(messages, tokenizer)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
     assert neither.status_code == 400 and neither.json()["error"]["param"] == "prompt"
+
+
+def test_an_echoed_prompt_is_scored_whole_up_to_one_token_past_the_context(server, model, tokenizer):
+    """A 33-token prompt for a 32-token context: every token after the first scored in one pass (the last is only
+    scored); one token more cannot be scored whole and is refused, whatever --long_prompts says."""
+    prompt = ("Speak, speak. " * 3)[:33]
+    scored = complete(server, prompt=prompt, max_tokens=0, echo=True, logprobs=0)["choices"][0]["logprobs"]
+    ids = tokenizer.encode(prompt)
+    expected = float64_logprobs(model, ids[:-1])
+    assert scored["token_logprobs"][1:] == pytest.approx(
+        [float(expected[i - 1, ids[i]]) for i in range(1, 33)], abs=1e-5
+    )
+    refused = httpx.post(
+        f"{server}/v1/completions", json={"model": "m", "prompt": prompt + " ", "max_tokens": 0, "echo": True}
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
+    assert "max_length=34" in refused.json()["error"]["message"]
