@@ -104,6 +104,17 @@ def test_chat_logprobs_come_in_the_chat_format():
             model="m", messages=[{"role": "user", "content": "Speak"}], temperature=0, max_tokens=6, logprobs=True,
             top_logprobs=2,
         )  # fmt: skip
+        body = {"model": "m", "messages": [{"role": "user", "content": "Speak"}], "max_tokens": 6, "logprobs": True}
+        streamed = httpx.post(f"{base}/v1/chat/completions", json={**body, "seed": 2, "stream": True}, timeout=60)
+        whole = httpx.post(f"{base}/v1/chat/completions", json={**body, "seed": 2}, timeout=60).json()
+    chunks = [json.loads(line[6:]) for line in streamed.text.split("\n\n") if line.startswith("data: {")]
+    pieces = [
+        entry
+        for chunk in chunks
+        if chunk["choices"][0]["logprobs"]
+        for entry in chunk["choices"][0]["logprobs"]["content"]
+    ]
+    assert pieces == whole["choices"][0]["logprobs"]["content"] and all(p["top_logprobs"] == [] for p in pieces)
     choice = answer.choices[0]
     content = choice.logprobs.content
     assert 1 <= len(content) == answer.usage.completion_tokens
