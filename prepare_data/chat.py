@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from gptkit.core.errors import UserError, run_cli
 from gptkit.core.settings import parse_settings, setting
@@ -105,22 +104,8 @@ def main(argv: list[str]) -> int:
     for file in files:
         chat_inputs.file_format(file)  # refuses other files before any work
     base = base_tokenizer(cfg)
-    source: dict[str, Any] = {
-        "inputs": list(cfg.input),
-        "include": list(cfg.include),
-        "exclude": list(cfg.exclude),
-        "files": len(files),
-        "skipped_files": found.skipped,
-        "tokenizer": cfg.tokenizer,
-        "bpe_dir": cfg.bpe_dir,
-        "split": "by conversation (keyed hash)",
-        "val_fraction": cfg.val_fraction,
-        "seed": cfg.seed,
-        "text_field": cfg.text_field,
-        "block_size": cfg.block_size,
-        "too_long": cfg.too_long,
-        "on_bad": cfg.on_bad,
-    }
+    source = discover.source_record(cfg, found, split="by conversation (keyed hash)")
+    source.update(block_size=cfg.block_size, too_long=cfg.too_long, on_bad=cfg.on_bad)
     total_bytes = sum(file.size for file in files)
     make_items = partial(chat_inputs.chat_items, files, cfg.chunk_bytes, cfg.text_field)
     meta, seconds = chat_prepare.prepare_chat(make_items, cfg, base, source, total_bytes, what=", ".join(cfg.input))

@@ -52,21 +52,9 @@ def main(argv: list[str]) -> int:
     found = discover.find_inputs(cfg.input, out_dir=cfg.out_dir, include=cfg.include, exclude=cfg.exclude)
     files = found.files
     by_position = discover.is_single_document(files)
-    source = {
-        "inputs": list(cfg.input),
-        "include": list(cfg.include),
-        "exclude": list(cfg.exclude),
-        "files": len(files),
-        "skipped_files": found.skipped,
-        "tokenizer": cfg.tokenizer,
-        "bpe_dir": cfg.bpe_dir,
-        "split": "by position in the single document" if by_position else "by document (keyed hash)",
-        "val_fraction": cfg.val_fraction,
-        "seed": cfg.seed,
-        "text_field": cfg.text_field,
-        "on_decode_error": cfg.on_decode_error,
-        "chunk_bytes": cfg.chunk_bytes,
-    }
+    split = "by position in the single document" if by_position else "by document (keyed hash)"
+    source = discover.source_record(cfg, found, split)
+    source.update(on_decode_error=cfg.on_decode_error, chunk_bytes=cfg.chunk_bytes)
     total_bytes = sum(file.size for file in files)
     make_items = partial(inputs.corpus_items, files, cfg)
     meta, seconds = driver.prepare(make_items, cfg, source, total_bytes, what=", ".join(cfg.input))

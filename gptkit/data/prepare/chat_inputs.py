@@ -54,7 +54,7 @@ class Record:
 
 
 def file_format(file: InputFile) -> str:
-    """"jsonl" or "parquet"; UserError for any other file."""
+    """ "jsonl" or "parquet"; UserError for any other file."""
     name = file.path.name.lower()
     if name.endswith(PARQUET_SUFFIX):
         return "parquet"

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from gptkit.core.errors import UserError, describe_os_error
 
@@ -281,3 +282,21 @@ def find_inputs(
 def is_single_document(files: Sequence[InputFile]) -> bool:
     """One plain-text file alone: the corpus is one document, split between train and val by position."""
     return len(files) == 1 and files[0].kind == "text"
+
+
+def source_record(cfg: Any, found: FoundInputs, split: str) -> dict[str, Any]:
+    """The provenance meta.json records for a corpus found by find_inputs: what was asked (cfg: a script's
+    PrepareSettings with its input, include and exclude), what was found and left out, the tokenizer and the split."""
+    return {
+        "inputs": list(cfg.input),
+        "include": list(cfg.include),
+        "exclude": list(cfg.exclude),
+        "files": len(found.files),
+        "skipped_files": found.skipped,
+        "tokenizer": cfg.tokenizer,
+        "bpe_dir": cfg.bpe_dir,
+        "split": split,
+        "val_fraction": cfg.val_fraction,
+        "seed": cfg.seed,
+        "text_field": cfg.text_field,
+    }
