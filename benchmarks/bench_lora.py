@@ -8,13 +8,15 @@ random weights, AdamW over what trains, `steps` training steps on random tokens 
 given twice: the bytes of weights, gradients and optimizer state, counted tensor by tensor; and the process's peak
 resident set (ru_maxrss), which also holds the runtime and the float32 model every mode is built from first.
 
-With --quality, it fine-tunes a small base (2 layers, 64 wide, trained on plain text of the task's characters) on
-conversations that ask to reverse a four-letter word, once fully and once with adapters, through prepare_data/chat.py
-and train.py, and counts the exact greedy replies on words neither run saw.
+With --quality, the usual LoRA job: a small base (2 layers, 64 wide) learns to reverse four-letter words from plain
+text ("reverse abcd = dcba"), then is taught to do it in the chat format from a few hundred conversations, once fully
+and once with adapters, through prepare_data/chat.py and train.py. Each model, the base included, is scored by exact
+greedy replies on words no run saw, asked in a conversation and in the text form.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import resource
@@ -52,7 +54,7 @@ class LoraBench:
     n_layer: int = setting(12, "model shape: layers (GPT-2 124M: 12)", rule="positive")
     n_embd: int = setting(768, "model shape: width (768; 64 per head)", rule="positive")
     mode: str = setting("", "internal: run this one mode and print its figures as JSON")
-    quality: bool = setting(False, "measure held-out exact match on a small task instead (full against LoRA)")
+    quality: bool = setting(False, "measure held-out exact match on a chat-format task instead (full against LoRA)")
     work_dir: str = setting("bench_results/lora_quality", "--quality: where its data and runs go")
     json_out: str = setting("bench_results/lora.json", "where to write the JSON results ('' = nowhere)")
 
@@ -124,7 +126,17 @@ def bench_lora(cfg: LoraBench) -> list[dict]:
 # ----------------------------------------------------------------------------- --quality: a held-out task
 
 LETTERS = "abcdefgh"
+HELD_OUT = 200  # words no run sees, the score's
+CHAT_WORDS = 400  # words of the fine-tune's conversations (the base saw them too, in text form)
 TASK_RUN = ["--device=cpu", "--compile=False", "--gradient_accumulation_steps=1", "--eval_iters=2", "--curves=False"]
+BASE_SHAPE = ["--n_layer=2", "--n_head=4", "--n_embd=64", "--bias=False"]
+BASE_RUN = ["--block_size=64", "--batch_size=32", "--max_iters=1500", "--warmup_iters=50", "--lr_decay_iters=1500"]
+BASE_LR = ["--learning_rate=3e-3", "--min_lr=3e-4", "--eval_interval=500"]
+FINE_TUNE = ["--block_size=32", "--batch_size=32", "--max_iters=200", "--warmup_iters=10", "--lr_decay_iters=200"]
+# Each at the rate that taught the format while keeping the text form best; LoRA's update starts at zero and
+# moves only through rank-8 products, so it takes a larger rate.
+FULL_LR = ["--learning_rate=3e-4", "--min_lr=3e-5"]
+LORA_LR = ["--learning_rate=3e-3", "--min_lr=3e-4"]
 
 
 def script(*args: object) -> None:
@@ -133,97 +145,94 @@ def script(*args: object) -> None:
 
 
 def task_words() -> tuple[list[str], list[str]]:
-    """(held out, trained): distinct four-letter words in a seeded order."""
-    rng = random.Random(0)
-    words = sorted({"".join(rng.choice(LETTERS) for _ in range(4)) for _ in range(4000)})
-    rng.shuffle(words)
-    return words[:200], words[200:]
+    """(held out, trained): all four-letter words over LETTERS in a seeded order."""
+    words = ["".join(letters) for letters in itertools.product(LETTERS, repeat=4)]
+    random.Random(0).shuffle(words)
+    return words[:HELD_OUT], words[HELD_OUT:]
 
 
-def exact_match(out_dir: Path, held_out: list[str]) -> float:
+def text_line(word: str) -> str:
+    """The skill in plain text, as the base learns it."""
+    return f"reverse {word} = {word[::-1]}"
+
+
+def conversation(word: str) -> list[dict]:
+    """The same skill as a chat exchange: the format the fine-tune teaches."""
+    return [{"role": "user", "content": f"reverse {word}"}, {"role": "assistant", "content": word[::-1]}]
+
+
+def greedy_is(model: torch.nn.Module, prompt: list[int], expected: list[int]) -> bool:
+    """Whether greedy decoding after `prompt` gives exactly the tokens `expected`."""
     from gptkit.infer import generate
-    from gptkit.weights.loading import load_model_and_tokenizer
 
-    model, tokenizer = load_model_and_tokenizer("resume", str(out_dir))
-    right = 0
+    out = generate(model, torch.tensor([prompt]), len(expected), temperature=0.0)
+    return out[0, len(prompt) :].tolist() == expected
+
+
+def exact_match(model: torch.nn.Module, tokenizer, held_out: list[str]) -> dict:
+    """The share of held-out words reversed exactly: asked in a conversation (the reply, then the end of the turn)
+    and in the base's text form (the word after "="), greedy."""
+    chat = text = 0
     for word in held_out:
-        prompt = tokenizer.chat.render_prompt([{"role": "user", "content": f"reverse {word}"}], tokenizer)
-        out = generate(model, torch.tensor([prompt]), 5, temperature=0.0, stop_tokens=tokenizer.chat.reply_stops)
-        reply = out[0, len(prompt) :].tolist()
-        right += tokenizer.decode(reply[:4]) == word[::-1] and reply[4:5] == [tokenizer.chat.end_of_turn]
-    return right / len(held_out)
+        prompt = tokenizer.chat.render_prompt(conversation(word)[:1], tokenizer)
+        chat += greedy_is(model, prompt, [*tokenizer.encode(word[::-1]), tokenizer.chat.end_of_turn])
+        line = text_line(word)
+        text += greedy_is(model, tokenizer.encode("\n" + line[:-4]), tokenizer.encode(line[-4:]))
+    return {"held_out_chat_exact_match": chat / len(held_out), "held_out_text_exact_match": text / len(held_out)}
+
+
+def write_task_data(root: Path, held_out: list[str], trained: list[str]) -> None:
+    """The base's text (every trained word, many times, shuffled) and the fine-tune's conversations."""
+    rng = random.Random(1)
+    lines = [text_line(word) for word in trained for _ in range(8)]
+    rng.shuffle(lines)
+    (root / "base.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with (root / "chat.jsonl").open("w", encoding="utf-8") as handle:
+        for word in trained[:CHAT_WORDS]:
+            handle.write(json.dumps({"messages": conversation(word)}) + "\n")
 
 
 def bench_quality(cfg: LoraBench) -> list[dict]:
+    """A base that reverses words in plain text is taught to answer in the chat format, fully and with adapters;
+    each model is scored on held-out words, in both forms."""
+    from gptkit.data.tokenizer import read_meta, tokenizer_from_meta
+    from gptkit.weights.loading import load_model_and_tokenizer
+
     root = Path(cfg.work_dir)
     root.mkdir(parents=True, exist_ok=True)
     held_out, trained = task_words()
-    text = "\n".join(f"reverse {random.Random(i).choice(trained)}" for i in range(3000))
-    (root / "base.txt").write_text(text + "\n", encoding="utf-8")
-    with (root / "chat.jsonl").open("w", encoding="utf-8") as handle:
-        for word in trained:
-            messages = [{"role": "user", "content": f"reverse {word}"}, {"role": "assistant", "content": word[::-1]}]
-            handle.write(json.dumps({"messages": messages}) + "\n")
-    script(
-        "prepare_data/corpus.py",
-        f"--input={root / 'base.txt'}",
-        "--tokenizer=char",
-        f"--out_dir={root / 'text'}",
-        "--block_size=32",
-    )
-    shape = ["--n_layer=2", "--n_head=4", "--n_embd=64", "--block_size=32", "--bias=False"]
-    script(
-        "train.py",
-        *TASK_RUN,
-        *shape,
-        f"--data_dir={root / 'text'}",
-        f"--out_dir={root / 'base'}",
-        "--overwrite=True",
-        "--max_iters=60",
-        "--eval_interval=60",
-        "--batch_size=16",
-        "--learning_rate=3e-3",
-        "--warmup_iters=5",
-    )
-    script(
-        "prepare_data/chat.py",
-        f"--input={root / 'chat.jsonl'}",
-        f"--tokenizer={root / 'base'}",
-        f"--out_dir={root / 'chat'}",
-        "--block_size=32",
-    )
-    schedule = [
-        "--max_iters=500",
-        "--eval_interval=500",
-        "--batch_size=32",
-        "--warmup_iters=10",
-        "--lr_decay_iters=500",
-    ]
-    runs = {
-        "full fine-tuning": ["--learning_rate=3e-3", "--min_lr=3e-4"],
-        f"LoRA r{cfg.rank} all": [
-            f"--lora_rank={cfg.rank}",
-            "--lora_targets=all",
-            "--learning_rate=1e-2",
-            "--min_lr=1e-3",
-        ],
-    }
-    rows = []
-    for name, extra in runs.items():
+    write_task_data(root, held_out, trained)
+    text = ["--tokenizer=char", f"--input={root / 'base.txt'}", f"--out_dir={root / 'text'}", "--block_size=64"]
+    script("prepare_data/corpus.py", *text)
+    base = [f"--data_dir={root / 'text'}", f"--out_dir={root / 'base'}", "--overwrite=True"]
+    script("train.py", *TASK_RUN, *BASE_SHAPE, *BASE_RUN, *BASE_LR, *base)
+    chat = ["prepare_data/chat.py", f"--input={root / 'chat.jsonl'}", f"--tokenizer={root / 'base'}"]
+    script(*chat, f"--out_dir={root / 'chat'}", "--block_size=32")
+    # The base as both fine-tunes start: the chat markers' new rows added, as train.py adds them.
+    model, _ = load_model_and_tokenizer("resume", str(root / "base"))
+    tokenizer = tokenizer_from_meta(read_meta(root / "chat")["tokenizer"])
+    model.grow_vocabulary(tokenizer.vocab_size)
+    rows = [{"mode": "base (no fine-tuning)", "trained_params": 0, **exact_match(model, tokenizer, held_out)}]
+    lora = [f"--lora_rank={cfg.rank}", f"--lora_alpha={2 * cfg.rank}", "--lora_targets=all"]
+    for name, extra in {"full fine-tuning": FULL_LR, f"LoRA r{cfg.rank} all": [*lora, *LORA_LR]}.items():
         out = root / name.replace(" ", "_")
-        script(
-            "train.py",
-            *TASK_RUN,
-            *schedule,
-            *extra,
-            f"--init_from={root / 'base'}",
-            f"--data_dir={root / 'chat'}",
-            f"--out_dir={out}",
-            "--overwrite=True",
-        )
-        rows.append({"mode": name, "held_out_exact_match": exact_match(out, held_out), "held_out": len(held_out)})
-    print_table(rows, ["mode", "held_out_exact_match", "held_out"])
+        tune = [f"--init_from={root / 'base'}", f"--data_dir={root / 'chat'}", f"--out_dir={out}", "--overwrite=True"]
+        script("train.py", *TASK_RUN, *FINE_TUNE, *extra, *tune, "--eval_interval=1000")  # one evaluation, at the end
+        model, tokenizer = load_model_and_tokenizer("resume", str(out))
+        rows.append({"mode": name, "trained_params": stored_params(out), **exact_match(model, tokenizer, held_out)})
+    for row in rows:
+        row["held_out"] = len(held_out)
+    print_table(rows, ["mode", "trained_params", "held_out_chat_exact_match", "held_out_text_exact_match"])
     return rows
+
+
+def stored_params(out_dir: Path) -> int:
+    """The numbers a run trained, as its checkpoint stores them (every weight, or the adapters and new token rows);
+    a tied matrix, stored under two names, counts once."""
+    from gptkit.weights.checkpoint import load_checkpoint
+
+    tensors = load_checkpoint(out_dir / "ckpt.pt")["model"].values()
+    return sum({t.untyped_storage().data_ptr(): t.numel() for t in tensors}.values())
 
 
 def main(argv: list[str]) -> int:

@@ -1,6 +1,6 @@
 """LoRA runs of train.py: a frozen base and small trained adapters, checkpoints that hold only the adapters and find
-their base by path and sha256, exact resume, chat data's new token rows, loading in sample.py, and the merge and
-PEFT commands (python -m gptkit.weights.lora)."""
+their base by path and sha256, exact resume, chat data's new token rows, loading in sample.py, the merge and
+PEFT commands (python -m gptkit.weights.lora) with PEFT itself running the adapters, and DDP against one process."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from gptkit.weights.loading import load_model_and_tokenizer
 from gptkit.weights.lora import model_with_adapters
 from helpers import REPO, assert_script_error, clean_env, cli_args, run_script
 from test_train_chat import RUN, write_text_data
+from test_train_ddp import assert_close_weights, assert_same_curve, train_in
 
 LORA = {"lora_rank": 4, "lora_alpha": 8.0, "lora_targets": "all"}
 
@@ -111,3 +112,42 @@ def test_lora_settings_that_cannot_work_are_refused(base: Path, tmp_path: Path) 
     scratch = run_script("train.py", *cli_args(**RUN, **LORA, data_dir=base.parent / "text", out_dir=tmp_path / "o"))
     assert_script_error(scratch, "LoRA adapts a trained model")
     assert_script_error(lora_run(base, base.parent / "text", tmp_path / "o", lora_rank=-1), "lora_rank")
+
+
+def test_lora_under_ddp_matches_one_process(base: Path, tmp_path: Path) -> None:
+    """Two gloo processes with two micro-batches each train the adapters and the chat markers' new rows as one
+    process does with all four (dropout on, in the base and on the adapters' input)."""
+    lora = [f"--init_from={base}", *cli_args(**LORA, lora_dropout=0.1)]
+    chat = base.parent / "chat"
+    train_in(1, chat, tmp_path / "one", *lora)
+    assert "LoRA rank 4" in train_in(2, chat, tmp_path / "two", *lora).stdout
+    assert_same_curve(tmp_path / "one", tmp_path / "two")
+    assert_close_weights(tmp_path / "one", tmp_path / "two")
+    adapters = ckpt.load_checkpoint(tmp_path / "two" / "ckpt.pt")["model"]
+    assert "transformer.wte.extra" in adapters and adapters["transformer.h.0.attn.c_attn.lora_B"].abs().max() > 0
+
+
+def test_peft_runs_our_adapters_on_the_exported_base(base: Path, tmp_path: Path) -> None:
+    """The whole route to Hugging Face: train.py's LoRA run, its adapters written for PEFT, the base exported with
+    export.py; PEFT on transformers' model then gives the logits the toolkit gives for the LoRA run."""
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    assert lora_run(base, base.parent / "text", tmp_path / "out", learning_rate=3e-2).returncode == 0
+    written = adapters_command("--action=peft", f"--out_dir={tmp_path / 'out'}", f"--to={tmp_path / 'adapter'}")
+    assert written.returncode == 0, written.stderr
+    export = ["export.py", f"--out_dir={base}", "--format=hf", f"--export_dir={tmp_path / 'hf'}"]
+    assert run_script(*export).returncode == 0
+    ours, tokenizer = load_model_and_tokenizer("resume", str(tmp_path / "out"))
+    hf_base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    theirs = peft.PeftModel.from_pretrained(hf_base, tmp_path / "adapter").eval()
+    text = "abc hgf eddcba gh"
+    ids = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")(text, return_tensors="pt")["input_ids"]
+    assert ids.tolist() == [tokenizer.encode(text)]
+    # The adapter directory alone: PEFT finds the base the command wrote beside the adapters.
+    beside = peft.AutoPeftModelForCausalLM.from_pretrained(tmp_path / "adapter", dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = ours(ids, ids)[0]
+        torch.testing.assert_close(theirs(ids).logits, expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(beside(ids).logits, expected, rtol=1e-5, atol=1e-5)
+        with theirs.disable_adapter():  # the adapters matter: the bare base answers otherwise
+            assert (theirs(ids).logits - expected).abs().max() > 1e-2

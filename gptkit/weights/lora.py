@@ -359,17 +359,22 @@ def merge_to(checkpoint: dict[str, Any], where: str, directory: Path) -> None:
 
 
 def peft_to(checkpoint: dict[str, Any], where: str, directory: Path) -> None:
-    """Write the adapters for PEFT, with the base beside them in Hugging Face's layout (DIR/base) unless the base is
-    a GPT-2 hub model."""
-    from gptkit.weights.hf_gpt2 import GPT2_HUB_NAMES, save_gpt2
+    """Write the adapters for PEFT, with the base beside them (DIR/base, as export.py --format=hf writes it: weights
+    and tokenizer) unless the base is a GPT-2 hub model."""
+    from gptkit.data.tokenizer import tokenizer_from_meta
+    from gptkit.weights.export_hf import export_hf
+    from gptkit.weights.hf_gpt2 import GPT2_HUB_NAMES
 
     record = checkpoint["lora"]
     if record.get("first_new_row") is not None and record["first_new_row"] < checkpoint["model_args"]["vocab_size"]:
         raise UserError(f"{where} also trains new token rows, which PEFT adapters cannot carry; use --action=merge")
     base = record["base"]["source"]
+    if base not in GPT2_HUB_NAMES and not checkpoint.get("tokenizer"):
+        raise UserError(f"{where} records no tokenizer, which the base's Hugging Face directory needs")
     directory.mkdir(parents=True)
     if base not in GPT2_HUB_NAMES:
-        save_gpt2(load_base(record["base"], where), directory / "base")
+        # Any base export.py takes (no biases: zero ones; an untied head), with the tokenizer the run trained on.
+        export_hf(load_base(record["base"], where), tokenizer_from_meta(checkpoint["tokenizer"]), directory / "base")
         base = str(directory / "base")
     write_peft_adapter(directory, checkpoint["model"], LoraConfig.from_dict(record["config"], where), base)
 
