@@ -368,50 +368,52 @@ class Service:
         """One job per choice: prompt i's j-th choice has index i * n + j and, with a seed, seed + j (n: best_of
         when it asks for more). Each ends at one of `stop_tokens` (end of text; a chat's end of turn), at a stop
         string, or at its token budget."""
-        cfg, n = self.cfg, body.candidates
-        budget = body.token_budget
-        max_tokens = min(cfg.default_max_tokens, cfg.max_tokens) if budget is None else budget
-        if max_tokens > cfg.max_tokens:
+        n = body.candidates
+        if n * len(prompts) > self.cfg.max_n:
             raise APIError(
-                400, f"max_tokens is {max_tokens}; this server allows at most {cfg.max_tokens}", "max_tokens"
+                400, f"{n * len(prompts)} choices asked (n × prompts); this server allows at most {self.cfg.max_n}", "n"
             )
-        if n * len(prompts) > cfg.max_n:
-            raise APIError(
-                400, f"{n * len(prompts)} choices asked (n × prompts); this server allows at most {cfg.max_n}", "n"
-            )
-        temperature = 1.0 if body.temperature is None else body.temperature
-        top_p = None if body.top_p in (None, 1.0) else body.top_p
-        problem = next_token.sampling_problem(temperature, body.top_k, top_p)
-        if problem:
-            raise APIError(400, problem, problem.split()[0])
-        stops, bias = body.stops(), body.bias(self.tokenizer.vocab_size)
-        # best_of ranks its candidates by their tokens' log-probabilities, asked for or not
-        logprobs = 0 if body.logprob_count is None and n > (body.n or 1) else body.logprob_count
-        echo = bool(getattr(body, "echo", False))
+        settings = self.request_settings(body)
+        stops = body.stops()
+        echo = isinstance(body, CompletionRequest) and bool(body.echo)
         events, loop = asyncio.Queue(), asyncio.get_running_loop()
         jobs = []
         for i, ids in enumerate(prompts):
             for j in range(n):
                 seed = None if body.seed is None else (body.seed + j) % (api.SEED_RANGE[1] + 1)
-                request = engine.Request(
-                    prompt=ids,
-                    max_new_tokens=max_tokens,
-                    temperature=temperature,
-                    top_k=body.top_k,
-                    top_p=top_p,
-                    stop_tokens=stop_tokens,
-                    seed=seed,
-                    presence_penalty=body.presence_penalty or 0.0,
-                    frequency_penalty=body.frequency_penalty or 0.0,
-                    logit_bias=bias,
-                    logprobs=logprobs,
-                )
+                request = engine.Request(prompt=ids, stop_tokens=stop_tokens, seed=seed, **settings)
                 stream = TextStream(self.tokenizer, stops, stop_tokens)
                 job = Job(request, stream, events, loop, index=i * n + j)
                 if echo:
                     job.echo, job.score_prompt = self.tokenizer.decode(ids), body.logprob_count
                 jobs.append(job)
         return jobs
+
+    def request_settings(self, body: CompletionRequest | ChatCompletionRequest) -> dict[str, Any]:
+        """The engine Request's settings every choice of `body` shares; APIError for values this server refuses."""
+        cfg, budget = self.cfg, body.token_budget
+        max_tokens = min(cfg.default_max_tokens, cfg.max_tokens) if budget is None else budget
+        if max_tokens > cfg.max_tokens:
+            raise APIError(
+                400, f"max_tokens is {max_tokens}; this server allows at most {cfg.max_tokens}", "max_tokens"
+            )
+        temperature = 1.0 if body.temperature is None else body.temperature
+        top_p = None if body.top_p in (None, 1.0) else body.top_p
+        problem = next_token.sampling_problem(temperature, body.top_k, top_p)
+        if problem:
+            raise APIError(400, problem, problem.split()[0])
+        # best_of ranks its candidates by their tokens' log-probabilities, asked for or not
+        ranked = body.candidates > (body.n or 1)
+        return {
+            "max_new_tokens": max_tokens,
+            "temperature": temperature,
+            "top_k": body.top_k,
+            "top_p": top_p,
+            "presence_penalty": body.presence_penalty or 0.0,
+            "frequency_penalty": body.frequency_penalty or 0.0,
+            "logit_bias": body.bias(self.tokenizer.vocab_size),
+            "logprobs": 0 if ranked and body.logprob_count is None else body.logprob_count,
+        }
 
     async def events(self, jobs: list[Job]) -> AsyncIterator[dict[int, tuple[str, str | None, list]]]:
         """What the jobs made since the last time, merged per choice: {index: (text, finish_reason, logprobs)},
