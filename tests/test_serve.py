@@ -312,13 +312,17 @@ def test_a_taken_port_is_one_line(capsys, tmp_path):
 
 
 def test_soak_of_mixed_requests_leaves_the_server_up_with_flat_memory(served):
-    """A few hundred requests: valid, malformed, wrong key, abandoned mid-stream, dropped connections."""
+    """A few hundred requests: valid, malformed, wrong key, abandoned mid-stream, dropped connections, scored (logprobs,
+    echo, penalties, bias), and bad values of those."""
     base, process, _ = served
     port = int(base.rsplit(":", 1)[1])
     good = {"model": NAME, "prompt": "All:", "max_tokens": 8}
 
+    scored = {**good, "logprobs": 2, "echo": True, "presence_penalty": 0.5, "logit_bias": {"3": -100}}
+    bad_values = [{"logprobs": 21}, {"logit_bias": {"99999": 1}}, {"logit_bias": {"1": "up"}}, {"frequency_penalty": 5}]
+
     def one(i: int) -> None:
-        kind = i % 6
+        kind = i % 8
         if kind == 0:
             assert post(base, {**good, "temperature": 0}).status_code == 200
         elif kind == 1:
@@ -335,9 +339,14 @@ def test_soak_of_mixed_requests_leaves_the_server_up_with_flat_memory(served):
                 headers={"Authorization": f"Bearer {KEY}"},
             ) as response:
                 next(response.iter_lines())
-        else:  # a connection that sends half a request and goes
+        elif kind == 5:  # a connection that sends half a request and goes
             with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
                 raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        elif kind == 6:  # scored: logprobs, echo, a penalty, a bias
+            answer = post(base, {**scored, "max_tokens": i % 3})
+            assert answer.status_code == 200 and len(answer.json()["choices"][0]["logprobs"]["tokens"]) >= 4
+        else:
+            assert post(base, {**good, **bad_values[i // 8 % len(bad_values)]}).status_code == 400
 
     def rss() -> int:
         return psutil.Process(process.pid).memory_info().rss
