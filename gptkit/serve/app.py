@@ -2,6 +2,7 @@
 
     GET  /                 the playground (gptkit/serve/static/playground.html: plain HTML and JS, no outside assets)
     GET  /health           status, the model, slots, queue, counters (no key needed)
+    GET  /metrics          Prometheus metrics: requests, tokens, latencies, batch occupancy (gptkit.serve.metrics)
     GET  /v1/models        the one model served, as OpenAI lists models; GET /v1/models/{id} for one
     POST /v1/completions   OpenAI's completions: prompt (string, list, token ids), max_tokens, temperature, top_p,
                            n, stop, seed, stream (server-sent events, then `data: [DONE]`), stream_options.
@@ -45,6 +46,7 @@ from gptkit.infer.decoding import Decoding
 from gptkit.infer.textstream import TextStream
 from gptkit.serve import openai_api as api
 from gptkit.serve.batcher import Batcher, Job, ServerBusyError
+from gptkit.serve.metrics import CountAnswers, ServerMetrics, metrics_route
 from gptkit.serve.openai_api import APIError, ChatCompletionRequest, CompletionRequest, error_response
 from gptkit.weights.loading import ModelSource
 
@@ -171,7 +173,8 @@ class Service:
     ) -> None:
         self.cfg, self.tokenizer, self.name = cfg, tokenizer, cfg.model_name or "model"
         self.block_size, self.created = model.config.block_size, int(time.time())
-        self.batcher = Batcher(model, cfg.slots, cfg.max_queue, device, dtype, decode=cfg.decode)
+        self.metrics = ServerMetrics(cfg.slots)
+        self.batcher = Batcher(model, cfg.slots, cfg.max_queue, device, dtype, decode=cfg.decode, metrics=self.metrics)
         self.playground = (resources.files("gptkit.serve") / "static" / "playground.html").read_bytes()
 
     async def page(self) -> HTMLResponse:
@@ -429,6 +432,7 @@ def create_app(
     app.state.service = service
     app.add_api_route("/", service.page, methods=["GET"], include_in_schema=False)
     app.add_api_route("/health", service.health, methods=["GET"])
+    app.add_api_route("/metrics", metrics_route(service.metrics, service.batcher.stats), methods=["GET"])
     app.add_api_route("/v1/models", service.list_models, methods=["GET"])
     app.add_api_route("/v1/models/{model:path}", service.get_model, methods=["GET"])
     app.add_api_route("/v1/completions", service.completions, methods=["POST"])
@@ -440,6 +444,7 @@ def create_app(
         Exception, lambda request, exc: error_response(500, "internal server error", "server_error")
     )
     app.add_middleware(Guard, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes)
+    app.add_middleware(CountAnswers, metrics=service.metrics, routes=app.router.routes)  # outside Guard: sees its 401s
     return app
 
 
