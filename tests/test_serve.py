@@ -15,6 +15,7 @@ import httpx
 import openai
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import serve
 from helpers import assert_one_line_error, get_json, lively_char_checkpoint, run_main, serve_process
@@ -351,6 +352,7 @@ def test_soak_of_mixed_requests_leaves_the_server_up_with_flat_memory(served):
     def rss() -> int:
         return psutil.Process(process.pid).memory_info().rss
 
+    unauthorized = metrics_401(base)
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(one, range(60)))  # warm-up: allocator pools, code paths
         wait_for(lambda: get_json(f"{base}/health")["active"] == 0, what="warm-up streams to leave")
@@ -362,6 +364,20 @@ def test_soak_of_mixed_requests_leaves_the_server_up_with_flat_memory(served):
     assert post(base, {**good, "temperature": 0}).json()["choices"][0]["finish_reason"] == "length"
     grown = rss() - warm
     assert grown < 40 * 2**20, f"RSS grew by {grown / 2**20:.1f} MiB over 300 requests"
+    # a wrong key (kind 3) or none (kind 5, the half requests: refused before their body comes)
+    sent = sum(i % 8 in (3, 5) for i in range(360))
+    wait_for(lambda: metrics_401(base) - unauthorized == sent, what=f"/metrics to count {sent} more 401s")
+
+
+def metrics_401(base: str) -> int:
+    """The 401 answers to /v1/completions that GET /metrics counts, read with prometheus_client's parser."""
+    text = HTTP.get(f"{base}/metrics").text
+    return sum(
+        int(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "gptkit_requests_total" and sample.labels == {"endpoint": "/v1/completions", "status": "401"}
+    )
 
 
 # ----------------------------------------------------------------------------------------------- the playground

@@ -2,6 +2,7 @@
 
     GET  /                 the playground (gptkit/serve/static/playground.html: plain HTML and JS, no outside assets)
     GET  /health           status, the model, slots, queue, counters (no key needed)
+    GET  /metrics          Prometheus metrics: requests, tokens, latencies, batch occupancy (gptkit.serve.metrics)
     GET  /v1/models        the one model served, as OpenAI lists models; GET /v1/models/{id} for one
     POST /v1/completions   OpenAI's completions: prompt (string, list, token ids), max_tokens, temperature, top_p,
                            n, best_of, stop, seed, stream (server-sent events, then `data: [DONE]`),
@@ -50,6 +51,7 @@ from gptkit.infer.engine import TokenLogprob
 from gptkit.infer.textstream import TextStream
 from gptkit.serve import openai_api as api
 from gptkit.serve.batcher import Batcher, Job, ServerBusyError
+from gptkit.serve.metrics import CountAnswers, ServerMetrics
 from gptkit.serve.openai_api import (
     APIError,
     ChatCompletionRequest,
@@ -183,11 +185,16 @@ class Service:
     ) -> None:
         self.cfg, self.tokenizer, self.name = cfg, tokenizer, cfg.model_name or "model"
         self.block_size, self.created = model.config.block_size, int(time.time())
-        self.batcher = Batcher(model, cfg.slots, cfg.max_queue, device, dtype, decode=cfg.decode)
+        self.metrics = ServerMetrics(cfg.slots)
+        self.batcher = Batcher(model, cfg.slots, cfg.max_queue, device, dtype, decode=cfg.decode, metrics=self.metrics)
         self.playground = (resources.files("gptkit.serve") / "static" / "playground.html").read_bytes()
 
     async def page(self) -> HTMLResponse:
         return HTMLResponse(self.playground, headers={"Cache-Control": "no-cache"})
+
+    async def scrape(self) -> Response:
+        """GET /metrics: the metrics in Prometheus' text format, the gauges read now."""
+        return self.metrics.render(self.batcher.stats())
 
     async def health(self) -> dict[str, Any]:
         chat = self.tokenizer.chat is not None
@@ -560,6 +567,7 @@ def create_app(
     app.state.service = service
     app.add_api_route("/", service.page, methods=["GET"], include_in_schema=False)
     app.add_api_route("/health", service.health, methods=["GET"])
+    app.add_api_route("/metrics", service.scrape, methods=["GET"])
     app.add_api_route("/v1/models", service.list_models, methods=["GET"])
     app.add_api_route("/v1/models/{model:path}", service.get_model, methods=["GET"])
     app.add_api_route("/v1/completions", service.completions, methods=["POST"])
@@ -574,6 +582,7 @@ def create_app(
         Exception, lambda request, exc: error_response(500, "internal server error", "server_error")
     )
     app.add_middleware(Guard, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes)
+    app.add_middleware(CountAnswers, metrics=service.metrics, routes=app.router.routes)  # outside Guard: sees its 401s
     return app
 
 

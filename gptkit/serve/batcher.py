@@ -19,13 +19,16 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gptkit.core.devices import autocast
 from gptkit.infer.engine import Engine, Request, TokenLogprob
 from gptkit.infer.textstream import TextStream
+
+if TYPE_CHECKING:
+    from gptkit.serve.metrics import ServerMetrics
 
 
 class ServerBusyError(Exception):
@@ -53,6 +56,7 @@ class Job:
     finish_reason: str | None = None
     cancelled: bool = field(default=False, repr=False)
     reported: int = field(default=0, repr=False)  # the request's token_logprobs already sent in an event
+    clock: float = field(default=0.0, repr=False)  # for metrics: when it was accepted, then made its latest token
 
     @property
     def completion_tokens(self) -> int:
@@ -94,7 +98,8 @@ class Batcher:
     `engine` is built here, under autocast for `dtype`, with the backend `decode` (gptkit.infer.decoding), so it
     decodes as sample.py would.
     Counters for /health: `steps` (engine steps run), `tokens` (tokens made), `finished` (jobs that ran to their
-    end, or failed), `cancelled` (jobs that left the engine because their client went away).
+    end, or failed), `cancelled` (jobs that left the engine because their client went away). With `metrics`, the
+    decode thread also reports tokens, their timing and how jobs end there (for GET /metrics).
     """
 
     def __init__(
@@ -105,8 +110,10 @@ class Batcher:
         device: torch.device,
         dtype: torch.dtype,
         decode: str = "auto",
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self.device, self.dtype, self.max_queue = device, dtype, max_queue
+        self.metrics = metrics
         with autocast(device, dtype):
             self.engine = Engine(model, slots=slots, decode=decode)
         self.slots = slots
@@ -139,6 +146,8 @@ class Batcher:
             waiting = len(self._pending) + len(jobs) - max(0, self.slots - len(self._running) - self._starting)
             if waiting > self.max_queue:
                 raise ServerBusyError(f"all {self.slots} slots are busy and {len(self._pending)} requests wait")
+            if self.metrics:  # before the decode thread can see them
+                self.metrics.jobs_accepted(jobs)
             self._pending.extend(jobs)
             self._cond.notify()
 
@@ -152,6 +161,8 @@ class Batcher:
                     if job in self._pending:  # it frees its place in the queue at once
                         self._pending.remove(job)
                         job.finish_reason = "cancelled"
+                        if self.metrics:
+                            self.metrics.job_finished("cancelled")
                     else:
                         self._cancelled.append(job)
             self._cond.notify()
@@ -204,6 +215,8 @@ class Batcher:
                     self.cancelled += 1
             if job.finish_reason is None:
                 job.finish_reason = "cancelled"  # nobody listens: no event
+                if self.metrics:
+                    self.metrics.job_finished("cancelled")
 
     def _admit(self, jobs: list[Job]) -> None:
         """Prefill the admitted jobs' prompts into free rows, equally long ones in one pass (outside the lock: submit
@@ -222,6 +235,8 @@ class Batcher:
         with self._cond:
             self._running.update((job.request, job) for job in jobs if job.request in self.engine.active)
             self._starting = 0
+        if self.metrics:
+            self.metrics.jobs_started([job for job in jobs if job.request in self._running])
         for job in jobs:
             if job.request.finish_reason == "length" and job.request not in self.engine.active:  # max_tokens 0
                 self._finish(job, "length", "")
@@ -244,6 +259,8 @@ class Batcher:
         made = self.engine.step()
         self.steps += 1
         self.tokens += len(made)
+        if self.metrics:
+            self.metrics.step([self._running[request] for request, _ in made])
         events = []
         for request, token in made:
             job = self._running[request]
@@ -264,6 +281,8 @@ class Batcher:
         with self._cond:
             self._running.pop(job.request, None)
             self.finished += 1
+        if self.metrics:
+            self.metrics.job_finished(reason)
         logprobs = job.new_logprobs()
         if post:
             job.post(text, reason, logprobs)
