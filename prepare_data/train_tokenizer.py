@@ -90,11 +90,7 @@ def training_record(cfg: TokenizerSettings, found: discover.FoundInputs, result:
     import tokenizers
 
     return {
-        "inputs": list(cfg.input),
-        "include": list(cfg.include),
-        "exclude": list(cfg.exclude),
-        "files": len(found.files),
-        "skipped_files": found.skipped,
+        **discover.inputs_record(cfg, found),
         "text_field": cfg.text_field,
         "on_decode_error": cfg.on_decode_error,
         "val_fraction": cfg.val_fraction,

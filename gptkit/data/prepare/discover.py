@@ -284,15 +284,23 @@ def is_single_document(files: Sequence[InputFile]) -> bool:
     return len(files) == 1 and files[0].kind == "text"
 
 
-def source_record(cfg: Any, found: FoundInputs, split: str) -> dict[str, Any]:
-    """The provenance meta.json records for a corpus found by find_inputs: what was asked (cfg: a script's
-    PrepareSettings with its input, include and exclude), what was found and left out, the tokenizer and the split."""
+def inputs_record(cfg: Any, found: FoundInputs) -> dict[str, Any]:
+    """What was asked (cfg: a script's settings with input, include and exclude) and what find_inputs found and left
+    out, as the scripts record it."""
     return {
         "inputs": list(cfg.input),
         "include": list(cfg.include),
         "exclude": list(cfg.exclude),
         "files": len(found.files),
         "skipped_files": found.skipped,
+    }
+
+
+def source_record(cfg: Any, found: FoundInputs, split: str) -> dict[str, Any]:
+    """The provenance meta.json records for a corpus found by find_inputs: its inputs_record, the tokenizer and the
+    split (cfg: a script's PrepareSettings)."""
+    return {
+        **inputs_record(cfg, found),
         "tokenizer": cfg.tokenizer,
         "bpe_dir": cfg.bpe_dir,
         "split": split,
