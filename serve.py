@@ -13,7 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from fastapi import FastAPI
 
+from gptkit.core.devices import in_passing_thread
 from gptkit.core.errors import run_cli
 from gptkit.core.settings import parse_settings
 from gptkit.serve.app import ServeSettings, create_app, listen, serve
@@ -26,6 +28,12 @@ def default_model_name(cfg: ServeSettings) -> str:
         return Path(cfg.init_from).name or cfg.init_from
     location = Path(cfg.out_dir).resolve()
     return (location.parent.name if location.is_file() else location.name) or "model"
+
+
+def build_app(cfg: ServeSettings, device: torch.device, dtype: torch.dtype) -> FastAPI:
+    """The model loaded as sample.py loads it, and the app that serves it."""
+    model, tokenizer = load_for_inference(cfg, device, dtype)
+    return create_app(model, tokenizer, cfg, device, dtype)
 
 
 def main(argv: list[str]) -> int:
@@ -41,9 +49,8 @@ def main(argv: list[str]) -> int:
     device, dtype = cfg.resolve()
     sock = listen(cfg.host, cfg.port)  # before the model loads: a taken port fails at once
     try:
-        model, tokenizer = load_for_inference(cfg, device, dtype)
         cfg.model_name = cfg.model_name or default_model_name(cfg)
-        app = create_app(model, tokenizer, cfg, device, dtype)
+        app = in_passing_thread(build_app, cfg, device, dtype)  # torch's work stays off the main thread
         host, port = sock.getsockname()[:2]
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         print(f"serving {cfg.model_name!r} at {url}/ (playground) and {url}/v1 (OpenAI API)", flush=True)

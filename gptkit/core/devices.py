@@ -3,15 +3,20 @@ and the process-wide settings a training run makes (threads, subnormals flushed,
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
 from gptkit.core.errors import UserError
 from gptkit.core.settings import setting
+
+T = TypeVar("T")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -135,3 +140,12 @@ def keep_freed_memory() -> bool:
     libc = ctypes.CDLL(None)  # the C library this process already runs on
     heap_blocks = libc.mallopt(_M_MMAP_THRESHOLD, _HEAP_BLOCKS_UP_TO)
     return bool(heap_blocks and libc.mallopt(_M_TRIM_THRESHOLD, _FREE_HEAP_KEPT))
+
+
+def in_passing_thread(function: Callable[..., T], *args: Any) -> T:
+    """function(*args) run in a thread that ends when it returns (its exception re-raised here), so the OpenMP
+    threads its torch work starts end with it. A server loads its model this way: a thread that ran parallel torch
+    work keeps idle OpenMP threads, and while they exist the decode thread's parallel regions wake their threads
+    slowly (its steps took a fifth longer on 2 cores; docs/benchmarks.md)."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="load") as pool:
+        return pool.submit(function, *args).result()

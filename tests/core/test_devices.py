@@ -97,3 +97,22 @@ print(before, (tiny * 1.0).item())
 def test_cpu_training_flushes_subnormal_floats_to_zero():
     before, after = map(float, run_probe(DENORMAL_PROBE).split())
     assert before == pytest.approx(1e-39, rel=1e-3) and after == 0.0
+
+
+def test_in_passing_thread_returns_or_raises_and_its_thread_ends():
+    import threading
+
+    from gptkit.core.devices import in_passing_thread
+
+    def where(scale: int) -> tuple[int, int]:
+        return threading.get_ident(), int(torch.ones(10**6).mul(scale).sum())
+
+    ident, total = in_passing_thread(where, 3)
+    assert total == 3 * 10**6 and ident != threading.get_ident()
+    assert all(thread.ident != ident for thread in threading.enumerate())  # the thread, and its OpenMP threads, ended
+
+    def refuse() -> None:
+        raise UserError("a user's mistake")
+
+    with pytest.raises(UserError, match="a user's mistake"):
+        in_passing_thread(refuse)

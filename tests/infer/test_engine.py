@@ -531,10 +531,12 @@ def reference_with_rules(model: GPT, prompt: list[int], steps: int, presence=0.0
 
 
 @pytest.mark.parametrize("decode", ["eager", "compiled", "native"])
-def test_penalties_bias_and_logprobs_follow_openais_rule(decode):
+def test_penalties_bias_and_logprobs_follow_openais_rule(decode, monkeypatch):
     """Greedy with presence and frequency penalties and a logit bias, against the rule computed in float64; each
     token's log-probability and top 3 are the raw model's. In a batch beside a plain request, which keeps its own
-    tokens."""
+    tokens. (The compiled step runs through dynamo's eager backend: the same graph and logits path, no inductor.)"""
+    if decode == "compiled":
+        step_with_dynamos_eager_backend(monkeypatch)
     model = lively_model()
     reference = plain_copy(model)
     prompt, plain_prompt = prompts_of(5, 4, seed=3)
