@@ -145,3 +145,27 @@ def test_settings_refuse_what_cannot_work():
     ServeSettings(host="0.0.0.0", allow_public_without_key=True).validate()
     with pytest.raises(UserError, match="max_n"):
         ServeSettings(slots=2, max_queue=1, max_n=4).validate()
+
+
+def test_connections_to_the_listening_socket_send_small_answers_at_once():
+    """Each accepted connection has Nagle's algorithm off (TCP_NODELAY), as asyncio sets it on TCP sockets: with it
+    on, a client's delayed ACK held every small answer back about 40 ms."""
+    import asyncio
+    import socket
+
+    from gptkit.serve.app import listen
+
+    sock = listen("127.0.0.1", 0)
+
+    async def accepted_flag() -> int:
+        accepted = asyncio.get_running_loop().create_future()
+        server = await asyncio.start_server(lambda reader, writer: accepted.set_result(writer), sock=sock)
+        _, client = await asyncio.open_connection(*sock.getsockname()[:2])
+        writer = await accepted
+        flag = writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        for end in (client, writer):
+            end.close()
+        server.close()
+        return flag
+
+    assert asyncio.run(accepted_flag()) != 0
