@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
+import export
 from data.test_packing import write_chat_data
 from gptkit.weights import checkpoint as ckpt
+from gptkit.weights import lora
 from gptkit.weights.loading import load_model_and_tokenizer
 from gptkit.weights.lora import model_with_adapters
-from helpers import REPO, assert_script_error, clean_env, cli_args, run_script
+from helpers import REPO, assert_script_error, clean_env, cli_args, run_main, run_script
 from test_train_chat import RUN, write_text_data
 from test_train_ddp import assert_close_weights, assert_same_curve, train_in
 
@@ -127,16 +129,17 @@ def test_lora_under_ddp_matches_one_process(base: Path, tmp_path: Path) -> None:
     assert "transformer.wte.extra" in adapters and adapters["transformer.h.0.attn.c_attn.lora_B"].abs().max() > 0
 
 
-def test_peft_runs_our_adapters_on_the_exported_base(base: Path, tmp_path: Path) -> None:
+def test_peft_runs_our_adapters_on_the_exported_base(base: Path, tmp_path: Path, capsys) -> None:
     """The whole route to Hugging Face: train.py's LoRA run, its adapters written for PEFT, the base exported with
     export.py; PEFT on transformers' model then gives the logits the toolkit gives for the LoRA run."""
     peft = pytest.importorskip("peft")
     transformers = pytest.importorskip("transformers")
     assert lora_run(base, base.parent / "text", tmp_path / "out", learning_rate=3e-2).returncode == 0
-    written = adapters_command("--action=peft", f"--out_dir={tmp_path / 'out'}", f"--to={tmp_path / 'adapter'}")
-    assert written.returncode == 0, written.stderr
-    export = ["export.py", f"--out_dir={base}", "--format=hf", f"--export_dir={tmp_path / 'hf'}"]
-    assert run_script(*export).returncode == 0
+    # both commands in this process (their command lines run as subprocesses in the tests above and test_export.py)
+    peft_args = ["--action=peft", f"--out_dir={tmp_path / 'out'}", f"--to={tmp_path / 'adapter'}"]
+    assert run_main(lora.main, peft_args, capsys)[0] == 0
+    export_args = [f"--out_dir={base}", "--format=hf", f"--export_dir={tmp_path / 'hf'}"]
+    assert run_main(export.main, export_args, capsys)[0] == 0
     ours, tokenizer = load_model_and_tokenizer("resume", str(tmp_path / "out"))
     hf_base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
     theirs = peft.PeftModel.from_pretrained(hf_base, tmp_path / "adapter").eval()

@@ -112,6 +112,7 @@ def test_sample_bench_compares_every_path_in_one_run(tmp_path: Path):
                 "--repeats=1",
                 "--new_tokens=3",
                 "--uncached_new_tokens=2",
+                "--bandwidth_mb=0",
                 "--paths=auto",
                 "--paths=onednn",
                 "--paths=eager",
