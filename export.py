@@ -20,17 +20,13 @@ from gptkit.weights.export_common import new_directory
 from gptkit.weights.export_gguf import OUTTYPES, export_gguf
 from gptkit.weights.export_hf import export_hf
 from gptkit.weights.hf_gpt2 import GPT2_HUB_NAMES
-from gptkit.weights.loading import load_model_and_tokenizer
+from gptkit.weights.loading import ModelLocation, load_model_and_tokenizer
 
 FORMATS = ("hf", "gguf")
 
 
 @dataclass
-class ExportSettings:
-    out_dir: str = setting("out", "training output directory (or a checkpoint file) to export")
-    checkpoint: str = setting("best", "which checkpoint of out_dir: best (best val loss) or latest")
-    init_from: str = setting("resume", "resume = the out_dir checkpoint; or a Hugging Face GPT-2 dir, or gpt2*")
-    data_dir: str = setting("", "take the tokenizer from this data dir's meta.json (for checkpoints without one)")
+class ExportSettings(ModelLocation):
     format: str = setting(
         "hf", "hf: a Hugging Face directory; gguf: one GGUF file and an ollama Modelfile", choices=FORMATS
     )
@@ -40,8 +36,7 @@ class ExportSettings:
     name: str = setting("", "the model's name in the GGUF file and its file name (default: out_dir's name, or gpt2*)")
 
     def validate(self) -> None:
-        if self.checkpoint not in ("best", "latest"):
-            raise UserError(f"--checkpoint must be best or latest, got {self.checkpoint!r}")
+        super().validate()
         if self.format not in FORMATS:
             raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {self.format!r}")
         if self.outtype not in OUTTYPES:

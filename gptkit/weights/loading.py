@@ -58,21 +58,28 @@ def load_model_and_tokenizer(
 
 
 @dataclass
-class ModelSource:
-    """The settings of the scripts that load a trained model (sample.py, eval.py, serve.py): which model, and how
-    its weights are stored. The scripts' settings classes extend it (and call its validate)."""
+class ModelLocation:
+    """Which trained model a script takes (export.py, and through ModelSource the scripts that run one). Settings
+    classes extend it (and call its validate)."""
 
     out_dir: str = setting("out", "training output directory (or a checkpoint file) to load the model from")
     checkpoint: str = setting("best", "which checkpoint of out_dir: best (best val loss) or latest")
     init_from: str = setting("resume", "resume = the out_dir checkpoint; or a Hugging Face GPT-2 dir, or gpt2*")
     data_dir: str = setting("", "take the tokenizer from this data dir's meta.json (for checkpoints without one)")
-    quantize: str = setting(
-        "none", "none, or int8: int8 weights for CPU decoding (float32 compute)", choices=QUANTIZE_CHOICES
-    )
 
     def validate(self) -> None:
         if self.checkpoint not in ("best", "latest"):
             raise UserError(f"--checkpoint must be best or latest, got {self.checkpoint!r}")
+
+
+@dataclass
+class ModelSource(ModelLocation):
+    """The settings of the scripts that run a trained model (sample.py, eval.py, serve.py): which model, and how
+    its weights are stored."""
+
+    quantize: str = setting(
+        "none", "none, or int8: int8 weights for CPU decoding (float32 compute)", choices=QUANTIZE_CHOICES
+    )
 
 
 def load_for_inference(source: ModelSource, device: torch.device, dtype: torch.dtype) -> tuple[GPT, Tokenizer]:
