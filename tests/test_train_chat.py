@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,6 +23,7 @@ from gptkit.data.tokenizer import CharTokenizer
 from gptkit.model import GPT, GPTConfig
 from gptkit.weights import checkpoint as ckpt
 from helpers import REPO, assert_script_error, clean_env, cli_args, run_script
+from test_train_ddp import TORCHRUN, assert_close_weights
 
 RUN = {
     "device": "cpu",
@@ -154,19 +154,12 @@ def test_ddp_on_chat_data_matches_one_process(base_and_chat, tmp_path) -> None:
     args = cli_args(**RUN, max_iters=3, init_from=base, data_dir=chat)
     single = run_script("train.py", *args, f"--out_dir={tmp_path / 'one'}")
     assert single.returncode == 0, single.stderr
-    launcher = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(REPO / "train.py"),
-    ]
     ddp = subprocess.run(
-        [*launcher, *args, f"--out_dir={tmp_path / 'two'}"], cwd=REPO, env=clean_env(), capture_output=True, text=True
+        [*TORCHRUN, str(REPO / "train.py"), *args, f"--out_dir={tmp_path / 'two'}"],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
     )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
-    one = ckpt.load_checkpoint(tmp_path / "one" / "ckpt.pt")["model"]
-    two = ckpt.load_checkpoint(tmp_path / "two" / "ckpt.pt")["model"]
-    for key in one:
-        torch.testing.assert_close(one[key], two[key], atol=1e-5, rtol=1e-4)
+    assert_close_weights(tmp_path / "one", tmp_path / "two")

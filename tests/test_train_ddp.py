@@ -36,18 +36,13 @@ RUN = {
 }
 
 
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]  # 2 gloo processes
+
+
 def train_in(processes: int, data_dir: Path, out_dir: Path, *extra: str) -> subprocess.CompletedProcess:
-    """train.py with this file's run, in one process or under torchrun in `processes` CPU processes (gloo)."""
-    launcher = [sys.executable, str(REPO / "train.py")]
-    if processes > 1:
-        launcher = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={processes}",
-            str(REPO / "train.py"),
-        ]
+    """train.py with this file's run, in one process or (processes=2) under torchrun in two CPU processes (gloo)."""
+    assert processes in (1, 2)
+    launcher = [*(TORCHRUN if processes == 2 else [sys.executable]), str(REPO / "train.py")]
     args = [*tiny_train_args(data_dir, out_dir, **RUN), *extra]
     result = subprocess.run([*launcher, *args], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -172,15 +167,7 @@ def test_a_signal_to_one_process_stops_all_of_them_at_the_same_step(runs: dict[s
     out_dir = tmp_path / "out"
     args = [*tiny_train_args(runs["data"], out_dir, **RUN), "--max_iters=1000000"]  # only the signal ends it
     launcher = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            str(REPO / "train.py"),
-            *args,
-        ],
+        [*TORCHRUN, str(REPO / "train.py"), *args],
         cwd=REPO,
         env=clean_env(PYTHONUNBUFFERED="1"),
         stdout=subprocess.PIPE,
@@ -248,9 +235,6 @@ def assert_resumed_to_the_uninterrupted_weights(out_dir: Path, uninterrupted_dir
     assert restarted["iter_num"] == uninterrupted["iter_num"] == MAX_ITERS
     for key, tensor in uninterrupted["model"].items():
         assert torch.equal(restarted["model"][key], tensor), key
-
-
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 
 
 def test_torchrun_max_restarts_after_a_killed_worker_ends_with_the_uninterrupted_weights(
