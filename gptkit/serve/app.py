@@ -251,16 +251,14 @@ class Service:
             elif self.tokenizer.chat is None:
                 raise APIError(400, "this model has no chat template; give a prompt", "messages", "model_not_chat")
             else:
-                messages = ChatCompletionRequest(model="", messages=body.messages).message_dicts()
-                ids = self.tokenizer.chat.render_prompt(messages, self.tokenizer)
-                ids = ids if body.add_generation_prompt else ids[:-1]
+                ids = self.tokenizer.chat.render_prompt(api.message_dicts(body.messages), self.tokenizer)
+                ids = ids if body.add_generation_prompt else ids[:-1]  # the prompt ends with the assistant's marker
         except (ChatError, UserError, UnicodeError) as exc:
             raise APIError(400, f"cannot be tokenized: {exc}", "messages" if body.messages else "prompt") from None
         return {"count": len(ids), "max_model_len": self.block_size, "tokens": ids}
 
     async def detokenize(self, body: DetokenizeRequest) -> dict[str, str]:
-        if any(not 0 <= token < self.tokenizer.vocab_size for token in body.tokens):
-            raise APIError(400, f"token ids must be in [0, {self.tokenizer.vocab_size})", "tokens")
+        self.check_ids(body.tokens, "tokens")
         return {"prompt": self.tokenizer.decode(body.tokens)}
 
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
@@ -336,11 +334,15 @@ class Service:
             except (UserError, ValueError, UnicodeError) as exc:  # e.g. a character a char-level model never saw
                 raise APIError(400, f"prompt cannot be encoded: {exc}", "prompt") from None
         else:
-            ids = prompt
-            if any(not 0 <= token < self.tokenizer.vocab_size for token in ids):
-                raise APIError(400, f"prompt token ids must be in [0, {self.tokenizer.vocab_size})", "prompt")
+            ids = self.check_ids(prompt, "prompt")
         if not ids:
             raise APIError(400, "prompt is empty and this model has no end-of-text token to start from", "prompt")
+        return ids
+
+    def check_ids(self, ids: list[int], param: str) -> list[int]:
+        """Token ids sent by a client, or APIError naming `param` for one outside the vocabulary."""
+        if any(not 0 <= token < self.tokenizer.vocab_size for token in ids):
+            raise APIError(400, f"{param}: token ids must be in [0, {self.tokenizer.vocab_size})", param)
         return ids
 
     def fit_echo(self, ids: list[int]) -> list[int]:
@@ -390,10 +392,8 @@ class Service:
                 seed = None if body.seed is None else (body.seed + j) % (api.SEED_RANGE[1] + 1)
                 request = engine.Request(prompt=ids, stop_tokens=stop_tokens, seed=seed, **settings)
                 stream = TextStream(self.tokenizer, stops, stop_tokens)
-                job = Job(request, stream, events, loop, index=i * n + j)
-                if echo:
-                    job.echo, job.score_prompt = self.tokenizer.decode(ids), body.logprob_count
-                jobs.append(job)
+                echoed = {"echo": self.tokenizer.decode(ids), "score_prompt": body.logprob_count} if echo else {}
+                jobs.append(Job(request, stream, events, loop, index=i * n + j, **echoed))
         return jobs
 
     def request_settings(self, body: CompletionRequest | ChatCompletionRequest) -> dict[str, Any]:
@@ -474,7 +474,8 @@ class Service:
                         yield api.sse({"error": {"message": text, "type": "server_error", "param": None, "code": None}})
                         continue
                     logprobs = self.logprobs_object(body, entries, offsets[index])
-                    offsets[index] += sum(len(api.token_text(self.tokenizer, entry.token)) for entry in entries)
+                    if logprobs is not None and "tokens" in logprobs:  # the completions format: offsets go on
+                        offsets[index] += sum(len(token) for token in logprobs["tokens"])
                     chunk = {**head, "choices": [make_choice(index, text, reason, logprobs)]}
                     yield api.sse({**chunk, "usage": counts()} if every_chunk else chunk)
             if options and (options.include_usage or every_chunk):

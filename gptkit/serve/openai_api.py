@@ -7,6 +7,7 @@ taken for a number, nor a float for an integer); every error, whatever raised it
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import uuid
@@ -220,19 +221,21 @@ class ChatCompletionRequest(SamplingRequest):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def message_dicts(self) -> list[dict[str, str]]:
-        """The messages as {role, content} with a content list's text parts joined; APIError for other parts."""
-        messages = []
-        for index, message in enumerate(self.messages):
-            content = message.content
-            if isinstance(content, list):
-                other = next((part.type for part in content if part.type != "text" or part.text is None), None)
-                if other is not None:
-                    raise APIError(
-                        400, f"messages[{index}]: only text content parts are read, not {other!r}", "messages"
-                    )
-                content = "".join(part.text for part in content)
-            messages.append({"role": message.role, "content": content})
-        return messages
+        return message_dicts(self.messages)
+
+
+def message_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """The messages as {role, content} with a content list's text parts joined; APIError for other parts."""
+    plain = []
+    for index, message in enumerate(messages):
+        content = message.content
+        if isinstance(content, list):
+            other = next((part.type for part in content if part.type != "text" or part.text is None), None)
+            if other is not None:
+                raise APIError(400, f"messages[{index}]: only text content parts are read, not {other!r}", "messages")
+            content = "".join(part.text for part in content)
+        plain.append({"role": message.role, "content": content})
+    return plain
 
 
 class TokenizeRequest(BaseModel):
@@ -314,7 +317,7 @@ def completion_logprobs(entries: list[TokenLogprob], tokenizer: Tokenizer, offse
     """The completions API's logprobs object for these tokens; text_offset counts characters of the choice's
     text from `offset` (where the tokens before these ended)."""
     tokens = [token_text(tokenizer, entry.token) for entry in entries]
-    offsets = [offset + sum(len(token) for token in tokens[:i]) for i in range(len(tokens))]
+    offsets = list(itertools.accumulate((len(token) for token in tokens), initial=offset))[:-1]  # where each starts
     top = [
         None if entry.logprob is None else {token_text(tokenizer, t): value for t, value in entry.top}
         for entry in entries
