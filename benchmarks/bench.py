@@ -30,7 +30,6 @@ from gptkit.core.settings import parse_settings, setting, setting_list
 from gptkit.infer import generate, generate_stream
 from gptkit.infer.compiled import CPU_COMPILE_OPTIONS
 from gptkit.infer.native import NativeStep
-from gptkit.infer.next_token import sample_next_token
 from gptkit.infer.onednn import onednn_linear_available, optimize_for_cpu_decoding, use_decoding_layout
 from gptkit.model import GPT, GPTConfig
 from gptkit.weights.quantization import quantize_int8, replace_linears
@@ -115,20 +114,12 @@ class SampleBench:
     json_out: str = setting("bench_results/sample.json", "where to write the JSON results ('' = nowhere)")
 
 
-def uncached_generate(model: GPT, idx: torch.Tensor, new_tokens: int, top_k: int, generator) -> torch.Tensor:
-    """The plain path, as nanoGPT samples: a full forward pass over the whole context for every token."""
-    for _ in range(new_tokens):
-        logits, _ = model(idx[:, -model.config.block_size :])
-        idx = torch.cat((idx, sample_next_token(logits[:, -1], 1.0, top_k, None, generator)[:, None]), dim=1)
-    return idx
-
-
 def run_sample_path(path: str, models: dict, prompt: torch.Tensor, top_k: int, new_tokens: int) -> None:
     """Generate new_tokens for every row of prompt by `path` (see SAMPLE_PATHS), as a user would call it."""
     generator = torch.Generator(device=prompt.device).manual_seed(0)
     with torch.inference_mode():
         if path == "uncached":
-            uncached_generate(models["plain"], prompt, new_tokens, top_k, generator)
+            models["plain"].generate(prompt, new_tokens, top_k=top_k, generator=generator)  # as nanoGPT samples
         elif path in DECODE_OF_PATH:
             for _ in generate_stream(
                 models[path], prompt, new_tokens, top_k=top_k, generator=generator, decode=DECODE_OF_PATH[path]

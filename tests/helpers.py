@@ -444,19 +444,10 @@ def with_16_bit_inputs(model: Any) -> Any:
 
 
 def reference_greedy(model: Any, prompt: list[int], steps: int) -> list[int]:
-    """Greedy tokens by a full forward pass of the plain model over each step's window (no cache): the prompt's last
-    block_size tokens, and when a window would pass block_size it restarts from the last 3/4 of a window."""
+    """Greedy tokens of model.py's plain `generate` (a full forward pass per token, no cache) after `prompt`."""
     import torch
 
-    block = model.config.block_size
-    tokens, start = list(prompt), max(0, len(prompt) - block)
-    with torch.no_grad():
-        for _ in range(steps):
-            if len(tokens) - start > block:  # the window is full: keep its last 3/4
-                start = len(tokens) - (block - block // 4)
-            logits, _ = model(torch.tensor([tokens[start:]]), torch.zeros(1, len(tokens) - start, dtype=torch.long))
-            tokens.append(int(logits[0, -1].argmax()))
-    return tokens[len(prompt) :]
+    return model.generate(torch.tensor([prompt]), steps, temperature=0)[0, len(prompt) :].tolist()
 
 
 # ----------------------------------------------------------------------------- a served model (serve.py)

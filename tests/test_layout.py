@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import os
+import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import tomllib
@@ -31,6 +34,7 @@ MAY_IMPORT: dict[str, set[str]] = {
 }
 SCRIPT_DIRS = ("prepare_data", "benchmarks")
 ROOT_SCRIPTS = {"train.py", "sample.py", "serve.py", "eval.py", "plot.py", "export.py"}
+ROOT_MODEL = "model.py"  # the transformer itself, the file a reader opens first; gptkit/model.py links to it
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -120,7 +124,7 @@ def test_the_checker_finds_upward_and_sideways_imports(tmp_path: Path) -> None:
 
 
 def test_the_model_imports_torch_and_the_standard_library_only() -> None:
-    imported = {name.split(".")[0] for name in imported_modules(REPO / "gptkit" / "model.py")}
+    imported = {name.split(".")[0] for name in imported_modules(REPO / ROOT_MODEL)}
     outside = {name for name in imported if name not in sys.stdlib_module_names and name != "__future__"}
     assert outside == {"torch"}
 
@@ -130,10 +134,48 @@ def test_nothing_outside_the_tests_edits_sys_path() -> None:
     assert offenders == []
 
 
-def test_the_root_holds_only_scripts() -> None:
-    """Support code lives in the package: the root's Python files are the scripts people read and run."""
+def test_the_root_holds_only_scripts_and_the_model() -> None:
+    """Support code lives in the package: the root's Python files are the scripts people run and model.py."""
     root_python = {p.name for p in REPO.glob("*.py")}
-    assert root_python == ROOT_SCRIPTS
+    assert root_python == ROOT_SCRIPTS | {ROOT_MODEL}
+
+
+def test_the_root_model_and_the_package_model_are_one_file() -> None:
+    """`import model` from the checkout and `import gptkit.model` read the same file: one copy of the code."""
+    assert (REPO / "gptkit" / "model.py").is_symlink()
+    assert (REPO / "gptkit" / "model.py").resolve() == (REPO / ROOT_MODEL).resolve()
+    probe = "import model, gptkit.model, pathlib; print(pathlib.Path(model.__file__).resolve()); print(pathlib.Path(gptkit.model.__file__).resolve())"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    root_file, package_file = out.stdout.split()
+    assert root_file == package_file == str((REPO / ROOT_MODEL).resolve())
+
+
+def test_a_wheel_holds_the_model_in_the_package_and_no_top_level_model(tmp_path: Path) -> None:
+    """A wheel built from the checkout installs gptkit with model.py's code inside it and no top-level `model`."""
+    wheels, target = tmp_path / "wheels", tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", wheels, REPO], check=True, cwd=tmp_path)
+    (wheel,) = wheels.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        assert archive.read("gptkit/model.py") == (REPO / ROOT_MODEL).read_bytes()
+    assert not [name for name in names if name.startswith("model")]
+    subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", target, wheel], check=True)
+    assert (target / "gptkit" / "model.py").is_file() and not (target / "gptkit" / "model.py").is_symlink()
+    assert not (target / "model.py").exists()
+    probe = "import gptkit.model as m; print(m.__file__); print(m.GPT(m.GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4, vocab_size=5)).get_num_params())"
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(target)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    installed_file, params = out.stdout.split()
+    assert installed_file == str(target / "gptkit" / "model.py")
+    # wte 5*8 (tied head), block: two LayerNorms 2*16, c_attn 8*24+24, c_proj 8*8+8, c_fc 8*32+32, c_proj 32*8+8; ln_f 16
+    assert int(params) == 40 + (32 + 216 + 72 + 288 + 264) + 16
 
 
 def test_only_the_package_is_installed_as_a_top_level_module() -> None:

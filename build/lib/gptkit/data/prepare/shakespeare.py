@@ -1,0 +1,66 @@
+"""Tiny Shakespeare: fetch the text (cached, checksummed) and write nanoGPT's 90/10 split with any tokenizer.
+
+prepare_data/shakespeare_char.py (characters) and prepare_data/shakespeare.py (GPT-2 BPE) are built on this.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from gptkit.core import download
+from gptkit.core.errors import UserError
+from gptkit.core.fileio import sha256_file
+from gptkit.core.settings import setting
+from gptkit.data.prepare.driver import summary_line
+from gptkit.data.prepare.writer import write_dataset
+from gptkit.data.tokenizer import Tokenizer
+
+TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+SOURCE_ENV = "TINYSHAKESPEARE"
+TRAIN_FRACTION = 0.9
+
+
+@dataclass
+class ShakespeareSettings:
+    source: str | None = setting(None, f"URL or local path of the text; default ${SOURCE_ENV}, else the char-rnn URL")
+    out_dir: str = setting("data/shakespeare_char", "output directory for train.bin, val.bin and meta.json")
+    sha256: str | None = setting(TINY_SHAKESPEARE_SHA256, "expected sha256 of the text; None accepts any text")
+    cache_dir: str | None = setting(None, "download cache; default $GPT_TOOLKIT_CACHE or ~/.cache/gpt-toolkit")
+    retries: int = setting(5, "download retries after the first attempt")
+    read_timeout: float = setting(60.0, "seconds without data before a download attempt is abandoned")
+
+    def validate(self) -> None:
+        download.policy_from_settings(self.retries, self.read_timeout)  # refuses impossible values before any work
+
+
+def read_tiny_shakespeare(cfg: ShakespeareSettings) -> tuple[str, dict]:
+    """The corpus text (from --source, $TINYSHAKESPEARE or the canonical URL) and its provenance for meta.json."""
+    source = cfg.source or os.environ.get(SOURCE_ENV) or TINY_SHAKESPEARE_URL
+    policy = download.policy_from_settings(cfg.retries, cfg.read_timeout)
+    path = download.resolve_source(source, sha256=cfg.sha256, cache_dir=cfg.cache_dir, policy=policy)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{source} is not valid UTF-8 at byte offset {exc.start}; check the source") from None
+    if not text:
+        raise UserError(f"{source} is empty; check the source")
+    provenance = {"source": source, "sha256": sha256_file(path), "split": "first 90% of characters train"}
+    return text, provenance
+
+
+def split_text(text: str) -> tuple[str, str]:
+    """nanoGPT's split: the first 90% of the characters, then the rest."""
+    cut = int(len(text) * TRAIN_FRACTION)
+    return text[:cut], text[cut:]
+
+
+def write_split_text(out_dir: str, tokenizer: Tokenizer, text: str, provenance: dict) -> None:
+    """Tokenise nanoGPT's train/val split of `text` (one document each), write the data set and print a summary."""
+    splits = {
+        name: (tokenizer.encode_array(part), len(part.encode("utf-8")), 1)
+        for name, part in zip(("train", "val"), split_text(text))
+    }
+    meta = write_dataset(out_dir, tokenizer, splits, provenance)
+    print(summary_line(meta, out_dir, 0.0, 0))

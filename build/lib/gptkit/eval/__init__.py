@@ -1,0 +1,1 @@
+"""Evaluation beyond the loss: HellaSwag and the lm-evaluation-harness adapter."""

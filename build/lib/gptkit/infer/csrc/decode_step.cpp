@@ -1,0 +1,1048 @@
+// One decoding step of a GPT at batch 1 on the CPU (gptkit/infer/native.py builds and calls it).
+//
+// Why: at batch 1 a step reads every weight once, so its floor is the weight bytes over the memory's read speed.
+// Here the whole step is one parallel region: the threads split each matrix product's rows and each layer's heads,
+// and meet at a barrier where a stage needs the one before it, instead of entering a parallel region (and leaving
+// Python, dynamo and inductor's wrappers) once per kernel. The weights come from one buffer laid out in the order
+// they are read, so the memory streams them like one long array (float32 matrices in blocks of rows: Matrix).
+//
+// Weights are float32, bfloat16 or int8 (W); activations, norms, attention and logits are computed in float32. The
+// inputs of each float32 or bfloat16 product are rounded to W (bfloat16 products multiply bfloat16 pairs, as
+// PyTorch's do); int8 weights (gptkit.quantization's: one float scale per row) meet each float32 input rounded to
+// 16-bit integers with one scale (ProductInput<int8_t>), finer than bfloat16, and multiply in integer lanes.
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <omp.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#define GPTKIT_VECTORS 1
+#include <immintrin.h>
+#endif
+
+namespace {
+
+using bf16 = c10::BFloat16;
+
+enum Activation : int64_t { kGeluTanh = 0, kGelu = 1, kRelu2 = 2 };
+
+#if defined(GPTKIT_VECTORS)
+// The sum of 8 float32 lanes (AVX2's vector; the AVX-512 build's int8 products use it too).
+inline float reduce_add_floats(__m256 v) {
+  __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
+  return _mm_cvtss_f32(_mm_add_ss(sum, _mm_movehdup_ps(sum)));
+}
+
+// One vector of float32 lanes and the few operations the step needs, so that each loop below is written once for
+// AVX-512 (16 lanes) and for AVX2 with FMA (8 lanes: CPUs without AVX-512, such as AMD's Zen 3).
+#if defined(__AVX512F__)
+using Vec = __m512;
+constexpr int64_t LANES = 16;
+inline Vec splat(float v) { return _mm512_set1_ps(v); }
+inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
+// bfloat16 as the top halves of float32s.
+inline Vec load(const bf16* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec fnmadd(Vec a, Vec b, Vec c) { return _mm512_fnmadd_ps(a, b, c); }
+inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+inline Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+inline Vec div(Vec a, Vec b) { return _mm512_div_ps(a, b); }
+inline Vec min(Vec a, Vec b) { return _mm512_min_ps(a, b); }
+inline Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+inline Vec abs(Vec v) { return _mm512_abs_ps(v); }
+inline float reduce_add(Vec v) { return _mm512_reduce_add_ps(v); }
+inline Vec round_to_integer(Vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+// v * 2^n for whole numbers n in [-126, 127].
+inline Vec times_power_of_two(Vec v, Vec n) { return _mm512_scalef_ps(v, n); }
+// magnitude (not negative) with the sign of sign_of.
+inline Vec with_sign(Vec magnitude, Vec sign_of) {
+  const __m512i sign = _mm512_and_si512(_mm512_castps_si512(sign_of), _mm512_set1_epi32(INT32_MIN));
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(magnitude), sign));
+}
+#else
+using Vec = __m256;
+constexpr int64_t LANES = 8;
+inline Vec splat(float v) { return _mm256_set1_ps(v); }
+inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec load(const bf16* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec fnmadd(Vec a, Vec b, Vec c) { return _mm256_fnmadd_ps(a, b, c); }
+inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
+inline Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+inline Vec div(Vec a, Vec b) { return _mm256_div_ps(a, b); }
+inline Vec min(Vec a, Vec b) { return _mm256_min_ps(a, b); }
+inline Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+inline Vec abs(Vec v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+inline float reduce_add(Vec v) { return reduce_add_floats(v); }
+inline Vec round_to_integer(Vec v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline Vec times_power_of_two(Vec v, Vec n) {  // 2^n built in the exponent bits: n must make a normal float32
+  const __m256i exponent = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+  return _mm256_mul_ps(v, _mm256_castsi256_ps(_mm256_slli_epi32(exponent, 23)));
+}
+inline Vec with_sign(Vec magnitude, Vec sign_of) {
+  return _mm256_or_ps(magnitude, _mm256_and_ps(sign_of, _mm256_set1_ps(-0.0f)));
+}
+#endif
+
+// Asks for the 64-byte lines of 64 weights of type W, PREFETCH_AHEAD weights past `at`, in the L2 cache. A thread
+// reads its share of each matrix as one stream, so these are its next rows (at its share's end, the other thread's
+// first rows: harmless). Where it pays and how far ahead were measured on two CPUs (docs/benchmarks.md): with the
+// hardware's prefetcher alone, float32 products read below a plain sum's speed on a Zen 4 (AVX-512), where 4 KB
+// ahead served every dtype; on a Zen 3 (AVX2) bfloat16 and int8 ones did, best 1024 weights ahead (4 KB was
+// 6-20% slower), while float32 ones read fastest without software prefetch.
+#if defined(__AVX512F__)
+template <typename W>
+constexpr int64_t PREFETCH_AHEAD = 4096 / sizeof(W);
+#else
+template <typename W>
+constexpr int64_t PREFETCH_AHEAD = 1024;
+#endif
+template <typename W>
+inline void prefetch_ahead(const W* at) {
+#if !defined(__AVX512F__)
+  if (std::is_same_v<W, float>) return;
+#endif
+  const char* ahead = reinterpret_cast<const char*>(at + PREFETCH_AHEAD<W>);
+  for (size_t line = 0; line < sizeof(W); ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T1);
+}
+#endif
+
+// The type a product's input and the cache are stored in: the weights' own for float32 and bfloat16, float32 for
+// int8 weights (the activations stay in float32 between the products).
+template <typename W>
+struct Stored {
+  using type = W;
+};
+template <>
+struct Stored<int8_t> {
+  using type = float;
+};
+
+// sum plus the products of w[i] and x[i] for i in [k, n): the values past a dot product's last whole vector block
+// (rows of GPT-2's widths have none). With vectors a plain loop: with `omp simd reduction` the compiler added 16-64
+// partial sums in one dependent chain after every row, tail or not, a cost a profile showed on every row
+// (docs/benchmarks.md). Without them this is the whole product, so the compiler may vectorize it.
+template <typename W, typename X>
+inline float dot_tail(const W* w, const X* x, int64_t k, int64_t n, float sum) {
+#if !defined(GPTKIT_VECTORS)
+#pragma omp simd reduction(+ : sum)
+#endif
+  for (int64_t i = k; i < n; ++i) sum += static_cast<float>(w[i]) * static_cast<float>(x[i]);
+  return sum;
+}
+
+// The dot product of one weight row (float32 or bfloat16) with an input (float32, or bfloat16 for bfloat16 weights),
+// both widened to float32 lanes and accumulated in float32 (int8 rows have their own integer dot below).
+template <typename W, typename X>
+float dot(const W* w, const X* x, int64_t n) {
+  int64_t k = 0;
+  float sum = 0.0f;
+#if defined(GPTKIT_VECTORS)
+  // 64 weights a turn, in independent sums that hide the FMA latency. The loops over them are unrolled so that the
+  // sums stay in registers (otherwise gcc keeps the array in memory and clears it with a call to memset every row).
+  constexpr int64_t CHAINS = 64 / LANES;
+  Vec sums[CHAINS];
+#pragma GCC unroll 8
+  for (int64_t c = 0; c < CHAINS; ++c) sums[c] = splat(0.0f);
+  for (; k + 64 <= n; k += 64) {
+    prefetch_ahead(w + k);
+#pragma GCC unroll 8
+    for (int64_t c = 0; c < CHAINS; ++c) sums[c] = fmadd(load(w + k + c * LANES), load(x + k + c * LANES), sums[c]);
+  }
+#pragma GCC unroll 8
+  for (int64_t c = 1; c < CHAINS; ++c) sums[0] = add(sums[0], sums[c]);
+  sum = reduce_add(sums[0]);
+#endif
+  return dot_tail(w, x, k, n, sum);
+}
+
+#if defined(__AVX512BF16__)
+// The dot product of one bfloat16 weight row with a bfloat16 input, accumulated in float32, by the CPU's own
+// bfloat16 products.
+float dot(const bf16* w, const bf16* x, int64_t n) {
+  int64_t k = 0;
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;  // one instruction: 32 bfloat16 pairs, float32 sums
+  for (; k + 128 <= n; k += 128) {  // no prefetch_ahead: on a Zen 4 it made bfloat16 steps slower at every read speed
+    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_loadu_si512(x + k));
+    a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w + k + 32), (__m512bh)_mm512_loadu_si512(x + k + 32));
+    a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(w + k + 64), (__m512bh)_mm512_loadu_si512(x + k + 64));
+    a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(w + k + 96), (__m512bh)_mm512_loadu_si512(x + k + 96));
+  }
+  const float sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  return dot_tail(w, x, k, n, sum);
+}
+#endif
+
+// The largest |q| a 16-bit input of n values may take: each int32 lane of a row's sums then stays below 2^31 for
+// weights in [-127, 127], however the row's n products are spread over 8 lanes; 32767 up to 4128 columns.
+inline int64_t input_limit(int64_t n) {
+  const int64_t products_per_lane = std::max<int64_t>(1, (n + 7) / 8);
+  return std::min<int64_t>(32767, std::numeric_limits<int32_t>::max() / (127 * products_per_lane));
+}
+
+#if defined(GPTKIT_VECTORS)
+// 16 int8 weights widened to 16 bits.
+inline __m256i load_widened(const int8_t* w) {
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+}
+inline __m256i load_integers(const int16_t* x) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)); }
+// sums + the 16 products of w and x, summed in pairs into 8 int32 lanes (one vpmaddwd).
+inline __m256i add_products(__m256i sums, __m256i w, __m256i x) {
+  return _mm256_add_epi32(sums, _mm256_madd_epi16(w, x));
+}
+// The sum of 8 int32 lanes, each exact, added as float32 (a row's total may not fit in int32).
+inline float reduce_add(__m256i v) { return reduce_add_floats(_mm256_cvtepi32_ps(v)); }
+#endif
+
+// sum plus the products of w[i] and x[i] for i in [k, n), for an int8 row and a 16-bit integer input: summed exactly
+// in an integer, then added once.
+inline float dot_tail(const int8_t* w, const int16_t* x, int64_t k, int64_t n, float sum) {
+  int64_t tail = 0;
+  for (int64_t i = k; i < n; ++i) tail += static_cast<int64_t>(w[i]) * x[i];
+  return sum + static_cast<float>(tail);
+}
+
+// The dot product of an int8 row with a 16-bit integer input, exact in int32 lanes (see input_limit) and then
+// rounded to float32 once per lane.
+inline float dot(const int8_t* w, const int16_t* x, int64_t n) {
+  int64_t k = 0;
+  float sum = 0.0f;
+#if defined(GPTKIT_VECTORS)
+  __m256i sums[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+  for (; k + 64 <= n; k += 64) {  // four independent sums
+    prefetch_ahead(w + k);
+#pragma GCC unroll 4
+    for (int64_t c = 0; c < 4; ++c)
+      sums[c] = add_products(sums[c], load_widened(w + k + 16 * c), load_integers(x + k + 16 * c));
+  }
+  sum = reduce_add(_mm256_add_epi32(sums[0], sums[1])) + reduce_add(_mm256_add_epi32(sums[2], sums[3]));
+#endif
+  return dot_tail(w, x, k, n, sum);
+}
+
+// A product's inputs (count rows of n values) as its weight rows read them: for float32 and bfloat16 weights the
+// values themselves (already in the weights' type), which need no scale.
+template <typename W>
+struct ProductInput {
+  const typename Stored<W>::type* values = nullptr;
+  void take(const typename Stored<W>::type* x, int64_t, int64_t = 1) { values = x; }
+  const typename Stored<W>::type* input(int64_t t, int64_t n) const { return values + t * n; }
+  float scaled(float sum, const float*, int64_t, int64_t) const { return sum; }
+};
+
+// For int8 weights, each float32 input row as 16-bit integers times one scale, so that the products run in integer
+// lanes: 16 weight and input pairs a vpmaddwd, where widening 8 weights to float32 and an FMA held the step below
+// the memory's speed on a Zen 3 (docs/benchmarks.md). A value's rounding error is at most half of
+// largest |x| / input_limit(n): 2^-16 of the row's largest, finer than bfloat16's 2^-9 of the value itself for
+// values within 1/128 of the largest.
+template <>
+struct ProductInput<int8_t> {
+  std::vector<int16_t> storage;
+  std::vector<float> input_scales;
+  const int16_t* values = nullptr;
+  void take(const float* x, int64_t n, int64_t count = 1) {
+    storage.resize(count * n + 32);  // from a 64-byte boundary, so that fewer 32-byte loads straddle two lines
+    const auto address = reinterpret_cast<uintptr_t>(storage.data());
+    int16_t* rounded = storage.data() + ((64 - address % 64) % 64) / sizeof(int16_t);
+    input_scales.resize(count);
+    const float limit = static_cast<float>(input_limit(n));
+    for (int64_t t = 0; t < count; ++t) {
+      const float* row = x + t * n;
+      float largest = 0.0f;
+      for (int64_t i = 0; i < n; ++i) largest = std::max(largest, std::abs(row[i]));
+      input_scales[t] = largest / limit;
+      const float inverse = largest > 0.0f ? limit / largest : 0.0f;
+      for (int64_t i = 0; i < n; ++i) rounded[t * n + i] = static_cast<int16_t>(std::nearbyint(row[i] * inverse));
+    }
+    values = rounded;
+  }
+  const int16_t* input(int64_t t, int64_t n) const { return values + t * n; }
+  // A weight row's integer sum with input t, times the row's scale and the input's.
+  float scaled(float sum, const float* scales, int64_t row, int64_t t) const {
+    return sum * input_scales[t] * scales[row];
+  }
+};
+
+// Row `row` of a product over `columns` values for (the first) input.
+template <typename W>
+inline float product_row(const W* matrix, const float* scales, int64_t row, int64_t columns,
+                         const ProductInput<W>& in) {
+  return in.scaled(dot(matrix + row * columns, in.input(0, columns), columns), scales, row, 0);
+}
+
+// A matrix in the packed buffer: rows x columns weights of type W, its rows' scales (int8 weights; else null), and
+// whether it lies in blocks (below) or row after row.
+template <typename W>
+struct Matrix {
+  const W* values;
+  const float* scales;
+  int64_t rows, columns;
+  bool blocked;
+};
+
+// float32 matrices lie in blocks of BLOCK_ROWS rows (the last block holds the rows left), each block holding CHUNK
+// values of each of its rows in turn. Why: row after row, a product loads its input again for every row; in blocks one
+// load of CHUNK inputs serves the block's rows, and a thread still reads its share as one stream: the products then
+// read as fast as a plain sum on a Zen 3 (docs/benchmarks.md). gptkit/infer/native.py packs them (float32_blocks).
+constexpr int64_t BLOCK_ROWS = 4;
+#if defined(GPTKIT_VECTORS)
+constexpr int64_t CHUNK = LANES;
+#else
+constexpr int64_t CHUNK = 8;
+#endif
+
+// Whether a model's float32 matrices lie in blocks: when the columns of each (embd or hidden) are whole chunks.
+inline bool in_blocks(int64_t embd, int64_t hidden) { return embd % CHUNK == 0 && hidden % CHUNK == 0; }
+
+// Where a row of a blocked matrix lies: its c-th chunk of CHUNK values starts at first + c * stride.
+struct RowPlace {
+  const float* first;
+  int64_t stride;
+};
+inline RowPlace place(const Matrix<float>& m, int64_t row) {
+  const int64_t start = row / BLOCK_ROWS * BLOCK_ROWS, rows_in_block = std::min(BLOCK_ROWS, m.rows - start);
+  return {m.values + start * m.columns + (row - start) * CHUNK, rows_in_block * CHUNK};
+}
+
+// One row's dot product with x over n values (whole chunks): for the rows of a block that a share cuts, and for a
+// last block of fewer rows.
+inline float dot_placed(RowPlace w, const float* x, int64_t n) {
+  float sum = 0.0f;
+#if defined(GPTKIT_VECTORS)
+  Vec sums[2] = {splat(0.0f), splat(0.0f)};
+  for (int64_t c = 0; c * CHUNK < n; ++c)
+    sums[c % 2] = fmadd(load(w.first + c * w.stride), load(x + c * CHUNK), sums[c % 2]);
+  sum = reduce_add(add(sums[0], sums[1]));
+#else
+  for (int64_t c = 0; c * CHUNK < n; ++c)
+    for (int64_t i = 0; i < CHUNK; ++i) sum += w.first[c * w.stride + i] * x[c * CHUNK + i];
+#endif
+  return sum;
+}
+
+#if defined(GPTKIT_VECTORS)
+// Adds one chunk of each row of a block (`w`: the block's values at that chunk) times inputs xs[t] (at `at`) to
+// the sums of `half` (block_dots' layout of its sums).
+template <int64_t T, int64_t SPLIT>
+inline void add_chunk(Vec* sums, const float* w, const float* const* xs, int64_t at, int64_t half) {
+  Vec x[T];
+#pragma GCC unroll 2
+  for (int64_t t = 0; t < T; ++t) x[t] = load(xs[t] + at);
+#pragma GCC unroll 4
+  for (int64_t r = 0; r < BLOCK_ROWS; ++r) {
+    const Vec weights = load(w + r * CHUNK);
+#pragma GCC unroll 2
+    for (int64_t t = 0; t < T; ++t) {
+      Vec& sum = sums[(r * T + t) * SPLIT + half];
+      sum = fmadd(weights, x[t], sum);
+    }
+  }
+}
+#endif
+
+// out[r * T + t] = the dot product of row r of a whole block (at `block`) with input xs[t], over n values. Eight
+// independent sums hide the FMA latency: for one input two a row (even and odd chunks), for two one a row and input.
+template <int64_t T>
+void block_dots(const float* block, const float* const* xs, int64_t n, float* out) {
+  static_assert(T == 1 || T == 2);
+#if defined(GPTKIT_VECTORS)
+  constexpr int64_t SPLIT = 2 / T, SUMS = BLOCK_ROWS * T * SPLIT, STEP = SPLIT * BLOCK_ROWS * CHUNK;
+  Vec sums[SUMS];
+#pragma GCC unroll 8
+  for (int64_t i = 0; i < SUMS; ++i) sums[i] = splat(0.0f);
+  int64_t c = 0;
+  for (; (c + SPLIT) * CHUNK <= n; c += SPLIT) {
+    const float* w = block + c * BLOCK_ROWS * CHUNK;
+#pragma GCC unroll 2
+    for (int64_t i = 0; i < STEP; i += 64) prefetch_ahead(w + i);
+#pragma GCC unroll 2
+    for (int64_t half = 0; half < SPLIT; ++half)
+      add_chunk<T, SPLIT>(sums, w + half * BLOCK_ROWS * CHUNK, xs, (c + half) * CHUNK, half);
+  }
+  if (c * CHUNK < n) add_chunk<T, SPLIT>(sums, block + c * BLOCK_ROWS * CHUNK, xs, c * CHUNK, 0);  // an odd last chunk
+  for (int64_t i = 0; i < BLOCK_ROWS * T; ++i) {
+    Vec total = sums[i * SPLIT];
+    for (int64_t half = 1; half < SPLIT; ++half) total = add(total, sums[i * SPLIT + half]);
+    out[i] = reduce_add(total);
+  }
+#else
+  for (int64_t r = 0; r < BLOCK_ROWS; ++r)
+    for (int64_t t = 0; t < T; ++t) out[r * T + t] = dot_placed({block + r * CHUNK, BLOCK_ROWS * CHUNK}, xs[t], n);
+#endif
+}
+
+// out[row - first] = rows [first, last) of a product with the (first) input, scaled for int8 weights.
+template <typename W>
+void product(const Matrix<W>& m, int64_t first, int64_t last, const ProductInput<W>& in, float* out) {
+  int64_t row = first;
+  if constexpr (std::is_same_v<W, float>) {
+    const float* x = in.input(0, m.columns);
+    while (m.blocked && row < last) {
+      if (row % BLOCK_ROWS == 0 && row + BLOCK_ROWS <= last) {
+        block_dots<1>(m.values + row * m.columns, &x, m.columns, out + row - first);
+        row += BLOCK_ROWS;
+      } else {
+        out[row - first] = dot_placed(place(m, row), x, m.columns);
+        ++row;
+      }
+    }
+  }
+  for (; row < last; ++row) out[row - first] = product_row(m.values, m.scales, row, m.columns, in);
+}
+
+// A prefill's products over rows that lie one after another (bfloat16, int8, and float32 too narrow for blocks) take
+// 2 weight rows and 4 tokens at a time: each row is read (and widened) once for 4 tokens, each input vector loaded
+// once for 2 rows, in 8 independent sums that hide the FMA latency (registers allow no more with AVX2: 8 sums, 2 rows,
+// an input). Blocked float32 rows take a block and 2 tokens at a time (block_dots).
+constexpr int64_t ROWS = 2, TOKENS = 4;
+
+#if defined(GPTKIT_VECTORS)
+// How a block of products multiplies and sums in vector lanes: float32 and bfloat16 rows widened to float32 lanes and
+// multiplied with FMAs; int8 rows with 16-bit integer inputs, 16 at a time, in 8 exact int32 sums (see input_limit).
+template <typename W, typename X>
+struct BlockLanes {
+  using Sum = Vec;
+  static constexpr int64_t WIDTH = LANES;
+  static Sum zero() { return splat(0.0f); }
+  static Vec weights(const W* w) { return load(w); }
+  static Vec inputs(const X* x) { return load(x); }
+  static Sum add(Sum sum, Vec w, Vec x) { return fmadd(w, x, sum); }
+};
+template <>
+struct BlockLanes<int8_t, int16_t> {
+  using Sum = __m256i;
+  static constexpr int64_t WIDTH = 16;
+  static Sum zero() { return _mm256_setzero_si256(); }
+  static __m256i weights(const int8_t* w) { return load_widened(w); }
+  static __m256i inputs(const int16_t* x) { return load_integers(x); }
+  static Sum add(Sum sum, __m256i w, __m256i x) { return add_products(sum, w, x); }
+};
+#endif
+
+// out[r * TOKENS + t] = the dot product of row ws[r] with input xs[t]: each row's lanes loaded (and widened) once for
+// the 4 tokens, each input's once for the 2 rows.
+template <typename W, typename X>
+void dot_block(const W* const* ws, const X* const* xs, int64_t n, float* out) {
+  int64_t k = 0;
+#if defined(GPTKIT_VECTORS)
+  using Lanes = BlockLanes<W, X>;
+  typename Lanes::Sum sums[ROWS * TOKENS];
+#pragma GCC unroll 8
+  for (int64_t i = 0; i < ROWS * TOKENS; ++i) sums[i] = Lanes::zero();
+  for (; k + Lanes::WIDTH <= n; k += Lanes::WIDTH) {
+    const auto w0 = Lanes::weights(ws[0] + k), w1 = Lanes::weights(ws[1] + k);
+#pragma GCC unroll 4
+    for (int64_t t = 0; t < TOKENS; ++t) {
+      const auto x = Lanes::inputs(xs[t] + k);
+      sums[t] = Lanes::add(sums[t], w0, x);
+      sums[TOKENS + t] = Lanes::add(sums[TOKENS + t], w1, x);
+    }
+  }
+  for (int64_t i = 0; i < ROWS * TOKENS; ++i) out[i] = reduce_add(sums[i]);
+#else
+  std::fill(out, out + ROWS * TOKENS, 0.0f);
+#endif
+  for (int64_t r = 0; r < ROWS; ++r)
+    for (int64_t t = 0; t < TOKENS; ++t) out[r * TOKENS + t] = dot_tail(ws[r], xs[t], k, n, out[r * TOKENS + t]);
+}
+
+// Rows [first, last) of a product for `count` inputs (in.input(t, columns) for t < count):
+// out[(row - first) * count + t] for input t (scaled for int8 weights).
+template <typename W>
+void product_tokens(const Matrix<W>& m, int64_t first, int64_t last, const ProductInput<W>& in, int64_t count,
+                    float* out) {
+  const int64_t n = m.columns;
+  int64_t row = first;
+  if constexpr (std::is_same_v<W, float>) {
+    while (m.blocked && row < last) {  // a whole block and 2 inputs at a time (8 sums), else a row
+      const bool whole = row % BLOCK_ROWS == 0 && row + BLOCK_ROWS <= last;
+      for (int64_t token = 0; token < count; token += 2) {
+        const float* xs[2] = {in.input(token, n), in.input(std::min(token + 1, count - 1), n)};  // past the last: again
+        float sums[BLOCK_ROWS * 2];
+        if (whole)
+          block_dots<2>(m.values + row * n, xs, n, sums);
+        else
+          for (int64_t t = 0; t < 2; ++t) sums[t] = dot_placed(place(m, row), xs[t], n);
+        for (int64_t r = 0; r < (whole ? BLOCK_ROWS : 1); ++r)
+          for (int64_t t = 0; t < 2 && token + t < count; ++t)
+            out[(row + r - first) * count + token + t] = sums[r * 2 + t];
+      }
+      row += whole ? BLOCK_ROWS : 1;
+    }
+  }
+  for (; row < last; row += ROWS) {
+    const W* ws[ROWS];
+    for (int64_t r = 0; r < ROWS; ++r)  // past the last row or input: the last again (computed, not kept)
+      ws[r] = m.values + std::min(row + r, last - 1) * n;
+    for (int64_t token = 0; token < count; token += TOKENS) {
+      decltype(in.input(0, 0)) xs[TOKENS];  // float32, bfloat16 or 16-bit integer rows
+      for (int64_t t = 0; t < TOKENS; ++t) xs[t] = in.input(std::min(token + t, count - 1), n);
+      float sums[ROWS * TOKENS];
+      dot_block(ws, xs, n, sums);
+      for (int64_t r = 0; r < ROWS && row + r < last; ++r)
+        for (int64_t t = 0; t < TOKENS && token + t < count; ++t)
+          out[(row + r - first) * count + token + t] = in.scaled(sums[r * TOKENS + t], m.scales, row + r, token + t);
+    }
+  }
+}
+
+constexpr float GELU_INNER = 0.79788456080286536f;  // sqrt(2 / pi): tanh's argument is GELU_INNER (x + 0.044715 x^3)
+
+float activate(float x, int64_t activation) {
+  if (activation == kRelu2) return x > 0.0f ? x * x : 0.0f;
+  if (activation == kGelu) return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
+  return 0.5f * x * (1.0f + std::tanh(GELU_INNER * (x + 0.044715f * x * x * x)));
+}
+
+#if defined(GPTKIT_VECTORS)
+// The lowest argument exp_lanes takes: 2^n stays a normal float32 (e^-87 is 1.6e-38, nothing next to a largest
+// term of 1 in a softmax).
+constexpr float LOWEST_EXP = -87.0f;
+
+// e^v for each lane's v in [LOWEST_EXP, 88]: v = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor series to r^7
+// (relative error under 1e-8 there), times 2^n.
+inline Vec exp_lanes(Vec v) {
+  const Vec n = round_to_integer(mul(v, splat(1.44269504088896341f)));
+  Vec r = fnmadd(n, splat(0.693359375f), v);  // ln 2 in two parts: n ln 2 exact enough
+  r = fnmadd(n, splat(-2.12194440e-4f), r);
+  Vec sum = splat(1.0f / 5040);
+  for (const float coefficient : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+    sum = fmadd(sum, r, splat(coefficient));
+  return times_power_of_two(sum, n);
+}
+
+// GELU's tanh form of each lane, with tanh(u) = sign(u) (1 - 2 / (e^(2|u|) + 1)) (absolute error near float32's
+// epsilon; std::tanh called per value was a visible share of a step in a profile, docs/benchmarks.md).
+inline Vec gelu_tanh_lanes(Vec x) {
+  const Vec one = splat(1.0f), half = splat(0.5f);
+  const Vec cube = mul(mul(x, x), x);
+  const Vec u = mul(splat(GELU_INNER), fmadd(splat(0.044715f), cube, x));
+  const Vec a = abs(u);
+  const Vec e = exp_lanes(min(add(a, a), splat(88.0f)));
+  const Vec tanh = with_sign(sub(one, div(splat(2.0f), add(e, one))), u);
+  return mul(mul(half, x), add(one, tanh));
+}
+#endif
+
+// values[i] = e^(values[i] - largest) for n values (none larger than `largest`), a vector at a time; returns their
+// sum.
+float exp_shifted(float* values, int64_t n, float largest) {
+  int64_t i = 0;
+  float total = 0.0f;
+#if defined(GPTKIT_VECTORS)
+  const Vec shift = splat(largest), lowest = splat(LOWEST_EXP);
+  Vec sums = splat(0.0f);
+  for (; i + LANES <= n; i += LANES) {
+    const Vec e = exp_lanes(max(sub(load(values + i), shift), lowest));
+    store(values + i, e);
+    sums = add(sums, e);
+  }
+  total = reduce_add(sums);
+#endif
+  for (; i < n; ++i) total += (values[i] = std::exp(values[i] - largest));
+  return total;
+}
+
+// values[i] = activate(values[i]) for n values, a vector at a time for GELU's tanh form (GPT-2's).
+void activate_all(float* values, int64_t n, int64_t activation) {
+  int64_t i = 0;
+#if defined(GPTKIT_VECTORS)
+  if (activation == kGeluTanh)
+    for (; i + LANES <= n; i += LANES) store(values + i, gelu_tanh_lanes(load(values + i)));
+#endif
+  for (; i < n; ++i) values[i] = activate(values[i], activation);
+}
+
+// out = LayerNorm(x) * weight + bias over n values, rounded to the products' input type.
+// The sums run in float32 vector lanes rather than as one dependent chain of n additions.
+template <typename W>
+void layer_norm(const float* x, const float* weight, const float* bias, int64_t n, float eps, W* out) {
+  float total = 0.0f, square = 0.0f;
+#pragma omp simd reduction(+ : total)
+  for (int64_t i = 0; i < n; ++i) total += x[i];
+  const float mean = total / static_cast<float>(n);
+#pragma omp simd reduction(+ : square)
+  for (int64_t i = 0; i < n; ++i) square += (x[i] - mean) * (x[i] - mean);
+  const float scale = 1.0f / std::sqrt(square / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<W>((x[i] - mean) * scale * weight[i] + bias[i]);
+}
+
+// A thread's largest logits, (value, row) pairs in a min-heap of at most `keep`: a row enters only when its value
+// is larger than the smallest kept (so among equal values the first row stays, as torch.max and torch.topk keep it).
+class Largest {
+ public:
+  explicit Largest(int64_t keep) : keep_(keep) {}
+  void offer(float value, int64_t row) {
+    if (keep_ == 0) return;
+    if (static_cast<int64_t>(heap_.size()) < keep_) {
+      heap_.emplace_back(value, row);
+      std::push_heap(heap_.begin(), heap_.end(), smaller_first);
+    } else if (value > heap_.front().first) {
+      std::pop_heap(heap_.begin(), heap_.end(), smaller_first);
+      heap_.back() = {value, row};
+      std::push_heap(heap_.begin(), heap_.end(), smaller_first);
+    }
+  }
+  const std::vector<std::pair<float, int64_t>>& entries() const { return heap_; }
+
+ private:
+  static bool smaller_first(const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
+    return a.first > b.first;  // std::push_heap keeps a max-heap of this order: the smallest value on top
+  }
+  int64_t keep_;
+  std::vector<std::pair<float, int64_t>> heap_;
+};
+
+// The `keep` largest of every thread's candidates, largest first (earlier rows first among equal values).
+std::vector<std::pair<float, int64_t>> merged(const std::vector<Largest>& per_thread, int64_t keep) {
+  std::vector<std::pair<float, int64_t>> all;
+  for (const auto& largest : per_thread) all.insert(all.end(), largest.entries().begin(), largest.entries().end());
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  if (static_cast<int64_t>(all.size()) > keep) all.resize(keep);
+  return all;
+}
+
+// One draw from softmax(scaled) by inverse transform, as gptkit.sampling.draw makes it: the first column whose
+// cumulative sum exceeds uniform * total, and never one past the last column with a positive probability.
+int64_t draw(const std::vector<float>& scaled, double uniform) {
+  const float largest = *std::max_element(scaled.begin(), scaled.end());
+  std::vector<float> cdf(scaled.size());
+  float total = 0.0f;
+  for (size_t i = 0; i < scaled.size(); ++i) cdf[i] = total += std::exp(scaled[i] - largest);
+  const float target = static_cast<float>(uniform) * total;
+  const size_t column = std::upper_bound(cdf.begin(), cdf.end(), target) - cdf.begin();
+  const size_t last = std::lower_bound(cdf.begin(), cdf.end(), total) - cdf.begin();
+  return static_cast<int64_t>(std::min(column, last));
+}
+
+// The rows [first, last) of a product that this thread computes: one contiguous share of each matrix.
+struct Share {
+  int64_t first, last;
+  Share(int64_t rows, int thread, int threads) : first(rows * thread / threads), last(rows * (thread + 1) / threads) {}
+};
+
+// The layout of the two buffers, in read order (see gptkit/infer/native.py, which packs them).
+struct Shapes {
+  int64_t embd, hidden, vocab, layers, heads, head_dim;
+  int64_t layer_matrix_elements() const { return 3 * embd * embd + embd * embd + 2 * hidden * embd; }
+  int64_t layer_vector_elements() const { return 2 * embd + 3 * embd + embd + 2 * embd + hidden + embd; }
+  int64_t layer_rows() const { return 3 * embd + embd + hidden + embd; }  // one int8 scale each
+};
+
+// q . key over n values (a key of the cache, in its dtype).
+template <typename W>
+float dot_key(const float* q, const W* key, int64_t n) {
+  int64_t d = 0;
+  float sum = 0.0f;
+#if defined(GPTKIT_VECTORS)
+  Vec acc = splat(0.0f);
+  for (; d + LANES <= n; d += LANES) acc = fmadd(load(q + d), load(key + d), acc);
+  sum = reduce_add(acc);
+#endif
+  for (; d < n; ++d) sum += q[d] * static_cast<float>(key[d]);
+  return sum;
+}
+
+// scores[t] = q . key t over n values for the keys t in [0, count) (rows of n values of the cache, in its dtype).
+// Four keys at a time, in four independent sums (one key's single sum would wait on each FMA's latency); each key's
+// sum is taken in the same order as one at a time, so the scores do not depend on the blocking.
+template <typename W>
+void dot_keys(const float* q, const W* keys, int64_t count, int64_t n, float* scores) {
+  int64_t t = 0;
+#if defined(GPTKIT_VECTORS)
+  if (n % LANES == 0) {
+    for (; t + 4 <= count; t += 4) {
+      const W* key = keys + t * n;
+      Vec sums[4] = {splat(0.0f), splat(0.0f), splat(0.0f), splat(0.0f)};
+      for (int64_t d = 0; d < n; d += LANES) {
+        const Vec x = load(q + d);
+#pragma GCC unroll 4
+        for (int64_t j = 0; j < 4; ++j) sums[j] = fmadd(x, load(key + j * n + d), sums[j]);
+      }
+      for (int64_t j = 0; j < 4; ++j) scores[t + j] = reduce_add(sums[j]);
+    }
+  }
+#endif
+  for (; t < count; ++t) scores[t] = dot_key(q, keys + t * n, n);
+}
+
+#if defined(GPTKIT_VECTORS)
+// out[d] = the sum over t in [0, count) of weights[t] * values[t * n + d] (rows of the cache, in its dtype), for the
+// d from `d` on in whole blocks of BLOCK vectors; returns the first d left. Each block's sums stay in registers over
+// all t (one per vector: independent chains), rather than being loaded and stored again for every t; per lane the
+// order of the additions is the same.
+template <int64_t BLOCK, typename W>
+int64_t mix_values(const float* weights, const W* values, int64_t count, int64_t n, int64_t d, float* out) {
+  for (; d + BLOCK * LANES <= n; d += BLOCK * LANES) {
+    Vec sums[BLOCK];
+#pragma GCC unroll 8
+    for (int64_t j = 0; j < BLOCK; ++j) sums[j] = splat(0.0f);
+    for (int64_t t = 0; t < count; ++t) {
+      const Vec weight = splat(weights[t]);
+#pragma GCC unroll 8
+      for (int64_t j = 0; j < BLOCK; ++j) sums[j] = fmadd(weight, load(values + t * n + d + j * LANES), sums[j]);
+    }
+#pragma GCC unroll 8
+    for (int64_t j = 0; j < BLOCK; ++j) store(out + d + j * LANES, sums[j]);
+  }
+  return d;
+}
+#endif
+
+// One head's attention for the new token at `position`: stores its key and value in the cache, then attends over
+// positions 0..position. cache_k/cache_v point at this head's (positions, head_dim) storage of the cache's row 0;
+// scores and mixed are the thread's scratch (position + 1 and head_dim values).
+template <typename W>
+void attend(const float* q, const float* k, const float* v, W* cache_k, W* cache_v, int64_t position, int64_t head_dim,
+            float* scores, float* mixed, W* out) {
+  for (int64_t d = 0; d < head_dim; ++d) {
+    cache_k[position * head_dim + d] = static_cast<W>(k[d]);
+    cache_v[position * head_dim + d] = static_cast<W>(v[d]);
+  }
+  const int64_t count = position + 1;
+  dot_keys(q, cache_k, count, head_dim, scores);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  float largest = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < count; ++t) largest = std::max(largest, scores[t] *= scale);
+  const float total = exp_shifted(scores, count, largest);
+  for (int64_t t = 0; t < count; ++t) scores[t] /= total;
+  int64_t d = 0;
+#if defined(GPTKIT_VECTORS)
+  d = mix_values<64 / LANES>(scores, cache_v, count, head_dim, d, mixed);  // GPT-2's 64 values a block
+  d = mix_values<1>(scores, cache_v, count, head_dim, d, mixed);
+#endif
+  for (; d < head_dim; ++d) {
+    mixed[d] = 0.0f;
+    for (int64_t t = 0; t < count; ++t) mixed[d] += scores[t] * static_cast<float>(cache_v[t * head_dim + d]);
+  }
+  for (int64_t d = 0; d < head_dim; ++d) out[d] = static_cast<W>(mixed[d]);
+}
+
+// base + offset, or null for a null base (the scales of float32 and bfloat16 weights).
+inline const float* offset_or_null(const float* base, int64_t offset) { return base ? base + offset : nullptr; }
+
+// One layer's matrices and vectors in the buffers, as the packing lays them out.
+template <typename W>
+struct Layer {
+  Matrix<W> attn, proj, fc, fc_proj;
+  const float *ln1_w, *ln1_b, *attn_b, *proj_b, *ln2_w, *ln2_b, *fc_b, *fc_proj_b;
+  Layer(const W* matrices, const float* vectors, const float* scales, int64_t layer, const Shapes& s, bool blocked) {
+    const int64_t C = s.embd, F = s.hidden;
+    const W* attn_w = matrices + layer * s.layer_matrix_elements();
+    const float* attn_s = offset_or_null(scales, layer * s.layer_rows());
+    attn = {attn_w, attn_s, 3 * C, C, blocked};
+    proj = {attn_w + 3 * C * C, offset_or_null(attn_s, 3 * C), C, C, blocked};
+    fc = {proj.values + C * C, offset_or_null(proj.scales, C), F, C, blocked};
+    fc_proj = {fc.values + F * C, offset_or_null(fc.scales, F), C, F, blocked};
+    ln1_w = vectors + layer * s.layer_vector_elements();
+    ln1_b = ln1_w + C, attn_b = ln1_b + C, proj_b = attn_b + 3 * C, ln2_w = proj_b + C, ln2_b = ln2_w + C;
+    fc_b = ln2_b + C, fc_proj_b = fc_b + F;
+  }
+};
+
+// What a step or a prefill reads and writes, as typed pointers: the packed buffers (in the layout
+// gptkit/infer/native.py packs), the position rows added at the tokens' positions, and each layer's cache
+// storage (row 0 of it), all in the types weights of type W go with (model_for makes one from tensors).
+template <typename W, typename S = typename Stored<W>::type>
+struct Model {
+  const W* matrices;
+  const float* scales;  // one per matrix row for int8 weights, else null
+  const float* vectors;
+  const S* embedding;
+  const float* position_rows;
+  std::vector<S*> keys, values;
+  int64_t cache_positions;
+  Shapes s;
+  int64_t activation;
+  float eps;
+  bool blocked;  // float32 matrices in blocks (in_blocks), else row after row
+  Layer<W> layer(int64_t l) const { return Layer<W>(matrices, vectors, scales, l, s, blocked); }
+  Matrix<W> head() const {
+    return {matrices + s.layers * s.layer_matrix_elements(), offset_or_null(scales, s.layers * s.layer_rows()), s.vocab,
+            s.embd, blocked};
+  }
+};
+
+// One decoding step: fills logits (vocab) and offers each thread's share of them to per_thread[thread].
+//
+// Each thread takes one share of the heads and one share of every other product's rows. It computes the queries,
+// keys and values of its own heads and attends with them, so the heads need no barrier of their own; each thread
+// normalizes the whole residual stream itself (n_embd values) rather than waiting for one thread to do it. The
+// threads meet four times a layer: after attention, and after each product whose whole output the next one reads.
+template <typename W, typename S = typename Stored<W>::type>
+void step(const Model<W>& m, int64_t token, int64_t position, float* logits, std::vector<Largest>& per_thread) {
+  const Shapes& s = m.s;
+  const int64_t C = s.embd, F = s.hidden, D = s.head_dim;
+  std::vector<float> x(C), qkv(3 * C);
+  std::vector<S> attended(C), hidden(F);
+  for (int64_t i = 0; i < C; ++i) x[i] = static_cast<float>(m.embedding[token * C + i]) + m.position_rows[i];
+
+#pragma omp parallel num_threads(static_cast<int>(per_thread.size()))
+  {
+    const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
+    const Share heads(s.heads, thread, threads);
+    std::vector<S> normed(C);
+    std::vector<float> scores(position + 1), mixed(D), activations(F), out(C);
+    ProductInput<W> input;  // the input of this thread's next product, as its rows read it
+    for (int64_t layer = 0; layer < s.layers; ++layer) {
+      const Layer<W> l = m.layer(layer);
+      layer_norm(x.data(), l.ln1_w, l.ln1_b, C, m.eps, normed.data());
+      input.take(normed.data(), C);
+      for (int64_t part = 0; part < 3; ++part) {  // this thread's heads' rows of Q, then of K, then of V
+        const int64_t first = part * C + heads.first * D, last = part * C + heads.last * D;
+        product(l.attn, first, last, input, &qkv[first]);
+        for (int64_t row = first; row < last; ++row) qkv[row] += l.attn_b[row];
+      }
+      for (int64_t h = heads.first; h < heads.last; ++h) {
+        const int64_t at = h * D, storage = h * m.cache_positions * D;
+        attend(&qkv[at], &qkv[C + at], &qkv[2 * C + at], m.keys[layer] + storage, m.values[layer] + storage,
+               position, D, scores.data(), mixed.data(), &attended[at]);
+      }
+#pragma omp barrier
+      const Share residual(C, thread, threads);  // x is not this product's input: its rows are added to in place
+      input.take(attended.data(), C);
+      product(l.proj, residual.first, residual.last, input, out.data());
+      for (int64_t row = residual.first; row < residual.last; ++row)
+        x[row] += out[row - residual.first] + l.proj_b[row];
+#pragma omp barrier
+      layer_norm(x.data(), l.ln2_w, l.ln2_b, C, m.eps, normed.data());
+      input.take(normed.data(), C);
+      const Share mine(F, thread, threads);  // this thread's hidden units: computed, activated, then stored as S
+      product(l.fc, mine.first, mine.last, input, activations.data());
+      for (int64_t row = mine.first; row < mine.last; ++row) activations[row - mine.first] += l.fc_b[row];
+      activate_all(activations.data(), mine.last - mine.first, m.activation);
+      for (int64_t row = mine.first; row < mine.last; ++row)
+        hidden[row] = static_cast<S>(activations[row - mine.first]);
+#pragma omp barrier
+      input.take(hidden.data(), F);
+      product(l.fc_proj, residual.first, residual.last, input, out.data());
+      for (int64_t row = residual.first; row < residual.last; ++row)
+        x[row] += out[row - residual.first] + l.fc_proj_b[row];
+#pragma omp barrier
+    }
+    const float* final_norm = m.vectors + s.layers * s.layer_vector_elements();
+    layer_norm(x.data(), final_norm, final_norm + C, C, m.eps, normed.data());
+    input.take(normed.data(), C);
+    const Share vocab(s.vocab, thread, threads);
+    product(m.head(), vocab.first, vocab.last, input, &logits[vocab.first]);
+    for (int64_t row = vocab.first; row < vocab.last; ++row) per_thread[thread].offer(logits[row], row);
+  }
+}
+
+// A prefill: the keys and values of tokens[t] at positions start + t stored in every layer's cache, each token
+// attending over the positions before it, without the head (the next step feeds the token that follows). The
+// threads split the work as in step(); each product reads a weight row once for up to TOKENS tokens, so a pass over
+// a prompt reads the weights about once instead of once a token.
+template <typename W, typename S = typename Stored<W>::type>
+void prefill(const Model<W>& m, const std::vector<int64_t>& tokens, int64_t start, int threads_wanted) {
+  const Shapes& s = m.s;
+  const int64_t C = s.embd, F = s.hidden, D = s.head_dim, T = static_cast<int64_t>(tokens.size());
+  std::vector<float> x(T * C), qkv(T * 3 * C);
+  std::vector<S> attended(T * C), hidden(T * F);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < C; ++i)
+      x[t * C + i] = static_cast<float>(m.embedding[tokens[t] * C + i]) + m.position_rows[t * C + i];
+
+#pragma omp parallel num_threads(threads_wanted)
+  {
+    const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
+    const Share heads(s.heads, thread, threads), mine(F, thread, threads);
+    std::vector<S> normed(T * C);
+    std::vector<float> scores(start + T), mixed(D), out(T * std::max(C, mine.last - mine.first));
+    ProductInput<W> input;  // the inputs of this thread's next product, as its rows read them
+    for (int64_t layer = 0; layer < s.layers; ++layer) {
+      const Layer<W> l = m.layer(layer);
+      for (int64_t t = 0; t < T; ++t) layer_norm(&x[t * C], l.ln1_w, l.ln1_b, C, m.eps, &normed[t * C]);
+      input.take(normed.data(), C, T);
+      for (int64_t part = 0; part < 3; ++part) {  // this thread's heads' rows of Q, then of K, then of V
+        const int64_t first = part * C + heads.first * D, last = part * C + heads.last * D;
+        product_tokens(l.attn, first, last, input, T, out.data());
+        for (int64_t row = first; row < last; ++row)
+          for (int64_t t = 0; t < T; ++t) qkv[t * 3 * C + row] = out[(row - first) * T + t] + l.attn_b[row];
+      }
+      for (int64_t h = heads.first; h < heads.last; ++h) {
+        const int64_t at = h * D, storage = h * m.cache_positions * D;
+        for (int64_t t = 0; t < T; ++t) {  // in order: each token's key and value are stored before the next attends
+          const float* q = &qkv[t * 3 * C + at];
+          attend(q, q + C, q + 2 * C, m.keys[layer] + storage, m.values[layer] + storage, start + t, D, scores.data(),
+                 mixed.data(), &attended[t * C + at]);
+        }
+      }
+#pragma omp barrier
+      const Share residual(C, thread, threads);
+      input.take(attended.data(), C, T);
+      product_tokens(l.proj, residual.first, residual.last, input, T, out.data());
+      for (int64_t row = residual.first; row < residual.last; ++row)
+        for (int64_t t = 0; t < T; ++t) x[t * C + row] += out[(row - residual.first) * T + t] + l.proj_b[row];
+#pragma omp barrier
+      for (int64_t t = 0; t < T; ++t) layer_norm(&x[t * C], l.ln2_w, l.ln2_b, C, m.eps, &normed[t * C]);
+      input.take(normed.data(), C, T);
+      product_tokens(l.fc, mine.first, mine.last, input, T, out.data());
+      for (int64_t row = mine.first; row < mine.last; ++row)
+        for (int64_t t = 0; t < T; ++t) out[(row - mine.first) * T + t] += l.fc_b[row];
+      activate_all(out.data(), T * (mine.last - mine.first), m.activation);
+      for (int64_t row = mine.first; row < mine.last; ++row)
+        for (int64_t t = 0; t < T; ++t) hidden[t * F + row] = static_cast<S>(out[(row - mine.first) * T + t]);
+#pragma omp barrier
+      input.take(hidden.data(), F, T);
+      product_tokens(l.fc_proj, residual.first, residual.last, input, T, out.data());
+      for (int64_t row = residual.first; row < residual.last; ++row)
+        for (int64_t t = 0; t < T; ++t) x[t * C + row] += out[(row - residual.first) * T + t] + l.fc_proj_b[row];
+#pragma omp barrier
+    }
+  }
+}
+
+// The next token from the logits: greedy (temperature 0: the first largest), else a draw with `uniform` from the
+// softmax of logits / temperature over the top_k largest (top_k 0: over the whole vocabulary), as
+// gptkit.sampling.sample_next_token chooses it.
+int64_t choose(const float* logits, int64_t vocab, const std::vector<Largest>& per_thread, int64_t keep,
+               double temperature, double uniform) {
+  if (temperature == 0.0) return merged(per_thread, 1).front().second;
+  std::vector<float> scaled;
+  if (keep == 0) {
+    for (int64_t i = 0; i < vocab; ++i) scaled.push_back(logits[i] / static_cast<float>(temperature));
+    return draw(scaled, uniform);
+  }
+  const auto largest = merged(per_thread, keep);
+  for (const auto& entry : largest) scaled.push_back(entry.first / static_cast<float>(temperature));
+  return largest[draw(scaled, uniform)].second;
+}
+
+template <typename W>
+std::vector<W*> storage_of(const std::vector<torch::Tensor>& cache) {
+  std::vector<W*> pointers;
+  for (const auto& tensor : cache) pointers.push_back(reinterpret_cast<W*>(tensor.data_ptr()));
+  return pointers;
+}
+
+// The Model a step or prefill of weights of type W reads, from the tensors the entry points take; checks that the
+// embedding and the cache are in Stored<W>'s dtype, and that only int8 weights come with scales (one per row).
+template <typename W, typename S = typename Stored<W>::type>
+Model<W> model_for(const torch::Tensor& matrices, const torch::Tensor& scales, const torch::Tensor& vectors,
+                   const torch::Tensor& embedding, const torch::Tensor& position_rows,
+                   const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values, const Shapes& s,
+                   int64_t activation, double eps) {
+  const auto stored = c10::CppTypeToScalarType<S>::value;
+  TORCH_CHECK(embedding.scalar_type() == stored && embedding.is_contiguous(), "embedding: wrong dtype");
+  for (int64_t l = 0; l < s.layers; ++l)
+    TORCH_CHECK(keys[l].scalar_type() == stored && values[l].scalar_type() == stored,
+                "the cache must be in the weights' dtype (float32 for int8 weights)");
+  const bool int8 = std::is_same_v<W, int8_t>;
+  TORCH_CHECK(scales.numel() == (int8 ? s.layers * s.layer_rows() + s.vocab : 0), "scales: wrong size");
+  TORCH_CHECK(scales.scalar_type() == torch::kFloat && scales.is_contiguous());
+  return {matrices.data_ptr<W>(), int8 ? scales.data_ptr<float>() : nullptr, vectors.data_ptr<float>(),
+          embedding.data_ptr<S>(), position_rows.data_ptr<float>(), storage_of<S>(keys), storage_of<S>(values),
+          keys[0].size(2), s, activation, static_cast<float>(eps),
+          std::is_same_v<W, float> && in_blocks(s.embd, s.hidden)};
+}
+
+// call(W{}) for the C++ type W of weights in `dtype`.
+template <typename Call>
+void with_weight_type(torch::ScalarType dtype, Call&& call) {
+  if (dtype == torch::kBFloat16) return call(bf16{});
+  if (dtype == torch::kChar) return call(int8_t{});
+  TORCH_CHECK(dtype == torch::kFloat, "weights must be float32, bfloat16 or int8");
+  call(float{});
+}
+
+// The shapes (embd, hidden, vocab, layers, heads), checked against the buffers' sizes and the cache's layout.
+Shapes checked_shapes(const std::vector<int64_t>& shapes, const torch::Tensor& matrices, const torch::Tensor& vectors,
+                      const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values) {
+  TORCH_CHECK(shapes.size() == 5 && shapes[4] > 0 && shapes[0] % shapes[4] == 0,
+              "shapes: embd, hidden, vocab, layers, heads");
+  const Shapes s{shapes[0], shapes[1], shapes[2], shapes[3], shapes[4], shapes[0] / shapes[4]};
+  TORCH_CHECK(matrices.is_contiguous() && vectors.scalar_type() == torch::kFloat && vectors.is_contiguous());
+  TORCH_CHECK(matrices.numel() == s.layers * s.layer_matrix_elements() + s.vocab * s.embd, "matrices: wrong size");
+  TORCH_CHECK(vectors.numel() == s.layers * s.layer_vector_elements() + 2 * s.embd, "vectors: wrong size");
+  TORCH_CHECK(static_cast<int64_t>(keys.size()) == s.layers && static_cast<int64_t>(values.size()) == s.layers);
+  for (int64_t l = 0; l < s.layers; ++l)
+    TORCH_CHECK(keys[l].is_contiguous() && values[l].is_contiguous() && keys[l].sizes() == values[l].sizes() &&
+                    keys[l].size(1) == s.heads && keys[l].size(3) == s.head_dim,
+                "the cache must be contiguous (rows, heads, positions, head_dim)");
+  return s;
+}
+
+}  // namespace
+
+// Logits (vocab,) float32 for `token` at `position`, and the next token (see choose). matrices: float32, bfloat16 or
+// int8; scales: one float32 per matrix row for int8 (in read order), else empty. keys[l], values[l]: layer l's cache
+// storage (rows, heads, positions, head_dim), contiguous, in the weights' dtype (float32 for int8); row 0 is written
+// at `position` and attended over 0..position. shapes: embd, hidden, vocab, layers, heads.
+std::tuple<torch::Tensor, int64_t> decode_step(const torch::Tensor& matrices, const torch::Tensor& scales,
+                                               const torch::Tensor& vectors, const torch::Tensor& embedding,
+                                               const torch::Tensor& position_row,
+                                               const std::vector<torch::Tensor>& keys,
+                                               const std::vector<torch::Tensor>& values, std::vector<int64_t> shapes,
+                                               int64_t token, int64_t position, int64_t activation, double eps,
+                                               double temperature, int64_t top_k, double uniform) {
+  const Shapes s = checked_shapes(shapes, matrices, vectors, keys, values);
+  TORCH_CHECK(position_row.scalar_type() == torch::kFloat && position_row.numel() == s.embd);
+  TORCH_CHECK(0 <= position && position < keys[0].size(2) && 0 <= token && token < embedding.size(0));
+  TORCH_CHECK(temperature >= 0.0 && top_k >= 0 && 0.0 <= uniform && uniform < 1.0);
+  auto logits = torch::empty({s.vocab}, vectors.options());
+  const int64_t keep = temperature == 0.0 ? 1 : (top_k < s.vocab ? top_k : 0);
+  std::vector<Largest> per_thread(at::get_num_threads(), Largest(keep));
+  with_weight_type(matrices.scalar_type(), [&](auto weight) {
+    const auto model = model_for<decltype(weight)>(matrices, scales, vectors, embedding, position_row, keys, values,
+                                                   s, activation, eps);
+    step(model, token, position, logits.data_ptr<float>(), per_thread);
+  });
+  return {logits, choose(logits.data_ptr<float>(), s.vocab, per_thread, keep, temperature, uniform)};
+}
+
+// Fills row 0 of the cache at positions start .. start + len(tokens) - 1 with `tokens` (see prefill); the buffers as
+// decode_step takes them, position_rows: (len(tokens), embd) float32, the rows added at those positions.
+void prefill_tokens(const torch::Tensor& matrices, const torch::Tensor& scales, const torch::Tensor& vectors,
+                    const torch::Tensor& embedding, const torch::Tensor& position_rows,
+                    const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
+                    std::vector<int64_t> shapes, std::vector<int64_t> tokens, int64_t start, int64_t activation,
+                    double eps) {
+  const Shapes s = checked_shapes(shapes, matrices, vectors, keys, values);
+  const int64_t count = static_cast<int64_t>(tokens.size());
+  TORCH_CHECK(count > 0 && 0 <= start && start + count <= keys[0].size(2), "the tokens must fit in the cache");
+  for (const int64_t token : tokens)
+    TORCH_CHECK(0 <= token && token < embedding.size(0), "a token past the vocabulary");
+  TORCH_CHECK(position_rows.scalar_type() == torch::kFloat && position_rows.is_contiguous() &&
+              position_rows.numel() == count * s.embd);
+  with_weight_type(matrices.scalar_type(), [&](auto weight) {
+    const auto model = model_for<decltype(weight)>(matrices, scales, vectors, embedding, position_rows, keys, values,
+                                                   s, activation, eps);
+    prefill(model, tokens, start, at::get_num_threads());
+  });
+}
+
+// How decode_step and prefill read float32 matrices of a model embd wide with a hidden layer `hidden` wide: in blocks
+// of (rows, chunk) (see BLOCK_ROWS), or row after row (empty).
+std::vector<int64_t> float32_blocks(int64_t embd, int64_t hidden) {
+  if (!in_blocks(embd, hidden)) return {};
+  return {BLOCK_ROWS, CHUNK};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decode_step", &decode_step);
+  m.def("float32_blocks", &float32_blocks);
+  m.def("prefill", &prefill_tokens);
+}

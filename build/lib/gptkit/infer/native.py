@@ -1,0 +1,375 @@
+"""A native decoding step: one token of one sequence on the CPU in a single C++ call (gptkit/infer/csrc/decode_step.cpp).
+
+Why: at batch 1 a step reads every weight once, so its floor is the weight bytes over the memory's read speed. The
+compiled step (gptkit.infer.compiled) runs some 150 kernels a token, each its own parallel region, behind
+dynamo's and inductor's wrappers; the native step runs the whole pass in one parallel region whose threads meet at
+barriers, reading the weights from one buffer in the order the pass reads them (float32 matrices in blocks of rows,
+copy_in_blocks: one load of an input serves a block's rows). `python benchmarks/bench.py sample
+--paths=native --paths=native_bf16 --paths=native_int8` measures it against the memory bound; docs/benchmarks.md
+has the figures.
+
+What it serves: float32 or bfloat16 weights on the CPU, or int8 ones (gptkit.weights.quantization's Int8Linear: one scale
+per row; each product's float32 input is rounded to 16-bit integers with one scale, so that the products run in
+integer lanes); learned or sinusoidal positions; LayerNorm with or without biases; the GELU
+(tanh or exact) or squared-ReLU MLP; a tied or separate head. Not rotary positions or QK-norm (native_problem says
+why a model does not fit). The engine uses it for steps with one active row and keeps its other paths for more
+rows; it fills a prompt with the native prefill (NativeStep.prefill: the prompt's tokens in one pass) up to
+PREFILL_LIMITS' length.
+
+The C++ source is compiled at set-up (`python -m gptkit.infer.native --build`, which `make venv` runs: a C++
+compiler and ninja, ~25 s once; the build lies under torch's extensions directory), for this machine's instruction
+set: AVX-512 and its bfloat16 products where the CPU has them, else AVX2 with FMA, else what the compiler makes of
+plain loops. decode=auto uses the step only once it is built (build_problem); decode=native builds it when needed.
+
+Caveat: the step reads a packed copy of the weights (their memory twice over), made once per model and remade when
+a parameter or buffer (int8 weights are buffers) is changed in place (an optimizer step, a load_state_dict), which
+`NativeStep.for_model` notices by their version counters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import mmap
+import os
+import platform
+import shutil
+import sys
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from gptkit.core.errors import UserError
+from gptkit.weights.quantization import Int8Linear
+
+SOURCE = Path(__file__).parent / "csrc" / "decode_step.cpp"
+ACTIVATIONS = {"gelu_tanh": 0, "gelu": 1, "relu2": 2}  # decode_step.cpp's Activation codes
+HUGE_PAGE = 2 << 20  # bytes of a transparent huge page on x86-64 and most arm64 kernels
+# How to fall back, said in every error about this path: the compiled step serves every model and batch.
+OTHER_PATHS = "use --decode=auto, eager or compiled instead"
+
+
+def native_problem(model: nn.Module, dtype: torch.dtype) -> str | None:
+    """Why the native step cannot run `model` computing in `dtype` (None: it can); the one place its rules live."""
+    config, device = model.config, next(model.parameters()).device
+    if device.type != "cpu":
+        return f"the native step runs on the CPU only, and this model is on {device}"
+    if config.pos_encoding == "rope" or config.qk_norm:
+        return "the native step does not implement rotary positions or QK-norm"
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"the native step computes in float32 or bfloat16, not {str(dtype).removeprefix('torch.')}"
+    products = 4 * config.n_layer + 1
+    int8_layers = sum(isinstance(m, Int8Linear) for m in model.modules())
+    if int8_layers == products:
+        return None if dtype == torch.float32 else "the native step's int8 products compute in float32 only"
+    if int8_layers or sum(isinstance(m, nn.Linear) for m in model.modules()) != products:
+        return "the native step needs every product to be a plain Linear layer, or every one int8 (--quantize=int8)"
+    return None
+
+
+def build_directory() -> Path:
+    """Where the extension is built: under torch's extensions directory, one build per torch, Python and instruction
+    set (the build is for this CPU's, -march=native, and a home directory may be shared by machines of other CPUs)."""
+    from torch.utils import cpp_extension
+
+    flags = platform.machine()
+    with contextlib.suppress(OSError):
+        flags += next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    tag = hashlib.sha256(flags.encode()).hexdigest()[:10]
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    python = f"py{sys.version_info.major}{sys.version_info.minor}"
+    return Path(root) / f"gptkit_decode_step_torch{torch.__version__}_{python}_{tag}"
+
+
+def int8_weights(model: nn.Module) -> bool:
+    """Whether `model`'s products have int8 weights (gptkit.weights.quantization's Int8Linear)."""
+    return any(isinstance(m, Int8Linear) for m in model.modules())
+
+
+def is_built() -> bool:
+    """Whether this machine has a build of the step (decode=auto uses it only then; torch rebuilds it on loading
+    when the source has changed since)."""
+    return any(build_directory().glob("*.so"))
+
+
+def build_problem(build: bool) -> str | None:
+    """Why the native step cannot run here (None: it can): not built (when `build` is False), or a failed build."""
+    if not build and not is_built():
+        return "the native step is not built (python -m gptkit.infer.native --build)"
+    try:
+        extension()
+    except UserError as error:
+        return str(error)
+    return None
+
+
+@functools.cache
+def extension():
+    """The compiled C++ extension, built when missing (torch rebuilds it when the source changes); UserError with
+    what is missing when it cannot be built."""
+    from torch.utils import cpp_extension
+
+    if shutil.which("ninja") is None:  # the pip package's binary sits outside PATH in a venv that is not activated
+        with contextlib.suppress(ImportError):
+            import ninja
+
+            os.environ["PATH"] = os.pathsep.join((ninja.BIN_DIR, os.environ.get("PATH", "")))
+    directory = build_directory()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if not any(directory.glob("*.so")):
+            print("building the native decoding step for this CPU (once, about 25 s)", file=sys.stderr)
+        flags = ["-O3", "-march=native", "-fopenmp"]
+        return cpp_extension.load(
+            "gptkit_decode_step",
+            sources=[str(SOURCE)],
+            build_directory=str(directory),
+            extra_cflags=flags,
+            extra_ldflags=["-fopenmp"],
+        )
+    except (OSError, RuntimeError, ImportError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UserError(
+            f"could not build the native decoding step ({first_line}); it needs a C++ compiler (g++) and "
+            "ninja (pip install ninja)"
+        ) from error
+
+
+def layer_tensors(block: nn.Module) -> tuple[list[nn.Module], list[torch.Tensor | None]]:
+    """One block's products (Linear or Int8Linear) and vectors in the order decode_step.cpp reads them (None: a
+    bias the model lacks)."""
+    attn, mlp = block.attn, block.mlp
+    products = [attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj]
+    vectors = [
+        block.ln_1.weight,
+        block.ln_1.bias,
+        attn.c_attn.bias,
+        attn.c_proj.bias,
+        block.ln_2.weight,
+        block.ln_2.bias,
+        mlp.c_fc.bias,
+        mlp.c_proj.bias,
+    ]
+    return products, vectors
+
+
+def weight_and_scale(product: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A product's (out, in) weight as the step reads it, and its rows' scales (int8; None for a plain Linear)."""
+    if isinstance(product, Int8Linear):
+        return product.weight_int8, product.scale.float()
+    return product.weight, None
+
+
+def huge_page_zeros(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """Zeros (numel,) in memory that Linux backs with 2 MB pages where it can (transparent huge pages, asked for with
+    madvise before the first touch), else in PyTorch's own allocation.
+
+    Why: a step streams every weight, and with 4 KB pages that takes a TLB entry per 4 KB; under a hypervisor each
+    miss walks two page tables. PyTorch's allocator asks for huge pages only when THP_MEM_ALLOC_ENABLE is set
+    before it starts. docs/benchmarks.md has the read speeds of both kinds of buffer.
+    """
+    nbytes = numel * dtype.itemsize
+    if nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return torch.zeros(numel, dtype=dtype)
+    # private: shared anonymous memory is shmem, which the kernel gives huge pages by another setting (often never)
+    mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # reads as zeros
+    with contextlib.suppress(OSError):  # a kernel without THP: 4 KB pages, the same values
+        mapping.madvise(mmap.MADV_HUGEPAGE)
+    raw = torch.frombuffer(mapping, dtype=torch.uint8)  # the tensor keeps the mapping alive
+    start = -raw.data_ptr() % HUGE_PAGE  # from a 2 MB boundary: only whole aligned 2 MB ranges get huge pages
+    return raw[start : start + nbytes].view(dtype)
+
+
+def copy_in_blocks(destination: torch.Tensor, matrix: torch.Tensor, block_rows: int, chunk: int) -> None:
+    """Copy `matrix` (rows, columns) into the 1-D `destination` as decode_step.cpp reads blocked float32 matrices:
+    blocks of `block_rows` rows (the last block holds the rows left), each holding `chunk` values of each of its rows
+    in turn."""
+    rows, columns = matrix.shape
+    whole = rows // block_rows * block_rows
+    for first, last, height in ((0, whole, block_rows), (whole, rows, rows - whole)):
+        if last > first:
+            blocks = (last - first) // height
+            place = destination[first * columns : last * columns].as_strided(
+                (blocks, height, columns // chunk, chunk), (height * columns, chunk, height * chunk, 1)
+            )
+            place.copy_(matrix[first:last].reshape(blocks, height, columns // chunk, chunk))
+
+
+def packed(
+    tensors: Sequence[torch.Tensor | None], sizes: Sequence[int], dtype: torch.dtype, blocks: Sequence[int] = ()
+) -> torch.Tensor:
+    """One contiguous buffer (on huge pages where it is large enough) holding `tensors` back to back, each flattened
+    from its logical (row-major) order, or matrices in blocks of (rows, chunk) (copy_in_blocks) where `blocks` says
+    so; None stands for `size` zeros (a missing bias)."""
+    buffer = huge_page_zeros(sum(sizes), dtype)
+    start = 0
+    for tensor, size in zip(tensors, sizes):
+        if tensor is not None and blocks and tensor.dim() == 2:
+            copy_in_blocks(buffer[start : start + size], tensor.detach(), *blocks)
+        elif tensor is not None:
+            buffer[start : start + size].view(tensor.shape).copy_(tensor.detach())
+        start += size
+    return buffer
+
+
+# The longest prompt (tokens filled) the engine gives the native prefill, by weights; longer ones take the eager
+# pass, whose GEMM libraries (MKL; fbgemm's int8 products with 7-bit activations, against the native pass's 16-bit
+# ones) pass the native pass's 2-row, 4-token blocks as prompts grow. bfloat16 prompts of any length: PyTorch's
+# eager bfloat16 products were 2-4x slower than its float32 ones on a CPU without bfloat16 instructions. Measured on
+# a Zen 3 EPYC (docs/benchmarks.md).
+PREFILL_LIMITS = {"float32": 64, "bfloat16": None, "int8": 32}
+
+# Each model's steps by dtype; a model that is garbage collected takes its packed weights with it.
+PACKED_STEPS: weakref.WeakKeyDictionary[nn.Module, dict[torch.dtype, NativeStep]] = weakref.WeakKeyDictionary()
+
+
+class NativeStep:
+    """The packed weights of one model and the call that decodes one token with them (see the module's docstring)."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
+        """Pack `model`'s weights for products in `dtype` (float32 or bfloat16: the weights' own dtype, or the one
+        CPU autocast computes in); UserError when the model does not fit (native_problem)."""
+        problem = native_problem(model, dtype)
+        if problem:
+            raise UserError(f"{problem}; {OTHER_PATHS}")
+        config, transformer = model.config, model.transformer
+        self.dtype = dtype  # the products' inputs, the cache's and the logits' compute dtype
+        products, vectors = [], []
+        for block in transformer.h:
+            block_products, block_vectors = layer_tensors(block)
+            products += block_products
+            vectors += block_vectors
+        products.append(model.lm_head)
+        vectors += [transformer.ln_f.weight, transformer.ln_f.bias]
+        C = config.n_embd
+        vector_sizes = [C, C, 3 * C, C, C, C, 4 * C, C] * config.n_layer + [C, C]
+        matrices, scales = zip(*map(weight_and_scale, products))
+        self.int8 = scales[0] is not None
+        # float32 matrices in the blocks decode_step.cpp reads where their widths allow (float32_blocks)
+        blocks = [] if self.int8 or dtype != torch.float32 else extension().float32_blocks(C, 4 * C)
+        self.matrices = packed(matrices, [m.numel() for m in matrices], torch.int8 if self.int8 else dtype, blocks)
+        self.scales = packed(scales, [m.shape[0] for m in matrices], torch.float32) if self.int8 else torch.empty(0)
+        self.vectors = packed(vectors, vector_sizes, torch.float32)
+        head = matrices[-1]
+        tied = transformer.wte.weight is head  # an int8 head has a weight of its own (quantize_int8 unties it)
+        # a tied head's rows are the token embeddings, unless blocks interleave them: then the model's own table
+        self.embedding = (
+            self.matrices[-head.numel() :].view_as(head)
+            if tied and not blocks
+            else transformer.wte.weight.detach().to(dtype).contiguous()
+        )
+        self.positions = self._position_table(model)
+        self.shapes = [config.n_embd, 4 * config.n_embd, config.vocab_size, config.n_layer, config.n_head]
+        self.activation = ACTIVATIONS[config.activation]
+        self.eps = transformer.ln_f.eps
+        self.versions = self._versions(model)
+        self.kernel = extension().decode_step
+        self.prefill_kernel = extension().prefill
+
+    @staticmethod
+    def _position_table(model: nn.Module) -> torch.Tensor:
+        """float32 (block_size, n_embd): the row added to each position's embedding, learned or sinusoidal (the only
+        positions native_problem lets through)."""
+        table = model.transformer.wpe.weight if model.config.pos_encoding == "learned" else model.pos_table
+        return table.detach().float().contiguous()
+
+    @staticmethod
+    def _versions(model: nn.Module) -> tuple[int, ...]:
+        """The parameters' and buffers' (int8 weights') in-place version counters: they change when an optimizer or
+        a load writes a weight."""
+        return tuple(t._version for t in (*model.parameters(), *model.buffers()))
+
+    @classmethod
+    def for_model(cls, model: nn.Module, dtype: torch.dtype) -> NativeStep:
+        """The step for `model` in `dtype`: packed once, and again only after its weights changed."""
+        steps = PACKED_STEPS.setdefault(model, {})
+        if dtype in steps and steps[dtype].versions == cls._versions(model):
+            return steps[dtype]
+        steps.pop(dtype, None)  # a stale copy goes first: never two packed copies at once
+        steps[dtype] = cls(model, dtype)
+        return steps[dtype]
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        token: int,
+        position: int,
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        uniform: float = 0.0,
+    ) -> tuple[torch.Tensor, int]:
+        """Logits (vocab,) float32 for `token` at `position`, and the next token: greedy at temperature 0 (the first
+        largest logit), else drawn with `uniform` (in [0, 1)) from the top_k (None: all) as sample_next_token would.
+
+        keys[layer], values[layer]: the cache's storage (rows, n_head, positions, head_dim) in the step's dtype;
+        row 0 gets this token's key and value at `position` and attends over positions 0..position."""
+        return self.kernel(
+            self.matrices,
+            self.scales,
+            self.vectors,
+            self.embedding,
+            self.positions[position],
+            list(keys),
+            list(values),
+            self.shapes,
+            token,
+            position,
+            self.activation,
+            self.eps,
+            temperature,
+            top_k or 0,
+            uniform,
+        )
+
+    def prefills(self, tokens: int) -> bool:
+        """Whether the engine fills a prompt of `tokens` tokens with prefill (PREFILL_LIMITS) rather than eagerly."""
+        limit = PREFILL_LIMITS["int8" if self.int8 else str(self.dtype).removeprefix("torch.")]
+        return limit is None or tokens <= limit
+
+    @torch.no_grad()
+    def prefill(
+        self, tokens: Sequence[int], start: int, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]
+    ) -> None:
+        """Store the keys and values of `tokens` at positions start, start + 1, ... in row 0 of the cache (storage as
+        __call__ takes it), each token attending over those before it; no logits (the next step feeds the token
+        that follows). One pass reads each weight row once for every 4 tokens, where steps would read it per token."""
+        rows = self.positions[start : start + len(tokens)]
+        self.prefill_kernel(
+            self.matrices,
+            self.scales,
+            self.vectors,
+            self.embedding,
+            rows,
+            list(keys),
+            list(values),
+            self.shapes,
+            list(tokens),
+            start,
+            self.activation,
+            self.eps,
+        )
+
+
+def main(argv: Sequence[str]) -> int:
+    """`python -m gptkit.infer.native --build`: build the step for this CPU now (the set-up runs it); a machine
+    without a compiler gets a note, not a failure: decode=auto then takes the other paths."""
+    if list(argv) != ["--build"]:
+        print("usage: python -m gptkit.infer.native --build", file=sys.stderr)
+        return 2
+    problem = build_problem(build=True)
+    print(
+        f"note: {problem}; decoding takes the other paths"
+        if problem
+        else f"native decoding step built in {build_directory()}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

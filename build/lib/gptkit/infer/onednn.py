@@ -1,0 +1,78 @@
+"""Faster float32 decoding on the CPU: weights stored transposed, and Linear layers that call oneDNN directly.
+
+Decoding multiplies each weight matrix by one row per sequence, so a step is bound by how fast the weights
+stream from memory. On x86, PyTorch sends float32 `F.linear` to MKL, which streams them well below the memory's
+speed; oneDNN's kernel (which PyTorch ships) streams them faster, and both read the transposed layout ((in, out)
+contiguous) faster. `python benchmarks/bench.py linear` measures each variant; docs/benchmarks.md has the figures.
+
+`optimize_for_cpu_decoding(model)` changes a model in place: every plain `nn.Linear` keeps its Parameter objects
+(tied weights stay tied, state_dict keys and values are unchanged) and becomes a `DecodingLinear`, which takes
+the direct kernel only for float32 CPU inference; autograd, autocast and torch.compile still get `F.linear`.
+decode=auto (gptkit.infer.decoding) applies it for the CPU's float32 steps over several rows, where it was measured faster.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+
+@functools.cache
+def onednn_linear_available() -> bool:
+    """Whether this PyTorch build has oneDNN's linear kernel and the CPU is x86 (where it was measured faster)."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or not torch.backends.mkldnn.is_available():
+        return False
+    return hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+class DecodingLinear(nn.Linear):
+    """An nn.Linear whose float32 CPU inference goes straight to oneDNN (when `onednn` is set).
+
+    Made only by use_decoding_layout, which turns an existing nn.Linear into one without copying it.
+    """
+
+    onednn = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        direct = self.onednn and x.dtype == torch.float32 and x.is_cpu and not torch.is_grad_enabled()
+        # torch.compile picks its own kernels and cannot lower the private op; autocast would be bypassed by it
+        if direct and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu"):
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+def use_decoding_layout(linear: nn.Linear, onednn: bool) -> None:
+    """Store linear's weight transposed in memory ((in, out) contiguous; to PyTorch still (out, in)) and make it a
+    DecodingLinear that calls oneDNN directly if `onednn`. Values are unchanged, and so is the Parameter object
+    (only its storage), so a tied weight stays tied. Calling it again keeps the layout."""
+    if not linear.weight.t().is_contiguous():
+        # a normal tensor even when called under inference_mode, so the model can still be trained afterwards
+        with torch.inference_mode(False), torch.no_grad():
+            linear.weight.data = linear.weight.data.t().contiguous().t()
+    linear.__class__ = DecodingLinear  # the same module object: hooks, names and parameters stay
+    linear.onednn = onednn
+
+
+def optimize_for_cpu_decoding(model: nn.Module) -> nn.Module:
+    """Give every plain nn.Linear of `model` the decoding layout and the direct oneDNN call (where available).
+
+    In place and idempotent; outputs stay the same to float rounding. Meant for float32: CPU bfloat16 kernels
+    were measured slower with the transposed layout. Returns the model.
+    """
+    onednn = onednn_linear_available()
+    for module in model.modules():
+        if type(module) in (nn.Linear, DecodingLinear):  # subclasses with a forward of their own are left alone
+            use_decoding_layout(module, onednn)
+    return model
+
+
+def suits_fast_path(model: nn.Module) -> bool:
+    """Whether the fast path pays off for `model` now: float32 weights on the CPU and no CPU autocast."""
+    param = next(model.parameters(), None)
+    if param is None or param.device.type != "cpu" or param.dtype != torch.float32:
+        return False
+    return not torch.is_autocast_enabled("cpu")

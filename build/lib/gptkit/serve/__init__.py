@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server: the app, the continuous batcher, the wire formats and the playground page."""

@@ -1,0 +1,1 @@
+"""The training loop's pieces: learning-rate schedule, optimizers (Muon), weight averaging, run directory, run log and curves."""

@@ -1,0 +1,93 @@
+"""A training run's output directory: one run at a time, and no earlier run replaced without being asked.
+
+Two ways to lose work are closed here. A second training into the same out_dir would interleave checkpoints and
+log lines with the first: `RunDirLock` holds an exclusive lock on out_dir for the whole run, one the kernel drops
+when the process dies (even by kill -9), so a crash never leaves a stale lock. Re-running a from-scratch command
+would replace the earlier run's checkpoints: `resolve_init_from` refuses unless the user says resume, auto or
+overwrite. Readers (sampling, evaluation, serving) take no lock: checkpoints are replaced atomically.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from types import TracebackType
+
+from gptkit.core.errors import UserError, describe_os_error
+from gptkit.weights.checkpoint import BEST_NAME, LATEST_NAME
+
+INIT_CHOICES_HELP = (
+    "scratch | resume (out_dir/ckpt.pt) | auto (resume if out_dir has a checkpoint) | gpt2* | HF dir | "
+    "a checkpoint file or out_dir to fine-tune from (its weights, a fresh optimizer)"
+)
+
+
+def resolve_init_from(init_from: str, out_dir: str | os.PathLike, overwrite: bool) -> str:
+    """What to start from: `auto` becomes resume or scratch by whether out_dir holds a checkpoint (what preemptible
+    and elastic jobs need); a fresh start over an earlier run's checkpoint is a UserError unless `overwrite`."""
+    directory = Path(out_dir)
+    existing = [directory / name for name in (LATEST_NAME, BEST_NAME) if (directory / name).exists()]
+    if init_from == "auto":
+        return "resume" if (directory / LATEST_NAME).exists() else "scratch"
+    if init_from != "resume" and existing and not overwrite:
+        raise UserError(
+            f"{existing[0]} holds an earlier run that init_from={init_from} would replace; continue it with "
+            "--init_from=resume (or auto), write elsewhere with another --out_dir, or replace it with --overwrite=True"
+        )
+    return init_from
+
+
+class RunDirLock:
+    """While held, no other training run can write into `out_dir`: an exclusive advisory flock on the directory.
+
+    Locking the directory itself leaves no lock file among the run's outputs. The holder's process id, which the
+    refusal names, is read from the kernel's lock table (/proc/locks on Linux).
+    """
+
+    def __init__(self, out_dir: str | os.PathLike) -> None:
+        self.out_dir = Path(out_dir)
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunDirLock:
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.out_dir, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            raise UserError(f"cannot use out_dir {self.out_dir}: {describe_os_error(exc)}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = lock_holder(fd)
+            os.close(fd)
+            raise UserError(
+                f"out_dir {self.out_dir} is in use by another training run (process {holder}); wait for it to end, "
+                "stop it, or choose another --out_dir"
+            ) from None
+        self._fd = fd
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the lock
+            self._fd = None
+
+
+def lock_holder(fd: int) -> str:
+    """The process id holding a flock on the file behind `fd`, from /proc/locks ("unknown" where unreadable).
+
+    Its lines read `N: FLOCK ADVISORY WRITE PID MAJOR:MINOR:INODE START END`, device numbers in hex.
+    """
+    info = os.fstat(fd)
+    file_id = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    try:
+        table = Path("/proc/locks").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return "unknown"
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == file_id:
+            return fields[4]
+    return "unknown"

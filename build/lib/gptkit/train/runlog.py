@@ -1,0 +1,135 @@
+"""What a training run reports: lines on stdout, the same numbers in out_dir/log.jsonl and (optionally) wandb.
+
+The line formats live here, one function each, so that train.py says what it reports and this module how.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from gptkit.core.errors import UserError
+
+LOG_NAME = "log.jsonl"
+
+
+class RunLog:
+    """Rank 0's report of a run. Other processes (`master` False) say and record nothing.
+
+    With an `out_dir`, each record is one JSON object per line in out_dir/log.jsonl (opened for appending: after
+    a resume, entries for steps redone after the checkpoint appear again, and the later one is the one that
+    counts) and, with `wandb` (start_wandb's project, name and config), a wandb run gets it too. Without an
+    `out_dir` (an evaluation-only run) only lines are printed and nothing is created.
+    """
+
+    def __init__(self, master: bool, out_dir: Path | None = None, wandb: dict[str, Any] | None = None) -> None:
+        self.master = master
+        self.file = None
+        self.wandb_run = None
+        self.tokens_per_iter: int | None = None  # when set, records also get "tokens" (iter × it) and "time" (Unix)
+        if not master or out_dir is None:
+            return
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if wandb is not None:
+            self.wandb_run = start_wandb(**wandb, directory=os.environ.get("WANDB_DIR", str(out_dir)))
+        self.file = open(out_dir / LOG_NAME, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole run
+
+    def say(self, text: str) -> None:
+        """Print one line (rank 0 only), at once: runs are watched live and may be killed any time."""
+        if self.master:
+            print(text, flush=True)
+
+    def record(self, entry: dict[str, Any]) -> None:
+        """Append `entry` (which has "iter") to log.jsonl and log it to wandb at step entry["iter"]."""
+        if self.tokens_per_iter is not None:  # the x axes of gptkit.train.curves's tokens and wall-time curves
+            entry = {**entry, "tokens": entry["iter"] * self.tokens_per_iter, "time": round(time.time(), 3)}
+        if self.file is not None:
+            self.file.write(json.dumps(entry) + "\n")
+            self.file.flush()
+        if self.wandb_run is not None:
+            self.wandb_run.log({k: v for k, v in entry.items() if k != "iter" and v is not None}, step=entry["iter"])
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None
+
+
+def start_wandb(project: str, name: str | None, config: dict[str, Any], directory: str) -> Any:
+    """A wandb run (wandb is imported only here: it is slow to import); UserError when it cannot start."""
+    try:
+        import wandb
+    except ImportError:
+        raise UserError("--wandb_log=True needs the wandb package: pip install wandb") from None
+    try:
+        return wandb.init(project=project, name=name, config=config, dir=directory)
+    except Exception as exc:  # wandb raises its own error types for login and network problems
+        raise UserError(
+            f"wandb could not start ({type(exc).__name__}: {exc}); run `wandb login` or set WANDB_MODE=offline"
+        ) from exc
+
+
+# ----------------------------------------------------------------------------- the lines a run prints
+
+
+def format_bpb(bpb: float | None) -> str:
+    """The val bits-per-byte suffix of an evaluation line (empty when the data has no byte counts)."""
+    return f" | val bpb {bpb:.4f}" if bpb is not None else ""
+
+
+def header_line(parameters: int, device: str, dtype: str, processes: int, tokens_per_step: int, data_dir: str) -> str:
+    return (
+        f"{parameters / 1e6:.2f}M parameters | {device} {dtype} | {processes} process(es) | "
+        f"{tokens_per_step:,} tokens per step | data {data_dir}"
+    )
+
+
+def eval_line(result: dict[str, Any], saved: str = "") -> str:
+    """An evaluation during training; `result` has iter, train/loss, val/loss and val/bpb, `saved` is saved_note's."""
+    return (
+        f"step {result['iter']}: train loss {result['train/loss']:.4f} | val loss "
+        f"{result['val/loss']:.4f}{format_bpb(result['val/bpb'])}{saved}"
+    )
+
+
+def saved_note(latest: Path, best: Path | None = None) -> str:
+    """The end of a line after a save: the latest checkpoint, and the best one when it was written too."""
+    return f" | saved {latest}" + (f" and {best}" if best is not None else "")
+
+
+def progress_line(entry: dict[str, Any], seconds_per_iter: float) -> str:
+    """A training step; `entry` has iter, train/loss, lr, mfu (None: unknown) and tokens_per_s."""
+    mfu = f"{entry['mfu']:.1%}" if entry["mfu"] is not None else "n/a"
+    return (
+        f"iter {entry['iter']}: loss {entry['train/loss']:.4f} | lr {entry['lr']:.2e} | "
+        f"{seconds_per_iter * 1000:.1f} ms/iter | {entry['tokens_per_s']:,.0f} tok/s | mfu {mfu}"
+    )
+
+
+def estimate_line(batches: int, result: dict[str, Any]) -> str:
+    """An evaluation-only run's estimate from `batches` batches per split."""
+    return (
+        f"eval ({batches} batches per split): train loss {result['train/loss']:.4f} | "
+        f"val loss {result['val/loss']:.4f}{format_bpb(result['val/bpb'])}"
+    )
+
+
+def full_split_line(tokens: int, loss: float, bpb: float | None) -> str:
+    """The exact loss over the whole val split of `tokens` tokens."""
+    return f"eval (whole val split, {tokens:,} tokens): val loss {loss:.4f}{format_bpb(bpb)}"
+
+
+def stopped_line(signal_name: str | None, steps: int, saved: str) -> str:
+    """A run stopped by a signal (`signal_name` None: the signal went to another process)."""
+    who = signal_name or "a signal to another process"
+    return f"stopped by {who} after {steps} steps{saved}; continue with --init_from=resume"
+
+
+def done_line(steps: int, best_val_loss: float, out_dir: Path) -> str:
+    return f"done: {steps} iters, best val loss {best_val_loss:.4f}, checkpoints in {out_dir}"

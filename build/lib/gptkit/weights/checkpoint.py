@@ -1,0 +1,373 @@
+"""Checkpoints: atomic saves, safe loads with clear errors, random-number-generator state, latest/best lookup.
+
+A checkpoint is a dict saved with torch.save. The keys are nanoGPT's (`model`, `optimizer`, `model_args`,
+`iter_num`, `best_val_loss`, `config`) plus `scaler` (GradScaler state), `rng` (Python, numpy, torch and CUDA
+generator states), `sampler` (the training data sampler's state) and `tokenizer` (meta.json's tokenizer object
+with `vocab_size` and `eot_token`), so a checkpoint alone is enough to sample from. Every value is a tensor or a
+plain type so that `torch.load(weights_only=True)` reads it: nothing in a checkpoint can run code on load.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from gptkit.core.distributed import is_fsdp
+from gptkit.core.errors import UserError, describe_os_error
+from gptkit.core.fileio import atomic_open
+from gptkit.model import GPT, config_from_dict
+
+if TYPE_CHECKING:
+    from gptkit.data.loader import BatchSampler
+
+LATEST_NAME = "ckpt.pt"
+BEST_NAME = "best.pt"
+MODEL_KEYS = ("model", "model_args")  # enough to rebuild the model (sampling, evaluation)
+RESUME_KEYS = ("model", "model_args", "optimizer", "iter_num", "best_val_loss")  # enough to continue training
+
+# Prefixes torch.compile and DistributedDataParallel put in front of parameter names.
+_WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+
+
+def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
+    """Write `checkpoint` to `path` atomically (temp file beside it, fsync, rename): never a half-written file.
+
+    A failed write (disk full, quota, permissions) is a UserError naming the file; `path` is left as it was.
+    """
+    try:
+        with atomic_open(path, "wb") as handle:
+            torch.save(checkpoint, handle)
+    except (OSError, RuntimeError) as exc:
+        # torch reports a failed write as a RuntimeError ("unexpected pos"); the OSError behind it says why.
+        os_error = exc if isinstance(exc, OSError) else exc.__context__
+        if not isinstance(os_error, OSError):
+            raise
+        raise UserError(
+            f"cannot write checkpoint {path}: {describe_os_error(os_error)}; the file was left as it was"
+        ) from exc
+
+
+def load_checkpoint(
+    path: str | os.PathLike, map_location: str | torch.device = "cpu", required_keys: tuple[str, ...] = MODEL_KEYS
+) -> dict[str, Any]:
+    """Load a checkpoint with torch.load(weights_only=True) and check it has `required_keys`.
+
+    Returns the checkpoint dict. Any failure (missing, empty, truncated or foreign file, a pickle that asks for
+    code to run) is a UserError of one line naming the file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist; train first or check --out_dir")
+    if path.stat().st_size == 0:
+        raise UserError(f"checkpoint {path} is empty; the file is damaged, use another checkpoint")
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # torch raises RuntimeError, UnpicklingError, EOFError, ... for bad files
+        raise UserError(f"cannot load checkpoint {path}: {_load_failure_reason(exc)}") from exc
+    if not isinstance(checkpoint, dict):
+        raise UserError(f"checkpoint {path} holds a {type(checkpoint).__name__}, not a checkpoint dict")
+    missing = [key for key in required_keys if key not in checkpoint]
+    if missing:
+        raise UserError(f"checkpoint {path} lacks {', '.join(missing)}; it is not a training checkpoint")
+    return checkpoint
+
+
+def _load_failure_reason(exc: Exception) -> str:
+    text = str(exc)
+    forbidden = re.search(r"GLOBAL ([\w.]+)", text)
+    if "Weights only load failed" in text and forbidden:  # the file names a Python callable to run
+        return (
+            f"it asks to run code on load ({forbidden.group(1)}), which is refused; "
+            "only use checkpoints written by this toolkit or nanoGPT"
+        )
+    # torch's messages are long and multi-line; the line naming the actual problem is the useful one.
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    detail = next((line for line in lines if line.startswith(("Unsupported", "PytorchStreamReader", "["))), None)
+    detail = detail or (lines[0] if lines else type(exc).__name__)
+    return f"the file is truncated, damaged or not a checkpoint ({detail[:160]})"
+
+
+def resolve_checkpoint(out_dir: str | os.PathLike, which: str = "best") -> Path:
+    """The checkpoint file to use from `out_dir`: `which` is "best" (best.pt, else ckpt.pt) or "latest" (ckpt.pt).
+
+    `out_dir` may also be a checkpoint file itself. Raises UserError when there is none.
+    """
+    if which not in ("best", "latest"):
+        raise UserError(f"which checkpoint must be 'best' or 'latest', got {which!r}")
+    location = Path(out_dir)
+    if location.is_file():
+        return location
+    names = (BEST_NAME, LATEST_NAME) if which == "best" else (LATEST_NAME,)
+    for name in names:
+        if (location / name).is_file():
+            return location / name
+    raise UserError(f"no checkpoint in {location} (looked for {', '.join(names)}); train a model first")
+
+
+def copy_checkpoint(source: str | os.PathLike, destination: str | os.PathLike) -> None:
+    """Make `destination` a copy of the checkpoint `source`, atomically.
+
+    A hard link when the filesystem allows it (no second write of a large file); a later save of either name
+    replaces that name, not the shared contents, so the other keeps its checkpoint.
+    """
+    source, destination = Path(source), Path(destination)
+    temporary = destination.with_name(f".{destination.name}.link")
+    temporary.unlink(missing_ok=True)
+    try:
+        os.link(source, temporary)
+    except OSError:  # no hard links here (some network or FAT filesystems): copy instead
+        with atomic_open(destination, "wb") as handle, open(source, "rb") as original:
+            while chunk := original.read(1 << 24):
+                handle.write(chunk)
+        return
+    os.replace(temporary, destination)
+
+
+def remove_stale_temporaries(out_dir: str | os.PathLike) -> list[Path]:
+    """Delete temporary files that a save interrupted by kill -9 or a power cut left in `out_dir`; returns them."""
+    stale = []
+    for name in (LATEST_NAME, BEST_NAME):
+        stale += [p for p in Path(out_dir).glob(f".{name}.*") if p.suffix in (".tmp", ".link") and p.is_file()]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """The Python, numpy, torch (CPU) and CUDA generator states as tensors and plain values."""
+    version, python_state, gauss_next = random.getstate()
+    _, numpy_keys, numpy_pos, numpy_has_gauss, numpy_gauss = np.random.get_state()
+    return {
+        "python": {"version": version, "state": torch.tensor(python_state, dtype=torch.int64), "gauss": gauss_next},
+        "numpy": {
+            "keys": torch.from_numpy(numpy_keys.astype(np.int64)),
+            "pos": int(numpy_pos),
+            "has_gauss": int(numpy_has_gauss),
+            "gauss": float(numpy_gauss),
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Restore generator states captured by capture_rng_state (CUDA states only for devices present)."""
+    python = state["python"]
+    random.setstate((python["version"], tuple(python["state"].tolist()), python["gauss"]))
+    numpy = state["numpy"]
+    keys = numpy["keys"].numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", keys, numpy["pos"], numpy["has_gauss"], numpy["gauss"]))
+    torch.set_rng_state(state["torch"].cpu())
+    if torch.cuda.is_available():
+        for device, cuda_state in enumerate(state.get("cuda", [])[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state.cpu(), device)
+
+
+def clean_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state dict with torch.compile/DDP name prefixes removed."""
+    cleaned = {}
+    for key, value in state_dict.items():
+        for prefix in _WRAPPER_PREFIXES:
+            while key.startswith(prefix):
+                key = key[len(prefix) :]
+        cleaned[key] = value
+    return cleaned
+
+
+def load_model_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
+    """Load `state_dict` into `model`; UserError naming `source` when names or shapes do not match."""
+    if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
+        raise UserError(f"checkpoint {source}: 'model' is not a dict of tensors; the file is damaged")
+    state_dict = clean_state_dict(state_dict)
+    expected = model.state_dict()
+    # nanoGPT without flash attention saved its causal mask as a buffer named attn.bias; it is not a weight.
+    state_dict = {k: v for k, v in state_dict.items() if k in expected or not k.endswith(".attn.bias")}
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    if missing or unexpected:
+        detail = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
+        raise UserError(f"checkpoint {source} does not match its model_args ({detail}); the file is inconsistent")
+    for key, tensor in expected.items():
+        if tuple(state_dict[key].shape) != tuple(tensor.shape):
+            raise UserError(
+                f"checkpoint {source}: {key} has shape {tuple(state_dict[key].shape)} but model_args give "
+                f"{tuple(tensor.shape)}; the file is inconsistent"
+            )
+    model.load_state_dict(state_dict)
+
+
+def model_args_of(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint's model_args, completed for nanoGPT checkpoints (which used exact GELU and no options)."""
+    if not isinstance(checkpoint["model_args"], dict):
+        raise UserError("model_args is not a dict")
+    model_args = dict(checkpoint["model_args"])
+    if "activation" not in model_args:  # written by nanoGPT: nn.GELU() is the exact (erf) GELU
+        model_args["activation"] = "gelu"
+    return model_args
+
+
+def check_same_tokenizer(checkpoint: dict[str, Any], meta: dict[str, Any], path: Path) -> None:
+    """UserError when a checkpoint was trained on a tokenizer other than the data's."""
+    saved = checkpoint.get("tokenizer")
+    if saved is not None and saved != tokenizer_record(meta):
+        raise UserError(f"{path} was trained with another tokenizer than this data's; use the data it was trained on")
+
+
+def check_base_tokenizer(base: dict[str, Any], meta: dict[str, Any], path: Path) -> None:
+    """UserError unless the data was tokenized as the base checkpoint's training data was. Chat data may add its
+    template's special tokens to a base without them (the rows are added to the model then)."""
+    saved = base.get("tokenizer")
+    if saved is None:
+        return  # an old checkpoint that records no tokenizer: nothing to compare
+    ours = dict(meta["tokenizer"])
+    if "chat" not in saved:
+        ours.pop("chat", None)
+    theirs = {key: value for key, value in saved.items() if key not in ("vocab_size", "eot_token")}
+    if theirs != ours or saved.get("eot_token") != meta.get("eot_token"):
+        raise UserError(
+            f"{path} was trained with another tokenizer than this data's; prepare the data with the base's "
+            f"tokenizer, e.g. prepare_data/chat.py --tokenizer={path.parent}"
+        )
+
+
+def check_gpt2_tokenizer(meta: dict[str, Any], init_from: str) -> None:
+    """UserError when chat data for fine-tuning GPT-2 weights was not tokenized with GPT-2's BPE."""
+    tokenizer = meta["tokenizer"]
+    if "chat" in tokenizer and (tokenizer["kind"] != "tiktoken" or tokenizer.get("encoding") != "gpt2"):
+        raise UserError(
+            f"init_from={init_from} needs data in GPT-2's BPE; prepare it with prepare_data/chat.py --tokenizer=gpt2"
+        )
+
+
+def is_checkpoint_source(init_from: str) -> bool:
+    """Whether --init_from names one of our checkpoints: a file, or a directory holding best.pt or ckpt.pt (a
+    Hugging Face GPT-2 directory holds config.json instead)."""
+    location = Path(init_from)
+    return location.is_file() or any((location / name).is_file() for name in (BEST_NAME, LATEST_NAME))
+
+
+def tokenizer_record(meta: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint stores about its tokenizer: meta.json's tokenizer object plus vocab_size and eot_token.
+
+    tokenizer.tokenizer_from_meta accepts the result as it is.
+    """
+    return {**meta["tokenizer"], "vocab_size": meta["vocab_size"], "eot_token": meta.get("eot_token")}
+
+
+# ----------------------------------------------------------------------------- training state across processes
+
+
+def _parameter_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    # Names in the optimizer's own order: position i is the integer id i of optimizer.state_dict().
+    name_of = {id(p): name for name, p in model.named_parameters()}
+    return [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def _rekey_optimizer_state(state: dict[str, Any], old_to_new: dict) -> dict[str, Any]:
+    groups = [{**group, "params": [old_to_new[p] for p in group["params"]]} for group in state["param_groups"]]
+    return {"state": {old_to_new[k]: v for k, v in state["state"].items()}, "param_groups": groups}
+
+
+def gather_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """The full model and optimizer state dicts, in the single-process (nanoGPT) layout.
+
+    Takes the unwrapped model (not the DDP/compile wrapper). Under FSDP every process must call this (the shards
+    are gathered) and only rank 0 gets the dicts (on CPU); the others get empty ones. So checkpoints written by
+    FSDP, DDP and single-process runs are interchangeable.
+    """
+    if not is_fsdp(model):
+        return model.state_dict(), optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_state = get_model_state_dict(model, options=options)
+    optimizer_state = get_optimizer_state_dict(model, optimizer, options=options)
+    if optimizer_state:  # keyed by parameter name here; saved keyed by integer id like optimizer.state_dict()
+        ids = {name: index for index, name in enumerate(_parameter_names(model, optimizer))}
+        optimizer_state = _rekey_optimizer_state(optimizer_state, ids)
+    return model_state, optimizer_state
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, source: str) -> None:
+    """UserError unless `state` (single-process layout) fits `optimizer`: same groups, and every per-parameter
+    tensor shaped like its parameter. torch itself would only fail at the first step, with a shape error."""
+    try:
+        saved_groups = [list(group["params"]) for group in state["param_groups"]]
+        per_parameter = state["state"]
+        fits = [len(saved) for saved in saved_groups] == [len(group["params"]) for group in optimizer.param_groups]
+    except (KeyError, TypeError) as exc:
+        raise UserError(f"checkpoint {source}: the optimizer state is damaged ({type(exc).__name__}: {exc})") from exc
+    if not fits:
+        raise UserError(f"checkpoint {source}: the optimizer state belongs to another model or optimizer")
+    for saved, group in zip(saved_groups, optimizer.param_groups):
+        for saved_id, parameter in zip(saved, group["params"]):
+            for name, value in per_parameter.get(saved_id, {}).items():
+                if isinstance(value, torch.Tensor) and value.dim() and value.shape != parameter.shape:
+                    raise UserError(
+                        f"checkpoint {source}: optimizer state {name} has shape {tuple(value.shape)} for a parameter "
+                        f"of shape {tuple(parameter.shape)}; it belongs to another model, the file is inconsistent"
+                    )
+
+
+def restore_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load a saved optimizer state (single-process layout) into `optimizer`, also when `model` is FSDP-sharded."""
+    if not is_fsdp(model):
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    names = dict(enumerate(_parameter_names(model, optimizer)))
+    options = StateDictOptions(full_state_dict=True)  # every process holds the full state: each keeps its shard
+    set_optimizer_state_dict(model, optimizer, _rekey_optimizer_state(state, names), options=options)
+
+
+def restore_training_state(
+    checkpoint: dict,
+    source: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    sampler: BatchSampler,
+) -> tuple[int, float]:
+    """Continue from `checkpoint`: optimizer, loss scaler, data position and RNG states; returns (iter_num,
+    best_val_loss). A damaged or foreign training state is a UserError naming the file, never a crash mid-run."""
+    check_optimizer_state(optimizer, checkpoint["optimizer"], source)
+    try:
+        restore_optimizer_state(model, optimizer, checkpoint["optimizer"])
+        if checkpoint.get("scaler"):
+            scaler.load_state_dict(checkpoint["scaler"])
+        if "sampler" in checkpoint:
+            sampler.load_state_dict(checkpoint["sampler"])
+        if "rng" in checkpoint:
+            restore_rng_state(checkpoint["rng"])
+        return int(checkpoint["iter_num"]), float(checkpoint["best_val_loss"])
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as exc:
+        raise UserError(
+            f"checkpoint {source} has a damaged training state ({type(exc).__name__}: {exc}); "
+            "resume from another checkpoint or start over"
+        ) from exc
+
+
+def model_from_checkpoint(checkpoint: dict[str, Any], source: str, overrides: dict[str, Any] | None = None) -> GPT:
+    """Rebuild the GPT a checkpoint describes and load its weights (on CPU).
+
+    `overrides` replaces model_args entries that do not change shapes, e.g. {"dropout": 0.1}. Raises UserError
+    when model_args are invalid or do not match the weights.
+    """
+    try:
+        config = config_from_dict({**model_args_of(checkpoint), **(overrides or {})})
+    except (TypeError, ValueError) as exc:  # ValueError: GPTConfig refuses the values
+        raise UserError(f"checkpoint {source} has invalid model_args ({exc}); the file is damaged") from exc
+    model = GPT(config)
+    load_model_weights(model, checkpoint["model"], source)
+    return model

@@ -1,0 +1,215 @@
+"""What every export format shares: the model as GPT-2 tensors, the tokenizer as a vocabulary with merges, the chat
+template as Jinja, and writing a new output directory.
+
+GPT-2 is the one architecture that transformers, vLLM, TGI and llama.cpp all run, so a model leaves the toolkit as
+GPT-2: learned positions, LayerNorm with biases, GELU, one fused QKV projection, a head tied or not. What GPT-2 can
+express exactly is converted (no biases become zero biases, fixed sinusoidal positions become a learned table with
+the same values); anything else is refused with a line naming the setting.
+
+A base model plus an adapter would be merged into plain weights before it reaches these functions: the writers only
+ever see a GPT and its tokenizer.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from gptkit.core.errors import UserError
+from gptkit.data import bpe
+from gptkit.data.chat import ChatTemplate
+from gptkit.data.tokenizer import (
+    END_OF_TEXT,
+    BpeTokenizer,
+    CharTokenizer,
+    ChatTokenizer,
+    TiktokenTokenizer,
+    Tokenizer,
+    gpt2_unicode_to_byte,
+)
+from gptkit.model import GPT, GPTConfig, sinusoidal_table
+
+# -------------------------------------------------------------------------------------------- weights
+
+
+def gpt2_problem(config: GPTConfig, exact_gelu: bool) -> str | None:
+    """Why `config` cannot be written as GPT-2, naming the setting; None when it can. `exact_gelu`: whether the
+    target runs the exact (erf) GELU as well as the tanh approximation."""
+    if config.pos_encoding == "rope":
+        return "pos_encoding=rope: GPT-2 has learned absolute positions, not rotary ones"
+    if config.activation == "relu2":
+        return "activation=relu2: GPT-2's MLP uses GELU"
+    if config.activation == "gelu" and not exact_gelu:
+        return "activation=gelu (exact): llama.cpp's GPT-2 runs only the tanh approximation (gelu_tanh)"
+    if config.qk_norm:
+        return "qk_norm=True: GPT-2 has no normalisation of queries and keys"
+    return None
+
+
+def gpt2_tensors(model: GPT, exact_gelu: bool = True) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
+    """The model as GPT-2: its config (learned positions, biases) and float32 tensors under our names in nn.Linear's
+    (out, in) layout, `lm_head.weight` always present (the same values as the embedding when tied).
+
+    UserError naming the setting when GPT-2 cannot express the model exactly.
+    """
+    config = model.config
+    problem = gpt2_problem(config, exact_gelu)
+    if problem:
+        raise UserError(f"cannot export as GPT-2: {problem}")
+    gpt2 = replace(config, pos_encoding="learned", bias=True, dropout=0.0)
+    with torch.device("meta"):  # names and shapes only
+        expected = GPT(gpt2).state_dict()
+    ours = {key: value.detach().float().cpu() for key, value in model.state_dict().items()}
+    tensors = {}
+    for key, shape in ((key, value.shape) for key, value in expected.items()):
+        if key in ours:
+            tensors[key] = ours[key]
+        elif key == "transformer.wpe.weight":  # sinusoidal: the fixed table is a learned one that never trained
+            tensors[key] = sinusoidal_table(config.block_size, config.n_embd)
+        elif key.endswith(".bias"):  # bias=False: adding zero changes nothing
+            tensors[key] = torch.zeros(shape)
+        else:
+            raise UserError(f"cannot export as GPT-2: the model has no {key}")
+    tensors.setdefault("lm_head.weight", tensors["transformer.wte.weight"])
+    return gpt2, tensors
+
+
+# -------------------------------------------------------------------------------------------- tokenizer
+
+
+@dataclass(frozen=True, kw_only=True)
+class Vocabulary:
+    """A tokenizer as the export formats describe one.
+
+    tokens: the text of each id below `size` (byte-level BPE: GPT-2's printable form of the token's bytes; char:
+    the character; special tokens: their text). merges: BPE's ordered merge rules, None for a character table.
+    pattern: the pre-tokenisation regex of a trained BPE, None for GPT-2's own. special: special token text -> id.
+    """
+
+    tokens: list[str]
+    merges: list[tuple[str, str]] | None
+    pattern: str | None
+    special: dict[str, int]
+    eot_token: int | None
+    chat: ChatTemplate | None
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def is_char(self) -> bool:
+        return self.merges is None
+
+
+def vocabulary_of(tokenizer: Tokenizer) -> Vocabulary:
+    """The export description of one of our tokenizers; UserError for one no format can express."""
+    base, chat = (tokenizer.base, tokenizer.chat) if isinstance(tokenizer, ChatTokenizer) else (tokenizer, None)
+    special = dict(chat.special_tokens) if chat else {}
+    if isinstance(base, CharTokenizer):
+        tokens, merges, pattern = list(base.chars), None, None
+        if base.eot:
+            special[END_OF_TEXT] = base.eot_token
+    else:
+        ranks, pattern, base_special = _bpe_of(base)
+        tokens, merges = byte_level_tokens(ranks), bpe_merges(ranks)
+        special.update(base_special)
+    tokens += [""] * (max([len(tokens) - 1, *special.values()]) + 1 - len(tokens))
+    for text, token_id in special.items():
+        tokens[token_id] = text
+    if "" in tokens:
+        raise UserError(f"the tokenizer has no token for id {tokens.index('')}; export needs every id to have one")
+    if len(set(tokens)) != len(tokens):  # the formats look tokens up by their text
+        raise UserError(
+            "two of the tokenizer's tokens have the same text (a special token's?); export cannot tell them apart"
+        )
+    return Vocabulary(
+        tokens=tokens, merges=merges, pattern=pattern, special=special, eot_token=base.eot_token, chat=chat
+    )
+
+
+def _bpe_of(base: TiktokenTokenizer) -> tuple[dict[bytes, int], str | None, dict[str, int]]:
+    """(ranks, pattern or None for GPT-2's, special tokens) of a byte-level BPE."""
+    if isinstance(base, BpeTokenizer):
+        record = base.to_meta()
+        return bpe.ranks_of_record(record, "tokenizer"), record["pattern"], dict(record["special_tokens"])
+    if base.name != "gpt2":  # other tiktoken encodings' patterns use regex features the formats read differently
+        raise UserError(
+            f"cannot export the tiktoken encoding {base.name!r}: export supports gpt2 and BPEs trained here"
+        )
+    encoding = base._encoding  # tiktoken's public API: the token bytes (sorted) and the rank of each
+    ranks = {token: encoding.encode_single_token(token) for token in encoding.token_byte_values()}
+    return ranks, None, {END_OF_TEXT: base.eot_token}
+
+
+def byte_level_tokens(ranks: dict[bytes, int]) -> list[str]:
+    """Each rank's token in GPT-2's byte-level form (every byte a printable character), as tokenizer.json and GGUF
+    store byte-level BPE vocabularies."""
+    to_char = {byte: char for char, byte in gpt2_unicode_to_byte().items()}
+    tokens = [""] * len(ranks)
+    for token, rank in ranks.items():
+        tokens[rank] = "".join(to_char[b] for b in token)
+    return tokens
+
+
+def bpe_merges(ranks: dict[bytes, int]) -> list[tuple[str, str]]:
+    """Merge rules that make a merge-based BPE encode as tiktoken does from ranks alone.
+
+    tiktoken joins, at each step, the adjacent pair whose concatenation has the lowest rank. So every split of a
+    token into two tokens is a merge with that token's priority: ordered by the token's rank, then by the parts'.
+    """
+    to_char = {byte: char for char, byte in gpt2_unicode_to_byte().items()}
+    merges = []
+    for token, rank in ranks.items():
+        splits = [(token[:i], token[i:]) for i in range(1, len(token))]
+        splits = [(left, right) for left, right in splits if left in ranks and right in ranks]
+        merges += [(rank, ranks[left], ranks[right], left, right) for left, right in splits]
+    merges.sort()
+
+    def text(piece: bytes) -> str:
+        return "".join(to_char[b] for b in piece)
+
+    return [(text(left), text(right)) for *_, left, right in merges]
+
+
+# -------------------------------------------------------------------------------------------- chat template
+
+
+def vocabulary_chat_template(vocabulary: Vocabulary) -> str:
+    """The vocabulary's chat template as Jinja (see ChatTemplate.to_jinja)."""
+    chat = vocabulary.chat
+    return chat.to_jinja("" if chat.begin is None else vocabulary.tokens[chat.begin])
+
+
+# -------------------------------------------------------------------------------------------- output directory
+
+
+@contextmanager
+def new_directory(destination: str | os.PathLike, overwrite: bool) -> Iterator[Path]:
+    """A temporary directory beside `destination` to write into; on success its files move into `destination`.
+
+    Never overwrites unasked: a `destination` that holds anything is a UserError unless `overwrite`, which replaces
+    the files of the same names and leaves the others. A failure leaves `destination` as it was.
+    """
+    destination = Path(destination)
+    if destination.exists() and not destination.is_dir():
+        raise UserError(f"{destination} exists and is not a directory; choose another --export_dir")
+    if destination.is_dir() and any(destination.iterdir()) and not overwrite:
+        raise UserError(f"{destination} already holds files; choose a new --export_dir or pass --overwrite")
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = destination.parent / f".{destination.name}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        yield staging
+        destination.mkdir(exist_ok=True)
+        for path in sorted(staging.iterdir()):
+            os.replace(path, destination / path.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

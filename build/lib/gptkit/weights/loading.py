@@ -1,0 +1,91 @@
+"""A model and its tokenizer, from a training run's checkpoint or from GPT-2 weights: what sample.py, eval.py
+and serve.py load before they generate or score, and the settings that say where it comes from.
+
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gptkit.core.errors import UserError
+from gptkit.core.settings import setting
+from gptkit.data.tokenizer import Tokenizer, make_tokenizer, read_meta, tokenizer_from_meta
+from gptkit.model import GPT
+from gptkit.weights.checkpoint import load_checkpoint, resolve_checkpoint
+from gptkit.weights.hf_gpt2 import GPT2_HUB_NAMES, load_gpt2
+from gptkit.weights.lora import model_of_checkpoint
+from gptkit.weights.quantization import QUANTIZE_CHOICES, apply_quantization
+
+
+def load_model_and_tokenizer(
+    init_from: str, out_dir: str, checkpoint: str = "best", data_dir: str = ""
+) -> tuple[GPT, Tokenizer]:
+    """The model (on CPU, eval mode) and its tokenizer.
+
+    init_from: "resume" (the checkpoint of out_dir, `checkpoint` = best or latest; out_dir
+    may also be a checkpoint file), a Hugging Face GPT-2 directory, or a GPT-2 hub name. data_dir: take the tokenizer
+    from that data directory's meta.json instead (for checkpoints without one). UserError for every problem.
+    """
+    if init_from == "resume":
+        path = resolve_checkpoint(out_dir, checkpoint)
+        state = load_checkpoint(path)
+        model = model_of_checkpoint(state, str(path))  # a LoRA run: its base plus the adapters, merged
+        tokenizer_meta = state.get("tokenizer")
+        if data_dir:
+            tokenizer_meta = read_meta(data_dir)["tokenizer"]
+        if not tokenizer_meta:
+            raise UserError(
+                f"checkpoint {path} records no tokenizer; pass --data_dir=DIR with the meta.json it was trained on"
+            )
+        try:
+            tokenizer = tokenizer_from_meta(tokenizer_meta)
+        except UserError as exc:  # say where the tokenizer description came from
+            raise UserError(f"{data_dir or f'checkpoint {path}'}: {exc}") from exc
+    elif Path(init_from).is_dir() or init_from in GPT2_HUB_NAMES:
+        model = load_gpt2(init_from)
+        tokenizer = tokenizer_from_meta(read_meta(data_dir)["tokenizer"]) if data_dir else make_tokenizer("gpt2")
+    else:
+        raise UserError(f"--init_from={init_from!r}: use resume, a GPT-2 directory, or {', '.join(GPT2_HUB_NAMES)}")
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise UserError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}; "
+            "pass the --data_dir the model was trained on"
+        )
+    return model.eval(), tokenizer
+
+
+@dataclass
+class ModelLocation:
+    """Which trained model a script takes (export.py, and through ModelSource the scripts that run one). Settings
+    classes extend it (and call its validate)."""
+
+    out_dir: str = setting("out", "training output directory (or a checkpoint file) to load the model from")
+    checkpoint: str = setting("best", "which checkpoint of out_dir: best (best val loss) or latest")
+    init_from: str = setting("resume", "resume = the out_dir checkpoint; or a Hugging Face GPT-2 dir, or gpt2*")
+    data_dir: str = setting("", "take the tokenizer from this data dir's meta.json (for checkpoints without one)")
+
+    def validate(self) -> None:
+        if self.checkpoint not in ("best", "latest"):
+            raise UserError(f"--checkpoint must be best or latest, got {self.checkpoint!r}")
+
+
+@dataclass
+class ModelSource(ModelLocation):
+    """The settings of the scripts that run a trained model (sample.py, eval.py, serve.py): which model, and how
+    its weights are stored."""
+
+    quantize: str = setting(
+        "none", "none, or int8: int8 weights for CPU decoding (float32 compute)", choices=QUANTIZE_CHOICES
+    )
+
+
+def load_for_inference(source: ModelSource, device: torch.device, dtype: torch.dtype) -> tuple[GPT, Tokenizer]:
+    """The model of `source` on `device` (eval mode, int8 weights when source.quantize says so) and its tokenizer.
+    `dtype` is the compute dtype the script will run under (int8 needs float32)."""
+    model, tokenizer = load_model_and_tokenizer(source.init_from, source.out_dir, source.checkpoint, source.data_dir)
+    model.to(device)  # the engine picks its decoding backend itself (gptkit.infer.decoding)
+    apply_quantization(model, source.quantize, dtype)
+    return model, tokenizer

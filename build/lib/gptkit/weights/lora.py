@@ -1,0 +1,406 @@
+"""Low-rank adapters (LoRA): fine-tune a frozen model through a small trainable product beside chosen Linear layers.
+
+A LoRA layer computes y = x Wᵀ + b + (alpha / rank) · dropout(x) Aᵀ Bᵀ, with the base W and b frozen, A (rank, in)
+initialised as nn.Linear's own weights and B (out, rank) at zero, so training starts exactly at the base model
+(Hu et al., 2021; Hugging Face PEFT does the same). Only A and B train, so the optimizer keeps two moments for a
+few hundred thousand numbers instead of every weight. The frozen base may be held in bfloat16 or int8 to save
+memory; its product is then computed from the stored weights in the input's dtype.
+
+A LoRA run's checkpoint holds the A and B matrices, the LoRA settings and a reference to its base (path and sha256);
+`merge_lora` folds adapters into ordinary weights, and `write_peft_adapter` writes them as PEFT's
+`adapter_config.json` + `adapter_model.safetensors` for transformers' GPT2LMHeadModel. From the command line:
+
+    python -m gptkit.weights.lora --action=merge --out_dir=out-lora --to=out-merged
+    python -m gptkit.weights.lora --action=peft --out_dir=out-lora --to=adapter-peft
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gptkit.core.errors import UserError
+from gptkit.core.fileio import atomic_write_bytes, atomic_write_json
+from gptkit.core.settings import setting
+
+# Which Linear layers of each block get an adapter (the output head, tied to the embedding, never does).
+TARGETS = {
+    "attention": ("attn.c_attn", "attn.c_proj"),
+    "mlp": ("mlp.c_fc", "mlp.c_proj"),
+    "all": ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"),
+}
+BASE_WEIGHTS = ("float32", "bfloat16", "int8")
+INT8_MAX = 127
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraConfig:
+    """The adapters' shape: rank, alpha (the update is scaled by alpha / rank), dropout on their input, targets."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: str = "attention"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rank, int) or self.rank < 1:
+            raise UserError(f"--lora_rank must be a positive integer, got {self.rank!r}")
+        if not self.alpha > 0:
+            raise UserError(f"--lora_alpha must be positive, got {self.alpha!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise UserError(f"--lora_dropout must be in [0, 1), got {self.dropout!r}")
+        if self.targets not in TARGETS:
+            raise UserError(f"--lora_targets must be one of {', '.join(TARGETS)}, got {self.targets!r}")
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, record: Any, where: str) -> LoraConfig:
+        if not isinstance(record, dict) or set(record) != {"rank", "alpha", "dropout", "targets"}:
+            raise UserError(f"{where}: the LoRA record needs rank, alpha, dropout and targets")
+        return cls(**record)
+
+
+class LoraLinear(nn.Module):
+    """A frozen Linear (stored as `base_weights` says) plus a trainable low-rank update `lora_B @ lora_A`."""
+
+    def __init__(self, base: nn.Linear, config: LoraConfig, base_weights: str = "float32") -> None:
+        super().__init__()
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.scale = config.scale
+        weight = base.weight.detach()
+        if base_weights == "int8":  # one scale per output row, as gptkit.weights.quantization stores them
+            row_scale = (weight.float().abs().amax(dim=1) / INT8_MAX).clamp_min(1e-12)
+            self.register_buffer("weight_int8", torch.round(weight.float() / row_scale[:, None]).to(torch.int8))
+            self.register_buffer("weight_scale", row_scale)
+            self.weight = None
+        else:
+            dtype = torch.bfloat16 if base_weights == "bfloat16" else weight.dtype
+            self.weight = nn.Parameter(weight.to(dtype), requires_grad=False)
+        self.bias = None if base.bias is None else nn.Parameter(base.bias.detach().clone(), requires_grad=False)
+        self.lora_A = nn.Parameter(torch.empty(config.rank, self.in_features, device=weight.device))
+        self.lora_B = nn.Parameter(torch.zeros(self.out_features, config.rank, device=weight.device))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's own initialisation
+        self.dropout = nn.Dropout(config.dropout)
+
+    def base_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The frozen (out, in) weight in `dtype`."""
+        if self.weight is None:
+            return (self.weight_int8.to(dtype) * self.weight_scale.to(dtype)[:, None]).detach()
+        return self.weight.to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        base = F.linear(x, self.base_weight(dtype), None if self.bias is None else self.bias.to(dtype))
+        update = F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B)
+        return base + self.scale * update
+
+    def merged(self) -> nn.Linear:
+        """An ordinary float32 nn.Linear computing what this layer computes (without dropout)."""
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None)
+        with torch.no_grad():
+            delta = self.scale * (self.lora_B.float() @ self.lora_A.float())
+            linear.weight.copy_(self.base_weight(torch.float32) + delta)
+            if self.bias is not None:
+                linear.bias.copy_(self.bias.float())
+        return linear.to(self.lora_A.device)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.lora_A.shape[0]}"
+
+
+class GrownVocabulary(nn.Module):
+    """The token embedding and the tied output head with frozen base rows and trainable rows added after them
+    (the chat template's special tokens): the only rows of the vocabulary an adapter run can teach.
+
+    Installed as both `transformer.wte` (a lookup) and `lm_head` (a product), which share its two tensors, as the
+    tied model shares one matrix.
+    """
+
+    def __init__(self, weight: torch.Tensor, first_new_row: int) -> None:
+        super().__init__()
+        self.base = nn.Parameter(weight.detach()[:first_new_row].clone(), requires_grad=False)
+        self.extra = nn.Parameter(weight.detach()[first_new_row:].clone())
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The whole (vocab, n_embd) matrix (a copy): what an ordinary tied model holds."""
+        return torch.cat([self.base, self.extra])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_floating_point():  # token ids: the embedding lookup, each id from the part that holds its row
+            rows = self.base.shape[0]
+            old = F.embedding(x.clamp(max=rows - 1), self.base)
+            new = F.embedding((x - rows).clamp(min=0), self.extra)
+            return torch.where((x < rows)[..., None], old, new)
+        return torch.cat([F.linear(x, self.base), F.linear(x, self.extra)], dim=-1)  # the head's logits
+
+
+def _targeted(model: nn.Module, targets: str) -> list[str]:
+    names = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    return [name for name in names if name.endswith(TARGETS[targets]) and ".h." in f".{name}"]
+
+
+def add_lora(
+    model: nn.Module, config: LoraConfig, base_weights: str = "float32", first_new_row: int | None = None
+) -> nn.Module:
+    """Freeze every parameter of `model` and put a LoraLinear in place of each targeted Linear (in place;
+    returned). Afterwards only the adapters' A and B require gradients, and, when `first_new_row` is given (the
+    base model's vocabulary size, below the model's), the token rows from there on (see GrownVocabulary)."""
+    if base_weights not in BASE_WEIGHTS:
+        raise UserError(f"--lora_base_weights must be one of {', '.join(BASE_WEIGHTS)}, got {base_weights!r}")
+    for param in model.parameters():
+        param.requires_grad_(False)
+    for name in _targeted(model, config.targets):
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, child, LoraLinear(getattr(parent, child), config, base_weights))
+    if first_new_row is not None and first_new_row < model.lm_head.weight.shape[0]:
+        if model.lm_head.weight is not model.transformer.wte.weight:
+            raise UserError("new token rows with LoRA need a model whose head is tied to the token embedding")
+        vocabulary = GrownVocabulary(model.lm_head.weight, first_new_row)
+        model.transformer.wte = model.lm_head = vocabulary
+    return model
+
+
+def is_adapter_name(name: str) -> bool:
+    """Whether a parameter name is one a LoRA run trains (and its checkpoint stores)."""
+    return name.endswith((".lora_A", ".lora_B", ".extra"))
+
+
+def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The adapters' tensors by name (`...attn.c_attn.lora_A`), on the CPU: what a LoRA checkpoint stores."""
+    return {
+        name.removeprefix("_orig_mod.").removeprefix("module."): param.detach().cpu().clone()
+        for name, param in model.named_parameters()
+        if is_adapter_name(name)
+    }
+
+
+def load_adapter_state(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """Copy adapter tensors into a model that has had add_lora with the same settings; UserError on a mismatch."""
+    params = dict(model.named_parameters())
+    expected = {name for name in params if is_adapter_name(name)}
+    if set(state) != expected:
+        raise UserError(f"{source}: its adapters do not fit this model (other layers, or another --lora_targets)")
+    with torch.no_grad():
+        for name, tensor in state.items():
+            if params[name].shape != tensor.shape:
+                raise UserError(
+                    f"{source}: adapter {name} has shape {tuple(tensor.shape)}, the model needs "
+                    f"{tuple(params[name].shape)} (another rank or model?)"
+                )
+            params[name].copy_(tensor)
+
+
+def merge_lora(model: nn.Module) -> nn.Module:
+    """`model` (in place; returned) with every LoraLinear replaced by the ordinary Linear it computes, and grown
+    token rows joined to one tied embedding again."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, LoraLinear):
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), child, module.merged())
+    if isinstance(model.lm_head, GrownVocabulary):
+        weight = model.lm_head.weight.detach()
+        model.transformer.wte = nn.Embedding(*weight.shape, device=weight.device)
+        model.lm_head = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device)
+        model.transformer.wte.weight = model.lm_head.weight
+        with torch.no_grad():
+            model.lm_head.weight.copy_(weight)
+    for param in model.parameters():
+        param.requires_grad_(True)
+    return model
+
+
+def write_peft_adapter(
+    directory: str | os.PathLike, adapters: dict[str, torch.Tensor], config: LoraConfig, base_model: str = ""
+) -> None:
+    """Write the adapters as Hugging Face PEFT does for GPT2LMHeadModel: adapter_config.json and
+    adapter_model.safetensors, so `PeftModel.from_pretrained(GPT2LMHeadModel.from_pretrained(base), directory)`
+    loads them. `base_model` is recorded as base_model_name_or_path."""
+    from safetensors.torch import save as safetensors_bytes
+
+    tensors = {
+        f"base_model.model.{name.removesuffix('.lora_A').removesuffix('.lora_B')}."
+        f"{'lora_A' if name.endswith('.lora_A') else 'lora_B'}.weight": tensor.float().contiguous()
+        for name, tensor in adapters.items()
+    }
+    peft_config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": config.rank,
+        "lora_alpha": config.alpha,
+        "lora_dropout": config.dropout,
+        # HF GPT-2 stores these layers as Conv1D, whose weight is the transpose of a Linear's.
+        "fan_in_fan_out": True,
+        "target_modules": list(TARGETS[config.targets]),  # PEFT matches module names by suffix
+        "bias": "none",
+        "inference_mode": True,
+    }
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(directory / "adapter_model.safetensors", safetensors_bytes(tensors, metadata={"format": "pt"}))
+    atomic_write_json(directory / "adapter_config.json", peft_config)
+
+
+# ----------------------------------------------------------------------------- LoRA checkpoints
+
+# A LoRA run's checkpoint stores only what trained ("model": adapter_state) and, under "lora", how to rebuild the
+# rest: the settings, and the base it started from by path (or GPT-2 name) and the sha256 of its weights file.
+
+
+def base_reference(init_from: str) -> dict[str, str]:
+    """{"source", "sha256"} of the base a LoRA run starts from: one of our checkpoints (a file, or an out_dir's
+    best.pt, else ckpt.pt), or GPT-2 (a hub name or a Hugging Face directory: its weights file)."""
+    from gptkit.core.fileio import sha256_file
+    from gptkit.weights.checkpoint import is_checkpoint_source, resolve_checkpoint
+    from gptkit.weights.hf_gpt2 import GPT2_HUB_NAMES, locate
+
+    if is_checkpoint_source(init_from):
+        path = resolve_checkpoint(init_from, "best").resolve()
+        return {"source": str(path), "sha256": sha256_file(path)}
+    directory = locate(init_from)
+    weights = next(
+        (directory / name for name in ("model.safetensors", "pytorch_model.bin") if (directory / name).is_file()), None
+    )
+    if weights is None:
+        raise UserError(f"{directory} holds no GPT-2 weights file to start LoRA from")
+    source = init_from if init_from in GPT2_HUB_NAMES else str(Path(init_from).resolve())
+    return {"source": source, "sha256": sha256_file(weights)}
+
+
+def load_base(reference: dict[str, str], where: str, overrides: dict[str, Any] | None = None) -> nn.Module:
+    """The base model a LoRA checkpoint names, after checking that its weights are the ones it was trained on."""
+    from gptkit.weights.checkpoint import is_checkpoint_source, load_checkpoint
+    from gptkit.weights.hf_gpt2 import GPT2_HUB_NAMES, load_gpt2
+
+    source = reference["source"]
+    if source not in GPT2_HUB_NAMES and not Path(source).exists():
+        raise UserError(f"{where}: its base {source} is missing; put the base model back there (the adapters need it)")
+    found = base_reference(source)["sha256"]
+    if found != reference["sha256"]:
+        raise UserError(
+            f"{where}: its base {source} has changed since the adapters were trained (sha256 {found[:12]}..., expected "
+            f"{reference['sha256'][:12]}...); use the base they were trained on"
+        )
+    if is_checkpoint_source(source):
+        return model_of_checkpoint(load_checkpoint(source), source, overrides)  # a LoRA base: merged first
+    return load_gpt2(source, override_args=overrides)
+
+
+def lora_record(config: LoraConfig, base_weights: str, reference: dict[str, str], first_new_row: int | None) -> dict:
+    """The "lora" entry of a LoRA run's checkpoint."""
+    return {"config": config.to_dict(), "base_weights": base_weights, "base": reference, "first_new_row": first_new_row}
+
+
+def model_with_adapters(checkpoint: dict[str, Any], where: str, overrides: dict[str, Any] | None = None) -> nn.Module:
+    """The model a LoRA checkpoint stands for: its base (checked), cropped and grown to the run's shape, with the
+    adapters in place (still separate: call merge_lora for plain weights)."""
+    record = checkpoint["lora"]
+    config = LoraConfig.from_dict(record.get("config"), where)
+    model = load_base(record["base"], where, overrides)
+    shape = checkpoint["model_args"]
+    if shape["block_size"] < model.config.block_size:
+        model.crop_block_size(shape["block_size"])
+    if shape["vocab_size"] > model.config.vocab_size:
+        model.grow_vocabulary(shape["vocab_size"])
+    add_lora(model, config, record["base_weights"], record.get("first_new_row"))
+    load_adapter_state(model, checkpoint["model"], where)
+    return model
+
+
+def model_of_checkpoint(checkpoint: dict[str, Any], where: str, overrides: dict[str, Any] | None = None) -> nn.Module:
+    """The model a checkpoint holds, as plain weights: a LoRA run's adapters merged into its base."""
+    from gptkit.weights.checkpoint import model_from_checkpoint
+
+    if "lora" in checkpoint:
+        return merge_lora(model_with_adapters(checkpoint, where, overrides))
+    return model_from_checkpoint(checkpoint, where, overrides)
+
+
+# ----------------------------------------------------------------------------- python -m gptkit.weights.lora
+
+
+@dataclass
+class AdapterCommand:
+    action: str = setting(
+        "merge",
+        "merge: the base with the adapters folded in, as an ordinary checkpoint (DIR/ckpt.pt); "
+        "peft: the adapters as Hugging Face PEFT reads them (GPT-2-shaped bases)",
+        choices=("merge", "peft"),
+    )
+    out_dir: str = setting("out", "the LoRA run's out_dir (or one of its checkpoint files)")
+    checkpoint: str = setting("best", "which checkpoint of out_dir: best or latest")
+    to: str = setting("", "the directory to write; it must not exist yet (nothing is ever overwritten)")
+
+
+def merge_to(checkpoint: dict[str, Any], where: str, directory: Path) -> None:
+    """Write the merged model as DIR/ckpt.pt: sample.py, serve.py, eval.py and train.py read it like any other."""
+    from gptkit.model import config_to_dict
+    from gptkit.weights.checkpoint import save_checkpoint
+
+    model = model_of_checkpoint(checkpoint, where)
+    directory.mkdir(parents=True)
+    state = {"model": model.state_dict(), "model_args": config_to_dict(model.config)}
+    save_checkpoint(directory / "ckpt.pt", {**state, "tokenizer": checkpoint.get("tokenizer")})
+
+
+def peft_to(checkpoint: dict[str, Any], where: str, directory: Path) -> None:
+    """Write the adapters for PEFT, with the base beside them (DIR/base, as export.py --format=hf writes it: weights
+    and tokenizer) unless the base is a GPT-2 hub model."""
+    from gptkit.data.tokenizer import tokenizer_from_meta
+    from gptkit.weights.export_hf import export_hf
+    from gptkit.weights.hf_gpt2 import GPT2_HUB_NAMES
+
+    record = checkpoint["lora"]
+    if record.get("first_new_row") is not None and record["first_new_row"] < checkpoint["model_args"]["vocab_size"]:
+        raise UserError(f"{where} also trains new token rows, which PEFT adapters cannot carry; use --action=merge")
+    base = record["base"]["source"]
+    if base not in GPT2_HUB_NAMES and not checkpoint.get("tokenizer"):
+        raise UserError(f"{where} records no tokenizer, which the base's Hugging Face directory needs")
+    directory.mkdir(parents=True)
+    if base not in GPT2_HUB_NAMES:
+        # Any base export.py takes (no biases: zero ones; an untied head), with the tokenizer the run trained on.
+        export_hf(load_base(record["base"], where), tokenizer_from_meta(checkpoint["tokenizer"]), directory / "base")
+        base = str(directory / "base")
+    write_peft_adapter(directory, checkpoint["model"], LoraConfig.from_dict(record["config"], where), base)
+
+
+def main(argv: list[str]) -> int:
+    from gptkit.core.settings import parse_settings
+    from gptkit.weights.checkpoint import load_checkpoint, resolve_checkpoint
+
+    cfg = parse_settings(
+        AdapterCommand, argv, prog="python -m gptkit.weights.lora", description=__doc__.splitlines()[0]
+    )
+    if not cfg.to:
+        raise UserError("--to=DIR is required: the new directory to write")
+    target = Path(cfg.to)
+    if target.exists():
+        raise UserError(f"{target} already exists; give a new directory with --to (nothing is overwritten)")
+    path = resolve_checkpoint(cfg.out_dir, cfg.checkpoint)
+    checkpoint = load_checkpoint(path)
+    if "lora" not in checkpoint:
+        raise UserError(f"{path} is not a LoRA run's checkpoint (it holds whole weights already)")
+    (merge_to if cfg.action == "merge" else peft_to)(checkpoint, str(path), target)
+    print(f"wrote {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    from gptkit.core.errors import run_cli
+
+    run_cli(main)

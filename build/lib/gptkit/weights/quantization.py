@@ -1,0 +1,122 @@
+"""int8 weight-only quantization for CPU decoding: a quarter of float32's weight bytes to read per generated token.
+
+Every nn.Linear (the output head included) becomes an Int8Linear: its weight stored as int8 with one scale per
+output row (symmetric, so no zero point), the activations left in floating point. Both of its kernels are
+PyTorch's own:
+- eager: the x86/fbgemm dynamic int8 product (torch.ops.quantized.linear_dynamic), the fastest eager kernel on
+  the machines measured;
+- under torch.compile (gptkit.infer.compiled): aten._weight_int8pack_mm, which inductor lowers to its C++
+  weight-only-int8 GEMM template (bfloat16 activations, int8 weights widened in registers). Product for product it
+  is no faster than fbgemm, but in the compiled step (one graph, no per-call costs) a token takes far less time;
+  docs/benchmarks.md has the figures.
+The native step (gptkit.infer.native, --decode=native) reads the same int8 weights and scales with kernels of its
+own (each product's input rounded to 16-bit integers). The embeddings stay float32: a lookup reads one row.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from gptkit.core.errors import UserError
+
+QUANTIZE_CHOICES = ("none", "int8")
+INT8_MAX = 127  # symmetric range [-127, 127]: a row's largest |weight| maps to about 127
+
+
+class Int8Linear(nn.Module):
+    """y = x Wᵀ + b with W stored as int8 (`weight_int8`, (out, in)) times one scale per output row (`scale`, in
+    bfloat16: the compiled kernel's dtype; the eager kernel reads the same values).
+
+    For inference only (no gradients flow to the int8 weight). Made from an nn.Linear by `from_linear`.
+    """
+
+    def __init__(self, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight_int8.shape
+        self.register_buffer("weight_int8", weight_int8)
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", bias)
+        self._packed = None  # fbgemm's prepacked copy of the weight, made at the first eager call
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
+        weight = linear.weight.detach().float().contiguous()  # (out, in) rows, also from the transposed decoding layout
+        scale = (weight.abs().amax(dim=1) / INT8_MAX).clamp_min(torch.finfo(torch.bfloat16).tiny).bfloat16()
+        weight_int8 = torch.round(weight / scale.float()[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+        bias = None if linear.bias is None else linear.bias.detach().float().clone()
+        return cls(weight_int8, scale, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return self._compiled_forward(x)
+        # reduce_range: activations in 7 bits, as PyTorch's own dynamic Linear does on x86, so that fbgemm's AVX2
+        # int8 products cannot saturate their 16-bit intermediate sums
+        return torch.ops.quantized.linear_dynamic(x.float(), self._packed_weight(), reduce_range=True).to(x.dtype)
+
+    def _compiled_forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The op inductor lowers to its weight-only int8 GEMM: bfloat16 input and scales, int8 (out, in) weight
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        y = torch._weight_int8pack_mm(rows, self.weight_int8, self.scale).to(x.dtype)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias.to(x.dtype)
+
+    def _packed_weight(self) -> torch.ScriptObject:
+        if self._packed is None:
+            scales, zero_points = self.scale.double(), torch.zeros(self.out_features, dtype=torch.int64)
+            with warnings.catch_warnings():  # torch marks quantized tensors deprecated; its eager int8 kernels need one
+                warnings.simplefilter("ignore")
+                qweight = torch._make_per_channel_quantized_tensor(self.weight_int8, scales, zero_points, 0)
+            self._packed = torch.ops.quantized.linear_prepack(qweight, self.bias)
+        return self._packed
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def quantize_int8(model: nn.Module) -> nn.Module:
+    """`model` (float32, on the CPU, for inference) with every nn.Linear an Int8Linear; in place, returned.
+
+    A head tied to the token embedding gets an int8 copy of its own, so the embedding lookup stays exact.
+    """
+    param = next(model.parameters(), None)
+    if param is None or param.device.type != "cpu" or param.dtype != torch.float32:
+        found = "no parameters" if param is None else f"{param.dtype} on {param.device}"
+        raise UserError(
+            f"int8 quantization needs a float32 model on the CPU, got {found}; use --device=cpu "
+            "--dtype=float32 or drop --quantize"
+        )
+    engines = torch.backends.quantized.supported_engines
+    engine = next((name for name in ("x86", "fbgemm", "qnnpack") if name in engines), None)
+    if engine is None:
+        raise UserError(f"this PyTorch build has no int8 CPU kernels (engines: {engines}); drop --quantize")
+    torch.backends.quantized.engine = engine
+    # A tied head is converted from its own (shared) weight: the tie is cut and the embedding stays float32.
+    return replace_linears(model, Int8Linear.from_linear).eval()
+
+
+def replace_linears(model: nn.Module, replacement: Callable[[nn.Linear], nn.Module]) -> nn.Module:
+    """`model` (in place, returned) with every nn.Linear child (subclasses included) replaced by replacement(it)."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, name, replacement(child))
+    return model
+
+
+def apply_quantization(model: nn.Module, quantize: str, compute_dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The scripts' --quantize setting: "none" leaves the model as it is, "int8" see quantize_int8 (which needs
+    float32 compute: the int8 products return float32, so no bfloat16/float16 autocast around them)."""
+    if quantize not in QUANTIZE_CHOICES:
+        raise UserError(f"unknown --quantize={quantize!r}; use {' or '.join(QUANTIZE_CHOICES)}")
+    if quantize == "none":
+        return model
+    if compute_dtype != torch.float32:
+        raise UserError(
+            f"--quantize=int8 computes in float32, not {str(compute_dtype).removeprefix('torch.')}; "
+            "use --dtype=float32 (or auto on the CPU)"
+        )
+    return quantize_int8(model)

@@ -1,0 +1,316 @@
+"""A decoder-only transformer (GPT) in one readable file.
+
+Reads top to bottom: the configuration, the pieces (positions, attention, MLP, block), then the model with its
+forward pass and FLOP accounting. It imports torch and the standard library only: generation (KV cache, sampling,
+batching, the decoding backends) lives in gptkit/infer, which drives the model, never the reverse; optimizers in
+gptkit/train/optim.py; checkpoints and GPT-2 weights in gptkit/weights.
+The default configuration is GPT-2: learned positions, pre-norm blocks, GELU (tanh) MLP, tied LM head.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024  # longest context the model attends over
+    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for faster matmuls
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True  # biases in Linear and LayerNorm layers, as GPT-2 has them
+    pos_encoding: str = "learned"  # "learned" (GPT-2) | "sinusoidal" (fixed sin/cos table) | "rope" (rotary)
+    activation: str = "gelu_tanh"  # "gelu_tanh" (GPT-2's gelu_new) | "gelu" (exact) | "relu2" (squared ReLU)
+    attention: str = "sdpa"  # "sdpa" (fused kernels) | "math" (explicit softmax(QK^T/sqrt(d) + M)V)
+    qk_norm: bool = False  # RMS-normalise queries and keys per head before the dot product
+    tie_embeddings: bool = True  # the LM head shares the token-embedding matrix
+    rope_base: float = 10000.0
+
+    def __post_init__(self) -> None:
+        choices = {
+            "pos_encoding": ("learned", "sinusoidal", "rope"),
+            "activation": ("gelu", "gelu_tanh", "relu2"),
+            "attention": ("sdpa", "math"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.pos_encoding != "learned" and (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"{self.pos_encoding} positions need an even head size, got {self.n_embd // self.n_head}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+
+def sinusoidal_table(length: int, dim: int) -> torch.Tensor:
+    """The original Transformer's fixed encoding: PE[pos, 2i] = sin(pos/10000^(2i/d)), PE[pos, 2i+1] = cos(...)."""
+    position = torch.arange(length, dtype=torch.float64)[:, None]
+    frequency = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    table = torch.zeros(length, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * frequency)
+    table[:, 1::2] = torch.cos(position * frequency)
+    return table.float()
+
+
+def rotary_tables(length: int, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables (length, head_dim/2) for rotary position embedding."""
+    frequency = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angle = torch.arange(length, dtype=torch.float64)[:, None] * frequency
+    return torch.cos(angle).float(), torch.sin(angle).float()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[i], x[i + d/2]) of x (B, nh, T, d) by position-dependent angles (cos/sin: T, d/2)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.n_head, self.head_dim = config.n_head, config.n_embd // config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # fused Q, K, V projection
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn_dropout, self.resid_dropout = nn.Dropout(config.dropout), nn.Dropout(config.dropout)
+        self.dropout, self.path, self.qk_norm = config.dropout, config.attention, config.qk_norm
+
+    def forward(self, x: torch.Tensor, rotary: tuple | None, cache: Any, layer: int) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)
+        if self.qk_norm:
+            q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        mask = None  # boolean (.., T, S), True where a query may look; None = plain causal
+        if cache is not None:  # attend over the cached keys too; the cache masks rows of different lengths
+            k, v, mask = cache.update(layer, k, v)
+        S = k.shape[2]
+        if mask is None and (self.path == "math" or 1 < T < S):  # query i sits at key position S - T + i
+            mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
+        dropout = self.dropout if self.training else 0.0
+        if self.path == "sdpa":  # one new token over its cache needs no mask at all: the fastest decoding step
+            causal = mask is None and S == T
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+        else:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+            weights = self.attn_dropout(F.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1))
+            y = weights @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+        self.activation = config.activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.c_fc(x)
+        if self.activation == "relu2":
+            x = F.relu(x).square()
+        else:
+            x = F.gelu(x, approximate="tanh" if self.activation == "gelu_tanh" else "none")
+        return self.dropout(self.c_proj(x))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, rotary: tuple | None, cache: Any, layer: int) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), rotary, cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
+        if config.pos_encoding == "learned":
+            self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.transformer.wte.weight = self.lm_head.weight  # one matrix serves both ends
+        self._build_position_tables(config.block_size)
+        self.apply(self._init_weights)
+        for name, param in self.named_parameters():  # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer)
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _build_position_tables(self, length: int) -> None:
+        # Fixed tables are buffers, not parameters: rebuilt from the config, never saved in checkpoints.
+        config = self.config
+        if config.pos_encoding == "sinusoidal":
+            self.register_buffer("pos_table", sinusoidal_table(length, config.n_embd), persistent=False)
+        elif config.pos_encoding == "rope":
+            cos, sin = rotary_tables(length, config.n_embd // config.n_head, config.rope_base)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def get_num_params(self, non_embedding: bool = True) -> int:
+        """Number of parameters; by default without the position embedding (the token embedding is the tied
+        head, so it counts as compute)."""
+        total = sum(p.numel() for p in self.parameters())
+        if non_embedding and self.config.pos_encoding == "learned":
+            total -= self.transformer.wpe.weight.numel()
+        return total
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: Any = None, reduction: str = "mean"
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Take token ids idx (B, T), optional targets (B, T; -1 = ignore) and an optional KV cache
+        (gptkit.infer.engine.KVCache, which gives each row's positions and keeps the keys and values of earlier tokens).
+
+        Returns (logits, loss): with targets, logits for every position (B, T, V) and the cross-entropy over the
+        targets that are not -1, their mean or (reduction="sum") their sum; without, logits for the last position
+        only (B, 1, V) and None.
+        """
+        x = self.hidden_states(idx, cache)
+        if targets is None:
+            return self.lm_head(x[:, [-1], :]), None  # only the next token's logits are needed
+        logits = self.lm_head(x)
+        flat = logits.view(-1, logits.size(-1)).float()
+        loss = F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1, reduction=reduction)
+        return logits, loss
+
+    def hidden_states(self, idx: torch.Tensor, cache: Any = None) -> torch.Tensor:
+        """The last layer's normalized output (B, T, n_embd) for idx (B, T): what the head turns into logits. Alone,
+        it fills a KV cache with a prompt without paying for the head (the largest product) on a token no one reads."""
+        B, T = idx.shape
+        if cache is None:
+            if idx.shape[1] > self.config.block_size:
+                raise ValueError(f"sequence of {T} tokens is longer than block_size {self.config.block_size}")
+            positions = torch.arange(T, device=idx.device)
+        else:
+            positions = cache.extend(B, T, idx.device)  # (T,), or (B, T) when the rows differ in length
+        x = self.transformer.wte(idx)
+        if self.config.pos_encoding == "learned":
+            x = x + self.transformer.wpe(positions)
+        elif self.config.pos_encoding == "sinusoidal":
+            x = x + self.pos_table[positions].to(x.dtype)
+        rotary = None
+        if self.config.pos_encoding == "rope":  # per-row tables broadcast over the heads: (B, 1, T, hd/2)
+            rotary = (self.rope_cos[positions], self.rope_sin[positions])
+            rotary = tuple(t.unsqueeze(1) for t in rotary) if positions.dim() == 2 else rotary
+        x = self.transformer.drop(x)
+        for layer, block in enumerate(self.transformer.h):
+            x = block(x, rotary, cache, layer)
+        return self.transformer.ln_f(x)
+
+    def crop_block_size(self, block_size: int) -> None:
+        """Shrink the context to block_size (e.g. to fine-tune GPT-2 on shorter windows)."""
+        if block_size > self.config.block_size:
+            raise ValueError(f"cannot grow block_size from {self.config.block_size} to {block_size}")
+        self.config.block_size = block_size
+        if self.config.pos_encoding == "learned":
+            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+        self._build_position_tables(block_size)
+
+    def grow_vocabulary(self, vocab_size: int) -> None:
+        """Add token rows up to vocab_size (e.g. a chat template's special tokens). Each new row starts at the mean
+        of the existing ones: an average token, so the first steps see no outlier logits or inputs."""
+        old = self.config.vocab_size
+        if vocab_size < old:
+            raise ValueError(f"cannot shrink the vocabulary from {old} to {vocab_size}")
+        for owner, name in ((self.transformer, "wte"), (self, "lm_head")):
+            module = getattr(owner, name)
+            weight = module.weight.detach()
+            grown = torch.cat([weight, weight.mean(dim=0, keepdim=True).expand(vocab_size - old, -1)])
+            module.weight = nn.Parameter(grown.contiguous())
+            if name == "wte":
+                module.num_embeddings = vocab_size
+            else:
+                module.out_features = vocab_size
+        if self.config.tie_embeddings:
+            self.transformer.wte.weight = self.lm_head.weight
+        self.config.vocab_size = vocab_size
+
+    @torch.no_grad()
+    def generate(
+        self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None, generator=None
+    ) -> torch.Tensor:
+        """Append max_new_tokens sampled tokens to idx (B, T), with a full forward pass per token and no cache: the
+        plain reference that gptkit.infer's fast paths must match. temperature 0 is greedy. When the context outgrows
+        block_size the window restarts from its last 3/4, as the engine's KV cache does, so both give equal tokens."""
+        block = self.config.block_size
+        start = max(0, idx.size(1) - block)
+        for _ in range(max_new_tokens):
+            if idx.size(1) - start > block:
+                start = idx.size(1) - (block - block // 4)
+            logits = self(idx[:, start:])[0][:, -1, :].float()
+            if temperature == 0:
+                next_token = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth_best = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+                    logits = logits.masked_fill(logits < kth_best, float("-inf"))
+                next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
+            idx = torch.cat((idx, next_token), dim=1)
+        return idx
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token (forward + backward): 6 per parameter plus the attention score products."""
+        config = self.config
+        return 6 * self.get_num_params() + 12 * config.n_layer * config.n_embd * config.block_size
+
+    def estimate_mfu(self, fwdbwd_per_iter: int, dt: float, peak_flops: float | None) -> float | None:
+        """Model FLOPs utilisation: achieved FLOP/s over the device's peak (None when the peak is unknown).
+
+        fwdbwd_per_iter: sequences of block_size processed per iteration; dt: seconds per iteration.
+        """
+        if not peak_flops or dt <= 0:
+            return None
+        return self.flops_per_token() * self.config.block_size * fwdbwd_per_iter / dt / peak_flops
+
+
+def config_from_dict(model_args: dict[str, Any]) -> GPTConfig:
+    """A GPTConfig from a checkpoint's model_args; unknown keys are an error, missing ones take defaults."""
+    known = {f.name for f in fields(GPTConfig)}
+    unknown = sorted(set(model_args) - known)
+    if unknown:
+        raise ValueError(f"checkpoint model_args has unknown keys {unknown}; was it written by a newer version?")
+    return GPTConfig(**model_args)
+
+
+def config_to_dict(config: GPTConfig) -> dict[str, Any]:
+    """The config as plain literals (stored as model_args in checkpoints)."""
+    return asdict(config)
