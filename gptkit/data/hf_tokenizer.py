@@ -12,6 +12,7 @@ tokens and the chat template, so a run never depends on the directory it came fr
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -268,6 +269,13 @@ class HFTokenizer:
         """The "tokenizer" object of meta.json: tokenizer.json's text, its sha256, the named special tokens and the
         chat template."""
         return {**self._record, **({} if self.chat is None else {"chat": self.chat.to_meta()})}
+
+    def without_chat(self) -> HFTokenizer:
+        """The same tokenizer without its chat template, for plain text data (a "chat" entry in meta.json marks chat
+        data)."""
+        plain = copy.copy(self)
+        plain.chat = None
+        return plain
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Worker processes started without fork rebuild it from its record (the compiled template does not pickle).
