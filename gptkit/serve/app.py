@@ -251,8 +251,8 @@ class Service:
             elif self.tokenizer.chat is None:
                 raise APIError(400, "this model has no chat template; give a prompt", "messages", "model_not_chat")
             else:
-                ids = self.tokenizer.chat.render_prompt(api.message_dicts(body.messages), self.tokenizer)
-                ids = ids if body.add_generation_prompt else ids[:-1]  # the prompt ends with the assistant's marker
+                messages = api.message_dicts(body.messages)
+                ids = self.tokenizer.chat.render_prompt(messages, self.tokenizer, body.add_generation_prompt)
         except (ChatError, UserError, UnicodeError) as exc:
             raise APIError(400, f"cannot be tokenized: {exc}", "messages" if body.messages else "prompt") from None
         return {"count": len(ids), "max_model_len": self.block_size, "tokens": ids}
