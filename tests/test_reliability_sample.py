@@ -20,7 +20,8 @@ import torch
 
 import sample
 from gptkit.core.errors import run_cli
-from gptkit.data.tokenizer import CharTokenizer, write_meta
+from gptkit.data.meta import write_meta
+from gptkit.data.tokenizer import CharTokenizer
 from gptkit.model import GPT, GPTConfig, config_to_dict
 from gptkit.weights.checkpoint import save_checkpoint, tokenizer_record
 

@@ -12,7 +12,8 @@ import torch
 
 from gptkit.core.errors import UserError
 from gptkit.core.settings import setting
-from gptkit.data.tokenizer import Tokenizer, make_tokenizer, read_meta, tokenizer_from_meta
+from gptkit.data.meta import read_meta
+from gptkit.data.tokenizer import Tokenizer, make_tokenizer, tokenizer_from_meta
 from gptkit.model import GPT
 from gptkit.weights.checkpoint import load_checkpoint, resolve_checkpoint
 from gptkit.weights.hf_gpt2 import GPT2_HUB_NAMES, load_gpt2
