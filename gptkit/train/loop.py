@@ -19,6 +19,7 @@ import torch
 
 from gptkit.core.distributed import Processes, reduce_numbers
 from gptkit.core.errors import UserError
+from gptkit.core.signals import StopRequest
 from gptkit.data import loader
 
 DROPOUT_STREAM = 1000  # seeds dropout per micro-batch, apart from the data sampler's streams (batches.PURPOSE_*)
@@ -64,17 +65,23 @@ def mean_loss(
     precision: contextlib.AbstractContextManager,
     device: torch.device,
     procs: Processes,
-) -> float:
+    stop: StopRequest | None = None,
+) -> float | None:
     """Per-token mean loss over an indexable sequence of (x, y) batches, split round-robin over processes; targets
     of -1 do not count.
 
     `wrapped(x, y)` returns (logits, mean loss); `precision` is the autocast context of forward passes. Every
     process runs the same number of forward passes (FSDP needs that); the padding ones count for nothing. The
-    module is left in training mode.
+    module is left in training mode. A single process given `stop` returns None as soon as a stop is requested
+    (an evaluation of hundreds of batches would keep a Ctrl-C waiting for minutes); several processes finish
+    the evaluation, since each forward pass may need all of them.
     """
     wrapped.eval()
     total, count = 0.0, 0
     for round_start in range(0, len(batches), procs.world_size):
+        if stop is not None and stop.signum and not procs.distributed:
+            wrapped.train()
+            return None
         index = round_start + procs.rank
         x, y = loader.to_device(*batches[min(index, len(batches) - 1)], device)
         with precision:
