@@ -138,9 +138,16 @@ class TrainSettings(Runtime):
     beta2: float = setting(0.95, "AdamW beta2", rule="fraction")
     grad_clip: float = setting(1.0, "clip the gradient norm to this (0 = off)", rule="non_negative")
     decay_lr: bool = setting(True, "linear warmup then cosine decay to min_lr (False: constant learning_rate)")
-    warmup_iters: int = setting(2000, "warmup steps: lr = learning_rate*(it+1)/(warmup_iters+1)", rule="non_negative")
-    lr_decay_iters: int = setting(
-        600000, "step where the cosine reaches min_lr (usually max_iters)", rule="non_negative"
+    warmup_iters: int | None = setting(
+        None,
+        "warmup steps: lr = learning_rate*(it+1)/(warmup_iters+1), ending before max_iters "
+        "(None: a tenth of max_iters, at most 2000)",
+        rule="non_negative",
+    )
+    lr_decay_iters: int | None = setting(
+        None,
+        "step where the cosine reaches min_lr (None: max_iters; larger: the run ends part way)",
+        rule="non_negative",
     )
     min_lr: float = setting(
         6e-5, "learning rate at the end of the decay (usually learning_rate/10)", rule="non_negative"
@@ -177,6 +184,17 @@ class TrainSettings(Runtime):
             rank=self.lora_rank, alpha=self.lora_alpha, dropout=self.lora_dropout, targets=self.lora_targets
         )
 
+    def schedule(self) -> loop.Schedule:
+        """The learning-rate schedule, its unset lengths fitted to max_iters (UserError for a warmup too long)."""
+        return loop.Schedule.fitted(
+            max_iters=self.max_iters,
+            learning_rate=self.learning_rate,
+            min_lr=self.min_lr,
+            warmup_iters=self.warmup_iters,
+            lr_decay_iters=self.lr_decay_iters,
+            decay_lr=self.decay_lr,
+        )
+
     def validate(self) -> None:
         """Raise UserError for values that cannot work, before anything is loaded: the rules declared above are
         checked by parse_settings, the model settings by GPTConfig itself (model_config); these are the rest."""
@@ -188,6 +206,8 @@ class TrainSettings(Runtime):
                 raise UserError("LoRA adapts a trained model: give --init_from=CHECKPOINT (or gpt2), or --lora_rank=0")
             if self.ema_decay or self.parallel == "fsdp":
                 raise UserError("LoRA runs take neither --ema_decay nor --parallel=fsdp; use DDP and no EMA")
+        if not self.eval_only:
+            self.schedule()  # its own checks
         model_config(self)
 
 
@@ -286,6 +306,7 @@ class Run:
     tasks: hellaswag.TrainingTasks  # eval_tasks, scored at evaluations
     log: RunLog
     peak_flops: float | None
+    schedule: loop.Schedule
 
     @property
     def accumulation(self) -> int:
@@ -383,6 +404,7 @@ def set_up(
         tasks=tasks,
         log=log,
         peak_flops=peak,
+        schedule=cfg.schedule(),
     )
     log.tokens_per_iter = run.tokens_per_iter
     dtype_name = str(dtype).removeprefix("torch.")
@@ -505,7 +527,7 @@ def train_step(run: Run, state: LoopState) -> tuple[int, float]:
     """One optimizer step: this process's micro-batches of the global step, gradients synced on the last one.
     Returns the step's index and learning rate."""
     cfg, model, wrapped = run.cfg, run.model, run.wrapped
-    lr = loop.learning_rate_at(state.iter_num, cfg)
+    lr = loop.learning_rate_at(state.iter_num, run.schedule)
     loop.set_learning_rate(run.optimizer, lr)
     step_targets = step_target_count(run) if run.chat else None
     first = run.sampler.position + run.procs.rank * run.accumulation

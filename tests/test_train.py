@@ -215,6 +215,26 @@ def test_impossible_settings_fail_before_training(data_dir: Path, tmp_path: Path
     assert not (tmp_path / "out").exists()
 
 
+def test_an_unset_schedule_follows_max_iters(data_dir: Path, tmp_path: Path) -> None:
+    """README's chat command gives --max_iters=1000 and no warmup: the rate must still reach its peak."""
+    out_dir = tmp_path / "out"
+    flags = tiny_train_args(data_dir, out_dir, max_iters=20, log_interval=1, learning_rate=1e-3, min_lr=1e-4)
+    assert train.main(flags) == 0
+    entries = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
+    rates = {entry["iter"]: entry["lr"] for entry in entries if "lr" in entry}
+    # By hand: a warmup of 20 // 10 = 2 steps (lr * (it + 1) / 3), then the cosine from step 2 down to step 20.
+    expected = {0: 1e-3 / 3, 1: 2e-3 / 3}
+    expected |= {it: 1e-4 + 0.5 * (1 + math.cos(math.pi * (it - 2) / 18)) * 9e-4 for it in range(2, 20)}
+    assert rates == pytest.approx(expected)
+
+
+def test_a_warmup_longer_than_the_run_is_one_line_before_training(data_dir: Path, tmp_path: Path) -> None:
+    flags = tiny_train_args(data_dir, tmp_path / "out", max_iters=1000, warmup_iters=2000)
+    result = run_script("train.py", *flags)
+    assert_script_error(result, "warmup_iters=2000 does not end before max_iters=1000", "--warmup_iters")
+    assert not (tmp_path / "out").exists()
+
+
 def test_user_error_is_one_line_on_stderr(tmp_path: Path) -> None:
     result = run_script("train.py", "--data_dir", tmp_path / "missing", "--out_dir", tmp_path / "out")
     assert assert_script_error(result).startswith("error: no meta.json")

@@ -12,7 +12,6 @@ import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -25,14 +24,50 @@ from gptkit.data import loader
 DROPOUT_STREAM = 1000  # seeds dropout per micro-batch, apart from the data sampler's streams (batches.PURPOSE_*)
 
 
-class Schedule(Protocol):
-    """The settings learning_rate_at reads (train.TrainSettings has them)."""
+WARMUP_FRACTION = 10  # an unset warmup takes a tenth of the run...
+MAX_DEFAULT_WARMUP = 2000  # ...and at most GPT-2's 2000 steps
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Schedule:
+    """The learning rate of every step, as learning_rate_at computes it (the training settings of the same names)."""
 
     learning_rate: float
     min_lr: float
     warmup_iters: int
     lr_decay_iters: int
-    decay_lr: bool
+    decay_lr: bool = True
+
+    @classmethod
+    def fitted(
+        cls,
+        *,
+        max_iters: int,
+        learning_rate: float,
+        min_lr: float,
+        warmup_iters: int | None,
+        lr_decay_iters: int | None,
+        decay_lr: bool,
+    ) -> Schedule:
+        """The schedule of a run of `max_iters` steps: an unset warmup (None) is a tenth of the run, at most 2000
+        steps, an unset decay ends at max_iters. A warmup set so long that the rate would never reach
+        learning_rate is a UserError; a decay set past max_iters is allowed (the run stops part way down the
+        cosine, to be resumed with a larger max_iters)."""
+        if warmup_iters is None:
+            warmup_iters = min(MAX_DEFAULT_WARMUP, max_iters // WARMUP_FRACTION)
+        elif decay_lr and 0 < max_iters <= warmup_iters:
+            raise UserError(
+                f"warmup_iters={warmup_iters} does not end before max_iters={max_iters}: the learning rate would never "
+                f"reach {learning_rate:g}; give a smaller --warmup_iters, or leave it out (a tenth of max_iters)"
+            )
+        decay_iters = max_iters if lr_decay_iters is None else lr_decay_iters
+        return cls(
+            learning_rate=learning_rate,
+            min_lr=min_lr,
+            warmup_iters=warmup_iters,
+            lr_decay_iters=decay_iters,
+            decay_lr=decay_lr,
+        )
 
 
 def learning_rate_at(step: int, cfg: Schedule) -> float:
