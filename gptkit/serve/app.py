@@ -266,8 +266,7 @@ class Service:
         body.check()
         prompts = [await run_in_threadpool(self.encode, prompt) for prompt in self.prompt_list(body)]
         prompts = [self.fit_echo(ids) if body.echo else self.fit_context(ids) for ids in prompts]
-        eot = self.tokenizer.eot_token
-        jobs = self.make_jobs(body, prompts, () if eot is None else (eot,))
+        jobs = self.make_jobs(body, prompts, self.completion_stops())
         self.submit(jobs)
         head = {**api.completion_id(), "model": self.name}
         prompt_tokens = sum(len(ids) for ids in prompts)
@@ -275,6 +274,13 @@ class Service:
             events = self.stream(jobs, head, prompt_tokens, body, api.choice)
             return JobStream(events, jobs, self.batcher)
         return await self.collect(jobs, head, prompt_tokens, request, body, api.choice)
+
+    def completion_stops(self) -> tuple[int, ...]:
+        """The tokens that end a completion: the end of text, and on a chat model every marker of its template (a
+        marker is never text in an answer, as the chat endpoint never shows one either)."""
+        eot, template = self.tokenizer.eot_token, self.tokenizer.chat
+        markers = () if template is None else tuple(template.ids)
+        return (() if eot is None else (eot,)) + markers
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
         """A chat completion: the messages rendered with the model's chat template, the reply decoded up to the end
@@ -476,8 +482,9 @@ class Service:
                     logprobs = self.logprobs_object(body, entries, offsets[index])
                     if logprobs is not None and "tokens" in logprobs:  # the completions format: offsets go on
                         offsets[index] += sum(len(token) for token in logprobs["tokens"])
-                    chunk = {**head, "choices": [make_choice(index, text, reason, logprobs)]}
-                    yield api.sse({**chunk, "usage": counts()} if every_chunk else chunk)
+                    for choice in stream_choices(make_choice, index, text, reason, logprobs):
+                        chunk = {**head, "choices": [choice]}
+                        yield api.sse({**chunk, "usage": counts()} if every_chunk else chunk)
             if options and (options.include_usage or every_chunk):
                 yield api.sse({**head, "choices": [], "usage": counts()})
             yield api.sse("[DONE]")
@@ -519,6 +526,17 @@ class Service:
             choices.append(make_choice(number, texts[index], reasons[index], logprobs))
         completion_tokens = sum(job.completion_tokens for job in jobs)
         return JSONResponse({**head, "choices": choices, "usage": api.usage(prompt_tokens, completion_tokens)})
+
+
+def stream_choices(
+    make_choice: Callable, index: int, text: str, reason: str | None, logprobs: dict | None
+) -> list[dict[str, Any]]:
+    """The streamed choices of one event. A chat choice's finish reason comes alone, in a last chunk with an empty
+    delta after its content, as OpenAI sends it; a completion's comes with its last text."""
+    if make_choice is not api.chat_delta or reason is None:
+        return [make_choice(index, text, reason, logprobs)]
+    content = [make_choice(index, text, None, logprobs)] if text or logprobs else []
+    return [*content, make_choice(index, "", reason)]
 
 
 def best_choices(jobs: list[Job], body: CompletionRequest | ChatCompletionRequest) -> list[int]:

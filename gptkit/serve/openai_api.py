@@ -299,7 +299,7 @@ def chat_choice(index: int, text: str, finish_reason: str | None, logprobs: dict
 
 
 def chat_delta(index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict[str, Any]:
-    """A streamed chat choice: new text as a delta (none in the last chunk, which carries the finish reason)."""
+    """A streamed chat choice: new text as a delta, or (with a finish reason) the last chunk's empty delta."""
     delta = {"content": text} if text or finish_reason is None else {}
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
