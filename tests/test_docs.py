@@ -141,3 +141,13 @@ def test_the_scripts_the_project_files_name_exist() -> None:
     places = [ROOT, *(ROOT / part for part in SCRIPT_PLACES)]  # a bare name may be a script in one of them
     missing = sorted((where, name) for where, name in named if not any((place / name).exists() for place in places))
     assert not missing, missing
+
+
+def test_every_gpt_method_the_code_and_docs_name_exists() -> None:
+    """A docstring or page naming `GPT.something` names a method model.py's GPT has."""
+    from gptkit.model import GPT
+
+    pages = [*code_files(), *DOCS]
+    named = {(p.name, name) for p in pages for name in re.findall(r"\bGPT\.(\w+)", p.read_text(encoding="utf-8"))}
+    missing = sorted((where, name) for where, name in named if not hasattr(GPT, name))
+    assert not missing, missing
