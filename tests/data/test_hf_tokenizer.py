@@ -286,3 +286,26 @@ def test_prepare_chat_refuses_a_tokenizer_without_template(tmp_path: Path, capsy
     code, _, err = run_main(chat_script.main, args, capsys)
     assert_one_line_error(code, err, "has no chat template")
     assert not (tmp_path / "out").exists()
+
+
+def test_prepare_corpus_with_a_hf_tokenizer_records_no_template(tmp_path: Path, capsys: Any) -> None:
+    from prepare_data import corpus as corpus_script
+
+    directory = write_byte_level(tmp_path / "hf")
+    auto = AutoTokenizer.from_pretrained(str(directory))
+    documents = [f"{i}: {TEXTS[i % len(TEXTS)]}" for i in range(30)]
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents), encoding="utf-8")
+    out = tmp_path / "out"
+    args = [f"--input={source}", f"--out_dir={out}", f"--tokenizer={directory}", "--block_size=4", "--num_workers=1"]
+    code, _, err = run_main(corpus_script.main, args, capsys)
+    assert code == 0, err
+    meta = read_meta(out, check_files=True)
+    assert "chat" not in meta["tokenizer"] and meta["tokenizer"]["kind"] == "hf"
+    assert meta["eot_token"] == auto.convert_tokens_to_ids("<|im_end|>")  # the eos token separates documents
+    stream = np.concatenate(
+        [np.fromfile(out / f, dtype=meta["dtype"]) for s in ("train", "val") for f in meta["splits"][s]["files"]]
+    )
+    pieces = np.split(stream, np.flatnonzero(stream == meta["eot_token"]))
+    got = sorted(tuple(piece[1:].tolist()) for piece in pieces if len(piece))
+    assert got == sorted(tuple(auto(d, add_special_tokens=False)["input_ids"]) for d in documents)
