@@ -12,26 +12,63 @@ import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import torch
 
 from gptkit.core.distributed import Processes, reduce_numbers
 from gptkit.core.errors import UserError
+from gptkit.core.signals import StopRequest
 from gptkit.data import loader
 
 DROPOUT_STREAM = 1000  # seeds dropout per micro-batch, apart from the data sampler's streams (batches.PURPOSE_*)
 
 
-class Schedule(Protocol):
-    """The settings learning_rate_at reads (train.TrainSettings has them)."""
+WARMUP_FRACTION = 10  # an unset warmup takes a tenth of the run...
+MAX_DEFAULT_WARMUP = 2000  # ...and at most GPT-2's 2000 steps
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Schedule:
+    """The learning rate of every step, as learning_rate_at computes it (the training settings of the same names).
+    `shortened_from` is the warmup the settings asked for when it had to be shortened to fit the run (else None)."""
 
     learning_rate: float
     min_lr: float
     warmup_iters: int
     lr_decay_iters: int
-    decay_lr: bool
+    decay_lr: bool = True
+    shortened_from: int | None = None
+
+    @classmethod
+    def fitted(
+        cls,
+        *,
+        max_iters: int,
+        learning_rate: float,
+        min_lr: float,
+        warmup_iters: int | None,
+        lr_decay_iters: int | None,
+        decay_lr: bool,
+    ) -> Schedule:
+        """The schedule of a run of `max_iters` steps. An unset warmup (None) is a tenth of the run, at most 2000
+        steps; so is a warmup set so long that the rate would never reach learning_rate (a recipe shortened with
+        --max_iters), which `shortened_from` then records. An unset decay ends at max_iters; a decay set past it
+        is kept (the run stops part way down the cosine, to be resumed with a larger max_iters)."""
+        fitted_warmup = min(MAX_DEFAULT_WARMUP, max_iters // WARMUP_FRACTION)
+        shortened_from = None
+        if warmup_iters is not None and decay_lr and 0 < max_iters <= warmup_iters:
+            shortened_from = warmup_iters
+        elif warmup_iters is not None:
+            fitted_warmup = warmup_iters
+        return cls(
+            learning_rate=learning_rate,
+            min_lr=min_lr,
+            warmup_iters=fitted_warmup,
+            lr_decay_iters=max_iters if lr_decay_iters is None else lr_decay_iters,
+            decay_lr=decay_lr,
+            shortened_from=shortened_from,
+        )
 
 
 def learning_rate_at(step: int, cfg: Schedule) -> float:
@@ -64,17 +101,23 @@ def mean_loss(
     precision: contextlib.AbstractContextManager,
     device: torch.device,
     procs: Processes,
-) -> float:
+    stop: StopRequest | None = None,
+) -> float | None:
     """Per-token mean loss over an indexable sequence of (x, y) batches, split round-robin over processes; targets
     of -1 do not count.
 
     `wrapped(x, y)` returns (logits, mean loss); `precision` is the autocast context of forward passes. Every
     process runs the same number of forward passes (FSDP needs that); the padding ones count for nothing. The
-    module is left in training mode.
+    module is left in training mode. A single process given `stop` returns None as soon as a stop is requested
+    (an evaluation of hundreds of batches would keep a Ctrl-C waiting for minutes); several processes finish
+    the evaluation, since each forward pass may need all of them.
     """
     wrapped.eval()
     total, count = 0.0, 0
     for round_start in range(0, len(batches), procs.world_size):
+        if stop is not None and stop.signum and not procs.distributed:
+            wrapped.train()
+            return None
         index = round_start + procs.rank
         x, y = loader.to_device(*batches[min(index, len(batches) - 1)], device)
         with precision:
@@ -86,6 +129,34 @@ def mean_loss(
     wrapped.train()
     total, count = reduce_numbers([total, count], device, procs)
     return total / count
+
+
+@torch.no_grad()
+def forward_seconds(
+    wrapped: torch.nn.Module,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    precision: contextlib.AbstractContextManager,
+    device: torch.device,
+) -> float:
+    """The time of one forward pass on `batch`, in evaluation mode (no dropout: no random numbers drawn). The second
+    of two passes is timed: the first also sets up kernels and memory. The module is left in training mode."""
+    wrapped.eval()
+    x, y = loader.to_device(*batch, device)
+    for _ in range(2):
+        start = time.perf_counter()
+        with precision:
+            wrapped(x, y)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    wrapped.train()
+    return time.perf_counter() - start
+
+
+def synchronized_seconds(started: float, device: torch.device) -> float:
+    """Seconds since perf_counter() gave `started`, once the device has finished its queued work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
 
 
 @dataclasses.dataclass

@@ -230,10 +230,20 @@ def check_base_tokenizer(base: dict[str, Any], meta: dict[str, Any], path: Path)
         ours.pop("chat", None)
     theirs = {key: value for key, value in saved.items() if key not in ("vocab_size", "eot_token")}
     if theirs != ours or saved.get("eot_token") != meta.get("eot_token"):
-        raise UserError(
-            f"{path} was trained with another tokenizer than this data's; prepare the data with the base's "
-            f"tokenizer, e.g. prepare_data/chat.py --tokenizer={path.parent}"
-        )
+        if "chat" in meta["tokenizer"]:  # chat.py reads the tokenizer out of the base itself
+            hint = f"prepare the data with the base's tokenizer, e.g. prepare_data/chat.py --tokenizer={path.parent}"
+        else:
+            hint = f"prepare the text again with the base's tokenizer ({_tokenizer_choice(saved)})"
+        raise UserError(f"{path} was trained with another tokenizer than this data's; {hint}")
+
+
+def _tokenizer_choice(record: dict[str, Any]) -> str:
+    """How to prepare plain text with the tokenizer of a checkpoint's record (prepare_data/corpus.py's words)."""
+    if record.get("kind") == "tiktoken":
+        return f"prepare_data/corpus.py --tokenizer={record.get('encoding')}"
+    if record.get("kind") == "char":
+        return "--tokenizer=char on text of the same characters"
+    return "the --tokenizer directory prepare_data/train_tokenizer.py wrote for it"
 
 
 def check_gpt2_tokenizer(meta: dict[str, Any], init_from: str) -> None:
@@ -329,6 +339,50 @@ def restore_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optim
     names = dict(enumerate(_parameter_names(model, optimizer)))
     options = StateDictOptions(full_state_dict=True)  # every process holds the full state: each keeps its shard
     set_optimizer_state_dict(model, optimizer, _rekey_optimizer_state(state, names), options=options)
+
+
+def training_checkpoint(
+    *,
+    weights: dict[str, Any],
+    optimizer_state: dict[str, Any],
+    model_args: dict[str, Any],
+    iter_num: int,
+    best_val_loss: float,
+    config: dict[str, Any],
+    scaler_state: dict[str, Any],
+    sampler_state: dict[str, Any],
+    meta: dict[str, Any],
+) -> dict[str, Any]:
+    """A training checkpoint in this module's format, the one restore_training_state and the loaders read back.
+
+    `weights` are its weights entries: "model" (and "trained_model", the optimizer's weights, under an EMA), or
+    for a LoRA run the adapters as "model" and the "lora" record that finds their base. The random generators'
+    states are captured now; `meta` is the data's meta.json, whose tokenizer the checkpoint records.
+    """
+    return {
+        **weights,
+        "optimizer": optimizer_state,
+        "model_args": model_args,
+        "iter_num": iter_num,
+        "best_val_loss": best_val_loss,
+        "config": config,
+        "scaler": scaler_state,
+        "rng": capture_rng_state(),
+        "sampler": sampler_state,
+        "tokenizer": tokenizer_record(meta),
+    }
+
+
+def save_training_checkpoint(out_dir: str | os.PathLike, checkpoint: dict[str, Any], best: bool) -> None:
+    """Save `checkpoint` as out_dir/ckpt.pt; a new best (`best`) as best.pt, then linked as ckpt.pt.
+
+    best.pt is written first: killed in between, the run resumes from the older ckpt.pt and redoes the same
+    steps, so best.pt never lags behind ckpt.pt's record.
+    """
+    latest, best_path = Path(out_dir) / LATEST_NAME, Path(out_dir) / BEST_NAME
+    save_checkpoint(best_path if best else latest, checkpoint)
+    if best:
+        copy_checkpoint(best_path, latest)
 
 
 def restore_training_state(
