@@ -6,7 +6,6 @@ and serve.py load before they generate or score, and the settings that say where
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -14,9 +13,9 @@ from gptkit.core.errors import UserError
 from gptkit.core.settings import setting
 from gptkit.data.tokenizer import Tokenizer, make_tokenizer, read_meta, tokenizer_from_meta
 from gptkit.model import GPT
+from gptkit.weights.build import is_hf_source, load_model, model_of_checkpoint
 from gptkit.weights.checkpoint import load_checkpoint, resolve_checkpoint
-from gptkit.weights.hf_gpt2 import GPT2_HUB_NAMES, load_gpt2
-from gptkit.weights.lora import model_of_checkpoint
+from gptkit.weights.hf import GPT2_HUB_NAMES
 from gptkit.weights.quantization import QUANTIZE_CHOICES, apply_quantization
 
 
@@ -44,11 +43,14 @@ def load_model_and_tokenizer(
             tokenizer = tokenizer_from_meta(tokenizer_meta)
         except UserError as exc:  # say where the tokenizer description came from
             raise UserError(f"{data_dir or f'checkpoint {path}'}: {exc}") from exc
-    elif Path(init_from).is_dir() or init_from in GPT2_HUB_NAMES:
-        model = load_gpt2(init_from)
+    elif is_hf_source(init_from):
+        model = load_model(init_from)
         tokenizer = tokenizer_from_meta(read_meta(data_dir)["tokenizer"]) if data_dir else make_tokenizer("gpt2")
     else:
-        raise UserError(f"--init_from={init_from!r}: use resume, a GPT-2 directory, or {', '.join(GPT2_HUB_NAMES)}")
+        raise UserError(
+            f"--init_from={init_from!r}: use resume, a Hugging Face directory or hub name (owner/name), "
+            f"or {', '.join(GPT2_HUB_NAMES)}"
+        )
     if tokenizer.vocab_size > model.config.vocab_size:
         raise UserError(
             f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}; "

@@ -10,7 +10,7 @@ import torch
 
 from gptkit.core.errors import UserError
 from gptkit.model import GPT, GPTConfig
-from gptkit.weights.hf_gpt2 import save_gpt2
+from gptkit.weights.hf import write_hf
 from gptkit.weights.lora import (
     LoraConfig,
     LoraLinear,
@@ -119,7 +119,7 @@ def test_peft_loads_the_adapter_into_gpt2_and_gives_our_logits(tmp_path: Path, t
     peft = pytest.importorskip("peft")
     transformers = pytest.importorskip("transformers")
     model = tiny_model()
-    save_gpt2(model, tmp_path / "base")
+    write_hf(model, tmp_path / "base")
     config = LoraConfig(rank=4, alpha=8.0, targets=targets)
     add_lora(model, config)
     randomise_adapters(model)
