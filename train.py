@@ -49,8 +49,14 @@ from gptkit.train.optim import configure_optimizers
 from gptkit.train.rundir import INIT_CHOICES_HELP, RunDirLock, remove_earlier_run, resolve_init_from
 from gptkit.train.runlog import RunLog
 from gptkit.weights import checkpoint as ckpt
-from gptkit.weights.build import base_reference, model_from_checkpoint, model_of_checkpoint, model_with_adapters
-from gptkit.weights.hf import load_hf
+from gptkit.weights.build import (
+    base_reference,
+    check_hf_base_tokenizer,
+    load_model,
+    model_from_checkpoint,
+    model_of_checkpoint,
+    model_with_adapters,
+)
 from gptkit.weights.lora import (
     BASE_WEIGHTS,
     TARGETS,
@@ -246,8 +252,8 @@ def create_model(cfg: TrainSettings, meta: dict) -> tuple[GPT, dict | None, dict
         ckpt.check_base_tokenizer(base, meta, path)
         model = model_of_checkpoint(base, str(path), overrides={"dropout": cfg.dropout})  # weights, no optimizer
     else:
-        model = load_hf(cfg.init_from, override_args={"dropout": cfg.dropout})
-        ckpt.check_gpt2_tokenizer(meta, cfg.init_from)
+        model = load_model(cfg.init_from, overrides={"dropout": cfg.dropout})
+        check_hf_base_tokenizer(meta, cfg.init_from)
     if cfg.block_size < model.config.block_size:
         model.crop_block_size(cfg.block_size)  # e.g. GPT-2's 1024 positions fine-tuned on shorter windows
     if meta["vocab_size"] > model.config.vocab_size and (cfg.init_from == "resume" or not is_chat_data(meta)):

@@ -10,6 +10,7 @@ from typing import Any
 
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import sha256_file
+from gptkit.data.hf_tokenizer import is_hf_tokenizer_dir, read_hf_record
 from gptkit.model import GPT, config_from_dict
 from gptkit.weights.checkpoint import (
     is_checkpoint_source,
@@ -18,7 +19,15 @@ from gptkit.weights.checkpoint import (
     model_args_of,
     resolve_checkpoint,
 )
-from gptkit.weights.hf import GPT2_HUB_NAMES, is_hub_name, load_hf, locate, read_torch_bin, weight_files
+from gptkit.weights.hf import (
+    GPT2_HUB_NAMES,
+    is_gpt2_directory,
+    is_hub_name,
+    load_hf,
+    locate,
+    read_torch_bin,
+    weight_files,
+)
 from gptkit.weights.lora import LoraConfig, add_lora, load_adapter_state, merge_lora
 
 
@@ -47,6 +56,23 @@ def model_of_checkpoint(checkpoint: dict[str, Any], where: str, overrides: dict[
 def is_hf_source(init_from: str) -> bool:
     """Whether --init_from names Hugging Face weights: a directory with config.json, a GPT-2 name or a hub name."""
     return (Path(init_from) / "config.json").is_file() or init_from in GPT2_HUB_NAMES or is_hub_name(init_from)
+
+
+def check_hf_base_tokenizer(meta: dict[str, Any], init_from: str) -> None:
+    """UserError unless data for fine-tuning Hugging Face weights was tokenized as the model's: the Llama family's
+    own tokenizer.json (the record prepare_data --tokenizer=DIR writes), GPT-2's BPE for chat data on GPT-2."""
+    directory = locate(init_from)
+    tokenizer = meta["tokenizer"]
+    if not is_gpt2_directory(directory):
+        own = read_hf_record(directory)["tokenizer_json_sha256"] if is_hf_tokenizer_dir(directory) else None
+        if own is not None and tokenizer.get("tokenizer_json_sha256") != own:
+            raise UserError(
+                f"init_from={init_from} needs data in its own tokenizer; prepare it with --tokenizer={directory}"
+            )
+    elif "chat" in tokenizer and (tokenizer["kind"] != "tiktoken" or tokenizer.get("encoding") != "gpt2"):
+        raise UserError(
+            f"init_from={init_from} needs data in GPT-2's BPE; prepare it with prepare_data/chat.py --tokenizer=gpt2"
+        )
 
 
 def load_model(init_from: str, overrides: dict[str, Any] | None = None, dtype: str = "float32") -> GPT:

@@ -245,15 +245,6 @@ def _tokenizer_choice(record: dict[str, Any]) -> str:
     return "the --tokenizer directory prepare_data/train_tokenizer.py wrote for it"
 
 
-def check_gpt2_tokenizer(meta: dict[str, Any], init_from: str) -> None:
-    """UserError when chat data for fine-tuning GPT-2 weights was not tokenized with GPT-2's BPE."""
-    tokenizer = meta["tokenizer"]
-    if "chat" in tokenizer and (tokenizer["kind"] != "tiktoken" or tokenizer.get("encoding") != "gpt2"):
-        raise UserError(
-            f"init_from={init_from} needs data in GPT-2's BPE; prepare it with prepare_data/chat.py --tokenizer=gpt2"
-        )
-
-
 def is_checkpoint_source(init_from: str) -> bool:
     """Whether --init_from names one of our checkpoints: a file, or a directory holding best.pt or ckpt.pt (a
     Hugging Face GPT-2 directory holds config.json instead)."""

@@ -120,6 +120,11 @@ def read_hf_config(directory: Path) -> dict[str, Any]:
     return hf
 
 
+def is_gpt2_directory(directory: Path) -> bool:
+    """Whether a Hugging Face directory holds GPT-2 (its config.json names no other architecture)."""
+    return architecture_of(read_hf_config(directory), directory) == "GPT2LMHeadModel"
+
+
 def architecture_of(hf: dict[str, Any], directory: Path) -> str:
     """The transformers class config.json names (GPT-2 directories without `architectures` are GPT-2)."""
     names = hf.get("architectures") or (["GPT2LMHeadModel"] if hf.get("model_type", "gpt2") == "gpt2" else [])
