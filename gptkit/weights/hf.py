@@ -99,9 +99,13 @@ def hub_snapshot(name: str) -> Path:
     try:
         return Path(snapshot_download(name, allow_patterns=HUB_FILES))
     except LocalEntryNotFoundError:
-        raise UserError(f"{name} is not in the Hugging Face cache and cannot be downloaded (offline?)") from None
+        raise UserError(
+            f"{name}: no such directory, and no hub repository of that name in the cache (offline?)"
+        ) from None
     except (HFValidationError, OSError, ValueError) as exc:  # unknown repository, gated, network errors
-        raise UserError(f"cannot download {name} from the Hugging Face Hub: {str(exc).splitlines()[0][:200]}") from None
+        raise UserError(
+            f"{name}: no such directory, and the hub cannot give it: {str(exc).splitlines()[0][:200]}"
+        ) from None
 
 
 # ------------------------------------------------------------------------------------------------ config.json

@@ -203,7 +203,7 @@ def test_hub_names_come_from_the_local_cache_offline(tmp_path, monkeypatch):
     idx = torch.randint(0, VOCAB, (1, 12))
     with torch.no_grad():
         torch.testing.assert_close(all_logits(ours, idx), hf(idx).logits, rtol=0, atol=1e-4)
-    with pytest.raises(UserError, match="not in the Hugging Face cache"):
+    with pytest.raises(UserError, match="no such directory, and no hub repository of that name in the cache"):
         load_hf("someone/not-cached")
 
 
