@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gptkit.weights.loading import load_model_and_tokenizer
-from helpers import cli_args, run_main, run_script
+from helpers import assert_script_error, cli_args, run_main, run_script
 from hf_tokenizer_dirs import write_byte_level
 from prepare_data import chat as chat_script
 
@@ -91,3 +91,6 @@ def test_chat_lora_run_on_a_llama_base_answers_and_exports_back(llama_base: Path
     idx = torch.tensor([ids[:64]])
     with torch.no_grad():
         torch.testing.assert_close(hf(idx).logits, ours(idx, targets=torch.zeros_like(idx))[0], rtol=0, atol=1e-4)
+    refused = run_script("export.py", f"--out_dir={out}", "--format=peft", f"--export_dir={tmp_path / 'peft'}")
+    assert_script_error(refused, "PEFT adapters are written for GPT-2 bases, not LlamaForCausalLM", "--format=merged")
+    assert not (tmp_path / "peft").exists()
