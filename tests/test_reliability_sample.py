@@ -216,7 +216,9 @@ def test_checkpoint_locations(out_dir: Path, tmp_path: Path, capsys: pytest.Capt
     assert_one_line_error(code, stderr, f"cannot load checkpoint {text_file}: the file is truncated, damaged")
 
     code, _, stderr = cli([f"--out_dir={out_dir}", "--init_from=gpt-5"], capsys)
-    assert_one_line_error(code, stderr, "--init_from='gpt-5': use resume, a Hugging Face directory or hub name (owner/name), or gpt2")
+    assert_one_line_error(
+        code, stderr, "--init_from='gpt-5': use resume, a Hugging Face directory or hub name (owner/name), or gpt2"
+    )
 
 
 def test_sampling_error_end_to_end(out_dir: Path) -> None:
