@@ -268,6 +268,7 @@ class NativeStep:
         self.eps = transformer.ln_f.eps
         self.versions = self._versions(model)
         self.kernel = extension().decode_step
+        self.rows_kernel = extension().decode_rows
         self.prefill_kernel = extension().prefill
 
     @staticmethod
@@ -325,6 +326,42 @@ class NativeStep:
             temperature,
             top_k or 0,
             uniform,
+        )
+
+    @torch.no_grad()
+    def step_rows(
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        uniforms: Sequence[float] | None = None,
+    ) -> tuple[torch.Tensor, list[int]]:
+        """One step of several rows: logits (rows, vocab) float32 and each row's next token, chosen as __call__
+        chooses it (every row with `temperature` and `top_k`; uniforms[b]: row b's number in [0, 1)).
+
+        Row b of the cache (storage as __call__ takes it, with at least len(tokens) rows) gets tokens[b]'s key and
+        value at positions[b] and attends over its own positions 0..positions[b]: rows may differ in length. Each
+        weight row is read once for up to 4 rows, so the step costs little more than one row's while it is bound by
+        the memory's speed."""
+        return self.rows_kernel(
+            self.matrices,
+            self.scales,
+            self.vectors,
+            self.embedding,
+            self.positions[list(positions)],
+            list(keys),
+            list(values),
+            self.shapes,
+            list(tokens),
+            list(positions),
+            self.activation,
+            self.eps,
+            temperature,
+            top_k or 0,
+            list(uniforms) if uniforms is not None else [0.0] * len(tokens),
         )
 
     def prefills(self, tokens: int) -> bool:
