@@ -196,8 +196,8 @@ class Engine:
     Row r of the cache belongs to active[r]; a finished or removed request's row is refilled by moving the last
     active row into it, so a pass always covers rows 0..n-1. `decode` picks the backend (gptkit.infer.decoding:
     auto, eager, compiled or native; UserError for one that cannot run this model here). Built under autocast, the
-    engine computes in autocast's dtype. On the CPU in float32, auto's plan may turn the model's Linear layers into
-    gptkit.infer.onednn's (in place, once; the same values and parameters).
+    engine computes in autocast's dtype. It never changes `model`: on the CPU in float32, auto's plan may decode with
+    a copy whose Linear layers are gptkit.infer.onednn's (onednn.decoding_copy: the same values).
     """
 
     def __init__(self, model: nn.Module, slots: int = 1, decode: str = "auto") -> None:
@@ -212,8 +212,8 @@ class Engine:
         self.plan = plan_for(decode, model, slots, self._compute_dtype())
         self.compiled = self.plan.compiled
         self.native = NativeStep.for_model(model, self._compute_dtype()) if self.plan.native else None
-        if self.plan.onednn:
-            onednn.optimize_for_cpu_decoding(model)
+        if self.plan.onednn:  # the caller's model stays as it was
+            self.model = onednn.decoding_copy(model)
 
     @property
     def free_slots(self) -> int:
