@@ -1,4 +1,5 @@
-"""A native decoding step: one token of one sequence on the CPU in a single C++ call (gptkit/infer/csrc/decode_step.cpp).
+"""A native decoding step: one token of one sequence, or of several, on the CPU in a single C++ call
+(gptkit/infer/csrc/decode_step.cpp).
 
 Why: at batch 1 a step reads every weight once, so its floor is the weight bytes over the memory's read speed. The
 compiled step (gptkit.infer.compiled) runs some 150 kernels a token, each its own parallel region, behind
@@ -12,9 +13,10 @@ What it serves: float32 or bfloat16 weights on the CPU, or int8 ones (gptkit.wei
 per row; each product's float32 input is rounded to 16-bit integers with one scale, so that the products run in
 integer lanes); learned or sinusoidal positions; LayerNorm with or without biases; the GELU
 (tanh or exact) or squared-ReLU MLP; a tied or separate head. Not rotary positions or QK-norm (native_problem says
-why a model does not fit). The engine uses it for steps with one active row and keeps its other paths for more
-rows; it fills a prompt with the native prefill (NativeStep.prefill: the prompt's tokens in one pass) up to
-PREFILL_LIMITS' length.
+why a model does not fit). The engine runs every step with it: one row (NativeStep.__call__), or several rows of any
+lengths in one call (NativeStep.step_rows: each weight row read once for up to 4 rows, so that a step of 8 rows costs
+little more than one while the memory's speed bounds it); it fills a prompt with the native prefill
+(NativeStep.prefill: the prompt's tokens in one pass) up to PREFILL_LIMITS' length.
 
 The C++ source is compiled at set-up (`python -m gptkit.infer.native --build`, which `make venv` runs: a C++
 compiler and ninja, ~25 s once; the build lies under torch's extensions directory), for this machine's instruction
