@@ -24,6 +24,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from torch.nn import functional as F
 
 from gptkit.core.devices import resolve_device
 from gptkit.core.errors import UserError, run_cli
@@ -227,22 +228,34 @@ def step_matrix_shapes(config: GPTConfig) -> list[tuple[int, int]]:
     return [(3 * C, C), (C, C), (4 * C, C), (C, 4 * C)] * config.n_layer + [(config.vocab_size, C)]
 
 
-def matmul_flop_s(config: GPTConfig, batch: int, repeats: int = 5) -> float:
+def matmul_flop_s(config: GPTConfig, batch: int, repeats: int = 50) -> float:
     """FLOP/s of float32 products of `batch` rows by each of a step's matrix shapes with the weights in the caches:
     the machine's compute rate for the step's shapes, without its memory's. Each shape's weight is cut to ~1 MB of
-    rows (in L2), multiplied `passes` times in a row, best of `repeats`; the rate is the step's FLOPs over the sum of
-    its shapes' times, so a shape counts as often as the step multiplies it."""
+    rows (in L2) and timed product by product, the fastest of `repeats` (on a loaded machine a product whose thread
+    was descheduled waits a whole time slice); the rate is the step's FLOPs over the sum of its shapes' times, so a
+    shape counts as often as the step multiplies it. Measured on one thread and multiplied by torch's threads (one a
+    core): the cores' own rate, an upper bound, where the threaded library's small products paid for waking its
+    threads (one-row products after eight-row ones took milliseconds each on a shared 2-core Xeon)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return threads * one_thread_flop_s(config, batch, repeats)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def one_thread_flop_s(config: GPTConfig, batch: int, repeats: int) -> float:
+    """matmul_flop_s's measure on the current thread alone."""
     total_seconds = total_flops = 0.0
     for (out_features, in_features), count in Counter(step_matrix_shapes(config)).items():
         rows = min(out_features, max(16, 2**18 // in_features))
         weight, x = torch.randn(rows, in_features), torch.randn(batch, in_features)
-        passes, best = 20, float("inf")
+        best = float("inf")
         for attempt in range(repeats + 1):  # the first one warms up
             start = time.perf_counter()
-            for _ in range(passes):
-                torch.mm(x, weight.t())
+            F.linear(x, weight)  # as the model multiplies (torch.mm of one row by a transposed weight was 1000x slower)
             if attempt:
-                best = min(best, (time.perf_counter() - start) / passes)
+                best = min(best, time.perf_counter() - start)
         total_seconds += best * out_features / rows * count
         total_flops += 2 * batch * out_features * in_features * count
     return total_flops / total_seconds
