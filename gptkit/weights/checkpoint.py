@@ -21,7 +21,6 @@ import torch
 from gptkit.core.distributed import is_fsdp
 from gptkit.core.errors import UserError, describe_os_error
 from gptkit.core.fileio import atomic_open
-from gptkit.model import GPT, config_from_dict
 
 if TYPE_CHECKING:
     from gptkit.data.loader import BatchSampler
@@ -246,15 +245,6 @@ def _tokenizer_choice(record: dict[str, Any]) -> str:
     return "the --tokenizer directory prepare_data/train_tokenizer.py wrote for it"
 
 
-def check_gpt2_tokenizer(meta: dict[str, Any], init_from: str) -> None:
-    """UserError when chat data for fine-tuning GPT-2 weights was not tokenized with GPT-2's BPE."""
-    tokenizer = meta["tokenizer"]
-    if "chat" in tokenizer and (tokenizer["kind"] != "tiktoken" or tokenizer.get("encoding") != "gpt2"):
-        raise UserError(
-            f"init_from={init_from} needs data in GPT-2's BPE; prepare it with prepare_data/chat.py --tokenizer=gpt2"
-        )
-
-
 def is_checkpoint_source(init_from: str) -> bool:
     """Whether --init_from names one of our checkpoints: a file, or a directory holding best.pt or ckpt.pt (a
     Hugging Face GPT-2 directory holds config.json instead)."""
@@ -341,6 +331,50 @@ def restore_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optim
     set_optimizer_state_dict(model, optimizer, _rekey_optimizer_state(state, names), options=options)
 
 
+def training_checkpoint(
+    *,
+    weights: dict[str, Any],
+    optimizer_state: dict[str, Any],
+    model_args: dict[str, Any],
+    iter_num: int,
+    best_val_loss: float,
+    config: dict[str, Any],
+    scaler_state: dict[str, Any],
+    sampler_state: dict[str, Any],
+    meta: dict[str, Any],
+) -> dict[str, Any]:
+    """A training checkpoint in this module's format, the one restore_training_state and the loaders read back.
+
+    `weights` are its weights entries: "model" (and "trained_model", the optimizer's weights, under an EMA), or
+    for a LoRA run the adapters as "model" and the "lora" record that finds their base. The random generators'
+    states are captured now; `meta` is the data's meta.json, whose tokenizer the checkpoint records.
+    """
+    return {
+        **weights,
+        "optimizer": optimizer_state,
+        "model_args": model_args,
+        "iter_num": iter_num,
+        "best_val_loss": best_val_loss,
+        "config": config,
+        "scaler": scaler_state,
+        "rng": capture_rng_state(),
+        "sampler": sampler_state,
+        "tokenizer": tokenizer_record(meta),
+    }
+
+
+def save_training_checkpoint(out_dir: str | os.PathLike, checkpoint: dict[str, Any], best: bool) -> None:
+    """Save `checkpoint` as out_dir/ckpt.pt; a new best (`best`) as best.pt, then linked as ckpt.pt.
+
+    best.pt is written first: killed in between, the run resumes from the older ckpt.pt and redoes the same
+    steps, so best.pt never lags behind ckpt.pt's record.
+    """
+    latest, best_path = Path(out_dir) / LATEST_NAME, Path(out_dir) / BEST_NAME
+    save_checkpoint(best_path if best else latest, checkpoint)
+    if best:
+        copy_checkpoint(best_path, latest)
+
+
 def restore_training_state(
     checkpoint: dict,
     source: str,
@@ -366,18 +400,3 @@ def restore_training_state(
             f"checkpoint {source} has a damaged training state ({type(exc).__name__}: {exc}); "
             "resume from another checkpoint or start over"
         ) from exc
-
-
-def model_from_checkpoint(checkpoint: dict[str, Any], source: str, overrides: dict[str, Any] | None = None) -> GPT:
-    """Rebuild the GPT a checkpoint describes and load its weights (on CPU).
-
-    `overrides` replaces model_args entries that do not change shapes, e.g. {"dropout": 0.1}. Raises UserError
-    when model_args are invalid or do not match the weights.
-    """
-    try:
-        config = config_from_dict({**model_args_of(checkpoint), **(overrides or {})})
-    except (TypeError, ValueError) as exc:  # ValueError: GPTConfig refuses the values
-        raise UserError(f"checkpoint {source} has invalid model_args ({exc}); the file is damaged") from exc
-    model = GPT(config)
-    load_model_weights(model, checkpoint["model"], source)
-    return model

@@ -1,0 +1,179 @@
+"""GPT-2 interop with Hugging Face transformers (the reference implementation), entirely offline."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from gptkit.core.errors import UserError
+from gptkit.infer.engine import Engine, Request, generate
+from gptkit.model import GPT, GPTConfig
+from gptkit.weights.hf import load_hf, write_hf
+from helpers import serving_directory
+
+transformers = pytest.importorskip("transformers")
+
+
+def random_hf_gpt2(tmp_path: Path, activation: str = "gelu_new", seed: int = 0) -> tuple[object, Path]:
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(
+        vocab_size=101,
+        n_positions=32,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        activation_function=activation,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():  # random biases and norm gains too, so a mix-up of any tensor shows
+        for name, param in hf.named_parameters():
+            if param.dim() == 1:
+                param.normal_(0.0 if name.endswith("bias") else 1.0, 0.1)
+    directory = tmp_path / "hf-gpt2"
+    hf.save_pretrained(directory)
+    return hf, directory
+
+
+@pytest.mark.parametrize("activation", ["gelu_new", "gelu"])
+def test_hf_gpt2_loads_with_same_logits_and_loss(tmp_path, activation):
+    hf, directory = random_hf_gpt2(tmp_path, activation)
+    assert (directory / "model.safetensors").exists()
+    ours = load_hf(str(directory)).eval()
+    idx = torch.randint(0, 101, (2, 20))
+    with torch.no_grad():
+        expected = hf(idx, labels=idx)
+        last_logits, _ = ours(idx)
+        _, loss = ours(idx[:, :-1], idx[:, 1:])  # HF shifts labels inside
+    torch.testing.assert_close(last_logits[:, -1], expected.logits[:, -1], rtol=0, atol=1e-4)
+    assert loss.item() == pytest.approx(expected.loss.item(), abs=1e-5)
+
+
+def test_greedy_generate_matches_hf_token_for_token(tmp_path):
+    hf, directory = random_hf_gpt2(tmp_path, seed=3)
+    ours = load_hf(str(directory)).eval()
+    prompt = torch.randint(0, 101, (2, 5))
+    expected = hf.generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, do_sample=False, pad_token_id=0
+    )
+    assert torch.equal(generate(ours, prompt, max_new_tokens=20, temperature=0), expected)
+
+
+def test_engine_batch_of_different_lengths_matches_hf_alone(tmp_path):
+    """Each row of one engine batch (prompts of 3, 8 and 13 tokens) greedily makes what HF makes for it alone."""
+    hf, directory = random_hf_gpt2(tmp_path, seed=4)
+    ours = load_hf(str(directory)).eval()
+    prompts = [torch.randint(0, 101, (n,)).tolist() for n in (3, 8, 13)]
+    requests = [Request(prompt, 15, temperature=0) for prompt in prompts]
+    for _ in Engine(ours, slots=3).run(requests):
+        pass
+    for prompt, request in zip(prompts, requests):
+        idx = torch.tensor([prompt])
+        expected = hf.generate(
+            idx, attention_mask=torch.ones_like(idx), max_new_tokens=15, do_sample=False, pad_token_id=0
+        )
+        assert request.output == expected[0, len(prompt) :].tolist()
+
+
+def test_pytorch_model_bin_without_transformer_prefix(tmp_path):
+    hf, _ = random_hf_gpt2(tmp_path)
+    directory = tmp_path / "bare"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(hf.config.to_dict()))
+    # GPT2Model's keys (no "transformer." prefix, no lm_head: tied) as an old-style .bin with mask buffers
+    state = {k.removeprefix("transformer."): v for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    state["h.0.attn.bias"] = torch.ones(1, 1, 32, 32)
+    state["h.0.attn.masked_bias"] = torch.tensor(-1e4)
+    torch.save(state, directory / "pytorch_model.bin")
+    ours = load_hf(str(directory)).eval()
+    idx = torch.randint(0, 101, (1, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx)[0][:, -1], hf(idx).logits[:, -1], rtol=0, atol=1e-4)
+
+
+def test_save_pretrained_round_trips_through_hf_exactly(tmp_path):
+    torch.manual_seed(1)
+    ours = GPT(GPTConfig(block_size=24, vocab_size=77, n_layer=2, n_head=2, n_embd=16)).eval()
+    directory = tmp_path / "export"
+    write_hf(ours, directory)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(directory).eval()
+    idx = torch.randint(0, 77, (2, 24))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx)[0][:, -1], hf(idx).logits[:, -1], rtol=0, atol=1e-5)
+    again = load_hf(str(directory))
+    for (name, a), (_, b) in zip(ours.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert not list(directory.glob("*.tmp")) and not list(directory.glob(".*"))
+
+
+def test_save_pretrained_refuses_non_gpt2_shapes(tmp_path):
+    model = GPT(GPTConfig(block_size=8, vocab_size=10, n_layer=1, n_head=1, n_embd=8, pos_encoding="rope"))
+    with pytest.raises(UserError, match="GPT-2"):
+        write_hf(model, tmp_path / "x")
+    assert not (tmp_path / "x" / "config.json").exists()
+
+
+def test_from_pretrained_errors_are_clear(tmp_path, monkeypatch):
+    with pytest.raises(UserError, match="neither a directory, a hub name"):
+        load_hf(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "config.json").write_text(
+        json.dumps({"n_positions": 8, "vocab_size": 10, "n_layer": 1, "n_head": 1, "n_embd": 8})
+    )
+    with pytest.raises(UserError, match=r"neither model\.safetensors nor model\.safetensors\.index\.json"):
+        load_hf(str(tmp_path / "empty"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("GPT_TOOLKIT_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(UserError, match="offline"):
+        load_hf("gpt2")
+
+
+def test_hub_names_download_from_the_endpoint(tmp_path, monkeypatch):
+    """`gpt2` resolves through HF_ENDPOINT; here a loopback server plays the hub."""
+    hf, directory = random_hf_gpt2(tmp_path)
+    served = tmp_path / "hub" / "openai-community" / "gpt2" / "resolve" / "main"
+    served.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(directory / name, served / name)
+
+    with serving_directory(tmp_path / "hub") as (base, requested):
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setenv("HF_ENDPOINT", base)
+        monkeypatch.setenv("GPT_TOOLKIT_CACHE", str(tmp_path / "cache"))
+        ours = load_hf("gpt2").eval()
+    assert requested == [f"/openai-community/gpt2/resolve/main/{name}" for name in ("config.json", "model.safetensors")]
+    idx = torch.randint(0, 101, (1, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx)[0][:, -1], hf(idx).logits[:, -1], rtol=0, atol=1e-4)
+    assert (tmp_path / "cache" / "hf" / "gpt2" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize(
+    "config_text, weights, message",
+    [
+        ("{not json", None, "config.json is not JSON"),
+        ('{"n_positions": 8}', None, "not a usable GPT2LMHeadModel config"),
+        (
+            '{"n_positions": 8, "vocab_size": 10, "n_layer": 1, "n_head": 1, "n_embd": 8, "activation_function": "swish"}',
+            None,
+            "activation_function 'swish' is not one of",
+        ),
+        (
+            '{"n_positions": 8, "vocab_size": 10, "n_layer": 1, "n_head": 1, "n_embd": 8}',
+            b"garbage",
+            "cannot read weights",
+        ),
+    ],
+)
+def test_malformed_hf_directories_are_clear_errors(tmp_path, config_text, weights, message):
+    (tmp_path / "config.json").write_text(config_text)
+    if weights is not None:
+        (tmp_path / "model.safetensors").write_bytes(weights)
+    with pytest.raises(UserError, match=message):
+        load_hf(str(tmp_path))
