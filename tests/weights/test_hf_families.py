@@ -14,6 +14,7 @@ from gptkit.data.tokenizer import CharTokenizer
 from gptkit.model import GPT, GPTConfig
 from gptkit.weights.hf import export_architecture, load_hf, write_hf
 from gptkit.weights.loading import ModelSource, load_for_inference
+from gptkit.weights.lora import LoraConfig, adapter_state, add_lora, write_peft_adapter
 from helpers import cli_args, make_char_data, run_script
 from hf_tokenizer_dirs import write_byte_level
 
@@ -265,3 +266,27 @@ def test_inference_crops_a_long_context_to_block_size(tmp_path):
     idx = torch.randint(0, VOCAB, (1, 16))
     with torch.no_grad():
         torch.testing.assert_close(all_logits(model, idx), hf(idx).logits, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "nanochat"])
+def test_peft_adapters_on_the_family_give_our_logits(tmp_path, family):
+    """Adapters on every fused product (q, k, v; gate and up) written for PEFT: PeftModel over the transformers
+    class gives the logits of our model with the same adapters."""
+    peft = pytest.importorskip("peft")
+    hf = random_hf_model(family, seed=11)
+    base = save(hf, tmp_path / "base")
+    ours = load_hf(str(base))
+    config = LoraConfig(rank=4, alpha=8.0, targets="all")
+    add_lora(ours, config)
+    torch.manual_seed(12)
+    with torch.no_grad():
+        for name, param in ours.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.05)  # B starts at zero: give the adapters something to say
+    write_peft_adapter(tmp_path / "adapter", adapter_state(ours), config, str(base), model_config=ours.config)
+    adapted = peft.PeftModel.from_pretrained(type(hf).from_pretrained(base), tmp_path / "adapter").eval()
+    idx = torch.randint(0, VOCAB, (2, 16))
+    with torch.no_grad():
+        expected = all_logits(ours.eval(), idx)
+        torch.testing.assert_close(adapted(idx).logits, expected, rtol=0, atol=1e-4)
+        assert (hf(idx).logits - expected).abs().max() > 1e-2  # the adapters do change the logits
