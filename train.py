@@ -43,7 +43,8 @@ from gptkit.core.settings import parse_settings, setting, settings_to_dict
 from gptkit.core.signals import StopRequest
 from gptkit.data import loader
 from gptkit.data.conversations import is_chat_data
-from gptkit.data.tokenizer import padded_vocab_size, read_meta
+from gptkit.data.meta import read_meta
+from gptkit.data.tokenizer import padded_vocab_size
 from gptkit.eval import hellaswag
 from gptkit.model import GPT, GPTConfig, config_to_dict
 from gptkit.train import batches, curves, ema, forecast, loop, runlog

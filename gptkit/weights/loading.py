@@ -13,7 +13,8 @@ import torch
 from gptkit.core.errors import UserError
 from gptkit.core.settings import setting
 from gptkit.data.hf_tokenizer import is_hf_tokenizer_dir, load_hf_tokenizer
-from gptkit.data.tokenizer import Tokenizer, make_tokenizer, read_meta, tokenizer_from_meta
+from gptkit.data.meta import read_meta
+from gptkit.data.tokenizer import Tokenizer, make_tokenizer, tokenizer_from_meta
 from gptkit.model import GPT
 from gptkit.weights.build import is_hf_source, load_model, model_of_checkpoint
 from gptkit.weights.checkpoint import load_checkpoint, resolve_checkpoint
