@@ -125,12 +125,20 @@ class ModelSource(ModelLocation):
     quantize: str = setting(
         "none", "none, or int8: int8 weights for CPU decoding (float32 compute)", choices=QUANTIZE_CHOICES
     )
+    block_size: int | None = setting(
+        None,
+        "crop the model's context to this many tokens (None: its own); the KV cache holds this many positions, "
+        "so a long one (Llama 3's 131072) needs it",
+        rule="positive",
+    )
 
 
 def load_for_inference(source: ModelSource, device: torch.device, dtype: torch.dtype) -> tuple[GPT, Tokenizer]:
     """The model of `source` on `device` (eval mode, int8 weights when source.quantize says so) and its tokenizer.
     `dtype` is the compute dtype the script will run under (int8 needs float32)."""
     model, tokenizer = load_model_and_tokenizer(source.init_from, source.out_dir, source.checkpoint, source.data_dir)
+    if source.block_size is not None and source.block_size < model.config.block_size:
+        model.crop_block_size(source.block_size)
     model.to(device)  # the engine picks its decoding backend itself (gptkit.infer.decoding)
     apply_quantization(model, source.quantize, dtype)
     return model, tokenizer
