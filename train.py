@@ -16,6 +16,9 @@ Chat data (prepare_data/chat.py) is trained on the same way, from conversations 
 (gptkit/data/packing.py): only assistant tokens are targets, and a step's loss is their summed loss divided by
 their number over the whole step, all micro-batches and processes, so the gradient is the one big batch's.
 
+--objective=dpo trains on preference pairs (prepare_data/preferences.py) and --objective=grpo on rewarded samples of
+its own (gptkit/train/objectives.py): the same loop, with the objective's batches and loss.
+
 The set-up is built once (Run); the numbers the loop changes live in one LoopState that each step of the loop
 takes explicitly. Processes: gptkit/core/distributed.py; what a run prints and logs: gptkit/train/runlog.py.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 from pathlib import Path
 from typing import Any
@@ -40,12 +44,18 @@ from gptkit.core.signals import StopRequest
 from gptkit.data import loader
 from gptkit.data.conversations import is_chat_data, open_conversations
 from gptkit.data.packing import PackedBatches, PackedEpoch
-from gptkit.data.tokenizer import padded_vocab_size, read_meta
+from gptkit.data.preferences import PairBatches, PairEpoch, open_pairs
+from gptkit.data.prompts import load_prompts
+from gptkit.data.rewards import reward_named
+from gptkit.data.tokenizer import padded_vocab_size, read_meta, tokenizer_from_meta
 from gptkit.eval import hellaswag
+from gptkit.infer.groups import sample_groups
 from gptkit.model import GPT, GPTConfig, config_to_dict
-from gptkit.train import curves, ema, loop, runlog
+from gptkit.train import curves, ema, grpo, loop, runlog
 from gptkit.train.loop import LoopState
+from gptkit.train.objectives import Dpo, Grpo, GrpoPlan, ObjectiveSettings
 from gptkit.train.optim import configure_optimizers
+from gptkit.train.reference import Reference
 from gptkit.train.rundir import INIT_CHOICES_HELP, RunDirLock, resolve_init_from
 from gptkit.train.runlog import RunLog
 from gptkit.weights import checkpoint as ckpt
@@ -67,7 +77,7 @@ from gptkit.weights.lora import (
 
 
 @dataclasses.dataclass
-class TrainSettings(Runtime):
+class TrainSettings(ObjectiveSettings, Runtime):
     # output, evaluation and checkpoints
     out_dir: str = setting("out", "directory for checkpoints (ckpt.pt latest, best.pt best val loss) and log.jsonl")
     eval_interval: int = setting(
@@ -182,6 +192,12 @@ class TrainSettings(Runtime):
         checked by parse_settings, the model settings by GPTConfig itself (model_config); these are the rest."""
         if not self.out_dir:
             raise UserError("out_dir must not be empty; give a directory for the checkpoints, e.g. --out_dir=out")
+        self.validate_objective()
+        if self.objective != "lm":
+            if self.init_from == "scratch":
+                raise UserError(f"--objective={self.objective} improves a trained model: give --init_from=CHECKPOINT")
+            if self.parallel == "fsdp" or self.ema_decay:
+                raise UserError(f"--objective={self.objective} takes neither --parallel=fsdp nor --ema_decay")
         if self.lora_rank:
             self.lora_config()  # its own checks
             if self.init_from == "scratch":
@@ -286,6 +302,8 @@ class Run:
     tasks: hellaswag.TrainingTasks  # eval_tasks, scored at evaluations
     log: RunLog
     peak_flops: float | None
+    objective: Dpo | Grpo | None = None  # dpo and grpo; None: the next-token loss
+    reference_source: str | None = None  # dpo and grpo: the starting model (init_from of the first run)
 
     @property
     def accumulation(self) -> int:
@@ -310,24 +328,37 @@ def set_up(
     """Data → model → optimizer (restored from out_dir/ckpt.pt for --init_from=resume) → the run's log.
     A training run's rank 0 owns out_dir from its first write to its end: `held` keeps the lock."""
     dtype = resolve_dtype(cfg.dtype, device)
-    data_dir = loader.data_dir_for(cfg.dataset, cfg.data_dir)
-    meta = read_meta(data_dir)
+    if cfg.objective == "grpo":  # prompts instead of token data; the tokenizer is the starting model's
+        data_dir, meta, streams = Path(cfg.grpo_prompts), starting_model_meta(cfg), {}
+    else:
+        data_dir = loader.data_dir_for(cfg.dataset, cfg.data_dir)
+        meta = read_meta(data_dir)
+        open_data = open_pairs if cfg.objective == "dpo" else open_conversations if is_chat_data(meta) else None
+        streams = {split: (open_data or loader.open_split)(data_dir, split, meta) for split in ("train", "val")}
     chat = is_chat_data(meta)
-    open_data = open_conversations if chat else loader.open_split
-    streams = {split: open_data(data_dir, split, meta) for split in ("train", "val")}  # memory-mapped
 
     torch.manual_seed(cfg.seed)  # the same initialisation in every process: FSDP shards are cut from it
     model, checkpoint, lora = create_model(cfg, meta)
     block_size = model.config.block_size
     for stream in streams.values() if not chat else ():  # packed rows are padded: any conversation fits
         loader.check_stream_fits(stream, block_size, str(data_dir))
+    reference_source = None
+    if cfg.objective != "lm":
+        reference_source = checkpoint.get("reference", cfg.init_from) if checkpoint else cfg.init_from
+    reference = make_reference(cfg, meta, model, reference_source, device)
     tune_for_training(device, cfg.cpu_threads)  # after initialising: a seed gives the weights it always gave
     wrapped = distributed.parallelize(model, procs, device, cfg.parallel, cfg.compile)
 
     optimizer = build_optimizer(cfg, model, device)
     average = ema.for_training(model, cfg.ema_decay, cfg.ema_start, checkpoint)
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
-    sampler = make_sampler(streams["train"], cfg.batch_size, block_size, cfg.seed, loader.PURPOSE_TRAIN)
+    if cfg.objective == "grpo":
+        prompts = load_prompts(cfg.grpo_prompts, tokenizer_from_meta(ckpt.tokenizer_record(meta)))
+        sampler = grpo.PromptOrder(len(prompts), cfg.batch_size, cfg.seed)
+    elif cfg.objective == "dpo":
+        sampler = PairBatches(streams["train"], cfg.batch_size, block_size, cfg.seed, loader.PURPOSE_TRAIN)
+    else:
+        sampler = make_sampler(streams["train"], cfg.batch_size, block_size, cfg.seed, loader.PURPOSE_TRAIN)
     iter_num, best_val_loss = 0, math.inf
     if checkpoint is not None:
         source = str(Path(cfg.out_dir) / ckpt.LATEST_NAME)
@@ -335,12 +366,16 @@ def set_up(
         del checkpoint  # free the CPU copy of the weights
     batches = loader.BatchPrefetcher(sampler, device)
     held.callback(batches.close)
-    eval_sets = {
-        split: loader.FixedBatches(
-            make_sampler(streams[split], cfg.batch_size, block_size, cfg.seed, purpose), cfg.eval_iters
-        )
-        for split, purpose in (("train", loader.PURPOSE_EVAL_TRAIN), ("val", loader.PURPOSE_EVAL_VAL))
-    }
+    if cfg.objective == "dpo":  # every pair once (up to eval_iters batches): the accuracy of the same pairs each time
+        eval_sets = {split: PairEpoch(streams[split], cfg.batch_size, block_size, cfg.eval_iters) for split in streams}
+    else:
+        eval_sets = {
+            split: loader.FixedBatches(
+                make_sampler(streams[split], cfg.batch_size, block_size, cfg.seed, purpose), cfg.eval_iters
+            )
+            for split, purpose in (("train", loader.PURPOSE_EVAL_TRAIN), ("val", loader.PURPOSE_EVAL_VAL))
+            if split in streams
+        }
     tasks = hellaswag.TrainingTasks(
         cfg.eval_tasks,
         cfg.eval_tasks_interval,
@@ -380,6 +415,8 @@ def set_up(
         tasks=tasks,
         log=log,
         peak_flops=peak,
+        objective=make_objective(cfg, meta, model, reference, sampler),
+        reference_source=reference_source,
     )
     log.tokens_per_iter = run.tokens_per_iter
     dtype_name = str(dtype).removeprefix("torch.")
@@ -392,6 +429,57 @@ def set_up(
         trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
         log.say(f"LoRA rank {cfg.lora_rank} on {cfg.lora_targets}: {trained:,} trained parameters, the base frozen")
     return run, LoopState.begin(iter_num, best_val_loss, device)
+
+
+def starting_model_meta(cfg: TrainSettings) -> dict:
+    """GRPO's stand-in for a data directory's meta.json: the tokenizer the starting (or resumed) checkpoint records."""
+    if cfg.init_from != "resume" and not ckpt.is_checkpoint_source(cfg.init_from):
+        raise UserError("--objective=grpo starts from a checkpoint of ours: give --init_from=OUT_DIR or a .pt file")
+    path = Path(cfg.out_dir) / ckpt.LATEST_NAME if cfg.init_from == "resume" else ckpt.resolve_checkpoint(cfg.init_from)
+    record = ckpt.load_checkpoint(path, required_keys=()).get("tokenizer")
+    if not isinstance(record, dict):
+        raise UserError(f"{path} records no tokenizer, which --objective=grpo needs to render its prompts")
+    tokenizer = {key: value for key, value in record.items() if key not in ("vocab_size", "eot_token")}
+    return {"tokenizer": tokenizer, "vocab_size": record["vocab_size"], "eot_token": record.get("eot_token")}
+
+
+def make_reference(
+    cfg: TrainSettings, meta: dict, model: GPT, source: str | None, device: torch.device
+) -> Reference | None:
+    """DPO's reference, and GRPO's when it has a KL term: the base with adapters off for LoRA, else a frozen copy
+    of the starting model (loaded again from `source` when a run resumes, so it is the start, not the resume)."""
+    if cfg.objective == "lm" or (cfg.objective == "grpo" and not cfg.grpo_kl_beta):
+        return None
+    if cfg.lora_rank or cfg.init_from != "resume":
+        return Reference(model)
+    start, _, _ = create_model(dataclasses.replace(cfg, init_from=source, lora_rank=0), meta)
+    return Reference(start.to(device))
+
+
+def make_objective(
+    cfg: TrainSettings, meta: dict, model: GPT, reference: Reference | None, order: Any
+) -> Dpo | Grpo | None:
+    """The objective of --objective=dpo or grpo (None for lm). GRPO samples with the batched engine (one eager
+    engine per step, over the unwrapped model; the loop's compiled or DDP wrapper is for the loss)."""
+    if cfg.objective == "dpo":
+        return Dpo(reference, cfg.dpo_beta)
+    if cfg.objective != "grpo":
+        return None
+    tokenizer = tokenizer_from_meta(ckpt.tokenizer_record(meta))
+    stops = tuple(tokenizer.chat.reply_stops) if getattr(tokenizer, "chat", None) else (meta["eot_token"],)
+    settings = {"max_new_tokens": cfg.grpo_max_new_tokens, "stop_tokens": stops}
+    plan = GrpoPlan(
+        prompts=load_prompts(cfg.grpo_prompts, tokenizer),
+        eval_prompts=load_prompts(cfg.grpo_eval_prompts, tokenizer) if cfg.grpo_eval_prompts else [],
+        sample=functools.partial(sample_groups, model, temperature=cfg.grpo_temperature, **settings),
+        sample_greedy=functools.partial(sample_groups, model, temperature=0.0, **settings),
+        reward=reward_named(cfg.grpo_reward),
+        tokenizer=tokenizer,
+        group_size=cfg.grpo_group_size,
+        kl_beta=cfg.grpo_kl_beta,
+        seed=cfg.seed,
+    )
+    return Grpo(plan, order, reference)
 
 
 def make_sampler(
@@ -407,7 +495,16 @@ def make_sampler(
 
 
 def evaluate(run: Run, iter_num: int) -> dict[str, Any]:
-    """The mean loss on each split's fixed evaluation batches and val bits per byte, as a log.jsonl entry."""
+    """The mean loss on each split's fixed evaluation batches and val bits per byte, as a log.jsonl entry; an
+    objective's own figures (DPO: margin and accuracy; GRPO: held-out pass@1, and no loss)."""
+    entry = {"iter": iter_num, "train/loss": None, "val/loss": None, "val/bpb": None}
+    if isinstance(run.objective, Dpo):
+        for split, batches in run.eval_sets.items():
+            entry.update(run.objective.evaluate(run.wrapped, batches, run.precision, run.device, run.procs, split))
+        return entry
+    if isinstance(run.objective, Grpo):
+        with run.precision:
+            return {**entry, **run.objective.evaluate(run.procs)}
     with run.average.applied():
         losses = {
             split: loop.mean_loss(run.wrapped, batches, run.precision, run.device, run.procs)
@@ -451,6 +548,7 @@ def save_checkpoint_of_run(run: Run, state: LoopState, best: bool) -> str:
                 "rng": ckpt.capture_rng_state(),
                 "sampler": run.sampler.state_dict(),
                 "tokenizer": ckpt.tokenizer_record(run.meta),
+                **({"reference": run.reference_source} if run.reference_source else {}),
             },
         )
         if best:
@@ -471,8 +569,8 @@ def evaluate_and_save(run: Run, state: LoopState, at_end: bool) -> None:
     state.watch.lap()  # evaluation time is not training time
     loop.check_finite(state.first_bad_iter, run.device, run.procs, run.latest_path)
     result = evaluate(run, state.iter_num)
-    improved = result["val/loss"] < state.best_val_loss
-    state.best_val_loss = min(state.best_val_loss, result["val/loss"])
+    improved = result["val/loss"] is not None and result["val/loss"] < state.best_val_loss
+    state.best_val_loss = min(state.best_val_loss, result["val/loss"] or math.inf)
     saved = ""
     if state.iter_num > 0 and (improved or run.cfg.always_save_checkpoint or at_end):
         saved = save_checkpoint_of_run(run, state, best=improved)
@@ -495,16 +593,22 @@ def train_step(run: Run, state: LoopState) -> tuple[int, float]:
     cfg, model, wrapped = run.cfg, run.model, run.wrapped
     lr = loop.learning_rate_at(state.iter_num, cfg)
     loop.set_learning_rate(run.optimizer, lr)
-    step_targets = step_target_count(run) if run.chat else None
+    step_targets = step_target_count(run) if run.chat and run.objective is None else None
     first = run.sampler.position + run.procs.rank * run.accumulation
+    if isinstance(run.objective, Grpo):  # the step's rollouts, sampled by the model as it is now
+        with run.precision:
+            run.objective.prepare_step(list(range(first, first + run.accumulation)), run.device, run.procs)
     for micro in range(run.accumulation):
         # This process's next batch: the following micro-batch, or the first of its group in the next step.
         upcoming = first + micro + 1 if micro < run.accumulation - 1 else first + cfg.gradient_accumulation_steps
-        x, y = run.batches.get(first + micro, upcoming)
+        if isinstance(run.objective, Grpo):
+            x, y = run.objective.batch(micro, run.device)
+        else:
+            x, y = run.batches.get(first + micro, upcoming)
         # Dropout follows the data: seeded by the global micro-batch, whichever process draws it.
         torch.manual_seed(loop.seed_for(cfg.seed, loop.DROPOUT_STREAM, first + micro))
         with distributed.gradient_sync(wrapped, model, sync=micro == run.accumulation - 1):
-            loss, logged = micro_step_loss(run, x, y, step_targets)
+            loss, logged = micro_step_loss(run, x, y, step_targets, micro)
             run.scaler.scale(loss).backward()
         state.loss_sum += logged
     if cfg.grad_clip > 0:
@@ -528,12 +632,17 @@ def step_target_count(run: Run) -> int:
 
 
 def micro_step_loss(
-    run: Run, x: torch.Tensor, y: torch.Tensor, step_targets: int | None
+    run: Run, x: torch.Tensor, y: torch.Tensor, step_targets: int | None, micro: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One micro-batch's (loss to backpropagate, addition to the logged loss sum, a step adding up to G times its
     mean). Text: the batch mean over the micro-steps. Chat: the summed loss over the step's trained targets, times
-    the processes (their gradients are averaged), so the step's gradient is the one of all its targets at once."""
+    the processes (their gradients are averaged), so the step's gradient is the one of all its targets at once.
+    DPO and GRPO: their objective's (gptkit/train/objectives.py)."""
     with run.precision:
+        if isinstance(run.objective, Dpo):
+            return run.objective.micro_loss(run.wrapped, x, y, run.accumulation)
+        if isinstance(run.objective, Grpo):
+            return run.objective.micro_loss(run.wrapped, micro, x, y, run.procs, run.accumulation)
         if step_targets is None:
             _, loss = run.wrapped(x, y)
             return loss / run.accumulation, loss.detach().float()
@@ -552,6 +661,8 @@ def log_progress(run: Run, state: LoopState, step: int, lr: float) -> None:
     seconds = state.watch.lap() / (state.iter_num - state.watch.start_iter)
     mfu = run.model.estimate_mfu(cfg.batch_size * run.accumulation, seconds, run.peak_flops)
     entry = {"iter": step, "train/loss": loss_mean, "lr": lr, "mfu": mfu, "tokens_per_s": run.tokens_per_iter / seconds}
+    if run.objective is not None:
+        entry.update(run.objective.log_entries(run.device, run.procs))
     run.log.say(runlog.progress_line(entry, seconds))
     run.log.record(entry)
     state.loss_sum.zero_()
@@ -598,6 +709,7 @@ def finish(run: Run, state: LoopState) -> int:
         "best_val_loss": state.best_val_loss,
         "val_loss": result["val/loss"] if result else None,
         "val_bpb": result["val/bpb"] if result else None,
+        **{key.replace("/", "_"): value for key, value in (result or {}).items() if key not in runlog.STANDARD_FIGURES},
         "train_seconds": round(seconds, 2),
         "tokens_per_s": round(trained_tokens / seconds, 1) if seconds else None,
     }

@@ -6,7 +6,8 @@ For a pair (prompt x, chosen y_w, rejected y_l), with log-probabilities of the w
 
 where pi is the model being trained and ref the frozen starting model (gptkit.train.reference). The implicit
 rewards are beta * (log pi - log ref) of each reply; their margin (chosen minus rejected) and how often it is
-positive (accuracy) are what DPO is judged by. A batch's rows are the chosen replies, then the rejected ones in the
+positive (accuracy; a tie counts half, so the starting model, where every margin is 0, scores 0.5: chance) are
+what DPO is judged by. A batch's rows are the chosen replies, then the rejected ones in the
 same order (gptkit.data.preferences.PairBatches).
 """
 
@@ -71,7 +72,7 @@ def totals(scores: PairScores) -> list[float]:
     return [
         float(scores.losses.detach().sum()),
         float(scores.margins.sum()),
-        float((scores.margins > 0).sum()),
+        float((scores.margins > 0).sum() + 0.5 * (scores.margins == 0).sum()),  # a tie (as at the start) counts half
         float(scores.losses.numel()),
         float(scores.chosen_rewards.sum()),
         float(scores.rejected_rewards.sum()),
