@@ -43,6 +43,7 @@ def chat_checkpoint(tmp_path_factory) -> Path:
     return write_checkpoint(tmp_path_factory.mktemp("run") / "ckpt.pt", tokenizer, n_embd=64)
 
 
+@pytest.mark.heavy
 def test_hf_export_of_a_chat_checkpoint_runs_in_transformers_to_our_tokens(tmp_path, chat_checkpoint, capsys):
     destination = tmp_path / "exported"
     code, out, err = run_main(export.main, cli_args(out_dir=chat_checkpoint, export_dir=destination), capsys)
@@ -64,6 +65,7 @@ def test_hf_export_of_a_chat_checkpoint_runs_in_transformers_to_our_tokens(tmp_p
     assert generated[0].tolist() == ids
 
 
+@pytest.mark.heavy
 def test_gguf_export_writes_the_file_and_a_modelfile(tmp_path, chat_checkpoint, capsys):
     gguf = pytest.importorskip("gguf")
     destination = tmp_path / "gguf"

@@ -173,6 +173,7 @@ def test_some_recipes_state_their_step_size() -> None:
     assert {"train_gpt2.py", "finetune_shakespeare.py"} <= set(stated)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("recipe", CPU_RECIPES, ids=lambda path: path.name)
 def test_cpu_recipe_trains_on_shakespeare_chars_in_a_few_steps(
     recipe: Path, char_data_dir: Path, tmp_path: Path
