@@ -75,6 +75,7 @@ def dpo_args(task: Path, out: Path, **extra: object) -> list[str]:
     return cli_args(**{**settings, "learning_rate": 1e-2, "dpo_beta": 0.5, **extra})
 
 
+@pytest.mark.heavy
 def test_dpo_moves_held_out_accuracy_from_chance_to_well_above(task: Path, tmp_path: Path, capsys) -> None:
     code, _, stderr = run_main(train.main, dpo_args(task, tmp_path / "dpo", max_iters=20, eval_interval=20), capsys)
     assert code == 0, stderr
@@ -84,6 +85,7 @@ def test_dpo_moves_held_out_accuracy_from_chance_to_well_above(task: Path, tmp_p
     assert evaluations[-1]["val/margin"] > 0 and evaluations[-1]["val/loss"] < 0.69
 
 
+@pytest.mark.heavy
 def test_dpo_resumes_exactly_and_the_reference_stays_the_start(task: Path, tmp_path: Path, capsys) -> None:
     assert run_main(train.main, dpo_args(task, tmp_path / "a", max_iters=4, eval_interval=2), capsys)[0] == 0
     assert run_main(train.main, dpo_args(task, tmp_path / "b", max_iters=2, eval_interval=2), capsys)[0] == 0
@@ -94,6 +96,7 @@ def test_dpo_resumes_exactly_and_the_reference_stays_the_start(task: Path, tmp_p
     assert all(torch.equal(a["model"][key], b["model"][key]) for key in a["model"])
 
 
+@pytest.mark.heavy
 def test_dpo_with_lora(task: Path, tmp_path: Path, capsys) -> None:
     args = dpo_args(task, tmp_path / "lora", max_iters=6, eval_interval=6, lora_rank=4, lora_targets="all")
     code, _, stderr = run_main(train.main, args, capsys)
@@ -117,6 +120,7 @@ def grpo_args(task: Path, out: Path, **extra: object) -> list[str]:
     return cli_args(**{**settings, **extra})
 
 
+@pytest.mark.heavy
 def test_grpo_raises_a_users_reward(task: Path, tmp_path: Path, capsys, monkeypatch) -> None:
     (tmp_path / "letter_rewards.py").write_text(
         "def share_of_a(completion, sample):\n    return completion.count('a') / max(len(completion), 1)\n"
@@ -138,6 +142,7 @@ def test_grpo_raises_a_users_reward(task: Path, tmp_path: Path, capsys, monkeypa
     assert len(evaluations) == 2 and "val pass@1" in stdout
 
 
+@pytest.mark.heavy
 def test_grpo_resumes_exactly(task: Path, tmp_path: Path, capsys) -> None:
     extra = {"learning_rate": 1e-2, "grpo_reward": r"regex:^a", "eval_interval": 2, "grpo_kl_beta": 0.1}
     assert run_main(train.main, grpo_args(task, tmp_path / "a", max_iters=4, **extra), capsys)[0] == 0
