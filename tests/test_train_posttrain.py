@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,8 +17,9 @@ import train
 from gptkit.data.tokenizer import CharTokenizer, ChatTokenizer
 from gptkit.model import GPT, GPTConfig, config_to_dict
 from gptkit.weights import checkpoint as ckpt
-from helpers import assert_one_line_error, cli_args, run_main
+from helpers import REPO, assert_one_line_error, clean_env, cli_args, run_main
 from prepare_data import preferences
+from test_train_ddp import TORCHRUN, assert_close_weights
 
 LETTERS = "abcdefgh"
 RUN = {
@@ -164,3 +166,19 @@ def test_bad_input_is_one_line(task: Path, tmp_path: Path, capsys, monkeypatch) 
     assert_one_line_error(code, stderr, "bad_rewards:boom", "KeyError", "'answer':")
     code, _, stderr = run_main(train.main, dpo_args(task, tmp_path / "text", data_dir=task / "base"), capsys)
     assert code == 2
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("objective", ["dpo", "grpo"])
+def test_two_ddp_processes_end_with_the_weights_of_one(task: Path, tmp_path: Path, objective: str) -> None:
+    """gradient_accumulation_steps=2 in one process against 2 gloo processes with one micro-batch each."""
+    make_args = dpo_args if objective == "dpo" else grpo_args
+    extra: dict[str, object] = {"max_iters": 3, "eval_interval": 3}
+    if objective == "grpo":
+        extra.update(grpo_reward="regex:^a", learning_rate=1e-2, grpo_kl_beta=0.1)
+    for processes, out in ((1, tmp_path / "one"), (2, tmp_path / "two")):
+        launcher = TORCHRUN if processes == 2 else [sys.executable]
+        command = [*launcher, str(REPO / "train.py"), *make_args(task, out, **extra)]
+        result = subprocess.run(command, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert_close_weights(tmp_path / "one", tmp_path / "two")
