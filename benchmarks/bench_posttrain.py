@@ -46,9 +46,9 @@ MODEL = ["--n_layer=2", "--n_head=4", "--n_embd=64", "--block_size=32", "--dropo
 
 @dataclass
 class PosttrainBench:
-    sft_iters: int = setting(400, "SFT steps (32 conversations each)", rule="positive")
+    sft_iters: int = setting(800, "SFT steps (32 conversations each)", rule="positive")
     suffix_share: float = setting(0.7, "share of SFT replies that end in a full stop", rule="fraction")
-    grpo_iters: int = setting(60, "GRPO steps", rule="positive")
+    grpo_iters: int = setting(80, "GRPO steps", rule="positive")
     grpo_prompts: int = setting(16, "GRPO prompts per step", rule="positive")
     group_size: int = setting(8, "GRPO completions per prompt (G)", rule="positive")
     grpo_lr: float = setting(1e-3, "GRPO learning rate", rule="positive_number")
