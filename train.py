@@ -216,6 +216,8 @@ class TrainSettings(ObjectiveSettings, Runtime):
                 raise UserError(f"--objective={self.objective} improves a trained model: give --init_from=CHECKPOINT")
             if self.parallel == "fsdp" or self.ema_decay:
                 raise UserError(f"--objective={self.objective} takes neither --parallel=fsdp nor --ema_decay")
+            if self.objective == "grpo" and self.eval_only:
+                raise UserError("--objective=grpo has no loss to evaluate; measure pass@k with eval.py --prompts=FILE")
         if self.lora_rank:
             self.lora_config()  # its own checks
             if self.init_from == "scratch":
@@ -745,7 +747,7 @@ def finish(run: Run, state: LoopState) -> int:
     seconds, result = state.watch.total, state.last_eval
     summary = {
         "iters": state.iter_num,
-        "best_val_loss": state.best_val_loss,
+        "best_val_loss": state.best_val_loss if math.isfinite(state.best_val_loss) else None,  # GRPO has no loss
         "val_loss": result["val/loss"] if result else None,
         "val_bpb": result["val/bpb"] if result else None,
         **{key.replace("/", "_"): value for key, value in (result or {}).items() if key not in runlog.STANDARD_FIGURES},

@@ -6,6 +6,7 @@ The line formats live here, one function each, so that train.py says what it rep
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -161,4 +162,5 @@ def stopped_line(signal_name: str | None, steps: int, saved: str | None) -> str:
 
 
 def done_line(steps: int, best_val_loss: float, out_dir: Path) -> str:
-    return f"done: {steps} iters, best val loss {best_val_loss:.4f}, checkpoints in {out_dir}"
+    best = f", best val loss {best_val_loss:.4f}" if math.isfinite(best_val_loss) else ""  # GRPO has no loss
+    return f"done: {steps} iters{best}, checkpoints in {out_dir}"
