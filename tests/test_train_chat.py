@@ -63,6 +63,7 @@ def step_gradients(model: GPT, batches: PackedBatches, indices: list[int], world
         cfg=SimpleNamespace(gradient_accumulation_steps=4),
         procs=SimpleNamespace(world_size=world_size),
         accumulation=len(indices),
+        objective=None,  # the next-token loss
     )
     for index in indices:
         loss, _ = train.micro_step_loss(run, *batches.batch(index), total)
