@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ from gptkit.data.tokenizer import padded_vocab_size, read_meta, tokenizer_from_m
 from gptkit.eval import hellaswag
 from gptkit.infer.groups import sample_groups
 from gptkit.model import GPT, GPTConfig, config_to_dict
-from gptkit.train import curves, ema, grpo, loop, runlog
+from gptkit.train import curves, ema, forecast, grpo, loop, runlog
 from gptkit.train.loop import LoopState
 from gptkit.train.objectives import Dpo, Grpo, GrpoPlan, ObjectiveSettings
 from gptkit.train.optim import configure_optimizers
@@ -150,8 +151,8 @@ class TrainSettings(ObjectiveSettings, Runtime):
     decay_lr: bool = setting(True, "linear warmup then cosine decay to min_lr (False: constant learning_rate)")
     warmup_iters: int | None = setting(
         None,
-        "warmup steps: lr = learning_rate*(it+1)/(warmup_iters+1), ending before max_iters "
-        "(None: a tenth of max_iters, at most 2000)",
+        "warmup steps: lr = learning_rate*(it+1)/(warmup_iters+1) (None, or not below max_iters: a tenth of "
+        "max_iters, at most 2000)",
         rule="non_negative",
     )
     lr_decay_iters: int | None = setting(
@@ -195,7 +196,7 @@ class TrainSettings(ObjectiveSettings, Runtime):
         )
 
     def schedule(self) -> loop.Schedule:
-        """The learning-rate schedule, its unset lengths fitted to max_iters (UserError for a warmup too long)."""
+        """The learning-rate schedule, its unset lengths (and a warmup too long for the run) fitted to max_iters."""
         return loop.Schedule.fitted(
             max_iters=self.max_iters,
             learning_rate=self.learning_rate,
@@ -224,8 +225,6 @@ class TrainSettings(ObjectiveSettings, Runtime):
                 raise UserError("LoRA adapts a trained model: give --init_from=CHECKPOINT (or gpt2), or --lora_rank=0")
             if self.ema_decay or self.parallel == "fsdp":
                 raise UserError("LoRA runs take neither --ema_decay nor --parallel=fsdp; use DDP and no EMA")
-        if not self.eval_only:
-            self.schedule()  # its own checks
         model_config(self)
 
 
@@ -335,6 +334,10 @@ class Run:
     @property
     def tokens_per_iter(self) -> int:
         return self.cfg.gradient_accumulation_steps * self.cfg.batch_size * self.model.config.block_size
+
+    @property
+    def compiled(self) -> bool:
+        return self.cfg.compile if self.cfg.compile is not None else self.device.type == "cuda"
 
     @property
     def latest_path(self) -> Path:
@@ -454,6 +457,8 @@ def set_up(
     )
     if replaced:
         log.say(runlog.replaced_line(Path(cfg.out_dir), replaced))
+    if run.schedule.shortened_from is not None:
+        log.say(runlog.shortened_warmup_line(run.schedule.shortened_from, cfg.max_iters, run.schedule.warmup_iters))
     if cfg.init_from == "resume" and not cfg.eval_only:
         log.say(runlog.resumed_line(iter_num, run.latest_path, best_val_loss))
     if lora is not None:
@@ -710,6 +715,12 @@ def train(run: Run, state: LoopState, stop: StopRequest) -> int:
     """The loop: evaluate and save on schedule, then one optimizer step, until max_iters or a signal."""
     cfg, procs = run.cfg, run.procs
     run.wrapped.train()
+    # A compiled model's first passes compile: only its second step tells its speed. GRPO has no batch to time
+    # before its first step samples one.
+    if not run.compiled and "val" in run.eval_sets:
+        forward_s = loop.forward_seconds(run.wrapped, run.eval_sets["val"][0], run.precision, run.device)
+        say_forecast(run, state, forward_s * forecast.BACKWARD_FACTOR * run.accumulation, "estimated")
+    timed_step = state.start_iter + (1 if run.compiled else 0)
     state.watch.restart(state.iter_num)  # speed is measured over training time only
     while True:
         at_end = state.iter_num >= cfg.max_iters
@@ -720,7 +731,10 @@ def train(run: Run, state: LoopState, stop: StopRequest) -> int:
             return stop_and_save(run, state, stop, stop.signum)
         if at_end:
             return finish(run, state)
+        started = time.perf_counter()
         step, lr = train_step(run, state)
+        if step == timed_step:
+            say_forecast(run, state, loop.synchronized_seconds(started, run.device), f"step {step}, measured")
         if step % cfg.log_interval == 0:
             log_progress(run, state, step, lr)
         # A single process stops after any step; processes stop together at log steps (agreeing costs a sync).
@@ -728,6 +742,22 @@ def train(run: Run, state: LoopState, stop: StopRequest) -> int:
             signum = int(distributed.reduce_numbers([stop.signum], run.device, procs, op="max")[0])
             if signum:
                 return stop_and_save(run, state, stop, signum)
+
+
+def say_forecast(run: Run, state: LoopState, step_s: float, measured: str) -> None:
+    """When the rest of the run would take long (steps of `step_s` seconds, and evaluations), say how long."""
+    cfg = run.cfg
+    eval_batches = sum(len(batches) for batches in run.eval_sets.values()) / run.procs.world_size
+    resumed = cfg.init_from == "resume" and state.iter_num == state.start_iter
+    expected = forecast.Forecast(
+        step_s=step_s,
+        steps=max(0, cfg.max_iters - state.iter_num),
+        eval_s=eval_batches * step_s / (forecast.BACKWARD_FACTOR * run.accumulation),
+        evaluations=forecast.evaluations_left(state.iter_num, cfg.max_iters, cfg.eval_interval, resumed),
+    )
+    if expected.long:
+        hint = "; for minutes on a CPU start from config/train_corpus_cpu.py" if run.device.type == "cpu" else ""
+        run.log.say(forecast.forecast_line(expected, measured, hint))
 
 
 def stop_and_save(run: Run, state: LoopState, stop: StopRequest, signum: int) -> int:
@@ -784,8 +814,16 @@ def main(argv: list[str]) -> int:
     finished = False
     try:
         with contextlib.ExitStack() as held, StopRequest(force_on_repeat=not procs.distributed) as stop:
-            run, state = set_up(cfg, procs, device, held)
-            code = evaluate_only(run, state) if cfg.eval_only else train(run, state, stop)
+            try:
+                run, state = set_up(cfg, procs, device, held)
+                code = evaluate_only(run, state) if cfg.eval_only else train(run, state, stop)
+            except Exception as exc:
+                if not stop.signum or isinstance(exc, UserError):
+                    raise
+                # A stop asked for is a clean stop, whatever it cut short: a terminal's Ctrl-C also reaches the
+                # compilers torch.compile runs, whose failure surfaces here as an error of the compilation.
+                print(runlog.cut_short_line(stop.signal_name, type(exc).__name__), flush=True)
+                code = signals.exit_code(stop.signum)
         finished = True
         return code
     finally:

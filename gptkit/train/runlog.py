@@ -152,6 +152,14 @@ def replaced_line(out_dir: Path, names: list[str]) -> str:
     return f"replaced the earlier run in {out_dir}: removed {', '.join(names)}"
 
 
+def shortened_warmup_line(asked: int, max_iters: int, warmup: int) -> str:
+    """A warmup that would not have ended before the run does, shortened."""
+    return (
+        f"warmup_iters={asked} does not end before max_iters={max_iters}: warming up over {warmup} steps instead "
+        "(a tenth of max_iters), so the learning rate reaches its peak"
+    )
+
+
 def stopped_line(signal_name: str | None, steps: int, saved: str | None) -> str:
     """A run stopped by a signal (`signal_name` None: the signal went to another process); `saved` is saved_note's,
     None when the run stopped before training a step (nothing to save)."""
@@ -159,6 +167,15 @@ def stopped_line(signal_name: str | None, steps: int, saved: str | None) -> str:
     if saved is None:
         return f"stopped by {who} after {steps} steps, before this run trained one: nothing saved"
     return f"stopped by {who} after {steps} steps{saved}; continue with --init_from=resume"
+
+
+def cut_short_line(signal_name: str | None, failure: str) -> str:
+    """A run stopped by a signal whose work in progress failed because of it (e.g. a compiler process killed by
+    the same Ctrl-C)."""
+    return (
+        f"stopped by {signal_name}: the work it interrupted ended in {failure}; nothing saved since the last "
+        "checkpoint, continue with --init_from=auto"
+    )
 
 
 def done_line(steps: int, best_val_loss: float, out_dir: Path) -> str:
