@@ -2,7 +2,7 @@
 
 Full-weight training keeps a frozen copy of the starting model. A LoRA run keeps no copy: its base never changes,
 so the reference is the same model with the adapters switched off (and the rows a grown vocabulary added, which
-train with the adapters, put back as they started). Reference passes run without gradients and without dropout.
+train with the adapters, put back as they started: the mean of the base's rows). Reference passes run without gradients and without dropout.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ class Reference:
         self.adapters = [module for module in model.modules() if isinstance(module, LoraLinear)]
         if self.adapters:
             self.model = model
-            self.grown = [(module.extra, module.extra.detach().clone()) for module in _grown(model)]
+            # The added rows start as the mean of the base's rows (GPT.grow_vocabulary): computed, not copied, so a
+            # resumed run's reference has them as they started, not as the checkpoint left them.
+            self.grown = [(module.extra, _starting_rows(module)) for module in _grown(model)]
         else:
             self.model = copy.deepcopy(model).requires_grad_(False).eval()
             self.grown = []
@@ -63,6 +65,10 @@ class Reference:
             for extra, now in current:
                 extra.copy_(now)
             self.model.train(training)
+
+
+def _starting_rows(module: GrownVocabulary) -> torch.Tensor:
+    return module.base.detach().mean(dim=0, keepdim=True).expand_as(module.extra).to(module.extra.dtype).clone()
 
 
 def _grown(model: nn.Module) -> list[GrownVocabulary]:

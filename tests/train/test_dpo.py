@@ -105,3 +105,34 @@ def test_lora_reference_is_the_base_with_adapters_off_and_keeps_no_copy():
     trained = model(x, y, reduction="none")[1].view(y.shape).sum(dim=1)
     assert not torch.allclose(-trained, torch.tensor(reference_values))  # the adapters are on again, and trained
     assert model.training
+
+
+def test_lora_reference_puts_grown_token_rows_back_as_they_started_even_after_a_resume():
+    """Chat tokens added to a base under LoRA train with the adapters; the reference has them as grow_vocabulary
+    made them (the mean of the base's rows), even when it is built from a model whose rows have moved (a resume)."""
+    x, y = pair_batch()
+    x[0, 2], y[1, 6] = 24, 25  # use the new rows, as input and as target
+    start = tiny_model()
+    start.grow_vocabulary(27)  # rows 23..26: the chat template's tokens
+    want = float64_sequence_logprobs_of(start, x, y)
+    model = tiny_model()
+    model.grow_vocabulary(27)
+    add_lora(model, LoraConfig(rank=2, alpha=4.0, dropout=0.0, targets="attention"), "float32", first_new_row=23)
+    with torch.no_grad():
+        model.lm_head.extra.add_(torch.randn_like(model.lm_head.extra))  # as a resumed run's trained rows
+        for name, param in model.named_parameters():
+            if name.endswith("lora_B"):
+                param.normal_()
+    moved = model.lm_head.extra.detach().clone()
+    got = Reference(model).token_logprobs(x, y).sum(dim=1).tolist()
+    for value, expected in zip(got, want):
+        assert math.isclose(value, expected, rel_tol=1e-4)
+    assert torch.equal(model.lm_head.extra.detach(), moved)  # the trained rows are back after the pass
+
+
+def float64_sequence_logprobs_of(model: GPT, x: torch.Tensor, y: torch.Tensor) -> list[float]:
+    double = GPT(model.config)
+    double.load_state_dict(model.state_dict())
+    logits, _ = double.double().eval()(x, torch.zeros_like(y))
+    logprobs = torch.log_softmax(logits, dim=-1)
+    return [sum(logprobs[r, t, y[r, t]].item() for t in range(y.shape[1]) if y[r, t] >= 0) for r in range(len(y))]
