@@ -16,6 +16,7 @@ import torch
 import train
 from gptkit.data.tokenizer import CharTokenizer, ChatTokenizer
 from gptkit.model import GPT, GPTConfig, config_to_dict
+from gptkit.train import curves
 from gptkit.weights import checkpoint as ckpt
 from helpers import REPO, assert_one_line_error, clean_env, cli_args, run_main
 from prepare_data import preferences
@@ -135,6 +136,7 @@ def test_grpo_raises_a_users_reward(task: Path, tmp_path: Path, capsys, monkeypa
         eval_interval=24,
         learning_rate=1e-2,
         grpo_reward="letter_rewards:share_of_a",
+        curves=True,
     )
     code, stdout, stderr = run_main(train.main, args, capsys)
     assert code == 0, stderr
@@ -142,6 +144,7 @@ def test_grpo_raises_a_users_reward(task: Path, tmp_path: Path, capsys, monkeypa
     assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.2, rewards
     evaluations = [e for e in log_entries(tmp_path / "rl") if "val/pass@1" in e]
     assert len(evaluations) == 2 and "val pass@1" in stdout
+    assert (tmp_path / "rl" / "curves.png").stat().st_size > 0  # drawn, with no loss at evaluations
 
 
 @pytest.mark.heavy
@@ -182,3 +185,15 @@ def test_two_ddp_processes_end_with_the_weights_of_one(task: Path, tmp_path: Pat
         result = subprocess.run(command, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
     assert_close_weights(tmp_path / "one", tmp_path / "two")
+
+
+def test_curves_draw_the_objectives_figures() -> None:
+    grpo_log = [
+        {"iter": 0, "train/loss": None, "val/loss": None, "val/pass@1": 0.1, "val/reward": 0.1, "time": 0.0},
+        {"iter": 1, "train/loss": -0.01, "lr": 1e-3, "train/reward": 0.2, "train/pass": 0.2, "time": 1.0},
+    ]
+    dpo_log = [{"iter": 0, "train/loss": 0.69, "val/loss": 0.69, "val/accuracy": 0.5, "val/margin": 0.0}]
+    panels = dict(curves.panels_for([curves.run_curves(grpo_log, "rl"), curves.run_curves(dpo_log, "dpo")]))
+    assert panels["pass@1 (GRPO)"] == ("train/pass", "val/pass@1")
+    assert "reward (GRPO)" in panels and "preference accuracy (DPO)" in panels and "reward margin (DPO)" in panels
+    assert "val bits per byte" not in panels
