@@ -72,8 +72,17 @@ class Dpo:
         self.reference, self.beta = reference, beta
         self.sums = [0.0] * 6
 
-    def micro_loss(self, wrapped: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, accumulation: int):
-        """(loss to backpropagate, the micro-batch's mean loss for the log)."""
+    def micro_loss(
+        self,
+        wrapped: torch.nn.Module,
+        micro: int,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        procs: Processes,
+        accumulation: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss to backpropagate, the micro-batch's mean loss for the log): the mean over its pairs, over this
+        process's `accumulation` micro-batches (DDP averages the processes). `micro` and `procs`: as Grpo's."""
         scores = dpo.pair_batch_scores(wrapped, self.reference, x, y, self.beta)
         self.sums = [a + b for a, b in zip(self.sums, dpo.totals(scores))]
         loss = scores.losses.mean()
@@ -135,7 +144,15 @@ class Grpo:
         rollout = self.step[micro]
         return rollout.x.to(device), rollout.y.to(device)
 
-    def micro_loss(self, wrapped: torch.nn.Module, micro: int, x: torch.Tensor, y: torch.Tensor, procs, accumulation):
+    def micro_loss(
+        self,
+        wrapped: torch.nn.Module,
+        micro: int,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        procs: Processes,
+        accumulation: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss to backpropagate, addition to the logged loss sum): summed over the completion tokens, divided by
         the step's count over every process (times the processes, whose gradients are averaged)."""
         advantages = self.step[micro].advantages.to(x.device)
