@@ -3,8 +3,15 @@
 Reads top to bottom: the configuration, the pieces (positions, attention, MLP, block), then the model with its
 forward pass and FLOP accounting. It imports torch and the standard library only: generation (KV cache, sampling,
 batching, the decoding backends) lives in gptkit/infer, which drives the model, never the reverse; optimizers in
-gptkit/train/optim.py; checkpoints and GPT-2 weights in gptkit/weights.
-The default configuration is GPT-2: learned positions, pre-norm blocks, GELU (tanh) MLP, tied LM head.
+gptkit/train/optim.py; checkpoints and Hugging Face weights in gptkit/weights.
+The default configuration is GPT-2: learned positions, pre-norm blocks, GELU (tanh) MLP, tied LM head. Other
+settings give the Llama family (Llama, SmolLM2, Qwen2/3, nanochat): RMSNorm, rotary positions (with Llama 3's rope
+scaling), a SwiGLU MLP, grouped-query attention, per-head QK-norm, an untied head, a soft-capped logit.
+
+Module names are GPT-2's whatever the settings (LoRA, quantization and the native decoder find layers by them):
+wte, wpe, ln_1, ln_2, ln_f, attn.c_attn (fused q, k, v), attn.c_proj, mlp.c_fc (fused [gate; up] when gated),
+mlp.c_proj, lm_head; and, where a setting adds them, ln_emb (a norm of the token embeddings, nanochat) and
+attn.q_norm / attn.k_norm (QK-norm).
 """
 
 from __future__ import annotations
@@ -29,16 +36,29 @@ class GPTConfig:
     bias: bool = True  # biases in Linear and LayerNorm layers, as GPT-2 has them
     pos_encoding: str = "learned"  # "learned" (GPT-2) | "sinusoidal" (fixed sin/cos table) | "rope" (rotary)
     activation: str = "gelu_tanh"  # "gelu_tanh" (GPT-2's gelu_new) | "gelu" (exact) | "relu2" (squared ReLU)
+    # | "swiglu" (gated: silu(gate) * up, Llama's)
     attention: str = "sdpa"  # "sdpa" (fused kernels) | "math" (explicit softmax(QK^T/sqrt(d) + M)V)
     qk_norm: bool = False  # RMS-normalise queries and keys per head before the dot product
     tie_embeddings: bool = True  # the LM head shares the token-embedding matrix
     rope_base: float = 10000.0
+    rope_scaling: dict | None = None  # {"rope_type": "llama3" | "linear", "factor": ..., ...} as config.json has it
+    n_kv_head: int | None = None  # key/value heads, each shared by n_head // n_kv_head query heads (None: n_head)
+    head_dim: int | None = None  # width of one head (None: n_embd // n_head; Qwen3 sets its own)
+    mlp_hidden: int | None = None  # the MLP's inner width (None: 4 * n_embd)
+    norm: str = "layernorm"  # "layernorm" (GPT-2) | "rmsnorm" (Llama family)
+    norm_weight: bool = True  # norms have a learned scale (nanochat's have none)
+    norm_eps: float = 1e-5
+    qkv_bias: bool | None = None  # a bias on the q, k, v projection (None: as `bias`; Qwen2 has only these)
+    qk_norm_weight: bool = False  # QK-norm with a learned scale per head channel (Qwen3); needs qk_norm
+    embed_norm: bool = False  # normalise the token embeddings before the first block (nanochat)
+    logit_softcap: float | None = None  # logits become c * tanh(logits / c) (nanochat: 15)
 
     def __post_init__(self) -> None:
         choices = {
             "pos_encoding": ("learned", "sinusoidal", "rope"),
-            "activation": ("gelu", "gelu_tanh", "relu2"),
+            "activation": ("gelu", "gelu_tanh", "relu2", "swiglu"),
             "attention": ("sdpa", "math"),
+            "norm": ("layernorm", "rmsnorm"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -46,12 +66,29 @@ class GPTConfig:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        if self.n_embd % self.n_head:
+        if self.head_dim is None and self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if self.pos_encoding != "learned" and (self.n_embd // self.n_head) % 2:
-            raise ValueError(f"{self.pos_encoding} positions need an even head size, got {self.n_embd // self.n_head}")
+        # The derived sizes are filled in, so every reader (KV cache, export, the native step) finds them set.
+        self.head_dim = self.head_dim or self.n_embd // self.n_head
+        self.n_kv_head = self.n_kv_head or self.n_head
+        self.mlp_hidden = self.mlp_hidden or 4 * self.n_embd
+        for name in ("n_kv_head", "head_dim", "mlp_hidden"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})")
+        if self.pos_encoding != "learned" and self.head_dim % 2:
+            raise ValueError(f"{self.pos_encoding} positions need an even head size, got {self.head_dim}")
+        if self.pos_encoding == "sinusoidal" and self.n_embd % 2:
+            raise ValueError(f"sinusoidal positions need an even n_embd, got {self.n_embd}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.qk_norm_weight and not self.qk_norm:
+            raise ValueError("qk_norm_weight needs qk_norm")
+        if self.rope_scaling is not None and self.rope_scaling.get("rope_type") not in ("llama3", "linear"):
+            raise ValueError(f"rope_scaling {self.rope_scaling!r}: rope_type must be llama3 or linear")
+        if self.logit_softcap is not None and self.logit_softcap <= 0:
+            raise ValueError(f"logit_softcap must be positive (or None), got {self.logit_softcap}")
 
 
 def sinusoidal_table(length: int, dim: int) -> torch.Tensor:
@@ -64,11 +101,36 @@ def sinusoidal_table(length: int, dim: int) -> torch.Tensor:
     return table.float()
 
 
-def rotary_tables(length: int, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_tables(
+    length: int, head_dim: int, base: float, scaling: dict | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables (length, head_dim/2) for rotary position embedding."""
     frequency = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    if scaling is not None:
+        frequency = scaled_frequencies(frequency, scaling)
     angle = torch.arange(length, dtype=torch.float64)[:, None] * frequency
     return torch.cos(angle).float(), torch.sin(angle).float()
+
+
+def scaled_frequencies(frequency: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Rotary frequencies stretched for a longer context. linear: all divided by `factor`. llama3 (Llama 3.1+):
+    wavelengths longer than the original context / low_freq_factor are divided by `factor`, those shorter than
+    original / high_freq_factor are kept, and the ones between blend the two smoothly."""
+    factor = scaling["factor"]
+    if scaling["rope_type"] == "linear":
+        return frequency / factor
+    original = scaling["original_max_position_embeddings"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    wavelength = 2 * math.pi / frequency
+    smooth = ((original / wavelength - low) / (high - low)).clamp(0.0, 1.0)
+    return (1 - smooth) * frequency / factor + smooth * frequency
+
+
+def make_norm(config: GPTConfig, width: int) -> nn.Module:
+    """The block's normalization: LayerNorm (GPT-2) or RMSNorm (Llama family), with or without a learned scale."""
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(width, eps=config.norm_eps, elementwise_affine=config.norm_weight)
+    return nn.LayerNorm(width, eps=config.norm_eps, elementwise_affine=config.norm_weight, bias=config.bias)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -82,23 +144,34 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.n_head, self.head_dim = config.n_head, config.n_embd // config.n_head
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # fused Q, K, V projection
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        widths = (self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim)
+        self.widths = widths
+        qkv_bias = config.bias if config.qkv_bias is None else config.qkv_bias
+        self.c_attn = nn.Linear(config.n_embd, sum(widths), bias=qkv_bias)  # fused Q, K, V projection
+        self.c_proj = nn.Linear(widths[0], config.n_embd, bias=config.bias)
         self.attn_dropout, self.resid_dropout = nn.Dropout(config.dropout), nn.Dropout(config.dropout)
         self.dropout, self.path, self.qk_norm = config.dropout, config.attention, config.qk_norm
+        if config.qk_norm:  # RMSNorm's own epsilon when the model's norms are RMSNorm; else torch's default
+            eps = config.norm_eps if config.norm == "rmsnorm" else None
+            self.q_norm = nn.RMSNorm(self.head_dim, eps=eps, elementwise_affine=config.qk_norm_weight)
+            self.k_norm = nn.RMSNorm(self.head_dim, eps=eps, elementwise_affine=config.qk_norm_weight)
 
     def forward(self, x: torch.Tensor, rotary: tuple | None, cache: Any, layer: int) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)
+        B, T, _ = x.shape
+        q, k, v = self.c_attn(x).split(self.widths, dim=2)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
+        k, v = (t.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2) for t in (k, v))  # (B, n_kv, T, hd)
         if self.qk_norm:
-            q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
+            q, k = self.q_norm(q), self.k_norm(k)
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         mask = None  # boolean (.., T, S), True where a query may look; None = plain causal
         if cache is not None:  # attend over the cached keys too; the cache masks rows of different lengths
             k, v, mask = cache.update(layer, k, v)
+        if self.n_kv_head != self.n_head:  # grouped-query: key/value head j serves query heads j*g .. j*g + g-1
+            groups = self.n_head // self.n_kv_head
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         S = k.shape[2]
         if mask is None and (self.path == "math" or 1 < T < S):  # query i sits at key position S - T + i
             mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
@@ -110,21 +183,25 @@ class CausalSelfAttention(nn.Module):
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
             weights = self.attn_dropout(F.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1))
             y = weights @ v
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
+        y = y.transpose(1, 2).contiguous().view(B, T, self.widths[0])  # heads side by side again
         return self.resid_dropout(self.c_proj(y))
 
 
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        gated = config.activation == "swiglu"  # c_fc holds [gate; up]: both halves in one product
+        self.c_fc = nn.Linear(config.n_embd, (2 if gated else 1) * config.mlp_hidden, bias=config.bias)
+        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
         self.activation = config.activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.c_fc(x)
-        if self.activation == "relu2":
+        if self.activation == "swiglu":
+            gate, up = x.chunk(2, dim=-1)
+            x = F.silu(gate) * up
+        elif self.activation == "relu2":
             x = F.relu(x).square()
         else:
             x = F.gelu(x, approximate="tanh" if self.activation == "gelu_tanh" else "none")
@@ -136,9 +213,9 @@ class Block(nn.Module):
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = make_norm(config, config.n_embd)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = make_norm(config, config.n_embd)
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, rotary: tuple | None, cache: Any, layer: int) -> torch.Tensor:
@@ -155,11 +232,13 @@ class GPT(nn.Module):
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
                 drop=nn.Dropout(config.dropout),
                 h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+                ln_f=make_norm(config, config.n_embd),
             )
         )
         if config.pos_encoding == "learned":
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
+        if config.embed_norm:
+            self.transformer.ln_emb = make_norm(config, config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight  # one matrix serves both ends
@@ -175,7 +254,7 @@ class GPT(nn.Module):
         if config.pos_encoding == "sinusoidal":
             self.register_buffer("pos_table", sinusoidal_table(length, config.n_embd), persistent=False)
         elif config.pos_encoding == "rope":
-            cos, sin = rotary_tables(length, config.n_embd // config.n_head, config.rope_base)
+            cos, sin = rotary_tables(length, config.head_dim, config.rope_base, config.rope_scaling)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
 
@@ -205,11 +284,19 @@ class GPT(nn.Module):
         """
         x = self.hidden_states(idx, cache)
         if targets is None:
-            return self.lm_head(x[:, [-1], :]), None  # only the next token's logits are needed
-        logits = self.lm_head(x)
+            return self.logits(x[:, [-1], :]), None  # only the next token's logits are needed
+        logits = self.logits(x)
         flat = logits.view(-1, logits.size(-1)).float()
         loss = F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1, reduction=reduction)
         return logits, loss
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The head: hidden states (B, T, n_embd) to logits (B, T, V), soft-capped where the config says so."""
+        logits = self.lm_head(x)
+        if self.config.logit_softcap is not None:
+            cap = self.config.logit_softcap
+            logits = cap * torch.tanh(logits / cap)
+        return logits
 
     def hidden_states(self, idx: torch.Tensor, cache: Any = None) -> torch.Tensor:
         """The last layer's normalized output (B, T, n_embd) for idx (B, T): what the head turns into logits. Alone,
@@ -230,6 +317,8 @@ class GPT(nn.Module):
         if self.config.pos_encoding == "rope":  # per-row tables broadcast over the heads: (B, 1, T, hd/2)
             rotary = (self.rope_cos[positions], self.rope_sin[positions])
             rotary = tuple(t.unsqueeze(1) for t in rotary) if positions.dim() == 2 else rotary
+        if self.config.embed_norm:
+            x = self.transformer.ln_emb(x)
         x = self.transformer.drop(x)
         for layer, block in enumerate(self.transformer.h):
             x = block(x, rotary, cache, layer)
@@ -290,7 +379,7 @@ class GPT(nn.Module):
     def flops_per_token(self) -> float:
         """Training FLOPs per token (forward + backward): 6 per parameter plus the attention score products."""
         config = self.config
-        return 6 * self.get_num_params() + 12 * config.n_layer * config.n_embd * config.block_size
+        return 6 * self.get_num_params() + 12 * config.n_layer * config.n_head * config.head_dim * config.block_size
 
     def estimate_mfu(self, fwdbwd_per_iter: int, dt: float, peak_flops: float | None) -> float | None:
         """Model FLOPs utilisation: achieved FLOP/s over the device's peak (None when the peak is unknown).

@@ -46,10 +46,11 @@ from gptkit.core.settings import parse_settings, setting, settings_to_dict
 from gptkit.core.signals import StopRequest
 from gptkit.data import loader
 from gptkit.data.conversations import is_chat_data
+from gptkit.data.meta import read_meta
 from gptkit.data.preferences import PairBatches, PairEpoch, open_pairs
 from gptkit.data.prompts import load_prompts
 from gptkit.data.rewards import reward_named
-from gptkit.data.tokenizer import padded_vocab_size, read_meta, tokenizer_from_meta
+from gptkit.data.tokenizer import padded_vocab_size, tokenizer_from_meta
 from gptkit.eval import hellaswag
 from gptkit.infer.groups import sample_groups
 from gptkit.model import GPT, GPTConfig, config_to_dict
@@ -61,18 +62,21 @@ from gptkit.train.reference import Reference
 from gptkit.train.rundir import INIT_CHOICES_HELP, RunDirLock, remove_earlier_run, resolve_init_from
 from gptkit.train.runlog import RunLog
 from gptkit.weights import checkpoint as ckpt
-from gptkit.weights.checkpoint import model_from_checkpoint
-from gptkit.weights.hf_gpt2 import load_gpt2
+from gptkit.weights.build import (
+    base_reference,
+    check_hf_base_tokenizer,
+    load_model,
+    model_from_checkpoint,
+    model_of_checkpoint,
+    model_with_adapters,
+)
 from gptkit.weights.lora import (
     BASE_WEIGHTS,
     TARGETS,
     LoraConfig,
     adapter_state,
     add_lora,
-    base_reference,
     lora_record,
-    model_of_checkpoint,
-    model_with_adapters,
 )
 
 # ----------------------------------------------------------------------------- settings
@@ -120,9 +124,14 @@ class TrainSettings(ObjectiveSettings, Runtime):
     dropout: float = setting(0.0, "dropout probability (0 for pretraining, 0.1+ for fine-tuning)")
     bias: bool = setting(False, "biases in Linear and LayerNorm layers")
     pos_encoding: str = setting("learned", "learned | sinusoidal | rope")
-    activation: str = setting("gelu_tanh", "MLP activation: gelu_tanh | gelu | relu2")
+    rope_base: float = setting(10000.0, "rotary positions' base (pos_encoding=rope)", rule="positive_number")
+    activation: str = setting("gelu_tanh", "MLP activation: gelu_tanh | gelu | relu2 | swiglu (gated, Llama's)")
+    mlp_hidden: int | None = setting(None, "the MLP's inner width (None: 4 * n_embd)", rule="positive")
+    norm: str = setting("layernorm", "layernorm (GPT-2) | rmsnorm (Llama family)")
+    n_kv_head: int | None = setting(None, "key/value heads, each shared by n_head/n_kv_head heads (None: n_head)")
     attention: str = setting("sdpa", "sdpa (fused kernels) | math (explicit softmax)")
     qk_norm: bool = setting(False, "RMS-normalise queries and keys")
+    qk_norm_weight: bool = setting(False, "QK-norm with a learned scale per head channel (Qwen3)")
     tie_embeddings: bool = setting(True, "share the token embedding with the output head")
     pad_vocab: bool = setting(False, "round vocab_size up to a multiple of 64 (faster matmuls on GPUs)")
     # low-rank adapters: the base frozen, small matrices beside its Linear layers trained (needs init_from a model)
@@ -262,8 +271,8 @@ def create_model(cfg: TrainSettings, meta: dict) -> tuple[GPT, dict | None, dict
         ckpt.check_base_tokenizer(base, meta, path)
         model = model_of_checkpoint(base, str(path), overrides={"dropout": cfg.dropout})  # weights, no optimizer
     else:
-        model = load_gpt2(cfg.init_from, override_args={"dropout": cfg.dropout})
-        ckpt.check_gpt2_tokenizer(meta, cfg.init_from)
+        model = load_model(cfg.init_from, overrides={"dropout": cfg.dropout})
+        check_hf_base_tokenizer(meta, cfg.init_from)
     if cfg.block_size < model.config.block_size:
         model.crop_block_size(cfg.block_size)  # e.g. GPT-2's 1024 positions fine-tuned on shorter windows
     if meta["vocab_size"] > model.config.vocab_size and (cfg.init_from == "resume" or not is_chat_data(meta)):

@@ -28,7 +28,7 @@ from gptkit.core.errors import UserError
 from gptkit.core.settings import parse_settings
 from gptkit.model import GPT, GPTConfig
 from gptkit.weights import checkpoint as ckpt
-from gptkit.weights.hf_gpt2 import save_gpt2
+from gptkit.weights.hf import write_hf
 from helpers import (
     REPO,
     TINY_MODEL,
@@ -136,6 +136,7 @@ CPU_RECIPE_NAMES = (
     "train_shakespeare_char_cpu_best",
     "speedrun_shakespeare_char_cpu",
     "train_corpus_cpu",
+    "train_shakespeare_char_llama_cpu",
 )
 CPU_RECIPES = [REPO / "config" / f"{name}.py" for name in CPU_RECIPE_NAMES]
 
@@ -493,7 +494,7 @@ def test_eval_only_reports_estimate_and_whole_split_and_writes_nothing(
 def test_finetune_from_a_hugging_face_directory_crops_the_context(data_dir: Path, tmp_path: Path) -> None:
     torch.manual_seed(0)
     pretrained = GPT(GPTConfig(block_size=64, vocab_size=80, n_layer=1, n_head=2, n_embd=16, bias=True))
-    save_gpt2(pretrained, tmp_path / "hf")
+    write_hf(pretrained, tmp_path / "hf")
     out_dir = tmp_path / "out"
     args = [*tiny_train_args(data_dir, out_dir, **RUN), *cli_args(init_from=tmp_path / "hf", max_iters=4)]
     args += ["--eval_interval=4", "--block_size=16"]
@@ -503,7 +504,7 @@ def test_finetune_from_a_hugging_face_directory_crops_the_context(data_dir: Path
     assert state["model_args"]["dropout"] == 0.1 and state["model"]["transformer.wpe.weight"].shape == (16, 16)
 
     small = GPT(GPTConfig(block_size=64, vocab_size=40, n_layer=1, n_head=2, n_embd=16, bias=True))
-    save_gpt2(small, tmp_path / "hf_small")
+    write_hf(small, tmp_path / "hf_small")
     with pytest.raises(UserError, match=r"data's vocab_size \(\d+\) is larger than the model's \(40\)"):
         train.main([*tiny_train_args(data_dir, tmp_path / "out2", **RUN), f"--init_from={tmp_path / 'hf_small'}"])
 

@@ -12,7 +12,8 @@ boundary). The loss mask is 1 on every assistant turn's content and its end-of-t
 learn to produce, and 0 elsewhere.
 
 The template is recorded in the tokenizer's description (meta.json, and so every checkpoint trained on the data),
-so every entry point renders exactly what training saw.
+so every entry point renders exactly what training saw. A Hugging Face model brings its own template instead
+(gptkit.data.jinja_chat.JinjaChatTemplate), used wherever this one is: render, render_prompt, reply_stops.
 """
 
 from __future__ import annotations
@@ -98,13 +99,16 @@ class ChatTemplate:
             masks.append(np.concatenate([[0], np.full(len(ids) - 1, int(trained))]).astype(np.uint8))
         return np.concatenate(pieces).astype(np.int64), np.concatenate(masks)
 
-    def render_prompt(self, messages: Sequence[Any], tokenizer: TextEncoder) -> list[int]:
-        """The conversation so far followed by the assistant's marker: the prompt whose continuation, up to the
-        end-of-turn id, is the next reply. ChatError when the messages are invalid."""
+    def render_prompt(
+        self, messages: Sequence[Any], tokenizer: TextEncoder, add_generation_prompt: bool = True
+    ) -> list[int]:
+        """The conversation so far followed by the assistant's marker (without it when not
+        `add_generation_prompt`): the prompt whose continuation, up to the end-of-turn id, is the next reply.
+        ChatError when the messages are invalid."""
         check_messages(messages)
         pieces, _ = self._opening()
         pieces.extend(self._turn(message, tokenizer) for message in messages)
-        pieces.append(np.array([self._role_ids["assistant"]]))
+        pieces.append(np.array([self._role_ids["assistant"]] if add_generation_prompt else [], dtype=np.int64))
         return np.concatenate(pieces).astype(np.int64).tolist()
 
     def _opening(self) -> tuple[list[np.ndarray], list[np.ndarray]]:

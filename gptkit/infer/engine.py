@@ -16,7 +16,7 @@
 
 The model is duck-typed, never imported: `model(idx, cache=cache)` returns (logits (B, 1, V), _) for the last
 position, `model.hidden_states(idx, cache=cache)` does the same pass without the head (to fill a prompt into the
-cache; with `model.lm_head` after it, a prompt's logits at every position), `model.config` has block_size and
+cache; with `model.logits` after it, a prompt's logits at every position), `model.config` has block_size and
 n_layer, and both calls run `cache.extend(B, T, device)` once for the
 positions of the T new tokens and `cache.update(layer, k, v)` in every layer. Which backend runs the steps is
 `decode` (gptkit.infer.decoding): auto by default.
@@ -42,7 +42,7 @@ from gptkit.infer.next_token import sample_next_token, sampling_problem
 class KVCache:
     """Keys and values of every layer for `slots` rows of up to `capacity` positions each.
 
-    Each layer's storage (slots, n_head, capacity, head_dim) is allocated at its first update, in the dtype and on
+    Each layer's storage (slots, n_kv_head, capacity, head_dim) is allocated at its first update, in the dtype and on
     the device of the keys, as zeros: a shorter row's masked positions are still read, so they must be finite.
     `lengths[r]` counts the positions row r holds. The cache stands for all its rows; rows(start, stop) is a view
     of some of them that shares storage and lengths (the engine runs a pass over the active rows, or one row).
@@ -357,7 +357,7 @@ class Engine:
     def _allocate_cache(self, dtype: torch.dtype) -> None:
         """Every layer's cache storage, made now if it is not there: a step that is one call writes into it in place."""
         config = self.model.config
-        self.cache.allocate(config.n_head, config.n_embd // config.n_head, dtype, self.device)
+        self.cache.allocate(config.n_kv_head, config.head_dim, dtype, self.device)
 
     def _compute_dtype(self) -> torch.dtype:
         """The dtype a pass computes in, and so the dtype its keys come out as: autocast's, else the weights'."""
@@ -455,7 +455,7 @@ class Engine:
         if len(ids) == 1:
             return [first]
         idx = torch.tensor([ids[:-1]], device=self.device)
-        logits = self.model.lm_head(self.model.hidden_states(idx))[0]
+        logits = self.model.logits(self.model.hidden_states(idx))[0]
         return [first, *token_logprobs(logits, torch.tensor(ids[1:], device=self.device), top)]
 
 

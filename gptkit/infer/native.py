@@ -60,6 +60,11 @@ def native_problem(model: nn.Module, dtype: torch.dtype) -> str | None:
         return f"the native step runs on the CPU only, and this model is on {device}"
     if config.pos_encoding == "rope" or config.qk_norm:
         return "the native step does not implement rotary positions or QK-norm"
+    gpt2_shaped = config.norm == "layernorm" and config.norm_weight and config.activation != "swiglu"
+    gpt2_shaped = gpt2_shaped and config.n_kv_head == config.n_head and config.head_dim * config.n_head == config.n_embd
+    gpt2_shaped = gpt2_shaped and config.mlp_hidden == 4 * config.n_embd and config.qkv_bias in (None, config.bias)
+    if not gpt2_shaped or config.embed_norm or config.logit_softcap is not None:
+        return "the native step implements GPT-2's block only (LayerNorm, GELU or squared-ReLU MLP, one KV head each)"
     if dtype not in (torch.float32, torch.bfloat16):
         return f"the native step computes in float32 or bfloat16, not {str(dtype).removeprefix('torch.')}"
     products = 4 * config.n_layer + 1

@@ -20,6 +20,7 @@ import numpy as np
 
 from gptkit.core.errors import UserError
 from gptkit.data import tokenizer as tok
+from gptkit.data.meta import META_FILENAME, dtype_for_vocab, read_meta
 from gptkit.data.chat import ChatError, check_messages
 from gptkit.data.prepare.chat_inputs import ChatItem, conversation_of, records
 from gptkit.data.prepare.discover import describe_skipped
@@ -40,7 +41,7 @@ MakeItems = Callable[[], Iterable[ChatItem]]
 class ChatJob:
     """What every worker does with its items; `tokenizer` None only collects characters (--tokenizer=char)."""
 
-    tokenizer: tok.ChatTokenizer | None
+    tokenizer: tok.ChatTokenizer | tok.HFTokenizer | None
     field: str
     seed: int
     val_fraction: float
@@ -152,13 +153,21 @@ def base_tokenizer(name: str, bpe_dir: str | None) -> tok.Tokenizer | None:
         if bpe_dir is not None:
             raise UserError("--bpe_dir is for GPT-2 BPE; it makes no sense with --tokenizer=char")
         return None
-    if (Path(name) / tok.META_FILENAME).is_file():
-        return tok.tokenizer_from_meta(tok.read_meta(name)["tokenizer"], bpe_dir=bpe_dir)
+    if (Path(name) / META_FILENAME).is_file():
+        return tok.tokenizer_from_meta(read_meta(name)["tokenizer"], bpe_dir=bpe_dir)
     return tok.make_tokenizer(name, bpe_dir=bpe_dir)
 
 
-def chat_tokenizer(base: tok.Tokenizer) -> tok.ChatTokenizer:
-    """`base` with the chat template: a ChatTokenizer stays as it is (its template and ids are the base model's)."""
+def chat_tokenizer(base: tok.Tokenizer) -> tok.ChatTokenizer | tok.HFTokenizer:
+    """`base` with the chat template: a ChatTokenizer stays as it is (its template and ids are the base model's), a
+    Hugging Face tokenizer renders with its model's own template."""
+    if isinstance(base, tok.HFTokenizer):
+        if base.chat is None:
+            raise UserError(
+                f"the tokenizer {base.name!r} has no chat template (chat_template.jinja, or 'chat_template' in "
+                "tokenizer_config.json): use the tokenizer of the model's instruct version, or add its template"
+            )
+        return base
     return base if isinstance(base, tok.ChatTokenizer) else tok.ChatTokenizer.extending(base)
 
 
@@ -188,7 +197,7 @@ class Counts:
         self.skipped.update(result.skipped)
 
 
-def _job(settings: Any, tokenizer: tok.ChatTokenizer | None) -> ChatJob:
+def _job(settings: Any, tokenizer: tok.ChatTokenizer | tok.HFTokenizer | None) -> ChatJob:
     return ChatJob(
         tokenizer=tokenizer,
         field=settings.text_field,
@@ -238,7 +247,7 @@ def prepare_chat(
     if base is None:
         base = build_char_tokenizer(make_items, settings, total_bytes, worker)
     tokenizer = chat_tokenizer(base)
-    dtype = tok.dtype_for_vocab(tokenizer.vocab_size)
+    dtype = dtype_for_vocab(tokenizer.vocab_size)
     counts = Counts()
     progress = Progress(total_bytes, "rendering")
     with DatasetWriter(settings.out_dir, dtype, settings.shard_tokens, side_streams=True) as writer:

@@ -15,6 +15,7 @@ from typing import Any
 from gptkit.core.errors import UserError
 from gptkit.core.progress import byte_progress_bar
 from gptkit.data import tokenizer as tok
+from gptkit.data.meta import dtype_for_vocab
 from gptkit.data.prepare.discover import describe_skipped
 from gptkit.data.prepare.items import WorkItem
 from gptkit.data.prepare.settings import PrepareSettings
@@ -86,7 +87,9 @@ def make_tokenizer(settings: PrepareSettings, make_items: MakeItems, total_bytes
         if settings.bpe_dir is not None:
             raise UserError("--bpe_dir is for GPT-2 BPE; it makes no sense with --tokenizer=char")
         return build_char_vocabulary(make_items, settings, total_bytes)
-    return tok.make_tokenizer(settings.tokenizer, bpe_dir=settings.bpe_dir)  # a name, or a trained one's directory
+    tokenizer = tok.make_tokenizer(settings.tokenizer, bpe_dir=settings.bpe_dir)  # a name, or a tokenizer directory
+    # Plain text: a Hugging Face model's chat template stays out of the record ("chat" there marks chat data).
+    return tokenizer.without_chat() if isinstance(tokenizer, tok.HFTokenizer) else tokenizer
 
 
 def _write_result(writer: DatasetWriter, result: ItemResult) -> None:
@@ -109,7 +112,7 @@ def prepare(
     """
     settings.validate()
     tokenizer = make_tokenizer(settings, make_items, total_bytes)
-    dtype = tok.dtype_for_vocab(tokenizer.vocab_size)
+    dtype = dtype_for_vocab(tokenizer.vocab_size)
     job = _job(settings, tokenizer, dtype)
     progress = Progress(total_bytes, "tokenising")
     with DatasetWriter(settings.out_dir, dtype, settings.shard_tokens) as writer:
