@@ -24,11 +24,11 @@ import torch
 from gptkit.core.errors import UserError
 from gptkit.data.chat import ChatError
 from gptkit.data.conversations import ConversationSplit, open_conversations
+from gptkit.data.meta import read_meta
 from gptkit.data.packing import PAD_ID, masked_targets
 from gptkit.data.prepare.chat_inputs import _as_messages
 from gptkit.data.prepare.chat_prepare import LONGER_THAN_BLOCK, NO_ASSISTANT_LEFT, ChatResult, ChatWorker, Rendered
 from gptkit.data.prepare.items import is_val_document
-from gptkit.data.tokenizer import read_meta
 
 CANDIDATES = ("chosen", "rejected")
 

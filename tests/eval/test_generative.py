@@ -11,7 +11,7 @@ import pytest
 
 import eval as eval_script
 from gptkit.eval.generative import pass_at_k
-from gptkit.weights.checkpoint import model_from_checkpoint
+from gptkit.weights.build import model_from_checkpoint
 from helpers import assert_one_line_error, lively_char_checkpoint, reference_greedy, run_main
 
 
