@@ -17,12 +17,14 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import torch
+from torch.nn import functional as F
 
 from gptkit.core.devices import resolve_device
 from gptkit.core.errors import UserError, run_cli
@@ -40,8 +42,8 @@ from measure import print_table, read_bandwidth, run_benchmark, time_paths
 # default backend, as sample.py decodes with no flag; eager, eager_bf16: decode="eager" (plain PyTorch, float32 and
 # bfloat16 weights); onednn: decode="eager" after an explicit optimize_for_cpu_decoding() (oneDNN at every batch);
 # int8: int8 weights (--quantize=int8), eager; compiled, compiled_bf16, int8_compiled: decode="compiled" (float32,
-# bfloat16, int8); native, native_bf16, native_int8: decode="native" (float32, bfloat16, int8; batch 1 only, other
-# batches run as auto runs them); uncached: nanoGPT's loop;
+# bfloat16, int8); native, native_bf16, native_int8: decode="native" (float32, bfloat16, int8; one row or several);
+# uncached: nanoGPT's loop;
 # no_products: the eager path with every matrix product skipped (each Linear returns zeros of its output's
 # shape without reading its weight): a token's time in it is what the rest of a step costs (attention, norms...).
 # weights_read, weights_read_bf16: no decoding; per token, one plain sum over every weight matrix a step reads
@@ -220,31 +222,84 @@ def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> 
     return models
 
 
-def add_memory_bound(rows: list[dict], models: dict) -> None:
-    """At batch 1 a decoding step reads every weight once: bound = read speed / weight bytes of the path.
+def step_matrix_shapes(config: GPTConfig) -> list[tuple[int, int]]:
+    """The (out, in) shapes of the matrices a decoding step multiplies, each as often as a step does."""
+    C = config.n_embd
+    return [(3 * C, C), (C, C), (4 * C, C), (C, 4 * C)] * config.n_layer + [(config.vocab_size, C)]
+
+
+def matmul_flop_s(config: GPTConfig, batch: int, repeats: int = 50) -> float:
+    """FLOP/s of float32 products of `batch` rows by each of a step's matrix shapes with the weights in the caches:
+    the machine's compute rate for the step's shapes, without its memory's. Each shape's weight is cut to ~1 MB of
+    rows (in L2) and timed product by product, the fastest of `repeats` (on a loaded machine a product whose thread
+    was descheduled waits a whole time slice); the rate is the step's FLOPs over the sum of its shapes' times, so a
+    shape counts as often as the step multiplies it. Measured on one thread and multiplied by torch's threads (one a
+    core): the cores' own rate, an upper bound, where the threaded library's small products paid for waking its
+    threads (one-row products after eight-row ones took milliseconds each on a shared 2-core Xeon)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return threads * one_thread_flop_s(config, batch, repeats)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def one_thread_flop_s(config: GPTConfig, batch: int, repeats: int) -> float:
+    """matmul_flop_s's measure on the current thread alone."""
+    total_seconds = total_flops = 0.0
+    for (out_features, in_features), count in Counter(step_matrix_shapes(config)).items():
+        rows = min(out_features, max(16, 2**18 // in_features))
+        weight, x = torch.randn(rows, in_features), torch.randn(batch, in_features)
+        best = float("inf")
+        for attempt in range(repeats + 1):  # the first one warms up
+            start = time.perf_counter()
+            F.linear(x, weight)  # as the model multiplies (torch.mm of one row by a transposed weight was 1000x slower)
+            if attempt:
+                best = min(best, time.perf_counter() - start)
+        total_seconds += best * out_features / rows * count
+        total_flops += 2 * batch * out_features * in_features * count
+    return total_flops / total_seconds
+
+
+def roofline(batch: int, weight_bytes: int, read_gb_s: float, compute_s: float) -> float:
+    """Tokens/s of steps of `batch` rows that take the longer of reading weight_bytes at read_gb_s and compute_s."""
+    return batch / max(weight_bytes / (read_gb_s * 1e9), compute_s)
+
+
+def add_roofline(rows: list[dict], models: dict, flop_s: dict[int, float]) -> None:
+    """The roofline of a step of `batch` rows: the longer of reading every weight once (weight bytes of the path
+    over the read speed) and multiplying them with every row (2 x batch x weights FLOPs over flop_s[batch], the
+    measured matmul rate for the step's shapes); bound_tokens_per_s = batch / that time, bound_by says which leg.
 
     Each run of a row is set against the read speed measured around it (see time_paths): of_bound is the median of
     the runs' fractions of their own bound; bound_tokens_per_s is the bound at the median of those read speeds.
-    With a no_products row in the run, each row also gets the time its matrix products take (its time per token
-    less no_products') and the speed they stream the weights at in the step: where the rest of the step goes.
+    With a no_products row in the run, each batch-1 row also gets the time its matrix products take (its time per
+    token less no_products') and the speed they stream the weights at in the step: where the rest of the step goes.
     """
     weights = models["plain"].get_num_params(non_embedding=True)  # the blocks and the head; lookups read a row
     rest = next((1 / r["tokens_per_s"] for r in rows if r["path"] == "no_products" and r["batch"] == 1), None)
     for row in rows:
-        if row["batch"] == 1 and row["path"] not in ("uncached", "no_products") and row.get("read_gb_s"):
-            weight_bytes = weights * WEIGHT_BYTES.get(row["path"], 4)
-            fractions = [
-                row["new_tokens"] / run["seconds"] / (run["read_gb_s"] * 1e9 / weight_bytes) for run in row["runs"]
-            ]
-            row["bound_tokens_per_s"] = round(row["read_gb_s"] * 1e9 / weight_bytes, 1)
-            row["of_bound"] = round(statistics.median(fractions), 3)
-            # no_products is the eager step: its rest says nothing of the compiled or native step, which fuse that
-            # work, nor of auto (the native step at batch 1 where it is built); a read path has no products
-            fused_or_none = row["path"] in ("auto", *COMPILED_PATHS, *NATIVE_PATHS, *READ_PATHS)
-            products = 1 / row["tokens_per_s"] - rest if rest is not None and not fused_or_none else 0
-            if products > 0:
-                row["products_ms"] = round(products * 1e3, 2)
-                row["products_gb_s"] = round(weight_bytes / products / 1e9, 1)
+        batch = row["batch"]
+        reads = row["path"] in READ_PATHS and batch > 1  # one read a "token" at any batch: no step to bound
+        if row["path"] in ("uncached", "no_products") or reads or not row.get("read_gb_s"):
+            continue
+        weight_bytes = weights * WEIGHT_BYTES.get(row["path"], 4)
+        compute_s = 2 * batch * weights / flop_s[batch]
+        fractions = [
+            row["new_tokens"] * batch / run["seconds"] / roofline(batch, weight_bytes, run["read_gb_s"], compute_s)
+            for run in row["runs"]
+        ]
+        row["matmul_gflop_s"] = round(flop_s[batch] / 1e9, 1)
+        row["bound_by"] = "memory" if weight_bytes / (row["read_gb_s"] * 1e9) >= compute_s else "compute"
+        row["bound_tokens_per_s"] = round(roofline(batch, weight_bytes, row["read_gb_s"], compute_s), 1)
+        row["of_bound"] = round(statistics.median(fractions), 3)
+        # no_products is the eager step: its rest says nothing of the compiled or native step, which fuse that
+        # work, nor of auto (the native step where it is built); a read path has no products
+        fused_or_none = row["path"] in ("auto", *COMPILED_PATHS, *NATIVE_PATHS, *READ_PATHS)
+        products = 1 / row["tokens_per_s"] - rest if rest is not None and not fused_or_none and batch == 1 else 0
+        if products > 0:
+            row["products_ms"] = round(products * 1e3, 2)
+            row["products_gb_s"] = round(weight_bytes / products / 1e9, 1)
 
 
 def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict]:
@@ -255,7 +310,7 @@ def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict
     device = resolve_device(cfg.device)
     config = config or GPTConfig(vocab_size=50257)  # GPT-2 124M shape, random weights
     models = sample_models(config, cfg.paths, device)
-    rows = []
+    rows, flop_s = [], {}
     for batch in cfg.batch_sizes:
         prompt = torch.randint(0, config.vocab_size, (batch, cfg.prompt_tokens), device=device)
         runs = {
@@ -266,8 +321,10 @@ def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict
             )
             for path in cfg.paths
         }
-        # the bound is for batch 1 only (see add_memory_bound): no read to measure without it
-        measure = partial(read_bandwidth, device, cfg.bandwidth_mb) if batch == 1 and cfg.bandwidth_mb else None
+        # the roofline's legs (see add_roofline): the read speed around each run, the matmul rate once per batch
+        measure = partial(read_bandwidth, device, cfg.bandwidth_mb) if cfg.bandwidth_mb else None
+        if measure is not None and device.type == "cpu":
+            flop_s[batch] = matmul_flop_s(config, batch)
         for path, timed in time_paths(runs, measure).items():
             new_tokens, seconds = runs[path][1], statistics.median(run[0] for run in timed)
             row = {
@@ -282,13 +339,14 @@ def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict
                 row["runs"] = [{"seconds": round(s, 6), "read_gb_s": round(speed / 1e9, 2)} for s, speed in timed]
             rows.append(row)
         if measure is not None:
-            print_read_speeds(rows, cfg.bandwidth_mb)
+            print_read_speeds([row for row in rows if row["batch"] == batch], cfg.bandwidth_mb)
     by_key = {(r["path"], r["batch"]): r["tokens_per_s"] for r in rows}
     for row in rows:
         for reference in ("hf", "uncached", "auto"):  # a read path generates nothing: no speed-up to show
             if (reference, row["batch"]) in by_key and row["path"] not in (reference, *READ_PATHS):
                 row[f"x_{reference}"] = round(row["tokens_per_s"] / by_key[(reference, row["batch"])], 2)
-    add_memory_bound(rows, models)
+    if flop_s:
+        add_roofline(rows, models, flop_s)
     print_table(
         rows,
         [
@@ -301,6 +359,8 @@ def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict
             "x_uncached",
             "x_auto",
             "read_gb_s",
+            "matmul_gflop_s",
+            "bound_by",
             "bound_tokens_per_s",
             "of_bound",
             "products_ms",

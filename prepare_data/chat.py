@@ -9,7 +9,8 @@ trained on). Each conversation is rendered with the chat template (gptkit.data.c
 assistant turn. Conversations go wholly to train or val (keyed hash of --seed and their file and line).
 
 --tokenizer may name the base model's data directory, checkpoint or training out_dir, so the chat data has
-exactly the base's ids; --tokenizer=char builds a character table from the conversations.
+exactly the base's ids; --tokenizer=char builds a character table from the conversations; a Hugging Face model's
+directory brings its own tokenizer and chat template (gptkit.data.hf_tokenizer).
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ class ChatSettings(PrepareSettings):
     out_dir: str = setting("data/chat", "output directory for the tokens, loss masks, offsets and meta.json")
     tokenizer: str = setting(
         "gpt2",
-        "gpt2, char, a tiktoken encoding, a train_tokenizer.py dir, or a base model's data dir, checkpoint or "
-        "training out_dir (its tokenizer is reused, so the ids match the base's)",
+        "gpt2, char, a tiktoken encoding, a train_tokenizer.py dir, a Hugging Face model dir (its tokenizer.json and "
+        "chat template), or a base model's data dir, checkpoint or training out_dir (its tokenizer is reused, so the "
+        "ids match the base's)",
     )
     text_field: str = setting(
         "messages", "field (parquet column) holding each conversation's messages; else 'prompt' and 'completion'"

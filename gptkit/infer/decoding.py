@@ -3,12 +3,12 @@
 Backends:
 - eager: the model's own forward pass over the KV cache (gptkit.infer.engine), nothing else: the reference path.
 - compiled: each step through gptkit.infer.compiled (torch.compile; a CUDA graph on CUDA); prefills stay eager.
-- native: steps with one active row through gptkit.infer.native (one C++ call a token, on the CPU); steps with more
-  rows as auto runs them.
+- native: every step through gptkit.infer.native (one C++ call a step, on the CPU), one row or several.
 - auto (the default): per device, weights and batch, the fastest backend that serves them (auto_plan).
 
-The CPU's float32 eager steps over several rows may also call oneDNN directly on transposed weights
-(gptkit.infer.onednn): part of auto's plan, never a setting of its own. docs/benchmarks.md has the measurements
+Where the native step cannot run (not built, or a model it does not implement), the CPU's float32 eager steps over
+several rows call oneDNN directly on transposed weights (gptkit.infer.onednn, in a copy the engine makes): part of
+auto's plan, never a setting of its own. docs/benchmarks.md has the measurements
 behind the rules.
 """
 
@@ -33,18 +33,18 @@ class Decoding:
 
     decode: str = setting(
         "auto",
-        "auto: the fastest backend for the device, weights and batch (CPU: the native step for one row, oneDNN for "
-        "more; CUDA: CUDA graphs) | eager: plain PyTorch | compiled: torch.compile (the first step compiles, about "
-        "a minute) | native: one C++ call a token for one row (CPU; float32, bfloat16 or int8; built at set-up: "
-        "python -m gptkit.infer.native --build)",
+        "auto: the fastest backend for the device, weights and batch (CPU: the native step, else oneDNN for "
+        "several rows; CUDA: CUDA graphs) | eager: plain PyTorch | compiled: torch.compile (the first step compiles, "
+        "about a minute) | native: one C++ call a step, of one row or several (CPU; float32, bfloat16 or int8; built "
+        "at set-up: python -m gptkit.infer.native --build)",
         choices=DECODE_CHOICES,
     )
 
 
 @dataclass(frozen=True)
 class Plan:
-    """How an engine decodes: `native` for steps with one active row, `compiled` (else eager) for the other steps,
-    `onednn` for the CPU's float32 eager products."""
+    """How an engine decodes: `native` for every step, else `compiled` (else eager), with `onednn` for the CPU's
+    float32 eager products."""
 
     native: bool = False
     compiled: bool = False
@@ -57,17 +57,20 @@ def auto_plan(device_type: str, compute: str, slots: int, native_ready: bool, on
     direct linear exists here (x86).
 
     - CUDA: CUDA graphs (one launch a step instead of some 150 small kernel launches).
-    - CPU, one row: the native step (near the memory-read bound, the fastest at one row on every CPU measured); without
-      it, plain eager (oneDNN at one row lost to it on a Xeon).
-    - CPU, more rows, float32: oneDNN on transposed weights (about twice the plain path at batch 8 on two EPYCs).
-      Never compiled on the CPU: no faster than oneDNN at batch 8, and its minute of compiling outlasts a sample.
+    - CPU: the native step, one row or several (near the memory-read bound at one row on every CPU measured; with
+      several rows each weight row is read once for up to 4 of them).
+    - CPU without it: plain eager at one row (oneDNN at one row lost to it on a Xeon); for more rows in float32, oneDNN
+      on transposed weights (about twice the plain path at batch 8 on two EPYCs). Never compiled on the CPU: no faster
+      than oneDNN at batch 8, and its minute of compiling outlasts a sample.
     docs/benchmarks.md has the figures.
     """
     if device_type == "cuda":
         return Plan(compiled=True)
     if device_type != "cpu":
         return Plan()
-    return Plan(native=native_ready, onednn=slots > 1 and compute == "float32" and onednn_ready)
+    if native_ready:
+        return Plan(native=True)
+    return Plan(onednn=slots > 1 and compute == "float32" and onednn_ready)
 
 
 def compute_name(model: nn.Module, dtype: torch.dtype) -> str:
@@ -91,6 +94,6 @@ def plan_for(decode: str, model: nn.Module, slots: int, dtype: torch.dtype) -> P
         problem = native.native_problem(model, dtype) or native.build_problem(build=True)
         if problem:
             raise UserError(f"--decode=native: {problem}; {native.OTHER_PATHS}")
-        return Plan(native=True, onednn=auto_plan(device_type, compute, slots, True, onednn_ready).onednn)
+        return Plan(native=True)
     ready = native.native_problem(model, dtype) is None and native.build_problem(build=False) is None
     return auto_plan(device_type, compute, slots, ready, onednn_ready)

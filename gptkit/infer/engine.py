@@ -197,8 +197,8 @@ class Engine:
     Row r of the cache belongs to active[r]; a finished or removed request's row is refilled by moving the last
     active row into it, so a pass always covers rows 0..n-1. `decode` picks the backend (gptkit.infer.decoding:
     auto, eager, compiled or native; UserError for one that cannot run this model here). Built under autocast, the
-    engine computes in autocast's dtype. On the CPU in float32, auto's plan may turn the model's Linear layers into
-    gptkit.infer.onednn's (in place, once; the same values and parameters).
+    engine computes in autocast's dtype. It never changes `model`: on the CPU in float32, auto's plan may decode with
+    a copy whose Linear layers are gptkit.infer.onednn's (onednn.decoding_copy: the same values).
     """
 
     def __init__(self, model: nn.Module, slots: int = 1, decode: str = "auto") -> None:
@@ -213,8 +213,8 @@ class Engine:
         self.plan = plan_for(decode, model, slots, self._compute_dtype())
         self.compiled = self.plan.compiled
         self.native = NativeStep.for_model(model, self._compute_dtype()) if self.plan.native else None
-        if self.plan.onednn:
-            onednn.optimize_for_cpu_decoding(model)
+        if self.plan.onednn:  # the caller's model stays as it was
+            self.model = onednn.decoding_copy(model)
 
     @property
     def free_slots(self) -> int:
@@ -271,7 +271,7 @@ class Engine:
         for row, request in enumerate(self.active):
             if self.cache.lengths[row] == self.block_size:  # window full: slide, as this request would alone
                 self._fill(row, (request.prompt + request.output)[-self.keep :])
-        if self.native is not None and len(self.active) == 1:
+        if self.native is not None:
             tokens = self._native_tokens()
         else:
             idx = torch.tensor([[request.last_token()] for request in self.active], device=self.device)
@@ -332,27 +332,32 @@ class Engine:
         return tokens[:rows].tolist() if in_graph else self._sample(logits[:rows, -1])
 
     def _native_tokens(self) -> list[int]:
-        """The next token of the one active row through the native step, which also chooses it, save with top-p
-        (then its logits are sampled eagerly)."""
-        request = self.active[0]
+        """The next token of every active row through the native step (one row, or several in one call), which also
+        chooses the tokens when all rows share settings it can sample with (no top-p, no logit rules), as the
+        compiled step does; otherwise its logits are sampled eagerly."""
         self._allocate_cache(self.native.dtype)
-        position = self.cache.lengths[0]
-        in_step = request.temperature != 0 and (request.top_p is None or request.top_p >= 1.0)
-        in_step = in_step and not request.reads_logits
-        uniform = self._uniform_numbers().item() if in_step else 0.0  # drawn as _sample would draw it
-        logits, token = self.native(
-            request.last_token(),
-            position,
-            self.cache.keys,
-            self.cache.values,
-            request.temperature if in_step else 0.0,
-            request.top_k,
-            uniform,
-        )
-        self.cache.lengths[0] = position + 1
-        if in_step or (request.temperature == 0 and not request.reads_logits):
-            return [token]
-        return self._sample(logits[None])
+        settings = {(0.0, None, None) if r.temperature == 0 else (r.temperature, r.top_k, r.top_p) for r in self.active}
+        temperature, top_k, top_p = settings.pop() if len(settings) == 1 else (0.0, None, 0.0)
+        # sample_next_token skips top-p at 1 too; rows of different settings are sampled from the logits
+        in_step = (top_p is None or top_p >= 1.0) and not any(r.reads_logits for r in self.active)
+        if not in_step:
+            temperature, top_k = 0.0, None
+        rows = len(self.active)
+        positions = self.cache.lengths[:rows]
+        tokens = [request.last_token() for request in self.active]
+        # drawn as _sample would draw them
+        uniforms = self._uniform_numbers()[:, 0].tolist() if in_step and temperature != 0 else [0.0] * rows
+        if rows == 1:
+            logits, token = self.native(
+                tokens[0], positions[0], self.cache.keys, self.cache.values, temperature, top_k, uniforms[0]
+            )
+            logits, chosen = logits[None], [token]
+        else:
+            logits, chosen = self.native.step_rows(
+                tokens, positions, self.cache.keys, self.cache.values, temperature, top_k, uniforms
+            )
+        self.cache.lengths[:rows] = [position + 1 for position in positions]
+        return chosen if in_step else self._sample(logits)
 
     def _allocate_cache(self, dtype: torch.dtype) -> None:
         """Every layer's cache storage, made now if it is not there: a step that is one call writes into it in place."""

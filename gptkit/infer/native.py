@@ -1,4 +1,5 @@
-"""A native decoding step: one token of one sequence on the CPU in a single C++ call (gptkit/infer/csrc/decode_step.cpp).
+"""A native decoding step: one token of one sequence, or of several, on the CPU in a single C++ call
+(gptkit/infer/csrc/decode_step.cpp).
 
 Why: at batch 1 a step reads every weight once, so its floor is the weight bytes over the memory's read speed. The
 compiled step (gptkit.infer.compiled) runs some 150 kernels a token, each its own parallel region, behind
@@ -12,9 +13,10 @@ What it serves: float32 or bfloat16 weights on the CPU, or int8 ones (gptkit.wei
 per row; each product's float32 input is rounded to 16-bit integers with one scale, so that the products run in
 integer lanes); learned or sinusoidal positions; LayerNorm with or without biases; the GELU
 (tanh or exact) or squared-ReLU MLP; a tied or separate head. Not rotary positions or QK-norm (native_problem says
-why a model does not fit). The engine uses it for steps with one active row and keeps its other paths for more
-rows; it fills a prompt with the native prefill (NativeStep.prefill: the prompt's tokens in one pass) up to
-PREFILL_LIMITS' length.
+why a model does not fit). The engine runs every step with it: one row (NativeStep.__call__), or several rows of any
+lengths in one call (NativeStep.step_rows: each weight row read once for up to 4 rows, so that a step of 8 rows costs
+little more than one while the memory's speed bounds it); it fills a prompt with the native prefill
+(NativeStep.prefill: the prompt's tokens in one pass) up to PREFILL_LIMITS' length.
 
 The C++ source is compiled at set-up (`python -m gptkit.infer.native --build`, which `make venv` runs: a C++
 compiler and ninja, ~25 s once; the build lies under torch's extensions directory), for this machine's instruction
@@ -273,6 +275,7 @@ class NativeStep:
         self.eps = transformer.ln_f.eps
         self.versions = self._versions(model)
         self.kernel = extension().decode_step
+        self.rows_kernel = extension().decode_rows
         self.prefill_kernel = extension().prefill
 
     @staticmethod
@@ -330,6 +333,42 @@ class NativeStep:
             temperature,
             top_k or 0,
             uniform,
+        )
+
+    @torch.no_grad()
+    def step_rows(
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        uniforms: Sequence[float] | None = None,
+    ) -> tuple[torch.Tensor, list[int]]:
+        """One step of several rows: logits (rows, vocab) float32 and each row's next token, chosen as __call__
+        chooses it (every row with `temperature` and `top_k`; uniforms[b]: row b's number in [0, 1)).
+
+        Row b of the cache (storage as __call__ takes it, with at least len(tokens) rows) gets tokens[b]'s key and
+        value at positions[b] and attends over its own positions 0..positions[b]: rows may differ in length. Each
+        weight row is read once for up to 4 rows, so the step costs little more than one row's while it is bound by
+        the memory's speed."""
+        return self.rows_kernel(
+            self.matrices,
+            self.scales,
+            self.vectors,
+            self.embedding,
+            self.positions[list(positions)],
+            list(keys),
+            list(values),
+            self.shapes,
+            list(tokens),
+            list(positions),
+            self.activation,
+            self.eps,
+            temperature,
+            top_k or 0,
+            list(uniforms) if uniforms is not None else [0.0] * len(tokens),
         )
 
     def prefills(self, tokens: int) -> bool:

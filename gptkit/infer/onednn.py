@@ -8,13 +8,16 @@ contiguous) faster. `python benchmarks/bench.py linear` measures each variant; d
 `optimize_for_cpu_decoding(model)` changes a model in place: every plain `nn.Linear` keeps its Parameter objects
 (tied weights stay tied, state_dict keys and values are unchanged) and becomes a `DecodingLinear`, which takes
 the direct kernel only for float32 CPU inference; autograd, autocast and torch.compile still get `F.linear`.
-decode=auto (gptkit.infer.decoding) applies it for the CPU's float32 steps over several rows, where it was measured faster.
+decode=auto (gptkit.infer.decoding) uses it for the CPU's float32 steps over several rows where the native step cannot
+run, in `decoding_copy(model)`: the engine never changes the model its caller passed.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import platform
+import weakref
 
 import torch
 import torch.nn as nn
@@ -76,3 +79,37 @@ def suits_fast_path(model: nn.Module) -> bool:
     if param is None or param.device.type != "cpu" or param.dtype != torch.float32:
         return False
     return not torch.is_autocast_enabled("cpu")
+
+
+# Each model's decoding copy and the version counters of the weights it was made from; a model that is garbage
+# collected takes its copy with it.
+DECODING_COPIES: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[int, ...], nn.Module]] = weakref.WeakKeyDictionary()
+
+
+def weight_versions(model: nn.Module) -> tuple[int, ...]:
+    """The in-place version counters of `model`'s parameters and buffers: they change when an optimizer or a load
+    writes a weight."""
+    return tuple(t._version for t in (*model.parameters(), *model.buffers()))
+
+
+def decoding_copy(model: nn.Module) -> nn.Module:
+    """optimize_for_cpu_decoding applied to a copy of `model`, which stays as it was: the copy's plain nn.Linear
+    layers hold their weights transposed (new memory: the products' weights twice over while the copy lives), every
+    other parameter and buffer is `model`'s own. Made once per model, and again after a weight changed in place."""
+    versions = weight_versions(model)
+    kept = DECODING_COPIES.get(model)
+    if kept is not None and kept[0] == versions:
+        return kept[1]
+    DECODING_COPIES.pop(model, None)  # a stale copy goes first: never two at once
+    shared = {id(tensor): tensor for tensor in (*model.parameters(), *model.buffers())}
+    decoding = copy.deepcopy(model, memo=shared)  # the modules copied, the tensors shared
+    transposed: dict[int, nn.Parameter] = {}  # a weight two layers share (none in a GPT's products) copied once
+    for module in decoding.modules():
+        if type(module) in (nn.Linear, DecodingLinear):
+            weight = module.weight
+            if id(weight) not in transposed:
+                with torch.inference_mode(False), torch.no_grad():  # (in, out) contiguous: use_decoding_layout's
+                    transposed[id(weight)] = nn.Parameter(weight.detach().t().contiguous().t(), requires_grad=False)
+            module.weight = transposed[id(weight)]
+    DECODING_COPIES[model] = (versions, optimize_for_cpu_decoding(decoding))
+    return decoding

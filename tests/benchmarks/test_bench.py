@@ -145,6 +145,7 @@ def test_sample_bench_puts_batch_one_against_the_memory_bound(capsys, monkeypatc
     measures = [20e9 + 1e9 * k for k in range(24)]
     remaining = iter(measures)
     monkeypatch.setattr(bench, "read_bandwidth", lambda device, megabytes: next(remaining))
+    monkeypatch.setattr(bench, "matmul_flop_s", lambda config, batch: 1e15)  # a compute leg far below the memory's
     paths = ["auto", "eager_bf16", "compiled_bf16", "native_bf16", "int8", "int8_compiled", "no_products"]
     settings = bench.SampleBench(batch_sizes=[1], repeats=3, new_tokens=3, bandwidth_mb=64, json_out="", paths=paths)
     shape = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64, "vocab_size": 1000, "bias": True}
@@ -190,6 +191,43 @@ def test_sample_bench_puts_batch_one_against_the_memory_bound(capsys, monkeypatc
     assert "bound_tokens_per_s" not in rows["no_products"]
 
 
+def test_each_batch_is_set_against_the_roofline_of_its_step(monkeypatch):
+    """A step of B rows reads every weight once and multiplies it with B rows: its bound is B over the longer of the
+    read (weight bytes / read speed) and the products (2 B weights FLOPs / the matmul rate measured for B rows)."""
+    monkeypatch.setattr(bench, "read_bandwidth", lambda device, megabytes: 10e9)
+    rates = {1: 1e12, 4: 1e11, 16: 1e9}  # FLOP/s: batch 1 and 4 are bound by the memory, 16 by the products
+    monkeypatch.setattr(bench, "matmul_flop_s", lambda config, batch: rates[batch])
+    settings = bench.SampleBench(
+        batch_sizes=[1, 4, 16], repeats=2, new_tokens=3, bandwidth_mb=64, json_out="", paths=["auto", "native_int8"]
+    )
+    shape = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64, "vocab_size": 1000, "bias": True}
+    rows = {(row["path"], row["batch"]): row for row in bench.bench_sample(settings, GPTConfig(**shape))}
+    weights = GPT(GPTConfig(**shape)).get_num_params(non_embedding=True)
+    for (path, batch), row in rows.items():
+        read_s = weights * (1 if path == "native_int8" else 4) / 10e9
+        compute_s = 2 * batch * weights / rates[batch]
+        assert row["bound_tokens_per_s"] == pytest.approx(batch / max(read_s, compute_s), rel=0.01)
+        assert row["bound_by"] == ("memory" if read_s >= compute_s else "compute")
+        fractions = sorted(3 * batch / run["seconds"] * max(read_s, compute_s) / batch for run in row["runs"])
+        assert row["of_bound"] == pytest.approx(statistics.median(fractions), rel=0.01, abs=6e-4)
+    assert [rows[("auto", batch)]["bound_by"] for batch in (1, 4, 16)] == ["memory", "memory", "compute"]
+
+
+def test_a_steps_matrix_shapes_are_the_weights_it_reads():
+    for shape in ({"n_embd": 32, "n_head": 2}, {"n_embd": 48, "n_head": 3}):
+        model = GPT(GPTConfig(n_layer=3, block_size=16, vocab_size=50, **shape))
+        shapes = bench.step_matrix_shapes(model.config)
+        assert sum(out * columns for out, columns in shapes) == sum(w.numel() for w in bench.step_weights(model))
+        assert len(shapes) == 3 * 4 + 1
+
+
+def test_the_matmul_rate_is_positive_and_grows_with_the_rows():
+    """More rows a product do more work per weight loaded from the caches: 16 rows multiply faster than one."""
+    config = GPTConfig(n_layer=1, n_head=2, n_embd=64, block_size=16, vocab_size=200)
+    one, sixteen = bench.matmul_flop_s(config, 1), bench.matmul_flop_s(config, 16)
+    assert 0 < one < sixteen
+
+
 def test_step_weights_are_the_matrices_a_step_reads_and_a_read_pass_sums_each_once(monkeypatch):
     for encoding in ("learned", "rope"):
         model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=50, pos_encoding=encoding))
@@ -206,6 +244,7 @@ def test_step_weights_are_the_matrices_a_step_reads_and_a_read_pass_sums_each_on
 
 def test_weights_read_paths_are_set_against_the_bound_without_products(monkeypatch):
     monkeypatch.setattr(bench, "read_bandwidth", lambda device, megabytes: 10e9)
+    monkeypatch.setattr(bench, "matmul_flop_s", lambda config, batch: 1e15)
     paths = ["weights_read", "weights_read_bf16", "native_read", "auto", "no_products"]
     settings = bench.SampleBench(batch_sizes=[1], repeats=2, new_tokens=5, bandwidth_mb=64, json_out="", paths=paths)
     shape = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64, "vocab_size": 1000, "bias": True}

@@ -20,7 +20,7 @@ from helpers import assert_one_line_message, lively_model, plain_copy, reference
         ("cuda", "float32", 8, False, False, Plan(compiled=True)),
         # CPU float32: native for a row alone, oneDNN for the steps with more rows
         ("cpu", "float32", 1, True, True, Plan(native=True)),
-        ("cpu", "float32", 8, True, True, Plan(native=True, onednn=True)),
+        ("cpu", "float32", 8, True, True, Plan(native=True)),
         # no native build: plain eager at one row (oneDNN lost there on a Xeon), oneDNN for more
         ("cpu", "float32", 1, False, True, Plan()),
         ("cpu", "float32", 8, False, True, Plan(onednn=True)),

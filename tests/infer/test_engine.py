@@ -271,24 +271,54 @@ def test_fast_path_changes_speed_not_results(bias):
     assert torch.equal(generate(model, prompt, 20, temperature=0)[:, 4:], expected)
 
 
-def test_the_default_generate_call_takes_the_fast_path_for_several_rows():
-    model = lively_model(seed=7)
-    assert type(model.lm_head) is torch.nn.Linear
-    prompt = torch.tensor(prompts_of(4, 4))
+def model_state(model: GPT) -> list[tuple[str, type, int, torch.Size, tuple[int, ...], torch.Tensor]]:
+    """Everything of `model` an engine could change: each module's class, each parameter's and buffer's object, shape,
+    memory layout (strides) and values."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    state = [(name, type(module), 0, torch.Size(), (), torch.empty(0)) for name, module in model.named_modules()]
+    return state + [(name, type(t), id(t), t.shape, t.stride(), t.detach().clone()) for name, t in tensors]
+
+
+def assert_same_state(before: list, after: list) -> None:
+    assert [entry[:5] for entry in before] == [entry[:5] for entry in after]
+    for entry_before, entry_after in zip(before, after):
+        assert torch.equal(entry_before[5], entry_after[5]), entry_before[0]
+
+
+@pytest.mark.parametrize("pos_encoding", ["learned", "rope"])
+@pytest.mark.parametrize("rows", [1, 4])
+def test_the_default_generate_call_never_changes_the_callers_model(pos_encoding, rows):
+    """generate (decode=auto) at one row and at four, with a model the native step runs (learned positions) and one
+    it does not (rotary positions: four rows decode through oneDNN's direct kernel, in a copy): the caller's model
+    keeps its modules, parameter objects, memory layout and values, and the tokens are the plain model's."""
+    model = lively_model(seed=7, pos_encoding=pos_encoding)
+    before = model_state(model)
+    prompt = torch.tensor(prompts_of(*[4] * rows))
     with torch.profiler.profile() as profile:
-        generate(model, prompt, 3, temperature=0)
-    assert isinstance(model.lm_head, DecodingLinear)
+        out = generate(model, prompt, 6, temperature=0)
+    assert_same_state(before, model_state(model))
     calls = {event.name for event in profile.events()}
-    if onednn_linear_available():
+    if pos_encoding == "rope" and rows > 1 and onednn_linear_available():
         assert "mkldnn::_linear_pointwise" in calls  # the direct kernel really ran
-    bf16 = lively_model(seed=7).to(torch.bfloat16)
-    generate(bf16, prompt, 2)
-    assert type(bf16.lm_head) is torch.nn.Linear  # measured slower in bfloat16: left alone
+    for row in range(rows):
+        assert out[row, 4:].tolist() == reference_greedy(plain_copy(model), prompt[row].tolist(), 6)
+
+
+def test_the_decoding_copy_follows_a_changed_model():
+    """The oneDNN copy is made once per model and again after a weight changes in place (an optimizer step):
+    the next generate decodes with the new weights."""
+    model, other = lively_model(seed=8, pos_encoding="rope"), lively_model(seed=9, pos_encoding="rope")
+    prompt = torch.tensor(prompts_of(3, 3))
+    generate(model, prompt, 2)
+    model.load_state_dict(other.state_dict())
+    out = generate(model, prompt, 8, temperature=0)
+    for row in range(2):
+        assert out[row, 3:].tolist() == reference_greedy(plain_copy(other), prompt[row].tolist(), 8)
 
 
 def test_training_still_works_after_the_fast_path():
     model, plain = lively_model(seed=8), lively_model(seed=8)
-    generate(model, torch.tensor(prompts_of(3, 3)), 2)  # applies the fast path (two rows)
+    optimize_for_cpu_decoding(model)
     model.train()
     idx = torch.randint(0, VOCAB, (2, 16))
     for net in (model, plain):

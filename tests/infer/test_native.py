@@ -18,7 +18,6 @@ from gptkit.weights.quantization import Int8Linear, quantize_int8
 from helpers import (
     assert_one_line_message,
     count_calls,
-    count_native_steps,
     dequantized_model,
     lively_model,
     plain_copy,
@@ -255,18 +254,125 @@ def test_seeded_sampling_draws_the_eager_engines_tokens(temperature, top_k, top_
     assert len(set(outputs[True])) > 5  # sampled, not one repeated token
 
 
-def test_steps_with_more_rows_take_the_engines_other_path(monkeypatch):
-    """Three requests in one engine: batched steps run eagerly; once one row is left, the native step runs it. Each
-    request gets its reference greedy tokens either way."""
-    model = lively_model(block_size=40)
+def rows_native_steps(model, dtype: torch.dtype, prompts: list[list[int]], steps: int, prefill_model=None):
+    """Logits (rows, vocab) of `steps` greedy steps of several rows in one native call each, after the eager model
+    (or prefill_model) fills row r of the cache with prompts[r][:-1] (rows of different lengths)."""
+    config = model.config
+    cache = KVCache(config.n_layer, config.block_size, slots=len(prompts) + 1)  # a row more than the step's
+    cache.allocate(config.n_head, config.n_embd // config.n_head, dtype, torch.device("cpu"))
+    with torch.no_grad():
+        for row, prompt in enumerate(prompts):
+            if len(prompt) > 1:
+                (prefill_model or model).hidden_states(torch.tensor([prompt[:-1]]), cache=cache.rows(row, row + 1))
+    step, tokens, all_logits = NativeStep.for_model(model, dtype), [prompt[-1] for prompt in prompts], []
+    for _ in range(steps):
+        logits, tokens = step.step_rows(tokens, cache.lengths[: len(prompts)], cache.keys, cache.values)
+        cache.lengths[: len(prompts)] = [length + 1 for length in cache.lengths[: len(prompts)]]
+        all_logits.append(logits)
+    return all_logits
+
+
+# Rows of 1 to 14 tokens: 9 rows take the 4-row (and 2-row) blocks of the products and one left over.
+ROW_PROMPT_LENGTHS = (7, 1, 12, 3, 9, 5, 14, 2, 6)
+
+
+def row_prompts(vocab: int, lengths=ROW_PROMPT_LENGTHS) -> list[list[int]]:
+    return [torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in lengths]
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_a_step_of_several_rows_gives_each_row_the_full_passs_logits(shape):
+    """9 rows of different lengths in one native call per step: each row's logits are the full pass's over its own
+    prompt and greedy tokens so far (float32 rounding), whatever the other rows hold."""
+    model = lively_model(vocab_size=61, block_size=32, seed=3, **SHAPES[shape])
+    prompts = row_prompts(61)
+    logits = rows_native_steps(model, torch.float32, prompts, 6)
+    for row, prompt in enumerate(prompts):
+        tokens = list(prompt)
+        for step_logits in logits:
+            expected = full_pass_logits(model, tokens)
+            torch.testing.assert_close(step_logits[row], expected, rtol=1e-4, atol=1e-4)
+            tokens.append(int(expected.argmax()))
+
+
+@pytest.mark.parametrize("width", [32, 768])
+def test_a_bfloat16_step_of_several_rows_stays_within_bfloat16_rounding(width):
+    """bfloat16 weights, 5 rows of different lengths a step: each row's logits within bfloat16 rounding of a
+    float32 pass over the same weights, at a small width and at GPT-2's."""
+    shape = dict(n_embd=width, n_head=width // 16, n_layer=1) if width == 768 else {}
+    model = lively_model(vocab_size=61, block_size=32, seed=4, **shape).to(torch.bfloat16)
+    reference = plain_copy(model).float()
+    prompts = row_prompts(61, (9, 2, 5, 1, 11))
+    logits = rows_native_steps(model, torch.bfloat16, prompts, 4)
+    for row, prompt in enumerate(prompts):
+        tokens = list(prompt)
+        for step_logits in logits:
+            expected = full_pass_logits(reference, tokens)
+            assert (step_logits[row] - expected).abs().max() <= 0.03 * expected.abs().max()
+            tokens.append(int(step_logits[row].argmax()))
+
+
+@pytest.mark.parametrize("shape", ["gpt2", "36 wide: float32 rows one after another", "gpt2 width"])
+def test_an_int8_step_of_several_rows_matches_the_float32_pass_of_its_weights(shape):
+    """int8 weights, 9 rows of different lengths a step: each row's logits are the float32 pass's over the
+    dequantized weights with 16-bit inputs (within INT8_TOLERANCE), each row's input rounded with its own scale."""
+    overrides = dict(n_embd=768, n_head=12, n_layer=1) if shape == "gpt2 width" else SHAPES[shape]
+    original = lively_model(vocab_size=61, block_size=32, seed=6, **overrides)
+    model = quantize_int8(plain_copy(original))
+    reference = with_16_bit_inputs(dequantized_model(model, original))
+    prompts = row_prompts(61)
+    logits = rows_native_steps(model, torch.float32, prompts, 4, prefill_model=reference)
+    for row, prompt in enumerate(prompts):
+        tokens = list(prompt)
+        for step_logits in logits:
+            expected = full_pass_logits(reference, tokens)
+            assert_close_to(step_logits[row], expected, INT8_TOLERANCE)
+            tokens.append(int(expected.argmax()))
+
+
+@pytest.mark.parametrize(
+    "shape", ["gpt2", "no biases, exact gelu, sinusoidal, tied", "36 wide: float32 rows one after another"]
+)
+def test_requests_joining_and_leaving_get_their_reference_greedy_tokens(monkeypatch, shape):
+    """Ten requests through 6 slots as the server runs them: rows of different lengths join as others finish
+    (a stop token or their budget), and windows slide (block 24). Every step of several rows is one native call,
+    and each request gets exactly its reference greedy tokens."""
+    model = lively_model(block_size=24, **SHAPES[shape])
     reference = plain_copy(model)
-    calls = count_native_steps(monkeypatch)
-    prompts = [[1, 2, 3], [4, 5, 6, 7], [8]]
-    requests = [Request(prompt, new, temperature=0) for prompt, new in zip(prompts, (5, 8, 20))]
-    list(Engine(model, slots=3, decode="native").run(requests))
-    for prompt, request in zip(prompts, requests):
-        assert request.output == reference_greedy(reference, prompt, len(request.output))
-    assert [len(r.output) for r in requests] == [5, 8, 20] and len(calls) == 20 - 8
+    row_steps = count_calls(monkeypatch, NativeStep, "step_rows")
+    prompts = row_prompts(37, (1, 9, 20, 4, 13, 2, 7, 16, 5, 3))
+    budgets = (30, 5, 12, 26, 3, 18, 9, 22, 14, 6)
+    stop_tokens = {row: (reference_greedy(reference, prompts[row], 4)[-1],) for row in (3, 7)}  # stop early
+    requests = [
+        Request(prompt, budget, temperature=0, stop_tokens=stop_tokens.get(row, ()))
+        for row, (prompt, budget) in enumerate(zip(prompts, budgets))
+    ]
+    engine = Engine(model, slots=6, decode="native")
+    list(engine.run(requests))
+    for row, (prompt, request) in enumerate(zip(prompts, requests)):
+        expected = reference_greedy(reference, prompt, len(request.output))
+        assert request.output == expected
+        assert len(request.output) <= 4 if row in stop_tokens else len(request.output) == budgets[row]
+    assert len(row_steps) > 10
+
+
+def test_seeded_rows_sampled_in_one_step_draw_the_eager_engines_tokens():
+    """Four seeded requests with the same settings sample inside the native call (each row with its own uniform
+    number, drawn from its own generator); mixed settings are sampled from the step's logits. Same seeds, same
+    tokens as the eager engine."""
+    model = lively_model(block_size=24)
+    for settings in ([(1.0, 5)] * 4, [(1.0, 5), (0.7, None), (0.0, None), (1.0, 40)]):
+        outputs = {}
+        for native in (True, False):
+            requests = [
+                Request([3, 1, 4, 1 + row, 5], 30, temperature, top_k, seed=11 + row)
+                for row, (temperature, top_k) in enumerate(settings)
+            ]
+            engine = Engine(model if native else plain_copy(model), slots=4, decode="native" if native else "eager")
+            list(engine.run(requests))
+            outputs[native] = [request.output for request in requests]
+        assert outputs[True] == outputs[False]
+        assert len(set(outputs[True][0])) > 5  # sampled, not one repeated token
 
 
 def test_the_packed_weights_follow_a_changed_model():

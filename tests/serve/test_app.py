@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -13,6 +14,7 @@ import pytest
 from gptkit.core.errors import UserError
 from gptkit.data.tokenizer import CharTokenizer, TiktokenTokenizer
 from gptkit.infer.engine import Engine, Request
+from gptkit.infer.native import NativeStep
 from gptkit.serve.app import ServeSettings, is_loopback
 from gptkit.serve.openai_api import APIError, error_response
 from helpers import SERVE_TEXT, count_native_steps, get_json, lively_model, running_app
@@ -74,6 +76,36 @@ def test_auto_decoding_serves_a_lone_request_natively_with_the_eager_text(char_t
             ]
     assert texts["auto"] == texts["eager"] and [len(text) for text in texts["auto"]] == [40, 40]
     assert len(native_calls) == 80
+
+
+def test_auto_decoding_serves_concurrent_requests_natively_with_the_eager_text(char_tokenizer, monkeypatch):
+    """--decode=auto on the CPU with 6 requests sent at once (greedy and seeded, of different prompt lengths): every
+    token is made by the native step, one row or several rows a call as requests join and leave the batch, and each
+    text is the eager server's."""
+    model = lively_model(char_tokenizer.vocab_size, block_size=32)
+    single_rows = count_native_steps(monkeypatch)
+    several_rows: list[int] = []
+    step_rows = NativeStep.step_rows
+    monkeypatch.setattr(
+        NativeStep,
+        "step_rows",
+        lambda self, tokens, *args: several_rows.append(len(tokens)) or step_rows(self, tokens, *args),
+    )
+    prompts = ["All:", "ROMEO:", "First Citizen:", "Speak", "A", "hear me"]
+    bodies = [
+        {"model": "m", "prompt": prompt, "max_tokens": 20 + 3 * i, "temperature": 0}
+        if i % 2 == 0
+        else {"model": "m", "prompt": prompt, "max_tokens": 20 + 3 * i, "temperature": 1.0, "top_k": 5, "seed": i}
+        for i, prompt in enumerate(prompts)
+    ]
+    texts = {}
+    for decode in ("eager", "auto"):
+        with running_app(model, char_tokenizer, decode=decode, slots=6) as base, ThreadPoolExecutor(6) as pool:
+            url = f"{base}/v1/completions"
+            answers = list(pool.map(lambda body, url=url: httpx.post(url, json=body, timeout=60), bodies))
+        texts[decode] = [answer.json()["choices"][0]["text"] for answer in answers]
+    assert texts["auto"] == texts["eager"]
+    assert len(single_rows) + sum(several_rows) == sum(body["max_tokens"] for body in bodies)
 
 
 def test_long_prompts_are_cut_from_the_left_or_refused(char_tokenizer):

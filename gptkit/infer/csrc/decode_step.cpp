@@ -346,12 +346,12 @@ inline float dot_placed(RowPlace w, const float* x, int64_t n) {
 template <int64_t T, int64_t SPLIT>
 inline void add_chunk(Vec* sums, const float* w, const float* const* xs, int64_t at, int64_t half) {
   Vec x[T];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
   for (int64_t t = 0; t < T; ++t) x[t] = load(xs[t] + at);
 #pragma GCC unroll 4
   for (int64_t r = 0; r < BLOCK_ROWS; ++r) {
     const Vec weights = load(w + r * CHUNK);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int64_t t = 0; t < T; ++t) {
       Vec& sum = sums[(r * T + t) * SPLIT + half];
       sum = fmadd(weights, x[t], sum);
@@ -361,12 +361,13 @@ inline void add_chunk(Vec* sums, const float* w, const float* const* xs, int64_t
 #endif
 
 // out[r * T + t] = the dot product of row r of a whole block (at `block`) with input xs[t], over n values. Eight
-// independent sums hide the FMA latency: for one input two a row (even and odd chunks), for two one a row and input.
+// or more independent sums hide the FMA latency: for one input two a row (even and odd chunks), for more one a row
+// and input (four inputs: 16 sums, which only AVX-512's 32 registers hold).
 template <int64_t T>
 void block_dots(const float* block, const float* const* xs, int64_t n, float* out) {
-  static_assert(T == 1 || T == 2);
+  static_assert(T == 1 || T == 2 || T == 4);
 #if defined(GPTKIT_VECTORS)
-  constexpr int64_t SPLIT = 2 / T, SUMS = BLOCK_ROWS * T * SPLIT, STEP = SPLIT * BLOCK_ROWS * CHUNK;
+  constexpr int64_t SPLIT = T == 1 ? 2 : 1, SUMS = BLOCK_ROWS * T * SPLIT, STEP = SPLIT * BLOCK_ROWS * CHUNK;
   Vec sums[SUMS];
 #pragma GCC unroll 8
   for (int64_t i = 0; i < SUMS; ++i) sums[i] = splat(0.0f);
@@ -410,11 +411,18 @@ void product(const Matrix<W>& m, int64_t first, int64_t last, const ProductInput
   for (; row < last; ++row) out[row - first] = product_row(m.values, m.scales, row, m.columns, in);
 }
 
-// A prefill's products over rows that lie one after another (bfloat16, int8, and float32 too narrow for blocks) take
-// 2 weight rows and 4 tokens at a time: each row is read (and widened) once for 4 tokens, each input vector loaded
-// once for 2 rows, in 8 independent sums that hide the FMA latency (registers allow no more with AVX2: 8 sums, 2 rows,
-// an input). Blocked float32 rows take a block and 2 tokens at a time (block_dots).
+// A prefill's (or a step of several rows') products over rows that lie one after another (bfloat16, int8, and
+// float32 too narrow for blocks) take 2 weight rows and 4 tokens at a time: each row is read (and widened) once for 4
+// tokens, each input vector loaded once for 2 rows, in 8 independent sums that hide the FMA latency (registers allow
+// no more with AVX2: 8 sums, 2 rows, an input). Blocked float32 rows take a block and BLOCK_TOKENS tokens at a time
+// (block_dots): 4 with AVX-512's 32 registers (16 sums; 8 loads for 16 FMAs, so that the FMAs, not the loads, set
+// the pace once the weights come from the cache), else 2.
 constexpr int64_t ROWS = 2, TOKENS = 4;
+#if defined(__AVX512F__)
+constexpr int64_t BLOCK_TOKENS = 4;
+#else
+constexpr int64_t BLOCK_TOKENS = 2;
+#endif
 
 #if defined(GPTKIT_VECTORS)
 // How a block of products multiplies and sums in vector lanes: float32 and bfloat16 rows widened to float32 lanes and
@@ -474,18 +482,22 @@ void product_tokens(const Matrix<W>& m, int64_t first, int64_t last, const Produ
   const int64_t n = m.columns;
   int64_t row = first;
   if constexpr (std::is_same_v<W, float>) {
-    while (m.blocked && row < last) {  // a whole block and 2 inputs at a time (8 sums), else a row
+    while (m.blocked && row < last) {  // a whole block and BLOCK_TOKENS inputs at a time, else a row
       const bool whole = row % BLOCK_ROWS == 0 && row + BLOCK_ROWS <= last;
-      for (int64_t token = 0; token < count; token += 2) {
-        const float* xs[2] = {in.input(token, n), in.input(std::min(token + 1, count - 1), n)};  // past the last: again
-        float sums[BLOCK_ROWS * 2];
-        if (whole)
+      for (int64_t token = 0; token < count; token += BLOCK_TOKENS) {
+        const float* xs[BLOCK_TOKENS];  // past the last input: the last again (computed, not kept)
+        for (int64_t t = 0; t < BLOCK_TOKENS; ++t) xs[t] = in.input(std::min(token + t, count - 1), n);
+        float sums[BLOCK_ROWS * BLOCK_TOKENS];
+        if (whole && count - token <= 2)  // two inputs or fewer left: the cheaper block of two
           block_dots<2>(m.values + row * n, xs, n, sums);
+        else if (whole)
+          block_dots<BLOCK_TOKENS>(m.values + row * n, xs, n, sums);
         else
-          for (int64_t t = 0; t < 2; ++t) sums[t] = dot_placed(place(m, row), xs[t], n);
+          for (int64_t t = 0; t < BLOCK_TOKENS; ++t) sums[t] = dot_placed(place(m, row), xs[t], n);
+        const int64_t width = whole && count - token <= 2 ? 2 : BLOCK_TOKENS;  // the layout of sums
         for (int64_t r = 0; r < (whole ? BLOCK_ROWS : 1); ++r)
-          for (int64_t t = 0; t < 2 && token + t < count; ++t)
-            out[(row + r - first) * count + token + t] = sums[r * 2 + t];
+          for (int64_t t = 0; t < width && token + t < count; ++t)
+            out[(row + r - first) * count + token + t] = sums[r * width + t];
       }
       row += whole ? BLOCK_ROWS : 1;
     }
@@ -915,6 +927,91 @@ void prefill(const Model<W>& m, const std::vector<int64_t>& tokens, int64_t star
   }
 }
 
+// The head's rows a step of several rows computes at a time (per thread): their outputs for every row fit in the
+// caches while each row's largest logits are taken from them.
+constexpr int64_t HEAD_ROWS = 256;
+
+// One decoding step of several rows: row b of the cache gets tokens[b]'s key and value at positions[b] and attends
+// over its own positions 0..positions[b] (rows may differ in length); logits (rows, vocab) are filled and each
+// row's share of each thread's are offered to per_thread[b][thread]. The threads split the work as in step(); each
+// product reads a weight row once for up to 4 rows (product_tokens), so a step of 8 rows reads the weights about once
+// where 8 steps would read them 8 times.
+template <typename W, typename S = typename Stored<W>::type>
+void step_rows(const Model<W>& m, const std::vector<int64_t>& tokens, const std::vector<int64_t>& positions,
+               float* logits, std::vector<std::vector<Largest>>& per_thread) {
+  const Shapes& s = m.s;
+  const int64_t C = s.embd, F = s.hidden, D = s.head_dim, B = static_cast<int64_t>(tokens.size());
+  const int64_t row_storage = s.heads * m.cache_positions * D;  // one row of a layer's cache
+  std::vector<float> x(B * C), qkv(B * 3 * C);
+  std::vector<S> attended(B * C), hidden(B * F);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < C; ++i)
+      x[b * C + i] = static_cast<float>(m.embedding[tokens[b] * C + i]) + m.position_rows[b * C + i];
+  const int64_t longest = *std::max_element(positions.begin(), positions.end()) + 1;
+
+#pragma omp parallel num_threads(static_cast<int>(per_thread[0].size()))
+  {
+    const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
+    const Share heads(s.heads, thread, threads), mine(F, thread, threads), residual(C, thread, threads);
+    std::vector<S> normed(B * C);
+    std::vector<float> scores(longest), mixed(D), out(B * std::max({C, mine.last - mine.first, HEAD_ROWS}));
+    ProductInput<W> input;  // the inputs of this thread's next product, as its rows read them
+    for (int64_t layer = 0; layer < s.layers; ++layer) {
+      const Layer<W> l = m.layer(layer);
+      for (int64_t b = 0; b < B; ++b) layer_norm(&x[b * C], l.ln1_w, l.ln1_b, C, m.eps, &normed[b * C]);
+      input.take(normed.data(), C, B);
+      for (int64_t part = 0; part < 3; ++part) {  // this thread's heads' rows of Q, then of K, then of V
+        const int64_t first = part * C + heads.first * D, last = part * C + heads.last * D;
+        product_tokens(l.attn, first, last, input, B, out.data());
+        for (int64_t row = first; row < last; ++row)
+          for (int64_t b = 0; b < B; ++b) qkv[b * 3 * C + row] = out[(row - first) * B + b] + l.attn_b[row];
+      }
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = heads.first; h < heads.last; ++h) {
+          const int64_t at = h * D, storage = b * row_storage + h * m.cache_positions * D;
+          const float* q = &qkv[b * 3 * C + at];
+          attend(q, q + C, q + 2 * C, m.keys[layer] + storage, m.values[layer] + storage, positions[b], D,
+                 scores.data(), mixed.data(), &attended[b * C + at]);
+        }
+#pragma omp barrier
+      input.take(attended.data(), C, B);
+      product_tokens(l.proj, residual.first, residual.last, input, B, out.data());
+      for (int64_t row = residual.first; row < residual.last; ++row)
+        for (int64_t b = 0; b < B; ++b) x[b * C + row] += out[(row - residual.first) * B + b] + l.proj_b[row];
+#pragma omp barrier
+      for (int64_t b = 0; b < B; ++b) layer_norm(&x[b * C], l.ln2_w, l.ln2_b, C, m.eps, &normed[b * C]);
+      input.take(normed.data(), C, B);
+      product_tokens(l.fc, mine.first, mine.last, input, B, out.data());
+      for (int64_t row = mine.first; row < mine.last; ++row)
+        for (int64_t b = 0; b < B; ++b) out[(row - mine.first) * B + b] += l.fc_b[row];
+      activate_all(out.data(), B * (mine.last - mine.first), m.activation);
+      for (int64_t row = mine.first; row < mine.last; ++row)
+        for (int64_t b = 0; b < B; ++b) hidden[b * F + row] = static_cast<S>(out[(row - mine.first) * B + b]);
+#pragma omp barrier
+      input.take(hidden.data(), F, B);
+      product_tokens(l.fc_proj, residual.first, residual.last, input, B, out.data());
+      for (int64_t row = residual.first; row < residual.last; ++row)
+        for (int64_t b = 0; b < B; ++b) x[b * C + row] += out[(row - residual.first) * B + b] + l.fc_proj_b[row];
+#pragma omp barrier
+    }
+    const float* final_norm = m.vectors + s.layers * s.layer_vector_elements();
+    for (int64_t b = 0; b < B; ++b) layer_norm(&x[b * C], final_norm, final_norm + C, C, m.eps, &normed[b * C]);
+    input.take(normed.data(), C, B);
+    const Share vocab(s.vocab, thread, threads);
+    for (int64_t first = vocab.first; first < vocab.last;) {  // HEAD_ROWS at a time, from a multiple of HEAD_ROWS
+      const int64_t last = std::min(vocab.last, (first / HEAD_ROWS + 1) * HEAD_ROWS);
+      product_tokens(m.head(), first, last, input, B, out.data());
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t row = first; row < last; ++row) {
+          const float logit = out[(row - first) * B + b];
+          logits[b * s.vocab + row] = logit;
+          per_thread[b][thread].offer(logit, row);
+        }
+      first = last;
+    }
+  }
+}
+
 // The next token from the logits: greedy (temperature 0: the first largest), else a draw with `uniform` from the
 // softmax of logits / temperature over the top_k largest (top_k 0: over the whole vocabulary), as
 // gptkit.sampling.sample_next_token chooses it.
@@ -1013,6 +1110,42 @@ std::tuple<torch::Tensor, int64_t> decode_step(const torch::Tensor& matrices, co
   return {logits, choose(logits.data_ptr<float>(), s.vocab, per_thread, keep, temperature, uniform)};
 }
 
+// A step of several rows: logits (rows, vocab) float32 and each row's next token (see choose; one temperature and
+// top_k for every row, uniforms[b] row b's draw). Row b of each layer's cache (storage as decode_step takes it, with
+// at least len(tokens) rows) gets tokens[b]'s key and value at positions[b] and attends over 0..positions[b];
+// position_rows: (rows, embd) float32, the rows added at those positions.
+std::tuple<torch::Tensor, std::vector<int64_t>> decode_rows(
+    const torch::Tensor& matrices, const torch::Tensor& scales, const torch::Tensor& vectors,
+    const torch::Tensor& embedding, const torch::Tensor& position_rows, const std::vector<torch::Tensor>& keys,
+    const std::vector<torch::Tensor>& values, std::vector<int64_t> shapes, std::vector<int64_t> tokens,
+    std::vector<int64_t> positions, int64_t activation, double eps, double temperature, int64_t top_k,
+    std::vector<double> uniforms) {
+  const Shapes s = checked_shapes(shapes, matrices, vectors, keys, values);
+  const int64_t rows = static_cast<int64_t>(tokens.size());
+  TORCH_CHECK(rows > 0 && rows <= keys[0].size(0), "one token for each of 1 .. cache rows rows");
+  TORCH_CHECK(static_cast<int64_t>(positions.size()) == rows && static_cast<int64_t>(uniforms.size()) == rows);
+  for (int64_t b = 0; b < rows; ++b) {
+    TORCH_CHECK(0 <= positions[b] && positions[b] < keys[0].size(2), "a position past the cache");
+    TORCH_CHECK(0 <= tokens[b] && tokens[b] < embedding.size(0), "a token past the vocabulary");
+    TORCH_CHECK(0.0 <= uniforms[b] && uniforms[b] < 1.0);
+  }
+  TORCH_CHECK(position_rows.scalar_type() == torch::kFloat && position_rows.is_contiguous() &&
+              position_rows.numel() == rows * s.embd);
+  TORCH_CHECK(temperature >= 0.0 && top_k >= 0);
+  auto logits = torch::empty({rows, s.vocab}, vectors.options());
+  const int64_t keep = temperature == 0.0 ? 1 : (top_k < s.vocab ? top_k : 0);
+  std::vector<std::vector<Largest>> per_thread(rows, std::vector<Largest>(at::get_num_threads(), Largest(keep)));
+  with_weight_type(matrices.scalar_type(), [&](auto weight) {
+    const auto model = model_for<decltype(weight)>(matrices, scales, vectors, embedding, position_rows, keys, values,
+                                                   s, activation, eps);
+    step_rows(model, tokens, positions, logits.data_ptr<float>(), per_thread);
+  });
+  std::vector<int64_t> chosen(rows);
+  for (int64_t b = 0; b < rows; ++b)
+    chosen[b] = choose(logits.data_ptr<float>() + b * s.vocab, s.vocab, per_thread[b], keep, temperature, uniforms[b]);
+  return {logits, chosen};
+}
+
 // Fills row 0 of the cache at positions start .. start + len(tokens) - 1 with `tokens` (see prefill); the buffers as
 // decode_step takes them, position_rows: (len(tokens), embd) float32, the rows added at those positions.
 void prefill_tokens(const torch::Tensor& matrices, const torch::Tensor& scales, const torch::Tensor& vectors,
@@ -1043,6 +1176,7 @@ std::vector<int64_t> float32_blocks(int64_t embd, int64_t hidden) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_step", &decode_step);
+  m.def("decode_rows", &decode_rows);
   m.def("float32_blocks", &float32_blocks);
   m.def("prefill", &prefill_tokens);
 }
