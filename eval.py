@@ -4,9 +4,10 @@ python eval.py --out_dir=out-shakespeare-char --tasks=hellaswag --limit=500
 python eval.py --init_from=gpt2 --tasks=hellaswag --json_out=hellaswag.json
 python eval.py --out_dir=out --tasks= --harness_tasks=lambada_openai,arc_easy
 python eval.py --out_dir=out --tasks= --harness_tasks=my_task --harness_include=my_tasks/   # local task YAMLs
+python eval.py --out_dir=out-rl --tasks= --prompts=held_out.jsonl --reward=number --samples=8 --pass_k=1,8
 
 The last line on stdout is the summary of every task; --json_out writes {"hellaswag": {"acc", "acc_norm", "n"}, ...}
-(harness tasks as "lm_eval/<task>": {metric: value}).
+(harness tasks as "lm_eval/<task>": {metric: value}; a prompt file as "generative": {"pass@k", "reward", "n"}).
 """
 
 from __future__ import annotations
@@ -44,11 +45,36 @@ class EvaluateSettings(ModelSource, Decoding, Runtime):
     harness_include: str = setting("", "a directory of extra lm-eval task YAML files (local task definitions)")
     json_out: str = setting("", "write the results to this JSON file")
     batch_size: int = setting(16, "items (harness: requests) per forward pass", rule="positive")
+    # generative tasks with verifiable answers (gptkit.eval.generative)
+    prompts: str = setting("", "a JSONL file of prompts ('prompt' and the fields the reward reads) to complete")
+    reward: str = setting(
+        "number", "prompts: how a completion is scored: exact | number | regex:PATTERN | module:function"
+    )
+    samples: int = setting(1, "prompts: completions per prompt (n of pass@k)", rule="positive")
+    pass_k: str = setting("1", "prompts: comma-separated k of pass@k (each at most --samples)")
+    max_new_tokens: int = setting(64, "prompts: the longest completion, in tokens", rule="positive")
+    temperature: float = setting(0.0, "prompts: sampling temperature (0 = greedy)", rule="non_negative")
+
+    def pass_ks(self) -> list[int]:
+        """The k of pass@k, checked against --samples."""
+        try:
+            ks = [int(k) for k in self.pass_k.split(",") if k.strip()]
+        except ValueError:
+            raise UserError(f"--pass_k must list whole numbers, got {self.pass_k!r}") from None
+        if not ks or any(not 1 <= k <= self.samples for k in ks):
+            raise UserError(f"--pass_k={self.pass_k}: each k must be between 1 and --samples ({self.samples})")
+        return ks
 
     def validate(self) -> None:
         super().validate()
-        if not hellaswag.parse_tasks(self.tasks) and not self.harness_tasks.strip():
-            raise UserError("nothing to evaluate: give --tasks=hellaswag and/or --harness_tasks=...")
+        if not hellaswag.parse_tasks(self.tasks) and not self.harness_tasks.strip() and not self.prompts:
+            raise UserError("nothing to evaluate: give --tasks=hellaswag, --harness_tasks=... and/or --prompts=FILE")
+        if self.prompts:
+            self.pass_ks()
+            if self.samples > 1 and self.temperature == 0:
+                raise UserError(
+                    "--samples above 1 with --temperature=0 repeats one greedy completion; sample with a temperature"
+                )
         if self.harness_include and not self.harness_tasks:
             raise UserError("--harness_include needs --harness_tasks naming the tasks to run")
 
@@ -102,11 +128,42 @@ def run_harness_tasks(
     return results
 
 
+def run_generative(
+    model: GPT, tokenizer: Tokenizer, cfg: EvaluateSettings, device: torch.device, dtype: torch.dtype
+) -> dict[str, Any]:
+    """The prompt file's pass@k, every completion made by one batched engine."""
+    from gptkit.data.prompts import load_prompts
+    from gptkit.data.rewards import reward_named
+    from gptkit.eval.generative import evaluate_generative
+
+    reward = reward_named(cfg.reward)
+    prompts = load_prompts(cfg.prompts, tokenizer)[: cfg.limit]
+    with autocast(device, dtype):
+        result = evaluate_generative(
+            model,
+            tokenizer,
+            prompts,
+            reward,
+            samples=cfg.samples,
+            ks=cfg.pass_ks(),
+            seed=cfg.seed,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            slots=cfg.batch_size * cfg.samples,
+            decode=cfg.decode,
+        )
+    return {"generative": result}
+
+
 def summary(results: dict[str, Any]) -> str:
     """The last line on stdout: each task's main figures."""
     parts = []
     for task, figures in results.items():
-        shown = [f"{key} {value:.4f}" for key, value in figures.items() if key in SUMMARY_FIGURES and value is not None]
+        shown = [
+            f"{key} {value:.4f}"
+            for key, value in figures.items()
+            if (key in SUMMARY_FIGURES or key.startswith("pass@")) and value is not None
+        ]
         parts.append(f"{task} {' '.join(shown)} (n={figures.get('n')})")
     return "summary: " + " | ".join(parts)
 
@@ -121,6 +178,8 @@ def main(argv: list[str]) -> int:
         print(hellaswag.summary_line({task: result}), flush=True)
     if cfg.harness_tasks.strip():
         results.update(run_harness_tasks(model, tokenizer, cfg, device, dtype))
+    if cfg.prompts:
+        results.update(run_generative(model, tokenizer, cfg, device, dtype))
     if cfg.json_out:
         hellaswag.write_json(cfg.json_out, results)
     print(summary(results), flush=True)

@@ -17,6 +17,8 @@ Chat data (prepare_data/chat.py) is trained on the same way, from conversations 
 tokens are targets, and a step's loss is their summed loss divided by their number over the whole step, all
 micro-batches and processes, so the gradient is the one big batch's (gptkit/train/batches.py: what text and chat
 data differ in). LoRA adapters are added at set-up; only their checkpoints' weights entries differ.
+--objective=dpo trains on preference pairs (prepare_data/preferences.py) and --objective=grpo on rewarded samples of
+its own: the same loop, with the objective's batches and loss (gptkit/train/objectives.py).
 
 The set-up is built once (Run); the numbers the loop changes live in one LoopState that each step of the loop
 takes explicitly. Processes: gptkit/core/distributed.py; what a run prints and logs: gptkit/train/runlog.py; the
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import time
 from pathlib import Path
@@ -44,12 +47,18 @@ from gptkit.core.signals import StopRequest
 from gptkit.data import loader
 from gptkit.data.conversations import is_chat_data
 from gptkit.data.meta import read_meta
-from gptkit.data.tokenizer import padded_vocab_size
+from gptkit.data.preferences import PairBatches, PairEpoch, open_pairs
+from gptkit.data.prompts import load_prompts
+from gptkit.data.rewards import reward_named
+from gptkit.data.tokenizer import padded_vocab_size, tokenizer_from_meta
 from gptkit.eval import hellaswag
+from gptkit.infer.groups import sample_groups
 from gptkit.model import GPT, GPTConfig, config_to_dict
-from gptkit.train import batches, curves, ema, forecast, loop, runlog
+from gptkit.train import batches, curves, ema, forecast, grpo, loop, runlog
 from gptkit.train.loop import LoopState
+from gptkit.train.objectives import Dpo, Grpo, GrpoPlan, ObjectiveSettings
 from gptkit.train.optim import configure_optimizers
+from gptkit.train.reference import Reference
 from gptkit.train.rundir import INIT_CHOICES_HELP, RunDirLock, remove_earlier_run, resolve_init_from
 from gptkit.train.runlog import RunLog
 from gptkit.weights import checkpoint as ckpt
@@ -74,7 +83,7 @@ from gptkit.weights.lora import (
 
 
 @dataclasses.dataclass
-class TrainSettings(Runtime):
+class TrainSettings(ObjectiveSettings, Runtime):
     # output, evaluation and checkpoints
     out_dir: str = setting("out", "directory for checkpoints (ckpt.pt latest, best.pt best val loss) and log.jsonl")
     eval_interval: int = setting(
@@ -212,6 +221,14 @@ class TrainSettings(Runtime):
         checked by parse_settings, the model settings by GPTConfig itself (model_config); these are the rest."""
         if not self.out_dir:
             raise UserError("out_dir must not be empty; give a directory for the checkpoints, e.g. --out_dir=out")
+        self.validate_objective()
+        if self.objective != "lm":
+            if self.init_from == "scratch":
+                raise UserError(f"--objective={self.objective} improves a trained model: give --init_from=CHECKPOINT")
+            if self.parallel == "fsdp" or self.ema_decay:
+                raise UserError(f"--objective={self.objective} takes neither --parallel=fsdp nor --ema_decay")
+            if self.objective == "grpo" and self.eval_only:
+                raise UserError("--objective=grpo has no loss to evaluate; measure pass@k with eval.py --prompts=FILE")
         if self.lora_rank:
             self.lora_config()  # its own checks
             if self.init_from == "scratch":
@@ -319,6 +336,8 @@ class Run:
     tasks: hellaswag.TrainingTasks  # eval_tasks, scored at evaluations
     log: RunLog
     peak_flops: float | None
+    objective: Dpo | Grpo | None = None  # dpo and grpo; None: the next-token loss
+    reference_source: str | None = None  # dpo and grpo: the starting model (init_from of the first run)
 
     @property
     def accumulation(self) -> int:
@@ -343,20 +362,28 @@ def set_up(
     """Data → model → optimizer (restored from out_dir/ckpt.pt for --init_from=resume) → the run's log.
     A training run's rank 0 owns out_dir from its first write to its end: `held` keeps the lock."""
     dtype = resolve_dtype(cfg.dtype, device)
-    data_dir = loader.data_dir_for(cfg.dataset, cfg.data_dir)
-    meta = read_meta(data_dir)
-    streams = batches.open_splits(data_dir, meta)
+    if cfg.objective == "grpo":  # prompts instead of token data; the tokenizer is the starting model's
+        data_dir, meta, streams = Path(cfg.grpo_prompts), starting_model_meta(cfg), {}
+    else:
+        data_dir = loader.data_dir_for(cfg.dataset, cfg.data_dir)
+        meta = read_meta(data_dir)
+        dpo = cfg.objective == "dpo"
+        streams = (
+            {s: open_pairs(data_dir, s, meta) for s in ("train", "val")} if dpo else batches.open_splits(data_dir, meta)
+        )
     torch.manual_seed(cfg.seed)  # the same initialisation in every process: FSDP shards are cut from it
     model, checkpoint, lora = create_model(cfg, meta)
     batches.check_splits_fit(streams, model.config.block_size, data_dir)
+    reference_source = None
+    if cfg.objective != "lm":
+        reference_source = checkpoint.get("reference", cfg.init_from) if checkpoint else cfg.init_from
+    reference = make_reference(cfg, meta, model, reference_source, device)
     tune_for_training(device, cfg.cpu_threads)  # after initialising: a seed gives the weights it always gave
     wrapped = distributed.parallelize(model, procs, device, cfg.parallel, cfg.compile)
     optimizer = build_optimizer(cfg, model, device)
     average = ema.for_training(model, cfg.ema_decay, cfg.ema_start, checkpoint)
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
-    sampler = batches.make_sampler(
-        streams["train"], cfg.batch_size, model.config.block_size, cfg.seed, loader.PURPOSE_TRAIN
-    )
+    sampler = make_training_sampler(cfg, streams, meta, model.config.block_size)
     iter_num, best_val_loss = 0, math.inf
     if checkpoint is not None:
         source = str(Path(cfg.out_dir) / ckpt.LATEST_NAME)
@@ -393,13 +420,20 @@ def set_up(
         ),
         log=log,
         peak_flops=cfg.peak_flops or peak_flops_for_device(device, dtype),
+        objective=make_objective(cfg, meta, model, reference, sampler),
+        reference_source=reference_source,
     )
     say_start(run, str(data_dir), str(dtype).removeprefix("torch."), replaced, iter_num, best_val_loss)
     return run, LoopState.begin(iter_num, best_val_loss, device)
 
 
 def evaluation_sets(cfg: TrainSettings, streams: dict[str, Any], block_size: int) -> dict[str, loader.FixedBatches]:
-    """The fixed evaluation batches of each split: the same eval_iters batches at every evaluation."""
+    """The fixed evaluation batches of each split: the same eval_iters batches at every evaluation. DPO: every
+    pair once, up to eval_iters batches; GRPO: none (it scores held-out prompts instead)."""
+    if cfg.objective == "dpo":
+        return {split: PairEpoch(streams[split], cfg.batch_size, block_size, cfg.eval_iters) for split in streams}
+    if cfg.objective == "grpo":
+        return {}
     purposes = {"train": loader.PURPOSE_EVAL_TRAIN, "val": loader.PURPOSE_EVAL_VAL}
     return {
         split: loader.FixedBatches(
@@ -407,6 +441,68 @@ def evaluation_sets(cfg: TrainSettings, streams: dict[str, Any], block_size: int
         )
         for split, purpose in purposes.items()
     }
+
+
+def make_training_sampler(cfg: TrainSettings, streams: dict[str, Any], meta: dict, block_size: int) -> Any:
+    """What the steps read, by global micro-batch index, its position saved in checkpoints: text windows or packed
+    conversations (batches.make_sampler), preference pairs (DPO) or the prompts of each micro-batch (GRPO)."""
+    if cfg.objective == "grpo":
+        prompts = load_prompts(cfg.grpo_prompts, tokenizer_from_meta(ckpt.tokenizer_record(meta)))
+        return grpo.PromptOrder(len(prompts), cfg.batch_size, cfg.seed)
+    if cfg.objective == "dpo":
+        return PairBatches(streams["train"], cfg.batch_size, block_size, cfg.seed, loader.PURPOSE_TRAIN)
+    return batches.make_sampler(streams["train"], cfg.batch_size, block_size, cfg.seed, loader.PURPOSE_TRAIN)
+
+
+def starting_model_meta(cfg: TrainSettings) -> dict:
+    """GRPO's stand-in for a data directory's meta.json: the tokenizer the starting (or resumed) checkpoint records."""
+    if cfg.init_from != "resume" and not ckpt.is_checkpoint_source(cfg.init_from):
+        raise UserError("--objective=grpo starts from a checkpoint of ours: give --init_from=OUT_DIR or a .pt file")
+    path = Path(cfg.out_dir) / ckpt.LATEST_NAME if cfg.init_from == "resume" else ckpt.resolve_checkpoint(cfg.init_from)
+    record = ckpt.load_checkpoint(path, required_keys=()).get("tokenizer")
+    if not isinstance(record, dict):
+        raise UserError(f"{path} records no tokenizer, which --objective=grpo needs to render its prompts")
+    tokenizer = {key: value for key, value in record.items() if key not in ("vocab_size", "eot_token")}
+    return {"tokenizer": tokenizer, "vocab_size": record["vocab_size"], "eot_token": record.get("eot_token")}
+
+
+def make_reference(
+    cfg: TrainSettings, meta: dict, model: GPT, source: str | None, device: torch.device
+) -> Reference | None:
+    """DPO's reference, and GRPO's when it has a KL term: the base with adapters off for LoRA, else a frozen copy
+    of the starting model (loaded again from `source` when a run resumes, so it is the start, not the resume)."""
+    if cfg.objective == "lm" or (cfg.objective == "grpo" and not cfg.grpo_kl_beta):
+        return None
+    if cfg.lora_rank or cfg.init_from != "resume":
+        return Reference(model)
+    start, _, _ = create_model(dataclasses.replace(cfg, init_from=source, lora_rank=0), meta)
+    return Reference(start.to(device))
+
+
+def make_objective(
+    cfg: TrainSettings, meta: dict, model: GPT, reference: Reference | None, order: Any
+) -> Dpo | Grpo | None:
+    """The objective of --objective=dpo or grpo (None for lm). GRPO samples with the batched engine (one eager
+    engine per micro-batch, over the unwrapped model; the loop's compiled or DDP wrapper is for the loss)."""
+    if cfg.objective == "dpo":
+        return Dpo(reference, cfg.dpo_beta)
+    if cfg.objective != "grpo":
+        return None
+    tokenizer = tokenizer_from_meta(ckpt.tokenizer_record(meta))
+    stops = tuple(tokenizer.chat.reply_stops) if getattr(tokenizer, "chat", None) else (meta["eot_token"],)
+    settings = {"max_new_tokens": cfg.grpo_max_new_tokens, "stop_tokens": stops}
+    plan = GrpoPlan(
+        prompts=load_prompts(cfg.grpo_prompts, tokenizer),
+        eval_prompts=load_prompts(cfg.grpo_eval_prompts, tokenizer) if cfg.grpo_eval_prompts else [],
+        sample=functools.partial(sample_groups, model, temperature=cfg.grpo_temperature, **settings),
+        sample_greedy=functools.partial(sample_groups, model, temperature=0.0, **settings),
+        reward=reward_named(cfg.grpo_reward),
+        tokenizer=tokenizer,
+        group_size=cfg.grpo_group_size,
+        kl_beta=cfg.grpo_kl_beta,
+        seed=cfg.seed,
+    )
+    return Grpo(plan, order, reference)
 
 
 def open_log(cfg: TrainSettings, procs: Processes, held: contextlib.ExitStack) -> tuple[RunLog, list[str]]:
@@ -453,22 +549,32 @@ def train_step(run: Run, state: LoopState) -> tuple[int, float]:
     micro_batches = cfg.gradient_accumulation_steps  # of the whole step, in all processes
     step_targets = batches.step_target_count(run.sampler, run.sampler.position, micro_batches)  # chat data
     first = run.sampler.position + run.procs.rank * run.accumulation
+    if isinstance(run.objective, Grpo):  # the step's rollouts, sampled by the model as it is now
+        with run.precision:
+            run.objective.prepare_step(list(range(first, first + run.accumulation)), run.device, run.procs)
     for micro in range(run.accumulation):
         # This process's next batch: the following micro-batch, or the first of its group in the next step.
         upcoming = first + micro + 1 if micro < run.accumulation - 1 else first + micro_batches
-        x, y = run.prefetcher.get(first + micro, upcoming)
+        if isinstance(run.objective, Grpo):
+            x, y = run.objective.batch(micro, run.device)
+        else:
+            x, y = run.prefetcher.get(first + micro, upcoming)
         # Dropout follows the data: seeded by the global micro-batch, whichever process draws it.
         torch.manual_seed(loop.seed_for(cfg.seed, loop.DROPOUT_STREAM, first + micro))
         with distributed.gradient_sync(wrapped, model, sync=micro == run.accumulation - 1):
-            loss, logged = batches.micro_batch_loss(
-                wrapped,
-                x,
-                y,
-                run.precision,
-                step_targets=step_targets,
-                micro_batches=micro_batches,
-                world_size=run.procs.world_size,
-            )
+            if run.objective is not None:
+                with run.precision:
+                    loss, logged = run.objective.micro_loss(wrapped, micro, x, y, run.procs, run.accumulation)
+            else:
+                loss, logged = batches.micro_batch_loss(
+                    wrapped,
+                    x,
+                    y,
+                    run.precision,
+                    step_targets=step_targets,
+                    micro_batches=micro_batches,
+                    world_size=run.procs.world_size,
+                )
             run.scaler.scale(loss).backward()
         state.loss_sum += logged
     if cfg.grad_clip > 0:
@@ -494,6 +600,8 @@ def log_progress(run: Run, state: LoopState, step: int, lr: float) -> None:
     seconds = state.watch.lap() / (state.iter_num - state.watch.start_iter)
     mfu = run.model.estimate_mfu(cfg.batch_size * run.accumulation, seconds, run.peak_flops)
     entry = {"iter": step, "train/loss": loss_mean, "lr": lr, "mfu": mfu, "tokens_per_s": run.tokens_per_iter / seconds}
+    if run.objective is not None:
+        entry.update(run.objective.log_entries(run.device, run.procs))
     run.log.say(runlog.progress_line(entry, seconds))
     run.log.record(entry)
     state.loss_sum.zero_()
@@ -506,7 +614,16 @@ def log_progress(run: Run, state: LoopState, step: int, lr: float) -> None:
 
 def evaluate(run: Run, iter_num: int, stop: StopRequest | None = None) -> dict[str, Any] | None:
     """The mean loss on each split's fixed evaluation batches and val bits per byte, as a log.jsonl entry; None
-    when `stop` was requested meanwhile (a single process stops within a batch)."""
+    when `stop` was requested meanwhile (a single process stops within a batch). An objective adds its own figures
+    (DPO: margin and accuracy; GRPO: held-out pass@1, and no loss)."""
+    entry = {"iter": iter_num, "train/loss": None, "val/loss": None, "val/bpb": None}
+    if isinstance(run.objective, Dpo):
+        for split, pairs in run.eval_sets.items():
+            entry.update(run.objective.evaluate(run.wrapped, pairs, run.precision, run.device, run.procs, split))
+        return entry
+    if isinstance(run.objective, Grpo):
+        with run.precision:
+            return {**entry, **run.objective.evaluate(run.procs)}
     losses = {}
     with run.average.applied():
         for split, fixed in run.eval_sets.items():
@@ -543,6 +660,8 @@ def save(run: Run, state: LoopState, best: bool) -> str:
             sampler_state=run.sampler.state_dict(),
             meta=run.meta,
         )
+        if run.reference_source is not None:  # DPO and GRPO: where a resumed run finds its reference again
+            checkpoint["reference"] = run.reference_source
         ckpt.save_training_checkpoint(run.cfg.out_dir, checkpoint, best)
     return runlog.saved_note(run.latest_path, Path(run.cfg.out_dir) / ckpt.BEST_NAME if best else None)
 
@@ -563,8 +682,8 @@ def evaluate_and_save(run: Run, state: LoopState, at_end: bool, stop: StopReques
     result = evaluate(run, state.iter_num, stop)
     if result is None:
         return
-    improved = result["val/loss"] < state.best_val_loss
-    state.best_val_loss = min(state.best_val_loss, result["val/loss"])
+    improved = result["val/loss"] is not None and result["val/loss"] < state.best_val_loss
+    state.best_val_loss = min(state.best_val_loss, result["val/loss"] or math.inf)
     saved = ""
     if state.iter_num > 0 and (improved or run.cfg.always_save_checkpoint or at_end):
         saved = save(run, state, best=improved)
@@ -585,7 +704,9 @@ def train(run: Run, state: LoopState, stop: StopRequest) -> int:
     """The loop: evaluate and save on schedule, then one optimizer step, until max_iters or a signal."""
     cfg, procs = run.cfg, run.procs
     run.wrapped.train()
-    if not run.compiled:  # a compiled model's first passes compile: only its second step tells its speed
+    # A compiled model's first passes compile: only its second step tells its speed. GRPO has no batch to time
+    # before its first step samples one.
+    if not run.compiled and "val" in run.eval_sets:
         forward_s = loop.forward_seconds(run.wrapped, run.eval_sets["val"][0], run.precision, run.device)
         say_forecast(run, state, forward_s * forecast.BACKWARD_FACTOR * run.accumulation, "estimated")
     timed_step = state.start_iter + (1 if run.compiled else 0)
@@ -645,9 +766,10 @@ def finish(run: Run, state: LoopState) -> int:
     seconds, result = state.watch.total, state.last_eval
     summary = {
         "iters": state.iter_num,
-        "best_val_loss": state.best_val_loss,
+        "best_val_loss": state.best_val_loss if math.isfinite(state.best_val_loss) else None,  # GRPO has no loss
         "val_loss": result["val/loss"] if result else None,
         "val_bpb": result["val/bpb"] if result else None,
+        **{key.replace("/", "_"): value for key, value in (result or {}).items() if key not in runlog.STANDARD_FIGURES},
         "train_seconds": round(seconds, 2),
         "tokens_per_s": round(trained_tokens / seconds, 1) if seconds else None,
     }

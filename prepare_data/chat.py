@@ -17,13 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 from gptkit.core.errors import UserError, run_cli
 from gptkit.core.settings import parse_settings, setting
-from gptkit.data import tokenizer as tok
 from gptkit.data.prepare import chat_inputs, chat_prepare, discover
 from gptkit.data.prepare.settings import PrepareSettings, exclude_setting, include_setting, input_setting
+from gptkit.weights.checkpoint import source_tokenizer
 
 
 @dataclass
@@ -66,28 +65,6 @@ class ChatSettings(PrepareSettings):
             raise UserError("no input given: pass --input=FILE, a directory or a glob (repeat for more)")
 
 
-def checkpoint_tokenizer(name: str, bpe_dir: str | None) -> tok.Tokenizer | None:
-    """The tokenizer a checkpoint file or a training out_dir (ckpt.pt / best.pt) records; None for anything else."""
-    path = Path(name)
-    if not (path.is_file() or (path.is_dir() and any((path / n).is_file() for n in ("best.pt", "ckpt.pt")))):
-        return None
-    from gptkit.weights.checkpoint import load_checkpoint, resolve_checkpoint  # torch: only for checkpoints
-
-    checkpoint_path = resolve_checkpoint(path, "best")
-    record = load_checkpoint(checkpoint_path, required_keys=()).get("tokenizer")
-    if not isinstance(record, dict):
-        raise UserError(f"{checkpoint_path} records no tokenizer; pass the data directory it was trained on instead")
-    return tok.tokenizer_from_meta(record, bpe_dir=bpe_dir)
-
-
-def base_tokenizer(cfg: ChatSettings) -> tok.Tokenizer | None:
-    """The base tokenizer --tokenizer names; None for 'char' (a table built from the conversations)."""
-    from_checkpoint = checkpoint_tokenizer(cfg.tokenizer, cfg.bpe_dir)
-    if from_checkpoint is not None:
-        return from_checkpoint
-    return chat_prepare.base_tokenizer(cfg.tokenizer, cfg.bpe_dir)
-
-
 def main(argv: list[str]) -> int:
     cfg = parse_settings(
         ChatSettings,
@@ -105,7 +82,7 @@ def main(argv: list[str]) -> int:
     files = found.files
     for file in files:
         chat_inputs.file_format(file)  # refuses other files before any work
-    base = base_tokenizer(cfg)
+    base = source_tokenizer(cfg.tokenizer, cfg.bpe_dir)
     source = discover.source_record(cfg, found, split="by conversation (keyed hash)")
     source.update(block_size=cfg.block_size, too_long=cfg.too_long, on_bad=cfg.on_bad)
     total_bytes = sum(file.size for file in files)

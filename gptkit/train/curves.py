@@ -1,6 +1,7 @@
 """Training curves as a picture: the log.jsonl of one or more runs drawn with matplotlib (headless, Agg).
 
-One row per quantity (train and val loss, val bits per byte, learning rate, each evaluation task's accuracies),
+One row per quantity (train and val loss, val bits per byte, learning rate, DPO's accuracy and margin, GRPO's reward
+and pass@1, each evaluation task's accuracies),
 one column per x axis (steps, tokens seen, wall time since the run's first entry); each run has its colour and
 its label in the legend. plot.py draws runs from the command line; train.py refreshes out_dir/curves.png at
 evaluations, at most every CURVES_EVERY_S seconds, and at the end of the run.
@@ -29,6 +30,11 @@ FIXED_PANELS = (
     ("loss", ("train/loss", "val/loss")),
     ("val bits per byte", ("val/bpb",)),
     ("learning rate", ("lr",)),
+    # post-training (--objective=dpo, grpo): shown when a run logs them
+    ("preference accuracy (DPO)", ("train/accuracy", "val/accuracy")),
+    ("reward margin (DPO)", ("train/margin", "val/margin")),
+    ("reward (GRPO)", ("train/reward", "val/reward")),
+    ("pass@1 (GRPO)", ("train/pass", "val/pass@1")),
 )
 
 

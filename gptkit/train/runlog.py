@@ -6,6 +6,7 @@ The line formats live here, one function each, so that train.py says what it rep
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -91,12 +92,27 @@ def header_line(parameters: int, device: str, dtype: str, processes: int, tokens
     )
 
 
+STANDARD_FIGURES = ("iter", "train/loss", "val/loss", "val/bpb", "lr", "mfu", "tokens_per_s")
+
+
 def eval_line(result: dict[str, Any], saved: str = "") -> str:
-    """An evaluation during training; `result` has iter, train/loss, val/loss and val/bpb, `saved` is saved_note's."""
-    return (
-        f"step {result['iter']}: train loss {result['train/loss']:.4f} | val loss "
-        f"{result['val/loss']:.4f}{format_bpb(result['val/bpb'])}{saved}"
-    )
+    """An evaluation during training; `result` has iter, train/loss, val/loss and val/bpb (a loss may be None:
+    GRPO has none), and maybe an objective's figures (figures_note); `saved` is saved_note's."""
+    parts = [
+        f"{split} loss {result[f'{split}/loss']:.4f}"
+        for split in ("train", "val")
+        if result[f"{split}/loss"] is not None
+    ]
+    line = f"step {result['iter']}: " + " | ".join(parts)
+    figures = figures_note(result)
+    line += figures if parts else figures.removeprefix(" | ")
+    return line + format_bpb(result["val/bpb"]) + saved
+
+
+def figures_note(entry: dict[str, Any]) -> str:
+    """An objective's own figures of a log entry (e.g. "train/accuracy"), as " | train accuracy 0.8125 ..."."""
+    extra = [(key, value) for key, value in entry.items() if key not in STANDARD_FIGURES and value is not None]
+    return "".join(f" | {key.replace('/', ' ')} {value:.4f}" for key, value in extra)
 
 
 def saved_note(latest: Path, best: Path | None = None) -> str:
@@ -109,7 +125,7 @@ def progress_line(entry: dict[str, Any], seconds_per_iter: float) -> str:
     mfu = f"{entry['mfu']:.1%}" if entry["mfu"] is not None else "n/a"
     return (
         f"iter {entry['iter']}: loss {entry['train/loss']:.4f} | lr {entry['lr']:.2e} | "
-        f"{seconds_per_iter * 1000:.1f} ms/iter | {entry['tokens_per_s']:,.0f} tok/s | mfu {mfu}"
+        f"{seconds_per_iter * 1000:.1f} ms/iter | {entry['tokens_per_s']:,.0f} tok/s | mfu {mfu}{figures_note(entry)}"
     )
 
 
@@ -163,4 +179,5 @@ def cut_short_line(signal_name: str | None, failure: str) -> str:
 
 
 def done_line(steps: int, best_val_loss: float, out_dir: Path) -> str:
-    return f"done: {steps} iters, best val loss {best_val_loss:.4f}, checkpoints in {out_dir}"
+    best = f", best val loss {best_val_loss:.4f}" if math.isfinite(best_val_loss) else ""  # GRPO has no loss
+    return f"done: {steps} iters{best}, checkpoints in {out_dir}"

@@ -400,3 +400,20 @@ def restore_training_state(
             f"checkpoint {source} has a damaged training state ({type(exc).__name__}: {exc}); "
             "resume from another checkpoint or start over"
         ) from exc
+
+
+def source_tokenizer(name: str, bpe_dir: str | None) -> Any:
+    """The tokenizer a preparation script's --tokenizer names: a checkpoint file's or training out_dir's recorded
+    tokenizer (so fine-tuning data has exactly the model's ids), else gptkit.data.prepare.chat_prepare's reading
+    (None for 'char', a data directory's, a trained BPE directory's, a tiktoken encoding)."""
+    from gptkit.data import tokenizer as tok
+    from gptkit.data.prepare import chat_prepare
+
+    path = Path(name)
+    if not (path.is_file() or (path.is_dir() and any((path / n).is_file() for n in (BEST_NAME, LATEST_NAME)))):
+        return chat_prepare.base_tokenizer(name, bpe_dir)
+    checkpoint_path = resolve_checkpoint(path, "best")
+    record = load_checkpoint(checkpoint_path, required_keys=()).get("tokenizer")
+    if not isinstance(record, dict):
+        raise UserError(f"{checkpoint_path} records no tokenizer; pass the data directory it was trained on instead")
+    return tok.tokenizer_from_meta(record, bpe_dir=bpe_dir)

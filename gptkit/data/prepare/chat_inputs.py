@@ -16,7 +16,7 @@ messages. Problems are ChatErrors whose `reason` counts them when --on_bad=skip 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +42,7 @@ class ParquetRows:
 
 
 ChatItem = JsonlLines | ParquetRows
+ColumnChoice = Callable[[list[str], str, str], list[str]]  # (a file's columns, the field, its name) -> columns to read
 
 
 @dataclass(frozen=True)
@@ -66,15 +67,18 @@ def file_format(file: InputFile) -> str:
     )
 
 
-def chat_items(files: Sequence[InputFile], chunk_bytes: int, field: str) -> Iterator[ChatItem]:
-    """Every file's work items, in input order."""
+def chat_items(
+    files: Sequence[InputFile], chunk_bytes: int, field: str, columns: ColumnChoice | None = None
+) -> Iterator[ChatItem]:
+    """Every file's work items, in input order; `columns` picks a parquet file's columns (default: the messages
+    field, else prompt and completion)."""
     pq = None
     for file in files:
         if file_format(file) == "jsonl":
             yield from jsonl_file_items(file, chunk_bytes)
         else:
             pq = pq or import_parquet()
-            yield from parquet_items(file, chunk_bytes, field, pq)
+            yield from parquet_items(file, chunk_bytes, field, pq, columns or _parquet_columns)
 
 
 def import_parquet() -> Any:
@@ -97,7 +101,9 @@ def _parquet_columns(names: list[str], field: str, source: str) -> list[str]:
     )
 
 
-def parquet_items(file: InputFile, chunk_bytes: int, field: str, pq: Any) -> Iterator[ParquetRows]:
+def parquet_items(
+    file: InputFile, chunk_bytes: int, field: str, pq: Any, columns_of: ColumnChoice | None = None
+) -> Iterator[ParquetRows]:
     """Items of about `chunk_bytes` of rows (in Arrow's memory), reading the file a batch of rows at a time."""
     source = str(file.path)
     try:
@@ -105,7 +111,7 @@ def parquet_items(file: InputFile, chunk_bytes: int, field: str, pq: Any) -> Ite
     except Exception as exc:  # pyarrow raises ArrowInvalid / OSError variants for a damaged or foreign file
         raise UserError(f"{source} is not a readable parquet file ({exc})") from None
     with parquet:
-        columns = _parquet_columns(parquet.schema_arrow.names, field, source)
+        columns = (columns_of or _parquet_columns)(parquet.schema_arrow.names, field, source)
         rows_total = max(parquet.metadata.num_rows, 1)
         disk_bytes = file.size
         rows: list[dict[str, Any]] = []

@@ -209,17 +209,19 @@ def _job(settings: Any, tokenizer: tok.ChatTokenizer | tok.HFTokenizer | None) -
     )
 
 
-def _results(make_items: MakeItems, job: ChatJob, num_workers: int) -> Any:
+def _results(make_items: MakeItems, job: ChatJob, num_workers: int, worker: type[ChatWorker] = ChatWorker) -> Any:
     # closing(): on any failure the worker pool is shut down at once, not whenever the generator is collected.
-    return contextlib.closing(run_items(make_items(), job, num_workers, make_worker=ChatWorker))
+    return contextlib.closing(run_items(make_items(), job, num_workers, make_worker=worker))
 
 
-def build_char_tokenizer(make_items: MakeItems, settings: Any, total_bytes: int | None) -> tok.CharTokenizer:
+def build_char_tokenizer(
+    make_items: MakeItems, settings: Any, total_bytes: int | None, worker: type[ChatWorker] = ChatWorker
+) -> tok.CharTokenizer:
     """First pass for --tokenizer=char: the sorted characters of every conversation's messages, plus end-of-text."""
     chars: set[str] = set()
     progress = Progress(total_bytes, "characters")
     try:
-        with _results(make_items, _job(settings, None), settings.num_workers) as results:
+        with _results(make_items, _job(settings, None), settings.num_workers, worker) as results:
             for result in results:
                 chars |= result.chars
                 progress.update(result.input_bytes, 0)
@@ -237,18 +239,20 @@ def prepare_chat(
     source: dict[str, Any],
     total_bytes: int | None,
     what: str,
+    worker: type[ChatWorker] = ChatWorker,
 ) -> tuple[dict[str, Any], float]:
     """Render every conversation into settings.out_dir; returns (meta, seconds). `base` None: a character
-    table built from the conversations. On any failure the output directory is left as it was."""
+    table built from the conversations. `worker` renders the records (preference pairs: PreferenceWorker). On any
+    failure the output directory is left as it was."""
     if base is None:
-        base = build_char_tokenizer(make_items, settings, total_bytes)
+        base = build_char_tokenizer(make_items, settings, total_bytes, worker)
     tokenizer = chat_tokenizer(base)
     dtype = dtype_for_vocab(tokenizer.vocab_size)
     counts = Counts()
     progress = Progress(total_bytes, "rendering")
     with DatasetWriter(settings.out_dir, dtype, settings.shard_tokens, side_streams=True) as writer:
         try:
-            with _results(make_items, _job(settings, tokenizer), settings.num_workers) as results:
+            with _results(make_items, _job(settings, tokenizer), settings.num_workers, worker) as results:
                 for result in results:
                     for conversation in result.conversations:
                         writer.write_conversation(

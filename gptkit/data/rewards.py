@@ -1,0 +1,110 @@
+"""Reward functions for GRPO and the generative evaluation: a completion's text and its prompt record -> a number.
+
+Built-in verifiable rewards (1.0 right, 0.0 wrong), each reading the record's `answer` field where it needs one:
+
+- `exact`: the completion, stripped of surrounding white space, equals str(answer) stripped;
+- `number`: the last number in the completion equals the answer as a number (commas in numbers are ignored);
+- `regex:PATTERN`: the pattern matches somewhere in the completion (Python's re.search).
+
+Any other name `module:function` is a reward the user wrote: the module is imported normally (it must be on the
+Python path) and called as function(completion: str, sample: dict) -> number, `sample` being the prompt's record.
+A completion "passes" when its reward is above 0.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gptkit.core.errors import UserError
+
+BUILT_IN = ("exact", "number", "regex:PATTERN")
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+
+RewardFunction = Callable[[str, dict], Any]
+
+
+def exact_match(completion: str, sample: dict) -> float:
+    return float(completion.strip() == str(_answer(sample, "exact")).strip())
+
+
+def last_number(completion: str, sample: dict) -> float:
+    numbers = NUMBER.findall(completion)
+    if not numbers:
+        return 0.0
+    answer = _as_number(_answer(sample, "number"))
+    return float(answer is not None and _as_number(numbers[-1]) == answer)
+
+
+def _as_number(value: Any) -> float | None:
+    try:
+        return float(str(value).replace(",", ""))
+    except ValueError:
+        return None
+
+
+def _answer(sample: dict, reward: str) -> Any:
+    if "answer" not in sample:
+        raise UserError(f"the reward {reward!r} compares with an 'answer' field, which the prompt record lacks")
+    return sample["answer"]
+
+
+@dataclass(frozen=True)
+class Reward:
+    """A named reward function; `score` checks what it returns."""
+
+    name: str
+    function: RewardFunction
+
+    def score(self, completion: str, sample: dict) -> float:
+        """The reward of one completion; UserError naming the function and the sample when it raises or returns
+        something that is not a finite number."""
+        try:
+            value = self.function(completion, sample)
+        except UserError:
+            raise
+        except Exception as exc:
+            raise UserError(
+                f"the reward function {self.name} raised {type(exc).__name__}: {exc} (sample {_brief(sample)}, "
+                f"completion {completion[:60]!r})"
+            ) from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise UserError(
+                f"the reward function {self.name} returned {value!r}, not a finite number (sample {_brief(sample)}, "
+                f"completion {completion[:60]!r})"
+            )
+        return float(value)
+
+
+def _brief(sample: dict) -> str:
+    text = repr(sample)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def reward_named(name: str) -> Reward:
+    """The reward `name` stands for (see the module docstring); UserError for one that cannot be found."""
+    if name == "exact":
+        return Reward(name, exact_match)
+    if name == "number":
+        return Reward(name, last_number)
+    if name.startswith("regex:"):
+        try:
+            pattern = re.compile(name.removeprefix("regex:"))
+        except re.error as exc:
+            raise UserError(f"--reward={name}: not a valid regular expression ({exc})") from None
+        return Reward(name, lambda completion, sample: float(pattern.search(completion) is not None))
+    module_name, _, function_name = name.partition(":")
+    if not module_name or not function_name:
+        raise UserError(f"unknown reward {name!r}: use {', '.join(BUILT_IN)} or module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UserError(f"--reward={name}: cannot import {module_name!r} ({exc}); is it on PYTHONPATH?") from None
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise UserError(f"--reward={name}: {module_name} has no function {function_name!r}")
+    return Reward(name, function)

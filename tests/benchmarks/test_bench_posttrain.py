@@ -1,0 +1,44 @@
+"""benchmarks/bench_posttrain.py: the task it makes, and the whole pipeline at its smallest (SFT, GRPO, DPO, the
+rollout comparison, whose batched and one-at-a-time completions must be the same tokens)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import bench_posttrain
+from helpers import run_script
+
+
+def read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_task_files(tmp_path: Path) -> None:
+    cfg = bench_posttrain.PosttrainBench(held_out=50, suffix_share=0.5)
+    bench_posttrain.make_task(cfg, tmp_path)
+    sft, rl, held = read(tmp_path / "sft.jsonl"), read(tmp_path / "rl.jsonl"), read(tmp_path / "held.jsonl")
+    assert (len(sft), len(rl), len(held)) == (1500, 1100, 50)
+    words = [r["prompt"] for r in sft + rl + held]
+    assert len(set(words)) == len(words)  # held-out words are never trained on
+    assert all(r["completion"].rstrip(".") == r["prompt"][::-1] for r in sft)
+    dotted = sum(r["completion"].endswith(".") for r in sft) / len(sft)
+    assert 0.45 < dotted < 0.55
+    assert all(r["answer"] == r["prompt"][::-1] for r in rl + held)
+    pairs = read(tmp_path / "pairs.jsonl")
+    assert all(p["chosen"] == p["prompt"][::-1] and p["rejected"] != p["chosen"] for p in pairs)
+    assert all(sorted(p["rejected"]) == sorted(p["prompt"]) for p in pairs)  # a near miss: the same letters
+
+
+@pytest.mark.heavy
+def test_smoke_run(tmp_path: Path) -> None:
+    out = tmp_path / "posttrain.json"
+    tiny = ["--sft_iters=5", "--grpo_iters=2", "--grpo_prompts=2", "--group_size=2", "--dpo_iters=2", "--held_out=8"]
+    result = run_script("benchmarks/bench_posttrain.py", *tiny, f"--work_dir={tmp_path / 'w'}", f"--json_out={out}")
+    assert result.returncode == 0, result.stderr
+    grpo, dpo, rollouts = json.loads(out.read_text())["results"]
+    assert 0 <= grpo["before"] <= 1 and 0 <= grpo["after"] <= 1
+    assert dpo["before"] == 0.5  # the starting model is its own reference
+    assert rollouts["before"] > 0 and rollouts["after"] > 0
