@@ -20,7 +20,7 @@ ifneq ($(wildcard $(SHARED)/data/tinyshakespeare.txt),)
 export TINYSHAKESPEARE ?= $(SHARED)/data/tinyshakespeare.txt
 endif
 
-.PHONY: demo test lint bench clean-venv
+.PHONY: demo test test-fast lint bench clean-venv
 
 $(VENV)/.runtime: requirements.txt pyproject.toml gptkit/infer/csrc/decode_step.cpp
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -52,6 +52,12 @@ demo: $(VENV)/.runtime
 test: $(VENV)/.test
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n 2
+
+# The daily tier, under a minute: in-process tests in one process; a test that starts a process, a server or a
+# torch.compile skips itself (tests/conftest.py) and the `heavy` ones are left out. CI runs the whole suite (make test).
+test-fast: $(VENV)/.test
+	$(PY) -m ruff check .
+	GPTKIT_FAST_TESTS=1 $(PY) -m pytest -q -p no:xdist -m "not heavy"
 
 lint: $(VENV)/.test
 	$(PY) -m ruff check .

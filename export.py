@@ -3,6 +3,8 @@
 python export.py --out_dir=out --format=hf --export_dir=export-hf          # transformers, vLLM, TGI
 python export.py --out_dir=out --format=gguf --export_dir=export-gguf      # llama.cpp, ollama, LM Studio (f16)
 python export.py --init_from=gpt2 --format=gguf --outtype=q8_0 --export_dir=gpt2-gguf
+python export.py --out_dir=out-lora --format=merged --export_dir=out-merged   # a LoRA run as a plain checkpoint
+python export.py --out_dir=out-lora --format=peft --export_dir=adapter-peft   # its adapters for Hugging Face PEFT
 
 The model leaves as GPT-2 (see gptkit/weights/export_common.py for what converts and what is refused).
 """
@@ -16,19 +18,26 @@ from gptkit.core.errors import UserError, run_cli
 from gptkit.core.settings import parse_settings, setting
 from gptkit.data.tokenizer import Tokenizer
 from gptkit.model import GPT
+from gptkit.weights.checkpoint import load_checkpoint, resolve_checkpoint
 from gptkit.weights.export_common import new_directory
 from gptkit.weights.export_gguf import OUTTYPES, export_gguf
 from gptkit.weights.export_hf import export_hf
 from gptkit.weights.hf_gpt2 import GPT2_HUB_NAMES
 from gptkit.weights.loading import ModelLocation, load_model_and_tokenizer
+from gptkit.weights.lora import merge_to, peft_to
 
-FORMATS = ("hf", "gguf")
+FORMATS = ("hf", "gguf", "merged", "peft")
+LORA_FORMATS = ("merged", "peft")  # what a LoRA run's checkpoint exports to beside the model formats
 
 
 @dataclass
 class ExportSettings(ModelLocation):
     format: str = setting(
-        "hf", "hf: a Hugging Face directory; gguf: one GGUF file and an ollama Modelfile", choices=FORMATS
+        "hf",
+        "hf: a Hugging Face directory; gguf: one GGUF file and an ollama Modelfile; merged: a LoRA run's base with "
+        "its adapters folded in, as a plain checkpoint (DIR/ckpt.pt); peft: a LoRA run's adapters as Hugging Face "
+        "PEFT reads them (the base beside them in DIR/base)",
+        choices=FORMATS,
     )
     outtype: str = setting("f16", "gguf tensor type: f32, f16 or q8_0 (hf is always float32)", choices=OUTTYPES)
     export_dir: str = setting("", "the directory to write; it must not exist or be empty (see --overwrite)")
@@ -43,6 +52,8 @@ class ExportSettings(ModelLocation):
             raise UserError(f"--outtype must be one of {', '.join(OUTTYPES)}, got {self.outtype!r}")
         if not self.export_dir:
             raise UserError("--export_dir is required: the new directory to write the export into")
+        if self.format in LORA_FORMATS and self.init_from != "resume":
+            raise UserError(f"--format={self.format} exports a LoRA run: give its --out_dir (with --init_from=resume)")
 
 
 def load_source(cfg: ExportSettings) -> tuple[GPT, Tokenizer]:
@@ -50,6 +61,23 @@ def load_source(cfg: ExportSettings) -> tuple[GPT, Tokenizer]:
     if cfg.init_from != "resume" and not (Path(cfg.init_from).is_dir() or cfg.init_from in GPT2_HUB_NAMES):
         raise UserError(f"--init_from={cfg.init_from!r}: use resume, a GPT-2 directory, or {', '.join(GPT2_HUB_NAMES)}")
     return load_model_and_tokenizer(cfg.init_from, cfg.out_dir, cfg.checkpoint, cfg.data_dir)
+
+
+def export_lora_run(cfg: ExportSettings, staging: Path, destination: Path) -> list[str]:
+    """Write the LoRA run of cfg.out_dir as --format says (merged or peft) into `staging`, which becomes
+    `destination`; the names written."""
+    path = resolve_checkpoint(cfg.out_dir, cfg.checkpoint)
+    checkpoint = load_checkpoint(path)
+    if "lora" not in checkpoint:
+        raise UserError(
+            f"{path} is not a LoRA run's checkpoint (it holds whole weights already); --format={cfg.format} is for "
+            "LoRA runs: use --format=hf or gguf"
+        )
+    if cfg.format == "merged":
+        merge_to(checkpoint, str(path), staging)
+    else:
+        peft_to(checkpoint, str(path), staging, final=destination)
+    return sorted(entry.name for entry in staging.iterdir())
 
 
 def model_name(cfg: ExportSettings) -> str:
@@ -62,8 +90,13 @@ def model_name(cfg: ExportSettings) -> str:
 
 def main(argv: list[str]) -> int:
     cfg = parse_settings(ExportSettings, argv, prog="export.py", description="Export a model for other runtimes.")
-    model, tokenizer = load_source(cfg)
     destination = Path(cfg.export_dir)
+    if cfg.format in LORA_FORMATS:
+        with new_directory(destination, cfg.overwrite) as staging:
+            files = export_lora_run(cfg, staging, destination)
+        print(f"wrote {destination}: {', '.join(files)}")
+        return 0
+    model, tokenizer = load_source(cfg)
     with new_directory(destination, cfg.overwrite) as staging:
         if cfg.format == "hf":
             files = export_hf(model, tokenizer, staging)

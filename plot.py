@@ -7,20 +7,30 @@ python plot.py out-a out-b --out=compare.png                         # runs over
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 
-from gptkit.core.errors import run_cli
+from gptkit.core.errors import UserError, run_cli
+from gptkit.core.settings import parse_settings, setting, setting_list
 from gptkit.train.curves import CURVES_NAME, plot_runs
+
+DESCRIPTION = "Draw the training curves of one or more runs (their out_dir/log.jsonl) into one PNG."
+
+
+@dataclass
+class PlotSettings:
+    out_dirs: list[str] = setting_list([], "training output directories (log.jsonl); also given as plain arguments")
+    out: str = setting("", f"the PNG to write (empty: OUT_DIR/{CURVES_NAME} of the first run)")
+    title: str = setting("", "the figure's title (empty: the runs' names)")
+
+    def validate(self) -> None:
+        if not self.out_dirs:
+            raise UserError("give the out_dir of at least one training run, e.g. python plot.py out-shakespeare-char")
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="plot.py", description=__doc__.splitlines()[0])
-    parser.add_argument("out_dirs", nargs="+", metavar="OUT_DIR", help="training output directories (log.jsonl)")
-    parser.add_argument("--out", default=None, help=f"the PNG to write (default: OUT_DIR/{CURVES_NAME} of the first)")
-    parser.add_argument("--title", default=None, help="the figure's title (default: the runs' names)")
-    args = parser.parse_args(argv)
-    destination = args.out or f"{args.out_dirs[0]}/{CURVES_NAME}"
-    path = plot_runs(args.out_dirs, destination, args.title)
+    cfg = parse_settings(PlotSettings, argv, prog="plot.py", description=DESCRIPTION, positional="out_dirs")
+    destination = cfg.out or f"{cfg.out_dirs[0]}/{CURVES_NAME}"
+    path = plot_runs(cfg.out_dirs, destination, cfg.title or None)
     print(f"wrote {path}")
     return 0
 

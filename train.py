@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from gptkit.core import distributed
+from gptkit.core import distributed, signals
 from gptkit.core.devices import Runtime, autocast, peak_flops_for_device, resolve_dtype, tune_for_training
 from gptkit.core.distributed import Processes
 from gptkit.core.errors import UserError, run_cli
@@ -46,7 +46,7 @@ from gptkit.model import GPT, GPTConfig, config_to_dict
 from gptkit.train import curves, ema, loop, runlog
 from gptkit.train.loop import LoopState
 from gptkit.train.optim import configure_optimizers
-from gptkit.train.rundir import INIT_CHOICES_HELP, RunDirLock, resolve_init_from
+from gptkit.train.rundir import INIT_CHOICES_HELP, RunDirLock, remove_earlier_run, resolve_init_from
 from gptkit.train.runlog import RunLog
 from gptkit.weights import checkpoint as ckpt
 from gptkit.weights.checkpoint import model_from_checkpoint
@@ -138,9 +138,16 @@ class TrainSettings(Runtime):
     beta2: float = setting(0.95, "AdamW beta2", rule="fraction")
     grad_clip: float = setting(1.0, "clip the gradient norm to this (0 = off)", rule="non_negative")
     decay_lr: bool = setting(True, "linear warmup then cosine decay to min_lr (False: constant learning_rate)")
-    warmup_iters: int = setting(2000, "warmup steps: lr = learning_rate*(it+1)/(warmup_iters+1)", rule="non_negative")
-    lr_decay_iters: int = setting(
-        600000, "step where the cosine reaches min_lr (usually max_iters)", rule="non_negative"
+    warmup_iters: int | None = setting(
+        None,
+        "warmup steps: lr = learning_rate*(it+1)/(warmup_iters+1), ending before max_iters "
+        "(None: a tenth of max_iters, at most 2000)",
+        rule="non_negative",
+    )
+    lr_decay_iters: int | None = setting(
+        None,
+        "step where the cosine reaches min_lr (None: max_iters; larger: the run ends part way)",
+        rule="non_negative",
     )
     min_lr: float = setting(
         6e-5, "learning rate at the end of the decay (usually learning_rate/10)", rule="non_negative"
@@ -177,6 +184,17 @@ class TrainSettings(Runtime):
             rank=self.lora_rank, alpha=self.lora_alpha, dropout=self.lora_dropout, targets=self.lora_targets
         )
 
+    def schedule(self) -> loop.Schedule:
+        """The learning-rate schedule, its unset lengths fitted to max_iters (UserError for a warmup too long)."""
+        return loop.Schedule.fitted(
+            max_iters=self.max_iters,
+            learning_rate=self.learning_rate,
+            min_lr=self.min_lr,
+            warmup_iters=self.warmup_iters,
+            lr_decay_iters=self.lr_decay_iters,
+            decay_lr=self.decay_lr,
+        )
+
     def validate(self) -> None:
         """Raise UserError for values that cannot work, before anything is loaded: the rules declared above are
         checked by parse_settings, the model settings by GPTConfig itself (model_config); these are the rest."""
@@ -188,6 +206,8 @@ class TrainSettings(Runtime):
                 raise UserError("LoRA adapts a trained model: give --init_from=CHECKPOINT (or gpt2), or --lora_rank=0")
             if self.ema_decay or self.parallel == "fsdp":
                 raise UserError("LoRA runs take neither --ema_decay nor --parallel=fsdp; use DDP and no EMA")
+        if not self.eval_only:
+            self.schedule()  # its own checks
         model_config(self)
 
 
@@ -286,6 +306,7 @@ class Run:
     tasks: hellaswag.TrainingTasks  # eval_tasks, scored at evaluations
     log: RunLog
     peak_flops: float | None
+    schedule: loop.Schedule
 
     @property
     def accumulation(self) -> int:
@@ -354,8 +375,11 @@ def set_up(
     wandb = None
     if cfg.wandb_log:
         wandb = {"project": cfg.wandb_project, "name": cfg.wandb_run_name, "config": settings_to_dict(cfg)}
+    replaced = []
     if procs.master and not cfg.eval_only:
         held.enter_context(RunDirLock(cfg.out_dir))  # before the first write; nothing is created if a check fails
+        if cfg.init_from != "resume":
+            replaced = remove_earlier_run(cfg.out_dir)  # resolve_init_from allowed it (overwrite, or no checkpoint)
     log = RunLog(procs.master, None if cfg.eval_only else Path(cfg.out_dir), wandb)  # eval_only writes nothing
     if procs.master and not cfg.eval_only:
         ckpt.remove_stale_temporaries(Path(cfg.out_dir))  # a run killed while saving leaves its temporary file behind
@@ -380,6 +404,7 @@ def set_up(
         tasks=tasks,
         log=log,
         peak_flops=peak,
+        schedule=cfg.schedule(),
     )
     log.tokens_per_iter = run.tokens_per_iter
     dtype_name = str(dtype).removeprefix("torch.")
@@ -388,6 +413,10 @@ def set_up(
             model.get_num_params(), str(device), dtype_name, procs.world_size, run.tokens_per_iter, str(data_dir)
         )
     )
+    if replaced:
+        log.say(runlog.replaced_line(Path(cfg.out_dir), replaced))
+    if cfg.init_from == "resume" and not cfg.eval_only:
+        log.say(runlog.resumed_line(iter_num, run.latest_path, best_val_loss))
     if lora is not None:
         trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
         log.say(f"LoRA rank {cfg.lora_rank} on {cfg.lora_targets}: {trained:,} trained parameters, the base frozen")
@@ -406,13 +435,15 @@ def make_sampler(
 # ----------------------------------------------------------------------------- evaluation and checkpoints
 
 
-def evaluate(run: Run, iter_num: int) -> dict[str, Any]:
-    """The mean loss on each split's fixed evaluation batches and val bits per byte, as a log.jsonl entry."""
+def evaluate(run: Run, iter_num: int, stop: StopRequest | None = None) -> dict[str, Any] | None:
+    """The mean loss on each split's fixed evaluation batches and val bits per byte, as a log.jsonl entry; None
+    when `stop` was requested meanwhile (a single process stops within a batch)."""
+    losses = {}
     with run.average.applied():
-        losses = {
-            split: loop.mean_loss(run.wrapped, batches, run.precision, run.device, run.procs)
-            for split, batches in run.eval_sets.items()
-        }
+        for split, batches in run.eval_sets.items():
+            losses[split] = loop.mean_loss(run.wrapped, batches, run.precision, run.device, run.procs, stop)
+            if losses[split] is None:
+                return None
     # Bits per byte need every token of the text; chat losses count assistant tokens only.
     val_bpb = None if run.chat else loader.bits_per_byte(losses["val"], run.meta["splits"]["val"])
     return {"iter": iter_num, "train/loss": losses["train"], "val/loss": losses["val"], "val/bpb": val_bpb}
@@ -466,11 +497,14 @@ def checkpoint_weights(run: Run, model_state: dict) -> dict:
     return {"model": adapter_state(run.model), "lora": run.lora}
 
 
-def evaluate_and_save(run: Run, state: LoopState, at_end: bool) -> None:
-    """Evaluate; save when the val loss improved (as best.pt too), when always_save_checkpoint, or at the end."""
+def evaluate_and_save(run: Run, state: LoopState, at_end: bool, stop: StopRequest) -> None:
+    """Evaluate; save when the val loss improved (as best.pt too), when always_save_checkpoint, or at the end.
+    An evaluation cut short by a stop request is dropped: the loop then stops and saves."""
     state.watch.lap()  # evaluation time is not training time
     loop.check_finite(state.first_bad_iter, run.device, run.procs, run.latest_path)
-    result = evaluate(run, state.iter_num)
+    result = evaluate(run, state.iter_num, stop)
+    if result is None:
+        return
     improved = result["val/loss"] < state.best_val_loss
     state.best_val_loss = min(state.best_val_loss, result["val/loss"])
     saved = ""
@@ -493,7 +527,7 @@ def train_step(run: Run, state: LoopState) -> tuple[int, float]:
     """One optimizer step: this process's micro-batches of the global step, gradients synced on the last one.
     Returns the step's index and learning rate."""
     cfg, model, wrapped = run.cfg, run.model, run.wrapped
-    lr = loop.learning_rate_at(state.iter_num, cfg)
+    lr = loop.learning_rate_at(state.iter_num, run.schedule)
     loop.set_learning_rate(run.optimizer, lr)
     step_targets = step_target_count(run) if run.chat else None
     first = run.sampler.position + run.procs.rank * run.accumulation
@@ -568,25 +602,30 @@ def train(run: Run, state: LoopState, stop: StopRequest) -> int:
         at_end = state.iter_num >= cfg.max_iters
         resumed_here = state.iter_num == state.start_iter and cfg.init_from == "resume"  # evaluated before saving
         if (state.iter_num % cfg.eval_interval == 0 or at_end) and not resumed_here:
-            evaluate_and_save(run, state, at_end)
+            evaluate_and_save(run, state, at_end, stop)
+        if stop.signum and not procs.distributed:  # e.g. during set-up or the evaluation: no step first
+            return stop_and_save(run, state, stop, stop.signum)
         if at_end:
             return finish(run, state)
         step, lr = train_step(run, state)
         if step % cfg.log_interval == 0:
             log_progress(run, state, step, lr)
         # A single process stops after any step; processes stop together at log steps (agreeing costs a sync).
-        may_stop = not procs.distributed or step % cfg.log_interval == 0
-        if may_stop and distributed.any_process(stop.signal_name is not None, run.device, procs):
-            return stop_and_save(run, state, stop)
+        if not procs.distributed or step % cfg.log_interval == 0:
+            signum = int(distributed.reduce_numbers([stop.signum], run.device, procs, op="max")[0])
+            if signum:
+                return stop_and_save(run, state, stop, signum)
 
 
-def stop_and_save(run: Run, state: LoopState, stop: StopRequest) -> int:
-    """After SIGINT/SIGTERM (in any process): save ckpt.pt and say how to continue."""
+def stop_and_save(run: Run, state: LoopState, stop: StopRequest, signum: int) -> int:
+    """After signal `signum` (SIGINT/SIGTERM, in any process): save ckpt.pt (unless this run has trained no step
+    yet), say how to continue, and return the signal's conventional exit code (130 after Ctrl-C, 143 after
+    SIGTERM). Under torchrun every worker returns 0: torchrun reports a worker's other code as a job failure."""
     loop.check_finite(state.first_bad_iter, run.device, run.procs, run.latest_path)
-    saved = save_checkpoint_of_run(run, state, best=False)
+    saved = save_checkpoint_of_run(run, state, best=False) if state.iter_num > state.start_iter else None
     run.log.say(runlog.stopped_line(stop.signal_name, state.iter_num, saved))
     run.log.close()
-    return 0
+    return 0 if run.procs.distributed else signals.exit_code(signum)
 
 
 def finish(run: Run, state: LoopState) -> int:
@@ -604,7 +643,7 @@ def finish(run: Run, state: LoopState) -> int:
     if run.cfg.eval_full_split:
         summary["val_loss_full"] = evaluate_full_split(run)
     if run.procs.master:
-        atomic_write_json(Path(run.cfg.out_dir) / "summary.json", summary)
+        atomic_write_json(Path(run.cfg.out_dir) / runlog.SUMMARY_NAME, summary)
     run.log.close()
     run.log.say(runlog.done_line(state.iter_num, state.best_val_loss, Path(run.cfg.out_dir)))
     return 0

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import multiprocessing.process
 import os
 import shutil
 import signal
+import socket
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +34,34 @@ os.environ.setdefault("WANDB_MODE", "offline")
 # tests that press Ctrl-C on a script would then see it ignored. Tests run with the default, as in a terminal.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# `make test-fast` (GPTKIT_FAST_TESTS=1) is the daily tier: a test that starts a process, a server or a compile is
+# skipped at that moment, so the tier stays in-process without a list of such tests to keep up to date.
+FAST_TIER = os.environ.get("GPTKIT_FAST_TESTS") == "1"
+
+
+def skipped_in_fast_tier(what: str) -> Callable[..., None]:
+    def refuse(*args, **kwargs):
+        pytest.skip(f"the fast tier skips tests that {what}; make test runs it")
+
+    return refuse
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """In the fast tier, from here on (the tests, not pytest's own set-up) starting a process or a server skips."""
+    if FAST_TIER:
+        subprocess.Popen.__init__ = skipped_in_fast_tier("start a process")
+        multiprocessing.process.BaseProcess.start = skipped_in_fast_tier("start a process")
+        socket.socket.listen = skipped_in_fast_tier("serve on a socket")
+
+
+@pytest.fixture(autouse=True)
+def _no_compile_in_fast_tier(monkeypatch: pytest.MonkeyPatch) -> None:
+    if FAST_TIER:
+        import torch
+
+        monkeypatch.setattr(torch, "compile", skipped_in_fast_tier("compile with torch.compile"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

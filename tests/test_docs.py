@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CODE_DIRS = ("gptkit", "prepare_data", "benchmarks", "config")
+SCRIPT_PLACES = ("prepare_data", "benchmarks")
 README_MAX_LINES = 280
 
 ORDINALS = "first|second|third|fourth|fifth|sixth|seventh|eighth|ninth"
@@ -131,3 +132,22 @@ def test_every_result_json_is_cited_and_every_citation_exists() -> None:
     stored = {path.name for path in (ROOT / "docs" / "results").glob("*.json")}
     assert not stored - cited, f"not cited from README.md or docs/*.md: {sorted(stored - cited)}"
     assert not cited - stored, f"cited but missing from docs/results: {sorted(cited - stored)}"
+
+
+def test_the_scripts_the_project_files_name_exist() -> None:
+    """requirements*.txt, pyproject.toml and the Makefile name scripts in their comments; each must be a real file."""
+    files = [*sorted(ROOT.glob("requirements*.txt")), ROOT / "pyproject.toml", ROOT / "Makefile"]
+    named = {(path.name, name) for path in files for name in re.findall(r"[\w./-]+\.py\b", path.read_text())}
+    places = [ROOT, *(ROOT / part for part in SCRIPT_PLACES)]  # a bare name may be a script in one of them
+    missing = sorted((where, name) for where, name in named if not any((place / name).exists() for place in places))
+    assert not missing, missing
+
+
+def test_every_gpt_method_the_code_and_docs_name_exists() -> None:
+    """A docstring or page naming `GPT.something` names a method model.py's GPT has."""
+    from gptkit.model import GPT
+
+    pages = [*code_files(), *DOCS]
+    named = {(p.name, name) for p in pages for name in re.findall(r"\bGPT\.(\w+)", p.read_text(encoding="utf-8"))}
+    missing = sorted((where, name) for where, name in named if not hasattr(GPT, name))
+    assert not missing, missing

@@ -43,6 +43,7 @@ def chat_checkpoint(tmp_path_factory) -> Path:
     return write_checkpoint(tmp_path_factory.mktemp("run") / "ckpt.pt", tokenizer, n_embd=64)
 
 
+@pytest.mark.heavy
 def test_hf_export_of_a_chat_checkpoint_runs_in_transformers_to_our_tokens(tmp_path, chat_checkpoint, capsys):
     destination = tmp_path / "exported"
     code, out, err = run_main(export.main, cli_args(out_dir=chat_checkpoint, export_dir=destination), capsys)
@@ -64,6 +65,7 @@ def test_hf_export_of_a_chat_checkpoint_runs_in_transformers_to_our_tokens(tmp_p
     assert generated[0].tolist() == ids
 
 
+@pytest.mark.heavy
 def test_gguf_export_writes_the_file_and_a_modelfile(tmp_path, chat_checkpoint, capsys):
     gguf = pytest.importorskip("gguf")
     destination = tmp_path / "gguf"
@@ -102,6 +104,8 @@ def test_mistakes_are_one_line_errors_and_leave_no_directory(tmp_path, capsys):
         (cli_args(out_dir=tmp_path / "missing", export_dir=tmp_path / "x"), ["no checkpoint in"]),
         (cli_args(out_dir=char), ["--export_dir is required"]),
         (cli_args(out_dir=char, format="onnx", export_dir=tmp_path / "x"), ["onnx"]),
+        (cli_args(out_dir=char, format="peft", export_dir=tmp_path / "x"), ["is not a LoRA run's checkpoint"]),
+        (cli_args(init_from="gpt2", format="merged", export_dir=tmp_path / "x"), ["exports a LoRA run"]),
     ]
     for args, fragments in cases:
         code, _, err = run_main(export.main, args, capsys)
@@ -118,3 +122,9 @@ def test_the_script_runs_as_a_user_runs_it(tmp_path):
     assert hf.encode("cab\n") == [2, 0, 1, 3]
     failed = run_script("export.py", *cli_args(out_dir=char.parent, export_dir=tmp_path / "hf"))
     assert_script_error(failed, "already holds files")
+
+
+def test_help_names_the_script_and_every_format(capsys):
+    code, out, _ = run_main(export.main, ["--help"], capsys)
+    assert code == 0 and out.startswith("usage: python export.py [--key=value ...]\n")
+    assert all(f"{name}:" in out for name in export.FORMATS)

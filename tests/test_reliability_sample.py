@@ -18,11 +18,13 @@ import numpy as np
 import pytest
 import torch
 
+import eval as eval_script
 import sample
 from gptkit.core.errors import run_cli
 from gptkit.data.tokenizer import CharTokenizer, write_meta
 from gptkit.model import GPT, GPTConfig, config_to_dict
 from gptkit.weights.checkpoint import save_checkpoint, tokenizer_record
+from helpers import run_main
 
 REPO = Path(__file__).resolve().parent.parent
 TEXT = "To be, or not to be, that is the question:\n"
@@ -138,10 +140,9 @@ def test_damaged_tokenizer_record_names_the_checkpoint(
     assert stderr.startswith(f"error: checkpoint {out_dir / 'ckpt.pt'}: ")
 
 
-def test_tokenizer_larger_than_the_model(out_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    data_dir = tmp_path / "data"
+def char_data_dir(data_dir: Path, tokenizer: CharTokenizer) -> Path:
+    """A data directory whose meta.json names `tokenizer`, with one small train split."""
     data_dir.mkdir()
-    tokenizer = CharTokenizer.from_text(TEXT + "XYZ0123456789")
     ids = np.asarray(tokenizer.encode(TEXT * 4), dtype=np.uint16)
     ids.tofile(data_dir / "train.bin")
     split = {"files": ["train.bin"], "tokens": len(ids), "text_bytes": len(ids), "documents": 1}
@@ -158,8 +159,38 @@ def test_tokenizer_larger_than_the_model(out_dir: Path, tmp_path: Path, capsys: 
             "source": {},
         },
     )
+    return data_dir
+
+
+def test_tokenizer_larger_than_the_model(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out_dir = char_checkpoint(tmp_path / "out", None, CharTokenizer.from_text(TEXT).vocab_size)  # records none
+    tokenizer = CharTokenizer.from_text(TEXT + "XYZ0123456789")
+    data_dir = char_data_dir(tmp_path / "data", tokenizer)
     code, _, stderr = cli([f"--out_dir={out_dir}", f"--data_dir={data_dir}"], capsys)
     assert_one_line_error(code, stderr, f"the tokenizer has {tokenizer.vocab_size} tokens but the model only")
+
+
+@pytest.mark.parametrize("script", [sample, eval_script], ids=["sample", "eval"])
+def test_a_data_dir_with_another_tokenizer_than_the_checkpoints_is_refused(
+    script, out_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # The same number of characters in another order: the model would read every id as another character.
+    other = CharTokenizer(list(reversed(CharTokenizer.from_text(TEXT).chars)))
+    data_dir = char_data_dir(tmp_path / "data", other)
+    args = ["--device=cpu", f"--out_dir={out_dir}", f"--data_dir={data_dir}"]
+    code, stdout, stderr = run_main(script.main, args, capsys)
+    assert_one_line_error(code, stderr, f"--data_dir={data_dir} holds another tokenizer than")
+    assert "leave --data_dir out" in stderr and stdout == ""
+
+
+def test_a_data_dir_with_the_checkpoints_own_tokenizer_is_accepted(
+    out_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data_dir = char_data_dir(tmp_path / "data", CharTokenizer.from_text(TEXT))
+    args = ["--start=To be", "--max_new_tokens=5", "--temperature=0"]
+    code, with_data_dir, _ = cli([f"--out_dir={out_dir}", f"--data_dir={data_dir}", *args], capsys)
+    assert code == 0
+    assert cli([f"--out_dir={out_dir}", *args], capsys)[:2] == (0, with_data_dir)
 
 
 def test_data_dir_without_meta(out_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

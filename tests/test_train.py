@@ -173,6 +173,7 @@ def test_some_recipes_state_their_step_size() -> None:
     assert {"train_gpt2.py", "finetune_shakespeare.py"} <= set(stated)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("recipe", CPU_RECIPES, ids=lambda path: path.name)
 def test_cpu_recipe_trains_on_shakespeare_chars_in_a_few_steps(
     recipe: Path, char_data_dir: Path, tmp_path: Path
@@ -212,6 +213,26 @@ def test_cpu_recipe_trains_on_shakespeare_chars_in_a_few_steps(
 def test_impossible_settings_fail_before_training(data_dir: Path, tmp_path: Path, flags: list, message: str) -> None:
     with pytest.raises(UserError, match=message):
         train.main([*tiny_train_args(data_dir, tmp_path / "out", **RUN), *flags])
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unset_schedule_follows_max_iters(data_dir: Path, tmp_path: Path) -> None:
+    """README's chat command gives --max_iters=1000 and no warmup: the rate must still reach its peak."""
+    out_dir = tmp_path / "out"
+    flags = tiny_train_args(data_dir, out_dir, max_iters=20, log_interval=1, learning_rate=1e-3, min_lr=1e-4)
+    assert train.main(flags) == 0
+    entries = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
+    rates = {entry["iter"]: entry["lr"] for entry in entries if "lr" in entry}
+    # By hand: a warmup of 20 // 10 = 2 steps (lr * (it + 1) / 3), then the cosine from step 2 down to step 20.
+    expected = {0: 1e-3 / 3, 1: 2e-3 / 3}
+    expected |= {it: 1e-4 + 0.5 * (1 + math.cos(math.pi * (it - 2) / 18)) * 9e-4 for it in range(2, 20)}
+    assert rates == pytest.approx(expected)
+
+
+def test_a_warmup_longer_than_the_run_is_one_line_before_training(data_dir: Path, tmp_path: Path) -> None:
+    flags = tiny_train_args(data_dir, tmp_path / "out", max_iters=1000, warmup_iters=2000)
+    result = run_script("train.py", *flags)
+    assert_script_error(result, "warmup_iters=2000 does not end before max_iters=1000", "--warmup_iters")
     assert not (tmp_path / "out").exists()
 
 
@@ -291,7 +312,7 @@ def test_sigterm_finishes_the_step_saves_and_exits_cleanly(reference: tuple, dat
     wait_for_checkpoint(process, out_dir / "ckpt.pt", min_iter=10)
     process.send_signal(signal.SIGTERM)
     stdout, stderr = process.communicate(timeout=120)
-    assert process.returncode == 0, stderr
+    assert process.returncode == 143, stderr  # a clean stop with SIGTERM's conventional code
     assert "Traceback" not in stderr
     stopped = [line for line in stdout.splitlines() if line.startswith("stopped by SIGTERM after")]
     assert len(stopped) == 1 and "continue with --init_from=resume" in stopped[0]
@@ -300,9 +321,45 @@ def test_sigterm_finishes_the_step_saves_and_exits_cleanly(reference: tuple, dat
 
     result = run_script("train.py", *args, "--init_from=resume")
     assert result.returncode == 0, result.stderr
+    assert f"resumed from step {steps} of {out_dir / 'ckpt.pt'} (best val loss " in result.stdout
     assert_same_weights(
         ckpt.load_checkpoint(out_dir / "ckpt.pt")["model"], ckpt.load_checkpoint(reference[0] / "ckpt.pt")["model"]
     )
+
+
+def wait_for_line(process: subprocess.Popen, fragment: str) -> list[str]:
+    """Read the run's stdout until a line holding `fragment`; returns the lines read."""
+    lines = []
+    while not lines or fragment not in lines[-1]:
+        line = process.stdout.readline()
+        assert line, f"the run ended before printing {fragment!r}: {lines} {process.communicate()}"
+        lines.append(line)
+    return lines
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_during_a_long_evaluation_stops_at_once_with_its_exit_code(
+    data_dir: Path, tmp_path: Path, signum: int, code: int
+) -> None:
+    out_dir = tmp_path / "out"
+    # A million evaluation batches per split: the step-0 evaluation alone would take hours.
+    process = start_train(tiny_train_args(data_dir, out_dir, eval_iters=10**6))
+    try:
+        wait_for_line(process, " parameters | ")  # set up: the evaluation starts now
+        time.sleep(0.5)
+        process.send_signal(signum)
+        stdout, stderr = process.communicate(timeout=60)  # one signal is enough: no second Ctrl-C
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == code, stderr
+    assert stderr == ""
+    name = signal.Signals(signum).name
+    assert stdout.splitlines()[-1] == f"stopped by {name} after 0 steps, before this run trained one: nothing saved"
+    assert not (out_dir / "ckpt.pt").exists()  # nothing trained, nothing saved: the same command starts again
+    again = run_script("train.py", *tiny_train_args(data_dir, out_dir))
+    assert again.returncode == 0, again.stderr
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(reference: tuple, data_dir: Path, tmp_path: Path) -> None:

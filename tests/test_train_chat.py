@@ -141,7 +141,7 @@ def test_chat_data_of_another_tokenizer_is_one_clear_error(tmp_path) -> None:
     write_chat_data(tmp_path / "other")
     write_text_data(tmp_path / "text", "xyz " * 400)  # a base over other characters
     other_base = tmp_path / "other_base"
-    args = {**RUN, "max_iters": 1, "eval_interval": 1, "gradient_accumulation_steps": 1}
+    args = {**RUN, "max_iters": 1, "eval_interval": 1, "gradient_accumulation_steps": 1, "warmup_iters": 0}
     assert run_script("train.py", *cli_args(**args, data_dir=tmp_path / "text", out_dir=other_base)).returncode == 0
     result = run_script(
         "train.py", *cli_args(**RUN, init_from=other_base, data_dir=tmp_path / "other", out_dir=tmp_path / "o")

@@ -1,12 +1,11 @@
 """LoRA runs of train.py: a frozen base and small trained adapters, checkpoints that hold only the adapters and find
-their base by path and sha256, exact resume, chat data's new token rows, loading in sample.py, the merge and
-PEFT commands (python -m gptkit.weights.lora) with PEFT itself running the adapters, and DDP against one process."""
+their base by path and sha256, exact resume, chat data's new token rows, loading in sample.py, export.py's merged
+and peft formats with PEFT itself running the adapters (new token rows included), and DDP against one process."""
 
 from __future__ import annotations
 
+import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,10 +14,9 @@ import torch
 import export
 from data.test_packing import write_chat_data
 from gptkit.weights import checkpoint as ckpt
-from gptkit.weights import lora
 from gptkit.weights.loading import load_model_and_tokenizer
 from gptkit.weights.lora import model_with_adapters
-from helpers import REPO, assert_script_error, clean_env, cli_args, run_main, run_script
+from helpers import assert_script_error, cli_args, run_main, run_script
 from test_train_chat import RUN, write_text_data
 from test_train_ddp import assert_close_weights, assert_same_curve, train_in
 
@@ -35,12 +33,6 @@ def base(tmp_path_factory) -> Path:
     assert result.returncode == 0, result.stderr
     write_chat_data(root / "chat")
     return root / "base"
-
-
-def adapters_command(*args: str) -> subprocess.CompletedProcess:
-    """python -m gptkit.weights.lora ARGS, as a user runs it from the repository."""
-    command = [sys.executable, "-m", "gptkit.weights.lora", *args]
-    return subprocess.run(command, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=300)
 
 
 def lora_run(base: Path, data: Path, out: Path, **extra: object):
@@ -87,16 +79,20 @@ def test_on_chat_data_the_new_token_rows_train_with_the_adapters(base: Path, tmp
 
 def test_merge_writes_a_plain_checkpoint_with_the_same_outputs(base: Path, tmp_path: Path) -> None:
     assert lora_run(base, base.parent / "text", tmp_path / "out").returncode == 0
-    result = adapters_command("--action=merge", f"--out_dir={tmp_path / 'out'}", f"--to={tmp_path / 'm'}")
+    merge = ["export.py", "--format=merged", f"--out_dir={tmp_path / 'out'}", f"--export_dir={tmp_path / 'm'}"]
+    result = run_script(*merge)
     assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"wrote {tmp_path / 'm'}: ckpt.pt"
     merged = ckpt.load_checkpoint(tmp_path / "m" / "ckpt.pt")
     assert "lora" not in merged
     adapted = model_with_adapters(ckpt.load_checkpoint(tmp_path / "out" / "ckpt.pt"), "test").eval()
     plain, _ = load_model_and_tokenizer("resume", str(tmp_path / "m"))
     x = torch.randint(0, 10, (2, 16))
     torch.testing.assert_close(plain(x, x)[0], adapted(x, x)[0], rtol=1e-5, atol=1e-5)
-    again = adapters_command("--action=merge", f"--out_dir={tmp_path / 'out'}", f"--to={tmp_path / 'm'}")
-    assert_script_error(again, "already exists")
+    assert_script_error(run_script(*merge), "already holds files")
+    whole = ["export.py", "--format=peft", f"--out_dir={tmp_path / 'm'}", f"--export_dir={tmp_path / 'p'}"]
+    assert_script_error(run_script(*whole), "is not a LoRA run's checkpoint")
+    assert not (tmp_path / "p").exists()
 
 
 def test_a_missing_or_changed_base_is_one_clear_line(base: Path, tmp_path: Path) -> None:
@@ -136,8 +132,8 @@ def test_peft_runs_our_adapters_on_the_exported_base(base: Path, tmp_path: Path,
     transformers = pytest.importorskip("transformers")
     assert lora_run(base, base.parent / "text", tmp_path / "out", learning_rate=3e-2).returncode == 0
     # both commands in this process (their command lines run as subprocesses in the tests above and test_export.py)
-    peft_args = ["--action=peft", f"--out_dir={tmp_path / 'out'}", f"--to={tmp_path / 'adapter'}"]
-    assert run_main(lora.main, peft_args, capsys)[0] == 0
+    peft_args = ["--format=peft", f"--out_dir={tmp_path / 'out'}", f"--export_dir={tmp_path / 'adapter'}"]
+    assert run_main(export.main, peft_args, capsys)[0] == 0
     export_args = [f"--out_dir={base}", "--format=hf", f"--export_dir={tmp_path / 'hf'}"]
     assert run_main(export.main, export_args, capsys)[0] == 0
     ours, tokenizer = load_model_and_tokenizer("resume", str(tmp_path / "out"))
@@ -153,4 +149,28 @@ def test_peft_runs_our_adapters_on_the_exported_base(base: Path, tmp_path: Path,
         torch.testing.assert_close(theirs(ids).logits, expected, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(beside(ids).logits, expected, rtol=1e-5, atol=1e-5)
         with theirs.disable_adapter():  # the adapters matter: the bare base answers otherwise
+            assert (theirs(ids).logits - expected).abs().max() > 1e-2
+
+
+def test_peft_runs_a_chat_lora_run_with_its_new_token_rows(base: Path, tmp_path: Path, capsys) -> None:
+    """A LoRA run on chat data also trains the template's marker rows; PEFT gets them as trainable_token_indices
+    on the base written beside the adapters (its vocabulary grown to the run's), and gives our logits on a rendered
+    conversation, markers and all."""
+    peft = pytest.importorskip("peft")
+    assert lora_run(base, base.parent / "chat", tmp_path / "out", learning_rate=3e-2).returncode == 0
+    peft_args = ["--format=peft", f"--out_dir={tmp_path / 'out'}", f"--export_dir={tmp_path / 'adapter'}"]
+    code, out, _ = run_main(export.main, peft_args, capsys)
+    assert code == 0 and out.strip().endswith("adapter_config.json, adapter_model.safetensors, base")
+    ours, tokenizer = load_model_and_tokenizer("resume", str(tmp_path / "out"))
+    rows = ckpt.load_checkpoint(tmp_path / "out" / "ckpt.pt")["lora"]["first_new_row"]
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["trainable_token_indices"] == list(range(rows, tokenizer.vocab_size))
+    theirs = peft.AutoPeftModelForCausalLM.from_pretrained(tmp_path / "adapter", dtype=torch.float32).eval()
+    conversation = [{"role": "user", "content": "abc"}, {"role": "assistant", "content": "hgf"}]
+    ids = torch.tensor([tokenizer.chat.render(conversation, tokenizer)[0].tolist()])
+    assert (ids >= rows).sum() >= 4  # the markers are read
+    with torch.no_grad():
+        expected = ours(ids, ids)[0]
+        torch.testing.assert_close(theirs(ids).logits, expected, rtol=1e-5, atol=1e-5)
+        with theirs.disable_adapter():  # the adapters and the trained rows matter
             assert (theirs(ids).logits - expected).abs().max() > 1e-2

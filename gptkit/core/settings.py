@@ -184,9 +184,10 @@ def read_config_file(path: str | Path) -> dict[str, tuple[Any, int]]:
     return values
 
 
-def format_help(cls: type, prog: str, description: str, config_files: bool) -> str:
+def format_help(cls: type, prog: str, description: str, config_files: bool, positional: str | None = None) -> str:
     """The --help text: usage, then every key with its type, default and meaning."""
-    usage = f"usage: python {prog} {'[CONFIG_FILE.py ...] ' if config_files else ''}[--key=value ...]"
+    words = "[CONFIG_FILE.py ...] " if config_files else f"{positional.upper()} ... " if positional else ""
+    usage = f"usage: python {prog} {words}[--key=value ...]"
     lines = [usage, "", description, "", "settings (key, type, default: meaning):"]
     types_by_name = _field_types(cls)
     for field in dataclasses.fields(cls):
@@ -216,15 +217,17 @@ def parse_settings(
     prog: str,
     description: str,
     config_files: bool = False,
+    positional: str | None = None,
 ) -> T:
     """Build a `cls` instance from config files and `--key=value` / `--key value` flags.
 
     Takes the settings dataclass, the argument list (without the program name), the program name and a
-    one-line description for --help, and whether positional config files are accepted. Prints help and
-    exits 0 on --help/-h. Returns the validated instance; raises UserError for any mistake.
+    one-line description for --help, and whether positional config files are accepted, or else `positional`: the
+    list setting that arguments without `--` add to (plot.py's run directories). Prints help and exits 0 on
+    --help/-h. Returns the validated instance; raises UserError for any mistake.
     """
     if "--help" in argv or "-h" in argv:
-        print(format_help(cls, prog, description, config_files))
+        print(format_help(cls, prog, description, config_files, positional))
         sys.exit(0)
     types_by_name = _field_types(cls)
     known = {f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")}
@@ -235,6 +238,9 @@ def parse_settings(
     while index < len(argv):
         arg = argv[index]
         index += 1
+        if not arg.startswith("--") and positional and not config_files:
+            cli_lists.setdefault(positional, []).append(arg)
+            continue
         if not arg.startswith("--"):
             if not config_files:
                 raise UserError(f"unexpected argument {arg!r}; settings are given as --key=value (see --help)")

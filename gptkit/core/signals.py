@@ -1,4 +1,5 @@
-"""Ctrl-C and SIGTERM as a request to stop: the training loop finishes its step, saves and exits cleanly."""
+"""Ctrl-C and SIGTERM as a request to stop: the training loop finishes its step, saves and exits cleanly, with the
+conventional exit code of the signal (130 after Ctrl-C, 143 after SIGTERM)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 class StopRequest:
     """While active, SIGINT and SIGTERM ask the training loop to stop after the current step and save.
 
-    `signal_name` is the name of the signal received (None until then). With `force_on_repeat`, a second Ctrl-C
+    `signal_name` is the name of the signal received (None until then), `signum` its number (0 until then). With `force_on_repeat`, a second Ctrl-C
     stops at once (KeyboardInterrupt); under torchrun that is off, because torchrun passes a Ctrl-C on to its
     workers, which then see it twice. The previous handlers come back on exit. Outside the main thread
     (where Python allows no signal handlers) it does nothing.
@@ -18,6 +19,7 @@ class StopRequest:
 
     def __init__(self, force_on_repeat: bool = True) -> None:
         self.signal_name: str | None = None
+        self.signum = 0
         self.force_on_repeat = force_on_repeat
         self._previous: dict[int, Any] = {}
 
@@ -37,5 +39,11 @@ class StopRequest:
             if self.force_on_repeat and signum == signal.SIGINT:
                 raise KeyboardInterrupt
             return
-        self.signal_name = signal.Signals(signum).name
+        self.signal_name, self.signum = signal.Signals(signum).name, signum
         print(f"{self.signal_name} received: finishing this step, then saving a checkpoint", flush=True)
+
+
+def exit_code(signum: int) -> int:
+    """The exit code of a program that stopped cleanly on signal `signum`, as shells report one ended by it: 130
+    after Ctrl-C (SIGINT), 143 after SIGTERM."""
+    return 128 + signum

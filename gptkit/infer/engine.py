@@ -11,7 +11,8 @@
   its row. A row whose window is full slides on its own (rebuilt from the last 3/4 of a window), exactly when it
   would alone. So a request's tokens do not depend on what else is in the batch: greedy tokens are the same, and
   a seeded request draws the same tokens (up to float rounding, which the batch size can change).
-- generate_stream: what GPT.generate and GPT.generate_stream delegate to.
+- generate, generate_stream: a batch of prompts continued at once through the engine (gptkit.infer.generate), the
+  fast path; model.py's GPT.generate is the plain uncached loop whose tokens it must match.
 
 The model is duck-typed, never imported: `model(idx, cache=cache)` returns (logits (B, 1, V), _) for the last
 position, `model.hidden_states(idx, cache=cache)` does the same pass without the head (to fill a prompt into the
@@ -140,7 +141,7 @@ class Request:
     ("stop": a stop token was made, and is the last of output; "length": max_new_tokens made; "removed").
 
     seed gives the request its own random generator (so its tokens do not depend on the batch); generator
-    instead shares a caller's generator (GPT.generate's); with neither, sampling uses torch's global generator.
+    instead shares a caller's generator (generate's, below); with neither, sampling uses torch's global generator.
     presence_penalty, frequency_penalty and logit_bias change the logits before sampling as OpenAI defines them:
     logit[t] += logit_bias[t] - frequency_penalty * count[t] - presence_penalty * (count[t] > 0), where count[t] is
     how often t is in `output` so far. With `logprobs` = k, each token made gets a TokenLogprob with the k most

@@ -125,24 +125,24 @@ class Guard:
             scheme, _, given = headers.get("authorization", "").partition(" ")
             if not (scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.api_key)):
                 answer = error_response(
-                    401,
-                    "missing or wrong API key: send the header `Authorization: Bearer KEY`",
-                    "invalid_request_error",
-                    None,
-                    "invalid_api_key",
+                    status=401,
+                    message="missing or wrong API key: send the header `Authorization: Bearer KEY`",
+                    kind="invalid_request_error",
+                    code="invalid_api_key",
                 )
                 return await answer(scope, receive, send)
         declared = headers.get("content-length")
         if declared is not None and not declared.isdigit():
-            answer = error_response(400, f"Content-Length {declared!r} is not a number", "invalid_request_error")
+            answer = error_response(
+                status=400, message=f"Content-Length {declared!r} is not a number", kind="invalid_request_error"
+            )
             return await answer(scope, receive, send)
         if declared is not None and int(declared) > self.max_body_bytes:
             answer = error_response(
-                413,
-                f"the request body is larger than {self.max_body_bytes} bytes",
-                "invalid_request_error",
-                None,
-                "request_too_large",
+                status=413,
+                message=f"the request body is larger than {self.max_body_bytes} bytes",
+                kind="invalid_request_error",
+                code="request_too_large",
             )
             return await answer(scope, receive, send)
         received = 0
@@ -153,7 +153,9 @@ class Guard:
             received += len(message.get("body", b""))
             if received > self.max_body_bytes:
                 raise APIError(
-                    413, f"the request body is larger than {self.max_body_bytes} bytes", None, "request_too_large"
+                    status=413,
+                    message=f"the request body is larger than {self.max_body_bytes} bytes",
+                    code="request_too_large",
                 )
             return message
 
@@ -222,7 +224,10 @@ class Service:
     async def get_model(self, model: str) -> dict[str, Any]:
         if model != self.name:
             raise APIError(
-                404, f"the model {model!r} does not exist; this server has {self.name!r}", "model", "model_not_found"
+                status=404,
+                message=f"the model {model!r} does not exist; this server has {self.name!r}",
+                param="model",
+                code="model_not_found",
             )
         return self.model_card()
 
@@ -244,17 +249,24 @@ class Service:
         """vLLM's /tokenize: a prompt's ids, special tokens' texts read as those tokens (as Hugging Face's
         tokenizers read them), or the ids of chat messages rendered for a reply."""
         if (body.prompt is None) == (body.messages is None):
-            raise APIError(400, "give a prompt or messages", "prompt")
+            raise APIError(status=400, message="give a prompt or messages", param="prompt")
         try:
             if body.prompt is not None:
                 ids = await run_in_threadpool(encode_with_special_tokens, self.tokenizer, body.prompt)
             elif self.tokenizer.chat is None:
-                raise APIError(400, "this model has no chat template; give a prompt", "messages", "model_not_chat")
+                raise APIError(
+                    status=400,
+                    message="this model has no chat template; give a prompt",
+                    param="messages",
+                    code="model_not_chat",
+                )
             else:
                 ids = self.tokenizer.chat.render_prompt(api.message_dicts(body.messages), self.tokenizer)
                 ids = ids if body.add_generation_prompt else ids[:-1]  # the prompt ends with the assistant's marker
         except (ChatError, UserError, UnicodeError) as exc:
-            raise APIError(400, f"cannot be tokenized: {exc}", "messages" if body.messages else "prompt") from None
+            raise APIError(
+                status=400, message=f"cannot be tokenized: {exc}", param="messages" if body.messages else "prompt"
+            ) from None
         return {"count": len(ids), "max_model_len": self.block_size, "tokens": ids}
 
     async def detokenize(self, body: DetokenizeRequest) -> dict[str, str]:
@@ -266,8 +278,7 @@ class Service:
         body.check()
         prompts = [await run_in_threadpool(self.encode, prompt) for prompt in self.prompt_list(body)]
         prompts = [self.fit_echo(ids) if body.echo else self.fit_context(ids) for ids in prompts]
-        eot = self.tokenizer.eot_token
-        jobs = self.make_jobs(body, prompts, () if eot is None else (eot,))
+        jobs = self.make_jobs(body, prompts, self.completion_stops())
         self.submit(jobs)
         head = {**api.completion_id(), "model": self.name}
         prompt_tokens = sum(len(ids) for ids in prompts)
@@ -275,6 +286,13 @@ class Service:
             events = self.stream(jobs, head, prompt_tokens, body, api.choice)
             return JobStream(events, jobs, self.batcher)
         return await self.collect(jobs, head, prompt_tokens, request, body, api.choice)
+
+    def completion_stops(self) -> tuple[int, ...]:
+        """The tokens that end a completion: the end of text, and on a chat model every marker of its template (a
+        marker is never text in an answer, as the chat endpoint never shows one either)."""
+        eot, template = self.tokenizer.eot_token, self.tokenizer.chat
+        markers = () if template is None else tuple(template.ids)
+        return (() if eot is None else (eot,)) + markers
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
         """A chat completion: the messages rendered with the model's chat template, the reply decoded up to the end
@@ -284,15 +302,15 @@ class Service:
         template = self.tokenizer.chat
         if template is None:
             raise APIError(
-                400,
-                "this model has no chat template (it was not fine-tuned on conversations); use /v1/completions",
-                "messages",
-                "model_not_chat",
+                status=400,
+                message="this model has no chat template (it was not fine-tuned on conversations); use /v1/completions",
+                param="messages",
+                code="model_not_chat",
             )
         try:
             ids = await run_in_threadpool(template.render_prompt, body.message_dicts(), self.tokenizer)
         except (ChatError, UserError, UnicodeError) as exc:  # a wrong role, empty content, a character never seen
-            raise APIError(400, f"messages: {exc}", "messages") from None
+            raise APIError(status=400, message=f"messages: {exc}", param="messages") from None
         ids = self.fit_context(ids)
         jobs = self.make_jobs(body, [ids], template.reply_stops)
         self.submit(jobs)
@@ -309,12 +327,11 @@ class Service:
             self.batcher.submit(jobs)
         except ServerBusyError as exc:
             raise APIError(
-                429,
-                f"the server is busy ({exc}); retry after {self.cfg.retry_after} s",
-                None,
-                "rate_limit_exceeded",
-                "rate_limit_error",
-                {"Retry-After": str(self.cfg.retry_after)},
+                status=429,
+                message=f"the server is busy ({exc}); retry after {self.cfg.retry_after} s",
+                code="rate_limit_exceeded",
+                kind="rate_limit_error",
+                headers={"Retry-After": str(self.cfg.retry_after)},
             ) from None
 
     def prompt_list(self, body: CompletionRequest) -> list[str | list[int]]:
@@ -322,7 +339,7 @@ class Service:
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             return [prompt]
         if not prompt:
-            raise APIError(400, "prompt is an empty list", "prompt")
+            raise APIError(status=400, message="prompt is an empty list", param="prompt")
         return list(prompt)
 
     def encode(self, prompt: str | list[int]) -> list[int]:
@@ -332,17 +349,23 @@ class Service:
             try:
                 ids = self.tokenizer.encode(prompt) if prompt else ([] if eot is None else [eot])
             except (UserError, ValueError, UnicodeError) as exc:  # e.g. a character a char-level model never saw
-                raise APIError(400, f"prompt cannot be encoded: {exc}", "prompt") from None
+                raise APIError(status=400, message=f"prompt cannot be encoded: {exc}", param="prompt") from None
         else:
             ids = self.check_ids(prompt, "prompt")
         if not ids:
-            raise APIError(400, "prompt is empty and this model has no end-of-text token to start from", "prompt")
+            raise APIError(
+                status=400,
+                message="prompt is empty and this model has no end-of-text token to start from",
+                param="prompt",
+            )
         return ids
 
     def check_ids(self, ids: list[int], param: str) -> list[int]:
         """Token ids sent by a client, or APIError naming `param` for one outside the vocabulary."""
         if any(not 0 <= token < self.tokenizer.vocab_size for token in ids):
-            raise APIError(400, f"{param}: token ids must be in [0, {self.tokenizer.vocab_size})", param)
+            raise APIError(
+                status=400, message=f"{param}: token ids must be in [0, {self.tokenizer.vocab_size})", param=param
+            )
         return ids
 
     def fit_echo(self, ids: list[int]) -> list[int]:
@@ -350,11 +373,11 @@ class Service:
         with what the client sent. It may hold block_size + 1 tokens (the last is scored, never read)."""
         if len(ids) > self.block_size + 1:
             raise APIError(
-                400,
-                f"the prompt has {len(ids)} tokens; an echoed prompt is scored whole, in at most {self.block_size + 1} "
+                status=400,
+                message=f"the prompt has {len(ids)} tokens; an echoed prompt is scored whole, in at most {self.block_size + 1} "
                 f"tokens (the context, and one more): shorten it (lm-eval: max_length={self.block_size + 2})",
-                "prompt",
-                "context_length_exceeded",
+                param="prompt",
+                code="context_length_exceeded",
             )
         return ids
 
@@ -363,10 +386,10 @@ class Service:
         if len(ids) > self.block_size:
             if self.cfg.long_prompts == "refuse":
                 raise APIError(
-                    400,
-                    f"the prompt has {len(ids)} tokens; this model's context is {self.block_size}",
-                    "prompt",
-                    "context_length_exceeded",
+                    status=400,
+                    message=f"the prompt has {len(ids)} tokens; this model's context is {self.block_size}",
+                    param="prompt",
+                    code="context_length_exceeded",
                 )
             ids = ids[-self.block_size :]
         return ids
@@ -380,7 +403,9 @@ class Service:
         n = body.candidates
         if n * len(prompts) > self.cfg.max_n:
             raise APIError(
-                400, f"{n * len(prompts)} choices asked (n × prompts); this server allows at most {self.cfg.max_n}", "n"
+                status=400,
+                message=f"{n * len(prompts)} choices asked (n × prompts); this server allows at most {self.cfg.max_n}",
+                param="n",
             )
         settings = self.request_settings(body)
         stops = body.stops()
@@ -402,13 +427,15 @@ class Service:
         max_tokens = min(cfg.default_max_tokens, cfg.max_tokens) if budget is None else budget
         if max_tokens > cfg.max_tokens:
             raise APIError(
-                400, f"max_tokens is {max_tokens}; this server allows at most {cfg.max_tokens}", "max_tokens"
+                status=400,
+                message=f"max_tokens is {max_tokens}; this server allows at most {cfg.max_tokens}",
+                param="max_tokens",
             )
         temperature = 1.0 if body.temperature is None else body.temperature
         top_p = None if body.top_p in (None, 1.0) else body.top_p
         problem = next_token.sampling_problem(temperature, body.top_k, top_p)
         if problem:
-            raise APIError(400, problem, problem.split()[0])
+            raise APIError(status=400, message=problem, param=problem.split()[0])
         # best_of ranks its candidates by their tokens' log-probabilities, asked for or not
         ranked = body.candidates > (body.n or 1)
         return {
@@ -476,8 +503,9 @@ class Service:
                     logprobs = self.logprobs_object(body, entries, offsets[index])
                     if logprobs is not None and "tokens" in logprobs:  # the completions format: offsets go on
                         offsets[index] += sum(len(token) for token in logprobs["tokens"])
-                    chunk = {**head, "choices": [make_choice(index, text, reason, logprobs)]}
-                    yield api.sse({**chunk, "usage": counts()} if every_chunk else chunk)
+                    for choice in stream_choices(make_choice, index, text, reason, logprobs):
+                        chunk = {**head, "choices": [choice]}
+                        yield api.sse({**chunk, "usage": counts()} if every_chunk else chunk)
             if options and (options.include_usage or every_chunk):
                 yield api.sse({**head, "choices": [], "usage": counts()})
             yield api.sse("[DONE]")
@@ -512,13 +540,24 @@ class Service:
         if not work.done() or work.cancelled():
             return Response(status_code=499)  # the client closed the connection: nobody reads this
         if "error" in reasons:
-            raise APIError(500, texts[reasons.index("error")])
+            raise APIError(status=500, message=texts[reasons.index("error")])
         choices = []
         for number, index in enumerate(best_choices(jobs, body)):
             logprobs = self.logprobs_object(body, entries[index], 0)
             choices.append(make_choice(number, texts[index], reasons[index], logprobs))
         completion_tokens = sum(job.completion_tokens for job in jobs)
         return JSONResponse({**head, "choices": choices, "usage": api.usage(prompt_tokens, completion_tokens)})
+
+
+def stream_choices(
+    make_choice: Callable, index: int, text: str, reason: str | None, logprobs: dict | None
+) -> list[dict[str, Any]]:
+    """The streamed choices of one event. A chat choice's finish reason comes alone, in a last chunk with an empty
+    delta after its content, as OpenAI sends it; a completion's comes with its last text."""
+    if make_choice is not api.chat_delta or reason is None:
+        return [make_choice(index, text, reason, logprobs)]
+    content = [make_choice(index, text, None, logprobs)] if text or logprobs else []
+    return [*content, make_choice(index, "", reason)]
 
 
 def best_choices(jobs: list[Job], body: CompletionRequest | ChatCompletionRequest) -> list[int]:
@@ -580,7 +619,7 @@ def create_app(
     app.add_exception_handler(RequestValidationError, lambda request, exc: api.validation_error(exc).response())
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(
-        Exception, lambda request, exc: error_response(500, "internal server error", "server_error")
+        Exception, lambda request, exc: error_response(status=500, message="internal server error", kind="server_error")
     )
     app.add_middleware(Guard, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes)
     app.add_middleware(CountAnswers, metrics=service.metrics, routes=app.router.routes)  # outside Guard: sees its 401s
@@ -592,12 +631,11 @@ def http_error(request: Request, exc: HTTPException) -> JSONResponse:
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
     message = {404: f"no such path: {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
     return error_response(
-        exc.status_code,
-        message.get(exc.status_code, str(exc.detail)),
-        "invalid_request_error",
-        None,
-        code,
-        getattr(exc, "headers", None),
+        status=exc.status_code,
+        message=message.get(exc.status_code, str(exc.detail)),
+        kind="invalid_request_error",
+        code=code,
+        headers=getattr(exc, "headers", None),
     )
 
 

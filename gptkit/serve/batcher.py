@@ -19,16 +19,14 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from gptkit.core.devices import autocast
 from gptkit.infer.engine import Engine, Request, TokenLogprob
 from gptkit.infer.textstream import TextStream
-
-if TYPE_CHECKING:
-    from gptkit.serve.metrics import ServerMetrics
+from gptkit.serve.metrics import ServerMetrics
 
 
 class ServerBusyError(Exception):

@@ -21,18 +21,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-if TYPE_CHECKING:
-    from gptkit.serve.batcher import Job
-
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Choice(Protocol):
+    """What the metrics read of a choice, and the clock they keep on it (gptkit.serve.batcher's Job is one)."""
+
+    clock: float  # when it was accepted, then made its latest token
+    request: Any  # the engine's Request: its prompt is counted when prefilled
+
+    @property
+    def completion_tokens(self) -> int: ...
 
 
 class ServerMetrics:
@@ -73,17 +80,17 @@ class ServerMetrics:
         Gauge("gptkit_slots", "slots in the batch (--slots)", registry=registry).set(slots)
 
     # ------------------------------------------------------------------ called by the batcher
-    def jobs_accepted(self, jobs: Sequence[Job]) -> None:
+    def jobs_accepted(self, jobs: Sequence[Choice]) -> None:
         """The batcher queued the jobs: their time to first token starts now."""
         now = time.monotonic()
         for job in jobs:
             job.clock = now
 
-    def jobs_started(self, jobs: Sequence[Job]) -> None:
+    def jobs_started(self, jobs: Sequence[Choice]) -> None:
         """The jobs' prompts were prefilled into the engine."""
         self.prompt_tokens.inc(sum(len(job.request.prompt) for job in jobs))
 
-    def step(self, jobs: Sequence[Job]) -> None:
+    def step(self, jobs: Sequence[Choice]) -> None:
         """One engine step made a token for each of `jobs` (one per active row)."""
         now = time.monotonic()
         self.occupancy.observe(len(jobs))

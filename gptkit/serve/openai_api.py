@@ -32,6 +32,7 @@ class APIError(HTTPException):
 
     def __init__(
         self,
+        *,
         status: int,
         message: str,
         param: str | None = None,
@@ -44,10 +45,18 @@ class APIError(HTTPException):
         self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
 
     def response(self) -> JSONResponse:
-        return error_response(self.status_code, self.message, self.kind, self.param, self.code, self.headers)
+        return error_response(
+            status=self.status_code,
+            message=self.message,
+            kind=self.kind,
+            param=self.param,
+            code=self.code,
+            headers=self.headers,
+        )
 
 
 def error_response(
+    *,
     status: int,
     message: str,
     kind: str,
@@ -97,9 +106,17 @@ class SamplingRequest(BaseModel):
         bias = {}
         for key, value in (self.logit_bias or {}).items():
             if not key.isdigit() or int(key) >= vocab_size:
-                raise APIError(400, f"logit_bias keys are token ids in [0, {vocab_size}), got {key!r}", "logit_bias")
+                raise APIError(
+                    status=400,
+                    message=f"logit_bias keys are token ids in [0, {vocab_size}), got {key!r}",
+                    param="logit_bias",
+                )
             if not -MAX_BIAS <= value <= MAX_BIAS:
-                raise APIError(400, f"logit_bias values lie in [-100, 100], got {value} for {key}", "logit_bias")
+                raise APIError(
+                    status=400,
+                    message=f"logit_bias values lie in [-100, 100], got {value} for {key}",
+                    param="logit_bias",
+                )
             bias[int(key)] = value
         return bias
 
@@ -112,7 +129,12 @@ class SamplingRequest(BaseModel):
         """APIError 400 naming the first field set to something this server cannot do."""
         name = self.unsupported()
         if name:
-            raise APIError(400, f"{name} is not supported by this server; leave it out", name, "unsupported_parameter")
+            raise APIError(
+                status=400,
+                message=f"{name} is not supported by this server; leave it out",
+                param=name,
+                code="unsupported_parameter",
+            )
 
     def unsupported(self) -> str | None:
         raise NotImplementedError
@@ -137,11 +159,21 @@ class CompletionRequest(SamplingRequest):
         """APIError for fields that contradict each other."""
         self.refuse_unsupported()
         if self.max_tokens == 0 and not self.echo:
-            raise APIError(400, "max_tokens 0 generates nothing: give echo=true to score the prompt", "max_tokens")
+            raise APIError(
+                status=400,
+                message="max_tokens 0 generates nothing: give echo=true to score the prompt",
+                param="max_tokens",
+            )
         if self.best_of is not None and self.best_of < (self.n or 1):
-            raise APIError(400, f"best_of ({self.best_of}) must be at least n ({self.n or 1})", "best_of")
+            raise APIError(
+                status=400, message=f"best_of ({self.best_of}) must be at least n ({self.n or 1})", param="best_of"
+            )
         if self.candidates > (self.n or 1) and self.stream:
-            raise APIError(400, "best_of > n cannot be streamed: the best choices are known only at the end", "best_of")
+            raise APIError(
+                status=400,
+                message="best_of > n cannot be streamed: the best choices are known only at the end",
+                param="best_of",
+            )
 
     @property
     def candidates(self) -> int:
@@ -161,9 +193,9 @@ def stop_list(stop: str | list[str] | None) -> list[str]:
     """A request's stop strings as a list; APIError for too many or an empty one."""
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if len(stops) > MAX_STOPS:
-        raise APIError(400, f"stop takes at most {MAX_STOPS} strings, got {len(stops)}", "stop")
+        raise APIError(status=400, message=f"stop takes at most {MAX_STOPS} strings, got {len(stops)}", param="stop")
     if any(item == "" for item in stops):
-        raise APIError(400, "stop strings must not be empty", "stop")
+        raise APIError(status=400, message="stop strings must not be empty", param="stop")
     return stops
 
 
@@ -206,7 +238,7 @@ class ChatCompletionRequest(SamplingRequest):
         """APIError for fields that contradict each other."""
         self.refuse_unsupported()
         if self.top_logprobs is not None and not self.logprobs:
-            raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+            raise APIError(status=400, message="top_logprobs needs logprobs: true", param="top_logprobs")
 
     @property
     def candidates(self) -> int:
@@ -232,7 +264,11 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
         if isinstance(content, list):
             other = next((part.type for part in content if part.type != "text" or part.text is None), None)
             if other is not None:
-                raise APIError(400, f"messages[{index}]: only text content parts are read, not {other!r}", "messages")
+                raise APIError(
+                    status=400,
+                    message=f"messages[{index}]: only text content parts are read, not {other!r}",
+                    param="messages",
+                )
             content = "".join(part.text for part in content)
         plain.append({"role": message.role, "content": content})
     return plain
@@ -264,18 +300,22 @@ def validation_error(exc: RequestValidationError) -> APIError:
     first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request", "type": "value_error"}
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
     if first.get("type") == "json_invalid":
-        return APIError(400, "the request body is not valid JSON", None, "invalid_json")
+        return APIError(status=400, message="the request body is not valid JSON", code="invalid_json")
     if not loc:
-        return APIError(400, "the request body must be a JSON object, sent with Content-Type: application/json")
+        return APIError(
+            status=400, message="the request body must be a JSON object, sent with Content-Type: application/json"
+        )
     param = loc[0]
     if param == "prompt" and first.get("type") != "missing":
         return APIError(
-            400,
-            "prompt must be a string, a list of strings, a list of token ids, or a list of lists of token ids",
-            param,
+            status=400,
+            message="prompt must be a string, a list of strings, a list of token ids, or a list of lists of token ids",
+            param=param,
         )
     where = ".".join(loc) if len(loc) == 1 or not loc[1].isidentifier() else param
-    return APIError(400, f"{where}: {first.get('msg', 'invalid value')}", param, first.get("type"))
+    return APIError(
+        status=400, message=f"{where}: {first.get('msg', 'invalid value')}", param=param, code=first.get("type")
+    )
 
 
 def completion_id() -> dict[str, Any]:
@@ -299,7 +339,7 @@ def chat_choice(index: int, text: str, finish_reason: str | None, logprobs: dict
 
 
 def chat_delta(index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict[str, Any]:
-    """A streamed chat choice: new text as a delta (none in the last chunk, which carries the finish reason)."""
+    """A streamed chat choice: new text as a delta, or (with a finish reason) the last chunk's empty delta."""
     delta = {"content": text} if text or finish_reason is None else {}
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 

@@ -12,26 +12,62 @@ import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import torch
 
 from gptkit.core.distributed import Processes, reduce_numbers
 from gptkit.core.errors import UserError
+from gptkit.core.signals import StopRequest
 from gptkit.data import loader
 
 DROPOUT_STREAM = 1000  # seeds dropout per micro-batch, apart from the data sampler's streams (batches.PURPOSE_*)
 
 
-class Schedule(Protocol):
-    """The settings learning_rate_at reads (train.TrainSettings has them)."""
+WARMUP_FRACTION = 10  # an unset warmup takes a tenth of the run...
+MAX_DEFAULT_WARMUP = 2000  # ...and at most GPT-2's 2000 steps
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Schedule:
+    """The learning rate of every step, as learning_rate_at computes it (the training settings of the same names)."""
 
     learning_rate: float
     min_lr: float
     warmup_iters: int
     lr_decay_iters: int
-    decay_lr: bool
+    decay_lr: bool = True
+
+    @classmethod
+    def fitted(
+        cls,
+        *,
+        max_iters: int,
+        learning_rate: float,
+        min_lr: float,
+        warmup_iters: int | None,
+        lr_decay_iters: int | None,
+        decay_lr: bool,
+    ) -> Schedule:
+        """The schedule of a run of `max_iters` steps: an unset warmup (None) is a tenth of the run, at most 2000
+        steps, an unset decay ends at max_iters. A warmup set so long that the rate would never reach
+        learning_rate is a UserError; a decay set past max_iters is allowed (the run stops part way down the
+        cosine, to be resumed with a larger max_iters)."""
+        if warmup_iters is None:
+            warmup_iters = min(MAX_DEFAULT_WARMUP, max_iters // WARMUP_FRACTION)
+        elif decay_lr and 0 < max_iters <= warmup_iters:
+            raise UserError(
+                f"warmup_iters={warmup_iters} does not end before max_iters={max_iters}: the learning rate would never "
+                f"reach {learning_rate:g}; give a smaller --warmup_iters, or leave it out (a tenth of max_iters)"
+            )
+        decay_iters = max_iters if lr_decay_iters is None else lr_decay_iters
+        return cls(
+            learning_rate=learning_rate,
+            min_lr=min_lr,
+            warmup_iters=warmup_iters,
+            lr_decay_iters=decay_iters,
+            decay_lr=decay_lr,
+        )
 
 
 def learning_rate_at(step: int, cfg: Schedule) -> float:
@@ -64,17 +100,23 @@ def mean_loss(
     precision: contextlib.AbstractContextManager,
     device: torch.device,
     procs: Processes,
-) -> float:
+    stop: StopRequest | None = None,
+) -> float | None:
     """Per-token mean loss over an indexable sequence of (x, y) batches, split round-robin over processes; targets
     of -1 do not count.
 
     `wrapped(x, y)` returns (logits, mean loss); `precision` is the autocast context of forward passes. Every
     process runs the same number of forward passes (FSDP needs that); the padding ones count for nothing. The
-    module is left in training mode.
+    module is left in training mode. A single process given `stop` returns None as soon as a stop is requested
+    (an evaluation of hundreds of batches would keep a Ctrl-C waiting for minutes); several processes finish
+    the evaluation, since each forward pass may need all of them.
     """
     wrapped.eval()
     total, count = 0.0, 0
     for round_start in range(0, len(batches), procs.world_size):
+        if stop is not None and stop.signum and not procs.distributed:
+            wrapped.train()
+            return None
         index = round_start + procs.rank
         x, y = loader.to_device(*batches[min(index, len(batches) - 1)], device)
         with precision:

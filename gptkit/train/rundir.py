@@ -4,7 +4,8 @@ Two ways to lose work are closed here. A second training into the same out_dir w
 log lines with the first: `RunDirLock` holds an exclusive lock on out_dir for the whole run, one the kernel drops
 when the process dies (even by kill -9), so a crash never leaves a stale lock. Re-running a from-scratch command
 would replace the earlier run's checkpoints: `resolve_init_from` refuses unless the user says resume, auto or
-overwrite. Readers (sampling, evaluation, serving) take no lock: checkpoints are replaced atomically.
+overwrite. A fresh start removes what an earlier run left (`remove_earlier_run`), so that nothing of it is read
+as the new run's. Readers (sampling, evaluation, serving) take no lock: checkpoints are replaced atomically.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from pathlib import Path
 from types import TracebackType
 
 from gptkit.core.errors import UserError, describe_os_error
+from gptkit.train.curves import CURVES_NAME
+from gptkit.train.runlog import LOG_NAME, SUMMARY_NAME
 from gptkit.weights.checkpoint import BEST_NAME, LATEST_NAME
+
+# What a training run writes into its out_dir. The latest checkpoint comes first: once it is gone, nothing
+# resumes the earlier run, even if removing the rest is cut short.
+RUN_FILES = (LATEST_NAME, BEST_NAME, LOG_NAME, CURVES_NAME, SUMMARY_NAME)
 
 INIT_CHOICES_HELP = (
     "scratch | resume (out_dir/ckpt.pt) | auto (resume if out_dir has a checkpoint) | gpt2* | HF dir | "
@@ -28,14 +35,28 @@ def resolve_init_from(init_from: str, out_dir: str | os.PathLike, overwrite: boo
     and elastic jobs need); a fresh start over an earlier run's checkpoint is a UserError unless `overwrite`."""
     directory = Path(out_dir)
     existing = [directory / name for name in (LATEST_NAME, BEST_NAME) if (directory / name).exists()]
-    if init_from == "auto":
-        return "resume" if (directory / LATEST_NAME).exists() else "scratch"
-    if init_from != "resume" and existing and not overwrite:
+    if init_from == "auto" and (directory / LATEST_NAME).exists():
+        return "resume"
+    if init_from != "resume" and existing and not overwrite:  # auto over a lone best.pt too: it would be removed
         raise UserError(
             f"{existing[0]} holds an earlier run that init_from={init_from} would replace; continue it with "
             "--init_from=resume (or auto), write elsewhere with another --out_dir, or replace it with --overwrite=True"
         )
-    return init_from
+    return "scratch" if init_from == "auto" else init_from
+
+
+def remove_earlier_run(out_dir: str | os.PathLike) -> list[str]:
+    """Delete the files an earlier run wrote into `out_dir` (RUN_FILES), before a fresh start writes its own:
+    otherwise its log.jsonl would continue the old one (and curves.png and plot.py draw both as one run), and its
+    best.pt stand as the new run's best until the new run saves. Returns the names removed. Call it holding the
+    RunDirLock, after resolve_init_from allowed the fresh start."""
+    removed = []
+    for name in RUN_FILES:
+        path = Path(out_dir) / name
+        if path.is_file():
+            path.unlink()
+            removed.append(name)
+    return removed
 
 
 class RunDirLock:

@@ -14,6 +14,7 @@ from typing import Any
 from gptkit.core.errors import UserError
 
 LOG_NAME = "log.jsonl"
+SUMMARY_NAME = "summary.json"  # a finished run's figures, for scripts and benchmarks
 
 
 class RunLog:
@@ -125,9 +126,22 @@ def full_split_line(tokens: int, loss: float, bpb: float | None) -> str:
     return f"eval (whole val split, {tokens:,} tokens): val loss {loss:.4f}{format_bpb(bpb)}"
 
 
-def stopped_line(signal_name: str | None, steps: int, saved: str) -> str:
-    """A run stopped by a signal (`signal_name` None: the signal went to another process)."""
+def resumed_line(steps: int, checkpoint: Path, best_val_loss: float) -> str:
+    """A resumed run: where it continues from."""
+    return f"resumed from step {steps} of {checkpoint} (best val loss {best_val_loss:.4f})"
+
+
+def replaced_line(out_dir: Path, names: list[str]) -> str:
+    """A fresh start that removed an earlier run's files."""
+    return f"replaced the earlier run in {out_dir}: removed {', '.join(names)}"
+
+
+def stopped_line(signal_name: str | None, steps: int, saved: str | None) -> str:
+    """A run stopped by a signal (`signal_name` None: the signal went to another process); `saved` is saved_note's,
+    None when the run stopped before training a step (nothing to save)."""
     who = signal_name or "a signal to another process"
+    if saved is None:
+        return f"stopped by {who} after {steps} steps, before this run trained one: nothing saved"
     return f"stopped by {who} after {steps} steps{saved}; continue with --init_from=resume"
 
 

@@ -230,10 +230,20 @@ def check_base_tokenizer(base: dict[str, Any], meta: dict[str, Any], path: Path)
         ours.pop("chat", None)
     theirs = {key: value for key, value in saved.items() if key not in ("vocab_size", "eot_token")}
     if theirs != ours or saved.get("eot_token") != meta.get("eot_token"):
-        raise UserError(
-            f"{path} was trained with another tokenizer than this data's; prepare the data with the base's "
-            f"tokenizer, e.g. prepare_data/chat.py --tokenizer={path.parent}"
-        )
+        if "chat" in meta["tokenizer"]:  # chat.py reads the tokenizer out of the base itself
+            hint = f"prepare the data with the base's tokenizer, e.g. prepare_data/chat.py --tokenizer={path.parent}"
+        else:
+            hint = f"prepare the text again with the base's tokenizer ({_tokenizer_choice(saved)})"
+        raise UserError(f"{path} was trained with another tokenizer than this data's; {hint}")
+
+
+def _tokenizer_choice(record: dict[str, Any]) -> str:
+    """How to prepare plain text with the tokenizer of a checkpoint's record (prepare_data/corpus.py's words)."""
+    if record.get("kind") == "tiktoken":
+        return f"prepare_data/corpus.py --tokenizer={record.get('encoding')}"
+    if record.get("kind") == "char":
+        return "--tokenizer=char on text of the same characters"
+    return "the --tokenizer directory prepare_data/train_tokenizer.py wrote for it"
 
 
 def check_gpt2_tokenizer(meta: dict[str, Any], init_from: str) -> None:

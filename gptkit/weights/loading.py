@@ -27,7 +27,8 @@ def load_model_and_tokenizer(
 
     init_from: "resume" (the checkpoint of out_dir, `checkpoint` = best or latest; out_dir
     may also be a checkpoint file), a Hugging Face GPT-2 directory, or a GPT-2 hub name. data_dir: take the tokenizer
-    from that data directory's meta.json instead (for checkpoints without one). UserError for every problem.
+    from that data directory's meta.json (for checkpoints without one; a checkpoint's own tokenizer wins, and a
+    data directory with another one is refused). UserError for every problem.
     """
     if init_from == "resume":
         path = resolve_checkpoint(out_dir, checkpoint)
@@ -35,7 +36,7 @@ def load_model_and_tokenizer(
         model = model_of_checkpoint(state, str(path))  # a LoRA run: its base plus the adapters, merged
         tokenizer_meta = state.get("tokenizer")
         if data_dir:
-            tokenizer_meta = read_meta(data_dir)["tokenizer"]
+            tokenizer_meta = data_dir_tokenizer(data_dir, tokenizer_meta, path)
         if not tokenizer_meta:
             raise UserError(
                 f"checkpoint {path} records no tokenizer; pass --data_dir=DIR with the meta.json it was trained on"
@@ -57,6 +58,20 @@ def load_model_and_tokenizer(
     return model.eval(), tokenizer
 
 
+def data_dir_tokenizer(data_dir: str, recorded: dict | None, path: Path) -> dict:
+    """The tokenizer object of data_dir's meta.json, which must be the one the checkpoint at `path` records (when it
+    records one): sampling a model through another tokenizer gives garbage."""
+    tokenizer_meta = read_meta(data_dir)["tokenizer"]
+    # A checkpoint's record is meta.json's tokenizer object plus vocab_size and eot_token (checkpoint.tokenizer_record)
+    own = None if recorded is None else {k: v for k, v in recorded.items() if k not in ("vocab_size", "eot_token")}
+    if own is not None and own != tokenizer_meta:
+        raise UserError(
+            f"--data_dir={data_dir} holds another tokenizer than the one checkpoint {path} records; leave --data_dir "
+            "out (the checkpoint's own tokenizer is used)"
+        )
+    return tokenizer_meta
+
+
 @dataclass
 class ModelLocation:
     """Which trained model a script takes (export.py, and through ModelSource the scripts that run one). Settings
@@ -65,7 +80,9 @@ class ModelLocation:
     out_dir: str = setting("out", "training output directory (or a checkpoint file) to load the model from")
     checkpoint: str = setting("best", "which checkpoint of out_dir: best (best val loss) or latest")
     init_from: str = setting("resume", "resume = the out_dir checkpoint; or a Hugging Face GPT-2 dir, or gpt2*")
-    data_dir: str = setting("", "take the tokenizer from this data dir's meta.json (for checkpoints without one)")
+    data_dir: str = setting(
+        "", "take the tokenizer from this data dir's meta.json: for checkpoints that record none (it must match one)"
+    )
 
     def validate(self) -> None:
         if self.checkpoint not in ("best", "latest"):

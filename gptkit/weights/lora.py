@@ -8,10 +8,8 @@ memory; its product is then computed from the stored weights in the input's dtyp
 
 A LoRA run's checkpoint holds the A and B matrices, the LoRA settings and a reference to its base (path and sha256);
 `merge_lora` folds adapters into ordinary weights, and `write_peft_adapter` writes them as PEFT's
-`adapter_config.json` + `adapter_model.safetensors` for transformers' GPT2LMHeadModel. From the command line:
-
-    python -m gptkit.weights.lora --action=merge --out_dir=out-lora --to=out-merged
-    python -m gptkit.weights.lora --action=peft --out_dir=out-lora --to=adapter-peft
+`adapter_config.json` + `adapter_model.safetensors` for transformers' GPT2LMHeadModel. export.py's
+`--format=merged` and `--format=peft` write a LoRA run's checkpoint that way (`merge_to`, `peft_to`).
 """
 
 from __future__ import annotations
@@ -28,7 +26,6 @@ from torch import nn
 
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import atomic_write_bytes, atomic_write_json
-from gptkit.core.settings import setting
 
 # Which Linear layers of each block get an adapter (the output head, tied to the embedding, never does).
 TARGETS = {
@@ -224,19 +221,33 @@ def merge_lora(model: nn.Module) -> nn.Module:
     return model
 
 
+# Where PEFT keeps the trained rows of the token embedding (trainable_token_indices): the rows' new values, put in
+# place of the base's; the tied output head reads the same rows.
+PEFT_TOKEN_ROWS = "base_model.model.transformer.wte.token_adapter.trainable_tokens_delta"
+
+
 def write_peft_adapter(
-    directory: str | os.PathLike, adapters: dict[str, torch.Tensor], config: LoraConfig, base_model: str = ""
+    directory: str | os.PathLike,
+    adapters: dict[str, torch.Tensor],
+    config: LoraConfig,
+    base_model: str = "",
+    first_new_row: int | None = None,
 ) -> None:
     """Write the adapters as Hugging Face PEFT does for GPT2LMHeadModel: adapter_config.json and
     adapter_model.safetensors, so `PeftModel.from_pretrained(GPT2LMHeadModel.from_pretrained(base), directory)`
-    loads them. `base_model` is recorded as base_model_name_or_path."""
+    loads them. `base_model` is recorded as base_model_name_or_path. Trained token rows (a chat template's markers,
+    from `first_new_row` on) go as PEFT's trainable_token_indices: the base must then hold those rows already."""
     from safetensors.torch import save as safetensors_bytes
 
-    tensors = {
-        f"base_model.model.{name.removesuffix('.lora_A').removesuffix('.lora_B')}."
-        f"{'lora_A' if name.endswith('.lora_A') else 'lora_B'}.weight": tensor.float().contiguous()
-        for name, tensor in adapters.items()
-    }
+    tensors = {}
+    token_rows = []
+    for name, tensor in adapters.items():
+        if name.endswith(".extra"):
+            tensors[PEFT_TOKEN_ROWS] = tensor.float().contiguous()
+            token_rows = list(range(first_new_row, first_new_row + tensor.shape[0]))
+            continue
+        matrix = "lora_A" if name.endswith(".lora_A") else "lora_B"
+        tensors[f"base_model.model.{name.removesuffix(f'.{matrix}')}.{matrix}.weight"] = tensor.float().contiguous()
     peft_config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -250,6 +261,8 @@ def write_peft_adapter(
         "bias": "none",
         "inference_mode": True,
     }
+    if token_rows:
+        peft_config["trainable_token_indices"] = token_rows  # a list: the input embedding's rows
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(directory / "adapter_model.safetensors", safetensors_bytes(tensors, metadata={"format": "pt"}))
@@ -331,76 +344,43 @@ def model_of_checkpoint(checkpoint: dict[str, Any], where: str, overrides: dict[
     return model_from_checkpoint(checkpoint, where, overrides)
 
 
-# ----------------------------------------------------------------------------- python -m gptkit.weights.lora
-
-
-@dataclass
-class AdapterCommand:
-    action: str = setting(
-        "merge",
-        "merge: the base with the adapters folded in, as an ordinary checkpoint (DIR/ckpt.pt); "
-        "peft: the adapters as Hugging Face PEFT reads them (GPT-2-shaped bases)",
-        choices=("merge", "peft"),
-    )
-    out_dir: str = setting("out", "the LoRA run's out_dir (or one of its checkpoint files)")
-    checkpoint: str = setting("best", "which checkpoint of out_dir: best or latest")
-    to: str = setting("", "the directory to write; it must not exist yet (nothing is ever overwritten)")
+# ----------------------------------------------------------------------------- a LoRA run for other tools (export.py)
 
 
 def merge_to(checkpoint: dict[str, Any], where: str, directory: Path) -> None:
-    """Write the merged model as DIR/ckpt.pt: sample.py, serve.py, eval.py and train.py read it like any other."""
+    """Write the merged model of a LoRA run's checkpoint as DIR/ckpt.pt: sample.py, serve.py, eval.py and train.py
+    read it like any other."""
     from gptkit.model import config_to_dict
     from gptkit.weights.checkpoint import save_checkpoint
 
     model = model_of_checkpoint(checkpoint, where)
-    directory.mkdir(parents=True)
+    directory.mkdir(parents=True, exist_ok=True)
     state = {"model": model.state_dict(), "model_args": config_to_dict(model.config)}
     save_checkpoint(directory / "ckpt.pt", {**state, "tokenizer": checkpoint.get("tokenizer")})
 
 
-def peft_to(checkpoint: dict[str, Any], where: str, directory: Path) -> None:
-    """Write the adapters for PEFT, with the base beside them (DIR/base, as export.py --format=hf writes it: weights
-    and tokenizer) unless the base is a GPT-2 hub model."""
+def peft_to(checkpoint: dict[str, Any], where: str, directory: Path, final: Path | None = None) -> None:
+    """Write a LoRA run's adapters for PEFT into `directory`, with the base beside them (DIR/base, as export.py
+    --format=hf writes it: weights and tokenizer) unless the base is a GPT-2 hub model the run added no token rows
+    to. Added rows (a chat template's markers) are in DIR/base at their starting values, and their trained values
+    in the adapter. `final`: where `directory` will be moved (the adapter names its base there)."""
     from gptkit.data.tokenizer import tokenizer_from_meta
     from gptkit.weights.export_hf import export_hf
     from gptkit.weights.hf_gpt2 import GPT2_HUB_NAMES
 
     record = checkpoint["lora"]
-    if record.get("first_new_row") is not None and record["first_new_row"] < checkpoint["model_args"]["vocab_size"]:
-        raise UserError(f"{where} also trains new token rows, which PEFT adapters cannot carry; use --action=merge")
+    vocab_size = checkpoint["model_args"]["vocab_size"]
     base = record["base"]["source"]
-    if base not in GPT2_HUB_NAMES and not checkpoint.get("tokenizer"):
+    grown = record.get("first_new_row") is not None and record["first_new_row"] < vocab_size
+    if (grown or base not in GPT2_HUB_NAMES) and not checkpoint.get("tokenizer"):
         raise UserError(f"{where} records no tokenizer, which the base's Hugging Face directory needs")
-    directory.mkdir(parents=True)
-    if base not in GPT2_HUB_NAMES:
+    directory.mkdir(parents=True, exist_ok=True)
+    if grown or base not in GPT2_HUB_NAMES:
         # Any base export.py takes (no biases: zero ones; an untied head), with the tokenizer the run trained on.
-        export_hf(load_base(record["base"], where), tokenizer_from_meta(checkpoint["tokenizer"]), directory / "base")
-        base = str(directory / "base")
-    write_peft_adapter(directory, checkpoint["model"], LoraConfig.from_dict(record["config"], where), base)
-
-
-def main(argv: list[str]) -> int:
-    from gptkit.core.settings import parse_settings
-    from gptkit.weights.checkpoint import load_checkpoint, resolve_checkpoint
-
-    cfg = parse_settings(
-        AdapterCommand, argv, prog="python -m gptkit.weights.lora", description=__doc__.splitlines()[0]
-    )
-    if not cfg.to:
-        raise UserError("--to=DIR is required: the new directory to write")
-    target = Path(cfg.to)
-    if target.exists():
-        raise UserError(f"{target} already exists; give a new directory with --to (nothing is overwritten)")
-    path = resolve_checkpoint(cfg.out_dir, cfg.checkpoint)
-    checkpoint = load_checkpoint(path)
-    if "lora" not in checkpoint:
-        raise UserError(f"{path} is not a LoRA run's checkpoint (it holds whole weights already)")
-    (merge_to if cfg.action == "merge" else peft_to)(checkpoint, str(path), target)
-    print(f"wrote {target}")
-    return 0
-
-
-if __name__ == "__main__":
-    from gptkit.core.errors import run_cli
-
-    run_cli(main)
+        model = load_base(record["base"], where)
+        if vocab_size > model.config.vocab_size:
+            model.grow_vocabulary(vocab_size)  # the rows the run added, as it started them
+        export_hf(model, tokenizer_from_meta(checkpoint["tokenizer"]), directory / "base")
+        base = str((final or directory) / "base")
+    config = LoraConfig.from_dict(record["config"], where)
+    write_peft_adapter(directory, checkpoint["model"], config, base, record.get("first_new_row") if grown else None)

@@ -33,6 +33,7 @@ def printed_read_speed(out: str) -> float:
     return float(out.split("memory read speed: ")[1].split(" GB/s")[0])
 
 
+@pytest.mark.heavy
 def test_linear_bench_measures_every_decoding_weight(tmp_path: Path, capsys):
     out = tmp_path / "linear.json"
     assert (
@@ -102,6 +103,7 @@ def test_compiled_gb_s_counts_every_copy_s_weight_bytes(monkeypatch) -> None:
         torch.testing.assert_close(got, int8_reference(layer, x), rtol=0.02, atol=0.02)
 
 
+@pytest.mark.heavy
 def test_sample_bench_compares_every_path_in_one_run(tmp_path: Path):
     out = tmp_path / "sample.json"
     assert (

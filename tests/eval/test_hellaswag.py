@@ -248,6 +248,7 @@ def hellaswag_entries(out_dir: Path) -> list[dict]:
     return [e for e in entries if "hellaswag/acc" in e]
 
 
+@pytest.mark.heavy
 def test_training_logs_the_task_and_a_trained_model_beats_chance(trained: dict[str, Path]) -> None:
     """The real continuation is picked far above chance by the trained model, near chance untrained."""
     first, last = hellaswag_entries(trained["out"])
@@ -257,10 +258,12 @@ def test_training_logs_the_task_and_a_trained_model_beats_chance(trained: dict[s
     assert last["tokens"] == 400 * 16 * 32 and last["time"] > first["time"]
 
 
+@pytest.mark.heavy
 def test_train_draws_curves(trained: dict[str, Path]) -> None:
     assert_drawn_png(trained["out"] / "curves.png")
 
 
+@pytest.mark.heavy
 def test_curves_are_redrawn_at_most_every_30_s_before_the_end(trained: dict[str, Path], tmp_path: Path) -> None:
     out_dir = tmp_path / "run"
     out_dir.mkdir()
@@ -278,6 +281,7 @@ def test_curves_are_redrawn_at_most_every_30_s_before_the_end(trained: dict[str,
 # ----------------------------------------------------------------------------- eval.py
 
 
+@pytest.mark.heavy
 def test_evaluate_script_end_to_end(trained: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
     json_out = trained["root"] / "results.json"
     args = cli_args(
@@ -298,6 +302,7 @@ def test_evaluate_script_end_to_end(trained: dict[str, Path], capsys: pytest.Cap
     assert last.startswith("summary: hellaswag acc ") and "(n=150)" in last
 
 
+@pytest.mark.heavy
 def test_evaluate_with_int8_weights_picks_the_same_endings_as_float32(
     trained: dict[str, Path], capsys: pytest.CaptureFixture
 ) -> None:
@@ -320,6 +325,7 @@ def test_evaluate_with_int8_weights_picks_the_same_endings_as_float32(
     assert abs(int8["acc_norm"] - float32["acc_norm"]) <= 0.02  # at most 2 of 100 choices flip
 
 
+@pytest.mark.heavy
 def test_evaluate_script_bad_inputs(trained: dict[str, Path], tmp_path: Path) -> None:
     malformed = tmp_path / "bad.jsonl"
     malformed.write_text('{"ctx": "x", "endings": "ab", "label": 0}\n')
@@ -351,6 +357,7 @@ def assert_drawn_png(path: Path) -> None:
     assert len(values) > 10  # lines, text and background, not a blank image
 
 
+@pytest.mark.heavy
 def test_plot_overlays_runs(trained: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     other = tmp_path / "other"
     assert train.main(tiny_train_args(trained["data"], other, max_iters=6)) == 0
@@ -405,6 +412,7 @@ def offline_datasets(trained: dict[str, Path], monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("HF_DATASETS_CACHE", str(trained["root"] / "hf_datasets"))
 
 
+@pytest.mark.heavy
 def test_harness_acc_norm_picks_our_endings(trained, harness_tasks, offline_datasets) -> None:
     from gptkit.eval import harness
     from gptkit.weights.loading import load_model_and_tokenizer
@@ -426,6 +434,7 @@ def test_harness_acc_norm_picks_our_endings(trained, harness_tasks, offline_data
     assert output["results"]["local_mc"]["acc_norm,none"] == pytest.approx(counts.correct_norm / counts.n)
 
 
+@pytest.mark.heavy
 def test_harness_generation_and_rolling_loglikelihood(trained, harness_tasks) -> None:
     from lm_eval.api.instance import Instance
 
@@ -466,6 +475,7 @@ def test_harness_generation_and_rolling_loglikelihood(trained, harness_tasks) ->
     assert outputs[0] == free[: free.index(stop)] and len(outputs[0]) < 60 and len(outputs[1]) == 5
 
 
+@pytest.mark.heavy
 def test_lm_eval_scores_the_served_model_as_evaluate_py_does(trained, harness_tasks, offline_datasets) -> None:
     """lm-eval's own `local-completions` model, pointed at the server (tokenizing through its /tokenize, scoring
     with echo and logprobs), gets the accuracies the in-process adapter gets on the same checkpoint and items."""
@@ -484,6 +494,7 @@ def test_lm_eval_scores_the_served_model_as_evaluate_py_does(trained, harness_ta
     assert ours["acc_norm,none"] > 0.5  # the trained model beats chance (0.25): the equality is not 0 == 0
 
 
+@pytest.mark.heavy
 def test_evaluate_script_runs_harness_tasks(trained, harness_tasks, offline_datasets, capsys) -> None:
     json_out = trained["root"] / "harness.json"
     args = cli_args(

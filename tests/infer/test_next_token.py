@@ -58,6 +58,7 @@ def test_sampling_frequencies_follow_the_renormalized_distribution(temperature, 
     torch.testing.assert_close(frequencies, expected, rtol=0, atol=0.01)
 
 
+@pytest.mark.heavy
 def test_top_p_over_a_whole_vocabulary_keeps_exactly_the_nucleus():
     """GPT-2's vocabulary size, so the nucleus comes from a partial top-k (peaked rows) or a whole sort (a flat row);
     the reference nucleus is computed here in float64 from a full sort."""

@@ -3,6 +3,7 @@ streaming of BPE text, batched prefill, settings checks. Servers run with uvicor
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -13,6 +14,7 @@ from gptkit.core.errors import UserError
 from gptkit.data.tokenizer import CharTokenizer, TiktokenTokenizer
 from gptkit.infer.engine import Engine, Request
 from gptkit.serve.app import ServeSettings, is_loopback
+from gptkit.serve.openai_api import APIError, error_response
 from helpers import SERVE_TEXT, count_native_steps, get_json, lively_model, running_app
 
 
@@ -169,3 +171,21 @@ def test_connections_to_the_listening_socket_send_small_answers_at_once():
         return flag
 
     assert asyncio.run(accepted_flag()) != 0
+
+
+def test_an_error_is_built_from_named_fields_into_openais_error_body():
+    error = APIError(status=404, message="no such model", param="model", code="model_not_found")
+    answer = error.response()
+    assert answer.status_code == 404
+    assert json.loads(answer.body) == {
+        "error": {
+            "message": "no such model",
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
+        }
+    }
+    with pytest.raises(TypeError):  # positional fields were easy to swap (param and code, kind and param)
+        APIError(404, "no such model", "model")
+    with pytest.raises(TypeError):
+        error_response(400, "bad", "invalid_request_error")

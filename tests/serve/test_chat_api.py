@@ -107,6 +107,38 @@ def test_a_reply_ends_at_the_end_of_its_turn(chat_tokenizer):
     assert answer["usage"]["completion_tokens"] == 1  # the end-of-turn token, not shown
 
 
+def test_the_official_client_streams_a_last_chunk_with_an_empty_delta_and_the_finish_reason(chat_server):
+    client = openai.OpenAI(base_url=f"{chat_server}/v1", api_key="none", max_retries=0)
+    messages = [{"role": "user", "content": "Speak"}]
+    whole = client.chat.completions.create(model=NAME, messages=messages, temperature=0, max_completion_tokens=9)
+    chunks = list(
+        client.chat.completions.create(
+            model=NAME, messages=messages, temperature=0, max_completion_tokens=9, stream=True
+        )
+    )
+    last = chunks[-1].choices[0]
+    assert last.finish_reason == whole.choices[0].finish_reason
+    assert last.delta.content is None and last.delta.role is None  # OpenAI's last chunk: delta {}
+    assert all(chunk.choices[0].finish_reason is None for chunk in chunks[:-1])
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == whole.choices[0].message.content
+    raw = events(ask(chat_server, {"messages": messages, "max_completion_tokens": 9, "stream": True}))
+    assert raw[-2]["choices"][0]["delta"] == {} and raw[-2]["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+@pytest.mark.parametrize("marker", ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"])
+def test_a_completion_on_a_chat_model_stops_at_a_marker_and_never_shows_it(chat_tokenizer, marker):
+    model = constant_reply_model(chat_tokenizer.vocab_size, chat_tokenizer.chat.special_tokens[marker])
+    body = {"model": NAME, "prompt": "All:", "max_tokens": 20}
+    with running_app(model, chat_tokenizer) as base:
+        answer = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()
+        streamed = events(httpx.post(f"{base}/v1/completions", json={**body, "stream": True}, timeout=60))
+    choice = answer["choices"][0]
+    assert choice["text"] == "" and choice["finish_reason"] == "stop"
+    assert answer["usage"]["completion_tokens"] == 1  # the marker ended it, unshown
+    assert "".join(chunk["choices"][0]["text"] for chunk in streamed[:-1]) == ""
+    assert streamed[-2]["choices"][0]["finish_reason"] == "stop"
+
+
 def test_a_request_alone_equals_itself_in_a_busy_batch(chat_server):
     body = {"messages": [{"role": "user", "content": "ROMEO:"}], "temperature": 1.0, "seed": 7, "n": 2}
     body["max_completion_tokens"] = 20

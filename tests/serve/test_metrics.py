@@ -3,6 +3,7 @@ text parser; every count is checked against the answers the clients got and the 
 
 from __future__ import annotations
 
+import ast
 import json
 import time
 
@@ -11,7 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gptkit.data.tokenizer import CharTokenizer
-from helpers import SERVE_TEXT, get_json, lively_model, running_app
+from helpers import REPO, SERVE_TEXT, get_json, lively_model, running_app
+from test_layout import module_name, package_files
 
 KEY = "k"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -118,3 +120,32 @@ def test_metrics_count_an_abandoned_stream_as_cancelled(char_tokenizer):
     assert health["requests_cancelled"] == 1 and health["active"] == 0
     assert value(samples, "gptkit_generated_tokens_total") == health["tokens_generated"] > 0
     assert requests_by_endpoint(samples)[("/v1/completions", "200")] == 1
+
+
+def serve_imports() -> dict[str, set[str]]:
+    """Each module of gptkit.serve and the modules of gptkit.serve it imports, type-checking imports included."""
+    paths = {module_name(p, REPO): p for p in package_files(REPO) if module_name(p, REPO).startswith("gptkit.serve.")}
+    graph = {}
+    for name, path in paths.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        found = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        found |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        graph[name] = found & set(paths)
+    return graph
+
+
+def test_the_servers_modules_import_one_another_without_a_loop() -> None:
+    """The batcher reports to the metrics; the metrics know the batcher's jobs only by what they read of them."""
+    graph = serve_imports()
+    assert "gptkit.serve.metrics" in graph["gptkit.serve.batcher"]
+    assert [name for name in graph if name in reachable(graph, name)] == []
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), list(graph[start])
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += graph[name]
+    return seen

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from gptkit.core.distributed import Processes
+from gptkit.core.errors import UserError
 from gptkit.data import loader
 from gptkit.train import loop
-from train import TrainSettings
 
 
 def test_learning_rate_warms_up_from_above_zero_then_decays_to_min_lr() -> None:
-    cfg = TrainSettings(learning_rate=1.0, min_lr=0.1, warmup_iters=9, lr_decay_iters=109)
+    cfg = loop.Schedule(learning_rate=1.0, min_lr=0.1, warmup_iters=9, lr_decay_iters=109)
     assert loop.learning_rate_at(0, cfg) == pytest.approx(0.1)
     assert loop.learning_rate_at(8, cfg) == pytest.approx(0.9)
     assert loop.learning_rate_at(9, cfg) == pytest.approx(1.0)
@@ -26,6 +26,41 @@ def test_learning_rate_warms_up_from_above_zero_then_decays_to_min_lr() -> None:
     assert loop.learning_rate_at(3, dataclasses.replace(cfg, decay_lr=False)) == 1.0
     no_warmup = dataclasses.replace(cfg, warmup_iters=0, lr_decay_iters=0)  # no division by zero
     assert loop.learning_rate_at(0, no_warmup) == pytest.approx(0.1)
+
+
+def fitted(max_iters: int, warmup_iters: int | None = None, lr_decay_iters: int | None = None) -> loop.Schedule:
+    return loop.Schedule.fitted(
+        max_iters=max_iters,
+        learning_rate=3e-5,
+        min_lr=3e-6,
+        warmup_iters=warmup_iters,
+        lr_decay_iters=lr_decay_iters,
+        decay_lr=True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("max_iters", "warmup", "decay"), [(1000, 100, 1000), (600000, 2000, 600000), (5, 0, 5), (0, 0, 0)]
+)
+def test_an_unset_warmup_and_decay_fit_the_run(max_iters: int, warmup: int, decay: int) -> None:
+    schedule = fitted(max_iters)
+    assert (schedule.warmup_iters, schedule.lr_decay_iters) == (warmup, decay)  # a tenth (at most 2000), the end
+    if max_iters:
+        assert loop.learning_rate_at(warmup, schedule) == pytest.approx(3e-5)  # the peak is reached
+        assert loop.learning_rate_at(max_iters, schedule) == pytest.approx(3e-6)
+
+
+def test_a_warmup_that_does_not_end_before_max_iters_is_refused_a_long_decay_is_not() -> None:
+    with pytest.raises(UserError, match=r"warmup_iters=2000 does not end before max_iters=1000"):
+        fitted(1000, warmup_iters=2000)
+    with pytest.raises(UserError, match="never reach 3e-05"):
+        fitted(1000, warmup_iters=1000)
+    assert fitted(1000, warmup_iters=999).warmup_iters == 999
+    assert fitted(1000, lr_decay_iters=5000).lr_decay_iters == 5000  # stops part way; resumed with more steps
+    constant = loop.Schedule.fitted(
+        max_iters=10, learning_rate=1.0, min_lr=0.1, warmup_iters=50, lr_decay_iters=None, decay_lr=False
+    )
+    assert loop.learning_rate_at(0, constant) == 1.0  # no schedule, nothing to fit
 
 
 def test_each_param_group_runs_at_its_scale_of_the_scheduled_rate() -> None:

@@ -75,7 +75,9 @@ def test_init_from_is_resolved(tmp_path: Path, files: list[str], init_from: str,
     assert resolve_init_from(init_from, tmp_path, overwrite) == expected
 
 
-@pytest.mark.parametrize(("name", "init_from"), [("ckpt.pt", "scratch"), ("best.pt", "scratch"), ("ckpt.pt", "gpt2")])
+@pytest.mark.parametrize(
+    ("name", "init_from"), [("ckpt.pt", "scratch"), ("best.pt", "scratch"), ("ckpt.pt", "gpt2"), ("best.pt", "auto")]
+)
 def test_a_fresh_start_over_an_earlier_run_is_refused(tmp_path: Path, name: str, init_from: str) -> None:
     (tmp_path / name).write_bytes(b"x")
     with pytest.raises(UserError) as error:

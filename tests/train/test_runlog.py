@@ -43,6 +43,16 @@ def test_lines_keep_their_formats() -> None:
         "stopped by SIGTERM after 37 steps | saved o/ckpt.pt; continue with --init_from=resume"
     )
     assert runlog.stopped_line(None, 37, "").startswith("stopped by a signal to another process after 37 steps")
+    assert runlog.stopped_line("SIGINT", 0, None) == (
+        "stopped by SIGINT after 0 steps, before this run trained one: nothing saved"
+    )
+    assert (
+        runlog.resumed_line(150, Path("o/ckpt.pt"), 1.23456)
+        == "resumed from step 150 of o/ckpt.pt (best val loss 1.2346)"
+    )
+    assert runlog.replaced_line(Path("o"), ["ckpt.pt", "log.jsonl"]) == (
+        "replaced the earlier run in o: removed ckpt.pt, log.jsonl"
+    )
     assert runlog.done_line(20, 4.06931, Path("out")) == "done: 20 iters, best val loss 4.0693, checkpoints in out"
 
 

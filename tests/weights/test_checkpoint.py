@@ -233,3 +233,16 @@ def test_a_checkpoint_from_another_tokenizer_is_refused(tmp_path: Path) -> None:
     other = {**meta, "tokenizer": {"kind": "char", "chars": ["b", "a"]}}
     with pytest.raises(UserError, match=r"ckpt\.pt was trained with another tokenizer than this data's"):
         ckpt.check_same_tokenizer({"tokenizer": ckpt.tokenizer_record(other)}, meta, tmp_path / "ckpt.pt")
+
+
+def test_a_base_from_another_tokenizer_names_the_preparation_that_fits_the_data(tmp_path: Path) -> None:
+    """Chat data is prepared with prepare_data/chat.py, which reads a base's tokenizer itself; plain text with
+    corpus.py and the base's --tokenizer: the hint names the script for the data at hand."""
+    base = {"tokenizer": {"kind": "tiktoken", "encoding": "gpt2", "vocab_size": 50257, "eot_token": 50256}}
+    text = {"tokenizer": {"kind": "tiktoken", "encoding": "cl100k_base"}, "vocab_size": 100277, "eot_token": 100257}
+    with pytest.raises(UserError) as error:
+        ckpt.check_base_tokenizer(base, text, tmp_path / "best.pt")
+    assert "chat.py" not in str(error.value) and "prepare_data/corpus.py --tokenizer=gpt2" in str(error.value)
+    chat = {**text, "tokenizer": {**text["tokenizer"], "chat": {}}}
+    with pytest.raises(UserError, match=f"prepare_data/chat.py --tokenizer={tmp_path}$"):
+        ckpt.check_base_tokenizer(base, chat, tmp_path / "best.pt")

@@ -77,6 +77,7 @@ def test_f32_tensors_read_back_equal_ours(tmp_path):
     assert {t.tensor_type for t in reader.tensors} == {gguf.GGMLQuantizationType.F32}
 
 
+@pytest.mark.heavy
 def test_f16_and_q8_0_tensors_are_within_their_formats_error(tmp_path, gpt2_model):
     state = {gguf_name(k): v.numpy() for k, v in gpt2_model.state_dict().items()}
     f16 = gguf.GGUFReader(export(tmp_path, gpt2_model, chat_gpt2(), "f16"))
@@ -99,6 +100,7 @@ def test_f16_and_q8_0_tensors_are_within_their_formats_error(tmp_path, gpt2_mode
         assert np.abs(blocks - original).max() > 0  # quantized, not stored exactly
 
 
+@pytest.mark.heavy
 def test_metadata_holds_the_architecture_tokenizer_and_chat_template(tmp_path, gpt2_model):
     tokenizer = chat_gpt2()
     reader = gguf.GGUFReader(export(tmp_path, gpt2_model, tokenizer, "f16"))
@@ -138,6 +140,7 @@ def test_metadata_holds_the_architecture_tokenizer_and_chat_template(tmp_path, g
     assert "output.weight" in names and len(names) == 4 + 1 + 12 * config.n_layer  # untied: the head is stored
 
 
+@pytest.mark.heavy
 def test_the_chat_template_in_the_metadata_renders_our_ids(tmp_path, gpt2_model):
     transformers = pytest.importorskip("transformers")
     tokenizer = chat_gpt2()

@@ -148,3 +148,29 @@ def test_new_token_rows_train_and_the_rest_of_the_vocabulary_stays_frozen() -> N
     merged = merge_lora(model)
     assert merged.transformer.wte.weight is merged.lm_head.weight  # tied again
     torch.testing.assert_close(merged(x, x)[0], grown, rtol=1e-5, atol=1e-5)
+
+
+def test_peft_carries_trained_token_rows_and_gives_our_logits(tmp_path: Path) -> None:
+    """A chat run's new rows (ids 46..49, added to a 46-token base) reach PEFT as trainable_token_indices: on the
+    base with those rows at their starting values, PEFT gives the logits of our adapted model, markers included."""
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**TINY, "vocab_size": 46}))
+    model.grow_vocabulary(50)
+    save_gpt2(model, tmp_path / "base")  # the base as the run starts it: the new rows at the mean row
+    config = LoraConfig(rank=4, alpha=8.0, targets="all")
+    add_lora(model, config, first_new_row=46)
+    randomise_adapters(model)
+    with torch.no_grad():
+        model.get_parameter("transformer.wte.extra").copy_(
+            torch.randn(4, 32, generator=torch.Generator().manual_seed(3))
+        )
+    write_peft_adapter(tmp_path / "adapter", adapter_state(model), config, str(tmp_path / "base"), first_new_row=46)
+    base = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "base")
+    theirs = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    x = torch.tensor([[1, 47, 3, 49, 48, 2, 46, 5]])
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(x).logits, model(x, x)[0], rtol=1e-4, atol=1e-5)
+        with theirs.disable_adapter():  # the rows matter: without them the markers read and score otherwise
+            assert (theirs(x).logits[..., 46:] - model(x, x)[0][..., 46:]).abs().max() > 1e-2

@@ -82,6 +82,7 @@ def assert_same_logits(got: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(got, expected, rtol=0, atol=0.05 * expected.abs().max().item())
 
 
+@pytest.mark.heavy
 def test_int8_keeps_the_whole_split_val_loss_within_one_percent(trained: tuple[GPT, Path]) -> None:
     model, data_dir = trained
     reference = whole_split_loss(model, data_dir)
@@ -92,6 +93,7 @@ def test_int8_keeps_the_whole_split_val_loss_within_one_percent(trained: tuple[G
     assert int8_loss != reference  # the weights really changed precision
 
 
+@pytest.mark.heavy
 def test_int8_layers_replace_every_linear_and_leave_the_embedding_exact(trained: tuple[GPT, Path]) -> None:
     model, _ = trained
     quantized = quantize_int8(copy_of(model))
@@ -122,6 +124,7 @@ def test_int8_linear_eager_and_compiled_products_match_the_dequantized_weights()
     torch.testing.assert_close(compiled, rounded, rtol=0.02, atol=0.02)
 
 
+@pytest.mark.heavy
 def test_int8_converts_layers_already_in_the_cpu_decoding_layout(trained: tuple[GPT, Path]) -> None:
     """A model that has generated has DecodingLinear layers (transposed storage): they are quantized like the rest."""
     model, data_dir = trained
@@ -149,6 +152,7 @@ def assert_int8_engine_follows_eager_int8(model: GPT, data_dir: Path, window: in
     return prompt
 
 
+@pytest.mark.heavy
 def test_compiled_int8_decoding_follows_eager_int8(trained: tuple[GPT, Path]) -> None:
     """sample.py --decode=compiled --quantize=int8: the compiled step's weight-only int8 kernel gives the greedy tokens of
     the eager int8 model, and of float32. A second model of the same shapes, compiled next, runs its own weights."""
@@ -159,6 +163,7 @@ def test_compiled_int8_decoding_follows_eager_int8(trained: tuple[GPT, Path]) ->
         assert_same_logits(compiled_step_logits(other, prompt), other(torch.tensor([prompt]))[0][0, -1])
 
 
+@pytest.mark.heavy
 def test_native_int8_decoding_follows_eager_int8(trained: tuple[GPT, Path]) -> None:
     """sample.py --decode=native --quantize=int8 (and auto, which takes it at one row): the native step's int8 products (16-bit integer inputs) give the
     greedy tokens of the eager int8 model, and of float32."""
@@ -166,6 +171,7 @@ def test_native_int8_decoding_follows_eager_int8(trained: tuple[GPT, Path]) -> N
     assert_int8_engine_follows_eager_int8(model, data_dir, 1, decode="native")
 
 
+@pytest.mark.heavy
 def test_compiled_bfloat16_decoding_follows_eager_bfloat16(trained: tuple[GPT, Path]) -> None:
     """sample.py --decode=compiled --dtype=bfloat16: float32 weights under bfloat16 autocast, which the frozen compiled
     step folds into bfloat16 constants (half the bytes a token reads). Its logits match eager bfloat16's, and its
@@ -187,6 +193,7 @@ def test_compiled_bfloat16_decoding_follows_eager_bfloat16(trained: tuple[GPT, P
     assert request.output == eager == fp32
 
 
+@pytest.mark.heavy
 def test_int8_greedy_text_and_logits_follow_float32(trained: tuple[GPT, Path]) -> None:
     model, data_dir = trained
     quantized = quantize_int8(copy_of(model))
