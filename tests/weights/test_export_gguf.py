@@ -362,3 +362,61 @@ def test_llama_cpp_tokenizes_a_trained_bpe_as_we_do(tmp_path, request):
     texts.append("Grüße, Привет мир, 你好世界 👨‍👩‍👧‍👦 \t \r\n x   y\n\n\n   return 12345678901 it's I'M")
     for text in texts:
         assert llm.tokenize(text.encode(), add_bos=False, special=False) == tokenizer.encode(text)
+
+
+def greedy_ours(model, prompt: list[int], count: int) -> list[int]:
+    """`count` greedy tokens after `prompt` from our model (the plain forward pass, no cache)."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(count):
+            logits, _ = model(torch.tensor([ids]))
+            ids.append(int(logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+def greedy_llama_cpp(llm, prompt: list[int], count: int) -> list[int]:
+    tokens = []
+    for token in llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
+        tokens.append(token)
+        if len(tokens) == count:
+            return tokens
+    return tokens
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "settings",
+    [LLAMA, {**LLAMA, "bias": True}, QWEN2, QWEN3, QWEN3_DEMO],
+    ids=["llama", "llama-biases", "qwen2", "qwen3", "qwen3-demo"],
+)
+def test_llama_cpp_greedy_decodes_our_tokens_in_every_architecture(tmp_path, request, settings):
+    """llama.cpp runs the f32 file of each Llama-family shape to the greedy tokens our model picks."""
+    if not slow_requested(request.config):
+        pytest.skip("slow: runs llama.cpp; ask with -m slow or GPTKIT_SLOW_TESTS=1")
+    llama_cpp = pytest.importorskip(
+        "llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python)"
+    )
+    model = lively_model(vocab_size=300, block_size=64, **settings)
+    llm = llama_cpp.Llama(model_path=str(export(tmp_path, model, tiny_bpe())), n_ctx=64, verbose=False)
+    prompt = [5, 77, 200, 31, 9, 144]
+    assert greedy_llama_cpp(llm, prompt, 20) == greedy_ours(model, prompt, 20)
+
+
+@pytest.mark.slow
+def test_llama_cpp_runs_the_demos_character_model_to_our_tokens_and_text(tmp_path, request):
+    """The demo's shape (Qwen3 with weightless norms, tied) on Shakespeare's character table: llama.cpp tokenizes
+    text as our table does, greedy-decodes our tokens and turns them back into our text."""
+    if not slow_requested(request.config):
+        pytest.skip("slow: runs llama.cpp; ask with -m slow or GPTKIT_SLOW_TESTS=1")
+    llama_cpp = pytest.importorskip(
+        "llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python)"
+    )
+    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak! 3 &c; $-'?"
+    tokenizer = tok.CharTokenizer("".join(sorted(set(text))), eot=False)
+    model = lively_model(vocab_size=tokenizer.vocab_size, block_size=128, **QWEN3_DEMO)
+    llm = llama_cpp.Llama(model_path=str(export(tmp_path, model, tokenizer)), n_ctx=128, verbose=False)
+    assert llm.tokenize(text.encode(), add_bos=False, special=False) == tokenizer.encode(text)
+    prompt = tokenizer.encode("First Citizen:\n")
+    ours = greedy_ours(model, prompt, 30)
+    assert greedy_llama_cpp(llm, prompt, 30) == ours
+    assert llm.detokenize(ours).decode() == tokenizer.decode(ours)
