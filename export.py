@@ -22,9 +22,8 @@ from gptkit.weights.checkpoint import load_checkpoint, resolve_checkpoint
 from gptkit.weights.export_common import new_directory
 from gptkit.weights.export_gguf import OUTTYPES, export_gguf
 from gptkit.weights.export_hf import export_hf
-from gptkit.weights.hf_gpt2 import GPT2_HUB_NAMES
+from gptkit.weights.export_lora import merge_to, peft_to
 from gptkit.weights.loading import ModelLocation, load_model_and_tokenizer
-from gptkit.weights.lora import merge_to, peft_to
 
 FORMATS = ("hf", "gguf", "merged", "peft")
 LORA_FORMATS = ("merged", "peft")  # what a LoRA run's checkpoint exports to beside the model formats
@@ -58,8 +57,6 @@ class ExportSettings(ModelLocation):
 
 def load_source(cfg: ExportSettings) -> tuple[GPT, Tokenizer]:
     """The model and tokenizer to export, as plain weights: a LoRA run's adapters come merged into its base."""
-    if cfg.init_from != "resume" and not (Path(cfg.init_from).is_dir() or cfg.init_from in GPT2_HUB_NAMES):
-        raise UserError(f"--init_from={cfg.init_from!r}: use resume, a GPT-2 directory, or {', '.join(GPT2_HUB_NAMES)}")
     return load_model_and_tokenizer(cfg.init_from, cfg.out_dir, cfg.checkpoint, cfg.data_dir)
 
 

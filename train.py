@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,24 +44,27 @@ from gptkit.data.packing import PackedBatches, PackedEpoch
 from gptkit.data.tokenizer import padded_vocab_size, read_meta
 from gptkit.eval import hellaswag
 from gptkit.model import GPT, GPTConfig, config_to_dict
-from gptkit.train import curves, ema, loop, runlog
+from gptkit.train import curves, ema, forecast, loop, runlog
 from gptkit.train.loop import LoopState
 from gptkit.train.optim import configure_optimizers
 from gptkit.train.rundir import INIT_CHOICES_HELP, RunDirLock, remove_earlier_run, resolve_init_from
 from gptkit.train.runlog import RunLog
 from gptkit.weights import checkpoint as ckpt
-from gptkit.weights.checkpoint import model_from_checkpoint
-from gptkit.weights.hf_gpt2 import load_gpt2
+from gptkit.weights.build import (
+    base_reference,
+    check_hf_base_tokenizer,
+    load_model,
+    model_from_checkpoint,
+    model_of_checkpoint,
+    model_with_adapters,
+)
 from gptkit.weights.lora import (
     BASE_WEIGHTS,
     TARGETS,
     LoraConfig,
     adapter_state,
     add_lora,
-    base_reference,
     lora_record,
-    model_of_checkpoint,
-    model_with_adapters,
 )
 
 # ----------------------------------------------------------------------------- settings
@@ -108,9 +112,14 @@ class TrainSettings(Runtime):
     dropout: float = setting(0.0, "dropout probability (0 for pretraining, 0.1+ for fine-tuning)")
     bias: bool = setting(False, "biases in Linear and LayerNorm layers")
     pos_encoding: str = setting("learned", "learned | sinusoidal | rope")
-    activation: str = setting("gelu_tanh", "MLP activation: gelu_tanh | gelu | relu2")
+    rope_base: float = setting(10000.0, "rotary positions' base (pos_encoding=rope)", rule="positive_number")
+    activation: str = setting("gelu_tanh", "MLP activation: gelu_tanh | gelu | relu2 | swiglu (gated, Llama's)")
+    mlp_hidden: int | None = setting(None, "the MLP's inner width (None: 4 * n_embd)", rule="positive")
+    norm: str = setting("layernorm", "layernorm (GPT-2) | rmsnorm (Llama family)")
+    n_kv_head: int | None = setting(None, "key/value heads, each shared by n_head/n_kv_head heads (None: n_head)")
     attention: str = setting("sdpa", "sdpa (fused kernels) | math (explicit softmax)")
     qk_norm: bool = setting(False, "RMS-normalise queries and keys")
+    qk_norm_weight: bool = setting(False, "QK-norm with a learned scale per head channel (Qwen3)")
     tie_embeddings: bool = setting(True, "share the token embedding with the output head")
     pad_vocab: bool = setting(False, "round vocab_size up to a multiple of 64 (faster matmuls on GPUs)")
     # low-rank adapters: the base frozen, small matrices beside its Linear layers trained (needs init_from a model)
@@ -140,8 +149,8 @@ class TrainSettings(Runtime):
     decay_lr: bool = setting(True, "linear warmup then cosine decay to min_lr (False: constant learning_rate)")
     warmup_iters: int | None = setting(
         None,
-        "warmup steps: lr = learning_rate*(it+1)/(warmup_iters+1), ending before max_iters "
-        "(None: a tenth of max_iters, at most 2000)",
+        "warmup steps: lr = learning_rate*(it+1)/(warmup_iters+1) (None, or not below max_iters: a tenth of "
+        "max_iters, at most 2000)",
         rule="non_negative",
     )
     lr_decay_iters: int | None = setting(
@@ -185,7 +194,7 @@ class TrainSettings(Runtime):
         )
 
     def schedule(self) -> loop.Schedule:
-        """The learning-rate schedule, its unset lengths fitted to max_iters (UserError for a warmup too long)."""
+        """The learning-rate schedule, its unset lengths (and a warmup too long for the run) fitted to max_iters."""
         return loop.Schedule.fitted(
             max_iters=self.max_iters,
             learning_rate=self.learning_rate,
@@ -206,8 +215,6 @@ class TrainSettings(Runtime):
                 raise UserError("LoRA adapts a trained model: give --init_from=CHECKPOINT (or gpt2), or --lora_rank=0")
             if self.ema_decay or self.parallel == "fsdp":
                 raise UserError("LoRA runs take neither --ema_decay nor --parallel=fsdp; use DDP and no EMA")
-        if not self.eval_only:
-            self.schedule()  # its own checks
         model_config(self)
 
 
@@ -244,8 +251,8 @@ def create_model(cfg: TrainSettings, meta: dict) -> tuple[GPT, dict | None, dict
         ckpt.check_base_tokenizer(base, meta, path)
         model = model_of_checkpoint(base, str(path), overrides={"dropout": cfg.dropout})  # weights, no optimizer
     else:
-        model = load_gpt2(cfg.init_from, override_args={"dropout": cfg.dropout})
-        ckpt.check_gpt2_tokenizer(meta, cfg.init_from)
+        model = load_model(cfg.init_from, overrides={"dropout": cfg.dropout})
+        check_hf_base_tokenizer(meta, cfg.init_from)
     if cfg.block_size < model.config.block_size:
         model.crop_block_size(cfg.block_size)  # e.g. GPT-2's 1024 positions fine-tuned on shorter windows
     if meta["vocab_size"] > model.config.vocab_size and (cfg.init_from == "resume" or not is_chat_data(meta)):
@@ -315,6 +322,10 @@ class Run:
     @property
     def tokens_per_iter(self) -> int:
         return self.cfg.gradient_accumulation_steps * self.cfg.batch_size * self.model.config.block_size
+
+    @property
+    def compiled(self) -> bool:
+        return self.cfg.compile if self.cfg.compile is not None else self.device.type == "cuda"
 
     @property
     def latest_path(self) -> Path:
@@ -415,6 +426,8 @@ def set_up(
     )
     if replaced:
         log.say(runlog.replaced_line(Path(cfg.out_dir), replaced))
+    if run.schedule.shortened_from is not None:
+        log.say(runlog.shortened_warmup_line(run.schedule.shortened_from, cfg.max_iters, run.schedule.warmup_iters))
     if cfg.init_from == "resume" and not cfg.eval_only:
         log.say(runlog.resumed_line(iter_num, run.latest_path, best_val_loss))
     if lora is not None:
@@ -597,6 +610,10 @@ def train(run: Run, state: LoopState, stop: StopRequest) -> int:
     """The loop: evaluate and save on schedule, then one optimizer step, until max_iters or a signal."""
     cfg, procs = run.cfg, run.procs
     run.wrapped.train()
+    if not run.compiled:  # a compiled model's first passes compile: only its second step tells its speed
+        forward_s = loop.forward_seconds(run.wrapped, run.eval_sets["val"][0], run.precision, run.device)
+        say_forecast(run, state, forward_s * forecast.BACKWARD_FACTOR * run.accumulation, "estimated")
+    timed_step = state.start_iter + (1 if run.compiled else 0)
     state.watch.restart(state.iter_num)  # speed is measured over training time only
     while True:
         at_end = state.iter_num >= cfg.max_iters
@@ -607,7 +624,10 @@ def train(run: Run, state: LoopState, stop: StopRequest) -> int:
             return stop_and_save(run, state, stop, stop.signum)
         if at_end:
             return finish(run, state)
+        started = time.perf_counter()
         step, lr = train_step(run, state)
+        if step == timed_step:
+            say_forecast(run, state, loop.synchronized_seconds(started, run.device), f"step {step}, measured")
         if step % cfg.log_interval == 0:
             log_progress(run, state, step, lr)
         # A single process stops after any step; processes stop together at log steps (agreeing costs a sync).
@@ -615,6 +635,22 @@ def train(run: Run, state: LoopState, stop: StopRequest) -> int:
             signum = int(distributed.reduce_numbers([stop.signum], run.device, procs, op="max")[0])
             if signum:
                 return stop_and_save(run, state, stop, signum)
+
+
+def say_forecast(run: Run, state: LoopState, step_s: float, measured: str) -> None:
+    """When the rest of the run would take long (steps of `step_s` seconds, and evaluations), say how long."""
+    cfg = run.cfg
+    eval_batches = sum(len(batches) for batches in run.eval_sets.values()) / run.procs.world_size
+    resumed = cfg.init_from == "resume" and state.iter_num == state.start_iter
+    expected = forecast.Forecast(
+        step_s=step_s,
+        steps=max(0, cfg.max_iters - state.iter_num),
+        eval_s=eval_batches * step_s / (forecast.BACKWARD_FACTOR * run.accumulation),
+        evaluations=forecast.evaluations_left(state.iter_num, cfg.max_iters, cfg.eval_interval, resumed),
+    )
+    if expected.long:
+        hint = "; for minutes on a CPU start from config/train_corpus_cpu.py" if run.device.type == "cpu" else ""
+        run.log.say(forecast.forecast_line(expected, measured, hint))
 
 
 def stop_and_save(run: Run, state: LoopState, stop: StopRequest, signum: int) -> int:

@@ -426,7 +426,7 @@ def bench_linear(cfg: LinearBench) -> list[dict]:
 
 def hf_state_from(model: GPT) -> dict[str, torch.Tensor]:
     """Our weights under Hugging Face GPT-2 names (Conv1D weights transposed), so both run the same model."""
-    from gptkit.weights.hf_gpt2 import CONV1D_WEIGHTS
+    from gptkit.weights.hf import CONV1D_WEIGHTS
 
     return {k: (v.t() if k.endswith(CONV1D_WEIGHTS) else v) for k, v in model.state_dict().items()}
 

@@ -1,6 +1,6 @@
 """model.py: attention paths, positions, the forward pass with a KV cache, optimizer groups, FLOPs and MFU.
 
-Generation and the CPU fast path are tested in tests/infer/test_engine.py, GPT-2 interop in tests/weights/test_hf_gpt2.py.
+Generation and the CPU fast path are tested in tests/infer/test_engine.py, Hugging Face interop in tests/weights/test_hf.py.
 """
 
 from __future__ import annotations

@@ -123,6 +123,17 @@ def test_fine_tuning_a_base_checkpoint_adds_the_template_rows_and_starts_afresh(
     assert "val/bpb" not in result.stdout
 
 
+def test_the_laptop_chat_recipe_fine_tunes_a_base_of_the_laptop_corpus_recipe(base_and_chat, tmp_path) -> None:
+    base, chat = base_and_chat
+    flags = cli_args(init_from=base, data_dir=chat, out_dir=tmp_path / "o", max_iters=4, eval_interval=4, eval_iters=2)
+    result = run_script("train.py", str(REPO / "config" / "finetune_chat_cpu.py"), *flags)
+    assert result.returncode == 0, result.stderr
+    tuned = ckpt.load_checkpoint(tmp_path / "o" / "ckpt.pt")
+    assert tuned["iter_num"] == 4 and tuned["config"]["batch_size"] == 8
+    assert tuned["model_args"]["block_size"] == 63  # the base's context: shorter than the recipe's 256
+    assert "warmup_iters=20 does not end before max_iters=4" in result.stdout  # the recipe, shortened
+
+
 def test_a_chat_run_resumes_exactly(base_and_chat, tmp_path) -> None:
     base, chat = base_and_chat
     common = {**RUN, "data_dir": chat}
@@ -141,7 +152,7 @@ def test_chat_data_of_another_tokenizer_is_one_clear_error(tmp_path) -> None:
     write_chat_data(tmp_path / "other")
     write_text_data(tmp_path / "text", "xyz " * 400)  # a base over other characters
     other_base = tmp_path / "other_base"
-    args = {**RUN, "max_iters": 1, "eval_interval": 1, "gradient_accumulation_steps": 1, "warmup_iters": 0}
+    args = {**RUN, "max_iters": 1, "eval_interval": 1, "gradient_accumulation_steps": 1}
     assert run_script("train.py", *cli_args(**args, data_dir=tmp_path / "text", out_dir=other_base)).returncode == 0
     result = run_script(
         "train.py", *cli_args(**RUN, init_from=other_base, data_dir=tmp_path / "other", out_dir=tmp_path / "o")

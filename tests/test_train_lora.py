@@ -14,8 +14,8 @@ import torch
 import export
 from data.test_packing import write_chat_data
 from gptkit.weights import checkpoint as ckpt
+from gptkit.weights.build import model_with_adapters
 from gptkit.weights.loading import load_model_and_tokenizer
-from gptkit.weights.lora import model_with_adapters
 from helpers import assert_script_error, cli_args, run_main, run_script
 from test_train_chat import RUN, write_text_data
 from test_train_ddp import assert_close_weights, assert_same_curve, train_in

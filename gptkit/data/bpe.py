@@ -44,6 +44,9 @@ GPT4_PATTERN = (
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
 )
 
+# What decode() shows for an id no token has (a model's padded vocabulary can sample one).
+UNKNOWN_ID_BYTES = "\ufffd".encode()
+
 RETRAIN = "train it again with python prepare_data/train_tokenizer.py"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -234,3 +237,19 @@ def read_tokenizer_dir(directory: str | os.PathLike) -> dict[str, Any]:
     if vocab_size != ranks_text.count("\n") + len(meta["special_tokens"]):
         raise UserError(f"{directory / META_FILENAME}: 'vocab_size' {vocab_size!r} does not match the ranks; {RETRAIN}")
     return record
+
+
+def gpt2_unicode_to_byte() -> dict[str, int]:
+    """GPT-2's reversible byte <-> printable-character mapping used in vocab.bpe and encoder.json.
+
+    Printable Latin-1 bytes stand for themselves; the other bytes, in increasing order, are shifted to the
+    characters from U+0100 upwards.
+    """
+    printable = [b for b in range(256) if chr(b).isprintable() and b != ord(" ")]
+    mapping = {chr(b): b for b in printable}
+    shifted = 0
+    for b in range(256):
+        if b not in mapping.values():
+            mapping[chr(256 + shifted)] = b
+            shifted += 1
+    return mapping

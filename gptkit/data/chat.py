@@ -98,13 +98,16 @@ class ChatTemplate:
             masks.append(np.concatenate([[0], np.full(len(ids) - 1, int(trained))]).astype(np.uint8))
         return np.concatenate(pieces).astype(np.int64), np.concatenate(masks)
 
-    def render_prompt(self, messages: Sequence[Any], tokenizer: TextEncoder) -> list[int]:
-        """The conversation so far followed by the assistant's marker: the prompt whose continuation, up to the
-        end-of-turn id, is the next reply. ChatError when the messages are invalid."""
+    def render_prompt(
+        self, messages: Sequence[Any], tokenizer: TextEncoder, add_generation_prompt: bool = True
+    ) -> list[int]:
+        """The conversation so far followed by the assistant's marker (without it when not
+        `add_generation_prompt`): the prompt whose continuation, up to the end-of-turn id, is the next reply.
+        ChatError when the messages are invalid."""
         check_messages(messages)
         pieces, _ = self._opening()
         pieces.extend(self._turn(message, tokenizer) for message in messages)
-        pieces.append(np.array([self._role_ids["assistant"]]))
+        pieces.append(np.array([self._role_ids["assistant"]] if add_generation_prompt else [], dtype=np.int64))
         return np.concatenate(pieces).astype(np.int64).tolist()
 
     def _opening(self) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -1,5 +1,5 @@
-"""One interface over a character table and tiktoken encodings (named ones, and BPEs trained here), plus reading
-and writing meta.json.
+"""One interface over a character table, tiktoken encodings (named ones, and BPEs trained here) and Hugging Face
+models' own tokenizers (gptkit.data.hf_tokenizer), plus reading and writing meta.json.
 
 A data directory's meta.json says which tokenizer produced its token files; `tokenizer_from_meta` rebuilds
 that tokenizer so training and sampling encode and decode exactly as preparation did.
@@ -22,8 +22,10 @@ import numpy as np
 
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import atomic_write_json, sha256_file
-from gptkit.data import bpe
+from gptkit.data import bpe, hf_tokenizer
+from gptkit.data.bpe import UNKNOWN_ID_BYTES, gpt2_unicode_to_byte
 from gptkit.data.chat import SPECIAL_TOKENS, ChatError, ChatTemplate
+from gptkit.data.hf_tokenizer import HFTokenizer, is_hf_tokenizer_dir, load_hf_tokenizer
 
 META_FILENAME = "meta.json"
 META_FORMAT = "gpt-tokens"
@@ -31,8 +33,6 @@ META_VERSION = 1
 TOKEN_DTYPES = ("uint16", "uint32")
 
 END_OF_TEXT = "<|endoftext|>"
-# What decode() shows for an id no token has (a model's padded vocabulary can sample one).
-UNKNOWN_ID_BYTES = "\ufffd".encode()
 
 # sha256 of the GPT-2 BPE files, as tiktoken itself expects them (tiktoken_ext/openai_public.py).
 GPT2_BPE_SHA256 = {
@@ -115,22 +115,6 @@ class CharTokenizer:
     def to_meta(self) -> dict[str, Any]:
         """The "tokenizer" object of meta.json."""
         return {"kind": "char", "chars": list(self.chars), "eot": self.eot}
-
-
-def gpt2_unicode_to_byte() -> dict[str, int]:
-    """GPT-2's reversible byte <-> printable-character mapping used in vocab.bpe and encoder.json.
-
-    Printable Latin-1 bytes stand for themselves; the other bytes, in increasing order, are shifted to the
-    characters from U+0100 upwards.
-    """
-    printable = [b for b in range(256) if chr(b).isprintable() and b != ord(" ")]
-    mapping = {chr(b): b for b in printable}
-    shifted = 0
-    for b in range(256):
-        if b not in mapping.values():
-            mapping[chr(256 + shifted)] = b
-            shifted += 1
-    return mapping
 
 
 def load_gpt2_bpe_dir(bpe_dir: str | os.PathLike) -> dict[bytes, int]:
@@ -337,11 +321,14 @@ class ChatTokenizer:
         return {**self.base.to_meta(), "chat": self.chat.to_meta()}
 
 
-Tokenizer = CharTokenizer | TiktokenTokenizer | ChatTokenizer
+Tokenizer = CharTokenizer | TiktokenTokenizer | ChatTokenizer | HFTokenizer
 
 
 def special_tokens_of(tokenizer: Tokenizer) -> dict[str, int]:
-    """The special tokens' texts and ids: the end of text, and a chat template's markers."""
+    """The special tokens' texts and ids: the end of text, and a chat template's markers (a Hugging Face
+    tokenizer's: its added tokens)."""
+    if isinstance(tokenizer, HFTokenizer):
+        return {text: token_id for text, (token_id, _) in tokenizer.added_tokens.items()}
     special = {} if tokenizer.eot_token is None else {END_OF_TEXT: tokenizer.eot_token}
     if tokenizer.chat is not None:
         special.update(tokenizer.chat.special_tokens)
@@ -374,15 +361,16 @@ def is_tokenizer_dir(name: str) -> bool:
     return os.sep in name or "/" in name or Path(name).is_dir()
 
 
-def make_tokenizer(name: str, bpe_dir: str | os.PathLike | None = None) -> TiktokenTokenizer:
-    """A tiktoken tokenizer by name ('gpt2', 'cl100k_base', ...) or a trained one from its directory (a path).
+def make_tokenizer(name: str, bpe_dir: str | os.PathLike | None = None) -> TiktokenTokenizer | HFTokenizer:
+    """A tiktoken tokenizer by name ('gpt2', 'cl100k_base', ...), a trained one from its directory (a path), or a
+    Hugging Face model's from its directory (tokenizer.json, with its chat template).
 
     Char tokenizers need a table: use CharTokenizer.
     """
     if is_tokenizer_dir(name):
         if bpe_dir is not None:
-            raise UserError("--bpe_dir is for GPT-2 BPE; it makes no sense with a trained tokenizer directory")
-        return BpeTokenizer.from_dir(name)
+            raise UserError("--bpe_dir is for GPT-2 BPE; it makes no sense with a tokenizer directory")
+        return load_hf_tokenizer(name) if is_hf_tokenizer_dir(name) else BpeTokenizer.from_dir(name)
     return TiktokenTokenizer(name, bpe_dir=bpe_dir)
 
 
@@ -390,6 +378,8 @@ def tokenizer_from_meta(tokenizer_meta: dict, bpe_dir: str | os.PathLike | None 
     """Rebuild the tokenizer described by meta.json's "tokenizer" object (optionally GPT-2 from `bpe_dir`); with a
     "chat" entry, a ChatTokenizer."""
     _check_tokenizer_meta(tokenizer_meta, "tokenizer")
+    if tokenizer_meta["kind"] == hf_tokenizer.KIND:  # its chat template, if any, comes with it
+        return HFTokenizer(tokenizer_meta)
     if tokenizer_meta["kind"] == "char":
         base = CharTokenizer(tokenizer_meta["chars"], eot=bool(tokenizer_meta.get("eot", False)))
     elif tokenizer_meta["kind"] == bpe.KIND:
@@ -415,9 +405,11 @@ def chat_special_count(tokenizer_meta: dict) -> int:
 
 
 def _check_tokenizer_meta(tok: Any, where: str) -> None:
-    if not isinstance(tok, dict) or tok.get("kind") not in ("char", "tiktoken", bpe.KIND):
-        raise UserError(f"{where}: 'tokenizer' must be an object with kind 'char', 'tiktoken' or 'bpe'")
-    if tok["kind"] == bpe.KIND:
+    if not isinstance(tok, dict) or tok.get("kind") not in ("char", "tiktoken", bpe.KIND, hf_tokenizer.KIND):
+        raise UserError(f"{where}: 'tokenizer' must be an object with kind 'char', 'tiktoken', 'bpe' or 'hf'")
+    if tok["kind"] == hf_tokenizer.KIND:
+        hf_tokenizer.check_record(tok, where)
+    elif tok["kind"] == bpe.KIND:
         bpe.check_record(tok, where)
     elif tok["kind"] == "char":
         chars = tok.get("chars")
@@ -444,7 +436,9 @@ def validate_meta(meta: Any, where: str = "meta.json") -> None:
     if not _is_count(vocab_size) or vocab_size == 0:
         raise UserError(f"{where}: 'vocab_size' must be a positive integer")
     tok = meta["tokenizer"]
-    if "chat" in tok and max(chat_template_of(tok, where).ids) >= vocab_size:
+    if tok["kind"] == hf_tokenizer.KIND and max(hf_tokenizer.record_ids(tok), default=0) >= vocab_size:
+        raise UserError(f"{where}: 'vocab_size' {vocab_size} does not hold the chat template's special tokens")
+    if "chat" in tok and tok["kind"] != hf_tokenizer.KIND and max(chat_template_of(tok, where).ids) >= vocab_size:
         raise UserError(f"{where}: 'vocab_size' {vocab_size} does not hold the chat template's special tokens")
     if tok["kind"] == "char" and vocab_size != len(tok["chars"]) + (1 if tok.get("eot") else 0) + chat_special_count(
         tok

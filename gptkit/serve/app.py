@@ -261,8 +261,8 @@ class Service:
                     code="model_not_chat",
                 )
             else:
-                ids = self.tokenizer.chat.render_prompt(api.message_dicts(body.messages), self.tokenizer)
-                ids = ids if body.add_generation_prompt else ids[:-1]  # the prompt ends with the assistant's marker
+                messages = api.message_dicts(body.messages)
+                ids = self.tokenizer.chat.render_prompt(messages, self.tokenizer, body.add_generation_prompt)
         except (ChatError, UserError, UnicodeError) as exc:
             raise APIError(
                 status=400, message=f"cannot be tokenized: {exc}", param="messages" if body.messages else "prompt"

@@ -30,13 +30,15 @@ MAX_DEFAULT_WARMUP = 2000  # ...and at most GPT-2's 2000 steps
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Schedule:
-    """The learning rate of every step, as learning_rate_at computes it (the training settings of the same names)."""
+    """The learning rate of every step, as learning_rate_at computes it (the training settings of the same names).
+    `shortened_from` is the warmup the settings asked for when it had to be shortened to fit the run (else None)."""
 
     learning_rate: float
     min_lr: float
     warmup_iters: int
     lr_decay_iters: int
     decay_lr: bool = True
+    shortened_from: int | None = None
 
     @classmethod
     def fitted(
@@ -49,24 +51,23 @@ class Schedule:
         lr_decay_iters: int | None,
         decay_lr: bool,
     ) -> Schedule:
-        """The schedule of a run of `max_iters` steps: an unset warmup (None) is a tenth of the run, at most 2000
-        steps, an unset decay ends at max_iters. A warmup set so long that the rate would never reach
-        learning_rate is a UserError; a decay set past max_iters is allowed (the run stops part way down the
-        cosine, to be resumed with a larger max_iters)."""
-        if warmup_iters is None:
-            warmup_iters = min(MAX_DEFAULT_WARMUP, max_iters // WARMUP_FRACTION)
-        elif decay_lr and 0 < max_iters <= warmup_iters:
-            raise UserError(
-                f"warmup_iters={warmup_iters} does not end before max_iters={max_iters}: the learning rate would never "
-                f"reach {learning_rate:g}; give a smaller --warmup_iters, or leave it out (a tenth of max_iters)"
-            )
-        decay_iters = max_iters if lr_decay_iters is None else lr_decay_iters
+        """The schedule of a run of `max_iters` steps. An unset warmup (None) is a tenth of the run, at most 2000
+        steps; so is a warmup set so long that the rate would never reach learning_rate (a recipe shortened with
+        --max_iters), which `shortened_from` then records. An unset decay ends at max_iters; a decay set past it
+        is kept (the run stops part way down the cosine, to be resumed with a larger max_iters)."""
+        fitted_warmup = min(MAX_DEFAULT_WARMUP, max_iters // WARMUP_FRACTION)
+        shortened_from = None
+        if warmup_iters is not None and decay_lr and 0 < max_iters <= warmup_iters:
+            shortened_from = warmup_iters
+        elif warmup_iters is not None:
+            fitted_warmup = warmup_iters
         return cls(
             learning_rate=learning_rate,
             min_lr=min_lr,
-            warmup_iters=warmup_iters,
-            lr_decay_iters=decay_iters,
+            warmup_iters=fitted_warmup,
+            lr_decay_iters=max_iters if lr_decay_iters is None else lr_decay_iters,
             decay_lr=decay_lr,
+            shortened_from=shortened_from,
         )
 
 
@@ -128,6 +129,34 @@ def mean_loss(
     wrapped.train()
     total, count = reduce_numbers([total, count], device, procs)
     return total / count
+
+
+@torch.no_grad()
+def forward_seconds(
+    wrapped: torch.nn.Module,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    precision: contextlib.AbstractContextManager,
+    device: torch.device,
+) -> float:
+    """The time of one forward pass on `batch`, in evaluation mode (no dropout: no random numbers drawn). The second
+    of two passes is timed: the first also sets up kernels and memory. The module is left in training mode."""
+    wrapped.eval()
+    x, y = loader.to_device(*batch, device)
+    for _ in range(2):
+        start = time.perf_counter()
+        with precision:
+            wrapped(x, y)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    wrapped.train()
+    return time.perf_counter() - start
+
+
+def synchronized_seconds(started: float, device: torch.device) -> float:
+    """Seconds since perf_counter() gave `started`, once the device has finished its queued work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
 
 
 @dataclasses.dataclass

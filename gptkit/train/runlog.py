@@ -136,6 +136,14 @@ def replaced_line(out_dir: Path, names: list[str]) -> str:
     return f"replaced the earlier run in {out_dir}: removed {', '.join(names)}"
 
 
+def shortened_warmup_line(asked: int, max_iters: int, warmup: int) -> str:
+    """A warmup that would not have ended before the run does, shortened."""
+    return (
+        f"warmup_iters={asked} does not end before max_iters={max_iters}: warming up over {warmup} steps instead "
+        "(a tenth of max_iters), so the learning rate reaches its peak"
+    )
+
+
 def stopped_line(signal_name: str | None, steps: int, saved: str | None) -> str:
     """A run stopped by a signal (`signal_name` None: the signal went to another process); `saved` is saved_note's,
     None when the run stopped before training a step (nothing to save)."""

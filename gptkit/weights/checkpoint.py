@@ -21,7 +21,6 @@ import torch
 from gptkit.core.distributed import is_fsdp
 from gptkit.core.errors import UserError, describe_os_error
 from gptkit.core.fileio import atomic_open
-from gptkit.model import GPT, config_from_dict
 
 if TYPE_CHECKING:
     from gptkit.data.loader import BatchSampler
@@ -246,15 +245,6 @@ def _tokenizer_choice(record: dict[str, Any]) -> str:
     return "the --tokenizer directory prepare_data/train_tokenizer.py wrote for it"
 
 
-def check_gpt2_tokenizer(meta: dict[str, Any], init_from: str) -> None:
-    """UserError when chat data for fine-tuning GPT-2 weights was not tokenized with GPT-2's BPE."""
-    tokenizer = meta["tokenizer"]
-    if "chat" in tokenizer and (tokenizer["kind"] != "tiktoken" or tokenizer.get("encoding") != "gpt2"):
-        raise UserError(
-            f"init_from={init_from} needs data in GPT-2's BPE; prepare it with prepare_data/chat.py --tokenizer=gpt2"
-        )
-
-
 def is_checkpoint_source(init_from: str) -> bool:
     """Whether --init_from names one of our checkpoints: a file, or a directory holding best.pt or ckpt.pt (a
     Hugging Face GPT-2 directory holds config.json instead)."""
@@ -366,18 +356,3 @@ def restore_training_state(
             f"checkpoint {source} has a damaged training state ({type(exc).__name__}: {exc}); "
             "resume from another checkpoint or start over"
         ) from exc
-
-
-def model_from_checkpoint(checkpoint: dict[str, Any], source: str, overrides: dict[str, Any] | None = None) -> GPT:
-    """Rebuild the GPT a checkpoint describes and load its weights (on CPU).
-
-    `overrides` replaces model_args entries that do not change shapes, e.g. {"dropout": 0.1}. Raises UserError
-    when model_args are invalid or do not match the weights.
-    """
-    try:
-        config = config_from_dict({**model_args_of(checkpoint), **(overrides or {})})
-    except (TypeError, ValueError) as exc:  # ValueError: GPTConfig refuses the values
-        raise UserError(f"checkpoint {source} has invalid model_args ({exc}); the file is damaged") from exc
-    model = GPT(config)
-    load_model_weights(model, checkpoint["model"], source)
-    return model

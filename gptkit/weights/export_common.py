@@ -49,6 +49,18 @@ def gpt2_problem(config: GPTConfig, exact_gelu: bool) -> str | None:
         return "activation=gelu (exact): llama.cpp's GPT-2 runs only the tanh approximation (gelu_tanh)"
     if config.qk_norm:
         return "qk_norm=True: GPT-2 has no normalisation of queries and keys"
+    if config.norm != "layernorm" or not config.norm_weight or config.embed_norm:
+        return (
+            f"norm={config.norm}, norm_weight={config.norm_weight}, embed_norm={config.embed_norm}: GPT-2 has LayerNorm"
+        )
+    if config.activation == "swiglu" or config.mlp_hidden != 4 * config.n_embd:
+        return f"activation={config.activation}, mlp_hidden={config.mlp_hidden}: GPT-2's MLP is 4 * n_embd wide, GELU"
+    if config.n_kv_head != config.n_head or config.head_dim * config.n_head != config.n_embd:
+        return (
+            f"n_kv_head={config.n_kv_head}, head_dim={config.head_dim}: GPT-2 has one KV head per head of n_embd/n_head"
+        )
+    if config.qkv_bias not in (None, config.bias) or config.logit_softcap is not None:
+        return "qkv_bias or logit_softcap: GPT-2 has neither"
     return None
 
 

@@ -1,6 +1,6 @@
 """A complete Hugging Face directory: what transformers, vLLM and TGI load with `from_pretrained`.
 
-config.json and model.safetensors (GPT-2, float32; gptkit.weights.hf_gpt2.write), tokenizer.json (Hugging Face
+config.json and model.safetensors (float32, as the transformers class that computes the model: gptkit.weights.hf.write_hf), tokenizer.json (Hugging Face
 tokenizers: our byte-level BPE as merges with GPT-2's or the trained pattern, or a character table as a word-level
 model over single characters), tokenizer_config.json (special tokens, and the chat template as Jinja) and
 generation_config.json (which ids end a generation).
@@ -11,29 +11,54 @@ multiple of 64): the extra rows load and never come out of the tokenizer.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 from gptkit.core.errors import UserError
-from gptkit.core.fileio import atomic_write_json
+from gptkit.core.fileio import atomic_write_bytes, atomic_write_json
 from gptkit.data.chat import END_OF_TURN
+from gptkit.data.hf_tokenizer import HFTokenizer
 from gptkit.data.tokenizer import Tokenizer
 from gptkit.model import GPT
-from gptkit.weights import hf_gpt2
-from gptkit.weights.export_common import Vocabulary, gpt2_tensors, vocabulary_chat_template, vocabulary_of
+from gptkit.weights.export_common import Vocabulary, vocabulary_chat_template, vocabulary_of
+from gptkit.weights.hf import write_hf
 
 
 def export_hf(model: GPT, tokenizer: Tokenizer, directory: Path) -> list[str]:
     """Write the Hugging Face files of `model` and `tokenizer` into `directory`; returns the file names."""
-    config, tensors = gpt2_tensors(model, exact_gelu=True)  # transformers runs "gelu" (erf) and "gelu_new" (tanh)
+    config = model.config
+    if isinstance(tokenizer, HFTokenizer):
+        return export_with_own_tokenizer(model, tokenizer, directory)
     vocabulary = vocabulary_of(tokenizer)
     if vocabulary.size > config.vocab_size:
         raise UserError(f"the tokenizer has {vocabulary.size} tokens but the model only {config.vocab_size} rows")
-    hf_gpt2.write(directory, dataclasses.asdict(config), tensors, eot_token=vocabulary.eot_token)
+    write_hf(model, directory, bos=vocabulary.eot_token, eos=vocabulary.eot_token)
     build_tokenizer(vocabulary).save(str(directory / "tokenizer.json"))
     atomic_write_json(directory / "tokenizer_config.json", tokenizer_config(vocabulary, config.block_size))
     generation = {"bos_token_id": vocabulary.eot_token, "eos_token_id": end_ids(vocabulary) or None}
+    atomic_write_json(directory / "generation_config.json", generation)
+    return sorted(path.name for path in directory.iterdir())
+
+
+def export_with_own_tokenizer(model: GPT, tokenizer: HFTokenizer, directory: Path) -> list[str]:
+    """A model whose tokenizer came from a Hugging Face directory: that tokenizer.json, its special tokens and chat
+    template written back as they were read."""
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise UserError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}")
+    record = tokenizer.to_meta()
+    write_hf(model, directory, bos=tokenizer.eot_token, eos=tokenizer.eot_token)
+    atomic_write_bytes(directory / "tokenizer.json", record["tokenizer_json"].encode("utf-8"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": model.config.block_size,
+        "clean_up_tokenization_spaces": False,
+        **record["special_tokens_map"],
+    }
+    if tokenizer.chat is not None:
+        config["chat_template"] = tokenizer.chat.source
+    atomic_write_json(directory / "tokenizer_config.json", config)
+    stops = list(tokenizer.chat.reply_stops) if tokenizer.chat is not None else [tokenizer.eot_token]
+    generation = {"eos_token_id": [stop for stop in stops if stop is not None] or None}
     atomic_write_json(directory / "generation_config.json", generation)
     return sorted(path.name for path in directory.iterdir())
 

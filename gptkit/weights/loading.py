@@ -1,4 +1,4 @@
-"""A model and its tokenizer, from a training run's checkpoint or from GPT-2 weights: what sample.py, eval.py
+"""A model and its tokenizer, from a training run's checkpoint or from Hugging Face weights: what sample.py, eval.py
 and serve.py load before they generate or score, and the settings that say where it comes from.
 
 """
@@ -12,11 +12,12 @@ import torch
 
 from gptkit.core.errors import UserError
 from gptkit.core.settings import setting
+from gptkit.data.hf_tokenizer import is_hf_tokenizer_dir, load_hf_tokenizer
 from gptkit.data.tokenizer import Tokenizer, make_tokenizer, read_meta, tokenizer_from_meta
 from gptkit.model import GPT
+from gptkit.weights.build import is_hf_source, load_model, model_of_checkpoint
 from gptkit.weights.checkpoint import load_checkpoint, resolve_checkpoint
-from gptkit.weights.hf_gpt2 import GPT2_HUB_NAMES, load_gpt2
-from gptkit.weights.lora import model_of_checkpoint
+from gptkit.weights.hf import GPT2_HUB_NAMES, is_gpt2_directory, locate
 from gptkit.weights.quantization import QUANTIZE_CHOICES, apply_quantization
 
 
@@ -26,7 +27,8 @@ def load_model_and_tokenizer(
     """The model (on CPU, eval mode) and its tokenizer.
 
     init_from: "resume" (the checkpoint of out_dir, `checkpoint` = best or latest; out_dir
-    may also be a checkpoint file), a Hugging Face GPT-2 directory, or a GPT-2 hub name. data_dir: take the tokenizer
+    may also be a checkpoint file), a Hugging Face directory or hub name (hf_source_tokenizer says which tokenizer).
+    data_dir: take the tokenizer
     from that data directory's meta.json (for checkpoints without one; a checkpoint's own tokenizer wins, and a
     data directory with another one is refused). UserError for every problem.
     """
@@ -45,17 +47,40 @@ def load_model_and_tokenizer(
             tokenizer = tokenizer_from_meta(tokenizer_meta)
         except UserError as exc:  # say where the tokenizer description came from
             raise UserError(f"{data_dir or f'checkpoint {path}'}: {exc}") from exc
-    elif Path(init_from).is_dir() or init_from in GPT2_HUB_NAMES:
-        model = load_gpt2(init_from)
-        tokenizer = tokenizer_from_meta(read_meta(data_dir)["tokenizer"]) if data_dir else make_tokenizer("gpt2")
+    elif is_hf_source(init_from):
+        model = load_model(init_from)
+        tokenizer = hf_source_tokenizer(init_from, data_dir)
     else:
-        raise UserError(f"--init_from={init_from!r}: use resume, a GPT-2 directory, or {', '.join(GPT2_HUB_NAMES)}")
+        raise UserError(
+            f"--init_from={init_from!r}: use resume, a Hugging Face directory or hub name (owner/name), "
+            f"or {', '.join(GPT2_HUB_NAMES)}"
+        )
     if tokenizer.vocab_size > model.config.vocab_size:
         raise UserError(
             f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}; "
             "pass the --data_dir the model was trained on"
         )
     return model.eval(), tokenizer
+
+
+def hf_source_tokenizer(init_from: str, data_dir: str) -> Tokenizer:
+    """The tokenizer of Hugging Face weights: the Llama family's own tokenizer.json (a data_dir must hold the same
+    one), else data_dir's; GPT-2's is data_dir's, else GPT-2's BPE."""
+    directory = locate(init_from)
+    own = None if is_gpt2_directory(directory) or not is_hf_tokenizer_dir(directory) else load_hf_tokenizer(directory)
+    if own is not None and data_dir:
+        own_sha = own.to_meta()["tokenizer_json_sha256"]
+        if read_meta(data_dir)["tokenizer"].get("tokenizer_json_sha256") != own_sha:
+            raise UserError(f"{data_dir} was not tokenized with {init_from}'s tokenizer.json; leave out --data_dir")
+    if own is not None:
+        return own
+    if data_dir:
+        return tokenizer_from_meta(read_meta(data_dir)["tokenizer"])
+    if is_gpt2_directory(directory):
+        return make_tokenizer("gpt2")
+    raise UserError(
+        f"{directory} has no tokenizer.json; pass --data_dir=DIR whose meta.json holds the model's tokenizer"
+    )
 
 
 def data_dir_tokenizer(data_dir: str, recorded: dict | None, path: Path) -> dict:
@@ -79,7 +104,9 @@ class ModelLocation:
 
     out_dir: str = setting("out", "training output directory (or a checkpoint file) to load the model from")
     checkpoint: str = setting("best", "which checkpoint of out_dir: best (best val loss) or latest")
-    init_from: str = setting("resume", "resume = the out_dir checkpoint; or a Hugging Face GPT-2 dir, or gpt2*")
+    init_from: str = setting(
+        "resume", "resume = the out_dir checkpoint; or a Hugging Face dir or hub name (owner/name), or gpt2*"
+    )
     data_dir: str = setting(
         "", "take the tokenizer from this data dir's meta.json: for checkpoints that record none (it must match one)"
     )

@@ -9,7 +9,7 @@ memory; its product is then computed from the stored weights in the input's dtyp
 A LoRA run's checkpoint holds the A and B matrices, the LoRA settings and a reference to its base (path and sha256);
 `merge_lora` folds adapters into ordinary weights, and `write_peft_adapter` writes them as PEFT's
 `adapter_config.json` + `adapter_model.safetensors` for transformers' GPT2LMHeadModel. export.py's
-`--format=merged` and `--format=peft` write a LoRA run's checkpoint that way (`merge_to`, `peft_to`).
+`--format=merged` and `--format=peft` write a LoRA run's checkpoint that way (gptkit.weights.export_lora).
 """
 
 from __future__ import annotations
@@ -272,115 +272,9 @@ def write_peft_adapter(
 # ----------------------------------------------------------------------------- LoRA checkpoints
 
 # A LoRA run's checkpoint stores only what trained ("model": adapter_state) and, under "lora", how to rebuild the
-# rest: the settings, and the base it started from by path (or GPT-2 name) and the sha256 of its weights file.
-
-
-def base_reference(init_from: str) -> dict[str, str]:
-    """{"source", "sha256"} of the base a LoRA run starts from: one of our checkpoints (a file, or an out_dir's
-    best.pt, else ckpt.pt), or GPT-2 (a hub name or a Hugging Face directory: its weights file)."""
-    from gptkit.core.fileio import sha256_file
-    from gptkit.weights.checkpoint import is_checkpoint_source, resolve_checkpoint
-    from gptkit.weights.hf_gpt2 import GPT2_HUB_NAMES, locate
-
-    if is_checkpoint_source(init_from):
-        path = resolve_checkpoint(init_from, "best").resolve()
-        return {"source": str(path), "sha256": sha256_file(path)}
-    directory = locate(init_from)
-    weights = next(
-        (directory / name for name in ("model.safetensors", "pytorch_model.bin") if (directory / name).is_file()), None
-    )
-    if weights is None:
-        raise UserError(f"{directory} holds no GPT-2 weights file to start LoRA from")
-    source = init_from if init_from in GPT2_HUB_NAMES else str(Path(init_from).resolve())
-    return {"source": source, "sha256": sha256_file(weights)}
-
-
-def load_base(reference: dict[str, str], where: str, overrides: dict[str, Any] | None = None) -> nn.Module:
-    """The base model a LoRA checkpoint names, after checking that its weights are the ones it was trained on."""
-    from gptkit.weights.checkpoint import is_checkpoint_source, load_checkpoint
-    from gptkit.weights.hf_gpt2 import GPT2_HUB_NAMES, load_gpt2
-
-    source = reference["source"]
-    if source not in GPT2_HUB_NAMES and not Path(source).exists():
-        raise UserError(f"{where}: its base {source} is missing; put the base model back there (the adapters need it)")
-    found = base_reference(source)["sha256"]
-    if found != reference["sha256"]:
-        raise UserError(
-            f"{where}: its base {source} has changed since the adapters were trained (sha256 {found[:12]}..., expected "
-            f"{reference['sha256'][:12]}...); use the base they were trained on"
-        )
-    if is_checkpoint_source(source):
-        return model_of_checkpoint(load_checkpoint(source), source, overrides)  # a LoRA base: merged first
-    return load_gpt2(source, override_args=overrides)
+# rest: the settings, and the base it started from (gptkit.weights.build rebuilds the model from it).
 
 
 def lora_record(config: LoraConfig, base_weights: str, reference: dict[str, str], first_new_row: int | None) -> dict:
     """The "lora" entry of a LoRA run's checkpoint."""
     return {"config": config.to_dict(), "base_weights": base_weights, "base": reference, "first_new_row": first_new_row}
-
-
-def model_with_adapters(checkpoint: dict[str, Any], where: str, overrides: dict[str, Any] | None = None) -> nn.Module:
-    """The model a LoRA checkpoint stands for: its base (checked), cropped and grown to the run's shape, with the
-    adapters in place (still separate: call merge_lora for plain weights)."""
-    record = checkpoint["lora"]
-    config = LoraConfig.from_dict(record.get("config"), where)
-    model = load_base(record["base"], where, overrides)
-    shape = checkpoint["model_args"]
-    if shape["block_size"] < model.config.block_size:
-        model.crop_block_size(shape["block_size"])
-    if shape["vocab_size"] > model.config.vocab_size:
-        model.grow_vocabulary(shape["vocab_size"])
-    add_lora(model, config, record["base_weights"], record.get("first_new_row"))
-    load_adapter_state(model, checkpoint["model"], where)
-    return model
-
-
-def model_of_checkpoint(checkpoint: dict[str, Any], where: str, overrides: dict[str, Any] | None = None) -> nn.Module:
-    """The model a checkpoint holds, as plain weights: a LoRA run's adapters merged into its base."""
-    from gptkit.weights.checkpoint import model_from_checkpoint
-
-    if "lora" in checkpoint:
-        return merge_lora(model_with_adapters(checkpoint, where, overrides))
-    return model_from_checkpoint(checkpoint, where, overrides)
-
-
-# ----------------------------------------------------------------------------- a LoRA run for other tools (export.py)
-
-
-def merge_to(checkpoint: dict[str, Any], where: str, directory: Path) -> None:
-    """Write the merged model of a LoRA run's checkpoint as DIR/ckpt.pt: sample.py, serve.py, eval.py and train.py
-    read it like any other."""
-    from gptkit.model import config_to_dict
-    from gptkit.weights.checkpoint import save_checkpoint
-
-    model = model_of_checkpoint(checkpoint, where)
-    directory.mkdir(parents=True, exist_ok=True)
-    state = {"model": model.state_dict(), "model_args": config_to_dict(model.config)}
-    save_checkpoint(directory / "ckpt.pt", {**state, "tokenizer": checkpoint.get("tokenizer")})
-
-
-def peft_to(checkpoint: dict[str, Any], where: str, directory: Path, final: Path | None = None) -> None:
-    """Write a LoRA run's adapters for PEFT into `directory`, with the base beside them (DIR/base, as export.py
-    --format=hf writes it: weights and tokenizer) unless the base is a GPT-2 hub model the run added no token rows
-    to. Added rows (a chat template's markers) are in DIR/base at their starting values, and their trained values
-    in the adapter. `final`: where `directory` will be moved (the adapter names its base there)."""
-    from gptkit.data.tokenizer import tokenizer_from_meta
-    from gptkit.weights.export_hf import export_hf
-    from gptkit.weights.hf_gpt2 import GPT2_HUB_NAMES
-
-    record = checkpoint["lora"]
-    vocab_size = checkpoint["model_args"]["vocab_size"]
-    base = record["base"]["source"]
-    grown = record.get("first_new_row") is not None and record["first_new_row"] < vocab_size
-    if (grown or base not in GPT2_HUB_NAMES) and not checkpoint.get("tokenizer"):
-        raise UserError(f"{where} records no tokenizer, which the base's Hugging Face directory needs")
-    directory.mkdir(parents=True, exist_ok=True)
-    if grown or base not in GPT2_HUB_NAMES:
-        # Any base export.py takes (no biases: zero ones; an untied head), with the tokenizer the run trained on.
-        model = load_base(record["base"], where)
-        if vocab_size > model.config.vocab_size:
-            model.grow_vocabulary(vocab_size)  # the rows the run added, as it started them
-        export_hf(model, tokenizer_from_meta(checkpoint["tokenizer"]), directory / "base")
-        base = str((final or directory) / "base")
-    config = LoraConfig.from_dict(record["config"], where)
-    write_peft_adapter(directory, checkpoint["model"], config, base, record.get("first_new_row") if grown else None)

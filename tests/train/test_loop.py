@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from gptkit.core.distributed import Processes
-from gptkit.core.errors import UserError
 from gptkit.data import loader
 from gptkit.train import loop
 
@@ -50,17 +49,15 @@ def test_an_unset_warmup_and_decay_fit_the_run(max_iters: int, warmup: int, deca
         assert loop.learning_rate_at(max_iters, schedule) == pytest.approx(3e-6)
 
 
-def test_a_warmup_that_does_not_end_before_max_iters_is_refused_a_long_decay_is_not() -> None:
-    with pytest.raises(UserError, match=r"warmup_iters=2000 does not end before max_iters=1000"):
-        fitted(1000, warmup_iters=2000)
-    with pytest.raises(UserError, match="never reach 3e-05"):
-        fitted(1000, warmup_iters=1000)
-    assert fitted(1000, warmup_iters=999).warmup_iters == 999
+def test_a_warmup_that_does_not_end_before_max_iters_is_shortened_a_long_decay_is_kept() -> None:
+    assert (fitted(1000, warmup_iters=2000).warmup_iters, fitted(1000, warmup_iters=2000).shortened_from) == (100, 2000)
+    assert fitted(1000, warmup_iters=1000).warmup_iters == 100  # would end with the run: shortened too
+    assert (fitted(1000, warmup_iters=999).warmup_iters, fitted(1000, warmup_iters=999).shortened_from) == (999, None)
     assert fitted(1000, lr_decay_iters=5000).lr_decay_iters == 5000  # stops part way; resumed with more steps
     constant = loop.Schedule.fitted(
         max_iters=10, learning_rate=1.0, min_lr=0.1, warmup_iters=50, lr_decay_iters=None, decay_lr=False
     )
-    assert loop.learning_rate_at(0, constant) == 1.0  # no schedule, nothing to fit
+    assert constant.shortened_from is None and loop.learning_rate_at(0, constant) == 1.0  # nothing to fit
 
 
 def test_each_param_group_runs_at_its_scale_of_the_scheduled_rate() -> None:

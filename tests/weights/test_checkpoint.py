@@ -14,7 +14,7 @@ import torch
 from gptkit.core.errors import UserError
 from gptkit.model import GPT, GPTConfig
 from gptkit.weights import checkpoint as ckpt
-from gptkit.weights.checkpoint import model_from_checkpoint
+from gptkit.weights.build import model_from_checkpoint
 
 TINY = GPTConfig(block_size=16, vocab_size=40, n_layer=1, n_head=2, n_embd=16)
 

@@ -12,7 +12,7 @@ import torch
 from gptkit.core.errors import UserError
 from gptkit.infer.engine import Engine, Request, generate
 from gptkit.model import GPT, GPTConfig
-from gptkit.weights.hf_gpt2 import load_gpt2, save_gpt2
+from gptkit.weights.hf import load_hf, write_hf
 from helpers import serving_directory
 
 transformers = pytest.importorskip("transformers")
@@ -45,7 +45,7 @@ def random_hf_gpt2(tmp_path: Path, activation: str = "gelu_new", seed: int = 0) 
 def test_hf_gpt2_loads_with_same_logits_and_loss(tmp_path, activation):
     hf, directory = random_hf_gpt2(tmp_path, activation)
     assert (directory / "model.safetensors").exists()
-    ours = load_gpt2(str(directory)).eval()
+    ours = load_hf(str(directory)).eval()
     idx = torch.randint(0, 101, (2, 20))
     with torch.no_grad():
         expected = hf(idx, labels=idx)
@@ -57,7 +57,7 @@ def test_hf_gpt2_loads_with_same_logits_and_loss(tmp_path, activation):
 
 def test_greedy_generate_matches_hf_token_for_token(tmp_path):
     hf, directory = random_hf_gpt2(tmp_path, seed=3)
-    ours = load_gpt2(str(directory)).eval()
+    ours = load_hf(str(directory)).eval()
     prompt = torch.randint(0, 101, (2, 5))
     expected = hf.generate(
         prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, do_sample=False, pad_token_id=0
@@ -68,7 +68,7 @@ def test_greedy_generate_matches_hf_token_for_token(tmp_path):
 def test_engine_batch_of_different_lengths_matches_hf_alone(tmp_path):
     """Each row of one engine batch (prompts of 3, 8 and 13 tokens) greedily makes what HF makes for it alone."""
     hf, directory = random_hf_gpt2(tmp_path, seed=4)
-    ours = load_gpt2(str(directory)).eval()
+    ours = load_hf(str(directory)).eval()
     prompts = [torch.randint(0, 101, (n,)).tolist() for n in (3, 8, 13)]
     requests = [Request(prompt, 15, temperature=0) for prompt in prompts]
     for _ in Engine(ours, slots=3).run(requests):
@@ -91,7 +91,7 @@ def test_pytorch_model_bin_without_transformer_prefix(tmp_path):
     state["h.0.attn.bias"] = torch.ones(1, 1, 32, 32)
     state["h.0.attn.masked_bias"] = torch.tensor(-1e4)
     torch.save(state, directory / "pytorch_model.bin")
-    ours = load_gpt2(str(directory)).eval()
+    ours = load_hf(str(directory)).eval()
     idx = torch.randint(0, 101, (1, 12))
     with torch.no_grad():
         torch.testing.assert_close(ours(idx)[0][:, -1], hf(idx).logits[:, -1], rtol=0, atol=1e-4)
@@ -101,12 +101,12 @@ def test_save_pretrained_round_trips_through_hf_exactly(tmp_path):
     torch.manual_seed(1)
     ours = GPT(GPTConfig(block_size=24, vocab_size=77, n_layer=2, n_head=2, n_embd=16)).eval()
     directory = tmp_path / "export"
-    save_gpt2(ours, directory)
+    write_hf(ours, directory)
     hf = transformers.GPT2LMHeadModel.from_pretrained(directory).eval()
     idx = torch.randint(0, 77, (2, 24))
     with torch.no_grad():
         torch.testing.assert_close(ours(idx)[0][:, -1], hf(idx).logits[:, -1], rtol=0, atol=1e-5)
-    again = load_gpt2(str(directory))
+    again = load_hf(str(directory))
     for (name, a), (_, b) in zip(ours.state_dict().items(), again.state_dict().items()):
         assert torch.equal(a, b), name
     assert not list(directory.glob("*.tmp")) and not list(directory.glob(".*"))
@@ -115,23 +115,23 @@ def test_save_pretrained_round_trips_through_hf_exactly(tmp_path):
 def test_save_pretrained_refuses_non_gpt2_shapes(tmp_path):
     model = GPT(GPTConfig(block_size=8, vocab_size=10, n_layer=1, n_head=1, n_embd=8, pos_encoding="rope"))
     with pytest.raises(UserError, match="GPT-2"):
-        save_gpt2(model, tmp_path / "x")
+        write_hf(model, tmp_path / "x")
     assert not (tmp_path / "x" / "config.json").exists()
 
 
 def test_from_pretrained_errors_are_clear(tmp_path, monkeypatch):
-    with pytest.raises(UserError, match="neither a directory nor one of"):
-        load_gpt2(str(tmp_path / "missing"))
+    with pytest.raises(UserError, match="neither a directory, a hub name"):
+        load_hf(str(tmp_path / "missing"))
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "config.json").write_text(
         json.dumps({"n_positions": 8, "vocab_size": 10, "n_layer": 1, "n_head": 1, "n_embd": 8})
     )
-    with pytest.raises(UserError, match=r"neither model\.safetensors nor pytorch_model\.bin"):
-        load_gpt2(str(tmp_path / "empty"))
+    with pytest.raises(UserError, match=r"neither model\.safetensors nor model\.safetensors\.index\.json"):
+        load_hf(str(tmp_path / "empty"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("GPT_TOOLKIT_CACHE", str(tmp_path / "cache"))
     with pytest.raises(UserError, match="offline"):
-        load_gpt2("gpt2")
+        load_hf("gpt2")
 
 
 def test_hub_names_download_from_the_endpoint(tmp_path, monkeypatch):
@@ -146,7 +146,7 @@ def test_hub_names_download_from_the_endpoint(tmp_path, monkeypatch):
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
         monkeypatch.setenv("HF_ENDPOINT", base)
         monkeypatch.setenv("GPT_TOOLKIT_CACHE", str(tmp_path / "cache"))
-        ours = load_gpt2("gpt2").eval()
+        ours = load_hf("gpt2").eval()
     assert requested == [f"/openai-community/gpt2/resolve/main/{name}" for name in ("config.json", "model.safetensors")]
     idx = torch.randint(0, 101, (1, 10))
     with torch.no_grad():
@@ -157,12 +157,12 @@ def test_hub_names_download_from_the_endpoint(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "config_text, weights, message",
     [
-        ("{not json", None, "not a usable GPT-2 config"),
-        ('{"n_positions": 8}', None, "not a usable GPT-2 config"),
+        ("{not json", None, "config.json is not JSON"),
+        ('{"n_positions": 8}', None, "not a usable GPT2LMHeadModel config"),
         (
             '{"n_positions": 8, "vocab_size": 10, "n_layer": 1, "n_head": 1, "n_embd": 8, "activation_function": "swish"}',
             None,
-            "not a usable GPT-2 config",
+            "activation_function 'swish' is not one of",
         ),
         (
             '{"n_positions": 8, "vocab_size": 10, "n_layer": 1, "n_head": 1, "n_embd": 8}',
@@ -176,4 +176,4 @@ def test_malformed_hf_directories_are_clear_errors(tmp_path, config_text, weight
     if weights is not None:
         (tmp_path / "model.safetensors").write_bytes(weights)
     with pytest.raises(UserError, match=message):
-        load_gpt2(str(tmp_path))
+        load_hf(str(tmp_path))

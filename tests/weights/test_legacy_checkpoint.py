@@ -16,7 +16,8 @@ import torch
 
 from gptkit.data.tokenizer import tokenizer_from_meta
 from gptkit.infer.engine import generate
-from gptkit.weights.checkpoint import load_checkpoint, model_from_checkpoint
+from gptkit.weights.build import model_from_checkpoint
+from gptkit.weights.checkpoint import load_checkpoint
 from helpers import FIXTURES, make_char_data, run_script
 
 CHECKPOINT = FIXTURES / "legacy_checkpoint.pt"

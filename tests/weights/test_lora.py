@@ -10,7 +10,7 @@ import torch
 
 from gptkit.core.errors import UserError
 from gptkit.model import GPT, GPTConfig
-from gptkit.weights.hf_gpt2 import save_gpt2
+from gptkit.weights.hf import write_hf
 from gptkit.weights.lora import (
     LoraConfig,
     LoraLinear,
@@ -119,7 +119,7 @@ def test_peft_loads_the_adapter_into_gpt2_and_gives_our_logits(tmp_path: Path, t
     peft = pytest.importorskip("peft")
     transformers = pytest.importorskip("transformers")
     model = tiny_model()
-    save_gpt2(model, tmp_path / "base")
+    write_hf(model, tmp_path / "base")
     config = LoraConfig(rank=4, alpha=8.0, targets=targets)
     add_lora(model, config)
     randomise_adapters(model)
@@ -158,7 +158,7 @@ def test_peft_carries_trained_token_rows_and_gives_our_logits(tmp_path: Path) ->
     torch.manual_seed(0)
     model = GPT(GPTConfig(**{**TINY, "vocab_size": 46}))
     model.grow_vocabulary(50)
-    save_gpt2(model, tmp_path / "base")  # the base as the run starts it: the new rows at the mean row
+    write_hf(model, tmp_path / "base")  # the base as the run starts it: the new rows at the mean row
     config = LoraConfig(rank=4, alpha=8.0, targets="all")
     add_lora(model, config, first_new_row=46)
     randomise_adapters(model)

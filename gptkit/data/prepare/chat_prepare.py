@@ -40,7 +40,7 @@ MakeItems = Callable[[], Iterable[ChatItem]]
 class ChatJob:
     """What every worker does with its items; `tokenizer` None only collects characters (--tokenizer=char)."""
 
-    tokenizer: tok.ChatTokenizer | None
+    tokenizer: tok.ChatTokenizer | tok.HFTokenizer | None
     field: str
     seed: int
     val_fraction: float
@@ -157,8 +157,16 @@ def base_tokenizer(name: str, bpe_dir: str | None) -> tok.Tokenizer | None:
     return tok.make_tokenizer(name, bpe_dir=bpe_dir)
 
 
-def chat_tokenizer(base: tok.Tokenizer) -> tok.ChatTokenizer:
-    """`base` with the chat template: a ChatTokenizer stays as it is (its template and ids are the base model's)."""
+def chat_tokenizer(base: tok.Tokenizer) -> tok.ChatTokenizer | tok.HFTokenizer:
+    """`base` with the chat template: a ChatTokenizer stays as it is (its template and ids are the base model's), a
+    Hugging Face tokenizer renders with its model's own template."""
+    if isinstance(base, tok.HFTokenizer):
+        if base.chat is None:
+            raise UserError(
+                f"the tokenizer {base.name!r} has no chat template (chat_template.jinja, or 'chat_template' in "
+                "tokenizer_config.json): use the tokenizer of the model's instruct version, or add its template"
+            )
+        return base
     return base if isinstance(base, tok.ChatTokenizer) else tok.ChatTokenizer.extending(base)
 
 
@@ -188,7 +196,7 @@ class Counts:
         self.skipped.update(result.skipped)
 
 
-def _job(settings: Any, tokenizer: tok.ChatTokenizer | None) -> ChatJob:
+def _job(settings: Any, tokenizer: tok.ChatTokenizer | tok.HFTokenizer | None) -> ChatJob:
     return ChatJob(
         tokenizer=tokenizer,
         field=settings.text_field,

@@ -86,7 +86,9 @@ def make_tokenizer(settings: PrepareSettings, make_items: MakeItems, total_bytes
         if settings.bpe_dir is not None:
             raise UserError("--bpe_dir is for GPT-2 BPE; it makes no sense with --tokenizer=char")
         return build_char_vocabulary(make_items, settings, total_bytes)
-    return tok.make_tokenizer(settings.tokenizer, bpe_dir=settings.bpe_dir)  # a name, or a trained one's directory
+    tokenizer = tok.make_tokenizer(settings.tokenizer, bpe_dir=settings.bpe_dir)  # a name, or a tokenizer directory
+    # Plain text: a Hugging Face model's chat template stays out of the record ("chat" there marks chat data).
+    return tokenizer.without_chat() if isinstance(tokenizer, tok.HFTokenizer) else tokenizer
 
 
 def _write_result(writer: DatasetWriter, result: ItemResult) -> None:

@@ -1,0 +1,299 @@
+"""A Hugging Face model's own tokenizer: its tokenizer.json through the `tokenizers` package, with its chat template
+(gptkit.data.jinja_chat), behind the interface of gptkit.data.tokenizer's tokenizers.
+
+    tokenizer = load_hf_tokenizer("path/to/SmolLM2-135M-Instruct")   # tokenizer.json (+ tokenizer_config.json)
+
+Ids are transformers' AutoTokenizer's with add_special_tokens=False: `encode` reads its text as ordinary text (a
+special token's text gives the characters' tokens, never the token), and a conversation's ids are
+`apply_chat_template(..., tokenize=True, sanitize_control_tokens=True)`'s. The record (meta.json's "tokenizer"
+object, and so every checkpoint trained on the data) embeds tokenizer.json's text, its sha256, the named special
+tokens and the chat template, so a run never depends on the directory it came from.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tokenizers
+
+from gptkit.core.errors import UserError
+from gptkit.data import bpe
+from gptkit.data.bpe import UNKNOWN_ID_BYTES, gpt2_unicode_to_byte
+from gptkit.data.chat import ChatError
+from gptkit.data.jinja_chat import JinjaChatTemplate
+
+KIND = "hf"
+TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILE = "tokenizer_config.json"
+TEMPLATE_FILE = "chat_template.jinja"
+GENERATION_CONFIG_FILE = "generation_config.json"
+# The named special tokens transformers gives a chat template as variables (its SPECIAL_TOKENS_ATTRIBUTES).
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+RECORD_KEYS = ("kind", "name", "tokenizer_json", "tokenizer_json_sha256", "special_tokens_map")
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+SENTENCEPIECE_SPACE = "\u2581"
+
+
+def is_hf_tokenizer_dir(directory: str | os.PathLike) -> bool:
+    """Whether `directory` holds a Hugging Face tokenizer.json (and not the metadata of a BPE trained here, which
+    shares the file name)."""
+    path = Path(directory) / TOKENIZER_FILE
+    if not path.is_file() or (Path(directory) / bpe.RANKS_FILENAME).exists():
+        return False
+    with path.open("rb") as file:
+        return b'"format"' not in file.read(200)  # a trained BPE's metadata opens with its format
+
+
+def load_hf_tokenizer(directory: str | os.PathLike) -> HFTokenizer:
+    """The tokenizer of a Hugging Face model directory: tokenizer.json, the named special tokens of
+    tokenizer_config.json and the chat template (chat_template.jinja, else tokenizer_config.json's
+    `chat_template`; none: `chat` is None), reply stops extended by generation_config.json's eos_token_id.
+
+    Its `vocab_size` is the tokenizer's (highest id + 1), which may be below the model's embedding rows. UserError
+    (one line) for a missing or unreadable tokenizer.json, a tokenizer_config.json naming tokens tokenizer.json does
+    not hold, or a chat template that is not valid Jinja or fails on a two-turn conversation.
+    """
+    return HFTokenizer(read_hf_record(directory), where=str(directory))
+
+
+def read_hf_record(directory: str | os.PathLike) -> dict[str, Any]:
+    """The record of the tokenizer in a Hugging Face directory (see load_hf_tokenizer), its chat template in the
+    "template_source" and "extra_stops" keys that HFTokenizer turns into the "chat" object."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise UserError(f"{directory} is not a directory holding a Hugging Face tokenizer (tokenizer.json)")
+    path = directory / TOKENIZER_FILE
+    if not path.is_file():
+        hint = (
+            ": it has only a SentencePiece tokenizer.model; write tokenizer.json with transformers "
+            "(AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR))"
+            if (directory / "tokenizer.model").is_file()
+            else ""
+        )
+        raise UserError(f"{directory} has no {TOKENIZER_FILE}, the model's tokenizer{hint}")
+    text = _read_text(path)
+    config = _read_json(directory / CONFIG_FILE) if (directory / CONFIG_FILE).is_file() else {}
+    record = {
+        "kind": KIND,
+        "name": directory.resolve().name,
+        "tokenizer_json": text,
+        "tokenizer_json_sha256": bpe.sha256_text(text),
+        "special_tokens_map": _special_tokens_map(config),
+    }
+    source = _template_source(directory, config)
+    if source is not None:
+        record["template_source"] = source
+        record["extra_stops"] = _generation_stops(directory / GENERATION_CONFIG_FILE)
+    return record
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read {path} ({exc})") from None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(_read_text(path))
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path} is not a JSON object")
+    return value
+
+
+def _token_text(value: Any) -> str | None:
+    # tokenizer_config.json writes a special token as its text or as an AddedToken object {"content": ...}.
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _special_tokens_map(config: dict[str, Any]) -> dict[str, str]:
+    named = {name: _token_text(config.get(name)) for name in SPECIAL_TOKEN_NAMES}
+    return {name: text for name, text in named.items() if text is not None}
+
+
+def _template_source(directory: Path, config: dict[str, Any]) -> str | None:
+    if (directory / TEMPLATE_FILE).is_file():
+        return _read_text(directory / TEMPLATE_FILE)
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+        named = {item.get("name"): item.get("template") for item in template if isinstance(item, dict)}
+        template = named.get("default")
+    if template is not None and not isinstance(template, str):
+        raise UserError(f"{directory / CONFIG_FILE}: 'chat_template' is neither Jinja text nor named templates")
+    return template
+
+
+def _generation_stops(path: Path) -> list[int]:
+    if not path.is_file():
+        return []
+    eos = _read_json(path).get("eos_token_id")
+    ids = eos if isinstance(eos, list) else [eos]
+    return [i for i in ids if isinstance(i, int) and not isinstance(i, bool) and i >= 0]
+
+
+def check_record(record: Any, where: str) -> None:
+    """The record's structure (cheap: tokenizer.json is neither hashed nor parsed here); UserError naming `where`."""
+    fix = "the tokenizer record is damaged; prepare the data again with --tokenizer=DIR"
+    if not isinstance(record, dict) or record.get("kind") != KIND:
+        raise UserError(f"{where}: not a Hugging Face tokenizer record")
+    for key in ("name", "tokenizer_json", "tokenizer_json_sha256"):
+        if not isinstance(record.get(key), str) or not record[key]:
+            raise UserError(f"{where}: {key!r} must be a non-empty string; {fix}")
+    specials = record.get("special_tokens_map")
+    if not isinstance(specials, dict) or not all(isinstance(v, str) for v in specials.values()):
+        raise UserError(f"{where}: 'special_tokens_map' must map names (bos_token, ...) to token texts; {fix}")
+    if "chat" in record:
+        try:
+            JinjaChatTemplate.from_meta(record["chat"], where)
+        except ChatError as exc:
+            raise UserError(f"{exc}; {fix}") from None
+
+
+def record_ids(record: dict[str, Any]) -> list[int]:
+    """The ids a checked record's chat template names (none without one)."""
+    chat = record.get("chat")
+    return [] if chat is None else [*chat["special_tokens"].values(), *chat["reply_stops"], chat["end_of_turn"]]
+
+
+class HFTokenizer:
+    """A tokenizer.json with the interface of gptkit.data.tokenizer's tokenizers (encode, encode_array, decode,
+    decode_bytes, vocab_size, eot_token, chat, to_meta), built from its record (read_hf_record or meta.json's
+    "tokenizer" object). `eot_token` is the eos token, which separates documents and ends a completion."""
+
+    kind = KIND
+
+    def __init__(self, record: dict[str, Any], where: str = "tokenizer") -> None:
+        check_record({key: value for key, value in record.items() if key != "chat"}, where)
+        text = record["tokenizer_json"]
+        if bpe.sha256_text(text) != record["tokenizer_json_sha256"]:
+            raise UserError(f"{where}: tokenizer.json's text does not match its sha256: the record was altered")
+        self.name = record["name"]
+        self._with_added = _parse(text, where)
+        self._plain = _parse(text, where)
+        self._plain.encode_special_tokens = True  # a special token's text is ordinary text
+        added = self._with_added.get_added_tokens_decoder()
+        self.added_tokens = {token.content: (token_id, token.special) for token_id, token in added.items()}
+        self.vocab_size: int = max(self._with_added.get_vocab(with_added_tokens=True).values()) + 1
+        self.special_tokens_map = dict(record["special_tokens_map"])
+        self._check_named_tokens(where)
+        eos = self.special_tokens_map.get("eos_token")
+        self.eot_token: int | None = None if eos is None else self._with_added.token_to_id(eos)
+        self._pieces = self._token_bytes(json.loads(text).get("decoder"))
+        self._record = {key: record[key] for key in RECORD_KEYS}
+        self.chat = self._template(record, where)
+
+    def _check_named_tokens(self, where: str) -> None:
+        for name, text in self.special_tokens_map.items():
+            if self._with_added.token_to_id(text) is None:
+                raise UserError(
+                    f"{where}: {CONFIG_FILE} names {name} {text!r}, which {TOKENIZER_FILE} does not hold: the two "
+                    "files come from different tokenizers"
+                )
+
+    def _template(self, record: dict[str, Any], where: str) -> JinjaChatTemplate | None:
+        try:
+            if "chat" in record:
+                return JinjaChatTemplate.from_meta(record["chat"], where)
+            if record.get("template_source") is None:
+                return None
+            stops = [self.eot_token] if self.eot_token is not None else []
+            return JinjaChatTemplate.build(
+                record["template_source"],
+                self.special_tokens_map,
+                self.added_tokens,
+                self,
+                extra_stops=[*stops, *record.get("extra_stops", [])],
+            )
+        except ChatError as exc:
+            raise UserError(f"{where}: {exc}") from None
+
+    def _token_bytes(self, decoder: Any) -> list[bytes | None]:
+        """Each id's bytes, so that decode_bytes of ids one at a time joins to their UTF-8 (a character split across
+        byte tokens included)."""
+        kinds = _decoder_kinds(decoder)
+        to_byte = gpt2_unicode_to_byte()
+        pieces: list[bytes | None] = [None] * self.vocab_size
+        for token, token_id in self._with_added.get_vocab(with_added_tokens=False).items():
+            byte = _BYTE_TOKEN.fullmatch(token) if "ByteFallback" in kinds else None
+            if "ByteLevel" in kinds and all(char in to_byte for char in token):
+                pieces[token_id] = bytes(to_byte[char] for char in token)
+            elif byte is not None:
+                pieces[token_id] = bytes([int(byte.group(1), 16)])
+            elif kinds & {"Metaspace", "Replace"}:
+                pieces[token_id] = token.replace(SENTENCEPIECE_SPACE, " ").encode()
+            else:
+                pieces[token_id] = self._with_added.decode([token_id], skip_special_tokens=False).encode()
+        for text, (token_id, _) in self.added_tokens.items():
+            pieces[token_id] = text.encode()
+        return pieces
+
+    def encode(self, text: str) -> list[int]:
+        """Encode ordinary text: no special tokens added, a special token's text encoded as its characters."""
+        return self._plain.encode(text, add_special_tokens=False).ids
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """As encode, to a numpy array (uint32)."""
+        return np.asarray(self.encode(text), dtype=np.uint32)
+
+    def encode_with_added(self, text: str) -> list[int]:
+        """Encode text in which an added token's text stands for that token (a rendered chat template)."""
+        return self._with_added.encode(text, add_special_tokens=False).ids
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """The ids' bytes, token by token (a SentencePiece word keeps its leading space); an id no token has gives
+        U+FFFD."""
+        pieces, size = self._pieces, self.vocab_size
+        return b"".join((pieces[i] if 0 <= i < size else None) or UNKNOWN_ID_BYTES for i in map(int, ids))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of the ids as transformers decodes them (special tokens shown); bytes that are no valid UTF-8 and ids
+        no token has become U+FFFD."""
+        ids = [int(i) for i in ids]
+        if all(0 <= i < self.vocab_size and self._pieces[i] is not None for i in ids):
+            return self._with_added.decode(ids, skip_special_tokens=False)
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def to_meta(self) -> dict[str, Any]:
+        """The "tokenizer" object of meta.json: tokenizer.json's text, its sha256, the named special tokens and the
+        chat template."""
+        return {**self._record, **({} if self.chat is None else {"chat": self.chat.to_meta()})}
+
+    def without_chat(self) -> HFTokenizer:
+        """The same tokenizer without its chat template, for plain text data (a "chat" entry in meta.json marks chat
+        data)."""
+        plain = copy.copy(self)
+        plain.chat = None
+        return plain
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Worker processes started without fork rebuild it from its record (the compiled template does not pickle).
+        return (HFTokenizer, (self.to_meta(),))
+
+
+def _parse(text: str, where: str) -> tokenizers.Tokenizer:
+    try:
+        return tokenizers.Tokenizer.from_str(text)
+    except Exception as exc:  # the Rust parser raises plain Exception with serde's message
+        raise UserError(f"{where}: {TOKENIZER_FILE} is not a Hugging Face tokenizer ({exc})") from None
+
+
+def _decoder_kinds(decoder: Any) -> set[str]:
+    # The decoder's type and, for a Sequence, its parts' types.
+    if not isinstance(decoder, dict):
+        return set()
+    kinds = {decoder.get("type")}
+    for part in decoder.get("decoders") or []:
+        kinds |= _decoder_kinds(part)
+    return {kind for kind in kinds if isinstance(kind, str)}

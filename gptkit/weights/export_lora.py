@@ -1,0 +1,48 @@
+"""A LoRA run for other tools (export.py --format=merged|peft): the base with its adapters folded in as an ordinary
+checkpoint, or the adapters as Hugging Face PEFT reads them beside their base."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gptkit.core.errors import UserError
+from gptkit.data.tokenizer import tokenizer_from_meta
+from gptkit.model import config_to_dict
+from gptkit.weights.build import load_base, model_of_checkpoint
+from gptkit.weights.checkpoint import save_checkpoint
+from gptkit.weights.export_hf import export_hf
+from gptkit.weights.hf import GPT2_HUB_NAMES
+from gptkit.weights.lora import LoraConfig, write_peft_adapter
+
+
+def merge_to(checkpoint: dict[str, Any], where: str, directory: Path) -> None:
+    """Write the merged model of a LoRA run's checkpoint as DIR/ckpt.pt: sample.py, serve.py, eval.py and train.py
+    read it like any other."""
+    model = model_of_checkpoint(checkpoint, where)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {"model": model.state_dict(), "model_args": config_to_dict(model.config)}
+    save_checkpoint(directory / "ckpt.pt", {**state, "tokenizer": checkpoint.get("tokenizer")})
+
+
+def peft_to(checkpoint: dict[str, Any], where: str, directory: Path, final: Path | None = None) -> None:
+    """Write a LoRA run's adapters for PEFT into `directory`, with the base beside them (DIR/base, as export.py
+    --format=hf writes it: weights and tokenizer) unless the base is a GPT-2 hub model the run added no token rows
+    to. Added rows (a chat template's markers) are in DIR/base at their starting values, and their trained values
+    in the adapter. `final`: where `directory` will be moved (the adapter names its base there)."""
+    record = checkpoint["lora"]
+    vocab_size = checkpoint["model_args"]["vocab_size"]
+    base = record["base"]["source"]
+    grown = record.get("first_new_row") is not None and record["first_new_row"] < vocab_size
+    if (grown or base not in GPT2_HUB_NAMES) and not checkpoint.get("tokenizer"):
+        raise UserError(f"{where} records no tokenizer, which the base's Hugging Face directory needs")
+    directory.mkdir(parents=True, exist_ok=True)
+    if grown or base not in GPT2_HUB_NAMES:
+        # Any base export.py takes (no biases: zero ones; an untied head), with the tokenizer the run trained on.
+        model = load_base(record["base"], where)
+        if vocab_size > model.config.vocab_size:
+            model.grow_vocabulary(vocab_size)  # the rows the run added, as it started them
+        export_hf(model, tokenizer_from_meta(checkpoint["tokenizer"]), directory / "base")
+        base = str((final or directory) / "base")
+    config = LoraConfig.from_dict(record["config"], where)
+    write_peft_adapter(directory, checkpoint["model"], config, base, record.get("first_new_row") if grown else None)

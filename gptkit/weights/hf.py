@@ -1,0 +1,473 @@
+"""Hugging Face checkpoints: read a directory (local, or a hub name) of GPT-2 or the Llama family as our GPT, and
+write a GPT back as the transformers class that holds it exactly.
+
+A directory holds config.json and model.safetensors, or shards named by model.safetensors.index.json (GPT-2 also
+an older pytorch_model.bin). config.json's `architectures` picks the family (ARCHITECTURES). The tensors are
+renamed, and fused where our model computes in one product: q, k, v into attn.c_attn; gate and up into mlp.c_fc.
+GPT-2 stores its four projections as Conv1D weights (in, out), the transpose of nn.Linear's, and `attn.bias` /
+`attn.masked_bias` are old causal-mask buffers. nanochat turns its rotary pairs the other way round; negating the
+second half of each query and key head turns ours into its (the product q.k is the same). A missing lm_head.weight
+means the head is tied to the token embedding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save as safetensors_bytes
+
+from gptkit.core.download import fetch
+from gptkit.core.errors import UserError
+from gptkit.core.fileio import atomic_write_bytes, atomic_write_json
+from gptkit.model import GPT, GPTConfig
+from gptkit.weights.export_common import gpt2_problem, gpt2_tensors
+
+GPT2_HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "NanoChatForCausalLM")
+MODEL_TYPES = {
+    "GPT2LMHeadModel": "gpt2",
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "NanoChatForCausalLM": "nanochat",
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+STORED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what a file's weights may be stored as
+HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]  # what a hub download fetches (not *.bin, *.pt)
+CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+_GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+
+# Our module in each block -> the Llama family's modules it fuses, in order (nanochat's MLP: fc1, fc2).
+LAYER_PARTS = {
+    "ln_1": ("input_layernorm",),
+    "ln_2": ("post_attention_layernorm",),
+    "attn.c_attn": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "attn.c_proj": ("self_attn.o_proj",),
+    "attn.q_norm": ("self_attn.q_norm",),
+    "attn.k_norm": ("self_attn.k_norm",),
+    "mlp.c_fc": ("mlp.gate_proj", "mlp.up_proj"),
+    "mlp.c_proj": ("mlp.down_proj",),
+}
+NANOCHAT_MLP = {"mlp.c_fc": ("mlp.fc1",), "mlp.c_proj": ("mlp.fc2",)}
+TOP_LEVEL = {"transformer.wte": "model.embed_tokens", "transformer.ln_f": "model.norm", "lm_head": "lm_head"}
+_LAYER_KEY = re.compile(r"transformer\.h\.(\d+)\.(.+)\.(weight|bias)$")
+
+# ------------------------------------------------------------------------------------------------ finding files
+
+
+def is_hub_name(name: str) -> bool:
+    """Whether `name` reads as a hub repository id (owner/name), not a path."""
+    return re.fullmatch(r"[\w.-]+/[\w.-]+", name) is not None and not name.startswith((".", "/"))
+
+
+def locate(name_or_dir: str) -> Path:
+    """The directory for a local path, or for a hub name after downloading it (once) into the cache."""
+    directory = Path(name_or_dir)
+    if directory.is_dir():
+        return directory
+    if name_or_dir in GPT2_HUB_NAMES:
+        return download_gpt2(name_or_dir)
+    if is_hub_name(name_or_dir):
+        return hub_snapshot(name_or_dir)
+    raise UserError(
+        f"{name_or_dir} is neither a directory, a hub name (owner/name) nor one of {', '.join(GPT2_HUB_NAMES)}"
+    )
+
+
+def download_gpt2(name: str) -> Path:
+    """Fetch a GPT-2 checkpoint's config.json and model.safetensors from the Hugging Face Hub (HF_ENDPOINT)
+    into the download cache, once; returns the directory. UserError when offline or unreachable."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
+        raise UserError(f"cannot download {name}: HF_HUB_OFFLINE is set (offline); pass a local GPT-2 directory")
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    for filename in ("config.json", "model.safetensors"):
+        path = fetch(f"{endpoint}/openai-community/{name}/resolve/main/{filename}", name=f"hf/{name}/{filename}")
+    return path.parent
+
+
+def hub_snapshot(name: str) -> Path:
+    """A hub repository's config, weights and tokenizer files through huggingface_hub's cache (HF_HUB_OFFLINE=1:
+    the cache only). UserError when it is neither cached nor reachable."""
+    try:
+        return Path(snapshot_download(name, allow_patterns=HUB_FILES))
+    except LocalEntryNotFoundError:
+        raise UserError(
+            f"{name}: no such directory, and no hub repository of that name in the cache (offline?)"
+        ) from None
+    except (HFValidationError, OSError, ValueError) as exc:  # unknown repository, gated, network errors
+        raise UserError(
+            f"{name}: no such directory, and the hub cannot give it: {str(exc).splitlines()[0][:200]}"
+        ) from None
+
+
+# ------------------------------------------------------------------------------------------------ config.json
+
+
+def read_hf_config(directory: Path) -> dict[str, Any]:
+    """config.json as a dict; UserError when it is missing or not JSON."""
+    try:
+        hf = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{directory} has no config.json; is it a Hugging Face model directory?") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{directory}/config.json is not JSON ({exc})") from None
+    if not isinstance(hf, dict):
+        raise UserError(f"{directory}/config.json is not a JSON object")
+    return hf
+
+
+def is_gpt2_directory(directory: Path) -> bool:
+    """Whether a Hugging Face directory holds GPT-2 (its config.json names no other architecture)."""
+    return architecture_of(read_hf_config(directory), directory) == "GPT2LMHeadModel"
+
+
+def architecture_of(hf: dict[str, Any], directory: Path) -> str:
+    """The transformers class config.json names (GPT-2 directories without `architectures` are GPT-2)."""
+    names = hf.get("architectures") or (["GPT2LMHeadModel"] if hf.get("model_type", "gpt2") == "gpt2" else [])
+    architecture = names[0] if isinstance(names, list) and names else hf.get("model_type", "unknown")
+    if architecture not in ARCHITECTURES:
+        raise UserError(
+            f"{directory}: architecture {architecture} is not supported; supported: {', '.join(ARCHITECTURES)}"
+        )
+    return architecture
+
+
+def config_args(hf: dict[str, Any], architecture: str) -> dict[str, Any]:
+    """GPTConfig arguments from config.json; UserError naming what we cannot build."""
+    if architecture == "GPT2LMHeadModel":
+        activation = _GPT2_ACTIVATIONS.get(hf.get("activation_function", "gelu_new"))
+        if activation is None:
+            raise UserError(
+                f"activation_function {hf['activation_function']!r} is not one of {list(_GPT2_ACTIVATIONS)}"
+            )
+        sizes = {"block_size": hf["n_positions"], "n_layer": hf["n_layer"], "n_head": hf["n_head"]}
+        return {
+            **sizes,
+            "vocab_size": hf["vocab_size"],
+            "n_embd": hf["n_embd"],
+            "bias": True,
+            "activation": activation,
+            "norm_eps": hf.get("layer_norm_epsilon", 1e-5),
+            "tie_embeddings": hf.get("tie_word_embeddings", True),
+        }
+    nanochat = architecture == "NanoChatForCausalLM"
+    if hf.get("use_sliding_window"):
+        raise UserError("sliding-window attention (use_sliding_window=true) is not supported")
+    expected_act = "relu2" if nanochat else "silu"
+    if hf.get("hidden_act", expected_act) != expected_act:
+        raise UserError(f"hidden_act {hf['hidden_act']!r}: {architecture} is read with {expected_act} only")
+    attention_bias = bool(hf.get("attention_bias", False))  # on q, k, v and o
+    mlp_bias = bool(hf.get("mlp_bias", False))
+    if attention_bias != mlp_bias:
+        raise UserError("attention_bias and mlp_bias differ; our model has one bias setting for both")
+    qwen2 = architecture == "Qwen2ForCausalLM"  # q, k, v biases, none elsewhere
+    return {
+        "vocab_size": hf["vocab_size"],
+        "block_size": hf["max_position_embeddings"],
+        "n_layer": hf["num_hidden_layers"],
+        "n_head": hf["num_attention_heads"],
+        "n_kv_head": hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        "n_embd": hf["hidden_size"],
+        "head_dim": hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
+        "mlp_hidden": hf["intermediate_size"],
+        "bias": attention_bias,
+        "qkv_bias": True if qwen2 else None,
+        "pos_encoding": "rope",
+        **rope_args(hf),
+        "activation": expected_act if nanochat else "swiglu",
+        "norm": "rmsnorm",
+        "norm_weight": not nanochat,
+        "norm_eps": hf.get("rms_norm_eps", 1e-6),
+        "qk_norm": architecture in ("Qwen3ForCausalLM", "NanoChatForCausalLM"),
+        "qk_norm_weight": architecture == "Qwen3ForCausalLM",
+        "embed_norm": nanochat,
+        "logit_softcap": hf.get("final_logit_softcapping", 15.0) if nanochat else None,
+        "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
+    }
+
+
+def rope_args(hf: dict[str, Any]) -> dict[str, Any]:
+    """rope_base and rope_scaling from config.json: transformers 5's rope_parameters, or the older rope_theta and
+    rope_scaling keys."""
+    parameters = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or parameters
+    base = parameters.get("rope_theta", hf.get("rope_theta", 10000.0))
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return {"rope_base": float(base), "rope_scaling": None}
+    if kind == "linear":
+        return {"rope_base": float(base), "rope_scaling": {"rope_type": "linear", "factor": scaling["factor"]}}
+    if kind == "llama3":
+        keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        return {"rope_base": float(base), "rope_scaling": {"rope_type": "llama3", **{k: scaling[k] for k in keys}}}
+    raise UserError(f"rope scaling {kind!r} is not supported (default, linear and llama3 are)")
+
+
+def read_config(directory: Path) -> tuple[str, GPTConfig]:
+    """The architecture config.json names and the GPTConfig that holds it."""
+    hf = read_hf_config(directory)
+    architecture = architecture_of(hf, directory)
+    try:
+        config = GPTConfig(**config_args(hf, architecture))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # missing or odd entries
+        raise UserError(f"{directory}/config.json is not a usable {architecture} config ({exc})") from None
+    return architecture, config
+
+
+# ------------------------------------------------------------------------------------------------ tensors
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The safetensors files holding the weights: model.safetensors, or the shards the index names."""
+    index = directory / "model.safetensors.index.json"
+    if (directory / "model.safetensors").exists():
+        return [directory / "model.safetensors"]
+    if index.exists():
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise UserError(f"{index} is not a safetensors index ({type(exc).__name__}: {exc})") from None
+        missing = [name for name in shards if not (directory / name).exists()]
+        if missing:
+            raise UserError(f"{directory}: shard {missing[0]} named by model.safetensors.index.json is missing")
+        return [directory / name for name in shards]
+    raise UserError(f"{directory} has neither model.safetensors nor model.safetensors.index.json")
+
+
+def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the directory's weight files under its own (Hugging Face) name. UserError for a damaged file
+    or a dtype we cannot hold (quantized and 8-bit float weights)."""
+    if not (directory / "model.safetensors").exists() and (directory / "pytorch_model.bin").exists():
+        return read_torch_bin(directory / "pytorch_model.bin")
+    tensors = {}
+    for path in weight_files(directory):
+        try:
+            with safe_open(path, framework="pt") as handle:
+                for name in handle.keys():  # noqa: SIM118 (a safetensors handle is not iterable)
+                    tensors[name] = handle.get_tensor(name)
+        except (SafetensorError, OSError, RuntimeError) as exc:
+            raise UserError(f"cannot read weights {path}: {str(exc).splitlines()[0][:160]}") from None
+    for name, tensor in tensors.items():
+        if tensor.dtype not in STORED_DTYPES:
+            raise UserError(
+                f"{directory}: {name} is stored as {str(tensor.dtype).removeprefix('torch.')}; we load float32, "
+                "bfloat16 or float16 weights (not quantized ones)"
+            )
+    return tensors
+
+
+def read_torch_bin(path: Path) -> dict[str, torch.Tensor]:
+    """An older GPT-2 pytorch_model.bin, read with weights_only (a pickle that would run code is refused)."""
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated or foreign files, and pickles that would run code, are all refused
+        raise UserError(f"cannot read weights {path}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}") from None
+    if not isinstance(raw, dict) or not all(isinstance(v, torch.Tensor) for v in raw.values()):
+        raise UserError(f"{path} does not hold a state dict of tensors")
+    return raw
+
+
+def flip_rotation(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Negate the second half of each head's rows: turns our rotary direction into nanochat's (its own inverse)."""
+    heads = weight.view(-1, 2, head_dim // 2, *weight.shape[1:]).clone()
+    heads[:, 1] = -heads[:, 1]
+    return heads.view(weight.shape)
+
+
+def layer_parts(architecture: str) -> dict[str, tuple[str, ...]]:
+    return {**LAYER_PARTS, **NANOCHAT_MLP} if architecture == "NanoChatForCausalLM" else LAYER_PARTS
+
+
+def hf_names(key: str, architecture: str) -> list[str]:
+    """The Hugging Face tensors (in fusing order) behind one of our Llama-family state dict keys."""
+    match = _LAYER_KEY.fullmatch(key)
+    if match:
+        layer, module, kind = match.groups()
+        return [f"model.layers.{layer}.{part}.{kind}" for part in layer_parts(architecture)[module]]
+    module, kind = key.rsplit(".", 1)
+    return [f"{TOP_LEVEL[module]}.{kind}"]
+
+
+def gpt2_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """GPT-2's tensors under our names: `transformer.` prefixed, Conv1D weights transposed, mask buffers dropped."""
+    state = {}
+    for key, value in tensors.items():
+        if key.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # old causal-mask buffers, not weights
+        if not key.startswith(("transformer.", "lm_head.")):
+            key = "transformer." + key
+        state[key] = value.t() if key.endswith(CONV1D_WEIGHTS) else value
+    state.setdefault("lm_head.weight", state.get("transformer.wte.weight"))
+    return state
+
+
+def state_from_hf(tensors: dict[str, torch.Tensor], architecture: str, model: GPT, where: Path) -> dict:
+    """Our state dict for `model` from the Hugging Face tensors; UserError for a missing or misshapen tensor."""
+    if architecture == "GPT2LMHeadModel":
+        state = gpt2_state(tensors)
+    else:
+        tensors = dict(tensors)
+        tensors.setdefault("lm_head.weight", tensors.get("model.embed_tokens.weight"))
+        state = {}
+        for key in model.state_dict():
+            names = hf_names(key, architecture)
+            missing = [name for name in names if tensors.get(name) is None]
+            if missing:
+                raise UserError(f"{where}: the weights lack {missing[0]}")
+            parts = [tensors[name] for name in names]
+            if architecture == "NanoChatForCausalLM" and ".attn.c_attn." in key:
+                parts[:2] = [flip_rotation(part, model.config.head_dim) for part in parts[:2]]
+            state[key] = torch.cat(parts) if len(parts) > 1 else parts[0]
+    expected = model.state_dict()
+    for key, value in expected.items():
+        if state.get(key) is None:
+            raise UserError(f"{where}: the weights lack {key}")
+        if state[key].shape != value.shape:
+            raise UserError(f"{where}: {key} has shape {tuple(state[key].shape)}, expected {tuple(value.shape)}")
+    return {key: state[key] for key in expected}
+
+
+# ------------------------------------------------------------------------------------------------ loading
+
+
+def load_hf(name_or_dir: str, dtype: str = "float32", override_args: dict[str, Any] | None = None) -> GPT:
+    """A Hugging Face model (local directory or hub name) of one of ARCHITECTURES as our GPT, in `dtype` (float32
+    or bfloat16). override_args may change what does not change shapes (dropout, block_size downwards)."""
+    if dtype not in DTYPES:
+        raise UserError(f"dtype {dtype!r}: models load as {' or '.join(DTYPES)}")
+    directory = locate(name_or_dir)
+    architecture, config = read_config(directory)
+    if override_args:
+        try:
+            config = GPTConfig(**{**vars(config), **override_args})
+        except (TypeError, ValueError) as exc:
+            raise UserError(f"{directory}: {exc}") from None
+    model = GPT(config)
+    model.load_state_dict(state_from_hf(read_tensors(directory), architecture, model, directory))
+    return model.to(DTYPES[dtype])
+
+
+# ------------------------------------------------------------------------------------------------ writing
+
+
+def export_architecture(config: GPTConfig) -> str:
+    """The transformers class that computes exactly what `config` does; UserError naming what it would need."""
+    gpt2 = gpt2_problem(config, exact_gelu=True)
+    if gpt2 is None:
+        return "GPT2LMHeadModel"
+    if config.pos_encoding != "rope" or config.norm != "rmsnorm" or config.qkv_bias not in (None, True, config.bias):
+        _refuse(gpt2, "pos_encoding=rope and norm=rmsnorm")
+    if (config.activation, config.norm_weight, config.embed_norm) == ("relu2", False, True):
+        if config.qk_norm and not config.qk_norm_weight and config.qkv_bias in (None, config.bias):
+            return "NanoChatForCausalLM"
+        _refuse(gpt2, "nanochat's qk_norm without a weight and one bias setting")
+    if config.activation != "swiglu" or not config.norm_weight or config.embed_norm or config.logit_softcap:
+        _refuse(gpt2, "activation=swiglu, norm_weight, no embed_norm or logit_softcap (or nanochat's shape)")
+    if config.qk_norm != config.qk_norm_weight:
+        _refuse(gpt2, "qk_norm with qk_norm_weight (Qwen3), or neither")
+    if config.qkv_bias and not config.bias:
+        return "Qwen2ForCausalLM" if not config.qk_norm else _refuse(gpt2, "no qkv_bias with qk_norm")
+    return "Qwen3ForCausalLM" if config.qk_norm else "LlamaForCausalLM"
+
+
+def _refuse(gpt2: str, llama: str) -> str:
+    raise UserError(
+        f"no Hugging Face class computes this model exactly: not GPT-2 ({gpt2}); the Llama family needs {llama}"
+    )
+
+
+def hf_config(config: GPTConfig, architecture: str, bos: int | None, eos: int | list[int] | None) -> dict[str, Any]:
+    """config.json for `config` written as `architecture` (float32 weights)."""
+    common = {
+        "architectures": [architecture],
+        "model_type": MODEL_TYPES[architecture],
+        "vocab_size": config.vocab_size,
+        "tie_word_embeddings": config.tie_embeddings,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "dtype": "float32",
+    }
+    if architecture == "GPT2LMHeadModel":
+        return {
+            **common,
+            "n_positions": config.block_size,
+            "n_ctx": config.block_size,
+            "n_embd": config.n_embd,
+            "n_layer": config.n_layer,
+            "n_head": config.n_head,
+            "layer_norm_epsilon": config.norm_eps,
+            "activation_function": "gelu_new" if config.activation == "gelu_tanh" else "gelu",
+            **{name: config.dropout for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop")},
+            "initializer_range": 0.02,
+        }
+    rope = {"rope_type": "default", "rope_theta": config.rope_base, **(config.rope_scaling or {})}
+    family = {
+        "hidden_size": config.n_embd,
+        "intermediate_size": config.mlp_hidden,
+        "num_hidden_layers": config.n_layer,
+        "num_attention_heads": config.n_head,
+        "num_key_value_heads": config.n_kv_head,
+        "head_dim": config.head_dim,
+        "max_position_embeddings": config.block_size,
+        "rms_norm_eps": config.norm_eps,
+        "rope_parameters": rope,
+        "rope_theta": config.rope_base,  # the key transformers 4 reads
+        "hidden_act": "relu2" if architecture == "NanoChatForCausalLM" else "silu",
+        "attention_dropout": config.dropout,
+    }
+    if architecture != "Qwen2ForCausalLM":
+        family["attention_bias"] = config.bias
+    if architecture == "LlamaForCausalLM":
+        family["mlp_bias"] = config.bias
+    if architecture == "NanoChatForCausalLM":
+        family["final_logit_softcapping"] = config.logit_softcap
+    return {**common, **family}
+
+
+def state_to_hf(config: GPTConfig, state: dict[str, torch.Tensor], architecture: str) -> dict[str, torch.Tensor]:
+    """A state dict of `config`'s model as float32 tensors under the Hugging Face names of `architecture` (a tied
+    head left out)."""
+    tensors = {}
+    for key, value in state.items():
+        value = value.detach().float().cpu()
+        if key == "lm_head.weight" and config.tie_embeddings:
+            continue  # tied to the embedding (safetensors stores no shared tensors)
+        if architecture == "GPT2LMHeadModel":
+            tensors[key] = value.t() if key.endswith(CONV1D_WEIGHTS) else value
+            continue
+        names = hf_names(key, architecture)
+        if ".attn.c_attn." in key:
+            widths = [config.n_head * config.head_dim] + [config.n_kv_head * config.head_dim] * 2
+        else:
+            widths = [value.shape[0] // len(names)] * len(names)
+        parts = list(value.split(widths))
+        if architecture == "NanoChatForCausalLM" and ".attn.c_attn." in key:
+            parts[:2] = [flip_rotation(part, config.head_dim) for part in parts[:2]]
+        tensors.update(zip(names, parts))
+    return {name: tensor.contiguous() for name, tensor in tensors.items()}
+
+
+def write_hf(
+    model: GPT, directory: str | os.PathLike, bos: int | None = None, eos: int | list[int] | None = None
+) -> str:
+    """Write config.json and model.safetensors that transformers' class for the model loads with our logits;
+    returns that class's name. UserError when no class computes the model exactly."""
+    architecture = export_architecture(model.config)
+    if architecture == "GPT2LMHeadModel":  # biases of zero, a sinusoidal table as learned positions
+        config, state = gpt2_tensors(model, exact_gelu=True)
+    else:
+        config, state = model.config, model.state_dict()
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = state_to_hf(config, state, architecture)
+    atomic_write_bytes(directory / "model.safetensors", safetensors_bytes(tensors, metadata={"format": "pt"}))
+    atomic_write_json(directory / "config.json", hf_config(config, architecture, bos, eos))
+    return architecture

@@ -1,0 +1,115 @@
+"""Hugging Face tokenizer directories made here, as the families ship them: a byte-level BPE (Qwen, SmolLM2,
+Llama 3) and a SentencePiece-style BPE with byte fallback (Llama 2, TinyLlama), trained with the `tokenizers`
+trainer and saved with transformers' save_pretrained (tokenizer.json, tokenizer_config.json, chat_template.jinja),
+with the chat templates these models use."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+# A Qwen2.5-style ChatML template (its branch without tools): a default system message when none is given.
+CHATML = """{%- if messages[0]['role'] == 'system' %}
+    {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+{%- else %}
+    {{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if not (message.role == 'system' and loop.first) %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+# Meta-Llama-3-8B-Instruct's template: the bos token, headers, trimmed contents, <|eot_id|> ending each turn.
+LLAMA3 = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+    "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+# TinyLlama-1.1B-Chat's (Zephyr) template: role markers as plain text, each turn ended by the eos token.
+ZEPHYR = (
+    "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + message['content'] + "
+    "eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + message['content'] + eos_token }}\n"
+    "{% elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + eos_token }}\n{% endif %}"
+    "\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}"
+)
+CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. Hello, world! Ça va très bien, merci. Größe und Übermaß.",
+    "Привет, как дела? Всё хорошо. 你好，世界！今天天气很好。こんにちは世界。안녕하세요. مرحبا بالعالم",
+    "def add(a, b):\n    return a + b\n\nfor i in range(10):\n    print(f'{i:>3}', add(i, 2))  # comment\n",
+    "Emoji 🙂🚀🎉 and flags 🇫🇷 with family 👨‍👩‍👧 ... tabs\tand  double  spaces.",
+]
+# Text the tests encode: scripts, code, emoji (some never seen in training), whitespace runs.
+TEXTS = [
+    "Hello, world! The fox.",
+    "Ça va? Größe 你好，世界 Привет мир こんにちは 안녕 مرحبا",
+    "def f(x):\n    return {'a': [x ** 2, \"s\"]}  # ok\n\tpass\n",
+    "🙂🚀 🦀🧪 👨‍👩‍👧 🇯🇵 end",
+    "  leading spaces, trailing  \n\n\nnewlines ",
+    "unseen: ∮ E⋅da = Q,  n → ∞, ∑ f(i) = ∏ g(i); ℝ ⊂ ℂ; ᚠᛇᚻ; 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+]
+
+
+def _save(tokenizer: Tokenizer, directory: Path, template: str | None, **special: str | None) -> Path:
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **special)
+    if template is not None:
+        fast.chat_template = template
+    fast.save_pretrained(str(directory))
+    return directory
+
+
+def write_byte_level(
+    directory: Path, template: str | None = CHATML, specials: list[str] | None = None, **special: str | None
+) -> Path:
+    """A byte-level BPE (GPT-2's byte alphabet, as Qwen, SmolLM2 and Llama 3 have) with `specials` as special
+    tokens; `special` names bos_token, eos_token, ... (default: ChatML's)."""
+    specials = CHATML_SPECIALS if specials is None else specials
+    special = special or {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=700,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(CORPUS * 20, trainer)
+    return _save(tokenizer, directory, template, **special)
+
+
+def write_sentencepiece(directory: Path, template: str | None = ZEPHYR) -> Path:
+    """A SentencePiece-style BPE as Llama 2 and TinyLlama ship it in tokenizer.json: <unk> <s> </s>, the 256 byte
+    tokens <0x00>..<0xFF> (byte fallback for characters it has no token for), "▁" for spaces."""
+    trained = Tokenizer(models.BPE(unk_token="<unk>"))
+    trained.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    trained.train_from_iterator([CORPUS[0], CORPUS[2]] * 20, trainer)  # Latin text and code: other scripts fall back
+    model = json.loads(trained.to_str())["model"]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    for token in sorted(model["vocab"], key=model["vocab"].get):
+        vocab.setdefault(token, len(vocab))
+    merges = [tuple(merge) if isinstance(merge, list) else tuple(merge.split(" ")) for merge in model["merges"]]
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    tokenizer.add_special_tokens(["<unk>", "<s>", "</s>"])
+    return _save(tokenizer, directory, template, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def write_llama3(directory: Path) -> Path:
+    """A byte-level BPE with Llama 3's special tokens and chat template."""
+    return write_byte_level(directory, LLAMA3, LLAMA3_SPECIALS, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>")

@@ -1,0 +1,93 @@
+"""A small Llama-shaped Hugging Face model end to end: its own tokenizer and chat template prepare chat data, a LoRA
+run fine-tunes it, sample.py --chat answers, and the merged run exports back to LlamaForCausalLM, which transformers
+loads with our logits and tokenizer ids."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gptkit.weights.loading import load_model_and_tokenizer
+from helpers import cli_args, run_main, run_script
+from hf_tokenizer_dirs import write_byte_level
+from prepare_data import chat as chat_script
+
+transformers = pytest.importorskip("transformers")
+
+CONVERSATIONS = [
+    [
+        {"role": "system", "content": "You answer briefly."},
+        {"role": "user", "content": f"What is {i} plus {i}?"},
+        {"role": "assistant", "content": f"It is {2 * i}."},
+    ]
+    for i in range(30)
+]
+
+
+@pytest.fixture(scope="module")
+def llama_base(tmp_path_factory) -> Path:
+    """A random LlamaForCausalLM (2 layers, 64 wide, 2 KV heads) beside a byte-level tokenizer with ChatML."""
+    directory = write_byte_level(tmp_path_factory.mktemp("llama") / "base")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=704,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(directory)
+    return directory
+
+
+def test_chat_lora_run_on_a_llama_base_answers_and_exports_back(llama_base: Path, tmp_path: Path, capsys) -> None:
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"messages": m}) + "\n" for m in CONVERSATIONS), encoding="utf-8")
+    data, out = tmp_path / "data", tmp_path / "out"
+    code, _, err = run_main(
+        chat_script.main, [f"--input={chats}", f"--out_dir={data}", f"--tokenizer={llama_base}"], capsys
+    )
+    assert code == 0, err
+    train = cli_args(
+        init_from=llama_base,
+        data_dir=data,
+        out_dir=out,
+        device="cpu",
+        compile=False,
+        block_size=64,
+        batch_size=2,
+        gradient_accumulation_steps=1,
+        max_iters=4,
+        eval_interval=4,
+        eval_iters=1,
+        learning_rate=1e-3,
+        lora_rank=4,
+        lora_alpha=8.0,
+        lora_targets="all",
+    )
+    trained = run_script("train.py", *train)
+    assert trained.returncode == 0, trained.stderr
+
+    chat = run_script(
+        "sample.py", f"--out_dir={out}", "--chat", "--max_new_tokens=8", "--temperature=0", input="What is 3 plus 3?\n"
+    )
+    assert chat.returncode == 0, chat.stderr
+
+    merged, exported = tmp_path / "merged", tmp_path / "hf"
+    for fmt, source, target in (("merged", out, merged), ("hf", merged, exported)):
+        done = run_script("export.py", f"--out_dir={source}", f"--format={fmt}", f"--export_dir={target}")
+        assert done.returncode == 0, done.stderr
+    ours, tokenizer = load_model_and_tokenizer("resume", str(merged))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(exported).eval()
+    assert type(hf).__name__ == "LlamaForCausalLM"
+    auto = transformers.AutoTokenizer.from_pretrained(exported)
+    ids = auto.apply_chat_template(CONVERSATIONS[3], tokenize=True, return_dict=False)
+    assert ids == tokenizer.chat.render(CONVERSATIONS[3], tokenizer)[0].tolist()
+    idx = torch.tensor([ids[:64]])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(idx).logits, ours(idx, targets=torch.zeros_like(idx))[0], rtol=0, atol=1e-4)
