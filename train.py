@@ -706,8 +706,16 @@ def main(argv: list[str]) -> int:
     finished = False
     try:
         with contextlib.ExitStack() as held, StopRequest(force_on_repeat=not procs.distributed) as stop:
-            run, state = set_up(cfg, procs, device, held)
-            code = evaluate_only(run, state) if cfg.eval_only else train(run, state, stop)
+            try:
+                run, state = set_up(cfg, procs, device, held)
+                code = evaluate_only(run, state) if cfg.eval_only else train(run, state, stop)
+            except Exception as exc:
+                if not stop.signum or isinstance(exc, UserError):
+                    raise
+                # A stop asked for is a clean stop, whatever it cut short: a terminal's Ctrl-C also reaches the
+                # compilers torch.compile runs, whose failure surfaces here as an error of the compilation.
+                print(runlog.cut_short_line(stop.signal_name, type(exc).__name__), flush=True)
+                code = signals.exit_code(stop.signum)
         finished = True
         return code
     finally:

@@ -28,6 +28,7 @@ def is_png(path: Path) -> bool:
     return data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
+@pytest.mark.heavy  # draws two figures with matplotlib
 def test_runs_are_plain_arguments_and_flags_take_either_form(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     a, b = write_log(tmp_path / "a"), write_log(tmp_path / "b", steps=8)
     code, out, _ = run_main(plot.main, [str(a)], capsys)

@@ -6,9 +6,11 @@ The multi-process runs (DDP, FSDP) are in test_train_ddp.py.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
+import os
 import re
 import shutil
 import signal
@@ -17,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -375,6 +378,44 @@ def test_a_signal_during_a_long_evaluation_stops_at_once_with_its_exit_code(
     assert not (out_dir / "ckpt.pt").exists()  # nothing trained, nothing saved: the same command starts again
     again = run_script("train.py", *tiny_train_args(data_dir, out_dir))
     assert again.returncode == 0, again.stderr
+
+
+def compiling_under(process: subprocess.Popen, cache_dir: Path) -> bool:
+    """Whether a compiler started by the run is compiling one of torch.compile's kernels (a .cpp in its cache)."""
+    for child in psutil.Process(process.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if any(arg.startswith(str(cache_dir)) and arg.endswith(".cpp") for arg in child.cmdline()):
+                return True
+    return False
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on the CPU needs a C++ compiler")
+def test_ctrl_c_while_compiling_is_a_clean_stop(data_dir: Path, tmp_path: Path) -> None:
+    """A terminal's Ctrl-C goes to the whole process group: the compilers die of it too, mid-compilation."""
+    cache_dir = tmp_path / "inductor"  # empty: every kernel is compiled afresh
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *tiny_train_args(data_dir, tmp_path / "out", compile=True)],
+        cwd=REPO,
+        env={**UNBUFFERED, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a process group of its own, as a terminal's foreground job has
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not compiling_under(process, cache_dir):
+            assert process.poll() is None and time.monotonic() < deadline, "no kernel was compiled"
+            time.sleep(0.02)
+        os.killpg(process.pid, signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    assert process.returncode == 130, stderr[-3000:]
+    assert stderr == ""  # no traceback, no compiler output
+    assert stdout.splitlines()[-1].startswith("stopped by SIGINT")
 
 
 def test_a_long_run_says_how_long_before_its_first_evaluation_and_step(data_dir: Path, tmp_path: Path) -> None:

@@ -153,5 +153,14 @@ def stopped_line(signal_name: str | None, steps: int, saved: str | None) -> str:
     return f"stopped by {who} after {steps} steps{saved}; continue with --init_from=resume"
 
 
+def cut_short_line(signal_name: str | None, failure: str) -> str:
+    """A run stopped by a signal whose work in progress failed because of it (e.g. a compiler process killed by
+    the same Ctrl-C)."""
+    return (
+        f"stopped by {signal_name}: the work it interrupted ended in {failure}; nothing saved since the last "
+        "checkpoint, continue with --init_from=auto"
+    )
+
+
 def done_line(steps: int, best_val_loss: float, out_dir: Path) -> str:
     return f"done: {steps} iters, best val loss {best_val_loss:.4f}, checkpoints in {out_dir}"
