@@ -21,6 +21,7 @@ import torch
 from gptkit.core.errors import UserError
 from gptkit.data import bpe
 from gptkit.data.chat import END_OF_TURN, ROLE_MARKERS
+from gptkit.data.hf_tokenizer import HFTokenizer
 from gptkit.data.tokenizer import Tokenizer, gpt2_unicode_to_byte
 from gptkit.model import GPT, GPTConfig, scaled_frequencies
 from gptkit.weights.export_common import Vocabulary, gpt2_tensors, vocabulary_chat_template, vocabulary_of
@@ -181,6 +182,11 @@ def export_gguf(model: GPT, tokenizer: Tokenizer, directory: Path, outtype: str,
         raise UserError(f"--outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
     config = model.config
     architecture, tensors = gguf_tensors(model)
+    if isinstance(getattr(tokenizer, "base", tokenizer), HFTokenizer):
+        raise UserError(
+            "cannot export a Hugging Face tokenizer (tokenizer.json) to GGUF: export.py writes only GPT-2's BPE, "
+            "BPEs trained here and character tables; use --format=hf, whose directory llama.cpp's converter reads"
+        )
     vocabulary = gguf_vocabulary(vocabulary_of(tokenizer))
     if vocabulary.size > config.vocab_size:
         raise UserError(f"the tokenizer has {vocabulary.size} tokens but the model only {config.vocab_size} rows")
