@@ -3,7 +3,7 @@
 Reads top to bottom: the configuration, the pieces (positions, attention, MLP, block), then the model with its
 forward pass and FLOP accounting. It imports torch and the standard library only: generation (KV cache, sampling,
 batching, the decoding backends) lives in gptkit/infer, which drives the model, never the reverse; optimizers in
-gptkit/train/optim.py; checkpoints and GPT-2 weights in gptkit/weights.
+gptkit/train/optim.py; checkpoints and Hugging Face weights in gptkit/weights.
 The default configuration is GPT-2: learned positions, pre-norm blocks, GELU (tanh) MLP, tied LM head. Other
 settings give the Llama family (Llama, SmolLM2, Qwen2/3, nanochat): RMSNorm, rotary positions (with Llama 3's rope
 scaling), a SwiGLU MLP, grouped-query attention, per-head QK-norm, an untied head, a soft-capped logit.

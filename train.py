@@ -3,7 +3,8 @@
     python train.py [config/FILE.py ...] [--key=value ...]
     torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2.py
 
-Reads top to bottom: settings → devices and processes → data → model → optimizer → the loop → checkpoints.
+Reads top to bottom in the order it runs: the settings; the set-up (data, model, optimizer, all in one Run); the
+step; evaluation and checkpoints; the loop; main.
 One process trains on one device; under `torchrun` every process trains a replica (DistributedDataParallel)
 or a shard (FSDP2) and rank 0 alone logs and saves. Checkpoints (out_dir/ckpt.pt, the best in out_dir/best.pt)
 hold everything needed to continue exactly where a run stopped (--init_from=resume), even after kill -9.
@@ -12,12 +13,14 @@ Data placement: step s consumes global micro-batches s*G ... s*G+G-1 (G = gradie
 rank r of N takes the r-th contiguous group of G/N of them (see loader.py). Dropout is seeded per global
 micro-batch. So a run's data and dropout do not depend on how many processes share the work.
 
-Chat data (prepare_data/chat.py) is trained on the same way, from conversations packed into rows
-(gptkit/data/packing.py): only assistant tokens are targets, and a step's loss is their summed loss divided by
-their number over the whole step, all micro-batches and processes, so the gradient is the one big batch's.
+Chat data (prepare_data/chat.py) is trained on the same way, from conversations packed into rows: only assistant
+tokens are targets, and a step's loss is their summed loss divided by their number over the whole step, all
+micro-batches and processes, so the gradient is the one big batch's (gptkit/train/batches.py: what text and chat
+data differ in). LoRA adapters are added at set-up; only their checkpoints' weights entries differ.
 
 The set-up is built once (Run); the numbers the loop changes live in one LoopState that each step of the loop
-takes explicitly. Processes: gptkit/core/distributed.py; what a run prints and logs: gptkit/train/runlog.py.
+takes explicitly. Processes: gptkit/core/distributed.py; what a run prints and logs: gptkit/train/runlog.py; the
+checkpoint's format, written and read: gptkit/weights/checkpoint.py.
 """
 
 from __future__ import annotations
@@ -39,12 +42,12 @@ from gptkit.core.fileio import atomic_write_json
 from gptkit.core.settings import parse_settings, setting, settings_to_dict
 from gptkit.core.signals import StopRequest
 from gptkit.data import loader
-from gptkit.data.conversations import is_chat_data, open_conversations
-from gptkit.data.packing import PackedBatches, PackedEpoch
-from gptkit.data.tokenizer import padded_vocab_size, read_meta
+from gptkit.data.conversations import is_chat_data
+from gptkit.data.meta import read_meta
+from gptkit.data.tokenizer import padded_vocab_size
 from gptkit.eval import hellaswag
 from gptkit.model import GPT, GPTConfig, config_to_dict
-from gptkit.train import curves, ema, forecast, loop, runlog
+from gptkit.train import batches, curves, ema, forecast, loop, runlog
 from gptkit.train.loop import LoopState
 from gptkit.train.optim import configure_optimizers
 from gptkit.train.rundir import INIT_CHOICES_HELP, RunDirLock, remove_earlier_run, resolve_init_from
@@ -229,7 +232,7 @@ def model_config(cfg: TrainSettings, vocab_size: int = GPTConfig.vocab_size) -> 
         raise UserError(str(exc)) from exc
 
 
-# ----------------------------------------------------------------------------- data, model and optimizer
+# ----------------------------------------------------------------------------- set-up: data, model, optimizer
 
 
 def create_model(cfg: TrainSettings, meta: dict) -> tuple[GPT, dict | None, dict | None]:
@@ -263,11 +266,14 @@ def create_model(cfg: TrainSettings, meta: dict) -> tuple[GPT, dict | None, dict
     base_rows = model.config.vocab_size
     if meta["vocab_size"] > base_rows:
         model.grow_vocabulary(data_vocab_size(cfg, meta))  # the chat template's special tokens
-    if not cfg.lora_rank:
-        return model, checkpoint, None
-    record = lora_record(cfg.lora_config(), cfg.lora_base_weights, base_reference(cfg.init_from), base_rows)
-    add_lora(model, cfg.lora_config(), cfg.lora_base_weights, first_new_row=base_rows)  # new rows train too
-    return model, checkpoint, record
+    return model, checkpoint, add_adapters(cfg, model, base_rows) if cfg.lora_rank else None
+
+
+def add_adapters(cfg: TrainSettings, model: GPT, base_rows: int) -> dict:
+    """LoRA: freeze the model and add the adapters (the token rows from `base_rows` on, a chat template's, train
+    too); returns the record that a LoRA checkpoint keeps to find its base again."""
+    add_lora(model, cfg.lora_config(), cfg.lora_base_weights, first_new_row=base_rows)
+    return lora_record(cfg.lora_config(), cfg.lora_base_weights, base_reference(cfg.init_from), base_rows)
 
 
 def data_vocab_size(cfg: TrainSettings, meta: dict) -> int:
@@ -287,7 +293,7 @@ def build_optimizer(cfg: TrainSettings, model: GPT, device: torch.device) -> tor
     return configure_optimizers(model, cfg.weight_decay, cfg.learning_rate, betas, device.type)
 
 
-# ----------------------------------------------------------------------------- the run's set-up
+# ----------------------------------------------------------------------------- set-up: the run
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -298,22 +304,21 @@ class Run:
     procs: Processes
     device: torch.device
     meta: dict
-    chat: bool  # conversations: packed rows, the loss on assistant tokens only
     streams: dict[str, Any]  # per split: a loader.TokenStream, or a ConversationSplit for chat data
     model: GPT  # the unwrapped model: saved, counted
     lora: dict | None  # a LoRA run's checkpoint record (settings, base); its checkpoints hold the adapters only
     wrapped: torch.nn.Module  # the one to call (DDP, FSDP, torch.compile)
     precision: Any  # the autocast context of forward passes (a no-op in float32)
     optimizer: torch.optim.Optimizer
+    schedule: loop.Schedule
     average: ema.WeightAverage  # ema_decay's average of the weights (a no-op when off)
     scaler: torch.amp.GradScaler
-    sampler: loader.BatchSampler | PackedBatches  # training batches; its position is saved in checkpoints
-    batches: loader.BatchPrefetcher  # the sampler's batches, the next one read while a step computes
+    sampler: batches.Sampler  # training batches (text windows or packed conversations); saved in checkpoints
+    prefetcher: loader.BatchPrefetcher  # the sampler's batches, the next one read while a step computes
     eval_sets: dict[str, loader.FixedBatches]  # the same evaluation batches every time
     tasks: hellaswag.TrainingTasks  # eval_tasks, scored at evaluations
     log: RunLog
     peak_flops: float | None
-    schedule: loop.Schedule
 
     @property
     def accumulation(self) -> int:
@@ -331,10 +336,6 @@ class Run:
     def latest_path(self) -> Path:
         return Path(self.cfg.out_dir) / ckpt.LATEST_NAME
 
-    @property
-    def best_path(self) -> Path:
-        return Path(self.cfg.out_dir) / ckpt.BEST_NAME
-
 
 def set_up(
     cfg: TrainSettings, procs: Processes, device: torch.device, held: contextlib.ExitStack
@@ -344,105 +345,160 @@ def set_up(
     dtype = resolve_dtype(cfg.dtype, device)
     data_dir = loader.data_dir_for(cfg.dataset, cfg.data_dir)
     meta = read_meta(data_dir)
-    chat = is_chat_data(meta)
-    open_data = open_conversations if chat else loader.open_split
-    streams = {split: open_data(data_dir, split, meta) for split in ("train", "val")}  # memory-mapped
-
+    streams = batches.open_splits(data_dir, meta)
     torch.manual_seed(cfg.seed)  # the same initialisation in every process: FSDP shards are cut from it
     model, checkpoint, lora = create_model(cfg, meta)
-    block_size = model.config.block_size
-    for stream in streams.values() if not chat else ():  # packed rows are padded: any conversation fits
-        loader.check_stream_fits(stream, block_size, str(data_dir))
+    batches.check_splits_fit(streams, model.config.block_size, data_dir)
     tune_for_training(device, cfg.cpu_threads)  # after initialising: a seed gives the weights it always gave
     wrapped = distributed.parallelize(model, procs, device, cfg.parallel, cfg.compile)
-
     optimizer = build_optimizer(cfg, model, device)
     average = ema.for_training(model, cfg.ema_decay, cfg.ema_start, checkpoint)
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
-    sampler = make_sampler(streams["train"], cfg.batch_size, block_size, cfg.seed, loader.PURPOSE_TRAIN)
+    sampler = batches.make_sampler(
+        streams["train"], cfg.batch_size, model.config.block_size, cfg.seed, loader.PURPOSE_TRAIN
+    )
     iter_num, best_val_loss = 0, math.inf
     if checkpoint is not None:
         source = str(Path(cfg.out_dir) / ckpt.LATEST_NAME)
         iter_num, best_val_loss = ckpt.restore_training_state(checkpoint, source, model, optimizer, scaler, sampler)
         del checkpoint  # free the CPU copy of the weights
-    batches = loader.BatchPrefetcher(sampler, device)
-    held.callback(batches.close)
-    eval_sets = {
-        split: loader.FixedBatches(
-            make_sampler(streams[split], cfg.batch_size, block_size, cfg.seed, purpose), cfg.eval_iters
-        )
-        for split, purpose in (("train", loader.PURPOSE_EVAL_TRAIN), ("val", loader.PURPOSE_EVAL_VAL))
-    }
-    tasks = hellaswag.TrainingTasks(
-        cfg.eval_tasks,
-        cfg.eval_tasks_interval,
-        cfg.eval_tasks_limit,
-        cfg.hellaswag_path,
-        meta["tokenizer"],
-        cfg.batch_size,
-        procs,
-    )
-
-    wandb = None
-    if cfg.wandb_log:
-        wandb = {"project": cfg.wandb_project, "name": cfg.wandb_run_name, "config": settings_to_dict(cfg)}
-    replaced = []
-    if procs.master and not cfg.eval_only:
-        held.enter_context(RunDirLock(cfg.out_dir))  # before the first write; nothing is created if a check fails
-        if cfg.init_from != "resume":
-            replaced = remove_earlier_run(cfg.out_dir)  # resolve_init_from allowed it (overwrite, or no checkpoint)
-    log = RunLog(procs.master, None if cfg.eval_only else Path(cfg.out_dir), wandb)  # eval_only writes nothing
-    if procs.master and not cfg.eval_only:
-        ckpt.remove_stale_temporaries(Path(cfg.out_dir))  # a run killed while saving leaves its temporary file behind
-    peak = cfg.peak_flops or peak_flops_for_device(device, dtype)
+    prefetcher = loader.BatchPrefetcher(sampler, device)
+    held.callback(prefetcher.close)
+    log, replaced = open_log(cfg, procs, held)
     run = Run(
         cfg=cfg,
         procs=procs,
         device=device,
         meta=meta,
-        chat=chat,
         streams=streams,
         model=model,
         lora=lora,
         wrapped=wrapped,
         precision=autocast(device, dtype),
         optimizer=optimizer,
+        schedule=cfg.schedule(),
         average=average,
         scaler=scaler,
         sampler=sampler,
-        batches=batches,
-        eval_sets=eval_sets,
-        tasks=tasks,
+        prefetcher=prefetcher,
+        eval_sets=evaluation_sets(cfg, streams, model.config.block_size),
+        tasks=hellaswag.TrainingTasks(
+            cfg.eval_tasks,
+            cfg.eval_tasks_interval,
+            cfg.eval_tasks_limit,
+            cfg.hellaswag_path,
+            meta["tokenizer"],
+            cfg.batch_size,
+            procs,
+        ),
         log=log,
-        peak_flops=peak,
-        schedule=cfg.schedule(),
+        peak_flops=cfg.peak_flops or peak_flops_for_device(device, dtype),
     )
-    log.tokens_per_iter = run.tokens_per_iter
-    dtype_name = str(dtype).removeprefix("torch.")
-    log.say(
-        runlog.header_line(
-            model.get_num_params(), str(device), dtype_name, procs.world_size, run.tokens_per_iter, str(data_dir)
+    say_start(run, str(data_dir), str(dtype).removeprefix("torch."), replaced, iter_num, best_val_loss)
+    return run, LoopState.begin(iter_num, best_val_loss, device)
+
+
+def evaluation_sets(cfg: TrainSettings, streams: dict[str, Any], block_size: int) -> dict[str, loader.FixedBatches]:
+    """The fixed evaluation batches of each split: the same eval_iters batches at every evaluation."""
+    purposes = {"train": loader.PURPOSE_EVAL_TRAIN, "val": loader.PURPOSE_EVAL_VAL}
+    return {
+        split: loader.FixedBatches(
+            batches.make_sampler(streams[split], cfg.batch_size, block_size, cfg.seed, purpose), cfg.eval_iters
         )
-    )
+        for split, purpose in purposes.items()
+    }
+
+
+def open_log(cfg: TrainSettings, procs: Processes, held: contextlib.ExitStack) -> tuple[RunLog, list[str]]:
+    """The run's log, and the names of the files of an earlier run that a fresh start removed. A training run's
+    rank 0 takes out_dir's lock first (`held` keeps it): before the first write, after every check."""
+    replaced = []
+    if procs.master and not cfg.eval_only:
+        held.enter_context(RunDirLock(cfg.out_dir))
+        if cfg.init_from != "resume":
+            replaced = remove_earlier_run(cfg.out_dir)  # resolve_init_from allowed it (overwrite, or no checkpoint)
+        ckpt.remove_stale_temporaries(Path(cfg.out_dir))  # a run killed while saving leaves its temporary file behind
+    wandb = None
+    if cfg.wandb_log:
+        wandb = {"project": cfg.wandb_project, "name": cfg.wandb_run_name, "config": settings_to_dict(cfg)}
+    return RunLog(procs.master, None if cfg.eval_only else Path(cfg.out_dir), wandb), replaced  # eval_only: no file
+
+
+def say_start(run: Run, data_dir: str, dtype: str, replaced: list[str], iter_num: int, best_val_loss: float) -> None:
+    """The lines before the first evaluation: the model and data, and what the run replaced, shortened or resumed."""
+    cfg, log = run.cfg, run.log
+    log.tokens_per_iter = run.tokens_per_iter
+    parameters = run.model.get_num_params()
+    log.say(runlog.header_line(parameters, str(run.device), dtype, run.procs.world_size, run.tokens_per_iter, data_dir))
     if replaced:
         log.say(runlog.replaced_line(Path(cfg.out_dir), replaced))
     if run.schedule.shortened_from is not None:
         log.say(runlog.shortened_warmup_line(run.schedule.shortened_from, cfg.max_iters, run.schedule.warmup_iters))
     if cfg.init_from == "resume" and not cfg.eval_only:
         log.say(runlog.resumed_line(iter_num, run.latest_path, best_val_loss))
-    if lora is not None:
-        trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if run.lora is not None:
+        trained = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
         log.say(f"LoRA rank {cfg.lora_rank} on {cfg.lora_targets}: {trained:,} trained parameters, the base frozen")
-    return run, LoopState.begin(iter_num, best_val_loss, device)
 
 
-def make_sampler(
-    data: Any, batch_size: int, block_size: int, seed: int, purpose: int
-) -> loader.BatchSampler | PackedBatches:
-    """Batches of a split: random windows of a token stream, or packed rows of conversations (chat data)."""
-    if isinstance(data, loader.TokenStream):
-        return loader.BatchSampler(data, batch_size, block_size, seed, purpose)
-    return PackedBatches(data, batch_size, block_size, seed, purpose)
+# ----------------------------------------------------------------------------- the step
+
+
+def train_step(run: Run, state: LoopState) -> tuple[int, float]:
+    """One optimizer step: this process's micro-batches of the global step, gradients synced on the last one.
+    Returns the step's index and learning rate."""
+    cfg, model, wrapped = run.cfg, run.model, run.wrapped
+    lr = loop.learning_rate_at(state.iter_num, run.schedule)
+    loop.set_learning_rate(run.optimizer, lr)
+    micro_batches = cfg.gradient_accumulation_steps  # of the whole step, in all processes
+    step_targets = batches.step_target_count(run.sampler, run.sampler.position, micro_batches)  # chat data
+    first = run.sampler.position + run.procs.rank * run.accumulation
+    for micro in range(run.accumulation):
+        # This process's next batch: the following micro-batch, or the first of its group in the next step.
+        upcoming = first + micro + 1 if micro < run.accumulation - 1 else first + micro_batches
+        x, y = run.prefetcher.get(first + micro, upcoming)
+        # Dropout follows the data: seeded by the global micro-batch, whichever process draws it.
+        torch.manual_seed(loop.seed_for(cfg.seed, loop.DROPOUT_STREAM, first + micro))
+        with distributed.gradient_sync(wrapped, model, sync=micro == run.accumulation - 1):
+            loss, logged = batches.micro_batch_loss(
+                wrapped,
+                x,
+                y,
+                run.precision,
+                step_targets=step_targets,
+                micro_batches=micro_batches,
+                world_size=run.procs.world_size,
+            )
+            run.scaler.scale(loss).backward()
+        state.loss_sum += logged
+    if cfg.grad_clip > 0:
+        run.scaler.unscale_(run.optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    run.scaler.step(run.optimizer)
+    run.scaler.update()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.sampler.position += micro_batches
+    step, state.iter_num = state.iter_num, state.iter_num + 1  # lines name the step by its index, as nanoGPT does
+    run.average.update(state.iter_num)
+    state.first_bad_iter = loop.note_non_finite(state.first_bad_iter, state.loss_sum, step)
+    return step, lr
+
+
+def log_progress(run: Run, state: LoopState, step: int, lr: float) -> None:
+    """The training line of `step`: the loss averaged since the last line, learning rate, speed and MFU."""
+    loop.check_finite(state.first_bad_iter, run.device, run.procs, run.latest_path)
+    cfg = run.cfg
+    steps = state.iter_num - state.last_log_iter
+    loss_total = distributed.reduce_numbers([state.loss_sum.item()], run.device, run.procs)[0]
+    loss_mean = loss_total / (steps * cfg.gradient_accumulation_steps)
+    seconds = state.watch.lap() / (state.iter_num - state.watch.start_iter)
+    mfu = run.model.estimate_mfu(cfg.batch_size * run.accumulation, seconds, run.peak_flops)
+    entry = {"iter": step, "train/loss": loss_mean, "lr": lr, "mfu": mfu, "tokens_per_s": run.tokens_per_iter / seconds}
+    run.log.say(runlog.progress_line(entry, seconds))
+    run.log.record(entry)
+    state.loss_sum.zero_()
+    state.last_log_iter = state.iter_num
+    state.watch.restart(state.iter_num)
 
 
 # ----------------------------------------------------------------------------- evaluation and checkpoints
@@ -453,53 +509,42 @@ def evaluate(run: Run, iter_num: int, stop: StopRequest | None = None) -> dict[s
     when `stop` was requested meanwhile (a single process stops within a batch)."""
     losses = {}
     with run.average.applied():
-        for split, batches in run.eval_sets.items():
-            losses[split] = loop.mean_loss(run.wrapped, batches, run.precision, run.device, run.procs, stop)
+        for split, fixed in run.eval_sets.items():
+            losses[split] = loop.mean_loss(run.wrapped, fixed, run.precision, run.device, run.procs, stop)
             if losses[split] is None:
                 return None
-    # Bits per byte need every token of the text; chat losses count assistant tokens only.
-    val_bpb = None if run.chat else loader.bits_per_byte(losses["val"], run.meta["splits"]["val"])
+    val_bpb = batches.bits_per_byte(losses["val"], run.streams["val"], run.meta["splits"]["val"])
     return {"iter": iter_num, "train/loss": losses["train"], "val/loss": losses["val"], "val/bpb": val_bpb}
 
 
 def evaluate_full_split(run: Run) -> float:
     """The exact val loss over the whole val split (non-overlapping windows); prints it and returns it."""
-    val, block_size = run.streams["val"], run.model.config.block_size
-    if run.chat:
-        windows, tokens = PackedEpoch(val, block_size, run.cfg.batch_size), len(val.tokens)
-    else:
-        windows, tokens = loader.SplitWindows(val, block_size, run.cfg.batch_size), len(val)
+    val = run.streams["val"]
+    windows, tokens = batches.whole_split(val, run.model.config.block_size, run.cfg.batch_size)
     with run.average.applied():
         loss = loop.mean_loss(run.wrapped, windows, run.precision, run.device, run.procs)
-    bpb = None if run.chat else loader.bits_per_byte(loss, run.meta["splits"]["val"])
+    bpb = batches.bits_per_byte(loss, val, run.meta["splits"]["val"])
     run.log.say(runlog.full_split_line(tokens, loss, bpb))
     return loss
 
 
-def save_checkpoint_of_run(run: Run, state: LoopState, best: bool) -> str:
+def save(run: Run, state: LoopState, best: bool) -> str:
     """Save ckpt.pt (and best.pt when `best`); every process takes part. Returns the note for the log line."""
     model_state, optimizer_state = ckpt.gather_training_state(run.model, run.optimizer)
     if run.procs.master:
-        # A new best is written as best.pt first and then linked as ckpt.pt: killed in between, the run resumes
-        # from the older ckpt.pt and redoes the same steps, so best.pt can never lag behind ckpt.pt's record.
-        ckpt.save_checkpoint(
-            run.best_path if best else run.latest_path,
-            {
-                **checkpoint_weights(run, model_state),
-                "optimizer": optimizer_state,
-                "model_args": config_to_dict(run.model.config),
-                "iter_num": state.iter_num,
-                "best_val_loss": state.best_val_loss,
-                "config": settings_to_dict(run.cfg),
-                "scaler": run.scaler.state_dict(),
-                "rng": ckpt.capture_rng_state(),
-                "sampler": run.sampler.state_dict(),
-                "tokenizer": ckpt.tokenizer_record(run.meta),
-            },
+        checkpoint = ckpt.training_checkpoint(
+            weights=checkpoint_weights(run, model_state),
+            optimizer_state=optimizer_state,
+            model_args=config_to_dict(run.model.config),
+            iter_num=state.iter_num,
+            best_val_loss=state.best_val_loss,
+            config=settings_to_dict(run.cfg),
+            scaler_state=run.scaler.state_dict(),
+            sampler_state=run.sampler.state_dict(),
+            meta=run.meta,
         )
-        if best:
-            ckpt.copy_checkpoint(run.best_path, run.latest_path)
-    return runlog.saved_note(run.latest_path, run.best_path if best else None)
+        ckpt.save_training_checkpoint(run.cfg.out_dir, checkpoint, best)
+    return runlog.saved_note(run.latest_path, Path(run.cfg.out_dir) / ckpt.BEST_NAME if best else None)
 
 
 def checkpoint_weights(run: Run, model_state: dict) -> dict:
@@ -522,7 +567,7 @@ def evaluate_and_save(run: Run, state: LoopState, at_end: bool, stop: StopReques
     state.best_val_loss = min(state.best_val_loss, result["val/loss"])
     saved = ""
     if state.iter_num > 0 and (improved or run.cfg.always_save_checkpoint or at_end):
-        saved = save_checkpoint_of_run(run, state, best=improved)
+        saved = save(run, state, best=improved)
     run.log.say(runlog.eval_line(result, saved))
     with run.average.applied():
         result.update(run.tasks.run(run.wrapped, state.iter_num, at_end, run.precision, run.log))
@@ -534,76 +579,6 @@ def evaluate_and_save(run: Run, state: LoopState, at_end: bool, stop: StopReques
 
 
 # ----------------------------------------------------------------------------- the loop
-
-
-def train_step(run: Run, state: LoopState) -> tuple[int, float]:
-    """One optimizer step: this process's micro-batches of the global step, gradients synced on the last one.
-    Returns the step's index and learning rate."""
-    cfg, model, wrapped = run.cfg, run.model, run.wrapped
-    lr = loop.learning_rate_at(state.iter_num, run.schedule)
-    loop.set_learning_rate(run.optimizer, lr)
-    step_targets = step_target_count(run) if run.chat else None
-    first = run.sampler.position + run.procs.rank * run.accumulation
-    for micro in range(run.accumulation):
-        # This process's next batch: the following micro-batch, or the first of its group in the next step.
-        upcoming = first + micro + 1 if micro < run.accumulation - 1 else first + cfg.gradient_accumulation_steps
-        x, y = run.batches.get(first + micro, upcoming)
-        # Dropout follows the data: seeded by the global micro-batch, whichever process draws it.
-        torch.manual_seed(loop.seed_for(cfg.seed, loop.DROPOUT_STREAM, first + micro))
-        with distributed.gradient_sync(wrapped, model, sync=micro == run.accumulation - 1):
-            loss, logged = micro_step_loss(run, x, y, step_targets)
-            run.scaler.scale(loss).backward()
-        state.loss_sum += logged
-    if cfg.grad_clip > 0:
-        run.scaler.unscale_(run.optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    run.scaler.step(run.optimizer)
-    run.scaler.update()
-    run.optimizer.zero_grad(set_to_none=True)
-    run.sampler.position += cfg.gradient_accumulation_steps
-    step, state.iter_num = state.iter_num, state.iter_num + 1  # lines name the step by its index, as nanoGPT does
-    run.average.update(state.iter_num)
-    state.first_bad_iter = loop.note_non_finite(state.first_bad_iter, state.loss_sum, step)
-    return step, lr
-
-
-def step_target_count(run: Run) -> int:
-    """Chat data: the trained targets of the whole coming step, all its micro-batches in every process. Each
-    process computes it from the packing plan, so no process waits for another."""
-    position, count = run.sampler.position, run.cfg.gradient_accumulation_steps
-    return max(1, sum(run.sampler.counted(index) for index in range(position, position + count)))
-
-
-def micro_step_loss(
-    run: Run, x: torch.Tensor, y: torch.Tensor, step_targets: int | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One micro-batch's (loss to backpropagate, addition to the logged loss sum, a step adding up to G times its
-    mean). Text: the batch mean over the micro-steps. Chat: the summed loss over the step's trained targets, times
-    the processes (their gradients are averaged), so the step's gradient is the one of all its targets at once."""
-    with run.precision:
-        if step_targets is None:
-            _, loss = run.wrapped(x, y)
-            return loss / run.accumulation, loss.detach().float()
-        _, loss = run.wrapped(x, y, reduction="sum")
-    logged = loss.detach().float() * (run.cfg.gradient_accumulation_steps / step_targets)
-    return loss * (run.procs.world_size / step_targets), logged
-
-
-def log_progress(run: Run, state: LoopState, step: int, lr: float) -> None:
-    """The training line of `step`: the loss averaged since the last line, learning rate, speed and MFU."""
-    loop.check_finite(state.first_bad_iter, run.device, run.procs, run.latest_path)
-    cfg = run.cfg
-    steps = state.iter_num - state.last_log_iter
-    loss_total = distributed.reduce_numbers([state.loss_sum.item()], run.device, run.procs)[0]
-    loss_mean = loss_total / (steps * cfg.gradient_accumulation_steps)
-    seconds = state.watch.lap() / (state.iter_num - state.watch.start_iter)
-    mfu = run.model.estimate_mfu(cfg.batch_size * run.accumulation, seconds, run.peak_flops)
-    entry = {"iter": step, "train/loss": loss_mean, "lr": lr, "mfu": mfu, "tokens_per_s": run.tokens_per_iter / seconds}
-    run.log.say(runlog.progress_line(entry, seconds))
-    run.log.record(entry)
-    state.loss_sum.zero_()
-    state.last_log_iter = state.iter_num
-    state.watch.restart(state.iter_num)
 
 
 def train(run: Run, state: LoopState, stop: StopRequest) -> int:
@@ -640,7 +615,7 @@ def train(run: Run, state: LoopState, stop: StopRequest) -> int:
 def say_forecast(run: Run, state: LoopState, step_s: float, measured: str) -> None:
     """When the rest of the run would take long (steps of `step_s` seconds, and evaluations), say how long."""
     cfg = run.cfg
-    eval_batches = sum(len(batches) for batches in run.eval_sets.values()) / run.procs.world_size
+    eval_batches = sum(len(fixed) for fixed in run.eval_sets.values()) / run.procs.world_size
     resumed = cfg.init_from == "resume" and state.iter_num == state.start_iter
     expected = forecast.Forecast(
         step_s=step_s,
@@ -658,7 +633,7 @@ def stop_and_save(run: Run, state: LoopState, stop: StopRequest, signum: int) ->
     yet), say how to continue, and return the signal's conventional exit code (130 after Ctrl-C, 143 after
     SIGTERM). Under torchrun every worker returns 0: torchrun reports a worker's other code as a job failure."""
     loop.check_finite(state.first_bad_iter, run.device, run.procs, run.latest_path)
-    saved = save_checkpoint_of_run(run, state, best=False) if state.iter_num > state.start_iter else None
+    saved = save(run, state, best=False) if state.iter_num > state.start_iter else None
     run.log.say(runlog.stopped_line(stop.signal_name, state.iter_num, saved))
     run.log.close()
     return 0 if run.procs.distributed else signals.exit_code(signum)
@@ -694,7 +669,7 @@ def evaluate_only(run: Run, state: LoopState) -> int:
     return 0
 
 
-# ----------------------------------------------------------------------------- the recipe
+# ----------------------------------------------------------------------------- main
 
 
 def main(argv: list[str]) -> int:
@@ -706,20 +681,27 @@ def main(argv: list[str]) -> int:
     finished = False
     try:
         with contextlib.ExitStack() as held, StopRequest(force_on_repeat=not procs.distributed) as stop:
-            try:
-                run, state = set_up(cfg, procs, device, held)
-                code = evaluate_only(run, state) if cfg.eval_only else train(run, state, stop)
-            except Exception as exc:
-                if not stop.signum or isinstance(exc, UserError):
-                    raise
-                # A stop asked for is a clean stop, whatever it cut short: a terminal's Ctrl-C also reaches the
-                # compilers torch.compile runs, whose failure surfaces here as an error of the compilation.
-                print(runlog.cut_short_line(stop.signal_name, type(exc).__name__), flush=True)
-                code = signals.exit_code(stop.signum)
+            code = run_until_done_or_stopped(cfg, procs, device, held, stop)
         finished = True
         return code
     finally:
         distributed.teardown(procs, finished)  # under torchrun: every process leaves the group together
+
+
+def run_until_done_or_stopped(
+    cfg: TrainSettings, procs: Processes, device: torch.device, held: contextlib.ExitStack, stop: StopRequest
+) -> int:
+    """Set up, then train (or evaluate); returns the exit code. A stop asked for is a clean stop, whatever it
+    cut short: a terminal's Ctrl-C also reaches the compilers torch.compile runs, and their failure is then one
+    line, not a traceback."""
+    try:
+        run, state = set_up(cfg, procs, device, held)
+        return evaluate_only(run, state) if cfg.eval_only else train(run, state, stop)
+    except Exception as exc:
+        if not stop.signum or isinstance(exc, UserError):
+            raise
+        print(runlog.cut_short_line(stop.signal_name, type(exc).__name__), flush=True)
+        return signals.exit_code(stop.signum)
 
 
 if __name__ == "__main__":

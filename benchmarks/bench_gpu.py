@@ -28,7 +28,8 @@ from bench import SampleBench, bench_sample, run_train
 from gptkit.core.devices import peak_flops_for_device, resolve_device
 from gptkit.core.errors import UserError, run_cli
 from gptkit.core.settings import parse_settings, setting, setting_list
-from gptkit.data.tokenizer import GPT2_VOCAB_SIZE, padded_vocab_size, write_meta
+from gptkit.data.meta import write_meta
+from gptkit.data.tokenizer import GPT2_VOCAB_SIZE, padded_vocab_size
 from gptkit.model import GPT, GPTConfig
 from measure import GPT2_124M, SMOKE_MODEL, machine_description, print_table, synchronize, write_results
 

@@ -195,7 +195,8 @@ def write_task_data(root: Path, held_out: list[str], trained: list[str]) -> None
 def bench_quality(cfg: LoraBench) -> list[dict]:
     """A base that reverses words in plain text is taught to answer in the chat format, fully and with adapters;
     each model is scored on held-out words, in both forms."""
-    from gptkit.data.tokenizer import read_meta, tokenizer_from_meta
+    from gptkit.data.meta import read_meta
+    from gptkit.data.tokenizer import tokenizer_from_meta
     from gptkit.weights.loading import load_model_and_tokenizer
 
     root = Path(cfg.work_dir)

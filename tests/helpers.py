@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from gptkit.data.tokenizer import CharTokenizer, ChatTokenizer, write_meta
+from gptkit.data.meta import write_meta
+from gptkit.data.tokenizer import CharTokenizer, ChatTokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -151,10 +152,15 @@ def test_the_root_model_and_the_package_model_are_one_file() -> None:
 
 
 def test_a_wheel_holds_the_model_in_the_package_and_no_top_level_model(tmp_path: Path) -> None:
-    """A wheel built from the checkout installs gptkit with model.py's code inside it and no top-level `model`."""
-    wheels, target = tmp_path / "wheels", tmp_path / "site"
+    """A wheel built from the checkout's files installs gptkit with model.py's code inside it and no top-level `model`.
+    It is built from a copy, since setuptools leaves a build/ folder in the tree it builds."""
+    source, wheels, target = tmp_path / "source", tmp_path / "wheels", tmp_path / "site"
+    source.mkdir()
+    for name in ("pyproject.toml", "requirements.txt", ROOT_MODEL):
+        shutil.copy2(REPO / name, source / name, follow_symlinks=False)
+    shutil.copytree(REPO / "gptkit", source / "gptkit", symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", wheels, REPO], check=True, cwd=tmp_path)
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", wheels, source], check=True, cwd=tmp_path)
     (wheel,) = wheels.glob("*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()

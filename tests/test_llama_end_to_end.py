@@ -1,6 +1,6 @@
 """A small Llama-shaped Hugging Face model end to end: its own tokenizer and chat template prepare chat data, a LoRA
-run fine-tunes it, sample.py --chat answers, and the merged run exports back to LlamaForCausalLM, which transformers
-loads with our logits and tokenizer ids."""
+run fine-tunes it, sample.py --chat answers, the merged run exports back to LlamaForCausalLM, which transformers
+loads with our logits and tokenizer ids, and its adapters export for PEFT with the same logits."""
 
 from __future__ import annotations
 
@@ -91,3 +91,10 @@ def test_chat_lora_run_on_a_llama_base_answers_and_exports_back(llama_base: Path
     idx = torch.tensor([ids[:64]])
     with torch.no_grad():
         torch.testing.assert_close(hf(idx).logits, ours(idx, targets=torch.zeros_like(idx))[0], rtol=0, atol=1e-4)
+    peft = pytest.importorskip("peft")
+    done = run_script("export.py", f"--out_dir={out}", "--format=peft", f"--export_dir={tmp_path / 'peft'}")
+    assert done.returncode == 0, done.stderr
+    base = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "peft" / "base")
+    adapted = peft.PeftModel.from_pretrained(base, tmp_path / "peft").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(adapted(idx).logits, hf(idx).logits, rtol=0, atol=1e-4)

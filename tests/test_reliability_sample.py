@@ -21,7 +21,8 @@ import torch
 import eval as eval_script
 import sample
 from gptkit.core.errors import run_cli
-from gptkit.data.tokenizer import CharTokenizer, write_meta
+from gptkit.data.meta import write_meta
+from gptkit.data.tokenizer import CharTokenizer
 from gptkit.model import GPT, GPTConfig, config_to_dict
 from gptkit.weights.checkpoint import save_checkpoint, tokenizer_record
 from helpers import run_main
@@ -124,7 +125,7 @@ def test_interactive_skips_empty_lines_and_goes_on_after_an_unknown_character(
         ({"kind": "char", "chars": "abc", "vocab_size": 3}, "a char tokenizer needs 'chars', a list of single"),
         (
             {"kind": "sentencepiece", "vocab_size": 3},
-            "'tokenizer' must be an object with kind 'char', 'tiktoken' or 'bpe'",
+            "'tokenizer' must be an object with kind 'char', 'tiktoken', 'bpe' or 'hf'",
         ),
         (["a", "b", "c"], "'tokenizer' must be an object"),
         ({"kind": "tiktoken", "encoding": "gpt-9", "vocab_size": 3}, "unknown tokenizer 'gpt-9'"),
@@ -215,7 +216,9 @@ def test_checkpoint_locations(out_dir: Path, tmp_path: Path, capsys: pytest.Capt
     assert_one_line_error(code, stderr, f"cannot load checkpoint {text_file}: the file is truncated, damaged")
 
     code, _, stderr = cli([f"--out_dir={out_dir}", "--init_from=gpt-5"], capsys)
-    assert_one_line_error(code, stderr, "--init_from='gpt-5': use resume, a GPT-2 directory, or gpt2")
+    assert_one_line_error(
+        code, stderr, "--init_from='gpt-5': use resume, a Hugging Face directory or hub name (owner/name), or gpt2"
+    )
 
 
 def test_sampling_error_end_to_end(out_dir: Path) -> None:

@@ -347,7 +347,7 @@ def damage_checkpoint(path: Path, how: str, marker: Path) -> None:
         weights, model_args = other_model_state(good, n_embd=32)
         torch.save({**good, "model": weights, "model_args": model_args}, path)
     elif how == "impossible_model_args":
-        torch.save({**good, "model_args": {**good["model_args"], "n_embd": 15}}, path)
+        torch.save({**good, "model_args": {**good["model_args"], "n_layer": 0}}, path)
     elif how == "damaged_training_state":
         torch.save({**good, "sampler": {"seed": 1}, "iter_num": "ten"}, path)
     elif how == "malicious_pickle_in_zip":
@@ -364,7 +364,7 @@ DAMAGES = [
     ("random_bytes", "truncated, damaged or not a checkpoint", "truncated, damaged or not a checkpoint"),
     ("weights_of_another_shape", "transformer.wte.weight has shape", "but model_args give"),
     ("optimizer_of_another_shape", "optimizer state exp_avg has shape", None),
-    ("impossible_model_args", "invalid model_args (n_embd (15) must be divisible", "invalid model_args"),
+    ("impossible_model_args", "invalid model_args (n_layer must be a positive integer", "invalid model_args"),
     ("damaged_training_state", "has a damaged training state", None),
     ("malicious_pickle_in_zip", "asks to run code on load (posix.mkdir), which is refused", "which is refused"),
     ("malicious_raw_pickle", "asks to run code on load (posix.mkdir), which is refused", "which is refused"),

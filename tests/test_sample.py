@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from gptkit.data.tokenizer import CharTokenizer, TiktokenTokenizer, write_meta
+from gptkit.data.meta import write_meta
+from gptkit.data.tokenizer import CharTokenizer, TiktokenTokenizer
 from gptkit.model import GPT, GPTConfig, config_to_dict
 from gptkit.weights.checkpoint import save_checkpoint
 from helpers import assert_one_line_error, lively_char_checkpoint

@@ -136,6 +136,7 @@ CPU_RECIPE_NAMES = (
     "train_shakespeare_char_cpu_best",
     "speedrun_shakespeare_char_cpu",
     "train_corpus_cpu",
+    "train_shakespeare_char_llama_cpu",
 )
 CPU_RECIPES = [REPO / "config" / f"{name}.py" for name in CPU_RECIPE_NAMES]
 

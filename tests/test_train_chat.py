@@ -8,19 +8,18 @@ import contextlib
 import copy
 import subprocess
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import train
 from data.test_packing import write_chat_data
 from gptkit.data.conversations import open_conversations
 from gptkit.data.packing import PackedBatches
 from gptkit.data.prepare.writer import write_dataset
 from gptkit.data.tokenizer import CharTokenizer
 from gptkit.model import GPT, GPTConfig
+from gptkit.train import batches
 from gptkit.weights import checkpoint as ckpt
 from helpers import REPO, assert_script_error, clean_env, cli_args, run_script
 from test_train_ddp import TORCHRUN, assert_close_weights
@@ -53,42 +52,40 @@ def write_text_data(directory: Path, text: str) -> None:
     write_dataset(directory, tokenizer, {"train": (ids[:cut], cut, 1), "val": (ids[cut:], len(ids) - cut, 1)}, {})
 
 
-def step_gradients(model: GPT, batches: PackedBatches, indices: list[int], world_size: int) -> dict:
-    """The gradients one process accumulates over micro-batches `indices` of a step, through train.py's own loss."""
+def step_gradients(model: GPT, packed: PackedBatches, indices: list[int], world_size: int) -> dict:
+    """The gradients one process accumulates over micro-batches `indices` of a step of 4, through the training
+    loss of gptkit.train.batches (the one train.py's step takes)."""
     model.zero_grad()
-    total = sum(batches.counted(i) for i in range(4))  # the whole step: micro-batches 0..3
-    run = SimpleNamespace(
-        precision=contextlib.nullcontext(),
-        wrapped=model,
-        cfg=SimpleNamespace(gradient_accumulation_steps=4),
-        procs=SimpleNamespace(world_size=world_size),
-        accumulation=len(indices),
-    )
+    total = batches.step_target_count(packed, position=0, micro_batches=4)  # the whole step: micro-batches 0..3
+    assert total == sum(packed.counted(i) for i in range(4))
     for index in indices:
-        loss, _ = train.micro_step_loss(run, *batches.batch(index), total)
+        x, y = packed.batch(index)
+        loss, _ = batches.micro_batch_loss(
+            model, x, y, contextlib.nullcontext(), step_targets=total, micro_batches=4, world_size=world_size
+        )
         loss.backward()
     return {name: param.grad.clone() for name, param in model.named_parameters()}
 
 
 def test_a_step_gives_the_gradient_of_all_its_trained_tokens_at_once(tmp_path: Path) -> None:
     tokenizer = write_chat_data(tmp_path / "data")
-    batches = PackedBatches(open_conversations(tmp_path / "data", "train"), 2, 63, seed=1)
-    counts = [batches.counted(i) for i in range(4)]
+    packed = PackedBatches(open_conversations(tmp_path / "data", "train"), 2, 63, seed=1)
+    counts = [packed.counted(i) for i in range(4)]
     assert len(set(counts)) > 1  # micro-batches of different sizes: a mean of their means would differ
     torch.manual_seed(0)
     config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=63, vocab_size=tokenizer.vocab_size, dropout=0.0)
     model = GPT(config).double()
     reference = copy.deepcopy(model)
-    x = torch.cat([batches.batch(i)[0] for i in range(4)])
-    y = torch.cat([batches.batch(i)[1] for i in range(4)])
+    x = torch.cat([packed.batch(i)[0] for i in range(4)])
+    y = torch.cat([packed.batch(i)[1] for i in range(4)])
     logits, _ = reference(x, y)
     (F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-1, reduction="sum") / (y >= 0).sum()).backward()
     expected = {name: param.grad for name, param in reference.named_parameters()}
 
-    one_process = step_gradients(model, batches, [0, 1, 2, 3], world_size=1)
+    one_process = step_gradients(model, packed, [0, 1, 2, 3], world_size=1)
     # Two processes take two micro-batches each; DDP averages their gradients.
-    rank0 = step_gradients(model, batches, [0, 1], world_size=2)
-    rank1 = step_gradients(model, batches, [2, 3], world_size=2)
+    rank0 = step_gradients(model, packed, [0, 1], world_size=2)
+    rank1 = step_gradients(model, packed, [2, 3], world_size=2)
     for name, grad in expected.items():
         torch.testing.assert_close(one_process[name], grad, rtol=1e-4, atol=1e-8)  # the model takes its loss in float32
         torch.testing.assert_close(

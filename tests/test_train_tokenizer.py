@@ -23,6 +23,7 @@ from gptkit.core.errors import UserError
 from gptkit.core.fileio import sha256_file
 from gptkit.data import bpe
 from gptkit.data import tokenizer as tok
+from gptkit.data.meta import read_meta
 from gptkit.data.prepare import discover
 from gptkit.data.prepare.settings import PrepareSettings
 from gptkit.data.prepare.tokenizer_training import TrainingJob, train_bpe
@@ -190,7 +191,7 @@ def test_train_prepare_train_and_sample_from_the_checkpoint_alone(corpus_tree: P
         "prepare_data/corpus.py", *cli_args(input=corpus_tree, tokenizer=tok_dir, out_dir=data_dir, block_size=16)
     )
     assert prepared.returncode == 0, prepared.stderr
-    data_meta = tok.read_meta(data_dir, check_files=True)
+    data_meta = read_meta(data_dir, check_files=True)
     assert data_meta["vocab_size"] == 600 and data_meta["eot_token"] == 599 and data_meta["tokenizer"]["kind"] == "bpe"
     assert data_meta["tokenizer"]["ranks_sha256"] == meta["ranks_sha256"]
 

@@ -12,7 +12,8 @@ boundary). The loss mask is 1 on every assistant turn's content and its end-of-t
 learn to produce, and 0 elsewhere.
 
 The template is recorded in the tokenizer's description (meta.json, and so every checkpoint trained on the data),
-so every entry point renders exactly what training saw.
+so every entry point renders exactly what training saw. A Hugging Face model brings its own template instead
+(gptkit.data.jinja_chat.JinjaChatTemplate), used wherever this one is: render, render_prompt, reply_stops.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import numpy as np
 
 from gptkit.core.errors import UserError
 from gptkit.data.loader import TokenStream, open_split
-from gptkit.data.tokenizer import read_meta
+from gptkit.data.meta import read_meta
 
 SIDE_STREAMS = {"mask": "uint8", "conversations": "uint64"}
 

@@ -48,7 +48,7 @@ def is_hf_tokenizer_dir(directory: str | os.PathLike) -> bool:
     if not path.is_file() or (Path(directory) / bpe.RANKS_FILENAME).exists():
         return False
     with path.open("rb") as file:
-        return b'"format"' not in file.read(200)  # a trained BPE's metadata opens with its format
+        return f'"format": "{bpe.FORMAT}"'.encode() not in file.read(200)  # a trained BPE's metadata opens so
 
 
 def load_hf_tokenizer(directory: str | os.PathLike) -> HFTokenizer:

@@ -198,7 +198,7 @@ class JinjaChatTemplate:
         encode_marked_chat)."""
         pieces = self._markers.split(text)  # text, marked token (None: a lone marker), text, ...
         ids = tokenizer.encode_with_added(pieces[0])
-        newline = tokenizer.encode_with_added("\n")
+        newline = tokenizer.encode_with_added("\n") if len(pieces) > 1 else []
         for index, piece in enumerate(pieces[1:], start=1):
             if not piece:
                 continue

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from gptkit.core.errors import UserError
-from gptkit.data.tokenizer import read_meta
+from gptkit.data.meta import read_meta
 
 # Token files are raw little-endian arrays without a header (the nanoGPT layout).
 _FILE_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}

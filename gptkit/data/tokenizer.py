@@ -1,8 +1,8 @@
 """One interface over a character table, tiktoken encodings (named ones, and BPEs trained here) and Hugging Face
-models' own tokenizers (gptkit.data.hf_tokenizer), plus reading and writing meta.json.
+models' own tokenizers (gptkit.data.hf_tokenizer).
 
-A data directory's meta.json says which tokenizer produced its token files; `tokenizer_from_meta` rebuilds
-that tokenizer so training and sampling encode and decode exactly as preparation did.
+A data directory's meta.json (gptkit.data.meta) says which tokenizer produced its token files;
+`tokenizer_from_meta` rebuilds that tokenizer so training and sampling encode and decode exactly as preparation did.
 
 GPT-2 BPE works offline when its two files (vocab.bpe, encoder.json) are in TIKTOKEN_CACHE_DIR (tiktoken's own
 cache, files named by the sha1 of their URL) or in a directory passed as `bpe_dir`; in the latter case the
@@ -21,16 +21,11 @@ from typing import Any
 import numpy as np
 
 from gptkit.core.errors import UserError
-from gptkit.core.fileio import atomic_write_json, sha256_file
+from gptkit.core.fileio import sha256_file
 from gptkit.data import bpe, hf_tokenizer
 from gptkit.data.bpe import UNKNOWN_ID_BYTES, gpt2_unicode_to_byte
 from gptkit.data.chat import SPECIAL_TOKENS, ChatError, ChatTemplate
 from gptkit.data.hf_tokenizer import HFTokenizer, is_hf_tokenizer_dir, load_hf_tokenizer
-
-META_FILENAME = "meta.json"
-META_FORMAT = "gpt-tokens"
-META_VERSION = 1
-TOKEN_DTYPES = ("uint16", "uint32")
 
 END_OF_TEXT = "<|endoftext|>"
 
@@ -377,7 +372,7 @@ def make_tokenizer(name: str, bpe_dir: str | os.PathLike | None = None) -> Tikto
 def tokenizer_from_meta(tokenizer_meta: dict, bpe_dir: str | os.PathLike | None = None) -> Tokenizer:
     """Rebuild the tokenizer described by meta.json's "tokenizer" object (optionally GPT-2 from `bpe_dir`); with a
     "chat" entry, a ChatTokenizer."""
-    _check_tokenizer_meta(tokenizer_meta, "tokenizer")
+    check_tokenizer_meta(tokenizer_meta, "tokenizer")
     if tokenizer_meta["kind"] == hf_tokenizer.KIND:  # its chat template, if any, comes with it
         return HFTokenizer(tokenizer_meta)
     if tokenizer_meta["kind"] == "char":
@@ -404,7 +399,8 @@ def chat_special_count(tokenizer_meta: dict) -> int:
     return len(SPECIAL_TOKENS) if "chat" in tokenizer_meta else 0
 
 
-def _check_tokenizer_meta(tok: Any, where: str) -> None:
+def check_tokenizer_meta(tok: Any, where: str) -> None:
+    """UserError naming `where` unless `tok` is a well-formed "tokenizer" object (meta.json's, a checkpoint's)."""
     if not isinstance(tok, dict) or tok.get("kind") not in ("char", "tiktoken", bpe.KIND, hf_tokenizer.KIND):
         raise UserError(f"{where}: 'tokenizer' must be an object with kind 'char', 'tiktoken', 'bpe' or 'hf'")
     if tok["kind"] == hf_tokenizer.KIND:
@@ -419,100 +415,3 @@ def _check_tokenizer_meta(tok: Any, where: str) -> None:
             raise UserError(f"{where}: the char tokenizer's 'eot' must be true or false")
     elif not isinstance(tok.get("encoding"), str):
         raise UserError(f"{where}: a tiktoken tokenizer needs 'encoding', e.g. \"gpt2\"")
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def validate_meta(meta: Any, where: str = "meta.json") -> None:
-    """Check meta.json's required keys and types; UserError naming `where` and the problem."""
-    if not isinstance(meta, dict):
-        raise UserError(f"{where}: expected a JSON object")
-    if meta.get("format") != META_FORMAT or meta.get("version") != META_VERSION:
-        raise UserError(f"{where}: not a token-data description (format {META_FORMAT!r} version {META_VERSION})")
-    _check_tokenizer_meta(meta.get("tokenizer"), where)
-    vocab_size = meta.get("vocab_size")
-    if not _is_count(vocab_size) or vocab_size == 0:
-        raise UserError(f"{where}: 'vocab_size' must be a positive integer")
-    tok = meta["tokenizer"]
-    if tok["kind"] == hf_tokenizer.KIND and max(hf_tokenizer.record_ids(tok), default=0) >= vocab_size:
-        raise UserError(f"{where}: 'vocab_size' {vocab_size} does not hold the chat template's special tokens")
-    if "chat" in tok and tok["kind"] != hf_tokenizer.KIND and max(chat_template_of(tok, where).ids) >= vocab_size:
-        raise UserError(f"{where}: 'vocab_size' {vocab_size} does not hold the chat template's special tokens")
-    if tok["kind"] == "char" and vocab_size != len(tok["chars"]) + (1 if tok.get("eot") else 0) + chat_special_count(
-        tok
-    ):
-        raise UserError(f"{where}: 'vocab_size' {vocab_size} does not match the character table")
-    if meta.get("dtype") not in TOKEN_DTYPES:
-        raise UserError(f"{where}: 'dtype' must be one of {', '.join(TOKEN_DTYPES)}")
-    if meta["dtype"] == "uint16" and vocab_size > 65536:
-        raise UserError(f"{where}: vocab_size {vocab_size} does not fit dtype uint16")
-    eot = meta.get("eot_token")
-    if eot is not None and (not _is_count(eot) or eot >= vocab_size):
-        raise UserError(f"{where}: 'eot_token' must be null or an id below vocab_size")
-    splits = meta.get("splits")
-    if not isinstance(splits, dict) or not splits:
-        raise UserError(f'{where}: \'splits\' must be an object such as {{"train": ..., "val": ...}}')
-    for split, info in splits.items():
-        if not isinstance(info, dict):
-            raise UserError(f"{where}: split {split!r} must be an object")
-        files = info.get("files")
-        if not isinstance(files, list) or not files or not all(isinstance(f, str) and f for f in files):
-            raise UserError(f"{where}: split {split!r} needs 'files', a non-empty list of file names")
-        if any(Path(f).is_absolute() or ".." in Path(f).parts for f in files):
-            raise UserError(f"{where}: split {split!r} lists a file outside the data directory")
-        for key in ("tokens", "text_bytes", "documents"):
-            if not _is_count(info.get(key)):
-                raise UserError(f"{where}: split {split!r} needs '{key}', a non-negative integer")
-        for key in ("mask_files", "conversations_files") if "chat" in tok else ():
-            side = info.get(key)
-            if not isinstance(side, list) or not side or not all(isinstance(f, str) and f for f in side):
-                raise UserError(f"{where}: split {split!r} of chat data needs '{key}', a list of file names")
-
-
-def read_meta(data_dir: str | os.PathLike, check_files: bool = False) -> dict:
-    """Read and validate `data_dir`/meta.json; returns the dict.
-
-    With `check_files`, also checks that every listed token file exists and that the split's files hold
-    exactly 'tokens' tokens of 'dtype'. Raises UserError for a missing, unreadable or malformed file.
-    """
-    directory = Path(data_dir)
-    path = directory / META_FILENAME
-    if not path.is_file():
-        hint = " (the directory does not exist)" if not directory.exists() else ""
-        raise UserError(
-            f"no {META_FILENAME} in {directory}{hint}: prepare the data first, "
-            "e.g. python prepare_data/shakespeare_char.py"
-        )
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
-        raise UserError(f"{path} is not valid JSON ({exc}); prepare the data again") from exc
-    validate_meta(meta, str(path))
-    if check_files:
-        itemsize = np.dtype(meta["dtype"]).itemsize
-        for split, info in meta["splits"].items():
-            total = 0
-            for name in info["files"]:
-                file_path = directory / name
-                if not file_path.is_file():
-                    raise UserError(f"{file_path} (split {split!r}) is missing; prepare the data again")
-                total += file_path.stat().st_size
-            if total != info["tokens"] * itemsize:
-                raise UserError(
-                    f"{directory}: split {split!r} files hold {total} bytes but meta.json says {info['tokens']} "
-                    f"{meta['dtype']} tokens; the data is incomplete or altered, prepare it again"
-                )
-    return meta
-
-
-def write_meta(data_dir: str | os.PathLike, meta: dict) -> None:
-    """Validate `meta` and write it to `data_dir`/meta.json atomically."""
-    validate_meta(meta, "meta to write")
-    atomic_write_json(Path(data_dir) / META_FILENAME, meta)
-
-
-def dtype_for_vocab(vocab_size: int) -> str:
-    """'uint16' when every id fits in 16 bits, else 'uint32'."""
-    return "uint16" if vocab_size <= 65536 else "uint32"

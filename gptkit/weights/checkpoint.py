@@ -331,6 +331,50 @@ def restore_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optim
     set_optimizer_state_dict(model, optimizer, _rekey_optimizer_state(state, names), options=options)
 
 
+def training_checkpoint(
+    *,
+    weights: dict[str, Any],
+    optimizer_state: dict[str, Any],
+    model_args: dict[str, Any],
+    iter_num: int,
+    best_val_loss: float,
+    config: dict[str, Any],
+    scaler_state: dict[str, Any],
+    sampler_state: dict[str, Any],
+    meta: dict[str, Any],
+) -> dict[str, Any]:
+    """A training checkpoint in this module's format, the one restore_training_state and the loaders read back.
+
+    `weights` are its weights entries: "model" (and "trained_model", the optimizer's weights, under an EMA), or
+    for a LoRA run the adapters as "model" and the "lora" record that finds their base. The random generators'
+    states are captured now; `meta` is the data's meta.json, whose tokenizer the checkpoint records.
+    """
+    return {
+        **weights,
+        "optimizer": optimizer_state,
+        "model_args": model_args,
+        "iter_num": iter_num,
+        "best_val_loss": best_val_loss,
+        "config": config,
+        "scaler": scaler_state,
+        "rng": capture_rng_state(),
+        "sampler": sampler_state,
+        "tokenizer": tokenizer_record(meta),
+    }
+
+
+def save_training_checkpoint(out_dir: str | os.PathLike, checkpoint: dict[str, Any], best: bool) -> None:
+    """Save `checkpoint` as out_dir/ckpt.pt; a new best (`best`) as best.pt, then linked as ckpt.pt.
+
+    best.pt is written first: killed in between, the run resumes from the older ckpt.pt and redoes the same
+    steps, so best.pt never lags behind ckpt.pt's record.
+    """
+    latest, best_path = Path(out_dir) / LATEST_NAME, Path(out_dir) / BEST_NAME
+    save_checkpoint(best_path if best else latest, checkpoint)
+    if best:
+        copy_checkpoint(best_path, latest)
+
+
 def restore_training_state(
     checkpoint: dict,
     source: str,

@@ -8,11 +8,11 @@ from typing import Any
 
 from gptkit.core.errors import UserError
 from gptkit.data.tokenizer import tokenizer_from_meta
-from gptkit.model import config_to_dict
+from gptkit.model import config_from_dict, config_to_dict
 from gptkit.weights.build import load_base, model_of_checkpoint
 from gptkit.weights.checkpoint import save_checkpoint
 from gptkit.weights.export_hf import export_hf
-from gptkit.weights.hf import GPT2_HUB_NAMES
+from gptkit.weights.hf import GPT2_HUB_NAMES, export_architecture
 from gptkit.weights.lora import LoraConfig, write_peft_adapter
 
 
@@ -34,6 +34,13 @@ def peft_to(checkpoint: dict[str, Any], where: str, directory: Path, final: Path
     vocab_size = checkpoint["model_args"]["vocab_size"]
     base = record["base"]["source"]
     grown = record.get("first_new_row") is not None and record["first_new_row"] < vocab_size
+    model_config = config_from_dict(checkpoint["model_args"])
+    architecture = export_architecture(model_config)
+    if grown and architecture != "GPT2LMHeadModel":  # PEFT's trainable tokens here are GPT-2's tied embedding
+        raise UserError(
+            f"{where}: PEFT adapters of new token rows are written for GPT-2 bases, not {architecture}; export "
+            "--format=merged, then --format=hf from that"
+        )
     if (grown or base not in GPT2_HUB_NAMES) and not checkpoint.get("tokenizer"):
         raise UserError(f"{where} records no tokenizer, which the base's Hugging Face directory needs")
     directory.mkdir(parents=True, exist_ok=True)
@@ -45,4 +52,5 @@ def peft_to(checkpoint: dict[str, Any], where: str, directory: Path, final: Path
         export_hf(model, tokenizer_from_meta(checkpoint["tokenizer"]), directory / "base")
         base = str((final or directory) / "base")
     config = LoraConfig.from_dict(record["config"], where)
-    write_peft_adapter(directory, checkpoint["model"], config, base, record.get("first_new_row") if grown else None)
+    rows = record.get("first_new_row") if grown else None
+    write_peft_adapter(directory, checkpoint["model"], config, base, rows, model_config=model_config)

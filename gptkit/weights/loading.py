@@ -13,7 +13,8 @@ import torch
 from gptkit.core.errors import UserError
 from gptkit.core.settings import setting
 from gptkit.data.hf_tokenizer import is_hf_tokenizer_dir, load_hf_tokenizer
-from gptkit.data.tokenizer import Tokenizer, make_tokenizer, read_meta, tokenizer_from_meta
+from gptkit.data.meta import read_meta
+from gptkit.data.tokenizer import Tokenizer, make_tokenizer, tokenizer_from_meta
 from gptkit.model import GPT
 from gptkit.weights.build import is_hf_source, load_model, model_of_checkpoint
 from gptkit.weights.checkpoint import load_checkpoint, resolve_checkpoint
@@ -124,12 +125,20 @@ class ModelSource(ModelLocation):
     quantize: str = setting(
         "none", "none, or int8: int8 weights for CPU decoding (float32 compute)", choices=QUANTIZE_CHOICES
     )
+    block_size: int | None = setting(
+        None,
+        "crop the model's context to this many tokens (None: its own); the KV cache holds this many positions, "
+        "so a long one (Llama 3's 131072) needs it",
+        rule="positive",
+    )
 
 
 def load_for_inference(source: ModelSource, device: torch.device, dtype: torch.dtype) -> tuple[GPT, Tokenizer]:
     """The model of `source` on `device` (eval mode, int8 weights when source.quantize says so) and its tokenizer.
     `dtype` is the compute dtype the script will run under (int8 needs float32)."""
     model, tokenizer = load_model_and_tokenizer(source.init_from, source.out_dir, source.checkpoint, source.data_dir)
+    if source.block_size is not None and source.block_size < model.config.block_size:
+        model.crop_block_size(source.block_size)
     model.to(device)  # the engine picks its decoding backend itself (gptkit.infer.decoding)
     apply_quantization(model, source.quantize, dtype)
     return model, tokenizer

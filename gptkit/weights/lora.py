@@ -8,7 +8,7 @@ memory; its product is then computed from the stored weights in the input's dtyp
 
 A LoRA run's checkpoint holds the A and B matrices, the LoRA settings and a reference to its base (path and sha256);
 `merge_lora` folds adapters into ordinary weights, and `write_peft_adapter` writes them as PEFT's
-`adapter_config.json` + `adapter_model.safetensors` for transformers' GPT2LMHeadModel. export.py's
+`adapter_config.json` + `adapter_model.safetensors` for the base's transformers class. export.py's
 `--format=merged` and `--format=peft` write a LoRA run's checkpoint that way (gptkit.weights.export_lora).
 """
 
@@ -22,10 +22,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import atomic_write_bytes, atomic_write_json
+from gptkit.model import GPTConfig
+from gptkit.weights.hf import export_architecture, flip_rotation, hf_names
 
 # Which Linear layers of each block get an adapter (the output head, tied to the embedding, never does).
 TARGETS = {
@@ -232,22 +235,29 @@ def write_peft_adapter(
     config: LoraConfig,
     base_model: str = "",
     first_new_row: int | None = None,
+    model_config: GPTConfig | None = None,
 ) -> None:
-    """Write the adapters as Hugging Face PEFT does for GPT2LMHeadModel: adapter_config.json and
-    adapter_model.safetensors, so `PeftModel.from_pretrained(GPT2LMHeadModel.from_pretrained(base), directory)`
-    loads them. `base_model` is recorded as base_model_name_or_path. Trained token rows (a chat template's markers,
-    from `first_new_row` on) go as PEFT's trainable_token_indices: the base must then hold those rows already."""
-    from safetensors.torch import save as safetensors_bytes
-
+    """Write the adapters as Hugging Face PEFT does: adapter_config.json and adapter_model.safetensors, so
+    `PeftModel.from_pretrained(<the base's transformers class>.from_pretrained(base), directory)` loads them.
+    `model_config`: the base's shape (None: GPT-2), which picks the class (hf.export_architecture). A fused product
+    (q, k, v; gate and up) becomes one adapter per part: the same A, B's rows split. `base_model` is recorded as
+    base_model_name_or_path. Trained token rows (a chat template's markers, from `first_new_row` on) go as PEFT's
+    trainable_token_indices (GPT-2 only): the base must then hold those rows already."""
+    architecture = "GPT2LMHeadModel" if model_config is None else export_architecture(model_config)
     tensors = {}
     token_rows = []
     for name, tensor in adapters.items():
         if name.endswith(".extra"):
+            if architecture != "GPT2LMHeadModel":
+                raise UserError(f"PEFT adapters of new token rows are written for GPT-2 bases, not {architecture}")
             tensors[PEFT_TOKEN_ROWS] = tensor.float().contiguous()
             token_rows = list(range(first_new_row, first_new_row + tensor.shape[0]))
             continue
         matrix = "lora_A" if name.endswith(".lora_A") else "lora_B"
-        tensors[f"base_model.model.{name.removesuffix(f'.{matrix}')}.{matrix}.weight"] = tensor.float().contiguous()
+        module = name.removesuffix(f".{matrix}")
+        for part, value in peft_parts(module, matrix, tensor.float(), architecture, model_config).items():
+            tensors[f"base_model.model.{part}.{matrix}.weight"] = value.contiguous()
+    targets = sorted({key.split(".")[-3] for key in tensors if ".lora_" in key})
     peft_config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -256,8 +266,8 @@ def write_peft_adapter(
         "lora_alpha": config.alpha,
         "lora_dropout": config.dropout,
         # HF GPT-2 stores these layers as Conv1D, whose weight is the transpose of a Linear's.
-        "fan_in_fan_out": True,
-        "target_modules": list(TARGETS[config.targets]),  # PEFT matches module names by suffix
+        "fan_in_fan_out": architecture == "GPT2LMHeadModel",
+        "target_modules": list(TARGETS[config.targets]) if architecture == "GPT2LMHeadModel" else targets,
         "bias": "none",
         "inference_mode": True,
     }
@@ -267,6 +277,26 @@ def write_peft_adapter(
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(directory / "adapter_model.safetensors", safetensors_bytes(tensors, metadata={"format": "pt"}))
     atomic_write_json(directory / "adapter_config.json", peft_config)
+
+
+def peft_parts(
+    module: str, matrix: str, tensor: torch.Tensor, architecture: str, config: GPTConfig | None
+) -> dict[str, torch.Tensor]:
+    """One of our adapter matrices as the Hugging Face modules' (module name -> matrix): GPT-2's as it is; the Llama
+    family's fused products split, A shared by every part and B's rows divided as the product's."""
+    if architecture == "GPT2LMHeadModel":
+        return {module: tensor}
+    names = [name.removesuffix(".weight") for name in hf_names(f"{module}.weight", architecture)]
+    if matrix == "lora_A":
+        return {name: tensor.clone() for name in names}  # a copy each: safetensors stores no shared tensors
+    if module.endswith("attn.c_attn"):
+        widths = [config.n_head * config.head_dim] + [config.n_kv_head * config.head_dim] * 2
+    else:
+        widths = [tensor.shape[0] // len(names)] * len(names)
+    parts = list(tensor.split(widths))
+    if architecture == "NanoChatForCausalLM" and module.endswith("attn.c_attn"):
+        parts[:2] = [flip_rotation(part, config.head_dim) for part in parts[:2]]
+    return dict(zip(names, parts))
 
 
 # ----------------------------------------------------------------------------- LoRA checkpoints

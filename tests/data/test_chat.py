@@ -8,6 +8,7 @@ import pytest
 from gptkit.core.errors import UserError
 from gptkit.data import tokenizer as tok
 from gptkit.data.chat import ChatError, ChatTemplate, check_messages
+from gptkit.data.meta import META_FORMAT, META_VERSION, validate_meta
 
 # Table "abc" with end-of-text: a=0 b=1 c=2 eot=3; the markers follow: system=4 user=5 assistant=6 end=7.
 CHAR = tok.ChatTokenizer.extending(tok.CharTokenizer.from_text("cab", eot=True))
@@ -150,8 +151,8 @@ def test_tokenizer_from_meta_round_trip(base: str) -> None:
 def _chat_meta(**split: object) -> dict:
     info = {"files": ["train.bin"], "tokens": 9, "text_bytes": 3, "documents": 1}
     return {
-        "format": tok.META_FORMAT,
-        "version": tok.META_VERSION,
+        "format": META_FORMAT,
+        "version": META_VERSION,
         "tokenizer": CHAR.to_meta(),
         "vocab_size": 8,
         "dtype": "uint16",
@@ -161,12 +162,12 @@ def _chat_meta(**split: object) -> dict:
 
 
 def test_validate_meta_refuses_chat_split_without_side_files() -> None:
-    tok.validate_meta(_chat_meta(mask_files=["train.mask.bin"], conversations_files=["train.conversations.bin"]))
+    validate_meta(_chat_meta(mask_files=["train.mask.bin"], conversations_files=["train.conversations.bin"]))
     with pytest.raises(UserError, match="'mask_files'"):
-        tok.validate_meta(_chat_meta(conversations_files=["train.conversations.bin"]))
+        validate_meta(_chat_meta(conversations_files=["train.conversations.bin"]))
     with pytest.raises(UserError, match="'conversations_files'"):
-        tok.validate_meta(_chat_meta(mask_files=["train.mask.bin"]))
+        validate_meta(_chat_meta(mask_files=["train.mask.bin"]))
     with pytest.raises(UserError, match="'mask_files'"):
-        tok.validate_meta(_chat_meta(mask_files=[], conversations_files=["train.conversations.bin"]))
+        validate_meta(_chat_meta(mask_files=[], conversations_files=["train.conversations.bin"]))
     with pytest.raises(UserError, match="does not hold the chat template"):
-        tok.validate_meta({**_chat_meta(mask_files=["m"], conversations_files=["c"]), "vocab_size": 7})
+        validate_meta({**_chat_meta(mask_files=["m"], conversations_files=["c"]), "vocab_size": 7})

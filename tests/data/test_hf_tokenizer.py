@@ -17,6 +17,7 @@ from gptkit.data import tokenizer as tok
 from gptkit.data.chat import ChatError
 from gptkit.data.conversations import open_conversations
 from gptkit.data.hf_tokenizer import HFTokenizer, load_hf_tokenizer
+from gptkit.data.meta import META_FORMAT, META_VERSION, read_meta, validate_meta
 from gptkit.infer.textstream import TextStream
 from helpers import assert_one_line_error, assert_one_line_message, run_main
 from hf_tokenizer_dirs import CHATML, TEXTS, write_byte_level, write_llama3, write_sentencepiece
@@ -135,24 +136,24 @@ def test_record_rebuilds_the_same_tokenizer_without_the_directory(family: tuple[
     assert again.chat.render(CONVERSATION, again)[0].tolist() == ours.chat.render(CONVERSATION, ours)[0].tolist()
     assert (again.chat.reply_stops, again.eot_token) == (ours.chat.reply_stops, ours.eot_token)
     meta = {
-        "format": tok.META_FORMAT,
-        "version": tok.META_VERSION,
+        "format": META_FORMAT,
+        "version": META_VERSION,
         "tokenizer": ours.without_chat().to_meta(),
         "vocab_size": ours.vocab_size,
         "dtype": "uint16",
         "eot_token": ours.eot_token,
         "splits": {"train": {"files": ["t.bin"], "tokens": 0, "text_bytes": 0, "documents": 0}},
     }
-    tok.validate_meta(meta)  # plain text data: the record without the template
+    validate_meta(meta)  # plain text data: the record without the template
     chat_split = {**meta["splits"]["train"], "mask_files": ["m.bin"], "conversations_files": ["c.bin"]}
     meta = {**meta, "tokenizer": record, "splits": {"train": chat_split}}
-    tok.validate_meta(meta)
+    validate_meta(meta)
     altered = {**record, "tokenizer_json": record["tokenizer_json"].replace('"', "'", 1)}
     with pytest.raises(UserError) as error:
         tok.tokenizer_from_meta(altered)
     assert_one_line_message(error.value, "does not match its sha256")
     with pytest.raises(UserError) as error:
-        tok.validate_meta({**meta, "vocab_size": max(ours.chat.reply_stops)})
+        validate_meta({**meta, "vocab_size": max(ours.chat.reply_stops)})
     assert_one_line_message(error.value, "does not hold the chat template's special tokens")
 
 
@@ -261,7 +262,7 @@ def test_prepare_chat_with_a_hf_tokenizer(family: tuple[str, Path], tmp_path: Pa
     ]
     code, stdout, err = run_main(chat_script.main, args, capsys)
     assert code == 0, err
-    meta = tok.read_meta(out, check_files=True)
+    meta = read_meta(out, check_files=True)
     assert meta["tokenizer"] == load_hf_tokenizer(directory).to_meta() and meta["vocab_size"] == len(auto)
     expected = sorted(tuple(auto.apply_chat_template(m, tokenize=True, return_dict=False)) for m in conversations)
     got, masked = [], []
@@ -285,3 +286,26 @@ def test_prepare_chat_refuses_a_tokenizer_without_template(tmp_path: Path, capsy
     code, _, err = run_main(chat_script.main, args, capsys)
     assert_one_line_error(code, err, "has no chat template")
     assert not (tmp_path / "out").exists()
+
+
+def test_prepare_corpus_with_a_hf_tokenizer_records_no_template(tmp_path: Path, capsys: Any) -> None:
+    from prepare_data import corpus as corpus_script
+
+    directory = write_byte_level(tmp_path / "hf")
+    auto = AutoTokenizer.from_pretrained(str(directory))
+    documents = [f"{i}: {TEXTS[i % len(TEXTS)]}" for i in range(30)]
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents), encoding="utf-8")
+    out = tmp_path / "out"
+    args = [f"--input={source}", f"--out_dir={out}", f"--tokenizer={directory}", "--block_size=4", "--num_workers=1"]
+    code, _, err = run_main(corpus_script.main, args, capsys)
+    assert code == 0, err
+    meta = read_meta(out, check_files=True)
+    assert "chat" not in meta["tokenizer"] and meta["tokenizer"]["kind"] == "hf"
+    assert meta["eot_token"] == auto.convert_tokens_to_ids("<|im_end|>")  # the eos token separates documents
+    stream = np.concatenate(
+        [np.fromfile(out / f, dtype=meta["dtype"]) for s in ("train", "val") for f in meta["splits"][s]["files"]]
+    )
+    pieces = np.split(stream, np.flatnonzero(stream == meta["eot_token"]))
+    got = sorted(tuple(piece[1:].tolist()) for piece in pieces if len(piece))
+    assert got == sorted(tuple(auto(d, add_special_tokens=False)["input_ids"]) for d in documents)

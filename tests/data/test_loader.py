@@ -14,7 +14,7 @@ import torch
 
 from gptkit.core.errors import UserError
 from gptkit.data import loader
-from gptkit.data.tokenizer import read_meta, write_meta
+from gptkit.data.meta import read_meta, write_meta
 from helpers import clean_env, make_char_data
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from gptkit.core.errors import UserError
 from gptkit.data import tokenizer as tok
+from gptkit.data.meta import read_meta
 from gptkit.data.prepare import discover, driver, inputs, writer
 from gptkit.data.prepare.items import is_val_document
 from gptkit.data.prepare.settings import PrepareSettings
@@ -104,7 +105,7 @@ def test_shards_concatenate_to_the_unsharded_stream(tmp_path: Path) -> None:
             read_split(tmp_path / "sharded", sharded, split), read_split(tmp_path / "single", single, split)
         )
     assert (
-        tok.read_meta(tmp_path / "sharded", check_files=True)["splits"]["train"]["tokens"]
+        read_meta(tmp_path / "sharded", check_files=True)["splits"]["train"]["tokens"]
         == single["splits"]["train"]["tokens"]
     )
 
@@ -168,7 +169,7 @@ def test_rerun_replaces_outputs_and_removes_stale_files(tmp_path: Path) -> None:
     (out / ".meta.json.abc.tmp").write_text("{")
     meta = run_corpus([SHAKESPEARE], out, chunk_bytes=20000)
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]
-    assert tok.read_meta(out, check_files=True) == meta
+    assert read_meta(out, check_files=True) == meta
 
 
 def test_size_checks(tmp_path: Path) -> None:

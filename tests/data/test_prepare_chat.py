@@ -15,6 +15,7 @@ import pytest
 
 from gptkit.data import tokenizer as tok
 from gptkit.data.conversations import open_conversations
+from gptkit.data.meta import read_meta
 from gptkit.data.prepare import chat_inputs, discover
 from gptkit.data.prepare.items import JsonlLines, is_val_document
 from helpers import (
@@ -64,7 +65,7 @@ def prepare(capsys: Any, *args: str) -> tuple[int, str, str]:
 
 def read_back(out: Path) -> dict[str, list[tuple[list[int], list[int]]]]:
     """Each split's conversations as (ids, mask) lists, through the reader training uses."""
-    meta = tok.read_meta(out, check_files=True)
+    meta = read_meta(out, check_files=True)
     splits = {}
     for split in ("train", "val"):
         conversations = open_conversations(out, split, meta)
@@ -90,7 +91,7 @@ def test_jsonl_conversations_read_back_exactly(tmp_path: Path, capsys: Any) -> N
     got = read_back(out)
     assert got == expected and len(got["val"]) > 0
     assert sorted(got["train"] + got["val"]) == sorted(rendered(r["messages"]) for r in records)  # complete
-    meta = tok.read_meta(out)
+    meta = read_meta(out)
     assert meta["tokenizer"] == GPT2_CHAT.to_meta() and meta["vocab_size"] == 50261 and meta["dtype"] == "uint16"
     for split in ("train", "val"):
         info = meta["splits"][split]
@@ -153,7 +154,7 @@ def test_gz_parquet_and_prompt_completion_in_a_directory(tmp_path: Path, capsys:
         trained = len(enc.encode(word)) + 1
         add(2, line, (ids, [0] * (len(ids) - trained) + [1] * trained))
     assert read_back(out) == expected
-    meta = tok.read_meta(out)
+    meta = read_meta(out)
     assert meta["source"]["files"] == 3 and meta["source"]["skipped_files"]["hidden"] == 1
     assert "1 file left out (1 hidden)" in stdout
 
@@ -170,7 +171,7 @@ def test_char_table_from_the_conversations_same_for_any_worker_count(tmp_path: P
         assert result.returncode == 0, result.stderr
         outs.append(out)
     chars = sorted({c for i in range(40) for m in conversation(i) for c in m["content"]})
-    meta = tok.read_meta(outs[0])
+    meta = read_meta(outs[0])
     assert meta["tokenizer"]["chars"] == chars and meta["tokenizer"]["eot"] is True
     assert meta["vocab_size"] == len(chars) + 1 + 4 and meta["tokenizer"]["chat"]["begin"] == len(chars)
     char_chat = tok.ChatTokenizer.extending(tok.CharTokenizer(chars, eot=True))
@@ -196,14 +197,14 @@ def test_cut_and_drop(tmp_path: Path, capsys: Any) -> None:
     assert code == 0, err
     got = read_back(tmp_path / "cut")
     assert sorted(got["train"] + got["val"]) == sorted([full[0], (full[1][0][:41], full[1][1][:41])] * 4)
-    source_meta = tok.read_meta(tmp_path / "cut")["source"]
+    source_meta = read_meta(tmp_path / "cut")["source"]
     assert source_meta["cut"] == 4 and source_meta["dropped"] == {"no assistant token in the first block_size + 1": 4}
     assert "4 conversations cut to block_size + 1; 4 conversations dropped (4 no assistant token" in stdout
     code, stdout, err = prepare(capsys, *common, f"--out_dir={tmp_path / 'drop'}", "--too_long=drop")
     assert code == 0, err
     got = read_back(tmp_path / "drop")
     assert sorted(got["train"] + got["val"]) == [full[0]] * 4
-    source_meta = tok.read_meta(tmp_path / "drop")["source"]
+    source_meta = read_meta(tmp_path / "drop")["source"]
     assert source_meta["cut"] == 0 and source_meta["dropped"] == {"longer than block_size + 1": 8}
 
 
@@ -236,7 +237,7 @@ def test_on_bad_skip_counts_each_reason(tmp_path: Path, capsys: Any) -> None:
     out = tmp_path / "out"
     code, stdout, err = prepare(capsys, f"--input={source}", f"--out_dir={out}", "--block_size=32", "--on_bad=skip")
     assert code == 0, err
-    meta = tok.read_meta(out)
+    meta = read_meta(out)
     assert meta["source"]["skipped"] == {reason: 2 if reason == "wrong role" else 1 for reason in BAD_LINES}
     assert sum(meta["splits"][s]["documents"] for s in ("train", "val")) == 20
     assert "7 conversations skipped (1 empty content, 1 invalid UTF-8, 1 malformed JSON, 1 no assistant turn" in stdout
@@ -277,7 +278,7 @@ def test_reused_tokenizer_gives_the_base_ids(tmp_path: Path, capsys: Any) -> Non
             capsys, f"--input={source}", f"--out_dir={out}", f"--tokenizer={tokenizer}", "--block_size=1024"
         )
         assert code == 0, err
-        meta = tok.read_meta(out)
+        meta = read_meta(out)
         assert {k: v for k, v in meta["tokenizer"].items() if k != "chat"} == base_meta["tokenizer"]
         assert meta["vocab_size"] == base.vocab_size + 4
         got = read_back(out)
@@ -291,7 +292,7 @@ def test_reused_tokenizer_gives_the_base_ids(tmp_path: Path, capsys: Any) -> Non
         "--block_size=1024",
     )
     assert code == 0, err
-    assert tok.read_meta(tmp_path / "again")["tokenizer"] == tok.read_meta(tmp_path / "out-data")["tokenizer"]
+    assert read_meta(tmp_path / "again")["tokenizer"] == read_meta(tmp_path / "out-data")["tokenizer"]
     # A character the base never saw is bad input, not a new table entry.
     unknown = write_jsonl(
         tmp_path / "u.jsonl",
@@ -343,7 +344,7 @@ def test_mask_file_matches_assistant_tokens(tmp_path: Path, capsys: Any) -> None
     out = tmp_path / "out"
     code, _, err = prepare(capsys, f"--input={source}", f"--out_dir={out}", "--block_size=1024")
     assert code == 0, err
-    meta = tok.read_meta(out)
+    meta = read_meta(out)
     for split in ("train", "val"):
         mask = np.fromfile(out / f"{split}.mask.bin", dtype=np.uint8)
         assert int(mask.sum()) == meta["splits"][split]["assistant_tokens"] and set(mask.tolist()) <= {0, 1}

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from gptkit.data import tokenizer as tok
+from gptkit.data.meta import read_meta
 from gptkit.data.prepare.items import is_val_document
 from helpers import (
     REPO,
@@ -65,7 +66,7 @@ def test_mixed_corpus_meta_and_tokens(tmp_path: Path, mixed_corpus: Path, paragr
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"wrote 3 files to {out}") and "documents" in result.stdout
-    meta = tok.read_meta(out, check_files=True)
+    meta = read_meta(out, check_files=True)
     assert meta["tokenizer"] == {"kind": "tiktoken", "encoding": "gpt2"}
     assert (meta["vocab_size"], meta["dtype"], meta["eot_token"]) == (50257, "uint16", 50256)
     assert meta["source"]["split"] == "by document (keyed hash)" and meta["source"]["seed"] == 3
@@ -107,7 +108,7 @@ def test_char_tokenizer_and_shards(tmp_path: Path) -> None:
         "--val_fraction=0.1",
     )
     assert result.returncode == 0, result.stderr
-    meta = tok.read_meta(out, check_files=True)
+    meta = read_meta(out, check_files=True)
     chars = sorted(set(SHAKESPEARE.read_text(encoding="utf-8")))
     assert meta["tokenizer"] == {"kind": "char", "chars": chars, "eot": True}
     assert meta["vocab_size"] == 66 and meta["eot_token"] == 65
@@ -124,7 +125,7 @@ def test_bpe_dir_offline(tmp_path: Path) -> None:
     offline = clean_env(TIKTOKEN_CACHE_DIR=str(tmp_path / "empty-cache"))  # tiktoken's own cache is out of reach
     ok = run_script(CORPUS, f"--input={SHAKESPEARE}", f"--out_dir={tmp_path / 'o'}", f"--bpe_dir={bpe}", env=offline)
     assert ok.returncode == 0, ok.stderr
-    splits = tok.read_meta(tmp_path / "o")["splits"]
+    splits = read_meta(tmp_path / "o")["splits"]
     assert splits["train"]["tokens"] + splits["val"]["tokens"] == 338025 + 1  # the text plus one end-of-text
     (bpe / "encoder.json").write_text("{}")
     bad = run_script(CORPUS, f"--input={SHAKESPEARE}", f"--out_dir={tmp_path / 'o2'}", f"--bpe_dir={bpe}", env=offline)
@@ -192,7 +193,7 @@ def test_decode_error_replace_and_skip(tmp_path: Path) -> None:
     replaced = run_script(CORPUS, *common, f"--out_dir={tmp_path / 'r'}", "--on_decode_error=replace")
     skipped = run_script(CORPUS, *common, f"--out_dir={tmp_path / 's'}", "--on_decode_error=skip")
     assert replaced.returncode == 0 and skipped.returncode == 0, replaced.stderr + skipped.stderr
-    r, s = tok.read_meta(tmp_path / "r"), tok.read_meta(tmp_path / "s")
+    r, s = read_meta(tmp_path / "r"), read_meta(tmp_path / "s")
     docs = lambda meta: meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"]  # noqa: E731
     assert docs(r) == 5 and docs(s) == 2  # skip drops bad.txt, the non-UTF-8 line and the lone surrogate
     assert s["source"]["skipped_documents"] == 3 and "3 documents skipped" in skipped.stdout
@@ -247,7 +248,7 @@ def test_killed_run_leaves_nothing_that_looks_complete(tmp_path: Path, where: st
     rerun = run_script(CORPUS, *args)
     assert rerun.returncode == 0, rerun.stderr
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]
-    assert tok.read_meta(out, check_files=True)["tokenizer"]["kind"] == "tiktoken"
+    assert read_meta(out, check_files=True)["tokenizer"]["kind"] == "tiktoken"
 
 
 def test_help_lists_settings() -> None:
@@ -367,7 +368,7 @@ def seed_for(documents: int) -> int:
 def prepared(out: Path, *flags: str) -> tuple[subprocess.CompletedProcess, dict, dict[str, bytes]]:
     result = run_script(CORPUS, f"--out_dir={out}", "--block_size=8", "--val_fraction=0.5", *flags)
     assert result.returncode == 0, result.stderr
-    return result, tok.read_meta(out, check_files=True), {p.name: p.read_bytes() for p in out.glob("*.bin")}
+    return result, read_meta(out, check_files=True), {p.name: p.read_bytes() for p in out.glob("*.bin")}
 
 
 def test_a_directory_walk_reads_only_the_text_files(tmp_path: Path, messy_tree: Path) -> None:
@@ -463,7 +464,7 @@ def test_a_real_tree_python_lib_test(tmp_path: Path) -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    meta = tok.read_meta(out, check_files=True)
+    meta = read_meta(out, check_files=True)
     skipped = meta["source"]["skipped_files"]
     assert (skipped["binary"], skipped["__pycache__"]) == (binary, pycache)
     assert skipped["binary"] > 0 or flags  # test_importlib holds zip, wheel and egg files

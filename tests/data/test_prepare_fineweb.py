@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from gptkit.data import tokenizer as tok
+from gptkit.data.meta import read_meta
 from gptkit.data.prepare.items import is_val_document
 from helpers import (
     REPO,
@@ -89,7 +90,7 @@ def test_download_and_tokenise_into_shards(tmp_path: Path, parquet_server: tuple
     result = run_fineweb(*args)
     assert result.returncode == 0, result.stderr
     assert sorted(requested) == ["/sample/10BT/000_00000.parquet", "/sample/10BT/001_00000.parquet"]
-    meta = tok.read_meta(out, check_files=True)
+    meta = read_meta(out, check_files=True)
     assert meta["tokenizer"] == {"kind": "tiktoken", "encoding": "gpt2"} and meta["dtype"] == "uint16"
     assert meta["source"]["parquet_files"] == ["000_00000.parquet", "001_00000.parquet"]
     enc = tok.TiktokenTokenizer("gpt2")

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from gptkit.data import tokenizer as tok
+from gptkit.data.meta import read_meta
 from helpers import SHAKESPEARE, assert_script_error, clean_env, copy_gpt2_bpe_files, run_script, serving_directory
 
 
@@ -31,7 +32,7 @@ def test_char_level_counts_vocab_and_meta(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "train 1,003,854 tokens" in result.stdout and "val 111,540 tokens" in result.stdout
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]
-    meta = tok.read_meta(out, check_files=True)
+    meta = read_meta(out, check_files=True)
     text = SHAKESPEARE.read_text(encoding="utf-8")
     chars = sorted(set(text))
     assert len(chars) == 65 and meta["vocab_size"] == 65
@@ -54,7 +55,7 @@ def test_gpt2_counts_with_source_flag(tmp_path: Path) -> None:
     out = tmp_path / "s"
     result = prepare("shakespeare.py", f"--source={SHAKESPEARE}", f"--out_dir={out}")
     assert result.returncode == 0, result.stderr
-    meta = tok.read_meta(out, check_files=True)
+    meta = read_meta(out, check_files=True)
     assert meta["tokenizer"] == {"kind": "tiktoken", "encoding": "gpt2"}
     assert (meta["vocab_size"], meta["dtype"], meta["eot_token"]) == (50257, "uint16", 50256)
     assert meta["splits"]["train"]["tokens"] == 301966 and meta["splits"]["val"]["tokens"] == 36059
@@ -98,7 +99,7 @@ def test_other_text_needs_sha256_none(tmp_path: Path) -> None:
     assert_script_error(rejected, "pass --sha256=None")
     accepted = prepare("shakespeare_char.py", f"--source={other}", "--sha256=None", f"--out_dir={tmp_path / 'o'}")
     assert accepted.returncode == 0, accepted.stderr
-    meta = tok.read_meta(tmp_path / "o")
+    meta = read_meta(tmp_path / "o")
     assert meta["splits"]["train"]["tokens"] == int(len(other.read_text()) * 0.9)
     missing = prepare("shakespeare_char.py", f"--source={tmp_path / 'missing.txt'}", f"--out_dir={tmp_path / 'x'}")
     assert_script_error(missing, "does not exist")

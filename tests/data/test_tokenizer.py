@@ -1,16 +1,17 @@
-"""Tests for tokenizer.py: char and tiktoken tokenizers, offline GPT-2 from --bpe_dir, meta.json read/write."""
+"""Tests for tokenizer.py: char and tiktoken tokenizers, offline GPT-2 from --bpe_dir, trained BPE records."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from data.test_meta import make_meta
 from gptkit.core.errors import UserError
 from gptkit.data import tokenizer
 from gptkit.data.bpe import GPT4_PATTERN, make_record, ranks_to_text
+from gptkit.data.meta import validate_meta
 from gptkit.data.tokenizer import BpeTokenizer, CharTokenizer, TiktokenTokenizer
 from helpers import SHAKESPEARE, copy_gpt2_bpe_files
 
@@ -122,87 +123,6 @@ def test_tokenizer_from_meta_rebuilds_both_kinds() -> None:
         tokenizer.tokenizer_from_meta({"kind": "sentencepiece"})
 
 
-def make_meta(**changes: object) -> dict:
-    meta = {
-        "format": "gpt-tokens",
-        "version": 1,
-        "tokenizer": {"kind": "char", "chars": ["a", "b", "c"], "eot": False},
-        "vocab_size": 3,
-        "dtype": "uint16",
-        "eot_token": None,
-        "splits": {
-            "train": {"files": ["train.bin"], "tokens": 4, "text_bytes": 4, "documents": 1},
-            "val": {"files": ["val.bin"], "tokens": 2, "text_bytes": 2, "documents": 1},
-        },
-        "source": {"note": "test"},
-    }
-    meta.update(changes)
-    return meta
-
-
-def test_write_then_read_meta(tmp_path: Path) -> None:
-    meta = make_meta()
-    tokenizer.write_meta(tmp_path, meta)
-    assert json.loads((tmp_path / "meta.json").read_text()) == meta
-    assert tokenizer.read_meta(tmp_path) == meta
-    assert [p.name for p in tmp_path.iterdir()] == ["meta.json"]  # no temporary file left
-
-
-def test_read_meta_checks_files(tmp_path: Path) -> None:
-    tokenizer.write_meta(tmp_path, make_meta())
-    with pytest.raises(UserError, match=r"train.bin .*missing"):
-        tokenizer.read_meta(tmp_path, check_files=True)
-    np.array([0, 1, 2, 0], dtype=np.uint16).tofile(tmp_path / "train.bin")
-    np.array([1], dtype=np.uint16).tofile(tmp_path / "val.bin")  # one token short
-    with pytest.raises(UserError, match="split 'val' files hold 2 bytes"):
-        tokenizer.read_meta(tmp_path, check_files=True)
-    np.array([1, 2], dtype=np.uint16).tofile(tmp_path / "val.bin")
-    assert tokenizer.read_meta(tmp_path, check_files=True)["vocab_size"] == 3
-
-
-@pytest.mark.parametrize(
-    "changes, message",
-    [
-        ({"format": "other"}, "not a token-data description"),
-        ({"vocab_size": 4}, "does not match the character table"),
-        ({"dtype": "int8"}, "'dtype' must be one of"),
-        ({"eot_token": 7}, "eot_token"),
-        ({"splits": {"train": {"files": [], "tokens": 1, "text_bytes": 1, "documents": 1}}}, "non-empty list"),
-        ({"splits": {"train": {"files": ["../x.bin"], "tokens": 1, "text_bytes": 1, "documents": 1}}}, "outside"),
-        ({"splits": {"train": {"files": ["t.bin"], "tokens": -1, "text_bytes": 1, "documents": 1}}}, "'tokens'"),
-        ({"tokenizer": {"kind": "tiktoken"}}, "needs 'encoding'"),
-        (
-            {"tokenizer": {"kind": "tiktoken", "encoding": "cl100k_base"}, "vocab_size": 100277, "dtype": "uint16"},
-            "does not fit",
-        ),
-    ],
-)
-def test_malformed_meta_rejected(tmp_path: Path, changes: dict, message: str) -> None:
-    (tmp_path / "meta.json").write_text(json.dumps(make_meta(**changes)))
-    with pytest.raises(UserError, match=message):
-        tokenizer.read_meta(tmp_path)
-    with pytest.raises(UserError, match=message):
-        tokenizer.write_meta(tmp_path / "out", make_meta(**changes))
-    assert not (tmp_path / "out").exists()
-
-
-def test_read_meta_missing_or_not_json(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="does not exist"):
-        tokenizer.read_meta(tmp_path / "nowhere")
-    with pytest.raises(UserError, match=r"no meta.json"):
-        tokenizer.read_meta(tmp_path)
-    (tmp_path / "meta.json").write_text("{not json")
-    with pytest.raises(UserError, match="not valid JSON"):
-        tokenizer.read_meta(tmp_path)
-
-
-def test_dtype_for_vocab() -> None:
-    assert tokenizer.dtype_for_vocab(65) == "uint16"
-    assert tokenizer.dtype_for_vocab(65536) == "uint16"
-    assert tokenizer.dtype_for_vocab(65537) == "uint32"
-    assert tokenizer.dtype_for_vocab(100277) == "uint32"
-
-
 # ----------------------------------------------------------------------------- trained BPE records (gptkit.data.bpe)
 
 TINY_RANKS = {**{bytes([b]): b for b in range(256)}, b"ab": 256, b"abc": 257}
@@ -221,7 +141,7 @@ def test_a_bpe_record_rebuilds_the_tokenizer_as_a_checkpoint_stores_it() -> None
     assert tok.encode("abc ab") == [257, 32, 256] and tok.decode([257, 258, 99]) == "abc<|endoftext|>c"
     assert tok.to_meta() == record
     meta = make_meta(tokenizer=record, vocab_size=259, eot_token=258)
-    tokenizer.validate_meta(meta)
+    validate_meta(meta)
 
 
 def _rehashed(record: dict, ranks_text: str) -> dict:

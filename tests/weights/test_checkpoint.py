@@ -226,6 +226,37 @@ def test_training_state_is_restored_and_a_damaged_one_is_a_user_error(tmp_path: 
         ckpt.restore_training_state({**saved, "optimizer": {"state": {}, "param_groups": []}}, "x.pt", *parts())
 
 
+def test_a_written_training_checkpoint_is_read_back_by_this_module(tmp_path: Path) -> None:
+    """The writing side and the reading side of the format, together: what is saved loads, resumes and rebuilds."""
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    meta = {"vocab_size": TINY.vocab_size, "eot_token": None, "tokenizer": {"kind": "char", "chars": ["a", "b"]}}
+    checkpoint = ckpt.training_checkpoint(
+        weights={"model": model.state_dict()},
+        optimizer_state=optimizer.state_dict(),
+        model_args=asdict(TINY),
+        iter_num=5,
+        best_val_loss=1.5,
+        config={"learning_rate": 1e-3},
+        scaler_state={},
+        sampler_state={"position": 10},
+        meta=meta,
+    )
+    ckpt.save_training_checkpoint(tmp_path, checkpoint, best=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
+    loaded = ckpt.load_checkpoint(tmp_path / "ckpt.pt", required_keys=ckpt.RESUME_KEYS)
+    assert loaded["tokenizer"] == {**meta["tokenizer"], "vocab_size": TINY.vocab_size, "eot_token": None}
+    assert (loaded["iter_num"], loaded["best_val_loss"], loaded["sampler"]) == (5, 1.5, {"position": 10})
+    rebuilt = model_from_checkpoint(loaded, "ckpt.pt")
+    assert all(torch.equal(a, b) for a, b in zip(rebuilt.state_dict().values(), model.state_dict().values()))
+
+    ckpt.save_training_checkpoint(tmp_path, {**checkpoint, "iter_num": 6}, best=True)  # a new best: both names
+    assert [ckpt.load_checkpoint(tmp_path / name)["iter_num"] for name in ("best.pt", "ckpt.pt")] == [6, 6]
+    ckpt.save_training_checkpoint(tmp_path, {**checkpoint, "iter_num": 7}, best=False)  # not a best: ckpt.pt only
+    assert [ckpt.load_checkpoint(tmp_path / name)["iter_num"] for name in ("best.pt", "ckpt.pt")] == [6, 7]
+
+
 def test_a_checkpoint_from_another_tokenizer_is_refused(tmp_path: Path) -> None:
     meta = {"tokenizer": {"kind": "char", "chars": ["a", "b"]}, "vocab_size": 2, "eot_token": None}
     ckpt.check_same_tokenizer({"tokenizer": ckpt.tokenizer_record(meta)}, meta, tmp_path / "ckpt.pt")

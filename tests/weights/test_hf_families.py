@@ -13,6 +13,8 @@ from gptkit.core.errors import UserError
 from gptkit.data.tokenizer import CharTokenizer
 from gptkit.model import GPT, GPTConfig
 from gptkit.weights.hf import export_architecture, load_hf, write_hf
+from gptkit.weights.loading import ModelSource, load_for_inference
+from gptkit.weights.lora import LoraConfig, adapter_state, add_lora, write_peft_adapter
 from helpers import cli_args, make_char_data, run_script
 from hf_tokenizer_dirs import write_byte_level
 
@@ -252,3 +254,39 @@ def test_sample_py_takes_the_directory_s_own_tokenizer(tmp_path):
     # joins a character's bytes across tokens first; the text apart from those marks is the same.
     assert result.stdout.replace("\ufffd", "") == expected.replace("\ufffd", "")
     assert len(result.stdout.replace("\ufffd", "")) > len(start) + 6
+
+
+def test_inference_crops_a_long_context_to_block_size(tmp_path):
+    """--block_size crops the context (and so the KV cache) of a model whose own is long; the logits stay HF's."""
+    hf = random_hf_model("llama3-scaled", seed=10)
+    make_char_data(tmp_path / "data", "abcdefgh ")
+    source = ModelSource(init_from=str(save(hf, tmp_path / "long")), data_dir=str(tmp_path / "data"), block_size=16)
+    model, _ = load_for_inference(source, torch.device("cpu"), torch.float32)
+    assert model.config.block_size == 16 and model.rope_cos.shape[0] == 16
+    idx = torch.randint(0, VOCAB, (1, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(all_logits(model, idx), hf(idx).logits, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "nanochat"])
+def test_peft_adapters_on_the_family_give_our_logits(tmp_path, family):
+    """Adapters on every fused product (q, k, v; gate and up) written for PEFT: PeftModel over the transformers
+    class gives the logits of our model with the same adapters."""
+    peft = pytest.importorskip("peft")
+    hf = random_hf_model(family, seed=11)
+    base = save(hf, tmp_path / "base")
+    ours = load_hf(str(base))
+    config = LoraConfig(rank=4, alpha=8.0, targets="all")
+    add_lora(ours, config)
+    torch.manual_seed(12)
+    with torch.no_grad():
+        for name, param in ours.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.05)  # B starts at zero: give the adapters something to say
+    write_peft_adapter(tmp_path / "adapter", adapter_state(ours), config, str(base), model_config=ours.config)
+    adapted = peft.PeftModel.from_pretrained(type(hf).from_pretrained(base), tmp_path / "adapter").eval()
+    idx = torch.randint(0, VOCAB, (2, 16))
+    with torch.no_grad():
+        expected = all_logits(ours.eval(), idx)
+        torch.testing.assert_close(adapted(idx).logits, expected, rtol=0, atol=1e-4)
+        assert (hf(idx).logits - expected).abs().max() > 1e-2  # the adapters do change the logits

@@ -20,6 +20,7 @@ import numpy as np
 
 from gptkit.core.errors import UserError
 from gptkit.data import tokenizer as tok
+from gptkit.data.meta import META_FILENAME, dtype_for_vocab, read_meta
 from gptkit.data.chat import ChatError, check_messages
 from gptkit.data.prepare.chat_inputs import ChatItem, conversation_of, records
 from gptkit.data.prepare.discover import describe_skipped
@@ -152,8 +153,8 @@ def base_tokenizer(name: str, bpe_dir: str | None) -> tok.Tokenizer | None:
         if bpe_dir is not None:
             raise UserError("--bpe_dir is for GPT-2 BPE; it makes no sense with --tokenizer=char")
         return None
-    if (Path(name) / tok.META_FILENAME).is_file():
-        return tok.tokenizer_from_meta(tok.read_meta(name)["tokenizer"], bpe_dir=bpe_dir)
+    if (Path(name) / META_FILENAME).is_file():
+        return tok.tokenizer_from_meta(read_meta(name)["tokenizer"], bpe_dir=bpe_dir)
     return tok.make_tokenizer(name, bpe_dir=bpe_dir)
 
 
@@ -242,7 +243,7 @@ def prepare_chat(
     if base is None:
         base = build_char_tokenizer(make_items, settings, total_bytes)
     tokenizer = chat_tokenizer(base)
-    dtype = tok.dtype_for_vocab(tokenizer.vocab_size)
+    dtype = dtype_for_vocab(tokenizer.vocab_size)
     counts = Counts()
     progress = Progress(total_bytes, "rendering")
     with DatasetWriter(settings.out_dir, dtype, settings.shard_tokens, side_streams=True) as writer:

@@ -15,6 +15,7 @@ from typing import Any
 from gptkit.core.errors import UserError
 from gptkit.core.progress import byte_progress_bar
 from gptkit.data import tokenizer as tok
+from gptkit.data.meta import dtype_for_vocab
 from gptkit.data.prepare.discover import describe_skipped
 from gptkit.data.prepare.items import WorkItem
 from gptkit.data.prepare.settings import PrepareSettings
@@ -111,7 +112,7 @@ def prepare(
     """
     settings.validate()
     tokenizer = make_tokenizer(settings, make_items, total_bytes)
-    dtype = tok.dtype_for_vocab(tokenizer.vocab_size)
+    dtype = dtype_for_vocab(tokenizer.vocab_size)
     job = _job(settings, tokenizer, dtype)
     progress = Progress(total_bytes, "tokenising")
     with DatasetWriter(settings.out_dir, dtype, settings.shard_tokens) as writer:

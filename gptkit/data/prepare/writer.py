@@ -16,6 +16,7 @@ import numpy as np
 
 from gptkit.core.errors import UserError
 from gptkit.data import tokenizer as tok
+from gptkit.data.meta import META_FILENAME, META_FORMAT, META_VERSION, dtype_for_vocab, validate_meta, write_meta
 from gptkit.data.conversations import SIDE_STREAMS
 from gptkit.data.prepare.items import SPLITS
 
@@ -198,8 +199,8 @@ class DatasetWriter:
         for writer in self._all_writers():
             writer.close()
         meta = {
-            "format": tok.META_FORMAT,
-            "version": tok.META_VERSION,
+            "format": META_FORMAT,
+            "version": META_VERSION,
             "tokenizer": tokenizer.to_meta(),
             "vocab_size": tokenizer.vocab_size,
             "dtype": self.dtype,
@@ -207,9 +208,9 @@ class DatasetWriter:
             "splits": {split: self._split_info(split) for split in self.writers},
             "source": source,
         }
-        tok.validate_meta(meta, "meta to write")
+        validate_meta(meta, "meta to write")
         # From here until meta.json is written the directory has no meta.json, so nobody takes it as complete.
-        (self.out_dir / tok.META_FILENAME).unlink(missing_ok=True)
+        (self.out_dir / META_FILENAME).unlink(missing_ok=True)
         new_names = {name for writer in self._all_writers() for name in writer.names}
         for writer in self._all_writers():
             for name in writer.names:
@@ -217,7 +218,7 @@ class DatasetWriter:
         for old in self.out_dir.iterdir():
             if _is_token_file_name(old.name) and old.name not in new_names:
                 old.unlink()  # e.g. shards beyond the new count, or train.bin after switching to shards
-        tok.write_meta(self.out_dir, meta)
+        write_meta(self.out_dir, meta)
         self.committed = True
         return meta
 
@@ -237,7 +238,7 @@ def write_dataset(
     source: dict[str, Any],
 ) -> dict[str, Any]:
     """Write token arrays held in memory: splits maps name -> (ids, text_bytes, documents). Returns the meta."""
-    dtype = tok.dtype_for_vocab(tokenizer.vocab_size)
+    dtype = dtype_for_vocab(tokenizer.vocab_size)
     with DatasetWriter(out_dir, dtype) as writer:
         for split, (ids, text_bytes, documents) in splits.items():
             writer.write(split, np.asarray(ids).astype(dtype), text_bytes, documents)

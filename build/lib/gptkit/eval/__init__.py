@@ -1,1 +1,0 @@
-"""Evaluation beyond the loss: HellaSwag and the lm-evaluation-harness adapter."""

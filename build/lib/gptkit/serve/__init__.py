@@ -1,1 +1,0 @@
-"""The OpenAI-compatible HTTP server: the app, the continuous batcher, the wire formats and the playground page."""
