@@ -100,7 +100,7 @@ def test_mistakes_are_one_line_errors_and_leave_no_directory(tmp_path, capsys):
     char = write_checkpoint(tmp_path / "char" / "ckpt.pt", tok.CharTokenizer("abc\n", eot=True))
     cases = [
         (cli_args(out_dir=rope, export_dir=tmp_path / "x"), ["pos_encoding=rope"]),
-        (cli_args(out_dir=char, format="gguf", export_dir=tmp_path / "x"), ["character vocabulary", "--format=hf"]),
+        (cli_args(out_dir=rope, format="gguf", export_dir=tmp_path / "x"), ["pos_encoding=rope with norm=layernorm"]),
         (cli_args(out_dir=tmp_path / "missing", export_dir=tmp_path / "x"), ["no checkpoint in"]),
         (cli_args(out_dir=char), ["--export_dir is required"]),
         (cli_args(out_dir=char, format="onnx", export_dir=tmp_path / "x"), ["onnx"]),

@@ -86,6 +86,8 @@ def gpt2_tensors(model: GPT, exact_gelu: bool = True) -> tuple[GPTConfig, dict[s
             tensors[key] = sinusoidal_table(config.block_size, config.n_embd)
         elif key.endswith(".bias"):  # bias=False: adding zero changes nothing
             tensors[key] = torch.zeros(shape)
+        elif key.rsplit(".", 2)[-2].startswith("ln_"):  # a norm without a learned scale: a scale of ones
+            tensors[key] = torch.ones(shape)
         else:
             raise UserError(f"cannot export as GPT-2: the model has no {key}")
     tensors.setdefault("lm_head.weight", tensors["transformer.wte.weight"])

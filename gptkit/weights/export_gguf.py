@@ -1,15 +1,17 @@
 """GGUF, the one-file format of llama.cpp, ollama and LM Studio, written with llama.cpp's own `gguf` package.
 
-The file holds the GPT-2 architecture's hyperparameters, the tensors (f32, f16 or q8_0), the tokenizer (byte-level
-BPE: tokens, types and merges, plus which of llama.cpp's pre-tokenizers splits text as ours does) and the chat
+The model is written as the llama.cpp architecture that runs it exactly: GPT-2 (learned or sinusoidal positions,
+LayerNorm, tanh GELU); Qwen3 (rotary positions, RMSNorm, SwiGLU, QK-norm); Qwen2 (the same without QK-norm, with
+biases on q, k, v only); Llama (the rest of that family: grouped-query attention, any biases, Llama 3's rope
+scaling). Norms without a learned scale are written as scales of ones. The file also holds the tensors (f32, f16 or
+q8_0), the tokenizer (byte-level BPE: tokens, types and merges, plus which of llama.cpp's pre-tokenizers splits
+text as ours does; a table of one-byte characters is a byte-level BPE whose merges never apply) and the chat
 template. A Modelfile beside it runs the model in ollama (`ollama create NAME -f Modelfile`).
-
-llama.cpp knows tokenizers as byte-level BPE or SentencePiece-like vocabularies, neither of which reproduces a
-character table exactly, so character models are refused (export them with --format=hf).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,38 +21,157 @@ import torch
 from gptkit.core.errors import UserError
 from gptkit.data import bpe
 from gptkit.data.chat import END_OF_TURN, ROLE_MARKERS
-from gptkit.data.tokenizer import Tokenizer
-from gptkit.model import GPT
+from gptkit.data.hf_tokenizer import HFTokenizer
+from gptkit.data.tokenizer import Tokenizer, gpt2_unicode_to_byte
+from gptkit.model import GPT, GPTConfig, scaled_frequencies
 from gptkit.weights.export_common import Vocabulary, gpt2_tensors, vocabulary_chat_template, vocabulary_of
 
 OUTTYPES = ("f32", "f16", "q8_0")
-LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which the model uses
-
-# Our GPT-2 tensor names -> llama.cpp's (gguf.TENSOR_NAMES for MODEL_ARCH.GPT2).
-_TOP_NAMES = {
-    "transformer.wte.weight": "token_embd.weight",
-    "transformer.wpe.weight": "position_embd.weight",
-    "transformer.ln_f.weight": "output_norm.weight",
-    "transformer.ln_f.bias": "output_norm.bias",
-    "lm_head.weight": "output.weight",
-}
-_BLOCK_NAMES = {
-    "ln_1": "attn_norm",
-    "attn.c_attn": "attn_qkv",
-    "attn.c_proj": "attn_output",
-    "ln_2": "ffn_norm",
-    "mlp.c_fc": "ffn_up",
-    "mlp.c_proj": "ffn_down",
-}
 
 
-def gguf_name(name: str) -> str:
-    """llama.cpp's name for one of our GPT-2 tensors."""
-    if name in _TOP_NAMES:
-        return _TOP_NAMES[name]
-    _, _, layer, rest = name.split(".", 3)  # transformer.h.<layer>.<module>.<weight|bias>
-    module, kind = rest.rsplit(".", 1)
-    return f"blk.{layer}.{_BLOCK_NAMES[module]}.{kind}"
+def architecture_of(config: GPTConfig) -> str:
+    """llama.cpp's architecture (gguf.MODEL_ARCH_NAMES) that runs `config` exactly; UserError naming the setting
+    that none of them holds."""
+    for name in ("embed_norm", "logit_softcap"):
+        if getattr(config, name):
+            raise UserError(
+                f"cannot export to GGUF: {name}={getattr(config, name)} is in none of llama.cpp's GPT-2, "
+                "Llama, Qwen2 or Qwen3 architectures"
+            )
+    if config.pos_encoding != "rope":
+        family = [
+            (config.norm != "layernorm", f"norm={config.norm}"),
+            (config.activation == "swiglu", "activation=swiglu"),
+            (config.n_kv_head != config.n_head, f"n_kv_head={config.n_kv_head}"),
+            (config.head_dim * config.n_head != config.n_embd, f"head_dim={config.head_dim}"),
+            (config.qk_norm, "qk_norm=True"),
+        ]
+        for differs, setting in family:
+            if differs:
+                raise UserError(
+                    f"cannot export to GGUF: {setting} with pos_encoding={config.pos_encoding}: "
+                    "llama.cpp's GPT-2 lacks it and its Llama-family architectures use rotary positions"
+                )
+        return "gpt2"
+    if config.norm != "rmsnorm" or config.activation != "swiglu":
+        raise UserError(
+            f"cannot export to GGUF: pos_encoding=rope with norm={config.norm} and activation={config.activation}: "
+            "llama.cpp's rotary architectures (Llama, Qwen2, Qwen3) need norm=rmsnorm and activation=swiglu"
+        )
+    scaling = (config.rope_scaling or {}).get("rope_type")
+    if config.qk_norm:
+        if config.bias or scaling == "llama3":
+            setting = "bias=True" if config.bias else "rope_scaling llama3"
+            raise UserError(f"cannot export to GGUF: {setting} with qk_norm=True: llama.cpp's Qwen3 has neither")
+        return "qwen3"
+    if config.qkv_bias and not config.bias and scaling != "llama3":
+        return "qwen2"
+    return "llama"
+
+
+def gguf_tensors(model: GPT) -> tuple[str, dict[str, torch.Tensor]]:
+    """(architecture, float32 tensors under llama.cpp's names in nn.Linear's (out, in) layout)."""
+    architecture = architecture_of(model.config)
+    if architecture == "gpt2":
+        return architecture, gpt2_gguf_tensors(model)
+    return architecture, llama_family_tensors(model, architecture)
+
+
+def tensor_name(tensor: Any, kind: str = "weight", block: int | None = None) -> str:
+    """llama.cpp's name of a gguf.MODEL_TENSOR, e.g. blk.3.attn_q.weight."""
+    import gguf
+
+    return f"{gguf.TENSOR_NAMES[tensor].format(bid=block)}.{kind}"
+
+
+def gpt2_gguf_tensors(model: GPT) -> dict[str, torch.Tensor]:
+    import gguf
+
+    T = gguf.MODEL_TENSOR
+    top = {
+        "transformer.wte": T.TOKEN_EMBD,
+        "transformer.wpe": T.POS_EMBD,
+        "transformer.ln_f": T.OUTPUT_NORM,
+        "lm_head": T.OUTPUT,
+    }
+    block = {
+        "ln_1": T.ATTN_NORM,
+        "attn.c_attn": T.ATTN_QKV,
+        "attn.c_proj": T.ATTN_OUT,
+        "ln_2": T.FFN_NORM,
+        "mlp.c_fc": T.FFN_UP,
+        "mlp.c_proj": T.FFN_DOWN,
+    }
+    config, ours = gpt2_tensors(model, exact_gelu=False)
+    tensors = {}
+    for key, value in ours.items():
+        if key == "lm_head.weight" and config.tie_embeddings:
+            continue  # no output.weight: llama.cpp's GPT-2 uses the token embedding as the head
+        module, kind = key.rsplit(".", 1)
+        if module in top:
+            tensors[tensor_name(top[module], kind)] = value
+        else:  # transformer.h.<layer>.<module>
+            _, _, layer, rest = module.split(".", 3)
+            tensors[tensor_name(block[rest], kind, int(layer))] = value
+    return tensors
+
+
+def rope_pairs_interleaved(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rows of q or k reordered for llama.cpp's Llama, which rotates adjacent pairs (x[2i], x[2i+1]) where ours
+    rotates halves (x[i], x[i + d/2]): the permutation llama.cpp's own converter applies to Hugging Face's Llama."""
+    return (
+        weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+    )
+
+
+def llama_family_tensors(model: GPT, architecture: str) -> dict[str, torch.Tensor]:
+    import gguf
+
+    T = gguf.MODEL_TENSOR
+    config = model.config
+    state = {key: value.detach().float().cpu() for key, value in model.state_dict().items()}
+    ones = torch.ones(config.n_embd)  # a norm without a learned scale multiplies by one
+    tensors = {
+        tensor_name(T.TOKEN_EMBD): state["transformer.wte.weight"],
+        tensor_name(T.OUTPUT_NORM): state.get("transformer.ln_f.weight", ones),
+    }
+    if not config.tie_embeddings:
+        tensors[tensor_name(T.OUTPUT)] = state["lm_head.weight"]
+    if (config.rope_scaling or {}).get("rope_type") == "llama3":
+        tensors[tensor_name(T.ROPE_FREQS)] = rope_factors(config)
+    widths = [config.n_head * config.head_dim] + 2 * [config.n_kv_head * config.head_dim]
+    for layer in range(config.n_layer):
+        prefix = f"transformer.h.{layer}."
+        tensors[tensor_name(T.ATTN_NORM, block=layer)] = state.get(prefix + "ln_1.weight", ones)
+        tensors[tensor_name(T.FFN_NORM, block=layer)] = state.get(prefix + "ln_2.weight", ones)
+        for kind in ("weight", "bias"):
+            qkv = state.get(f"{prefix}attn.c_attn.{kind}")
+            if qkv is not None:
+                q, k, v = qkv.split(widths)
+                if architecture == "llama":
+                    q, k = rope_pairs_interleaved(q, config.n_head), rope_pairs_interleaved(k, config.n_kv_head)
+                tensors[tensor_name(T.ATTN_Q, kind, layer)] = q
+                tensors[tensor_name(T.ATTN_K, kind, layer)] = k
+                tensors[tensor_name(T.ATTN_V, kind, layer)] = v
+            gate_up = state.get(f"{prefix}mlp.c_fc.{kind}")
+            if gate_up is not None:
+                gate, up = gate_up.split(config.mlp_hidden)
+                tensors[tensor_name(T.FFN_GATE, kind, layer)] = gate
+                tensors[tensor_name(T.FFN_UP, kind, layer)] = up
+            for ours, theirs in (("attn.c_proj", T.ATTN_OUT), ("mlp.c_proj", T.FFN_DOWN)):
+                if f"{prefix}{ours}.{kind}" in state:
+                    tensors[tensor_name(theirs, kind, layer)] = state[f"{prefix}{ours}.{kind}"]
+        if architecture == "qwen3":
+            head_ones = torch.ones(config.head_dim)
+            tensors[tensor_name(T.ATTN_Q_NORM, block=layer)] = state.get(prefix + "attn.q_norm.weight", head_ones)
+            tensors[tensor_name(T.ATTN_K_NORM, block=layer)] = state.get(prefix + "attn.k_norm.weight", head_ones)
+    return tensors
+
+
+def rope_factors(config: GPTConfig) -> torch.Tensor:
+    """Llama 3's rope scaling as llama.cpp holds it: each rotary frequency is divided by its factor."""
+    frequency = config.rope_base ** (-torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim)
+    return (frequency / scaled_frequencies(frequency, config.rope_scaling)).float()
 
 
 def export_gguf(model: GPT, tokenizer: Tokenizer, directory: Path, outtype: str, name: str) -> list[str]:
@@ -59,37 +180,53 @@ def export_gguf(model: GPT, tokenizer: Tokenizer, directory: Path, outtype: str,
 
     if outtype not in OUTTYPES:
         raise UserError(f"--outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
-    config, tensors = gpt2_tensors(model, exact_gelu=False)
-    vocabulary = vocabulary_of(tokenizer)
-    if vocabulary.is_char:
+    config = model.config
+    architecture, tensors = gguf_tensors(model)
+    if isinstance(getattr(tokenizer, "base", tokenizer), HFTokenizer):
         raise UserError(
-            "cannot export a character vocabulary to GGUF: llama.cpp's tokenizers (byte-level BPE, SentencePiece) "
-            "do not encode it as ours does; use --format=hf, or train on a BPE tokenizer"
+            "cannot export a Hugging Face tokenizer (tokenizer.json) to GGUF: export.py writes only GPT-2's BPE, "
+            "BPEs trained here and character tables; use --format=hf, whose directory llama.cpp's converter reads"
         )
+    vocabulary = gguf_vocabulary(vocabulary_of(tokenizer))
     if vocabulary.size > config.vocab_size:
         raise UserError(f"the tokenizer has {vocabulary.size} tokens but the model only {config.vocab_size} rows")
     filename = f"{name}-{outtype}.gguf"
-    writer = gguf.GGUFWriter(str(directory / filename), arch=gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.GPT2])
+    writer = gguf.GGUFWriter(str(directory / filename), arch=architecture)
     writer.add_name(name)
-    writer.add_context_length(config.block_size)
-    writer.add_embedding_length(config.n_embd)
-    writer.add_feed_forward_length(4 * config.n_embd)
-    writer.add_block_count(config.n_layer)
-    writer.add_head_count(config.n_head)
-    writer.add_layer_norm_eps(LAYER_NORM_EPS)
+    add_hyperparameters(writer, config, architecture)
     writer.add_file_type(_FILE_TYPES[outtype](gguf))
     add_tokenizer(writer, vocabulary, config.vocab_size)
     for key, tensor in tensors.items():
-        if key == "lm_head.weight" and config.tie_embeddings:
-            continue  # no output.weight: llama.cpp's GPT-2 uses the token embedding as the head
-        data, qtype = encode_tensor(gguf_name(key), tensor, outtype)
-        writer.add_tensor(gguf_name(key), data, raw_dtype=qtype)
+        data, qtype = encode_tensor(key, tensor, outtype)
+        writer.add_tensor(key, data, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     (directory / "Modelfile").write_text(modelfile(filename, vocabulary, config.block_size), encoding="utf-8")
     return [filename, "Modelfile"]
+
+
+def add_hyperparameters(writer: Any, config: GPTConfig, architecture: str) -> None:
+    import gguf
+
+    writer.add_context_length(config.block_size)
+    writer.add_embedding_length(config.n_embd)
+    writer.add_feed_forward_length(config.mlp_hidden)
+    writer.add_block_count(config.n_layer)
+    writer.add_head_count(config.n_head)
+    if architecture == "gpt2":
+        writer.add_layer_norm_eps(config.norm_eps)
+        return
+    writer.add_head_count_kv(config.n_kv_head)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_rope_freq_base(config.rope_base)
+    writer.add_layer_norm_rms_eps(config.norm_eps)
+    if (config.rope_scaling or {}).get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(config.rope_scaling["factor"])
 
 
 _FILE_TYPES = {
@@ -121,6 +258,28 @@ def pre_tokenizer(vocabulary: Vocabulary) -> str:
     raise UserError("cannot export to GGUF: the BPE's pre-tokenisation pattern has no llama.cpp equivalent")
 
 
+# llama.cpp reads the merges key of every byte-level BPE and the gguf writer stores no empty list: a table without
+# merges gets this one rule, which joins two pieces no rule makes and so never applies.
+UNREACHABLE_MERGE = ("\u0120\u0120", "\u0120\u0120")
+
+
+def gguf_vocabulary(vocabulary: Vocabulary) -> Vocabulary:
+    """The vocabulary as llama.cpp's byte-level BPE holds it. A character table whose characters are one byte each
+    is such a BPE without merges: llama.cpp splits text into bytes and looks each one up, as our table does."""
+    if not vocabulary.is_char:
+        return vocabulary
+    special = set(vocabulary.special.values())
+    wide = [t for i, t in enumerate(vocabulary.tokens) if i not in special and len(t.encode("utf-8")) != 1]
+    if wide:
+        raise UserError(
+            f"cannot export this character vocabulary to GGUF: {wide[0]!r} is more than one byte in UTF-8, and "
+            "llama.cpp's byte-level BPE looks text up byte by byte; use --format=hf, or train on a BPE tokenizer"
+        )
+    to_char = {byte: char for char, byte in gpt2_unicode_to_byte().items()}
+    tokens = [t if i in special else to_char[t.encode("utf-8")[0]] for i, t in enumerate(vocabulary.tokens)]
+    return replace(vocabulary, tokens=tokens, merges=[])
+
+
 def add_tokenizer(writer: Any, vocabulary: Vocabulary, rows: int) -> None:
     """Tokens (padded with unused "[PADi]" entries up to the model's `rows`), types, merges, special ids, template."""
     import gguf
@@ -135,11 +294,12 @@ def add_tokenizer(writer: Any, vocabulary: Vocabulary, rows: int) -> None:
         else gguf.TokenType.NORMAL
         for i in range(rows)
     ]
+    merges = vocabulary.merges or [UNREACHABLE_MERGE]
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre_tokenizer(vocabulary))
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    writer.add_token_merges([f"{left} {right}" for left, right in vocabulary.merges])
+    writer.add_token_merges([f"{left} {right}" for left, right in merges])
     if vocabulary.eot_token is not None:
         writer.add_bos_token_id(vocabulary.eot_token)
         writer.add_eos_token_id(vocabulary.eot_token)

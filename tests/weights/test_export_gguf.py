@@ -14,8 +14,7 @@ from gptkit.core.errors import UserError
 from gptkit.data import bpe
 from gptkit.data import tokenizer as tok
 from gptkit.data.chat import END_OF_TURN
-from gptkit.weights.export_gguf import export_gguf, gguf_name
-from gptkit.weights.export_hf import export_hf
+from gptkit.weights.export_gguf import export_gguf, gguf_tensors
 from helpers import lively_model
 
 gguf = pytest.importorskip("gguf")
@@ -47,6 +46,20 @@ def tensors_of(reader) -> dict[str, np.ndarray]:
     }
 
 
+# llama.cpp's tensor names (its llama-arch.cpp) -> ours, for block {i}.
+GPT2_NAMES = {
+    "token_embd.weight": "transformer.wte.weight",
+    "output_norm.weight": "transformer.ln_f.weight",
+    "output.weight": "lm_head.weight",
+    "blk.{i}.attn_norm.weight": "transformer.h.{i}.ln_1.weight",
+    "blk.{i}.attn_qkv.weight": "transformer.h.{i}.attn.c_attn.weight",
+    "blk.{i}.attn_output.weight": "transformer.h.{i}.attn.c_proj.weight",
+    "blk.{i}.ffn_norm.weight": "transformer.h.{i}.ln_2.weight",
+    "blk.{i}.ffn_up.weight": "transformer.h.{i}.mlp.c_fc.weight",
+    "blk.{i}.ffn_down.weight": "transformer.h.{i}.mlp.c_proj.weight",
+}
+
+
 def tiny_bpe(*merged: bytes) -> tok.BpeTokenizer:
     """A byte-level BPE with GPT-4's split: the 256 bytes, the `merged` tokens, then <|endoftext|>."""
     ranks = {bytes([b]): b for b in range(256)} | {token: 256 + i for i, token in enumerate(merged)}
@@ -68,18 +81,18 @@ def test_f32_tensors_read_back_equal_ours(tmp_path):
     model = lively_model(vocab_size=320, bias=False, pos_encoding="sinusoidal", tie_embeddings=False)
     reader = gguf.GGUFReader(export(tmp_path, model, tiny_bpe()))
     read = tensors_of(reader)
-    state = model.state_dict()
     assert read["position_embd.weight"].shape == (16, 32)
     assert np.array_equal(read["position_embd.weight"], model.pos_table.numpy())  # the fixed table, as learned
     assert np.all(read["blk.0.attn_qkv.bias"] == 0) and np.all(read["output_norm.bias"] == 0)
-    for key, value in state.items():
-        assert np.array_equal(read[gguf_name(key)], value.numpy()), key
+    for key, value in GPT2_NAMES.items():
+        ours = model.state_dict()[value.replace("{i}", "1")].numpy()
+        assert np.array_equal(read[key.replace("{i}", "1")], ours), key
     assert {t.tensor_type for t in reader.tensors} == {gguf.GGMLQuantizationType.F32}
 
 
 @pytest.mark.heavy
 def test_f16_and_q8_0_tensors_are_within_their_formats_error(tmp_path, gpt2_model):
-    state = {gguf_name(k): v.numpy() for k, v in gpt2_model.state_dict().items()}
+    state = {name: value.numpy() for name, value in gguf_tensors(gpt2_model)[1].items()}
     f16 = gguf.GGUFReader(export(tmp_path, gpt2_model, chat_gpt2(), "f16"))
     for name, value in tensors_of(f16).items():
         expected = state[name] if value.ndim == 1 or name == "position_embd.weight" else state[name].astype(np.float16)
@@ -143,6 +156,8 @@ def test_metadata_holds_the_architecture_tokenizer_and_chat_template(tmp_path, g
 @pytest.mark.heavy
 def test_the_chat_template_in_the_metadata_renders_our_ids(tmp_path, gpt2_model):
     transformers = pytest.importorskip("transformers")
+    from gptkit.weights.export_hf import export_hf
+
     tokenizer = chat_gpt2()
     reader = gguf.GGUFReader(export(tmp_path, gpt2_model, tokenizer))
     hf_dir = tmp_path / "hf"
@@ -165,12 +180,120 @@ def test_a_trained_bpe_uses_llama_cpps_gpt4_style_pre_tokenizer(tmp_path):
     assert "output.weight" not in {t.name for t in reader.tensors}  # tied: llama.cpp reuses token_embd
 
 
+# The Llama family as our settings describe it (see gptkit/weights/hf.py for the Hugging Face models they load).
+LLAMA = dict(pos_encoding="rope", norm="rmsnorm", activation="swiglu", bias=False, n_head=4, n_kv_head=2, mlp_hidden=96)
+QWEN2 = {**LLAMA, "qkv_bias": True}
+QWEN3 = {**LLAMA, "qk_norm": True, "qk_norm_weight": True, "head_dim": 16}
+# The demo's model (config/train_shakespeare_char_cpu.py) moved to Qwen3's shape: norms without weights.
+QWEN3_DEMO = {**LLAMA, "n_kv_head": 4, "qk_norm": True, "norm_weight": False, "tie_embeddings": True}
+
+
+def rotate_halves(x: np.ndarray, angles: np.ndarray) -> np.ndarray:
+    """Ours (and llama.cpp's NEOX mode): pairs (x[i], x[i + d/2]) turn by angles[i]."""
+    half = x.shape[-1] // 2
+    a, b = x[..., :half], x[..., half:]
+    return np.concatenate([a * np.cos(angles) - b * np.sin(angles), a * np.sin(angles) + b * np.cos(angles)], -1)
+
+
+def rotate_adjacent(x: np.ndarray, angles: np.ndarray) -> np.ndarray:
+    """llama.cpp's Llama (its NORM mode): pairs (x[2i], x[2i + 1]) turn by angles[i]."""
+    a, b = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2], out[..., 1::2] = a * np.cos(angles) - b * np.sin(angles), a * np.sin(angles) + b * np.cos(angles)
+    return out
+
+
+def test_llama_q_and_k_give_our_attention_scores_under_llama_cpps_rotation(tmp_path):
+    model = lively_model(vocab_size=300, **LLAMA)
+    reader = gguf.GGUFReader(export(tmp_path, model, tiny_bpe()))
+    assert field(reader, "general.architecture") == "llama"
+    read = tensors_of(reader)
+    config, state = model.config, {k: v.double().numpy() for k, v in model.state_dict().items()}
+    q_ours, k_ours, _ = np.split(state["transformer.h.1.attn.c_attn.weight"], [32, 48])
+    x = np.random.default_rng(0).standard_normal((5, 32))  # five positions' inputs
+    angles = np.arange(5)[:, None] * 10000.0 ** (-np.arange(0, 8, 2) / 8)
+    for head in range(4):  # query head h reads key head h // 2
+        rows, kv_rows = slice(8 * head, 8 * head + 8), slice(8 * (head // 2), 8 * (head // 2) + 8)
+        ours = rotate_halves(x @ q_ours[rows].T, angles) @ rotate_halves(x @ k_ours[kv_rows].T, angles).T
+        q_theirs = x @ read["blk.1.attn_q.weight"][rows].astype(np.float64).T
+        k_theirs = x @ read["blk.1.attn_k.weight"][kv_rows].astype(np.float64).T
+        theirs = rotate_adjacent(q_theirs, angles) @ rotate_adjacent(k_theirs, angles).T
+        np.testing.assert_allclose(theirs, ours, rtol=1e-5, atol=1e-5)
+    assert field(reader, "llama.attention.head_count") == 4 and field(reader, "llama.attention.head_count_kv") == 2
+    assert field(reader, "llama.feed_forward_length") == 96 and field(reader, "llama.rope.dimension_count") == 8
+    assert field(reader, "llama.rope.freq_base") == pytest.approx(config.rope_base)
+    assert field(reader, "llama.attention.layer_norm_rms_epsilon") == pytest.approx(config.norm_eps)
+
+
+@pytest.mark.parametrize("settings", [QWEN2, QWEN3, QWEN3_DEMO], ids=["qwen2", "qwen3", "qwen3-demo"])
+def test_qwen_tensors_are_our_weights_split_under_llama_cpps_names(tmp_path, settings):
+    model = lively_model(vocab_size=300, **settings)
+    reader = gguf.GGUFReader(export(tmp_path, model, tiny_bpe()))
+    architecture = "qwen3" if settings.get("qk_norm") else "qwen2"
+    assert field(reader, "general.architecture") == architecture
+    config, state = model.config, {k: v.numpy() for k, v in model.state_dict().items()}
+    q_width, kv_width = config.n_head * config.head_dim, config.n_kv_head * config.head_dim
+    expected = {"token_embd.weight": state["transformer.wte.weight"]}
+    for i in range(2):
+        h = f"transformer.h.{i}."
+        q, k, v = np.split(state[h + "attn.c_attn.weight"], [q_width, q_width + kv_width])
+        gate, up = np.split(state[h + "mlp.c_fc.weight"], 2)
+        expected |= {
+            f"blk.{i}.attn_q.weight": q,
+            f"blk.{i}.attn_k.weight": k,
+            f"blk.{i}.attn_v.weight": v,
+            f"blk.{i}.attn_output.weight": state[h + "attn.c_proj.weight"],
+            f"blk.{i}.ffn_gate.weight": gate,
+            f"blk.{i}.ffn_up.weight": up,
+            f"blk.{i}.ffn_down.weight": state[h + "mlp.c_proj.weight"],
+        }
+        for ours, theirs in (("ln_1", "attn_norm"), ("ln_2", "ffn_norm")):
+            expected[f"blk.{i}.{theirs}.weight"] = state.get(h + ours + ".weight", np.ones(32, np.float32))
+        if architecture == "qwen2":
+            b_q, b_k, b_v = np.split(state[h + "attn.c_attn.bias"], [q_width, q_width + kv_width])
+            expected |= {f"blk.{i}.attn_q.bias": b_q, f"blk.{i}.attn_k.bias": b_k, f"blk.{i}.attn_v.bias": b_v}
+        else:
+            for part in ("q", "k"):
+                weight = state.get(f"{h}attn.{part}_norm.weight", np.ones(config.head_dim, np.float32))
+                expected[f"blk.{i}.attn_{part}_norm.weight"] = weight
+    expected["output_norm.weight"] = state.get("transformer.ln_f.weight", np.ones(32, np.float32))
+    if not config.tie_embeddings:
+        expected["output.weight"] = state["lm_head.weight"]
+    read = tensors_of(reader)
+    assert sorted(read) == sorted(expected)
+    for name, value in expected.items():
+        assert np.array_equal(read[name], value), name
+    assert field(reader, f"{architecture}.attention.key_length") == config.head_dim
+    assert field(reader, f"{architecture}.attention.head_count_kv") == config.n_kv_head
+
+
+def test_a_table_of_one_byte_characters_is_a_byte_level_bpe_without_merges(tmp_path):
+    tokenizer = tok.CharTokenizer("\n !abcz", eot=True)
+    model = lively_model(vocab_size=12, **QWEN3_DEMO)
+    reader = gguf.GGUFReader(export(tmp_path, model, tokenizer))
+    # GPT-2's byte-level alphabet: printable bytes stand for themselves, "\n" (10) is U+010A, " " (32) U+0120
+    padding = [f"[PAD{i}]" for i in range(8, 12)]
+    expected = ["\u010a", "\u0120", "!", "a", "b", "c", "z", "<|endoftext|>", *padding]
+    assert field(reader, "tokenizer.ggml.tokens") == expected
+    assert field(reader, "tokenizer.ggml.token_type")[6:9] == [
+        gguf.TokenType.NORMAL,
+        gguf.TokenType.CONTROL,
+        gguf.TokenType.UNUSED,
+    ]
+    (merge,) = field(reader, "tokenizer.ggml.merges")  # one rule whose pieces are no token: it never applies
+    assert all(piece not in field(reader, "tokenizer.ggml.tokens") for piece in merge.split(" "))
+
+
 @pytest.mark.parametrize(
     ("model_settings", "tokenizer", "named"),
     [
-        ({}, tok.CharTokenizer("abc", eot=True), "character vocabulary"),
+        ({}, tok.CharTokenizer("abcé", eot=True), "'é' is more than one byte"),
         ({"activation": "gelu"}, None, "activation=gelu (exact)"),
-        ({"pos_encoding": "rope"}, None, "pos_encoding=rope"),
+        ({"pos_encoding": "rope", "qk_norm": True}, None, "pos_encoding=rope with norm=layernorm"),  # the old demo
+        ({**LLAMA, "embed_norm": True}, None, "embed_norm=True"),
+        ({**LLAMA, "logit_softcap": 15.0}, None, "logit_softcap=15.0"),
+        ({"norm": "rmsnorm"}, None, "norm=rmsnorm with pos_encoding=learned"),
+        ({**QWEN3, "bias": True}, None, "bias=True with qk_norm=True"),
     ],
 )
 def test_what_gguf_cannot_express_is_refused(tmp_path, model_settings, tokenizer, named):
@@ -239,3 +362,70 @@ def test_llama_cpp_tokenizes_a_trained_bpe_as_we_do(tmp_path, request):
     texts.append("Grüße, Привет мир, 你好世界 👨‍👩‍👧‍👦 \t \r\n x   y\n\n\n   return 12345678901 it's I'M")
     for text in texts:
         assert llm.tokenize(text.encode(), add_bos=False, special=False) == tokenizer.encode(text)
+
+
+def test_a_hugging_face_tokenizer_is_refused_in_one_line(tmp_path):
+    from gptkit.data.hf_tokenizer import load_hf_tokenizer
+    from hf_tokenizer_dirs import write_byte_level
+
+    tokenizer = load_hf_tokenizer(write_byte_level(tmp_path / "tokenizer"))
+    with pytest.raises(UserError, match=r"Hugging Face tokenizer.*--format=hf"):
+        export(tmp_path, lively_model(vocab_size=tokenizer.vocab_size, **QWEN3), tokenizer)
+
+
+def greedy_ours(model, prompt: list[int], count: int) -> list[int]:
+    """`count` greedy tokens after `prompt` from our model (the plain forward pass, no cache)."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(count):
+            logits, _ = model(torch.tensor([ids]))
+            ids.append(int(logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+def greedy_llama_cpp(llm, prompt: list[int], count: int) -> list[int]:
+    tokens = []
+    for token in llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
+        tokens.append(token)
+        if len(tokens) == count:
+            return tokens
+    return tokens
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "settings",
+    [LLAMA, {**LLAMA, "bias": True}, QWEN2, QWEN3, QWEN3_DEMO],
+    ids=["llama", "llama-biases", "qwen2", "qwen3", "qwen3-demo"],
+)
+def test_llama_cpp_greedy_decodes_our_tokens_in_every_architecture(tmp_path, request, settings):
+    """llama.cpp runs the f32 file of each Llama-family shape to the greedy tokens our model picks."""
+    if not slow_requested(request.config):
+        pytest.skip("slow: runs llama.cpp; ask with -m slow or GPTKIT_SLOW_TESTS=1")
+    llama_cpp = pytest.importorskip(
+        "llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python)"
+    )
+    model = lively_model(vocab_size=300, block_size=64, **settings)
+    llm = llama_cpp.Llama(model_path=str(export(tmp_path, model, tiny_bpe())), n_ctx=64, verbose=False)
+    prompt = [5, 77, 200, 31, 9, 144]
+    assert greedy_llama_cpp(llm, prompt, 20) == greedy_ours(model, prompt, 20)
+
+
+@pytest.mark.slow
+def test_llama_cpp_runs_the_demos_character_model_to_our_tokens_and_text(tmp_path, request):
+    """The demo's shape (Qwen3 with weightless norms, tied) on Shakespeare's character table: llama.cpp tokenizes
+    text as our table does, greedy-decodes our tokens and turns them back into our text."""
+    if not slow_requested(request.config):
+        pytest.skip("slow: runs llama.cpp; ask with -m slow or GPTKIT_SLOW_TESTS=1")
+    llama_cpp = pytest.importorskip(
+        "llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python)"
+    )
+    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak! 3 &c; $-'?"
+    tokenizer = tok.CharTokenizer("".join(sorted(set(text))), eot=False)
+    model = lively_model(vocab_size=tokenizer.vocab_size, block_size=128, **QWEN3_DEMO)
+    llm = llama_cpp.Llama(model_path=str(export(tmp_path, model, tokenizer)), n_ctx=128, verbose=False)
+    assert llm.tokenize(text.encode(), add_bos=False, special=False) == tokenizer.encode(text)
+    prompt = tokenizer.encode("First Citizen:\n")
+    ours = greedy_ours(model, prompt, 30)
+    assert greedy_llama_cpp(llm, prompt, 30) == ours
+    assert llm.detokenize(ours).decode() == tokenizer.decode(ours)
