@@ -304,9 +304,12 @@ class Engine:
         """The next token of every active row through one compiled step, which also chooses the tokens when all rows
         share settings that it can sample with (no top-p); otherwise its logits are sampled eagerly."""
         settings = {(0.0, None, None) if r.temperature == 0 else (r.temperature, r.top_k, r.top_p) for r in self.active}
-        temperature, top_k, top_p = settings.pop() if len(settings) == 1 else (0.0, None, 1.0)
+        shared = settings.pop() if len(settings) == 1 else None  # rows of different settings sample eagerly
+        temperature, top_k, top_p = shared or (0.0, None, None)
         # sample_next_token, too, skips top-p at 1
-        in_graph = (top_p is None or top_p >= 1.0) and not any(r.reads_logits for r in self.active)
+        in_graph = (
+            shared is not None and (top_p is None or top_p >= 1.0) and not any(r.reads_logits for r in self.active)
+        )
         uniform = self._uniform_numbers() if in_graph and temperature != 0 else None
         self._allocate_cache(self._compute_dtype())
         rows = len(self.active)

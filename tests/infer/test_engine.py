@@ -447,6 +447,26 @@ def step_with_dynamos_eager_backend(monkeypatch) -> None:
     monkeypatch.setattr(compiled_decoding, "compiled_step", eager_step)
 
 
+def test_compiled_rows_of_different_settings_each_sample_as_eager_rows_do(monkeypatch):
+    """One greedy row beside seeded rows at their own temperatures and top-k: each row gets the eager engine's
+    tokens, so no row's settings stand in for another's."""
+    step_with_dynamos_eager_backend(monkeypatch)
+    model = lively_model(block_size=40)
+    prompts = prompts_of(1, 9, 26)
+    settings = [(0.0, None), (1.0, 5), (0.8, None)]
+    outputs = {}
+    for decode in ("compiled", "eager"):
+        requests = [
+            Request(prompt, 20, temperature, top_k, None, seed=row)
+            for row, (prompt, (temperature, top_k)) in enumerate(zip(prompts, settings))
+        ]
+        list(Engine(plain_copy(model), slots=3, decode=decode).run(requests))
+        outputs[decode] = [request.output for request in requests]
+    greedy = [reference_greedy(plain_copy(model), prompt, 20) for prompt in prompts]
+    assert outputs["compiled"] == outputs["eager"]
+    assert [out == best for out, best in zip(outputs["compiled"], greedy)] == [True, False, False]
+
+
 def test_the_compiled_step_holds_more_graphs_than_dynamos_default_limit(monkeypatch):
     """Every model (as every batch size and top_k) is a graph of its own, and past dynamo's default of 8 graphs a
     function, fullgraph=True made the next one a hard error. The step's own limit lets a process hold more; other
