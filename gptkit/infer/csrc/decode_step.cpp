@@ -863,6 +863,48 @@ void step(const Model<W>& m, int64_t token, int64_t position, float* logits, std
   }
 }
 
+// The Q, K and V rows of this thread's heads (biases added) for `count` inputs already in `input`: qkv is
+// (count, 3C), row b holding input b's Q, K and V side by side.
+template <typename W>
+void qkv_rows(const Layer<W>& l, const Share& heads, int64_t C, int64_t D, const ProductInput<W>& input, int64_t count,
+              float* out, float* qkv) {
+  for (int64_t part = 0; part < 3; ++part) {  // this thread's heads' rows of Q, then of K, then of V
+    const int64_t first = part * C + heads.first * D, last = part * C + heads.last * D;
+    product_tokens(l.attn, first, last, input, count, out);
+    for (int64_t row = first; row < last; ++row)
+      for (int64_t b = 0; b < count; ++b) qkv[b * 3 * C + row] = out[(row - first) * count + b] + l.attn_b[row];
+  }
+}
+
+// The rest of a layer once every head has attended, for `count` inputs (a prefill's tokens or a step's rows):
+// x += proj(attended), then x += fc_proj(activation(fc(ln_2(x)))). Every thread of the parallel region calls it; the
+// threads meet at its barriers, since each product reads what all threads wrote before it.
+template <typename W, typename S>
+void finish_layer(const Model<W>& m, const Layer<W>& l, const Share& mine, const Share& residual, int64_t count,
+                  const std::vector<S>& attended, std::vector<float>& x, std::vector<S>& normed,
+                  std::vector<S>& hidden, ProductInput<W>& input, float* out) {
+  const int64_t C = m.s.embd, F = m.s.hidden;
+  input.take(attended.data(), C, count);
+  product_tokens(l.proj, residual.first, residual.last, input, count, out);
+  for (int64_t row = residual.first; row < residual.last; ++row)
+    for (int64_t b = 0; b < count; ++b) x[b * C + row] += out[(row - residual.first) * count + b] + l.proj_b[row];
+#pragma omp barrier
+  for (int64_t b = 0; b < count; ++b) layer_norm(&x[b * C], l.ln2_w, l.ln2_b, C, m.eps, &normed[b * C]);
+  input.take(normed.data(), C, count);
+  product_tokens(l.fc, mine.first, mine.last, input, count, out);
+  for (int64_t row = mine.first; row < mine.last; ++row)
+    for (int64_t b = 0; b < count; ++b) out[(row - mine.first) * count + b] += l.fc_b[row];
+  activate_all(out, count * (mine.last - mine.first), m.activation);
+  for (int64_t row = mine.first; row < mine.last; ++row)
+    for (int64_t b = 0; b < count; ++b) hidden[b * F + row] = static_cast<S>(out[(row - mine.first) * count + b]);
+#pragma omp barrier
+  input.take(hidden.data(), F, count);
+  product_tokens(l.fc_proj, residual.first, residual.last, input, count, out);
+  for (int64_t row = residual.first; row < residual.last; ++row)
+    for (int64_t b = 0; b < count; ++b) x[b * C + row] += out[(row - residual.first) * count + b] + l.fc_proj_b[row];
+#pragma omp barrier
+}
+
 // A prefill: the keys and values of tokens[t] at positions start + t stored in every layer's cache, each token
 // attending over the positions before it, without the head (the next step feeds the token that follows). The
 // threads split the work as in step(); each product reads a weight row once for up to TOKENS tokens, so a pass over
@@ -888,12 +930,7 @@ void prefill(const Model<W>& m, const std::vector<int64_t>& tokens, int64_t star
       const Layer<W> l = m.layer(layer);
       for (int64_t t = 0; t < T; ++t) layer_norm(&x[t * C], l.ln1_w, l.ln1_b, C, m.eps, &normed[t * C]);
       input.take(normed.data(), C, T);
-      for (int64_t part = 0; part < 3; ++part) {  // this thread's heads' rows of Q, then of K, then of V
-        const int64_t first = part * C + heads.first * D, last = part * C + heads.last * D;
-        product_tokens(l.attn, first, last, input, T, out.data());
-        for (int64_t row = first; row < last; ++row)
-          for (int64_t t = 0; t < T; ++t) qkv[t * 3 * C + row] = out[(row - first) * T + t] + l.attn_b[row];
-      }
+      qkv_rows(l, heads, C, D, input, T, out.data(), qkv.data());
       for (int64_t h = heads.first; h < heads.last; ++h) {
         const int64_t at = h * D, storage = h * m.cache_positions * D;
         for (int64_t t = 0; t < T; ++t) {  // in order: each token's key and value are stored before the next attends
@@ -904,25 +941,7 @@ void prefill(const Model<W>& m, const std::vector<int64_t>& tokens, int64_t star
       }
 #pragma omp barrier
       const Share residual(C, thread, threads);
-      input.take(attended.data(), C, T);
-      product_tokens(l.proj, residual.first, residual.last, input, T, out.data());
-      for (int64_t row = residual.first; row < residual.last; ++row)
-        for (int64_t t = 0; t < T; ++t) x[t * C + row] += out[(row - residual.first) * T + t] + l.proj_b[row];
-#pragma omp barrier
-      for (int64_t t = 0; t < T; ++t) layer_norm(&x[t * C], l.ln2_w, l.ln2_b, C, m.eps, &normed[t * C]);
-      input.take(normed.data(), C, T);
-      product_tokens(l.fc, mine.first, mine.last, input, T, out.data());
-      for (int64_t row = mine.first; row < mine.last; ++row)
-        for (int64_t t = 0; t < T; ++t) out[(row - mine.first) * T + t] += l.fc_b[row];
-      activate_all(out.data(), T * (mine.last - mine.first), m.activation);
-      for (int64_t row = mine.first; row < mine.last; ++row)
-        for (int64_t t = 0; t < T; ++t) hidden[t * F + row] = static_cast<S>(out[(row - mine.first) * T + t]);
-#pragma omp barrier
-      input.take(hidden.data(), F, T);
-      product_tokens(l.fc_proj, residual.first, residual.last, input, T, out.data());
-      for (int64_t row = residual.first; row < residual.last; ++row)
-        for (int64_t t = 0; t < T; ++t) x[t * C + row] += out[(row - residual.first) * T + t] + l.fc_proj_b[row];
-#pragma omp barrier
+      finish_layer(m, l, mine, residual, T, attended, x, normed, hidden, input, out.data());
     }
   }
 }
@@ -960,12 +979,7 @@ void step_rows(const Model<W>& m, const std::vector<int64_t>& tokens, const std:
       const Layer<W> l = m.layer(layer);
       for (int64_t b = 0; b < B; ++b) layer_norm(&x[b * C], l.ln1_w, l.ln1_b, C, m.eps, &normed[b * C]);
       input.take(normed.data(), C, B);
-      for (int64_t part = 0; part < 3; ++part) {  // this thread's heads' rows of Q, then of K, then of V
-        const int64_t first = part * C + heads.first * D, last = part * C + heads.last * D;
-        product_tokens(l.attn, first, last, input, B, out.data());
-        for (int64_t row = first; row < last; ++row)
-          for (int64_t b = 0; b < B; ++b) qkv[b * 3 * C + row] = out[(row - first) * B + b] + l.attn_b[row];
-      }
+      qkv_rows(l, heads, C, D, input, B, out.data(), qkv.data());
       for (int64_t b = 0; b < B; ++b)
         for (int64_t h = heads.first; h < heads.last; ++h) {
           const int64_t at = h * D, storage = b * row_storage + h * m.cache_positions * D;
@@ -974,25 +988,7 @@ void step_rows(const Model<W>& m, const std::vector<int64_t>& tokens, const std:
                  scores.data(), mixed.data(), &attended[b * C + at]);
         }
 #pragma omp barrier
-      input.take(attended.data(), C, B);
-      product_tokens(l.proj, residual.first, residual.last, input, B, out.data());
-      for (int64_t row = residual.first; row < residual.last; ++row)
-        for (int64_t b = 0; b < B; ++b) x[b * C + row] += out[(row - residual.first) * B + b] + l.proj_b[row];
-#pragma omp barrier
-      for (int64_t b = 0; b < B; ++b) layer_norm(&x[b * C], l.ln2_w, l.ln2_b, C, m.eps, &normed[b * C]);
-      input.take(normed.data(), C, B);
-      product_tokens(l.fc, mine.first, mine.last, input, B, out.data());
-      for (int64_t row = mine.first; row < mine.last; ++row)
-        for (int64_t b = 0; b < B; ++b) out[(row - mine.first) * B + b] += l.fc_b[row];
-      activate_all(out.data(), B * (mine.last - mine.first), m.activation);
-      for (int64_t row = mine.first; row < mine.last; ++row)
-        for (int64_t b = 0; b < B; ++b) hidden[b * F + row] = static_cast<S>(out[(row - mine.first) * B + b]);
-#pragma omp barrier
-      input.take(hidden.data(), F, B);
-      product_tokens(l.fc_proj, residual.first, residual.last, input, B, out.data());
-      for (int64_t row = residual.first; row < residual.last; ++row)
-        for (int64_t b = 0; b < B; ++b) x[b * C + row] += out[(row - residual.first) * B + b] + l.fc_proj_b[row];
-#pragma omp barrier
+      finish_layer(m, l, mine, residual, B, attended, x, normed, hidden, input, out.data());
     }
     const float* final_norm = m.vectors + s.layers * s.layer_vector_elements();
     for (int64_t b = 0; b < B; ++b) layer_norm(&x[b * C], final_norm, final_norm + C, C, m.eps, &normed[b * C]);
