@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 # A Qwen2.5-style ChatML template (its branch without tools): a default system message when none is given.
 CHATML = """{%- if messages[0]['role'] == 'system' %}
@@ -113,3 +113,63 @@ def write_sentencepiece(directory: Path, template: str | None = ZEPHYR) -> Path:
 def write_llama3(directory: Path) -> Path:
     """A byte-level BPE with Llama 3's special tokens and chat template."""
     return write_byte_level(directory, LLAMA3, LLAMA3_SPECIALS, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>")
+
+
+# The pre-tokenizer regexes of Llama 3 and of Qwen2 (Qwen2.5, Qwen3), as their tokenizer.json files write them.
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+    r"\s+(?!\S)|\s+"
+)
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# Text with what the families' pre-tokenizers split differently: digit runs, contractions in either case, runs of
+# spaces and newlines, punctuation runs.
+FAMILY_CORPUS = [
+    "It's 2024: I'LL pay $1234567.89 (12%) for 3 apples, we've 42 pears & they'd 7 more!!! ...\n\n",
+    "x = [1, 22, 333, 4444]  ;;  y == 'don't'\r\n\tz += 0.5e-10 // done   \n",
+]
+FAMILIES = ("gpt2", "llama3", "qwen2", "smollm2")
+
+
+def write_family(directory: Path, family: str) -> Path:
+    """A small byte-level BPE with the real pre-tokenizer, special tokens, bos/eos and chat template of `family`
+    (one of FAMILIES), its merges learned from CORPUS and FAMILY_CORPUS."""
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    split_then_bytes = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    template, specials, special, pre = None, ["<|endoftext|>"], {"bos_token": "<|endoftext|>"}, byte_level
+    if family == "gpt2":
+        special["eos_token"] = "<|endoftext|>"
+    elif family == "llama3":
+        split = pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated")
+        template, specials, pre = LLAMA3, LLAMA3_SPECIALS, pre_tokenizers.Sequence([split, split_then_bytes])
+        special = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
+    elif family == "qwen2":
+        split = pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated")
+        template, specials, pre = CHATML, CHATML_SPECIALS, pre_tokenizers.Sequence([split, split_then_bytes])
+        special = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+    elif family == "smollm2":
+        digits = pre_tokenizers.Digits(individual_digits=True)
+        template, specials, pre = CHATML, CHATML_SPECIALS, pre_tokenizers.Sequence([digits, byte_level])
+        special = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|im_end|>"}
+    tokenizer = Tokenizer(models.BPE(ignore_merges=family == "llama3"))
+    if family == "qwen2":
+        tokenizer.normalizer = normalizers.NFC()
+    # Trained on whole lines (bytes only, no split), so its tokens cross every boundary a pre-tokenizer may draw
+    # (digit runs, a space before a digit, punctuation before letters, contractions): then tokenizing with the
+    # family's pre-tokenizer gives other ids than with any other family's.
+    tokenizer.pre_tokenizer = split_then_bytes
+    tokenizer.decoder = decoders.ByteLevel()
+    if family == "llama3":  # Llama 3 opens every encoded text with <|begin_of_text|>
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", 0)]
+        )
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator((CORPUS + FAMILY_CORPUS) * 20, trainer)
+    tokenizer.pre_tokenizer = pre
+    return _save(tokenizer, directory, template, **special)

@@ -6,7 +6,9 @@ biases on q, k, v only); Llama (the rest of that family: grouped-query attention
 scaling). Norms without a learned scale are written as scales of ones. The file also holds the tensors (f32, f16 or
 q8_0), the tokenizer (byte-level BPE: tokens, types and merges, plus which of llama.cpp's pre-tokenizers splits
 text as ours does; a table of one-byte characters is a byte-level BPE whose merges never apply) and the chat
-template. A Modelfile beside it runs the model in ollama (`ollama create NAME -f Modelfile`).
+template; a Hugging Face tokenizer.json goes as its own tokens, merges and special tokens, with the llama.cpp
+pre-tokenizer whose regex is its own (gptkit/weights/gguf_hf_tokenizer.py). A Modelfile beside it runs the model in
+ollama (`ollama create NAME -f Modelfile`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from gptkit.data.hf_tokenizer import HFTokenizer
 from gptkit.data.tokenizer import Tokenizer, gpt2_unicode_to_byte
 from gptkit.model import GPT, GPTConfig, scaled_frequencies
 from gptkit.weights.export_common import Vocabulary, gpt2_tensors, vocabulary_chat_template, vocabulary_of
+from gptkit.weights.gguf_hf_tokenizer import add_hf_tokenizer, gguf_tokenizer, hf_modelfile
 
 OUTTYPES = ("f32", "f16", "q8_0")
 
@@ -182,20 +185,22 @@ def export_gguf(model: GPT, tokenizer: Tokenizer, directory: Path, outtype: str,
         raise UserError(f"--outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
     config = model.config
     architecture, tensors = gguf_tensors(model)
-    if isinstance(getattr(tokenizer, "base", tokenizer), HFTokenizer):
-        raise UserError(
-            "cannot export a Hugging Face tokenizer (tokenizer.json) to GGUF: export.py writes only GPT-2's BPE, "
-            "BPEs trained here and character tables; use --format=hf, whose directory llama.cpp's converter reads"
-        )
-    vocabulary = gguf_vocabulary(vocabulary_of(tokenizer))
-    if vocabulary.size > config.vocab_size:
-        raise UserError(f"the tokenizer has {vocabulary.size} tokens but the model only {config.vocab_size} rows")
+    hf_tokenizer = tokenizer if isinstance(tokenizer, HFTokenizer) else None
+    if hf_tokenizer is not None:
+        gguf_tokenizer(hf_tokenizer, config.vocab_size)  # refused before any file is written
+    else:
+        vocabulary = gguf_vocabulary(vocabulary_of(tokenizer))
+        if vocabulary.size > config.vocab_size:
+            raise UserError(f"the tokenizer has {vocabulary.size} tokens but the model only {config.vocab_size} rows")
     filename = f"{name}-{outtype}.gguf"
     writer = gguf.GGUFWriter(str(directory / filename), arch=architecture)
     writer.add_name(name)
     add_hyperparameters(writer, config, architecture)
     writer.add_file_type(_FILE_TYPES[outtype](gguf))
-    add_tokenizer(writer, vocabulary, config.vocab_size)
+    if hf_tokenizer is not None:
+        add_hf_tokenizer(writer, hf_tokenizer, config.vocab_size)
+    else:
+        add_tokenizer(writer, vocabulary, config.vocab_size)
     for key, tensor in tensors.items():
         data, qtype = encode_tensor(key, tensor, outtype)
         writer.add_tensor(key, data, raw_dtype=qtype)
@@ -203,7 +208,11 @@ def export_gguf(model: GPT, tokenizer: Tokenizer, directory: Path, outtype: str,
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    (directory / "Modelfile").write_text(modelfile(filename, vocabulary, config.block_size), encoding="utf-8")
+    if hf_tokenizer is not None:
+        text = hf_modelfile(filename, hf_tokenizer, config.block_size)
+    else:
+        text = modelfile(filename, vocabulary, config.block_size)
+    (directory / "Modelfile").write_text(text, encoding="utf-8")
     return [filename, "Modelfile"]
 
 

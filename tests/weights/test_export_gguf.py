@@ -364,15 +364,6 @@ def test_llama_cpp_tokenizes_a_trained_bpe_as_we_do(tmp_path, request):
         assert llm.tokenize(text.encode(), add_bos=False, special=False) == tokenizer.encode(text)
 
 
-def test_a_hugging_face_tokenizer_is_refused_in_one_line(tmp_path):
-    from gptkit.data.hf_tokenizer import load_hf_tokenizer
-    from hf_tokenizer_dirs import write_byte_level
-
-    tokenizer = load_hf_tokenizer(write_byte_level(tmp_path / "tokenizer"))
-    with pytest.raises(UserError, match=r"Hugging Face tokenizer.*--format=hf"):
-        export(tmp_path, lively_model(vocab_size=tokenizer.vocab_size, **QWEN3), tokenizer)
-
-
 def greedy_ours(model, prompt: list[int], count: int) -> list[int]:
     """`count` greedy tokens after `prompt` from our model (the plain forward pass, no cache)."""
     ids = list(prompt)

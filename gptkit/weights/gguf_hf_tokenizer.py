@@ -1,0 +1,218 @@
+"""A Hugging Face tokenizer (tokenizer.json) as GGUF metadata, for llama.cpp's byte-level BPE ("gpt2" model).
+
+llama.cpp does not read tokenizer.json's pre-tokenizer: it picks one of its own by the name in `tokenizer.ggml.pre`,
+each a fixed list of regexes. Its converter names the pre-tokenizer by hashing a test text's tokens, which needs the
+real tokenizer; here the name is chosen by what tokenizer.json says (the pre-tokenizer's structure and regex), and
+only where llama.cpp's regexes for that name split text exactly as it does. Anything else is refused in one line.
+
+    GPT-2, Qwen 1.5 style      ByteLevel(use_regex) alone                         -> gpt-2
+    SmolLM, StarCoder           Digits(individual) then ByteLevel(use_regex)      -> smollm
+    Llama 3                     Split(Llama 3's regex) then ByteLevel              -> llama-bpe
+    Qwen2, Qwen2.5, Qwen3       Split(Qwen2's regex, one digit each) then ByteLevel -> qwen2
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from gptkit.core.errors import UserError
+from gptkit.data import bpe
+from gptkit.data.hf_tokenizer import HFTokenizer
+
+_CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+_CONTRACTIONS_SPELLED = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"  # llama.cpp's spelling
+_LETTERS_DIGITS = r"|[^\r\n\p{L}\p{N}]?\p{L}+|"
+_REST = r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# The regexes of a Split before a regex-less ByteLevel, as the families' tokenizer.json files write them, by the
+# llama.cpp pre-tokenizer whose regex is the same.
+SPLIT_PATTERNS = {
+    **{c + _LETTERS_DIGITS + r"\p{N}{1,3}" + _REST: "llama-bpe" for c in (_CONTRACTIONS, _CONTRACTIONS_SPELLED)},
+    bpe.GPT4_PATTERN: "llama-bpe",  # tiktoken's cl100k spelling of the same split
+    **{c + _LETTERS_DIGITS + r"\p{N}" + _REST: "qwen2" for c in (_CONTRACTIONS, _CONTRACTIONS_SPELLED)},
+    GPT2_PATTERN: "gpt-2",
+}
+# llama.cpp's Llama 3 pre-tokenizer also takes a pre-token that is itself a token whole, before any merge (its
+# ignore_merges); the others always merge. tokenizer.json says which its BPE does.
+IGNORES_MERGES = {"llama-bpe"}
+# Normalizers that change no text llama.cpp is given in practice: NFC leaves composed text as it is, and llama.cpp's
+# converter skips it the same way.
+HARMLESS_NORMALIZERS = {None, "NFC"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class GGUFTokenizer:
+    """What llama.cpp's byte-level BPE needs of a tokenizer.json: its tokens (padded to the model's rows), their
+    types, merges, pre-tokenizer name, special ids and whether a prompt opens with bos."""
+
+    tokens: list[str]
+    types: list[int]
+    merges: list[str]
+    pre: str
+    special_ids: dict[str, int]
+    add_bos: bool
+    add_eos: bool
+
+
+def pre_tokenizer_name(spec: dict[str, Any]) -> str:
+    """llama.cpp's name for tokenizer.json's pre-tokenisation (its "pre_tokenizer", "normalizer" and "model");
+    UserError naming what no llama.cpp pre-tokenizer does."""
+    normalizer = (spec.get("normalizer") or {}).get("type")
+    if normalizer not in HARMLESS_NORMALIZERS:
+        raise UserError(
+            f"cannot export this tokenizer to GGUF: llama.cpp's byte-level BPE has no {normalizer} normalizer"
+        )
+    parts = _flatten(spec.get("pre_tokenizer"))
+    name = _name_of_parts(parts)
+    if name is None:
+        described = ", ".join(_describe(part) for part in parts) or "none"
+        raise UserError(
+            f"cannot export this tokenizer to GGUF: no llama.cpp pre-tokenizer splits text as its pre-tokenizer "
+            f"({described}) does"
+        )
+    ignores = bool((spec.get("model") or {}).get("ignore_merges"))
+    if ignores != (name in IGNORES_MERGES):
+        raise UserError(
+            f"cannot export this tokenizer to GGUF: its BPE has ignore_merges={ignores}, llama.cpp's {name!r} "
+            f"pre-tokenizer {'takes' if name in IGNORES_MERGES else 'never takes'} whole tokens before merging"
+        )
+    return name
+
+
+def _flatten(pre: Any) -> list[dict[str, Any]]:
+    if not isinstance(pre, dict):
+        return []
+    if pre.get("type") == "Sequence":
+        return [part for item in pre.get("pretokenizers") or [] for part in _flatten(item)]
+    return [pre]
+
+
+def _describe(part: dict[str, Any]) -> str:
+    pattern = (part.get("pattern") or {}).get("Regex") if part.get("type") == "Split" else None
+    return part.get("type", "?") + (f"({pattern!r})" if pattern else "")
+
+
+def _byte_level(part: dict[str, Any], use_regex: bool) -> bool:
+    return part.get("type") == "ByteLevel" and not part.get("add_prefix_space") and part.get("use_regex") == use_regex
+
+
+def _name_of_parts(parts: list[dict[str, Any]]) -> str | None:
+    if len(parts) == 1 and _byte_level(parts[0], use_regex=True):
+        return "gpt-2"
+    if len(parts) != 2:
+        return None
+    first, second = parts
+    if first.get("type") == "Digits" and first.get("individual_digits") and _byte_level(second, use_regex=True):
+        return "smollm"
+    isolated = first.get("type") == "Split" and first.get("behavior") == "Isolated" and not first.get("invert")
+    if isolated and _byte_level(second, use_regex=False):
+        return SPLIT_PATTERNS.get((first.get("pattern") or {}).get("Regex"))
+    return None
+
+
+def gguf_tokenizer(tokenizer: HFTokenizer, rows: int) -> GGUFTokenizer:
+    """The GGUF form of a byte-level BPE tokenizer.json for a model of `rows` embedding rows (ids past the
+    tokenizer's become unused "[PADi]" tokens); UserError (one line) for what llama.cpp cannot hold."""
+    import gguf
+
+    spec = json.loads(tokenizer.to_meta()["tokenizer_json"])
+    model = spec.get("model") or {}
+    decoder = spec.get("decoder") or {}
+    if model.get("type") != "BPE" or decoder.get("type") != "ByteLevel" or model.get("byte_fallback"):
+        kind = "SentencePiece-style (byte fallback, ▁ for spaces)" if model.get("byte_fallback") else model.get("type")
+        raise UserError(
+            f"cannot export this tokenizer to GGUF: export writes byte-level BPE tokenizers (GPT-2, Llama 3, Qwen, "
+            f"SmolLM), not a {kind} one; use --format=hf and llama.cpp's convert_hf_to_gguf.py"
+        )
+    pre = pre_tokenizer_name(spec)
+    if tokenizer.vocab_size > rows:
+        raise UserError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {rows} rows")
+    vocab = _vocab(spec)
+    by_id = {token_id: text for text, token_id in vocab.items()}
+    missing = [i for i in range(tokenizer.vocab_size) if i not in by_id]
+    if missing:
+        raise UserError(f"the tokenizer has no token for id {missing[0]}; GGUF needs every id to have one")
+    tokens = [by_id[i] for i in range(tokenizer.vocab_size)] + [f"[PAD{i}]" for i in range(tokenizer.vocab_size, rows)]
+    types = [int(gguf.TokenType.NORMAL)] * tokenizer.vocab_size + [int(gguf.TokenType.UNUSED)] * (
+        rows - tokenizer.vocab_size
+    )
+    for token_id, special in tokenizer.added_tokens.values():
+        types[token_id] = int(gguf.TokenType.CONTROL if special else gguf.TokenType.USER_DEFINED)
+    merges = [" ".join(merge) if isinstance(merge, list) else merge for merge in model.get("merges") or []]
+    if not merges:  # llama.cpp refuses a byte-level BPE without merges
+        raise UserError("cannot export this tokenizer to GGUF: its BPE has no merges, which llama.cpp requires")
+    names = tokenizer.special_tokens_map
+    special_ids = {
+        role: vocab[names[f"{role}_token"]] for role in ("bos", "eos", "unk", "pad") if f"{role}_token" in names
+    }
+    bos, eos = names.get("bos_token"), names.get("eos_token")
+    opening, closing = _post_processor_ends(spec.get("post_processor"))
+    return GGUFTokenizer(
+        tokens=tokens,
+        types=types,
+        merges=merges,
+        pre=pre,
+        special_ids=special_ids,
+        add_bos=opening is not None and opening == bos,
+        add_eos=closing is not None and closing == eos,
+    )
+
+
+def _vocab(spec: dict[str, Any]) -> dict[str, int]:
+    vocab = dict((spec.get("model") or {}).get("vocab") or {})
+    for added in spec.get("added_tokens") or []:
+        vocab[added["content"]] = added["id"]
+    return vocab
+
+
+def _post_processor_ends(processor: Any) -> tuple[str | None, str | None]:
+    """The special tokens tokenizer.json's post-processor puts before and after a single text (TemplateProcessing,
+    alone or in a Sequence), which llama.cpp adds when asked for special tokens (its add_bos / add_eos)."""
+    if not isinstance(processor, dict):
+        return None, None
+    if processor.get("type") == "Sequence":
+        for part in processor.get("processors") or []:
+            ends = _post_processor_ends(part)
+            if ends != (None, None):
+                return ends
+        return None, None
+    if processor.get("type") != "TemplateProcessing":
+        return None, None
+    single = processor.get("single") or []
+    texts = [item["SpecialToken"]["id"] if "SpecialToken" in item else None for item in single]
+    return (texts[0] if texts else None), (texts[-1] if len(texts) > 1 else None)
+
+
+def add_hf_tokenizer(writer: Any, tokenizer: HFTokenizer, rows: int) -> None:
+    """Write the tokenizer's GGUF keys: model, pre-tokenizer, tokens, types, merges, special ids, chat template."""
+    vocabulary = gguf_tokenizer(tokenizer, rows)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(vocabulary.pre)
+    writer.add_token_list(vocabulary.tokens)
+    writer.add_token_types(vocabulary.types)
+    writer.add_token_merges(vocabulary.merges)
+    adders = {
+        "bos": writer.add_bos_token_id,
+        "eos": writer.add_eos_token_id,
+        "unk": writer.add_unk_token_id,
+        "pad": writer.add_pad_token_id,
+    }
+    for role, token_id in vocabulary.special_ids.items():
+        adders[role](token_id)
+    writer.add_add_bos_token(vocabulary.add_bos)
+    writer.add_add_eos_token(vocabulary.add_eos)
+    if tokenizer.chat is not None:
+        writer.add_eot_token_id(tokenizer.chat.end_of_turn)
+        writer.add_chat_template(tokenizer.chat.source)
+
+
+def hf_modelfile(filename: str, tokenizer: HFTokenizer, block_size: int) -> str:
+    """An ollama Modelfile: ollama reads the chat template from the GGUF file; the stops are the template's."""
+    stops = list(tokenizer.chat.reply_stops) if tokenizer.chat is not None else [tokenizer.eot_token]
+    lines = [f"FROM ./{filename}"]
+    for stop in dict.fromkeys(stop for stop in stops if stop is not None):
+        lines.append(f"PARAMETER stop {json.dumps(tokenizer.decode([stop]), ensure_ascii=False)}")
+    lines.append(f"PARAMETER num_ctx {block_size}")
+    return "\n".join(lines) + "\n"

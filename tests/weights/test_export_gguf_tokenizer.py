@@ -1,0 +1,169 @@
+"""GGUF export of a model whose tokenizer is a Hugging Face tokenizer.json: small tokenizers trained here with each
+family's real pre-tokenizer (GPT-2, Llama 3, Qwen2, SmolLM2), read back with llama.cpp's reader (gguf.GGUFReader);
+and, on demand (-m slow or GPTKIT_SLOW_TESTS=1), tokenized and run by llama.cpp itself (llama-cpp-python), whose
+tokens must be the `tokenizers` library's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gptkit.core.errors import UserError
+from gptkit.data.hf_tokenizer import load_hf_tokenizer
+from helpers import lively_model
+from hf_tokenizer_dirs import FAMILIES, FAMILY_CORPUS, TEXTS, write_family, write_sentencepiece
+
+gguf = pytest.importorskip("gguf")
+tokenizers = pytest.importorskip("tokenizers")
+
+from test_export_gguf import QWEN3, export, field, greedy_llama_cpp, greedy_ours, slow_requested  # noqa: E402
+
+# What llama.cpp must call each family's pre-tokenizer (the names its converter gives the real models).
+PRE_NAMES = {"gpt2": "gpt-2", "llama3": "llama-bpe", "qwen2": "qwen2", "smollm2": "smollm"}
+ROWS = 640  # the model's embedding rows: more than the tokenizers' ~600 tokens, so the file pads
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hello, who are you?"},
+    {"role": "assistant", "content": "A fox. It's 2024!"},
+    {"role": "user", "content": "And 12345?"},
+]
+# Digits, contractions in both cases, runs of spaces, tabs and newlines, punctuation runs, scripts and emoji.
+VARIED = [
+    *TEXTS,
+    *FAMILY_CORPUS,
+    "I'm, you're, he's, we'VE, THEY'LL, she'd, it'S, don't",
+    "1 12 123 1234 12345 123456789 3.14159 1,000,000 0x1F 2024-11-28",
+    "a  b   c    d\t\te\n f \n\n g\r\n\r\nh   \n   ",
+    "!!! ??? ... ,,, ;-) :-( (a) [b] {c} <d> \"e\" 'f' `g` ~h~ @i #j $k %l ^m &n *o",
+    "naïve café résumé Ångström ﬁ ½ ² Ⅻ ٣٤ 五六",
+]
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {family: write_family(root / family, family) for family in FAMILIES}
+
+
+def hf_tokenizer_json(directory: Path):
+    return tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_tokenizer_is_written_as_llama_cpp_reads_it(tmp_path, family_dirs, family):
+    tokenizer = load_hf_tokenizer(family_dirs[family])
+    reader = gguf.GGUFReader(export(tmp_path, lively_model(vocab_size=ROWS, **QWEN3), tokenizer))
+    spec = json.loads((family_dirs[family] / "tokenizer.json").read_text())
+    hf = hf_tokenizer_json(family_dirs[family])
+    size = hf.get_vocab_size(with_added_tokens=True)
+    assert field(reader, "tokenizer.ggml.model") == "gpt2"
+    assert field(reader, "tokenizer.ggml.pre") == PRE_NAMES[family]
+    tokens, types = field(reader, "tokenizer.ggml.tokens"), field(reader, "tokenizer.ggml.token_type")
+    assert len(tokens) == len(types) == ROWS
+    assert tokens[:size] == [hf.id_to_token(i) for i in range(size)]
+    assert tokens[size:] == [f"[PAD{i}]" for i in range(size, ROWS)]
+    specials = {added.content for added in hf.get_added_tokens_decoder().values()}
+    for i in range(size):
+        expected = gguf.TokenType.CONTROL if tokens[i] in specials else gguf.TokenType.NORMAL
+        assert types[i] == expected, tokens[i]
+    assert set(types[size:]) == {gguf.TokenType.UNUSED}
+    assert field(reader, "tokenizer.ggml.merges") == [" ".join(merge) for merge in spec["model"]["merges"]]
+    config = json.loads((family_dirs[family] / "tokenizer_config.json").read_text())
+    for role, key in (
+        ("bos", gguf.Keys.Tokenizer.BOS_ID),
+        ("eos", gguf.Keys.Tokenizer.EOS_ID),
+        ("pad", gguf.Keys.Tokenizer.PAD_ID),
+    ):
+        if f"{role}_token" in config:
+            assert field(reader, key) == hf.token_to_id(config[f"{role}_token"]), role
+        else:
+            assert key not in reader.fields, role
+    # llama.cpp adds bos to a prompt only where tokenizer.json's post-processor does (Llama 3's).
+    with_bos = hf.encode("Hi", add_special_tokens=True).ids != hf.encode("Hi", add_special_tokens=False).ids
+    assert field(reader, "tokenizer.ggml.add_bos_token") is with_bos is (family == "llama3")
+    if tokenizer.chat is None:
+        assert "tokenizer.chat_template" not in reader.fields
+    else:
+        assert field(reader, "tokenizer.chat_template") == tokenizer.chat.source
+        assert tokens[field(reader, "tokenizer.ggml.eot_token_id")] in ("<|im_end|>", "<|eot_id|>")
+    modelfile = (tmp_path / "gguf-f32" / "Modelfile").read_text()
+    assert modelfile.startswith("FROM ./tiny-f32.gguf\n") and 'PARAMETER stop "' in modelfile
+
+
+def edited_tokenizer(tmp_path: Path, source: Path, edit) -> Path:
+    """A copy of the tokenizer directory `source` whose tokenizer.json went through `edit` (a dict -> None)."""
+    directory = tmp_path / "edited"
+    directory.mkdir()
+    for path in source.iterdir():
+        (directory / path.name).write_bytes(path.read_bytes())
+    spec = json.loads((directory / "tokenizer.json").read_text())
+    edit(spec)
+    (directory / "tokenizer.json").write_text(json.dumps(spec))
+    return directory
+
+
+def gpt4o_split(spec):
+    # GPT-4o's (o200k) split, which none of llama.cpp's names written here matches.
+    spec["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = (
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    )
+
+
+@pytest.mark.parametrize(
+    "family, edit, named",
+    [
+        ("qwen2", gpt4o_split, "no llama.cpp pre-tokenizer splits text as its pre-tokenizer (Split("),
+        ("gpt2", lambda spec: spec["pre_tokenizer"].update(add_prefix_space=True), "pre-tokenizer (ByteLevel)"),
+        ("gpt2", lambda spec: spec.update(pre_tokenizer={"type": "Whitespace"}), "pre-tokenizer (Whitespace)"),
+        ("gpt2", lambda spec: spec.update(normalizer={"type": "Lowercase"}), "no Lowercase normalizer"),
+        ("qwen2", lambda spec: spec["model"].update(ignore_merges=True), "ignore_merges=True"),
+    ],
+    ids=["gpt4o-split", "prefix-space", "whitespace", "lowercase", "ignore-merges"],
+)
+def test_a_pre_tokenizer_no_llama_cpp_name_matches_is_refused_in_one_line(tmp_path, family_dirs, family, edit, named):
+    tokenizer = load_hf_tokenizer(edited_tokenizer(tmp_path, family_dirs[family], edit))
+    with pytest.raises(UserError, match="cannot export this tokenizer to GGUF") as error:
+        export(tmp_path, lively_model(vocab_size=ROWS, **QWEN3), tokenizer)
+    assert named in str(error.value) and "\n" not in str(error.value)
+    assert list((tmp_path / "gguf-f32").iterdir()) == []  # refused before writing
+
+
+def test_a_sentencepiece_tokenizer_is_refused_in_one_line(tmp_path):
+    tokenizer = load_hf_tokenizer(write_sentencepiece(tmp_path / "sp"))
+    with pytest.raises(UserError, match=r"not a SentencePiece-style .* use --format=hf"):
+        export(tmp_path, lively_model(vocab_size=ROWS, **QWEN3), tokenizer)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_llama_cpp_tokenizes_as_the_hugging_face_tokenizer_and_decodes_our_tokens(
+    tmp_path, request, family_dirs, family
+):
+    """llama.cpp reads the file's tokenizer to the `tokenizers` library's ids on varied text (with and without the
+    special tokens a prompt opens with, and a rendered conversation's control tokens), decodes ids to its text, and
+    greedy-decodes our model's tokens."""
+    if not slow_requested(request.config):
+        pytest.skip("slow: runs llama.cpp; ask with -m slow or GPTKIT_SLOW_TESTS=1")
+    llama_cpp = pytest.importorskip(
+        "llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python)"
+    )
+    tokenizer = load_hf_tokenizer(family_dirs[family])
+    hf = hf_tokenizer_json(family_dirs[family])
+    model = lively_model(vocab_size=ROWS, block_size=128, **QWEN3)
+    llm = llama_cpp.Llama(model_path=str(export(tmp_path, model, tokenizer)), n_ctx=128, verbose=False)
+    for text in VARIED:
+        ids = hf.encode(text, add_special_tokens=False).ids
+        assert llm.tokenize(text.encode(), add_bos=False, special=False) == ids, text
+        assert llm.tokenize(text.encode(), add_bos=True, special=False) == hf.encode(text).ids, text
+        assert llm.detokenize(ids).decode() == hf.decode(ids, skip_special_tokens=False), text
+    if tokenizer.chat is not None:
+        rendered = tokenizer.chat.render_text(CONVERSATION, add_generation_prompt=True)
+        prompt = tokenizer.chat.render_prompt(CONVERSATION, tokenizer)
+        assert llm.tokenize(rendered.encode(), add_bos=False, special=True) == prompt
+        assert any(token in prompt for token in tokenizer.chat.special_tokens.values())
+    else:
+        prompt = tokenizer.encode("It's 2024: hello, world")
+    prompt = prompt[-60:]
+    assert greedy_llama_cpp(llm, prompt, 20) == greedy_ours(model, prompt, 20)
