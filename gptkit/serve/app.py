@@ -44,6 +44,7 @@ from gptkit.core.devices import Runtime
 from gptkit.core.errors import UserError
 from gptkit.core.settings import setting
 from gptkit.data.chat import ChatError
+from gptkit.data.hf_tokenizer import HFTokenizer
 from gptkit.data.tokenizer import Tokenizer, encode_with_special_tokens
 from gptkit.infer import engine, next_token
 from gptkit.infer.decoding import Decoding
@@ -235,11 +236,13 @@ class Service:
         """The tokenizer as vLLM's /tokenizer_info describes it (what lm-eval's remote tokenizer reads)."""
         eot, chat = self.tokenizer.eot_token, self.tokenizer.chat
         begin = "" if chat is None or chat.begin is None else self.tokenizer.decode([chat.begin])
+        # A Hugging Face tokenizer names its own bos and pad tokens; ours have neither.
+        named = self.tokenizer.special_tokens_map if isinstance(self.tokenizer, HFTokenizer) else {}
         return {
             "tokenizer_class": self.tokenizer.kind,
             "eos_token": None if eot is None else self.tokenizer.decode([eot]),
-            "bos_token": None,
-            "pad_token": None,
+            "bos_token": named.get("bos_token"),
+            "pad_token": named.get("pad_token"),
             "vocab_size": self.tokenizer.vocab_size,
             "model_max_length": self.block_size,
             "chat_template": None if chat is None else chat.to_jinja(begin),

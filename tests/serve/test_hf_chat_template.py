@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 import sample
 from gptkit.data.hf_tokenizer import HFTokenizer, load_hf_tokenizer
 from helpers import lively_model, reference_greedy, running_app
-from hf_tokenizer_dirs import write_byte_level
+from hf_tokenizer_dirs import write_byte_level, write_llama3
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Ça va ? 🙂"}]
 
@@ -59,6 +59,19 @@ def test_chat_api_renders_with_the_models_template(chatml: tuple[AutoTokenizer, 
     assert finish == "stop" and content
     assert reply["usage"]["prompt_tokens"] == len(prompt)
     assert info["chat_template"] == ours.chat.source and info["eos_token"] == "<|im_end|>"
+    assert info["bos_token"] is auto.bos_token is None and info["pad_token"] == auto.pad_token == "<|endoftext|>"
+
+
+def test_tokenizer_info_names_the_bos_token_of_a_tokenizer_that_has_one(tmp_path) -> None:
+    directory = write_llama3(tmp_path / "llama3")
+    auto, ours = AutoTokenizer.from_pretrained(str(directory)), load_hf_tokenizer(directory)
+    with running_app(lively_model(ours.vocab_size, block_size=32), ours) as base:
+        info = httpx.get(f"{base}/tokenizer_info").json()
+    assert (
+        (info["bos_token"], info["eos_token"])
+        == (auto.bos_token, auto.eos_token)
+        == ("<|begin_of_text|>", "<|eot_id|>")
+    )
 
 
 def test_sample_chat_streams_the_reply_up_to_the_end_of_turn(chatml: tuple[AutoTokenizer, HFTokenizer]) -> None:
