@@ -161,6 +161,10 @@ def test_peft_runs_a_chat_lora_run_with_its_new_token_rows(base: Path, tmp_path:
     peft_args = ["--format=peft", f"--out_dir={tmp_path / 'out'}", f"--export_dir={tmp_path / 'adapter'}"]
     code, out, _ = run_main(export.main, peft_args, capsys)
     assert code == 0 and out.strip().endswith("adapter_config.json, adapter_model.safetensors, base")
+    (tmp_path / "adapter" / "base" / "stale.txt").write_text("from an earlier export")
+    code, out, err = run_main(export.main, [*peft_args, "--overwrite=True"], capsys)  # base/ replaced whole
+    assert code == 0 and out.strip().endswith("base"), err
+    assert not (tmp_path / "adapter" / "base" / "stale.txt").exists()
     ours, tokenizer = load_model_and_tokenizer("resume", str(tmp_path / "out"))
     rows = ckpt.load_checkpoint(tmp_path / "out" / "ckpt.pt")["lora"]["first_new_row"]
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())

@@ -209,7 +209,8 @@ def new_directory(destination: str | os.PathLike, overwrite: bool) -> Iterator[P
     """A temporary directory beside `destination` to write into; on success its files move into `destination`.
 
     Never overwrites unasked: a `destination` that holds anything is a UserError unless `overwrite`, which replaces
-    the files of the same names and leaves the others. A failure leaves `destination` as it was.
+    the files and folders of the same names (a folder whole, as PEFT's base/) and leaves the others. A failure
+    leaves `destination` as it was.
     """
     destination = Path(destination)
     if destination.exists() and not destination.is_dir():
@@ -224,6 +225,27 @@ def new_directory(destination: str | os.PathLike, overwrite: bool) -> Iterator[P
         yield staging
         destination.mkdir(exist_ok=True)
         for path in sorted(staging.iterdir()):
-            os.replace(path, destination / path.name)
+            replace_entry(path, destination / path.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def replace_entry(source: Path, target: Path) -> None:
+    """Move `source` (a file or folder) to `target`, replacing what is there. os.replace cannot put anything over a
+    folder that holds files, so an old folder (or anything where a folder goes) first moves aside and is deleted
+    once the new one is in place; it moves back if that fails, so `target` is never half old and half new."""
+    if not (target.is_dir() or (source.is_dir() and target.exists())):
+        os.replace(source, target)
+        return
+    aside = target.with_name(f".{target.name}.old")
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(target, aside)
+    try:
+        os.replace(source, target)
+    except BaseException:
+        os.replace(aside, target)
+        raise
+    if aside.is_dir():
+        shutil.rmtree(aside)
+    else:
+        aside.unlink()
