@@ -11,7 +11,9 @@ token: only the template itself writes control tokens (the prompt-injection boun
 The loss mask comes from rendering prefixes of the conversation: assistant turn i spans the tokens between
 render(messages[:i], add_generation_prompt=True) and render(messages[:i + 1]), up to and including the first
 reply-stop token (the template's end of turn); both renderings must be prefixes of the whole conversation's
-tokens, or the turns cannot be told apart and the conversation is refused.
+tokens, or the turns cannot be told apart and the conversation is refused. One exception: a template may open the
+last turn with more than the same turn gets when others follow (Qwen3's thinking block); the turn then runs to its
+first reply stop, and must end as the last turn rendered alone ends.
 """
 
 from __future__ import annotations
@@ -121,6 +123,17 @@ def _mark(value: Any, pattern: re.Pattern) -> Any:
     return value
 
 
+def _first_control_after_reply(text: str, special: dict[str, int]) -> int | None:
+    """The control token the probe's rendered `text` writes first after the assistant's reply: its end of turn. The
+    first control token of the turn may open it instead (Qwen3's <think> before the reply). None if not found."""
+    reply = text.rfind(PROBE[1]["content"])
+    if reply < 0:
+        return None
+    after = reply + len(PROBE[1]["content"])
+    found = [(text.find(token, after), -len(token), token) for token in special if text.find(token, after) >= 0]
+    return special[min(found)[2]] if found else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class JinjaChatTemplate:
     """A Hugging Face chat template with what tokenizing it needs: the variables it is rendered with (the named
@@ -153,7 +166,7 @@ class JinjaChatTemplate:
         extra_stops: Sequence[int] = (),
     ) -> JinjaChatTemplate:
         """The template of a tokenizer: compiled, its control tokens found, and its end of turn read from how it
-        renders a short conversation (the first control token after the assistant's reply). ChatError when the
+        renders a short conversation (the first control token after the assistant's reply text). ChatError when the
         template is not valid Jinja, fails on that conversation, or ends a turn with no control token."""
         try:
             compile_template(source)
@@ -166,9 +179,11 @@ class JinjaChatTemplate:
         ends = [token_id for token_id in ids[start:end] if token_id in controls]
         if not ends:
             raise ChatError("the chat template ends an assistant turn with no special token: a reply could not stop")
-        stops = tuple(dict.fromkeys([ends[0], *extra_stops]))
+        end_of_turn = _first_control_after_reply(probe.render_text(list(PROBE), False), special)
+        end_of_turn = end_of_turn if end_of_turn in ends else ends[0]
+        stops = tuple(dict.fromkeys([end_of_turn, *extra_stops]))
         return cls(
-            source=source, variables=dict(variables), special_tokens=special, end_of_turn=ends[0], reply_stops=stops
+            source=source, variables=dict(variables), special_tokens=special, end_of_turn=end_of_turn, reply_stops=stops
         )
 
     @property
@@ -218,16 +233,32 @@ class JinjaChatTemplate:
         self, messages: Sequence[dict[str, Any]], index: int, ids: list[int], tokenizer: ChatTextEncoder
     ) -> tuple[int, int, list[int]]:
         """(start, end, ids): where assistant message `index` lies in `ids`, the whole conversation's ids. ChatError
-        when the renderings of the conversation up to it are not prefixes of `ids`."""
+        when the renderings of the conversation up to it are not prefixes of `ids` (but see _end_as_last_turn)."""
         before = self.ids_of(messages[:index], True, tokenizer)
         through = self.ids_of(messages[: index + 1], False, tokenizer)
-        if ids[: len(before)] != before or ids[: len(through)] != through or len(through) <= len(before):
+        if ids[: len(before)] == before and ids[: len(through)] == through and len(through) > len(before):
+            return len(before), len(through), ids
+        end = self._end_as_last_turn(before, through, ids) if ids[: len(before)] == before else None
+        if end is None:
             raise ChatError(
                 f"the chat template renders the conversation up to message {index} differently from its start in the "
                 f"whole conversation, so the assistant's turn cannot be told apart; {PREFIX_FIX}",
                 reason="template renders prefixes differently",
             )
-        return len(before), len(through), ids
+        return len(before), end, ids
+
+    def _end_as_last_turn(self, before: list[int], through: list[int], ids: list[int]) -> int | None:
+        """Where an assistant turn that opens at len(before) ends in `ids`, for a template that renders the last turn
+        with more at its opening than the same turn followed by others (Qwen3 gives the last reply a thinking block,
+        earlier ones none): just past its first reply stop, when the turn up to there is how the last turn, rendered
+        alone (`through`), ends. None when it is not."""
+        stops = set(self.reply_stops)
+        ours = next((p for p in range(len(before), len(ids)) if ids[p] in stops), None)
+        last = next((p for p in range(len(before), len(through)) if through[p] in stops), None)
+        if ours is None or last is None or ours > last or through[: len(before)] != before:
+            return None
+        turn = ids[len(before) : ours + 1]
+        return ours + 1 if through[last + 1 - len(turn) : last + 1] == turn else None
 
     def render(self, messages: Sequence[Any], tokenizer: ChatTextEncoder) -> tuple[np.ndarray, np.ndarray]:
         """A whole conversation for training: (ids int64, mask uint8), the mask 1 on each assistant turn up to and

@@ -20,7 +20,7 @@ from gptkit.data.hf_tokenizer import HFTokenizer, load_hf_tokenizer
 from gptkit.data.meta import META_FORMAT, META_VERSION, read_meta, validate_meta
 from gptkit.infer.textstream import TextStream
 from helpers import assert_one_line_error, assert_one_line_message, run_main
-from hf_tokenizer_dirs import CHATML, TEXTS, write_byte_level, write_llama3, write_sentencepiece
+from hf_tokenizer_dirs import CHATML, QWEN3, QWEN3_SPECIALS, TEXTS, write_byte_level, write_llama3, write_sentencepiece
 from prepare_data import chat as chat_script
 
 CONVERSATION = [
@@ -226,11 +226,31 @@ def test_a_template_that_fails_is_one_line(tmp_path: Path, template: str, fragme
     assert_one_line_message(error.value, str(directory), *fragments)
 
 
-def test_a_template_whose_prefixes_differ_refuses_the_conversation(tmp_path: Path) -> None:
-    # Like Qwen3's: the last assistant turn is rendered with a thinking block the earlier ones lose.
+def test_qwen3s_template_trains_on_every_turn_of_a_multi_turn_conversation(tmp_path: Path) -> None:
+    """Qwen3's real template gives the reply after the last user message a thinking block that earlier replies lack:
+    each assistant turn is masked as the whole conversation renders it."""
+    directory = write_byte_level(tmp_path / "qwen3", QWEN3, QWEN3_SPECIALS)
+    auto, ours = AutoTokenizer.from_pretrained(str(directory)), load_hf_tokenizer(directory)
+    conversation = CONVERSATION
+    assert ours.chat.reply_stops[0] == ours.chat.end_of_turn == auto.convert_tokens_to_ids("<|im_end|>")  # not <think>
+    ids, mask = ours.chat.render(conversation, ours)
+    assert ids.tolist() == auto.apply_chat_template(conversation, tokenize=True, return_dict=False)
+    texts = [ours.decode(ids[start:end].tolist()) for start, end in spans(mask)]
+    assert texts == [
+        "Très bien, merci. 你好！<|im_end|>",
+        "<think>\n\n</think>\n\nIt squares x: f(3) == 9 🚀<|im_end|>",
+    ]
+    prompt = ours.chat.render_prompt(conversation[:4], ours)
+    assert prompt == auto.apply_chat_template(
+        conversation[:4], tokenize=True, add_generation_prompt=True, return_dict=False
+    )
+
+
+def test_a_template_whose_earlier_turns_end_otherwise_refuses_the_conversation(tmp_path: Path) -> None:
+    # A reply followed by more has no end of turn: where it ends cannot be told.
     template = CHATML.replace(
         "message.content + '<|im_end|>'",
-        "(('<think></think>' if loop.last and message.role == 'assistant' else '') + message.content) + '<|im_end|>'",
+        "message.content + ('<|im_end|>' if loop.last or message.role != 'assistant' else '')",
     )
     ours = load_hf_tokenizer(write_byte_level(tmp_path / "t", template))
     assert ours.chat.render(CONVERSATION[:3], ours)[1].any()  # one turn: its span is found
