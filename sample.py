@@ -20,7 +20,7 @@ from gptkit.core.devices import Runtime, autocast
 from gptkit.core.errors import UserError, run_cli
 from gptkit.core.settings import parse_settings, setting, setting_list
 from gptkit.data.chat import ChatError
-from gptkit.data.tokenizer import Tokenizer
+from gptkit.data.tokenizer import Tokenizer, completion_stops
 from gptkit.infer.decoding import Decoding
 from gptkit.infer.engine import Engine, Request
 from gptkit.infer.next_token import sampling_problem
@@ -41,7 +41,11 @@ class SampleSettings(ModelSource, Decoding, Runtime):
     top_k: int | None = setting(200, "sample only among the k most likely tokens (None = all)")
     top_p: float | None = setting(None, "sample only among the most likely tokens whose probability reaches p")
     stop: list[str] = setting_list([], "end a sample when this text appears (repeatable); not printed")
-    stop_at_eot: bool = setting(True, "end a sample at the end-of-text token, when the tokenizer has one")
+    stop_at_eot: bool = setting(
+        True,
+        "end a sample at the end-of-text token, when the tokenizer has one (a chat model's sample always ends at a "
+        "chat marker, never printed, as the server's /v1/completions does)",
+    )
     interactive: bool = setting(False, "read prompts from stdin, one per line, until end of input")
     stream: bool = setting(True, "print tokens as they are generated (when num_samples is 1)")
     chat: bool = setting(
@@ -100,7 +104,8 @@ def generate_samples(
             f"warning: the prompt has {len(ids)} tokens; keeping the last {block} (the context length)", file=sys.stderr
         )
         ids = ids[-block:]
-    stop_tokens = [] if not cfg.stop_at_eot or tokenizer.eot_token is None else [tokenizer.eot_token]
+    skipped = None if cfg.stop_at_eot else tokenizer.eot_token
+    stop_tokens = [token for token in completion_stops(tokenizer) if token != skipped]
     if write:
         write(prompt)
     return [prompt + text for text in continue_ids(model, tokenizer, ids, stop_tokens, cfg, device, dtype, write)]

@@ -302,3 +302,30 @@ def test_chat_talks_turn_by_turn_resets_and_survives_a_bad_line(tmp_path):
 def test_chat_with_a_model_without_a_template_is_one_clear_error(trained_char_checkpoint):
     result = run_script("sample.py", f"--out_dir={trained_char_checkpoint}", "--chat", stdin="hello\n")
     assert_one_line_error(result.returncode, result.stderr.decode(), "no chat template")
+
+
+def test_a_chat_model_sampled_without_chat_stops_at_a_marker_and_never_prints_one():
+    """As the server's /v1/completions: a plain sample of a chat model ends at the first chat marker (here one the
+    model is made to pick), and the text holds none."""
+    import io
+
+    import sample
+    from gptkit.data.tokenizer import ChatTokenizer
+    from helpers import SERVE_TEXT, lively_model, reference_greedy
+
+    tokenizer = ChatTokenizer.extending(CharTokenizer.from_text(SERVE_TEXT, eot=True))
+    model = lively_model(tokenizer.vocab_size, block_size=64)
+    prompt = "All:\nSpeak"
+    ids = tokenizer.encode(prompt)
+    marker = tokenizer.chat.special_tokens["<|user|>"]
+    with torch.no_grad():  # the <|user|> row a scaled copy of greedy's third pick: greedy writes it soon
+        model.lm_head.weight[marker] = 1.5 * model.lm_head.weight[reference_greedy(model, ids, 3)[2]]
+    tokens = reference_greedy(model, ids, 12)
+    stops = {tokenizer.eot_token, *tokenizer.chat.special_tokens.values()}
+    cut = next(i for i, token in enumerate(tokens) if token in stops)
+    assert tokens[cut] in tokenizer.chat.special_tokens.values() and cut > 0
+    cfg = sample.SampleSettings(temperature=0.0, max_new_tokens=12)
+    written = io.StringIO()
+    texts = sample.generate_samples(model, tokenizer, prompt, cfg, torch.device("cpu"), torch.float32, written.write)
+    assert texts == [prompt + tokenizer.decode(tokens[:cut])] == [written.getvalue()]
+    assert not any(text in texts[0] for text in tokenizer.chat.special_tokens)

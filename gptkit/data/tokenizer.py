@@ -330,6 +330,15 @@ def special_tokens_of(tokenizer: Tokenizer) -> dict[str, int]:
     return special
 
 
+def completion_stops(tokenizer: Tokenizer) -> list[int]:
+    """The tokens that end a plain completion (no chat template applied): the end of text, and on a chat model every
+    control token of its template, its end of turn first: a marker is never text in an answer, as a chat reply never
+    shows one either."""
+    eot, template = tokenizer.eot_token, tokenizer.chat
+    markers = [] if template is None else [template.end_of_turn, *template.ids]
+    return list(dict.fromkeys(([] if eot is None else [eot]) + markers))
+
+
 def encode_with_special_tokens(tokenizer: Tokenizer, text: str) -> list[int]:
     """Encode text in which a special token's text stands for that token (as Hugging Face tokenizers read text);
     the rest is ordinary text. Only for tools that expect this (a server's /tokenize): prompts never read markers."""

@@ -45,7 +45,7 @@ from gptkit.core.errors import UserError
 from gptkit.core.settings import setting
 from gptkit.data.chat import ChatError
 from gptkit.data.hf_tokenizer import HFTokenizer
-from gptkit.data.tokenizer import Tokenizer, encode_with_special_tokens
+from gptkit.data.tokenizer import Tokenizer, completion_stops, encode_with_special_tokens
 from gptkit.infer import engine, next_token
 from gptkit.infer.decoding import Decoding
 from gptkit.infer.engine import TokenLogprob
@@ -291,11 +291,9 @@ class Service:
         return await self.collect(jobs, head, prompt_tokens, request, body, api.choice)
 
     def completion_stops(self) -> tuple[int, ...]:
-        """The tokens that end a completion: the end of text, and on a chat model every marker of its template (a
-        marker is never text in an answer, as the chat endpoint never shows one either)."""
-        eot, template = self.tokenizer.eot_token, self.tokenizer.chat
-        markers = () if template is None else tuple(template.ids)
-        return (() if eot is None else (eot,)) + markers
+        """The tokens that end a completion (gptkit.data.tokenizer.completion_stops): the end of text, and on a chat
+        model every marker of its template."""
+        return tuple(completion_stops(self.tokenizer))
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
         """A chat completion: the messages rendered with the model's chat template, the reply decoded up to the end
