@@ -182,9 +182,11 @@ def write_byte_level(
     return _save(tokenizer, directory, template, **special)
 
 
-def write_sentencepiece(directory: Path, template: str | None = ZEPHYR) -> Path:
+def write_sentencepiece(directory: Path, template: str | None = ZEPHYR, every_split: bool = False) -> Path:
     """A SentencePiece-style BPE as Llama 2 and TinyLlama ship it in tokenizer.json: <unk> <s> </s>, the 256 byte
-    tokens <0x00>..<0xFF> (byte fallback for characters it has no token for), "▁" for spaces."""
+    tokens <0x00>..<0xFF> (byte fallback for characters it has no token for), "▁" for spaces. `every_split`: merges
+    as transformers writes them from a SentencePiece model, every split of a token into two tokens, by the token's
+    id (its SentencePiece score), where the trainer's are only the merges it made."""
     trained = Tokenizer(models.BPE(unk_token="<unk>"))
     trained.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
@@ -194,6 +196,10 @@ def write_sentencepiece(directory: Path, template: str | None = ZEPHYR) -> Path:
     for token in sorted(model["vocab"], key=model["vocab"].get):
         vocab.setdefault(token, len(vocab))
     merges = [tuple(merge) if isinstance(merge, list) else tuple(merge.split(" ")) for merge in model["merges"]]
+    if every_split:
+        splits = [(token, token[:i], token[i:]) for token in vocab for i in range(1, len(token))]
+        ordered = sorted((vocab[t], vocab[a], vocab[b], a, b) for t, a, b in splits if a in vocab and b in vocab)
+        merges = [(a, b) for *_, a, b in ordered if vocab[a + b] > 258]  # no merge makes a special or byte token
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     tokenizer.decoder = decoders.Sequence(

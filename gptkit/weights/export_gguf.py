@@ -7,8 +7,8 @@ scaling). Norms without a learned scale are written as scales of ones. The file 
 q8_0), the tokenizer (byte-level BPE: tokens, types and merges, plus which of llama.cpp's pre-tokenizers splits
 text as ours does; a table of one-byte characters is a byte-level BPE whose merges never apply) and the chat
 template; a Hugging Face tokenizer.json goes as its own tokens, merges and special tokens, with the llama.cpp
-pre-tokenizer whose regex is its own (gptkit/weights/gguf_hf_tokenizer.py). A Modelfile beside it runs the model in
-ollama (`ollama create NAME -f Modelfile`).
+pre-tokenizer whose regex is its own, or as llama.cpp's SentencePiece tokenizer (gptkit/weights/gguf_hf_tokenizer.py).
+A Modelfile beside it runs the model in ollama (`ollama create NAME -f Modelfile`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,21 @@
-"""A Hugging Face tokenizer (tokenizer.json) as GGUF metadata, for llama.cpp's byte-level BPE ("gpt2" model).
+"""A Hugging Face tokenizer (tokenizer.json) as GGUF metadata: a byte-level BPE as llama.cpp's "gpt2" tokenizer, a
+SentencePiece-style BPE (byte fallback, "▁" for spaces: Llama 2, Mistral) as its "llama" one.
 
 llama.cpp does not read tokenizer.json's pre-tokenizer: it picks one of its own by the name in `tokenizer.ggml.pre`,
 each a fixed list of regexes. Its converter names the pre-tokenizer by hashing a test text's tokens, which needs the
 real tokenizer; here the name is chosen by what tokenizer.json says (the pre-tokenizer's structure and regex), and
 only where llama.cpp's regexes for that name split text exactly as it does. Anything else is refused in one line.
 
-    GPT-2, Qwen 1.5 style      ByteLevel(use_regex) alone                         -> gpt-2
-    SmolLM, StarCoder           Digits(individual) then ByteLevel(use_regex)      -> smollm
-    Llama 3                     Split(Llama 3's regex) then ByteLevel              -> llama-bpe
-    Qwen2, Qwen2.5, Qwen3       Split(Qwen2's regex, one digit each) then ByteLevel -> qwen2
+    GPT-2                  ByteLevel(use_regex) alone                            -> gpt-2
+    SmolLM, SmolLM2        Digits(individual) then ByteLevel(use_regex)          -> smollm
+    Llama 3                Split(Llama 3's regex) then ByteLevel                 -> llama-bpe
+    Qwen2, Qwen2.5, Qwen3  Split(Qwen2's regex, one digit each) then ByteLevel   -> qwen2
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,8 @@ from gptkit.core.errors import UserError
 from gptkit.data import bpe
 from gptkit.data.hf_tokenizer import HFTokenizer
 
+SPACE = "\u2581"  # SentencePiece's space
+BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
 _CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
 _CONTRACTIONS_SPELLED = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"  # llama.cpp's spelling
 _LETTERS_DIGITS = r"|[^\r\n\p{L}\p{N}]?\p{L}+|"
@@ -44,13 +48,17 @@ HARMLESS_NORMALIZERS = {None, "NFC"}
 
 @dataclass(frozen=True, kw_only=True)
 class GGUFTokenizer:
-    """What llama.cpp's byte-level BPE needs of a tokenizer.json: its tokens (padded to the model's rows), their
-    types, merges, pre-tokenizer name, special ids and whether a prompt opens with bos."""
+    """What llama.cpp needs of a tokenizer.json: its tokens (padded to the model's rows), their types, the merges
+    and pre-tokenizer name of a byte-level BPE or the scores and space prefix of a SentencePiece one, special ids
+    and whether a prompt opens with bos."""
 
+    kind: str  # tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama" (SentencePiece)
     tokens: list[str]
     types: list[int]
     merges: list[str]
-    pre: str
+    scores: list[float] | None
+    pre: str | None
+    add_space_prefix: bool | None
     special_ids: dict[str, int]
     add_bos: bool
     add_eos: bool
@@ -113,20 +121,21 @@ def _name_of_parts(parts: list[dict[str, Any]]) -> str | None:
 
 
 def gguf_tokenizer(tokenizer: HFTokenizer, rows: int) -> GGUFTokenizer:
-    """The GGUF form of a byte-level BPE tokenizer.json for a model of `rows` embedding rows (ids past the
-    tokenizer's become unused "[PADi]" tokens); UserError (one line) for what llama.cpp cannot hold."""
-    import gguf
-
+    """The GGUF form of a tokenizer.json (byte-level BPE, or SentencePiece-style BPE) for a model of `rows` embedding
+    rows (ids past the tokenizer's become unused "[PADi]" tokens); UserError (one line) for what llama.cpp cannot
+    hold."""
     spec = json.loads(tokenizer.to_meta()["tokenizer_json"])
     model = spec.get("model") or {}
-    decoder = spec.get("decoder") or {}
-    if model.get("type") != "BPE" or decoder.get("type") != "ByteLevel" or model.get("byte_fallback"):
-        kind = "SentencePiece-style (byte fallback, ▁ for spaces)" if model.get("byte_fallback") else model.get("type")
+    if model.get("type") == "BPE" and (spec.get("decoder") or {}).get("type") == "ByteLevel":
+        kind, pre, add_space_prefix = "gpt2", pre_tokenizer_name(spec), None
+    elif model.get("type") == "BPE" and model.get("byte_fallback"):
+        kind, pre, add_space_prefix = "llama", None, sentencepiece_space_prefix(spec)
+    else:
         raise UserError(
             f"cannot export this tokenizer to GGUF: export writes byte-level BPE tokenizers (GPT-2, Llama 3, Qwen, "
-            f"SmolLM), not a {kind} one; use --format=hf and llama.cpp's convert_hf_to_gguf.py"
+            f"SmolLM) and SentencePiece-style ones (Llama 2, Mistral), not a {model.get('type')} one; use --format=hf "
+            "and llama.cpp's convert_hf_to_gguf.py"
         )
-    pre = pre_tokenizer_name(spec)
     if tokenizer.vocab_size > rows:
         raise UserError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {rows} rows")
     vocab = _vocab(spec)
@@ -135,11 +144,6 @@ def gguf_tokenizer(tokenizer: HFTokenizer, rows: int) -> GGUFTokenizer:
     if missing:
         raise UserError(f"the tokenizer has no token for id {missing[0]}; GGUF needs every id to have one")
     tokens = [by_id[i] for i in range(tokenizer.vocab_size)] + [f"[PAD{i}]" for i in range(tokenizer.vocab_size, rows)]
-    types = [int(gguf.TokenType.NORMAL)] * tokenizer.vocab_size + [int(gguf.TokenType.UNUSED)] * (
-        rows - tokenizer.vocab_size
-    )
-    for token_id, special in tokenizer.added_tokens.values():
-        types[token_id] = int(gguf.TokenType.CONTROL if special else gguf.TokenType.USER_DEFINED)
     merges = [" ".join(merge) if isinstance(merge, list) else merge for merge in model.get("merges") or []]
     if not merges:  # llama.cpp refuses a byte-level BPE without merges
         raise UserError("cannot export this tokenizer to GGUF: its BPE has no merges, which llama.cpp requires")
@@ -147,17 +151,77 @@ def gguf_tokenizer(tokenizer: HFTokenizer, rows: int) -> GGUFTokenizer:
     special_ids = {
         role: vocab[names[f"{role}_token"]] for role in ("bos", "eos", "unk", "pad") if f"{role}_token" in names
     }
-    bos, eos = names.get("bos_token"), names.get("eos_token")
     opening, closing = _post_processor_ends(spec.get("post_processor"))
     return GGUFTokenizer(
+        kind=kind,
         tokens=tokens,
-        types=types,
-        merges=merges,
+        types=token_types(tokens, tokenizer, kind, model.get("unk_token")),
+        merges=merges if kind == "gpt2" else [],
+        scores=sentencepiece_scores(tokens, merges, tokenizer.added_tokens) if kind == "llama" else None,
         pre=pre,
+        add_space_prefix=add_space_prefix,
         special_ids=special_ids,
-        add_bos=opening is not None and opening == bos,
-        add_eos=closing is not None and closing == eos,
+        add_bos=opening is not None and opening == names.get("bos_token"),
+        add_eos=closing is not None and closing == names.get("eos_token"),
     )
+
+
+def token_types(tokens: list[str], tokenizer: HFTokenizer, kind: str, unk: str | None) -> list[int]:
+    """llama.cpp's type of each token: added tokens are control (special) or user-defined ones; a SentencePiece
+    vocabulary also has its unknown token and the 256 byte tokens <0x00>..<0xFF> its byte fallback writes."""
+    import gguf
+
+    T = gguf.TokenType
+    types = [int(T.NORMAL if i < tokenizer.vocab_size else T.UNUSED) for i in range(len(tokens))]
+    if kind == "llama":
+        for i in range(tokenizer.vocab_size):
+            if BYTE_TOKEN.fullmatch(tokens[i]):
+                types[i] = int(T.BYTE)
+    for token_id, special in tokenizer.added_tokens.values():
+        types[token_id] = int(T.CONTROL if special else T.USER_DEFINED)
+    if kind == "llama" and unk is not None and unk in tokens:
+        types[tokens.index(unk)] = int(T.UNKNOWN)
+    return types
+
+
+def sentencepiece_space_prefix(spec: dict[str, Any]) -> bool:
+    """Whether a SentencePiece-style tokenizer.json opens text with "▁" (llama.cpp's add_space_prefix); UserError
+    unless it writes spaces as "▁" the way llama.cpp's SentencePiece tokenizer does: the normalizer Replace(" ", "▁"),
+    after Prepend("▁") or not (Llama 2's tokenizer.json), and no pre-tokenizer."""
+    normalizer = spec.get("normalizer") or {}
+    parts = (normalizer.get("normalizers") or []) if normalizer.get("type") == "Sequence" else [normalizer]
+    kinds = [(part.get("type"), part.get("prepend") or (part.get("pattern") or {}).get("String")) for part in parts]
+    replace = ("Replace", " ")
+    spaces = all(part.get("content") == SPACE for part in parts if part.get("type") == "Replace")
+    if spec.get("pre_tokenizer") is None and kinds in ([("Prepend", SPACE), replace], [replace]) and spaces:
+        return len(kinds) == 2
+    raise UserError(
+        "cannot export this tokenizer to GGUF: llama.cpp's SentencePiece tokenizer takes spaces written as '▁' by "
+        "the normalizer (Prepend('▁') then Replace(' ', '▁'), as Llama 2's tokenizer.json), not this normalizer "
+        f"{[kind for kind, _ in kinds]} and pre-tokenizer {(spec.get('pre_tokenizer') or {}).get('type')}"
+    )
+
+
+def sentencepiece_scores(tokens: list[str], merges: list[str], added: dict[str, tuple[int, bool]]) -> list[float]:
+    """Scores under which llama.cpp's SentencePiece tokenizer (merge the adjacent pair whose joined text is the
+    token of highest score) merges as the BPE does (the pair of lowest merge rank): a token scores minus the rank of
+    the first merge that makes it. That is the same only when every split of a token into two tokens is a merge, as
+    in the tokenizer.json files written from SentencePiece models; UserError naming a split that is not."""
+    rank_of = {}
+    for rank, merge in enumerate(merges):
+        left, right = merge.split(" ", 1)
+        rank_of.setdefault(left + right, rank)
+    pairs = set(merges)
+    known = {token for token in tokens if token not in added}
+    for token in known:
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in known and right in known and f"{left} {right}" not in pairs:
+                raise UserError(
+                    f"cannot export this tokenizer to GGUF: {left!r} + {right!r} make the token {token!r} but are no "
+                    "merge of its BPE; llama.cpp's SentencePiece tokenizer would join them (it merges by token score)"
+                )
+    return [-float(rank_of[token]) if token in rank_of else 0.0 for token in tokens]
 
 
 def _vocab(spec: dict[str, Any]) -> dict[str, int]:
@@ -188,11 +252,16 @@ def _post_processor_ends(processor: Any) -> tuple[str | None, str | None]:
 def add_hf_tokenizer(writer: Any, tokenizer: HFTokenizer, rows: int) -> None:
     """Write the tokenizer's GGUF keys: model, pre-tokenizer, tokens, types, merges, special ids, chat template."""
     vocabulary = gguf_tokenizer(tokenizer, rows)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(vocabulary.pre)
+    writer.add_tokenizer_model(vocabulary.kind)
     writer.add_token_list(vocabulary.tokens)
     writer.add_token_types(vocabulary.types)
-    writer.add_token_merges(vocabulary.merges)
+    if vocabulary.kind == "gpt2":
+        writer.add_tokenizer_pre(vocabulary.pre)
+        writer.add_token_merges(vocabulary.merges)
+    else:
+        writer.add_tokenizer_pre("default")
+        writer.add_token_scores(vocabulary.scores)
+        writer.add_add_space_prefix(vocabulary.add_space_prefix)
     adders = {
         "bos": writer.add_bos_token_id,
         "eos": writer.add_eos_token_id,
