@@ -79,6 +79,28 @@ def test_gguf_export_writes_the_file_and_a_modelfile(tmp_path, chat_checkpoint, 
     assert len(reader.fields["tokenizer.ggml.tokens"].data) == 50304
 
 
+def test_gguf_export_takes_a_hugging_face_tokenizer_along(tmp_path, capsys):
+    """A Qwen3-shaped run on a Qwen2-style tokenizer.json: the file is llama.cpp's Qwen3 with that tokenizer, its
+    `qwen2` pre-tokenizer and chat template."""
+    gguf = pytest.importorskip("gguf")
+    from gptkit.data.hf_tokenizer import load_hf_tokenizer
+    from hf_tokenizer_dirs import write_family
+
+    tokenizer = load_hf_tokenizer(write_family(tmp_path / "tokenizer", "qwen2"))
+    qwen3 = dict(pos_encoding="rope", norm="rmsnorm", activation="swiglu", bias=False, qk_norm=True, mlp_hidden=96)
+    checkpoint = write_checkpoint(tmp_path / "run" / "ckpt.pt", tokenizer, n_head=4, n_kv_head=2, **qwen3)
+    args = cli_args(out_dir=checkpoint.parent, format="gguf", outtype="f32", export_dir=tmp_path / "gguf")
+    code, out, err = run_main(export.main, args, capsys)
+    assert code == 0 and out == f"wrote {tmp_path / 'gguf'}: run-f32.gguf, Modelfile\n", err
+    reader = gguf.GGUFReader(tmp_path / "gguf" / "run-f32.gguf")
+    assert reader.fields["general.architecture"].contents() == "qwen3"
+    assert reader.fields["tokenizer.ggml.pre"].contents() == "qwen2"
+    assert reader.fields["tokenizer.chat_template"].contents() == tokenizer.chat.source
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    assert len(tokens.data) == tok.padded_vocab_size(tokenizer.vocab_size)
+    assert tokens.contents(tokenizer.eot_token) == "<|im_end|>"
+
+
 def test_never_overwrites_unasked(tmp_path, chat_checkpoint, capsys):
     destination = tmp_path / "taken"
     destination.mkdir()
