@@ -4,7 +4,7 @@ python eval.py --out_dir=out-shakespeare-char --tasks=hellaswag --limit=500
 python eval.py --init_from=gpt2 --tasks=hellaswag --json_out=hellaswag.json
 python eval.py --out_dir=out --tasks= --harness_tasks=lambada_openai,arc_easy
 python eval.py --out_dir=out --tasks= --harness_tasks=my_task --harness_include=my_tasks/   # local task YAMLs
-python eval.py --out_dir=out-rl --tasks= --prompts=held_out.jsonl --reward=number --samples=8 --pass_k=1,8
+python eval.py --out_dir=out-rl --tasks= --prompts=held_out.jsonl --reward=number --samples=8 --temperature=1 --pass_k=1,8
 
 The last line on stdout is the summary of every task; --json_out writes {"hellaswag": {"acc", "acc_norm", "n"}, ...}
 (harness tasks as "lm_eval/<task>": {metric: value}; a prompt file as "generative": {"pass@k", "reward", "n"}).

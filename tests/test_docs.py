@@ -151,3 +151,44 @@ def test_every_gpt_method_the_code_and_docs_name_exists() -> None:
     named = {(p.name, name) for p in pages for name in re.findall(r"\bGPT\.(\w+)", p.read_text(encoding="utf-8"))}
     missing = sorted((where, name) for where, name in named if not hasattr(GPT, name))
     assert not missing, missing
+
+
+# The scripts whose documented command lines are checked setting by setting (train.py's also read config files).
+DOCUMENTED_SCRIPTS = {"sample.py": "SampleSettings", "eval.py": "EvaluateSettings", "export.py": "ExportSettings"}
+
+
+def documented_commands(script: str) -> list[tuple[str, list[str]]]:
+    """(page, arguments) of every `python SCRIPT ...` line in a bash block of the README and docs/ (a script's own
+    docstring too): what a reader copies and runs."""
+    import shlex
+
+    found = []
+    texts = [(page.name, page.read_text(encoding="utf-8")) for page in DOCS]
+    texts.append((script, (ROOT / script).read_text(encoding="utf-8").split('"""')[1]))
+    for name, text in texts:
+        for line in text.splitlines():
+            command = line.split("  #")[0].strip()
+            if command.startswith(f"python {script} "):
+                found.append((name, shlex.split(command.replace('"$(openssl rand -hex 16)"', "KEY"))[2:]))
+    return found
+
+
+@pytest.mark.parametrize("script", sorted(DOCUMENTED_SCRIPTS))
+def test_every_documented_command_line_has_valid_settings(script: str) -> None:
+    """A documented command line a reader copies must pass the script's own settings checks: a renamed setting or a
+    combination the script refuses (eval.py's --samples=8 at the greedy default temperature) is a broken manual."""
+    import importlib
+
+    from gptkit.core.errors import UserError
+    from gptkit.core.settings import parse_settings
+
+    settings_class = getattr(importlib.import_module(script.removesuffix(".py")), DOCUMENTED_SCRIPTS[script])
+    commands = documented_commands(script)
+    assert commands, f"no documented {script} command found"
+    refused = []
+    for page, args in commands:
+        try:
+            parse_settings(settings_class, args, prog=script, description="")
+        except UserError as exc:
+            refused.append(f"{page}: {' '.join(args)}: {exc}")
+    assert not refused, "\n".join(refused)
