@@ -153,28 +153,34 @@ def test_every_gpt_method_the_code_and_docs_name_exists() -> None:
     assert not missing, missing
 
 
-# The scripts whose documented command lines are checked setting by setting (train.py's also read config files).
-DOCUMENTED_SCRIPTS = {"sample.py": "SampleSettings", "eval.py": "EvaluateSettings", "export.py": "ExportSettings"}
+# The scripts whose documented command lines are checked setting by setting.
+DOCUMENTED_SCRIPTS = {
+    "train.py": "TrainSettings",
+    "sample.py": "SampleSettings",
+    "serve.py": "ServeSettings",
+    "eval.py": "EvaluateSettings",
+    "export.py": "ExportSettings",
+}
 
 
 def documented_commands(script: str) -> list[tuple[str, list[str]]]:
     """(page, arguments) of every `python SCRIPT ...` line in a bash block of the README and docs/ (a script's own
-    docstring too): what a reader copies and runs."""
+    docstring too): what a reader copies and runs. Lines with a `...` placeholder are left out."""
     import shlex
 
     found = []
     texts = [(page.name, page.read_text(encoding="utf-8")) for page in DOCS]
     texts.append((script, (ROOT / script).read_text(encoding="utf-8").split('"""')[1]))
     for name, text in texts:
-        for line in text.splitlines():
-            command = line.split("  #")[0].strip()
-            if command.startswith(f"python {script} "):
+        for line in text.replace("\\\n", " ").splitlines():  # a command continued with a backslash is one line
+            command = re.sub(r"\s+#\s.*$", "", line).strip()
+            if command.startswith(f"python {script} ") and "..." not in command:
                 found.append((name, shlex.split(command.replace('"$(openssl rand -hex 16)"', "KEY"))[2:]))
     return found
 
 
 @pytest.mark.parametrize("script", sorted(DOCUMENTED_SCRIPTS))
-def test_every_documented_command_line_has_valid_settings(script: str) -> None:
+def test_every_documented_command_line_has_valid_settings(script: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A documented command line a reader copies must pass the script's own settings checks: a renamed setting or a
     combination the script refuses (eval.py's --samples=8 at the greedy default temperature) is a broken manual."""
     import importlib
@@ -185,10 +191,11 @@ def test_every_documented_command_line_has_valid_settings(script: str) -> None:
     settings_class = getattr(importlib.import_module(script.removesuffix(".py")), DOCUMENTED_SCRIPTS[script])
     commands = documented_commands(script)
     assert commands, f"no documented {script} command found"
+    monkeypatch.chdir(ROOT)  # train.py's config files are named from the checkout's root
     refused = []
     for page, args in commands:
         try:
-            parse_settings(settings_class, args, prog=script, description="")
+            parse_settings(settings_class, args, prog=script, description="", config_files=script == "train.py")
         except UserError as exc:
             refused.append(f"{page}: {' '.join(args)}: {exc}")
     assert not refused, "\n".join(refused)
