@@ -231,3 +231,16 @@ def test_sampling_error_end_to_end(out_dir: Path) -> None:
     )
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == "error: prompt file /nonexistent/prompt does not exist\n"
+
+
+def test_init_from_a_training_run_says_to_load_it_with_out_dir(out_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    """train.py takes a run's directory as --init_from; sample.py, serve.py and eval.py load one with --out_dir."""
+    code, stdout, stderr = cli([f"--init_from={out_dir}", "--max_new_tokens=3"], capsys)
+    assert_one_line_error(code, stderr, f"is a training run's directory; load it with --out_dir={out_dir}")
+    assert stdout == ""
+
+
+def test_init_from_a_directory_without_config_json_says_so(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    code, _, stderr = cli([f"--init_from={tmp_path}", "--max_new_tokens=3"], capsys)
+    assert_one_line_error(code, stderr, f"{tmp_path} holds no config.json")

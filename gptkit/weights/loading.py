@@ -17,7 +17,7 @@ from gptkit.data.meta import read_meta
 from gptkit.data.tokenizer import Tokenizer, make_tokenizer, tokenizer_from_meta
 from gptkit.model import GPT
 from gptkit.weights.build import is_hf_source, load_model, model_of_checkpoint
-from gptkit.weights.checkpoint import load_checkpoint, resolve_checkpoint
+from gptkit.weights.checkpoint import is_checkpoint_source, load_checkpoint, resolve_checkpoint
 from gptkit.weights.hf import GPT2_HUB_NAMES, is_gpt2_directory, locate
 from gptkit.weights.quantization import QUANTIZE_CHOICES, apply_quantization
 
@@ -52,16 +52,31 @@ def load_model_and_tokenizer(
         model = load_model(init_from)
         tokenizer = hf_source_tokenizer(init_from, data_dir)
     else:
-        raise UserError(
-            f"--init_from={init_from!r}: use resume, a Hugging Face directory or hub name (owner/name), "
-            f"or {', '.join(GPT2_HUB_NAMES)}"
-        )
+        raise unknown_init_from(init_from)
     if tokenizer.vocab_size > model.config.vocab_size:
         raise UserError(
             f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}; "
             "pass the --data_dir the model was trained on"
         )
     return model.eval(), tokenizer
+
+
+def unknown_init_from(init_from: str) -> UserError:
+    """The mistake of an --init_from that names no model these scripts load, said for what it does name."""
+    if is_checkpoint_source(init_from):  # train.py takes a run as --init_from; the scripts that run one, --out_dir
+        return UserError(
+            f"--init_from={init_from!r} is a training run's directory; load it with --out_dir={init_from} "
+            "(init_from=resume, the default)"
+        )
+    if Path(init_from).is_dir():
+        return UserError(
+            f"--init_from={init_from!r}: {init_from} holds no config.json, so it is no Hugging Face model directory "
+            "(nor a training run: no best.pt or ckpt.pt)"
+        )
+    return UserError(
+        f"--init_from={init_from!r}: use resume, a Hugging Face directory or hub name (owner/name), "
+        f"or {', '.join(GPT2_HUB_NAMES)}"
+    )
 
 
 def hf_source_tokenizer(init_from: str, data_dir: str) -> Tokenizer:
