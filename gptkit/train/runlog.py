@@ -103,10 +103,10 @@ def eval_line(result: dict[str, Any], saved: str = "") -> str:
         for split in ("train", "val")
         if result[f"{split}/loss"] is not None
     ]
-    line = f"step {result['iter']}: " + " | ".join(parts)
     figures = figures_note(result)
-    line += figures if parts else figures.removeprefix(" | ")
-    return line + format_bpb(result["val/bpb"]) + saved
+    body = " | ".join(parts) + figures + format_bpb(result["val/bpb"]) + saved
+    # GRPO without --grpo_eval_prompts has no figure at all: the line still says what happened
+    return f"step {result['iter']}: " + (body.removeprefix(" | ") or "no figures to evaluate")
 
 
 def figures_note(entry: dict[str, Any]) -> str:

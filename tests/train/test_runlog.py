@@ -30,6 +30,11 @@ def test_lines_keep_their_formats() -> None:
     assert runlog.eval_line({**EVAL, "val/bpb": None}, runlog.saved_note(Path("/o/ckpt.pt"))) == (
         "step 10: train loss 4.0768 | val loss 4.0707 | saved /o/ckpt.pt"
     )
+    # GRPO without held-out prompts has no figure: the line says so, or names the save alone
+    grpo = {"iter": 0, "train/loss": None, "val/loss": None, "val/bpb": None}
+    assert runlog.eval_line(grpo) == "step 0: no figures to evaluate"
+    assert runlog.eval_line({**grpo, "iter": 2}, runlog.saved_note(Path("/o/ckpt.pt"))) == "step 2: saved /o/ckpt.pt"
+    assert runlog.eval_line({**grpo, "val/pass@1": 0.25}) == "step 0: val pass@1 0.2500"
     entry = {"iter": 5, "train/loss": 4.07771, "lr": 1.8e-06, "mfu": None, "tokens_per_s": 18_690.3}
     assert runlog.progress_line(entry, 0.00684) == (
         "iter 5: loss 4.0777 | lr 1.80e-06 | 6.8 ms/iter | 18,690 tok/s | mfu n/a"
