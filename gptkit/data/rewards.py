@@ -95,7 +95,7 @@ def reward_named(name: str) -> Reward:
         try:
             pattern = re.compile(name.removeprefix("regex:"))
         except re.error as exc:
-            raise UserError(f"--reward={name}: not a valid regular expression ({exc})") from None
+            raise UserError(f"reward {name!r}: not a valid regular expression ({exc})") from None
         return Reward(name, lambda completion, sample: float(pattern.search(completion) is not None))
     module_name, _, function_name = name.partition(":")
     if not module_name or not function_name:
@@ -103,8 +103,8 @@ def reward_named(name: str) -> Reward:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise UserError(f"--reward={name}: cannot import {module_name!r} ({exc}); is it on PYTHONPATH?") from None
+        raise UserError(f"reward {name!r}: cannot import {module_name!r} ({exc}); is it on PYTHONPATH?") from None
     function = getattr(module, function_name, None)
     if not callable(function):
-        raise UserError(f"--reward={name}: {module_name} has no function {function_name!r}")
+        raise UserError(f"reward {name!r}: {module_name} has no function {function_name!r}")
     return Reward(name, function)

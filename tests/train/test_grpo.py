@@ -140,6 +140,8 @@ def test_a_users_reward_function_and_its_mistakes_are_one_line(tmp_path, monkeyp
         with pytest.raises(UserError) as raised:
             reward_named(name)
         assert_one_line_message(raised.value, what)
+        # train.py names it --grpo_reward and eval.py --reward: the line names the reward, not one script's flag
+        assert "--reward" not in str(raised.value) and repr(name) in str(raised.value)
     with pytest.raises(UserError) as raised:
         reward_named("exact").score("1", {"question": "?"})
     assert_one_line_message(raised.value, "'answer'")
