@@ -46,7 +46,7 @@ from gptkit.core.settings import parse_settings, setting, settings_to_dict
 from gptkit.core.signals import StopRequest
 from gptkit.data import loader
 from gptkit.data.conversations import is_chat_data
-from gptkit.data.meta import read_meta
+from gptkit.data.meta import META_FILENAME, read_meta
 from gptkit.data.preferences import PairBatches, PairEpoch, open_pairs
 from gptkit.data.prompts import load_prompts
 from gptkit.data.rewards import reward_named
@@ -366,8 +366,13 @@ def set_up(
         data_dir, meta, streams = Path(cfg.grpo_prompts), starting_model_meta(cfg), {}
     else:
         data_dir = loader.data_dir_for(cfg.dataset, cfg.data_dir)
-        meta = read_meta(data_dir)
         dpo = cfg.objective == "dpo"
+        if dpo and not (Path(data_dir) / META_FILENAME).is_file():  # read_meta's hint names the pretraining scripts
+            raise UserError(
+                f"--objective=dpo trains on preference pairs and {data_dir} holds none (no meta.json): give "
+                "--data_dir=DIR written by prepare_data/preferences.py"
+            )
+        meta = read_meta(data_dir)
         streams = (
             {s: open_pairs(data_dir, s, meta) for s in ("train", "val")} if dpo else batches.open_splits(data_dir, meta)
         )

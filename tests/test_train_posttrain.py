@@ -169,6 +169,10 @@ def test_bad_input_is_one_line(task: Path, tmp_path: Path, capsys, monkeypatch) 
     assert_one_line_error(code, stderr, "bad_rewards:boom", "KeyError", "'answer':")
     code, _, stderr = run_main(train.main, dpo_args(task, tmp_path / "text", data_dir=task / "base"), capsys)
     assert code == 2
+    # no --data_dir: the line names the preference data DPO needs, not the pretraining corpus of the default dataset
+    args = [arg for arg in dpo_args(task, tmp_path / "nodata") if not arg.startswith("--data_dir=")]
+    code, _, stderr = run_main(train.main, args, capsys)
+    assert_one_line_error(code, stderr, "--objective=dpo", "prepare_data/preferences.py")
 
 
 @pytest.mark.heavy
