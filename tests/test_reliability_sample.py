@@ -244,3 +244,23 @@ def test_init_from_a_directory_without_config_json_says_so(tmp_path: Path, capsy
     (tmp_path / "model.safetensors").write_bytes(b"")
     code, _, stderr = cli([f"--init_from={tmp_path}", "--max_new_tokens=3"], capsys)
     assert_one_line_error(code, stderr, f"{tmp_path} holds no config.json")
+
+
+def test_a_decoding_backend_that_cannot_run_the_model_fails_before_any_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """--decode=native on a rotary model (the Llama recipe's): one line, and stdout stays empty, not the prompt
+    followed by an error."""
+    tokenizer = CharTokenizer.from_text(TEXT)
+    meta = {"tokenizer": tokenizer.to_meta(), "vocab_size": tokenizer.vocab_size, "eot_token": None}
+    torch.manual_seed(0)
+    config = GPTConfig(
+        block_size=16, vocab_size=tokenizer.vocab_size, n_layer=1, n_head=2, n_embd=16, pos_encoding="rope"
+    )
+    model = GPT(config)
+    state = {"model": model.state_dict(), "model_args": config_to_dict(config), "tokenizer": tokenizer_record(meta)}
+    (tmp_path / "out").mkdir()
+    save_checkpoint(tmp_path / "out" / "ckpt.pt", state)
+    code, stdout, stderr = cli([f"--out_dir={tmp_path / 'out'}", "--decode=native", "--start=To be"], capsys)
+    assert_one_line_error(code, stderr, "--decode=native: the native step does not implement rotary positions")
+    assert stdout == ""
