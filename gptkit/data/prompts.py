@@ -40,7 +40,7 @@ def load_prompts(path: str | Path, tokenizer: Any) -> list[Prompt]:
             try:
                 record = json.loads(line)
                 prompts.append(Prompt(ids=render(record, tokenizer), sample=record, where=where))
-            except (json.JSONDecodeError, ChatError) as exc:
+            except (json.JSONDecodeError, ChatError, UserError) as exc:  # UserError: text the tokenizer cannot encode
                 raise UserError(f"{where}: {exc}") from None
     if not prompts:
         raise UserError(f"{path} holds no prompt")

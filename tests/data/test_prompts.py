@@ -1,0 +1,37 @@
+"""Tests for gptkit/data/prompts.py: prompt files for GRPO and eval.py --prompts, and their mistakes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gptkit.core.errors import UserError
+from gptkit.data.prompts import load_prompts
+from gptkit.data.tokenizer import CharTokenizer
+
+
+def write_prompts(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
+    return path
+
+
+def test_plain_prompts_are_encoded_with_their_records(tmp_path: Path) -> None:
+    tokenizer = CharTokenizer.from_text("abc ")
+    path = write_prompts(tmp_path / "p.jsonl", [{"prompt": "ab c", "answer": "1"}, {"prompt": "ca", "answer": "2"}])
+    prompts = load_prompts(path, tokenizer)
+    # CharTokenizer's ids are the ranks of the sorted characters: ' ' 0, 'a' 1, 'b' 2, 'c' 3
+    assert [p.ids for p in prompts] == [[1, 2, 0, 3], [3, 1]]
+    assert [p.sample["answer"] for p in prompts] == ["1", "2"]
+    assert [p.where for p in prompts] == [f"{path}:1", f"{path}:2"]
+
+
+def test_a_prompt_the_tokenizer_cannot_encode_names_its_file_and_line(tmp_path: Path) -> None:
+    """A character model's eval.py --prompts on a file with other characters: the line says which record."""
+    tokenizer = CharTokenizer.from_text("abc ")
+    path = write_prompts(tmp_path / "p.jsonl", [{"prompt": "ab", "answer": "1"}, {"prompt": "a+b", "answer": "2"}])
+    with pytest.raises(UserError) as raised:
+        load_prompts(path, tokenizer)
+    message = str(raised.value)
+    assert message.startswith(f"{path}:2: ") and "'+'" in message and "\n" not in message
