@@ -103,6 +103,7 @@ inline Vec with_sign(Vec magnitude, Vec sign_of) {
   return _mm256_or_ps(magnitude, _mm256_and_ps(sign_of, _mm256_set1_ps(-0.0f)));
 }
 #endif
+#endif
 
 // Asks for the 64-byte lines of 64 weights of type W, PREFETCH_AHEAD weights past `at`, in the L2 cache. A thread
 // reads its share of each matrix as one stream, so these are its next rows (at its share's end, the other thread's
@@ -117,15 +118,35 @@ constexpr int64_t PREFETCH_AHEAD = 4096 / sizeof(W);
 template <typename W>
 constexpr int64_t PREFETCH_AHEAD = 1024;
 #endif
+// How far ahead a product that passes over each block several times asks for its weights (Prefetch): at least this
+// many bytes, in whole blocks.
+constexpr int64_t PREFETCH_BYTES = 16384;
+
+#if defined(GPTKIT_VECTORS)
+// The lines of the 64 weights from `at`.
 template <typename W>
-inline void prefetch_ahead(const W* at) {
+inline void prefetch_at(const W* at) {
 #if !defined(__AVX512F__)
   if (std::is_same_v<W, float>) return;
 #endif
-  const char* ahead = reinterpret_cast<const char*>(at + PREFETCH_AHEAD<W>);
-  for (size_t line = 0; line < sizeof(W); ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T1);
+  const char* lines = reinterpret_cast<const char*>(at);
+  for (size_t line = 0; line < sizeof(W); ++line) _mm_prefetch(lines + 64 * line, _MM_HINT_T1);
+}
+template <typename W>
+inline void prefetch_ahead(const W* at) {
+  prefetch_at(at + PREFETCH_AHEAD<W>);
 }
 #endif
+
+// Which weights a pass over a block of weight rows asks the caches for (block_dots). One input group (turns 1): the
+// weights PREFETCH_AHEAD on from the block's own, as the one-row products do. Several groups of inputs, one pass each
+// over a block that the later passes read from the cache: pass `turn` of `turns` asks for every turns-th piece of a
+// later block (`from` on), so that the memory streams the weights while every pass computes, not in the first pass
+// alone.
+struct Prefetch {
+  const float* from;
+  int64_t turn = 0, turns = 1;
+};
 
 // The type a product's input and the cache are stored in: the weights' own for float32 and bfloat16, float32 for
 // int8 weights (the activations stay in float32 between the products).
@@ -364,18 +385,22 @@ inline void add_chunk(Vec* sums, const float* w, const float* const* xs, int64_t
 // or more independent sums hide the FMA latency: for one input two a row (even and odd chunks), for more one a row
 // and input (four inputs: 16 sums, which only AVX-512's 32 registers hold).
 template <int64_t T>
-void block_dots(const float* block, const float* const* xs, int64_t n, float* out) {
+void block_dots(const float* block, const float* const* xs, int64_t n, float* out, Prefetch prefetch) {
   static_assert(T == 1 || T == 2 || T == 4);
 #if defined(GPTKIT_VECTORS)
   constexpr int64_t SPLIT = T == 1 ? 2 : 1, SUMS = BLOCK_ROWS * T * SPLIT, STEP = SPLIT * BLOCK_ROWS * CHUNK;
   Vec sums[SUMS];
 #pragma GCC unroll 8
   for (int64_t i = 0; i < SUMS; ++i) sums[i] = splat(0.0f);
-  int64_t c = 0;
+  int64_t c = 0, wait = prefetch.turn;  // pieces until this pass's next one to ask for
   for (; (c + SPLIT) * CHUNK <= n; c += SPLIT) {
     const float* w = block + c * BLOCK_ROWS * CHUNK;
+    if (wait-- == 0) {
+      wait = prefetch.turns - 1;
+      const float* ahead = prefetch.from + c * BLOCK_ROWS * CHUNK;
 #pragma GCC unroll 2
-    for (int64_t i = 0; i < STEP; i += 64) prefetch_ahead(w + i);
+      for (int64_t i = 0; i < STEP; i += 64) prefetch_at(ahead + i);
+    }
 #pragma GCC unroll 2
     for (int64_t half = 0; half < SPLIT; ++half)
       add_chunk<T, SPLIT>(sums, w + half * BLOCK_ROWS * CHUNK, xs, (c + half) * CHUNK, half);
@@ -400,7 +425,8 @@ void product(const Matrix<W>& m, int64_t first, int64_t last, const ProductInput
     const float* x = in.input(0, m.columns);
     while (m.blocked && row < last) {
       if (row % BLOCK_ROWS == 0 && row + BLOCK_ROWS <= last) {
-        block_dots<1>(m.values + row * m.columns, &x, m.columns, out + row - first);
+        const float* block = m.values + row * m.columns;
+        block_dots<1>(block, &x, m.columns, out + row - first, {block + PREFETCH_AHEAD<float>});
         row += BLOCK_ROWS;
       } else {
         out[row - first] = dot_placed(place(m, row), x, m.columns);
@@ -482,16 +508,23 @@ void product_tokens(const Matrix<W>& m, int64_t first, int64_t last, const Produ
   const int64_t n = m.columns;
   int64_t row = first;
   if constexpr (std::is_same_v<W, float>) {
+    // Passes over a block (one per group of inputs) after the first read it from the cache: they ask for a later
+    // block in turns (Prefetch), PREFETCH_BYTES or more ahead so that it arrives before its first pass.
+    const int64_t turns = (count + BLOCK_TOKENS - 1) / BLOCK_TOKENS, block_size = BLOCK_ROWS * n;
+    const int64_t ahead =
+        turns == 1 ? PREFETCH_AHEAD<float> : std::max<int64_t>(1, PREFETCH_BYTES / (4 * block_size)) * block_size;
     while (m.blocked && row < last) {  // a whole block and BLOCK_TOKENS inputs at a time, else a row
       const bool whole = row % BLOCK_ROWS == 0 && row + BLOCK_ROWS <= last;
+      const float* block = m.values + row * n;
       for (int64_t token = 0; token < count; token += BLOCK_TOKENS) {
         const float* xs[BLOCK_TOKENS];  // past the last input: the last again (computed, not kept)
         for (int64_t t = 0; t < BLOCK_TOKENS; ++t) xs[t] = in.input(std::min(token + t, count - 1), n);
         float sums[BLOCK_ROWS * BLOCK_TOKENS];
+        const Prefetch prefetch{block + ahead, token / BLOCK_TOKENS, turns};
         if (whole && count - token <= 2)  // two inputs or fewer left: the cheaper block of two
-          block_dots<2>(m.values + row * n, xs, n, sums);
+          block_dots<2>(block, xs, n, sums, prefetch);
         else if (whole)
-          block_dots<BLOCK_TOKENS>(m.values + row * n, xs, n, sums);
+          block_dots<BLOCK_TOKENS>(block, xs, n, sums, prefetch);
         else
           for (int64_t t = 0; t < BLOCK_TOKENS; ++t) sums[t] = dot_placed(place(m, row), xs[t], n);
         const int64_t width = whole && count - token <= 2 ? 2 : BLOCK_TOKENS;  // the layout of sums
