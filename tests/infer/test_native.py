@@ -356,6 +356,36 @@ def test_requests_joining_and_leaving_get_their_reference_greedy_tokens(monkeypa
     assert len(row_steps) > 10
 
 
+def greedy_outputs(model, prompts: list[list[int]], budgets: list[int], slots: int) -> list[list[int]]:
+    """The greedy tokens the native engine with `slots` slots gives each prompt (its budget of new tokens)."""
+    requests = [Request(prompt, budget, temperature=0) for prompt, budget in zip(prompts, budgets)]
+    list(Engine(model, slots=slots, decode="native").run(requests))
+    return [request.output for request in requests]
+
+
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("slots", [1, 5, 8, 12, 16])
+def test_every_row_of_a_full_engine_gets_its_reference_greedy_tokens(slots, weights):
+    """Half again as many requests as slots, of prompts and budgets of different lengths, through 1 to 16 slots:
+    rows join as others finish, windows slide (block 24), and the products take 8 rows by 3 at a time, 4 by 4 and
+    the rows left over (64 wide: float32 matrices in blocks). Each request gets the greedy tokens of the float32
+    model its weights stand for: float32 ones themselves, int8 ones dequantized with 16-bit inputs. bfloat16 steps
+    round the cache and the products' inputs, so their tokens part from a float32 pass's within a few steps: each
+    request gets those of the one-row step (tested above against the float32 pass), one request at a time."""
+    original = lively_model(block_size=24, seed=slots, n_embd=64, n_head=4)
+    count = slots + slots // 2 + 1
+    prompts = row_prompts(37, [1 + (7 * row) % 13 for row in range(count)])
+    budgets = [4 + (5 * row) % 17 for row in range(count)]
+    if weights == "bfloat16":
+        model = plain_copy(original).to(torch.bfloat16)
+        expected = greedy_outputs(model, prompts, budgets, slots=1)
+    else:
+        model = quantize_int8(plain_copy(original)) if weights == "int8" else original
+        reference = with_16_bit_inputs(dequantized_model(model, original)) if weights == "int8" else plain_copy(model)
+        expected = [reference_greedy(reference, prompt, budget) for prompt, budget in zip(prompts, budgets)]
+    assert greedy_outputs(model, prompts, budgets, slots) == expected
+
+
 def test_seeded_rows_sampled_in_one_step_draw_the_eager_engines_tokens():
     """Four seeded requests with the same settings sample inside the native call (each row with its own uniform
     number, drawn from its own generator); mixed settings are sampled from the step's logits. Same seeds, same

@@ -417,6 +417,70 @@ void block_dots(const float* block, const float* const* xs, int64_t n, float* ou
 #endif
 }
 
+#if defined(__AVX512F__)
+// How many inputs pair_dots takes at a time: 8 rows by 3 inputs are 24 sums, which with an input's 3 vectors and a
+// weight's fill 28 of AVX-512's 32 registers.
+constexpr int64_t PAIR_TOKENS = 3, PAIR_ROWS = 2 * BLOCK_ROWS;
+
+// out[r * T + t] = the dot product of row r of two whole blocks one after the other (8 rows, at `block`) with input
+// xs[t], over n values. Why, for several groups of inputs: a block of 4 rows loads an input vector for 4 products,
+// and with 16 inputs the inputs no longer fit in the L1 cache beside the block, so those loads wait on the L2 cache;
+// two blocks halve them, and the 8 rows' weights (from the L1 cache after the first pass) are loaded instead.
+template <int64_t T>
+void pair_dots(const float* block, const float* const* xs, int64_t n, float* out, Prefetch prefetch) {
+  static_assert(T >= 1 && T <= PAIR_TOKENS);
+  const int64_t second = BLOCK_ROWS * n;  // where the second block starts
+  Vec sums[PAIR_ROWS * T];
+#pragma GCC unroll 24
+  for (int64_t i = 0; i < PAIR_ROWS * T; ++i) sums[i] = splat(0.0f);
+  int64_t wait = prefetch.turn;
+  for (int64_t c = 0; c * CHUNK < n; ++c) {
+    const float* w = block + c * BLOCK_ROWS * CHUNK;
+    if (wait-- == 0) {
+      wait = prefetch.turns - 1;
+      const float* ahead = prefetch.from + c * BLOCK_ROWS * CHUNK;
+#pragma GCC unroll 4
+      for (int64_t i = 0; i < BLOCK_ROWS * CHUNK; i += 64) {
+        prefetch_at(ahead + i);
+        prefetch_at(ahead + second + i);
+      }
+    }
+    Vec x[T];
+#pragma GCC unroll 3
+    for (int64_t t = 0; t < T; ++t) x[t] = load(xs[t] + c * CHUNK);
+#pragma GCC unroll 8
+    for (int64_t r = 0; r < PAIR_ROWS; ++r) {
+      const Vec weights = load(w + (r / BLOCK_ROWS) * second + (r % BLOCK_ROWS) * CHUNK);
+#pragma GCC unroll 3
+      for (int64_t t = 0; t < T; ++t) sums[r * T + t] = fmadd(weights, x[t], sums[r * T + t]);
+    }
+  }
+  for (int64_t i = 0; i < PAIR_ROWS * T; ++i) out[i] = reduce_add(sums[i]);
+}
+
+// The 8 rows of two whole blocks (at `block`) of a float32 product for `count` inputs, PAIR_TOKENS inputs a pass:
+// out[r * count + t] for row r and input t (product_tokens' layout), asking for the weights `ahead` on (Prefetch).
+inline void pair_rows(const float* block, int64_t n, const ProductInput<float>& in, int64_t count, int64_t ahead,
+                      float* out) {
+  const int64_t turns = (count + PAIR_TOKENS - 1) / PAIR_TOKENS;
+  for (int64_t token = 0; token < count; token += PAIR_TOKENS) {
+    const int64_t width = std::min(PAIR_TOKENS, count - token);
+    const float* xs[PAIR_TOKENS];
+    for (int64_t t = 0; t < width; ++t) xs[t] = in.input(token + t, n);
+    float sums[2 * BLOCK_ROWS * PAIR_TOKENS];
+    const Prefetch prefetch{block + ahead, token / PAIR_TOKENS, turns};
+    if (width == 3)
+      pair_dots<3>(block, xs, n, sums, prefetch);
+    else if (width == 2)
+      pair_dots<2>(block, xs, n, sums, prefetch);
+    else
+      pair_dots<1>(block, xs, n, sums, prefetch);
+    for (int64_t r = 0; r < 2 * BLOCK_ROWS; ++r)
+      for (int64_t t = 0; t < width; ++t) out[r * count + token + t] = sums[r * width + t];
+  }
+}
+#endif
+
 // out[row - first] = rows [first, last) of a product with the (first) input, scaled for int8 weights.
 template <typename W>
 void product(const Matrix<W>& m, int64_t first, int64_t last, const ProductInput<W>& in, float* out) {
@@ -513,6 +577,14 @@ void product_tokens(const Matrix<W>& m, int64_t first, int64_t last, const Produ
     const int64_t turns = (count + BLOCK_TOKENS - 1) / BLOCK_TOKENS, block_size = BLOCK_ROWS * n;
     const int64_t ahead =
         turns == 1 ? PREFETCH_AHEAD<float> : std::max<int64_t>(1, PREFETCH_BYTES / (4 * block_size)) * block_size;
+#if defined(__AVX512F__)
+    // more inputs than one pass takes: two whole blocks at a time where the share holds them (pair_dots)
+    const int64_t pair_ahead = std::max<int64_t>(1, PREFETCH_BYTES / (8 * block_size)) * 2 * block_size;
+    while (m.blocked && count > BLOCK_TOKENS && row % BLOCK_ROWS == 0 && row + 2 * BLOCK_ROWS <= last) {
+      pair_rows(m.values + row * n, n, in, count, pair_ahead, out + (row - first) * count);
+      row += 2 * BLOCK_ROWS;
+    }
+#endif
     while (m.blocked && row < last) {  // a whole block and BLOCK_TOKENS inputs at a time, else a row
       const bool whole = row % BLOCK_ROWS == 0 && row + BLOCK_ROWS <= last;
       const float* block = m.values + row * n;
