@@ -530,6 +530,20 @@ def test_float32_matrices_lie_in_blocks_of_rows_a_chunk_of_each_row_in_turn():
     assert torch.equal(packed[-narrow.lm_head.weight.numel() :], narrow.lm_head.weight.detach().flatten())
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_stream_sum_adds_every_value_of_a_buffer(threads):
+    """The read-speed measure's sum (benchmarks/measure.py) over an odd number of small whole numbers, split
+    between 1 to 3 threads (shares that end inside a vector): exact, so every value is read once."""
+    values = (torch.arange(1_000_003) % 7).float()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        total = native_decoding.extension().stream_sum(values)
+    finally:
+        torch.set_num_threads(before)
+    assert total == 142_857 * 21 + 0 + 1 + 2 + 3  # 142857 whole cycles of 0..6, then 0, 1, 2, 3
+
+
 def test_huge_page_buffers_are_zeros_from_a_2_mb_boundary():
     """The packed weights' buffer: zeros, writable, starting at a 2 MB boundary (so whole huge pages hold it); a
     buffer under 2 MB is a plain tensor."""

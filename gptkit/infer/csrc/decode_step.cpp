@@ -1268,6 +1268,35 @@ void prefill_tokens(const torch::Tensor& matrices, const torch::Tensor& scales, 
   });
 }
 
+// The sum of a float32 buffer, read as a step reads its weights: every thread (one a core) streams one contiguous
+// share with vector loads and prefetch_ahead, in independent sums. Why: benchmarks/bench.py's roofline divides the
+// weight bytes by the machine's read speed, and a sum by one library kernel (PyTorch's) read slower than the step
+// streams its own weights on a 2-core VM, which put batch 1 above its "bound".
+double stream_sum(const torch::Tensor& buffer) {
+  TORCH_CHECK(buffer.scalar_type() == torch::kFloat && buffer.is_contiguous(), "a contiguous float32 buffer");
+  const float* values = buffer.data_ptr<float>();
+  const int64_t n = buffer.numel();
+  double total = 0.0;
+#pragma omp parallel num_threads(at::get_num_threads()) reduction(+ : total)
+  {
+    const Share mine(n, omp_get_thread_num(), omp_get_num_threads());
+    float sum = 0.0f;
+    int64_t i = mine.first;
+#if defined(GPTKIT_VECTORS)
+    Vec sums[4] = {splat(0.0f), splat(0.0f), splat(0.0f), splat(0.0f)};
+    for (; i + 4 * LANES <= mine.last; i += 4 * LANES) {
+      prefetch_ahead(values + i);  // AVX-512: the lines of these 64 values' successors (AVX2: none for float32)
+#pragma GCC unroll 4
+      for (int64_t c = 0; c < 4; ++c) sums[c] = add(sums[c], load(values + i + c * LANES));
+    }
+    sum = reduce_add(add(add(sums[0], sums[1]), add(sums[2], sums[3])));
+#endif
+    for (; i < mine.last; ++i) sum += values[i];
+    total += sum;
+  }
+  return total;
+}
+
 // How decode_step and prefill read float32 matrices of a model embd wide with a hidden layer `hidden` wide: in blocks
 // of (rows, chunk) (see BLOCK_ROWS), or row after row (empty).
 std::vector<int64_t> float32_blocks(int64_t embd, int64_t hidden) {
@@ -1279,5 +1308,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_step", &decode_step);
   m.def("decode_rows", &decode_rows);
   m.def("float32_blocks", &float32_blocks);
+  m.def("stream_sum", &stream_sum);
   m.def("prefill", &prefill_tokens);
 }
