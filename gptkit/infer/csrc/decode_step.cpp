@@ -271,6 +271,29 @@ struct ProductInput {
   float scaled(float sum, const float*, int64_t, int64_t) const { return sum; }
 };
 
+// For bfloat16 weights, the inputs also widened to float32 (exactly), once: the products of several rows
+// (product_tokens) read those, where widening each input vector again for every pair of weight rows kept the
+// vector unit's shuffle port busier than its FMAs.
+template <>
+struct ProductInput<bf16> {
+  const bf16* values = nullptr;
+  std::vector<float> wide;
+  void take(const bf16* x, int64_t n, int64_t count = 1) {
+    values = x;
+    wide.assign(x, x + count * n);
+  }
+  const bf16* input(int64_t t, int64_t n) const { return values + t * n; }
+  const float* widened(int64_t t, int64_t n) const { return wide.data() + t * n; }
+  float scaled(float sum, const float*, int64_t, int64_t) const { return sum; }
+};
+
+// Input t of a product of several rows as dot_block reads it: bfloat16 inputs widened, the others as they are.
+template <typename W>
+auto block_input(const ProductInput<W>& in, int64_t t, int64_t n) {
+  return in.input(t, n);
+}
+inline const float* block_input(const ProductInput<bf16>& in, int64_t t, int64_t n) { return in.widened(t, n); }
+
 // For int8 weights, each float32 input row as 16-bit integers times one scale, so that the products run in integer
 // lanes: 16 weight and input pairs a vpmaddwd, where widening 8 weights to float32 and an FMA held the step below
 // the memory's speed on a Zen 3 (docs/benchmarks.md). A value's rounding error is at most half of
@@ -507,7 +530,11 @@ void product(const Matrix<W>& m, int64_t first, int64_t last, const ProductInput
 // no more with AVX2: 8 sums, 2 rows, an input). Blocked float32 rows take a block and BLOCK_TOKENS tokens at a time
 // (block_dots): 4 with AVX-512's 32 registers (16 sums; 8 loads for 16 FMAs, so that the FMAs, not the loads, set
 // the pace once the weights come from the cache), else 2.
+#if defined(__AVX512F__)
+constexpr int64_t ROWS = 2, TOKENS = 8;
+#else
 constexpr int64_t ROWS = 2, TOKENS = 4;
+#endif
 #if defined(__AVX512F__)
 constexpr int64_t BLOCK_TOKENS = 4;
 #else
@@ -526,6 +553,29 @@ struct BlockLanes {
   static Vec inputs(const X* x) { return load(x); }
   static Sum add(Sum sum, Vec w, Vec x) { return fmadd(w, x, sum); }
 };
+#if defined(__AVX512BW__)
+// AVX-512: 32 weight and input pairs an instruction (one vpdpwssd with AVX512-VNNI, else vpmaddwd and an add), in 16
+// exact int32 sums (input_limit allows for 8).
+template <>
+struct BlockLanes<int8_t, int16_t> {
+  using Sum = __m512i;
+  static constexpr int64_t WIDTH = 32;
+  static Sum zero() { return _mm512_setzero_si512(); }
+  static __m512i weights(const int8_t* w) {
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+  }
+  static __m512i inputs(const int16_t* x) { return _mm512_loadu_si512(x); }
+  static Sum add(Sum sum, __m512i w, __m512i x) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpwssd_epi32(sum, w, x);
+#else
+    return _mm512_add_epi32(sum, _mm512_madd_epi16(w, x));
+#endif
+  }
+};
+// The sum of 16 int32 lanes, each exact, added as float32.
+inline float reduce_add(__m512i v) { return _mm512_reduce_add_ps(_mm512_cvtepi32_ps(v)); }
+#else
 template <>
 struct BlockLanes<int8_t, int16_t> {
   using Sum = __m256i;
@@ -536,6 +586,7 @@ struct BlockLanes<int8_t, int16_t> {
   static Sum add(Sum sum, __m256i w, __m256i x) { return add_products(sum, w, x); }
 };
 #endif
+#endif
 
 // out[r * TOKENS + t] = the dot product of row ws[r] with input xs[t]: each row's lanes loaded (and widened) once for
 // the 4 tokens, each input's once for the 2 rows.
@@ -545,11 +596,11 @@ void dot_block(const W* const* ws, const X* const* xs, int64_t n, float* out) {
 #if defined(GPTKIT_VECTORS)
   using Lanes = BlockLanes<W, X>;
   typename Lanes::Sum sums[ROWS * TOKENS];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int64_t i = 0; i < ROWS * TOKENS; ++i) sums[i] = Lanes::zero();
   for (; k + Lanes::WIDTH <= n; k += Lanes::WIDTH) {
     const auto w0 = Lanes::weights(ws[0] + k), w1 = Lanes::weights(ws[1] + k);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int64_t t = 0; t < TOKENS; ++t) {
       const auto x = Lanes::inputs(xs[t] + k);
       sums[t] = Lanes::add(sums[t], w0, x);
@@ -612,8 +663,8 @@ void product_tokens(const Matrix<W>& m, int64_t first, int64_t last, const Produ
     for (int64_t r = 0; r < ROWS; ++r)  // past the last row or input: the last again (computed, not kept)
       ws[r] = m.values + std::min(row + r, last - 1) * n;
     for (int64_t token = 0; token < count; token += TOKENS) {
-      decltype(in.input(0, 0)) xs[TOKENS];  // float32, bfloat16 or 16-bit integer rows
-      for (int64_t t = 0; t < TOKENS; ++t) xs[t] = in.input(std::min(token + t, count - 1), n);
+      decltype(block_input(in, 0, 0)) xs[TOKENS];  // float32 or 16-bit integer rows
+      for (int64_t t = 0; t < TOKENS; ++t) xs[t] = block_input(in, std::min(token + t, count - 1), n);
       float sums[ROWS * TOKENS];
       dot_block(ws, xs, n, sums);
       for (int64_t r = 0; r < ROWS && row + r < last; ++r)
