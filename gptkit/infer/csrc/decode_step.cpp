@@ -525,11 +525,13 @@ void product(const Matrix<W>& m, int64_t first, int64_t last, const ProductInput
 }
 
 // A prefill's (or a step of several rows') products over rows that lie one after another (bfloat16, int8, and
-// float32 too narrow for blocks) take 2 weight rows and 4 tokens at a time: each row is read (and widened) once for 4
-// tokens, each input vector loaded once for 2 rows, in 8 independent sums that hide the FMA latency (registers allow
-// no more with AVX2: 8 sums, 2 rows, an input). Blocked float32 rows take a block and BLOCK_TOKENS tokens at a time
-// (block_dots): 4 with AVX-512's 32 registers (16 sums; 8 loads for 16 FMAs, so that the FMAs, not the loads, set
-// the pace once the weights come from the cache), else 2.
+// float32 too narrow for blocks) take 2 weight rows and TOKENS tokens at a time: each row is read (and widened) once
+// for TOKENS tokens, each input vector loaded once for 2 rows, in independent sums that hide the FMA latency: 8 with
+// AVX2 (registers allow no more: 8 sums, 2 rows, an input), 16 with AVX-512's 32 registers (8 tokens: a weight
+// vector's widening then serves 8 products, and the FMAs of 16 sums keep both FMA units busy). Blocked float32 rows
+// take a block and BLOCK_TOKENS tokens at a time (block_dots): 4 with AVX-512 (16 sums; 8 loads for 16 FMAs, so
+// that the FMAs, not the loads, set the pace once the weights come from the cache), else 2; more than 4 tokens take
+// two blocks at a time with AVX-512 (pair_dots).
 #if defined(__AVX512F__)
 constexpr int64_t ROWS = 2, TOKENS = 8;
 #else
