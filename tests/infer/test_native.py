@@ -7,6 +7,10 @@ The first test builds the C++ extension (~25 s once; torch caches the build)."""
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
+
 import pytest
 import torch
 
@@ -403,6 +407,38 @@ def test_seeded_rows_sampled_in_one_step_draw_the_eager_engines_tokens():
             outputs[native] = [request.output for request in requests]
         assert outputs[True] == outputs[False]
         assert len(set(outputs[True][0])) > 5  # sampled, not one repeated token
+
+
+def test_a_step_lets_other_python_threads_run():
+    """A step of several rows releases Python's lock while it computes (a server streams tokens meanwhile): with
+    the lock taken from a thread only when it lets go (a 100 s switch interval), a thread that lets go at every
+    count counts while the steps run, and not at all if they held the lock."""
+    model = lively_model(block_size=64, n_embd=256, n_head=4, n_layer=8, vocab_size=8192)
+    step = NativeStep.for_model(model, torch.float32)
+    cache = KVCache(8, 64, slots=16)
+    cache.allocate(4, 64, torch.float32, torch.device("cpu"))
+    counted, stop = [0], threading.Event()
+
+    def count() -> None:  # hands the lock back at every turn
+        while not stop.is_set():
+            counted[0] += 1
+            time.sleep(0)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(100.0)
+    counter = threading.Thread(target=count)
+    try:
+        counter.start()
+        time.sleep(0.01)  # the counter waits for the lock
+        before = counted[0]
+        for position in range(20):
+            step.step_rows(list(range(16)), [position] * 16, cache.keys, cache.values)
+        during = counted[0] - before
+    finally:
+        stop.set()
+        sys.setswitchinterval(interval)
+        counter.join()
+    assert during > 10 * 20  # a few a step when the lock is held (the step's Python parts let go)
 
 
 def test_the_packed_weights_follow_a_changed_model():

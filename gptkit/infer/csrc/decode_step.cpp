@@ -1357,10 +1357,14 @@ std::vector<int64_t> float32_blocks(int64_t embd, int64_t hidden) {
   return {BLOCK_ROWS, CHUNK};
 }
 
+// The steps and the prefill run without Python's lock (they touch no Python object), so that a server's other
+// threads (its HTTP loop streaming the tokens, accepting requests) run while a step computes rather than between
+// steps.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_step", &decode_step);
-  m.def("decode_rows", &decode_rows);
+  using without_python_lock = py::call_guard<py::gil_scoped_release>;
+  m.def("decode_step", &decode_step, without_python_lock());
+  m.def("decode_rows", &decode_rows, without_python_lock());
   m.def("float32_blocks", &float32_blocks);
   m.def("stream_sum", &stream_sum);
-  m.def("prefill", &prefill_tokens);
+  m.def("prefill", &prefill_tokens, without_python_lock());
 }
