@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from gptkit.core.fileio import atomic_write_json
+from gptkit.infer import native
 
 # The model shapes of the GPU benchmarks: GPT-2 124M, and a tiny one that checks a script on any device.
 GPT2_124M = {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024}
@@ -74,16 +75,22 @@ def synchronize(device: torch.device) -> None:
 def read_bandwidth(device: torch.device, megabytes: int, repeats: int = 5) -> float:
     """Bytes/s the device reads: the best of `repeats` sums over a float32 buffer far larger than the caches.
 
-    On the CPU the buffer is PyTorch's own allocation (4 KB pages where transparent huge pages are `madvise`):
-    every fraction of the bound in docs/benchmarks.md uses this measure. Its speed moves with what the machine holds; a
-    buffer on 2 MB pages reads faster and steadier.
+    On the CPU, where the native step is built, the sum is its stream_sum over a buffer on 2 MB pages: every thread
+    (one a core) streams a share with the vector loads and prefetches the step reads its packed weights with (also on
+    2 MB pages), so a step's "of the bound" compares it with what the same cores can read. Without the build it is
+    PyTorch's sum over its own allocation, which read 15-20% slower than that on a 2-core VM (docs/benchmarks.md).
     """
-    buffer = torch.ones(megabytes * 2**20 // 4, device=device)
+    if device.type == "cpu" and native.is_built():
+        buffer, add_up = native.huge_page_zeros(megabytes * 2**20 // 4, torch.float32), native.extension().stream_sum
+    else:
+        buffer, add_up = torch.ones(megabytes * 2**20 // 4, device=device), lambda values: values.sum().item()
+    buffer.fill_(1.0)  # touched: every page is in memory before the first timed read
     best = float("inf")
     for attempt in range(repeats + 1):  # the first one warms up
         synchronize(device)
         start = time.perf_counter()
-        buffer.sum().item()
+        add_up(buffer)
+        synchronize(device)
         if attempt:
             best = min(best, time.perf_counter() - start)
     return buffer.numel() * 4 / best

@@ -14,8 +14,9 @@ per row; each product's float32 input is rounded to 16-bit integers with one sca
 integer lanes); learned or sinusoidal positions; LayerNorm with or without biases; the GELU
 (tanh or exact) or squared-ReLU MLP; a tied or separate head. Not rotary positions or QK-norm (native_problem says
 why a model does not fit). The engine runs every step with it: one row (NativeStep.__call__), or several rows of any
-lengths in one call (NativeStep.step_rows: each weight row read once for up to 4 rows, so that a step of 8 rows costs
-little more than one while the memory's speed bounds it); it fills a prompt with the native prefill
+lengths in one call (NativeStep.step_rows: each weight read from memory once a step, whatever the rows; the passes
+over a block of weight rows for the later groups of rows read it from the cache while the memory streams the next
+blocks, so that a step of 8 rows costs little more than one while the memory's speed bounds it); it fills a prompt with the native prefill
 (NativeStep.prefill: the prompt's tokens in one pass) up to PREFILL_LIMITS' length.
 
 The C++ source is compiled at set-up (`python -m gptkit.infer.native --build`, which `make venv` runs: a C++
@@ -351,8 +352,8 @@ class NativeStep:
 
         Row b of the cache (storage as __call__ takes it, with at least len(tokens) rows) gets tokens[b]'s key and
         value at positions[b] and attends over its own positions 0..positions[b]: rows may differ in length. Each
-        weight row is read once for up to 4 rows, so the step costs little more than one row's while it is bound by
-        the memory's speed."""
+        weight is read from memory once a step (the passes for more rows read it from the cache), so the step costs
+        little more than one row's while it is bound by the memory's speed."""
         return self.rows_kernel(
             self.matrices,
             self.scales,

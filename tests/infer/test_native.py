@@ -7,6 +7,10 @@ The first test builds the C++ extension (~25 s once; torch caches the build)."""
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
+
 import pytest
 import torch
 
@@ -356,6 +360,36 @@ def test_requests_joining_and_leaving_get_their_reference_greedy_tokens(monkeypa
     assert len(row_steps) > 10
 
 
+def greedy_outputs(model, prompts: list[list[int]], budgets: list[int], slots: int) -> list[list[int]]:
+    """The greedy tokens the native engine with `slots` slots gives each prompt (its budget of new tokens)."""
+    requests = [Request(prompt, budget, temperature=0) for prompt, budget in zip(prompts, budgets)]
+    list(Engine(model, slots=slots, decode="native").run(requests))
+    return [request.output for request in requests]
+
+
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("slots", [1, 5, 8, 12, 16])
+def test_every_row_of_a_full_engine_gets_its_reference_greedy_tokens(slots, weights):
+    """Half again as many requests as slots, of prompts and budgets of different lengths, through 1 to 16 slots:
+    rows join as others finish, windows slide (block 24), and the products take 8 rows by 3 at a time, 4 by 4 and
+    the rows left over (64 wide: float32 matrices in blocks). Each request gets the greedy tokens of the float32
+    model its weights stand for: float32 ones themselves, int8 ones dequantized with 16-bit inputs. bfloat16 steps
+    round the cache and the products' inputs, so their tokens part from a float32 pass's within a few steps: each
+    request gets those of the one-row step (tested above against the float32 pass), one request at a time."""
+    original = lively_model(block_size=24, seed=slots, n_embd=64, n_head=4)
+    count = slots + slots // 2 + 1
+    prompts = row_prompts(37, [1 + (7 * row) % 13 for row in range(count)])
+    budgets = [4 + (5 * row) % 17 for row in range(count)]
+    if weights == "bfloat16":
+        model = plain_copy(original).to(torch.bfloat16)
+        expected = greedy_outputs(model, prompts, budgets, slots=1)
+    else:
+        model = quantize_int8(plain_copy(original)) if weights == "int8" else original
+        reference = with_16_bit_inputs(dequantized_model(model, original)) if weights == "int8" else plain_copy(model)
+        expected = [reference_greedy(reference, prompt, budget) for prompt, budget in zip(prompts, budgets)]
+    assert greedy_outputs(model, prompts, budgets, slots) == expected
+
+
 def test_seeded_rows_sampled_in_one_step_draw_the_eager_engines_tokens():
     """Four seeded requests with the same settings sample inside the native call (each row with its own uniform
     number, drawn from its own generator); mixed settings are sampled from the step's logits. Same seeds, same
@@ -373,6 +407,38 @@ def test_seeded_rows_sampled_in_one_step_draw_the_eager_engines_tokens():
             outputs[native] = [request.output for request in requests]
         assert outputs[True] == outputs[False]
         assert len(set(outputs[True][0])) > 5  # sampled, not one repeated token
+
+
+def test_a_step_lets_other_python_threads_run():
+    """A step of several rows releases Python's lock while it computes (a server streams tokens meanwhile): with
+    the lock taken from a thread only when it lets go (a 100 s switch interval), a thread that lets go at every
+    count counts while the steps run, and not at all if they held the lock."""
+    model = lively_model(block_size=64, n_embd=256, n_head=4, n_layer=8, vocab_size=8192)
+    step = NativeStep.for_model(model, torch.float32)
+    cache = KVCache(8, 64, slots=16)
+    cache.allocate(4, 64, torch.float32, torch.device("cpu"))
+    counted, stop = [0], threading.Event()
+
+    def count() -> None:  # hands the lock back at every turn
+        while not stop.is_set():
+            counted[0] += 1
+            time.sleep(0)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(100.0)
+    counter = threading.Thread(target=count)
+    try:
+        counter.start()
+        time.sleep(0.01)  # the counter waits for the lock
+        before = counted[0]
+        for position in range(20):
+            step.step_rows(list(range(16)), [position] * 16, cache.keys, cache.values)
+        during = counted[0] - before
+    finally:
+        stop.set()
+        sys.setswitchinterval(interval)
+        counter.join()
+    assert during > 10 * 20  # a few a step when the lock is held (the step's Python parts let go)
 
 
 def test_the_packed_weights_follow_a_changed_model():
@@ -498,6 +564,20 @@ def test_float32_matrices_lie_in_blocks_of_rows_a_chunk_of_each_row_in_turn():
     narrow = lively_model(vocab_size=61, n_embd=36, n_head=4)
     packed = NativeStep.for_model(narrow, torch.float32).matrices
     assert torch.equal(packed[-narrow.lm_head.weight.numel() :], narrow.lm_head.weight.detach().flatten())
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_stream_sum_adds_every_value_of_a_buffer(threads):
+    """The read-speed measure's sum (benchmarks/measure.py) over an odd number of small whole numbers, split
+    between 1 to 3 threads (shares that end inside a vector): exact, so every value is read once."""
+    values = (torch.arange(1_000_003) % 7).float()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        total = native_decoding.extension().stream_sum(values)
+    finally:
+        torch.set_num_threads(before)
+    assert total == 142_857 * 21 + 0 + 1 + 2 + 3  # 142857 whole cycles of 0..6, then 0, 1, 2, 3
 
 
 def test_huge_page_buffers_are_zeros_from_a_2_mb_boundary():

@@ -103,6 +103,7 @@ inline Vec with_sign(Vec magnitude, Vec sign_of) {
   return _mm256_or_ps(magnitude, _mm256_and_ps(sign_of, _mm256_set1_ps(-0.0f)));
 }
 #endif
+#endif
 
 // Asks for the 64-byte lines of 64 weights of type W, PREFETCH_AHEAD weights past `at`, in the L2 cache. A thread
 // reads its share of each matrix as one stream, so these are its next rows (at its share's end, the other thread's
@@ -117,15 +118,35 @@ constexpr int64_t PREFETCH_AHEAD = 4096 / sizeof(W);
 template <typename W>
 constexpr int64_t PREFETCH_AHEAD = 1024;
 #endif
+// How far ahead a product that passes over each block several times asks for its weights (Prefetch): at least this
+// many bytes, in whole blocks.
+constexpr int64_t PREFETCH_BYTES = 16384;
+
+#if defined(GPTKIT_VECTORS)
+// The lines of the 64 weights from `at`.
 template <typename W>
-inline void prefetch_ahead(const W* at) {
+inline void prefetch_at(const W* at) {
 #if !defined(__AVX512F__)
   if (std::is_same_v<W, float>) return;
 #endif
-  const char* ahead = reinterpret_cast<const char*>(at + PREFETCH_AHEAD<W>);
-  for (size_t line = 0; line < sizeof(W); ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T1);
+  const char* lines = reinterpret_cast<const char*>(at);
+  for (size_t line = 0; line < sizeof(W); ++line) _mm_prefetch(lines + 64 * line, _MM_HINT_T1);
+}
+template <typename W>
+inline void prefetch_ahead(const W* at) {
+  prefetch_at(at + PREFETCH_AHEAD<W>);
 }
 #endif
+
+// Which weights a pass over a block of weight rows asks the caches for (block_dots). One input group (turns 1): the
+// weights PREFETCH_AHEAD on from the block's own, as the one-row products do. Several groups of inputs, one pass each
+// over a block that the later passes read from the cache: pass `turn` of `turns` asks for every turns-th piece of a
+// later block (`from` on), so that the memory streams the weights while every pass computes, not in the first pass
+// alone.
+struct Prefetch {
+  const float* from;
+  int64_t turn = 0, turns = 1;
+};
 
 // The type a product's input and the cache are stored in: the weights' own for float32 and bfloat16, float32 for
 // int8 weights (the activations stay in float32 between the products).
@@ -250,6 +271,29 @@ struct ProductInput {
   float scaled(float sum, const float*, int64_t, int64_t) const { return sum; }
 };
 
+// For bfloat16 weights, the inputs also widened to float32 (exactly), once: the products of several rows
+// (product_tokens) read those, where widening each input vector again for every pair of weight rows kept the
+// vector unit's shuffle port busier than its FMAs.
+template <>
+struct ProductInput<bf16> {
+  const bf16* values = nullptr;
+  std::vector<float> wide;
+  void take(const bf16* x, int64_t n, int64_t count = 1) {
+    values = x;
+    wide.assign(x, x + count * n);
+  }
+  const bf16* input(int64_t t, int64_t n) const { return values + t * n; }
+  const float* widened(int64_t t, int64_t n) const { return wide.data() + t * n; }
+  float scaled(float sum, const float*, int64_t, int64_t) const { return sum; }
+};
+
+// Input t of a product of several rows as dot_block reads it: bfloat16 inputs widened, the others as they are.
+template <typename W>
+auto block_input(const ProductInput<W>& in, int64_t t, int64_t n) {
+  return in.input(t, n);
+}
+inline const float* block_input(const ProductInput<bf16>& in, int64_t t, int64_t n) { return in.widened(t, n); }
+
 // For int8 weights, each float32 input row as 16-bit integers times one scale, so that the products run in integer
 // lanes: 16 weight and input pairs a vpmaddwd, where widening 8 weights to float32 and an FMA held the step below
 // the memory's speed on a Zen 3 (docs/benchmarks.md). A value's rounding error is at most half of
@@ -364,18 +408,22 @@ inline void add_chunk(Vec* sums, const float* w, const float* const* xs, int64_t
 // or more independent sums hide the FMA latency: for one input two a row (even and odd chunks), for more one a row
 // and input (four inputs: 16 sums, which only AVX-512's 32 registers hold).
 template <int64_t T>
-void block_dots(const float* block, const float* const* xs, int64_t n, float* out) {
+void block_dots(const float* block, const float* const* xs, int64_t n, float* out, Prefetch prefetch) {
   static_assert(T == 1 || T == 2 || T == 4);
 #if defined(GPTKIT_VECTORS)
   constexpr int64_t SPLIT = T == 1 ? 2 : 1, SUMS = BLOCK_ROWS * T * SPLIT, STEP = SPLIT * BLOCK_ROWS * CHUNK;
   Vec sums[SUMS];
 #pragma GCC unroll 8
   for (int64_t i = 0; i < SUMS; ++i) sums[i] = splat(0.0f);
-  int64_t c = 0;
+  int64_t c = 0, wait = prefetch.turn;  // pieces until this pass's next one to ask for
   for (; (c + SPLIT) * CHUNK <= n; c += SPLIT) {
     const float* w = block + c * BLOCK_ROWS * CHUNK;
+    if (wait-- == 0) {
+      wait = prefetch.turns - 1;
+      const float* ahead = prefetch.from + c * BLOCK_ROWS * CHUNK;
 #pragma GCC unroll 2
-    for (int64_t i = 0; i < STEP; i += 64) prefetch_ahead(w + i);
+      for (int64_t i = 0; i < STEP; i += 64) prefetch_at(ahead + i);
+    }
 #pragma GCC unroll 2
     for (int64_t half = 0; half < SPLIT; ++half)
       add_chunk<T, SPLIT>(sums, w + half * BLOCK_ROWS * CHUNK, xs, (c + half) * CHUNK, half);
@@ -392,6 +440,70 @@ void block_dots(const float* block, const float* const* xs, int64_t n, float* ou
 #endif
 }
 
+#if defined(__AVX512F__)
+// How many inputs pair_dots takes at a time: 8 rows by 3 inputs are 24 sums, which with an input's 3 vectors and a
+// weight's fill 28 of AVX-512's 32 registers.
+constexpr int64_t PAIR_TOKENS = 3, PAIR_ROWS = 2 * BLOCK_ROWS;
+
+// out[r * T + t] = the dot product of row r of two whole blocks one after the other (8 rows, at `block`) with input
+// xs[t], over n values. Why, for several groups of inputs: a block of 4 rows loads an input vector for 4 products,
+// and with 16 inputs the inputs no longer fit in the L1 cache beside the block, so those loads wait on the L2 cache;
+// two blocks halve them, and the 8 rows' weights (from the L1 cache after the first pass) are loaded instead.
+template <int64_t T>
+void pair_dots(const float* block, const float* const* xs, int64_t n, float* out, Prefetch prefetch) {
+  static_assert(T >= 1 && T <= PAIR_TOKENS);
+  const int64_t second = BLOCK_ROWS * n;  // where the second block starts
+  Vec sums[PAIR_ROWS * T];
+#pragma GCC unroll 24
+  for (int64_t i = 0; i < PAIR_ROWS * T; ++i) sums[i] = splat(0.0f);
+  int64_t wait = prefetch.turn;
+  for (int64_t c = 0; c * CHUNK < n; ++c) {
+    const float* w = block + c * BLOCK_ROWS * CHUNK;
+    if (wait-- == 0) {
+      wait = prefetch.turns - 1;
+      const float* ahead = prefetch.from + c * BLOCK_ROWS * CHUNK;
+#pragma GCC unroll 4
+      for (int64_t i = 0; i < BLOCK_ROWS * CHUNK; i += 64) {
+        prefetch_at(ahead + i);
+        prefetch_at(ahead + second + i);
+      }
+    }
+    Vec x[T];
+#pragma GCC unroll 3
+    for (int64_t t = 0; t < T; ++t) x[t] = load(xs[t] + c * CHUNK);
+#pragma GCC unroll 8
+    for (int64_t r = 0; r < PAIR_ROWS; ++r) {
+      const Vec weights = load(w + (r / BLOCK_ROWS) * second + (r % BLOCK_ROWS) * CHUNK);
+#pragma GCC unroll 3
+      for (int64_t t = 0; t < T; ++t) sums[r * T + t] = fmadd(weights, x[t], sums[r * T + t]);
+    }
+  }
+  for (int64_t i = 0; i < PAIR_ROWS * T; ++i) out[i] = reduce_add(sums[i]);
+}
+
+// The 8 rows of two whole blocks (at `block`) of a float32 product for `count` inputs, PAIR_TOKENS inputs a pass:
+// out[r * count + t] for row r and input t (product_tokens' layout), asking for the weights `ahead` on (Prefetch).
+inline void pair_rows(const float* block, int64_t n, const ProductInput<float>& in, int64_t count, int64_t ahead,
+                      float* out) {
+  const int64_t turns = (count + PAIR_TOKENS - 1) / PAIR_TOKENS;
+  for (int64_t token = 0; token < count; token += PAIR_TOKENS) {
+    const int64_t width = std::min(PAIR_TOKENS, count - token);
+    const float* xs[PAIR_TOKENS];
+    for (int64_t t = 0; t < width; ++t) xs[t] = in.input(token + t, n);
+    float sums[2 * BLOCK_ROWS * PAIR_TOKENS];
+    const Prefetch prefetch{block + ahead, token / PAIR_TOKENS, turns};
+    if (width == 3)
+      pair_dots<3>(block, xs, n, sums, prefetch);
+    else if (width == 2)
+      pair_dots<2>(block, xs, n, sums, prefetch);
+    else
+      pair_dots<1>(block, xs, n, sums, prefetch);
+    for (int64_t r = 0; r < 2 * BLOCK_ROWS; ++r)
+      for (int64_t t = 0; t < width; ++t) out[r * count + token + t] = sums[r * width + t];
+  }
+}
+#endif
+
 // out[row - first] = rows [first, last) of a product with the (first) input, scaled for int8 weights.
 template <typename W>
 void product(const Matrix<W>& m, int64_t first, int64_t last, const ProductInput<W>& in, float* out) {
@@ -400,7 +512,8 @@ void product(const Matrix<W>& m, int64_t first, int64_t last, const ProductInput
     const float* x = in.input(0, m.columns);
     while (m.blocked && row < last) {
       if (row % BLOCK_ROWS == 0 && row + BLOCK_ROWS <= last) {
-        block_dots<1>(m.values + row * m.columns, &x, m.columns, out + row - first);
+        const float* block = m.values + row * m.columns;
+        block_dots<1>(block, &x, m.columns, out + row - first, {block + PREFETCH_AHEAD<float>});
         row += BLOCK_ROWS;
       } else {
         out[row - first] = dot_placed(place(m, row), x, m.columns);
@@ -412,12 +525,18 @@ void product(const Matrix<W>& m, int64_t first, int64_t last, const ProductInput
 }
 
 // A prefill's (or a step of several rows') products over rows that lie one after another (bfloat16, int8, and
-// float32 too narrow for blocks) take 2 weight rows and 4 tokens at a time: each row is read (and widened) once for 4
-// tokens, each input vector loaded once for 2 rows, in 8 independent sums that hide the FMA latency (registers allow
-// no more with AVX2: 8 sums, 2 rows, an input). Blocked float32 rows take a block and BLOCK_TOKENS tokens at a time
-// (block_dots): 4 with AVX-512's 32 registers (16 sums; 8 loads for 16 FMAs, so that the FMAs, not the loads, set
-// the pace once the weights come from the cache), else 2.
+// float32 too narrow for blocks) take 2 weight rows and TOKENS tokens at a time: each row is read (and widened) once
+// for TOKENS tokens, each input vector loaded once for 2 rows, in independent sums that hide the FMA latency: 8 with
+// AVX2 (registers allow no more: 8 sums, 2 rows, an input), 16 with AVX-512's 32 registers (8 tokens: a weight
+// vector's widening then serves 8 products, and the FMAs of 16 sums keep both FMA units busy). Blocked float32 rows
+// take a block and BLOCK_TOKENS tokens at a time (block_dots): 4 with AVX-512 (16 sums; 8 loads for 16 FMAs, so
+// that the FMAs, not the loads, set the pace once the weights come from the cache), else 2; more than 4 tokens take
+// two blocks at a time with AVX-512 (pair_dots).
+#if defined(__AVX512F__)
+constexpr int64_t ROWS = 2, TOKENS = 8;
+#else
 constexpr int64_t ROWS = 2, TOKENS = 4;
+#endif
 #if defined(__AVX512F__)
 constexpr int64_t BLOCK_TOKENS = 4;
 #else
@@ -436,6 +555,29 @@ struct BlockLanes {
   static Vec inputs(const X* x) { return load(x); }
   static Sum add(Sum sum, Vec w, Vec x) { return fmadd(w, x, sum); }
 };
+#if defined(__AVX512BW__)
+// AVX-512: 32 weight and input pairs an instruction (one vpdpwssd with AVX512-VNNI, else vpmaddwd and an add), in 16
+// exact int32 sums (input_limit allows for 8).
+template <>
+struct BlockLanes<int8_t, int16_t> {
+  using Sum = __m512i;
+  static constexpr int64_t WIDTH = 32;
+  static Sum zero() { return _mm512_setzero_si512(); }
+  static __m512i weights(const int8_t* w) {
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+  }
+  static __m512i inputs(const int16_t* x) { return _mm512_loadu_si512(x); }
+  static Sum add(Sum sum, __m512i w, __m512i x) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpwssd_epi32(sum, w, x);
+#else
+    return _mm512_add_epi32(sum, _mm512_madd_epi16(w, x));
+#endif
+  }
+};
+// The sum of 16 int32 lanes, each exact, added as float32.
+inline float reduce_add(__m512i v) { return _mm512_reduce_add_ps(_mm512_cvtepi32_ps(v)); }
+#else
 template <>
 struct BlockLanes<int8_t, int16_t> {
   using Sum = __m256i;
@@ -446,6 +588,7 @@ struct BlockLanes<int8_t, int16_t> {
   static Sum add(Sum sum, __m256i w, __m256i x) { return add_products(sum, w, x); }
 };
 #endif
+#endif
 
 // out[r * TOKENS + t] = the dot product of row ws[r] with input xs[t]: each row's lanes loaded (and widened) once for
 // the 4 tokens, each input's once for the 2 rows.
@@ -455,11 +598,11 @@ void dot_block(const W* const* ws, const X* const* xs, int64_t n, float* out) {
 #if defined(GPTKIT_VECTORS)
   using Lanes = BlockLanes<W, X>;
   typename Lanes::Sum sums[ROWS * TOKENS];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int64_t i = 0; i < ROWS * TOKENS; ++i) sums[i] = Lanes::zero();
   for (; k + Lanes::WIDTH <= n; k += Lanes::WIDTH) {
     const auto w0 = Lanes::weights(ws[0] + k), w1 = Lanes::weights(ws[1] + k);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int64_t t = 0; t < TOKENS; ++t) {
       const auto x = Lanes::inputs(xs[t] + k);
       sums[t] = Lanes::add(sums[t], w0, x);
@@ -482,16 +625,31 @@ void product_tokens(const Matrix<W>& m, int64_t first, int64_t last, const Produ
   const int64_t n = m.columns;
   int64_t row = first;
   if constexpr (std::is_same_v<W, float>) {
+    // Passes over a block (one per group of inputs) after the first read it from the cache: they ask for a later
+    // block in turns (Prefetch), PREFETCH_BYTES or more ahead so that it arrives before its first pass.
+    const int64_t turns = (count + BLOCK_TOKENS - 1) / BLOCK_TOKENS, block_size = BLOCK_ROWS * n;
+    const int64_t ahead =
+        turns == 1 ? PREFETCH_AHEAD<float> : std::max<int64_t>(1, PREFETCH_BYTES / (4 * block_size)) * block_size;
+#if defined(__AVX512F__)
+    // more inputs than one pass takes: two whole blocks at a time where the share holds them (pair_dots)
+    const int64_t pair_ahead = std::max<int64_t>(1, PREFETCH_BYTES / (8 * block_size)) * 2 * block_size;
+    while (m.blocked && count > BLOCK_TOKENS && row % BLOCK_ROWS == 0 && row + 2 * BLOCK_ROWS <= last) {
+      pair_rows(m.values + row * n, n, in, count, pair_ahead, out + (row - first) * count);
+      row += 2 * BLOCK_ROWS;
+    }
+#endif
     while (m.blocked && row < last) {  // a whole block and BLOCK_TOKENS inputs at a time, else a row
       const bool whole = row % BLOCK_ROWS == 0 && row + BLOCK_ROWS <= last;
+      const float* block = m.values + row * n;
       for (int64_t token = 0; token < count; token += BLOCK_TOKENS) {
         const float* xs[BLOCK_TOKENS];  // past the last input: the last again (computed, not kept)
         for (int64_t t = 0; t < BLOCK_TOKENS; ++t) xs[t] = in.input(std::min(token + t, count - 1), n);
         float sums[BLOCK_ROWS * BLOCK_TOKENS];
+        const Prefetch prefetch{block + ahead, token / BLOCK_TOKENS, turns};
         if (whole && count - token <= 2)  // two inputs or fewer left: the cheaper block of two
-          block_dots<2>(m.values + row * n, xs, n, sums);
+          block_dots<2>(block, xs, n, sums, prefetch);
         else if (whole)
-          block_dots<BLOCK_TOKENS>(m.values + row * n, xs, n, sums);
+          block_dots<BLOCK_TOKENS>(block, xs, n, sums, prefetch);
         else
           for (int64_t t = 0; t < BLOCK_TOKENS; ++t) sums[t] = dot_placed(place(m, row), xs[t], n);
         const int64_t width = whole && count - token <= 2 ? 2 : BLOCK_TOKENS;  // the layout of sums
@@ -507,8 +665,8 @@ void product_tokens(const Matrix<W>& m, int64_t first, int64_t last, const Produ
     for (int64_t r = 0; r < ROWS; ++r)  // past the last row or input: the last again (computed, not kept)
       ws[r] = m.values + std::min(row + r, last - 1) * n;
     for (int64_t token = 0; token < count; token += TOKENS) {
-      decltype(in.input(0, 0)) xs[TOKENS];  // float32, bfloat16 or 16-bit integer rows
-      for (int64_t t = 0; t < TOKENS; ++t) xs[t] = in.input(std::min(token + t, count - 1), n);
+      decltype(block_input(in, 0, 0)) xs[TOKENS];  // float32 or 16-bit integer rows
+      for (int64_t t = 0; t < TOKENS; ++t) xs[t] = block_input(in, std::min(token + t, count - 1), n);
       float sums[ROWS * TOKENS];
       dot_block(ws, xs, n, sums);
       for (int64_t r = 0; r < ROWS && row + r < last; ++r)
@@ -1163,6 +1321,35 @@ void prefill_tokens(const torch::Tensor& matrices, const torch::Tensor& scales, 
   });
 }
 
+// The sum of a float32 buffer, read as a step reads its weights: every thread (one a core) streams one contiguous
+// share with vector loads and prefetch_ahead, in independent sums. Why: benchmarks/bench.py's roofline divides the
+// weight bytes by the machine's read speed, and a sum by one library kernel (PyTorch's) read slower than the step
+// streams its own weights on a 2-core VM, which put batch 1 above its "bound".
+double stream_sum(const torch::Tensor& buffer) {
+  TORCH_CHECK(buffer.scalar_type() == torch::kFloat && buffer.is_contiguous(), "a contiguous float32 buffer");
+  const float* values = buffer.data_ptr<float>();
+  const int64_t n = buffer.numel();
+  double total = 0.0;
+#pragma omp parallel num_threads(at::get_num_threads()) reduction(+ : total)
+  {
+    const Share mine(n, omp_get_thread_num(), omp_get_num_threads());
+    float sum = 0.0f;
+    int64_t i = mine.first;
+#if defined(GPTKIT_VECTORS)
+    Vec sums[4] = {splat(0.0f), splat(0.0f), splat(0.0f), splat(0.0f)};
+    for (; i + 4 * LANES <= mine.last; i += 4 * LANES) {
+      prefetch_ahead(values + i);  // AVX-512: the lines of these 64 values' successors (AVX2: none for float32)
+#pragma GCC unroll 4
+      for (int64_t c = 0; c < 4; ++c) sums[c] = add(sums[c], load(values + i + c * LANES));
+    }
+    sum = reduce_add(add(add(sums[0], sums[1]), add(sums[2], sums[3])));
+#endif
+    for (; i < mine.last; ++i) sum += values[i];
+    total += sum;
+  }
+  return total;
+}
+
 // How decode_step and prefill read float32 matrices of a model embd wide with a hidden layer `hidden` wide: in blocks
 // of (rows, chunk) (see BLOCK_ROWS), or row after row (empty).
 std::vector<int64_t> float32_blocks(int64_t embd, int64_t hidden) {
@@ -1170,9 +1357,14 @@ std::vector<int64_t> float32_blocks(int64_t embd, int64_t hidden) {
   return {BLOCK_ROWS, CHUNK};
 }
 
+// The steps and the prefill run without Python's lock (they touch no Python object), so that a server's other
+// threads (its HTTP loop streaming the tokens, accepting requests) run while a step computes rather than between
+// steps.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_step", &decode_step);
-  m.def("decode_rows", &decode_rows);
+  using without_python_lock = py::call_guard<py::gil_scoped_release>;
+  m.def("decode_step", &decode_step, without_python_lock());
+  m.def("decode_rows", &decode_rows, without_python_lock());
   m.def("float32_blocks", &float32_blocks);
-  m.def("prefill", &prefill_tokens);
+  m.def("stream_sum", &stream_sum);
+  m.def("prefill", &prefill_tokens, without_python_lock());
 }
