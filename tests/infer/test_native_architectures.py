@@ -195,17 +195,26 @@ def test_the_engine_gives_each_request_the_greedy_tokens_of_generate(monkeypatch
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-def test_threads_sharing_key_and_value_heads_give_the_reference_tokens(monkeypatch, threads):
-    """Grouped-query attention (6 query heads over 2 key and value heads): with 3 threads each thread's query heads
-    read a key and value head another thread wrote; one thread does it all. Every step is one native call."""
-    model = architecture_model("smollm2", block_size=24)
+@pytest.mark.parametrize("name", ["smollm2", "qwen3"])
+def test_threads_sharing_key_and_value_heads_give_the_reference_tokens(monkeypatch, name, threads):
+    """Grouped-query attention (6 query heads over 2 key and value heads; Qwen3's 4 over 2, its Q rows twice n_embd):
+    with 3 threads the fused product's rows are split evenly and each thread's query heads read key and value heads
+    other threads wrote; one thread does it all. One row (native prefill, then one call a step), then three rows of
+    different lengths a step: every request gets the reference greedy tokens."""
+    model = architecture_model(name, block_size=24)
+    reference = plain_copy(model)
     steps = count_calls(monkeypatch, NativeStep, "__call__")
+    row_steps = count_calls(monkeypatch, NativeStep, "step_rows")
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         request = Request([5, 3, 9], 25, temperature=0)
         list(Engine(model, decode="native").run([request]))
+        requests = [Request(prompt_of(length, seed=length), 12, temperature=0) for length in (2, 7, 11)]
+        list(Engine(model, slots=3, decode="native").run(requests))
     finally:
         torch.set_num_threads(before)
-    assert request.output == reference_greedy(plain_copy(model), [5, 3, 9], 25)
-    assert len(steps) >= 24
+    assert request.output == reference_greedy(reference, [5, 3, 9], 25)
+    for each in requests:
+        assert each.output == reference_greedy(reference, each.prompt, 12)
+    assert len(steps) >= 24 and len(row_steps) >= 11

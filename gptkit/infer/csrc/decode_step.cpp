@@ -849,11 +849,22 @@ void embed(const Model<W>& m, const int64_t* tokens, int64_t count, float* x) {
   }
 }
 
-// The rows [first, last) of the fused Q, K, V product that a thread computes: its query heads' rows of Q, then its
-// key and value heads' rows of K and of V.
-inline std::array<std::pair<int64_t, int64_t>, 3> qkv_ranges(const Shapes& s, const Share& heads,
-                                                             const Share& kv_heads) {
+// A thread's shares of the attention: its query heads, its key and value heads, and its share of the fused Q, K, V
+// product's rows.
+struct HeadShares {
+  Share heads, kv_heads, rows;
+  HeadShares(const Shapes& s, int thread, int threads)
+      : heads(s.heads, thread, threads), kv_heads(s.kv_heads, thread, threads), rows(s.qkv_width(), thread, threads) {}
+};
+
+// The rows [first, last) of the fused Q, K, V product that a thread computes. With one key and value head per query
+// head: its heads' rows of Q, then of K and of V, so that it attends with what it computed (no barrier between).
+// With grouped-query attention: an even share of all rows (then a barrier), since the few key and value heads
+// (often fewer than the threads) would leave most threads idle during their rows.
+inline std::array<std::pair<int64_t, int64_t>, 3> qkv_ranges(const Shapes& s, const HeadShares& shares) {
   const int64_t D = s.head_dim, Q = s.q_width(), K = s.kv_width();
+  const Share &heads = shares.heads, &kv_heads = shares.kv_heads;
+  if (s.kv_heads != s.heads) return {{{shares.rows.first, shares.rows.last}, {0, 0}, {0, 0}}};
   return {{{heads.first * D, heads.last * D},
            {Q + kv_heads.first * D, Q + kv_heads.last * D},
            {Q + K + kv_heads.first * D, Q + K + kv_heads.last * D}}};
@@ -957,7 +968,7 @@ void step(const Model<W>& m, int64_t token, int64_t position, float* logits, std
 #pragma omp parallel num_threads(static_cast<int>(per_thread.size()))
   {
     const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
-    const Share heads(s.heads, thread, threads), kv_heads(s.kv_heads, thread, threads);
+    const HeadShares shares(s, thread, threads);
     std::vector<S> normed(C);
     std::vector<float> scores(position + 1), mixed(D), activations(2 * F), out(C);
     ProductInput<W> input;  // the input of this thread's next product, as its rows read it
@@ -965,12 +976,11 @@ void step(const Model<W>& m, int64_t token, int64_t position, float* logits, std
       const Layer<W> l = m.layer(layer);
       layer_norm(x.data(), l.ln1_w, l.ln1_b, C, m.eps, s.rms, normed.data());
       input.take(normed.data(), C);
-      for (const auto& [first, last] : qkv_ranges(s, heads, kv_heads)) {
+      for (const auto& [first, last] : qkv_ranges(s, shares)) {
         product(l.attn, first, last, input, &qkv[first]);
         for (int64_t row = first; row < last; ++row) qkv[row] += l.attn_b[row];
       }
-      attention(m, layer, l, heads, kv_heads, qkv.data(), 1, &position, 0, scores.data(), mixed.data(),
-                attended.data());
+      attention(m, layer, l, shares, qkv.data(), 1, &position, 0, scores.data(), mixed.data(), attended.data());
 #pragma omp barrier
       const Share residual(C, thread, threads);  // x is not this product's input: its rows are added to in place
       input.take(attended.data(), s.q_width());
@@ -1009,10 +1019,10 @@ void step(const Model<W>& m, int64_t token, int64_t position, float* logits, std
 // The Q, K and V rows of this thread's heads (qkv_ranges; biases added) for `count` inputs already in `input`: qkv
 // is (count, qkv_width), row b holding input b's Q, K and V side by side.
 template <typename W>
-void qkv_rows(const Shapes& s, const Layer<W>& l, const Share& heads, const Share& kv_heads,
-              const ProductInput<W>& input, int64_t count, float* out, float* qkv) {
+void qkv_rows(const Shapes& s, const Layer<W>& l, const HeadShares& shares, const ProductInput<W>& input,
+              int64_t count, float* out, float* qkv) {
   const int64_t width = s.qkv_width();
-  for (const auto& [first, last] : qkv_ranges(s, heads, kv_heads)) {
+  for (const auto& [first, last] : qkv_ranges(s, shares)) {
     product_tokens(l.attn, first, last, input, count, out);
     for (int64_t row = first; row < last; ++row)
       for (int64_t b = 0; b < count; ++b) qkv[b * width + row] = out[(row - first) * count + b] + l.attn_b[row];
@@ -1023,20 +1033,25 @@ void qkv_rows(const Shapes& s, const Layer<W>& l, const Share& heads, const Shar
 // rotary positions, keys and values stored in the cache, attention (prepare_heads, attend_heads; input b at
 // positions[b] in the cache row at b * row_stride elements). Every thread of the parallel region calls it.
 template <typename W, typename S>
-void attention(const Model<W>& m, int64_t layer, const Layer<W>& l, const Share& heads, const Share& kv_heads,
-               float* qkv, int64_t count, const int64_t* positions, int64_t row_stride, float* scores, float* mixed,
+void attention(const Model<W>& m, int64_t layer, const Layer<W>& l, const HeadShares& shares, float* qkv,
+               int64_t count, const int64_t* positions, int64_t row_stride, float* scores, float* mixed,
                S* attended) {
-  prepare_heads(m, layer, l, heads, kv_heads, qkv, count, positions, row_stride);
-  if (m.s.kv_heads != m.s.heads) {  // a thread's query heads may read a key and value head another thread stored
+  const bool grouped = m.s.kv_heads != m.s.heads;
+  if (grouped) {  // the rows of a thread's heads came from every thread (qkv_ranges)
 #pragma omp barrier
   }
-  attend_heads(m, layer, heads, qkv, count, positions, row_stride, scores, mixed, attended);
+  prepare_heads(m, layer, l, shares.heads, shares.kv_heads, qkv, count, positions, row_stride);
+  if (grouped) {  // a thread's query heads read key and value heads other threads stored
+#pragma omp barrier
+  }
+  attend_heads(m, layer, shares.heads, qkv, count, positions, row_stride, scores, mixed, attended);
 }
 
 // The rest of a layer once every head has attended, for `count` inputs (a prefill's tokens or a step's rows):
 // x += proj(attended), then x += fc_proj(activation(fc(ln_2(x)))). Every thread of the parallel region calls it; the
 // threads meet at its barriers, since each product reads what all threads wrote before it. out holds count values
-// of each of C rows, and of 2 * (mine.last - mine.first) (a gated MLP's gate and up rows).
+// of each of C rows, and of 2 * (mine.last - mine.first) (a gated MLP's gate and up rows); qkv_rows' out, count
+// values of each of the fused product's rows.
 template <typename W, typename S>
 void finish_layer(const Model<W>& m, const Layer<W>& l, const Share& mine, const Share& residual, int64_t count,
                   const std::vector<S>& attended, std::vector<float>& x, std::vector<S>& normed,
@@ -1079,17 +1094,18 @@ void prefill(const Model<W>& m, const std::vector<int64_t>& tokens, int64_t star
 #pragma omp parallel num_threads(threads_wanted)
   {
     const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
-    const Share heads(s.heads, thread, threads), kv_heads(s.kv_heads, thread, threads), mine(F, thread, threads);
+    const HeadShares shares(s, thread, threads);
+    const Share mine(F, thread, threads);
     std::vector<S> normed(T * C);
-    std::vector<float> scores(start + T), mixed(D), out(T * std::max(C, 2 * (mine.last - mine.first)));
+    std::vector<float> scores(start + T), mixed(D);
+    std::vector<float> out(T * std::max({C, s.qkv_width(), 2 * (mine.last - mine.first)}));
     ProductInput<W> input;  // the inputs of this thread's next product, as its rows read them
     for (int64_t layer = 0; layer < s.layers; ++layer) {
       const Layer<W> l = m.layer(layer);
       for (int64_t t = 0; t < T; ++t) layer_norm(&x[t * C], l.ln1_w, l.ln1_b, C, m.eps, s.rms, &normed[t * C]);
       input.take(normed.data(), C, T);
-      qkv_rows(s, l, heads, kv_heads, input, T, out.data(), qkv.data());
-      attention(m, layer, l, heads, kv_heads, qkv.data(), T, positions.data(), 0, scores.data(), mixed.data(),
-                attended.data());
+      qkv_rows(s, l, shares, input, T, out.data(), qkv.data());
+      attention(m, layer, l, shares, qkv.data(), T, positions.data(), 0, scores.data(), mixed.data(), attended.data());
 #pragma omp barrier
       const Share residual(C, thread, threads);
       finish_layer(m, l, mine, residual, T, attended, x, normed, hidden, input, out.data());
@@ -1120,18 +1136,19 @@ void step_rows(const Model<W>& m, const std::vector<int64_t>& tokens, const std:
 #pragma omp parallel num_threads(static_cast<int>(per_thread[0].size()))
   {
     const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
-    const Share heads(s.heads, thread, threads), mine(F, thread, threads), residual(C, thread, threads);
-    const Share kv_heads(s.kv_heads, thread, threads);
+    const Share mine(F, thread, threads), residual(C, thread, threads);
+    const HeadShares shares(s, thread, threads);
     std::vector<S> normed(B * C);
-    std::vector<float> scores(longest), mixed(D), out(B * std::max({C, 2 * (mine.last - mine.first), HEAD_ROWS}));
+    std::vector<float> scores(longest), mixed(D);
+    std::vector<float> out(B * std::max({C, s.qkv_width(), 2 * (mine.last - mine.first), HEAD_ROWS}));
     ProductInput<W> input;  // the inputs of this thread's next product, as its rows read them
     for (int64_t layer = 0; layer < s.layers; ++layer) {
       const Layer<W> l = m.layer(layer);
       for (int64_t b = 0; b < B; ++b) layer_norm(&x[b * C], l.ln1_w, l.ln1_b, C, m.eps, s.rms, &normed[b * C]);
       input.take(normed.data(), C, B);
-      qkv_rows(s, l, heads, kv_heads, input, B, out.data(), qkv.data());
-      attention(m, layer, l, heads, kv_heads, qkv.data(), B, positions.data(), row_storage, scores.data(),
-                mixed.data(), attended.data());
+      qkv_rows(s, l, shares, input, B, out.data(), qkv.data());
+      attention(m, layer, l, shares, qkv.data(), B, positions.data(), row_storage, scores.data(), mixed.data(),
+                attended.data());
 #pragma omp barrier
       finish_layer(m, l, mine, residual, B, attended, x, normed, hidden, input, out.data());
     }
