@@ -949,14 +949,32 @@ void activate_hidden(const Model<W>& m, const Layer<W>& l, const Share& mine, in
     activate_all(out, units * count, m.activation);
 }
 
+// This thread's heads of `count` inputs from their Q, K and V rows to attended (count, heads * head_dim): QK-norm and
+// rotary positions, keys and values stored in the cache, attention (prepare_heads, attend_heads; input b at
+// positions[b] in the cache row at b * row_stride elements). Every thread of the parallel region calls it.
+template <typename W, typename S>
+void attention(const Model<W>& m, int64_t layer, const Layer<W>& l, const HeadShares& shares, float* qkv,
+               int64_t count, const int64_t* positions, int64_t row_stride, float* scores, float* mixed,
+               S* attended) {
+  const bool grouped = m.s.kv_heads != m.s.heads;
+  if (grouped) {  // the rows of a thread's heads came from every thread (qkv_ranges)
+#pragma omp barrier
+  }
+  prepare_heads(m, layer, l, shares.heads, shares.kv_heads, qkv, count, positions, row_stride);
+  if (grouped) {  // a thread's query heads read key and value heads other threads stored
+#pragma omp barrier
+  }
+  attend_heads(m, layer, shares.heads, qkv, count, positions, row_stride, scores, mixed, attended);
+}
+
 // One decoding step: fills logits (vocab) and offers each thread's share of them to per_thread[thread].
 //
 // Each thread takes one share of the query heads, one of the key and value heads, and one share of every other
-// product's rows. It computes the queries, keys and values of its own heads and attends with them, so with one key
-// and value head per query head the heads need no barrier of their own (grouped-query attention: one, once every
-// key is in the cache); each thread normalizes the whole residual stream itself (n_embd values) rather than waiting
-// for one thread to do it. The threads meet four times a layer besides: after attention, and after each product
-// whose whole output the next one reads.
+// product's rows. With one key and value head per query head it computes the queries, keys and values of its own
+// heads and attends with them, so the heads need no barrier of their own (grouped-query attention: two, see
+// qkv_ranges and attention); each thread normalizes the whole residual stream itself (n_embd values) rather than
+// waiting for one thread to do it. The threads meet four times a layer besides: after attention, and after each
+// product whose whole output the next one reads.
 template <typename W, typename S = typename Stored<W>::type>
 void step(const Model<W>& m, int64_t token, int64_t position, float* logits, std::vector<Largest>& per_thread) {
   const Shapes& s = m.s;
@@ -1027,24 +1045,6 @@ void qkv_rows(const Shapes& s, const Layer<W>& l, const HeadShares& shares, cons
     for (int64_t row = first; row < last; ++row)
       for (int64_t b = 0; b < count; ++b) qkv[b * width + row] = out[(row - first) * count + b] + l.attn_b[row];
   }
-}
-
-// This thread's heads of `count` inputs from their Q, K and V rows to attended (count, heads * head_dim): QK-norm and
-// rotary positions, keys and values stored in the cache, attention (prepare_heads, attend_heads; input b at
-// positions[b] in the cache row at b * row_stride elements). Every thread of the parallel region calls it.
-template <typename W, typename S>
-void attention(const Model<W>& m, int64_t layer, const Layer<W>& l, const HeadShares& shares, float* qkv,
-               int64_t count, const int64_t* positions, int64_t row_stride, float* scores, float* mixed,
-               S* attended) {
-  const bool grouped = m.s.kv_heads != m.s.heads;
-  if (grouped) {  // the rows of a thread's heads came from every thread (qkv_ranges)
-#pragma omp barrier
-  }
-  prepare_heads(m, layer, l, shares.heads, shares.kv_heads, qkv, count, positions, row_stride);
-  if (grouped) {  // a thread's query heads read key and value heads other threads stored
-#pragma omp barrier
-  }
-  attend_heads(m, layer, shares.heads, qkv, count, positions, row_stride, scores, mixed, attended);
 }
 
 // The rest of a layer once every head has attended, for `count` inputs (a prefill's tokens or a step's rows):
