@@ -288,10 +288,10 @@ class NativeStep:
         self.shapes = [config.n_embd, config.mlp_hidden, config.vocab_size, config.n_layer, config.n_head]
         self.shapes += [config.n_kv_head, config.head_dim, *map(int, flags)]
         self.activation = ACTIVATIONS[config.activation]
-        # the norms' epsilon, QK-norm's (RMSNorm's default: the machine epsilon of what eager normalizes, the step's
-        # dtype) and the soft cap of the logits (0: none)
+        # the norms' epsilon, QK-norm's and the soft cap of the logits (0: none). An RMSNorm without an epsilon
+        # takes float32's machine epsilon, bfloat16 inputs too (torch computes the norm in float32).
         q_norm = getattr(model.transformer.h[0].attn, "q_norm", None)
-        qk_eps = q_norm.eps if q_norm is not None and q_norm.eps is not None else torch.finfo(dtype).eps
+        qk_eps = q_norm.eps if q_norm is not None and q_norm.eps is not None else torch.finfo(torch.float32).eps
         self.constants = [transformer.ln_f.eps, qk_eps, config.logit_softcap or 0.0]
         self.versions = self._versions(model)
         self.kernel = extension().decode_step

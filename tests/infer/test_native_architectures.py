@@ -218,3 +218,23 @@ def test_threads_sharing_key_and_value_heads_give_the_reference_tokens(monkeypat
     for each in requests:
         assert each.output == reference_greedy(reference, each.prompt, 12)
     assert len(steps) >= 24 and len(row_steps) >= 11
+
+
+def test_qk_norm_without_an_epsilon_takes_float32s_in_bfloat16_too():
+    """make demo's QK-norm has no epsilon of its own: torch's RMSNorm then adds float32's machine epsilon, to bfloat16
+    queries and keys too. With queries and keys of magnitude ~1e-3 (mean square ~1e-6, where bfloat16's epsilon, 2^-7,
+    would flatten every head's scores) the bfloat16 step's logits stay within bfloat16 rounding of the float32 pass."""
+    model = architecture_model("demo")
+    queries_and_keys = slice(0, 2 * model.config.n_embd)  # the fused product's Q and K rows, not V's
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.attn.c_attn.weight[queries_and_keys] *= 1e-3
+            block.attn.c_attn.bias[queries_and_keys] *= 1e-3
+    model = model.to(torch.bfloat16)
+    reference = plain_copy(model).float()
+    tokens = prompt_of(12, seed=8)
+    cache = allocated_cache(model, torch.bfloat16)
+    step = NativeStep.for_model(model, torch.bfloat16)
+    step.prefill(tokens[:-1], 0, cache.keys, cache.values)
+    logits, _ = step(tokens[-1], len(tokens) - 1, cache.keys, cache.values)
+    within(logits, full_pass_logits(reference, tokens), 0.05)
