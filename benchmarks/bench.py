@@ -34,8 +34,9 @@ from gptkit.infer.compiled import CPU_COMPILE_OPTIONS
 from gptkit.infer.native import NativeStep
 from gptkit.infer.onednn import onednn_linear_available, optimize_for_cpu_decoding, use_decoding_layout
 from gptkit.model import GPT, GPTConfig
+from gptkit.weights.hf import write_hf
 from gptkit.weights.quantization import quantize_int8, replace_linears
-from measure import print_table, read_bandwidth, run_benchmark, time_paths
+from measure import MODEL_SHAPES, print_table, read_bandwidth, run_benchmark, time_paths
 
 # ----------------------------------------------------------------------------------------------- sampling
 # auto: the documented call on a fresh model, `gptkit.infer.generate(GPT(config).eval(), ...)`, nothing else: the
@@ -96,6 +97,12 @@ DECODE_OF_PATH = {
 
 @dataclass
 class SampleBench:
+    model: str = setting(
+        "gpt2-124m",
+        f"the model's shape, random weights: {', '.join(MODEL_SHAPES)} (demo-124m: make demo's architecture at "
+        "GPT-2 124M's size)",
+        choices=tuple(MODEL_SHAPES),
+    )
     repeats: int = setting(3, "runs per measurement; the median is reported")
     batch_sizes: list[int] = setting_list([1, 8], "batch sizes to measure (repeat the flag)")
     prompt_tokens: int = setting(16, "prompt length")
@@ -204,7 +211,7 @@ def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> 
         models["no_products"] = without_products(copy.deepcopy(plain))
     if "onednn" in models and device.type == "cpu":
         optimize_for_cpu_decoding(models["onednn"])  # oneDNN at every batch, whatever auto would pick
-    if "hf" in paths:
+    if "hf" in paths and config.pos_encoding != "rope":
         import transformers
 
         hf_config = transformers.GPT2Config(
@@ -219,13 +226,31 @@ def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> 
         )
         models["hf"] = transformers.GPT2LMHeadModel(hf_config).eval().to(device)
         models["hf"].load_state_dict(hf_state_from(plain), strict=False)
+    elif "hf" in paths:  # the Llama family
+        models["hf"] = hf_model_of(plain)
     return models
+
+
+def hf_model_of(model: GPT):
+    """The transformers class that computes `model` exactly (gptkit.weights.hf.write_hf: Llama, Qwen2/3,
+    NanoChat), with its weights; UserError for a model no class holds."""
+    import tempfile
+
+    import transformers
+
+    with tempfile.TemporaryDirectory() as directory:
+        try:
+            write_hf(model, directory)
+        except UserError as error:
+            raise UserError(f"--paths=hf: {error}") from None
+        return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
 
 
 def step_matrix_shapes(config: GPTConfig) -> list[tuple[int, int]]:
     """The (out, in) shapes of the matrices a decoding step multiplies, each as often as a step does."""
-    C = config.n_embd
-    return [(3 * C, C), (C, C), (4 * C, C), (C, 4 * C)] * config.n_layer + [(config.vocab_size, C)]
+    C, Q, K, F = config.n_embd, config.n_head * config.head_dim, config.n_kv_head * config.head_dim, config.mlp_hidden
+    fc = 2 * F if config.activation == "swiglu" else F
+    return [(Q + 2 * K, C), (C, Q), (fc, C), (C, F)] * config.n_layer + [(config.vocab_size, C)]
 
 
 def matmul_flop_s(config: GPTConfig, batch: int, repeats: int = 50) -> float:
@@ -303,12 +328,12 @@ def add_roofline(rows: list[dict], models: dict, flop_s: dict[int, float]) -> No
 
 
 def bench_sample(cfg: SampleBench, config: GPTConfig | None = None) -> list[dict]:
-    """Tokens/s of each generation path at each batch size; `config`: the model's shape (GPT-2 124M)."""
+    """Tokens/s of each generation path at each batch size; `config`: the model's shape (else --model's)."""
     unknown = sorted(set(cfg.paths) - set(SAMPLE_PATHS))
     if unknown:
         raise UserError(f"unknown --paths {unknown}; use {', '.join(SAMPLE_PATHS)}")
     device = resolve_device(cfg.device)
-    config = config or GPTConfig(vocab_size=50257)  # GPT-2 124M shape, random weights
+    config = config or GPTConfig(**MODEL_SHAPES[cfg.model])  # random weights
     models = sample_models(config, cfg.paths, device)
     rows, flop_s = [], {}
     for batch in cfg.batch_sizes:

@@ -30,27 +30,9 @@ from gptkit.infer import generate
 from gptkit.model import GPT, GPTConfig
 from gptkit.weights.export_gguf import export_gguf
 from gptkit.weights.quantization import quantize_int8
-from measure import print_table, run_benchmark, time_paths
+from measure import MODEL_SHAPES, print_table, run_benchmark, time_paths
 
-SHAPES = {
-    # SmolLM2-135M's shape (Llama: 30 layers, 576 wide, 9 heads, 3 kv heads, SwiGLU 1536, tied, vocab 49152)
-    "smollm2-135m": dict(
-        block_size=2048,
-        vocab_size=49152,
-        n_layer=30,
-        n_head=9,
-        n_kv_head=3,
-        n_embd=576,
-        mlp_hidden=1536,
-        activation="swiglu",
-        norm="rmsnorm",
-        pos_encoding="rope",
-        rope_base=100000.0,
-        bias=False,
-        tie_embeddings=True,
-    ),
-    "gpt2-124m": dict(vocab_size=50257),  # GPTConfig's defaults are GPT-2 124M
-}
+SHAPES = {name: MODEL_SHAPES[name] for name in ("smollm2-135m", "gpt2-124m")}  # shapes llama.cpp holds
 PATHS = ("ours_f32", "ours_int8", "llamacpp_f32", "llamacpp_q8_0")
 
 

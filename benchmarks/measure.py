@@ -20,6 +20,29 @@ from gptkit.infer import native
 # The model shapes of the GPU benchmarks: GPT-2 124M, and a tiny one that checks a script on any device.
 GPT2_124M = {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024}
 SMOKE_MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64}
+# The model shapes of the CPU sampling benchmarks (random weights), by name.
+MODEL_SHAPES = {
+    "gpt2-124m": dict(vocab_size=50257),  # GPTConfig's defaults are GPT-2 124M
+    # SmolLM2-135M's shape (Llama: 30 layers, 576 wide, 9 heads, 3 kv heads, SwiGLU 1536, tied, vocab 49152)
+    "smollm2-135m": dict(
+        block_size=2048,
+        vocab_size=49152,
+        n_layer=30,
+        n_head=9,
+        n_kv_head=3,
+        n_embd=576,
+        mlp_hidden=1536,
+        activation="swiglu",
+        norm="rmsnorm",
+        pos_encoding="rope",
+        rope_base=100000.0,
+        bias=False,
+        tie_embeddings=True,
+    ),
+    # make demo's recipe's architecture (config/train_shakespeare_char_cpu.py: rotary positions, QK-norm) at GPT-2
+    # 124M's size
+    "demo-124m": dict(vocab_size=50257, pos_encoding="rope", qk_norm=True),
+}
 
 
 def cpu_name() -> str:

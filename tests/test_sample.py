@@ -110,12 +110,14 @@ def test_every_cpu_backend_prints_the_default_text(trained_char_checkpoint, deco
         assert chosen.stdout == default.stdout and len(chosen.stdout.decode()) == len("First") + 60 + 1
 
 
-def test_native_decoding_of_a_model_it_cannot_run_is_one_clear_error(tmp_path):
-    lively_char_checkpoint(tmp_path, pos_encoding="rope")
-    result = run_script("sample.py", f"--out_dir={tmp_path}", "--start=A", "--decode=native")
-    assert_one_line_error(result.returncode, result.stderr.decode(), "rotary positions", "--decode=auto")
-    default = run_script("sample.py", f"--out_dir={tmp_path}", "--start=A", "--max_new_tokens=5")
-    assert default.returncode == 0 and default.stderr.decode() == "", default.stderr.decode()
+def test_the_demos_architecture_decodes_natively_as_eagerly(tmp_path):
+    """make demo's architecture (rotary positions, QK-norm): --decode=native runs it (no refusal) and prints the
+    greedy text --decode=eager prints."""
+    lively_char_checkpoint(tmp_path, pos_encoding="rope", qk_norm=True)
+    common = ["sample.py", f"--out_dir={tmp_path}", "--start=A", "--max_new_tokens=30", "--temperature=0"]
+    native, eager = run_script(*common, "--decode=native"), run_script(*common, "--decode=eager")
+    assert native.returncode == eager.returncode == 0, native.stderr.decode()
+    assert native.stdout == eager.stdout and len(native.stdout.decode()) == len("A") + 30 + 1
 
 
 def test_stop_string_ends_the_sample_and_is_not_printed(trained_char_checkpoint):

@@ -6,7 +6,7 @@ Backends:
 - native: every step through gptkit.infer.native (one C++ call a step, on the CPU), one row or several.
 - auto (the default): per device, weights and batch, the fastest backend that serves them (auto_plan).
 
-Where the native step cannot run (not built, or a model it does not implement), the CPU's float32 eager steps over
+Where the native step cannot run (not built, or a compute dtype it lacks), the CPU's float32 eager steps over
 several rows call oneDNN directly on transposed weights (gptkit.infer.onednn, in a copy the engine makes): part of
 auto's plan, never a setting of its own. docs/benchmarks.md has the measurements
 behind the rules.

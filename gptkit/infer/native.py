@@ -9,15 +9,18 @@ copy_in_blocks: one load of an input serves a block's rows). `python benchmarks/
 --paths=native --paths=native_bf16 --paths=native_int8` measures it against the memory bound; docs/benchmarks.md
 has the figures.
 
-What it serves: float32 or bfloat16 weights on the CPU, or int8 ones (gptkit.weights.quantization's Int8Linear: one scale
-per row; each product's float32 input is rounded to 16-bit integers with one scale, so that the products run in
-integer lanes); learned or sinusoidal positions; LayerNorm with or without biases; the GELU
-(tanh or exact) or squared-ReLU MLP; a tied or separate head. Not rotary positions or QK-norm (native_problem says
-why a model does not fit). The engine runs every step with it: one row (NativeStep.__call__), or several rows of any
-lengths in one call (NativeStep.step_rows: each weight read from memory once a step, whatever the rows; the passes
-over a block of weight rows for the later groups of rows read it from the cache while the memory streams the next
-blocks, so that a step of 8 rows costs little more than one while the memory's speed bounds it); it fills a prompt with the native prefill
-(NativeStep.prefill: the prompt's tokens in one pass) up to PREFILL_LIMITS' length.
+What it serves: every architecture model.py builds, in float32 or bfloat16 weights on the CPU, or int8 ones
+(gptkit.weights.quantization's Int8Linear: one scale per row; each product's float32 input is rounded to 16-bit
+integers with one scale, so that the products run in integer lanes): learned, sinusoidal or rotary positions (the
+model's own cos and sin tables, so a rope_scaling is exact); LayerNorm or RMSNorm, with or without a weight or bias;
+the GELU (tanh or exact), squared-ReLU or SwiGLU MLP; multi-head or grouped-query attention, heads of any width;
+QK-norm with or without a weight; a Q, K, V bias of its own; a norm of the embeddings and soft-capped logits
+(nanochat); a tied or separate head (native_problem says why a model does not fit). The engine runs every step with
+it: one row (NativeStep.__call__), or several rows of any lengths in one call (NativeStep.step_rows: each weight
+read from memory once a step, whatever the rows; the passes over a block of weight rows for the later groups of
+rows read it from the cache while the memory streams the next blocks);
+it fills a prompt with the native prefill (NativeStep.prefill: the prompt's tokens in one pass) up to PREFILL_LIMITS'
+length.
 
 The C++ source is compiled at set-up (`python -m gptkit.infer.native --build`, which `make venv` runs: a C++
 compiler and ninja, ~25 s once; the build lies under torch's extensions directory), for this machine's instruction
@@ -50,7 +53,7 @@ from gptkit.core.errors import UserError
 from gptkit.weights.quantization import Int8Linear
 
 SOURCE = Path(__file__).parent / "csrc" / "decode_step.cpp"
-ACTIVATIONS = {"gelu_tanh": 0, "gelu": 1, "relu2": 2}  # decode_step.cpp's Activation codes
+ACTIVATIONS = {"gelu_tanh": 0, "gelu": 1, "relu2": 2, "swiglu": 3}  # decode_step.cpp's Activation codes
 HUGE_PAGE = 2 << 20  # bytes of a transparent huge page on x86-64 and most arm64 kernels
 # How to fall back, said in every error about this path: the compiled step serves every model and batch.
 OTHER_PATHS = "use --decode=auto, eager or compiled instead"
@@ -61,13 +64,6 @@ def native_problem(model: nn.Module, dtype: torch.dtype) -> str | None:
     config, device = model.config, next(model.parameters()).device
     if device.type != "cpu":
         return f"the native step runs on the CPU only, and this model is on {device}"
-    if config.pos_encoding == "rope" or config.qk_norm:
-        return "the native step does not implement rotary positions or QK-norm"
-    gpt2_shaped = config.norm == "layernorm" and config.norm_weight and config.activation != "swiglu"
-    gpt2_shaped = gpt2_shaped and config.n_kv_head == config.n_head and config.head_dim * config.n_head == config.n_embd
-    gpt2_shaped = gpt2_shaped and config.mlp_hidden == 4 * config.n_embd and config.qkv_bias in (None, config.bias)
-    if not gpt2_shaped or config.embed_norm or config.logit_softcap is not None:
-        return "the native step implements GPT-2's block only (LayerNorm, GELU or squared-ReLU MLP, one KV head each)"
     if dtype not in (torch.float32, torch.bfloat16):
         return f"the native step computes in float32 or bfloat16, not {str(dtype).removeprefix('torch.')}"
     products = 4 * config.n_layer + 1
@@ -147,22 +143,39 @@ def extension():
         ) from error
 
 
+def norm_vectors(norm: nn.Module, width: int) -> list[torch.Tensor | None]:
+    """A norm's (LayerNorm or RMSNorm) weight and bias as decode_step.cpp reads them: ones for a norm without a
+    weight, None (zeros) for one without a bias."""
+    weight = norm.weight if norm.weight is not None else torch.ones(width)
+    return [weight, getattr(norm, "bias", None)]
+
+
 def layer_tensors(block: nn.Module) -> tuple[list[nn.Module], list[torch.Tensor | None]]:
-    """One block's products (Linear or Int8Linear) and vectors in the order decode_step.cpp reads them (None: a
-    bias the model lacks)."""
+    """One block's products (Linear or Int8Linear) and vectors in the order decode_step.cpp reads them (its Shapes;
+    None: a bias the model lacks)."""
     attn, mlp = block.attn, block.mlp
     products = [attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj]
+    head_norms = [getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)]  # QK-norm's, else ones (unread)
     vectors = [
-        block.ln_1.weight,
-        block.ln_1.bias,
+        *norm_vectors(block.ln_1, attn.c_attn.in_features),
         attn.c_attn.bias,
         attn.c_proj.bias,
-        block.ln_2.weight,
-        block.ln_2.bias,
+        *norm_vectors(block.ln_2, mlp.c_fc.in_features),
         mlp.c_fc.bias,
         mlp.c_proj.bias,
     ]
+    for norm in head_norms:
+        vectors.append(torch.ones(attn.head_dim) if norm is None else norm_vectors(norm, attn.head_dim)[0])
     return products, vectors
+
+
+def vector_sizes(config) -> list[int]:
+    """The sizes of the vectors decode_step.cpp reads (layer_tensors' for each layer, then ln_f's and ln_emb's
+    weight and bias)."""
+    C, D = config.n_embd, config.head_dim
+    qkv = (config.n_head + 2 * config.n_kv_head) * D
+    fc = (2 if config.activation == "swiglu" else 1) * config.mlp_hidden
+    return [C, C, qkv, C, C, C, fc, C, D, D] * config.n_layer + [C, C, C, C]
 
 
 def weight_and_scale(product: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -252,16 +265,17 @@ class NativeStep:
             products += block_products
             vectors += block_vectors
         products.append(model.lm_head)
-        vectors += [transformer.ln_f.weight, transformer.ln_f.bias]
         C = config.n_embd
-        vector_sizes = [C, C, 3 * C, C, C, C, 4 * C, C] * config.n_layer + [C, C]
+        vectors += norm_vectors(transformer.ln_f, C)
+        vectors += norm_vectors(transformer.ln_emb, C) if config.embed_norm else [torch.ones(C), None]
         matrices, scales = zip(*map(weight_and_scale, products))
         self.int8 = scales[0] is not None
         # float32 matrices in the blocks decode_step.cpp reads where their widths allow (float32_blocks)
-        blocks = [] if self.int8 or dtype != torch.float32 else extension().float32_blocks(C, 4 * C)
+        columns = [C, config.n_head * config.head_dim, config.mlp_hidden]
+        blocks = [] if self.int8 or dtype != torch.float32 else extension().float32_blocks(columns)
         self.matrices = packed(matrices, [m.numel() for m in matrices], torch.int8 if self.int8 else dtype, blocks)
         self.scales = packed(scales, [m.shape[0] for m in matrices], torch.float32) if self.int8 else torch.empty(0)
-        self.vectors = packed(vectors, vector_sizes, torch.float32)
+        self.vectors = packed(vectors, vector_sizes(config), torch.float32)
         head = matrices[-1]
         tied = transformer.wte.weight is head  # an int8 head has a weight of its own (quantize_int8 unties it)
         # a tied head's rows are the token embeddings, unless blocks interleave them: then the model's own table
@@ -271,9 +285,15 @@ class NativeStep:
             else transformer.wte.weight.detach().to(dtype).contiguous()
         )
         self.positions = self._position_table(model)
-        self.shapes = [config.n_embd, 4 * config.n_embd, config.vocab_size, config.n_layer, config.n_head]
+        flags = [config.norm == "rmsnorm", config.qk_norm, config.pos_encoding == "rope", config.embed_norm]
+        self.shapes = [config.n_embd, config.mlp_hidden, config.vocab_size, config.n_layer, config.n_head]
+        self.shapes += [config.n_kv_head, config.head_dim, *map(int, flags)]
         self.activation = ACTIVATIONS[config.activation]
-        self.eps = transformer.ln_f.eps
+        # the norms' epsilon, QK-norm's and the soft cap of the logits (0: none). An RMSNorm without an epsilon
+        # takes float32's machine epsilon, bfloat16 inputs too (torch computes the norm in float32).
+        q_norm = getattr(model.transformer.h[0].attn, "q_norm", None)
+        qk_eps = q_norm.eps if q_norm is not None and q_norm.eps is not None else torch.finfo(torch.float32).eps
+        self.constants = [transformer.ln_f.eps, qk_eps, config.logit_softcap or 0.0]
         self.versions = self._versions(model)
         self.kernel = extension().decode_step
         self.rows_kernel = extension().decode_rows
@@ -281,9 +301,13 @@ class NativeStep:
 
     @staticmethod
     def _position_table(model: nn.Module) -> torch.Tensor:
-        """float32 (block_size, n_embd): the row added to each position's embedding, learned or sinusoidal (the only
-        positions native_problem lets through)."""
-        table = model.transformer.wpe.weight if model.config.pos_encoding == "learned" else model.pos_table
+        """float32 (block_size, n_embd): the row added to each position's embedding, learned or sinusoidal; or for
+        rotary positions (block_size, head_dim): the model's own cos and sin tables side by side (so that a
+        rope_scaling is the model's exactly)."""
+        config = model.config
+        if config.pos_encoding == "rope":
+            return torch.cat((model.rope_cos, model.rope_sin), dim=1).float().contiguous()
+        table = model.transformer.wpe.weight if config.pos_encoding == "learned" else model.pos_table
         return table.detach().float().contiguous()
 
     @staticmethod
@@ -330,7 +354,7 @@ class NativeStep:
             token,
             position,
             self.activation,
-            self.eps,
+            self.constants,
             temperature,
             top_k or 0,
             uniform,
@@ -366,7 +390,7 @@ class NativeStep:
             list(tokens),
             list(positions),
             self.activation,
-            self.eps,
+            self.constants,
             temperature,
             top_k or 0,
             list(uniforms) if uniforms is not None else [0.0] * len(tokens),
@@ -397,7 +421,7 @@ class NativeStep:
             list(tokens),
             start,
             self.activation,
-            self.eps,
+            self.constants,
         )
 
 

@@ -213,12 +213,36 @@ def test_each_batch_is_set_against_the_roofline_of_its_step(monkeypatch):
     assert [rows[("auto", batch)]["bound_by"] for batch in (1, 4, 16)] == ["memory", "memory", "compute"]
 
 
+LLAMA_SHAPE = dict(
+    n_embd=32,
+    n_head=4,
+    n_kv_head=2,
+    head_dim=16,
+    activation="swiglu",
+    mlp_hidden=48,
+    pos_encoding="rope",
+    norm="rmsnorm",
+)
+
+
 def test_a_steps_matrix_shapes_are_the_weights_it_reads():
-    for shape in ({"n_embd": 32, "n_head": 2}, {"n_embd": 48, "n_head": 3}):
+    for shape in ({"n_embd": 32, "n_head": 2}, {"n_embd": 48, "n_head": 3}, LLAMA_SHAPE):
         model = GPT(GPTConfig(n_layer=3, block_size=16, vocab_size=50, **shape))
         shapes = bench.step_matrix_shapes(model.config)
         assert sum(out * columns for out, columns in shapes) == sum(w.numel() for w in bench.step_weights(model))
         assert len(shapes) == 3 * 4 + 1
+
+
+def test_the_hf_path_of_a_llama_shaped_model_is_transformers_class_with_our_logits():
+    """--paths=hf on a rotary model: the transformers class that holds it (here Llama: RMSNorm, SwiGLU, grouped-query
+    attention, heads wider than n_embd / n_head) with our weights, giving our logits."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, block_size=16, vocab_size=50, bias=False, **LLAMA_SHAPE)).eval()
+    hf = bench.hf_model_of(model)
+    assert type(hf).__name__ == "LlamaForCausalLM"
+    idx = torch.randint(0, 50, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(idx).logits, model(idx, idx)[0], rtol=1e-4, atol=1e-5)
 
 
 def test_the_matmul_rate_is_positive_and_grows_with_the_rows():

@@ -15,6 +15,7 @@ import torch
 from torch.nn import functional as F
 
 from gptkit.infer import compiled as compiled_decoding
+from gptkit.infer import native as native_decoding
 from gptkit.infer.compiled import decode_step
 from gptkit.infer.engine import Engine, KVCache, Request, generate, generate_stream
 from gptkit.infer.onednn import DecodingLinear, onednn_linear_available, optimize_for_cpu_decoding
@@ -285,28 +286,31 @@ def assert_same_state(before: list, after: list) -> None:
         assert torch.equal(entry_before[5], entry_after[5]), entry_before[0]
 
 
-@pytest.mark.parametrize("pos_encoding", ["learned", "rope"])
+@pytest.mark.parametrize("native_built", [True, False])
 @pytest.mark.parametrize("rows", [1, 4])
-def test_the_default_generate_call_never_changes_the_callers_model(pos_encoding, rows):
-    """generate (decode=auto) at one row and at four, with a model the native step runs (learned positions) and one
-    it does not (rotary positions: four rows decode through oneDNN's direct kernel, in a copy): the caller's model
-    keeps its modules, parameter objects, memory layout and values, and the tokens are the plain model's."""
-    model = lively_model(seed=7, pos_encoding=pos_encoding)
+def test_the_default_generate_call_never_changes_the_callers_model(monkeypatch, native_built, rows):
+    """generate (decode=auto) at one row and at four, with the native step built and without it (then four rows
+    decode through oneDNN's direct kernel, in a copy): the caller's model keeps its modules, parameter objects, memory
+    layout and values, and the tokens are the plain model's."""
+    model = lively_model(seed=7, pos_encoding="rope")
+    if not native_built:
+        monkeypatch.setattr(native_decoding, "is_built", lambda: False)
     before = model_state(model)
     prompt = torch.tensor(prompts_of(*[4] * rows))
     with torch.profiler.profile() as profile:
         out = generate(model, prompt, 6, temperature=0)
     assert_same_state(before, model_state(model))
     calls = {event.name for event in profile.events()}
-    if pos_encoding == "rope" and rows > 1 and onednn_linear_available():
+    if not native_built and rows > 1 and onednn_linear_available():
         assert "mkldnn::_linear_pointwise" in calls  # the direct kernel really ran
     for row in range(rows):
         assert out[row, 4:].tolist() == reference_greedy(plain_copy(model), prompt[row].tolist(), 6)
 
 
-def test_the_decoding_copy_follows_a_changed_model():
-    """The oneDNN copy is made once per model and again after a weight changes in place (an optimizer step):
-    the next generate decodes with the new weights."""
+def test_the_decoding_copy_follows_a_changed_model(monkeypatch):
+    """The oneDNN copy (decode=auto's rows where the native step is not built) is made once per model and again
+    after a weight changes in place (an optimizer step): the next generate decodes with the new weights."""
+    monkeypatch.setattr(native_decoding, "is_built", lambda: False)
     model, other = lively_model(seed=8, pos_encoding="rope"), lively_model(seed=9, pos_encoding="rope")
     prompt = torch.tensor(prompts_of(3, 3))
     generate(model, prompt, 2)

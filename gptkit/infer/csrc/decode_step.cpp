@@ -17,6 +17,7 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -33,7 +34,7 @@ namespace {
 
 using bf16 = c10::BFloat16;
 
-enum Activation : int64_t { kGeluTanh = 0, kGelu = 1, kRelu2 = 2 };
+enum Activation : int64_t { kGeluTanh = 0, kGelu = 1, kRelu2 = 2, kSwiglu = 3 };
 
 #if defined(GPTKIT_VECTORS)
 // The sum of 8 float32 lanes (AVX2's vector; the AVX-512 build's int8 products use it too).
@@ -355,8 +356,11 @@ constexpr int64_t CHUNK = LANES;
 constexpr int64_t CHUNK = 8;
 #endif
 
-// Whether a model's float32 matrices lie in blocks: when the columns of each (embd or hidden) are whole chunks.
-inline bool in_blocks(int64_t embd, int64_t hidden) { return embd % CHUNK == 0 && hidden % CHUNK == 0; }
+// Whether a model's float32 matrices lie in blocks: when the columns of each (embd, the attention's heads * head_dim,
+// hidden) are whole chunks.
+inline bool in_blocks(const std::vector<int64_t>& columns) {
+  return std::all_of(columns.begin(), columns.end(), [](int64_t n) { return n % CHUNK == 0; });
+}
 
 // Where a row of a blocked matrix lies: its c-th chunk of CHUNK values starts at first + c * stride.
 struct RowPlace {
@@ -733,6 +737,24 @@ float exp_shifted(float* values, int64_t n, float largest) {
   return total;
 }
 
+#if defined(GPTKIT_VECTORS)
+// SiLU of each lane: x / (1 + e^-x), with e^-x's argument clamped to exp_lanes' range (beyond it SiLU is 0 or x to
+// float32's precision).
+inline Vec silu_lanes(Vec x) {
+  const Vec e = exp_lanes(max(min(sub(splat(0.0f), x), splat(88.0f)), splat(LOWEST_EXP)));
+  return div(x, add(splat(1.0f), e));
+}
+#endif
+
+// gate[i] = silu(gate[i]) * up[i] for n values (SwiGLU, Llama's gated MLP), a vector at a time.
+void gate_all(float* gate, const float* up, int64_t n) {
+  int64_t i = 0;
+#if defined(GPTKIT_VECTORS)
+  for (; i + LANES <= n; i += LANES) store(gate + i, mul(silu_lanes(load(gate + i)), load(up + i)));
+#endif
+  for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
 // values[i] = activate(values[i]) for n values, a vector at a time for GELU's tanh form (GPT-2's).
 void activate_all(float* values, int64_t n, int64_t activation) {
   int64_t i = 0;
@@ -743,13 +765,16 @@ void activate_all(float* values, int64_t n, int64_t activation) {
   for (; i < n; ++i) values[i] = activate(values[i], activation);
 }
 
-// out = LayerNorm(x) * weight + bias over n values, rounded to the products' input type.
-// The sums run in float32 vector lanes rather than as one dependent chain of n additions.
+// out = LayerNorm(x) * weight + bias over n values (rms: RMSNorm, x not centred), rounded to the products' input
+// type; out may be x. A norm without a weight or bias is packed with ones or zeros. The sums run in float32 vector
+// lanes rather than as one dependent chain of n additions.
 template <typename W>
-void layer_norm(const float* x, const float* weight, const float* bias, int64_t n, float eps, W* out) {
+void layer_norm(const float* x, const float* weight, const float* bias, int64_t n, float eps, bool rms, W* out) {
   float total = 0.0f, square = 0.0f;
+  if (!rms) {
 #pragma omp simd reduction(+ : total)
-  for (int64_t i = 0; i < n; ++i) total += x[i];
+    for (int64_t i = 0; i < n; ++i) total += x[i];
+  }
   const float mean = total / static_cast<float>(n);
 #pragma omp simd reduction(+ : square)
   for (int64_t i = 0; i < n; ++i) square += (x[i] - mean) * (x[i] - mean);
@@ -813,12 +838,27 @@ struct Share {
   Share(int64_t rows, int thread, int threads) : first(rows * thread / threads), last(rows * (thread + 1) / threads) {}
 };
 
-// The layout of the two buffers, in read order (see gptkit/infer/native.py, which packs them).
+// The model's shape and the layout of the two buffers, in read order (see gptkit/infer/native.py, which packs
+// them). A layer's matrices: the fused Q, K, V product (heads query heads, kv_heads key and value heads, each
+// head_dim wide), the attention's output product, the MLP's input product (gated: gate rows then up rows) and its
+// output product. Its vectors: ln_1's weight and bias, the Q, K, V bias, the output bias, ln_2's weight and bias, the
+// MLP's two biases, the QK-norm weights of a query and of a key head. After the layers: ln_f's and ln_emb's weight and
+// bias (ones and zeros where the model lacks one).
 struct Shapes {
-  int64_t embd, hidden, vocab, layers, heads, head_dim;
-  int64_t layer_matrix_elements() const { return 3 * embd * embd + embd * embd + 2 * hidden * embd; }
-  int64_t layer_vector_elements() const { return 2 * embd + 3 * embd + embd + 2 * embd + hidden + embd; }
-  int64_t layer_rows() const { return 3 * embd + embd + hidden + embd; }  // one int8 scale each
+  int64_t embd, hidden, vocab, layers, heads, kv_heads, head_dim;
+  bool gated, rms, qk_norm, rotary, embed_norm;
+  int64_t q_width() const { return heads * head_dim; }
+  int64_t kv_width() const { return kv_heads * head_dim; }
+  int64_t qkv_width() const { return q_width() + 2 * kv_width(); }
+  int64_t fc_rows() const { return gated ? 2 * hidden : hidden; }
+  int64_t group() const { return heads / kv_heads; }  // query heads per key and value head
+  // a position's row: added to the embedding (n_embd values), or rotary positions' cos and sin (head_dim / 2 each)
+  int64_t position_width() const { return rotary ? head_dim : embd; }
+  int64_t layer_matrix_elements() const {
+    return qkv_width() * embd + embd * q_width() + fc_rows() * embd + embd * hidden;
+  }
+  int64_t layer_vector_elements() const { return 6 * embd + qkv_width() + fc_rows() + 2 * head_dim; }
+  int64_t layer_rows() const { return qkv_width() + embd + fc_rows() + embd; }  // one int8 scale each
 };
 
 // q . key over n values (a key of the cache, in its dtype).
@@ -881,16 +921,12 @@ int64_t mix_values(const float* weights, const W* values, int64_t count, int64_t
 }
 #endif
 
-// One head's attention for the new token at `position`: stores its key and value in the cache, then attends over
-// positions 0..position. cache_k/cache_v point at this head's (positions, head_dim) storage of the cache's row 0;
-// scores and mixed are the thread's scratch (position + 1 and head_dim values).
+// One query head's attention at `position` over positions 0..position of its key and value head (their keys and
+// values already in the cache: prepare_heads). cache_k/cache_v point at that head's (positions, head_dim) storage of
+// the row; scores and mixed are the thread's scratch (position + 1 and head_dim values).
 template <typename W>
-void attend(const float* q, const float* k, const float* v, W* cache_k, W* cache_v, int64_t position, int64_t head_dim,
-            float* scores, float* mixed, W* out) {
-  for (int64_t d = 0; d < head_dim; ++d) {
-    cache_k[position * head_dim + d] = static_cast<W>(k[d]);
-    cache_v[position * head_dim + d] = static_cast<W>(v[d]);
-  }
+void attend(const float* q, const W* cache_k, const W* cache_v, int64_t position, int64_t head_dim, float* scores,
+            float* mixed, W* out) {
   const int64_t count = position + 1;
   dot_keys(q, cache_k, count, head_dim, scores);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
@@ -913,22 +949,22 @@ void attend(const float* q, const float* k, const float* v, W* cache_k, W* cache
 // base + offset, or null for a null base (the scales of float32 and bfloat16 weights).
 inline const float* offset_or_null(const float* base, int64_t offset) { return base ? base + offset : nullptr; }
 
-// One layer's matrices and vectors in the buffers, as the packing lays them out.
+// One layer's matrices and vectors in the buffers, as the packing lays them out (Shapes).
 template <typename W>
 struct Layer {
   Matrix<W> attn, proj, fc, fc_proj;
-  const float *ln1_w, *ln1_b, *attn_b, *proj_b, *ln2_w, *ln2_b, *fc_b, *fc_proj_b;
+  const float *ln1_w, *ln1_b, *attn_b, *proj_b, *ln2_w, *ln2_b, *fc_b, *fc_proj_b, *q_norm_w, *k_norm_w;
   Layer(const W* matrices, const float* vectors, const float* scales, int64_t layer, const Shapes& s, bool blocked) {
-    const int64_t C = s.embd, F = s.hidden;
+    const int64_t C = s.embd, F = s.hidden, Q = s.q_width(), QKV = s.qkv_width(), FR = s.fc_rows();
     const W* attn_w = matrices + layer * s.layer_matrix_elements();
     const float* attn_s = offset_or_null(scales, layer * s.layer_rows());
-    attn = {attn_w, attn_s, 3 * C, C, blocked};
-    proj = {attn_w + 3 * C * C, offset_or_null(attn_s, 3 * C), C, C, blocked};
-    fc = {proj.values + C * C, offset_or_null(proj.scales, C), F, C, blocked};
-    fc_proj = {fc.values + F * C, offset_or_null(fc.scales, F), C, F, blocked};
+    attn = {attn_w, attn_s, QKV, C, blocked};
+    proj = {attn_w + QKV * C, offset_or_null(attn_s, QKV), C, Q, blocked};
+    fc = {proj.values + C * Q, offset_or_null(proj.scales, C), FR, C, blocked};
+    fc_proj = {fc.values + FR * C, offset_or_null(fc.scales, FR), C, F, blocked};
     ln1_w = vectors + layer * s.layer_vector_elements();
-    ln1_b = ln1_w + C, attn_b = ln1_b + C, proj_b = attn_b + 3 * C, ln2_w = proj_b + C, ln2_b = ln2_w + C;
-    fc_b = ln2_b + C, fc_proj_b = fc_b + F;
+    ln1_b = ln1_w + C, attn_b = ln1_b + C, proj_b = attn_b + QKV, ln2_w = proj_b + C, ln2_b = ln2_w + C;
+    fc_b = ln2_b + C, fc_proj_b = fc_b + FR, q_norm_w = fc_proj_b + C, k_norm_w = q_norm_w + s.head_dim;
   }
 };
 
@@ -946,63 +982,195 @@ struct Model {
   int64_t cache_positions;
   Shapes s;
   int64_t activation;
-  float eps;
+  float eps, qk_eps, softcap;  // the norms' epsilon, QK-norm's, the logits' soft cap (0: none)
   bool blocked;  // float32 matrices in blocks (in_blocks), else row after row
   Layer<W> layer(int64_t l) const { return Layer<W>(matrices, vectors, scales, l, s, blocked); }
+  const float* final_norm() const { return vectors + s.layers * s.layer_vector_elements(); }  // ln_f, then ln_emb
+  float capped(float logit) const { return softcap > 0.0f ? softcap * std::tanh(logit / softcap) : logit; }
   Matrix<W> head() const {
     return {matrices + s.layers * s.layer_matrix_elements(), offset_or_null(scales, s.layers * s.layer_rows()), s.vocab,
             s.embd, blocked};
   }
 };
 
+// x (count, embd) = the embeddings of `count` tokens plus their position rows (learned or sinusoidal positions;
+// rotary ones act in attention), normalized where the model normalizes its embeddings (nanochat's ln_emb).
+template <typename W>
+void embed(const Model<W>& m, const int64_t* tokens, int64_t count, float* x) {
+  const int64_t C = m.s.embd;
+  for (int64_t b = 0; b < count; ++b) {
+    for (int64_t i = 0; i < C; ++i) x[b * C + i] = static_cast<float>(m.embedding[tokens[b] * C + i]);
+    if (!m.s.rotary)
+      for (int64_t i = 0; i < C; ++i) x[b * C + i] += m.position_rows[b * C + i];
+    const float* norm = m.final_norm() + 2 * C;
+    if (m.s.embed_norm) layer_norm(&x[b * C], norm, norm + C, C, m.eps, m.s.rms, &x[b * C]);
+  }
+}
+
+// A thread's shares of the attention: its query heads, its key and value heads, and its share of the fused Q, K, V
+// product's rows.
+struct HeadShares {
+  Share heads, kv_heads, rows;
+  HeadShares(const Shapes& s, int thread, int threads)
+      : heads(s.heads, thread, threads), kv_heads(s.kv_heads, thread, threads), rows(s.qkv_width(), thread, threads) {}
+};
+
+// The rows [first, last) of the fused Q, K, V product that a thread computes. With one key and value head per query
+// head: its heads' rows of Q, then of K and of V, so that it attends with what it computed (no barrier between).
+// With grouped-query attention: an even share of all rows (then a barrier), since the few key and value heads
+// (often fewer than the threads) would leave most threads idle during their rows.
+inline std::array<std::pair<int64_t, int64_t>, 3> qkv_ranges(const Shapes& s, const HeadShares& shares) {
+  const int64_t D = s.head_dim, Q = s.q_width(), K = s.kv_width();
+  const Share &heads = shares.heads, &kv_heads = shares.kv_heads;
+  if (s.kv_heads != s.heads) return {{{shares.rows.first, shares.rows.last}, {0, 0}, {0, 0}}};
+  return {{{heads.first * D, heads.last * D},
+           {Q + kv_heads.first * D, Q + kv_heads.last * D},
+           {Q + K + kv_heads.first * D, Q + K + kv_heads.last * D}}};
+}
+
+// One head's values x (head_dim) RMS-normalized with `weight` (QK-norm), in place.
+inline void head_norm(float* x, const float* weight, int64_t n, float eps) {
+  float square = 0.0f;
+  for (int64_t i = 0; i < n; ++i) square += x[i] * x[i];
+  const float scale = 1.0f / std::sqrt(square / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] * scale * weight[i];
+}
+
+// One head's values x (head_dim) rotated by their position (rotary positions, in place): the pairs (x[i], x[i + d/2])
+// by the angle whose cosine and sine are cos_sin[i] and cos_sin[d/2 + i] (the model's own tables, as model.py's
+// apply_rotary pairs them).
+inline void rotate(float* x, const float* cos_sin, int64_t n) {
+  const int64_t half = n / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[i], b = x[i + half], cos = cos_sin[i], sin = cos_sin[half + i];
+    x[i] = a * cos - b * sin;
+    x[i + half] = a * sin + b * cos;
+  }
+}
+
+// Readies this thread's heads of `count` inputs (rows of qkv, the fused product's output, biases added) to attend:
+// QK-norm, then rotary positions, on its query heads and key heads in place; then its key and value heads stored in
+// the cache at each input's position (input b: positions[b], in the cache row at b * row_stride elements).
+template <typename W>
+void prepare_heads(const Model<W>& m, int64_t layer, const Layer<W>& l, const Share& heads, const Share& kv_heads,
+                   float* qkv, int64_t count, const int64_t* positions, int64_t row_stride) {
+  const Shapes& s = m.s;
+  const int64_t D = s.head_dim, Q = s.q_width(), K = s.kv_width();
+  for (int64_t b = 0; b < count; ++b) {
+    float* row = qkv + b * s.qkv_width();
+    const float* cos_sin = m.position_rows + b * D;
+    for (int64_t h = heads.first; h < heads.last; ++h) {
+      if (s.qk_norm) head_norm(row + h * D, l.q_norm_w, D, m.qk_eps);
+      if (s.rotary) rotate(row + h * D, cos_sin, D);
+    }
+    for (int64_t j = kv_heads.first; j < kv_heads.last; ++j) {
+      float* k = row + Q + j * D;
+      const float* v = k + K;
+      if (s.qk_norm) head_norm(k, l.k_norm_w, D, m.qk_eps);
+      if (s.rotary) rotate(k, cos_sin, D);
+      const int64_t at = b * row_stride + (j * m.cache_positions + positions[b]) * D;
+      for (int64_t d = 0; d < D; ++d) {
+        m.keys[layer][at + d] = static_cast<typename Stored<W>::type>(k[d]);
+        m.values[layer][at + d] = static_cast<typename Stored<W>::type>(v[d]);
+      }
+    }
+  }
+}
+
+// This thread's query heads of `count` inputs attend (input b at positions[b], over the cache row at b * row_stride
+// elements; query head h over key and value head h / group): attended (count, heads * head_dim).
+template <typename W, typename S>
+void attend_heads(const Model<W>& m, int64_t layer, const Share& heads, const float* qkv, int64_t count,
+                  const int64_t* positions, int64_t row_stride, float* scores, float* mixed, S* attended) {
+  const Shapes& s = m.s;
+  const int64_t D = s.head_dim;
+  for (int64_t b = 0; b < count; ++b)
+    for (int64_t h = heads.first; h < heads.last; ++h) {
+      const int64_t storage = b * row_stride + h / s.group() * m.cache_positions * D;
+      attend(qkv + b * s.qkv_width() + h * D, m.keys[layer] + storage, m.values[layer] + storage, positions[b], D,
+             scores, mixed, attended + b * s.q_width() + h * D);
+    }
+}
+
+// The MLP's hidden units [mine.first, mine.last) of `count` inputs from its input product's outputs (out: unit-major,
+// out[(unit - first) * count + b]; gated: the up rows' outputs follow the gate rows'): biases added, then activated.
+template <typename W>
+void activate_hidden(const Model<W>& m, const Layer<W>& l, const Share& mine, int64_t count, float* out) {
+  const int64_t units = mine.last - mine.first;
+  for (int64_t part = 0; part < (m.s.gated ? 2 : 1); ++part)
+    for (int64_t row = mine.first; row < mine.last; ++row)
+      for (int64_t b = 0; b < count; ++b)
+        out[(part * units + row - mine.first) * count + b] += l.fc_b[part * m.s.hidden + row];
+  if (m.s.gated)
+    gate_all(out, out + units * count, units * count);
+  else
+    activate_all(out, units * count, m.activation);
+}
+
+// This thread's heads of `count` inputs from their Q, K and V rows to attended (count, heads * head_dim): QK-norm and
+// rotary positions, keys and values stored in the cache, attention (prepare_heads, attend_heads; input b at
+// positions[b] in the cache row at b * row_stride elements). Every thread of the parallel region calls it.
+template <typename W, typename S>
+void attention(const Model<W>& m, int64_t layer, const Layer<W>& l, const HeadShares& shares, float* qkv,
+               int64_t count, const int64_t* positions, int64_t row_stride, float* scores, float* mixed,
+               S* attended) {
+  const bool grouped = m.s.kv_heads != m.s.heads;
+  if (grouped) {  // the rows of a thread's heads came from every thread (qkv_ranges)
+#pragma omp barrier
+  }
+  prepare_heads(m, layer, l, shares.heads, shares.kv_heads, qkv, count, positions, row_stride);
+  if (grouped) {  // a thread's query heads read key and value heads other threads stored
+#pragma omp barrier
+  }
+  attend_heads(m, layer, shares.heads, qkv, count, positions, row_stride, scores, mixed, attended);
+}
+
 // One decoding step: fills logits (vocab) and offers each thread's share of them to per_thread[thread].
 //
-// Each thread takes one share of the heads and one share of every other product's rows. It computes the queries,
-// keys and values of its own heads and attends with them, so the heads need no barrier of their own; each thread
-// normalizes the whole residual stream itself (n_embd values) rather than waiting for one thread to do it. The
-// threads meet four times a layer: after attention, and after each product whose whole output the next one reads.
+// Each thread takes one share of the query heads, one of the key and value heads, and one share of every other
+// product's rows. With one key and value head per query head it computes the queries, keys and values of its own
+// heads and attends with them, so the heads need no barrier of their own (grouped-query attention: two, see
+// qkv_ranges and attention); each thread normalizes the whole residual stream itself (n_embd values) rather than
+// waiting for one thread to do it. The threads meet four times a layer besides: after attention, and after each
+// product whose whole output the next one reads.
 template <typename W, typename S = typename Stored<W>::type>
 void step(const Model<W>& m, int64_t token, int64_t position, float* logits, std::vector<Largest>& per_thread) {
   const Shapes& s = m.s;
   const int64_t C = s.embd, F = s.hidden, D = s.head_dim;
-  std::vector<float> x(C), qkv(3 * C);
-  std::vector<S> attended(C), hidden(F);
-  for (int64_t i = 0; i < C; ++i) x[i] = static_cast<float>(m.embedding[token * C + i]) + m.position_rows[i];
+  std::vector<float> x(C), qkv(s.qkv_width());
+  std::vector<S> attended(s.q_width()), hidden(F);
+  embed(m, &token, 1, x.data());
 
 #pragma omp parallel num_threads(static_cast<int>(per_thread.size()))
   {
     const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
-    const Share heads(s.heads, thread, threads);
+    const HeadShares shares(s, thread, threads);
     std::vector<S> normed(C);
-    std::vector<float> scores(position + 1), mixed(D), activations(F), out(C);
+    std::vector<float> scores(position + 1), mixed(D), activations(2 * F), out(C);
     ProductInput<W> input;  // the input of this thread's next product, as its rows read it
     for (int64_t layer = 0; layer < s.layers; ++layer) {
       const Layer<W> l = m.layer(layer);
-      layer_norm(x.data(), l.ln1_w, l.ln1_b, C, m.eps, normed.data());
+      layer_norm(x.data(), l.ln1_w, l.ln1_b, C, m.eps, s.rms, normed.data());
       input.take(normed.data(), C);
-      for (int64_t part = 0; part < 3; ++part) {  // this thread's heads' rows of Q, then of K, then of V
-        const int64_t first = part * C + heads.first * D, last = part * C + heads.last * D;
+      for (const auto& [first, last] : qkv_ranges(s, shares)) {
         product(l.attn, first, last, input, &qkv[first]);
         for (int64_t row = first; row < last; ++row) qkv[row] += l.attn_b[row];
       }
-      for (int64_t h = heads.first; h < heads.last; ++h) {
-        const int64_t at = h * D, storage = h * m.cache_positions * D;
-        attend(&qkv[at], &qkv[C + at], &qkv[2 * C + at], m.keys[layer] + storage, m.values[layer] + storage,
-               position, D, scores.data(), mixed.data(), &attended[at]);
-      }
+      attention(m, layer, l, shares, qkv.data(), 1, &position, 0, scores.data(), mixed.data(), attended.data());
 #pragma omp barrier
       const Share residual(C, thread, threads);  // x is not this product's input: its rows are added to in place
-      input.take(attended.data(), C);
+      input.take(attended.data(), s.q_width());
       product(l.proj, residual.first, residual.last, input, out.data());
       for (int64_t row = residual.first; row < residual.last; ++row)
         x[row] += out[row - residual.first] + l.proj_b[row];
 #pragma omp barrier
-      layer_norm(x.data(), l.ln2_w, l.ln2_b, C, m.eps, normed.data());
+      layer_norm(x.data(), l.ln2_w, l.ln2_b, C, m.eps, s.rms, normed.data());
       input.take(normed.data(), C);
       const Share mine(F, thread, threads);  // this thread's hidden units: computed, activated, then stored as S
+      const int64_t units = mine.last - mine.first;
       product(l.fc, mine.first, mine.last, input, activations.data());
-      for (int64_t row = mine.first; row < mine.last; ++row) activations[row - mine.first] += l.fc_b[row];
-      activate_all(activations.data(), mine.last - mine.first, m.activation);
+      if (s.gated) product(l.fc, F + mine.first, F + mine.last, input, activations.data() + units);
+      activate_hidden(m, l, mine, 1, activations.data());
       for (int64_t row = mine.first; row < mine.last; ++row)
         hidden[row] = static_cast<S>(activations[row - mine.first]);
 #pragma omp barrier
@@ -1012,47 +1180,51 @@ void step(const Model<W>& m, int64_t token, int64_t position, float* logits, std
         x[row] += out[row - residual.first] + l.fc_proj_b[row];
 #pragma omp barrier
     }
-    const float* final_norm = m.vectors + s.layers * s.layer_vector_elements();
-    layer_norm(x.data(), final_norm, final_norm + C, C, m.eps, normed.data());
+    const float* final_norm = m.final_norm();
+    layer_norm(x.data(), final_norm, final_norm + C, C, m.eps, s.rms, normed.data());
     input.take(normed.data(), C);
     const Share vocab(s.vocab, thread, threads);
     product(m.head(), vocab.first, vocab.last, input, &logits[vocab.first]);
-    for (int64_t row = vocab.first; row < vocab.last; ++row) per_thread[thread].offer(logits[row], row);
+    for (int64_t row = vocab.first; row < vocab.last; ++row) {
+      logits[row] = m.capped(logits[row]);
+      per_thread[thread].offer(logits[row], row);
+    }
   }
 }
 
-// The Q, K and V rows of this thread's heads (biases added) for `count` inputs already in `input`: qkv is
-// (count, 3C), row b holding input b's Q, K and V side by side.
+// The Q, K and V rows of this thread's heads (qkv_ranges; biases added) for `count` inputs already in `input`: qkv
+// is (count, qkv_width), row b holding input b's Q, K and V side by side.
 template <typename W>
-void qkv_rows(const Layer<W>& l, const Share& heads, int64_t C, int64_t D, const ProductInput<W>& input, int64_t count,
-              float* out, float* qkv) {
-  for (int64_t part = 0; part < 3; ++part) {  // this thread's heads' rows of Q, then of K, then of V
-    const int64_t first = part * C + heads.first * D, last = part * C + heads.last * D;
+void qkv_rows(const Shapes& s, const Layer<W>& l, const HeadShares& shares, const ProductInput<W>& input,
+              int64_t count, float* out, float* qkv) {
+  const int64_t width = s.qkv_width();
+  for (const auto& [first, last] : qkv_ranges(s, shares)) {
     product_tokens(l.attn, first, last, input, count, out);
     for (int64_t row = first; row < last; ++row)
-      for (int64_t b = 0; b < count; ++b) qkv[b * 3 * C + row] = out[(row - first) * count + b] + l.attn_b[row];
+      for (int64_t b = 0; b < count; ++b) qkv[b * width + row] = out[(row - first) * count + b] + l.attn_b[row];
   }
 }
 
 // The rest of a layer once every head has attended, for `count` inputs (a prefill's tokens or a step's rows):
 // x += proj(attended), then x += fc_proj(activation(fc(ln_2(x)))). Every thread of the parallel region calls it; the
-// threads meet at its barriers, since each product reads what all threads wrote before it.
+// threads meet at its barriers, since each product reads what all threads wrote before it. out holds count values
+// of each of C rows, and of 2 * (mine.last - mine.first) (a gated MLP's gate and up rows); qkv_rows' out, count
+// values of each of the fused product's rows.
 template <typename W, typename S>
 void finish_layer(const Model<W>& m, const Layer<W>& l, const Share& mine, const Share& residual, int64_t count,
                   const std::vector<S>& attended, std::vector<float>& x, std::vector<S>& normed,
                   std::vector<S>& hidden, ProductInput<W>& input, float* out) {
-  const int64_t C = m.s.embd, F = m.s.hidden;
-  input.take(attended.data(), C, count);
+  const int64_t C = m.s.embd, F = m.s.hidden, units = mine.last - mine.first;
+  input.take(attended.data(), m.s.q_width(), count);
   product_tokens(l.proj, residual.first, residual.last, input, count, out);
   for (int64_t row = residual.first; row < residual.last; ++row)
     for (int64_t b = 0; b < count; ++b) x[b * C + row] += out[(row - residual.first) * count + b] + l.proj_b[row];
 #pragma omp barrier
-  for (int64_t b = 0; b < count; ++b) layer_norm(&x[b * C], l.ln2_w, l.ln2_b, C, m.eps, &normed[b * C]);
+  for (int64_t b = 0; b < count; ++b) layer_norm(&x[b * C], l.ln2_w, l.ln2_b, C, m.eps, m.s.rms, &normed[b * C]);
   input.take(normed.data(), C, count);
   product_tokens(l.fc, mine.first, mine.last, input, count, out);
-  for (int64_t row = mine.first; row < mine.last; ++row)
-    for (int64_t b = 0; b < count; ++b) out[(row - mine.first) * count + b] += l.fc_b[row];
-  activate_all(out, count * (mine.last - mine.first), m.activation);
+  if (m.s.gated) product_tokens(l.fc, F + mine.first, F + mine.last, input, count, out + units * count);
+  activate_hidden(m, l, mine, count, out);
   for (int64_t row = mine.first; row < mine.last; ++row)
     for (int64_t b = 0; b < count; ++b) hidden[b * F + row] = static_cast<S>(out[(row - mine.first) * count + b]);
 #pragma omp barrier
@@ -1071,32 +1243,27 @@ template <typename W, typename S = typename Stored<W>::type>
 void prefill(const Model<W>& m, const std::vector<int64_t>& tokens, int64_t start, int threads_wanted) {
   const Shapes& s = m.s;
   const int64_t C = s.embd, F = s.hidden, D = s.head_dim, T = static_cast<int64_t>(tokens.size());
-  std::vector<float> x(T * C), qkv(T * 3 * C);
-  std::vector<S> attended(T * C), hidden(T * F);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < C; ++i)
-      x[t * C + i] = static_cast<float>(m.embedding[tokens[t] * C + i]) + m.position_rows[t * C + i];
+  std::vector<float> x(T * C), qkv(T * s.qkv_width());
+  std::vector<S> attended(T * s.q_width()), hidden(T * F);
+  std::vector<int64_t> positions(T);  // token t at start + t, each attending over the tokens up to it
+  for (int64_t t = 0; t < T; ++t) positions[t] = start + t;
+  embed(m, tokens.data(), T, x.data());
 
 #pragma omp parallel num_threads(threads_wanted)
   {
     const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
-    const Share heads(s.heads, thread, threads), mine(F, thread, threads);
+    const HeadShares shares(s, thread, threads);
+    const Share mine(F, thread, threads);
     std::vector<S> normed(T * C);
-    std::vector<float> scores(start + T), mixed(D), out(T * std::max(C, mine.last - mine.first));
+    std::vector<float> scores(start + T), mixed(D);
+    std::vector<float> out(T * std::max({C, s.qkv_width(), 2 * (mine.last - mine.first)}));
     ProductInput<W> input;  // the inputs of this thread's next product, as its rows read them
     for (int64_t layer = 0; layer < s.layers; ++layer) {
       const Layer<W> l = m.layer(layer);
-      for (int64_t t = 0; t < T; ++t) layer_norm(&x[t * C], l.ln1_w, l.ln1_b, C, m.eps, &normed[t * C]);
+      for (int64_t t = 0; t < T; ++t) layer_norm(&x[t * C], l.ln1_w, l.ln1_b, C, m.eps, s.rms, &normed[t * C]);
       input.take(normed.data(), C, T);
-      qkv_rows(l, heads, C, D, input, T, out.data(), qkv.data());
-      for (int64_t h = heads.first; h < heads.last; ++h) {
-        const int64_t at = h * D, storage = h * m.cache_positions * D;
-        for (int64_t t = 0; t < T; ++t) {  // in order: each token's key and value are stored before the next attends
-          const float* q = &qkv[t * 3 * C + at];
-          attend(q, q + C, q + 2 * C, m.keys[layer] + storage, m.values[layer] + storage, start + t, D, scores.data(),
-                 mixed.data(), &attended[t * C + at]);
-        }
-      }
+      qkv_rows(s, l, shares, input, T, out.data(), qkv.data());
+      attention(m, layer, l, shares, qkv.data(), T, positions.data(), 0, scores.data(), mixed.data(), attended.data());
 #pragma omp barrier
       const Share residual(C, thread, threads);
       finish_layer(m, l, mine, residual, T, attended, x, normed, hidden, input, out.data());
@@ -1118,38 +1285,34 @@ void step_rows(const Model<W>& m, const std::vector<int64_t>& tokens, const std:
                float* logits, std::vector<std::vector<Largest>>& per_thread) {
   const Shapes& s = m.s;
   const int64_t C = s.embd, F = s.hidden, D = s.head_dim, B = static_cast<int64_t>(tokens.size());
-  const int64_t row_storage = s.heads * m.cache_positions * D;  // one row of a layer's cache
-  std::vector<float> x(B * C), qkv(B * 3 * C);
-  std::vector<S> attended(B * C), hidden(B * F);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < C; ++i)
-      x[b * C + i] = static_cast<float>(m.embedding[tokens[b] * C + i]) + m.position_rows[b * C + i];
+  const int64_t row_storage = s.kv_heads * m.cache_positions * D;  // one row of a layer's cache
+  std::vector<float> x(B * C), qkv(B * s.qkv_width());
+  std::vector<S> attended(B * s.q_width()), hidden(B * F);
+  embed(m, tokens.data(), B, x.data());
   const int64_t longest = *std::max_element(positions.begin(), positions.end()) + 1;
 
 #pragma omp parallel num_threads(static_cast<int>(per_thread[0].size()))
   {
     const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
-    const Share heads(s.heads, thread, threads), mine(F, thread, threads), residual(C, thread, threads);
+    const Share mine(F, thread, threads), residual(C, thread, threads);
+    const HeadShares shares(s, thread, threads);
     std::vector<S> normed(B * C);
-    std::vector<float> scores(longest), mixed(D), out(B * std::max({C, mine.last - mine.first, HEAD_ROWS}));
+    std::vector<float> scores(longest), mixed(D);
+    std::vector<float> out(B * std::max({C, s.qkv_width(), 2 * (mine.last - mine.first), HEAD_ROWS}));
     ProductInput<W> input;  // the inputs of this thread's next product, as its rows read them
     for (int64_t layer = 0; layer < s.layers; ++layer) {
       const Layer<W> l = m.layer(layer);
-      for (int64_t b = 0; b < B; ++b) layer_norm(&x[b * C], l.ln1_w, l.ln1_b, C, m.eps, &normed[b * C]);
+      for (int64_t b = 0; b < B; ++b) layer_norm(&x[b * C], l.ln1_w, l.ln1_b, C, m.eps, s.rms, &normed[b * C]);
       input.take(normed.data(), C, B);
-      qkv_rows(l, heads, C, D, input, B, out.data(), qkv.data());
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = heads.first; h < heads.last; ++h) {
-          const int64_t at = h * D, storage = b * row_storage + h * m.cache_positions * D;
-          const float* q = &qkv[b * 3 * C + at];
-          attend(q, q + C, q + 2 * C, m.keys[layer] + storage, m.values[layer] + storage, positions[b], D,
-                 scores.data(), mixed.data(), &attended[b * C + at]);
-        }
+      qkv_rows(s, l, shares, input, B, out.data(), qkv.data());
+      attention(m, layer, l, shares, qkv.data(), B, positions.data(), row_storage, scores.data(), mixed.data(),
+                attended.data());
 #pragma omp barrier
       finish_layer(m, l, mine, residual, B, attended, x, normed, hidden, input, out.data());
     }
-    const float* final_norm = m.vectors + s.layers * s.layer_vector_elements();
-    for (int64_t b = 0; b < B; ++b) layer_norm(&x[b * C], final_norm, final_norm + C, C, m.eps, &normed[b * C]);
+    const float* final_norm = m.final_norm();
+    for (int64_t b = 0; b < B; ++b)
+      layer_norm(&x[b * C], final_norm, final_norm + C, C, m.eps, s.rms, &normed[b * C]);
     input.take(normed.data(), C, B);
     const Share vocab(s.vocab, thread, threads);
     for (int64_t first = vocab.first; first < vocab.last;) {  // HEAD_ROWS at a time, from a multiple of HEAD_ROWS
@@ -1157,7 +1320,7 @@ void step_rows(const Model<W>& m, const std::vector<int64_t>& tokens, const std:
       product_tokens(m.head(), first, last, input, B, out.data());
       for (int64_t b = 0; b < B; ++b)
         for (int64_t row = first; row < last; ++row) {
-          const float logit = out[(row - first) * B + b];
+          const float logit = m.capped(out[(row - first) * B + b]);
           logits[b * s.vocab + row] = logit;
           per_thread[b][thread].offer(logit, row);
         }
@@ -1195,7 +1358,7 @@ template <typename W, typename S = typename Stored<W>::type>
 Model<W> model_for(const torch::Tensor& matrices, const torch::Tensor& scales, const torch::Tensor& vectors,
                    const torch::Tensor& embedding, const torch::Tensor& position_rows,
                    const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values, const Shapes& s,
-                   int64_t activation, double eps) {
+                   int64_t activation, const std::vector<double>& constants) {
   const auto stored = c10::CppTypeToScalarType<S>::value;
   TORCH_CHECK(embedding.scalar_type() == stored && embedding.is_contiguous(), "embedding: wrong dtype");
   for (int64_t l = 0; l < s.layers; ++l)
@@ -1206,8 +1369,8 @@ Model<W> model_for(const torch::Tensor& matrices, const torch::Tensor& scales, c
   TORCH_CHECK(scales.scalar_type() == torch::kFloat && scales.is_contiguous());
   return {matrices.data_ptr<W>(), int8 ? scales.data_ptr<float>() : nullptr, vectors.data_ptr<float>(),
           embedding.data_ptr<S>(), position_rows.data_ptr<float>(), storage_of<S>(keys), storage_of<S>(values),
-          keys[0].size(2), s, activation, static_cast<float>(eps),
-          std::is_same_v<W, float> && in_blocks(s.embd, s.hidden)};
+          keys[0].size(2), s, activation, static_cast<float>(constants[0]), static_cast<float>(constants[1]),
+          static_cast<float>(constants[2]), std::is_same_v<W, float> && in_blocks({s.embd, s.q_width(), s.hidden})};
 }
 
 // call(W{}) for the C++ type W of weights in `dtype`.
@@ -1219,20 +1382,26 @@ void with_weight_type(torch::ScalarType dtype, Call&& call) {
   call(float{});
 }
 
-// The shapes (embd, hidden, vocab, layers, heads), checked against the buffers' sizes and the cache's layout.
-Shapes checked_shapes(const std::vector<int64_t>& shapes, const torch::Tensor& matrices, const torch::Tensor& vectors,
+// The shapes (embd, hidden, vocab, layers, heads, kv_heads, head_dim, then 0 or 1 for: RMSNorm, QK-norm, rotary
+// positions, a norm of the embeddings) with the activation (kSwiglu: a gated MLP), checked against the buffers' sizes
+// and the cache's layout; constants: the norms' epsilon, QK-norm's, the logits' soft cap (0: none).
+Shapes checked_shapes(const std::vector<int64_t>& shapes, int64_t activation, const std::vector<double>& constants,
+                      const torch::Tensor& matrices, const torch::Tensor& vectors,
                       const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values) {
-  TORCH_CHECK(shapes.size() == 5 && shapes[4] > 0 && shapes[0] % shapes[4] == 0,
-              "shapes: embd, hidden, vocab, layers, heads");
-  const Shapes s{shapes[0], shapes[1], shapes[2], shapes[3], shapes[4], shapes[0] / shapes[4]};
+  TORCH_CHECK(shapes.size() == 11 && constants.size() == 3,
+              "shapes: embd, hidden, vocab, layers, heads, kv_heads, head_dim, rms, qk_norm, rotary, embed_norm");
+  const Shapes s{shapes[0], shapes[1], shapes[2],         shapes[3],         shapes[4],         shapes[5],
+                 shapes[6], activation == kSwiglu, shapes[7] != 0, shapes[8] != 0, shapes[9] != 0, shapes[10] != 0};
+  TORCH_CHECK(s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.head_dim > 0 && (!s.rotary || s.head_dim % 2 == 0));
+  TORCH_CHECK(0 <= activation && activation <= kSwiglu, "activation: an Activation code");
   TORCH_CHECK(matrices.is_contiguous() && vectors.scalar_type() == torch::kFloat && vectors.is_contiguous());
   TORCH_CHECK(matrices.numel() == s.layers * s.layer_matrix_elements() + s.vocab * s.embd, "matrices: wrong size");
-  TORCH_CHECK(vectors.numel() == s.layers * s.layer_vector_elements() + 2 * s.embd, "vectors: wrong size");
+  TORCH_CHECK(vectors.numel() == s.layers * s.layer_vector_elements() + 4 * s.embd, "vectors: wrong size");
   TORCH_CHECK(static_cast<int64_t>(keys.size()) == s.layers && static_cast<int64_t>(values.size()) == s.layers);
   for (int64_t l = 0; l < s.layers; ++l)
     TORCH_CHECK(keys[l].is_contiguous() && values[l].is_contiguous() && keys[l].sizes() == values[l].sizes() &&
-                    keys[l].size(1) == s.heads && keys[l].size(3) == s.head_dim,
-                "the cache must be contiguous (rows, heads, positions, head_dim)");
+                    keys[l].size(1) == s.kv_heads && keys[l].size(3) == s.head_dim,
+                "the cache must be contiguous (rows, kv_heads, positions, head_dim)");
   return s;
 }
 
@@ -1240,17 +1409,19 @@ Shapes checked_shapes(const std::vector<int64_t>& shapes, const torch::Tensor& m
 
 // Logits (vocab,) float32 for `token` at `position`, and the next token (see choose). matrices: float32, bfloat16 or
 // int8; scales: one float32 per matrix row for int8 (in read order), else empty. keys[l], values[l]: layer l's cache
-// storage (rows, heads, positions, head_dim), contiguous, in the weights' dtype (float32 for int8); row 0 is written
-// at `position` and attended over 0..position. shapes: embd, hidden, vocab, layers, heads.
+// storage (rows, kv_heads, positions, head_dim), contiguous, in the weights' dtype (float32 for int8); row 0 is written
+// at `position` and attended over 0..position. position_row: the row added at `position` (embd values) or its rotary
+// cos and sin (head_dim); shapes, activation and constants: see checked_shapes.
 std::tuple<torch::Tensor, int64_t> decode_step(const torch::Tensor& matrices, const torch::Tensor& scales,
                                                const torch::Tensor& vectors, const torch::Tensor& embedding,
                                                const torch::Tensor& position_row,
                                                const std::vector<torch::Tensor>& keys,
                                                const std::vector<torch::Tensor>& values, std::vector<int64_t> shapes,
-                                               int64_t token, int64_t position, int64_t activation, double eps,
-                                               double temperature, int64_t top_k, double uniform) {
-  const Shapes s = checked_shapes(shapes, matrices, vectors, keys, values);
-  TORCH_CHECK(position_row.scalar_type() == torch::kFloat && position_row.numel() == s.embd);
+                                               int64_t token, int64_t position, int64_t activation,
+                                               std::vector<double> constants, double temperature, int64_t top_k,
+                                               double uniform) {
+  const Shapes s = checked_shapes(shapes, activation, constants, matrices, vectors, keys, values);
+  TORCH_CHECK(position_row.scalar_type() == torch::kFloat && position_row.numel() == s.position_width());
   TORCH_CHECK(0 <= position && position < keys[0].size(2) && 0 <= token && token < embedding.size(0));
   TORCH_CHECK(temperature >= 0.0 && top_k >= 0 && 0.0 <= uniform && uniform < 1.0);
   auto logits = torch::empty({s.vocab}, vectors.options());
@@ -1258,7 +1429,7 @@ std::tuple<torch::Tensor, int64_t> decode_step(const torch::Tensor& matrices, co
   std::vector<Largest> per_thread(at::get_num_threads(), Largest(keep));
   with_weight_type(matrices.scalar_type(), [&](auto weight) {
     const auto model = model_for<decltype(weight)>(matrices, scales, vectors, embedding, position_row, keys, values,
-                                                   s, activation, eps);
+                                                   s, activation, constants);
     step(model, token, position, logits.data_ptr<float>(), per_thread);
   });
   return {logits, choose(logits.data_ptr<float>(), s.vocab, per_thread, keep, temperature, uniform)};
@@ -1267,14 +1438,14 @@ std::tuple<torch::Tensor, int64_t> decode_step(const torch::Tensor& matrices, co
 // A step of several rows: logits (rows, vocab) float32 and each row's next token (see choose; one temperature and
 // top_k for every row, uniforms[b] row b's draw). Row b of each layer's cache (storage as decode_step takes it, with
 // at least len(tokens) rows) gets tokens[b]'s key and value at positions[b] and attends over 0..positions[b];
-// position_rows: (rows, embd) float32, the rows added at those positions.
+// position_rows: (rows, position_width) float32, the rows at those positions (see decode_step).
 std::tuple<torch::Tensor, std::vector<int64_t>> decode_rows(
     const torch::Tensor& matrices, const torch::Tensor& scales, const torch::Tensor& vectors,
     const torch::Tensor& embedding, const torch::Tensor& position_rows, const std::vector<torch::Tensor>& keys,
     const std::vector<torch::Tensor>& values, std::vector<int64_t> shapes, std::vector<int64_t> tokens,
-    std::vector<int64_t> positions, int64_t activation, double eps, double temperature, int64_t top_k,
-    std::vector<double> uniforms) {
-  const Shapes s = checked_shapes(shapes, matrices, vectors, keys, values);
+    std::vector<int64_t> positions, int64_t activation, std::vector<double> constants, double temperature,
+    int64_t top_k, std::vector<double> uniforms) {
+  const Shapes s = checked_shapes(shapes, activation, constants, matrices, vectors, keys, values);
   const int64_t rows = static_cast<int64_t>(tokens.size());
   TORCH_CHECK(rows > 0 && rows <= keys[0].size(0), "one token for each of 1 .. cache rows rows");
   TORCH_CHECK(static_cast<int64_t>(positions.size()) == rows && static_cast<int64_t>(uniforms.size()) == rows);
@@ -1284,14 +1455,14 @@ std::tuple<torch::Tensor, std::vector<int64_t>> decode_rows(
     TORCH_CHECK(0.0 <= uniforms[b] && uniforms[b] < 1.0);
   }
   TORCH_CHECK(position_rows.scalar_type() == torch::kFloat && position_rows.is_contiguous() &&
-              position_rows.numel() == rows * s.embd);
+              position_rows.numel() == rows * s.position_width());
   TORCH_CHECK(temperature >= 0.0 && top_k >= 0);
   auto logits = torch::empty({rows, s.vocab}, vectors.options());
   const int64_t keep = temperature == 0.0 ? 1 : (top_k < s.vocab ? top_k : 0);
   std::vector<std::vector<Largest>> per_thread(rows, std::vector<Largest>(at::get_num_threads(), Largest(keep)));
   with_weight_type(matrices.scalar_type(), [&](auto weight) {
     const auto model = model_for<decltype(weight)>(matrices, scales, vectors, embedding, position_rows, keys, values,
-                                                   s, activation, eps);
+                                                   s, activation, constants);
     step_rows(model, tokens, positions, logits.data_ptr<float>(), per_thread);
   });
   std::vector<int64_t> chosen(rows);
@@ -1301,22 +1472,22 @@ std::tuple<torch::Tensor, std::vector<int64_t>> decode_rows(
 }
 
 // Fills row 0 of the cache at positions start .. start + len(tokens) - 1 with `tokens` (see prefill); the buffers as
-// decode_step takes them, position_rows: (len(tokens), embd) float32, the rows added at those positions.
+// decode_step takes them, position_rows: (len(tokens), position_width) float32, the rows at those positions.
 void prefill_tokens(const torch::Tensor& matrices, const torch::Tensor& scales, const torch::Tensor& vectors,
                     const torch::Tensor& embedding, const torch::Tensor& position_rows,
                     const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
                     std::vector<int64_t> shapes, std::vector<int64_t> tokens, int64_t start, int64_t activation,
-                    double eps) {
-  const Shapes s = checked_shapes(shapes, matrices, vectors, keys, values);
+                    std::vector<double> constants) {
+  const Shapes s = checked_shapes(shapes, activation, constants, matrices, vectors, keys, values);
   const int64_t count = static_cast<int64_t>(tokens.size());
   TORCH_CHECK(count > 0 && 0 <= start && start + count <= keys[0].size(2), "the tokens must fit in the cache");
   for (const int64_t token : tokens)
     TORCH_CHECK(0 <= token && token < embedding.size(0), "a token past the vocabulary");
   TORCH_CHECK(position_rows.scalar_type() == torch::kFloat && position_rows.is_contiguous() &&
-              position_rows.numel() == count * s.embd);
+              position_rows.numel() == count * s.position_width());
   with_weight_type(matrices.scalar_type(), [&](auto weight) {
     const auto model = model_for<decltype(weight)>(matrices, scales, vectors, embedding, position_rows, keys, values,
-                                                   s, activation, eps);
+                                                   s, activation, constants);
     prefill(model, tokens, start, at::get_num_threads());
   });
 }
@@ -1350,10 +1521,10 @@ double stream_sum(const torch::Tensor& buffer) {
   return total;
 }
 
-// How decode_step and prefill read float32 matrices of a model embd wide with a hidden layer `hidden` wide: in blocks
-// of (rows, chunk) (see BLOCK_ROWS), or row after row (empty).
-std::vector<int64_t> float32_blocks(int64_t embd, int64_t hidden) {
-  if (!in_blocks(embd, hidden)) return {};
+// How decode_step and prefill read the float32 matrices of a model whose matrices have `columns` columns (embd, the
+// attention's heads * head_dim, hidden): in blocks of (rows, chunk) (see BLOCK_ROWS), or row after row (empty).
+std::vector<int64_t> float32_blocks(std::vector<int64_t> columns) {
+  if (!in_blocks(columns)) return {};
   return {BLOCK_ROWS, CHUNK};
 }
 
