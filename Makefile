@@ -47,11 +47,11 @@ demo: $(VENV)/.runtime
 	$(PY) train.py config/train_shakespeare_char_cpu.py --overwrite=True
 	$(PY) sample.py --out_dir=out-shakespeare-char-cpu --num_samples=1 --max_new_tokens=500 --seed=1337
 
-# Two test processes (pytest-xdist): in-process tests use one torch thread each (tests/conftest.py), so on two
-# cores the suite takes about 7.5 minutes instead of 12.
+# Two test processes (pytest-xdist): in-process tests use one torch thread each (tests/conftest.py). loadgroup
+# keeps the tests that share a module's fixture (a trained run, a server) in one process (tests/conftest.py).
 test: $(VENV)/.test
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 --dist=loadgroup
 
 # The daily tier, under a minute: in-process tests in one process; a test that starts a process, a server or a
 # torch.compile skips itself (tests/conftest.py) and the `heavy` ones are left out. CI runs the whole suite (make test).

@@ -64,11 +64,26 @@ def _no_compile_in_fast_tier(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(torch, "compile", skipped_in_fast_tier("compile with torch.compile"))
 
 
+def shares_a_module_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses a module- or class-scoped fixture (a trained run, a server, a converted model)."""
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(defs[-1].scope in ("module", "class") for defs in info.name2fixturedefs.values())
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `cuda` run where torch sees a CUDA GPU (or where GPU_TESTS_DEVICE names a device to run their
+    """The tests of a module that share a module-scoped fixture run in one xdist process (`make test` distributes
+    with --dist=loadgroup), so that the fixture's run or server is made once, not once per process; the other tests
+    are spread one by one.
+
+    Tests marked `cuda` run where torch sees a CUDA GPU (or where GPU_TESTS_DEVICE names a device to run their
     bodies on instead); elsewhere they are skipped, saying why."""
     import torch
 
+    grouping = config.getoption("loadgroup", default=False)  # set in the xdist processes by --dist=loadgroup
+    for item in items:
+        if grouping and shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     if torch.cuda.is_available() or os.environ.get("GPU_TESTS_DEVICE"):
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False")

@@ -261,6 +261,16 @@ def run_main(main: Callable[[list[str]], int | None], args: list[str], capsys: A
     return exit_info.value.code, captured.out, captured.err
 
 
+def run_in_process(
+    main: Callable[[list[str]], int | None], args: list[object], capsys: Any
+) -> subprocess.CompletedProcess:
+    """run_main's call as a finished process (exit code, stdout, stderr), so that the assertions written for
+    run_script hold as they are: a script's `main` in this process saves starting Python and torch (about 2 s of
+    CPU) where the process itself is not what a test checks. Each script keeps tests that run it as a process."""
+    code, out, err = run_main(main, [str(arg) for arg in args], capsys)
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
 def assert_one_line_message(error: BaseException | str, *fragments: str) -> str:
     """A UserError's message (or the text itself) is one line and holds each fragment; returns it."""
     message = str(error)

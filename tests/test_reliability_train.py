@@ -34,6 +34,7 @@ from helpers import (
     assert_one_line_error,
     clean_env,
     make_char_data,
+    run_in_process,
     run_main,
     run_script,
     sample_text,
@@ -431,12 +432,14 @@ def test_malicious_checkpoint_refused_end_to_end(script: str, trained: Path, dat
 # ----------------------------------------------------------------------------- re-runs and concurrent runs
 
 
-def test_rerunning_a_scratch_command_is_refused_and_the_earlier_run_kept(data_dir: Path, tmp_path: Path) -> None:
+def test_rerunning_a_scratch_command_is_refused_and_the_earlier_run_kept(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     out_dir = tmp_path / "out"
     args = tiny_train_args(data_dir, out_dir, max_iters=4, eval_interval=2)
     assert run_script("train.py", *args).returncode == 0
     before = snapshot(out_dir)
-    again = run_script("train.py", *args)
+    again = run_in_process(train.main, args, capsys)
     assert_one_line_error(
         again.returncode,
         again.stderr,
@@ -446,21 +449,23 @@ def test_rerunning_a_scratch_command_is_refused_and_the_earlier_run_kept(data_di
         "--overwrite=True",
     )
     assert snapshot(out_dir) == before  # nothing written, log.jsonl included
-    more = run_script("train.py", *args, "--init_from=auto", "--max_iters=6", "--lr_decay_iters=6")
+    more = run_in_process(train.main, [*args, "--init_from=auto", "--max_iters=6", "--lr_decay_iters=6"], capsys)
     assert more.returncode == 0, more.stderr
     assert ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == 6  # auto resumed the earlier run
-    fresh = run_script("train.py", *args, "--max_iters=2", "--overwrite=True")
+    fresh = run_in_process(train.main, [*args, "--max_iters=2", "--overwrite=True"], capsys)
     assert fresh.returncode == 0, fresh.stderr
     assert ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == 2  # replaced, as asked
 
 
-def test_overwriting_a_run_leaves_nothing_of_it_to_be_read_as_the_new_one(data_dir: Path, tmp_path: Path) -> None:
+def test_overwriting_a_run_leaves_nothing_of_it_to_be_read_as_the_new_one(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     out_dir = tmp_path / "out"
     args = tiny_train_args(data_dir, out_dir, max_iters=4, eval_interval=2, curves=True)
-    assert run_script("train.py", *args).returncode == 0
+    assert run_in_process(train.main, args, capsys).returncode == 0
     assert {"ckpt.pt", "best.pt", "log.jsonl", "curves.png", "summary.json"} <= set(snapshot(out_dir))
     # A new run that has not saved yet (here: none of its steps, max_iters=0) must not pass off the old files.
-    fresh = run_script("train.py", *args, "--max_iters=0", "--overwrite=True", "--curves=False")
+    fresh = run_in_process(train.main, [*args, "--max_iters=0", "--overwrite=True", "--curves=False"], capsys)
     assert fresh.returncode == 0, fresh.stderr
     assert f"replaced the earlier run in {out_dir}: removed ckpt.pt, best.pt, log.jsonl, curves.png, summary.json" in (
         fresh.stdout
@@ -469,22 +474,26 @@ def test_overwriting_a_run_leaves_nothing_of_it_to_be_read_as_the_new_one(data_d
     entries = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
     assert [entry["iter"] for entry in entries] == [0]  # the new run's step-0 evaluation alone
     assert json.loads((out_dir / "summary.json").read_text())["iters"] == 0
-    sampled = run_script("sample.py", f"--out_dir={out_dir}", "--device=cpu")
+    sampled = run_in_process(sample.main, [f"--out_dir={out_dir}", "--device=cpu"], capsys)
     assert_one_line_error(sampled.returncode, sampled.stderr, "no checkpoint in")  # never the old model
 
 
-def test_a_lone_best_checkpoint_is_not_removed_by_init_from_auto(data_dir: Path, tmp_path: Path) -> None:
+def test_a_lone_best_checkpoint_is_not_removed_by_init_from_auto(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     out_dir = tmp_path / "out"
-    assert run_script("train.py", *tiny_train_args(data_dir, out_dir)).returncode == 0
+    assert run_in_process(train.main, tiny_train_args(data_dir, out_dir), capsys).returncode == 0
     (out_dir / "ckpt.pt").unlink()
     before = snapshot(out_dir)
-    again = run_script("train.py", *tiny_train_args(data_dir, out_dir, init_from="auto"))
+    again = run_in_process(train.main, tiny_train_args(data_dir, out_dir, init_from="auto"), capsys)
     assert_one_line_error(again.returncode, again.stderr, str(out_dir / "best.pt"), "--overwrite=True")
     assert snapshot(out_dir) == before
 
 
-def test_init_from_auto_starts_from_scratch_in_an_empty_out_dir(data_dir: Path, tmp_path: Path) -> None:
-    result = run_script("train.py", *tiny_train_args(data_dir, tmp_path / "out", init_from="auto"))
+def test_init_from_auto_starts_from_scratch_in_an_empty_out_dir(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    result = run_in_process(train.main, tiny_train_args(data_dir, tmp_path / "out", init_from="auto"), capsys)
     assert result.returncode == 0, result.stderr
     assert ckpt.load_checkpoint(tmp_path / "out" / "ckpt.pt")["iter_num"] == 4
 

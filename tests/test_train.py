@@ -36,6 +36,7 @@ from helpers import (
     clean_env,
     cli_args,
     make_char_data,
+    run_in_process,
     run_script,
     tiny_train_args,
 )
@@ -240,11 +241,13 @@ def test_an_unset_schedule_follows_max_iters(data_dir: Path, tmp_path: Path) -> 
     assert rates == pytest.approx(expected)
 
 
-def test_a_warmup_longer_than_the_run_is_shortened_to_fit_and_said(data_dir: Path, tmp_path: Path) -> None:
+def test_a_warmup_longer_than_the_run_is_shortened_to_fit_and_said(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     """A recipe shortened with --max_iters keeps its warmup_iters=30: the rate must still reach its peak."""
     out_dir = tmp_path / "out"
     flags = tiny_train_args(data_dir, out_dir, max_iters=20, warmup_iters=30, log_interval=1, learning_rate=1e-3)
-    result = run_script("train.py", *flags)
+    result = run_in_process(train.main, flags, capsys)
     assert result.returncode == 0, result.stderr
     assert (
         "warmup_iters=30 does not end before max_iters=20: warming up over 2 steps instead (a tenth of max_iters), "
@@ -303,7 +306,9 @@ def test_run_logs_learns_and_writes_complete_checkpoints(reference: tuple, data_
     assert [r["iter"] for r in records if "lr" in r] == list(range(0, MAX_ITERS, 5))
 
 
-def test_kill_9_then_resume_ends_bit_identical(reference: tuple, data_dir: Path, tmp_path: Path) -> None:
+def test_kill_9_then_resume_ends_bit_identical(
+    reference: tuple, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     out_dir = tmp_path / "out"
     args = tiny_train_args(data_dir, out_dir, **RUN)
     process = start_train(args)
@@ -314,7 +319,7 @@ def test_kill_9_then_resume_ends_bit_identical(reference: tuple, data_dir: Path,
     saved = ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"]
     assert killed_at <= saved < MAX_ITERS
 
-    result = run_script("train.py", *args, "--init_from=resume")
+    result = run_in_process(train.main, [*args, "--init_from=resume"], capsys)
     assert result.returncode == 0, result.stderr
     resumed = ckpt.load_checkpoint(out_dir / "ckpt.pt")
     uninterrupted = ckpt.load_checkpoint(reference[0] / "ckpt.pt")
@@ -324,7 +329,9 @@ def test_kill_9_then_resume_ends_bit_identical(reference: tuple, data_dir: Path,
     assert not [p for p in out_dir.iterdir() if p.name.startswith(".")]  # no temporary file left behind
 
 
-def test_sigterm_finishes_the_step_saves_and_exits_cleanly(reference: tuple, data_dir: Path, tmp_path: Path) -> None:
+def test_sigterm_finishes_the_step_saves_and_exits_cleanly(
+    reference: tuple, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     out_dir = tmp_path / "out"
     args = tiny_train_args(data_dir, out_dir, **RUN)
     process = start_train(args)
@@ -338,7 +345,7 @@ def test_sigterm_finishes_the_step_saves_and_exits_cleanly(reference: tuple, dat
     steps = int(stopped[0].split("after ")[1].split(" steps")[0])
     assert ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == steps < MAX_ITERS
 
-    result = run_script("train.py", *args, "--init_from=resume")
+    result = run_in_process(train.main, [*args, "--init_from=resume"], capsys)
     assert result.returncode == 0, result.stderr
     assert f"resumed from step {steps} of {out_dir / 'ckpt.pt'} (best val loss " in result.stdout
     assert_same_weights(
@@ -358,7 +365,7 @@ def wait_for_line(process: subprocess.Popen, fragment: str) -> list[str]:
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_during_a_long_evaluation_stops_at_once_with_its_exit_code(
-    data_dir: Path, tmp_path: Path, signum: int, code: int
+    data_dir: Path, tmp_path: Path, signum: int, code: int, capsys: pytest.CaptureFixture
 ) -> None:
     out_dir = tmp_path / "out"
     # A million evaluation batches per split: the step-0 evaluation alone would take hours.
@@ -377,7 +384,7 @@ def test_a_signal_during_a_long_evaluation_stops_at_once_with_its_exit_code(
     name = signal.Signals(signum).name
     assert stdout.splitlines()[-1] == f"stopped by {name} after 0 steps, before this run trained one: nothing saved"
     assert not (out_dir / "ckpt.pt").exists()  # nothing trained, nothing saved: the same command starts again
-    again = run_script("train.py", *tiny_train_args(data_dir, out_dir))
+    again = run_in_process(train.main, tiny_train_args(data_dir, out_dir), capsys)
     assert again.returncode == 0, again.stderr
 
 

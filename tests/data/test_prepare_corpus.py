@@ -1,4 +1,8 @@
-"""End-to-end tests of prepare_data/corpus.py run as a subprocess: outputs, meta.json, bad input, crashes."""
+"""End-to-end tests of prepare_data/corpus.py: outputs, meta.json, bad input, crashes.
+
+The runs whose process is under test (--help, offline BPE files, a crash, a stop signal, kill -9) start the script as
+a process; the others call its main in this process (helpers.run_in_process), the same code without starting Python
+and torch again."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -27,11 +32,19 @@ from helpers import (
     assert_script_error,
     clean_env,
     copy_gpt2_bpe_files,
+    run_in_process,
     run_script,
     signal_mid_run,
 )
+from prepare_data import corpus
 
 CORPUS = "prepare_data/corpus.py"
+
+
+@pytest.fixture
+def run_corpus(capsys: pytest.CaptureFixture) -> Callable[..., subprocess.CompletedProcess]:
+    """corpus.py's main in this process, called with the flags a user types, as a finished process."""
+    return lambda *args: run_in_process(corpus.main, list(args), capsys)
 
 
 def assert_nothing_written(out_dir: Path) -> None:
@@ -59,7 +72,9 @@ def mixed_corpus(tmp_path: Path, paragraphs: list[str]) -> Path:
     return root
 
 
-def test_mixed_corpus_meta_and_tokens(tmp_path: Path, mixed_corpus: Path, paragraphs: list[str]) -> None:
+def test_mixed_corpus_meta_and_tokens(
+    run_corpus: Callable, tmp_path: Path, mixed_corpus: Path, paragraphs: list[str]
+) -> None:
     out = tmp_path / "out"
     result = run_script(
         CORPUS, f"--input={mixed_corpus}", f"--out_dir={out}", "--text_field=body", "--block_size=16", "--seed=3"
@@ -88,19 +103,18 @@ def test_mixed_corpus_meta_and_tokens(tmp_path: Path, mixed_corpus: Path, paragr
     assert meta["splits"]["val"]["documents"] > 0
 
 
-def test_same_seed_same_split_other_seed_differs(tmp_path: Path, mixed_corpus: Path) -> None:
+def test_same_seed_same_split_other_seed_differs(run_corpus: Callable, tmp_path: Path, mixed_corpus: Path) -> None:
     common = [f"--input={mixed_corpus}", "--text_field=body", "--block_size=16", "--num_workers=2"]
     for name, seed in (("a", 1), ("b", 1), ("c", 2)):
-        assert run_script(CORPUS, *common, f"--out_dir={tmp_path / name}", f"--seed={seed}").returncode == 0
+        assert run_corpus(*common, f"--out_dir={tmp_path / name}", f"--seed={seed}").returncode == 0
     assert (tmp_path / "a" / "val.bin").read_bytes() == (tmp_path / "b" / "val.bin").read_bytes()
     assert (tmp_path / "a" / "train.bin").read_bytes() == (tmp_path / "b" / "train.bin").read_bytes()
     assert (tmp_path / "a" / "val.bin").read_bytes() != (tmp_path / "c" / "val.bin").read_bytes()
 
 
-def test_char_tokenizer_and_shards(tmp_path: Path) -> None:
+def test_char_tokenizer_and_shards(run_corpus: Callable, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    result = run_script(
-        CORPUS,
+    result = run_corpus(
         f"--input={SHAKESPEARE}",
         f"--out_dir={out}",
         "--tokenizer=char",
@@ -154,7 +168,7 @@ BAD_UTF8 = b"good line\nanother line \xff\xfe broken\nmore\n"
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(
-    tmp_path: Path, setup: str, args: list[str], fragments: list[str]
+    run_corpus: Callable, tmp_path: Path, setup: str, args: list[str], fragments: list[str]
 ) -> None:
     inputs = tmp_path / "in"
     inputs.mkdir()
@@ -174,12 +188,12 @@ def test_bad_input_is_one_line_and_writes_nothing(
     elif setup == "small":
         (inputs / "good.txt").write_text("only a few words here\n")
     out = tmp_path / "out"
-    result = run_script(CORPUS, f"--input={inputs}", f"--out_dir={out}", "--block_size=8", "--val_fraction=0.5", *args)
+    result = run_corpus(f"--input={inputs}", f"--out_dir={out}", "--block_size=8", "--val_fraction=0.5", *args)
     assert_script_error(result, *fragments)
     assert_nothing_written(out)
 
 
-def test_decode_error_replace_and_skip(tmp_path: Path) -> None:
+def test_decode_error_replace_and_skip(run_corpus: Callable, tmp_path: Path) -> None:
     inputs = tmp_path / "in"
     inputs.mkdir()
     (inputs / "bad.txt").write_bytes(BAD_UTF8)
@@ -190,8 +204,8 @@ def test_decode_error_replace_and_skip(tmp_path: Path) -> None:
     # A seed that puts the two documents valid in every mode (good.txt, the first JSONL line) in different splits.
     seed = next(s for s in range(100) if is_val_document(s, 0.5, 1, 0) != is_val_document(s, 0.5, 2, 1))
     common = [f"--input={inputs}", "--block_size=4", "--val_fraction=0.5", f"--seed={seed}"]
-    replaced = run_script(CORPUS, *common, f"--out_dir={tmp_path / 'r'}", "--on_decode_error=replace")
-    skipped = run_script(CORPUS, *common, f"--out_dir={tmp_path / 's'}", "--on_decode_error=skip")
+    replaced = run_corpus(*common, f"--out_dir={tmp_path / 'r'}", "--on_decode_error=replace")
+    skipped = run_corpus(*common, f"--out_dir={tmp_path / 's'}", "--on_decode_error=skip")
     assert replaced.returncode == 0 and skipped.returncode == 0, replaced.stderr + skipped.stderr
     r, s = read_meta(tmp_path / "r"), read_meta(tmp_path / "s")
     docs = lambda meta: meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"]  # noqa: E731
@@ -365,18 +379,20 @@ def seed_for(documents: int) -> int:
     return next(s for s in range(100) if len({is_val_document(s, 0.5, i, 0) for i in range(documents)}) == 2)
 
 
-def prepared(out: Path, *flags: str) -> tuple[subprocess.CompletedProcess, dict, dict[str, bytes]]:
-    result = run_script(CORPUS, f"--out_dir={out}", "--block_size=8", "--val_fraction=0.5", *flags)
+def prepared(
+    run_corpus: Callable, out: Path, *flags: str
+) -> tuple[subprocess.CompletedProcess, dict, dict[str, bytes]]:
+    result = run_corpus(f"--out_dir={out}", "--block_size=8", "--val_fraction=0.5", *flags)
     assert result.returncode == 0, result.stderr
     return result, read_meta(out, check_files=True), {p.name: p.read_bytes() for p in out.glob("*.bin")}
 
 
-def test_a_directory_walk_reads_only_the_text_files(tmp_path: Path, messy_tree: Path) -> None:
+def test_a_directory_walk_reads_only_the_text_files(run_corpus: Callable, tmp_path: Path, messy_tree: Path) -> None:
     assert len(pycache_files(messy_tree)) == 2
     seed = f"--seed={seed_for(len(TEXT_FILES))}"
-    result, meta, bins = prepared(tmp_path / "out", f"--input={messy_tree}", seed)
+    result, meta, bins = prepared(run_corpus, tmp_path / "out", f"--input={messy_tree}", seed)
     expected_tree = copy_only(messy_tree, TEXT_FILES, tmp_path / "text_only")
-    _, expected_meta, expected_bins = prepared(tmp_path / "expected", f"--input={expected_tree}", seed)
+    _, expected_meta, expected_bins = prepared(run_corpus, tmp_path / "expected", f"--input={expected_tree}", seed)
     assert bins == expected_bins and meta["splits"] == expected_meta["splits"]  # the same tokens, exactly
     assert meta["source"]["files"] == len(TEXT_FILES) and meta["source"]["skipped_files"] == SKIPPED
     assert expected_meta["source"]["skipped_files"] == dict.fromkeys(SKIPPED, 0)
@@ -395,35 +411,39 @@ def test_a_directory_walk_reads_only_the_text_files(tmp_path: Path, messy_tree: 
     ids=["include_py", "exclude_folder_and_name", "exclude_relative_path"],
 )
 def test_include_and_exclude_choose_what_a_walk_reads(
-    tmp_path: Path, messy_tree: Path, flags: list[str], read: list[str], changed: dict[str, int]
+    run_corpus: Callable, tmp_path: Path, messy_tree: Path, flags: list[str], read: list[str], changed: dict[str, int]
 ) -> None:
     seed = f"--seed={seed_for(len(read))}"
-    result, meta, bins = prepared(tmp_path / "out", f"--input={messy_tree}", seed, *flags)
+    result, meta, bins = prepared(run_corpus, tmp_path / "out", f"--input={messy_tree}", seed, *flags)
     expected_tree = copy_only(messy_tree, read, tmp_path / "selected")
-    _, expected_meta, expected_bins = prepared(tmp_path / "expected", f"--input={expected_tree}", seed)
+    _, expected_meta, expected_bins = prepared(run_corpus, tmp_path / "expected", f"--input={expected_tree}", seed)
     assert bins == expected_bins and meta["splits"] == expected_meta["splits"]
     assert meta["source"]["files"] == len(read) and meta["source"]["skipped_files"] == {**SKIPPED, **changed}
     assert meta["source"]["include"] + meta["source"]["exclude"] == [f.split("=", 1)[1] for f in flags]
     assert f"{changed['excluded']} excluded" in result.stdout
 
 
-def test_a_binary_file_named_on_its_own_is_an_error_not_skipped(tmp_path: Path, messy_tree: Path) -> None:
+def test_a_binary_file_named_on_its_own_is_an_error_not_skipped(
+    run_corpus: Callable, tmp_path: Path, messy_tree: Path
+) -> None:
     pyc = next((messy_tree / "src/pkg/__pycache__").iterdir())
-    result = run_script(CORPUS, f"--input={pyc}", f"--input={messy_tree / 'README.md'}", f"--out_dir={tmp_path / 'o'}")
+    result = run_corpus(f"--input={pyc}", f"--input={messy_tree / 'README.md'}", f"--out_dir={tmp_path / 'o'}")
     assert_script_error(result, f"{pyc} is not valid UTF-8 at byte offset", "--on_decode_error=skip")
     assert_nothing_written(tmp_path / "o")
 
 
-def test_a_latin1_text_file_in_a_tree_is_an_error_naming_file_and_offset(tmp_path: Path, messy_tree: Path) -> None:
+def test_a_latin1_text_file_in_a_tree_is_an_error_naming_file_and_offset(
+    run_corpus: Callable, tmp_path: Path, messy_tree: Path
+) -> None:
     latin1 = messy_tree / "docs" / "deep" / "legacy.txt"
     latin1.write_bytes("Caf\u00e9 cr\u00e8me, na\u00efve fa\u00e7ade.\n".encode("latin-1"))
     out = tmp_path / "out"
-    result = run_script(CORPUS, f"--input={messy_tree}", f"--out_dir={out}", "--block_size=8", "--val_fraction=0.5")
+    result = run_corpus(f"--input={messy_tree}", f"--out_dir={out}", "--block_size=8", "--val_fraction=0.5")
     line = assert_script_error(result, f"{latin1} is not valid UTF-8 at byte offset 3;")
     assert line.index("--on_decode_error=skip") < line.index("--on_decode_error=replace")  # skip: a stray file
     assert_nothing_written(out)
     seed = f"--seed={seed_for(len(TEXT_FILES) + 1)}"
-    result, meta, _ = prepared(out, f"--input={messy_tree}", "--on_decode_error=skip", seed)
+    result, meta, _ = prepared(run_corpus, out, f"--input={messy_tree}", "--on_decode_error=skip", seed)
     assert meta["source"]["skipped_documents"] == 1 and meta["source"]["skipped_files"] == SKIPPED
     assert "; 1 document skipped; 9 files left out (" in result.stdout
 
@@ -442,7 +462,7 @@ def python_test_tree() -> tuple[Path, list[str]]:
     return Path(os.path.dirname(json.__file__)), ["--include=*.py"]
 
 
-def test_a_real_tree_python_lib_test(tmp_path: Path) -> None:
+def test_a_real_tree_python_lib_test(run_corpus: Callable, tmp_path: Path) -> None:
     root, flags = python_test_tree()
     binary = pycache = 0  # counted here independently of gptkit
     for folder, _, files in os.walk(root):
@@ -453,15 +473,13 @@ def test_a_real_tree_python_lib_test(tmp_path: Path) -> None:
             with open(os.path.join(folder, name), "rb") as handle:
                 binary += b"\0" in handle.read(8192) and not flags
     out = tmp_path / "out"
-    result = run_script(
-        CORPUS,
+    result = run_corpus(
         f"--input={root}",
         f"--out_dir={out}",
         "--block_size=8",
         "--on_decode_error=skip",
         "--num_workers=2",
         *flags,
-        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     meta = read_meta(out, check_files=True)

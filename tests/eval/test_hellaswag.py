@@ -34,6 +34,7 @@ from helpers import (
     assert_script_error,
     cli_args,
     make_char_data,
+    run_in_process,
     run_main,
     run_script,
     running_app,
@@ -326,14 +327,17 @@ def test_evaluate_with_int8_weights_picks_the_same_endings_as_float32(
 
 
 @pytest.mark.heavy
-def test_evaluate_script_bad_inputs(trained: dict[str, Path], tmp_path: Path) -> None:
+def test_evaluate_script_bad_inputs(trained: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     malformed = tmp_path / "bad.jsonl"
     malformed.write_text('{"ctx": "x", "endings": "ab", "label": 0}\n')
     base = cli_args(out_dir=trained["out"], device="cpu")
-    result = run_script("eval.py", *base, f"--hellaswag_path={tmp_path / 'missing.jsonl'}")
+    result = run_script("eval.py", *base, f"--hellaswag_path={tmp_path / 'missing.jsonl'}")  # as a user runs it
     assert_script_error(result, "missing.jsonl does not exist")
-    assert_script_error(run_script("eval.py", *base, f"--hellaswag_path={malformed}"), "line 1: endings must")
-    assert_script_error(run_script("eval.py", *base, "--tasks=winogrande"), "unknown evaluation task")
+    result = run_in_process(eval_script.main, [*base, f"--hellaswag_path={malformed}"], capsys)
+    assert_script_error(result, "line 1: endings must")
+    assert_script_error(
+        run_in_process(eval_script.main, [*base, "--tasks=winogrande"], capsys), "unknown evaluation task"
+    )
 
 
 # ----------------------------------------------------------------------------- plot.py
