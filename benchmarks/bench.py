@@ -628,39 +628,51 @@ def run_nanogpt(directory: str) -> dict:
 
 
 def bench_quality(cfg: QualityBench) -> list[dict]:
-    """Whole-command wall time and the final whole-val-split loss of each recipe (train.py --eval_full_split)."""
+    """Whole-command wall time and the final whole-val-split loss of each recipe (train.py --eval_full_split).
+    The recipes take turns (run 0 of each, then run 1 of each...), so a change in the machine's load falls on all."""
     reference = run_nanogpt(cfg.nanogpt_dir) if cfg.nanogpt_dir else None
-    rows = []
-    for config in cfg.config:
-        runs = []
-        for run in range(cfg.runs):
+    runs = {config: [] for config in cfg.config}
+    for run in range(cfg.runs):
+        for config in cfg.config:
             out_dir = str(Path(cfg.work_dir) / f"quality_{Path(config).stem}_{run}")
             seconds, summary = run_train([config, "--eval_full_split=True", *cfg.extra], out_dir)
-            runs.append(
+            runs[config].append(
                 {
                     "wall_s": round(seconds, 1),
                     "val_loss_full": summary["val_loss_full"],
                     "train_s": summary["train_seconds"],
+                    "ms_per_step": round(1e3 * summary["train_seconds"] / max(summary["iters"], 1), 1),
                 }
             )
             print(f"{config} run {run}: {seconds:.1f} s wall, full val loss {summary['val_loss_full']:.4f}")
-        rows.append(
-            {
-                "config": config,
-                "extra": " ".join(cfg.extra),
-                "runs": cfg.runs,
-                "median_wall_s": round(statistics.median(r["wall_s"] for r in runs), 1),
-                "median_val_loss_full": round(statistics.median(r["val_loss_full"] for r in runs), 4),
-                "all": runs,
-            }
-        )
+    rows = [
+        {
+            "config": config,
+            "extra": " ".join(cfg.extra),
+            "runs": cfg.runs,
+            "median_wall_s": round(statistics.median(r["wall_s"] for r in config_runs), 1),
+            "median_ms_per_step": round(statistics.median(r["ms_per_step"] for r in config_runs), 1),
+            "median_val_loss_full": round(statistics.median(r["val_loss_full"] for r in config_runs), 4),
+            "all": config_runs,
+        }
+        for config, config_runs in runs.items()
+    ]
     if reference:
         for row in rows:
             row["x_nanogpt_time"] = round(row["median_wall_s"] / reference["median_wall_s"], 3)
         rows.insert(0, reference)
     print_table(
         rows,
-        ["config", "extra", "runs", "median_wall_s", "median_val_loss_full", "val_loss_estimate", "x_nanogpt_time"],
+        [
+            "config",
+            "extra",
+            "runs",
+            "median_wall_s",
+            "median_ms_per_step",
+            "median_val_loss_full",
+            "val_loss_estimate",
+            "x_nanogpt_time",
+        ],
     )
     return rows
 

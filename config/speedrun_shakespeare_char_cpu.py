@@ -2,10 +2,11 @@
 on a 2-core CPU, whole command, the final whole-split evaluation included (the record format of modded-nanogpt:
 a target loss, the least time). docs/benchmarks.md §1 has the runs beside nanoGPT's, measured back to back.
 
-The CPU recipe (config/train_shakespeare_char_cpu.py: Muon, rotary positions, QK-norm) made short: fewer, larger
-steps (batch 16 x 64 characters = 1,024 tokens; Muon's fixed cost per step, its Newton-Schulz products, is shared
-by more tokens), one schedule over 300 steps, and only the evaluations the result needs (the whole val split at
-the end; the 20-batch estimates before the first step and after the last, which train.py always makes).
+The CPU recipe (config/train_shakespeare_char_cpu.py: Muon, Qwen3's block with rotary positions and QK-norm, which
+export.py writes for transformers and llama.cpp) made short: fewer, larger steps (batch 16 x 64 characters
+= 1,024 tokens; Muon's fixed cost per step, its Newton-Schulz products, is shared by more tokens), one schedule over 300
+steps, and only the evaluations the result needs (the whole val split at the end; the 20-batch estimates before
+the first step and after the last, which train.py always makes).
 
     python prepare_data/shakespeare_char.py
     python train.py config/speedrun_shakespeare_char_cpu.py
@@ -29,6 +30,9 @@ n_head = 4
 n_embd = 128
 dropout = 0.0
 pos_encoding = "rope"
+norm = "rmsnorm"
+activation = "swiglu"
+mlp_hidden = 352  # about 8/3 * n_embd: the gated MLP's three matrices hold what GPT-2's two 4x ones do
 qk_norm = True
 
 optimizer = "muon"

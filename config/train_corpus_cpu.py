@@ -1,9 +1,10 @@
 """Your own corpus on a laptop CPU in a few minutes: a small model to start from, for character or BPE data.
 
-The recipe of train_shakespeare_char_cpu.py (4 layers, 128 wide, Muon, rotary positions, QK-norm) on 128-token
-windows, 16 of them per step: 2,048 tokens per step. Without it, train.py's defaults build GPT-2 124M with 40
-micro-batches per step and 200 evaluation batches, sized for GPUs (minutes per step on a laptop). With GPT-2's
-BPE the 50,257-row embedding is most of the model and of the time; a character vocabulary is several times faster.
+The recipe of train_shakespeare_char_cpu.py (4 layers, 128 wide, Muon, Qwen3's block with rotary positions and
+QK-norm, which export.py writes for transformers and llama.cpp) on 128-token windows, 16 of them per step:
+2,048 tokens per step. Without it, train.py's defaults build GPT-2 124M with 40 micro-batches per step and 200
+evaluation batches, sized for GPUs (minutes per step on a laptop). With GPT-2's BPE the 50,257-row embedding is most
+of the model and of the time; a character vocabulary is several times faster.
 
     python prepare_data/corpus.py --input=notes/ --out_dir=data/mine
     python train.py config/train_corpus_cpu.py --data_dir=data/mine --out_dir=out-mine
@@ -27,6 +28,9 @@ n_head = 4
 n_embd = 128
 dropout = 0.0
 pos_encoding = "rope"
+norm = "rmsnorm"
+activation = "swiglu"
+mlp_hidden = 352  # about 8/3 * n_embd: the gated MLP's three matrices hold what GPT-2's two 4x ones do
 qk_norm = True
 
 optimizer = "muon"

@@ -1,12 +1,15 @@
 """Character-level Shakespeare on a laptop CPU in about a minute (2 cores): val loss ~1.7 over the whole val split.
 
 nanoGPT's CPU recipe (4 layers, 128 wide, 64-character windows, batch 12) with what the field has learned since:
-Muon for the blocks' weight matrices (AdamW for embeddings and gains), rotary positions and QK-norm. It reaches
-nanoGPT's final loss (1.90 after 2000 AdamW steps) in under 500 steps; docs/benchmarks.md has the ablation.
+Muon for the blocks' weight matrices (AdamW for embeddings and gains), rotary positions and QK-norm, in Qwen3's
+block (RMSNorm, a SwiGLU MLP, QK-norm; tied head), so export.py writes it for transformers (Qwen3ForCausalLM) and
+llama.cpp (qwen3). It reaches nanoGPT's final loss (1.90 after 2000 AdamW steps) in under 500 steps;
+docs/benchmarks.md has the ablation.
 
     python prepare_data/shakespeare_char.py
     python train.py config/train_shakespeare_char_cpu.py
     python sample.py --out_dir=out-shakespeare-char-cpu
+    python export.py --out_dir=out-shakespeare-char-cpu --format=gguf --export_dir=shakespeare-gguf
 """
 
 out_dir = "out-shakespeare-char-cpu"
@@ -25,6 +28,9 @@ n_head = 4
 n_embd = 128
 dropout = 0.0
 pos_encoding = "rope"
+norm = "rmsnorm"
+activation = "swiglu"
+mlp_hidden = 352  # about 8/3 * n_embd: the gated MLP's three matrices hold what GPT-2's two 4x ones do
 qk_norm = True
 
 optimizer = "muon"

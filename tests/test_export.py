@@ -4,6 +4,7 @@ tokens, and to GGUF; a new directory every time unless --overwrite; every mistak
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -11,10 +12,11 @@ import pytest
 import torch
 
 import export
+import train
 from gptkit.data import tokenizer as tok
 from gptkit.weights.checkpoint import save_checkpoint, tokenizer_record
 from gptkit.weights.loading import load_model_and_tokenizer
-from helpers import assert_one_line_error, assert_script_error, cli_args, lively_model, run_main, run_script
+from helpers import REPO, assert_one_line_error, assert_script_error, cli_args, lively_model, run_main, run_script
 
 transformers = pytest.importorskip("transformers")
 
@@ -99,6 +101,74 @@ def test_gguf_export_takes_a_hugging_face_tokenizer_along(tmp_path, capsys):
     tokens = reader.fields["tokenizer.ggml.tokens"]
     assert len(tokens.data) == tok.padded_vocab_size(tokenizer.vocab_size)
     assert tokens.contents(tokenizer.eot_token) == "<|im_end|>"
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory, char_data_dir) -> Path:
+    """`make demo`'s recipe as it is, trained 40 steps on Shakespeare's first characters: its run directory."""
+    out_dir = tmp_path_factory.mktemp("demo") / "out"
+    recipe = REPO / "config" / "train_shakespeare_char_cpu.py"
+    flags = cli_args(data_dir=char_data_dir, out_dir=out_dir, max_iters=40, lr_decay_iters=40, eval_interval=40)
+    extra = ["--eval_iters=2", "--eval_full_split=False", "--curves=False", "--cpu_threads=1"]
+    assert train.main([str(recipe), *flags, *extra]) == 0
+    return out_dir
+
+
+def greedy_ours(run_dir: Path, prompt: list[int], count: int) -> list[int]:
+    """`count` greedy tokens after `prompt` from the run's checkpoint (the plain forward pass, no cache)."""
+    model, _ = load_model_and_tokenizer("resume", str(run_dir))
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(count):
+            ids.append(int(model.eval()(torch.tensor([ids]))[0][0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+@pytest.mark.heavy
+def test_the_demos_model_exports_as_qwen3_that_transformers_runs_to_our_greedy_tokens(tmp_path, demo_run, capsys):
+    destination = tmp_path / "hf"
+    code, _, err = run_main(export.main, cli_args(out_dir=demo_run, export_dir=destination), capsys)
+    assert code == 0, err
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(destination)
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(destination).eval()
+    assert type(hf_model).__name__ == "Qwen3ForCausalLM"
+    _, tokenizer = load_model_and_tokenizer("resume", str(demo_run))
+    prompt = hf_tokenizer.encode("First Citizen:\n")
+    assert prompt == tokenizer.encode("First Citizen:\n")
+    with torch.no_grad():
+        generated = hf_model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=None)
+    ours = greedy_ours(demo_run, prompt, 40)
+    assert generated[0].tolist()[len(prompt) :] == ours
+    assert hf_tokenizer.decode(ours) == tokenizer.decode(ours)
+
+
+@pytest.mark.slow
+def test_the_demos_model_exports_to_gguf_that_llama_cpp_runs_to_our_greedy_tokens(tmp_path, request, demo_run, capsys):
+    """llama.cpp (llama-cpp-python) reads the f32 file as Qwen3, tokenizes the text as we do, picks our greedy
+    tokens and turns them back into our text."""
+    if "slow" not in (request.config.getoption("-m") or "") and os.environ.get("GPTKIT_SLOW_TESTS") != "1":
+        pytest.skip("slow: runs llama.cpp; ask with -m slow or GPTKIT_SLOW_TESTS=1")
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    gguf = pytest.importorskip("gguf")
+    destination = tmp_path / "gguf"
+    args = cli_args(out_dir=demo_run, format="gguf", outtype="f32", export_dir=destination, name="demo")
+    code, _, err = run_main(export.main, args, capsys)
+    assert code == 0, err
+    path = destination / "demo-f32.gguf"
+    assert gguf.GGUFReader(path).fields["general.architecture"].contents() == "qwen3"
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, verbose=False)
+    _, tokenizer = load_model_and_tokenizer("resume", str(demo_run))
+    text = "First Citizen:\nBefore we proceed any further, hear me speak."
+    assert llm.tokenize(text.encode(), add_bos=False, special=False) == tokenizer.encode(text)
+    prompt = tokenizer.encode("First Citizen:\n")
+    ours = greedy_ours(demo_run, prompt, 40)
+    theirs = []
+    for token in llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
+        theirs.append(token)
+        if len(theirs) == len(ours):
+            break
+    assert theirs == ours
+    assert llm.detokenize(ours).decode() == tokenizer.decode(ours)
 
 
 def test_never_overwrites_unasked(tmp_path, chat_checkpoint, capsys):

@@ -7,7 +7,8 @@ renamed, and fused where our model computes in one product: q, k, v into attn.c_
 GPT-2 stores its four projections as Conv1D weights (in, out), the transpose of nn.Linear's, and `attn.bias` /
 `attn.masked_bias` are old causal-mask buffers. nanochat turns its rotary pairs the other way round; negating the
 second half of each query and key head turns ours into its (the product q.k is the same). A missing lm_head.weight
-means the head is tied to the token embedding.
+means the head is tied to the token embedding. Our norms without a learned scale (RMSNorm, QK-norm) are written to
+Llama and Qwen3 as scales of ones.
 """
 
 from __future__ import annotations
@@ -369,13 +370,28 @@ def export_architecture(config: GPTConfig) -> str:
         if config.qk_norm and not config.qk_norm_weight and config.qkv_bias in (None, config.bias):
             return "NanoChatForCausalLM"
         _refuse(gpt2, "nanochat's qk_norm without a weight and one bias setting")
-    if config.activation != "swiglu" or not config.norm_weight or config.embed_norm or config.logit_softcap:
-        _refuse(gpt2, "activation=swiglu, norm_weight, no embed_norm or logit_softcap (or nanochat's shape)")
-    if config.qk_norm != config.qk_norm_weight:
-        _refuse(gpt2, "qk_norm with qk_norm_weight (Qwen3), or neither")
+    if config.activation != "swiglu" or config.embed_norm or config.logit_softcap:
+        _refuse(gpt2, "activation=swiglu, no embed_norm or logit_softcap (or nanochat's shape)")
+    # Norms without a learned scale (norm_weight=False, qk_norm without qk_norm_weight) are written with scales of
+    # ones, which compute the same (unit_norm_scales).
     if config.qkv_bias and not config.bias:
         return "Qwen2ForCausalLM" if not config.qk_norm else _refuse(gpt2, "no qkv_bias with qk_norm")
+    if config.qk_norm and config.bias:
+        _refuse(gpt2, "bias=False with qk_norm (Qwen3's MLP has no biases)")
     return "Qwen3ForCausalLM" if config.qk_norm else "LlamaForCausalLM"
+
+
+def unit_norm_scales(config: GPTConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` with a scale of ones for each norm the model computes without a learned one, as the Llama family's
+    classes (whose norms always have a scale) hold it: x * 1 is x, so their logits are ours exactly."""
+    state = dict(state)
+    if not config.norm_weight:
+        names = ["transformer.ln_f"] + [f"transformer.h.{i}.ln_{n}" for i in range(config.n_layer) for n in (1, 2)]
+        state.update({f"{name}.weight": torch.ones(config.n_embd) for name in names})
+    if config.qk_norm and not config.qk_norm_weight:
+        for i, part in ((i, part) for i in range(config.n_layer) for part in ("q", "k")):
+            state[f"transformer.h.{i}.attn.{part}_norm.weight"] = torch.ones(config.head_dim)
+    return state
 
 
 def _refuse(gpt2: str, llama: str) -> str:
@@ -463,8 +479,10 @@ def write_hf(
     architecture = export_architecture(model.config)
     if architecture == "GPT2LMHeadModel":  # biases of zero, a sinusoidal table as learned positions
         config, state = gpt2_tensors(model, exact_gelu=True)
-    else:
+    elif architecture == "NanoChatForCausalLM":  # nanochat's norms have no scale, as ours
         config, state = model.config, model.state_dict()
+    else:
+        config, state = model.config, unit_norm_scales(model.config, model.state_dict())
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = state_to_hf(config, state, architecture)

@@ -348,6 +348,7 @@ def test_quality_bench_reports_the_whole_split_loss_of_each_run_and_the_nanogpt_
     for run, out_dir in zip(row["all"], sorted((tmp_path / "runs").iterdir())):
         summary = json.loads((out_dir / "summary.json").read_text())
         assert run["val_loss_full"] == summary["val_loss_full"] > 0
+        assert run["ms_per_step"] == pytest.approx(1e3 * summary["train_seconds"] / 4, abs=0.06)
     assert row["all"][0]["val_loss_full"] == row["all"][1]["val_loss_full"]  # same seed, same CPU: same loss
 
 

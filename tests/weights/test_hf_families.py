@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from gptkit.core.errors import UserError
 from gptkit.data.tokenizer import CharTokenizer
@@ -15,7 +16,7 @@ from gptkit.model import GPT, GPTConfig
 from gptkit.weights.hf import export_architecture, load_hf, write_hf
 from gptkit.weights.loading import ModelSource, load_for_inference
 from gptkit.weights.lora import LoraConfig, adapter_state, add_lora, write_peft_adapter
-from helpers import cli_args, make_char_data, run_script
+from helpers import cli_args, lively_model, make_char_data, run_script
 from hf_tokenizer_dirs import write_byte_level
 
 transformers = pytest.importorskip("transformers")
@@ -152,14 +153,54 @@ def test_a_llama_shaped_model_trained_here_exports_as_llama(tmp_path):
         torch.testing.assert_close(hf(idx).logits, all_logits(ours, idx), rtol=0, atol=1e-5)
 
 
+# Norms without a learned scale: the demo's QK-norm (config/train_shakespeare_char_cpu.py), and every norm.
+WEIGHTLESS = {
+    "qwen3, qk_norm without a scale, tied (the demo's)": (dict(qk_norm=True), "Qwen3ForCausalLM"),
+    "qwen3, no norm has a scale": (dict(qk_norm=True, norm_weight=False, head_dim=24), "Qwen3ForCausalLM"),
+    "llama, norms without a scale": (dict(norm_weight=False, n_kv_head=2, tie_embeddings=False), "LlamaForCausalLM"),
+}
+
+
+@pytest.mark.parametrize(("settings", "architecture"), WEIGHTLESS.values(), ids=WEIGHTLESS.keys())
+def test_norms_without_a_scale_export_as_scales_of_ones_with_our_logits_and_greedy_tokens(
+    tmp_path, settings, architecture
+):
+    shape = dict(n_head=4, n_embd=64, mlp_hidden=96, bias=False, block_size=32, tie_embeddings=True)
+    family = dict(pos_encoding="rope", norm="rmsnorm", activation="swiglu")
+    ours = lively_model(VOCAB, seed=6, **{**shape, **family, **settings})
+    with torch.no_grad():  # the learned scales random, so a scale of ones written in their place shows
+        for param in (param for param in ours.parameters() if param.dim() == 1):
+            param.normal_(1.0, 0.1)
+    assert write_hf(ours, tmp_path / "out") == architecture
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert type(hf).__name__ == architecture
+    config = ours.config
+    stored = load_file(tmp_path / "out" / "model.safetensors")  # every tensor the class has, none left to its init
+    assert sorted(stored) == sorted(set(hf.state_dict()) - ({"lm_head.weight"} if config.tie_embeddings else set()))
+    unit = [name for name, value in stored.items() if torch.equal(value, torch.ones_like(value))]
+    n_layer = config.n_layer
+    assert len(unit) == 2 * n_layer * (config.qk_norm and not config.qk_norm_weight) + (2 * n_layer + 1) * (
+        not config.norm_weight
+    )
+    idx = torch.randint(0, VOCAB, (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(idx).logits, all_logits(ours, idx), rtol=0, atol=1e-4)
+        prompt = [3, 1, 4, 1, 5]
+        ids = list(prompt)
+        for _ in range(12):
+            ids.append(int(ours(torch.tensor([ids]))[0][0, -1].argmax()))
+        generated = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None)
+    assert generated[0].tolist() == ids and len(set(ids[5:])) > 1
+
+
 def test_models_no_class_computes_are_refused_in_one_line(tmp_path):
     rope_layernorm = GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=16, pos_encoding="rope")
     with pytest.raises(UserError, match=r"no Hugging Face class computes this model exactly.*norm=rmsnorm") as error:
         export_architecture(rope_layernorm)
     assert "\n" not in str(error.value)
-    weightless_qk = GPTConfig(**{**vars(rope_layernorm), "norm": "rmsnorm", "activation": "swiglu", "qk_norm": True})
-    with pytest.raises(UserError, match="qk_norm_weight"):
-        write_hf(GPT(weightless_qk), tmp_path / "x")
+    qk_norm_biases = GPTConfig(**{**vars(rope_layernorm), "norm": "rmsnorm", "activation": "swiglu", "qk_norm": True})
+    with pytest.raises(UserError, match=r"bias=False with qk_norm \(Qwen3's MLP has no biases\)"):
+        write_hf(GPT(qk_norm_biases), tmp_path / "x")
     assert not (tmp_path / "x").exists()
 
 
