@@ -20,9 +20,10 @@ import torch
 
 import eval as eval_script
 import sample
-from gptkit.core.errors import run_cli
+from gptkit.core.errors import UserError, run_cli
 from gptkit.data.meta import write_meta
 from gptkit.data.tokenizer import CharTokenizer
+from gptkit.infer import native
 from gptkit.model import GPT, GPTConfig, config_to_dict
 from gptkit.weights.checkpoint import save_checkpoint, tokenizer_record
 from helpers import run_main
@@ -246,11 +247,15 @@ def test_init_from_a_directory_without_config_json_says_so(tmp_path: Path, capsy
     assert_one_line_error(code, stderr, f"{tmp_path} holds no config.json")
 
 
+def no_compiler() -> None:
+    raise UserError("no C++ compiler here (apt-get install g++)")
+
+
 def test_a_decoding_backend_that_cannot_run_the_model_fails_before_any_text(
-    tmp_path: Path, capsys: pytest.CaptureFixture
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """--decode=native on a rotary model (the Llama recipe's): one line, and stdout stays empty, not the prompt
-    followed by an error."""
+    """--decode=native where the native step cannot be built (a machine without a C++ compiler): one line, and
+    stdout stays empty, not the prompt followed by an error."""
     tokenizer = CharTokenizer.from_text(TEXT)
     meta = {"tokenizer": tokenizer.to_meta(), "vocab_size": tokenizer.vocab_size, "eot_token": None}
     torch.manual_seed(0)
@@ -261,6 +266,8 @@ def test_a_decoding_backend_that_cannot_run_the_model_fails_before_any_text(
     state = {"model": model.state_dict(), "model_args": config_to_dict(config), "tokenizer": tokenizer_record(meta)}
     (tmp_path / "out").mkdir()
     save_checkpoint(tmp_path / "out" / "ckpt.pt", state)
-    code, stdout, stderr = cli([f"--out_dir={tmp_path / 'out'}", "--decode=native", "--start=To be"], capsys)
-    assert_one_line_error(code, stderr, "--decode=native: the native step does not implement rotary positions")
+    monkeypatch.setattr(native, "extension", no_compiler)
+    flags = ["--decode=native", "--start=To be"]
+    code, stdout, stderr = cli([f"--out_dir={tmp_path / 'out'}", *flags], capsys)
+    assert_one_line_error(code, stderr, "--decode=native: no C++ compiler here (apt-get install g++)")
     assert stdout == ""
