@@ -39,9 +39,17 @@ MODEL_SHAPES = {
         bias=False,
         tie_embeddings=True,
     ),
-    # make demo's recipe's architecture (config/train_shakespeare_char_cpu.py: rotary positions, QK-norm) at GPT-2
-    # 124M's size
-    "demo-124m": dict(vocab_size=50257, pos_encoding="rope", qk_norm=True),
+    # make demo's recipe's architecture (config/train_shakespeare_char_cpu.py: Qwen3's block, RMSNorm, SwiGLU 2.75x
+    # wide, rotary positions, QK-norm without a weight, no biases, tied) at GPT-2 124M's size
+    "demo-124m": dict(
+        vocab_size=50257,
+        pos_encoding="rope",
+        norm="rmsnorm",
+        activation="swiglu",
+        mlp_hidden=2112,
+        qk_norm=True,
+        bias=False,
+    ),
 }
 
 
