@@ -35,6 +35,7 @@ a parameter or buffer (int8 weights are buffers) is changed in place (an optimiz
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import mmap
@@ -111,6 +112,21 @@ def build_problem(build: bool) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def builder_lock(directory: Path):
+    """Hold this build directory's lock (one process builds or loads at a time) and remove a `lock` file that
+    torch's build left behind. Why: torch waits, forever, while its `lock` file exists, and a build killed midway (a
+    Ctrl-C, a test's timeout) leaves it; every process that builds here holds this lock first, and the system frees
+    it when its holder dies, so a `lock` file found while holding it is a dead build's."""
+    with open(directory / "gptkit-build.lock", "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            (directory / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @functools.cache
 def extension():
     """The compiled C++ extension, built when missing (torch rebuilds it when the source changes); UserError with
@@ -128,13 +144,14 @@ def extension():
         if not any(directory.glob("*.so")):
             print("building the native decoding step for this CPU (once, about 25 s)", file=sys.stderr)
         flags = ["-O3", "-march=native", "-fopenmp"]
-        return cpp_extension.load(
-            "gptkit_decode_step",
-            sources=[str(SOURCE)],
-            build_directory=str(directory),
-            extra_cflags=flags,
-            extra_ldflags=["-fopenmp"],
-        )
+        with builder_lock(directory):
+            return cpp_extension.load(
+                "gptkit_decode_step",
+                sources=[str(SOURCE)],
+                build_directory=str(directory),
+                extra_cflags=flags,
+                extra_ldflags=["-fopenmp"],
+            )
     except (OSError, RuntimeError, ImportError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise UserError(

@@ -13,6 +13,7 @@ import time
 
 import pytest
 import torch
+from torch.utils.file_baton import FileBaton  # torch's build lock
 
 from gptkit.core.errors import UserError
 from gptkit.infer import native as native_decoding
@@ -582,3 +583,14 @@ def test_huge_page_buffers_are_zeros_from_a_2_mb_boundary():
     assert buffer.float().sum().item() == 3 * 2**20
     small = huge_page_zeros(10, torch.float32)
     assert small.shape == (10,) and not small.any()
+
+
+def test_a_lock_left_by_a_killed_build_does_not_block_the_next_build(tmp_path):
+    """torch's build waits while its `lock` file exists; a build killed midway leaves one, and the next build in
+    that directory must not wait for it forever."""
+    (tmp_path / "lock").write_text("")  # what a killed build leaves
+    assert not FileBaton(str(tmp_path / "lock")).try_acquire()
+    with native_decoding.builder_lock(tmp_path):
+        baton = FileBaton(str(tmp_path / "lock"))
+        assert baton.try_acquire()
+        baton.release()
