@@ -194,6 +194,11 @@ class HFTokenizer:
         self._record = {key: record[key] for key in RECORD_KEYS}
         self.chat = self._template(record, where)
 
+    def named_token_id(self, name: str) -> int | None:
+        """The id of the token tokenizer_config.json names `name` (bos_token, pad_token, ...), None when it names none."""
+        text = self.special_tokens_map.get(name)
+        return None if text is None else self._with_added.token_to_id(text)
+
     def _check_named_tokens(self, where: str) -> None:
         for name, text in self.special_tokens_map.items():
             if self._with_added.token_to_id(text) is None:

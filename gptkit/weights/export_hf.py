@@ -46,7 +46,7 @@ def export_with_own_tokenizer(model: GPT, tokenizer: HFTokenizer, directory: Pat
     if tokenizer.vocab_size > model.config.vocab_size:
         raise UserError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}")
     record = tokenizer.to_meta()
-    write_hf(model, directory, bos=tokenizer.eot_token, eos=tokenizer.eot_token)
+    write_hf(model, directory, bos=tokenizer.named_token_id("bos_token"), eos=tokenizer.eot_token)
     atomic_write_bytes(directory / "tokenizer.json", record["tokenizer_json"].encode("utf-8"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",

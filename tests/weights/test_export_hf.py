@@ -17,6 +17,7 @@ from gptkit.data import tokenizer as tok
 from gptkit.data.prepare import discover
 from gptkit.data.prepare.settings import PrepareSettings
 from gptkit.data.prepare.tokenizer_training import TrainingJob, train_bpe
+from gptkit.model import GPT, GPTConfig
 from gptkit.weights.export_hf import export_hf
 from helpers import lively_model, sample_text, stdlib_sources
 
@@ -177,3 +178,21 @@ def test_what_gpt2_cannot_express_is_refused_naming_the_setting(tmp_path, settin
 def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path):
     with pytest.raises(UserError, match="27 tokens but the model only 20 rows"):
         export(tmp_path, lively_model(vocab_size=20), tok.CharTokenizer([chr(97 + i) for i in range(26)], eot=True))
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen2"])
+def test_a_hugging_face_tokenizer_s_own_bos_token_is_the_config_s(tmp_path, family):
+    """config.json's bos_token_id is the token tokenizer_config.json names bos (Llama 3's <|begin_of_text|>), or
+    null where it names none (Qwen2), as transformers reads the exported tokenizer; not the end-of-text token."""
+    import transformers
+
+    from gptkit.data.hf_tokenizer import load_hf_tokenizer
+    from hf_tokenizer_dirs import write_family
+
+    tokenizer = load_hf_tokenizer(write_family(tmp_path / "tokenizer", family))
+    config = dict(pos_encoding="rope", norm="rmsnorm", activation="swiglu", bias=False, mlp_hidden=64)
+    model = GPT(GPTConfig(block_size=32, vocab_size=tokenizer.vocab_size, n_layer=1, n_head=2, n_embd=32, **config))
+    destination = export(tmp_path, model, tokenizer)
+    written = json.loads((destination / "config.json").read_text())
+    assert written["bos_token_id"] == transformers.AutoTokenizer.from_pretrained(destination).bos_token_id
+    assert (written["bos_token_id"] is None) == (family == "qwen2")
