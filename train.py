@@ -783,7 +783,8 @@ def finish(run: Run, state: LoopState) -> int:
     if run.procs.master:
         atomic_write_json(Path(run.cfg.out_dir) / runlog.SUMMARY_NAME, summary)
     run.log.close()
-    run.log.say(runlog.done_line(state.iter_num, state.best_val_loss, Path(run.cfg.out_dir)))
+    best_saved = (Path(run.cfg.out_dir) / ckpt.BEST_NAME).exists()
+    run.log.say(runlog.done_line(state.iter_num, state.best_val_loss, Path(run.cfg.out_dir), best_saved))
     return 0
 
 

@@ -178,6 +178,10 @@ def cut_short_line(signal_name: str | None, failure: str) -> str:
     )
 
 
-def done_line(steps: int, best_val_loss: float, out_dir: Path) -> str:
+def done_line(steps: int, best_val_loss: float, out_dir: Path, best_saved: bool = True) -> str:
+    """The last line of a run. `best_saved`: whether best.pt holds the best val loss; it does not when the weights
+    the run began from (step 0, never saved) scored best, which a fine-tune that only got worse shows."""
     best = f", best val loss {best_val_loss:.4f}" if math.isfinite(best_val_loss) else ""  # GRPO has no loss
+    if best and not best_saved:
+        best += " (the weights it began from, not saved: ckpt.pt holds the last step)"
     return f"done: {steps} iters{best}, checkpoints in {out_dir}"

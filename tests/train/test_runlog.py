@@ -59,6 +59,10 @@ def test_lines_keep_their_formats() -> None:
         "replaced the earlier run in o: removed ckpt.pt, log.jsonl"
     )
     assert runlog.done_line(20, 4.06931, Path("out")) == "done: 20 iters, best val loss 4.0693, checkpoints in out"
+    assert runlog.done_line(2, 0.69312, Path("o"), best_saved=False) == (
+        "done: 2 iters, best val loss 0.6931 (the weights it began from, not saved: ckpt.pt holds the last step), "
+        "checkpoints in o"
+    )
 
 
 def test_rank_0_prints_and_appends_to_log_jsonl(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
