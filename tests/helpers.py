@@ -461,6 +461,16 @@ def reference_greedy(model: Any, prompt: list[int], steps: int) -> list[int]:
     return model.generate(torch.tensor([prompt]), steps, temperature=0)[0, len(prompt) :].tolist()
 
 
+def greedy_llama_cpp(llm: Any, prompt: list[int], count: int) -> list[int]:
+    """`count` greedy tokens after `prompt` from llama.cpp (a llama_cpp.Llama), no repetition penalty."""
+    tokens = []
+    for token in llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
+        tokens.append(token)
+        if len(tokens) == count:
+            return tokens
+    return tokens
+
+
 # ----------------------------------------------------------------------------- a served model (serve.py)
 
 SERVE_TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\nROMEO: Juliet?\n"

@@ -16,7 +16,17 @@ import train
 from gptkit.data import tokenizer as tok
 from gptkit.weights.checkpoint import save_checkpoint, tokenizer_record
 from gptkit.weights.loading import load_model_and_tokenizer
-from helpers import REPO, assert_one_line_error, assert_script_error, cli_args, lively_model, run_main, run_script
+from helpers import (
+    REPO,
+    assert_one_line_error,
+    assert_script_error,
+    cli_args,
+    greedy_llama_cpp,
+    lively_model,
+    reference_greedy,
+    run_main,
+    run_script,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -114,16 +124,6 @@ def demo_run(tmp_path_factory, char_data_dir) -> Path:
     return out_dir
 
 
-def greedy_ours(run_dir: Path, prompt: list[int], count: int) -> list[int]:
-    """`count` greedy tokens after `prompt` from the run's checkpoint (the plain forward pass, no cache)."""
-    model, _ = load_model_and_tokenizer("resume", str(run_dir))
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(count):
-            ids.append(int(model.eval()(torch.tensor([ids]))[0][0, -1].argmax()))
-    return ids[len(prompt) :]
-
-
 @pytest.mark.heavy
 def test_the_demos_model_exports_as_qwen3_that_transformers_runs_to_our_greedy_tokens(tmp_path, demo_run, capsys):
     destination = tmp_path / "hf"
@@ -132,12 +132,12 @@ def test_the_demos_model_exports_as_qwen3_that_transformers_runs_to_our_greedy_t
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(destination)
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(destination).eval()
     assert type(hf_model).__name__ == "Qwen3ForCausalLM"
-    _, tokenizer = load_model_and_tokenizer("resume", str(demo_run))
+    model, tokenizer = load_model_and_tokenizer("resume", str(demo_run))
     prompt = hf_tokenizer.encode("First Citizen:\n")
     assert prompt == tokenizer.encode("First Citizen:\n")
     with torch.no_grad():
         generated = hf_model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=None)
-    ours = greedy_ours(demo_run, prompt, 40)
+    ours = reference_greedy(model.eval(), prompt, 40)
     assert generated[0].tolist()[len(prompt) :] == ours
     assert hf_tokenizer.decode(ours) == tokenizer.decode(ours)
 
@@ -157,17 +157,12 @@ def test_the_demos_model_exports_to_gguf_that_llama_cpp_runs_to_our_greedy_token
     path = destination / "demo-f32.gguf"
     assert gguf.GGUFReader(path).fields["general.architecture"].contents() == "qwen3"
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, verbose=False)
-    _, tokenizer = load_model_and_tokenizer("resume", str(demo_run))
+    model, tokenizer = load_model_and_tokenizer("resume", str(demo_run))
     text = "First Citizen:\nBefore we proceed any further, hear me speak."
     assert llm.tokenize(text.encode(), add_bos=False, special=False) == tokenizer.encode(text)
     prompt = tokenizer.encode("First Citizen:\n")
-    ours = greedy_ours(demo_run, prompt, 40)
-    theirs = []
-    for token in llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
-        theirs.append(token)
-        if len(theirs) == len(ours):
-            break
-    assert theirs == ours
+    ours = reference_greedy(model.eval(), prompt, 40)
+    assert greedy_llama_cpp(llm, prompt, 40) == ours
     assert llm.detokenize(ours).decode() == tokenizer.decode(ours)
 
 

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from gptkit.core.errors import UserError
 from gptkit.data import bpe
 from gptkit.data import tokenizer as tok
 from gptkit.data.chat import END_OF_TURN
 from gptkit.weights.export_gguf import export_gguf, gguf_tensors
-from helpers import lively_model
+from helpers import greedy_llama_cpp, lively_model, reference_greedy
 
 gguf = pytest.importorskip("gguf")
 
@@ -322,19 +321,7 @@ def test_llama_cpp_runs_the_export_to_our_greedy_tokens(tmp_path, request, gpt2_
     prompt = tokenizer.chat.render_prompt(CONVERSATION, tokenizer)
     rendered = "<|endoftext|><|system|>Be brief.<|end|><|user|>Hello, who are you?<|end|><|assistant|>"
     assert llm.tokenize(rendered.encode(), add_bos=False, special=True) == prompt
-    ours = []
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(12):
-            logits, _ = model(torch.tensor([ids]))
-            ids.append(int(logits[0, -1].argmax()))
-            ours.append(ids[-1])
-    theirs = []
-    for token in llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
-        theirs.append(token)
-        if len(theirs) == len(ours):
-            break
-    assert theirs == ours
+    assert greedy_llama_cpp(llm, prompt, 12) == reference_greedy(model, prompt, 12)
 
 
 @pytest.mark.slow
@@ -364,25 +351,6 @@ def test_llama_cpp_tokenizes_a_trained_bpe_as_we_do(tmp_path, request):
         assert llm.tokenize(text.encode(), add_bos=False, special=False) == tokenizer.encode(text)
 
 
-def greedy_ours(model, prompt: list[int], count: int) -> list[int]:
-    """`count` greedy tokens after `prompt` from our model (the plain forward pass, no cache)."""
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(count):
-            logits, _ = model(torch.tensor([ids]))
-            ids.append(int(logits[0, -1].argmax()))
-    return ids[len(prompt) :]
-
-
-def greedy_llama_cpp(llm, prompt: list[int], count: int) -> list[int]:
-    tokens = []
-    for token in llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
-        tokens.append(token)
-        if len(tokens) == count:
-            return tokens
-    return tokens
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "settings",
@@ -399,7 +367,7 @@ def test_llama_cpp_greedy_decodes_our_tokens_in_every_architecture(tmp_path, req
     model = lively_model(vocab_size=300, block_size=64, **settings)
     llm = llama_cpp.Llama(model_path=str(export(tmp_path, model, tiny_bpe())), n_ctx=64, verbose=False)
     prompt = [5, 77, 200, 31, 9, 144]
-    assert greedy_llama_cpp(llm, prompt, 20) == greedy_ours(model, prompt, 20)
+    assert greedy_llama_cpp(llm, prompt, 20) == reference_greedy(model, prompt, 20)
 
 
 @pytest.mark.slow
@@ -417,6 +385,6 @@ def test_llama_cpp_runs_the_demos_character_model_to_our_tokens_and_text(tmp_pat
     llm = llama_cpp.Llama(model_path=str(export(tmp_path, model, tokenizer)), n_ctx=128, verbose=False)
     assert llm.tokenize(text.encode(), add_bos=False, special=False) == tokenizer.encode(text)
     prompt = tokenizer.encode("First Citizen:\n")
-    ours = greedy_ours(model, prompt, 30)
+    ours = reference_greedy(model, prompt, 30)
     assert greedy_llama_cpp(llm, prompt, 30) == ours
     assert llm.detokenize(ours).decode() == tokenizer.decode(ours)

@@ -12,13 +12,13 @@ import pytest
 
 from gptkit.core.errors import UserError
 from gptkit.data.hf_tokenizer import load_hf_tokenizer
-from helpers import lively_model
+from helpers import greedy_llama_cpp, lively_model, reference_greedy
 from hf_tokenizer_dirs import CORPUS, FAMILIES, FAMILY_CORPUS, TEXTS, write_family, write_sentencepiece
 
 gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
 
-from test_export_gguf import QWEN3, export, field, greedy_llama_cpp, greedy_ours, slow_requested  # noqa: E402
+from test_export_gguf import QWEN3, export, field, slow_requested  # noqa: E402
 
 # What llama.cpp must call each family's pre-tokenizer (the names its converter gives the real models).
 PRE_NAMES = {"gpt2": "gpt-2", "llama3": "llama-bpe", "qwen2": "qwen2", "smollm2": "smollm"}
@@ -200,4 +200,4 @@ def test_llama_cpp_tokenizes_as_the_hugging_face_tokenizer_and_decodes_our_token
     else:
         prompt = tokenizer.encode("It's 2024: hello, world")
     prompt = prompt[-60:]
-    assert greedy_llama_cpp(llm, prompt, 20) == greedy_ours(model, prompt, 20)
+    assert greedy_llama_cpp(llm, prompt, 20) == reference_greedy(model, prompt, 20)
