@@ -188,8 +188,7 @@ class HFTokenizer:
         self.vocab_size: int = max(self._with_added.get_vocab(with_added_tokens=True).values()) + 1
         self.special_tokens_map = dict(record["special_tokens_map"])
         self._check_named_tokens(where)
-        eos = self.special_tokens_map.get("eos_token")
-        self.eot_token: int | None = None if eos is None else self._with_added.token_to_id(eos)
+        self.eot_token: int | None = self.named_token_id("eos_token")
         self._pieces = self._token_bytes(json.loads(text).get("decoder"))
         self._record = {key: record[key] for key in RECORD_KEYS}
         self.chat = self._template(record, where)

@@ -148,9 +148,8 @@ def gguf_tokenizer(tokenizer: HFTokenizer, rows: int) -> GGUFTokenizer:
     if not merges:  # llama.cpp refuses a byte-level BPE without merges
         raise UserError("cannot export this tokenizer to GGUF: its BPE has no merges, which llama.cpp requires")
     names = tokenizer.special_tokens_map
-    special_ids = {
-        role: vocab[names[f"{role}_token"]] for role in ("bos", "eos", "unk", "pad") if f"{role}_token" in names
-    }
+    named_ids = {role: tokenizer.named_token_id(f"{role}_token") for role in ("bos", "eos", "unk", "pad")}
+    special_ids = {role: token_id for role, token_id in named_ids.items() if token_id is not None}
     opening, closing = _post_processor_ends(spec.get("post_processor"))
     return GGUFTokenizer(
         kind=kind,
