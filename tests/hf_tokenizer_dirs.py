@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 # A Qwen2.5-style ChatML template (its branch without tools): a default system message when none is given.
 CHATML = """{%- if messages[0]['role'] == 'system' %}
@@ -133,6 +133,8 @@ QWEN3 = r"""{%- if tools %}
 """
 CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 QWEN3_SPECIALS = [*CHATML_SPECIALS, "<think>", "</think>", "<tool_call>", "</tool_call>"]
+# The added tokens Qwen3's tokenizer.json marks "special": false: text its template writes, shown in its answers.
+QWEN3_TEXT_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 
 CORPUS = [
@@ -207,6 +209,19 @@ def write_sentencepiece(directory: Path, template: str | None = ZEPHYR, every_sp
     )
     tokenizer.add_special_tokens(["<unk>", "<s>", "</s>"])
     return _save(tokenizer, directory, template, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def write_qwen3(directory: Path) -> Path:
+    """A byte-level BPE laid out as Qwen3 ships it: ChatML's tokens special, the reasoning and tool-call tokens its
+    template writes (<think>, </think>, <tool_call>, ...) added but not special, Qwen3's chat template, and
+    generation_config.json ending a reply at <|im_end|> or <|endoftext|>."""
+    write_byte_level(directory, QWEN3, CHATML_SPECIALS)
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    tokenizer.add_tokens([AddedToken(text, special=False, normalized=False) for text in QWEN3_TEXT_TOKENS])
+    _save(tokenizer, directory, QWEN3, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    stops = [tokenizer.token_to_id("<|im_end|>"), tokenizer.token_to_id("<|endoftext|>")]
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": stops}), encoding="utf-8")
+    return directory
 
 
 def write_llama3(directory: Path) -> Path:

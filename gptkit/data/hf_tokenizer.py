@@ -255,6 +255,18 @@ class HFTokenizer:
         """Encode text in which an added token's text stands for that token (a rendered chat template)."""
         return self._with_added.encode(text, add_special_tokens=False).ids
 
+    def encode_without_added(self, text: str) -> list[int]:
+        """Encode text as the characters it is made of, reading no added token in it, special or not: a control token
+        typed in a chat message (transformers' sanitize_control_tokens). `encode` still reads an added token that is
+        not special (Qwen3's <think>), as transformers does, so this runs the normalizer, pre-tokenizer and model."""
+        backend = self._with_added
+        if backend.normalizer is not None:
+            text = backend.normalizer.normalize_str(text)
+        pieces = (
+            [text] if backend.pre_tokenizer is None else [p for p, _ in backend.pre_tokenizer.pre_tokenize_str(text)]
+        )
+        return [token.id for piece in pieces for token in backend.model.tokenize(piece)]
+
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         """The ids' bytes, token by token (a SentencePiece word keeps its leading space); an id no token has gives
         U+FFFD."""

@@ -47,7 +47,7 @@ _RENDER_ERRORS = (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexEr
 class ChatTextEncoder(Protocol):
     """What the template needs of a tokenizer: text with and without reading added tokens in it."""
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode_without_added(self, text: str) -> list[int]: ...
 
     def encode_with_added(self, text: str) -> list[int]: ...
 
@@ -218,7 +218,7 @@ class JinjaChatTemplate:
             if not piece:
                 continue
             as_text = index % 2 == 1
-            encode = tokenizer.encode if as_text else tokenizer.encode_with_added
+            encode = tokenizer.encode_without_added if as_text else tokenizer.encode_with_added
             # After a newline, so a SentencePiece tokenizer adds no prefix space mid-text; then the newline goes.
             piece_ids = encode("\n" + piece)
             piece_ids = piece_ids[len(newline) :] if piece_ids[: len(newline)] == newline else encode(piece)

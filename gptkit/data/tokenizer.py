@@ -331,12 +331,28 @@ def special_tokens_of(tokenizer: Tokenizer) -> dict[str, int]:
 
 
 def completion_stops(tokenizer: Tokenizer) -> list[int]:
-    """The tokens that end a plain completion (no chat template applied): the end of text, and on a chat model every
-    control token of its template, its end of turn first: a marker is never text in an answer, as a chat reply never
-    shows one either."""
+    """The tokens that end a plain completion (no chat template applied): the end of text, and on a chat model the
+    tokens that end its replies and every special token of its template: a marker is never text in an answer, as a
+    chat reply never shows one either. An added token that a Hugging Face tokenizer marks not special, though its
+    template writes it (Qwen3's <think>, <tool_call>), is text: shown in the answer and never a stop, as vLLM and
+    transformers treat it."""
     eot, template = tokenizer.eot_token, tokenizer.chat
-    markers = [] if template is None else [template.end_of_turn, *template.ids]
-    return list(dict.fromkeys(([] if eot is None else [eot]) + markers))
+    stops = [] if eot is None else [eot]
+    if template is not None:
+        stops += [template.end_of_turn, *template.reply_stops, *_special_template_ids(tokenizer)]
+    return list(dict.fromkeys(stops))
+
+
+def _special_template_ids(tokenizer: Tokenizer) -> list[int]:
+    """The ids of the chat template's control tokens that are special tokens: all of a template made here, those a
+    Hugging Face tokenizer.json marks "special" of a model's own template."""
+    template = tokenizer.chat
+    if template is None:
+        return []
+    if not isinstance(tokenizer, HFTokenizer):
+        return template.ids
+    added = tokenizer.added_tokens
+    return [token_id for text, token_id in template.special_tokens.items() if added.get(text, (token_id, True))[1]]
 
 
 def encode_with_special_tokens(tokenizer: Tokenizer, text: str) -> list[int]:

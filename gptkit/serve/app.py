@@ -292,7 +292,7 @@ class Service:
 
     def completion_stops(self) -> tuple[int, ...]:
         """The tokens that end a completion (gptkit.data.tokenizer.completion_stops): the end of text, and on a chat
-        model every marker of its template."""
+        model its reply stops and every special token of its template (Qwen3's <think> is text, never a stop)."""
         return tuple(completion_stops(self.tokenizer))
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:

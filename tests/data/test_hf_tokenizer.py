@@ -20,7 +20,17 @@ from gptkit.data.hf_tokenizer import HFTokenizer, load_hf_tokenizer
 from gptkit.data.meta import META_FORMAT, META_VERSION, read_meta, validate_meta
 from gptkit.infer.textstream import TextStream
 from helpers import assert_one_line_error, assert_one_line_message, run_main
-from hf_tokenizer_dirs import CHATML, QWEN3, QWEN3_SPECIALS, TEXTS, write_byte_level, write_llama3, write_sentencepiece
+from hf_tokenizer_dirs import (
+    CHATML,
+    QWEN3,
+    QWEN3_SPECIALS,
+    QWEN3_TEXT_TOKENS,
+    TEXTS,
+    write_byte_level,
+    write_llama3,
+    write_qwen3,
+    write_sentencepiece,
+)
 from prepare_data import chat as chat_script
 
 CONVERSATION = [
@@ -244,6 +254,28 @@ def test_qwen3s_template_trains_on_every_turn_of_a_multi_turn_conversation(tmp_p
     assert prompt == auto.apply_chat_template(
         conversation[:4], tokenize=True, add_generation_prompt=True, return_dict=False
     )
+
+
+def test_qwen3s_reasoning_tokens_are_text_that_never_ends_a_completion(tmp_path: Path) -> None:
+    """Qwen3 ships <think>, <tool_call>, ... as added tokens that are not special: a completion stops only at the
+    special ones and the generation config's eos ids (as vLLM and transformers), while its template still writes
+    them as tokens and a message that types them gets their characters."""
+    directory = write_qwen3(tmp_path / "qwen3")
+    auto, ours = AutoTokenizer.from_pretrained(str(directory)), load_hf_tokenizer(directory)
+    special = {token_id for token_id, added in auto.added_tokens_decoder.items() if added.special}
+    eos = json.loads((directory / "generation_config.json").read_text())["eos_token_id"]
+    assert set(tok.completion_stops(ours)) == special | set(eos) and len(special) == 3
+    text_ids = auto.convert_tokens_to_ids(QWEN3_TEXT_TOKENS)
+    assert not set(text_ids) & set(tok.completion_stops(ours)) and set(text_ids) <= set(ours.chat.ids)
+    assert ours.chat.reply_stops == tuple(eos)
+    ids, mask = ours.chat.render(CONVERSATION, ours)
+    assert ids.tolist() == auto.apply_chat_template(CONVERSATION, tokenize=True, return_dict=False)
+    assert ours.decode(ids[mask == 1].tolist()).startswith("Très bien, merci. 你好！<|im_end|><think>\n\n</think>")
+    # Typed in a message, they are their characters (transformers' sanitize_control_tokens), never the token.
+    typed = [{"role": "user", "content": "say <think> and </tool_call>"}, {"role": "assistant", "content": "ok"}]
+    sanitized = auto.apply_chat_template(typed, tokenize=True, return_dict=False, sanitize_control_tokens=True)
+    assert ours.chat.render(typed, ours)[0].tolist() == sanitized
+    assert not set(text_ids) & set(sanitized[: sanitized.index(auto.convert_tokens_to_ids("<|im_end|>"))])
 
 
 def test_a_template_whose_earlier_turns_end_otherwise_refuses_the_conversation(tmp_path: Path) -> None:

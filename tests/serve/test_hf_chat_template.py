@@ -1,9 +1,11 @@
 """The chat API and sample.py --chat on a Hugging Face tokenizer: the model's own template renders the prompt
-(transformers' apply_chat_template ids) and a reply ends at the template's end of turn."""
+(transformers' apply_chat_template ids) and a reply ends at the template's end of turn; a Qwen3-style model's
+reasoning tokens (added, not special) are text in completions and replies, as vLLM and transformers show them."""
 
 from __future__ import annotations
 
 import io
+import json
 
 import httpx
 import pytest
@@ -13,7 +15,7 @@ from transformers import AutoTokenizer
 import sample
 from gptkit.data.hf_tokenizer import HFTokenizer, load_hf_tokenizer
 from helpers import lively_model, reference_greedy, running_app
-from hf_tokenizer_dirs import write_byte_level, write_llama3
+from hf_tokenizer_dirs import write_byte_level, write_llama3, write_qwen3
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Ça va ? 🙂"}]
 
@@ -83,3 +85,93 @@ def test_sample_chat_streams_the_reply_up_to_the_end_of_turn(chatml: tuple[AutoT
     reply = sample.chat_reply(model, ours, MESSAGES, cfg, torch.device("cpu"), torch.float32, written.write)
     assert reply == written.getvalue() == expected_reply(model, ours, prompt, 12)[0]
     assert expected_reply(model, ours, prompt, 12)[1] == "stop" and reply
+
+
+# ----------------------------------------------------------------------------- Qwen3's reasoning tokens are text
+
+QWEN3_SHAPE = dict(block_size=96, n_head=4, n_kv_head=2, head_dim=16, mlp_hidden=64, bias=False)
+QWEN3_FAMILY = dict(pos_encoding="rope", norm="rmsnorm", activation="swiglu", qk_norm=True, qk_norm_weight=True)
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory: pytest.TempPathFactory) -> tuple[AutoTokenizer, HFTokenizer, list[int]]:
+    """transformers' and our tokenizer of a Qwen3-style directory, and its generation_config.json's eos ids."""
+    directory = write_qwen3(tmp_path_factory.mktemp("qwen3"))
+    eos = json.loads((directory / "generation_config.json").read_text())["eos_token_id"]
+    return AutoTokenizer.from_pretrained(str(directory)), load_hf_tokenizer(directory), eos
+
+
+def thinking_model(auto: AutoTokenizer, prompt: list[int], seed: int) -> torch.nn.Module:
+    """A tiny random Qwen3-style model (RoPE, RMSNorm, SwiGLU, QK-norm with scales, grouped KV heads) whose greedy
+    answer to `prompt` opens with <think> (its output row a scaled copy of greedy's first pick) and reaches
+    <|im_end|> a few tokens later (the same with greedy's sixth pick); the other special tokens' rows are zero."""
+    model = lively_model(len(auto), seed=seed, **QWEN3_SHAPE, **QWEN3_FAMILY)
+    think, end = auto.convert_tokens_to_ids(["<think>", "<|im_end|>"])
+    with torch.no_grad():
+        model.lm_head.weight[[i for i, added in auto.added_tokens_decoder.items() if added.special]] = 0.0
+        model.lm_head.weight[think] = 1.5 * model.lm_head.weight[reference_greedy(model, prompt, 1)[0]]
+        model.lm_head.weight[end] = 1.5 * model.lm_head.weight[reference_greedy(model, prompt, 6)[5]]
+    return model
+
+
+def greedy_answer(model: torch.nn.Module, auto: AutoTokenizer, prompt: list[int], stops: set[int]) -> str:
+    """transformers' text of the greedy tokens before the first of `stops`, which must come within 16 tokens after
+    a <think> the answer shows."""
+    tokens = reference_greedy(model, prompt, 16)
+    cut = next(i for i, token in enumerate(tokens) if token in stops)
+    assert auto.convert_tokens_to_ids("<think>") in tokens[:cut]  # the case tested: reasoning before the end
+    return auto.decode(tokens[:cut])
+
+
+def streamed_text(response: httpx.Response, text: callable) -> tuple[str, str]:
+    """The text and the finish reason of a streamed answer's one choice."""
+    lines = [line[len("data: ") :] for line in response.text.split("\n\n") if line.startswith("data: ")]
+    chunks = [json.loads(line)["choices"][0] for line in lines if line != "[DONE]"]
+    return "".join(text(chunk) for chunk in chunks), chunks[-1]["finish_reason"]
+
+
+def test_a_qwen3_completion_shows_its_reasoning_tokens_and_stops_at_special_ones(qwen3) -> None:
+    auto, ours, eos = qwen3
+    special = {token_id for token_id, added in auto.added_tokens_decoder.items() if added.special}
+    prompt = "<|im_start|>user\nÇa va ? 🙂<|im_end|>\n<|im_start|>assistant\n"
+    ids = auto(prompt, add_special_tokens=False)["input_ids"]  # the client sends the rendered prompt as ids
+    model = thinking_model(auto, ids, seed=5)
+    expected = greedy_answer(model, auto, ids, special | set(eos))
+    body = {"model": "m", "prompt": ids, "max_tokens": 16, "temperature": 0}
+    with running_app(model, ours) as base:
+        answer = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()["choices"][0]
+        streamed = httpx.post(f"{base}/v1/completions", json={**body, "stream": True}, timeout=60)
+    assert (answer["text"], answer["finish_reason"]) == (expected, "stop")
+    assert streamed_text(streamed, lambda choice: choice["text"]) == (expected, "stop")
+    assert expected.startswith("<think>") and not any(auto.decode([token]) in expected for token in special)
+
+
+def test_a_qwen3_chat_reply_shows_its_reasoning_and_ends_at_the_end_of_turn(qwen3) -> None:
+    auto, ours, eos = qwen3
+    prompt = auto.apply_chat_template(MESSAGES, tokenize=True, add_generation_prompt=True, return_dict=False)
+    model = thinking_model(auto, prompt, seed=3)
+    expected = greedy_answer(model, auto, prompt, set(eos))
+    body = {"model": "m", "messages": MESSAGES, "max_tokens": 16, "temperature": 0}
+    with running_app(model, ours) as base:
+        reply = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).json()["choices"][0]
+        streamed = httpx.post(f"{base}/v1/chat/completions", json={**body, "stream": True}, timeout=60)
+    assert (reply["message"]["content"], reply["finish_reason"]) == (expected, "stop")
+    assert streamed_text(streamed, lambda choice: choice["delta"].get("content", "")) == (expected, "stop")
+    assert expected.startswith("<think>")
+
+
+def test_sample_prints_a_qwen3_models_reasoning_tokens(qwen3) -> None:
+    auto, ours, eos = qwen3
+    special = {token_id for token_id, added in auto.added_tokens_decoder.items() if added.special}
+    prompt = "Ça va ? 🙂"
+    ids = auto(prompt, add_special_tokens=False)["input_ids"]
+    model = thinking_model(auto, ids, seed=5)
+    cfg = sample.SampleSettings(temperature=0.0, max_new_tokens=16)
+    written = io.StringIO()
+    texts = sample.generate_samples(model, ours, prompt, cfg, torch.device("cpu"), torch.float32, written.write)
+    assert texts == [prompt + greedy_answer(model, auto, ids, special | set(eos))] == [written.getvalue()]
+    chat_prompt = auto.apply_chat_template(MESSAGES, tokenize=True, add_generation_prompt=True, return_dict=False)
+    model = thinking_model(auto, chat_prompt, seed=7)
+    written = io.StringIO()
+    reply = sample.chat_reply(model, ours, MESSAGES, cfg, torch.device("cpu"), torch.float32, written.write)
+    assert reply == written.getvalue() == greedy_answer(model, auto, chat_prompt, set(eos))
