@@ -184,11 +184,19 @@ def write_byte_level(
     return _save(tokenizer, directory, template, **special)
 
 
-def write_sentencepiece(directory: Path, template: str | None = ZEPHYR, every_split: bool = False) -> Path:
+def write_sentencepiece(
+    directory: Path,
+    template: str | None = ZEPHYR,
+    every_split: bool = False,
+    prepend_scheme: str | None = None,
+    split: bool = False,
+) -> Path:
     """A SentencePiece-style BPE as Llama 2 and TinyLlama ship it in tokenizer.json: <unk> <s> </s>, the 256 byte
     tokens <0x00>..<0xFF> (byte fallback for characters it has no token for), "▁" for spaces. `every_split`: merges
     as transformers writes them from a SentencePiece model, every split of a token into two tokens, by the token's
-    id (its SentencePiece score), where the trainer's are only the merges it made."""
+    id (its SentencePiece score), where the trainer's are only the merges it made. `prepend_scheme`: None writes
+    spaces with the normalizer (Prepend, Replace: the form before tokenizers 0.14), else with a Metaspace
+    pre-tokenizer of that prepend_scheme and `split` (the newer form, no normalizer); the decoder is transformers'."""
     trained = Tokenizer(models.BPE(unk_token="<unk>"))
     trained.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
@@ -203,9 +211,13 @@ def write_sentencepiece(directory: Path, template: str | None = ZEPHYR, every_sp
         ordered = sorted((vocab[t], vocab[a], vocab[b], a, b) for t, a, b in splits if a in vocab and b in vocab)
         merges = [(a, b) for *_, a, b in ordered if vocab[a + b] > 258]  # no merge makes a special or byte token
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
-    tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    if prepend_scheme is None:
+        tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    else:
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=prepend_scheme, split=split)
+    strip = [] if prepend_scheme == "never" else [decoders.Strip(" ", 1, 0)]  # the space put before the text
     tokenizer.decoder = decoders.Sequence(
-        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), *strip]
     )
     tokenizer.add_special_tokens(["<unk>", "<s>", "</s>"])
     return _save(tokenizer, directory, template, bos_token="<s>", eos_token="</s>", unk_token="<unk>")

@@ -129,7 +129,7 @@ def gguf_tokenizer(tokenizer: HFTokenizer, rows: int) -> GGUFTokenizer:
     if model.get("type") == "BPE" and (spec.get("decoder") or {}).get("type") == "ByteLevel":
         kind, pre, add_space_prefix = "gpt2", pre_tokenizer_name(spec), None
     elif model.get("type") == "BPE" and model.get("byte_fallback"):
-        kind, pre, add_space_prefix = "llama", None, sentencepiece_space_prefix(spec)
+        kind, pre, add_space_prefix = "llama", None, sentencepiece_space_prefix(spec, list(model.get("vocab") or {}))
     else:
         raise UserError(
             f"cannot export this tokenizer to GGUF: export writes byte-level BPE tokenizers (GPT-2, Llama 3, Qwen, "
@@ -183,10 +183,16 @@ def token_types(tokens: list[str], tokenizer: HFTokenizer, kind: str, unk: str |
     return types
 
 
-def sentencepiece_space_prefix(spec: dict[str, Any]) -> bool:
-    """Whether a SentencePiece-style tokenizer.json opens text with "▁" (llama.cpp's add_space_prefix); UserError
-    unless it writes spaces as "▁" the way llama.cpp's SentencePiece tokenizer does: the normalizer Replace(" ", "▁"),
-    after Prepend("▁") or not (Llama 2's tokenizer.json), and no pre-tokenizer."""
+def sentencepiece_space_prefix(spec: dict[str, Any], tokens: list[str]) -> bool:
+    """Whether a SentencePiece-style tokenizer.json (its BPE's `tokens`) opens text with "▁" (llama.cpp's
+    add_space_prefix); UserError unless llama.cpp's SentencePiece tokenizer writes spaces as "▁" exactly as it does.
+    llama.cpp turns every space
+    into "▁" and, with add_space_prefix, puts one more before the text and after each added token, whatever the text
+    begins with: that is the normalizer Replace(" ", "▁"), after Prepend("▁") or not, with no pre-tokenizer (Llama
+    2's tokenizer.json as transformers wrote it before tokenizers 0.14), or the pre-tokenizer Metaspace with no
+    normalizer when it prepends nothing (see _metaspace_space_prefix)."""
+    if isinstance(spec.get("pre_tokenizer"), dict) and spec["pre_tokenizer"].get("type") == "Metaspace":
+        return _metaspace_space_prefix(spec, tokens)
     normalizer = spec.get("normalizer") or {}
     parts = (normalizer.get("normalizers") or []) if normalizer.get("type") == "Sequence" else [normalizer]
     kinds = [(part.get("type"), part.get("prepend") or (part.get("pattern") or {}).get("String")) for part in parts]
@@ -196,9 +202,42 @@ def sentencepiece_space_prefix(spec: dict[str, Any]) -> bool:
         return len(kinds) == 2
     raise UserError(
         "cannot export this tokenizer to GGUF: llama.cpp's SentencePiece tokenizer takes spaces written as '▁' by "
-        "the normalizer (Prepend('▁') then Replace(' ', '▁'), as Llama 2's tokenizer.json), not this normalizer "
-        f"{[kind for kind, _ in kinds]} and pre-tokenizer {(spec.get('pre_tokenizer') or {}).get('type')}"
+        "the normalizer (Prepend('▁') then Replace(' ', '▁'), as Llama 2's tokenizer.json), or by a Metaspace "
+        f"pre-tokenizer, not this normalizer {[kind for kind, _ in kinds]} and pre-tokenizer "
+        f"{(spec.get('pre_tokenizer') or {}).get('type')}"
     )
+
+
+def _metaspace_space_prefix(spec: dict[str, Any], tokens: list[str]) -> bool:
+    """add_space_prefix (False) of a tokenizer.json whose pre-tokenizer Metaspace writes spaces as "▁", the form
+    tokenizers >= 0.14 and transformers write; UserError where llama.cpp would tokenize otherwise. Metaspace puts "▁"
+    before a text (prepend_scheme "first": the first text; "always": each text between added tokens) only when it
+    does not begin with a space already, where llama.cpp always puts one: " Hi" is "▁Hi" to one and "▁▁Hi" to the
+    other, so only prepend_scheme "never" (no prefix, as llama.cpp without add_space_prefix) is exact. Its split
+    (words cut before each "▁") changes nothing where no token holds a "▁" past its first character."""
+    pre = spec["pre_tokenizer"]
+    where = "cannot export this tokenizer to GGUF: its pre-tokenizer Metaspace"
+    if spec.get("normalizer") is not None or pre.get("replacement") != SPACE:
+        raise UserError(
+            f"{where} with replacement {pre.get('replacement')!r} and normalizer "
+            f"{(spec.get('normalizer') or {}).get('type')} is not how llama.cpp's SentencePiece tokenizer writes "
+            "spaces (as '▁', with no normalizer)"
+        )
+    # Files written before tokenizers 0.14 say add_prefix_space (true: "always") and always split.
+    scheme = pre.get("prepend_scheme") or ("always" if pre.get("add_prefix_space", True) else "never")
+    if scheme != "never":
+        raise UserError(
+            f"{where} (prepend_scheme {scheme!r}) puts '▁' before a text only when it does not begin with a space, "
+            "where llama.cpp's SentencePiece tokenizer (add_space_prefix) always puts one, so the two tokenize text "
+            "such as ' Hi' differently; export --format=hf and convert it with llama.cpp's convert_hf_to_gguf.py"
+        )
+    spanning = next((token for token in tokens if SPACE in token[1:]), None)
+    if pre.get("split", True) and spanning is not None:
+        raise UserError(
+            f"{where} cuts text into words before each '▁' (split true), but the token {spanning!r} holds a '▁' "
+            "past its start: llama.cpp's SentencePiece tokenizer, which does not cut words, would make it"
+        )
+    return False
 
 
 def sentencepiece_scores(tokens: list[str], merges: list[str], added: dict[str, tuple[int, bool]]) -> list[float]:
