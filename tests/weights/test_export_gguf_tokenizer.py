@@ -12,6 +12,7 @@ import pytest
 
 from gptkit.core.errors import UserError
 from gptkit.data.hf_tokenizer import load_hf_tokenizer
+from gptkit.weights import gguf_hf_tokenizer
 from helpers import greedy_llama_cpp, lively_model, reference_greedy
 from hf_tokenizer_dirs import CORPUS, FAMILIES, FAMILY_CORPUS, TEXTS, write_family, write_sentencepiece
 
@@ -267,3 +268,24 @@ def test_llama_cpp_tokenizes_as_the_hugging_face_tokenizer_and_decodes_our_token
         prompt = tokenizer.encode("It's 2024: hello, world")
     prompt = prompt[-60:]
     assert greedy_llama_cpp(llm, prompt, 20) == reference_greedy(model, prompt, 20)
+
+
+@pytest.mark.slow
+def test_llama_cpp_tokenizes_metaspace_first_otherwise_which_is_why_it_is_refused(
+    tmp_path, request, family_dirs, monkeypatch
+):
+    """Were prepend_scheme "first" written with add_space_prefix (as llama.cpp's converter writes Llama 2), llama.cpp
+    would tokenize text that begins with a space, or follows an added token, otherwise than `tokenizers`."""
+    if not slow_requested(request.config):
+        pytest.skip("slow: runs llama.cpp; ask with -m slow or GPTKIT_SLOW_TESTS=1")
+    llama_cpp = pytest.importorskip(
+        "llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python)"
+    )
+    directory = edited_tokenizer(tmp_path, family_dirs["metaspace"], metaspace(prepend_scheme="first"))
+    monkeypatch.setattr(gguf_hf_tokenizer, "sentencepiece_space_prefix", lambda spec, tokens: True)
+    path = export(tmp_path, lively_model(vocab_size=ROWS, **QWEN3), load_hf_tokenizer(directory))
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, verbose=False)
+    hf = hf_tokenizer_json(directory)
+    for text, same in [("Hello, world!", True), (" Hello, world!", False), ("a</s>b", False)]:
+        ids = hf.encode(text, add_special_tokens=False).ids
+        assert (llm.tokenize(text.encode(), add_bos=False, special=True) == ids) is same, text
