@@ -4,8 +4,8 @@
 Why: at batch 1 a step reads every weight once, so its floor is the weight bytes over the memory's read speed. The
 compiled step (gptkit.infer.compiled) runs some 150 kernels a token, each its own parallel region, behind
 dynamo's and inductor's wrappers; the native step runs the whole pass in one parallel region whose threads meet at
-barriers, reading the weights from one buffer in the order the pass reads them (float32 matrices in blocks of rows,
-copy_in_blocks: one load of an input serves a block's rows). `python benchmarks/bench.py sample
+barriers, reading the weights from one buffer in the order the pass reads them (float32 matrices in panels of rows
+stored column after column, copy_in_blocks: a product multiplies each column by every input's value at once). `python benchmarks/bench.py sample
 --paths=native --paths=native_bf16 --paths=native_int8` measures it against the memory bound; docs/benchmarks.md
 has the figures.
 
@@ -17,8 +17,8 @@ the GELU (tanh or exact), squared-ReLU or SwiGLU MLP; multi-head or grouped-quer
 QK-norm with or without a weight; a Q, K, V bias of its own; a norm of the embeddings and soft-capped logits
 (nanochat); a tied or separate head (native_problem says why a model does not fit). The engine runs every step with
 it: one row (NativeStep.__call__), or several rows of any lengths in one call (NativeStep.step_rows: each weight
-read from memory once a step, whatever the rows; the passes over a block of weight rows for the later groups of
-rows read it from the cache while the memory streams the next blocks);
+read from memory once a step, whatever the rows: one pass over each panel of float32 weights multiplies up to 12
+rows with AVX-512, 6 with AVX2, and the passes for more rows read the panel from the cache);
 it fills a prompt with the native prefill (NativeStep.prefill: the prompt's tokens in one pass) up to PREFILL_LIMITS'
 length.
 
@@ -242,8 +242,9 @@ def packed(
 ) -> torch.Tensor:
     """One contiguous buffer (on huge pages where it is large enough) holding `tensors` back to back, each flattened
     from its logical (row-major) order, or matrices in blocks of (rows, chunk) (copy_in_blocks) where `blocks` says
-    so; None stands for `size` zeros (a missing bias)."""
-    buffer = huge_page_zeros(sum(sizes), dtype)
+    so, then a block's rows of zeros (decode_step.cpp reads a last block of fewer rows a whole block's column at a
+    time); None stands for `size` zeros (a missing bias)."""
+    buffer = huge_page_zeros(sum(sizes) + (blocks[0] if blocks else 0), dtype)
     start = 0
     for tensor, size in zip(tensors, sizes):
         if tensor is not None and blocks and tensor.dim() == 2:
@@ -287,15 +288,14 @@ class NativeStep:
         vectors += norm_vectors(transformer.ln_emb, C) if config.embed_norm else [torch.ones(C), None]
         matrices, scales = zip(*map(weight_and_scale, products))
         self.int8 = scales[0] is not None
-        # float32 matrices in the blocks decode_step.cpp reads where their widths allow (float32_blocks)
-        columns = [C, config.n_head * config.head_dim, config.mlp_hidden]
-        blocks = [] if self.int8 or dtype != torch.float32 else extension().float32_blocks(columns)
+        # float32 matrices in the panels decode_step.cpp reads (float32_blocks; none in a build without vectors)
+        blocks = [] if self.int8 or dtype != torch.float32 else extension().float32_blocks()
         self.matrices = packed(matrices, [m.numel() for m in matrices], torch.int8 if self.int8 else dtype, blocks)
         self.scales = packed(scales, [m.shape[0] for m in matrices], torch.float32) if self.int8 else torch.empty(0)
         self.vectors = packed(vectors, vector_sizes(config), torch.float32)
         head = matrices[-1]
         tied = transformer.wte.weight is head  # an int8 head has a weight of its own (quantize_int8 unties it)
-        # a tied head's rows are the token embeddings, unless blocks interleave them: then the model's own table
+        # a tied head's rows are the token embeddings, unless panels interleave them: then the model's own table
         self.embedding = (
             self.matrices[-head.numel() :].view_as(head)
             if tied and not blocks

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -67,6 +68,8 @@ inline Vec min(Vec a, Vec b) { return _mm512_min_ps(a, b); }
 inline Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
 inline Vec abs(Vec v) { return _mm512_abs_ps(v); }
 inline float reduce_add(Vec v) { return _mm512_reduce_add_ps(v); }
+// Whether any lane is larger than `than` (a NaN lane is not).
+inline bool any_larger(Vec v, float than) { return _mm512_cmp_ps_mask(v, splat(than), _CMP_GT_OQ) != 0; }
 inline Vec round_to_integer(Vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 // v * 2^n for whole numbers n in [-126, 127].
 inline Vec times_power_of_two(Vec v, Vec n) { return _mm512_scalef_ps(v, n); }
@@ -95,6 +98,7 @@ inline Vec min(Vec a, Vec b) { return _mm256_min_ps(a, b); }
 inline Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
 inline Vec abs(Vec v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
 inline float reduce_add(Vec v) { return reduce_add_floats(v); }
+inline bool any_larger(Vec v, float than) { return _mm256_movemask_ps(_mm256_cmp_ps(v, splat(than), _CMP_GT_OQ)) != 0; }
 inline Vec round_to_integer(Vec v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline Vec times_power_of_two(Vec v, Vec n) {  // 2^n built in the exponent bits: n must make a normal float32
   const __m256i exponent = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
@@ -119,9 +123,6 @@ constexpr int64_t PREFETCH_AHEAD = 4096 / sizeof(W);
 template <typename W>
 constexpr int64_t PREFETCH_AHEAD = 1024;
 #endif
-// How far ahead a product that passes over each block several times asks for its weights (Prefetch): at least this
-// many bytes, in whole blocks.
-constexpr int64_t PREFETCH_BYTES = 16384;
 
 #if defined(GPTKIT_VECTORS)
 // The lines of the 64 weights from `at`.
@@ -139,11 +140,10 @@ inline void prefetch_ahead(const W* at) {
 }
 #endif
 
-// Which weights a pass over a block of weight rows asks the caches for (block_dots). One input group (turns 1): the
-// weights PREFETCH_AHEAD on from the block's own, as the one-row products do. Several groups of inputs, one pass each
-// over a block that the later passes read from the cache: pass `turn` of `turns` asks for every turns-th piece of a
-// later block (`from` on), so that the memory streams the weights while every pass computes, not in the first pass
-// alone.
+// Which weights a pass over a panel of weight rows asks the caches for (panel_dots). One pass (turns 1): the columns
+// PREFETCH_AHEAD on from the panel's own, as the one-row products do. Several passes over a panel, the later ones
+// reading it from the cache: pass `turn` of `turns` asks for every turns-th column of the next panel (`from` on), so
+// that the memory streams the weights while every pass computes, not in the first pass alone.
 struct Prefetch {
   const float* from;
   int64_t turn = 0, turns = 1;
@@ -336,174 +336,131 @@ inline float product_row(const W* matrix, const float* scales, int64_t row, int6
 }
 
 // A matrix in the packed buffer: rows x columns weights of type W, its rows' scales (int8 weights; else null), and
-// whether it lies in blocks (below) or row after row.
+// whether it lies in panels (below) or row after row.
 template <typename W>
 struct Matrix {
   const W* values;
   const float* scales;
   int64_t rows, columns;
-  bool blocked;
+  bool panels;
 };
 
-// float32 matrices lie in blocks of BLOCK_ROWS rows (the last block holds the rows left), each block holding CHUNK
-// values of each of its rows in turn. Why: row after row, a product loads its input again for every row; in blocks one
-// load of CHUNK inputs serves the block's rows, and a thread still reads its share as one stream: the products then
-// read as fast as a plain sum on a Zen 3 (docs/benchmarks.md). gptkit/infer/native.py packs them (float32_blocks).
-constexpr int64_t BLOCK_ROWS = 4;
+// Whether float32 matrices lie in panels: in builds with vector lanes (a plain loop reads them row after row).
 #if defined(GPTKIT_VECTORS)
-constexpr int64_t CHUNK = LANES;
+constexpr bool FLOAT32_PANELS = true;
 #else
-constexpr int64_t CHUNK = 8;
+constexpr bool FLOAT32_PANELS = false;
 #endif
 
-// Whether a model's float32 matrices lie in blocks: when the columns of each (embd, the attention's heads * head_dim,
-// hidden) are whole chunks.
-inline bool in_blocks(const std::vector<int64_t>& columns) {
-  return std::all_of(columns.begin(), columns.end(), [](int64_t n) { return n % CHUNK == 0; });
-}
-
-// Where a row of a blocked matrix lies: its c-th chunk of CHUNK values starts at first + c * stride.
-struct RowPlace {
-  const float* first;
-  int64_t stride;
-};
-inline RowPlace place(const Matrix<float>& m, int64_t row) {
-  const int64_t start = row / BLOCK_ROWS * BLOCK_ROWS, rows_in_block = std::min(BLOCK_ROWS, m.rows - start);
-  return {m.values + start * m.columns + (row - start) * CHUNK, rows_in_block * CHUNK};
-}
-
-// One row's dot product with x over n values (whole chunks): for the rows of a block that a share cuts, and for a
-// last block of fewer rows.
-inline float dot_placed(RowPlace w, const float* x, int64_t n) {
-  float sum = 0.0f;
 #if defined(GPTKIT_VECTORS)
-  Vec sums[2] = {splat(0.0f), splat(0.0f)};
-  for (int64_t c = 0; c * CHUNK < n; ++c)
-    sums[c % 2] = fmadd(load(w.first + c * w.stride), load(x + c * CHUNK), sums[c % 2]);
-  sum = reduce_add(add(sums[0], sums[1]));
+// float32 matrices lie in panels of PANEL rows (the last panel holds the rows left), each holding its rows' values
+// column after column: a panel's column k is PANEL_VECTORS vectors, the k-th weight of each of its rows. Why: a
+// product multiplies column k by input t's k-th value in every lane (an outer product), so one pass over the weights
+// serves every input of a step, and no row ends in a sum across lanes; row after row, each group of inputs took a
+// pass of its own over the cached weights, and every row and input ended in such a sum. gptkit/infer/native.py packs
+// them (float32_blocks: blocks of PANEL rows and chunks of one value), with PANEL values past the buffer's end: a last
+// panel of fewer rows is read a whole column of vectors at a time, up to PANEL values past its end (those lanes are
+// computed and never kept).
+#ifndef GPTKIT_PANEL_VECTORS
+#define GPTKIT_PANEL_VECTORS 2
+#endif
+constexpr int64_t PANEL_VECTORS = GPTKIT_PANEL_VECTORS, PANEL = PANEL_VECTORS * LANES, FLOAT32_PADDING = PANEL;
+// The most inputs one pass over a panel multiplies: a sum in a register for each of the panel's vectors and each
+// input, besides the column's vectors and an input value (AVX-512: 24 sums of 32 registers; AVX2: 12 of 16).
+#if defined(GPTKIT_PANEL_TOKENS)
+constexpr int64_t PANEL_TOKENS = GPTKIT_PANEL_TOKENS;
+#elif defined(__AVX512F__)
+constexpr int64_t PANEL_TOKENS = 12;
 #else
-  for (int64_t c = 0; c * CHUNK < n; ++c)
-    for (int64_t i = 0; i < CHUNK; ++i) sum += w.first[c * w.stride + i] * x[c * CHUNK + i];
-#endif
-  return sum;
-}
-
-#if defined(GPTKIT_VECTORS)
-// Adds one chunk of each row of a block (`w`: the block's values at that chunk) times inputs xs[t] (at `at`) to
-// the sums of `half` (block_dots' layout of its sums).
-template <int64_t T, int64_t SPLIT>
-inline void add_chunk(Vec* sums, const float* w, const float* const* xs, int64_t at, int64_t half) {
-  Vec x[T];
-#pragma GCC unroll 4
-  for (int64_t t = 0; t < T; ++t) x[t] = load(xs[t] + at);
-#pragma GCC unroll 4
-  for (int64_t r = 0; r < BLOCK_ROWS; ++r) {
-    const Vec weights = load(w + r * CHUNK);
-#pragma GCC unroll 4
-    for (int64_t t = 0; t < T; ++t) {
-      Vec& sum = sums[(r * T + t) * SPLIT + half];
-      sum = fmadd(weights, x[t], sum);
-    }
-  }
-}
+constexpr int64_t PANEL_TOKENS = 6;
 #endif
 
-// out[r * T + t] = the dot product of row r of a whole block (at `block`) with input xs[t], over n values. Eight
-// or more independent sums hide the FMA latency: for one input two a row (even and odd chunks), for more one a row
-// and input (four inputs: 16 sums, which only AVX-512's 32 registers hold).
-template <int64_t T>
-void block_dots(const float* block, const float* const* xs, int64_t n, float* out, Prefetch prefetch) {
-  static_assert(T == 1 || T == 2 || T == 4);
-#if defined(GPTKIT_VECTORS)
-  constexpr int64_t SPLIT = T == 1 ? 2 : 1, SUMS = BLOCK_ROWS * T * SPLIT, STEP = SPLIT * BLOCK_ROWS * CHUNK;
-  Vec sums[SUMS];
-#pragma GCC unroll 8
-  for (int64_t i = 0; i < SUMS; ++i) sums[i] = splat(0.0f);
-  int64_t c = 0, wait = prefetch.turn;  // pieces until this pass's next one to ask for
-  for (; (c + SPLIT) * CHUNK <= n; c += SPLIT) {
-    const float* w = block + c * BLOCK_ROWS * CHUNK;
-    if (wait-- == 0) {
-      wait = prefetch.turns - 1;
-      const float* ahead = prefetch.from + c * BLOCK_ROWS * CHUNK;
-#pragma GCC unroll 2
-      for (int64_t i = 0; i < STEP; i += 64) prefetch_at(ahead + i);
-    }
-#pragma GCC unroll 2
-    for (int64_t half = 0; half < SPLIT; ++half)
-      add_chunk<T, SPLIT>(sums, w + half * BLOCK_ROWS * CHUNK, xs, (c + half) * CHUNK, half);
-  }
-  if (c * CHUNK < n) add_chunk<T, SPLIT>(sums, block + c * BLOCK_ROWS * CHUNK, xs, c * CHUNK, 0);  // an odd last chunk
-  for (int64_t i = 0; i < BLOCK_ROWS * T; ++i) {
-    Vec total = sums[i * SPLIT];
-    for (int64_t half = 1; half < SPLIT; ++half) total = add(total, sums[i * SPLIT + half]);
-    out[i] = reduce_add(total);
-  }
-#else
-  for (int64_t r = 0; r < BLOCK_ROWS; ++r)
-    for (int64_t t = 0; t < T; ++t) out[r * T + t] = dot_placed({block + r * CHUNK, BLOCK_ROWS * CHUNK}, xs[t], n);
-#endif
-}
-
+// Asks the L2 cache for a column of a full panel (AVX2: nothing, as for float32 rows: see PREFETCH_AHEAD).
+inline void prefetch_column(const float* at) {
 #if defined(__AVX512F__)
-// How many inputs pair_dots takes at a time: 8 rows by 3 inputs are 24 sums, which with an input's 3 vectors and a
-// weight's fill 28 of AVX-512's 32 registers.
-constexpr int64_t PAIR_TOKENS = 3, PAIR_ROWS = 2 * BLOCK_ROWS;
+  const char* lines = reinterpret_cast<const char*>(at);
+  for (int64_t line = 0; line < PANEL * 4; line += 64) _mm_prefetch(lines + line, _MM_HINT_T1);
+#else
+  (void)at;
+#endif
+}
 
-// out[r * T + t] = the dot product of row r of two whole blocks one after the other (8 rows, at `block`) with input
-// xs[t], over n values. Why, for several groups of inputs: a block of 4 rows loads an input vector for 4 products,
-// and with 16 inputs the inputs no longer fit in the L1 cache beside the block, so those loads wait on the L2 cache;
-// two blocks halve them, and the 8 rows' weights (from the L1 cache after the first pass) are loaded instead.
+// out[t * PANEL + r] = the dot product of row r of a panel (at `panel`, `height` rows: column k at panel + k * height)
+// with input xs[t] over n values, for t < T (rows from `height` on: values never kept). With few inputs the columns
+// take turns among SPLIT sets of sums, so that 8 or more independent sums hide the FMA's latency. Each column asks
+// for the one at prefetch.from + k * height where k counts up to prefetch.turn modulo prefetch.turns (Prefetch).
 template <int64_t T>
-void pair_dots(const float* block, const float* const* xs, int64_t n, float* out, Prefetch prefetch) {
-  static_assert(T >= 1 && T <= PAIR_TOKENS);
-  const int64_t second = BLOCK_ROWS * n;  // where the second block starts
-  Vec sums[PAIR_ROWS * T];
-#pragma GCC unroll 24
-  for (int64_t i = 0; i < PAIR_ROWS * T; ++i) sums[i] = splat(0.0f);
-  int64_t wait = prefetch.turn;
-  for (int64_t c = 0; c * CHUNK < n; ++c) {
-    const float* w = block + c * BLOCK_ROWS * CHUNK;
-    if (wait-- == 0) {
-      wait = prefetch.turns - 1;
-      const float* ahead = prefetch.from + c * BLOCK_ROWS * CHUNK;
+void panel_dots(const float* panel, int64_t height, const float* const* xs, int64_t n, float* out, Prefetch prefetch) {
+  constexpr int64_t SPLIT = T == 1 ? 4 : T < 4 ? 2 : 1, SUMS = PANEL_VECTORS * T;
+  Vec sums[SPLIT][SUMS];
 #pragma GCC unroll 4
-      for (int64_t i = 0; i < BLOCK_ROWS * CHUNK; i += 64) {
-        prefetch_at(ahead + i);
-        prefetch_at(ahead + second + i);
+  for (int64_t s = 0; s < SPLIT; ++s)
+#pragma GCC unroll 24
+    for (int64_t i = 0; i < SUMS; ++i) sums[s][i] = splat(0.0f);
+  int64_t wait = prefetch.turn;  // columns until this pass's next one to ask for
+  for (int64_t k = 0; k < n; k += SPLIT) {
+    const int64_t columns = std::min(SPLIT, n - k);
+#pragma GCC unroll 4
+    for (int64_t s = 0; s < SPLIT; ++s) {
+      if (s >= columns) break;
+      const float* column = panel + (k + s) * height;
+      if (wait-- == 0) {
+        wait = prefetch.turns - 1;
+        prefetch_column(prefetch.from + (k + s) * height);
+      }
+      Vec w[PANEL_VECTORS];
+#pragma GCC unroll 2
+      for (int64_t v = 0; v < PANEL_VECTORS; ++v) w[v] = load(column + v * LANES);
+#pragma GCC unroll 12
+      for (int64_t t = 0; t < T; ++t) {
+        const Vec x = splat(xs[t][k + s]);
+#pragma GCC unroll 2
+        for (int64_t v = 0; v < PANEL_VECTORS; ++v) sums[s][v * T + t] = fmadd(w[v], x, sums[s][v * T + t]);
       }
     }
-    Vec x[T];
-#pragma GCC unroll 3
-    for (int64_t t = 0; t < T; ++t) x[t] = load(xs[t] + c * CHUNK);
-#pragma GCC unroll 8
-    for (int64_t r = 0; r < PAIR_ROWS; ++r) {
-      const Vec weights = load(w + (r / BLOCK_ROWS) * second + (r % BLOCK_ROWS) * CHUNK);
-#pragma GCC unroll 3
-      for (int64_t t = 0; t < T; ++t) sums[r * T + t] = fmadd(weights, x[t], sums[r * T + t]);
-    }
   }
-  for (int64_t i = 0; i < PAIR_ROWS * T; ++i) out[i] = reduce_add(sums[i]);
+#pragma GCC unroll 24
+  for (int64_t i = 0; i < SUMS; ++i) {
+    Vec total = sums[0][i];
+#pragma GCC unroll 4
+    for (int64_t s = 1; s < SPLIT; ++s) total = add(total, sums[s][i]);
+    store(out + (i % T) * PANEL + (i / T) * LANES, total);
+  }
 }
 
-// The 8 rows of two whole blocks (at `block`) of a float32 product for `count` inputs, PAIR_TOKENS inputs a pass:
-// out[r * count + t] for row r and input t (product_tokens' layout), asking for the weights `ahead` on (Prefetch).
-inline void pair_rows(const float* block, int64_t n, const ProductInput<float>& in, int64_t count, int64_t ahead,
-                      float* out) {
-  const int64_t turns = (count + PAIR_TOKENS - 1) / PAIR_TOKENS;
-  for (int64_t token = 0; token < count; token += PAIR_TOKENS) {
-    const int64_t width = std::min(PAIR_TOKENS, count - token);
-    const float* xs[PAIR_TOKENS];
-    for (int64_t t = 0; t < width; ++t) xs[t] = in.input(token + t, n);
-    float sums[2 * BLOCK_ROWS * PAIR_TOKENS];
-    const Prefetch prefetch{block + ahead, token / PAIR_TOKENS, turns};
-    if (width == 3)
-      pair_dots<3>(block, xs, n, sums, prefetch);
-    else if (width == 2)
-      pair_dots<2>(block, xs, n, sums, prefetch);
-    else
-      pair_dots<1>(block, xs, n, sums, prefetch);
-    for (int64_t r = 0; r < 2 * BLOCK_ROWS; ++r)
-      for (int64_t t = 0; t < width; ++t) out[r * count + token + t] = sums[r * width + t];
+#else
+constexpr int64_t FLOAT32_PADDING = 0;
+#endif
+
+#if defined(GPTKIT_VECTORS)
+// panel_dots for `count` (1 to PANEL_TOKENS) inputs.
+template <int64_t... T>
+void panel_dots_for(std::integer_sequence<int64_t, T...>, int64_t count, const float* panel, int64_t height,
+                    const float* const* xs, int64_t n, float* out, Prefetch prefetch) {
+  ((count == T + 1 ? panel_dots<T + 1>(panel, height, xs, n, out, prefetch) : void()), ...);
+}
+
+// Rows [first, last) of a float32 product in panels for `count` inputs xs[t]: out[t * (last - first) + row - first].
+// Up to PANEL_TOKENS inputs take one pass over each panel, straight from memory, asking for the weights
+// PREFETCH_AHEAD on; more take several passes, the later ones from the cache, and each pass asks for its turn of the
+// next panel's columns (Prefetch), so that the memory streams the weights while every pass computes.
+void panel_product(const Matrix<float>& m, int64_t first, int64_t last, const float* const* xs, int64_t count,
+                   float* out) {
+  const int64_t n = m.columns, width = last - first, passes = (count + PANEL_TOKENS - 1) / PANEL_TOKENS;
+  float sums[PANEL_TOKENS * PANEL];
+  for (int64_t start = first / PANEL * PANEL; start < last; start += PANEL) {
+    const int64_t height = std::min(PANEL, m.rows - start), from = std::max(first, start);
+    const int64_t to = std::min(last, start + height);
+    const float* panel = m.values + start * n;
+    for (int64_t pass = 0; pass < passes; ++pass) {
+      const int64_t token = pass * count / passes, tokens = (pass + 1) * count / passes - token;  // even passes
+      const Prefetch prefetch = passes == 1 ? Prefetch{panel + PREFETCH_AHEAD<float>, 0, 1}
+                                            : Prefetch{panel + height * n, pass, passes};
+      panel_dots_for(std::make_integer_sequence<int64_t, PANEL_TOKENS>{}, tokens, panel, height, xs + token, n, sums,
+                     prefetch);
+      for (int64_t t = 0; t < tokens; ++t)
+        std::copy(sums + t * PANEL + from - start, sums + t * PANEL + to - start, out + (token + t) * width + from - first);
+    }
   }
 }
 #endif
@@ -511,40 +468,26 @@ inline void pair_rows(const float* block, int64_t n, const ProductInput<float>& 
 // out[row - first] = rows [first, last) of a product with the (first) input, scaled for int8 weights.
 template <typename W>
 void product(const Matrix<W>& m, int64_t first, int64_t last, const ProductInput<W>& in, float* out) {
-  int64_t row = first;
+#if defined(GPTKIT_VECTORS)
   if constexpr (std::is_same_v<W, float>) {
-    const float* x = in.input(0, m.columns);
-    while (m.blocked && row < last) {
-      if (row % BLOCK_ROWS == 0 && row + BLOCK_ROWS <= last) {
-        const float* block = m.values + row * m.columns;
-        block_dots<1>(block, &x, m.columns, out + row - first, {block + PREFETCH_AHEAD<float>});
-        row += BLOCK_ROWS;
-      } else {
-        out[row - first] = dot_placed(place(m, row), x, m.columns);
-        ++row;
-      }
+    if (m.panels) {
+      const float* x = in.input(0, m.columns);
+      return panel_product(m, first, last, &x, 1, out);
     }
   }
-  for (; row < last; ++row) out[row - first] = product_row(m.values, m.scales, row, m.columns, in);
+#endif
+  for (int64_t row = first; row < last; ++row) out[row - first] = product_row(m.values, m.scales, row, m.columns, in);
 }
-
 // A prefill's (or a step of several rows') products over rows that lie one after another (bfloat16, int8, and
-// float32 too narrow for blocks) take 2 weight rows and TOKENS tokens at a time: each row is read (and widened) once
-// for TOKENS tokens, each input vector loaded once for 2 rows, in independent sums that hide the FMA latency: 8 with
-// AVX2 (registers allow no more: 8 sums, 2 rows, an input), 16 with AVX-512's 32 registers (8 tokens: a weight
-// vector's widening then serves 8 products, and the FMAs of 16 sums keep both FMA units busy). Blocked float32 rows
-// take a block and BLOCK_TOKENS tokens at a time (block_dots): 4 with AVX-512 (16 sums; 8 loads for 16 FMAs, so
-// that the FMAs, not the loads, set the pace once the weights come from the cache), else 2; more than 4 tokens take
-// two blocks at a time with AVX-512 (pair_dots).
+// float32 in builds without vector lanes) take 2 weight rows and TOKENS tokens at a time: each row is read (and
+// widened) once for TOKENS tokens, each input vector loaded once for 2 rows, in independent sums that hide the FMA
+// latency: 8 with AVX2 (registers allow no more: 8 sums, 2 rows, an input), 16 with AVX-512's 32 registers (8 tokens:
+// a weight vector's widening then serves 8 products, and the FMAs of 16 sums keep both FMA units busy). float32
+// matrices in panels take panel_product.
 #if defined(__AVX512F__)
 constexpr int64_t ROWS = 2, TOKENS = 8;
 #else
 constexpr int64_t ROWS = 2, TOKENS = 4;
-#endif
-#if defined(__AVX512F__)
-constexpr int64_t BLOCK_TOKENS = 4;
-#else
-constexpr int64_t BLOCK_TOKENS = 2;
 #endif
 
 #if defined(GPTKIT_VECTORS)
@@ -622,49 +565,22 @@ void dot_block(const W* const* ws, const X* const* xs, int64_t n, float* out) {
 }
 
 // Rows [first, last) of a product for `count` inputs (in.input(t, columns) for t < count):
-// out[(row - first) * count + t] for input t (scaled for int8 weights).
+// out[t * (last - first) + row - first] for input t (scaled for int8 weights).
 template <typename W>
 void product_tokens(const Matrix<W>& m, int64_t first, int64_t last, const ProductInput<W>& in, int64_t count,
                     float* out) {
-  const int64_t n = m.columns;
-  int64_t row = first;
+  if (count == 1) return product(m, first, last, in, out);  // one row's dot products, read ahead of them
+  const int64_t n = m.columns, width = last - first;
+#if defined(GPTKIT_VECTORS)
   if constexpr (std::is_same_v<W, float>) {
-    // Passes over a block (one per group of inputs) after the first read it from the cache: they ask for a later
-    // block in turns (Prefetch), PREFETCH_BYTES or more ahead so that it arrives before its first pass.
-    const int64_t turns = (count + BLOCK_TOKENS - 1) / BLOCK_TOKENS, block_size = BLOCK_ROWS * n;
-    const int64_t ahead =
-        turns == 1 ? PREFETCH_AHEAD<float> : std::max<int64_t>(1, PREFETCH_BYTES / (4 * block_size)) * block_size;
-#if defined(__AVX512F__)
-    // more inputs than one pass takes: two whole blocks at a time where the share holds them (pair_dots)
-    const int64_t pair_ahead = std::max<int64_t>(1, PREFETCH_BYTES / (8 * block_size)) * 2 * block_size;
-    while (m.blocked && count > BLOCK_TOKENS && row % BLOCK_ROWS == 0 && row + 2 * BLOCK_ROWS <= last) {
-      pair_rows(m.values + row * n, n, in, count, pair_ahead, out + (row - first) * count);
-      row += 2 * BLOCK_ROWS;
-    }
-#endif
-    while (m.blocked && row < last) {  // a whole block and BLOCK_TOKENS inputs at a time, else a row
-      const bool whole = row % BLOCK_ROWS == 0 && row + BLOCK_ROWS <= last;
-      const float* block = m.values + row * n;
-      for (int64_t token = 0; token < count; token += BLOCK_TOKENS) {
-        const float* xs[BLOCK_TOKENS];  // past the last input: the last again (computed, not kept)
-        for (int64_t t = 0; t < BLOCK_TOKENS; ++t) xs[t] = in.input(std::min(token + t, count - 1), n);
-        float sums[BLOCK_ROWS * BLOCK_TOKENS];
-        const Prefetch prefetch{block + ahead, token / BLOCK_TOKENS, turns};
-        if (whole && count - token <= 2)  // two inputs or fewer left: the cheaper block of two
-          block_dots<2>(block, xs, n, sums, prefetch);
-        else if (whole)
-          block_dots<BLOCK_TOKENS>(block, xs, n, sums, prefetch);
-        else
-          for (int64_t t = 0; t < BLOCK_TOKENS; ++t) sums[t] = dot_placed(place(m, row), xs[t], n);
-        const int64_t width = whole && count - token <= 2 ? 2 : BLOCK_TOKENS;  // the layout of sums
-        for (int64_t r = 0; r < (whole ? BLOCK_ROWS : 1); ++r)
-          for (int64_t t = 0; t < width && token + t < count; ++t)
-            out[(row + r - first) * count + token + t] = sums[r * width + t];
-      }
-      row += whole ? BLOCK_ROWS : 1;
+    if (m.panels) {
+      std::vector<const float*> xs(count);
+      for (int64_t t = 0; t < count; ++t) xs[t] = in.input(t, n);
+      return panel_product(m, first, last, xs.data(), count, out);
     }
   }
-  for (; row < last; row += ROWS) {
+#endif
+  for (int64_t row = first; row < last; row += ROWS) {
     const W* ws[ROWS];
     for (int64_t r = 0; r < ROWS; ++r)  // past the last row or input: the last again (computed, not kept)
       ws[r] = m.values + std::min(row + r, last - 1) * n;
@@ -675,7 +591,7 @@ void product_tokens(const Matrix<W>& m, int64_t first, int64_t last, const Produ
       dot_block(ws, xs, n, sums);
       for (int64_t r = 0; r < ROWS && row + r < last; ++r)
         for (int64_t t = 0; t < TOKENS && token + t < count; ++t)
-          out[(row + r - first) * count + token + t] = in.scaled(sums[r * TOKENS + t], m.scales, row + r, token + t);
+          out[(token + t) * width + row + r - first] = in.scaled(sums[r * TOKENS + t], m.scales, row + r, token + t);
     }
   }
 }
@@ -798,6 +714,19 @@ class Largest {
       std::push_heap(heap_.begin(), heap_.end(), smaller_first);
     }
   }
+  // offer(values[i], first_row + i) for i < count. Once `keep` are kept, a vector of values none larger than the
+  // smallest kept is passed over at once (a value enters only when larger, so the kept rows are the same).
+  void offer_all(const float* values, int64_t count, int64_t first_row) {
+    if (keep_ == 0) return;
+    int64_t i = 0;
+#if defined(GPTKIT_VECTORS)
+    for (; i + LANES <= count; i += LANES) {
+      if (static_cast<int64_t>(heap_.size()) == keep_ && !any_larger(load(values + i), heap_.front().first)) continue;
+      for (int64_t j = i; j < i + LANES; ++j) offer(values[j], first_row + j);
+    }
+#endif
+    for (; i < count; ++i) offer(values[i], first_row + i);
+  }
   const std::vector<std::pair<float, int64_t>>& entries() const { return heap_; }
 
  private:
@@ -832,10 +761,11 @@ int64_t draw(const std::vector<float>& scaled, double uniform) {
   return static_cast<int64_t>(std::min(column, last));
 }
 
-// The rows [first, last) of a product that this thread computes: one contiguous share of each matrix.
+// Rows [first, last): a thread's one contiguous share of a matrix's rows (or of heads), or a chunk of them.
 struct Share {
   int64_t first, last;
   Share(int64_t rows, int thread, int threads) : first(rows * thread / threads), last(rows * (thread + 1) / threads) {}
+  Share(int64_t first_, int64_t last_) : first(first_), last(last_) {}
 };
 
 // The model's shape and the layout of the two buffers, in read order (see gptkit/infer/native.py, which packs
@@ -875,6 +805,22 @@ float dot_key(const float* q, const W* key, int64_t n) {
   return sum;
 }
 
+#if defined(GPTKIT_VECTORS)
+// How many of the cache's rows of n values (keys or values) attention asks for ahead of the one it reads: about
+// PREFETCH_AHEAD values, as a product asks for its weights (a step of several rows reads the cache at the memory's
+// speed, a row's own keys and values one stream each).
+template <typename W>
+inline int64_t cache_rows_ahead(int64_t n) {
+  return std::max<int64_t>(1, PREFETCH_AHEAD<W> / n);
+}
+
+// Asks for the lines of `count` values of the cache from `at` (prefetch_at: 64 values a call).
+template <typename W>
+inline void prefetch_span(const W* at, int64_t count) {
+  for (int64_t i = 0; i < count; i += 64) prefetch_at(at + i);
+}
+#endif
+
 // scores[t] = q . key t over n values for the keys t in [0, count) (rows of n values of the cache, in its dtype).
 // Four keys at a time, in four independent sums (one key's single sum would wait on each FMA's latency); each key's
 // sum is taken in the same order as one at a time, so the scores do not depend on the blocking.
@@ -883,8 +829,10 @@ void dot_keys(const float* q, const W* keys, int64_t count, int64_t n, float* sc
   int64_t t = 0;
 #if defined(GPTKIT_VECTORS)
   if (n % LANES == 0) {
+    const int64_t ahead = cache_rows_ahead<W>(n);
     for (; t + 4 <= count; t += 4) {
       const W* key = keys + t * n;
+      if (t + ahead < count) prefetch_span(key + ahead * n, std::min<int64_t>(4, count - t - ahead) * n);
       Vec sums[4] = {splat(0.0f), splat(0.0f), splat(0.0f), splat(0.0f)};
       for (int64_t d = 0; d < n; d += LANES) {
         const Vec x = load(q + d);
@@ -905,11 +853,13 @@ void dot_keys(const float* q, const W* keys, int64_t count, int64_t n, float* sc
 // order of the additions is the same.
 template <int64_t BLOCK, typename W>
 int64_t mix_values(const float* weights, const W* values, int64_t count, int64_t n, int64_t d, float* out) {
+  const int64_t ahead = cache_rows_ahead<W>(n);
   for (; d + BLOCK * LANES <= n; d += BLOCK * LANES) {
     Vec sums[BLOCK];
 #pragma GCC unroll 8
     for (int64_t j = 0; j < BLOCK; ++j) sums[j] = splat(0.0f);
     for (int64_t t = 0; t < count; ++t) {
+      if (t + ahead < count) prefetch_span(values + (t + ahead) * n + d, BLOCK * LANES);
       const Vec weight = splat(weights[t]);
 #pragma GCC unroll 8
       for (int64_t j = 0; j < BLOCK; ++j) sums[j] = fmadd(weight, load(values + t * n + d + j * LANES), sums[j]);
@@ -954,14 +904,14 @@ template <typename W>
 struct Layer {
   Matrix<W> attn, proj, fc, fc_proj;
   const float *ln1_w, *ln1_b, *attn_b, *proj_b, *ln2_w, *ln2_b, *fc_b, *fc_proj_b, *q_norm_w, *k_norm_w;
-  Layer(const W* matrices, const float* vectors, const float* scales, int64_t layer, const Shapes& s, bool blocked) {
+  Layer(const W* matrices, const float* vectors, const float* scales, int64_t layer, const Shapes& s, bool panels) {
     const int64_t C = s.embd, F = s.hidden, Q = s.q_width(), QKV = s.qkv_width(), FR = s.fc_rows();
     const W* attn_w = matrices + layer * s.layer_matrix_elements();
     const float* attn_s = offset_or_null(scales, layer * s.layer_rows());
-    attn = {attn_w, attn_s, QKV, C, blocked};
-    proj = {attn_w + QKV * C, offset_or_null(attn_s, QKV), C, Q, blocked};
-    fc = {proj.values + C * Q, offset_or_null(proj.scales, C), FR, C, blocked};
-    fc_proj = {fc.values + FR * C, offset_or_null(fc.scales, FR), C, F, blocked};
+    attn = {attn_w, attn_s, QKV, C, panels};
+    proj = {attn_w + QKV * C, offset_or_null(attn_s, QKV), C, Q, panels};
+    fc = {proj.values + C * Q, offset_or_null(proj.scales, C), FR, C, panels};
+    fc_proj = {fc.values + FR * C, offset_or_null(fc.scales, FR), C, F, panels};
     ln1_w = vectors + layer * s.layer_vector_elements();
     ln1_b = ln1_w + C, attn_b = ln1_b + C, proj_b = attn_b + QKV, ln2_w = proj_b + C, ln2_b = ln2_w + C;
     fc_b = ln2_b + C, fc_proj_b = fc_b + FR, q_norm_w = fc_proj_b + C, k_norm_w = q_norm_w + s.head_dim;
@@ -983,13 +933,13 @@ struct Model {
   Shapes s;
   int64_t activation;
   float eps, qk_eps, softcap;  // the norms' epsilon, QK-norm's, the logits' soft cap (0: none)
-  bool blocked;  // float32 matrices in blocks (in_blocks), else row after row
-  Layer<W> layer(int64_t l) const { return Layer<W>(matrices, vectors, scales, l, s, blocked); }
+  bool panels;  // float32 matrices in panels (FLOAT32_PANELS), else row after row
+  Layer<W> layer(int64_t l) const { return Layer<W>(matrices, vectors, scales, l, s, panels); }
   const float* final_norm() const { return vectors + s.layers * s.layer_vector_elements(); }  // ln_f, then ln_emb
   float capped(float logit) const { return softcap > 0.0f ? softcap * std::tanh(logit / softcap) : logit; }
   Matrix<W> head() const {
     return {matrices + s.layers * s.layer_matrix_elements(), offset_or_null(scales, s.layers * s.layer_rows()), s.vocab,
-            s.embd, blocked};
+            s.embd, panels};
   }
 };
 
@@ -1007,26 +957,43 @@ void embed(const Model<W>& m, const int64_t* tokens, int64_t count, float* x) {
   }
 }
 
-// A thread's shares of the attention: its query heads, its key and value heads, and its share of the fused Q, K, V
-// product's rows.
-struct HeadShares {
-  Share heads, kv_heads, rows;
-  HeadShares(const Shapes& s, int thread, int threads)
-      : heads(s.heads, thread, threads), kv_heads(s.kv_heads, thread, threads), rows(s.qkv_width(), thread, threads) {}
+// The chunks of a stage's rows [0, rows) that the threads deal out among themselves as they go, each taken by the
+// first thread free (a counter they share, one a stage: Stages). Why: every stage ends at a barrier, and with fixed
+// shares the threads waited there for the slowest (on a shared machine a thread loses its core now and then, and a
+// share's memory may come slower); dealt chunks end a stage together, within a chunk.
+class RowDealer {
+ public:
+  RowDealer(std::atomic<int64_t>& next, int64_t rows, int64_t chunk) : next_(next), rows_(rows), chunk_(chunk) {}
+  // The next chunk [first, last); false once every chunk is taken.
+  bool take(int64_t& first, int64_t& last) {
+    const int64_t at = next_.fetch_add(1, std::memory_order_relaxed) * chunk_;
+    if (at >= rows_) return false;
+    first = at;
+    last = std::min(rows_, at + chunk_);
+    return true;
+  }
+
+ private:
+  std::atomic<int64_t>& next_;
+  int64_t rows_, chunk_;
 };
 
-// The rows [first, last) of the fused Q, K, V product that a thread computes. With one key and value head per query
-// head: its heads' rows of Q, then of K and of V, so that it attends with what it computed (no barrier between).
-// With grouped-query attention: an even share of all rows (then a barrier), since the few key and value heads
-// (often fewer than the threads) would leave most threads idle during their rows.
-inline std::array<std::pair<int64_t, int64_t>, 3> qkv_ranges(const Shapes& s, const HeadShares& shares) {
-  const int64_t D = s.head_dim, Q = s.q_width(), K = s.kv_width();
-  const Share &heads = shares.heads, &kv_heads = shares.kv_heads;
-  if (s.kv_heads != s.heads) return {{{shares.rows.first, shares.rows.last}, {0, 0}, {0, 0}}};
-  return {{{heads.first * D, heads.last * D},
-           {Q + kv_heads.first * D, Q + kv_heads.last * D},
-           {Q + K + kv_heads.first * D, Q + K + kv_heads.last * D}}};
-}
+// Rows a dealt chunk of a product holds: whole panels (PANEL), enough of them that a chunk streams its weights
+// like one long array, few enough that the last chunks even out the threads.
+constexpr int64_t DEAL_ROWS = 128;
+
+// A step's or a prefill's stage counters (zeros), and this thread's place in them: every thread takes the stages in
+// the same order, so the n-th dealer of each thread shares the n-th counter.
+class Stages {
+ public:
+  explicit Stages(std::vector<std::atomic<int64_t>>& counters) : counters_(counters) {}
+  RowDealer next(int64_t rows, int64_t chunk = DEAL_ROWS) { return RowDealer(counters_[taken_++], rows, chunk); }
+  static int64_t per_layer() { return 4; }  // the most dealt stages a layer takes (see attend_layer, finish_layer)
+
+ private:
+  std::vector<std::atomic<int64_t>>& counters_;
+  int64_t taken_ = 0;
+};
 
 // One head's values x (head_dim) RMS-normalized with `weight` (QK-norm), in place.
 inline void head_norm(float* x, const float* weight, int64_t n, float eps) {
@@ -1092,239 +1059,198 @@ void attend_heads(const Model<W>& m, int64_t layer, const Share& heads, const fl
     }
 }
 
-// The MLP's hidden units [mine.first, mine.last) of `count` inputs from its input product's outputs (out: unit-major,
-// out[(unit - first) * count + b]; gated: the up rows' outputs follow the gate rows'): biases added, then activated.
+// The MLP's hidden units [mine.first, mine.last) of `count` inputs from its input product's outputs (out: input-major,
+// out[b * units + unit - first]; gated: the up rows' outputs follow the gate rows'): biases added, then activated.
 template <typename W>
 void activate_hidden(const Model<W>& m, const Layer<W>& l, const Share& mine, int64_t count, float* out) {
   const int64_t units = mine.last - mine.first;
   for (int64_t part = 0; part < (m.s.gated ? 2 : 1); ++part)
-    for (int64_t row = mine.first; row < mine.last; ++row)
-      for (int64_t b = 0; b < count; ++b)
-        out[(part * units + row - mine.first) * count + b] += l.fc_b[part * m.s.hidden + row];
+    for (int64_t b = 0; b < count; ++b)
+      for (int64_t row = mine.first; row < mine.last; ++row)
+        out[(part * count + b) * units + row - mine.first] += l.fc_b[part * m.s.hidden + row];
   if (m.s.gated)
     gate_all(out, out + units * count, units * count);
   else
     activate_all(out, units * count, m.activation);
 }
 
-// This thread's heads of `count` inputs from their Q, K and V rows to attended (count, heads * head_dim): QK-norm and
-// rotary positions, keys and values stored in the cache, attention (prepare_heads, attend_heads; input b at
-// positions[b] in the cache row at b * row_stride elements). Every thread of the parallel region calls it.
-template <typename W, typename S>
-void attention(const Model<W>& m, int64_t layer, const Layer<W>& l, const HeadShares& shares, float* qkv,
-               int64_t count, const int64_t* positions, int64_t row_stride, float* scores, float* mixed,
-               S* attended) {
-  const bool grouped = m.s.kv_heads != m.s.heads;
-  if (grouped) {  // the rows of a thread's heads came from every thread (qkv_ranges)
-#pragma omp barrier
-  }
-  prepare_heads(m, layer, l, shares.heads, shares.kv_heads, qkv, count, positions, row_stride);
-  if (grouped) {  // a thread's query heads read key and value heads other threads stored
-#pragma omp barrier
-  }
-  attend_heads(m, layer, shares.heads, qkv, count, positions, row_stride, scores, mixed, attended);
-}
-
-// One decoding step: fills logits (vocab) and offers each thread's share of them to per_thread[thread].
-//
-// Each thread takes one share of the query heads, one of the key and value heads, and one share of every other
-// product's rows. With one key and value head per query head it computes the queries, keys and values of its own
-// heads and attends with them, so the heads need no barrier of their own (grouped-query attention: two, see
-// qkv_ranges and attention); each thread normalizes the whole residual stream itself (n_embd values) rather than
-// waiting for one thread to do it. The threads meet four times a layer besides: after attention, and after each
-// product whose whole output the next one reads.
-template <typename W, typename S = typename Stored<W>::type>
-void step(const Model<W>& m, int64_t token, int64_t position, float* logits, std::vector<Largest>& per_thread) {
-  const Shapes& s = m.s;
-  const int64_t C = s.embd, F = s.hidden, D = s.head_dim;
-  std::vector<float> x(C), qkv(s.qkv_width());
-  std::vector<S> attended(s.q_width()), hidden(F);
-  embed(m, &token, 1, x.data());
-
-#pragma omp parallel num_threads(static_cast<int>(per_thread.size()))
-  {
-    const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
-    const HeadShares shares(s, thread, threads);
-    std::vector<S> normed(C);
-    std::vector<float> scores(position + 1), mixed(D), activations(2 * F), out(C);
-    ProductInput<W> input;  // the input of this thread's next product, as its rows read it
-    for (int64_t layer = 0; layer < s.layers; ++layer) {
-      const Layer<W> l = m.layer(layer);
-      layer_norm(x.data(), l.ln1_w, l.ln1_b, C, m.eps, s.rms, normed.data());
-      input.take(normed.data(), C);
-      for (const auto& [first, last] : qkv_ranges(s, shares)) {
-        product(l.attn, first, last, input, &qkv[first]);
-        for (int64_t row = first; row < last; ++row) qkv[row] += l.attn_b[row];
-      }
-      attention(m, layer, l, shares, qkv.data(), 1, &position, 0, scores.data(), mixed.data(), attended.data());
-#pragma omp barrier
-      const Share residual(C, thread, threads);  // x is not this product's input: its rows are added to in place
-      input.take(attended.data(), s.q_width());
-      product(l.proj, residual.first, residual.last, input, out.data());
-      for (int64_t row = residual.first; row < residual.last; ++row)
-        x[row] += out[row - residual.first] + l.proj_b[row];
-#pragma omp barrier
-      layer_norm(x.data(), l.ln2_w, l.ln2_b, C, m.eps, s.rms, normed.data());
-      input.take(normed.data(), C);
-      const Share mine(F, thread, threads);  // this thread's hidden units: computed, activated, then stored as S
-      const int64_t units = mine.last - mine.first;
-      product(l.fc, mine.first, mine.last, input, activations.data());
-      if (s.gated) product(l.fc, F + mine.first, F + mine.last, input, activations.data() + units);
-      activate_hidden(m, l, mine, 1, activations.data());
-      for (int64_t row = mine.first; row < mine.last; ++row)
-        hidden[row] = static_cast<S>(activations[row - mine.first]);
-#pragma omp barrier
-      input.take(hidden.data(), F);
-      product(l.fc_proj, residual.first, residual.last, input, out.data());
-      for (int64_t row = residual.first; row < residual.last; ++row)
-        x[row] += out[row - residual.first] + l.fc_proj_b[row];
-#pragma omp barrier
-    }
-    const float* final_norm = m.final_norm();
-    layer_norm(x.data(), final_norm, final_norm + C, C, m.eps, s.rms, normed.data());
-    input.take(normed.data(), C);
-    const Share vocab(s.vocab, thread, threads);
-    product(m.head(), vocab.first, vocab.last, input, &logits[vocab.first]);
-    for (int64_t row = vocab.first; row < vocab.last; ++row) {
-      logits[row] = m.capped(logits[row]);
-      per_thread[thread].offer(logits[row], row);
-    }
-  }
-}
-
-// The Q, K and V rows of this thread's heads (qkv_ranges; biases added) for `count` inputs already in `input`: qkv
-// is (count, qkv_width), row b holding input b's Q, K and V side by side.
+// Rows [first, last) of the fused Q, K, V product for `count` inputs already in `input`, biases added, into qkv
+// (count, width): row b holds input b's Q, K and V side by side. out holds count values of each of the rows.
 template <typename W>
-void qkv_rows(const Shapes& s, const Layer<W>& l, const HeadShares& shares, const ProductInput<W>& input,
-              int64_t count, float* out, float* qkv) {
-  const int64_t width = s.qkv_width();
-  for (const auto& [first, last] : qkv_ranges(s, shares)) {
-    product_tokens(l.attn, first, last, input, count, out);
+void qkv_rows(const Layer<W>& l, const ProductInput<W>& input, int64_t count, int64_t first, int64_t last,
+              int64_t width, float* out, float* qkv) {
+  product_tokens(l.attn, first, last, input, count, out);
+  for (int64_t b = 0; b < count; ++b)
     for (int64_t row = first; row < last; ++row)
-      for (int64_t b = 0; b < count; ++b) qkv[b * width + row] = out[(row - first) * count + b] + l.attn_b[row];
+      qkv[b * width + row] = out[b * (last - first) + row - first] + l.attn_b[row];
+}
+
+// One layer's attention for `count` inputs (normed: their ln_1 outputs, already in `input`), up to attended (count,
+// heads * head_dim) with the keys and values stored in the cache (input b at positions[b], in the cache row at
+// b * row_stride elements). With one key and value head per query head the heads are dealt out: a thread computes a
+// head's Q, K and V rows and attends with them at once, with no barrier between. With grouped-query attention the
+// fused product's rows are dealt out, then each thread readies and attends its share of the heads, with barriers
+// between (a key and value head serves several query heads, which may be other threads'). Every thread of the
+// parallel region calls it; `out` holds count values of DEAL_ROWS rows, or of 3 heads' rows.
+template <typename W, typename S>
+void attend_layer(const Model<W>& m, int64_t layer, const Layer<W>& l, Stages& stages, const ProductInput<W>& input,
+                  int64_t count, const int64_t* positions, int64_t row_stride, float* qkv, float* out, float* scores,
+                  float* mixed, S* attended) {
+  const Shapes& s = m.s;
+  const int64_t D = s.head_dim, Q = s.q_width(), K = s.kv_width(), width = s.qkv_width();
+  int64_t first = 0, last = 0;
+  if (s.kv_heads == s.heads) {
+    RowDealer heads = stages.next(s.heads, 1);
+    while (heads.take(first, last)) {
+      for (const int64_t start : {first * D, Q + first * D, Q + K + first * D})
+        qkv_rows(l, input, count, start, start + D, width, out, qkv);
+      prepare_heads(m, layer, l, Share(first, last), Share(first, last), qkv, count, positions, row_stride);
+      attend_heads(m, layer, Share(first, last), qkv, count, positions, row_stride, scores, mixed, attended);
+    }
+    return;
+  }
+  RowDealer rows = stages.next(width);
+  while (rows.take(first, last)) qkv_rows(l, input, count, first, last, width, out, qkv);
+  const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
+  const Share heads(s.heads, thread, threads), kv_heads(s.kv_heads, thread, threads);
+#pragma omp barrier
+  prepare_heads(m, layer, l, heads, kv_heads, qkv, count, positions, row_stride);
+#pragma omp barrier
+  attend_heads(m, layer, heads, qkv, count, positions, row_stride, scores, mixed, attended);
+}
+
+// x (count, C) += the rows of a product (proj or fc_proj) of `count` inputs already in `input`, plus its bias, the
+// rows dealt out among the threads; out holds count values of DEAL_ROWS rows.
+template <typename W>
+void add_product(const Matrix<W>& matrix, const float* bias, Stages& stages, const ProductInput<W>& input,
+                 int64_t count, float* out, float* x) {
+  const int64_t C = matrix.rows;
+  RowDealer rows = stages.next(C);
+  int64_t first = 0, last = 0;
+  while (rows.take(first, last)) {
+    product_tokens(matrix, first, last, input, count, out);
+    for (int64_t b = 0; b < count; ++b)
+      for (int64_t row = first; row < last; ++row) x[b * C + row] += out[b * (last - first) + row - first] + bias[row];
   }
 }
 
 // The rest of a layer once every head has attended, for `count` inputs (a prefill's tokens or a step's rows):
-// x += proj(attended), then x += fc_proj(activation(fc(ln_2(x)))). Every thread of the parallel region calls it; the
-// threads meet at its barriers, since each product reads what all threads wrote before it. out holds count values
-// of each of C rows, and of 2 * (mine.last - mine.first) (a gated MLP's gate and up rows); qkv_rows' out, count
-// values of each of the fused product's rows.
+// x += proj(attended), then x += fc_proj(activation(fc(ln_2(x)))), each product's rows (the MLP's hidden units)
+// dealt out among the threads. Every thread of the parallel region calls it; the threads meet at its barriers, since
+// each product reads what all threads wrote before it. out holds count values of 2 * DEAL_ROWS rows.
 template <typename W, typename S>
-void finish_layer(const Model<W>& m, const Layer<W>& l, const Share& mine, const Share& residual, int64_t count,
-                  const std::vector<S>& attended, std::vector<float>& x, std::vector<S>& normed,
-                  std::vector<S>& hidden, ProductInput<W>& input, float* out) {
-  const int64_t C = m.s.embd, F = m.s.hidden, units = mine.last - mine.first;
+void finish_layer(const Model<W>& m, const Layer<W>& l, Stages& stages, int64_t count, const std::vector<S>& attended,
+                  std::vector<float>& x, std::vector<S>& normed, std::vector<S>& hidden, ProductInput<W>& input,
+                  float* out) {
+  const int64_t C = m.s.embd, F = m.s.hidden;
   input.take(attended.data(), m.s.q_width(), count);
-  product_tokens(l.proj, residual.first, residual.last, input, count, out);
-  for (int64_t row = residual.first; row < residual.last; ++row)
-    for (int64_t b = 0; b < count; ++b) x[b * C + row] += out[(row - residual.first) * count + b] + l.proj_b[row];
+  add_product(l.proj, l.proj_b, stages, input, count, out, x.data());
 #pragma omp barrier
   for (int64_t b = 0; b < count; ++b) layer_norm(&x[b * C], l.ln2_w, l.ln2_b, C, m.eps, m.s.rms, &normed[b * C]);
   input.take(normed.data(), C, count);
-  product_tokens(l.fc, mine.first, mine.last, input, count, out);
-  if (m.s.gated) product_tokens(l.fc, F + mine.first, F + mine.last, input, count, out + units * count);
-  activate_hidden(m, l, mine, count, out);
-  for (int64_t row = mine.first; row < mine.last; ++row)
-    for (int64_t b = 0; b < count; ++b) hidden[b * F + row] = static_cast<S>(out[(row - mine.first) * count + b]);
+  RowDealer units = stages.next(F);
+  int64_t first = 0, last = 0;
+  while (units.take(first, last)) {
+    const int64_t width = last - first;
+    product_tokens(l.fc, first, last, input, count, out);
+    if (m.s.gated) product_tokens(l.fc, F + first, F + last, input, count, out + width * count);
+    activate_hidden(m, l, Share(first, last), count, out);
+    for (int64_t b = 0; b < count; ++b)
+      for (int64_t row = first; row < last; ++row) hidden[b * F + row] = static_cast<S>(out[b * width + row - first]);
+  }
 #pragma omp barrier
   input.take(hidden.data(), F, count);
-  product_tokens(l.fc_proj, residual.first, residual.last, input, count, out);
-  for (int64_t row = residual.first; row < residual.last; ++row)
-    for (int64_t b = 0; b < count; ++b) x[b * C + row] += out[(row - residual.first) * count + b] + l.fc_proj_b[row];
+  add_product(l.fc_proj, l.fc_proj_b, stages, input, count, out, x.data());
 #pragma omp barrier
 }
 
-// A prefill: the keys and values of tokens[t] at positions start + t stored in every layer's cache, each token
-// attending over the positions before it, without the head (the next step feeds the token that follows). The
-// threads split the work as in step(); each product reads a weight row once for up to TOKENS tokens, so a pass over
-// a prompt reads the weights about once instead of once a token.
-template <typename W, typename S = typename Stored<W>::type>
-void prefill(const Model<W>& m, const std::vector<int64_t>& tokens, int64_t start, int threads_wanted) {
+// The layers of a step or a prefill for `count` inputs whose embeddings are x (count, C): each layer's keys and
+// values stored in the cache (input b at positions[b], in the cache row at b * row_stride elements), x left holding
+// the last layer's output. Every thread of the parallel region calls it; `normed` and `input` are the thread's own.
+template <typename W, typename S>
+void layers(const Model<W>& m, Stages& stages, int64_t count, const int64_t* positions, int64_t row_stride,
+            std::vector<float>& x, std::vector<float>& qkv, std::vector<S>& attended, std::vector<S>& hidden,
+            std::vector<S>& normed, ProductInput<W>& input) {
   const Shapes& s = m.s;
-  const int64_t C = s.embd, F = s.hidden, D = s.head_dim, T = static_cast<int64_t>(tokens.size());
-  std::vector<float> x(T * C), qkv(T * s.qkv_width());
-  std::vector<S> attended(T * s.q_width()), hidden(T * F);
-  std::vector<int64_t> positions(T);  // token t at start + t, each attending over the tokens up to it
-  for (int64_t t = 0; t < T; ++t) positions[t] = start + t;
-  embed(m, tokens.data(), T, x.data());
-
-#pragma omp parallel num_threads(threads_wanted)
-  {
-    const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
-    const HeadShares shares(s, thread, threads);
-    const Share mine(F, thread, threads);
-    std::vector<S> normed(T * C);
-    std::vector<float> scores(start + T), mixed(D);
-    std::vector<float> out(T * std::max({C, s.qkv_width(), 2 * (mine.last - mine.first)}));
-    ProductInput<W> input;  // the inputs of this thread's next product, as its rows read them
-    for (int64_t layer = 0; layer < s.layers; ++layer) {
-      const Layer<W> l = m.layer(layer);
-      for (int64_t t = 0; t < T; ++t) layer_norm(&x[t * C], l.ln1_w, l.ln1_b, C, m.eps, s.rms, &normed[t * C]);
-      input.take(normed.data(), C, T);
-      qkv_rows(s, l, shares, input, T, out.data(), qkv.data());
-      attention(m, layer, l, shares, qkv.data(), T, positions.data(), 0, scores.data(), mixed.data(), attended.data());
+  const int64_t C = s.embd, longest = *std::max_element(positions, positions + count) + 1;
+  std::vector<float> scores(longest), mixed(s.head_dim);
+  std::vector<float> out(count * std::max(2 * DEAL_ROWS, 3 * s.head_dim));
+  for (int64_t layer = 0; layer < s.layers; ++layer) {
+    const Layer<W> l = m.layer(layer);
+    for (int64_t b = 0; b < count; ++b) layer_norm(&x[b * C], l.ln1_w, l.ln1_b, C, m.eps, s.rms, &normed[b * C]);
+    input.take(normed.data(), C, count);
+    attend_layer(m, layer, l, stages, input, count, positions, row_stride, qkv.data(), out.data(), scores.data(),
+                 mixed.data(), attended.data());
 #pragma omp barrier
-      const Share residual(C, thread, threads);
-      finish_layer(m, l, mine, residual, T, attended, x, normed, hidden, input, out.data());
-    }
+    finish_layer(m, l, stages, count, attended, x, normed, hidden, input, out.data());
   }
 }
 
-// The head's rows a step of several rows computes at a time (per thread): their outputs for every row fit in the
-// caches while each row's largest logits are taken from them.
+// A prefill: the keys and values of tokens[t] at positions start + t stored in every layer's cache, each token
+// attending over the positions before it, without the head (the next step feeds the token that follows). Each
+// product reads a weight panel once for many tokens, so a pass over a prompt reads the weights about once instead of
+// once a token.
+template <typename W, typename S = typename Stored<W>::type>
+void prefill(const Model<W>& m, const std::vector<int64_t>& tokens, int64_t start, int threads_wanted) {
+  const Shapes& s = m.s;
+  const int64_t C = s.embd, T = static_cast<int64_t>(tokens.size());
+  std::vector<float> x(T * C), qkv(T * s.qkv_width());
+  std::vector<S> attended(T * s.q_width()), hidden(T * s.hidden);
+  std::vector<int64_t> positions(T);  // token t at start + t, each attending over the tokens up to it
+  for (int64_t t = 0; t < T; ++t) positions[t] = start + t;
+  embed(m, tokens.data(), T, x.data());
+  std::vector<std::atomic<int64_t>> counters(s.layers * Stages::per_layer());
+
+#pragma omp parallel num_threads(threads_wanted)
+  {
+    Stages stages(counters);
+    std::vector<S> normed(T * C);
+    ProductInput<W> input;  // the inputs of this thread's next product, as its rows read them
+    layers(m, stages, T, positions.data(), 0, x, qkv, attended, hidden, normed, input);
+  }
+}
+
+// The head's rows a dealt chunk of a step holds: their outputs for every row fit in the caches while each row's
+// largest logits are taken from them.
 constexpr int64_t HEAD_ROWS = 256;
 
-// One decoding step of several rows: row b of the cache gets tokens[b]'s key and value at positions[b] and attends
-// over its own positions 0..positions[b] (rows may differ in length); logits (rows, vocab) are filled and each
-// row's share of each thread's are offered to per_thread[b][thread]. The threads split the work as in step(); each
-// product reads a weight row once for up to 4 rows (product_tokens), so a step of 8 rows reads the weights about once
-// where 8 steps would read them 8 times.
+// One decoding step of one row or several: row b of the cache gets tokens[b]'s key and value at positions[b] and
+// attends over its own positions 0..positions[b] (rows may differ in length); logits (rows, vocab) are filled and each
+// thread offers the logits it computed of row b to per_thread[b][thread]. The threads deal out each product's rows
+// (RowDealer) and meet at barriers between them; each product reads a weight panel once for all the rows
+// (product_tokens), so a step of 8 rows reads the weights about once where 8 steps would read them 8 times.
 template <typename W, typename S = typename Stored<W>::type>
 void step_rows(const Model<W>& m, const std::vector<int64_t>& tokens, const std::vector<int64_t>& positions,
                float* logits, std::vector<std::vector<Largest>>& per_thread) {
   const Shapes& s = m.s;
-  const int64_t C = s.embd, F = s.hidden, D = s.head_dim, B = static_cast<int64_t>(tokens.size());
-  const int64_t row_storage = s.kv_heads * m.cache_positions * D;  // one row of a layer's cache
+  const int64_t C = s.embd, B = static_cast<int64_t>(tokens.size());
+  const int64_t row_storage = s.kv_heads * m.cache_positions * s.head_dim;  // one row of a layer's cache
   std::vector<float> x(B * C), qkv(B * s.qkv_width());
-  std::vector<S> attended(B * s.q_width()), hidden(B * F);
+  std::vector<S> attended(B * s.q_width()), hidden(B * s.hidden);
   embed(m, tokens.data(), B, x.data());
-  const int64_t longest = *std::max_element(positions.begin(), positions.end()) + 1;
+  std::vector<std::atomic<int64_t>> counters(s.layers * Stages::per_layer() + 1);
 
 #pragma omp parallel num_threads(static_cast<int>(per_thread[0].size()))
   {
-    const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
-    const Share mine(F, thread, threads), residual(C, thread, threads);
-    const HeadShares shares(s, thread, threads);
+    const int thread = omp_get_thread_num();
+    Stages stages(counters);
     std::vector<S> normed(B * C);
-    std::vector<float> scores(longest), mixed(D);
-    std::vector<float> out(B * std::max({C, s.qkv_width(), 2 * (mine.last - mine.first), HEAD_ROWS}));
     ProductInput<W> input;  // the inputs of this thread's next product, as its rows read them
-    for (int64_t layer = 0; layer < s.layers; ++layer) {
-      const Layer<W> l = m.layer(layer);
-      for (int64_t b = 0; b < B; ++b) layer_norm(&x[b * C], l.ln1_w, l.ln1_b, C, m.eps, s.rms, &normed[b * C]);
-      input.take(normed.data(), C, B);
-      qkv_rows(s, l, shares, input, B, out.data(), qkv.data());
-      attention(m, layer, l, shares, qkv.data(), B, positions.data(), row_storage, scores.data(), mixed.data(),
-                attended.data());
-#pragma omp barrier
-      finish_layer(m, l, mine, residual, B, attended, x, normed, hidden, input, out.data());
-    }
+    layers(m, stages, B, positions.data(), row_storage, x, qkv, attended, hidden, normed, input);
     const float* final_norm = m.final_norm();
     for (int64_t b = 0; b < B; ++b)
       layer_norm(&x[b * C], final_norm, final_norm + C, C, m.eps, s.rms, &normed[b * C]);
     input.take(normed.data(), C, B);
-    const Share vocab(s.vocab, thread, threads);
-    for (int64_t first = vocab.first; first < vocab.last;) {  // HEAD_ROWS at a time, from a multiple of HEAD_ROWS
-      const int64_t last = std::min(vocab.last, (first / HEAD_ROWS + 1) * HEAD_ROWS);
+    std::vector<float> out(B * HEAD_ROWS);
+    RowDealer vocab = stages.next(s.vocab, HEAD_ROWS);
+    int64_t first = 0, last = 0;
+    while (vocab.take(first, last)) {
       product_tokens(m.head(), first, last, input, B, out.data());
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t row = first; row < last; ++row) {
-          const float logit = m.capped(out[(row - first) * B + b]);
-          logits[b * s.vocab + row] = logit;
-          per_thread[b][thread].offer(logit, row);
-        }
-      first = last;
+      for (int64_t b = 0; b < B; ++b) {
+        float* row_logits = logits + b * s.vocab;
+        for (int64_t row = first; row < last; ++row) row_logits[row] = m.capped(out[b * (last - first) + row - first]);
+        per_thread[b][thread].offer_all(row_logits + first, last - first, first);
+      }
     }
   }
 }
@@ -1370,7 +1296,7 @@ Model<W> model_for(const torch::Tensor& matrices, const torch::Tensor& scales, c
   return {matrices.data_ptr<W>(), int8 ? scales.data_ptr<float>() : nullptr, vectors.data_ptr<float>(),
           embedding.data_ptr<S>(), position_rows.data_ptr<float>(), storage_of<S>(keys), storage_of<S>(values),
           keys[0].size(2), s, activation, static_cast<float>(constants[0]), static_cast<float>(constants[1]),
-          static_cast<float>(constants[2]), std::is_same_v<W, float> && in_blocks({s.embd, s.q_width(), s.hidden})};
+          static_cast<float>(constants[2]), std::is_same_v<W, float> && FLOAT32_PANELS};
 }
 
 // call(W{}) for the C++ type W of weights in `dtype`.
@@ -1395,7 +1321,9 @@ Shapes checked_shapes(const std::vector<int64_t>& shapes, int64_t activation, co
   TORCH_CHECK(s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.head_dim > 0 && (!s.rotary || s.head_dim % 2 == 0));
   TORCH_CHECK(0 <= activation && activation <= kSwiglu, "activation: an Activation code");
   TORCH_CHECK(matrices.is_contiguous() && vectors.scalar_type() == torch::kFloat && vectors.is_contiguous());
-  TORCH_CHECK(matrices.numel() == s.layers * s.layer_matrix_elements() + s.vocab * s.embd, "matrices: wrong size");
+  const int64_t padding = matrices.scalar_type() == torch::kFloat ? FLOAT32_PADDING : 0;  // past float32 panels
+  TORCH_CHECK(matrices.numel() == s.layers * s.layer_matrix_elements() + s.vocab * s.embd + padding,
+              "matrices: wrong size");
   TORCH_CHECK(vectors.numel() == s.layers * s.layer_vector_elements() + 4 * s.embd, "vectors: wrong size");
   TORCH_CHECK(static_cast<int64_t>(keys.size()) == s.layers && static_cast<int64_t>(values.size()) == s.layers);
   for (int64_t l = 0; l < s.layers; ++l)
@@ -1426,13 +1354,13 @@ std::tuple<torch::Tensor, int64_t> decode_step(const torch::Tensor& matrices, co
   TORCH_CHECK(temperature >= 0.0 && top_k >= 0 && 0.0 <= uniform && uniform < 1.0);
   auto logits = torch::empty({s.vocab}, vectors.options());
   const int64_t keep = temperature == 0.0 ? 1 : (top_k < s.vocab ? top_k : 0);
-  std::vector<Largest> per_thread(at::get_num_threads(), Largest(keep));
+  std::vector<std::vector<Largest>> per_thread(1, std::vector<Largest>(at::get_num_threads(), Largest(keep)));
   with_weight_type(matrices.scalar_type(), [&](auto weight) {
     const auto model = model_for<decltype(weight)>(matrices, scales, vectors, embedding, position_row, keys, values,
                                                    s, activation, constants);
-    step(model, token, position, logits.data_ptr<float>(), per_thread);
+    step_rows(model, {token}, {position}, logits.data_ptr<float>(), per_thread);
   });
-  return {logits, choose(logits.data_ptr<float>(), s.vocab, per_thread, keep, temperature, uniform)};
+  return {logits, choose(logits.data_ptr<float>(), s.vocab, per_thread[0], keep, temperature, uniform)};
 }
 
 // A step of several rows: logits (rows, vocab) float32 and each row's next token (see choose; one temperature and
@@ -1521,11 +1449,15 @@ double stream_sum(const torch::Tensor& buffer) {
   return total;
 }
 
-// How decode_step and prefill read the float32 matrices of a model whose matrices have `columns` columns (embd, the
-// attention's heads * head_dim, hidden): in blocks of (rows, chunk) (see BLOCK_ROWS), or row after row (empty).
-std::vector<int64_t> float32_blocks(std::vector<int64_t> columns) {
-  if (!in_blocks(columns)) return {};
-  return {BLOCK_ROWS, CHUNK};
+// How decode_step and prefill read float32 matrices: in blocks of (rows, chunk) values (copy_in_blocks in
+// gptkit/infer/native.py), panels being blocks of PANEL rows and chunks of one value, followed by PANEL values of
+// padding; or row after row (empty).
+std::vector<int64_t> float32_blocks() {
+#if defined(GPTKIT_VECTORS)
+  return {PANEL, 1};
+#else
+  return {};
+#endif
 }
 
 // The steps and the prefill run without Python's lock (they touch no Python object), so that a server's other
