@@ -223,9 +223,9 @@ def huge_page_zeros(numel: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def copy_in_blocks(destination: torch.Tensor, matrix: torch.Tensor, block_rows: int, chunk: int) -> None:
-    """Copy `matrix` (rows, columns) into the 1-D `destination` as decode_step.cpp reads blocked float32 matrices:
-    blocks of `block_rows` rows (the last block holds the rows left), each holding `chunk` values of each of its rows
-    in turn."""
+    """Copy `matrix` (rows, columns) into the 1-D `destination` as decode_step.cpp reads float32 matrices: blocks of
+    `block_rows` rows (the last block holds the rows left), each holding `chunk` values of each of its rows in turn
+    (its panels: chunks of one value, so a block holds its rows' values column after column)."""
     rows, columns = matrix.shape
     whole = rows // block_rows * block_rows
     for first, last, height in ((0, whole, block_rows), (whole, rows, rows - whole)):

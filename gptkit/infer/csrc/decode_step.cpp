@@ -1,10 +1,11 @@
-// One decoding step of a GPT at batch 1 on the CPU (gptkit/infer/native.py builds and calls it).
+// One decoding step of a GPT, for one sequence or several, on the CPU (gptkit/infer/native.py builds and calls it).
 //
-// Why: at batch 1 a step reads every weight once, so its floor is the weight bytes over the memory's read speed.
-// Here the whole step is one parallel region: the threads split each matrix product's rows and each layer's heads,
-// and meet at a barrier where a stage needs the one before it, instead of entering a parallel region (and leaving
-// Python, dynamo and inductor's wrappers) once per kernel. The weights come from one buffer laid out in the order
-// they are read, so the memory streams them like one long array (float32 matrices in blocks of rows: Matrix).
+// Why: a step reads every weight once, so its floor is the weight bytes over the memory's read speed, whatever the
+// number of rows (sequences) it advances. Here the whole step is one parallel region: the threads deal out each
+// matrix product's rows (and each layer's heads) among themselves, and meet at a barrier where a stage needs the one
+// before it, instead of entering a parallel region (and leaving Python, dynamo and inductor's wrappers) once per
+// kernel. The weights come from one buffer laid out in the order they are read, so the memory streams them like one
+// long array (float32 matrices in panels of rows, column after column: Matrix).
 //
 // Weights are float32, bfloat16 or int8 (W); activations, norms, attention and logits are computed in float32. The
 // inputs of each float32 or bfloat16 product are rounded to W (bfloat16 products multiply bfloat16 pairs, as
@@ -361,15 +362,10 @@ constexpr bool FLOAT32_PANELS = false;
 // them (float32_blocks: blocks of PANEL rows and chunks of one value), with PANEL values past the buffer's end: a last
 // panel of fewer rows is read a whole column of vectors at a time, up to PANEL values past its end (those lanes are
 // computed and never kept).
-#ifndef GPTKIT_PANEL_VECTORS
-#define GPTKIT_PANEL_VECTORS 2
-#endif
-constexpr int64_t PANEL_VECTORS = GPTKIT_PANEL_VECTORS, PANEL = PANEL_VECTORS * LANES, FLOAT32_PADDING = PANEL;
+constexpr int64_t PANEL_VECTORS = 2, PANEL = PANEL_VECTORS * LANES, FLOAT32_PADDING = PANEL;
 // The most inputs one pass over a panel multiplies: a sum in a register for each of the panel's vectors and each
 // input, besides the column's vectors and an input value (AVX-512: 24 sums of 32 registers; AVX2: 12 of 16).
-#if defined(GPTKIT_PANEL_TOKENS)
-constexpr int64_t PANEL_TOKENS = GPTKIT_PANEL_TOKENS;
-#elif defined(__AVX512F__)
+#if defined(__AVX512F__)
 constexpr int64_t PANEL_TOKENS = 12;
 #else
 constexpr int64_t PANEL_TOKENS = 6;
