@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import train
 from data.test_packing import write_chat_data
 from gptkit.data.conversations import open_conversations
 from gptkit.data.packing import PackedBatches
@@ -21,7 +22,7 @@ from gptkit.data.tokenizer import CharTokenizer
 from gptkit.model import GPT, GPTConfig
 from gptkit.train import batches
 from gptkit.weights import checkpoint as ckpt
-from helpers import REPO, assert_script_error, clean_env, cli_args, run_script
+from helpers import REPO, assert_script_error, clean_env, cli_args, run_in_process, run_script
 from test_train_ddp import TORCHRUN, assert_close_weights
 
 RUN = {
@@ -157,10 +158,10 @@ def test_chat_data_of_another_tokenizer_is_one_clear_error(tmp_path) -> None:
     assert_script_error(result, "another tokenizer", "prepare_data/chat.py --tokenizer=")
 
 
-def test_ddp_on_chat_data_matches_one_process(base_and_chat, tmp_path) -> None:
+def test_ddp_on_chat_data_matches_one_process(base_and_chat, tmp_path, capsys) -> None:
     base, chat = base_and_chat
     args = cli_args(**RUN, max_iters=3, init_from=base, data_dir=chat)
-    single = run_script("train.py", *args, f"--out_dir={tmp_path / 'one'}")
+    single = run_in_process(train.main, [*args, f"--out_dir={tmp_path / 'one'}"], capsys)  # the one process: this one
     assert single.returncode == 0, single.stderr
     ddp = subprocess.run(
         [*TORCHRUN, str(REPO / "train.py"), *args, f"--out_dir={tmp_path / 'two'}"],

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import train
 from gptkit.eval import hellaswag
 from gptkit.weights import checkpoint as ckpt
 from helpers import REPO, TINY_MODEL, clean_env, make_char_data, sample_text, tiny_train_args, write_items
@@ -39,11 +40,15 @@ RUN = {
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]  # 2 gloo processes
 
 
-def train_in(processes: int, data_dir: Path, out_dir: Path, *extra: str) -> subprocess.CompletedProcess:
-    """train.py with this file's run, in one process or (processes=2) under torchrun in two CPU processes (gloo)."""
+def train_in(processes: int, data_dir: Path, out_dir: Path, *extra: str) -> subprocess.CompletedProcess | None:
+    """train.py with this file's run: in one process (processes=1: train.main in this one, which saves starting
+    Python and torch; the launch is not what these tests check) or under torchrun in two CPU processes (gloo)."""
     assert processes in (1, 2)
-    launcher = [*(TORCHRUN if processes == 2 else [sys.executable]), str(REPO / "train.py")]
     args = [*tiny_train_args(data_dir, out_dir, **RUN), *extra]
+    if processes == 1:
+        assert train.main([str(arg) for arg in args]) == 0
+        return None
+    launcher = [*TORCHRUN, str(REPO / "train.py")]
     result = subprocess.run([*launcher, *args], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "Traceback" not in result.stderr

@@ -177,17 +177,18 @@ def test_bad_input_is_one_line(task: Path, tmp_path: Path, capsys, monkeypatch) 
 
 @pytest.mark.heavy
 @pytest.mark.parametrize("objective", ["dpo", "grpo"])
-def test_two_ddp_processes_end_with_the_weights_of_one(task: Path, tmp_path: Path, objective: str) -> None:
-    """gradient_accumulation_steps=2 in one process against 2 gloo processes with one micro-batch each."""
+def test_two_ddp_processes_end_with_the_weights_of_one(task: Path, tmp_path: Path, objective: str, capsys) -> None:
+    """gradient_accumulation_steps=2 in one process (this one: train.main) against 2 gloo processes with one
+    micro-batch each."""
     make_args = dpo_args if objective == "dpo" else grpo_args
     extra: dict[str, object] = {"max_iters": 3, "eval_interval": 3}
     if objective == "grpo":
         extra.update(grpo_reward="regex:^a", learning_rate=1e-2, grpo_kl_beta=0.1)
-    for processes, out in ((1, tmp_path / "one"), (2, tmp_path / "two")):
-        launcher = TORCHRUN if processes == 2 else [sys.executable]
-        command = [*launcher, str(REPO / "train.py"), *make_args(task, out, **extra)]
-        result = subprocess.run(command, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr[-3000:]
+    code, _, stderr = run_main(train.main, make_args(task, tmp_path / "one", **extra), capsys)
+    assert code == 0, stderr
+    command = [*TORCHRUN, str(REPO / "train.py"), *make_args(task, tmp_path / "two", **extra)]
+    result = subprocess.run(command, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
     assert_close_weights(tmp_path / "one", tmp_path / "two")
 
 

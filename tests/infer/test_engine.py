@@ -7,6 +7,7 @@ each step should see, written out there from the rule.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 
@@ -366,56 +367,86 @@ def test_decoding_linear_matches_f_linear(shape):
 # ------------------------------------------------------------------------------ the compiled decoding step
 
 
-def test_compiled_steps_give_each_row_its_greedy_tokens_from_one_graph():
+def unique_graphs() -> int:
+    """Graphs dynamo has compiled in this process so far."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+@dataclasses.dataclass
+class CompiledGreedyRun:
+    model: GPT
+    reference: GPT  # the same weights in a plain model, copied before the run
+    requests: list[Request]
+    step_sizes: list[int]  # rows in each step the engine yielded
+    new_graphs: int
+
+
+@pytest.fixture(scope="module")
+def compiled_greedy() -> CompiledGreedyRun:
+    """One compiled greedy run of 4 slots: rows of 1, 9 and 26 tokens, block 40, 30 new tokens each. Each inductor
+    graph of the step takes many seconds to compile, so the tests below reuse this model and its graph (batch 4,
+    greedy) where their checks allow it."""
+    model = lively_model(block_size=40, pos_encoding="rope")
+    reference = plain_copy(model)
+    requests = [Request(prompt, 30, temperature=0) for prompt in prompts_of(1, 9, 26)]
+    graphs_before = unique_graphs()
+    step_sizes = [len(step) for step in Engine(model, slots=4, decode="compiled").run(requests)]
+    new_graphs = unique_graphs() - graphs_before
+    return CompiledGreedyRun(
+        model=model, reference=reference, requests=requests, step_sizes=step_sizes, new_graphs=new_graphs
+    )
+
+
+def test_compiled_steps_give_each_row_its_greedy_tokens_from_one_graph(compiled_greedy):
     """gptkit/infer/compiled.py: rows of 1, 9 and 26 tokens (the first with no prefill, so the step makes the
     cache itself), block 40, 30 new tokens: the attended span grows 16 -> 32 -> 40 and the last row slides. Every row
     gets exactly its reference greedy tokens, and one compiled graph serves every span. The engine has 4 slots, so the
     step runs 4 rows, the fourth a padding row that changes nothing."""
-    model = lively_model(block_size=40, pos_encoding="rope")
-    reference = plain_copy(model)
-    prompts = prompts_of(1, 9, 26)
-    requests = [Request(prompt, 30, temperature=0) for prompt in prompts]
-    graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    engine = Engine(model, slots=4, decode="compiled")
-    assert [len(step) for step in engine.run(requests)] == [3] * 30
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == 1
-    for prompt, request in zip(prompts, requests):
-        assert request.output == reference_greedy(reference, prompt, 30)
+    assert compiled_greedy.step_sizes == [3] * 30
+    assert compiled_greedy.new_graphs == 1
+    for request in compiled_greedy.requests:
+        assert request.output == reference_greedy(compiled_greedy.reference, request.prompt, 30)
 
 
-def test_compiled_steps_serve_each_model_its_own_frozen_weights():
+def test_compiled_steps_serve_each_model_its_own_frozen_weights(compiled_greedy):
     """The compiled step checks one weight's identity in place of every module's guards: two models of the same
-    shapes (and a third made after the first is freed, which may reuse its memory) each get their own greedy tokens,
-    whichever ran last, and one graph per model."""
-    first, second = lively_model(seed=1), lively_model(seed=2)
-    prompt = prompts_of(5)[0]
-    expected = {1: reference_greedy(plain_copy(first), prompt, 12), 2: reference_greedy(plain_copy(second), prompt, 12)}
-    assert expected[1] != expected[2]
-    graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    for model, seed in ((first, 1), (second, 2), (first, 1)):
-        request = Request(prompt, 12, temperature=0)
-        list(Engine(model, decode="compiled").run([request]))
-        assert request.output == expected[seed]
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == 2
-    del first
+    shapes (and a third made after the second is freed, which may reuse its memory) each get their own greedy tokens,
+    whichever ran last, and one graph per model (the first model's is compiled_greedy's)."""
+    first, second = compiled_greedy.model, lively_model(block_size=40, pos_encoding="rope", seed=2)
+    prompts = prompts_of(1, 9, 26)
+    expected = {
+        model: [reference_greedy(plain_copy(model), prompt, 12) for prompt in prompts] for model in (first, second)
+    }
+    assert expected[first] != expected[second]
+    graphs_before = unique_graphs()
+    for model in (first, second, first):
+        assert greedy_compiled_outputs(model, prompts, 12) == expected[model]
+    assert unique_graphs() - graphs_before == 1
+    del expected, second
     gc.collect()
-    third = lively_model(seed=3)
-    request = Request(prompt, 12, temperature=0)
-    list(Engine(third, decode="compiled").run([request]))
-    assert request.output == reference_greedy(plain_copy(third), prompt, 12)
+    third = lively_model(block_size=40, pos_encoding="rope", seed=3)
+    reference = plain_copy(third)
+    assert greedy_compiled_outputs(third, prompts, 12) == [reference_greedy(reference, p, 12) for p in prompts]
 
 
-def test_compiled_steps_sample_the_tokens_of_eager_steps():
+def greedy_compiled_outputs(model: GPT, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """Each prompt's greedy tokens from a compiled engine of 4 slots (so a step of 4 rows: compiled_greedy's batch)."""
+    requests = [Request(prompt, new_tokens, temperature=0) for prompt in prompts]
+    list(Engine(model, slots=4, decode="compiled").run(requests))
+    return [request.output for request in requests]
+
+
+def test_compiled_steps_sample_the_tokens_of_eager_steps(compiled_greedy):
     """Sampling happens inside the compiled graph, with uniform numbers drawn as the eager path draws them: seeded
     requests (a generator per row, or one generator shared by the rows) get the eager engine's tokens. One graph per
     top_k; a new temperature needs none, even after a greedy graph (which, with the temperature a Python float,
-    made dynamo specialize it); top-p, which stays eager, runs on the greedy graph's logits."""
-    model = lively_model(block_size=40)
-    reference = plain_copy(model)
+    made dynamo specialize it); top-p, which stays eager, runs on the greedy graph's logits. (The greedy graph is
+    compiled_greedy's: no new one.)"""
+    model, reference = compiled_greedy.model, compiled_greedy.reference
     prompts = prompts_of(1, 9, 26)
-    greedy = [reference_greedy(plain_copy(model), prompt, 20) for prompt in prompts]
+    greedy = [reference_greedy(reference, prompt, 20) for prompt in prompts]
     cases = [
-        ((0.0, None, None), "seeds", 1),
+        ((0.0, None, None), "seeds", 0),
         ((1.0, 5, None), "seeds", 1),
         ((0.7, None, None), "seeds", 1),
         ((0.9, None, None), "shared", 0),
@@ -423,7 +454,7 @@ def test_compiled_steps_sample_the_tokens_of_eager_steps():
     ]
     for (temperature, top_k, top_p), draws, new_graphs in cases:
         outputs = {}
-        graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        graphs_before = unique_graphs()
         for engine_model, compiled in ((model, True), (reference, False)):
             shared = torch.Generator().manual_seed(4)
             requests = [
@@ -438,10 +469,10 @@ def test_compiled_steps_sample_the_tokens_of_eager_steps():
                 )
                 for row, prompt in enumerate(prompts)
             ]
-            list(Engine(engine_model, slots=3, decode="compiled" if compiled else "eager").run(requests))
+            list(Engine(engine_model, slots=4, decode="compiled" if compiled else "eager").run(requests))
             outputs[compiled] = [request.output for request in requests]
         assert outputs[True] == outputs[False] and (outputs[True] == greedy) == (temperature == 0)
-        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == new_graphs
+        assert unique_graphs() - graphs_before == new_graphs
 
 
 def step_with_dynamos_eager_backend(monkeypatch) -> None:
@@ -477,13 +508,13 @@ def test_the_compiled_step_holds_more_graphs_than_dynamos_default_limit(monkeypa
     compiled functions keep the default."""
     step_with_dynamos_eager_backend(monkeypatch)
     prompt = prompts_of(5)[0]
-    graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    graphs_before = unique_graphs()
     for seed in range(11):
         model = lively_model(seed=seed)
         request = Request(prompt, 3, temperature=0)
         list(Engine(model, decode="compiled").run([request]))
         assert request.output == reference_greedy(plain_copy(model), prompt, 3)
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == 11
+    assert unique_graphs() - graphs_before == 11
 
 
 def test_the_step_sets_freezing_and_its_graph_limit_for_its_own_call_only(monkeypatch):
