@@ -257,7 +257,7 @@ def packed(
 
 # The longest prompt (tokens filled) the engine gives the native prefill, by weights; longer ones take the eager
 # pass, whose GEMM libraries (MKL; fbgemm's int8 products with 7-bit activations, against the native pass's 16-bit
-# ones) pass the native pass's 2-row, 4-token blocks as prompts grow. bfloat16 prompts of any length: PyTorch's
+# ones) pass the native pass's products as prompts grow. bfloat16 prompts of any length: PyTorch's
 # eager bfloat16 products were 2-4x slower than its float32 ones on a CPU without bfloat16 instructions. Measured on
 # a Zen 3 EPYC (docs/benchmarks.md).
 PREFILL_LIMITS = {"float32": 64, "bfloat16": None, "int8": 32}
