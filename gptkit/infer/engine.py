@@ -35,7 +35,7 @@ import torch.nn as nn
 
 from gptkit.infer import compiled, onednn
 from gptkit.infer.decoding import plan_for
-from gptkit.infer.native import NativeStep
+from gptkit.infer.native import NativeStep, lazy_zeros
 from gptkit.infer.next_token import sample_next_token, sampling_problem
 
 
@@ -111,8 +111,13 @@ class KVCache:
         shape = (self.slots, n_head, self.capacity + 1, head_dim)
         for layer, keys in enumerate(self.keys):
             if keys is None:
-                self.keys[layer] = torch.zeros(shape, dtype=dtype, device=device)
-                self.values[layer] = torch.zeros(shape, dtype=dtype, device=device)
+                self.keys[layer], self.values[layer] = (self._zeros(shape, dtype, device) for _ in range(2))
+
+    @staticmethod
+    def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """Zeros for a layer's storage: on the CPU filled as their pages are first touched (native.lazy_zeros), so a
+        generation that reaches a few positions of block_size writes only those."""
+        return lazy_zeros(shape, dtype) if device.type == "cpu" else torch.zeros(shape, dtype=dtype, device=device)
 
     def move(self, source: int, target: int) -> None:
         """Copy row `source` (its keys, values and length) over row `target`."""
