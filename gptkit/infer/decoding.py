@@ -58,7 +58,7 @@ def auto_plan(device_type: str, compute: str, slots: int, native_ready: bool, on
 
     - CUDA: CUDA graphs (one launch a step instead of some 150 small kernel launches).
     - CPU: the native step, one row or several (near the memory-read bound at one row on every CPU measured; with
-      several rows each weight row is read once for up to 4 of them).
+      several rows each float32 weight is read once for up to 12 of them, 6 with AVX2).
     - CPU without it: plain eager at one row (oneDNN at one row lost to it on a Xeon); for more rows in float32, oneDNN
       on transposed weights (about twice the plain path at batch 8 on two EPYCs). Never compiled on the CPU: no faster
       than oneDNN at batch 8, and its minute of compiling outlasts a sample.
