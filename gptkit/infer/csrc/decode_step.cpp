@@ -349,11 +349,6 @@ struct Matrix {
 // Whether float32 matrices lie in panels: in builds with vector lanes (a plain loop reads them row after row).
 #if defined(GPTKIT_VECTORS)
 constexpr bool FLOAT32_PANELS = true;
-#else
-constexpr bool FLOAT32_PANELS = false;
-#endif
-
-#if defined(GPTKIT_VECTORS)
 // float32 matrices lie in panels of PANEL rows (the last panel holds the rows left), each holding its rows' values
 // column after column: a panel's column k is PANEL_VECTORS vectors, the k-th weight of each of its rows. Why: a
 // product multiplies column k by input t's k-th value in every lane (an outer product), so one pass over the weights
@@ -424,11 +419,6 @@ void panel_dots(const float* panel, int64_t height, const float* const* xs, int6
   }
 }
 
-#else
-constexpr int64_t FLOAT32_PADDING = 0;
-#endif
-
-#if defined(GPTKIT_VECTORS)
 // panel_dots for `count` (1 to PANEL_TOKENS) inputs.
 template <int64_t... T>
 void panel_dots_for(std::integer_sequence<int64_t, T...>, int64_t count, const float* panel, int64_t height,
@@ -459,6 +449,9 @@ void panel_product(const Matrix<float>& m, int64_t first, int64_t last, const fl
     }
   }
 }
+#else
+constexpr bool FLOAT32_PANELS = false;
+constexpr int64_t FLOAT32_PADDING = 0;
 #endif
 
 // out[row - first] = rows [first, last) of a product with the (first) input, scaled for int8 weights.
@@ -1087,7 +1080,7 @@ void qkv_rows(const Layer<W>& l, const ProductInput<W>& input, int64_t count, in
 // head's Q, K and V rows and attends with them at once, with no barrier between. With grouped-query attention the
 // fused product's rows are dealt out, then each thread readies and attends its share of the heads, with barriers
 // between (a key and value head serves several query heads, which may be other threads'). Every thread of the
-// parallel region calls it; `out` holds count values of DEAL_ROWS rows, or of 3 heads' rows.
+// parallel region calls it; `out` holds count values of DEAL_ROWS rows, or of a head's rows (head_dim).
 template <typename W, typename S>
 void attend_layer(const Model<W>& m, int64_t layer, const Layer<W>& l, Stages& stages, const ProductInput<W>& input,
                   int64_t count, const int64_t* positions, int64_t row_stride, float* qkv, float* out, float* scores,
@@ -1100,8 +1093,9 @@ void attend_layer(const Model<W>& m, int64_t layer, const Layer<W>& l, Stages& s
     while (heads.take(first, last)) {
       for (const int64_t start : {first * D, Q + first * D, Q + K + first * D})
         qkv_rows(l, input, count, start, start + D, width, out, qkv);
-      prepare_heads(m, layer, l, Share(first, last), Share(first, last), qkv, count, positions, row_stride);
-      attend_heads(m, layer, Share(first, last), qkv, count, positions, row_stride, scores, mixed, attended);
+      const Share head(first, last);  // a query head and its own key and value head
+      prepare_heads(m, layer, l, head, head, qkv, count, positions, row_stride);
+      attend_heads(m, layer, head, qkv, count, positions, row_stride, scores, mixed, attended);
     }
     return;
   }
@@ -1170,7 +1164,7 @@ void layers(const Model<W>& m, Stages& stages, int64_t count, const int64_t* pos
   const Shapes& s = m.s;
   const int64_t C = s.embd, longest = *std::max_element(positions, positions + count) + 1;
   std::vector<float> scores(longest), mixed(s.head_dim);
-  std::vector<float> out(count * std::max(2 * DEAL_ROWS, 3 * s.head_dim));
+  std::vector<float> out(count * std::max(2 * DEAL_ROWS, s.head_dim));
   for (int64_t layer = 0; layer < s.layers; ++layer) {
     const Layer<W> l = m.layer(layer);
     for (int64_t b = 0; b < count; ++b) layer_norm(&x[b * C], l.ln1_w, l.ln1_b, C, m.eps, s.rms, &normed[b * C]);
