@@ -295,8 +295,8 @@ class Engine:
         yield each step's (request, token) pairs. Requests may be removed between steps."""
         waiting = deque(requests)
         while True:
-            while waiting and self.free_slots:
-                self.add(waiting.popleft())
+            while waiting and self.free_slots:  # all that fit at once: prompts of one length fill in one pass
+                self.add_many([waiting.popleft() for _ in range(min(len(waiting), self.free_slots))])
             if not self.active:
                 return
             yield self.step()
@@ -394,16 +394,17 @@ class Engine:
     def _fill(self, row: int, *contexts: list[int]) -> None:
         """Make cache rows row, row + 1, ... hold contexts[i][:-1] (equally long), computed in one pass of their own;
         the next step feeds each context's last token (so the pass needs no logits: the head is skipped). With the
-        native step a single context is filled by its prefill where that is the faster pass (NativeStep.prefills)."""
-        self.cache.lengths[row : row + len(contexts)] = [0] * len(contexts)
+        native step the contexts are filled by its prefill where that is the faster pass (NativeStep.prefills)."""
+        rows = len(contexts)
+        self.cache.lengths[row : row + rows] = [0] * rows
         if len(contexts[0]) <= 1:
             return
-        if self.native is not None and len(contexts) == 1 and self.native.prefills(len(contexts[0]) - 1):
+        if self.native is not None and self.native.prefills(rows * (len(contexts[0]) - 1)):
             self._allocate_cache(self.native.dtype)
-            keys = [layer[row : row + 1] for layer in self.cache.keys]
-            values = [layer[row : row + 1] for layer in self.cache.values]
-            self.native.prefill(contexts[0][:-1], 0, keys, values)
-            self.cache.lengths[row] = len(contexts[0]) - 1
+            keys = [layer[row : row + rows] for layer in self.cache.keys]
+            values = [layer[row : row + rows] for layer in self.cache.values]
+            self.native.prefill([context[:-1] for context in contexts], 0, keys, values)
+            self.cache.lengths[row : row + rows] = [len(contexts[0]) - 1] * rows
             return
         idx = torch.tensor([context[:-1] for context in contexts], device=self.device)
         self.model.hidden_states(idx, cache=self.cache.rows(row, row + len(contexts)))

@@ -19,8 +19,8 @@ QK-norm with or without a weight; a Q, K, V bias of its own; a norm of the embed
 it: one row (NativeStep.__call__), or several rows of any lengths in one call (NativeStep.step_rows: each weight
 read from memory once a step, whatever the rows: one pass over each panel of float32 weights multiplies up to 12
 rows with AVX-512, 6 with AVX2, and the passes for more rows read the panel from the cache);
-it fills a prompt with the native prefill (NativeStep.prefill: the prompt's tokens in one pass) up to PREFILL_LIMITS'
-length.
+it fills prompts with the native prefill (NativeStep.prefill: the prompts of the requests admitted together, of one
+length, in one pass) up to PREFILL_LIMITS' tokens in all.
 
 The C++ source is compiled at set-up (`python -m gptkit.infer.native --build`, which `make venv` runs: a C++
 compiler and ninja, ~25 s once; the build lies under torch's extensions directory), for this machine's instruction
@@ -271,12 +271,14 @@ def packed(
     return buffer
 
 
-# The longest prompt (tokens filled) the engine gives the native prefill, by weights; longer ones take the eager
+# The most prompt tokens (filled in one pass) the engine gives the native prefill, by weights; longer ones take the eager
 # pass, whose GEMM libraries (MKL; fbgemm's int8 products with 7-bit activations, against the native pass's 16-bit
 # ones) pass the native pass's products as prompts grow. bfloat16 prompts of any length: PyTorch's
 # eager bfloat16 products were 2-4x slower than its float32 ones on a CPU without bfloat16 instructions. Measured on
-# a Zen 3 EPYC (docs/benchmarks.md).
+# a Zen 3 EPYC (docs/benchmarks.md); float32 in AVX-512's 32-row panels on a Xeon, where the native pass was the
+# faster up to 256 tokens (PREFILL_LIMITS_AVX512).
 PREFILL_LIMITS = {"float32": 64, "bfloat16": None, "int8": 32}
+PREFILL_LIMITS_AVX512 = {**PREFILL_LIMITS, "float32": 256}
 
 # Each model's steps by dtype; a model that is garbage collected takes its packed weights with it.
 PACKED_STEPS: weakref.WeakKeyDictionary[nn.Module, dict[torch.dtype, NativeStep]] = weakref.WeakKeyDictionary()
@@ -306,6 +308,7 @@ class NativeStep:
         self.int8 = scales[0] is not None
         # float32 matrices in the panels decode_step.cpp reads (float32_blocks; none in a build without vectors)
         blocks = [] if self.int8 or dtype != torch.float32 else extension().float32_blocks()
+        self.panel_rows = blocks[0] if blocks else 0  # 32 with AVX-512, 16 with AVX2
         self.matrices = packed(matrices, [m.numel() for m in matrices], torch.int8 if self.int8 else dtype, blocks)
         self.scales = packed(scales, [m.shape[0] for m in matrices], torch.float32) if self.int8 else torch.empty(0)
         self.vectors = packed(vectors, vector_sizes(config), torch.float32)
@@ -429,30 +432,43 @@ class NativeStep:
             list(uniforms) if uniforms is not None else [0.0] * len(tokens),
         )
 
+    @property
+    def prefill_limit(self) -> int | None:
+        """The most tokens in all the engine fills with prefill at once (PREFILL_LIMITS; None: any number)."""
+        limits = PREFILL_LIMITS_AVX512 if self.panel_rows == 32 else PREFILL_LIMITS
+        return limits["int8" if self.int8 else str(self.dtype).removeprefix("torch.")]
+
     def prefills(self, tokens: int) -> bool:
-        """Whether the engine fills a prompt of `tokens` tokens with prefill (PREFILL_LIMITS) rather than eagerly."""
-        limit = PREFILL_LIMITS["int8" if self.int8 else str(self.dtype).removeprefix("torch.")]
-        return limit is None or tokens <= limit
+        """Whether the engine fills prompts of `tokens` tokens in all with prefill rather than eagerly."""
+        return self.prefill_limit is None or tokens <= self.prefill_limit
 
     @torch.no_grad()
     def prefill(
-        self, tokens: Sequence[int], start: int, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]
+        self,
+        contexts: Sequence[Sequence[int]],
+        start: int,
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
     ) -> None:
-        """Store the keys and values of `tokens` at positions start, start + 1, ... in row 0 of the cache (storage as
-        __call__ takes it), each token attending over those before it; no logits (the next step feeds the token
-        that follows). One pass reads each weight row once for every 4 tokens, where steps would read it per token."""
-        rows = self.positions[start : start + len(tokens)]
+        """Store the keys and values of contexts[r] (equally long) at positions start, start + 1, ... in row r of the
+        cache (storage as __call__ takes it), each token attending over those of its row before it; no logits (the
+        next step feeds the token that follows). One pass reads each weight once for many tokens, every row's
+        together, where steps would read it per token."""
+        length = len(contexts[0])
+        if any(len(context) != length for context in contexts):
+            raise ValueError("prefill takes contexts of one length")
         self.prefill_kernel(
             self.matrices,
             self.scales,
             self.vectors,
             self.embedding,
-            rows,
+            self.positions[start : start + length].repeat(len(contexts), 1),
             list(keys),
             list(values),
             self.shapes,
-            list(tokens),
+            [token for context in contexts for token in context],
             start,
+            len(contexts),
             self.activation,
             self.constants,
         )

@@ -148,12 +148,30 @@ def test_an_int8_model_in_the_engine_gets_the_reference_greedy_tokens(monkeypatc
     assert len(prefills) == 4  # the prompt (8 tokens filled), then 11 of the 12 kept before outputs 9, 14 and 19
 
 
-@pytest.mark.parametrize(("prompt_length", "prefills"), [(65, 1), (66, 0)])
-def test_a_float32_prompt_past_64_tokens_is_filled_eagerly(monkeypatch, prompt_length, prefills):
-    """The engine fills a float32 prompt of up to 64 tokens (the last is fed by the first step) with the native
-    prefill and a longer one with the eager pass; the greedy tokens are the reference's either way."""
-    model = lively_model(block_size=80)
-    prompt = torch.randint(0, 37, (prompt_length,), generator=torch.Generator().manual_seed(3)).tolist()
+def test_requests_admitted_together_fill_their_prompts_in_one_prefill(monkeypatch):
+    """Three requests that fit at once, two prompts of 9 tokens and one of 5: the two are filled in one native
+    prefill, the third in one of its own; every request gets its reference greedy tokens."""
+    model = lively_model(block_size=40)
+    lengths_and_seeds = [(9, 0), (5, 1), (9, 2)]
+    prompts = [
+        torch.randint(0, 37, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+        for n, seed in lengths_and_seeds
+    ]
+    calls = count_calls(monkeypatch, NativeStep, "prefill")
+    requests = [Request(prompt, 6, temperature=0) for prompt in prompts]
+    list(Engine(model, slots=3, decode="native").run(requests))
+    assert len(calls) == 2
+    for request, prompt in zip(requests, prompts):
+        assert request.output == reference_greedy(plain_copy(model), prompt, 6)
+
+
+@pytest.mark.parametrize(("past_limit", "prefills"), [(1, 1), (2, 0)])
+def test_a_float32_prompt_past_the_prefill_limit_is_filled_eagerly(monkeypatch, past_limit, prefills):
+    """The engine fills a float32 prompt of up to the step's prefill_limit tokens (the last is fed by the first step)
+    with the native prefill and a longer one with the eager pass; the greedy tokens are the reference's either way."""
+    limit = NativeStep.for_model(lively_model(), torch.float32).prefill_limit
+    model = lively_model(block_size=limit + 8)
+    prompt = torch.randint(0, 37, (limit + past_limit,), generator=torch.Generator().manual_seed(3)).tolist()
     calls = count_calls(monkeypatch, NativeStep, "prefill")
     request = Request(prompt, 5, temperature=0)
     list(Engine(model, decode="native").run([request]))
@@ -169,8 +187,8 @@ def assert_prefill_matches_eager_pass(model, reference, tokens: list[int], toler
     cache = KVCache(config.n_layer, config.block_size)
     cache.allocate(config.n_head, config.n_embd // config.n_head, torch.float32, torch.device("cpu"))
     step = NativeStep.for_model(model, torch.float32)
-    step.prefill(tokens[:11], 0, cache.keys, cache.values)
-    step.prefill(tokens[11:17], 11, cache.keys, cache.values)
+    step.prefill([tokens[:11]], 0, cache.keys, cache.values)
+    step.prefill([tokens[11:17]], 11, cache.keys, cache.values)
     eager = KVCache(config.n_layer, config.block_size)
     with torch.no_grad():
         reference.hidden_states(torch.tensor([tokens[:17]]), cache=eager)
@@ -190,6 +208,27 @@ def test_the_prefill_writes_the_keys_and_values_of_the_eager_pass(shape):
     model = lively_model(vocab_size=61, block_size=32, seed=5, **overrides)
     tokens = torch.randint(0, 61, (18,), generator=torch.Generator().manual_seed(4)).tolist()
     assert_prefill_matches_eager_pass(model, plain_copy(model), tokens)
+
+
+@pytest.mark.parametrize("shape", [*SHAPES, "gpt2 width"])
+def test_a_prefill_of_several_rows_writes_each_rows_keys_and_values_of_the_eager_pass(shape):
+    """Three rows in one prefill (7 tokens each, then 4 more each from position 7): cache row r holds the keys and
+    values the eager pass over the three rows stores in its row r, each row attending over its own tokens only."""
+    overrides = dict(n_embd=768, n_head=12, n_layer=1) if shape == "gpt2 width" else SHAPES[shape]
+    model = lively_model(vocab_size=61, block_size=32, seed=5, **overrides)
+    tokens = torch.randint(0, 61, (3, 11), generator=torch.Generator().manual_seed(8))
+    config = model.config
+    cache = KVCache(config.n_layer, config.block_size, slots=3)
+    cache.allocate(config.n_kv_head, config.head_dim, torch.float32, torch.device("cpu"))
+    step = NativeStep.for_model(model, torch.float32)
+    step.prefill(tokens[:, :7].tolist(), 0, cache.keys, cache.values)
+    step.prefill(tokens[:, 7:].tolist(), 7, cache.keys, cache.values)
+    eager = KVCache(config.n_layer, config.block_size, slots=3)
+    with torch.no_grad():
+        plain_copy(model).hidden_states(tokens, cache=eager)
+    for layer in range(config.n_layer):
+        assert_close_to(cache.keys[layer][:, :, :11], eager.keys[layer][:, :, :11], None)
+        assert_close_to(cache.values[layer][:, :, :11], eager.values[layer][:, :, :11], None)
 
 
 @pytest.mark.parametrize("overrides", [{}, dict(n_embd=40, n_head=4)], ids=["32 wide", "40 wide"])
@@ -220,7 +259,7 @@ def test_a_bfloat16_or_int8_prefill_gives_the_steps_their_reference_logits(dtype
     cache = KVCache(1, 32)
     cache.allocate(12, 64, compute, torch.device("cpu"))
     step = NativeStep.for_model(model, compute)
-    step.prefill(tokens[:13], 0, cache.keys, cache.values)
+    step.prefill([tokens[:13]], 0, cache.keys, cache.values)
     token = tokens[13]
     for position in range(13, 18):
         logits, token = step(token, position, cache.keys, cache.values)

@@ -119,6 +119,23 @@ def test_every_architecture_is_served(name):
 
 @pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_a_prefill_of_two_rows_stores_each_rows_eager_keys_and_values(name, weights):
+    """Two rows of 9 tokens in one native prefill: cache row r holds the keys and values (kv heads only, normalized
+    and rotated) the eager pass over both rows stores in its row r."""
+    model, dtype, reference, tolerance = weights_and_reference(name, weights)
+    tokens = [prompt_of(9, seed=5), prompt_of(9, seed=6)]
+    cache = allocated_cache(model, dtype, slots=2)
+    NativeStep.for_model(model, dtype).prefill(tokens, 0, cache.keys, cache.values)
+    eager = KVCache(model.config.n_layer, model.config.block_size, slots=2)
+    with torch.no_grad():
+        reference.hidden_states(torch.tensor(tokens), cache=eager)
+    for layer in range(model.config.n_layer):
+        within(cache.keys[layer][:, :, :9].float(), eager.keys[layer][:, :, :9], tolerance)
+        within(cache.values[layer][:, :, :9].float(), eager.values[layer][:, :, :9], tolerance)
+
+
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_prefill_and_steps_give_the_full_passs_logits_and_the_eager_cache(name, weights):
     """The native prefill of 11 tokens, then of 6 more from position 11, stores the keys and values (kv heads only,
     normalized and rotated) the eager pass over the 17 tokens stores; the greedy steps after it get the full pass's
@@ -127,8 +144,8 @@ def test_prefill_and_steps_give_the_full_passs_logits_and_the_eager_cache(name, 
     tokens = prompt_of(18, seed=4)
     cache = allocated_cache(model, dtype)
     step = NativeStep.for_model(model, dtype)
-    step.prefill(tokens[:11], 0, cache.keys, cache.values)
-    step.prefill(tokens[11:17], 11, cache.keys, cache.values)
+    step.prefill([tokens[:11]], 0, cache.keys, cache.values)
+    step.prefill([tokens[11:17]], 11, cache.keys, cache.values)
     eager = KVCache(model.config.n_layer, model.config.block_size)
     with torch.no_grad():
         reference.hidden_states(torch.tensor([tokens[:17]]), cache=eager)
@@ -157,7 +174,7 @@ def test_a_step_of_several_rows_gives_each_row_the_full_passs_logits(name, weigh
     for row, prompt in enumerate(prompts):
         if len(prompt) > 1:
             keys, values = ([layer[row : row + 1] for layer in storage] for storage in (cache.keys, cache.values))
-            step.prefill(prompt[:-1], 0, keys, values)
+            step.prefill([prompt[:-1]], 0, keys, values)
             cache.lengths[row] = len(prompt) - 1
     tokens = [list(prompt) for prompt in prompts]
     for _ in range(4):
@@ -235,6 +252,6 @@ def test_qk_norm_without_an_epsilon_takes_float32s_in_bfloat16_too():
     tokens = prompt_of(12, seed=8)
     cache = allocated_cache(model, torch.bfloat16)
     step = NativeStep.for_model(model, torch.bfloat16)
-    step.prefill(tokens[:-1], 0, cache.keys, cache.values)
+    step.prefill([tokens[:-1]], 0, cache.keys, cache.values)
     logits, _ = step(tokens[-1], len(tokens) - 1, cache.keys, cache.values)
     within(logits, full_pass_logits(reference, tokens), 0.05)

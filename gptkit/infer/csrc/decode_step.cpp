@@ -141,8 +141,8 @@ inline void prefetch_ahead(const W* at) {
 }
 #endif
 
-// Which weights a pass over a panel of weight rows asks the caches for (panel_dots). One pass (turns 1): the columns
-// PREFETCH_AHEAD on from the panel's own, as the one-row products do. Several passes over a panel, the later ones
+// Which weights a pass over a panel of weight rows asks the L2 cache for (panel_dots). One pass (turns 1): the
+// columns PANEL_AHEAD_L2 bytes on from the panel's own. Several passes over a panel, the later ones
 // reading it from the cache: pass `turn` of `turns` asks for every turns-th column of the next panel (`from` on), so
 // that the memory streams the weights while every pass computes, not in the first pass alone.
 struct Prefetch {
@@ -366,11 +366,19 @@ constexpr int64_t PANEL_TOKENS = 12;
 constexpr int64_t PANEL_TOKENS = 6;
 #endif
 
-// Asks the L2 cache for a column of a full panel (AVX2: nothing, as for float32 rows: see PREFETCH_AHEAD).
+// How far ahead a pass over panels asks for its weights (AVX-512; with AVX2 it asks for nothing, as for float32 rows:
+// see PREFETCH_AHEAD): the L2 cache for the column PANEL_AHEAD_L2 bytes on, the L1 for the one PANEL_AHEAD_L1 bytes on.
+// Why both: with 8 or more inputs a column's FMAs keep the core from issuing its loads early, and the weights came
+// from the L2 late; asking the L1 for them 1 KB ahead (and the L2 8 KB, rather than 4) made a batch-8 step of GPT-2
+// about 5% faster on a Xeon with AVX-512, one row's no slower.
+constexpr int64_t PANEL_AHEAD_L2 = 8192, PANEL_AHEAD_L1 = 1024;
+
+// Asks the cache HINT names (_MM_HINT_T0: the L1, _MM_HINT_T1: the L2) for the lines of a full panel's column at `at`.
+template <int HINT>
 inline void prefetch_column(const float* at) {
 #if defined(__AVX512F__)
   const char* lines = reinterpret_cast<const char*>(at);
-  for (int64_t line = 0; line < PANEL * 4; line += 64) _mm_prefetch(lines + line, _MM_HINT_T1);
+  for (int64_t line = 0; line < PANEL * 4; line += 64) _mm_prefetch(lines + line, static_cast<_mm_hint>(HINT));
 #else
   (void)at;
 #endif
@@ -379,7 +387,8 @@ inline void prefetch_column(const float* at) {
 // out[t * PANEL + r] = the dot product of row r of a panel (at `panel`, `height` rows: column k at panel + k * height)
 // with input xs[t] over n values, for t < T (rows from `height` on: values never kept). With few inputs the columns
 // take turns among SPLIT sets of sums, so that 8 or more independent sums hide the FMA's latency. Each column asks
-// for the one at prefetch.from + k * height where k counts up to prefetch.turn modulo prefetch.turns (Prefetch).
+// the L1 for the one PANEL_AHEAD_L1 bytes on, and the L2 for the one at prefetch.from + k * height where k counts up
+// to prefetch.turn modulo prefetch.turns (Prefetch).
 template <int64_t T>
 void panel_dots(const float* panel, int64_t height, const float* const* xs, int64_t n, float* out, Prefetch prefetch) {
   constexpr int64_t SPLIT = T == 1 ? 4 : T < 4 ? 2 : 1, SUMS = PANEL_VECTORS * T;
@@ -395,9 +404,10 @@ void panel_dots(const float* panel, int64_t height, const float* const* xs, int6
     for (int64_t s = 0; s < SPLIT; ++s) {
       if (s >= columns) break;
       const float* column = panel + (k + s) * height;
+      prefetch_column<_MM_HINT_T0>(column + PANEL_AHEAD_L1 / 4);
       if (wait-- == 0) {
         wait = prefetch.turns - 1;
-        prefetch_column(prefetch.from + (k + s) * height);
+        prefetch_column<_MM_HINT_T1>(prefetch.from + (k + s) * height);
       }
       Vec w[PANEL_VECTORS];
 #pragma GCC unroll 2
@@ -428,7 +438,7 @@ void panel_dots_for(std::integer_sequence<int64_t, T...>, int64_t count, const f
 
 // Rows [first, last) of a float32 product in panels for `count` inputs xs[t]: out[t * (last - first) + row - first].
 // Up to PANEL_TOKENS inputs take one pass over each panel, straight from memory, asking for the weights
-// PREFETCH_AHEAD on; more take several passes, the later ones from the cache, and each pass asks for its turn of the
+// PANEL_AHEAD_L2 bytes on; more take several passes, the later ones from the cache, and each pass asks for its turn of the
 // next panel's columns (Prefetch), so that the memory streams the weights while every pass computes.
 void panel_product(const Matrix<float>& m, int64_t first, int64_t last, const float* const* xs, int64_t count,
                    float* out) {
@@ -440,7 +450,7 @@ void panel_product(const Matrix<float>& m, int64_t first, int64_t last, const fl
     const float* panel = m.values + start * n;
     for (int64_t pass = 0; pass < passes; ++pass) {
       const int64_t token = pass * count / passes, tokens = (pass + 1) * count / passes - token;  // even passes
-      const Prefetch prefetch = passes == 1 ? Prefetch{panel + PREFETCH_AHEAD<float>, 0, 1}
+      const Prefetch prefetch = passes == 1 ? Prefetch{panel + PANEL_AHEAD_L2 / 4, 0, 1}
                                             : Prefetch{panel + height * n, pass, passes};
       panel_dots_for(std::make_integer_sequence<int64_t, PANEL_TOKENS>{}, tokens, panel, height, xs + token, n, sums,
                      prefetch);
@@ -687,53 +697,61 @@ void layer_norm(const float* x, const float* weight, const float* bias, int64_t 
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<W>((x[i] - mean) * scale * weight[i] + bias[i]);
 }
 
-// A thread's largest logits, (value, row) pairs in a min-heap of at most `keep`: a row enters only when its value
-// is larger than the smallest kept (so among equal values the first row stays, as torch.max and torch.topk keep it).
+// The (value, row) pairs that rank first, larger values first and earlier rows first among equal values (as
+// torch.max and torch.topk keep them).
+inline bool ranks_before(const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
+  return a.first > b.first || (a.first == b.first && a.second < b.second);
+}
+
+// A thread's largest logits: the `keep` pairs that rank first among those it offered, in increasing rows. An offer
+// is appended when it beats the bar (the value of the keep-th after the last cut); at 2 * keep pairs the list is cut
+// back to its first keep (nth_element), which raises the bar. Why: a heap paid a pop and a push for each value that
+// entered, and with thousands entering a step of a row (random logits) that cost more than a percent of the step.
+// A later row of a value equal to the bar ranks after the keep-th, so a value enters only when larger.
 class Largest {
  public:
   explicit Largest(int64_t keep) : keep_(keep) {}
   void offer(float value, int64_t row) {
-    if (keep_ == 0) return;
-    if (static_cast<int64_t>(heap_.size()) < keep_) {
-      heap_.emplace_back(value, row);
-      std::push_heap(heap_.begin(), heap_.end(), smaller_first);
-    } else if (value > heap_.front().first) {
-      std::pop_heap(heap_.begin(), heap_.end(), smaller_first);
-      heap_.back() = {value, row};
-      std::push_heap(heap_.begin(), heap_.end(), smaller_first);
-    }
+    if (keep_ == 0 || (cut_ ? !(value > bar_) : value != value)) return;  // NaN never enters
+    kept_.emplace_back(value, row);
+    if (static_cast<int64_t>(kept_.size()) == 2 * keep_) cut();
   }
-  // offer(values[i], first_row + i) for i < count. Once `keep` are kept, a vector of values none larger than the
-  // smallest kept is passed over at once (a value enters only when larger, so the kept rows are the same).
+  // offer(values[i], first_row + i) for i < count; after a cut, a vector of values none above the bar is passed over
+  // at once.
   void offer_all(const float* values, int64_t count, int64_t first_row) {
     if (keep_ == 0) return;
     int64_t i = 0;
 #if defined(GPTKIT_VECTORS)
     for (; i + LANES <= count; i += LANES) {
-      if (static_cast<int64_t>(heap_.size()) == keep_ && !any_larger(load(values + i), heap_.front().first)) continue;
+      if (cut_ && !any_larger(load(values + i), bar_)) continue;
       for (int64_t j = i; j < i + LANES; ++j) offer(values[j], first_row + j);
     }
 #endif
     for (; i < count; ++i) offer(values[i], first_row + i);
   }
-  const std::vector<std::pair<float, int64_t>>& entries() const { return heap_; }
+  // The pairs kept (at most 2 * keep - 1): among them, the keep that rank first of all those offered.
+  const std::vector<std::pair<float, int64_t>>& entries() const { return kept_; }
 
  private:
-  static bool smaller_first(const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
-    return a.first > b.first;  // std::push_heap keeps a max-heap of this order: the smallest value on top
+  void cut() {
+    std::nth_element(kept_.begin(), kept_.begin() + (keep_ - 1), kept_.end(), ranks_before);
+    kept_.resize(keep_);
+    bar_ = kept_.back().first;
+    cut_ = true;
   }
   int64_t keep_;
-  std::vector<std::pair<float, int64_t>> heap_;
+  bool cut_ = false;
+  float bar_ = 0.0f;
+  std::vector<std::pair<float, int64_t>> kept_;
 };
 
 // The `keep` largest of every thread's candidates, largest first (earlier rows first among equal values).
 std::vector<std::pair<float, int64_t>> merged(const std::vector<Largest>& per_thread, int64_t keep) {
   std::vector<std::pair<float, int64_t>> all;
   for (const auto& largest : per_thread) all.insert(all.end(), largest.entries().begin(), largest.entries().end());
-  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  });
-  if (static_cast<int64_t>(all.size()) > keep) all.resize(keep);
+  const auto first = all.begin() + std::min(keep, static_cast<int64_t>(all.size()));
+  std::partial_sort(all.begin(), first, all.end(), ranks_before);
+  all.erase(first, all.end());
   return all;
 }
 
@@ -924,6 +942,7 @@ struct Model {
   float eps, qk_eps, softcap;  // the norms' epsilon, QK-norm's, the logits' soft cap (0: none)
   bool panels;  // float32 matrices in panels (FLOAT32_PANELS), else row after row
   Layer<W> layer(int64_t l) const { return Layer<W>(matrices, vectors, scales, l, s, panels); }
+  int64_t row_elements() const { return s.kv_heads * cache_positions * s.head_dim; }  // a row of a layer's cache
   const float* final_norm() const { return vectors + s.layers * s.layer_vector_elements(); }  // ln_f, then ln_emb
   float capped(float logit) const { return softcap > 0.0f ? softcap * std::tanh(logit / softcap) : logit; }
   Matrix<W> head() const {
@@ -1006,10 +1025,10 @@ inline void rotate(float* x, const float* cos_sin, int64_t n) {
 
 // Readies this thread's heads of `count` inputs (rows of qkv, the fused product's output, biases added) to attend:
 // QK-norm, then rotary positions, on its query heads and key heads in place; then its key and value heads stored in
-// the cache at each input's position (input b: positions[b], in the cache row at b * row_stride elements).
+// the cache at each input's position (input b: positions[b], in the cache row at row_at[b] elements).
 template <typename W>
 void prepare_heads(const Model<W>& m, int64_t layer, const Layer<W>& l, const Share& heads, const Share& kv_heads,
-                   float* qkv, int64_t count, const int64_t* positions, int64_t row_stride) {
+                   float* qkv, int64_t count, const int64_t* positions, const int64_t* row_at) {
   const Shapes& s = m.s;
   const int64_t D = s.head_dim, Q = s.q_width(), K = s.kv_width();
   for (int64_t b = 0; b < count; ++b) {
@@ -1024,7 +1043,7 @@ void prepare_heads(const Model<W>& m, int64_t layer, const Layer<W>& l, const Sh
       const float* v = k + K;
       if (s.qk_norm) head_norm(k, l.k_norm_w, D, m.qk_eps);
       if (s.rotary) rotate(k, cos_sin, D);
-      const int64_t at = b * row_stride + (j * m.cache_positions + positions[b]) * D;
+      const int64_t at = row_at[b] + (j * m.cache_positions + positions[b]) * D;
       for (int64_t d = 0; d < D; ++d) {
         m.keys[layer][at + d] = static_cast<typename Stored<W>::type>(k[d]);
         m.values[layer][at + d] = static_cast<typename Stored<W>::type>(v[d]);
@@ -1033,16 +1052,16 @@ void prepare_heads(const Model<W>& m, int64_t layer, const Layer<W>& l, const Sh
   }
 }
 
-// This thread's query heads of `count` inputs attend (input b at positions[b], over the cache row at b * row_stride
+// This thread's query heads of `count` inputs attend (input b at positions[b], over the cache row at row_at[b]
 // elements; query head h over key and value head h / group): attended (count, heads * head_dim).
 template <typename W, typename S>
 void attend_heads(const Model<W>& m, int64_t layer, const Share& heads, const float* qkv, int64_t count,
-                  const int64_t* positions, int64_t row_stride, float* scores, float* mixed, S* attended) {
+                  const int64_t* positions, const int64_t* row_at, float* scores, float* mixed, S* attended) {
   const Shapes& s = m.s;
   const int64_t D = s.head_dim;
   for (int64_t b = 0; b < count; ++b)
     for (int64_t h = heads.first; h < heads.last; ++h) {
-      const int64_t storage = b * row_stride + h / s.group() * m.cache_positions * D;
+      const int64_t storage = row_at[b] + h / s.group() * m.cache_positions * D;
       attend(qkv + b * s.qkv_width() + h * D, m.keys[layer] + storage, m.values[layer] + storage, positions[b], D,
              scores, mixed, attended + b * s.q_width() + h * D);
     }
@@ -1076,14 +1095,14 @@ void qkv_rows(const Layer<W>& l, const ProductInput<W>& input, int64_t count, in
 
 // One layer's attention for `count` inputs (normed: their ln_1 outputs, already in `input`), up to attended (count,
 // heads * head_dim) with the keys and values stored in the cache (input b at positions[b], in the cache row at
-// b * row_stride elements). With one key and value head per query head the heads are dealt out: a thread computes a
+// row_at[b] elements). With one key and value head per query head the heads are dealt out: a thread computes a
 // head's Q, K and V rows and attends with them at once, with no barrier between. With grouped-query attention the
 // fused product's rows are dealt out, then each thread readies and attends its share of the heads, with barriers
 // between (a key and value head serves several query heads, which may be other threads'). Every thread of the
 // parallel region calls it; `out` holds count values of DEAL_ROWS rows, or of a head's rows (head_dim).
 template <typename W, typename S>
 void attend_layer(const Model<W>& m, int64_t layer, const Layer<W>& l, Stages& stages, const ProductInput<W>& input,
-                  int64_t count, const int64_t* positions, int64_t row_stride, float* qkv, float* out, float* scores,
+                  int64_t count, const int64_t* positions, const int64_t* row_at, float* qkv, float* out, float* scores,
                   float* mixed, S* attended) {
   const Shapes& s = m.s;
   const int64_t D = s.head_dim, Q = s.q_width(), K = s.kv_width(), width = s.qkv_width();
@@ -1094,8 +1113,8 @@ void attend_layer(const Model<W>& m, int64_t layer, const Layer<W>& l, Stages& s
       for (const int64_t start : {first * D, Q + first * D, Q + K + first * D})
         qkv_rows(l, input, count, start, start + D, width, out, qkv);
       const Share head(first, last);  // a query head and its own key and value head
-      prepare_heads(m, layer, l, head, head, qkv, count, positions, row_stride);
-      attend_heads(m, layer, head, qkv, count, positions, row_stride, scores, mixed, attended);
+      prepare_heads(m, layer, l, head, head, qkv, count, positions, row_at);
+      attend_heads(m, layer, head, qkv, count, positions, row_at, scores, mixed, attended);
     }
     return;
   }
@@ -1104,9 +1123,9 @@ void attend_layer(const Model<W>& m, int64_t layer, const Layer<W>& l, Stages& s
   const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
   const Share heads(s.heads, thread, threads), kv_heads(s.kv_heads, thread, threads);
 #pragma omp barrier
-  prepare_heads(m, layer, l, heads, kv_heads, qkv, count, positions, row_stride);
+  prepare_heads(m, layer, l, heads, kv_heads, qkv, count, positions, row_at);
 #pragma omp barrier
-  attend_heads(m, layer, heads, qkv, count, positions, row_stride, scores, mixed, attended);
+  attend_heads(m, layer, heads, qkv, count, positions, row_at, scores, mixed, attended);
 }
 
 // x (count, C) += the rows of a product (proj or fc_proj) of `count` inputs already in `input`, plus its bias, the
@@ -1155,10 +1174,10 @@ void finish_layer(const Model<W>& m, const Layer<W>& l, Stages& stages, int64_t 
 }
 
 // The layers of a step or a prefill for `count` inputs whose embeddings are x (count, C): each layer's keys and
-// values stored in the cache (input b at positions[b], in the cache row at b * row_stride elements), x left holding
+// values stored in the cache (input b at positions[b], in the cache row at row_at[b] elements), x left holding
 // the last layer's output. Every thread of the parallel region calls it; `normed` and `input` are the thread's own.
 template <typename W, typename S>
-void layers(const Model<W>& m, Stages& stages, int64_t count, const int64_t* positions, int64_t row_stride,
+void layers(const Model<W>& m, Stages& stages, int64_t count, const int64_t* positions, const int64_t* row_at,
             std::vector<float>& x, std::vector<float>& qkv, std::vector<S>& attended, std::vector<S>& hidden,
             std::vector<S>& normed, ProductInput<W>& input) {
   const Shapes& s = m.s;
@@ -1169,34 +1188,37 @@ void layers(const Model<W>& m, Stages& stages, int64_t count, const int64_t* pos
     const Layer<W> l = m.layer(layer);
     for (int64_t b = 0; b < count; ++b) layer_norm(&x[b * C], l.ln1_w, l.ln1_b, C, m.eps, s.rms, &normed[b * C]);
     input.take(normed.data(), C, count);
-    attend_layer(m, layer, l, stages, input, count, positions, row_stride, qkv.data(), out.data(), scores.data(),
+    attend_layer(m, layer, l, stages, input, count, positions, row_at, qkv.data(), out.data(), scores.data(),
                  mixed.data(), attended.data());
 #pragma omp barrier
     finish_layer(m, l, stages, count, attended, x, normed, hidden, input, out.data());
   }
 }
 
-// A prefill: the keys and values of tokens[t] at positions start + t stored in every layer's cache, each token
-// attending over the positions before it, without the head (the next step feeds the token that follows). Each
-// product reads a weight panel once for many tokens, so a pass over a prompt reads the weights about once instead of
-// once a token.
+// A prefill of `rows` rows of the cache: row r gets the keys and values of its T = len(tokens) / rows tokens,
+// tokens[r * T + t] at position start + t, in every layer, each token attending over its row's positions up to its
+// own; no head (the next step feeds the token that follows). Each product reads a weight panel once for many tokens
+// (the rows' together), so a pass over the prompts reads the weights about once instead of once a token.
 template <typename W, typename S = typename Stored<W>::type>
-void prefill(const Model<W>& m, const std::vector<int64_t>& tokens, int64_t start, int threads_wanted) {
+void prefill(const Model<W>& m, const std::vector<int64_t>& tokens, int64_t start, int64_t rows, int threads_wanted) {
   const Shapes& s = m.s;
-  const int64_t C = s.embd, T = static_cast<int64_t>(tokens.size());
-  std::vector<float> x(T * C), qkv(T * s.qkv_width());
-  std::vector<S> attended(T * s.q_width()), hidden(T * s.hidden);
-  std::vector<int64_t> positions(T);  // token t at start + t, each attending over the tokens up to it
-  for (int64_t t = 0; t < T; ++t) positions[t] = start + t;
-  embed(m, tokens.data(), T, x.data());
+  const int64_t C = s.embd, count = static_cast<int64_t>(tokens.size()), T = count / rows;
+  std::vector<float> x(count * C), qkv(count * s.qkv_width());
+  std::vector<S> attended(count * s.q_width()), hidden(count * s.hidden);
+  std::vector<int64_t> positions(count), row_at(count);
+  for (int64_t i = 0; i < count; ++i) {
+    positions[i] = start + i % T;
+    row_at[i] = i / T * m.row_elements();
+  }
+  embed(m, tokens.data(), count, x.data());
   std::vector<std::atomic<int64_t>> counters(s.layers * Stages::per_layer());
 
 #pragma omp parallel num_threads(threads_wanted)
   {
     Stages stages(counters);
-    std::vector<S> normed(T * C);
+    std::vector<S> normed(count * C);
     ProductInput<W> input;  // the inputs of this thread's next product, as its rows read them
-    layers(m, stages, T, positions.data(), 0, x, qkv, attended, hidden, normed, input);
+    layers(m, stages, count, positions.data(), row_at.data(), x, qkv, attended, hidden, normed, input);
   }
 }
 
@@ -1214,7 +1236,8 @@ void step_rows(const Model<W>& m, const std::vector<int64_t>& tokens, const std:
                float* logits, std::vector<std::vector<Largest>>& per_thread) {
   const Shapes& s = m.s;
   const int64_t C = s.embd, B = static_cast<int64_t>(tokens.size());
-  const int64_t row_storage = s.kv_heads * m.cache_positions * s.head_dim;  // one row of a layer's cache
+  std::vector<int64_t> row_at(B);  // row b's place in a layer's cache
+  for (int64_t b = 0; b < B; ++b) row_at[b] = b * m.row_elements();
   std::vector<float> x(B * C), qkv(B * s.qkv_width());
   std::vector<S> attended(B * s.q_width()), hidden(B * s.hidden);
   embed(m, tokens.data(), B, x.data());
@@ -1226,7 +1249,7 @@ void step_rows(const Model<W>& m, const std::vector<int64_t>& tokens, const std:
     Stages stages(counters);
     std::vector<S> normed(B * C);
     ProductInput<W> input;  // the inputs of this thread's next product, as its rows read them
-    layers(m, stages, B, positions.data(), row_storage, x, qkv, attended, hidden, normed, input);
+    layers(m, stages, B, positions.data(), row_at.data(), x, qkv, attended, hidden, normed, input);
     const float* final_norm = m.final_norm();
     for (int64_t b = 0; b < B; ++b)
       layer_norm(&x[b * C], final_norm, final_norm + C, C, m.eps, s.rms, &normed[b * C]);
@@ -1389,16 +1412,18 @@ std::tuple<torch::Tensor, std::vector<int64_t>> decode_rows(
   return {logits, chosen};
 }
 
-// Fills row 0 of the cache at positions start .. start + len(tokens) - 1 with `tokens` (see prefill); the buffers as
-// decode_step takes them, position_rows: (len(tokens), position_width) float32, the rows at those positions.
+// Fills rows 0 .. rows - 1 of the cache at positions start .. start + T - 1 with `tokens` (rows * T of them: row r's
+// T tokens after row r - 1's; see prefill); the buffers as decode_step takes them, position_rows: (rows * T,
+// position_width) float32, the rows at each token's position.
 void prefill_tokens(const torch::Tensor& matrices, const torch::Tensor& scales, const torch::Tensor& vectors,
                     const torch::Tensor& embedding, const torch::Tensor& position_rows,
                     const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
-                    std::vector<int64_t> shapes, std::vector<int64_t> tokens, int64_t start, int64_t activation,
-                    std::vector<double> constants) {
+                    std::vector<int64_t> shapes, std::vector<int64_t> tokens, int64_t start, int64_t rows,
+                    int64_t activation, std::vector<double> constants) {
   const Shapes s = checked_shapes(shapes, activation, constants, matrices, vectors, keys, values);
   const int64_t count = static_cast<int64_t>(tokens.size());
-  TORCH_CHECK(count > 0 && 0 <= start && start + count <= keys[0].size(2), "the tokens must fit in the cache");
+  TORCH_CHECK(0 < rows && rows <= keys[0].size(0) && count > 0 && count % rows == 0, "T tokens for each of rows rows");
+  TORCH_CHECK(0 <= start && start + count / rows <= keys[0].size(2), "the tokens must fit in the cache");
   for (const int64_t token : tokens)
     TORCH_CHECK(0 <= token && token < embedding.size(0), "a token past the vocabulary");
   TORCH_CHECK(position_rows.scalar_type() == torch::kFloat && position_rows.is_contiguous() &&
@@ -1406,7 +1431,7 @@ void prefill_tokens(const torch::Tensor& matrices, const torch::Tensor& scales, 
   with_weight_type(matrices.scalar_type(), [&](auto weight) {
     const auto model = model_for<decltype(weight)>(matrices, scales, vectors, embedding, position_rows, keys, values,
                                                    s, activation, constants);
-    prefill(model, tokens, start, at::get_num_threads());
+    prefill(model, tokens, start, rows, at::get_num_threads());
   });
 }
 
