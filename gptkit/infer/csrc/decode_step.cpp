@@ -70,7 +70,7 @@ inline Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
 inline Vec abs(Vec v) { return _mm512_abs_ps(v); }
 inline float reduce_add(Vec v) { return _mm512_reduce_add_ps(v); }
 // Whether any lane is larger than `than` (a NaN lane is not).
-inline bool any_larger(Vec v, float than) { return _mm512_cmp_ps_mask(v, splat(than), _CMP_GT_OQ) != 0; }
+inline uint32_t lanes_larger(Vec v, float than) { return _mm512_cmp_ps_mask(v, splat(than), _CMP_GT_OQ); }  // a bit a lane
 inline Vec round_to_integer(Vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 // v * 2^n for whole numbers n in [-126, 127].
 inline Vec times_power_of_two(Vec v, Vec n) { return _mm512_scalef_ps(v, n); }
@@ -99,7 +99,9 @@ inline Vec min(Vec a, Vec b) { return _mm256_min_ps(a, b); }
 inline Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
 inline Vec abs(Vec v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
 inline float reduce_add(Vec v) { return reduce_add_floats(v); }
-inline bool any_larger(Vec v, float than) { return _mm256_movemask_ps(_mm256_cmp_ps(v, splat(than), _CMP_GT_OQ)) != 0; }
+inline uint32_t lanes_larger(Vec v, float than) {
+  return static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(v, splat(than), _CMP_GT_OQ)));
+}
 inline Vec round_to_integer(Vec v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline Vec times_power_of_two(Vec v, Vec n) {  // 2^n built in the exponent bits: n must make a normal float32
   const __m256i exponent = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
@@ -716,15 +718,21 @@ class Largest {
     kept_.emplace_back(value, row);
     if (static_cast<int64_t>(kept_.size()) == 2 * keep_) cut();
   }
-  // offer(values[i], first_row + i) for i < count; after a cut, a vector of values none above the bar is passed over
-  // at once.
+  // offer(values[i], first_row + i) for i < count; after a cut, only the values of a vector above the bar are offered
+  // (the bar only rises, so the others would not enter).
   void offer_all(const float* values, int64_t count, int64_t first_row) {
     if (keep_ == 0) return;
     int64_t i = 0;
 #if defined(GPTKIT_VECTORS)
     for (; i + LANES <= count; i += LANES) {
-      if (cut_ && !any_larger(load(values + i), bar_)) continue;
-      for (int64_t j = i; j < i + LANES; ++j) offer(values[j], first_row + j);
+      if (!cut_) {
+        for (int64_t j = i; j < i + LANES; ++j) offer(values[j], first_row + j);
+        continue;
+      }
+      for (uint32_t larger = lanes_larger(load(values + i), bar_); larger != 0; larger &= larger - 1) {
+        const int64_t j = i + __builtin_ctz(larger);
+        offer(values[j], first_row + j);
+      }
     }
 #endif
     for (; i < count; ++i) offer(values[i], first_row + i);
@@ -1261,7 +1269,11 @@ void step_rows(const Model<W>& m, const std::vector<int64_t>& tokens, const std:
       product_tokens(m.head(), first, last, input, B, out.data());
       for (int64_t b = 0; b < B; ++b) {
         float* row_logits = logits + b * s.vocab;
-        for (int64_t row = first; row < last; ++row) row_logits[row] = m.capped(out[b * (last - first) + row - first]);
+        const float* computed = out.data() + b * (last - first);
+        if (m.softcap > 0.0f)
+          for (int64_t row = first; row < last; ++row) row_logits[row] = m.capped(computed[row - first]);
+        else
+          std::copy(computed, computed + (last - first), row_logits + first);
         per_thread[b][thread].offer_all(row_logits + first, last - first, first);
       }
     }
