@@ -35,7 +35,7 @@ import torch.nn as nn
 
 from gptkit.infer import compiled, onednn
 from gptkit.infer.decoding import plan_for
-from gptkit.infer.native import NativeStep, lazy_zeros
+from gptkit.infer.native import NativeStep, huge_page_zeros
 from gptkit.infer.next_token import sample_next_token, sampling_problem
 
 
@@ -115,9 +115,12 @@ class KVCache:
 
     @staticmethod
     def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """Zeros for a layer's storage: on the CPU filled as their pages are first touched (native.lazy_zeros), so a
-        generation that reaches a few positions of block_size writes only those."""
-        return lazy_zeros(shape, dtype) if device.type == "cpu" else torch.zeros(shape, dtype=dtype, device=device)
+        """Zeros for a layer's storage: on the CPU on huge pages (native.huge_page_zeros), since a step reads every
+        row's keys and values and 4 KB pages cost it a TLB miss every 4 KB of them (an engine that knows how far its
+        rows go sizes the cache to that: Engine's `positions`)."""
+        if device.type == "cpu":
+            return huge_page_zeros(math.prod(shape), dtype).view(*shape)
+        return torch.zeros(shape, dtype=dtype, device=device)
 
     def move(self, source: int, target: int) -> None:
         """Copy row `source` (its keys, values and length) over row `target`."""
@@ -203,20 +206,25 @@ class Engine:
     active row into it, so a pass always covers rows 0..n-1. `decode` picks the backend (gptkit.infer.decoding:
     auto, eager, compiled or native; UserError for one that cannot run this model here). Built under autocast, the
     engine computes in autocast's dtype. It never changes `model`: on the CPU in float32, auto's plan may decode with
-    a copy whose Linear layers are gptkit.infer.onednn's (onednn.decoding_copy: the same values).
+    a copy whose Linear layers are gptkit.infer.onednn's (onednn.decoding_copy: the same values). `positions`: the
+    most positions a row will reach (a prompt and its new tokens), where the caller knows it ahead (generate): the
+    cache then holds that many rather than block_size (less memory to fill, except for a compiled step, whose graphs
+    are made for block_size), and a request that would pass it is refused.
     """
 
-    def __init__(self, model: nn.Module, slots: int = 1, decode: str = "auto") -> None:
+    def __init__(self, model: nn.Module, slots: int = 1, decode: str = "auto", positions: int | None = None) -> None:
         if slots <= 0:
             raise ValueError(f"an engine needs at least one slot, got {slots}")
         config = model.config
         self.model, self.block_size = model, config.block_size
         self.keep = config.block_size - config.block_size // 4  # tokens a full window slides down to
         self.device = next(model.parameters()).device
-        self.cache = KVCache(config.n_layer, config.block_size, slots)
         self.active: list[Request] = []
         self.plan = plan_for(decode, model, slots, self._compute_dtype())
         self.compiled = self.plan.compiled
+        # a compiled step's graphs are made for the cache's shape: they keep block_size for every engine
+        shorter = positions is not None and positions < config.block_size and not self.compiled
+        self.cache = KVCache(config.n_layer, positions if shorter else config.block_size, slots)
         self.native = NativeStep.for_model(model, self._compute_dtype()) if self.plan.native else None
         if self.plan.onednn:  # the caller's model stays as it was
             self.model = onednn.decoding_copy(model)
@@ -241,6 +249,9 @@ class Engine:
                 raise ValueError("this request has already been added")
             if any(not 0 <= token < vocab_size for token in request.logit_bias):
                 raise ValueError(f"logit_bias names a token outside the model's vocabulary of {vocab_size}")
+            reach = min(len(request.prompt), self.block_size) + request.max_new_tokens
+            if self.cache.capacity < self.block_size and reach > self.cache.capacity:
+                raise ValueError(f"a request reaching {reach} positions, past the engine's {self.cache.capacity}")
         starting = [request for request in requests if request.max_new_tokens > 0]
         if len(starting) > self.free_slots:
             raise RuntimeError(f"all {self.cache.slots} slots are busy; step until a request finishes")
@@ -511,7 +522,7 @@ def generate_stream(
         )
         for row in idx.tolist()
     ]
-    engine = Engine(model, slots=len(requests), decode=decode)
+    engine = Engine(model, slots=len(requests), decode=decode, positions=idx.size(1) + max_new_tokens)
     for _ in engine.run(requests):
         yield torch.tensor([request.output[-1] for request in requests], dtype=idx.dtype, device=idx.device)
 

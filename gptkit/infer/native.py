@@ -38,7 +38,6 @@ import contextlib
 import fcntl
 import functools
 import hashlib
-import math
 import mmap
 import os
 import platform
@@ -205,34 +204,20 @@ def weight_and_scale(product: nn.Module) -> tuple[torch.Tensor, torch.Tensor | N
 
 def huge_page_zeros(numel: int, dtype: torch.dtype) -> torch.Tensor:
     """Zeros (numel,) in memory that Linux backs with 2 MB pages where it can (transparent huge pages, asked for with
-    madvise before the first touch), else in PyTorch's own allocation.
+    madvise before the first touch), else in PyTorch's own allocation; PyTorch's zeros for less than 2 MB or
+    without mmap's madvise.
 
-    Why: a step streams every weight, and with 4 KB pages that takes a TLB entry per 4 KB; under a hypervisor each
-    miss walks two page tables. PyTorch's allocator asks for huge pages only when THP_MEM_ALLOC_ENABLE is set
-    before it starts. docs/benchmarks.md has the read speeds of both kinds of buffer.
+    Why: a step streams every weight and its rows' keys and values, and with 4 KB pages that takes a TLB entry per
+    4 KB; under a hypervisor each miss walks two page tables. PyTorch's allocator asks for huge pages only when
+    THP_MEM_ALLOC_ENABLE is set before it starts. docs/benchmarks.md has the read speeds of both kinds of buffer.
     """
-    return mapped_zeros(numel, dtype, huge_pages=True)
-
-
-def lazy_zeros(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    """Zeros of `shape` whose memory the system fills page by page as it is first touched (4 KB pages where the system
-    leaves the choice to the program), else PyTorch's zeros. Why: a KV cache holds block_size positions for every
-    row, and a generation touches only the positions it reaches; torch.zeros would write the whole cache first."""
-    return mapped_zeros(math.prod(shape), dtype, huge_pages=False).view(*shape)
-
-
-def mapped_zeros(numel: int, dtype: torch.dtype, huge_pages: bool) -> torch.Tensor:
-    """Zeros (numel,) in private anonymous memory (it reads as zeros; each page is filled when first touched), from
-    a 2 MB boundary and asked for on huge pages where `huge_pages`; PyTorch's zeros for less than 2 MB or without
-    mmap's madvise."""
     nbytes = numel * dtype.itemsize
     if nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
         return torch.zeros(numel, dtype=dtype)
     # private: shared anonymous memory is shmem, which the kernel gives huge pages by another setting (often never)
     mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # reads as zeros
-    if huge_pages:
-        with contextlib.suppress(OSError):  # a kernel without THP: 4 KB pages, the same values
-            mapping.madvise(mmap.MADV_HUGEPAGE)
+    with contextlib.suppress(OSError):  # a kernel without THP: 4 KB pages, the same values
+        mapping.madvise(mmap.MADV_HUGEPAGE)
     raw = torch.frombuffer(mapping, dtype=torch.uint8)  # the tensor keeps the mapping alive
     start = -raw.data_ptr() % HUGE_PAGE  # from a 2 MB boundary: only whole aligned 2 MB ranges get huge pages
     return raw[start : start + nbytes].view(dtype)

@@ -229,6 +229,22 @@ def test_generate_past_block_size_and_the_stream_agree():
     assert torch.equal(generate(model, prompt, 0), prompt)
 
 
+@pytest.mark.parametrize("decode", ["eager", "native"])
+def test_an_engine_told_how_far_its_rows_go_holds_that_many_positions(decode):
+    """Engine(positions=9) on a 16-token context: a cache of 9 positions, a request of 5 prompt tokens and 4 new
+    ones gets its reference greedy tokens, one of 5 and 5 is refused; 20 positions (past the context) keep 16."""
+    model = lively_model()
+    engine = Engine(model, slots=2, decode=decode, positions=9)
+    assert engine.cache.capacity == 9
+    prompt = prompts_of(5)[0]
+    request = Request(prompt, 4, temperature=0)
+    list(engine.run([request]))
+    assert request.output == reference_greedy(plain_copy(model), prompt, 4)
+    with pytest.raises(ValueError, match="reaching 10 positions, past the engine's 9"):
+        engine.add(Request(prompt, 5, temperature=0))
+    assert Engine(model, slots=2, decode=decode, positions=20).cache.capacity == 16
+
+
 def test_generate_stop_tokens_repeat_in_stopped_rows():
     model = lively_model(seed=5)
     prompt = torch.tensor(prompts_of(3, 3))

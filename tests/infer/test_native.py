@@ -18,7 +18,7 @@ from torch.utils.file_baton import FileBaton  # torch's build lock
 from gptkit.core.errors import UserError
 from gptkit.infer import native as native_decoding
 from gptkit.infer.engine import Engine, KVCache, Request
-from gptkit.infer.native import NativeStep, huge_page_zeros, lazy_zeros
+from gptkit.infer.native import NativeStep, huge_page_zeros
 from gptkit.weights.quantization import Int8Linear, quantize_int8
 from helpers import (
     assert_one_line_message,
@@ -614,8 +614,8 @@ def test_stream_sum_adds_every_value_of_a_buffer(threads):
 
 
 def test_huge_page_buffers_are_zeros_from_a_2_mb_boundary():
-    """The packed weights' buffer: zeros, writable, starting at a 2 MB boundary (so whole huge pages hold it); a
-    buffer under 2 MB is a plain tensor."""
+    """The packed weights' and the KV cache's buffers: zeros, writable, starting at a 2 MB boundary (so whole huge
+    pages hold them); a buffer under 2 MB is a plain tensor."""
     buffer = huge_page_zeros(3 * 2**20, torch.bfloat16)
     assert buffer.dtype == torch.bfloat16 and buffer.shape == (3 * 2**20,) and buffer.data_ptr() % (2 << 20) == 0
     assert not buffer.any()
@@ -623,19 +623,6 @@ def test_huge_page_buffers_are_zeros_from_a_2_mb_boundary():
     assert buffer.float().sum().item() == 3 * 2**20
     small = huge_page_zeros(10, torch.float32)
     assert small.shape == (10,) and not small.any()
-
-
-def test_lazy_zeros_read_as_zeros_and_keep_what_is_written():
-    """The KV cache's CPU storage (gptkit.infer.engine.KVCache): a (2, 3, 100_000, 4) float32 tensor of zeros whose
-    writes stay where they were made, as torch.zeros'; a small one too."""
-    cache = lazy_zeros((2, 3, 100_000, 4), torch.float32)
-    assert cache.shape == (2, 3, 100_000, 4) and cache.dtype == torch.float32 and cache.is_contiguous()
-    assert not cache.any()
-    cache[1, 2, 99_999] = torch.tensor([1.0, 2.0, 3.0, 4.0])
-    cache[0, 0, 0, 0] = 5.0
-    assert cache.sum().item() == 15.0 and cache.flatten()[0].item() == 5.0 and cache.flatten()[-1].item() == 4.0
-    small = lazy_zeros((3, 4), torch.bfloat16)
-    assert small.shape == (3, 4) and small.dtype == torch.bfloat16 and not small.any()
 
 
 def test_a_lock_left_by_a_killed_build_does_not_block_the_next_build(tmp_path):
