@@ -183,8 +183,9 @@ def time_to_quality(cfg: GpuBench, device: torch.device) -> dict:
 
 def sampling(cfg: GpuBench, shape: dict) -> list[dict]:
     """Tokens/s of our generate (float32 and bfloat16) against Hugging Face generate, same weights, same device."""
+    sizes = {"repeats": 1, "bandwidth_mb": 64} if cfg.smoke else {"repeats": 3}  # smoke: a 64 MB read speed, not 1 GB
     settings = SampleBench(
-        repeats=1 if cfg.smoke else 3,
+        **sizes,
         batch_sizes=cfg.sample_batches,
         new_tokens=cfg.sample_tokens,
         paths=["auto", "eager_bf16", "hf"],

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import export
 from gptkit.weights.loading import load_model_and_tokenizer
-from helpers import cli_args, run_main, run_script
+from helpers import cli_args, run_in_process, run_main, run_script
 from hf_tokenizer_dirs import write_byte_level
 from prepare_data import chat as chat_script
 
@@ -80,8 +81,8 @@ def test_chat_lora_run_on_a_llama_base_answers_and_exports_back(llama_base: Path
 
     merged, exported = tmp_path / "merged", tmp_path / "hf"
     for fmt, source, target in (("merged", out, merged), ("hf", merged, exported)):
-        done = run_script("export.py", f"--out_dir={source}", f"--format={fmt}", f"--export_dir={target}")
-        assert done.returncode == 0, done.stderr
+        done = run_in_process(export.main, [f"--out_dir={source}", f"--format={fmt}", f"--export_dir={target}"], capsys)
+        assert done.returncode == 0, done.stderr  # export.py in this process: test_export runs it as a process
     ours, tokenizer = load_model_and_tokenizer("resume", str(merged))
     hf = transformers.AutoModelForCausalLM.from_pretrained(exported).eval()
     assert type(hf).__name__ == "LlamaForCausalLM"
@@ -92,7 +93,8 @@ def test_chat_lora_run_on_a_llama_base_answers_and_exports_back(llama_base: Path
     with torch.no_grad():
         torch.testing.assert_close(hf(idx).logits, ours(idx, targets=torch.zeros_like(idx))[0], rtol=0, atol=1e-4)
     peft = pytest.importorskip("peft")
-    done = run_script("export.py", f"--out_dir={out}", "--format=peft", f"--export_dir={tmp_path / 'peft'}")
+    peft_export = [f"--out_dir={out}", "--format=peft", f"--export_dir={tmp_path / 'peft'}"]
+    done = run_in_process(export.main, peft_export, capsys)
     assert done.returncode == 0, done.stderr
     base = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "peft" / "base")
     adapted = peft.PeftModel.from_pretrained(base, tmp_path / "peft").eval()

@@ -512,6 +512,8 @@ def test_a_second_run_into_a_busy_out_dir_is_refused_until_the_first_dies(data_d
         while not (out_dir / "ckpt.pt").exists():  # mid-run: it has saved at least once
             assert first.poll() is None and time.monotonic() < deadline, "the first run wrote no checkpoint"
             time.sleep(0.05)
+        # Paused, it still holds the directory's lock but no longer trains on a core the next two processes need.
+        first.send_signal(signal.SIGSTOP)
         second = run_script("train.py", *tiny_train_args(data_dir, out_dir, init_from="auto"))
         assert_one_line_error(second.returncode, second.stderr, f"in use by another training run (process {first.pid})")
         sampled = run_script("sample.py", f"--out_dir={out_dir}", "--checkpoint=latest", "--max_new_tokens=5")

@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+import sample
+import train
 from gptkit.data.meta import write_meta
 from gptkit.data.tokenizer import CharTokenizer, TiktokenTokenizer
 from gptkit.model import GPT, GPTConfig, config_to_dict
 from gptkit.weights.checkpoint import save_checkpoint
-from helpers import assert_one_line_error, lively_char_checkpoint
+from helpers import assert_one_line_error, lively_char_checkpoint, run_in_process
 from sample import TextStream
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,6 +31,14 @@ def run_script(*args: str, stdin: str | None = None) -> subprocess.CompletedProc
         input=None if stdin is None else stdin.encode(),
         timeout=300,
     )
+
+
+def sample_in_process(capsys: pytest.CaptureFixture, *args: str) -> subprocess.CompletedProcess:
+    """sample.py's main in this process, as run_script reports it (bytes out): where the test is about the text and
+    the errors, not the process, this saves starting Python and torch. The tests that read stdin, the byte-level
+    stream and each test's first sample stay processes."""
+    result = run_in_process(sample.main, list(args), capsys)
+    return subprocess.CompletedProcess(args, result.returncode, result.stdout.encode(), result.stderr.encode())
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +74,7 @@ def trained_char_checkpoint(tmp_path_factory) -> Path:
         },
     )
     out_dir = root / "out"
-    result = run_script(
-        "train.py",
+    args = [
         f"--data_dir={data_dir}",
         f"--out_dir={out_dir}",
         "--device=cpu",
@@ -82,17 +91,17 @@ def trained_char_checkpoint(tmp_path_factory) -> Path:
         "--warmup_iters=5",
         "--log_interval=30",
         "--curves=False",
-    )
-    assert result.returncode == 0, result.stderr.decode()
+    ]
+    assert train.main(args) == 0  # in this process: the run is the tests' input, not what they check
     assert (out_dir / "ckpt.pt").exists()
     return out_dir
 
 
-def test_same_seed_same_text_and_different_seed_different_text(trained_char_checkpoint):
-    common = ["sample.py", f"--out_dir={trained_char_checkpoint}", "--start=First", "--max_new_tokens=60"]
-    a = run_script(*common, "--seed=7")
-    b = run_script(*common, "--seed=7")
-    c = run_script(*common, "--seed=8")
+def test_same_seed_same_text_and_different_seed_different_text(trained_char_checkpoint, capsys):
+    common = [f"--out_dir={trained_char_checkpoint}", "--start=First", "--max_new_tokens=60"]
+    a = run_script("sample.py", *common, "--seed=7")  # a process, then twice in this one
+    b = sample_in_process(capsys, *common, "--seed=7")
+    c = sample_in_process(capsys, *common, "--seed=8")
     assert a.returncode == b.returncode == c.returncode == 0, a.stderr.decode()
     assert a.stdout == b.stdout and a.stdout != c.stdout
     assert a.stdout.decode().startswith("First")
@@ -100,12 +109,13 @@ def test_same_seed_same_text_and_different_seed_different_text(trained_char_chec
 
 
 @pytest.mark.parametrize("decode", ["eager", "native"])
-def test_every_cpu_backend_prints_the_default_text(trained_char_checkpoint, decode):
+def test_every_cpu_backend_prints_the_default_text(trained_char_checkpoint, decode, capsys):
     """--decode=eager (plain PyTorch) and --decode=native (one C++ call a token) print the text of the default
     (auto), greedy and sampled with a seed."""
-    common = ["sample.py", f"--out_dir={trained_char_checkpoint}", "--start=First", "--max_new_tokens=60"]
+    common = [f"--out_dir={trained_char_checkpoint}", "--start=First", "--max_new_tokens=60"]
     for settings in (["--temperature=0"], ["--seed=7"]):
-        default, chosen = run_script(*common, *settings), run_script(*common, *settings, f"--decode={decode}")
+        default = run_script("sample.py", *common, *settings)
+        chosen = sample_in_process(capsys, *common, *settings, f"--decode={decode}")
         assert default.returncode == chosen.returncode == 0, chosen.stderr.decode()
         assert chosen.stdout == default.stdout and len(chosen.stdout.decode()) == len("First") + 60 + 1
 
@@ -120,15 +130,15 @@ def test_the_demos_architecture_decodes_natively_as_eagerly(tmp_path):
     assert native.stdout == eager.stdout and len(native.stdout.decode()) == len("A") + 30 + 1
 
 
-def test_stop_string_ends_the_sample_and_is_not_printed(trained_char_checkpoint):
-    free = run_script(
-        "sample.py", f"--out_dir={trained_char_checkpoint}", "--start=A", "--max_new_tokens=80", "--temperature=0"
+def test_stop_string_ends_the_sample_and_is_not_printed(trained_char_checkpoint, capsys):
+    free = sample_in_process(
+        capsys, f"--out_dir={trained_char_checkpoint}", "--start=A", "--max_new_tokens=80", "--temperature=0"
     )
     text = free.stdout.decode()[1:-1]  # greedy continuation without the prompt and final newline
     stop = text[10:12]
     expected = "A" + text[: text.index(stop)] + "\n"
-    stopped = run_script(
-        "sample.py",
+    stopped = sample_in_process(
+        capsys,
         f"--out_dir={trained_char_checkpoint}",
         "--start=A",
         "--max_new_tokens=80",
@@ -139,11 +149,11 @@ def test_stop_string_ends_the_sample_and_is_not_printed(trained_char_checkpoint)
     assert stopped.stdout.decode() == expected
 
 
-def test_file_prompt_and_batch(trained_char_checkpoint, tmp_path):
+def test_file_prompt_and_batch(trained_char_checkpoint, tmp_path, capsys):
     prompt_file = tmp_path / "prompt.txt"
     prompt_file.write_text("All:\nSpeak")
-    result = run_script(
-        "sample.py",
+    result = sample_in_process(
+        capsys,
         f"--out_dir={trained_char_checkpoint}",
         f"--start=FILE:{prompt_file}",
         "--num_samples=3",
@@ -168,8 +178,8 @@ def test_interactive_reads_prompts_until_eof(trained_char_checkpoint):
     assert outputs[0].startswith("First") and outputs[1].startswith("All")
 
 
-def test_out_of_vocabulary_characters_are_one_clear_error(trained_char_checkpoint):
-    result = run_script("sample.py", f"--out_dir={trained_char_checkpoint}", "--start=Zebra ☃ Q")
+def test_out_of_vocabulary_characters_are_one_clear_error(trained_char_checkpoint, capsys):
+    result = sample_in_process(capsys, f"--out_dir={trained_char_checkpoint}", "--start=Zebra ☃ Q")
     stderr = result.stderr.decode()
     assert result.returncode == 2 and result.stdout == b""
     assert stderr.count("\n") == 1 and stderr.startswith("error:") and "Traceback" not in stderr
@@ -187,16 +197,16 @@ def test_out_of_vocabulary_characters_are_one_clear_error(trained_char_checkpoin
         ("--temperature=-1", "temperature"),
     ],
 )
-def test_bad_settings_are_one_clear_error(trained_char_checkpoint, flag, message):
-    result = run_script("sample.py", f"--out_dir={trained_char_checkpoint}", *flag.split())
+def test_bad_settings_are_one_clear_error(trained_char_checkpoint, flag, message, capsys):
+    result = sample_in_process(capsys, f"--out_dir={trained_char_checkpoint}", *flag.split())
     stderr = result.stderr.decode()
     assert result.returncode == 2 and stderr.startswith("error:") and message in stderr and stderr.count("\n") == 1
 
 
-def test_long_prompt_is_truncated_from_the_left_with_a_warning(trained_char_checkpoint):
+def test_long_prompt_is_truncated_from_the_left_with_a_warning(trained_char_checkpoint, capsys):
     long_prompt = "speak " * 20  # 120 characters, context is 32
-    result = run_script(
-        "sample.py", f"--out_dir={trained_char_checkpoint}", f"--start={long_prompt}", "--max_new_tokens=40"
+    result = sample_in_process(
+        capsys, f"--out_dir={trained_char_checkpoint}", f"--start={long_prompt}", "--max_new_tokens=40"
     )
     assert result.returncode == 0
     assert "warning: the prompt has 120 tokens; keeping the last 32" in result.stderr.decode()
@@ -245,10 +255,10 @@ def test_bpe_checkpoint_streams_valid_utf8_end_to_end(tmp_path):
     assert result.stdout.decode().startswith("日本語 🙂")
 
 
-def test_checkpoint_without_tokenizer_is_a_clear_error(tmp_path):
+def test_checkpoint_without_tokenizer_is_a_clear_error(tmp_path, capsys):
     model = GPT(GPTConfig(block_size=8, vocab_size=10, n_layer=1, n_head=1, n_embd=8))
     save_checkpoint(tmp_path / "ckpt.pt", {"model": model.state_dict(), "model_args": config_to_dict(model.config)})
-    result = run_script("sample.py", f"--out_dir={tmp_path}")
+    result = sample_in_process(capsys, f"--out_dir={tmp_path}")
     assert result.returncode == 2 and "records no tokenizer" in result.stderr.decode()
     assert "Traceback" not in result.stderr.decode()
 
@@ -311,7 +321,6 @@ def test_a_chat_model_sampled_without_chat_stops_at_a_marker_and_never_prints_on
     model is made to pick), and the text holds none."""
     import io
 
-    import sample
     from gptkit.data.tokenizer import ChatTokenizer
     from helpers import SERVE_TEXT, lively_model, reference_greedy
 

@@ -101,8 +101,7 @@ def base_and_chat(tmp_path_factory) -> tuple[Path, Path]:
     write_text_data(root / "text", "abcdefgh " * 400)
     base = root / "base"
     args = {**RUN, "max_iters": 3, "eval_interval": 3, "gradient_accumulation_steps": 1}
-    result = run_script("train.py", *cli_args(**args, data_dir=root / "text", out_dir=base))
-    assert result.returncode == 0, result.stderr
+    assert train.main(cli_args(**args, data_dir=root / "text", out_dir=base)) == 0  # in this process: the tests' input
     write_chat_data(root / "chat")
     return base, root / "chat"
 
@@ -121,10 +120,10 @@ def test_fine_tuning_a_base_checkpoint_adds_the_template_rows_and_starts_afresh(
     assert "val/bpb" not in result.stdout
 
 
-def test_the_laptop_chat_recipe_fine_tunes_a_base_of_the_laptop_corpus_recipe(base_and_chat, tmp_path) -> None:
+def test_the_laptop_chat_recipe_fine_tunes_a_base_of_the_laptop_corpus_recipe(base_and_chat, tmp_path, capsys) -> None:
     base, chat = base_and_chat
     flags = cli_args(init_from=base, data_dir=chat, out_dir=tmp_path / "o", max_iters=4, eval_interval=4, eval_iters=2)
-    result = run_script("train.py", str(REPO / "config" / "finetune_chat_cpu.py"), *flags)
+    result = run_in_process(train.main, [str(REPO / "config" / "finetune_chat_cpu.py"), *flags], capsys)
     assert result.returncode == 0, result.stderr
     tuned = ckpt.load_checkpoint(tmp_path / "o" / "ckpt.pt")
     assert tuned["iter_num"] == 4 and tuned["config"]["batch_size"] == 8
@@ -132,29 +131,30 @@ def test_the_laptop_chat_recipe_fine_tunes_a_base_of_the_laptop_corpus_recipe(ba
     assert "warmup_iters=20 does not end before max_iters=4" in result.stdout  # the recipe, shortened
 
 
-def test_a_chat_run_resumes_exactly(base_and_chat, tmp_path) -> None:
+def test_a_chat_run_resumes_exactly(base_and_chat, tmp_path, capsys) -> None:
     base, chat = base_and_chat
     common = {**RUN, "data_dir": chat}
-    straight = run_script("train.py", *cli_args(**common, max_iters=6, init_from=base, out_dir=tmp_path / "a"))
+    run = cli_args(**common, max_iters=6, init_from=base, out_dir=tmp_path / "a")
+    straight = run_in_process(train.main, run, capsys)
     assert straight.returncode == 0, straight.stderr
-    first = run_script("train.py", *cli_args(**common, max_iters=3, init_from=base, out_dir=tmp_path / "b"))
+    first = run_in_process(train.main, cli_args(**common, max_iters=3, init_from=base, out_dir=tmp_path / "b"), capsys)
     assert first.returncode == 0, first.stderr
-    rest = run_script("train.py", *cli_args(**common, max_iters=6, init_from="resume", out_dir=tmp_path / "b"))
+    rest = cli_args(**common, max_iters=6, init_from="resume", out_dir=tmp_path / "b")
+    rest = run_in_process(train.main, rest, capsys)
     assert rest.returncode == 0, rest.stderr
     a = ckpt.load_checkpoint(tmp_path / "a" / "ckpt.pt")["model"]
     b = ckpt.load_checkpoint(tmp_path / "b" / "ckpt.pt")["model"]
     assert all(torch.equal(a[key], b[key]) for key in a)
 
 
-def test_chat_data_of_another_tokenizer_is_one_clear_error(tmp_path) -> None:
+def test_chat_data_of_another_tokenizer_is_one_clear_error(tmp_path, capsys) -> None:
     write_chat_data(tmp_path / "other")
     write_text_data(tmp_path / "text", "xyz " * 400)  # a base over other characters
     other_base = tmp_path / "other_base"
     args = {**RUN, "max_iters": 1, "eval_interval": 1, "gradient_accumulation_steps": 1}
-    assert run_script("train.py", *cli_args(**args, data_dir=tmp_path / "text", out_dir=other_base)).returncode == 0
-    result = run_script(
-        "train.py", *cli_args(**RUN, init_from=other_base, data_dir=tmp_path / "other", out_dir=tmp_path / "o")
-    )
+    assert train.main(cli_args(**args, data_dir=tmp_path / "text", out_dir=other_base)) == 0
+    tune = cli_args(**RUN, init_from=other_base, data_dir=tmp_path / "other", out_dir=tmp_path / "o")
+    result = run_in_process(train.main, tune, capsys)
     assert_script_error(result, "another tokenizer", "prepare_data/chat.py --tokenizer=")
 
 

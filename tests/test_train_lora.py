@@ -12,11 +12,13 @@ import pytest
 import torch
 
 import export
+import sample
+import train
 from data.test_packing import write_chat_data
 from gptkit.weights import checkpoint as ckpt
 from gptkit.weights.build import model_with_adapters
 from gptkit.weights.loading import load_model_and_tokenizer
-from helpers import assert_script_error, cli_args, run_main, run_script
+from helpers import assert_script_error, cli_args, run_in_process, run_main, run_script
 from test_train_chat import RUN, write_text_data
 from test_train_ddp import assert_close_weights, assert_same_curve, train_in
 
@@ -35,9 +37,11 @@ def base(tmp_path_factory) -> Path:
     return root / "base"
 
 
-def lora_run(base: Path, data: Path, out: Path, **extra: object):
-    args = {**RUN, **LORA, "max_iters": 3, "init_from": base, "data_dir": data, "out_dir": out, **extra}
-    return run_script("train.py", *cli_args(**args))
+def lora_run(base: Path, data: Path, out: Path, capsys: pytest.CaptureFixture | None = None, **extra: object):
+    """train.py's LoRA run: as a process, or (given capsys) its main in this process, which saves starting Python and
+    torch where the run is the test's input; the first test runs it as a process."""
+    args = cli_args(**{**RUN, **LORA, "max_iters": 3, "init_from": base, "data_dir": data, "out_dir": out, **extra})
+    return run_script("train.py", *args) if capsys is None else run_in_process(train.main, args, capsys)
 
 
 def test_a_lora_run_trains_only_adapters_and_saves_only_them(base: Path, tmp_path: Path) -> None:
@@ -57,19 +61,19 @@ def test_a_lora_run_trains_only_adapters_and_saves_only_them(base: Path, tmp_pat
             torch.testing.assert_close(dict(tuned.named_parameters())[name].detach(), tensor)
 
 
-def test_a_lora_run_resumes_exactly(base: Path, tmp_path: Path) -> None:
+def test_a_lora_run_resumes_exactly(base: Path, tmp_path: Path, capsys) -> None:
     text = base.parent / "text"
-    assert lora_run(base, text, tmp_path / "a", max_iters=6).returncode == 0
-    assert lora_run(base, text, tmp_path / "b", max_iters=3).returncode == 0
-    rest = lora_run(base, text, tmp_path / "b", max_iters=6, init_from="resume")
+    assert lora_run(base, text, tmp_path / "a", capsys, max_iters=6).returncode == 0
+    assert lora_run(base, text, tmp_path / "b", capsys, max_iters=3).returncode == 0
+    rest = lora_run(base, text, tmp_path / "b", capsys, max_iters=6, init_from="resume")
     assert rest.returncode == 0, rest.stderr
     a = ckpt.load_checkpoint(tmp_path / "a" / "ckpt.pt")["model"]
     b = ckpt.load_checkpoint(tmp_path / "b" / "ckpt.pt")["model"]
     assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
 
 
-def test_on_chat_data_the_new_token_rows_train_with_the_adapters(base: Path, tmp_path: Path) -> None:
-    result = lora_run(base, base.parent / "chat", tmp_path / "out")
+def test_on_chat_data_the_new_token_rows_train_with_the_adapters(base: Path, tmp_path: Path, capsys) -> None:
+    result = lora_run(base, base.parent / "chat", tmp_path / "out", capsys)
     assert result.returncode == 0, result.stderr
     saved = ckpt.load_checkpoint(tmp_path / "out" / "ckpt.pt")
     assert saved["model"]["transformer.wte.extra"].shape == (4, 32)  # the template's four markers
@@ -77,8 +81,8 @@ def test_on_chat_data_the_new_token_rows_train_with_the_adapters(base: Path, tmp
     assert tokenizer.chat is not None and model.transformer.wte.weight.shape[0] == tokenizer.vocab_size
 
 
-def test_merge_writes_a_plain_checkpoint_with_the_same_outputs(base: Path, tmp_path: Path) -> None:
-    assert lora_run(base, base.parent / "text", tmp_path / "out").returncode == 0
+def test_merge_writes_a_plain_checkpoint_with_the_same_outputs(base: Path, tmp_path: Path, capsys) -> None:
+    assert lora_run(base, base.parent / "text", tmp_path / "out", capsys).returncode == 0
     merge = ["export.py", "--format=merged", f"--out_dir={tmp_path / 'out'}", f"--export_dir={tmp_path / 'm'}"]
     result = run_script(*merge)
     assert result.returncode == 0, result.stderr
@@ -89,27 +93,27 @@ def test_merge_writes_a_plain_checkpoint_with_the_same_outputs(base: Path, tmp_p
     plain, _ = load_model_and_tokenizer("resume", str(tmp_path / "m"))
     x = torch.randint(0, 10, (2, 16))
     torch.testing.assert_close(plain(x, x)[0], adapted(x, x)[0], rtol=1e-5, atol=1e-5)
-    assert_script_error(run_script(*merge), "already holds files")
-    whole = ["export.py", "--format=peft", f"--out_dir={tmp_path / 'm'}", f"--export_dir={tmp_path / 'p'}"]
-    assert_script_error(run_script(*whole), "is not a LoRA run's checkpoint")
+    assert_script_error(run_in_process(export.main, merge[1:], capsys), "already holds files")
+    whole = ["--format=peft", f"--out_dir={tmp_path / 'm'}", f"--export_dir={tmp_path / 'p'}"]
+    assert_script_error(run_in_process(export.main, whole, capsys), "is not a LoRA run's checkpoint")
     assert not (tmp_path / "p").exists()
 
 
-def test_a_missing_or_changed_base_is_one_clear_line(base: Path, tmp_path: Path) -> None:
+def test_a_missing_or_changed_base_is_one_clear_line(base: Path, tmp_path: Path, capsys) -> None:
     copy = tmp_path / "base"
     shutil.copytree(base, copy)
-    assert lora_run(copy, base.parent / "text", tmp_path / "out").returncode == 0
-    sample = ["sample.py", f"--out_dir={tmp_path / 'out'}", "--max_new_tokens=5"]
+    assert lora_run(copy, base.parent / "text", tmp_path / "out", capsys).returncode == 0
+    sampling = [f"--out_dir={tmp_path / 'out'}", "--max_new_tokens=5"]
     (copy / "best.pt").write_bytes((copy / "best.pt").read_bytes() + b"\0")
-    assert_script_error(run_script(*sample), "has changed since the adapters were trained")
+    assert_script_error(run_script("sample.py", *sampling), "has changed since the adapters were trained")
     shutil.rmtree(copy)
-    assert_script_error(run_script(*sample), "is missing")
+    assert_script_error(run_in_process(sample.main, sampling, capsys), "is missing")
 
 
-def test_lora_settings_that_cannot_work_are_refused(base: Path, tmp_path: Path) -> None:
-    scratch = run_script("train.py", *cli_args(**RUN, **LORA, data_dir=base.parent / "text", out_dir=tmp_path / "o"))
-    assert_script_error(scratch, "LoRA adapts a trained model")
-    assert_script_error(lora_run(base, base.parent / "text", tmp_path / "o", lora_rank=-1), "lora_rank")
+def test_lora_settings_that_cannot_work_are_refused(base: Path, tmp_path: Path, capsys) -> None:
+    scratch = cli_args(**RUN, **LORA, data_dir=base.parent / "text", out_dir=tmp_path / "o")
+    assert_script_error(run_in_process(train.main, scratch, capsys), "LoRA adapts a trained model")
+    assert_script_error(lora_run(base, base.parent / "text", tmp_path / "o", capsys, lora_rank=-1), "lora_rank")
 
 
 def test_lora_under_ddp_matches_one_process(base: Path, tmp_path: Path) -> None:

@@ -35,10 +35,12 @@ from helpers import (
     assert_script_error,
     clean_env,
     cli_args,
+    run_in_process,
     run_script,
     stdlib_sources,
     tiny_train_args,
 )
+from prepare_data import corpus, train_tokenizer
 
 TRAIN_TOKENIZER = "prepare_data/train_tokenizer.py"
 VOCAB_SIZE = 1000
@@ -286,19 +288,21 @@ def test_a_damaged_or_foreign_tokenizer_dir_is_one_clear_error(damage: str, trai
     assert_one_line_message(info.value, fragment, "train_tokenizer.py")
 
 
-def test_corpus_py_reports_a_damaged_tokenizer_dir_in_one_line(trained: tuple, corpus_tree: Path, tmp_path: Path):
+def test_corpus_py_reports_a_damaged_tokenizer_dir_in_one_line(
+    trained: tuple, corpus_tree: Path, tmp_path: Path, capsys
+) -> None:
     tok_dir = tmp_path / "tok"
     tok_dir.mkdir()
     bpe.write_tokenizer_dir(tok_dir, trained[0].ranks, bpe.GPT4_PATTERN, {tok.END_OF_TEXT: 999}, "x", {})
     _truncate_ranks(tok_dir)
-    result = run_script(
-        "prepare_data/corpus.py", *cli_args(input=corpus_tree, tokenizer=tok_dir, out_dir=tmp_path / "data")
-    )
+    args = cli_args(input=corpus_tree, tokenizer=tok_dir, out_dir=tmp_path / "data")
+    result = run_in_process(corpus.main, args, capsys)  # corpus.py's own tests run it as a process
     assert_script_error(result, str(tok_dir / bpe.RANKS_FILENAME), "train it again")
     assert not (tmp_path / "data").exists()
 
 
-def test_bad_settings_and_foreign_out_dirs_are_refused(tmp_path: Path, corpus_tree: Path) -> None:
+def test_bad_settings_and_foreign_out_dirs_are_refused(tmp_path: Path, corpus_tree: Path, capsys) -> None:
+    """train_tokenizer.py's main in this process (the pipeline test above runs the script as a process)."""
     (tmp_path / "notes.txt").write_text("mine")
     cases = [
         (cli_args(input=corpus_tree, vocab_size=100, out_dir=tmp_path / "t"), "at least 257"),
@@ -307,5 +311,5 @@ def test_bad_settings_and_foreign_out_dirs_are_refused(tmp_path: Path, corpus_tr
         (cli_args(input=tmp_path / "missing", out_dir=tmp_path / "t"), "does not exist"),
     ]
     for args, fragment in cases:
-        assert_script_error(run_script(TRAIN_TOKENIZER, *args), fragment)
+        assert_script_error(run_in_process(train_tokenizer.main, args, capsys), fragment)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers import assert_script_error, run_script
+import bench_gpu
+from helpers import assert_script_error, run_main, run_script
 
 SMOKE_FLAGS = [
     "--device=cpu",
@@ -32,12 +33,14 @@ HEADLINE = {
 }
 
 
-def test_smoke_run_writes_every_section(tmp_path: Path, char_data_dir: Path) -> None:
+def test_smoke_run_writes_every_section(tmp_path: Path, char_data_dir: Path, capsys) -> None:
+    """bench_gpu.main in this process (the test below runs the script as a process); train.py and the CUDA tests
+    still run in processes of their own, as the benchmark starts them."""
     json_out = tmp_path / "gpu.json"
     extra = [f"--char_extra={flag}" for flag in [f"--data_dir={char_data_dir}", *TINY_RECIPE, "--curves=False"]]
     args = [*SMOKE_FLAGS, *extra, f"--work_dir={tmp_path / 'work'}", f"--json_out={json_out}"]
-    result = run_script("benchmarks/bench_gpu.py", *args)
-    assert result.returncode == 0, result.stderr
+    code, _, err = run_main(bench_gpu.main, args, capsys)
+    assert code == 0, err
     report = json.loads(json_out.read_text())
     assert set(report) == {"benchmark", "settings", "machine", "results"} and report["benchmark"] == "gpu"
     sections = [row["section"] for row in report["results"]]

@@ -1,18 +1,20 @@
-"""benchmarks/bench_lora.py at its smallest: every mode trains in its own process and is reported."""
+"""benchmarks/bench_lora.py at its smallest: every mode trains in its own process (bench_lora.py started as a script)
+and is reported."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from helpers import run_script
+import bench_lora
+from helpers import run_main
 
 
-def test_smoke_run_reports_every_mode(tmp_path: Path) -> None:
+def test_smoke_run_reports_every_mode(tmp_path: Path, capsys) -> None:
     out = tmp_path / "lora.json"
     tiny = ["--n_layer=1", "--n_embd=64", "--block_size=16", "--batch_size=1", "--steps=1", "--rank=2"]
-    result = run_script("benchmarks/bench_lora.py", *tiny, f"--json_out={out}")
-    assert result.returncode == 0, result.stderr
+    code, _, err = run_main(bench_lora.main, [*tiny, f"--json_out={out}"], capsys)  # its modes still run as processes
+    assert code == 0, err
     rows = json.loads(out.read_text())["results"]
     assert [row["mode"] for row in rows][:2] == ["full fine-tuning", "LoRA attention"]
     full, attention = rows[0], rows[1]

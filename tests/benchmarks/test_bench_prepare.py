@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import assert_script_error, run_script, sample_text
+import bench_prepare
+from helpers import assert_script_error, run_in_process, run_script, sample_text
 
 needs_gpt2_bpe = pytest.mark.skipif(
     not os.environ.get("TIKTOKEN_CACHE_DIR"), reason="GPT-2 BPE files needed offline (../shared/tiktoken_cache)"
@@ -34,5 +35,8 @@ def test_smoke_run_writes_the_speed_comparison_and_the_memory_check(tmp_path: Pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prepare.json", "source.txt"]  # work files removed
 
 
-def test_bad_settings_are_refused(tmp_path: Path) -> None:
-    assert_script_error(run_script("benchmarks/bench_prepare.py", "--runs=0", f"--tmp_dir={tmp_path}"), "--runs")
+def test_bad_settings_are_refused(tmp_path: Path, capsys) -> None:
+    refused = run_in_process(
+        bench_prepare.main, ["--runs=0", f"--tmp_dir={tmp_path}"], capsys
+    )  # the smoke run: a process
+    assert_script_error(refused, "--runs")

@@ -7,23 +7,24 @@ import json
 import shutil
 from pathlib import Path
 
-from helpers import assert_script_error, run_script, stdlib_sources
+import bench_tokenizer
+from helpers import assert_script_error, run_main, run_script, stdlib_sources
 
 TINY = ["--held_out_every=4", "--vocab_sizes=300", "--model_vocab=300", "--val_fraction=0.3", "--seconds=0"]
 TINY += ["--iters=1", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=2"]
 
 
-def test_smoke_run_writes_every_part(tmp_path: Path) -> None:
+def test_smoke_run_writes_every_part(tmp_path: Path, capsys) -> None:
+    """bench_tokenizer.main in this process (the test below runs the script as a process)."""
     stdlib = tmp_path / "lib"
     stdlib.mkdir()
     for path in stdlib_sources(every=1, max_bytes=100_000):
         shutil.copyfile(path, stdlib / path.name)
     work, out = tmp_path / "work", tmp_path / "tokenizer.json"
     work.mkdir()
-    result = run_script(
-        "benchmarks/bench_tokenizer.py", f"--stdlib={stdlib}", *TINY, f"--tmp_dir={work}", f"--json_out={out}"
-    )
-    assert result.returncode == 0, result.stderr
+    args = [f"--stdlib={stdlib}", *TINY, f"--tmp_dir={work}", f"--json_out={out}"]
+    code, _, err = run_main(bench_tokenizer.main, args, capsys)
+    assert code == 0, err
     report = json.loads(out.read_text())
     assert set(report) == {"benchmark", "machine", "settings", "corpus", "training", "compression", "model"}
     assert [row["vocab_size"] for row in report["training"]] == [300]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers import assert_script_error, run_script
+import bench_train_step
+from helpers import assert_script_error, run_in_process, run_script
 
 SMOKE = ["--device=cpu", "--smoke=True", "--compile=False", "--dtype=float32", "--warmup=1", "--steps=1"]
 GROUPS = {"matrix products", "attention", "optimizer", "device idle (no kernel running)"}
@@ -25,6 +26,6 @@ def test_smoke_run_profiles_a_training_step(tmp_path: Path) -> None:
     assert any(row["part"].strip() == "aten::mm" for row in rows)  # operators by name after the groups
 
 
-def test_refuses_a_cpu_without_smoke() -> None:
-    result = run_script("benchmarks/bench_train_step.py", "--device=cpu", "--json_out=")
+def test_refuses_a_cpu_without_smoke(capsys) -> None:
+    result = run_in_process(bench_train_step.main, ["--device=cpu", "--json_out="], capsys)  # the smoke run: a process
     assert_script_error(result, "not a CUDA GPU; use --smoke=True")

@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
+import sample
+import train
 from gptkit.data.tokenizer import tokenizer_from_meta
 from gptkit.infer.engine import generate
 from gptkit.weights.build import model_from_checkpoint
 from gptkit.weights.checkpoint import load_checkpoint
-from helpers import FIXTURES, make_char_data, run_script
+from helpers import FIXTURES, make_char_data, run_in_process
 
 CHECKPOINT = FIXTURES / "legacy_checkpoint.pt"
 EXPECTED = json.loads((FIXTURES / "legacy_checkpoint.json").read_text(encoding="utf-8"))
@@ -46,22 +48,25 @@ def test_weights_give_the_logits_and_greedy_tokens_the_old_code_gave() -> None:
     assert greedy == EXPECTED["greedy_40"]
 
 
-def test_sample_py_prints_the_old_greedy_text(legacy_run: tuple[Path, Path]) -> None:
+def test_sample_py_prints_the_old_greedy_text(legacy_run: tuple[Path, Path], capsys) -> None:
     out_dir, _ = legacy_run
     tokenizer = tokenizer_from_meta(load_checkpoint(CHECKPOINT)["tokenizer"])
     args = [f"--out_dir={out_dir}", "--checkpoint=latest", "--start=" + EXPECTED["prompt"], "--temperature=0"]
-    result = run_script("sample.py", *args, "--max_new_tokens=40", "--device=cpu", "--stream=False")
+    result = run_in_process(sample.main, [*args, "--max_new_tokens=40", "--device=cpu", "--stream=False"], capsys)
     assert result.returncode == 0, result.stderr
     assert EXPECTED["prompt"] + tokenizer.decode(EXPECTED["greedy_40"]) in result.stdout
 
 
-def test_train_py_evaluates_and_resumes_it(legacy_run: tuple[Path, Path]) -> None:
+def test_train_py_evaluates_and_resumes_it(legacy_run: tuple[Path, Path], capsys) -> None:
+    """train.main and sample.main in this process: the old file is what these tests check, not the process."""
     out_dir, data_dir = legacy_run
     common = [f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--init_from=resume", "--device=cpu", "--curves=False"]
     common += ["--block_size=32", "--batch_size=4", "--gradient_accumulation_steps=1", "--eval_iters=2"]
-    evaluated = run_script("train.py", *common, "--eval_only=True", "--eval_full_split=True")
+    evaluated = run_in_process(train.main, [*common, "--eval_only=True", "--eval_full_split=True"], capsys)
     assert evaluated.returncode == 0, evaluated.stderr
     assert f"val loss {EXPECTED['whole_val_loss']:.4f}" in evaluated.stdout.split("whole val split")[1]
-    resumed = run_script("train.py", *common, "--max_iters=24", "--eval_interval=4", "--lr_decay_iters=24")
+    resumed = run_in_process(
+        train.main, [*common, "--max_iters=24", "--eval_interval=4", "--lr_decay_iters=24"], capsys
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == EXPECTED["iter_num"] + 4

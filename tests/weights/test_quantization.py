@@ -10,6 +10,8 @@ import pytest
 import torch
 from torch import nn
 
+import sample
+import train
 from gptkit.core.distributed import Processes
 from gptkit.core.errors import UserError
 from gptkit.data import loader
@@ -20,7 +22,7 @@ from gptkit.model import GPT, GPTConfig
 from gptkit.train import loop
 from gptkit.train.optim import configure_optimizers
 from gptkit.weights.quantization import Int8Linear, apply_quantization, quantize_int8
-from helpers import assert_script_error, int8_reference, run_script, tiny_train_args
+from helpers import assert_script_error, int8_reference, run_in_process, run_script, tiny_train_args
 
 
 def trained_char_model(data_dir: Path, steps: int = 250) -> GPT:
@@ -220,25 +222,29 @@ def test_int8_refuses_what_it_cannot_run() -> None:
     assert isinstance(apply_quantization(model, "int8").lm_head, Int8Linear)
 
 
-def test_sample_with_int8_weights(char_data_dir: Path, tmp_path: Path) -> None:
+def test_sample_with_int8_weights(char_data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """sample.py --quantize=int8 as a process; the native run and the refusal call its main in this process."""
     out_dir = tmp_path / "out"
-    assert run_script("train.py", *tiny_train_args(char_data_dir, out_dir)).returncode == 0
+    assert train.main(tiny_train_args(char_data_dir, out_dir)) == 0  # the checkpoint is the input, not the test
     result = run_script(
         "sample.py", f"--out_dir={out_dir}", "--quantize=int8", "--max_new_tokens=20", "--start=ROMEO:", "--device=cpu"
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ROMEO:") and len(result.stdout) > len("ROMEO:")
-    native = run_script(
-        "sample.py",
-        f"--out_dir={out_dir}",
-        "--quantize=int8",
-        "--decode=native",
-        "--max_new_tokens=20",
-        "--start=ROMEO:",
-        "--device=cpu",
-        "--seed=5",
+    native = run_in_process(
+        sample.main,
+        [
+            f"--out_dir={out_dir}",
+            "--quantize=int8",
+            "--decode=native",
+            "--max_new_tokens=20",
+            "--start=ROMEO:",
+            "--device=cpu",
+            "--seed=5",
+        ],
+        capsys,
     )
     assert native.returncode == 0, native.stderr
     assert native.stdout.startswith("ROMEO:") and len(native.stdout) > len("ROMEO:")
-    refused = run_script("sample.py", f"--out_dir={out_dir}", "--quantize=int8", "--dtype=bfloat16", "--device=cpu")
-    assert_script_error(refused, "--quantize=int8 computes in float32")
+    refused = [f"--out_dir={out_dir}", "--quantize=int8", "--dtype=bfloat16", "--device=cpu"]
+    assert_script_error(run_in_process(sample.main, refused, capsys), "--quantize=int8 computes in float32")
