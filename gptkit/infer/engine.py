@@ -418,7 +418,7 @@ class Engine:
             self.cache.lengths[row : row + rows] = [len(contexts[0]) - 1] * rows
             return
         idx = torch.tensor([context[:-1] for context in contexts], device=self.device)
-        self.model.hidden_states(idx, cache=self.cache.rows(row, row + len(contexts)))
+        self.model.hidden_states(idx, cache=self.cache.rows(row, row + rows))
 
     def _sample(self, logits: torch.Tensor) -> list[int]:
         """One token per active row; rows with the same settings and generator are sampled in one call. Rows with

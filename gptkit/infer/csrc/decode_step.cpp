@@ -69,8 +69,8 @@ inline Vec min(Vec a, Vec b) { return _mm512_min_ps(a, b); }
 inline Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
 inline Vec abs(Vec v) { return _mm512_abs_ps(v); }
 inline float reduce_add(Vec v) { return _mm512_reduce_add_ps(v); }
-// Whether any lane is larger than `than` (a NaN lane is not).
-inline uint32_t lanes_larger(Vec v, float than) { return _mm512_cmp_ps_mask(v, splat(than), _CMP_GT_OQ); }  // a bit a lane
+// The lanes larger than `than`, a bit each, lane 0 lowest (a NaN lane is not larger).
+inline uint32_t lanes_larger(Vec v, float than) { return _mm512_cmp_ps_mask(v, splat(than), _CMP_GT_OQ); }
 inline Vec round_to_integer(Vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 // v * 2^n for whole numbers n in [-126, 127].
 inline Vec times_power_of_two(Vec v, Vec n) { return _mm512_scalef_ps(v, n); }
