@@ -10,15 +10,6 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-SHARED := $(abspath ../shared)
-
-# Offline GPT-2 BPE files and a local copy of the corpus, when the checkout has ../shared beside it.
-ifneq ($(wildcard $(SHARED)/tiktoken_cache),)
-export TIKTOKEN_CACHE_DIR ?= $(SHARED)/tiktoken_cache
-endif
-ifneq ($(wildcard $(SHARED)/data/tinyshakespeare.txt),)
-export TINYSHAKESPEARE ?= $(SHARED)/data/tinyshakespeare.txt
-endif
 
 .PHONY: demo test test-fast lint bench clean-venv
 

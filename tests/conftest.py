@@ -17,12 +17,6 @@ import pytest
 if TYPE_CHECKING:
     import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-SHARED = REPO_ROOT.parent / "shared"
-TINYSHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
-if "TIKTOKEN_CACHE_DIR" not in os.environ and (SHARED / "tiktoken_cache").is_dir():
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED / "tiktoken_cache")
 # Tiny test models gain nothing from a second thread, and OpenMP threads that spin while other processes hold the
 # cores make each small op wait for a time slice; one thread per process (subprocesses inherit it) avoids both.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -213,7 +213,7 @@ def test_train_prepare_train_and_sample_from_the_checkpoint_alone(corpus_tree: P
 def test_a_signal_stops_the_training_at_once(tmp_path: Path, signum: int, group: bool, code: int, line: str) -> None:
     """The Rust trainer cannot be interrupted; its child process is killed, and nothing is written."""
     big = tmp_path / "big.txt"
-    big.write_text(SHAKESPEARE.read_text(encoding="utf-8") * 20)  # ~22 MB: seconds of training at the least
+    big.write_text(SHAKESPEARE.read_text(encoding="utf-8") * 110)  # ~22 MB: seconds of training at the least
     command = [sys.executable, str(REPO / TRAIN_TOKENIZER), *cli_args(input=big, out_dir=tmp_path / "tok")]
     process = subprocess.Popen(
         command,

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import tiktoken
 import pytest
 
 from gptkit.data import tokenizer as tok
@@ -118,15 +119,17 @@ def test_char_tokenizer_and_shards(run_corpus: Callable, tmp_path: Path) -> None
         f"--input={SHAKESPEARE}",
         f"--out_dir={out}",
         "--tokenizer=char",
-        "--shard_tokens=300000",
+        "--shard_tokens=50000",
         "--val_fraction=0.1",
     )
     assert result.returncode == 0, result.stderr
     meta = read_meta(out, check_files=True)
     chars = sorted(set(SHAKESPEARE.read_text(encoding="utf-8")))
     assert meta["tokenizer"] == {"kind": "char", "chars": chars, "eot": True}
-    assert meta["vocab_size"] == 66 and meta["eot_token"] == 65
-    assert meta["splits"]["train"]["files"] == [f"train_{i:06d}.bin" for i in range(4)]
+    assert meta["vocab_size"] == 63 and meta["eot_token"] == 62  # the corpus' 62 characters and the end-of-text
+    train_tokens = meta["splits"]["train"]["tokens"]
+    assert 0.89 < train_tokens / (1 + SHAKESPEARE.stat().st_size) < 0.91
+    assert meta["splits"]["train"]["files"] == [f"train_{i:06d}.bin" for i in range(-(-train_tokens // 50000))]
     stream = np.concatenate(
         [np.fromfile(out / n, dtype=np.uint16) for s in ("train", "val") for n in meta["splits"][s]["files"]]
     )
@@ -140,7 +143,8 @@ def test_bpe_dir_offline(tmp_path: Path) -> None:
     ok = run_script(CORPUS, f"--input={SHAKESPEARE}", f"--out_dir={tmp_path / 'o'}", f"--bpe_dir={bpe}", env=offline)
     assert ok.returncode == 0, ok.stderr
     splits = read_meta(tmp_path / "o")["splits"]
-    assert splits["train"]["tokens"] + splits["val"]["tokens"] == 338025 + 1  # the text plus one end-of-text
+    gpt2_tokens = len(tiktoken.get_encoding("gpt2").encode_ordinary(SHAKESPEARE.read_text(encoding="utf-8")))
+    assert splits["train"]["tokens"] + splits["val"]["tokens"] == gpt2_tokens + 1  # the text plus one end-of-text
     (bpe / "encoder.json").write_text("{}")
     bad = run_script(CORPUS, f"--input={SHAKESPEARE}", f"--out_dir={tmp_path / 'o2'}", f"--bpe_dir={bpe}", env=offline)
     assert_script_error(bad, "encoder.json has sha256")

@@ -44,7 +44,7 @@ def test_text_items_are_bounded_and_cover_the_file() -> None:
 
 def test_a_single_document_splits_at_a_safe_cut_before_val_from() -> None:
     file = find_inputs([str(SHAKESPEARE)]).files[0]
-    val_from = 500_000
+    val_from = 150_000
     items = list(inputs.text_file_items(file, 20_000, "train", val_from=val_from))
     splits = [item.split for item in items]
     first_val = splits.index("val")

@@ -11,7 +11,15 @@ import pytest
 
 from gptkit.data import tokenizer as tok
 from gptkit.data.meta import read_meta
-from helpers import SHAKESPEARE, assert_script_error, clean_env, copy_gpt2_bpe_files, run_script, serving_directory
+from helpers import (
+    SHAKESPEARE,
+    assert_script_error,
+    canonical_shakespeare,
+    clean_env,
+    copy_gpt2_bpe_files,
+    run_script,
+    serving_directory,
+)
 
 
 def prepare(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -21,19 +29,20 @@ def prepare(script: str, *args: str, env: dict[str, str] | None = None) -> subpr
 
 @pytest.fixture
 def file_server() -> Iterator[tuple[str, list[str]]]:
-    """Serve the shared data folder on 127.0.0.1; yields (base URL, list of requested paths)."""
+    """Serve the tests' corpus folder on 127.0.0.1; yields (base URL, list of requested paths)."""
     with serving_directory(SHAKESPEARE.parent) as served:
         yield served
 
 
 def test_char_level_counts_vocab_and_meta(tmp_path: Path) -> None:
+    corpus = canonical_shakespeare()
     out = tmp_path / "sc"
-    result = prepare("shakespeare_char.py", f"--out_dir={out}", env={"TINYSHAKESPEARE": str(SHAKESPEARE)})
+    result = prepare("shakespeare_char.py", f"--out_dir={out}", env={"TINYSHAKESPEARE": str(corpus)})
     assert result.returncode == 0, result.stderr
     assert "train 1,003,854 tokens" in result.stdout and "val 111,540 tokens" in result.stdout
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]
     meta = read_meta(out, check_files=True)
-    text = SHAKESPEARE.read_text(encoding="utf-8")
+    text = corpus.read_text(encoding="utf-8")
     chars = sorted(set(text))
     assert len(chars) == 65 and meta["vocab_size"] == 65
     assert meta["tokenizer"] == {"kind": "char", "chars": chars, "eot": False}
@@ -41,7 +50,7 @@ def test_char_level_counts_vocab_and_meta(tmp_path: Path) -> None:
     assert meta["splits"]["train"] == {"files": ["train.bin"], "tokens": 1003854, "text_bytes": 1003854, "documents": 1}
     assert meta["splits"]["val"] == {"files": ["val.bin"], "tokens": 111540, "text_bytes": 111540, "documents": 1}
     assert meta["source"]["sha256"] == "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-    assert meta["source"]["source"] == str(SHAKESPEARE)
+    assert meta["source"]["source"] == str(corpus)
     # Raw little-endian uint16, id = rank of the character.
     train = np.fromfile(out / "train.bin", dtype="<u2")
     val = np.fromfile(out / "val.bin", dtype="<u2")
@@ -52,21 +61,23 @@ def test_char_level_counts_vocab_and_meta(tmp_path: Path) -> None:
 
 
 def test_gpt2_counts_with_source_flag(tmp_path: Path) -> None:
+    corpus = canonical_shakespeare()
     out = tmp_path / "s"
-    result = prepare("shakespeare.py", f"--source={SHAKESPEARE}", f"--out_dir={out}")
+    result = prepare("shakespeare.py", f"--source={corpus}", f"--out_dir={out}")
     assert result.returncode == 0, result.stderr
     meta = read_meta(out, check_files=True)
     assert meta["tokenizer"] == {"kind": "tiktoken", "encoding": "gpt2"}
     assert (meta["vocab_size"], meta["dtype"], meta["eot_token"]) == (50257, "uint16", 50256)
     assert meta["splits"]["train"]["tokens"] == 301966 and meta["splits"]["val"]["tokens"] == 36059
-    text = SHAKESPEARE.read_text(encoding="utf-8")
+    text = corpus.read_text(encoding="utf-8")
     enc = tok.TiktokenTokenizer("gpt2")
     assert np.fromfile(out / "val.bin", dtype="<u2").tolist() == enc.encode(text[int(len(text) * 0.9) :])
 
 
 def test_gpt2_from_bpe_dir_without_tiktoken_cache(tmp_path: Path) -> None:
+    corpus = canonical_shakespeare()
     bpe = copy_gpt2_bpe_files(tmp_path / "bpe")
-    offline = {"TIKTOKEN_CACHE_DIR": str(tmp_path / "empty"), "TINYSHAKESPEARE": str(SHAKESPEARE)}
+    offline = {"TIKTOKEN_CACHE_DIR": str(tmp_path / "empty"), "TINYSHAKESPEARE": str(corpus)}
     result = prepare("shakespeare.py", f"--out_dir={tmp_path / 'o'}", f"--bpe_dir={bpe}", env=offline)
     assert result.returncode == 0, result.stderr
     assert "train 301,966 tokens" in result.stdout and "val 36,059 tokens" in result.stdout
@@ -81,8 +92,8 @@ def test_gpt2_from_bpe_dir_without_tiktoken_cache(tmp_path: Path) -> None:
 def test_download_from_url_once_into_cache(tmp_path: Path, file_server: tuple[str, list[str]]) -> None:
     base, requested = file_server
     env = {"TINYSHAKESPEARE": f"{base}/{SHAKESPEARE.name}", "GPT_TOOLKIT_CACHE": str(tmp_path / "cache")}
-    first = prepare("shakespeare_char.py", f"--out_dir={tmp_path / 'a'}", env=env)
-    second = prepare("shakespeare_char.py", f"--out_dir={tmp_path / 'b'}", env=env)
+    first = prepare("shakespeare_char.py", "--sha256=None", f"--out_dir={tmp_path / 'a'}", env=env)
+    second = prepare("shakespeare_char.py", "--sha256=None", f"--out_dir={tmp_path / 'b'}", env=env)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     assert requested == [f"/{SHAKESPEARE.name}"]  # the second run used the cache
     assert (tmp_path / "a" / "train.bin").read_bytes() == (tmp_path / "b" / "train.bin").read_bytes()
