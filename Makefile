@@ -13,17 +13,22 @@ PY := $(VENV)/bin/python
 
 .PHONY: demo test test-fast lint bench clean-venv
 
-$(VENV)/.runtime: requirements.txt pyproject.toml gptkit/infer/csrc/decode_step.cpp
+$(VENV)/.runtime: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -e .
+	touch $@
+
+# The native step's build of this checkout's source and flags (gptkit/infer/native.py holds them); other checkouts'
+# builds lie in directories of their own, so switching between checkouts rebuilds nothing.
+$(VENV)/.native: $(VENV)/.runtime gptkit/infer/csrc/decode_step.cpp gptkit/infer/native.py
 	$(PY) -m gptkit.infer.native --build
 	touch $@
 
 # The playground test drives a real headless browser: Debian's chromium and chromium-driver, installed here when
 # missing and we are root with apt-get (elsewhere the test skips, saying what it needs).
-$(VENV)/.test: $(VENV)/.runtime requirements-test.txt
+$(VENV)/.test: $(VENV)/.native requirements-test.txt
 	$(PY) -m pip install --quiet -r requirements-test.txt
 	@if command -v chromedriver >/dev/null 2>&1 && { command -v chromium || command -v chromium-browser; } >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -33,7 +38,7 @@ $(VENV)/.test: $(VENV)/.runtime requirements-test.txt
 	else echo "note: no chromium/chromedriver; the playground browser test will be skipped (apt-get install chromium chromium-driver)"; fi
 	touch $@
 
-demo: $(VENV)/.runtime
+demo: $(VENV)/.native
 	$(PY) prepare_data/shakespeare_char.py
 	$(PY) train.py config/train_shakespeare_char_cpu.py --overwrite=True
 	$(PY) sample.py --out_dir=out-shakespeare-char-cpu --num_samples=1 --max_new_tokens=500 --seed=1337

@@ -22,10 +22,13 @@ rows with AVX-512, 6 with AVX2, and the passes for more rows read the panel from
 it fills prompts with the native prefill (NativeStep.prefill: the prompts of the requests admitted together, of one
 length, in one pass) up to PREFILL_LIMITS' tokens in all.
 
-The C++ source is compiled at set-up (`python -m gptkit.infer.native --build`, which `make venv` runs: a C++
-compiler and ninja, ~25 s once; the build lies under torch's extensions directory), for this machine's instruction
-set: AVX-512 and its bfloat16 products where the CPU has them, else AVX2 with FMA, else what the compiler makes of
-plain loops. decode=auto uses the step only once it is built (build_problem); decode=native builds it when needed.
+The C++ source is compiled at set-up (`python -m gptkit.infer.native --build`, which `make demo` and `make test`
+run: a C++ compiler and ninja, ~25 s once), for this machine's instruction set: AVX-512 and its bfloat16 products
+where the CPU has them, else AVX2 with FMA, else what the compiler makes of plain loops. Each build lies in a
+directory of its own under torch's extensions directory, named by a hash of what it is built from (build_directory):
+checkouts, worktrees and virtual environments share a build only where it would be the same build, and each finds
+its own again after another has built. decode=auto uses the step only once it is built (build_problem);
+decode=native builds it when needed.
 
 Caveat: the step reads a packed copy of the weights (their memory twice over), made once per model and remade when
 a parameter or buffer (int8 weights are buffers) is changed in place (an optimizer step, a load_state_dict), which
@@ -43,6 +46,7 @@ import os
 import platform
 import shutil
 import sys
+import sysconfig
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,6 +58,10 @@ from gptkit.core.errors import UserError
 from gptkit.weights.quantization import Int8Linear
 
 SOURCE = Path(__file__).parent / "csrc" / "decode_step.cpp"
+MODULE = "gptkit_decode_step"  # the extension's name: its build is MODULE.so
+# Tuples: torch's build appends its own flags to the lists it is given.
+COMPILE_FLAGS = ("-O3", "-march=native", "-fopenmp")  # -march=native: this CPU's instruction set
+LINK_FLAGS = ("-fopenmp",)
 ACTIVATIONS = {"gelu_tanh": 0, "gelu": 1, "relu2": 2, "swiglu": 3}  # decode_step.cpp's Activation codes
 HUGE_PAGE = 2 << 20  # bytes of a transparent huge page on x86-64 and most arm64 kernels
 # How to fall back, said in every error about this path: the compiled step serves every model and batch.
@@ -76,18 +84,43 @@ def native_problem(model: nn.Module, dtype: torch.dtype) -> str | None:
     return None
 
 
-def build_directory() -> Path:
-    """Where the extension is built: under torch's extensions directory, one build per torch, Python and instruction
-    set (the build is for this CPU's, -march=native, and a home directory may be shared by machines of other CPUs)."""
-    from torch.utils import cpp_extension
-
+def cpu_flags() -> str:
+    """This CPU's architecture and instruction-set flags (from /proc/cpuinfo where there is one)."""
     flags = platform.machine()
     with contextlib.suppress(OSError):
         flags += next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    tag = hashlib.sha256(flags.encode()).hexdigest()[:10]
+    return flags
+
+
+def build_directory(source: Path = SOURCE) -> Path:
+    """Where the extension built from `source` lies: under torch's extensions directory (TORCH_EXTENSIONS_DIR, else
+    torch's default), named by a hash of all the build is made of: the source's text, the flags and the compiler
+    (CXX), torch's version and place (its headers), Python's headers and this CPU's instruction set (a home directory
+    may be shared by machines of other CPUs). Why: torch remakes a build whenever one of these differs from the last
+    build in its directory, so checkouts, worktrees or venvs that shared a directory would rebuild on every switch;
+    keyed so, they share a build only where it is the same build. Builds of older sources stay (delete them freely)."""
+    from torch.utils import cpp_extension
+
+    parts = [
+        *COMPILE_FLAGS,
+        *LINK_FLAGS,
+        os.environ.get("CXX", "c++"),  # the compiler torch's build runs
+        torch.__version__,
+        str(Path(torch.__file__).parent),  # its headers and libraries, named in the build's commands
+        sysconfig.get_path("include", scheme="posix_prefix") or "",
+        cpu_flags(),
+    ]
+    digest = hashlib.sha256(source.read_bytes())
+    for part in parts:
+        digest.update(b"\0" + part.encode())
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     python = f"py{sys.version_info.major}{sys.version_info.minor}"
-    return Path(root) / f"gptkit_decode_step_torch{torch.__version__}_{python}_{tag}"
+    return Path(root) / f"{MODULE}_torch{torch.__version__}_{python}_{digest.hexdigest()[:16]}"
+
+
+def built_in(directory: Path) -> bool:
+    """Whether `directory` holds a finished build (the extension's library, which the build links last)."""
+    return (directory / f"{MODULE}.so").is_file()
 
 
 def int8_weights(model: nn.Module) -> bool:
@@ -95,10 +128,10 @@ def int8_weights(model: nn.Module) -> bool:
     return any(isinstance(m, Int8Linear) for m in model.modules())
 
 
-def is_built() -> bool:
-    """Whether this machine has a build of the step (decode=auto uses it only then; torch rebuilds it on loading
-    when the source has changed since)."""
-    return any(build_directory().glob("*.so"))
+def is_built(source: Path = SOURCE) -> bool:
+    """Whether this machine has a build of `source` as it reads now, with this torch, Python and CPU (decode=auto
+    uses the step only then)."""
+    return built_in(build_directory(source))
 
 
 def build_problem(build: bool) -> str | None:
@@ -117,9 +150,19 @@ def builder_lock(directory: Path):
     """Hold this build directory's lock (one process builds or loads at a time) and remove a `lock` file that
     torch's build left behind. Why: torch waits, forever, while its `lock` file exists, and a build killed midway (a
     Ctrl-C, a test's timeout) leaves it; every process that builds here holds this lock first, and the system frees
-    it when its holder dies, so a `lock` file found while holding it is a dead build's."""
+    it when its holder dies, so a `lock` file found while holding it is a dead build's. A process that finds the lock
+    held while the build is not done says, in one line, that it waits for it (a build takes a while)."""
     with open(directory / "gptkit-build.lock", "a+b") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not built_in(directory):  # else the holder only loads the build: a moment
+                print(
+                    f"waiting for another process's build of the native decoding step in {directory}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             (directory / "lock").unlink(missing_ok=True)
             yield
@@ -127,10 +170,22 @@ def builder_lock(directory: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def source_copy(directory: Path) -> Path:
+    """The build directory's own copy of the source, written once. Why: torch's build names the source by its path,
+    and ninja rebuilds when that path changes; compiling the copy, every checkout of the same source finds the
+    build done."""
+    copy = directory / SOURCE.name
+    if not copy.is_file():
+        partial = directory / f"{SOURCE.name}.partial"
+        shutil.copyfile(SOURCE, partial)
+        partial.replace(copy)
+    return copy
+
+
 @functools.cache
 def extension():
-    """The compiled C++ extension, built when missing (torch rebuilds it when the source changes); UserError with
-    what is missing when it cannot be built."""
+    """The compiled C++ extension, built when this source has no build yet (build_directory); UserError with what is
+    missing when it cannot be built."""
     from torch.utils import cpp_extension
 
     if shutil.which("ninja") is None:  # the pip package's binary sits outside PATH in a venv that is not activated
@@ -141,16 +196,17 @@ def extension():
     directory = build_directory()
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        if not any(directory.glob("*.so")):
-            print("building the native decoding step for this CPU (once, about 25 s)", file=sys.stderr)
-        flags = ["-O3", "-march=native", "-fopenmp"]
         with builder_lock(directory):
+            if not built_in(directory):
+                print(
+                    f"building the native decoding step for this CPU in {directory} (once, about 25 s)", file=sys.stderr
+                )
             return cpp_extension.load(
-                "gptkit_decode_step",
-                sources=[str(SOURCE)],
+                MODULE,
+                sources=[str(source_copy(directory))],
                 build_directory=str(directory),
-                extra_cflags=flags,
-                extra_ldflags=["-fopenmp"],
+                extra_cflags=list(COMPILE_FLAGS),
+                extra_ldflags=list(LINK_FLAGS),
             )
     except (OSError, RuntimeError, ImportError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
