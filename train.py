@@ -54,7 +54,7 @@ from gptkit.data.tokenizer import padded_vocab_size, tokenizer_from_meta
 from gptkit.eval import hellaswag
 from gptkit.infer.groups import sample_groups
 from gptkit.model import GPT, GPTConfig, config_to_dict
-from gptkit.train import batches, curves, ema, forecast, grpo, loop, runlog
+from gptkit.train import batches, curves, ema, forecast, grpo, loop, objectives, runlog
 from gptkit.train.loop import LoopState
 from gptkit.train.objectives import Dpo, Grpo, GrpoPlan, ObjectiveSettings
 from gptkit.train.optim import configure_optimizers
@@ -338,6 +338,7 @@ class Run:
     peak_flops: float | None
     objective: Dpo | Grpo | None = None  # dpo and grpo; None: the next-token loss
     reference_source: str | None = None  # dpo and grpo: the starting model (init_from of the first run)
+    config_files: tuple[str, ...] = ()  # the recipes the settings were read from
 
     @property
     def accumulation(self) -> int:
@@ -530,7 +531,9 @@ def say_start(run: Run, data_dir: str, dtype: str, replaced: list[str], iter_num
     cfg, log = run.cfg, run.log
     log.tokens_per_iter = run.tokens_per_iter
     parameters = run.model.get_num_params()
-    log.say(runlog.header_line(parameters, str(run.device), dtype, run.procs.world_size, run.tokens_per_iter, data_dir))
+    rows = cfg.gradient_accumulation_steps * cfg.batch_size
+    step_size = objectives.step_size(cfg, rows, run.model.config.block_size)
+    log.say(runlog.header_line(parameters, str(run.device), dtype, run.procs.world_size, step_size, data_dir))
     if replaced:
         log.say(runlog.replaced_line(Path(cfg.out_dir), replaced))
     if run.schedule.shortened_from is not None:
@@ -750,7 +753,10 @@ def say_forecast(run: Run, state: LoopState, step_s: float, measured: str) -> No
         evaluations=forecast.evaluations_left(state.iter_num, cfg.max_iters, cfg.eval_interval, resumed),
     )
     if expected.long:
-        hint = "; for minutes on a CPU start from config/train_corpus_cpu.py" if run.device.type == "cpu" else ""
+        hint = ""
+        if run.device.type == "cpu":
+            kind = cfg.objective if cfg.objective != "lm" else "chat" if is_chat_data(run.meta) else "lm"
+            hint = forecast.shorter_run_hint(kind, run.config_files, cfg.max_iters)
         run.log.say(forecast.forecast_line(expected, measured, hint))
 
 
@@ -809,7 +815,8 @@ def main(argv: list[str]) -> int:
     finished = False
     try:
         with contextlib.ExitStack() as held, StopRequest(force_on_repeat=not procs.distributed) as stop:
-            code = run_until_done_or_stopped(cfg, procs, device, held, stop)
+            config_files = tuple(arg for arg in argv if not arg.startswith("--"))
+            code = run_until_done_or_stopped(cfg, procs, device, held, stop, config_files)
         finished = True
         return code
     finally:
@@ -817,13 +824,19 @@ def main(argv: list[str]) -> int:
 
 
 def run_until_done_or_stopped(
-    cfg: TrainSettings, procs: Processes, device: torch.device, held: contextlib.ExitStack, stop: StopRequest
+    cfg: TrainSettings,
+    procs: Processes,
+    device: torch.device,
+    held: contextlib.ExitStack,
+    stop: StopRequest,
+    config_files: tuple[str, ...],
 ) -> int:
     """Set up, then train (or evaluate); returns the exit code. A stop asked for is a clean stop, whatever it
     cut short: a terminal's Ctrl-C also reaches the compilers torch.compile runs, and their failure is then one
     line, not a traceback."""
     try:
         run, state = set_up(cfg, procs, device, held)
+        run.config_files = config_files
         return evaluate_only(run, state) if cfg.eval_only else train(run, state, stop)
     except Exception as exc:
         if not stop.signum or isinstance(exc, UserError):

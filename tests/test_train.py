@@ -143,7 +143,9 @@ CPU_RECIPES = [REPO / "config" / f"{name}.py" for name in CPU_RECIPE_NAMES]
 
 
 def load_recipe(path: Path) -> train.TrainSettings:
-    return parse_settings(train.TrainSettings, [str(path)], "train.py", "", config_files=True)
+    """The recipe's settings, with the starting model or prompts its own command line gives (DPO, GRPO)."""
+    given = re.findall(r"--(?:init_from|grpo_prompts)=\S+", path.read_text())
+    return parse_settings(train.TrainSettings, [str(path), *given], "train.py", "", config_files=True)
 
 
 def prepared_datasets() -> set[str]:

@@ -80,8 +80,11 @@ def dpo_args(task: Path, out: Path, **extra: object) -> list[str]:
 
 @pytest.mark.heavy
 def test_dpo_moves_held_out_accuracy_from_chance_to_well_above(task: Path, tmp_path: Path, capsys) -> None:
-    code, _, stderr = run_main(train.main, dpo_args(task, tmp_path / "dpo", max_iters=20, eval_interval=20), capsys)
+    code, stdout, stderr = run_main(
+        train.main, dpo_args(task, tmp_path / "dpo", max_iters=20, eval_interval=20), capsys
+    )
     assert code == 0, stderr
+    assert "| 16 preference pairs per step (two rows of up to 24 tokens each) |" in stdout  # 8 pairs x 2 micro-batches
     evaluations = [e for e in log_entries(tmp_path / "dpo") if "val/accuracy" in e]
     assert evaluations[0]["val/accuracy"] == 0.5  # the model is its reference: every margin 0
     assert evaluations[-1]["val/accuracy"] >= 0.8
@@ -140,11 +143,24 @@ def test_grpo_raises_a_users_reward(task: Path, tmp_path: Path, capsys, monkeypa
     )
     code, stdout, stderr = run_main(train.main, args, capsys)
     assert code == 0, stderr
+    assert "| 8 prompts x 4 completions per step (up to 6 new tokens each) |" in stdout  # 4 prompts x 2 micro-batches
     rewards = [e["train/reward"] for e in log_entries(tmp_path / "rl") if "train/reward" in e]
     assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.2, rewards
     evaluations = [e for e in log_entries(tmp_path / "rl") if "val/pass@1" in e]
     assert len(evaluations) == 2 and "val pass@1" in stdout
     assert (tmp_path / "rl" / "curves.png").stat().st_size > 0  # drawn, with no loss at evaluations
+
+
+@pytest.mark.parametrize("recipe", ["dpo_cpu.py", "grpo_cpu.py"])
+def test_the_cpu_recipes_train_from_a_small_chat_model(task: Path, tmp_path: Path, recipe: str, capsys) -> None:
+    """The README's post-training commands, 2 steps: the recipe's settings hold for a small base (its 24-token
+    context is kept) and the run says what a step processes."""
+    given = {"init_from": task / "base", "out_dir": tmp_path / "out", "max_iters": 2, "eval_interval": 2}
+    given.update({"data_dir": task / "prefs"} if recipe == "dpo_cpu.py" else {"grpo_prompts": task / "prompts.jsonl"})
+    code, stdout, stderr = run_main(train.main, [str(REPO / "config" / recipe), *cli_args(**given)], capsys)
+    assert code == 0, stderr
+    assert "8 preference pairs per step" in stdout if recipe == "dpo_cpu.py" else "4 prompts x 8 completions" in stdout
+    assert ckpt.load_checkpoint(tmp_path / "out" / "ckpt.pt")["model_args"]["block_size"] == 24
 
 
 @pytest.mark.heavy

@@ -9,7 +9,16 @@ Forecast when the rest of the run would take longer than LONG_RUN_S.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
 
+# The recipe that trains each kind of run for minutes on a CPU.
+CPU_RECIPES = {
+    "lm": "config/train_corpus_cpu.py",
+    "chat": "config/finetune_chat_cpu.py",
+    "dpo": "config/dpo_cpu.py",
+    "grpo": "config/grpo_cpu.py",
+}
 LONG_RUN_S = 300.0  # a run longer than this is worth a line before it starts
 BACKWARD_FACTOR = 3  # a step's forward and backward cost about three forward passes
 
@@ -61,3 +70,12 @@ def forecast_line(forecast: Forecast, measured: str, hint: str) -> str:
         f"a step takes {forecast.step_s:.3g} s ({measured}): {forecast.steps:,} steps{evaluations} "
         f"take about {duration(forecast.total_s)}{hint}"
     )
+
+
+def shorter_run_hint(kind: str, config_files: Sequence[str], max_iters: int) -> str:
+    """How to make a long CPU run of `kind` (a CPU_RECIPES key) shorter: its recipe, or, to a user already running
+    that recipe, fewer steps."""
+    recipe = CPU_RECIPES[kind]
+    if any(Path(file).name == Path(recipe).name for file in config_files):
+        return f"; for a shorter run lower --max_iters (now {max_iters:,}) or the model's size"
+    return f"; for minutes on a CPU start from {recipe}"

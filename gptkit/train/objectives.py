@@ -65,6 +65,18 @@ class ObjectiveSettings:
             raise UserError("--objective=grpo needs --grpo_prompts=FILE (JSONL with 'prompt' and e.g. 'answer')")
 
 
+def step_size(settings: ObjectiveSettings, rows: int, block_size: int) -> str:
+    """What one optimizer step processes, in the objective's own unit; `rows` is batch_size times the micro-batches."""
+    if settings.objective == "dpo":
+        return f"{rows:,} preference pairs per step (two rows of up to {block_size:,} tokens each)"
+    if settings.objective == "grpo":
+        return (
+            f"{rows:,} prompts x {settings.grpo_group_size} completions per step "
+            f"(up to {settings.grpo_max_new_tokens:,} new tokens each)"
+        )
+    return f"{rows * block_size:,} tokens per step"
+
+
 class Dpo:
     """The DPO objective over pair batches (x, y: chosen rows, then rejected rows)."""
 

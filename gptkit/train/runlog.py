@@ -85,11 +85,9 @@ def format_bpb(bpb: float | None) -> str:
     return f" | val bpb {bpb:.4f}" if bpb is not None else ""
 
 
-def header_line(parameters: int, device: str, dtype: str, processes: int, tokens_per_step: int, data_dir: str) -> str:
-    return (
-        f"{parameters / 1e6:.2f}M parameters | {device} {dtype} | {processes} process(es) | "
-        f"{tokens_per_step:,} tokens per step | data {data_dir}"
-    )
+def header_line(parameters: int, device: str, dtype: str, processes: int, step_size: str, data_dir: str) -> str:
+    """The run's first line; `step_size` says what a step processes (gptkit.train.objectives.step_size)."""
+    return f"{parameters / 1e6:.2f}M parameters | {device} {dtype} | {processes} process(es) | {step_size} | data {data_dir}"
 
 
 STANDARD_FIGURES = ("iter", "train/loss", "val/loss", "val/bpb", "lr", "mfu", "tokens_per_s")

@@ -19,7 +19,7 @@ EVAL = {"iter": 10, "train/loss": 4.07681, "val/loss": 4.07072, "val/bpb": 5.872
 
 def test_lines_keep_their_formats() -> None:
     # Each expected line is one the toolkit printed before these helpers existed.
-    assert runlog.header_line(31_000, "cpu", "float32", 1, 128, "/tmp/data") == (
+    assert runlog.header_line(31_000, "cpu", "float32", 1, "128 tokens per step", "/tmp/data") == (
         "0.03M parameters | cpu float32 | 1 process(es) | 128 tokens per step | data /tmp/data"
     )
     assert runlog.eval_line({**EVAL, "iter": 0}) == "step 0: train loss 4.0768 | val loss 4.0707 | val bpb 5.8727"
