@@ -182,3 +182,61 @@ def test_peft_runs_a_chat_lora_run_with_its_new_token_rows(base: Path, tmp_path:
         torch.testing.assert_close(theirs(ids).logits, expected, rtol=1e-5, atol=1e-5)
         with theirs.disable_adapter():  # the adapters and the trained rows matter
             assert (theirs(ids).logits - expected).abs().max() > 1e-2
+
+
+def write_hf_base(directory: Path, family: str, tied: bool) -> Path:
+    """A random transformers model (Qwen3 or Llama) saved without a tokenizer, so chat data in any tokenizer fits
+    it: its 10 rows are the characters' and end of text of write_chat_data, which adds the template's 4 markers."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    shape = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2, head_dim=16)
+    config = getattr(transformers, f"{family}Config")(
+        vocab_size=10, num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=tied, **shape
+    )
+    getattr(transformers, f"{family}ForCausalLM")(config).save_pretrained(directory)
+    return directory
+
+
+HF_HEADS = {"qwen3, tied head": ("Qwen3", True), "llama, untied head": ("Llama", False)}
+
+
+@pytest.mark.parametrize(("family", "tied"), HF_HEADS.values(), ids=HF_HEADS.keys())
+def test_peft_runs_a_chat_lora_run_on_a_llama_family_base_from_anywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys, family: str, tied: bool
+) -> None:
+    """A chat LoRA run on a Hugging Face Qwen3 or Llama base trains the markers' new rows (the embedding's, and an
+    untied head's) and exports them for PEFT as trainable_token_indices. The adapter, exported to a relative
+    --export_dir, names its base by absolute path: PEFT loads it offline from another working directory, with our
+    logits on a rendered conversation."""
+    peft = pytest.importorskip("peft")
+    import huggingface_hub.constants
+
+    base = write_hf_base(tmp_path / "hf", family, tied)
+    tokenizer = write_chat_data(tmp_path / "chat")
+    run = {key: value for key, value in RUN.items() if key not in ("n_layer", "n_head", "n_embd")}
+    args = {**run, **LORA, "max_iters": 3, "gradient_accumulation_steps": 1, "learning_rate": 3e-2}
+    args = cli_args(**args, init_from=base, data_dir=tmp_path / "chat", out_dir=tmp_path / "out")
+    trained = run_in_process(train.main, args, capsys)
+    assert trained.returncode == 0, trained.stderr
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_main(export.main, ["--format=peft", "--out_dir=out", "--export_dir=adapter"], capsys)
+    assert code == 0, err
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    rows = list(range(10, tokenizer.vocab_size))
+    assert config["trainable_token_indices"] == (rows if tied else {"embed_tokens": rows, "lm_head": rows})
+    assert config["base_model_name_or_path"] == str(tmp_path.resolve() / "adapter" / "base")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    theirs = peft.AutoPeftModelForCausalLM.from_pretrained(tmp_path / "adapter", dtype=torch.float32).eval()
+    assert type(theirs.get_base_model()).__name__ == f"{family}ForCausalLM"
+    ours, _ = load_model_and_tokenizer("resume", str(tmp_path / "out"))
+    conversation = [{"role": "user", "content": "abc"}, {"role": "assistant", "content": "hgf"}]
+    ids = torch.tensor([tokenizer.chat.render(conversation, tokenizer)[0].tolist()])
+    assert (ids >= 10).sum() >= 4  # the markers are read
+    with torch.no_grad():
+        expected = ours(ids, ids)[0]
+        torch.testing.assert_close(theirs(ids).logits, expected, rtol=0, atol=1e-4)
+        with theirs.disable_adapter():  # the adapters and the trained rows matter
+            assert (theirs(ids).logits - expected).abs().max() > 1e-2

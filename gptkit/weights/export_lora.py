@@ -12,7 +12,7 @@ from gptkit.model import config_from_dict, config_to_dict
 from gptkit.weights.build import load_base, model_of_checkpoint
 from gptkit.weights.checkpoint import save_checkpoint
 from gptkit.weights.export_hf import export_hf
-from gptkit.weights.hf import GPT2_HUB_NAMES, export_architecture
+from gptkit.weights.hf import GPT2_HUB_NAMES
 from gptkit.weights.lora import LoraConfig, write_peft_adapter
 
 
@@ -29,18 +29,13 @@ def peft_to(checkpoint: dict[str, Any], where: str, directory: Path, final: Path
     """Write a LoRA run's adapters for PEFT into `directory`, with the base beside them (DIR/base, as export.py
     --format=hf writes it: weights and tokenizer) unless the base is a GPT-2 hub model the run added no token rows
     to. Added rows (a chat template's markers) are in DIR/base at their starting values, and their trained values
-    in the adapter. `final`: where `directory` will be moved (the adapter names its base there)."""
+    in the adapter (the embedding's, and an untied head's). `final`: where `directory` will be moved (the adapter
+    names its base there, by its absolute path)."""
     record = checkpoint["lora"]
     vocab_size = checkpoint["model_args"]["vocab_size"]
     base = record["base"]["source"]
     grown = record.get("first_new_row") is not None and record["first_new_row"] < vocab_size
     model_config = config_from_dict(checkpoint["model_args"])
-    architecture = export_architecture(model_config)
-    if grown and architecture != "GPT2LMHeadModel":  # PEFT's trainable tokens here are GPT-2's tied embedding
-        raise UserError(
-            f"{where}: PEFT adapters of new token rows are written for GPT-2 bases, not {architecture}; export "
-            "--format=merged, then --format=hf from that"
-        )
     if (grown or base not in GPT2_HUB_NAMES) and not checkpoint.get("tokenizer"):
         raise UserError(f"{where} records no tokenizer, which the base's Hugging Face directory needs")
     directory.mkdir(parents=True, exist_ok=True)
@@ -50,7 +45,7 @@ def peft_to(checkpoint: dict[str, Any], where: str, directory: Path, final: Path
         if vocab_size > model.config.vocab_size:
             model.grow_vocabulary(vocab_size)  # the rows the run added, as it started them
         export_hf(model, tokenizer_from_meta(checkpoint["tokenizer"]), directory / "base")
-        base = str((final or directory) / "base")
+        base = str(((final or directory) / "base").resolve())  # PEFT finds it from any working directory
     config = LoraConfig.from_dict(record["config"], where)
     rows = record.get("first_new_row") if grown else None
     write_peft_adapter(directory, checkpoint["model"], config, base, rows, model_config=model_config)

@@ -122,11 +122,11 @@ class LoraLinear(nn.Module):
 
 
 class GrownVocabulary(nn.Module):
-    """The token embedding and the tied output head with frozen base rows and trainable rows added after them
-    (the chat template's special tokens): the only rows of the vocabulary an adapter run can teach.
+    """The token embedding or the output head with frozen base rows and trainable rows added after them (the chat
+    template's special tokens): the only rows of the vocabulary an adapter run can teach.
 
-    Installed as both `transformer.wte` (a lookup) and `lm_head` (a product), which share its two tensors, as the
-    tied model shares one matrix.
+    A tied model installs one as both `transformer.wte` (a lookup) and `lm_head` (a product), which share its two
+    tensors as the tied model shares one matrix; an untied one has one of each, whose new rows train apart.
     """
 
     def __init__(self, weight: torch.Tensor, first_new_row: int) -> None:
@@ -168,10 +168,11 @@ def add_lora(
         parent = model.get_submodule(parent_name)
         setattr(parent, child, LoraLinear(getattr(parent, child), config, base_weights))
     if first_new_row is not None and first_new_row < model.lm_head.weight.shape[0]:
-        if model.lm_head.weight is not model.transformer.wte.weight:
-            raise UserError("new token rows with LoRA need a model whose head is tied to the token embedding")
-        vocabulary = GrownVocabulary(model.lm_head.weight, first_new_row)
-        model.transformer.wte = model.lm_head = vocabulary
+        if model.lm_head.weight is model.transformer.wte.weight:
+            model.transformer.wte = model.lm_head = GrownVocabulary(model.lm_head.weight, first_new_row)
+        else:
+            model.transformer.wte = GrownVocabulary(model.transformer.wte.weight, first_new_row)
+            model.lm_head = GrownVocabulary(model.lm_head.weight, first_new_row)
     return model
 
 
@@ -207,26 +208,24 @@ def load_adapter_state(model: nn.Module, state: dict[str, torch.Tensor], source:
 
 def merge_lora(model: nn.Module) -> nn.Module:
     """`model` (in place; returned) with every LoraLinear replaced by the ordinary Linear it computes, and grown
-    token rows joined to one tied embedding again."""
+    token rows joined to whole matrices again (one, where the head is tied to the embedding)."""
     for name, module in list(model.named_modules()):
         if isinstance(module, LoraLinear):
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name), child, module.merged())
     if isinstance(model.lm_head, GrownVocabulary):
-        weight = model.lm_head.weight.detach()
-        model.transformer.wte = nn.Embedding(*weight.shape, device=weight.device)
-        model.lm_head = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device)
-        model.transformer.wte.weight = model.lm_head.weight
+        tied = model.lm_head is model.transformer.wte
+        embedding, head = model.transformer.wte.weight.detach(), model.lm_head.weight.detach()
+        model.transformer.wte = nn.Embedding(*embedding.shape, device=embedding.device)
+        model.lm_head = nn.Linear(head.shape[1], head.shape[0], bias=False, device=head.device)
+        if tied:
+            model.transformer.wte.weight = model.lm_head.weight
         with torch.no_grad():
-            model.lm_head.weight.copy_(weight)
+            model.transformer.wte.weight.copy_(embedding)
+            model.lm_head.weight.copy_(head)
     for param in model.parameters():
         param.requires_grad_(True)
     return model
-
-
-# Where PEFT keeps the trained rows of the token embedding (trainable_token_indices): the rows' new values, put in
-# place of the base's; the tied output head reads the same rows.
-PEFT_TOKEN_ROWS = "base_model.model.transformer.wte.token_adapter.trainable_tokens_delta"
 
 
 def write_peft_adapter(
@@ -242,16 +241,15 @@ def write_peft_adapter(
     `model_config`: the base's shape (None: GPT-2), which picks the class (hf.export_architecture). A fused product
     (q, k, v; gate and up) becomes one adapter per part: the same A, B's rows split. `base_model` is recorded as
     base_model_name_or_path. Trained token rows (a chat template's markers, from `first_new_row` on) go as PEFT's
-    trainable_token_indices (GPT-2 only): the base must then hold those rows already."""
+    trainable_token_indices: the base must then hold those rows already."""
     architecture = "GPT2LMHeadModel" if model_config is None else export_architecture(model_config)
     tensors = {}
-    token_rows = []
+    token_rows = {}
     for name, tensor in adapters.items():
         if name.endswith(".extra"):
-            if architecture != "GPT2LMHeadModel":
-                raise UserError(f"PEFT adapters of new token rows are written for GPT-2 bases, not {architecture}")
-            tensors[PEFT_TOKEN_ROWS] = tensor.float().contiguous()
-            token_rows = list(range(first_new_row, first_new_row + tensor.shape[0]))
+            module = peft_token_module(name.removesuffix(".extra"), architecture)
+            tensors[f"base_model.model.{module}.token_adapter.trainable_tokens_delta"] = tensor.float().contiguous()
+            token_rows[module.rpartition(".")[2]] = list(range(first_new_row, first_new_row + tensor.shape[0]))
             continue
         matrix = "lora_A" if name.endswith(".lora_A") else "lora_B"
         module = name.removesuffix(f".{matrix}")
@@ -271,12 +269,22 @@ def write_peft_adapter(
         "bias": "none",
         "inference_mode": True,
     }
-    if token_rows:
-        peft_config["trainable_token_indices"] = token_rows  # a list: the input embedding's rows
+    if len(token_rows) == 1:  # the embedding's rows, which PEFT gives a tied head too
+        peft_config["trainable_token_indices"] = next(iter(token_rows.values()))
+    elif token_rows:  # an untied head's rows train apart from the embedding's: each module by name
+        peft_config["trainable_token_indices"] = token_rows
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(directory / "adapter_model.safetensors", safetensors_bytes(tensors, metadata={"format": "pt"}))
     atomic_write_json(directory / "adapter_config.json", peft_config)
+
+
+def peft_token_module(module: str, architecture: str) -> str:
+    """The transformers module that holds our `transformer.wte` or `lm_head` (GPT-2's has our names; the Llama
+    family's are model.embed_tokens and lm_head)."""
+    if architecture == "GPT2LMHeadModel":
+        return module
+    return hf_names(f"{module}.weight", architecture)[0].removesuffix(".weight")
 
 
 def peft_parts(

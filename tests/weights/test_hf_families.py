@@ -331,3 +331,35 @@ def test_peft_adapters_on_the_family_give_our_logits(tmp_path, family):
         expected = all_logits(ours.eval(), idx)
         torch.testing.assert_close(adapted(idx).logits, expected, rtol=0, atol=1e-4)
         assert (hf(idx).logits - expected).abs().max() > 1e-2  # the adapters do change the logits
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "nanochat"])
+def test_peft_carries_new_token_rows_on_the_family(tmp_path, family):
+    """A chat run's new token rows (4 added to the base's vocabulary) on a base transformers grew and saved: PEFT
+    puts the trained rows in model.embed_tokens (and in an untied lm_head: qwen3's and nanochat's here) and gives
+    the logits of our model with the same adapters and rows."""
+    peft = pytest.importorskip("peft")
+    hf = random_hf_model(family, seed=13)
+    hf.resize_token_embeddings(VOCAB + 4, mean_resizing=False)
+    base = save(hf, tmp_path / "base")
+    ours = load_hf(str(base))
+    config = LoraConfig(rank=4, alpha=8.0, targets="all")
+    add_lora(ours, config, first_new_row=VOCAB)
+    torch.manual_seed(14)
+    with torch.no_grad():
+        for name, param in ours.named_parameters():
+            if "lora_B" in name or name.endswith(".extra"):
+                param.normal_(0.0, 0.5 if name.endswith(".extra") else 0.05)
+    adapters = adapter_state(ours)
+    write_peft_adapter(tmp_path / "adapter", adapters, config, str(base), VOCAB, model_config=ours.config)
+    rows = list(range(VOCAB, VOCAB + 4))
+    tied = hf.config.tie_word_embeddings
+    indices = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["trainable_token_indices"]
+    assert indices == (rows if tied else {"embed_tokens": rows, "lm_head": rows})
+    adapted = peft.PeftModel.from_pretrained(type(hf).from_pretrained(base), tmp_path / "adapter").eval()
+    idx = torch.tensor([[3, VOCAB + 1, 7, VOCAB + 3, VOCAB, 9, VOCAB + 2, 5]])
+    with torch.no_grad():
+        expected = all_logits(ours.eval(), idx)
+        torch.testing.assert_close(adapted(idx).logits, expected, rtol=0, atol=1e-4)
+        with adapted.disable_adapter():  # the new rows matter, where they are read and where they score
+            assert (adapted(idx).logits[..., VOCAB:] - expected[..., VOCAB:]).abs().max() > 1e-2

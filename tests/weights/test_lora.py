@@ -150,22 +150,44 @@ def test_new_token_rows_train_and_the_rest_of_the_vocabulary_stays_frozen() -> N
     torch.testing.assert_close(merged(x, x)[0], grown, rtol=1e-5, atol=1e-5)
 
 
-def test_peft_carries_trained_token_rows_and_gives_our_logits(tmp_path: Path) -> None:
-    """A chat run's new rows (ids 46..49, added to a 46-token base) reach PEFT as trainable_token_indices: on the
-    base with those rows at their starting values, PEFT gives the logits of our adapted model, markers included."""
+def test_an_untied_head_trains_its_own_new_rows_and_merges_untied() -> None:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY, tie_embeddings=False))
+    x = torch.tensor([[1, 47, 3, 49, 48, 2]])  # ids 46..49 stand for tokens a chat template added
+    before = model(x, x)[0]
+    add_lora(model, LoraConfig(rank=2), first_new_row=46)
+    torch.testing.assert_close(model(x, x)[0], before)
+    trainable = {name for name, param in model.named_parameters() if param.requires_grad}
+    assert {"transformer.wte.extra", "lm_head.extra"} <= trainable
+    with torch.no_grad():
+        model.get_parameter("transformer.wte.extra").add_(0.5)
+        model.get_parameter("lm_head.extra").sub_(0.5)
+    grown = model(x, x)[0]
+    merged = merge_lora(model)
+    assert merged.transformer.wte.weight is not merged.lm_head.weight
+    assert not torch.equal(merged.transformer.wte.weight[46:], merged.lm_head.weight[46:])
+    torch.testing.assert_close(merged(x, x)[0], grown, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied head", "untied head"])
+def test_peft_carries_trained_token_rows_and_gives_our_logits(tmp_path: Path, tied: bool) -> None:
+    """A chat run's new rows (ids 46..49, added to a 46-token base) reach PEFT as trainable_token_indices (an
+    untied head's rows too): on the base with those rows at their starting values, PEFT gives the logits of our
+    adapted model, markers included."""
     peft = pytest.importorskip("peft")
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**{**TINY, "vocab_size": 46}))
+    model = GPT(GPTConfig(**{**TINY, "vocab_size": 46}, tie_embeddings=tied))
     model.grow_vocabulary(50)
     write_hf(model, tmp_path / "base")  # the base as the run starts it: the new rows at the mean row
     config = LoraConfig(rank=4, alpha=8.0, targets="all")
     add_lora(model, config, first_new_row=46)
     randomise_adapters(model)
+    generator = torch.Generator().manual_seed(3)
     with torch.no_grad():
-        model.get_parameter("transformer.wte.extra").copy_(
-            torch.randn(4, 32, generator=torch.Generator().manual_seed(3))
-        )
+        for name, param in model.named_parameters():
+            if name.endswith(".extra"):
+                param.copy_(torch.randn(4, 32, generator=generator))
     write_peft_adapter(tmp_path / "adapter", adapter_state(model), config, str(tmp_path / "base"), first_new_row=46)
     base = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "base")
     theirs = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
