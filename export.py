@@ -6,7 +6,8 @@ python export.py --init_from=gpt2 --format=gguf --outtype=q8_0 --export_dir=gpt2
 python export.py --out_dir=out-lora --format=merged --export_dir=out-merged   # a LoRA run as a plain checkpoint
 python export.py --out_dir=out-lora --format=peft --export_dir=adapter-peft   # its adapters for Hugging Face PEFT
 
-The model leaves as GPT-2 (see gptkit/weights/export_common.py for what converts and what is refused).
+The model leaves as the class that computes it exactly: GPT-2, Llama, Qwen2, Qwen3 or nanochat (see
+gptkit/weights/hf.py export_architecture and gptkit/weights/export_common.py for what converts and what is refused).
 """
 
 from __future__ import annotations

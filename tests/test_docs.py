@@ -199,3 +199,59 @@ def test_every_documented_command_line_has_valid_settings(script: str, monkeypat
         except UserError as exc:
             refused.append(f"{page}: {' '.join(args)}: {exc}")
     assert not refused, "\n".join(refused)
+
+
+# ----------------------------------------------------------------------------- names the text promises exist
+
+DOTTED_NAME = re.compile(r"\bgptkit(?:\.[A-Za-z_]\w*)+")
+PACKAGE_PATH = re.compile(r"\bgptkit(?:/[\w.]+)+")
+MAKE_TARGET = re.compile(r"`make ([\w-]+)`|^\s*make ([\w-]+)\b|\bmake ([\w-]+) (?:runs|does|builds|installs)", re.M)
+
+
+def texts_that_name_things() -> list[tuple[Path, str]]:
+    """Every doc page and every source file of the product and the benchmarks (C++ too), with its text."""
+    files = [*DOCS, *code_files(), *sorted((ROOT / "gptkit").rglob("*.cpp")), ROOT / "Makefile"]
+    return [(path, path.read_text(encoding="utf-8")) for path in files]
+
+
+def resolves(dotted: str) -> bool:
+    """Whether `dotted` names a module of the package, or an attribute (at any depth) of one."""
+    import importlib
+
+    parts = dotted.rstrip(".").split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            thing = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attribute in parts[cut:]:
+            if not hasattr(thing, attribute):
+                return False
+            thing = getattr(thing, attribute)
+        return True
+    return False
+
+
+def test_every_gptkit_name_and_path_the_text_mentions_exists() -> None:
+    missing = []
+    for path, text in texts_that_name_things():
+        for name in sorted(set(DOTTED_NAME.findall(text))):
+            if not resolves(name):
+                missing.append(f"{path.relative_to(ROOT)}: {name}")
+        for name in sorted(set(PACKAGE_PATH.findall(text))):
+            if not (ROOT / name.rstrip(".")).exists() and not (ROOT / f"{name.rstrip('.')}.py").exists():
+                missing.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not missing, missing
+
+
+def test_every_make_target_the_text_mentions_exists() -> None:
+    targets = set(re.findall(r"^([\w.$()/-]+):", (ROOT / "Makefile").read_text(), re.M))
+    mentioned = {
+        (path.relative_to(ROOT), name)
+        for path, text in texts_that_name_things()
+        for match in MAKE_TARGET.finditer(text)
+        for name in match.groups()
+        if name
+    }
+    assert {name for _, name in mentioned} >= {"demo", "test", "test-fast"}  # the check sees the README's commands
+    assert not [(str(path), name) for path, name in mentioned if name not in targets], sorted(mentioned)

@@ -46,9 +46,6 @@ def policy_from_settings(retries: int, read_timeout: float) -> DownloadPolicy:
     return DownloadPolicy(retries=retries, read_timeout=read_timeout)
 
 
-_BAD_URL_ERRORS = (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema)
-
-
 class _RetryableError(Exception):
     """A failure worth another attempt: a dropped connection, a timeout, a 5xx answer."""
 

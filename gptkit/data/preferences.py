@@ -138,15 +138,6 @@ def open_pairs(data_dir: Any, split: str, meta: dict | None = None) -> Conversat
     return split_data
 
 
-@dataclass(frozen=True)
-class PairBatch:
-    """`pairs` preference pairs as one batch of rows: x, y (2 * pairs, T), the chosen rows first, then the
-    rejected ones in the same order; y is -1 wherever nothing is scored (prompt, markers, padding)."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-
-
 class PairBatches:
     """Batches of preference pairs, with the interface of loader.BatchSampler (`batch(index)`, `position`,
     state_dict): batch i holds pair slots i*B ... i*B+B-1 of the epochs laid end to end, each epoch the pairs in an

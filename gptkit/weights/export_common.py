@@ -1,14 +1,14 @@
-"""What every export format shares: the model as GPT-2 tensors, the tokenizer as a vocabulary with merges, the chat
-template as Jinja, and writing a new output directory.
+"""What every export format shares: the model as GPT-2 tensors where GPT-2 computes it, the tokenizer as a
+vocabulary with merges, the chat template as Jinja, and writing a new output directory.
 
-GPT-2 is the one architecture that transformers, vLLM, TGI and llama.cpp all run, so a model leaves the toolkit as
-GPT-2: learned positions, LayerNorm with biases, GELU, one fused QKV projection, a head tied or not. What GPT-2 can
-express exactly is converted (no biases become zero biases, fixed sinusoidal positions become a learned table with
-the same values); anything else is refused with a line naming the setting.
+A model leaves the toolkit as the class that computes it exactly: GPT-2 (learned positions, LayerNorm with biases,
+GELU, one fused QKV projection, a head tied or not), or else one of the Llama family (Llama, Qwen2, Qwen3,
+nanochat: gptkit.weights.hf.export_architecture). What GPT-2 can express exactly is converted here (no biases become
+zero biases, fixed sinusoidal positions become a learned table with the same values); anything that no class
+computes is refused with a line naming the setting.
 
 A base model plus an adapter would be merged into plain weights before it reaches these functions: the writers only
-ever see a GPT and its tokenizer.
-"""
+ever see a GPT and its tokenizer."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@
 //
 // Weights are float32, bfloat16 or int8 (W); activations, norms, attention and logits are computed in float32. The
 // inputs of each float32 or bfloat16 product are rounded to W (bfloat16 products multiply bfloat16 pairs, as
-// PyTorch's do); int8 weights (gptkit.quantization's: one float scale per row) meet each float32 input rounded to
+// PyTorch's do); int8 weights (gptkit.weights.quantization's: one float scale per row) meet each float32 input rounded to
 // 16-bit integers with one scale (ProductInput<int8_t>), finer than bfloat16, and multiply in integer lanes.
 
 #include <ATen/Parallel.h>
@@ -763,7 +763,7 @@ std::vector<std::pair<float, int64_t>> merged(const std::vector<Largest>& per_th
   return all;
 }
 
-// One draw from softmax(scaled) by inverse transform, as gptkit.sampling.draw makes it: the first column whose
+// One draw from softmax(scaled) by inverse transform, as gptkit.infer.next_token.draw makes it: the first column whose
 // cumulative sum exceeds uniform * total, and never one past the last column with a positive probability.
 int64_t draw(const std::vector<float>& scaled, double uniform) {
   const float largest = *std::max_element(scaled.begin(), scaled.end());
@@ -1282,7 +1282,7 @@ void step_rows(const Model<W>& m, const std::vector<int64_t>& tokens, const std:
 
 // The next token from the logits: greedy (temperature 0: the first largest), else a draw with `uniform` from the
 // softmax of logits / temperature over the top_k largest (top_k 0: over the whole vocabulary), as
-// gptkit.sampling.sample_next_token chooses it.
+// gptkit.infer.next_token.sample_next_token chooses it.
 int64_t choose(const float* logits, int64_t vocab, const std::vector<Largest>& per_thread, int64_t keep,
                double temperature, double uniform) {
   if (temperature == 0.0) return merged(per_thread, 1).front().second;
