@@ -214,7 +214,7 @@ def texts_that_name_things() -> list[tuple[Path, str]]:
     return [(path, path.read_text(encoding="utf-8")) for path in files]
 
 
-def resolves(dotted: str) -> bool:
+def names_something(dotted: str) -> bool:
     """Whether `dotted` names a module of the package, or an attribute (at any depth) of one."""
     import importlib
 
@@ -236,7 +236,7 @@ def test_every_gptkit_name_and_path_the_text_mentions_exists() -> None:
     missing = []
     for path, text in texts_that_name_things():
         for name in sorted(set(DOTTED_NAME.findall(text))):
-            if not resolves(name):
+            if not names_something(name):
                 missing.append(f"{path.relative_to(ROOT)}: {name}")
         for name in sorted(set(PACKAGE_PATH.findall(text))):
             if not (ROOT / name.rstrip(".")).exists() and not (ROOT / f"{name.rstrip('.')}.py").exists():
