@@ -11,15 +11,16 @@ has the figures.
 
 What it serves: every architecture model.py builds, in float32 or bfloat16 weights on the CPU, or int8 ones
 (gptkit.weights.quantization's Int8Linear: one scale per row; each product's float32 input is rounded to 16-bit
-integers with one scale, so that the products run in integer lanes), or int4 ones (Int4Linear, GGUF's Q4_1: codes
-widened to float32 lanes and multiplied by the float32 inputs themselves, in panels of rows: int4_panels): learned, sinusoidal or rotary positions (the
-model's own cos and sin tables, so a rope_scaling is exact); LayerNorm or RMSNorm, with or without a weight or bias;
-the GELU (tanh or exact), squared-ReLU or SwiGLU MLP; multi-head or grouped-query attention, heads of any width;
-QK-norm with or without a weight; a Q, K, V bias of its own; a norm of the embeddings and soft-capped logits
-(nanochat); a tied or separate head (native_problem says why a model does not fit). The engine runs every step with
-it: one row (NativeStep.__call__), or several rows of any lengths in one call (NativeStep.step_rows: each weight
-read from memory once a step, whatever the rows: one pass over each panel of float32 weights multiplies up to 12
-rows with AVX-512, 6 with AVX2, and the passes for more rows read the panel from the cache);
+integers with one scale, so that the products run in integer lanes), or int4 ones (Int4Linear, GGUF's Q4_1: the
+codes widened to float32 lanes in registers and multiplied by the float32 inputs themselves, in panels of rows:
+int4_panels): learned, sinusoidal or rotary positions (the model's own cos and sin tables, so a rope_scaling is
+exact); LayerNorm or RMSNorm, with or without a weight or bias; the GELU (tanh or exact), squared-ReLU or SwiGLU MLP;
+multi-head or grouped-query attention, heads of any width; QK-norm with or without a weight; a Q, K, V bias of its
+own; a norm of the embeddings and soft-capped logits (nanochat); a tied or separate head (native_problem says why a
+model does not fit). The engine runs every step with it: one row (NativeStep.__call__), or several rows of any
+lengths in one call (NativeStep.step_rows: each weight read from memory once a step, whatever the rows: one pass over
+each panel of float32 or int4 weights multiplies up to 12 rows with AVX-512, 6 (int4: 4) with AVX2, and the passes for
+more rows read the panel from the cache);
 it fills prompts with the native prefill (NativeStep.prefill: the prompts of the requests admitted together, of one
 length, in one pass) up to PREFILL_LIMITS' tokens in all.
 
@@ -177,8 +178,8 @@ def norm_vectors(norm: nn.Module, width: int) -> list[torch.Tensor | None]:
 
 
 def layer_tensors(block: nn.Module) -> tuple[list[nn.Module], list[torch.Tensor | None]]:
-    """One block's products (Linear, Int8Linear or Int4Linear) and vectors in the order decode_step.cpp reads them (its Shapes;
-    None: a bias the model lacks)."""
+    """One block's products (Linear, Int8Linear or Int4Linear) and vectors in the order decode_step.cpp reads them
+    (its Shapes; None: a bias the model lacks)."""
     attn, mlp = block.attn, block.mlp
     products = [attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj]
     head_norms = [getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)]  # QK-norm's, else ones (unread)

@@ -1,7 +1,7 @@
-"""gptkit/weights/quantization.py: int8 weights keep a trained model's whole-split val loss within 1% of float32, the same
-greedy text, and refuse what they cannot do; sample.py --quantize=int8 end to end. int4 weights are GGUF's Q4_1
-(gguf-py's quantizer and a float64 reimplementation), hold Q4_0 exactly, and run in sample.py --quantize=int4. Also the
-other way to read fewer bytes per token, the compiled step under bfloat16 autocast (sample.py --decode=compiled
+"""gptkit/weights/quantization.py: int8 weights keep a trained model's whole-split val loss within 1% of float32, the
+same greedy text, and refuse what they cannot do; sample.py --quantize=int8 end to end. int4 weights are GGUF's Q4_1
+(gguf-py's quantizer and a float64 reimplementation), hold Q4_0 exactly, and run in sample.py --quantize=int4. Also
+the other way to read fewer bytes per token, the compiled step under bfloat16 autocast (sample.py --decode=compiled
 --dtype=bfloat16)."""
 
 from __future__ import annotations

@@ -547,7 +547,8 @@ constexpr int64_t INT4_AHEAD = 4096;
 
 #if defined(GPTKIT_VECTORS)
 // The most inputs one pass over an int4 panel multiplies: two sums in registers for each (the group's and the
-// panel's), besides the codes, a column and an input value (AVX-512: 24 of 32 registers; AVX2: 8 of 16).
+// panel's), besides a word of codes, a column of them and an input value (AVX-512: 24 of 32 registers; AVX2: 8 of
+// 16).
 #if defined(__AVX512F__)
 constexpr int64_t INT4_TOKENS = 12;
 using CodeWord = __m512i;
@@ -569,22 +570,26 @@ inline Vec int4_codes(CodeWord word, int64_t k) {
   if (k == 7) return _mm256_cvtepi32_ps(_mm256_srli_epi32(word, 28));
   return _mm256_cvtepi32_ps(_mm256_and_si256(word, _mm256_set1_epi32(15 << (4 * k))));
 }
-inline Vec load_halves(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline Vec load_halves(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 #endif
 
 // Asks the L2 cache for the lines of the int4 record at `at`.
 inline void prefetch_record(const uint8_t* at) {
-  for (int64_t line = 0; line < INT4_RECORD; line += 64) _mm_prefetch(reinterpret_cast<const char*>(at + line), _MM_HINT_T1);
+  const char* lines = reinterpret_cast<const char*>(at);
+  for (int64_t line = 0; line < INT4_RECORD; line += 64) _mm_prefetch(lines + line, _MM_HINT_T1);
 }
 
 // out[t * INT4_PANEL + r] = row r of an int4 panel (`groups` records from `panel`) times input t (xs[t]: its values
 // as ProductInput<Int4> spreads them, sums[t]: its group sums), for t < T. Per group, each column's codes meet the
 // inputs' values in float32 sums of their own (with few inputs the columns take turns among SPLIT sets of them, so
-// that 8 or more independent sums hide the FMA's latency), which then take the group's scale and minimum.
+// that 4 or more independent sums hide the FMA's latency: each FMA waits on its codes' mask and conversion too),
+// which then take the group's scale and minimum.
 template <int64_t T>
 void int4_panel_dots(const uint8_t* panel, int64_t groups, const float* const* xs, const float* const* sums,
                      float* out, RecordPrefetch prefetch) {
-  constexpr int64_t SPLIT = T >= 8 ? 1 : 8 / T;
+  constexpr int64_t SPLIT = T == 1 ? 4 : T < 4 ? 2 : 1;
   Vec totals[T];
 #pragma GCC unroll 12
   for (int64_t t = 0; t < T; ++t) totals[t] = splat(0.0f);
@@ -632,6 +637,7 @@ void int4_panel_dots_for(std::integer_sequence<int64_t, T...>, int64_t count, co
   ((count == T + 1 ? int4_panel_dots<T + 1>(panel, groups, xs, sums, out, prefetch) : void()), ...);
 }
 
+// One pass over an int4 panel for `count` (1 to INT4_TOKENS) inputs: int4_panel_dots.
 void int4_panel_pass(const uint8_t* panel, int64_t groups, const float* const* xs, const float* const* sums,
                      int64_t count, float* out, RecordPrefetch prefetch) {
   int4_panel_dots_for(std::make_integer_sequence<int64_t, INT4_TOKENS>{}, count, panel, groups, xs, sums, out,
