@@ -35,8 +35,8 @@ class Decoding:
         "auto",
         "auto: the fastest backend for the device, weights and batch (CPU: the native step, else oneDNN for "
         "several rows; CUDA: CUDA graphs) | eager: plain PyTorch | compiled: torch.compile (the first step compiles, "
-        "about a minute) | native: one C++ call a step, of one row or several (CPU; float32, bfloat16 or int8; built "
-        "at set-up: python -m gptkit.infer.native --build)",
+        "about a minute) | native: one C++ call a step, of one row or several (CPU; float32, bfloat16, int8 or int4; "
+        "built at set-up: python -m gptkit.infer.native --build)",
         choices=DECODE_CHOICES,
     )
 
@@ -52,9 +52,9 @@ class Plan:
 
 
 def auto_plan(device_type: str, compute: str, slots: int, native_ready: bool, onednn_ready: bool) -> Plan:
-    """auto's rules. compute: the products' dtype (float32, bfloat16, float16, or int8 for int8 weights); slots: rows
-    the engine decodes at once; native_ready: the native step is built and serves this model; onednn_ready: oneDNN's
-    direct linear exists here (x86).
+    """auto's rules. compute: the products' dtype (float32, bfloat16, float16, or int8 or int4 for such weights);
+    slots: rows the engine decodes at once; native_ready: the native step is built and serves this model;
+    onednn_ready: oneDNN's direct linear exists here (x86).
 
     - CUDA: CUDA graphs (one launch a step instead of some 150 small kernel launches).
     - CPU: the native step, one row or several (near the memory-read bound at one row on every CPU measured; with
@@ -74,8 +74,10 @@ def auto_plan(device_type: str, compute: str, slots: int, native_ready: bool, on
 
 
 def compute_name(model: nn.Module, dtype: torch.dtype) -> str:
-    """The products' dtype as auto_plan names it: int8 for int8 weights, else the dtype they compute in."""
-    return "int8" if native.int8_weights(model) else str(dtype).removeprefix("torch.")
+    """The products' dtype as auto_plan names it: int8 or int4 for such weights, else the dtype they compute in."""
+    if native.int8_weights(model):
+        return "int8"
+    return "int4" if native.int4_weights(model) else str(dtype).removeprefix("torch.")
 
 
 def plan_for(decode: str, model: nn.Module, slots: int, dtype: torch.dtype) -> Plan:

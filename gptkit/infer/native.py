@@ -11,14 +11,16 @@ has the figures.
 
 What it serves: every architecture model.py builds, in float32 or bfloat16 weights on the CPU, or int8 ones
 (gptkit.weights.quantization's Int8Linear: one scale per row; each product's float32 input is rounded to 16-bit
-integers with one scale, so that the products run in integer lanes): learned, sinusoidal or rotary positions (the
-model's own cos and sin tables, so a rope_scaling is exact); LayerNorm or RMSNorm, with or without a weight or bias;
-the GELU (tanh or exact), squared-ReLU or SwiGLU MLP; multi-head or grouped-query attention, heads of any width;
-QK-norm with or without a weight; a Q, K, V bias of its own; a norm of the embeddings and soft-capped logits
-(nanochat); a tied or separate head (native_problem says why a model does not fit). The engine runs every step with
-it: one row (NativeStep.__call__), or several rows of any lengths in one call (NativeStep.step_rows: each weight
-read from memory once a step, whatever the rows: one pass over each panel of float32 weights multiplies up to 12
-rows with AVX-512, 6 with AVX2, and the passes for more rows read the panel from the cache);
+integers with one scale, so that the products run in integer lanes), or int4 ones (Int4Linear, GGUF's Q4_1: the
+codes widened to float32 lanes in registers and multiplied by the float32 inputs themselves, in panels of rows:
+int4_panels): learned, sinusoidal or rotary positions (the model's own cos and sin tables, so a rope_scaling is
+exact); LayerNorm or RMSNorm, with or without a weight or bias; the GELU (tanh or exact), squared-ReLU or SwiGLU MLP;
+multi-head or grouped-query attention, heads of any width; QK-norm with or without a weight; a Q, K, V bias of its
+own; a norm of the embeddings and soft-capped logits (nanochat); a tied or separate head (native_problem says why a
+model does not fit). The engine runs every step with it: one row (NativeStep.__call__), or several rows of any
+lengths in one call (NativeStep.step_rows: each weight read from memory once a step, whatever the rows: one pass over
+each panel of float32 or int4 weights multiplies up to 12 rows with AVX-512, 6 (int4: 4) with AVX2, and the passes for
+more rows read the panel from the cache);
 it fills prompts with the native prefill (NativeStep.prefill: the prompts of the requests admitted together, of one
 length, in one pass) up to PREFILL_LIMITS' tokens in all.
 
@@ -48,14 +50,14 @@ import shutil
 import sys
 import sysconfig
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
 from gptkit.core.errors import UserError
-from gptkit.weights.quantization import Int8Linear
+from gptkit.weights.quantization import GROUP, Int4Linear, Int8Linear
 
 SOURCE = Path(__file__).parent / "csrc" / "decode_step.cpp"
 MODULE = "gptkit_decode_step"  # the extension's name: its build is MODULE.so
@@ -76,11 +78,14 @@ def native_problem(model: nn.Module, dtype: torch.dtype) -> str | None:
     if dtype not in (torch.float32, torch.bfloat16):
         return f"the native step computes in float32 or bfloat16, not {str(dtype).removeprefix('torch.')}"
     products = 4 * config.n_layer + 1
-    int8_layers = sum(isinstance(m, Int8Linear) for m in model.modules())
-    if int8_layers == products:
-        return None if dtype == torch.float32 else "the native step's int8 products compute in float32 only"
-    if int8_layers or sum(isinstance(m, nn.Linear) for m in model.modules()) != products:
-        return "the native step needs every product to be a plain Linear layer, or every one int8 (--quantize=int8)"
+    for kind, layer in (("int8", Int8Linear), ("int4", Int4Linear)):
+        if sum(isinstance(m, layer) for m in model.modules()) == products:
+            return None if dtype == torch.float32 else f"the native step's {kind} products compute in float32 only"
+    if sum(isinstance(m, nn.Linear) for m in model.modules()) != products:
+        return (
+            "the native step needs every product to be a plain Linear layer, or every one int8 (--quantize=int8), "
+            "or every one int4 (--quantize=int4)"
+        )
     return None
 
 
@@ -126,6 +131,11 @@ def built_in(directory: Path) -> bool:
 def int8_weights(model: nn.Module) -> bool:
     """Whether `model`'s products have int8 weights (gptkit.weights.quantization's Int8Linear)."""
     return any(isinstance(m, Int8Linear) for m in model.modules())
+
+
+def int4_weights(model: nn.Module) -> bool:
+    """Whether `model`'s products have int4 weights (gptkit.weights.quantization's Int4Linear)."""
+    return any(isinstance(m, Int4Linear) for m in model.modules())
 
 
 def is_built(source: Path = SOURCE) -> bool:
@@ -224,8 +234,8 @@ def norm_vectors(norm: nn.Module, width: int) -> list[torch.Tensor | None]:
 
 
 def layer_tensors(block: nn.Module) -> tuple[list[nn.Module], list[torch.Tensor | None]]:
-    """One block's products (Linear or Int8Linear) and vectors in the order decode_step.cpp reads them (its Shapes;
-    None: a bias the model lacks)."""
+    """One block's products (Linear, Int8Linear or Int4Linear) and vectors in the order decode_step.cpp reads them
+    (its Shapes; None: a bias the model lacks)."""
     attn, mlp = block.attn, block.mlp
     products = [attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj]
     head_norms = [getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)]  # QK-norm's, else ones (unread)
@@ -294,13 +304,42 @@ def copy_in_blocks(destination: torch.Tensor, matrix: torch.Tensor, block_rows: 
             place.copy_(matrix[first:last].reshape(blocks, height, columns // chunk, chunk))
 
 
+def int4_panel_bytes(product: Int4Linear, panel_rows: int) -> int:
+    """The bytes int4_panels makes of `product`."""
+    panels, groups = -(-product.out_features // panel_rows), product.scale.shape[1]
+    return panels * groups * panel_rows * (GROUP // 2 + 4)
+
+
+def int4_panels(product: Int4Linear, panel_rows: int) -> torch.Tensor:
+    """An int4 product's weights (uint8, 1-D) as decode_step.cpp reads them (its Int4 panels): panels of `panel_rows`
+    rows (the last filled up with rows of zeros), each a record per group: the codes of the group's 32 columns, word
+    w (4 bytes) of row r at (w * panel_rows + r) * 4 holding the code of column 8w + k in its bits 4k .. 4k + 3, then
+    the rows' float16 scales, then their minimums."""
+    codes, scale, minimum = product.codes(), product.scale, product.minimum
+    rows, groups = scale.shape
+    panels = -(-rows // panel_rows)
+
+    def whole_panels(tensor: torch.Tensor) -> torch.Tensor:
+        filler = tensor.new_zeros(panels * panel_rows - rows, *tensor.shape[1:])
+        return torch.cat((tensor, filler)).view(panels, panel_rows, *tensor.shape[1:])
+
+    # (panel, row, group, word, byte, nibble): byte b of a word (little-endian) holds the codes of places 2b and 2b + 1
+    nibbles = whole_panels(codes).view(panels, panel_rows, groups, 4, 4, 2)
+    words = (nibbles[..., 0] | (nibbles[..., 1] << 4)).permute(0, 2, 3, 1, 4)  # (panel, group, word, row, byte)
+    by_group = [words.reshape(panels, groups, -1)]
+    for halves in (scale, minimum):  # (panel, group, row) float16, as bytes
+        by_group.append(whole_panels(halves).transpose(1, 2).contiguous().view(torch.uint8))
+    return torch.cat(by_group, dim=2).reshape(-1)
+
+
 def packed(
-    tensors: Sequence[torch.Tensor | None], sizes: Sequence[int], dtype: torch.dtype, blocks: Sequence[int] = ()
+    tensors: Iterable[torch.Tensor | None], sizes: Sequence[int], dtype: torch.dtype, blocks: Sequence[int] = ()
 ) -> torch.Tensor:
     """One contiguous buffer (on huge pages where it is large enough) holding `tensors` back to back, each flattened
     from its logical (row-major) order, or matrices in blocks of (rows, chunk) (copy_in_blocks) where `blocks` says
     so, then a block's rows of zeros (decode_step.cpp reads a last block of fewer rows a whole block's column at a
-    time); None stands for `size` zeros (a missing bias)."""
+    time); None stands for `size` zeros (a missing bias). `tensors` are taken one at a time (int4 panels are made as
+    they are copied)."""
     buffer = huge_page_zeros(sum(sizes) + (blocks[0] if blocks else 0), dtype)
     start = 0
     for tensor, size in zip(tensors, sizes):
@@ -317,8 +356,9 @@ def packed(
 # ones) pass the native pass's products as prompts grow. bfloat16 prompts of any length: PyTorch's
 # eager bfloat16 products were 2-4x slower than its float32 ones on a CPU without bfloat16 instructions. Measured on
 # a Zen 3 EPYC (docs/benchmarks.md); float32 in AVX-512's 32-row panels on a Xeon, where the native pass was the
-# faster up to 256 tokens (PREFILL_LIMITS_AVX512).
-PREFILL_LIMITS = {"float32": 64, "bfloat16": None, "int8": 32}
+# faster up to 256 tokens (PREFILL_LIMITS_AVX512). int4 prompts of any length: the eager pass dequantizes every
+# weight at each call.
+PREFILL_LIMITS = {"float32": 64, "bfloat16": None, "int8": 32, "int4": None}
 PREFILL_LIMITS_AVX512 = {**PREFILL_LIMITS, "float32": 256}
 
 # Each model's steps by dtype; a model that is garbage collected takes its packed weights with it.
@@ -345,20 +385,28 @@ class NativeStep:
         C = config.n_embd
         vectors += norm_vectors(transformer.ln_f, C)
         vectors += norm_vectors(transformer.ln_emb, C) if config.embed_norm else [torch.ones(C), None]
-        matrices, scales = zip(*map(weight_and_scale, products))
-        self.int8 = scales[0] is not None
-        # float32 matrices in the panels decode_step.cpp reads (float32_blocks; none in a build without vectors)
-        blocks = [] if self.int8 or dtype != torch.float32 else extension().float32_blocks()
-        self.panel_rows = blocks[0] if blocks else 0  # 32 with AVX-512, 16 with AVX2
-        self.matrices = packed(matrices, [m.numel() for m in matrices], torch.int8 if self.int8 else dtype, blocks)
-        self.scales = packed(scales, [m.shape[0] for m in matrices], torch.float32) if self.int8 else torch.empty(0)
+        # the products' weights: int8, int4, or the compute dtype's
+        self.weights = (
+            "int8" if int8_weights(model) else "int4" if int4_weights(model) else str(dtype).removeprefix("torch.")
+        )
+        self.panel_rows = 0  # float32 matrices' panels: 32 rows with AVX-512, 16 with AVX2 (none without vectors)
+        if self.weights == "int4":
+            self.matrices, self.scales = self._int4_matrices(products), torch.empty(0)
+        else:
+            matrices, scales = zip(*map(weight_and_scale, products))
+            int8 = self.weights == "int8"
+            # float32 matrices in the panels decode_step.cpp reads (float32_blocks; none in a build without vectors)
+            blocks = [] if int8 or dtype != torch.float32 else extension().float32_blocks()
+            self.panel_rows = blocks[0] if blocks else 0
+            self.matrices = packed(matrices, [m.numel() for m in matrices], torch.int8 if int8 else dtype, blocks)
+            self.scales = packed(scales, [m.shape[0] for m in matrices], torch.float32) if int8 else torch.empty(0)
         self.vectors = packed(vectors, vector_sizes(config), torch.float32)
-        head = matrices[-1]
-        tied = transformer.wte.weight is head  # an int8 head has a weight of its own (quantize_int8 unties it)
-        # a tied head's rows are the token embeddings, unless panels interleave them: then the model's own table
+        # a tied head's rows are the token embeddings, unless panels interleave them: then the model's own table (an
+        # int8 or int4 head has weights of its own: the quantizers untie it)
+        head = getattr(model.lm_head, "weight", None)
         self.embedding = (
             self.matrices[-head.numel() :].view_as(head)
-            if tied and not blocks
+            if transformer.wte.weight is head and not self.panel_rows
             else transformer.wte.weight.detach().to(dtype).contiguous()
         )
         self.positions = self._position_table(model)
@@ -375,6 +423,14 @@ class NativeStep:
         self.kernel = extension().decode_step
         self.rows_kernel = extension().decode_rows
         self.prefill_kernel = extension().prefill
+
+    @staticmethod
+    def _int4_matrices(products: Sequence[Int4Linear]) -> torch.Tensor:
+        """The int4 products' weights in decode_step.cpp's panels (int4_panels), back to back, each made as it is
+        copied (never every product's panels at once besides the buffer)."""
+        rows = extension().int4_panel_rows()
+        sizes = [int4_panel_bytes(product, rows) for product in products]
+        return packed((int4_panels(product, rows) for product in products), sizes, torch.uint8)
 
     @staticmethod
     def _position_table(model: nn.Module) -> torch.Tensor:
@@ -477,7 +533,7 @@ class NativeStep:
     def prefill_limit(self) -> int | None:
         """The most tokens in all the engine fills with prefill at once (PREFILL_LIMITS; None: any number)."""
         limits = PREFILL_LIMITS_AVX512 if self.panel_rows == 32 else PREFILL_LIMITS
-        return limits["int8" if self.int8 else str(self.dtype).removeprefix("torch.")]
+        return limits[self.weights]
 
     def prefills(self, tokens: int) -> bool:
         """Whether the engine fills prompts of `tokens` tokens in all with prefill rather than eagerly."""

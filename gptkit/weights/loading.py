@@ -138,7 +138,10 @@ class ModelSource(ModelLocation):
     its weights are stored."""
 
     quantize: str = setting(
-        "none", "none, or int8: int8 weights for CPU decoding (float32 compute)", choices=QUANTIZE_CHOICES
+        "none",
+        "none; int8: int8 weights for CPU decoding (float32 compute); int4: 4-bit weights in groups of 32 with a "
+        "scale and minimum each (GGUF's Q4_1), for CPU decoding (float32 compute in the native step)",
+        choices=QUANTIZE_CHOICES,
     )
     block_size: int | None = setting(
         None,
@@ -149,8 +152,8 @@ class ModelSource(ModelLocation):
 
 
 def load_for_inference(source: ModelSource, device: torch.device, dtype: torch.dtype) -> tuple[GPT, Tokenizer]:
-    """The model of `source` on `device` (eval mode, int8 weights when source.quantize says so) and its tokenizer.
-    `dtype` is the compute dtype the script will run under (int8 needs float32)."""
+    """The model of `source` on `device` (eval mode, int8 or int4 weights when source.quantize says so) and its
+    tokenizer. `dtype` is the compute dtype the script will run under (int8 needs float32)."""
     model, tokenizer = load_model_and_tokenizer(source.init_from, source.out_dir, source.checkpoint, source.data_dir)
     if source.block_size is not None and source.block_size < model.config.block_size:
         model.crop_block_size(source.block_size)

@@ -1,8 +1,8 @@
-"""int8 weight-only quantization for CPU decoding: a quarter of float32's weight bytes to read per generated token.
+"""Weight-only quantization for CPU decoding: fewer weight bytes to read per generated token.
 
-Every nn.Linear (the output head included) becomes an Int8Linear: its weight stored as int8 with one scale per
-output row (symmetric, so no zero point), the activations left in floating point. Both of its kernels are
-PyTorch's own:
+int8 (a quarter of float32's bytes): every nn.Linear (the output head included) becomes an Int8Linear, its weight
+stored as int8 with one scale per output row (symmetric, so no zero point), the activations left in floating point.
+Both of its kernels are PyTorch's own:
 - eager: the x86/fbgemm dynamic int8 product (torch.ops.quantized.linear_dynamic), the fastest eager kernel on
   the machines measured;
 - under torch.compile (gptkit.infer.compiled): aten._weight_int8pack_mm, which inductor lowers to its C++
@@ -11,6 +11,12 @@ PyTorch's own:
   docs/benchmarks.md has the figures.
 The native step (gptkit.infer.native, --decode=native) reads the same int8 weights and scales with kernels of its
 own (each product's input rounded to 16-bit integers). The embeddings stay float32: a lookup reads one row.
+
+int4 (5 bits a weight, about a sixth of float32's bytes): every nn.Linear becomes an Int4Linear, its weight stored
+as GGUF's Q4_1 stores it: groups of 32 weights along a row, each group 32 codes of 4 bits with a float16 scale and
+minimum (weight = scale * code + minimum; Q4_0's blocks are minimum = -8 * scale). Its forward pass dequantizes the
+weight and multiplies in the input's dtype, on any device: the reference the native step's int4 products (float32
+inputs, gptkit.infer.native) are tested against.
 """
 
 from __future__ import annotations
@@ -19,12 +25,16 @@ import warnings
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from gptkit.core.errors import UserError
 
-QUANTIZE_CHOICES = ("none", "int8")
+QUANTIZE_CHOICES = ("none", "int8", "int4")
 INT8_MAX = 127  # symmetric range [-127, 127]: a row's largest |weight| maps to about 127
+GROUP = 32  # int4 weights per scale and minimum (GGUF's Q4_0 and Q4_1 blocks)
+INT4_MAX = 15  # int4 codes are 0 .. 15
+ROWS_AT_ONCE = 4096  # rows quantized together (bounds the temporary float32 copies of a large head)
 
 
 class Int8Linear(nn.Module):
@@ -77,6 +87,85 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+class Int4Linear(nn.Module):
+    """y = x Wᵀ + b with W stored in groups of GROUP weights along each row, as GGUF's Q4_1 blocks store them:
+    `weight_int4` (out, groups, 16) uint8, byte j of a group holding the code of its weight j in the low 4 bits and
+    of weight j + 16 in the high ones; `scale` and `minimum` (out, groups) float16; weight = scale * code + minimum.
+    A row whose width is not a whole number of groups ends in a group of fewer weights (its codes past the row's end
+    unused).
+
+    For inference only. Made from an nn.Linear by `from_linear`; a Q4_0 block (scale d, weight = d * (code - 8)) is
+    held exactly as scale d and minimum -8 d.
+    """
+
+    def __init__(
+        self,
+        weight_int4: torch.Tensor,
+        scale: torch.Tensor,
+        minimum: torch.Tensor,
+        in_features: int,
+        bias: torch.Tensor | None,
+    ) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight_int4.shape[0], in_features
+        if weight_int4.shape[1:] != (-(-in_features // GROUP), GROUP // 2) or scale.shape != weight_int4.shape[:2]:
+            raise ValueError(
+                f"int4 codes {tuple(weight_int4.shape)} and scales {tuple(scale.shape)} for {in_features} inputs"
+            )
+        self.register_buffer("weight_int4", weight_int4)
+        self.register_buffer("scale", scale)
+        self.register_buffer("minimum", minimum)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Int4Linear:
+        """Quantized as GGUF's Q4_1 reference quantizer does (gguf-py's, in float32): per group, scale = (largest -
+        smallest) / 15 and minimum = smallest, stored as float16; code = round((w - smallest) / scale), from the
+        unrounded scale and minimum."""
+        weight = linear.weight.detach()
+        parts = [quantize_groups(rows.float()) for rows in weight.split(ROWS_AT_ONCE)]
+        codes, scale, minimum = (torch.cat(part) for part in zip(*parts))
+        bias = None if linear.bias is None else linear.bias.detach().float().clone()
+        return cls(codes, scale, minimum, weight.shape[1], bias)
+
+    def codes(self) -> torch.Tensor:
+        """The codes (out, groups, GROUP) uint8 in 0 .. 15, weight j of each group at [..., j]."""
+        return torch.cat((self.weight_int4 & 15, self.weight_int4 >> 4), dim=-1)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The (out, in) float32 weight: scale * code + minimum for each weight, in float32 as GGUF dequantizes it."""
+        groups = self.scale.float()[..., None] * self.codes().float() + self.minimum.float()[..., None]
+        return groups.reshape(self.out_features, -1)[:, : self.in_features]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.dequantized_weight().to(x.dtype), bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def quantize_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float32 rows (rows, in) in Int4Linear's layout: packed codes (rows, groups, 16) uint8, scale and minimum
+    (rows, groups) float16. A last group of fewer than GROUP weights is filled with the row's last weight, which
+    changes neither its largest nor its smallest."""
+    rows, columns = weight.shape
+    padding = -columns % GROUP
+    groups = torch.cat((weight, weight[:, -1:].expand(rows, padding)), dim=1).view(rows, -1, GROUP)
+    smallest, largest = groups.amin(dim=-1, keepdim=True), groups.amax(dim=-1, keepdim=True)
+    scale = (largest - smallest) / INT4_MAX
+    inverse = torch.where(scale == 0, torch.zeros_like(scale), 1 / scale)
+    codes = torch.trunc((groups - smallest) * inverse + 0.5).clamp(0, INT4_MAX).to(torch.uint8)
+    packed = codes[..., : GROUP // 2] | (codes[..., GROUP // 2 :] << 4)
+    return packed, scale[..., 0].half(), smallest[..., 0].half()
+
+
+def quantize_int4(model: nn.Module) -> nn.Module:
+    """`model` (in place, returned; any device and dtype, for inference) with every nn.Linear an Int4Linear. A head
+    tied to the token embedding gets an int4 copy of its own, so the embedding lookup stays exact."""
+    return replace_linears(model, Int4Linear.from_linear).eval()
+
+
 def quantize_int8(model: nn.Module) -> nn.Module:
     """`model` (float32, on the CPU, for inference) with every nn.Linear an Int8Linear; in place, returned.
 
@@ -108,12 +197,15 @@ def replace_linears(model: nn.Module, replacement: Callable[[nn.Linear], nn.Modu
 
 
 def apply_quantization(model: nn.Module, quantize: str, compute_dtype: torch.dtype = torch.float32) -> nn.Module:
-    """The scripts' --quantize setting: "none" leaves the model as it is, "int8" see quantize_int8 (which needs
-    float32 compute: the int8 products return float32, so no bfloat16/float16 autocast around them)."""
+    """The scripts' --quantize setting: "none" leaves the model as it is; "int4" see quantize_int4 (any compute
+    dtype); "int8" see quantize_int8 (which needs float32 compute: the int8 products return float32, so no
+    bfloat16/float16 autocast around them)."""
     if quantize not in QUANTIZE_CHOICES:
-        raise UserError(f"unknown --quantize={quantize!r}; use {' or '.join(QUANTIZE_CHOICES)}")
+        raise UserError(f"unknown --quantize={quantize!r}; use {', '.join(QUANTIZE_CHOICES)}")
     if quantize == "none":
         return model
+    if quantize == "int4":
+        return quantize_int4(model)
     if compute_dtype != torch.float32:
         raise UserError(
             f"--quantize=int8 computes in float32, not {str(compute_dtype).removeprefix('torch.')}; "

@@ -8,7 +8,7 @@ import torch
 from gptkit.core.errors import UserError
 from gptkit.infer import generate
 from gptkit.infer.decoding import Plan, auto_plan, compute_name, plan_for
-from gptkit.weights.quantization import quantize_int8
+from gptkit.weights.quantization import quantize_int4, quantize_int8
 from helpers import assert_one_line_message, lively_model, plain_copy, reference_greedy
 
 
@@ -29,6 +29,9 @@ from helpers import assert_one_line_message, lively_model, plain_copy, reference
         # bfloat16 and int8: native for a row alone, eager for more (oneDNN is float32 only)
         ("cpu", "bfloat16", 8, True, True, Plan(native=True)),
         ("cpu", "int8", 8, True, True, Plan(native=True)),
+        ("cpu", "int4", 8, True, True, Plan(native=True)),
+        # int4 without a native build: eager (oneDNN's copy would leave its products as they are)
+        ("cpu", "int4", 8, False, True, Plan()),
         # other devices: eager
         ("mps", "float32", 1, False, False, Plan()),
     ],
@@ -37,11 +40,12 @@ def test_auto_plan_rules(device, compute, slots, native_ready, onednn_ready, exp
     assert auto_plan(device, compute, slots, native_ready, onednn_ready) == expected
 
 
-def test_compute_name_counts_int8_weights_and_autocast():
+def test_compute_name_counts_quantized_weights_and_autocast():
     model = lively_model()
     assert compute_name(model, torch.float32) == "float32"
     assert compute_name(model, torch.bfloat16) == "bfloat16"
     assert compute_name(quantize_int8(lively_model()), torch.float32) == "int8"
+    assert compute_name(quantize_int4(lively_model()), torch.float32) == "int4"
 
 
 def test_explicit_values_are_the_backend_they_name():

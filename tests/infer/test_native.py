@@ -1,7 +1,8 @@
 """gptkit/infer/native.py (and gptkit/infer/csrc/decode_step.cpp): the native step's logits, cache writes, tokens and
 refusals, against the plain model's full forward pass (no cache) and the eager engine; int8 weights against the
 float32 pass of the weights they stand for (each int8 value times its row's scale), with each product's input rounded
-to 16 bits as the native int8 products round it.
+to 16 bits as the native int8 products round it; int4 weights against the eager pass of the same int4 model (its
+dequantized weights, float32 inputs).
 
 The first test builds the C++ extension (~25 s once; torch caches the build)."""
 
@@ -19,7 +20,7 @@ from gptkit.core.errors import UserError
 from gptkit.infer import native as native_decoding
 from gptkit.infer.engine import Engine, KVCache, Request
 from gptkit.infer.native import NativeStep, huge_page_zeros
-from gptkit.weights.quantization import Int8Linear, quantize_int8
+from gptkit.weights.quantization import Int8Linear, quantize_int4, quantize_int8
 from helpers import (
     assert_one_line_message,
     count_calls,
@@ -34,6 +35,9 @@ from helpers import (
 # passes' float32 rounding puts a value on either side of a rounding boundary, that input differs by one step
 # (2^-15 of its row's largest) and an output by up to ~1e-4 of the largest; 1e-3 of it leaves room for a few.
 INT8_TOLERANCE = 1e-3
+# int4 steps and prefills against the eager pass of the same int4 model: both multiply the same float32 inputs by the
+# same weights, summing in float32 in other orders (per group, then scaled), so they part by float32 rounding only.
+INT4_TOLERANCE = 2e-5
 
 NO_BIASES = dict(bias=False, activation="gelu", pos_encoding="sinusoidal", tie_embeddings=True)
 SHAPES = {
@@ -132,6 +136,22 @@ def test_int8_logits_match_the_float32_pass_of_the_weights_they_stand_for(shape)
         tokens.append(int(expected.argmax()))
 
 
+@pytest.mark.parametrize("shape", [*SHAPES, "gpt2 width"])
+def test_int4_logits_match_the_eager_pass_of_the_same_model(shape):
+    """int4 weights (--quantize=int4): each step's logits are the eager pass's of the same Int4Linear model (within
+    INT4_TOLERANCE), tied heads included; rows of 36 and 40 values end in a group of 4 or 8; at GPT-2's width too (768:
+    24 whole groups)."""
+    overrides = dict(n_embd=768, n_head=12, n_layer=1) if shape == "gpt2 width" else SHAPES[shape]
+    model = quantize_int4(lively_model(vocab_size=61, block_size=32, seed=6, **overrides))
+    prompt = torch.randint(0, 61, (8,), generator=torch.Generator().manual_seed(2)).tolist()
+    logits, _ = native_steps(model, torch.float32, prompt, 6)
+    tokens = list(prompt)
+    for step_logits in logits:
+        expected = full_pass_logits(model, tokens)
+        assert_close_to(step_logits, expected, INT4_TOLERANCE)
+        tokens.append(int(expected.argmax()))
+
+
 def test_an_int8_model_in_the_engine_gets_the_reference_greedy_tokens(monkeypatch):
     """An int8 model alone in the engine: the greedy tokens of the float32 model with the dequantized weights and
     16-bit inputs, over a prompt of 9 tokens and a window that slides (block 16: it keeps 12). The native prefill
@@ -141,7 +161,7 @@ def test_an_int8_model_in_the_engine_gets_the_reference_greedy_tokens(monkeypatc
     prompt = [4, 9, 1, 30, 2, 2, 17, 5, 11]
     request = Request(prompt, 23, temperature=0)
     engine = Engine(model, decode="native")
-    assert engine.native.int8 and engine.native.dtype == torch.float32
+    assert engine.native.weights == "int8" and engine.native.dtype == torch.float32
     prefills = count_calls(monkeypatch, NativeStep, "prefill")
     list(engine.run([request]))
     assert request.output == reference_greedy(with_16_bit_inputs(dequantized_model(model, original)), prompt, 23)
@@ -241,6 +261,28 @@ def test_an_int8_prefill_writes_the_keys_and_values_of_its_reference(overrides):
     tokens = torch.randint(0, 61, (18,), generator=torch.Generator().manual_seed(5)).tolist()
     reference = with_16_bit_inputs(dequantized_model(model, original))
     assert_prefill_matches_eager_pass(model, reference, tokens, INT8_TOLERANCE)
+
+
+@pytest.mark.parametrize("shape", ["gpt2", "36 wide: float32 rows one after another", "gpt2 width"])
+def test_an_int4_prefill_writes_the_keys_and_values_of_the_eager_pass(shape):
+    """int4 weights: the native prefill (one row of 11 tokens, then 6 more from position 11; then three rows of 7
+    tokens, 21 inputs a product: more than one pass over each panel) stores the keys and values of the eager pass of
+    the same int4 model, within INT4_TOLERANCE; the step after it gets that pass's logits."""
+    overrides = dict(n_embd=768, n_head=12, n_layer=1) if shape == "gpt2 width" else SHAPES[shape]
+    model = quantize_int4(lively_model(vocab_size=61, block_size=32, seed=9, **overrides))
+    tokens = torch.randint(0, 61, (18,), generator=torch.Generator().manual_seed(5)).tolist()
+    assert_prefill_matches_eager_pass(model, model, tokens, INT4_TOLERANCE)
+    rows = torch.randint(0, 61, (3, 7), generator=torch.Generator().manual_seed(8))
+    config = model.config
+    cache = KVCache(config.n_layer, config.block_size, slots=3)
+    cache.allocate(config.n_kv_head, config.head_dim, torch.float32, torch.device("cpu"))
+    NativeStep.for_model(model, torch.float32).prefill(rows.tolist(), 0, cache.keys, cache.values)
+    eager = KVCache(config.n_layer, config.block_size, slots=3)
+    with torch.no_grad():
+        model.hidden_states(rows, cache=eager)
+    for layer in range(config.n_layer):
+        assert_close_to(cache.keys[layer][:, :, :7], eager.keys[layer][:, :, :7], INT4_TOLERANCE)
+        assert_close_to(cache.values[layer][:, :, :7], eager.values[layer][:, :, :7], INT4_TOLERANCE)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
@@ -374,6 +416,22 @@ def test_an_int8_step_of_several_rows_matches_the_float32_pass_of_its_weights(sh
             tokens.append(int(expected.argmax()))
 
 
+@pytest.mark.parametrize("shape", ["gpt2", "36 wide: float32 rows one after another", "gpt2 width"])
+def test_an_int4_step_of_several_rows_matches_the_eager_pass_of_the_same_model(shape):
+    """int4 weights, 9 rows of different lengths a step (with AVX2, more than one pass over each panel): each row's
+    logits are the eager pass's of the same int4 model over its own tokens (within INT4_TOLERANCE)."""
+    overrides = dict(n_embd=768, n_head=12, n_layer=1) if shape == "gpt2 width" else SHAPES[shape]
+    model = quantize_int4(lively_model(vocab_size=61, block_size=32, seed=6, **overrides))
+    prompts = row_prompts(61)
+    logits = rows_native_steps(model, torch.float32, prompts, 4)
+    for row, prompt in enumerate(prompts):
+        tokens = list(prompt)
+        for step_logits in logits:
+            expected = full_pass_logits(model, tokens)
+            assert_close_to(step_logits[row], expected, INT4_TOLERANCE)
+            tokens.append(int(expected.argmax()))
+
+
 @pytest.mark.parametrize(
     "shape", ["gpt2", "no biases, exact gelu, sinusoidal, tied", "36 wide: float32 rows one after another"]
 )
@@ -407,13 +465,14 @@ def greedy_outputs(model, prompts: list[list[int]], budgets: list[int], slots: i
     return [request.output for request in requests]
 
 
-@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4"])
 @pytest.mark.parametrize("slots", [1, 5, 8, 12, 16])
 def test_every_row_of_a_full_engine_gets_its_reference_greedy_tokens(slots, weights):
     """Half again as many requests as slots, of prompts and budgets of different lengths, through 1 to 16 slots:
     rows join as others finish, windows slide (block 24), and the products take 8 rows by 3 at a time, 4 by 4 and
     the rows left over (64 wide: float32 matrices in blocks). Each request gets the greedy tokens of the float32
-    model its weights stand for: float32 ones themselves, int8 ones dequantized with 16-bit inputs. bfloat16 steps
+    model its weights stand for: float32 ones themselves, int8 ones dequantized with 16-bit inputs, int4 ones the
+    eager int4 model's (its dequantized weights). bfloat16 steps
     round the cache and the products' inputs, so their tokens part from a float32 pass's within a few steps: each
     request gets those of the one-row step (tested above against the float32 pass), one request at a time."""
     original = lively_model(block_size=24, seed=slots, n_embd=64, n_head=4)
@@ -423,6 +482,9 @@ def test_every_row_of_a_full_engine_gets_its_reference_greedy_tokens(slots, weig
     if weights == "bfloat16":
         model = plain_copy(original).to(torch.bfloat16)
         expected = greedy_outputs(model, prompts, budgets, slots=1)
+    elif weights == "int4":
+        model = quantize_int4(plain_copy(original))
+        expected = [reference_greedy(model, prompt, budget) for prompt, budget in zip(prompts, budgets)]
     else:
         model = quantize_int8(plain_copy(original)) if weights == "int8" else original
         reference = with_16_bit_inputs(dequantized_model(model, original)) if weights == "int8" else plain_copy(model)
@@ -531,10 +593,12 @@ def test_a_float16_compute_dtype_is_one_clear_error():
     assert_one_line_message(error.value, "float32 or bfloat16, not float16")
 
 
-def test_int8_weights_under_bfloat16_autocast_are_one_clear_error():
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_quantized_weights_under_bfloat16_autocast_are_one_clear_error(weights):
+    quantize = quantize_int8 if weights == "int8" else quantize_int4
     with pytest.raises(UserError) as error:
-        NativeStep(quantize_int8(lively_model()), torch.bfloat16)
-    assert_one_line_message(error.value, "int8 products compute in float32 only", "--decode=auto")
+        NativeStep(quantize(lively_model()), torch.bfloat16)
+    assert_one_line_message(error.value, f"{weights} products compute in float32 only", "--decode=auto")
 
 
 def test_without_a_build_auto_decodes_eagerly_and_native_says_why_in_one_line(monkeypatch):
@@ -597,6 +661,29 @@ def test_float32_matrices_lie_in_panels_of_rows_column_after_column(width):
     packed = NativeStep.for_model(model, torch.float32).matrices
     assert torch.equal(packed[-head.numel() - rows : -rows], torch.cat(expected))
     assert torch.equal(packed[-rows:], torch.zeros(rows))
+
+
+def test_int4_matrices_lie_in_panels_of_rows_with_a_record_per_group():
+    """The int4 head of 61 rows, 40 wide (a group of 32 and one of 8), is packed in panels of `rows` rows (the last
+    filled up with zero rows), each a record per group: word w of row r (4 bytes, little-endian) holds the codes of
+    the group's columns 8w .. 8w + 7 in its bits 4k .. 4k + 3, then come the rows' float16 scales and minimums. The
+    expected bytes are built here value by value."""
+    rows = native_decoding.extension().int4_panel_rows()
+    model = quantize_int4(lively_model(vocab_size=61, n_embd=40, n_head=4, seed=2))
+    head = model.lm_head
+    codes, expected = head.codes().tolist(), bytearray()
+    for first in range(0, 61, rows):
+        panel = range(first, first + rows)
+        for group in range(2):
+            for word in range(4):
+                for row in panel:
+                    value = sum(codes[row][group][8 * word + k] << (4 * k) for k in range(8)) if row < 61 else 0
+                    expected += value.to_bytes(4, "little")
+            for halves in (head.scale, head.minimum):
+                for row in panel:
+                    expected += halves[row, group].numpy().tobytes() if row < 61 else bytes(2)
+    packed = NativeStep.for_model(model, torch.float32).matrices
+    assert bytes(packed[-len(expected) :].numpy()) == bytes(expected)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

@@ -1,11 +1,15 @@
-"""gptkit/weights/quantization.py: int8 weights keep a trained model's whole-split val loss within 1% of float32, the same
-greedy text, and refuse what they cannot do; sample.py --quantize=int8 end to end. Also the other way to read fewer
-bytes per token, the compiled step under bfloat16 autocast (sample.py --decode=compiled --dtype=bfloat16)."""
+"""gptkit/weights/quantization.py: int8 weights keep a trained model's whole-split val loss within 1% of float32, the
+same greedy text, and refuse what they cannot do; sample.py --quantize=int8 end to end. int4 weights are GGUF's Q4_1
+(gguf-py's quantizer and a float64 reimplementation), hold Q4_0 exactly, and run in sample.py --quantize=int4. Also
+the other way to read fewer bytes per token, the compiled step under bfloat16 autocast (sample.py --decode=compiled
+--dtype=bfloat16)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -21,7 +25,7 @@ from gptkit.infer.onednn import optimize_for_cpu_decoding
 from gptkit.model import GPT, GPTConfig
 from gptkit.train import loop
 from gptkit.train.optim import configure_optimizers
-from gptkit.weights.quantization import Int8Linear, apply_quantization, quantize_int8
+from gptkit.weights.quantization import Int4Linear, Int8Linear, apply_quantization, quantize_int4, quantize_int8
 from helpers import assert_script_error, int8_reference, run_in_process, run_script, tiny_train_args
 
 
@@ -216,8 +220,8 @@ def test_int8_refuses_what_it_cannot_run() -> None:
         quantize_int8(GPT(model.config).to(torch.bfloat16))
     with pytest.raises(UserError, match=r"computes in float32, not bfloat16"):
         apply_quantization(model, "int8", torch.bfloat16)
-    with pytest.raises(UserError, match=r"unknown --quantize='int4'"):
-        apply_quantization(model, "int4")
+    with pytest.raises(UserError, match=r"unknown --quantize='int2'; use none, int8, int4"):
+        apply_quantization(model, "int2")
     assert apply_quantization(model, "none") is model and type(model.lm_head) is nn.Linear
     assert isinstance(apply_quantization(model, "int8").lm_head, Int8Linear)
 
@@ -248,3 +252,124 @@ def test_sample_with_int8_weights(char_data_dir: Path, tmp_path: Path, capsys: p
     assert native.stdout.startswith("ROMEO:") and len(native.stdout) > len("ROMEO:")
     refused = [f"--out_dir={out_dir}", "--quantize=int8", "--dtype=bfloat16", "--device=cpu"]
     assert_script_error(run_in_process(sample.main, refused, capsys), "--quantize=int8 computes in float32")
+
+
+def gguf_q4_1_blocks(weight: torch.Tensor) -> np.ndarray:
+    """gguf-py's Q4_1 blocks of `weight` (rows, in), as (rows, groups, 20) bytes: the scale d and the minimum m
+    (float16), then the 16 bytes of codes."""
+    blocks = gguf.quants.quantize(weight.numpy(), gguf.GGMLQuantizationType.Q4_1)
+    return blocks.reshape(weight.shape[0], -1, 20)
+
+
+def test_int4_weights_are_ggufs_q4_1_blocks() -> None:
+    """Int4Linear.from_linear stores, byte for byte, the scales, minimums and packed codes gguf-py's Q4_1 quantizer
+    writes (llama.cpp's reference), and its dequantized weight is gguf-py's dequantization of them."""
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 24)
+    with torch.no_grad():
+        linear.weight[3, 32:64] = 0.25  # a group of equal weights: scale 0
+    layer = Int4Linear.from_linear(linear)
+    blocks = gguf_q4_1_blocks(linear.weight.detach())
+    assert layer.weight_int4.shape == (24, 3, 16) and layer.weight_int4.dtype == torch.uint8
+    assert np.array_equal(layer.scale.numpy(), blocks[..., 0:2].copy().view(np.float16)[..., 0])
+    assert np.array_equal(layer.minimum.numpy(), blocks[..., 2:4].copy().view(np.float16)[..., 0])
+    assert np.array_equal(layer.weight_int4.numpy(), blocks[..., 4:])
+    dequantized = gguf.quants.dequantize(blocks.reshape(24, -1), gguf.GGMLQuantizationType.Q4_1)
+    assert np.array_equal(layer.dequantized_weight().numpy(), dequantized)
+    assert layer.scale[3, 1] == 0 and (layer.dequantized_weight()[3, 32:64] == 0.25).all()
+
+
+def float64_q4_1(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_1 by hand in float64 over groups of 32 along each row (a shorter last group): scale = (largest -
+    smallest) / 15, minimum = smallest, code = round((w - minimum) / scale) in 0 .. 15. Returns the codes (rows, in),
+    each weight's scale and minimum (rows, in), and how far each (w - minimum) / scale lies from a rounding boundary
+    (x.5), where float32 arithmetic may round either way."""
+    w = weight.double()
+    scales, minimums = torch.empty_like(w), torch.empty_like(w)
+    for start in range(0, w.shape[1], 32):
+        group = w[:, start : start + 32]
+        smallest, largest = group.min(dim=1, keepdim=True).values, group.max(dim=1, keepdim=True).values
+        scales[:, start : start + 32] = (largest - smallest) / 15
+        minimums[:, start : start + 32] = smallest
+    steps = (w - minimums) / scales
+    codes = torch.round(steps).clamp(0, 15)
+    return codes, scales, minimums, ((steps - steps.floor()) - 0.5).abs()
+
+
+def test_int4_codes_and_dequantized_weight_follow_a_float64_q4_1() -> None:
+    """Rows of 72 weights (two groups of 32, one of 8): each code is the float64 reimplementation's except within
+    float32 rounding of a rounding boundary; scale and minimum are its float16 roundings; each dequantized weight is
+    scale * code + minimum of the stored float16 values (to float32 rounding) and within half a step (and float16's
+    rounding of the scale and the minimum) of the weight."""
+    torch.manual_seed(1)
+    linear = nn.Linear(72, 16, bias=False)
+    layer = Int4Linear.from_linear(linear)
+    weight = linear.weight.detach()
+    codes, scales, minimums, off_boundary = float64_q4_1(weight)
+    ours = layer.codes().reshape(16, -1)[:, :72].double()
+    clear = off_boundary > 1e-4
+    assert clear.float().mean() > 0.99 and torch.equal(ours[clear], codes[clear])
+    assert (ours - codes).abs().max() <= 1
+    stored_scale = layer.scale.double().repeat_interleave(32, dim=1)[:, :72]
+    stored_minimum = layer.minimum.double().repeat_interleave(32, dim=1)[:, :72]
+    torch.testing.assert_close(stored_scale, scales, rtol=2**-11, atol=0)  # float16's rounding
+    torch.testing.assert_close(stored_minimum, minimums, rtol=2**-11, atol=0)
+    dequantized = layer.dequantized_weight().double()
+    torch.testing.assert_close(dequantized, stored_scale * ours + stored_minimum, rtol=2**-23, atol=0)
+    rounding = (15 * scales + minimums.abs()) * 2**-11
+    assert ((dequantized - weight.double()).abs() <= scales / 2 + rounding + 1e-7).all()
+
+
+def test_int4_holds_q4_0_blocks_exactly() -> None:
+    """A Q4_0 block (weight = d * (code - 8)) is an Int4Linear with scale d and minimum -8 d: its dequantized weight
+    is gguf-py's dequantization of gguf-py's Q4_0 blocks, exactly."""
+    torch.manual_seed(2)
+    weight = torch.randn(8, 64)
+    blocks = gguf.quants.quantize(weight.numpy(), gguf.GGMLQuantizationType.Q4_0).reshape(8, 2, 18)
+    scale = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0])
+    layer = Int4Linear(torch.from_numpy(blocks[..., 2:].copy()), scale, -8 * scale, 64, None)
+    dequantized = gguf.quants.dequantize(blocks.reshape(8, -1), gguf.GGMLQuantizationType.Q4_0)
+    assert np.array_equal(layer.dequantized_weight().numpy(), dequantized)
+
+
+def test_int4_linear_computes_with_its_dequantized_weight_in_the_inputs_dtype() -> None:
+    torch.manual_seed(3)
+    layer = Int4Linear.from_linear(nn.Linear(40, 24))
+    x = torch.randn(3, 5, 40)
+    expected = x.double() @ layer.dequantized_weight().double().T + layer.bias.double()
+    torch.testing.assert_close(layer(x).double(), expected, rtol=1e-5, atol=1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        rounded = layer(x)
+    assert rounded.dtype == torch.bfloat16
+    torch.testing.assert_close(rounded.double(), expected, rtol=0.02, atol=0.05)
+
+
+def test_int4_quantizes_every_product_in_any_compute_dtype() -> None:
+    """quantize_int4 (and --quantize=int4, also under bfloat16 compute) makes every Linear an Int4Linear; a tied head
+    gets codes of its own and the embedding stays exact; the greedy text of a model whose weights are plain Linear
+    layers holding the dequantized weights is the int4 model's."""
+    from helpers import lively_model, plain_copy, reference_greedy
+
+    model = lively_model(tie_embeddings=True)
+    quantized = apply_quantization(plain_copy(model), "int4", torch.bfloat16)
+    int4_layers = [m for m in quantized.modules() if isinstance(m, Int4Linear)]
+    assert len(int4_layers) == 4 * model.config.n_layer + 1
+    assert not any(type(m) is nn.Linear for m in quantized.modules())
+    assert torch.equal(quantized.transformer.wte.weight, model.transformer.wte.weight)
+    dequantized = plain_copy(model)
+    with torch.no_grad():
+        for name, module in dequantized.named_modules():
+            if isinstance(module, nn.Linear):
+                module.weight = nn.Parameter(dict(quantized.named_modules())[name].dequantized_weight())
+    assert reference_greedy(quantized, [1, 2, 3], 8) == reference_greedy(dequantized, [1, 2, 3], 8)
+    assert isinstance(quantize_int4(plain_copy(model)).lm_head, Int4Linear)
+
+
+def test_sample_with_int4_weights(char_data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """sample.py --quantize=int4 (main in this process): text after the prompt."""
+    out_dir = tmp_path / "out"
+    assert train.main(tiny_train_args(char_data_dir, out_dir)) == 0  # the checkpoint is the input, not the test
+    args = [f"--out_dir={out_dir}", "--quantize=int4", "--max_new_tokens=20", "--start=the king", "--device=cpu"]
+    result = run_in_process(sample.main, args, capsys)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("the king") and len(result.stdout) > len("the king")

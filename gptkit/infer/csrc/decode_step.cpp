@@ -7,13 +7,16 @@
 // kernel. The weights come from one buffer laid out in the order they are read, so the memory streams them like one
 // long array (float32 matrices in panels of rows, column after column: Matrix).
 //
-// Weights are float32, bfloat16 or int8 (W); activations, norms, attention and logits are computed in float32. The
-// inputs of each float32 or bfloat16 product are rounded to W (bfloat16 products multiply bfloat16 pairs, as
+// Weights are float32, bfloat16, int8 or int4 (W); activations, norms, attention and logits are computed in float32.
+// The inputs of each float32 or bfloat16 product are rounded to W (bfloat16 products multiply bfloat16 pairs, as
 // PyTorch's do); int8 weights (gptkit.weights.quantization's: one float scale per row) meet each float32 input rounded to
-// 16-bit integers with one scale (ProductInput<int8_t>), finer than bfloat16, and multiply in integer lanes.
+// 16-bit integers with one scale (ProductInput<int8_t>), finer than bfloat16, and multiply in integer lanes; int4
+// weights (GGUF's Q4_1: a scale and minimum per 32 weights) are widened to float32 lanes and meet the float32 inputs
+// themselves (Int4).
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <omp.h>
 #include <torch/extension.h>
 
@@ -22,12 +25,13 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
 #define GPTKIT_VECTORS 1
 #include <immintrin.h>
 #endif
@@ -162,6 +166,43 @@ template <>
 struct Stored<int8_t> {
   using type = float;
 };
+
+// int4 weights (gptkit.weights.quantization's Int4Linear, GGUF's Q4_1): codes q in 0 .. 15 in groups of INT4_GROUP
+// along a row, each group with a float16 scale and minimum: weight = scale * q + minimum. A tag type: a Matrix<Int4>
+// points at the bytes of its panels (below), and its products' inputs and the cache are float32.
+struct Int4 {
+  uint8_t bits;
+};
+template <>
+struct Stored<Int4> {
+  using type = float;
+};
+
+// int4 matrices lie in panels of INT4_PANEL rows (a vector lane each; the last panel filled up with rows of zeros),
+// each a record per group of INT4_GROUP columns: the codes, then the rows' scales, then their minimums (float16). The
+// codes are 4 words of 32 bits per row, word w of row r at (w * INT4_PANEL + r) * 4 bytes, its bits 4k .. 4k + 3
+// holding the code of column 8w + k: one load is a word of every row, and each code is masked out of its lane in
+// place (int4_codes). Why: a product multiplies column c's codes by input t's value c in every lane (an outer
+// product, as float32 panels do), so one pass over the codes serves every input, no row ends in a sum across lanes,
+// and a group's scale and minimum apply to a vector of rows at once. gptkit/infer/native.py packs them (int4_panels).
+constexpr int64_t INT4_GROUP = 32;
+#if defined(GPTKIT_VECTORS)
+constexpr int64_t INT4_PANEL = LANES;
+#else
+constexpr int64_t INT4_PANEL = 8;
+#endif
+constexpr int64_t INT4_CODE_BYTES = INT4_GROUP / 2 * INT4_PANEL;
+constexpr int64_t INT4_RECORD = INT4_CODE_BYTES + 2 * 2 * INT4_PANEL;  // the codes, a scale and a minimum a row
+inline int64_t int4_groups(int64_t columns) { return (columns + INT4_GROUP - 1) / INT4_GROUP; }
+
+// The elements of type W a (rows, columns) matrix takes in the packed buffer: for int4, the bytes of its panels.
+template <typename W>
+inline int64_t matrix_size(int64_t rows, int64_t columns) {
+  if constexpr (std::is_same_v<W, Int4>)
+    return (rows + INT4_PANEL - 1) / INT4_PANEL * int4_groups(columns) * INT4_RECORD;
+  else
+    return rows * columns;
+}
 
 // sum plus the products of w[i] and x[i] for i in [k, n): the values past a dot product's last whole vector block
 // (rows of GPT-2's widths have none). With vectors a plain loop: with `omp simd reduction` the compiler added 16-64
@@ -331,6 +372,35 @@ struct ProductInput<int8_t> {
   }
 };
 
+// The factor each input value of an int4 product takes, by its column's place k in its word (column % 8): the code
+// is read masked in place, q 16^k, so the value is taken times 16^-k (exact: a power of two); the top code (k = 7)
+// is shifted down instead, since masked in place it would make the lane's int32 negative.
+constexpr float INT4_INPUT_FACTORS[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f};
+
+// For int4 weights, each float32 input row over whole groups (zeros past its n values), value c times
+// INT4_INPUT_FACTORS[c % 8], and its sums over each group: per group, sum_j (scale q_j + minimum) x_j =
+// scale sum_j q_j x_j + minimum sum_j x_j, so a row's products need its codes' dot product and the group's sum.
+template <>
+struct ProductInput<Int4> {
+  std::vector<float> spread, sums;
+  std::vector<const float*> rows, row_sums;  // input t's spread values and its group sums
+  void take(const float* x, int64_t n, int64_t count = 1) {
+    const int64_t groups = int4_groups(n), width = groups * INT4_GROUP;
+    spread.assign(count * width, 0.0f);
+    sums.assign(count * groups, 0.0f);
+    rows.resize(count);
+    row_sums.resize(count);
+    for (int64_t t = 0; t < count; ++t) {
+      rows[t] = spread.data() + t * width;
+      row_sums[t] = sums.data() + t * groups;
+      for (int64_t i = 0; i < n; ++i) {
+        spread[t * width + i] = x[t * n + i] * INT4_INPUT_FACTORS[i % 8];
+        sums[t * groups + i / INT4_GROUP] += x[t * n + i];
+      }
+    }
+  }
+};
+
 // Row `row` of a product over `columns` values for (the first) input.
 template <typename W>
 inline float product_row(const W* matrix, const float* scales, int64_t row, int64_t columns,
@@ -466,6 +536,165 @@ constexpr bool FLOAT32_PANELS = false;
 constexpr int64_t FLOAT32_PADDING = 0;
 #endif
 
+// Which records a pass over an int4 panel asks the L2 cache for (int4_panel_dots), as float32 panels do (Prefetch):
+// one pass, the record INT4_AHEAD bytes on from each it reads; several passes over a panel, the later ones reading it
+// from the cache, take turns asking for the next panel's records (`from` on).
+struct RecordPrefetch {
+  const uint8_t* from;
+  int64_t turn = 0, turns = 1;
+};
+constexpr int64_t INT4_AHEAD = 4096;
+
+#if defined(GPTKIT_VECTORS)
+// The most inputs one pass over an int4 panel multiplies: two sums in registers for each (the group's and the
+// panel's), besides a word of codes, a column of them and an input value (AVX-512: 24 of 32 registers; AVX2: 8 of
+// 16).
+#if defined(__AVX512F__)
+constexpr int64_t INT4_TOKENS = 12;
+using CodeWord = __m512i;
+inline CodeWord load_word(const uint8_t* p) { return _mm512_loadu_si512(p); }
+// The codes of place k of each lane's word as floats: q 16^k for k < 7, q for k = 7 (INT4_INPUT_FACTORS).
+inline Vec int4_codes(CodeWord word, int64_t k) {
+  if (k == 7) return _mm512_cvtepi32_ps(_mm512_srli_epi32(word, 28));
+  return _mm512_cvtepi32_ps(_mm512_and_si512(word, _mm512_set1_epi32(15 << (4 * k))));
+}
+// LANES float16 values as float32 lanes.
+inline Vec load_halves(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+#else
+constexpr int64_t INT4_TOKENS = 4;
+using CodeWord = __m256i;
+inline CodeWord load_word(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline Vec int4_codes(CodeWord word, int64_t k) {
+  if (k == 7) return _mm256_cvtepi32_ps(_mm256_srli_epi32(word, 28));
+  return _mm256_cvtepi32_ps(_mm256_and_si256(word, _mm256_set1_epi32(15 << (4 * k))));
+}
+inline Vec load_halves(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+#endif
+
+// Asks the L2 cache for the lines of the int4 record at `at`.
+inline void prefetch_record(const uint8_t* at) {
+  const char* lines = reinterpret_cast<const char*>(at);
+  for (int64_t line = 0; line < INT4_RECORD; line += 64) _mm_prefetch(lines + line, _MM_HINT_T1);
+}
+
+// out[t * INT4_PANEL + r] = row r of an int4 panel (`groups` records from `panel`) times input t (xs[t]: its values
+// as ProductInput<Int4> spreads them, sums[t]: its group sums), for t < T. Per group, each column's codes meet the
+// inputs' values in float32 sums of their own (with few inputs the columns take turns among SPLIT sets of them, so
+// that 4 or more independent sums hide the FMA's latency: each FMA waits on its codes' mask and conversion too),
+// which then take the group's scale and minimum.
+template <int64_t T>
+void int4_panel_dots(const uint8_t* panel, int64_t groups, const float* const* xs, const float* const* sums,
+                     float* out, RecordPrefetch prefetch) {
+  constexpr int64_t SPLIT = T == 1 ? 4 : T < 4 ? 2 : 1;
+  Vec totals[T];
+#pragma GCC unroll 12
+  for (int64_t t = 0; t < T; ++t) totals[t] = splat(0.0f);
+  int64_t wait = prefetch.turn;  // records until this pass's next one to ask for
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* record = panel + g * INT4_RECORD;
+    if (wait-- == 0) {
+      wait = prefetch.turns - 1;
+      prefetch_record(prefetch.from + g * INT4_RECORD);
+    }
+    Vec parts[SPLIT][T];
+#pragma GCC unroll 8
+    for (int64_t s = 0; s < SPLIT; ++s)
+#pragma GCC unroll 12
+      for (int64_t t = 0; t < T; ++t) parts[s][t] = splat(0.0f);
+#pragma GCC unroll 4
+    for (int64_t w = 0; w < 4; ++w) {
+      const CodeWord word = load_word(record + w * INT4_PANEL * 4);
+#pragma GCC unroll 8
+      for (int64_t k = 0; k < 8; ++k) {
+        const Vec q = int4_codes(word, k);
+        const int64_t c = g * INT4_GROUP + 8 * w + k;
+#pragma GCC unroll 12
+        for (int64_t t = 0; t < T; ++t) parts[k % SPLIT][t] = fmadd(q, splat(xs[t][c]), parts[k % SPLIT][t]);
+      }
+    }
+    const Vec scale = load_halves(record + INT4_CODE_BYTES);
+    const Vec minimum = load_halves(record + INT4_CODE_BYTES + 2 * INT4_PANEL);
+#pragma GCC unroll 12
+    for (int64_t t = 0; t < T; ++t) {
+      Vec dots = parts[0][t];
+#pragma GCC unroll 8
+      for (int64_t s = 1; s < SPLIT; ++s) dots = add(dots, parts[s][t]);
+      totals[t] = fmadd(minimum, splat(sums[t][g]), fmadd(scale, dots, totals[t]));
+    }
+  }
+#pragma GCC unroll 12
+  for (int64_t t = 0; t < T; ++t) store(out + t * INT4_PANEL, totals[t]);
+}
+
+// int4_panel_dots for `count` (1 to INT4_TOKENS) inputs.
+template <int64_t... T>
+void int4_panel_dots_for(std::integer_sequence<int64_t, T...>, int64_t count, const uint8_t* panel, int64_t groups,
+                         const float* const* xs, const float* const* sums, float* out, RecordPrefetch prefetch) {
+  ((count == T + 1 ? int4_panel_dots<T + 1>(panel, groups, xs, sums, out, prefetch) : void()), ...);
+}
+
+// One pass over an int4 panel for `count` (1 to INT4_TOKENS) inputs: int4_panel_dots.
+void int4_panel_pass(const uint8_t* panel, int64_t groups, const float* const* xs, const float* const* sums,
+                     int64_t count, float* out, RecordPrefetch prefetch) {
+  int4_panel_dots_for(std::make_integer_sequence<int64_t, INT4_TOKENS>{}, count, panel, groups, xs, sums, out,
+                      prefetch);
+}
+#else
+constexpr int64_t INT4_TOKENS = 8;
+
+// int4_panel_dots in plain loops (builds without vector lanes): the same codes, factors and sums.
+void int4_panel_pass(const uint8_t* panel, int64_t groups, const float* const* xs, const float* const* sums,
+                     int64_t count, float* out, RecordPrefetch) {
+  for (int64_t t = 0; t < count; ++t)
+    for (int64_t r = 0; r < INT4_PANEL; ++r) {
+      float total = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* record = panel + g * INT4_RECORD;
+        float dots = 0.0f;
+        for (int64_t w = 0; w < 4; ++w) {
+          uint32_t word;
+          std::memcpy(&word, record + (w * INT4_PANEL + r) * 4, sizeof(word));
+          for (int64_t k = 0; k < 8; ++k) {
+            const uint32_t code = k == 7 ? word >> 28 : word & (15u << (4 * k));
+            dots += static_cast<float>(code) * xs[t][g * INT4_GROUP + 8 * w + k];
+          }
+        }
+        const auto* halves = reinterpret_cast<const c10::Half*>(record + INT4_CODE_BYTES);
+        total += static_cast<float>(halves[r]) * dots + static_cast<float>(halves[INT4_PANEL + r]) * sums[t][g];
+      }
+      out[t * INT4_PANEL + r] = total;
+    }
+}
+#endif
+
+// Rows [first, last) of an int4 product for `count` inputs: out[t * (last - first) + row - first] for input t. Up to
+// INT4_TOKENS inputs take one pass over each panel, straight from memory; more take several passes, the later ones
+// from the cache, each asking for its turn of the next panel's records (RecordPrefetch).
+void int4_product(const Matrix<Int4>& m, int64_t first, int64_t last, const ProductInput<Int4>& in, int64_t count,
+                  float* out) {
+  const int64_t groups = int4_groups(m.columns), panel_bytes = groups * INT4_RECORD, width = last - first;
+  const int64_t passes = (count + INT4_TOKENS - 1) / INT4_TOKENS;
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(m.values);
+  float results[INT4_TOKENS * INT4_PANEL];
+  for (int64_t start = first / INT4_PANEL * INT4_PANEL; start < last; start += INT4_PANEL) {
+    const uint8_t* panel = bytes + start / INT4_PANEL * panel_bytes;
+    const int64_t from = std::max(first, start), to = std::min(last, start + INT4_PANEL);
+    for (int64_t pass = 0; pass < passes; ++pass) {
+      const int64_t token = pass * count / passes, tokens = (pass + 1) * count / passes - token;  // even passes
+      const RecordPrefetch prefetch = passes == 1 ? RecordPrefetch{panel + INT4_AHEAD, 0, 1}
+                                                  : RecordPrefetch{panel + panel_bytes, pass, passes};
+      int4_panel_pass(panel, groups, in.rows.data() + token, in.row_sums.data() + token, tokens, results, prefetch);
+      for (int64_t t = 0; t < tokens; ++t)
+        std::copy(results + t * INT4_PANEL + from - start, results + t * INT4_PANEL + to - start,
+                  out + (token + t) * width + from - first);
+    }
+  }
+}
+
 // out[row - first] = rows [first, last) of a product with the (first) input, scaled for int8 weights.
 template <typename W>
 void product(const Matrix<W>& m, int64_t first, int64_t last, const ProductInput<W>& in, float* out) {
@@ -595,6 +824,10 @@ void product_tokens(const Matrix<W>& m, int64_t first, int64_t last, const Produ
           out[(token + t) * width + row + r - first] = in.scaled(sums[r * TOKENS + t], m.scales, row + r, token + t);
     }
   }
+}
+void product_tokens(const Matrix<Int4>& m, int64_t first, int64_t last, const ProductInput<Int4>& in, int64_t count,
+                    float* out) {
+  int4_product(m, first, last, in, count, out);
 }
 
 constexpr float GELU_INNER = 0.79788456080286536f;  // sqrt(2 / pi): tanh's argument is GELU_INNER (x + 0.044715 x^3)
@@ -799,8 +1032,15 @@ struct Shapes {
   int64_t group() const { return heads / kv_heads; }  // query heads per key and value head
   // a position's row: added to the embedding (n_embd values), or rotary positions' cos and sin (head_dim / 2 each)
   int64_t position_width() const { return rotary ? head_dim : embd; }
-  int64_t layer_matrix_elements() const {
-    return qkv_width() * embd + embd * q_width() + fc_rows() * embd + embd * hidden;
+  // The elements of type W a layer's matrices take, and all the matrices (the head's last): see matrix_size.
+  template <typename W>
+  int64_t layer_matrix_size() const {
+    return matrix_size<W>(qkv_width(), embd) + matrix_size<W>(embd, q_width()) + matrix_size<W>(fc_rows(), embd) +
+           matrix_size<W>(embd, hidden);
+  }
+  template <typename W>
+  int64_t matrices_size() const {
+    return layers * layer_matrix_size<W>() + matrix_size<W>(vocab, embd);
   }
   int64_t layer_vector_elements() const { return 6 * embd + qkv_width() + fc_rows() + 2 * head_dim; }
   int64_t layer_rows() const { return qkv_width() + embd + fc_rows() + embd; }  // one int8 scale each
@@ -921,12 +1161,12 @@ struct Layer {
   const float *ln1_w, *ln1_b, *attn_b, *proj_b, *ln2_w, *ln2_b, *fc_b, *fc_proj_b, *q_norm_w, *k_norm_w;
   Layer(const W* matrices, const float* vectors, const float* scales, int64_t layer, const Shapes& s, bool panels) {
     const int64_t C = s.embd, F = s.hidden, Q = s.q_width(), QKV = s.qkv_width(), FR = s.fc_rows();
-    const W* attn_w = matrices + layer * s.layer_matrix_elements();
+    const W* attn_w = matrices + layer * s.layer_matrix_size<W>();
     const float* attn_s = offset_or_null(scales, layer * s.layer_rows());
     attn = {attn_w, attn_s, QKV, C, panels};
-    proj = {attn_w + QKV * C, offset_or_null(attn_s, QKV), C, Q, panels};
-    fc = {proj.values + C * Q, offset_or_null(proj.scales, C), FR, C, panels};
-    fc_proj = {fc.values + FR * C, offset_or_null(fc.scales, FR), C, F, panels};
+    proj = {attn_w + matrix_size<W>(QKV, C), offset_or_null(attn_s, QKV), C, Q, panels};
+    fc = {proj.values + matrix_size<W>(C, Q), offset_or_null(proj.scales, C), FR, C, panels};
+    fc_proj = {fc.values + matrix_size<W>(FR, C), offset_or_null(fc.scales, FR), C, F, panels};
     ln1_w = vectors + layer * s.layer_vector_elements();
     ln1_b = ln1_w + C, attn_b = ln1_b + C, proj_b = attn_b + QKV, ln2_w = proj_b + C, ln2_b = ln2_w + C;
     fc_b = ln2_b + C, fc_proj_b = fc_b + FR, q_norm_w = fc_proj_b + C, k_norm_w = q_norm_w + s.head_dim;
@@ -954,7 +1194,7 @@ struct Model {
   const float* final_norm() const { return vectors + s.layers * s.layer_vector_elements(); }  // ln_f, then ln_emb
   float capped(float logit) const { return softcap > 0.0f ? softcap * std::tanh(logit / softcap) : logit; }
   Matrix<W> head() const {
-    return {matrices + s.layers * s.layer_matrix_elements(), offset_or_null(scales, s.layers * s.layer_rows()), s.vocab,
+    return {matrices + s.layers * s.layer_matrix_size<W>(), offset_or_null(scales, s.layers * s.layer_rows()), s.vocab,
             s.embd, panels};
   }
 };
@@ -1303,8 +1543,18 @@ std::vector<W*> storage_of(const std::vector<torch::Tensor>& cache) {
   return pointers;
 }
 
+// The weights of type W in `matrices`: int4 panels are bytes (uint8).
+template <typename W>
+const W* weights_in(const torch::Tensor& matrices) {
+  if constexpr (std::is_same_v<W, Int4>)
+    return reinterpret_cast<const Int4*>(matrices.data_ptr<uint8_t>());
+  else
+    return matrices.data_ptr<W>();
+}
+
 // The Model a step or prefill of weights of type W reads, from the tensors the entry points take; checks that the
-// embedding and the cache are in Stored<W>'s dtype, and that only int8 weights come with scales (one per row).
+// embedding and the cache are in Stored<W>'s dtype, and that only int8 weights come with scales (one per row; int4
+// panels hold their own).
 template <typename W, typename S = typename Stored<W>::type>
 Model<W> model_for(const torch::Tensor& matrices, const torch::Tensor& scales, const torch::Tensor& vectors,
                    const torch::Tensor& embedding, const torch::Tensor& position_rows,
@@ -1314,11 +1564,11 @@ Model<W> model_for(const torch::Tensor& matrices, const torch::Tensor& scales, c
   TORCH_CHECK(embedding.scalar_type() == stored && embedding.is_contiguous(), "embedding: wrong dtype");
   for (int64_t l = 0; l < s.layers; ++l)
     TORCH_CHECK(keys[l].scalar_type() == stored && values[l].scalar_type() == stored,
-                "the cache must be in the weights' dtype (float32 for int8 weights)");
+                "the cache must be in the weights' dtype (float32 for int8 and int4 weights)");
   const bool int8 = std::is_same_v<W, int8_t>;
   TORCH_CHECK(scales.numel() == (int8 ? s.layers * s.layer_rows() + s.vocab : 0), "scales: wrong size");
   TORCH_CHECK(scales.scalar_type() == torch::kFloat && scales.is_contiguous());
-  return {matrices.data_ptr<W>(), int8 ? scales.data_ptr<float>() : nullptr, vectors.data_ptr<float>(),
+  return {weights_in<W>(matrices), int8 ? scales.data_ptr<float>() : nullptr, vectors.data_ptr<float>(),
           embedding.data_ptr<S>(), position_rows.data_ptr<float>(), storage_of<S>(keys), storage_of<S>(values),
           keys[0].size(2), s, activation, static_cast<float>(constants[0]), static_cast<float>(constants[1]),
           static_cast<float>(constants[2]), std::is_same_v<W, float> && FLOAT32_PANELS};
@@ -1329,7 +1579,8 @@ template <typename Call>
 void with_weight_type(torch::ScalarType dtype, Call&& call) {
   if (dtype == torch::kBFloat16) return call(bf16{});
   if (dtype == torch::kChar) return call(int8_t{});
-  TORCH_CHECK(dtype == torch::kFloat, "weights must be float32, bfloat16 or int8");
+  if (dtype == torch::kByte) return call(Int4{});
+  TORCH_CHECK(dtype == torch::kFloat, "weights must be float32, bfloat16, int8 or int4 panels (uint8)");
   call(float{});
 }
 
@@ -1347,8 +1598,8 @@ Shapes checked_shapes(const std::vector<int64_t>& shapes, int64_t activation, co
   TORCH_CHECK(0 <= activation && activation <= kSwiglu, "activation: an Activation code");
   TORCH_CHECK(matrices.is_contiguous() && vectors.scalar_type() == torch::kFloat && vectors.is_contiguous());
   const int64_t padding = matrices.scalar_type() == torch::kFloat ? FLOAT32_PADDING : 0;  // past float32 panels
-  TORCH_CHECK(matrices.numel() == s.layers * s.layer_matrix_elements() + s.vocab * s.embd + padding,
-              "matrices: wrong size");
+  const int64_t size = matrices.scalar_type() == torch::kByte ? s.matrices_size<Int4>() : s.matrices_size<float>();
+  TORCH_CHECK(matrices.numel() == size + padding, "matrices: wrong size");
   TORCH_CHECK(vectors.numel() == s.layers * s.layer_vector_elements() + 4 * s.embd, "vectors: wrong size");
   TORCH_CHECK(static_cast<int64_t>(keys.size()) == s.layers && static_cast<int64_t>(values.size()) == s.layers);
   for (int64_t l = 0; l < s.layers; ++l)
@@ -1360,11 +1611,11 @@ Shapes checked_shapes(const std::vector<int64_t>& shapes, int64_t activation, co
 
 }  // namespace
 
-// Logits (vocab,) float32 for `token` at `position`, and the next token (see choose). matrices: float32, bfloat16 or
-// int8; scales: one float32 per matrix row for int8 (in read order), else empty. keys[l], values[l]: layer l's cache
-// storage (rows, kv_heads, positions, head_dim), contiguous, in the weights' dtype (float32 for int8); row 0 is written
-// at `position` and attended over 0..position. position_row: the row added at `position` (embd values) or its rotary
-// cos and sin (head_dim); shapes, activation and constants: see checked_shapes.
+// Logits (vocab,) float32 for `token` at `position`, and the next token (see choose). matrices: float32, bfloat16,
+// int8, or int4 panels (uint8); scales: one float32 per matrix row for int8 (in read order), else empty. keys[l],
+// values[l]: layer l's cache storage (rows, kv_heads, positions, head_dim), contiguous, in the weights' dtype (float32
+// for int8 and int4); row 0 is written at `position` and attended over 0..position. position_row: the row added at
+// `position` (embd values) or its rotary cos and sin (head_dim); shapes, activation and constants: see checked_shapes.
 std::tuple<torch::Tensor, int64_t> decode_step(const torch::Tensor& matrices, const torch::Tensor& scales,
                                                const torch::Tensor& vectors, const torch::Tensor& embedding,
                                                const torch::Tensor& position_row,
@@ -1487,6 +1738,9 @@ std::vector<int64_t> float32_blocks() {
 #endif
 }
 
+// The rows of an int4 panel (see INT4_PANEL): gptkit/infer/native.py packs int4 matrices in panels of this many.
+int64_t int4_panel_rows() { return INT4_PANEL; }
+
 // The steps and the prefill run without Python's lock (they touch no Python object), so that a server's other
 // threads (its HTTP loop streaming the tokens, accepting requests) run while a step computes rather than between
 // steps.
@@ -1495,6 +1749,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_step", &decode_step, without_python_lock());
   m.def("decode_rows", &decode_rows, without_python_lock());
   m.def("float32_blocks", &float32_blocks);
+  m.def("int4_panel_rows", &int4_panel_rows);
   m.def("stream_sum", &stream_sum);
   m.def("prefill", &prefill_tokens, without_python_lock());
 }
