@@ -1,0 +1,223 @@
+"""A GGUF file (llama.cpp's one-file format) found and opened, and the tokenizer it holds as a Hugging Face
+tokenizer.json, behind gptkit.data.hf_tokenizer's HFTokenizer. (The model in it: gptkit/weights/gguf_read.py.)
+
+    tokenizer = load_gguf_tokenizer("SmolLM2-135M-Instruct-Q8_0.gguf")
+
+The tokenizer read is llama.cpp's byte-level BPE (`tokenizer.ggml.model` "gpt2"): its tokens in GPT-2's byte
+alphabet, their types (control tokens become special added tokens, user-defined ones added tokens that are not
+special), the merges, the bos/eos/unknown/padding ids and the chat template. llama.cpp reads no regex from the file:
+`tokenizer.ggml.pre` names one of its own pre-tokenizers, and each name read here gets the `tokenizers`
+pre-tokenizer that splits text as llama.cpp's regexes for it do (what gptkit/weights/gguf_hf_tokenizer.py writes
+under the same names):
+
+    gpt-2                          ByteLevel(use_regex)
+    smollm                         Digits(individual) then ByteLevel(use_regex)
+    llama-bpe, llama3, llama-v3    Split(Llama 3's regex) then ByteLevel; a piece that is a token is taken whole
+    qwen2, deepseek-r1-qwen        Split(Qwen2's regex: one digit a piece) then ByteLevel
+
+Anything else (SentencePiece's "llama" model, other pre-tokenizers) is refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from gptkit.core.errors import UserError
+from gptkit.data.hf_tokenizer import HFTokenizer, make_record
+
+SUFFIX = ".gguf"
+CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types (gguf.TokenType) that are added tokens
+_CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+_REST = r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+LLAMA3_SPLIT = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}" + _REST
+QWEN2_SPLIT = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}" + _REST
+
+
+def _byte_level(use_regex: bool) -> dict[str, Any]:
+    return {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": use_regex}
+
+
+def _split(pattern: str) -> dict[str, Any]:
+    return {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}
+
+
+def _sequence(*parts: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "Sequence", "pretokenizers": list(parts)}
+
+
+# llama.cpp's pre-tokenizer names -> (the tokenizers pre-tokenizer, whether a piece that is a token is taken whole).
+PRE_TOKENIZERS: dict[str, tuple[dict[str, Any], bool]] = {
+    "gpt-2": (_byte_level(use_regex=True), False),
+    "smollm": (_sequence({"type": "Digits", "individual_digits": True}, _byte_level(use_regex=True)), False),
+    **dict.fromkeys(("llama-bpe", "llama3", "llama-v3"), (_sequence(_split(LLAMA3_SPLIT), _byte_level(False)), True)),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen"), (_sequence(_split(QWEN2_SPLIT), _byte_level(False)), False)),
+}
+
+# ------------------------------------------------------------------------------------------------ the file
+
+
+def find_gguf(name: str | os.PathLike) -> Path | None:
+    """The GGUF file `name` stands for: itself (a file named *.gguf), or the one *.gguf file of a directory without
+    config.json; None when it names no GGUF. UserError for a directory holding several."""
+    path = Path(name)
+    if path.is_file():
+        return path if path.suffix.lower() == SUFFIX else None
+    if not path.is_dir() or (path / "config.json").exists():
+        return None
+    found = sorted(entry for entry in path.iterdir() if entry.suffix.lower() == SUFFIX and entry.is_file())
+    if len(found) > 1:
+        names = ", ".join(entry.name for entry in found[:4])
+        raise UserError(f"{path} holds {len(found)} GGUF files ({names}); name the one to read: {found[0]}")
+    return found[0] if found else None
+
+
+def open_gguf(path: str | os.PathLike) -> Any:
+    """A gguf.GGUFReader over the file (its tensors mapped, not read); UserError of one line for a file that is
+    truncated, damaged or no GGUF, and for one part of a split model."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, OSError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as exc:
+        detail = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        raise UserError(f"cannot read {path}: it is truncated, damaged or not a GGUF file ({detail})") from None
+    parts = metadata(reader, "split.count", 1)
+    if parts > 1:
+        raise UserError(
+            f"{path} is part {metadata(reader, 'split.no', 0) + 1} of a GGUF model split into {parts} files; we read "
+            "one whole file: join them first (llama-gguf-split --merge FIRST_PART OUT.gguf)"
+        )
+    return reader
+
+
+def metadata(reader: Any, key: str, default: Any = None) -> Any:
+    """A metadata value as Python data (strings decoded, arrays as lists), or `default` when the file lacks it."""
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    try:
+        return field.contents()
+    except UnicodeDecodeError:
+        raise UserError(f"{reader.data.filename}: metadata {key} is not UTF-8 text; the file is damaged") from None
+
+
+# ------------------------------------------------------------------------------------------------ the tokenizer
+
+
+def load_gguf_tokenizer(path: str | os.PathLike, reader: Any = None) -> HFTokenizer:
+    """The tokenizer of a GGUF file (see the module's docstring) with its chat template; UserError (one line) for
+    one that is not read here."""
+    return HFTokenizer(gguf_tokenizer_record(path, reader), where=str(path))
+
+
+def gguf_tokenizer_record(path: str | os.PathLike, reader: Any = None) -> dict[str, Any]:
+    """The HFTokenizer record of the file's tokenizer: the tokenizer.json built from its metadata, the named special
+    tokens and the chat template (llama.cpp's end-of-turn and end-of-message ids also end a reply)."""
+    reader = open_gguf(path) if reader is None else reader
+    model = metadata(reader, "tokenizer.ggml.model")
+    if model != "gpt2":
+        refused = "it holds no tokenizer" if model is None else f"its tokenizer.ggml.model is {model!r}"
+        raise UserError(
+            f"{path}: {refused}; we read llama.cpp's byte-level BPE tokenizer (gpt2: GPT-2, Llama 3, Qwen, SmolLM)"
+        )
+    tokens = metadata(reader, "tokenizer.ggml.tokens") or []
+    types = metadata(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+    merges = metadata(reader, "tokenizer.ggml.merges") or []
+    pre = metadata(reader, "tokenizer.ggml.pre", "gpt-2")
+    if pre not in PRE_TOKENIZERS:
+        raise UserError(
+            f"{path}: its pre-tokenizer (tokenizer.ggml.pre) is {pre!r}; we read {', '.join(PRE_TOKENIZERS)}"
+        )
+    ids = {role: metadata(reader, f"tokenizer.ggml.{key}_token_id") for role, key in SPECIAL_ROLES.items()}
+    ids = {role: i for role, i in ids.items() if isinstance(i, int) and 0 <= i < len(tokens)}
+    adds = {role: metadata(reader, f"tokenizer.ggml.add_{role}_token", False) for role in ("bos", "eos")}
+    text = tokenizer_json(tokens, types, merges, pre, {role: tokens[i] for role, i in ids.items() if adds.get(role)})
+    template = metadata(reader, "tokenizer.chat_template")
+    stops = [metadata(reader, f"tokenizer.ggml.{key}_token_id") for key in ("eot", "eom")]
+    special = {f"{role}_token": tokens[i] for role, i in ids.items()}
+    return make_record(Path(path).name, text, special, template, [i for i in stops if isinstance(i, int)])
+
+
+SPECIAL_ROLES = {"bos": "bos", "eos": "eos", "unk": "unknown", "pad": "padding"}  # role -> llama.cpp's key
+
+
+def tokenizer_json(
+    tokens: list[str], types: list[int], merges: list[str], pre: str, added_ends: dict[str, str]
+) -> str:
+    """tokenizer.json's text for a byte-level BPE: every token in the BPE's vocabulary under its id (the first of
+    duplicates), control and user-defined tokens also added tokens, and `added_ends` (bos / eos: the token) put around
+    a text when special tokens are asked for (llama.cpp's add_bos / add_eos)."""
+    pre_tokenizer, ignore_merges = PRE_TOKENIZERS[pre]
+    vocab: dict[str, int] = {}
+    for token_id, token in enumerate(tokens):
+        vocab.setdefault(token, token_id)
+    added = [
+        {
+            "id": token_id,
+            "content": token,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": kind == CONTROL,
+        }
+        for token_id, (token, kind) in enumerate(zip(tokens, types))
+        if kind in (CONTROL, USER_DEFINED) and vocab[token] == token_id
+    ]
+    spec = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": post_processor(added_ends, vocab),
+        "decoder": {**_byte_level(use_regex=True), "add_prefix_space": True},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": ignore_merges,
+            "vocab": vocab,
+            "merges": usable_merges(merges, vocab),
+        },
+    }
+    return json.dumps(spec, ensure_ascii=False)
+
+
+def usable_merges(merges: list[str], vocab: dict[str, int]) -> list[list[str]]:
+    """The merges as pairs. llama.cpp splits "left right" at the first space past the first character, and skips a
+    merge whose parts or result are no token (`tokenizers` refuses those), which therefore never applies."""
+    pairs = []
+    for merge in merges:
+        cut = merge.find(" ", 1)
+        left, right = (merge[:cut], merge[cut + 1 :]) if cut > 0 else (merge, "")
+        if left in vocab and right in vocab and left + right in vocab:
+            pairs.append([left, right])
+    return pairs
+
+
+def post_processor(ends: dict[str, str], vocab: dict[str, int]) -> dict[str, Any] | None:
+    """TemplateProcessing putting bos before and eos after a text, as llama.cpp does with add_bos / add_eos (our
+    own encode adds neither; a tokenizer.json written back from this one keeps them)."""
+    if not ends:
+        return None
+    before = [ends["bos"]] if "bos" in ends else []
+    after = [ends["eos"]] if "eos" in ends else []
+
+    def piece(sequence: str) -> list[dict[str, Any]]:
+        return [
+            *({"SpecialToken": {"id": token, "type_id": 0}} for token in before),
+            {"Sequence": {"id": sequence, "type_id": 0}},
+            *({"SpecialToken": {"id": token, "type_id": 0}} for token in after),
+        ]
+
+    special = {token: {"id": token, "ids": [vocab[token]], "tokens": [token]} for token in before + after}
+    return {"type": "TemplateProcessing", "single": piece("A"), "pair": piece("A") + piece("B"), "special_tokens": special}
