@@ -278,21 +278,22 @@ def rope_freqs_scaling(factors: torch.Tensor, base: float, head_dim: int, path: 
 
 def smooth_line(frequency: torch.Tensor, smooth: torch.Tensor, path: str | os.PathLike) -> tuple[float, float]:
     """(slope, intercept) of a line in the frequency that is `smooth` where that lies strictly between 0 and 1, at or
-    below 0 where it is 0 and at or above 1 where it is 1: fitted through two or more points between, else the
-    steepest through the one point between and the nearest frequencies on either side."""
+    below 0 where it is 0 and at or above 1 where it is 1: fitted through two or more points between; else the
+    steepest through the one point between and the nearest frequency at either end (it then passes the other end
+    too); else the line through the nearest frequencies at both ends."""
     between = (smooth > 1e-4) & (smooth < 1 - 1e-4)
     if int(between.sum()) >= 2:
         slope, intercept = np.polyfit(frequency[between].numpy(), smooth[between].numpy(), 1)
         return float(slope), float(intercept)
     scaled, kept = frequency[smooth <= 1e-4], frequency[smooth >= 1 - 1e-4]
-    if not len(scaled) or not len(kept) or scaled.max() >= kept.min():
-        raise UserError(f"{path}: rope_freqs holds factors that are no Llama 3 rope scaling; we read Llama 3's")
-    points = [(scaled.max().item(), 0.0), (kept.min().item(), 1.0)]
+    ends = ([(scaled.max().item(), 0.0)] if len(scaled) else []) + ([(kept.min().item(), 1.0)] if len(kept) else [])
     if between.any():
         middle = (frequency[between].item(), smooth[between].item())
-        lines = [(middle, points[0]), (middle, points[1])]
-        slopes = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in lines]
-        points = list(lines[int(slopes[1] > slopes[0])])
-    (x0, y0), (x1, y1) = points
-    slope = (y1 - y0) / (x1 - x0)
+        lines = [(middle, end) for end in ends]
+    else:
+        lines = [tuple(ends)] if len(ends) == 2 else []
+    lines = [((x0, y0), (x1, y1)) for (x0, y0), (x1, y1) in lines if x0 != x1]
+    if not lines:
+        raise UserError(f"{path}: rope_freqs holds factors that are no Llama 3 rope scaling; we read Llama 3's")
+    slope, (x0, y0) = max(((y1 - y0) / (x1 - x0), (x0, y0)) for (x0, y0), (x1, y1) in lines)
     return slope, y0 - slope * x0

@@ -76,8 +76,8 @@ def unknown_init_from(init_from: str) -> UserError:
             "(nor a training run: no best.pt or ckpt.pt; nor a GGUF file's: no *.gguf)"
         )
     return UserError(
-        f"--init_from={init_from!r}: use resume, a Hugging Face directory or hub name (owner/name), a .gguf file, "
-        f"or {', '.join(GPT2_HUB_NAMES)}"
+        f"--init_from={init_from!r}: use resume, a Hugging Face directory or hub name (owner/name), "
+        f"or {', '.join(GPT2_HUB_NAMES)}, or a .gguf file"
     )
 
 
