@@ -3,19 +3,21 @@ tokenizer.json, behind gptkit.data.hf_tokenizer's HFTokenizer. (The model in it:
 
     tokenizer = load_gguf_tokenizer("SmolLM2-135M-Instruct-Q8_0.gguf")
 
-The tokenizer read is llama.cpp's byte-level BPE (`tokenizer.ggml.model` "gpt2"): its tokens in GPT-2's byte
-alphabet, their types (control tokens become special added tokens, user-defined ones added tokens that are not
-special), the merges, the bos/eos/unknown/padding ids and the chat template. llama.cpp reads no regex from the file:
-`tokenizer.ggml.pre` names one of its own pre-tokenizers, and each name read here gets the `tokenizers`
-pre-tokenizer that splits text as llama.cpp's regexes for it do (what gptkit/weights/gguf_hf_tokenizer.py writes
-under the same names):
+Two of llama.cpp's tokenizers (`tokenizer.ggml.model`) are read. "gpt2", the byte-level BPE: its tokens in GPT-2's
+byte alphabet, their types (control and unknown tokens become special added tokens, user-defined ones added tokens
+that are not special), the merges, the bos/eos/unknown/padding ids and the chat template. llama.cpp reads no regex
+from the file: `tokenizer.ggml.pre` names one of its own pre-tokenizers, and each name read here gets the
+`tokenizers` pre-tokenizer that splits text as llama.cpp's regexes for it do (what gptkit/weights/gguf_hf_tokenizer.py
+writes under the same names):
 
     gpt-2                          ByteLevel(use_regex)
     smollm                         Digits(individual) then ByteLevel(use_regex)
     llama-bpe, llama3, llama-v3    Split(Llama 3's regex) then ByteLevel; a piece that is a token is taken whole
     qwen2, deepseek-r1-qwen        Split(Qwen2's regex: one digit a piece) then ByteLevel
 
-Anything else (SentencePiece's "llama" model, other pre-tokenizers) is refused in one line.
+"llama", SentencePiece (Llama 2, Mistral, TinyLlama): tokens with "▁" for spaces, scores, byte tokens <0xXX>, as
+the BPE with byte fallback that transformers writes for those models. Other tokenizers and pre-tokenizers are
+refused in one line.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from gptkit.core.errors import UserError
 from gptkit.data.hf_tokenizer import HFTokenizer, make_record
 
 SUFFIX = ".gguf"
-CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types (gguf.TokenType) that are added tokens
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4  # llama.cpp's token types (gguf.TokenType)
+SPACE = "\u2581"  # SentencePiece's space
 _CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
 _REST = r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 LLAMA3_SPLIT = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}" + _REST
@@ -118,23 +121,26 @@ def gguf_tokenizer_record(path: str | os.PathLike, reader: Any = None) -> dict[s
     tokens and the chat template (llama.cpp's end-of-turn and end-of-message ids also end a reply)."""
     reader = open_gguf(path) if reader is None else reader
     model = metadata(reader, "tokenizer.ggml.model")
-    if model != "gpt2":
+    if model not in ("gpt2", "llama"):
         refused = "it holds no tokenizer" if model is None else f"its tokenizer.ggml.model is {model!r}"
         raise UserError(
-            f"{path}: {refused}; we read llama.cpp's byte-level BPE tokenizer (gpt2: GPT-2, Llama 3, Qwen, SmolLM)"
+            f"{path}: {refused}; we read llama.cpp's byte-level BPE (gpt2: GPT-2, Llama 3, Qwen, SmolLM) and "
+            "SentencePiece (llama: Llama 2, Mistral, TinyLlama) tokenizers"
         )
     tokens = metadata(reader, "tokenizer.ggml.tokens") or []
-    types = metadata(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
-    merges = metadata(reader, "tokenizer.ggml.merges") or []
-    pre = metadata(reader, "tokenizer.ggml.pre", "gpt-2")
-    if pre not in PRE_TOKENIZERS:
-        raise UserError(
-            f"{path}: its pre-tokenizer (tokenizer.ggml.pre) is {pre!r}; we read {', '.join(PRE_TOKENIZERS)}"
-        )
+    types = metadata(reader, "tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
     ids = {role: metadata(reader, f"tokenizer.ggml.{key}_token_id") for role, key in SPECIAL_ROLES.items()}
     ids = {role: i for role, i in ids.items() if isinstance(i, int) and 0 <= i < len(tokens)}
-    adds = {role: metadata(reader, f"tokenizer.ggml.add_{role}_token", False) for role in ("bos", "eos")}
-    text = tokenizer_json(tokens, types, merges, pre, {role: tokens[i] for role, i in ids.items() if adds.get(role)})
+    # llama.cpp opens a SentencePiece text with bos unless the file says otherwise
+    adds = {
+        role: metadata(reader, f"tokenizer.ggml.add_{role}_token", model == "llama" and role == "bos")
+        for role in ("bos", "eos")
+    }
+    ends = {role: tokens[i] for role, i in ids.items() if adds.get(role)}
+    if model == "gpt2":
+        text = tokenizer_json(tokens, types, byte_level_parts(reader, tokens, path), ends)
+    else:
+        text = tokenizer_json(tokens, types, sentencepiece_parts(reader, tokens, types), ends)
     template = metadata(reader, "tokenizer.chat_template")
     stops = [metadata(reader, f"tokenizer.ggml.{key}_token_id") for key in ("eot", "eom")]
     special = {f"{role}_token": tokens[i] for role, i in ids.items()}
@@ -144,16 +150,76 @@ def gguf_tokenizer_record(path: str | os.PathLike, reader: Any = None) -> dict[s
 SPECIAL_ROLES = {"bos": "bos", "eos": "eos", "unk": "unknown", "pad": "padding"}  # role -> llama.cpp's key
 
 
-def tokenizer_json(
-    tokens: list[str], types: list[int], merges: list[str], pre: str, added_ends: dict[str, str]
-) -> str:
-    """tokenizer.json's text for a byte-level BPE: every token in the BPE's vocabulary under its id (the first of
-    duplicates), control and user-defined tokens also added tokens, and `added_ends` (bos / eos: the token) put around
-    a text when special tokens are asked for (llama.cpp's add_bos / add_eos)."""
+def byte_level_parts(reader: Any, tokens: list[str], path: str | os.PathLike) -> dict[str, Any]:
+    """tokenizer.json's parts for llama.cpp's byte-level BPE: the pre-tokenizer its name stands for, its merges."""
+    pre = metadata(reader, "tokenizer.ggml.pre", "gpt-2")
+    if pre not in PRE_TOKENIZERS:
+        raise UserError(
+            f"{path}: its pre-tokenizer (tokenizer.ggml.pre) is {pre!r}; we read {', '.join(PRE_TOKENIZERS)}"
+        )
     pre_tokenizer, ignore_merges = PRE_TOKENIZERS[pre]
+    vocab = first_ids(tokens)
+    merges = usable_merges(metadata(reader, "tokenizer.ggml.merges") or [], vocab)
+    model = {"unk_token": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": ignore_merges}
+    return {
+        "normalizer": None,
+        "pre_tokenizer": pre_tokenizer,
+        "decoder": {**_byte_level(use_regex=True), "add_prefix_space": True},
+        "model": {**model, "merges": merges},
+    }
+
+
+def sentencepiece_parts(reader: Any, tokens: list[str], types: list[int]) -> dict[str, Any]:
+    """tokenizer.json's parts for llama.cpp's SentencePiece tokenizer (as transformers writes Llama 2's): spaces
+    written "▁" by the normalizer, one put before each text with add_space_prefix (llama.cpp's default), byte
+    fallback to the <0xXX> tokens, and merges by score (see sentencepiece_merges)."""
+    space_prefix = metadata(reader, "tokenizer.ggml.add_space_prefix", True)
+    replace = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}
+    prepend = [{"type": "Prepend", "prepend": SPACE}] if space_prefix else []
+    strip = [{"type": "Strip", "content": " ", "start": 1, "stop": 0}] if space_prefix else []
+    decoders = [{"type": "Replace", "pattern": {"String": SPACE}, "content": " "}, {"type": "ByteFallback"}]
+    unknown = next((token for token, kind in zip(tokens, types) if kind == UNKNOWN), None)
+    scores = metadata(reader, "tokenizer.ggml.scores") or [0.0] * len(tokens)
+    return {
+        "normalizer": {"type": "Sequence", "normalizers": [*prepend, replace]},
+        "pre_tokenizer": None,
+        "decoder": {"type": "Sequence", "decoders": [*decoders, {"type": "Fuse"}, *strip]},
+        "model": {
+            "unk_token": unknown,
+            "fuse_unk": True,
+            "byte_fallback": True,
+            "ignore_merges": False,
+            "merges": sentencepiece_merges(tokens, types, scores),
+        },
+    }
+
+
+def sentencepiece_merges(tokens: list[str], types: list[int], scores: list[float]) -> list[list[str]]:
+    """BPE merges under which `tokenizers` joins pieces as llama.cpp's SentencePiece tokenizer does: it joins the
+    adjacent pair whose joined text is the token of highest score, so every split of a token into two tokens is a
+    merge, ranked by that token's score (ties: by id, then the shorter left part)."""
+    pieces = {token: i for token, i in first_ids(tokens).items() if types[i] == NORMAL}
+    found = []
+    for token, token_id in pieces.items():
+        for cut in range(1, len(token)):
+            if token[:cut] in pieces and token[cut:] in pieces:
+                found.append((-scores[token_id], token_id, cut, token[:cut], token[cut:]))
+    return [[left, right] for *_, left, right in sorted(found)]
+
+
+def first_ids(tokens: list[str]) -> dict[str, int]:
+    """Each token's id (the first, where a file repeats a token)."""
     vocab: dict[str, int] = {}
     for token_id, token in enumerate(tokens):
         vocab.setdefault(token, token_id)
+    return vocab
+
+
+def tokenizer_json(tokens: list[str], types: list[int], parts: dict[str, Any], ends: dict[str, str]) -> str:
+    """tokenizer.json's text: a BPE holding every token under its id, the unknown, control and user-defined tokens
+    also added tokens (as llama.cpp reads them in a text whole; the user-defined ones are not special), the model's `parts` (normalizer, pre-tokenizer, decoder, the BPE's settings and merges), and `ends`
+    (bos / eos: the token) put around a text when special tokens are asked for (llama.cpp's add_bos / add_eos)."""
+    vocab = first_ids(tokens)
     added = [
         {
             "id": token_id,
@@ -162,32 +228,22 @@ def tokenizer_json(
             "lstrip": False,
             "rstrip": False,
             "normalized": False,
-            "special": kind == CONTROL,
+            "special": kind != USER_DEFINED,
         }
         for token_id, (token, kind) in enumerate(zip(tokens, types))
-        if kind in (CONTROL, USER_DEFINED) and vocab[token] == token_id
+        if kind in (UNKNOWN, CONTROL, USER_DEFINED) and vocab[token] == token_id
     ]
+    model = {"type": "BPE", "dropout": None, "continuing_subword_prefix": None, "end_of_word_suffix": None}
     spec = {
         "version": "1.0",
         "truncation": None,
         "padding": None,
         "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": pre_tokenizer,
-        "post_processor": post_processor(added_ends, vocab),
-        "decoder": {**_byte_level(use_regex=True), "add_prefix_space": True},
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": ignore_merges,
-            "vocab": vocab,
-            "merges": usable_merges(merges, vocab),
-        },
+        "normalizer": parts["normalizer"],
+        "pre_tokenizer": parts["pre_tokenizer"],
+        "post_processor": post_processor(ends, vocab),
+        "decoder": parts["decoder"],
+        "model": {**model, **parts["model"], "vocab": vocab},
     }
     return json.dumps(spec, ensure_ascii=False)
 
@@ -220,4 +276,9 @@ def post_processor(ends: dict[str, str], vocab: dict[str, int]) -> dict[str, Any
         ]
 
     special = {token: {"id": token, "ids": [vocab[token]], "tokens": [token]} for token in before + after}
-    return {"type": "TemplateProcessing", "single": piece("A"), "pair": piece("A") + piece("B"), "special_tokens": special}
+    return {
+        "type": "TemplateProcessing",
+        "single": piece("A"),
+        "pair": piece("A") + piece("B"),
+        "special_tokens": special,
+    }

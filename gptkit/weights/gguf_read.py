@@ -82,6 +82,8 @@ def load_gguf(path: str | os.PathLike, dtype: str = "float32", override_args: di
     architecture = ARCHITECTURES[arch]
     try:
         config = GPTConfig(**{**config_args(hf, architecture), **(override_args or {})})
+    except UserError as exc:  # what hf.config_args does not build (e.g. yarn rope scaling), said of this file
+        raise UserError(f"{path}: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{path}: not a usable {arch} model ({exc})") from None
     model = GPT(config)

@@ -18,6 +18,7 @@ import torch
 import export
 import sample
 import train
+from gptkit.core.errors import UserError
 from gptkit.data.gguf_tokenizer import load_gguf_tokenizer, open_gguf
 from gptkit.data.hf_tokenizer import load_hf_tokenizer
 from gptkit.data.tokenizer import CharTokenizer, make_tokenizer
@@ -27,7 +28,7 @@ from gptkit.weights.build import base_reference
 from gptkit.weights.checkpoint import load_checkpoint
 from gptkit.weights.gguf_read import load_gguf, read_tensors
 from gptkit.weights.loading import load_model_and_tokenizer
-from helpers import assert_one_line_error, cli_args, lively_model, run_in_process, run_main
+from helpers import assert_one_line_error, assert_one_line_message, cli_args, lively_model, run_in_process, run_main
 from hf_tokenizer_dirs import FAMILIES, write_family, write_sentencepiece
 from prepare_data import chat as chat_script
 
@@ -293,6 +294,35 @@ def test_each_family_s_tokenizer_reads_back_with_its_ids_and_template(tmp_path, 
     assert gguf_hf_tokenizer.pre_tokenizer_name(spec) == PRE_NAMES[family]
 
 
+# SentencePiece-style tokenizer.json files llama.cpp tokenizes exactly (see gguf_hf_tokenizer): Llama 2's normalizer
+# form, and the Metaspace form that prepends no "▁", cutting text into words or not.
+SENTENCEPIECE = {
+    "llama2": {},
+    "metaspace": dict(prepend_scheme="never", split=False),
+    "metaspace-split": dict(prepend_scheme="never", split=True),
+}
+
+
+@pytest.mark.parametrize("form", sorted(SENTENCEPIECE))
+def test_sentencepiece_tokenizers_read_back_with_their_ids(tmp_path, form):
+    """llama.cpp's SentencePiece tokenizer (Llama 2, Mistral, TinyLlama) tokenizes as the tokenizer.json it was
+    written from, and as transformers' tokenizer of the file on Llama 2's form where that puts the same space before
+    a text (not before one that opens with a space, nor after a special token) as llama.cpp."""
+    source = load_hf_tokenizer(write_sentencepiece(tmp_path / "source", every_split=True, **SENTENCEPIECE[form]))
+    path = export_file(tmp_path / "gguf", tiny("llama-untied"), source)
+    ours = load_gguf_tokenizer(path)
+    texts = [*VARIED, " leading", "<s>hi</s> there", "x<unk>y"]
+    for text in texts:
+        assert ours.encode(text) == source.encode(text), text
+        assert ours.encode_with_added(text) == source.encode_with_added(text), text
+        assert ours.decode(ours.encode(text)) == source.decode(source.encode(text)), text
+    assert ours.chat.source == source.chat.source and ours.eot_token == source.eot_token
+    if form == "llama2":
+        auto = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        for text in (text for text in texts if not text[0].isspace() and "<" not in text):
+            assert ours.encode(text) == auto.encode(text, add_special_tokens=False), text
+
+
 def test_our_own_tokenizers_read_back_with_their_ids(tmp_path):
     """A BPE trained here (GPT-4's split: llama.cpp's llama-bpe) and a table of one-byte characters (a byte-level BPE
     without merges) tokenize as themselves when read from the file."""
@@ -440,6 +470,12 @@ def write_bare(path: Path, arch: str, **uint16: int) -> Path:
     return path
 
 
+def test_a_file_without_a_tokenizer_is_one_line(tmp_path):
+    with pytest.raises(UserError) as error:
+        load_gguf_tokenizer(write_bare(tmp_path / "bare.gguf", "llama"))
+    assert_one_line_message(error.value, "bare.gguf: it holds no tokenizer", "byte-level BPE", "SentencePiece")
+
+
 def test_a_truncated_file_an_unknown_architecture_and_a_split_file_are_one_line(tmp_path, qwen_tokenizer, capsys):
     whole = export_file(tmp_path / "whole", tiny("qwen2"), qwen_tokenizer)
     truncated = tmp_path / "truncated.gguf"
@@ -461,9 +497,3 @@ def test_a_tensor_type_not_read_is_one_line_and_export_writes_nothing(tmp_path, 
     )
     assert_one_line_error(code, err, "IQ2_XS")
     assert not (tmp_path / "hf").exists()
-
-
-def test_a_sentencepiece_tokenizer_is_refused_in_one_line(tmp_path, capsys):
-    source = load_hf_tokenizer(write_sentencepiece(tmp_path / "sp", every_split=True))
-    path = export_file(tmp_path / "model", tiny("llama-untied"), source)
-    sample_error(path, capsys, "tokenizer.ggml.model is 'llama'", "byte-level BPE")
