@@ -21,6 +21,7 @@ import torch
 from gptkit.core.distributed import is_fsdp
 from gptkit.core.errors import UserError, describe_os_error
 from gptkit.core.fileio import atomic_open
+from gptkit.data.gguf_tokenizer import SUFFIX as GGUF_SUFFIX
 
 if TYPE_CHECKING:
     from gptkit.data.loader import BatchSampler
@@ -246,10 +247,12 @@ def _tokenizer_choice(record: dict[str, Any]) -> str:
 
 
 def is_checkpoint_source(init_from: str) -> bool:
-    """Whether --init_from names one of our checkpoints: a file, or a directory holding best.pt or ckpt.pt (a
-    Hugging Face GPT-2 directory holds config.json instead)."""
+    """Whether --init_from names one of our checkpoints: a file (not a GGUF one), or a directory holding best.pt or
+    ckpt.pt (a Hugging Face GPT-2 directory holds config.json instead)."""
     location = Path(init_from)
-    return location.is_file() or any((location / name).is_file() for name in (BEST_NAME, LATEST_NAME))
+    if location.is_file():
+        return location.suffix.lower() != GGUF_SUFFIX
+    return any((location / name).is_file() for name in (BEST_NAME, LATEST_NAME))
 
 
 def tokenizer_record(meta: dict[str, Any]) -> dict[str, Any]:
@@ -419,14 +422,15 @@ def check_tokenizer_name(name: str) -> None:
 def source_tokenizer(name: str, bpe_dir: str | None) -> Any:
     """The tokenizer a preparation script's --tokenizer names: a checkpoint file's or training out_dir's recorded
     tokenizer (so fine-tuning data has exactly the model's ids), else gptkit.data.prepare.chat_prepare's reading
-    (None for 'char', a data directory's, a trained BPE directory's, a tiktoken encoding)."""
+    (None for 'char', a data directory's, a trained BPE directory's, a Hugging Face model's or GGUF file's own, a
+    tiktoken encoding)."""
     from gptkit.data import tokenizer as tok
     from gptkit.data.prepare import chat_prepare
 
     path = Path(name)
     if not path.exists():
         check_tokenizer_name(name)
-    if not (path.is_file() or (path.is_dir() and any((path / n).is_file() for n in (BEST_NAME, LATEST_NAME)))):
+    if not is_checkpoint_source(name):
         return chat_prepare.base_tokenizer(name, bpe_dir)
     checkpoint_path = resolve_checkpoint(path, "best")
     record = load_checkpoint(checkpoint_path, required_keys=()).get("tokenizer")
