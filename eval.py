@@ -25,7 +25,8 @@ from gptkit.data.tokenizer import Tokenizer
 from gptkit.eval import hellaswag
 from gptkit.infer.decoding import Decoding
 from gptkit.model import GPT
-from gptkit.weights.loading import ModelSource, load_for_inference
+from gptkit.weights import load
+from gptkit.weights.source_settings import ModelSource, for_inference
 
 SUMMARY_FIGURES = ("acc", "acc_norm", "perplexity", "word_perplexity", "exact_match")  # shown in the summary line
 
@@ -172,7 +173,8 @@ def main(argv: list[str]) -> int:
     cfg = parse_settings(EvaluateSettings, argv, prog="eval.py", description=__doc__.splitlines()[0])
     torch.manual_seed(cfg.seed)
     device, dtype = cfg.resolve()
-    model, tokenizer = load_for_inference(cfg, device, dtype)
+    loaded = load(cfg.source(), checkpoint=cfg.checkpoint, data_dir=cfg.data_dir)
+    model, tokenizer = for_inference(loaded.model, cfg, device, dtype), loaded.tokenizer
     results = run_own_tasks(model, tokenizer, cfg, device, dtype)
     for task, result in results.items():
         print(hellaswag.summary_line({task: result}), flush=True)

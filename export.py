@@ -19,12 +19,13 @@ from gptkit.core.errors import UserError, run_cli
 from gptkit.core.settings import parse_settings, setting
 from gptkit.data.tokenizer import Tokenizer
 from gptkit.model import GPT
+from gptkit.weights import load
 from gptkit.weights.checkpoint import load_checkpoint, resolve_checkpoint
 from gptkit.weights.export_common import new_directory
 from gptkit.weights.export_gguf import OUTTYPES, export_gguf
 from gptkit.weights.export_hf import export_hf
 from gptkit.weights.export_lora import merge_to, peft_to
-from gptkit.weights.loading import ModelLocation, load_model_and_tokenizer
+from gptkit.weights.source_settings import ModelLocation
 
 FORMATS = ("hf", "gguf", "merged", "peft")
 LORA_FORMATS = ("merged", "peft")  # what a LoRA run's checkpoint exports to beside the model formats
@@ -58,7 +59,8 @@ class ExportSettings(ModelLocation):
 
 def load_source(cfg: ExportSettings) -> tuple[GPT, Tokenizer]:
     """The model and tokenizer to export, as plain weights: a LoRA run's adapters come merged into its base."""
-    return load_model_and_tokenizer(cfg.init_from, cfg.out_dir, cfg.checkpoint, cfg.data_dir)
+    loaded = load(cfg.source(), checkpoint=cfg.checkpoint, data_dir=cfg.data_dir)
+    return loaded.model, loaded.tokenizer
 
 
 def export_lora_run(cfg: ExportSettings, staging: Path, destination: Path) -> list[str]:

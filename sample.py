@@ -26,7 +26,8 @@ from gptkit.infer.engine import Engine, Request
 from gptkit.infer.next_token import sampling_problem
 from gptkit.infer.textstream import TextStream
 from gptkit.model import GPT
-from gptkit.weights.loading import ModelSource, load_for_inference
+from gptkit.weights import load
+from gptkit.weights.source_settings import ModelSource, for_inference
 
 SEPARATOR = "\n" + "-" * 40 + "\n"
 RESET, EXIT = "/reset", "/exit"  # the chat's two commands
@@ -149,7 +150,8 @@ def main(argv: list[str]) -> int:
     cfg = parse_settings(SampleSettings, argv, prog="sample.py", description="Generate text from a trained model.")
     torch.manual_seed(cfg.seed)
     device, dtype = cfg.resolve()
-    model, tokenizer = load_for_inference(cfg, device, dtype)
+    loaded = load(cfg.source(), checkpoint=cfg.checkpoint, data_dir=cfg.data_dir)
+    model, tokenizer = for_inference(loaded.model, cfg, device, dtype), loaded.tokenizer
     plan_for(cfg.decode, model, cfg.num_samples, dtype)  # a backend that cannot run the model fails before any text
 
     def write(text: str) -> None:

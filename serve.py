@@ -19,7 +19,8 @@ from gptkit.core.devices import in_passing_thread
 from gptkit.core.errors import run_cli
 from gptkit.core.settings import parse_settings
 from gptkit.serve.app import ServeSettings, create_app, listen, serve
-from gptkit.weights.loading import load_for_inference
+from gptkit.weights import load
+from gptkit.weights.source_settings import for_inference
 
 
 def default_model_name(cfg: ServeSettings) -> str:
@@ -32,8 +33,8 @@ def default_model_name(cfg: ServeSettings) -> str:
 
 def build_app(cfg: ServeSettings, device: torch.device, dtype: torch.dtype) -> FastAPI:
     """The model loaded as sample.py loads it, and the app that serves it."""
-    model, tokenizer = load_for_inference(cfg, device, dtype)
-    return create_app(model, tokenizer, cfg, device, dtype)
+    loaded = load(cfg.source(), checkpoint=cfg.checkpoint, data_dir=cfg.data_dir)
+    return create_app(for_inference(loaded.model, cfg, device, dtype), loaded.tokenizer, cfg, device, dtype)
 
 
 def main(argv: list[str]) -> int:

@@ -197,7 +197,7 @@ def bench_quality(cfg: LoraBench) -> list[dict]:
     each model is scored on held-out words, in both forms."""
     from gptkit.data.meta import read_meta
     from gptkit.data.tokenizer import tokenizer_from_meta
-    from gptkit.weights.loading import load_model_and_tokenizer
+    from gptkit.weights import load
 
     root = Path(cfg.work_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -210,7 +210,7 @@ def bench_quality(cfg: LoraBench) -> list[dict]:
     chat = ["prepare_data/chat.py", f"--input={root / 'chat.jsonl'}", f"--tokenizer={root / 'base'}"]
     script(*chat, f"--out_dir={root / 'chat'}", "--block_size=32")
     # The base as both fine-tunes start: the chat markers' new rows added, as train.py adds them.
-    model, _ = load_model_and_tokenizer("resume", str(root / "base"))
+    model = load(str(root / "base")).model
     tokenizer = tokenizer_from_meta(read_meta(root / "chat")["tokenizer"])
     model.grow_vocabulary(tokenizer.vocab_size)
     rows = [{"mode": "base (no fine-tuning)", "trained_params": 0, **exact_match(model, tokenizer, held_out)}]
@@ -219,7 +219,8 @@ def bench_quality(cfg: LoraBench) -> list[dict]:
         out = root / name.replace(" ", "_")
         tune = [f"--init_from={root / 'base'}", f"--data_dir={root / 'chat'}", f"--out_dir={out}", "--overwrite=True"]
         script("train.py", *TASK_RUN, *FINE_TUNE, *extra, *tune, "--eval_interval=1000")  # one evaluation, at the end
-        model, tokenizer = load_model_and_tokenizer("resume", str(out))
+        loaded = load(str(out))
+        model, tokenizer = loaded.model, loaded.tokenizer
         rows.append({"mode": name, "trained_params": stored_params(out), **exact_match(model, tokenizer, held_out)})
     for row in rows:
         row["held_out"] = len(held_out)

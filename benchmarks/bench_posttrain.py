@@ -36,7 +36,7 @@ from gptkit.core.settings import parse_settings, setting
 from gptkit.data.prompts import load_prompts
 from gptkit.eval.generative import stop_tokens_of
 from gptkit.infer.groups import sample_groups
-from gptkit.weights.loading import load_model_and_tokenizer
+from gptkit.weights import load
 from measure import print_table, run_benchmark
 
 REPO = Path(__file__).resolve().parent.parent
@@ -200,7 +200,8 @@ def dpo(cfg: PosttrainBench, root: Path, base: Path) -> dict:
 def rollout_throughput(cfg: PosttrainBench, root: Path, base: Path) -> dict:
     """tokens/s of G completions per prompt: every row in one engine batch, and one row at a time (same tokens)."""
     torch.set_num_threads(cfg.threads)
-    model, tokenizer = load_model_and_tokenizer("resume", str(base), "best", "")
+    loaded = load(str(base))
+    model, tokenizer = loaded.model, loaded.tokenizer
     prompts = [p.ids for p in load_prompts(root / "held.jsonl", tokenizer)[: cfg.throughput_prompts]]
     settings = {"max_new_tokens": 8, "temperature": 1.0, "stop_tokens": stop_tokens_of(tokenizer)}
     speeds: dict[str, list[float]] = {"batched": [], "one at a time": []}

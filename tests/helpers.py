@@ -6,6 +6,7 @@ Everything here builds its inputs on the fly (never downloaded) and talks only t
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import subprocess
@@ -250,6 +251,77 @@ def serving_directory(directory: str | Path) -> Iterator[tuple[str, list[str]]]:
 
     with serving(partial(FileHandler, directory=str(directory))) as httpd:
         yield httpd.base, requested
+
+
+HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@contextlib.contextmanager
+def serving_hub(repositories: dict[str, Path]) -> Iterator[tuple[str, list[str]]]:
+    """A stand-in for the Hugging Face Hub on 127.0.0.1 (point HF_ENDPOINT at it) serving each repository (its id ->
+    a directory of its files) at HUB_COMMIT: what huggingface_hub's snapshot_download asks, a revision's commit
+    (/api/models/ID/revision/REV), the file tree (/api/models/ID/tree/COMMIT) and each file's headers and bytes
+    (/ID/resolve/COMMIT/FILE); anything else is a 404. Yields (base URL, "METHOD path" of every request)."""
+    requested: list[str] = []
+
+    class HubHandler(QuietHandler):
+        def do_GET(self) -> None:
+            self.answer(with_body=True)
+
+        def do_HEAD(self) -> None:
+            self.answer(with_body=False)
+
+        def answer(self, with_body: bool) -> None:
+            path = self.path.split("?")[0]
+            requested.append(f"{self.command} {path}")
+            body = self.body(path)
+            self.send_response(404 if body is None else 200)
+            self.send_header("Content-Length", str(len(body or b"")))
+            if body is not None:
+                self.send_header("X-Repo-Commit", HUB_COMMIT)
+                self.send_header("ETag", f'"{hashlib.sha1(body).hexdigest()}"')
+            self.end_headers()
+            if with_body and body:
+                self.wfile.write(body)
+
+        def body(self, path: str) -> bytes | None:
+            for repository, directory in repositories.items():
+                files = {entry.name: entry for entry in sorted(directory.iterdir()) if entry.is_file()}
+                if path.startswith(f"/api/models/{repository}/revision/"):
+                    return json.dumps({"id": repository, "sha": HUB_COMMIT}).encode()
+                if path == f"/api/models/{repository}/tree/{HUB_COMMIT}":
+                    tree = [entry(name, file.read_bytes()) for name, file in files.items()]
+                    return json.dumps(tree).encode()
+                name = path.removeprefix(f"/{repository}/resolve/{HUB_COMMIT}/")
+                if name in files:
+                    return files[name].read_bytes()
+            return None
+
+    def entry(name: str, data: bytes) -> dict[str, Any]:
+        return {"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+
+    with serving(HubHandler) as httpd:
+        yield httpd.base, requested
+
+
+def offline_hub_cache(monkeypatch: Any, cache: Path, repositories: dict[str, Path]) -> None:
+    """huggingface_hub offline (HF_HUB_OFFLINE=1) over a cache at `cache` (HF_HUB_CACHE) holding each repository
+    (its id -> a directory of its files) as a download leaves it: a snapshot named by its commit and refs/main."""
+    import shutil
+
+    import huggingface_hub.constants
+
+    for repository, directory in repositories.items():
+        stored = cache / f"models--{repository.replace('/', '--')}"
+        shutil.copytree(directory, stored / "snapshots" / HUB_COMMIT)
+        (stored / "refs").mkdir()
+        (stored / "refs" / "main").write_text(HUB_COMMIT)
+    cache.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    # huggingface_hub reads its environment once, on import
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
 # ----------------------------------------------------------------------------- entry points run in-process

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from gptkit.infer import generate
-from gptkit.weights.loading import load_model_and_tokenizer
+from gptkit.weights import load
 from helpers import cli_args, run_script
 
 LETTERS = "abcdefgh"
@@ -44,7 +44,8 @@ def write_base_corpus(path: Path, vocabulary: list[str]) -> None:
 def exact_match(out_dir: Path, held_out: list[str]) -> float:
     """Share of held-out words whose greedy reply is exactly the reversed word. A model without a chat template
     is asked in its own plain text format."""
-    model, tokenizer = load_model_and_tokenizer("resume", str(out_dir))
+    loaded = load(str(out_dir))
+    model, tokenizer = loaded.model, loaded.tokenizer
     right = 0
     for word in held_out:
         if tokenizer.chat is None:

@@ -14,8 +14,8 @@ import torch
 import export
 import train
 from gptkit.data import tokenizer as tok
+from gptkit.weights import load
 from gptkit.weights.checkpoint import save_checkpoint, tokenizer_record
-from gptkit.weights.loading import load_model_and_tokenizer
 from helpers import (
     REPO,
     assert_one_line_error,
@@ -63,7 +63,8 @@ def test_hf_export_of_a_chat_checkpoint_runs_in_transformers_to_our_tokens(tmp_p
     files = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
     assert out == f"wrote {destination}: {', '.join(files)}\n"
     assert sorted(p.name for p in destination.iterdir()) == files  # nothing else (no staging left behind)
-    model, tokenizer = load_model_and_tokenizer("resume", str(chat_checkpoint))
+    loaded = load(str(chat_checkpoint))
+    model, tokenizer = loaded.model, loaded.tokenizer
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(destination)
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(destination).eval()
     prompt = hf_tokenizer.apply_chat_template(MESSAGES, tokenize=True, add_generation_prompt=True)
@@ -132,7 +133,8 @@ def test_the_demos_model_exports_as_qwen3_that_transformers_runs_to_our_greedy_t
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(destination)
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(destination).eval()
     assert type(hf_model).__name__ == "Qwen3ForCausalLM"
-    model, tokenizer = load_model_and_tokenizer("resume", str(demo_run))
+    loaded = load(str(demo_run))
+    model, tokenizer = loaded.model, loaded.tokenizer
     prompt = hf_tokenizer.encode("First Citizen:\n")
     assert prompt == tokenizer.encode("First Citizen:\n")
     with torch.no_grad():
@@ -157,7 +159,8 @@ def test_the_demos_model_exports_to_gguf_that_llama_cpp_runs_to_our_greedy_token
     path = destination / "demo-f32.gguf"
     assert gguf.GGUFReader(path).fields["general.architecture"].contents() == "qwen3"
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, verbose=False)
-    model, tokenizer = load_model_and_tokenizer("resume", str(demo_run))
+    loaded = load(str(demo_run))
+    model, tokenizer = loaded.model, loaded.tokenizer
     text = "First Citizen:\nBefore we proceed any further, hear me speak."
     assert llm.tokenize(text.encode(), add_bos=False, special=False) == tokenizer.encode(text)
     prompt = tokenizer.encode("First Citizen:\n")

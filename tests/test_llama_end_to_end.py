@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import export
-from gptkit.weights.loading import load_model_and_tokenizer
+from gptkit.weights import load
 from helpers import cli_args, run_in_process, run_main, run_script
 from hf_tokenizer_dirs import write_byte_level
 from prepare_data import chat as chat_script
@@ -83,7 +83,8 @@ def test_chat_lora_run_on_a_llama_base_answers_and_exports_back(llama_base: Path
     for fmt, source, target in (("merged", out, merged), ("hf", merged, exported)):
         done = run_in_process(export.main, [f"--out_dir={source}", f"--format={fmt}", f"--export_dir={target}"], capsys)
         assert done.returncode == 0, done.stderr  # export.py in this process: test_export runs it as a process
-    ours, tokenizer = load_model_and_tokenizer("resume", str(merged))
+    loaded = load(str(merged))
+    ours, tokenizer = loaded.model, loaded.tokenizer
     hf = transformers.AutoModelForCausalLM.from_pretrained(exported).eval()
     assert type(hf).__name__ == "LlamaForCausalLM"
     auto = transformers.AutoTokenizer.from_pretrained(exported)

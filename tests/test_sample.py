@@ -281,10 +281,10 @@ def hand_rendered_prompt(tokenizer, system: str, user: str) -> list[int]:
 
 def greedy_reply(out_dir: Path, prompt: list[int], tokenizer, limit: int) -> str:
     """The reply a plain full forward pass makes greedily, up to a stop token or `limit` tokens."""
-    from gptkit.weights.loading import load_model_and_tokenizer
+    from gptkit.weights import load
     from helpers import reference_greedy
 
-    model, _ = load_model_and_tokenizer("resume", str(out_dir))
+    model = load(str(out_dir)).model
     tokens = reference_greedy(model, prompt, limit)
     stops = set(tokenizer.chat.reply_stops)
     cut = next((i for i, token in enumerate(tokens) if token in stops), len(tokens))

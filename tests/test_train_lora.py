@@ -16,8 +16,8 @@ import sample
 import train
 from data.test_packing import write_chat_data
 from gptkit.weights import checkpoint as ckpt
-from gptkit.weights.build import model_with_adapters
-from gptkit.weights.loading import load_model_and_tokenizer
+from gptkit.weights import load
+from gptkit.weights.sources import model_of_checkpoint
 from helpers import assert_script_error, cli_args, run_in_process, run_main, run_script
 from test_train_chat import RUN, write_text_data
 from test_train_ddp import assert_close_weights, assert_same_curve, train_in
@@ -55,7 +55,7 @@ def test_a_lora_run_trains_only_adapters_and_saves_only_them(base: Path, tmp_pat
     assert sum(t.numel() for t in saved["model"].values()) == trained
     assert saved["lora"]["base"]["source"] == str((base / "best.pt").resolve())
     frozen = ckpt.load_checkpoint(base / "best.pt")["model"]
-    tuned = model_with_adapters(saved, "test")
+    tuned = model_of_checkpoint(saved, "test", merge=False)
     for name, tensor in frozen.items():  # the base's own weights did not move
         if "lora" not in name and name in dict(tuned.named_parameters()):
             torch.testing.assert_close(dict(tuned.named_parameters())[name].detach(), tensor)
@@ -77,7 +77,8 @@ def test_on_chat_data_the_new_token_rows_train_with_the_adapters(base: Path, tmp
     assert result.returncode == 0, result.stderr
     saved = ckpt.load_checkpoint(tmp_path / "out" / "ckpt.pt")
     assert saved["model"]["transformer.wte.extra"].shape == (4, 32)  # the template's four markers
-    model, tokenizer = load_model_and_tokenizer("resume", str(tmp_path / "out"))
+    loaded = load(str(tmp_path / "out"))
+    model, tokenizer = loaded.model, loaded.tokenizer
     assert tokenizer.chat is not None and model.transformer.wte.weight.shape[0] == tokenizer.vocab_size
 
 
@@ -89,8 +90,8 @@ def test_merge_writes_a_plain_checkpoint_with_the_same_outputs(base: Path, tmp_p
     assert result.stdout.strip() == f"wrote {tmp_path / 'm'}: ckpt.pt"
     merged = ckpt.load_checkpoint(tmp_path / "m" / "ckpt.pt")
     assert "lora" not in merged
-    adapted = model_with_adapters(ckpt.load_checkpoint(tmp_path / "out" / "ckpt.pt"), "test").eval()
-    plain, _ = load_model_and_tokenizer("resume", str(tmp_path / "m"))
+    adapted = model_of_checkpoint(ckpt.load_checkpoint(tmp_path / "out" / "ckpt.pt"), "test", merge=False).eval()
+    plain = load(str(tmp_path / "m")).model
     x = torch.randint(0, 10, (2, 16))
     torch.testing.assert_close(plain(x, x)[0], adapted(x, x)[0], rtol=1e-5, atol=1e-5)
     assert_script_error(run_in_process(export.main, merge[1:], capsys), "already holds files")
@@ -140,7 +141,8 @@ def test_peft_runs_our_adapters_on_the_exported_base(base: Path, tmp_path: Path,
     assert run_main(export.main, peft_args, capsys)[0] == 0
     export_args = [f"--out_dir={base}", "--format=hf", f"--export_dir={tmp_path / 'hf'}"]
     assert run_main(export.main, export_args, capsys)[0] == 0
-    ours, tokenizer = load_model_and_tokenizer("resume", str(tmp_path / "out"))
+    loaded = load(str(tmp_path / "out"))
+    ours, tokenizer = loaded.model, loaded.tokenizer
     hf_base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
     theirs = peft.PeftModel.from_pretrained(hf_base, tmp_path / "adapter").eval()
     text = "abc hgf eddcba gh"
@@ -169,7 +171,8 @@ def test_peft_runs_a_chat_lora_run_with_its_new_token_rows(base: Path, tmp_path:
     code, out, err = run_main(export.main, [*peft_args, "--overwrite=True"], capsys)  # base/ replaced whole
     assert code == 0 and out.strip().endswith("base"), err
     assert not (tmp_path / "adapter" / "base" / "stale.txt").exists()
-    ours, tokenizer = load_model_and_tokenizer("resume", str(tmp_path / "out"))
+    loaded = load(str(tmp_path / "out"))
+    ours, tokenizer = loaded.model, loaded.tokenizer
     rows = ckpt.load_checkpoint(tmp_path / "out" / "ckpt.pt")["lora"]["first_new_row"]
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert config["trainable_token_indices"] == list(range(rows, tokenizer.vocab_size))
@@ -231,7 +234,7 @@ def test_peft_runs_a_chat_lora_run_on_a_llama_family_base_from_anywhere(
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     theirs = peft.AutoPeftModelForCausalLM.from_pretrained(tmp_path / "adapter", dtype=torch.float32).eval()
     assert type(theirs.get_base_model()).__name__ == f"{family}ForCausalLM"
-    ours, _ = load_model_and_tokenizer("resume", str(tmp_path / "out"))
+    ours = load(str(tmp_path / "out")).model
     conversation = [{"role": "user", "content": "abc"}, {"role": "assistant", "content": "hgf"}]
     ids = torch.tensor([tokenizer.chat.render(conversation, tokenizer)[0].tolist()])
     assert (ids >= 10).sum() >= 4  # the markers are read

@@ -61,7 +61,7 @@ from gptkit.serve.openai_api import (
     TokenizeRequest,
     error_response,
 )
-from gptkit.weights.loading import ModelSource
+from gptkit.weights.source_settings import ModelSource
 
 
 @dataclass

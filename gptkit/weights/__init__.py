@@ -1,1 +1,7 @@
-"""A model's weights on disk and in memory: checkpoints, GPT-2 in Hugging Face's layout, int8 weights, loading a model to run."""
+"""A model's weights on disk and in memory: `load(source)` reads any model with its tokenizer (gptkit.weights.sources);
+beside it the formats (checkpoints, LoRA adapters, Hugging Face's and llama.cpp's files), int8 and int4 weights, and
+the exports."""
+
+from gptkit.weights.sources import Loaded, load, source_kind
+
+__all__ = ["Loaded", "load", "source_kind"]

@@ -9,11 +9,11 @@ from typing import Any
 from gptkit.core.errors import UserError
 from gptkit.data.tokenizer import tokenizer_from_meta
 from gptkit.model import config_from_dict, config_to_dict
-from gptkit.weights.build import load_base, model_of_checkpoint
 from gptkit.weights.checkpoint import save_checkpoint
 from gptkit.weights.export_hf import export_hf
 from gptkit.weights.hf import GPT2_HUB_NAMES
 from gptkit.weights.lora import LoraConfig, write_peft_adapter
+from gptkit.weights.sources import lora_base, model_of_checkpoint
 
 
 def merge_to(checkpoint: dict[str, Any], where: str, directory: Path) -> None:
@@ -41,7 +41,7 @@ def peft_to(checkpoint: dict[str, Any], where: str, directory: Path, final: Path
     directory.mkdir(parents=True, exist_ok=True)
     if grown or base not in GPT2_HUB_NAMES:
         # Any base export.py takes (no biases: zero ones; an untied head), with the tokenizer the run trained on.
-        model = load_base(record["base"], where)
+        model = lora_base(record["base"], where)
         if vocab_size > model.config.vocab_size:
             model.grow_vocabulary(vocab_size)  # the rows the run added, as it started them
         export_hf(model, tokenizer_from_meta(checkpoint["tokenizer"]), directory / "base")

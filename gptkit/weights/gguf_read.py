@@ -27,7 +27,7 @@ import torch
 from gptkit.core.errors import UserError
 from gptkit.data.gguf_tokenizer import metadata, open_gguf
 from gptkit.model import GPT, GPTConfig, scaled_frequencies
-from gptkit.weights.hf import DTYPES, config_args, state_from_hf
+from gptkit.weights.hf import config_args, state_from_hf
 
 ARCHITECTURES = {
     "gpt2": "GPT2LMHeadModel",
@@ -70,18 +70,16 @@ GPT2_CONV1D = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")  # stored (out, 
 _TENSOR_NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)")
 
 
-def load_gguf(path: str | os.PathLike, dtype: str = "float32", override_args: dict[str, Any] | None = None) -> GPT:
-    """The model of a GGUF file as our GPT in `dtype` (float32 or bfloat16); override_args may change what does not
-    change shapes (dropout, block_size downwards). UserError (one line) for what is not read (module docstring)."""
-    if dtype not in DTYPES:
-        raise UserError(f"dtype {dtype!r}: models load as {' or '.join(DTYPES)}")
+def read_gguf_model(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> GPT:
+    """The model of a GGUF file as our GPT (float32, on CPU); `overrides` may change what does not change shapes
+    (dropout, block_size downwards). UserError (one line) for what is not read (module docstring)."""
     reader = open_gguf(path)
     arch = architecture_of(reader, path)
     tensors = read_tensors(reader, path)
     hf = hf_config(reader, arch, tensors, path)
     architecture = ARCHITECTURES[arch]
     try:
-        config = GPTConfig(**{**config_args(hf, architecture), **(override_args or {})})
+        config = GPTConfig(**{**config_args(hf, architecture), **(overrides or {})})
     except UserError as exc:  # what hf.config_args does not build (e.g. yarn rope scaling), said of this file
         raise UserError(f"{path}: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:
@@ -89,7 +87,7 @@ def load_gguf(path: str | os.PathLike, dtype: str = "float32", override_args: di
     model = GPT(config)
     named = hf_tensors(tensors, arch, config, path)
     model.load_state_dict(state_from_hf(named, architecture, model, Path(path)))
-    return model.to(DTYPES[dtype])
+    return model
 
 
 def architecture_of(reader: Any, path: str | os.PathLike) -> str:

@@ -1,5 +1,5 @@
-"""Hugging Face checkpoints: read a directory (local, or a hub name) of GPT-2 or the Llama family as our GPT, and
-write a GPT back as the transformers class that holds it exactly.
+"""Hugging Face checkpoints: read a directory (local, or a hub repository's in huggingface_hub's cache) of GPT-2 or
+the Llama family as our GPT, and write a GPT back as the transformers class that holds it exactly.
 
 A directory holds config.json and model.safetensors, or shards named by model.safetensors.index.json (GPT-2 also
 an older pytorch_model.bin). config.json's `architectures` picks the family (ARCHITECTURES). The tensors are
@@ -25,7 +25,6 @@ from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as safetensors_bytes
 
-from gptkit.core.download import fetch
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import atomic_write_bytes, atomic_write_json
 from gptkit.model import GPT, GPTConfig
@@ -40,7 +39,6 @@ MODEL_TYPES = {
     "Qwen3ForCausalLM": "qwen3",
     "NanoChatForCausalLM": "nanochat",
 }
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 STORED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what a file's weights may be stored as
 HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]  # what a hub download fetches (not *.bin, *.pt)
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -69,36 +67,13 @@ def is_hub_name(name: str) -> bool:
     return re.fullmatch(r"[\w.-]+/[\w.-]+", name) is not None and not name.startswith((".", "/"))
 
 
-def locate(name_or_dir: str) -> Path:
-    """The directory for a local path, or for a hub name after downloading it (once) into the cache."""
-    directory = Path(name_or_dir)
-    if directory.is_dir():
-        return directory
-    if name_or_dir in GPT2_HUB_NAMES:
-        return download_gpt2(name_or_dir)
-    if is_hub_name(name_or_dir):
-        return hub_snapshot(name_or_dir)
-    raise UserError(
-        f"{name_or_dir} is neither a directory, a hub name (owner/name) nor one of {', '.join(GPT2_HUB_NAMES)}"
-    )
-
-
-def download_gpt2(name: str) -> Path:
-    """Fetch a GPT-2 checkpoint's config.json and model.safetensors from the Hugging Face Hub (HF_ENDPOINT)
-    into the download cache, once; returns the directory. UserError when offline or unreachable."""
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
-        raise UserError(f"cannot download {name}: HF_HUB_OFFLINE is set (offline); pass a local GPT-2 directory")
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-    for filename in ("config.json", "model.safetensors"):
-        path = fetch(f"{endpoint}/openai-community/{name}/resolve/main/{filename}", name=f"hf/{name}/{filename}")
-    return path.parent
-
-
 def hub_snapshot(name: str) -> Path:
-    """A hub repository's config, weights and tokenizer files through huggingface_hub's cache (HF_HUB_OFFLINE=1:
-    the cache only). UserError when it is neither cached nor reachable."""
+    """The directory of a hub repository's config, weights and tokenizer files in huggingface_hub's cache, fetched
+    once (HF_ENDPOINT; HF_HUB_OFFLINE=1: the cache only). GPT-2's names stand for openai-community's repositories.
+    UserError when it is neither cached nor reachable."""
+    repository = f"openai-community/{name}" if name in GPT2_HUB_NAMES else name
     try:
-        return Path(snapshot_download(name, allow_patterns=HUB_FILES))
+        return Path(snapshot_download(repository, allow_patterns=HUB_FILES))
     except LocalEntryNotFoundError:
         raise UserError(
             f"{name}: no such directory, and no hub repository of that name in the cache (offline?)"
@@ -227,10 +202,12 @@ def read_config(directory: Path) -> tuple[str, GPTConfig]:
 
 
 def weight_files(directory: Path) -> list[Path]:
-    """The safetensors files holding the weights: model.safetensors, or the shards the index names."""
+    """The files holding the weights: model.safetensors, GPT-2's older pytorch_model.bin, or the safetensors shards
+    the index names."""
     index = directory / "model.safetensors.index.json"
-    if (directory / "model.safetensors").exists():
-        return [directory / "model.safetensors"]
+    for single in ("model.safetensors", "pytorch_model.bin"):
+        if (directory / single).exists():
+            return [directory / single]
     if index.exists():
         try:
             shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
@@ -246,10 +223,11 @@ def weight_files(directory: Path) -> list[Path]:
 def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the directory's weight files under its own (Hugging Face) name. UserError for a damaged file
     or a dtype we cannot hold (quantized and 8-bit float weights)."""
-    if not (directory / "model.safetensors").exists() and (directory / "pytorch_model.bin").exists():
-        return read_torch_bin(directory / "pytorch_model.bin")
+    files = weight_files(directory)
+    if files[0].suffix == ".bin":
+        return read_torch_bin(files[0])
     tensors = {}
-    for path in weight_files(directory):
+    for path in files:
         try:
             with safe_open(path, framework="pt") as handle:
                 for name in handle.keys():  # noqa: SIM118 (a safetensors handle is not iterable)
@@ -336,24 +314,21 @@ def state_from_hf(tensors: dict[str, torch.Tensor], architecture: str, model: GP
     return {key: state[key] for key in expected}
 
 
-# ------------------------------------------------------------------------------------------------ loading
+# ------------------------------------------------------------------------------------------------ reading
 
 
-def load_hf(name_or_dir: str, dtype: str = "float32", override_args: dict[str, Any] | None = None) -> GPT:
-    """A Hugging Face model (local directory or hub name) of one of ARCHITECTURES as our GPT, in `dtype` (float32
-    or bfloat16). override_args may change what does not change shapes (dropout, block_size downwards)."""
-    if dtype not in DTYPES:
-        raise UserError(f"dtype {dtype!r}: models load as {' or '.join(DTYPES)}")
-    directory = locate(name_or_dir)
+def read_hf_model(directory: Path, overrides: dict[str, Any] | None = None) -> GPT:
+    """The model of a Hugging Face directory of one of ARCHITECTURES as our GPT (float32, on CPU). `overrides` may
+    change what does not change shapes (dropout, block_size downwards)."""
     architecture, config = read_config(directory)
-    if override_args:
+    if overrides:
         try:
-            config = GPTConfig(**{**vars(config), **override_args})
+            config = GPTConfig(**{**vars(config), **overrides})
         except (TypeError, ValueError) as exc:
             raise UserError(f"{directory}: {exc}") from None
     model = GPT(config)
     model.load_state_dict(state_from_hf(read_tensors(directory), architecture, model, directory))
-    return model.to(DTYPES[dtype])
+    return model
 
 
 # ------------------------------------------------------------------------------------------------ writing

@@ -310,7 +310,7 @@ def peft_parts(
 # ----------------------------------------------------------------------------- LoRA checkpoints
 
 # A LoRA run's checkpoint stores only what trained ("model": adapter_state) and, under "lora", how to rebuild the
-# rest: the settings, and the base it started from (gptkit.weights.build rebuilds the model from it).
+# rest: the settings, and the base it started from (gptkit.weights.sources rebuilds the model from it).
 
 
 def lora_record(config: LoraConfig, base_weights: str, reference: dict[str, str], first_new_row: int | None) -> dict:

@@ -11,7 +11,7 @@ import pytest
 
 import eval as eval_script
 from gptkit.eval.generative import pass_at_k
-from gptkit.weights.build import model_from_checkpoint
+from gptkit.weights.sources import model_of_checkpoint
 from helpers import assert_one_line_error, lively_char_checkpoint, reference_greedy, run_main
 
 
@@ -27,7 +27,7 @@ def test_prompt_file_end_to_end(tmp_path: Path, capsys):
 
     tokenizer = lively_char_checkpoint(tmp_path / "out", chat=True, block_size=48)
     checkpoint = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
-    model = model_from_checkpoint(checkpoint, "ckpt").eval()
+    model = model_of_checkpoint(checkpoint, "ckpt").eval()
     records = []
     for i, question in enumerate(["Speak", "ROMEO", "All", "hear me", "First"]):
         ids = tokenizer.chat.render_prompt([{"role": "user", "content": question}], tokenizer)

@@ -419,9 +419,10 @@ def offline_datasets(trained: dict[str, Path], monkeypatch: pytest.MonkeyPatch) 
 @pytest.mark.heavy
 def test_harness_acc_norm_picks_our_endings(trained, harness_tasks, offline_datasets) -> None:
     from gptkit.eval import harness
-    from gptkit.weights.loading import load_model_and_tokenizer
+    from gptkit.weights import load
 
-    model, tokenizer = load_model_and_tokenizer("resume", str(trained["out"]))
+    loaded = load(str(trained["out"]))
+    model, tokenizer = loaded.model, loaded.tokenizer
     lm = harness.GPTKitLM(model, tokenizer, "cpu", batch_size=32)
     output = harness.simple_evaluate(lm, ["local_mc"], include_path=str(harness_tasks), log_samples=True)
     samples = sorted(output["samples"]["local_mc"], key=lambda s: s["doc_id"])
@@ -443,9 +444,10 @@ def test_harness_generation_and_rolling_loglikelihood(trained, harness_tasks) ->
     from lm_eval.api.instance import Instance
 
     from gptkit.eval import harness
-    from gptkit.weights.loading import load_model_and_tokenizer
+    from gptkit.weights import load
 
-    model, tokenizer = load_model_and_tokenizer("resume", str(trained["out"]))
+    loaded = load(str(trained["out"]))
+    model, tokenizer = loaded.model, loaded.tokenizer
     lm = harness.GPTKitLM(model, tokenizer, "cpu", batch_size=4)
     text = markov_text(30, seed=3)[:30]  # within one 32-token window
     long_text = markov_text(200, seed=3)  # scored in several windows
@@ -484,9 +486,10 @@ def test_lm_eval_scores_the_served_model_as_evaluate_py_does(trained, harness_ta
     """lm-eval's own `local-completions` model, pointed at the server (tokenizing through its /tokenize, scoring
     with echo and logprobs), gets the accuracies the in-process adapter gets on the same checkpoint and items."""
     from gptkit.eval import harness
-    from gptkit.weights.loading import load_model_and_tokenizer
+    from gptkit.weights import load
 
-    model, tokenizer = load_model_and_tokenizer("resume", str(trained["out"]))
+    loaded = load(str(trained["out"]))
+    model, tokenizer = loaded.model, loaded.tokenizer
     lm = harness.GPTKitLM(model, tokenizer, "cpu", batch_size=32)
     ours = harness.simple_evaluate(lm, ["local_mc"], include_path=str(harness_tasks), limit=60)["results"]["local_mc"]
     with running_app(model, tokenizer, slots=8) as base:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptkit.weights.loading import load_model_and_tokenizer
+from gptkit.weights import load
 from helpers import running_app
 from hf_tokenizer_dirs import write_byte_level
 
@@ -65,7 +65,8 @@ def transformers_greedy_reply(directory: Path, steps: int) -> tuple[str, list[in
 
 
 def test_the_openai_client_gets_transformers_greedy_chat_reply(llama_dir: Path) -> None:
-    model, tokenizer = load_model_and_tokenizer(str(llama_dir), "")
+    loaded = load(str(llama_dir))
+    model, tokenizer = loaded.model, loaded.tokenizer
     expected, prompt = transformers_greedy_reply(llama_dir, steps=10)
     with running_app(model, tokenizer) as base:
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="none")
@@ -75,7 +76,8 @@ def test_the_openai_client_gets_transformers_greedy_chat_reply(llama_dir: Path) 
 
 
 def test_an_echoed_prompt_is_scored_with_transformers_log_probabilities(llama_dir: Path) -> None:
-    model, tokenizer = load_model_and_tokenizer(str(llama_dir), "")
+    loaded = load(str(llama_dir))
+    model, tokenizer = loaded.model, loaded.tokenizer
     text = "The colour of the sea is blue, and the sky is grey."
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(llama_dir))
     ids = hf_tokenizer(text)["input_ids"]

@@ -14,7 +14,7 @@ import torch
 from gptkit.core.errors import UserError
 from gptkit.model import GPT, GPTConfig
 from gptkit.weights import checkpoint as ckpt
-from gptkit.weights.build import model_from_checkpoint
+from gptkit.weights.sources import model_of_checkpoint
 
 TINY = GPTConfig(block_size=16, vocab_size=40, n_layer=1, n_head=2, n_embd=16)
 
@@ -145,7 +145,7 @@ def test_copy_checkpoint_copies_where_hard_links_are_refused(tmp_path: Path, mon
 def test_build_model_restores_weights_and_strips_wrapper_prefixes(tmp_path: Path) -> None:
     state = tiny_checkpoint()
     state["model"] = {"_orig_mod." + k: v for k, v in state["model"].items()}
-    model = model_from_checkpoint(state, "x.pt", overrides={"dropout": 0.1})
+    model = model_of_checkpoint(state, "x.pt", overrides={"dropout": 0.1})
     assert model.config.dropout == 0.1 and model.config.n_embd == 16
     reference = tiny_checkpoint()["model"]
     assert all(torch.equal(model.state_dict()[k], v) for k, v in reference.items())
@@ -158,7 +158,7 @@ def test_nanogpt_checkpoints_load_with_exact_gelu_and_mask_buffers_ignored() -> 
         for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
     }
     state["model"]["transformer.h.0.attn.bias"] = torch.ones(1, 1, 16, 16).tril()
-    model = model_from_checkpoint(state, "nanogpt.pt")
+    model = model_of_checkpoint(state, "nanogpt.pt")
     assert model.config.activation == "gelu"
 
 
@@ -166,11 +166,11 @@ def test_shape_mismatch_is_a_user_error() -> None:
     state = tiny_checkpoint()
     state["model_args"]["n_embd"] = 32
     with pytest.raises(UserError, match=r"x.pt: .* has shape"):
-        model_from_checkpoint(state, "x.pt")
+        model_of_checkpoint(state, "x.pt")
     state = tiny_checkpoint()
     state["model_args"]["n_layer"] = 2
     with pytest.raises(UserError, match="does not match its model_args"):
-        model_from_checkpoint(state, "x.pt")
+        model_of_checkpoint(state, "x.pt")
 
 
 def test_tokenizer_record_is_meta_tokenizer_plus_sizes() -> None:
@@ -248,7 +248,7 @@ def test_a_written_training_checkpoint_is_read_back_by_this_module(tmp_path: Pat
     loaded = ckpt.load_checkpoint(tmp_path / "ckpt.pt", required_keys=ckpt.RESUME_KEYS)
     assert loaded["tokenizer"] == {**meta["tokenizer"], "vocab_size": TINY.vocab_size, "eot_token": None}
     assert (loaded["iter_num"], loaded["best_val_loss"], loaded["sampler"]) == (5, 1.5, {"position": 10})
-    rebuilt = model_from_checkpoint(loaded, "ckpt.pt")
+    rebuilt = model_of_checkpoint(loaded, "ckpt.pt")
     assert all(torch.equal(a, b) for a, b in zip(rebuilt.state_dict().values(), model.state_dict().values()))
 
     ckpt.save_training_checkpoint(tmp_path, {**checkpoint, "iter_num": 6}, best=True)  # a new best: both names

@@ -23,11 +23,10 @@ from gptkit.data.gguf_tokenizer import load_gguf_tokenizer, open_gguf
 from gptkit.data.hf_tokenizer import load_hf_tokenizer
 from gptkit.data.tokenizer import CharTokenizer, make_tokenizer
 from gptkit.model import scaled_frequencies
-from gptkit.weights import export_gguf, gguf_hf_tokenizer
-from gptkit.weights.build import base_reference
+from gptkit.weights import export_gguf, gguf_hf_tokenizer, load
 from gptkit.weights.checkpoint import load_checkpoint
-from gptkit.weights.gguf_read import load_gguf, read_tensors
-from gptkit.weights.loading import load_model_and_tokenizer
+from gptkit.weights.gguf_read import read_tensors
+from gptkit.weights.sources import base_reference
 from helpers import assert_one_line_error, assert_one_line_message, cli_args, lively_model, run_in_process, run_main
 from hf_tokenizer_dirs import FAMILIES, write_family, write_sentencepiece
 from prepare_data import chat as chat_script
@@ -87,7 +86,7 @@ IDX = torch.randint(0, ROWS, (2, 20), generator=torch.Generator().manual_seed(1)
 def test_each_architecture_reads_with_transformers_logits(tmp_path, qwen_tokenizer, shape, outtype):
     source = tiny(shape)
     path = export_file(tmp_path, source, qwen_tokenizer, outtype)
-    ours = load_gguf(path).eval()
+    ours = load(str(path), tokenizer=False).model
     torch.testing.assert_close(logits(ours, IDX), transformers_model(path, shape)(IDX).logits, rtol=0, atol=1e-4)
     assert ours.config.tie_embeddings == source.config.tie_embeddings
     if outtype == "f32":  # nothing lost: the source's own logits
@@ -99,7 +98,7 @@ def test_a_head_stored_as_a_copy_of_the_embedding_is_tied(tmp_path, qwen_tokeniz
     source = tiny("gpt2")
     with torch.no_grad():
         source.lm_head.weight.copy_(source.transformer.wte.weight)
-    ours = load_gguf(export_file(tmp_path, source, qwen_tokenizer)).eval()
+    ours = load(str(export_file(tmp_path, source, qwen_tokenizer)), tokenizer=False).model
     assert ours.config.tie_embeddings and not source.config.tie_embeddings
     torch.testing.assert_close(logits(ours, IDX), logits(source, IDX), rtol=0, atol=1e-5)
 
@@ -118,7 +117,7 @@ def test_llama3_rope_scaling_comes_back_from_rope_freqs(tmp_path, qwen_tokenizer
     reference."""
     scaling = {**LLAMA3, "original_max_position_embeddings": original}
     source = tiny("llama-untied", rope_base=base, rope_scaling=scaling, n_head=2, n_kv_head=2)
-    ours = load_gguf(export_file(tmp_path, source, qwen_tokenizer)).eval()
+    ours = load(str(export_file(tmp_path, source, qwen_tokenizer)), tokenizer=False).model
     frequency = base ** (-torch.arange(0, 32, 2, dtype=torch.float64) / 32)
     smooth = (original * frequency / (2 * torch.pi) - 1) / 3
     assert int(((smooth > 0) & (smooth < 1)).sum()) == between
@@ -261,7 +260,7 @@ def test_every_tensor_type_reads_as_its_format_defines_with_transformers_logits(
     for name, (raw, qtype, shape) in written.items():
         expected = torch.from_numpy(dequantized64(raw, qtype, shape))
         torch.testing.assert_close(tensors[name].double(), expected, rtol=1e-6, atol=1e-9, msg=name)
-    ours = load_gguf(path).eval()
+    ours = load(str(path), tokenizer=False).model
     torch.testing.assert_close(logits(ours, IDX), transformers_model(path, "llama")(IDX).logits, rtol=0, atol=1e-4)
 
 
@@ -432,7 +431,7 @@ def test_train_fine_tunes_the_file_whole_and_with_lora_and_export_writes_it_back
         args = cli_args(init_from=path, data_dir=data, out_dir=tmp_path / name, **TRAIN, **extra)
         code, _, err = run_main(train.main, args, capsys)
         assert code == 0, err
-        _, tokenizer = load_model_and_tokenizer("resume", str(tmp_path / name))
+        tokenizer = load(str(tmp_path / name)).tokenizer
         assert tokenizer.to_meta() == load_gguf_tokenizer(path).to_meta()
     lora = load_checkpoint(tmp_path / "lora" / "ckpt.pt")["lora"]
     assert lora["base"] == base_reference(str(path)) and lora["base"]["source"] == str(path.resolve())
@@ -441,7 +440,7 @@ def test_train_fine_tunes_the_file_whole_and_with_lora_and_export_writes_it_back
     done = run_in_process(export.main, [f"--init_from={path}", "--format=hf", f"--export_dir={exported}"], capsys)
     assert done.returncode == 0, done.stderr
     hf = transformers.AutoModelForCausalLM.from_pretrained(exported).eval()
-    torch.testing.assert_close(hf(IDX).logits, logits(load_gguf(path), IDX), rtol=0, atol=1e-4)
+    torch.testing.assert_close(hf(IDX).logits, logits(load(str(path), tokenizer=False).model, IDX), rtol=0, atol=1e-4)
     again = tmp_path / "gguf"
     done = run_in_process(export.main, [f"--init_from={path}", "--format=gguf", f"--export_dir={again}"], capsys)
     assert done.returncode == 0, done.stderr

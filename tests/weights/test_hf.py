@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
 from gptkit.core.errors import UserError
+from gptkit.data.tokenizer import CharTokenizer
 from gptkit.infer.engine import Engine, Request, generate
 from gptkit.model import GPT, GPTConfig
-from gptkit.weights.hf import load_hf, write_hf
-from helpers import serving_directory
+from gptkit.weights import load
+from gptkit.weights.hf import write_hf
+from helpers import (
+    HUB_COMMIT,
+    assert_one_line_message,
+    clean_env,
+    cli_args,
+    make_char_data,
+    offline_hub_cache,
+    run_script,
+    serving_hub,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -45,7 +55,7 @@ def random_hf_gpt2(tmp_path: Path, activation: str = "gelu_new", seed: int = 0) 
 def test_hf_gpt2_loads_with_same_logits_and_loss(tmp_path, activation):
     hf, directory = random_hf_gpt2(tmp_path, activation)
     assert (directory / "model.safetensors").exists()
-    ours = load_hf(str(directory)).eval()
+    ours = load(str(directory), tokenizer=False).model
     idx = torch.randint(0, 101, (2, 20))
     with torch.no_grad():
         expected = hf(idx, labels=idx)
@@ -57,7 +67,7 @@ def test_hf_gpt2_loads_with_same_logits_and_loss(tmp_path, activation):
 
 def test_greedy_generate_matches_hf_token_for_token(tmp_path):
     hf, directory = random_hf_gpt2(tmp_path, seed=3)
-    ours = load_hf(str(directory)).eval()
+    ours = load(str(directory), tokenizer=False).model
     prompt = torch.randint(0, 101, (2, 5))
     expected = hf.generate(
         prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, do_sample=False, pad_token_id=0
@@ -68,7 +78,7 @@ def test_greedy_generate_matches_hf_token_for_token(tmp_path):
 def test_engine_batch_of_different_lengths_matches_hf_alone(tmp_path):
     """Each row of one engine batch (prompts of 3, 8 and 13 tokens) greedily makes what HF makes for it alone."""
     hf, directory = random_hf_gpt2(tmp_path, seed=4)
-    ours = load_hf(str(directory)).eval()
+    ours = load(str(directory), tokenizer=False).model
     prompts = [torch.randint(0, 101, (n,)).tolist() for n in (3, 8, 13)]
     requests = [Request(prompt, 15, temperature=0) for prompt in prompts]
     for _ in Engine(ours, slots=3).run(requests):
@@ -91,7 +101,7 @@ def test_pytorch_model_bin_without_transformer_prefix(tmp_path):
     state["h.0.attn.bias"] = torch.ones(1, 1, 32, 32)
     state["h.0.attn.masked_bias"] = torch.tensor(-1e4)
     torch.save(state, directory / "pytorch_model.bin")
-    ours = load_hf(str(directory)).eval()
+    ours = load(str(directory), tokenizer=False).model
     idx = torch.randint(0, 101, (1, 12))
     with torch.no_grad():
         torch.testing.assert_close(ours(idx)[0][:, -1], hf(idx).logits[:, -1], rtol=0, atol=1e-4)
@@ -106,7 +116,7 @@ def test_save_pretrained_round_trips_through_hf_exactly(tmp_path):
     idx = torch.randint(0, 77, (2, 24))
     with torch.no_grad():
         torch.testing.assert_close(ours(idx)[0][:, -1], hf(idx).logits[:, -1], rtol=0, atol=1e-5)
-    again = load_hf(str(directory))
+    again = load(str(directory), tokenizer=False).model
     for (name, a), (_, b) in zip(ours.state_dict().items(), again.state_dict().items()):
         assert torch.equal(a, b), name
     assert not list(directory.glob("*.tmp")) and not list(directory.glob(".*"))
@@ -119,39 +129,67 @@ def test_save_pretrained_refuses_non_gpt2_shapes(tmp_path):
     assert not (tmp_path / "x" / "config.json").exists()
 
 
-def test_from_pretrained_errors_are_clear(tmp_path, monkeypatch):
+def test_from_pretrained_errors_are_clear(tmp_path):
     with pytest.raises(UserError, match="neither a directory, a hub name"):
-        load_hf(str(tmp_path / "missing"))
+        load(str(tmp_path / "missing"), tokenizer=False)
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "config.json").write_text(
         json.dumps({"n_positions": 8, "vocab_size": 10, "n_layer": 1, "n_head": 1, "n_embd": 8})
     )
     with pytest.raises(UserError, match=r"neither model\.safetensors nor model\.safetensors\.index\.json"):
-        load_hf(str(tmp_path / "empty"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("GPT_TOOLKIT_CACHE", str(tmp_path / "cache"))
-    with pytest.raises(UserError, match="offline"):
-        load_hf("gpt2")
+        load(str(tmp_path / "empty"), tokenizer=False)
 
 
-def test_hub_names_download_from_the_endpoint(tmp_path, monkeypatch):
-    """`gpt2` resolves through HF_ENDPOINT; here a loopback server plays the hub."""
+def test_gpt2_names_read_openai_community_repositories_from_the_hub_cache(tmp_path, monkeypatch):
+    """Offline, `gpt2` is openai-community/gpt2 in huggingface_hub's cache; a GPT-2 name not cached is one line."""
     hf, directory = random_hf_gpt2(tmp_path)
-    served = tmp_path / "hub" / "openai-community" / "gpt2" / "resolve" / "main"
-    served.mkdir(parents=True)
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy(directory / name, served / name)
-
-    with serving_directory(tmp_path / "hub") as (base, requested):
-        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-        monkeypatch.setenv("HF_ENDPOINT", base)
-        monkeypatch.setenv("GPT_TOOLKIT_CACHE", str(tmp_path / "cache"))
-        ours = load_hf("gpt2").eval()
-    assert requested == [f"/openai-community/gpt2/resolve/main/{name}" for name in ("config.json", "model.safetensors")]
+    offline_hub_cache(monkeypatch, tmp_path / "cache", {"openai-community/gpt2": directory})
+    loaded = load("gpt2", tokenizer=False)
+    assert (
+        loaded.kind == "hub"
+        and loaded.path == tmp_path / "cache" / "models--openai-community--gpt2" / "snapshots" / HUB_COMMIT
+    )
     idx = torch.randint(0, 101, (1, 10))
     with torch.no_grad():
-        torch.testing.assert_close(ours(idx)[0][:, -1], hf(idx).logits[:, -1], rtol=0, atol=1e-4)
-    assert (tmp_path / "cache" / "hf" / "gpt2" / "model.safetensors").exists()
+        torch.testing.assert_close(loaded.model(idx)[0][:, -1], hf(idx).logits[:, -1], rtol=0, atol=1e-4)
+    with pytest.raises(UserError) as error:
+        load("gpt2-medium", tokenizer=False)
+    assert_one_line_message(
+        error.value, "gpt2-medium: no such directory, and no hub repository of that name in the cache (offline?)"
+    )
+
+
+def test_sample_py_fetches_gpt2_from_hf_endpoint_once(tmp_path):
+    """sample.py --init_from=gpt2 fetches openai-community/gpt2 from HF_ENDPOINT (a loopback stand-in for the hub)
+    into HF_HUB_CACHE: config, weights and tokenizer files, not the older pytorch_model.bin beside them, and prints
+    transformers' greedy tokens; offline, the next run reads the cache."""
+    hf, directory = random_hf_gpt2(tmp_path)
+    torch.save(hf.state_dict(), directory / "pytorch_model.bin")
+    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n"
+    make_char_data(tmp_path / "data", text)
+    tokenizer = CharTokenizer.from_text(text)
+    prompt = torch.tensor([tokenizer.encode("First")])
+    greedy = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False)
+    expected = "First" + tokenizer.decode(greedy[0, 5:].tolist()) + "\n"
+    args = cli_args(init_from="gpt2", data_dir=tmp_path / "data", start="First", max_new_tokens=12, temperature=0)
+    hub = {"HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    with serving_hub({"openai-community/gpt2": directory}) as (base, requested):
+        online = run_script(
+            "sample.py",
+            *args,
+            "--stream=False",
+            "--device=cpu",
+            env=clean_env(**hub, HF_ENDPOINT=base, HF_HUB_OFFLINE="0"),
+        )
+    assert online.returncode == 0, online.stderr
+    assert online.stdout == expected
+    fetched = sorted(
+        line.rsplit("/", 1)[1] for line in requested if line.startswith("GET /openai-community/gpt2/resolve/")
+    )
+    assert fetched == ["config.json", "generation_config.json", "model.safetensors"]
+    offline = run_script("sample.py", *args, "--stream=False", "--device=cpu", env=clean_env(**hub, HF_HUB_OFFLINE="1"))
+    assert offline.returncode == 0, offline.stderr
+    assert offline.stdout == expected
 
 
 @pytest.mark.parametrize(
@@ -176,4 +214,4 @@ def test_malformed_hf_directories_are_clear_errors(tmp_path, config_text, weight
     if weights is not None:
         (tmp_path / "model.safetensors").write_bytes(weights)
     with pytest.raises(UserError, match=message):
-        load_hf(str(tmp_path))
+        load(str(tmp_path), tokenizer=False)

@@ -13,9 +13,10 @@ from safetensors.torch import load_file
 from gptkit.core.errors import UserError
 from gptkit.data.tokenizer import CharTokenizer
 from gptkit.model import GPT, GPTConfig
-from gptkit.weights.hf import export_architecture, load_hf, write_hf
-from gptkit.weights.loading import ModelSource, load_for_inference
+from gptkit.weights import load
+from gptkit.weights.hf import export_architecture, write_hf
 from gptkit.weights.lora import LoraConfig, adapter_state, add_lora, write_peft_adapter
+from gptkit.weights.source_settings import ModelSource, for_inference
 from helpers import cli_args, lively_model, make_char_data, run_script
 from hf_tokenizer_dirs import write_byte_level
 
@@ -81,7 +82,7 @@ def all_logits(model: GPT, idx: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_family_loads_with_transformers_logits_and_greedy_tokens(tmp_path, family):
     hf = random_hf_model(family)
-    ours = load_hf(str(save(hf, tmp_path / family))).eval()
+    ours = load(str(save(hf, tmp_path / family)), tokenizer=False).model
     idx = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = hf(idx).logits
@@ -97,7 +98,7 @@ def test_sharded_directory_loads_the_same(tmp_path):
     assert (
         len(list(directory.glob("model-*.safetensors"))) > 1 and (directory / "model.safetensors.index.json").exists()
     )
-    ours = load_hf(str(directory)).eval()
+    ours = load(str(directory), tokenizer=False).model
     idx = torch.randint(0, VOCAB, (1, 16))
     with torch.no_grad():
         torch.testing.assert_close(all_logits(ours, idx), hf(idx).logits, rtol=0, atol=1e-4)
@@ -106,21 +107,21 @@ def test_sharded_directory_loads_the_same(tmp_path):
 def test_bfloat16_weights_load_as_float32_or_bfloat16(tmp_path):
     hf = random_hf_model("llama", seed=3)
     directory = save(hf.to(torch.bfloat16), tmp_path / "bf16")
-    exact = load_hf(str(directory))
+    exact = load(str(directory), tokenizer=False).model
     assert next(exact.parameters()).dtype == torch.float32
     for (name, ours), (_, theirs) in zip(exact.state_dict().items(), hf.state_dict().items()):
         if name == "transformer.wte.weight":
             assert torch.equal(ours, theirs.float())
-    half = load_hf(str(directory), dtype="bfloat16")
+    half = load(str(directory), dtype="bfloat16", tokenizer=False).model
     assert next(half.parameters()).dtype == torch.bfloat16
     with pytest.raises(UserError, match="float32 or bfloat16"):
-        load_hf(str(directory), dtype="float16")
+        load(str(directory), dtype="float16", tokenizer=False)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "nanochat"])
 def test_export_writes_the_same_class_back(tmp_path, family):
     hf = random_hf_model(family, seed=4)
-    ours = load_hf(str(save(hf, tmp_path / "in"))).eval()
+    ours = load(str(save(hf, tmp_path / "in")), tokenizer=False).model
     architecture = write_hf(ours, tmp_path / "out")
     assert architecture == type(hf).__name__
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
@@ -209,7 +210,7 @@ def test_unsupported_architecture_names_it_and_the_supported_ones(tmp_path):
         json.dumps({"architectures": ["MistralForCausalLM"], "model_type": "mistral"})
     )
     with pytest.raises(UserError, match=r"MistralForCausalLM is not supported; supported: GPT2LMHeadModel, Llama"):
-        load_hf(str(tmp_path))
+        load(str(tmp_path), tokenizer=False)
 
 
 def test_missing_shard_and_unholdable_dtype_are_one_line(tmp_path):
@@ -218,7 +219,7 @@ def test_missing_shard_and_unholdable_dtype_are_one_line(tmp_path):
     shard = sorted(directory.glob("model-*.safetensors"))[1]
     shard.unlink()
     with pytest.raises(UserError, match=f"shard {shard.name} named by model.safetensors.index.json is missing"):
-        load_hf(str(directory))
+        load(str(directory), tokenizer=False)
     int8 = save(hf, tmp_path / "int8")
     from safetensors.torch import load_file, save_file
 
@@ -226,7 +227,7 @@ def test_missing_shard_and_unholdable_dtype_are_one_line(tmp_path):
     tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"].to(torch.int8)
     save_file(tensors, int8 / "model.safetensors")
     with pytest.raises(UserError, match=r"model\.embed_tokens\.weight is stored as int8"):
-        load_hf(str(int8))
+        load(str(int8), tokenizer=False)
 
 
 def test_hub_names_come_from_the_local_cache_offline(tmp_path, monkeypatch):
@@ -242,12 +243,12 @@ def test_hub_names_come_from_the_local_cache_offline(tmp_path, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    ours = load_hf("someone/tiny-qwen").eval()
+    ours = load("someone/tiny-qwen", tokenizer=False).model
     idx = torch.randint(0, VOCAB, (1, 12))
     with torch.no_grad():
         torch.testing.assert_close(all_logits(ours, idx), hf(idx).logits, rtol=0, atol=1e-4)
     with pytest.raises(UserError, match="no such directory, and no hub repository of that name in the cache"):
-        load_hf("someone/not-cached")
+        load("someone/not-cached", tokenizer=False)
 
 
 def test_old_model_args_without_the_new_keys_build_gpt2():
@@ -302,7 +303,9 @@ def test_inference_crops_a_long_context_to_block_size(tmp_path):
     hf = random_hf_model("llama3-scaled", seed=10)
     make_char_data(tmp_path / "data", "abcdefgh ")
     source = ModelSource(init_from=str(save(hf, tmp_path / "long")), data_dir=str(tmp_path / "data"), block_size=16)
-    model, _ = load_for_inference(source, torch.device("cpu"), torch.float32)
+    model = for_inference(
+        load(source.source(), data_dir=source.data_dir).model, source, torch.device("cpu"), torch.float32
+    )
     assert model.config.block_size == 16 and model.rope_cos.shape[0] == 16
     idx = torch.randint(0, VOCAB, (1, 16))
     with torch.no_grad():
@@ -316,7 +319,7 @@ def test_peft_adapters_on_the_family_give_our_logits(tmp_path, family):
     peft = pytest.importorskip("peft")
     hf = random_hf_model(family, seed=11)
     base = save(hf, tmp_path / "base")
-    ours = load_hf(str(base))
+    ours = load(str(base), tokenizer=False).model
     config = LoraConfig(rank=4, alpha=8.0, targets="all")
     add_lora(ours, config)
     torch.manual_seed(12)
@@ -342,7 +345,7 @@ def test_peft_carries_new_token_rows_on_the_family(tmp_path, family):
     hf = random_hf_model(family, seed=13)
     hf.resize_token_embeddings(VOCAB + 4, mean_resizing=False)
     base = save(hf, tmp_path / "base")
-    ours = load_hf(str(base))
+    ours = load(str(base), tokenizer=False).model
     config = LoraConfig(rank=4, alpha=8.0, targets="all")
     add_lora(ours, config, first_new_row=VOCAB)
     torch.manual_seed(14)

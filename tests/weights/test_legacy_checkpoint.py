@@ -18,8 +18,8 @@ import sample
 import train
 from gptkit.data.tokenizer import tokenizer_from_meta
 from gptkit.infer.engine import generate
-from gptkit.weights.build import model_from_checkpoint
 from gptkit.weights.checkpoint import load_checkpoint
+from gptkit.weights.sources import model_of_checkpoint
 from helpers import FIXTURES, make_char_data, run_in_process
 
 CHECKPOINT = FIXTURES / "legacy_checkpoint.pt"
@@ -38,7 +38,7 @@ def legacy_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def test_weights_give_the_logits_and_greedy_tokens_the_old_code_gave() -> None:
     checkpoint = load_checkpoint(CHECKPOINT)
-    model = model_from_checkpoint(checkpoint, str(CHECKPOINT)).eval()
+    model = model_of_checkpoint(checkpoint, str(CHECKPOINT)).eval()
     assert tokenizer_from_meta(checkpoint["tokenizer"]).encode(EXPECTED["prompt"]) == EXPECTED["prompt_ids"]
     idx = torch.tensor([EXPECTED["prompt_ids"]])
     with torch.no_grad():

@@ -1,0 +1,90 @@
+"""The settings with which sample.py, serve.py, eval.py and export.py name their model (ModelLocation, ModelSource),
+the source they give gptkit.weights.load, and the model placed for decoding as they ask."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gptkit.core.errors import UserError
+from gptkit.core.settings import setting
+from gptkit.model import GPT
+from gptkit.weights.checkpoint import resolve_checkpoint
+from gptkit.weights.hf import GPT2_HUB_NAMES
+from gptkit.weights.quantization import QUANTIZE_CHOICES, apply_quantization
+from gptkit.weights.sources import source_kind, unknown_source
+
+
+@dataclass
+class ModelLocation:
+    """Which trained model a script takes (export.py, and through ModelSource the scripts that run one). Settings
+    classes extend it (and call its validate)."""
+
+    out_dir: str = setting("out", "training output directory (or a checkpoint file) to load the model from")
+    checkpoint: str = setting("best", "which checkpoint of out_dir: best (best val loss) or latest")
+    init_from: str = setting(
+        "resume",
+        "resume = the out_dir checkpoint; or a Hugging Face dir or hub name (owner/name), a .gguf file, or gpt2*",
+    )
+    data_dir: str = setting(
+        "", "take the tokenizer from this data dir's meta.json: for checkpoints that record none (it must match one)"
+    )
+
+    def validate(self) -> None:
+        if self.checkpoint not in ("best", "latest"):
+            raise UserError(f"--checkpoint must be best or latest, got {self.checkpoint!r}")
+
+    def source(self) -> str:
+        """What gptkit.weights.load reads: out_dir's run for init_from=resume, else init_from, which names open
+        weights (a run is loaded with --out_dir)."""
+        if self.init_from == "resume":
+            if source_kind(self.out_dir) != "checkpoint":
+                resolve_checkpoint(self.out_dir, self.checkpoint)  # says which files it looked for
+                raise UserError(f"--out_dir={self.out_dir} is no checkpoint; give open weights as --init_from")
+            return self.out_dir
+        kind = source_kind(self.init_from)
+        if kind == "checkpoint":  # train.py takes a run as --init_from; the scripts that run one, --out_dir
+            raise UserError(
+                f"--init_from={self.init_from!r} is a training run's directory; load it with "
+                f"--out_dir={self.init_from} (init_from=resume, the default)"
+            )
+        if kind is None and Path(self.init_from).is_dir():
+            raise UserError(f"--init_from={self.init_from!r}: {unknown_source(self.init_from)}")
+        if kind is None:
+            raise UserError(
+                f"--init_from={self.init_from!r}: use resume, a Hugging Face directory or hub name (owner/name), "
+                f"or {', '.join(GPT2_HUB_NAMES)}, or a .gguf file"
+            )
+        return self.init_from
+
+
+@dataclass
+class ModelSource(ModelLocation):
+    """The settings of the scripts that run a trained model (sample.py, eval.py, serve.py): which model, and how
+    its weights are stored."""
+
+    quantize: str = setting(
+        "none",
+        "none; int8: int8 weights for CPU decoding (float32 compute); int4: 4-bit weights in groups of 32 with a "
+        "scale and minimum each (GGUF's Q4_1), for CPU decoding (float32 compute in the native step)",
+        choices=QUANTIZE_CHOICES,
+    )
+    block_size: int | None = setting(
+        None,
+        "crop the model's context to this many tokens (None: its own); the KV cache holds this many positions, "
+        "so a long one (Llama 3's 131072) needs it",
+        rule="positive",
+    )
+
+
+def for_inference(model: GPT, settings: ModelSource, device: torch.device, dtype: torch.dtype) -> GPT:
+    """`model` (in place; returned) ready to decode as `settings` ask: its context cropped to their block_size, on
+    `device`, with int8 or int4 weights when their quantize says so. `dtype` is the compute dtype the script runs
+    under (int8 needs float32)."""
+    if settings.block_size is not None and settings.block_size < model.config.block_size:
+        model.crop_block_size(settings.block_size)
+    model.to(device)  # the engine picks its decoding backend itself (gptkit.infer.decoding)
+    apply_quantization(model, settings.quantize, dtype)
+    return model

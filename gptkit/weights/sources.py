@@ -1,0 +1,310 @@
+"""Every way to get a model, through one door: `load(source)` reads a training run (its best or latest checkpoint),
+a checkpoint file, a LoRA run (its base with the adapters, merged or kept apart), a Hugging Face directory, a hub
+name (owner/name, or gpt2 ... gpt2-xl) or a GGUF file (or a directory holding one), and gives the model with its
+tokenizer. `source_kind` is the one place that decides which of these a source is.
+
+The formats themselves live beside it: checkpoint.py (our files), lora.py (the adapters), hf.py (Hugging Face's
+files and the hub), gguf_read.py (llama.cpp's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptkit.core.errors import UserError
+from gptkit.core.fileio import sha256_file
+from gptkit.data.gguf_tokenizer import find_gguf, gguf_tokenizer_record
+from gptkit.data.hf_tokenizer import HFTokenizer, is_hf_tokenizer_dir, read_hf_record
+from gptkit.data.meta import read_meta
+from gptkit.data.tokenizer import Tokenizer, make_tokenizer, tokenizer_from_meta
+from gptkit.model import GPT, config_from_dict
+from gptkit.weights.checkpoint import (
+    BEST_NAME,
+    LATEST_NAME,
+    check_base_tokenizer,
+    load_checkpoint,
+    load_model_weights,
+    model_args_of,
+    resolve_checkpoint,
+)
+from gptkit.weights.gguf_read import read_gguf_model
+from gptkit.weights.hf import (
+    GPT2_HUB_NAMES,
+    hub_snapshot,
+    is_gpt2_directory,
+    is_hub_name,
+    read_hf_model,
+    read_torch_bin,
+    weight_files,
+)
+from gptkit.weights.lora import LoraConfig, add_lora, load_adapter_state, merge_lora
+
+SOURCE_KINDS = ("checkpoint", "gguf", "hf", "hub")  # what source_kind answers
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Loaded:
+    """A model read from a source (on CPU, eval mode), its tokenizer, and what a caller needs to know of the
+    source: its kind, the file or directory read (a hub name's snapshot directory) and, for our checkpoints, the
+    checkpoint itself (its LoRA record, its tokenizer record, a run's training state)."""
+
+    model: GPT
+    tokenizer: Tokenizer | None  # None when load(..., tokenizer=False)
+    source: str
+    kind: str  # one of SOURCE_KINDS
+    path: Path
+    checkpoint: dict[str, Any] | None = None
+
+    @property
+    def lora(self) -> dict[str, Any] | None:
+        """A LoRA run's record (its settings and its base); None for whole weights."""
+        return None if self.checkpoint is None else self.checkpoint.get("lora")
+
+    @property
+    def tokenizer_record(self) -> dict[str, Any] | None:
+        """The tokenizer a checkpoint of ours records (checkpoint.tokenizer_record's form); None for open weights."""
+        return None if self.checkpoint is None else self.checkpoint.get("tokenizer")
+
+
+def source_kind(source: str) -> str | None:
+    """Which kind of source `source` is (SOURCE_KINDS), None when it names no model: a GGUF file, or a directory
+    holding one and no config.json, is "gguf"; any other file, or a directory with best.pt or ckpt.pt, is one of our
+    "checkpoint"s; a directory with config.json is "hf"; a name that is no path, owner/name or gpt2*, is "hub"."""
+    path = Path(source)
+    if path.is_file():
+        return "gguf" if find_gguf(path) is not None else "checkpoint"
+    if path.is_dir():
+        if any((path / name).is_file() for name in (BEST_NAME, LATEST_NAME)):
+            return "checkpoint"
+        if (path / "config.json").is_file():
+            return "hf"
+        return "gguf" if find_gguf(path) is not None else None
+    return "hub" if source in GPT2_HUB_NAMES or is_hub_name(source) else None
+
+
+def unknown_source(source: str) -> UserError:
+    """The mistake of a source that names no model, said for what it does name."""
+    if Path(source).is_dir():
+        return UserError(
+            f"{source} holds no config.json, so it is no Hugging Face model directory (nor a training run: no "
+            "best.pt or ckpt.pt; nor a GGUF file's: no *.gguf)"
+        )
+    return UserError(f"{source} is neither a directory, a hub name (owner/name) nor one of {', '.join(GPT2_HUB_NAMES)}")
+
+
+def load(
+    source: str,
+    *,
+    checkpoint: str = "best",
+    data_dir: str = "",
+    merge: bool = True,
+    overrides: dict[str, Any] | None = None,
+    dtype: str = "float32",
+    tokenizer: bool = True,
+) -> Loaded:
+    """The model of `source` (any of the module docstring's) and its tokenizer.
+
+    checkpoint: which checkpoint of a run directory, best (best.pt, else ckpt.pt) or latest (ckpt.pt).
+    data_dir: take the tokenizer from this data directory's meta.json, for a model that carries none (a
+      checkpoint's own or a model's tokenizer.json wins, and a data directory with another one is refused).
+    merge: a LoRA run's adapters folded into plain weights (False: kept apart, to train on).
+    overrides: model settings that do not change shapes, e.g. {"dropout": 0.1}.
+    dtype: the weights' dtype, float32 or bfloat16. tokenizer: False reads the model only.
+    UserError (one line) for every problem.
+    """
+    if dtype not in DTYPES:
+        raise UserError(f"dtype {dtype!r}: models load as {' or '.join(DTYPES)}")
+    kind = source_kind(source)
+    if kind is None:
+        raise unknown_source(source)
+    state = None
+    if kind == "checkpoint":
+        path = resolve_checkpoint(source, checkpoint)
+        state = load_checkpoint(path)
+        model = model_of_checkpoint(state, str(path), overrides=overrides, merge=merge)
+    else:
+        path = open_weights_path(source, kind)
+        model = read_gguf_model(path, overrides) if kind == "gguf" else read_hf_model(path, overrides)
+    text_tokenizer = source_tokenizer(kind, path, state, data_dir, source) if tokenizer else None
+    if text_tokenizer is not None and text_tokenizer.vocab_size > model.config.vocab_size:
+        raise UserError(
+            f"the tokenizer has {text_tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}; "
+            "pass the --data_dir the model was trained on"
+        )
+    model = model.to(DTYPES[dtype]).eval()
+    return Loaded(model=model, tokenizer=text_tokenizer, source=source, kind=kind, path=path, checkpoint=state)
+
+
+def open_weights_path(source: str, kind: str) -> Path:
+    """The GGUF file, or the Hugging Face directory (a hub name's fetched into the cache), of a source."""
+    if kind == "gguf":
+        return find_gguf(source)
+    return hub_snapshot(source) if kind == "hub" else Path(source)
+
+
+# ----------------------------------------------------------------------------- our checkpoints and LoRA runs
+
+
+def model_of_checkpoint(
+    checkpoint: dict[str, Any], where: str, *, overrides: dict[str, Any] | None = None, merge: bool = True
+) -> GPT:
+    """The GPT a checkpoint of ours holds (on CPU): its weights, or a LoRA run's base with the adapters, merged into
+    plain weights unless `merge` is False. `overrides` replaces model_args entries that do not change shapes.
+    UserError naming `where` when model_args are invalid or do not match the weights."""
+    if "lora" in checkpoint:
+        model = model_with_adapters(checkpoint, where, overrides)
+        return merge_lora(model) if merge else model
+    try:
+        config = config_from_dict({**model_args_of(checkpoint), **(overrides or {})})
+    except (TypeError, ValueError) as exc:  # ValueError: GPTConfig refuses the values
+        raise UserError(f"checkpoint {where} has invalid model_args ({exc}); the file is damaged") from exc
+    model = GPT(config)
+    load_model_weights(model, checkpoint["model"], where)
+    return model
+
+
+# A LoRA run's checkpoint stores only what trained ("model": adapter_state) and, under "lora", how to rebuild the
+# rest: the settings, and the base it started from by path (or hub name) and the sha256 of its weights files.
+
+
+def model_with_adapters(checkpoint: dict[str, Any], where: str, overrides: dict[str, Any] | None) -> GPT:
+    """A LoRA checkpoint's base (checked), cropped and grown to the run's shape, with the adapters in place."""
+    record = checkpoint["lora"]
+    config = LoraConfig.from_dict(record.get("config"), where)
+    model = lora_base(record["base"], where, overrides)
+    shape = checkpoint["model_args"]
+    if shape["block_size"] < model.config.block_size:
+        model.crop_block_size(shape["block_size"])
+    if shape["vocab_size"] > model.config.vocab_size:
+        model.grow_vocabulary(shape["vocab_size"])
+    add_lora(model, config, record["base_weights"], record.get("first_new_row"))
+    load_adapter_state(model, checkpoint["model"], where)
+    return model
+
+
+def lora_base(reference: dict[str, str], where: str, overrides: dict[str, Any] | None = None) -> GPT:
+    """The base model a LoRA checkpoint names (a LoRA base merged), after checking that its weights are the ones
+    the adapters were trained on."""
+    source = reference["source"]
+    if source_kind(source) is None:
+        raise UserError(f"{where}: its base {source} is missing; put the base model back there (the adapters need it)")
+    found = base_reference(source)["sha256"]
+    if found != reference["sha256"]:
+        raise UserError(
+            f"{where}: its base {source} has changed since the adapters were trained (sha256 {found[:12]}..., expected "
+            f"{reference['sha256'][:12]}...); use the base they were trained on"
+        )
+    return load(source, overrides=overrides, tokenizer=False).model
+
+
+def base_reference(source: str) -> dict[str, str]:
+    """{"source", "sha256"} of the base a LoRA run starts from: the checkpoint file (a run's best), the GGUF file, or
+    the Hugging Face weights files (a hub name stays a name)."""
+    kind = source_kind(source)
+    if kind is None:
+        raise unknown_source(source)
+    if kind == "checkpoint":
+        path = resolve_checkpoint(source, "best").resolve()
+        return {"source": str(path), "sha256": sha256_file(path)}
+    path = open_weights_path(source, kind)
+    if kind == "gguf":
+        return {"source": str(path.resolve()), "sha256": sha256_file(path)}
+    files = weight_files(path)
+    if files[0].suffix == ".bin":
+        read_torch_bin(files[0])  # refused here, at the start, if it cannot be read safely
+    digest = ",".join(sha256_file(file) for file in files)
+    return {"source": source if kind == "hub" else str(path.resolve()), "sha256": digest}
+
+
+# ----------------------------------------------------------------------------- tokenizers
+
+
+def source_tokenizer(kind: str, path: Path, state: dict[str, Any] | None, data_dir: str, source: str) -> Tokenizer:
+    """The tokenizer of what load read: a checkpoint's record, else open weights' own (see open_weights_tokenizer)."""
+    if state is not None:
+        return checkpoint_tokenizer(state, path, data_dir)
+    return open_weights_tokenizer(kind, path, data_dir, source)
+
+
+def checkpoint_tokenizer(state: dict[str, Any], path: Path, data_dir: str) -> Tokenizer:
+    """The tokenizer the checkpoint at `path` records, or data_dir's (which must be the same when it records one)."""
+    record = state.get("tokenizer")
+    if data_dir:
+        record = data_dir_tokenizer(data_dir, record, path)
+    if not record:
+        raise UserError(
+            f"checkpoint {path} records no tokenizer; pass --data_dir=DIR with the meta.json it was trained on"
+        )
+    try:
+        return tokenizer_from_meta(record)
+    except UserError as exc:  # say where the tokenizer description came from
+        raise UserError(f"{data_dir or f'checkpoint {path}'}: {exc}") from exc
+
+
+def data_dir_tokenizer(data_dir: str, recorded: dict | None, path: Path) -> dict:
+    """The tokenizer object of data_dir's meta.json, which must be the one the checkpoint at `path` records (when it
+    records one): sampling a model through another tokenizer gives garbage."""
+    tokenizer_meta = read_meta(data_dir)["tokenizer"]
+    # A checkpoint's record is meta.json's tokenizer object plus vocab_size and eot_token (checkpoint.tokenizer_record)
+    own = None if recorded is None else {k: v for k, v in recorded.items() if k not in ("vocab_size", "eot_token")}
+    if own is not None and own != tokenizer_meta:
+        raise UserError(
+            f"--data_dir={data_dir} holds another tokenizer than the one checkpoint {path} records; leave --data_dir "
+            "out (the checkpoint's own tokenizer is used)"
+        )
+    return tokenizer_meta
+
+
+def own_tokenizer_record(kind: str, path: Path) -> dict[str, Any] | None:
+    """The HFTokenizer record of open weights' own tokenizer: a GGUF file's, or the Llama family's tokenizer.json;
+    None for GPT-2 (its BPE is tiktoken's) and for a directory without one."""
+    if kind == "gguf":
+        return gguf_tokenizer_record(path)
+    if is_gpt2_directory(path) or not is_hf_tokenizer_dir(path):
+        return None
+    return read_hf_record(path)
+
+
+def open_weights_tokenizer(kind: str, path: Path, data_dir: str, source: str) -> Tokenizer:
+    """The tokenizer of open weights: their own (a data_dir must hold the same one), else data_dir's; GPT-2's is
+    data_dir's, else GPT-2's BPE."""
+    own = own_tokenizer_record(kind, path)
+    data = read_meta(data_dir)["tokenizer"] if data_dir else None
+    if own is not None and data is not None and data.get("tokenizer_json_sha256") != own["tokenizer_json_sha256"]:
+        raise UserError(f"{data_dir} was not tokenized with {source}'s own tokenizer; leave out --data_dir")
+    if own is not None:
+        return HFTokenizer(own, where=str(path))
+    if data is not None:
+        return tokenizer_from_meta(data)
+    if kind != "gguf" and is_gpt2_directory(path):
+        return make_tokenizer("gpt2")
+    raise UserError(f"{path} has no tokenizer.json; pass --data_dir=DIR whose meta.json holds the model's tokenizer")
+
+
+def check_data_tokenizer(loaded: Loaded, meta: dict[str, Any]) -> None:
+    """UserError unless data (its meta.json) for training on from `loaded` was tokenized as the model reads text:
+    with a checkpoint's recorded tokenizer (checkpoint.check_base_tokenizer), else as check_open_weights_tokenizer
+    says."""
+    if loaded.checkpoint is not None:
+        check_base_tokenizer(loaded.checkpoint, meta, loaded.path)
+    else:
+        check_open_weights_tokenizer(meta, loaded.source, loaded.kind, loaded.path)
+
+
+def check_open_weights_tokenizer(meta: dict[str, Any], source: str, kind: str, path: Path) -> None:
+    """UserError unless data for open weights was tokenized with their own tokenizer (the record prepare_data
+    --tokenizer=DIR writes), or, chat data on GPT-2, with GPT-2's BPE."""
+    tokenizer = meta["tokenizer"]
+    own = own_tokenizer_record(kind, path)
+    if own is not None and tokenizer.get("tokenizer_json_sha256") != own["tokenizer_json_sha256"]:
+        raise UserError(f"init_from={source} needs data in its own tokenizer; prepare it with --tokenizer={path}")
+    gpt2 = own is None and kind != "gguf" and is_gpt2_directory(path)
+    if gpt2 and "chat" in tokenizer and (tokenizer["kind"] != "tiktoken" or tokenizer.get("encoding") != "gpt2"):
+        raise UserError(
+            f"init_from={source} needs data in GPT-2's BPE; prepare it with prepare_data/chat.py --tokenizer=gpt2"
+        )
