@@ -139,7 +139,8 @@ def overflowing_dir(tmp_path: Path) -> Path:
 def test_logits_that_overflow_while_decoding_end_the_sample_in_one_line(
     overflowing_dir: Path, decode: str, capsys: pytest.CaptureFixture
 ) -> None:
-    """No token is chosen from them (the streamed text stops at the prompt); interactive, the next prompt is answered."""
+    """No token is chosen from them (the streamed text stops at the prompt); interactive, the answer is ended and the
+    next prompt answered."""
     args = [f"--out_dir={overflowing_dir}", f"--decode={decode}", "--temperature=0", "--max_new_tokens=7"]
     code, stdout, stderr = cli([*args, "--start=To be,"], capsys)
     assert_one_line_error(code, stderr, "error: the model's logits for new token 1 are NaN or infinite")

@@ -9,9 +9,10 @@
   pass with the equally long prompts add_many adds with it); each step
   feeds the latest token of every active row in one batched forward pass and samples; a finished request frees
   its row. A row whose logits come out NaN or infinite (its activations overflowed) makes no token: its request
-  ends with an error, and the others go on. A row whose window is full slides on its own (rebuilt from the last 3/4 of a window), exactly when it
-  would alone. So a request's tokens do not depend on what else is in the batch: greedy tokens are the same, and
-  a seeded request draws the same tokens (up to float rounding, which the batch size can change).
+  ends with an error, and the others go on. A row whose window is full slides on its own (rebuilt from the last
+  3/4 of a window), exactly when it would alone. So a request's tokens do not depend on what else is in the
+  batch: greedy tokens are the same, and a seeded request draws the same tokens (up to float rounding, which the
+  batch size can change).
 - generate, generate_stream: a batch of prompts continued at once through the engine (gptkit.infer.generate), the
   fast path; model.py's GPT.generate is the plain uncached loop whose tokens it must match.
 
@@ -340,8 +341,9 @@ class Engine:
             yield made
 
     def _failed_rows(self, logits: torch.Tensor, tokens: list[int]) -> dict[int, str]:
-        """The rows of this step that made no token, with the reason: a logit that is NaN or infinite (sampling
-        them gives garbage, or a token outside the vocabulary), or such a token from the step itself."""
+        """The rows of this step that made no token, with the reason: a logit that is NaN or infinite (a token
+        sampled from it is garbage, or outside the vocabulary), or a token outside the vocabulary that the step
+        chose itself (the native step's choice from a row of NaN)."""
         finite = torch.isfinite(logits).all(dim=-1).tolist()
         vocab_size = self.model.config.vocab_size
         failed = {}

@@ -6,8 +6,8 @@ with logprobs), runs `engine.step()` for every active job at once, turns each ne
 (gptkit.infer.textstream: UTF-8 safe, stop strings) and hands (index, text, finish_reason, logprobs) events to the
 job's asyncio queue with `loop.call_soon_threadsafe`. A job that is `cancel`led (its
 client went away) leaves the engine before the next step, so it costs no more compute. A job whose logits the
-engine finds NaN or infinite ends with an error of its own (REFUSED_STATUS); the others decode on. A job's tokens do not
-depend on the others in the batch (see gptkit.infer.engine).
+engine finds NaN or infinite ends with an error of its own (REFUSED_STATUS); the others decode on. A job's tokens
+do not depend on the others in the batch (see gptkit.infer.engine).
 
 When `slots` jobs decode and `max_queue` more wait, `submit` raises ServerBusyError (the server answers 429).
 """
@@ -44,9 +44,10 @@ class Job:
 
     Events are (index, text, finish_reason, logprobs) tuples put on `events` (an asyncio.Queue of `loop`): text is
     what became printable after a token (possibly ""); finish_reason is None until the last event ("stop", "length",
-    or "error" with the message as text, and `error_status` the HTTP status to answer it with); logprobs are the TokenLogprobs of the tokens made since the last event
-    (when the request asked for them). `echo` is text the choice begins with (the prompt, for echo); with
-    `score_prompt` = k the first event also brings the prompt's tokens' TokenLogprobs, with k alternatives each.
+    or "error" with the message as text, and `error_status` the HTTP status to answer it with); logprobs are the
+    TokenLogprobs of the tokens made since the last event (when the request asked for them). `echo` is text the
+    choice begins with (the prompt, for echo); with `score_prompt` = k the first event also brings the prompt's
+    tokens' TokenLogprobs, with k alternatives each.
     """
 
     request: Request
