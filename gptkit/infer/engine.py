@@ -8,9 +8,11 @@
 - Engine: runs requests one token per step. A new request is prefilled into a free row (on its own, or in one
   pass with the equally long prompts add_many adds with it); each step
   feeds the latest token of every active row in one batched forward pass and samples; a finished request frees
-  its row. A row whose window is full slides on its own (rebuilt from the last 3/4 of a window), exactly when it
-  would alone. So a request's tokens do not depend on what else is in the batch: greedy tokens are the same, and
-  a seeded request draws the same tokens (up to float rounding, which the batch size can change).
+  its row. A row whose logits come out NaN or infinite (its activations overflowed) makes no token: its request
+  ends with an error, and the others go on. A row whose window is full slides on its own (rebuilt from the last
+  3/4 of a window), exactly when it would alone. So a request's tokens do not depend on what else is in the
+  batch: greedy tokens are the same, and a seeded request draws the same tokens (up to float rounding, which the
+  batch size can change).
 - generate, generate_stream: a batch of prompts continued at once through the engine (gptkit.infer.generate), the
   fast path; model.py's GPT.generate is the plain uncached loop whose tokens it must match.
 
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from gptkit.core.errors import UserError
 from gptkit.infer import compiled, onednn
 from gptkit.infer.decoding import plan_for
 from gptkit.infer.native import NativeStep, huge_page_zeros
@@ -122,6 +125,13 @@ class KVCache:
             return huge_page_zeros(math.prod(shape), dtype).view(*shape)
         return torch.zeros(shape, dtype=dtype, device=device)
 
+    def clear(self, row: int) -> None:
+        """Zero the positions row `row` holds: its keys and values may be NaN, and whoever takes the row next reads
+        the positions past its own length too (masked, but 0 * NaN is NaN)."""
+        for storage in (*self.keys, *self.values):
+            if storage is not None:
+                storage[row, :, : self.lengths[row]] = 0
+
     def move(self, source: int, target: int) -> None:
         """Copy row `source` (its keys, values and length) over row `target`."""
         length = self.lengths[source]
@@ -143,10 +153,15 @@ class TokenLogprob:
     top: list[tuple[int, float]] = field(default_factory=list)
 
 
+class GenerationError(UserError):
+    """The model cannot continue a request: its logits came out NaN or infinite."""
+
+
 @dataclass(eq=False)
 class Request:
     """One prompt to continue. The engine appends the tokens it makes to `output` and sets `finish_reason`
-    ("stop": a stop token was made, and is the last of output; "length": max_new_tokens made; "removed").
+    ("stop": a stop token was made, and is the last of output; "length": max_new_tokens made; "removed"; "error":
+    the model's logits were not finite numbers, and `error` says so in a line).
 
     seed gives the request its own random generator (so its tokens do not depend on the batch); generator
     instead shares a caller's generator (generate's, below); with neither, sampling uses torch's global generator.
@@ -171,6 +186,7 @@ class Request:
     output: list[int] = field(default_factory=list)
     token_logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    error: str | None = None
 
     @property
     def reads_logits(self) -> bool:
@@ -281,20 +297,26 @@ class Engine:
     @torch.no_grad()
     def step(self) -> list[tuple[Request, int]]:
         """Make one token for every active request; return (request, token) pairs in row order. Requests that
-        finish (a stop token, or max_new_tokens reached) leave the engine."""
+        finish (a stop token, or max_new_tokens reached) leave the engine; so does a request whose logits are not
+        finite, with no token (finish_reason "error", see Request)."""
         if not self.active:
             return []
         for row, request in enumerate(self.active):
             if self.cache.lengths[row] == self.block_size:  # window full: slide, as this request would alone
                 self._fill(row, (request.prompt + request.output)[-self.keep :])
         if self.native is not None:
-            tokens = self._native_tokens()
+            logits, tokens = self._native_tokens()
         else:
             idx = torch.tensor([[request.last_token()] for request in self.active], device=self.device)
-            tokens = self._compiled_tokens(idx) if self.compiled else self._sample(self._eager_logits(idx))
-        made = list(zip(self.active, tokens))
-        for request, token in made:
+            logits, tokens = self._compiled_tokens(idx) if self.compiled else self._eager_tokens(idx)
+        failed = self._failed_rows(logits, tokens)
+        made = []
+        for row, (request, token) in enumerate(list(zip(self.active, tokens))):
+            if row in failed:
+                self._fail(request, failed[row])
+                continue
             request.output.append(token)
+            made.append((request, token))
             if token in request.stop_tokens:
                 self.remove(request, "stop")
             elif len(request.output) >= request.max_new_tokens:
@@ -303,22 +325,54 @@ class Engine:
 
     def run(self, requests: Iterable[Request]) -> Iterator[list[tuple[Request, int]]]:
         """Generate every request, adding waiting ones in order whenever a row is free (continuous batching);
-        yield each step's (request, token) pairs. Requests may be removed between steps."""
+        yield each step's (request, token) pairs. Requests may be removed between steps. A request that fails
+        (see step) ends the run: GenerationError with its reason, since its caller wanted every request's tokens."""
         waiting = deque(requests)
         while True:
             while waiting and self.free_slots:  # all that fit at once: prompts of one length fill in one pass
                 self.add_many([waiting.popleft() for _ in range(min(len(waiting), self.free_slots))])
             if not self.active:
                 return
-            yield self.step()
+            stepping = list(self.active)
+            made = self.step()
+            failed = next((request for request in stepping if request.finish_reason == "error"), None)
+            if failed is not None:
+                raise GenerationError(failed.error)
+            yield made
 
-    def _eager_logits(self, idx: torch.Tensor) -> torch.Tensor:
-        """Logits (B, V) for the latest token idx (B, 1) of every active row."""
-        return self.model(idx, cache=self.cache.rows(0, len(self.active)))[0][:, -1]
+    def _failed_rows(self, logits: torch.Tensor, tokens: list[int]) -> dict[int, str]:
+        """The rows of this step that made no token, with the reason: a logit that is NaN or infinite (a token
+        sampled from it is garbage, or outside the vocabulary), or a token outside the vocabulary that the step
+        chose itself (the native step's choice from a row of NaN)."""
+        finite = torch.isfinite(logits).all(dim=-1).tolist()
+        vocab_size = self.model.config.vocab_size
+        failed = {}
+        for row, (request, token) in enumerate(zip(self.active, tokens)):
+            if not finite[row]:
+                failed[row] = (
+                    f"the model's logits for new token {len(request.output) + 1} are NaN or infinite: its activations "
+                    "overflow on this text (or its weights are damaged), so no token can be chosen"
+                )
+            elif not 0 <= token < vocab_size:
+                failed[row] = f"the decoding step chose token {token}, outside the vocabulary of {vocab_size}"
+        return failed
 
-    def _compiled_tokens(self, idx: torch.Tensor) -> list[int]:
-        """The next token of every active row through one compiled step, which also chooses the tokens when all rows
-        share settings that it can sample with (no top-p); otherwise its logits are sampled eagerly."""
+    def _fail(self, request: Request, reason: str) -> None:
+        """End `request` with an error: its cache row cleared, no log-probability of the logits that failed."""
+        self.cache.clear(self.active.index(request))
+        del request.token_logprobs[len(request.output) :]
+        request.error = reason
+        self.remove(request, "error")
+
+    def _eager_tokens(self, idx: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """Logits (B, V) for the latest token idx (B, 1) of every active row, and the tokens sampled from them."""
+        logits = self.model(idx, cache=self.cache.rows(0, len(self.active)))[0][:, -1]
+        return logits, self._sample(logits)
+
+    def _compiled_tokens(self, idx: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """Logits (B, V) and the next token of every active row through one compiled step, which also chooses the
+        tokens when all rows share settings that it can sample with (no top-p); otherwise its logits are sampled
+        eagerly."""
         settings = {(0.0, None, None) if r.temperature == 0 else (r.temperature, r.top_k, r.top_p) for r in self.active}
         shared = settings.pop() if len(settings) == 1 else None  # rows of different settings sample eagerly
         temperature, top_k, top_p = shared or (0.0, None, None)
@@ -348,12 +402,13 @@ class Engine:
             uniform,
         )
         self.cache.lengths[:rows] = [length + 1 for length in lengths[:rows]]
-        return tokens[:rows].tolist() if in_graph else self._sample(logits[:rows, -1])
+        logits = logits[:rows, -1]
+        return logits, tokens[:rows].tolist() if in_graph else self._sample(logits)
 
-    def _native_tokens(self) -> list[int]:
-        """The next token of every active row through the native step (one row, or several in one call), which also
-        chooses the tokens when all rows share settings it can sample with (no top-p, no logit rules), as the
-        compiled step does; otherwise its logits are sampled eagerly."""
+    def _native_tokens(self) -> tuple[torch.Tensor, list[int]]:
+        """Logits (B, V) and the next token of every active row through the native step (one row, or several in one
+        call), which also chooses the tokens when all rows share settings it can sample with (no top-p, no logit
+        rules), as the compiled step does; otherwise its logits are sampled eagerly."""
         self._allocate_cache(self.native.dtype)
         settings = {(0.0, None, None) if r.temperature == 0 else (r.temperature, r.top_k, r.top_p) for r in self.active}
         temperature, top_k, top_p = settings.pop() if len(settings) == 1 else (0.0, None, 0.0)
@@ -376,7 +431,7 @@ class Engine:
                 tokens, positions, self.cache.keys, self.cache.values, temperature, top_k, uniforms
             )
         self.cache.lengths[:rows] = [position + 1 for position in positions]
-        return chosen if in_step else self._sample(logits)
+        return logits, chosen if in_step else self._sample(logits)
 
     def _allocate_cache(self, dtype: torch.dtype) -> None:
         """Every layer's cache storage, made now if it is not there: a step that is one call writes into it in place."""
@@ -474,13 +529,18 @@ class Engine:
     def prompt_logprobs(self, prompt: Sequence[int], top: int) -> list[TokenLogprob]:
         """Score a prompt (its last block_size + 1 tokens: the last is only scored, never read) in one pass: each
         token's TokenLogprob given the ones before it, with the `top` most likely alternatives; the first token's
-        log-probability is None."""
+        log-probability is None. GenerationError when the logits are not finite numbers."""
         ids = list(prompt[-(self.block_size + 1) :])
         first = TokenLogprob(token=ids[0], logprob=None)
         if len(ids) == 1:
             return [first]
         idx = torch.tensor([ids[:-1]], device=self.device)
         logits = self.model.logits(self.model.hidden_states(idx))[0]
+        if not bool(torch.isfinite(logits).all()):
+            raise GenerationError(
+                "the model's logits over this prompt are NaN or infinite: its activations overflow on this text "
+                "(or its weights are damaged), so it cannot be scored"
+            )
         return [first, *token_logprobs(logits, torch.tensor(ids[1:], device=self.device), top)]
 
 

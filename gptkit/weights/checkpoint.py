@@ -30,6 +30,7 @@ LATEST_NAME = "ckpt.pt"
 BEST_NAME = "best.pt"
 MODEL_KEYS = ("model", "model_args")  # enough to rebuild the model (sampling, evaluation)
 RESUME_KEYS = ("model", "model_args", "optimizer", "iter_num", "best_val_loss")  # enough to continue training
+WEIGHT_KEYS = ("model", "trained_model")  # the entries that hold weights (trained_model: see gptkit.train.ema)
 
 # Prefixes torch.compile and DistributedDataParallel put in front of parameter names.
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.")
@@ -59,7 +60,8 @@ def load_checkpoint(
     """Load a checkpoint with torch.load(weights_only=True) and check it has `required_keys`.
 
     Returns the checkpoint dict. Any failure (missing, empty, truncated or foreign file, a pickle that asks for
-    code to run) is a UserError of one line naming the file.
+    code to run, weights that hold NaN or infinity when "model" is required) is a UserError of one line naming the
+    file.
     """
     path = Path(path)
     if not path.is_file():
@@ -75,7 +77,27 @@ def load_checkpoint(
     missing = [key for key in required_keys if key not in checkpoint]
     if missing:
         raise UserError(f"checkpoint {path} lacks {', '.join(missing)}; it is not a training checkpoint")
+    if "model" in required_keys:  # every model loaded from a file passes here (a LoRA run's adapters too)
+        for key in WEIGHT_KEYS:
+            if isinstance(checkpoint.get(key), dict):
+                check_finite(checkpoint[key], f"checkpoint {path}", NONFINITE_CHECKPOINT_REMEDY)
     return checkpoint
+
+
+NONFINITE_CHECKPOINT_REMEDY = (
+    "the run diverged before it was saved, or the file is damaged; use another checkpoint (a run keeps best.pt and "
+    "ckpt.pt) or train again, e.g. with a lower --learning_rate"
+)
+
+
+def check_finite(tensors: dict[str, Any], source: str, remedy: str) -> None:
+    """UserError naming `source` and the first floating-point tensor of `tensors` that holds a NaN or an infinity,
+    then `remedy`. Why: such a weight makes every logit NaN, and decoding would choose tokens from them."""
+    for name, tensor in tensors.items():
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not bool(tensor.isfinite().all()):
+            counts = {"NaN": int(tensor.isnan().sum()), "infinity": int(tensor.isinf().sum())}
+            found = " and ".join(f"{kind} in {count}" for kind, count in counts.items() if count)
+            raise UserError(f"{source}: weight {name} holds {found} of its {tensor.numel()} values; {remedy}")
 
 
 def _load_failure_reason(exc: Exception) -> str:
@@ -86,11 +108,25 @@ def _load_failure_reason(exc: Exception) -> str:
             f"it asks to run code on load ({forbidden.group(1)}), which is refused; "
             "only use checkpoints written by this toolkit or nanoGPT"
         )
-    # torch's messages are long and multi-line; the line naming the actual problem is the useful one.
+    # torch's messages are long and multi-line; the line naming the actual problem is the useful one, and of it the
+    # first sentence (the rest is advice to torch's own developers).
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     detail = next((line for line in lines if line.startswith(("Unsupported", "PytorchStreamReader", "["))), None)
-    detail = detail or (lines[0] if lines else type(exc).__name__)
-    return f"the file is truncated, damaged or not a checkpoint ({detail[:160]})"
+    detail = first_sentence(detail or (lines[0] if lines else ""), 160)
+    if not re.search(r"[A-Za-z]{3}", detail):  # e.g. a KeyError of a number: the kind of error says more
+        detail = f"{type(exc).__name__} {detail}".strip()
+    return (
+        f"the file is truncated, damaged or not a checkpoint (torch: {detail}); use another checkpoint (a run keeps "
+        "best.pt and ckpt.pt) or train again"
+    )
+
+
+def first_sentence(text: str, limit: int) -> str:
+    """The first sentence of `text` without its full stop, cut at a word and marked "..." beyond `limit` characters."""
+    sentence = re.split(r"(?<=[^.\s][.!?])\s", text.strip(), maxsplit=1)[0].rstrip(".")
+    if len(sentence) <= limit:
+        return sentence
+    return sentence[:limit].rsplit(" ", 1)[0] + "..."
 
 
 def resolve_checkpoint(out_dir: str | os.PathLike, which: str = "best") -> Path:

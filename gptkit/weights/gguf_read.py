@@ -27,6 +27,7 @@ import torch
 from gptkit.core.errors import UserError
 from gptkit.data.gguf_tokenizer import metadata, open_gguf
 from gptkit.model import GPT, GPTConfig, scaled_frequencies
+from gptkit.weights.checkpoint import check_finite
 from gptkit.weights.hf import config_args, state_from_hf
 
 ARCHITECTURES = {
@@ -76,6 +77,7 @@ def read_gguf_model(path: str | os.PathLike, overrides: dict[str, Any] | None = 
     reader = open_gguf(path)
     arch = architecture_of(reader, path)
     tensors = read_tensors(reader, path)
+    check_finite(tensors, str(path), "the file is damaged; download or export the model again")
     hf = hf_config(reader, arch, tensors, path)
     architecture = ARCHITECTURES[arch]
     try:

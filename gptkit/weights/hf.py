@@ -28,6 +28,7 @@ from safetensors.torch import save as safetensors_bytes
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import atomic_write_bytes, atomic_write_json
 from gptkit.model import GPT, GPTConfig
+from gptkit.weights.checkpoint import check_finite
 from gptkit.weights.export_common import gpt2_problem, gpt2_tensors
 
 GPT2_HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -327,7 +328,9 @@ def read_hf_model(directory: Path, overrides: dict[str, Any] | None = None) -> G
         except (TypeError, ValueError) as exc:
             raise UserError(f"{directory}: {exc}") from None
     model = GPT(config)
-    model.load_state_dict(state_from_hf(read_tensors(directory), architecture, model, directory))
+    tensors = read_tensors(directory)
+    check_finite(tensors, str(directory), "the files are damaged; download or export the model again")
+    model.load_state_dict(state_from_hf(tensors, architecture, model, directory))
     return model
 
 
