@@ -9,8 +9,8 @@ stores one factor per rotary frequency (rope_freqs), read back as the llama3 par
 head that is missing or holds the token embedding itself is tied to it.
 
 Tensors may be F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K: each is dequantized to float32
-with llama.cpp's `gguf` package. Any other type, another architecture, one part of a split file or a damaged file
-is a UserError of one line. The tokenizer: gptkit/data/gguf_tokenizer.py.
+with llama.cpp's `gguf` package. Any other type, another architecture, one part of a split file, a damaged file or
+weights holding NaN or infinity is a UserError of one line. The tokenizer: gptkit/data/gguf_tokenizer.py.
 """
 
 from __future__ import annotations

@@ -1,0 +1,340 @@
+"""gptkit.weights.load, the one door to every model: the kind each form of source is, the model each kind gives (its
+logits against the model written there, or against transformers'), the tokenizer that comes with it, and every
+mistake in one line."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from gptkit.core.errors import UserError
+from gptkit.data.hf_tokenizer import load_hf_tokenizer
+from gptkit.data.tokenizer import CharTokenizer
+from gptkit.model import config_to_dict
+from gptkit.weights import load, source_kind
+from gptkit.weights.checkpoint import save_checkpoint
+from gptkit.weights.export_gguf import export_gguf
+from gptkit.weights.lora import LoraConfig, LoraLinear, adapter_state, add_lora, lora_record
+from gptkit.weights.source_settings import ModelLocation
+from gptkit.weights.sources import base_reference, check_data_tokenizer
+from helpers import HUB_COMMIT, assert_one_line_message, lively_model, make_char_data, offline_hub_cache
+from hf_tokenizer_dirs import write_byte_level
+
+transformers = pytest.importorskip("transformers")
+
+TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n"
+CHARS = CharTokenizer.from_text(TEXT)
+IDX = torch.randint(0, CHARS.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+
+
+def logits(model: torch.nn.Module, idx: torch.Tensor = IDX) -> torch.Tensor:
+    with torch.no_grad():
+        return model(idx, targets=torch.zeros_like(idx))[0]
+
+
+def save_run(path: Path, model: torch.nn.Module, tokenizer=CHARS, **extra) -> Path:
+    """`model` saved as a checkpoint of ours at `path`, recording `tokenizer` (None: no record)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {} if tokenizer is None else {"tokenizer": tokenizer.to_meta()}
+    checkpoint = {"model": model.state_dict(), "model_args": config_to_dict(model.config), **record, **extra}
+    save_checkpoint(path, checkpoint)
+    return path
+
+
+def lora_run(tmp_path: Path, base_dir: Path) -> tuple[Path, torch.nn.Module]:
+    """A LoRA run on the run at `base_dir` (its adapters random, B too, so they change the logits) and the adapted
+    model it stands for."""
+    base = load(str(base_dir)).model
+    config = LoraConfig(rank=2, alpha=4.0, targets="all")
+    adapted = add_lora(copy.deepcopy(base), config)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, param in adapted.named_parameters():
+            if name.endswith("lora_B"):
+                param.normal_(0.0, 0.2)
+    record = lora_record(config, "float32", base_reference(str(base_dir)), None)
+    path = tmp_path / "lora" / "ckpt.pt"
+    save_checkpoint(
+        path,
+        {
+            "model": adapter_state(adapted),
+            "model_args": config_to_dict(adapted.config),
+            "lora": record,
+            "tokenizer": CHARS.to_meta(),
+        },
+    )
+    return path.parent, adapted.eval()
+
+
+def qwen2_directory(directory: Path) -> tuple[object, Path]:
+    """A random transformers Qwen2 saved with its byte-level tokenizer.json (and ChatML template)."""
+    write_byte_level(directory)
+    torch.manual_seed(9)
+    config = transformers.Qwen2Config(
+        vocab_size=704,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
+    hf = transformers.Qwen2ForCausalLM(config).eval()
+    hf.save_pretrained(directory)
+    return hf, directory
+
+
+# ----------------------------------------------------------------------------- the kind of each form of source
+
+
+def make_forms(root: Path) -> None:
+    """Each form of source, as files that only need to be there for their kind to show."""
+    for name in ("run/best.pt", "latest_only/ckpt.pt", "file.pt", "notes.txt", "model.gguf", "MODEL.GGUF"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"x")
+    for name in ("gguf_dir/tiny.gguf", "hf/config.json", "hf_and_gguf/config.json", "hf_and_gguf/tiny.gguf"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"x")
+    (root / "run/config.json").write_bytes(b"{}")  # a run's checkpoint wins over a config.json beside it
+    (root / "empty").mkdir()
+
+
+FORMS = {
+    "run": "checkpoint",
+    "latest_only": "checkpoint",
+    "file.pt": "checkpoint",
+    "notes.txt": "checkpoint",  # any file but a .gguf is read as a checkpoint, which refuses it in one line
+    "model.gguf": "gguf",
+    "MODEL.GGUF": "gguf",
+    "gguf_dir": "gguf",
+    "hf": "hf",
+    "hf_and_gguf": "hf",
+    "empty": None,
+}
+NAMES = {
+    "gpt2": "hub",
+    "gpt2-xl": "hub",
+    "owner/name": "hub",
+    "Qwen/Qwen2.5-0.5B-Instruct": "hub",
+    "gpt-5": None,
+    "./owner/name": None,
+    "one/two/three": None,
+    "/no/such/place": None,
+}
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_the_kind_of_each_local_form(tmp_path, form):
+    make_forms(tmp_path)
+    assert source_kind(str(tmp_path / form)) == FORMS[form]
+
+
+@pytest.mark.parametrize("name", sorted(NAMES))
+def test_the_kind_of_each_name(tmp_path, name, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no directory of these names
+    assert source_kind(name) == NAMES[name]
+
+
+# ----------------------------------------------------------------------------- the model each kind gives
+
+
+def test_a_run_gives_its_best_or_latest_checkpoint_and_its_tokenizer(tmp_path):
+    best, latest = lively_model(CHARS.vocab_size, seed=1), lively_model(CHARS.vocab_size, seed=2)
+    save_run(tmp_path / "run" / "best.pt", best)
+    save_run(tmp_path / "run" / "ckpt.pt", latest)
+    loaded = load(str(tmp_path / "run"))
+    assert (loaded.kind, loaded.path, loaded.model.training) == ("checkpoint", tmp_path / "run" / "best.pt", False)
+    torch.testing.assert_close(logits(loaded.model), logits(best), rtol=0, atol=0)
+    assert loaded.tokenizer.encode(TEXT) == CHARS.encode(TEXT) and loaded.tokenizer_record == CHARS.to_meta()
+    assert loaded.lora is None
+    torch.testing.assert_close(logits(load(str(tmp_path / "run"), checkpoint="latest").model), logits(latest))
+    file = load(str(tmp_path / "run" / "ckpt.pt"))
+    assert file.kind == "checkpoint" and file.path == tmp_path / "run" / "ckpt.pt"
+    torch.testing.assert_close(logits(file.model), logits(latest), rtol=0, atol=0)
+
+
+def test_a_lora_run_comes_merged_or_with_its_adapters_apart(tmp_path):
+    save_run(tmp_path / "base" / "ckpt.pt", lively_model(CHARS.vocab_size, seed=4, block_size=32))
+    directory, adapted = lora_run(tmp_path, tmp_path / "base")
+    expected = logits(adapted)
+    assert (expected - logits(load(str(tmp_path / "base")).model)).abs().max() > 1e-2  # the adapters matter
+
+    merged = load(str(directory))
+    assert not any(isinstance(module, LoraLinear) for module in merged.model.modules())
+    assert merged.lora["base"]["source"] == str((tmp_path / "base" / "ckpt.pt").resolve())
+    torch.testing.assert_close(logits(merged.model), expected, rtol=0, atol=1e-5)
+    apart = load(str(directory), merge=False)
+    assert sum(isinstance(module, LoraLinear) for module in apart.model.modules()) == 8  # 4 products x 2 layers
+    torch.testing.assert_close(logits(apart.model), expected, rtol=0, atol=1e-6)
+    assert apart.tokenizer.encode(TEXT) == CHARS.encode(TEXT)
+
+
+def test_a_lora_run_whose_base_changed_or_went_is_one_line(tmp_path):
+    save_run(tmp_path / "base" / "ckpt.pt", lively_model(CHARS.vocab_size, seed=4))
+    directory, _ = lora_run(tmp_path, tmp_path / "base")
+    save_run(tmp_path / "base" / "ckpt.pt", lively_model(CHARS.vocab_size, seed=5))
+    with pytest.raises(UserError) as error:
+        load(str(directory))
+    assert_one_line_message(error.value, f"its base {(tmp_path / 'base' / 'ckpt.pt').resolve()} has changed")
+    (tmp_path / "base" / "ckpt.pt").unlink()
+    with pytest.raises(UserError) as error:
+        load(str(directory))
+    assert_one_line_message(error.value, "is missing; put the base model back there")
+
+
+def test_a_hugging_face_directory_and_its_hub_name_give_transformers_logits(tmp_path, monkeypatch):
+    hf, directory = qwen2_directory(tmp_path / "qwen2")
+    idx = torch.randint(0, 704, (2, 12), generator=torch.Generator().manual_seed(2))
+    auto = transformers.AutoTokenizer.from_pretrained(directory)
+    local = load(str(directory))
+    assert (local.kind, local.path, local.checkpoint) == ("hf", directory, None)
+    torch.testing.assert_close(logits(local.model, idx), hf(idx).logits, rtol=0, atol=1e-4)
+    assert local.tokenizer.encode("def square(x):") == auto.encode("def square(x):", add_special_tokens=False)
+
+    offline_hub_cache(monkeypatch, tmp_path / "cache", {"someone/tiny-qwen": directory})
+    hub = load("someone/tiny-qwen")
+    assert hub.kind == "hub" and hub.path.name == HUB_COMMIT
+    torch.testing.assert_close(logits(hub.model, idx), hf(idx).logits, rtol=0, atol=1e-4)
+    assert hub.tokenizer.encode("def square(x):") == local.tokenizer.encode("def square(x):")
+
+
+@pytest.mark.parametrize("where", ["file", "directory"])
+def test_a_gguf_file_gives_the_model_written_into_it(tmp_path, where):
+    model = lively_model(CHARS.vocab_size, seed=6, block_size=32, tie_embeddings=True)
+    directory = tmp_path / "gguf"
+    directory.mkdir()
+    (name,) = [name for name in export_gguf(model, CHARS, directory, "f32", "tiny") if name.endswith(".gguf")]
+    loaded = load(str(directory / name if where == "file" else directory))
+    assert (loaded.kind, loaded.path) == ("gguf", directory / name)
+    torch.testing.assert_close(logits(loaded.model), logits(model), rtol=0, atol=1e-5)
+    assert loaded.tokenizer.encode(TEXT) == CHARS.encode(TEXT)
+
+
+def test_overrides_dtype_and_no_tokenizer_apply_to_every_kind(tmp_path):
+    save_run(tmp_path / "run" / "ckpt.pt", lively_model(CHARS.vocab_size))
+    _, hf_dir = qwen2_directory(tmp_path / "qwen2")
+    for source in (tmp_path / "run", hf_dir):
+        loaded = load(str(source), overrides={"dropout": 0.25}, dtype="bfloat16", tokenizer=False)
+        assert loaded.model.config.dropout == 0.25 and loaded.tokenizer is None
+        assert {param.dtype for param in loaded.model.parameters()} == {torch.bfloat16}
+
+
+def test_a_data_dir_gives_the_tokenizer_a_checkpoint_does_not_record(tmp_path):
+    save_run(tmp_path / "run" / "ckpt.pt", lively_model(CHARS.vocab_size), tokenizer=None)
+    make_char_data(tmp_path / "data", TEXT)
+    assert load(str(tmp_path / "run"), data_dir=str(tmp_path / "data")).tokenizer.encode(TEXT) == CHARS.encode(TEXT)
+    with pytest.raises(UserError) as error:
+        load(str(tmp_path / "run"))
+    assert_one_line_message(error.value, "records no tokenizer; pass --data_dir=DIR")
+
+
+# ----------------------------------------------------------------------------- mistakes
+
+
+def bad_sources(root: Path) -> dict[str, tuple[dict, str]]:
+    """Each mistake: load's arguments and what its one line says."""
+    return {
+        "unknown name": ({"source": "gpt-5"}, "gpt-5 is neither a directory, a hub name (owner/name) nor one of gpt2"),
+        "empty directory": ({"source": str(root / "empty")}, "holds no config.json, so it is no Hugging Face model"),
+        "which checkpoint": ({"source": str(root / "run"), "checkpoint": "worst"}, "must be 'best' or 'latest'"),
+        "no latest": ({"source": str(root / "best_only"), "checkpoint": "latest"}, "(looked for ckpt.pt)"),
+        "dtype": ({"source": str(root / "run"), "dtype": "float16"}, "models load as float32 or bfloat16"),
+        "not a checkpoint": ({"source": str(root / "notes.txt")}, "cannot load checkpoint"),
+        "not cached": ({"source": "someone/not-cached"}, "no hub repository of that name in the cache (offline?)"),
+        "vocabulary": (
+            {"source": str(root / "small")},
+            f"the tokenizer has {CHARS.vocab_size} tokens but the model only 10",
+        ),
+    }
+
+
+@pytest.mark.parametrize("mistake", sorted(bad_sources(Path())))
+def test_each_mistake_is_one_line(tmp_path, mistake, monkeypatch):
+    offline_hub_cache(monkeypatch, tmp_path / "cache", {})
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("not a checkpoint\n")
+    save_run(tmp_path / "run" / "ckpt.pt", lively_model(CHARS.vocab_size))
+    save_run(tmp_path / "best_only" / "best.pt", lively_model(CHARS.vocab_size))
+    save_run(tmp_path / "small" / "ckpt.pt", lively_model(10))
+    arguments, message = bad_sources(tmp_path)[mistake]
+    with pytest.raises(UserError) as error:
+        load(**arguments)
+    assert_one_line_message(error.value, message)
+
+
+@pytest.mark.parametrize("kind", ["checkpoint", "lora", "hf", "gguf"])
+def test_every_kind_of_source_refuses_weights_holding_nan(tmp_path, kind):
+    """A NaN in one weight is refused in one line naming the file and the tensor, whichever kind holds it."""
+    model = lively_model(CHARS.vocab_size, seed=7, block_size=32, tie_embeddings=True)
+    if kind == "checkpoint":
+        with torch.no_grad():
+            model.transformer.h[1].mlp.c_fc.weight[2, 3] = float("nan")
+        source, tensor = save_run(tmp_path / "run" / "ckpt.pt", model), "transformer.h.1.mlp.c_fc.weight"
+    elif kind == "lora":
+        save_run(tmp_path / "base" / "ckpt.pt", model)
+        directory, _ = lora_run(tmp_path, tmp_path / "base")
+        checkpoint = torch.load(directory / "ckpt.pt", weights_only=True)
+        checkpoint["model"]["transformer.h.0.attn.c_attn.lora_A"][0, 1] = float("nan")
+        source, tensor = save_run(directory / "ckpt.pt", model), "transformer.h.0.attn.c_attn.lora_A"
+        save_checkpoint(source, checkpoint)
+    elif kind == "hf":
+        hf, source = qwen2_directory(tmp_path / "qwen2")
+        with torch.no_grad():
+            hf.model.layers[1].mlp.up_proj.weight[4, 5] = float("nan")
+        hf.save_pretrained(source)
+        tensor = "model.layers.1.mlp.up_proj.weight"
+    else:
+        with torch.no_grad():
+            model.transformer.h[1].mlp.c_fc.weight[2, 3] = float("nan")
+        (tmp_path / "gguf").mkdir()
+        names = export_gguf(model, CHARS, tmp_path / "gguf", "f32", "tiny")
+        source, tensor = tmp_path / "gguf" / next(n for n in names if n.endswith(".gguf")), "blk.1.ffn_up.weight"
+    with pytest.raises(UserError) as error:
+        load(str(source))
+    assert_one_line_message(error.value, f"{source}: weight {tensor} holds NaN in 1 of its")
+
+
+# ----------------------------------------------------------------------------- the scripts' settings, train.py's check
+
+
+def test_the_scripts_settings_name_one_source(tmp_path, monkeypatch):
+    """--out_dir names a run (init_from=resume), --init_from open weights; each the other way round is one line."""
+    monkeypatch.chdir(tmp_path)
+    save_run(tmp_path / "run" / "ckpt.pt", lively_model(CHARS.vocab_size))
+    (tmp_path / "empty").mkdir()
+    assert ModelLocation(out_dir="run").source() == "run"
+    assert ModelLocation(init_from="gpt2").source() == "gpt2"
+    mistakes = [
+        (ModelLocation(init_from="run"), "--init_from='run' is a training run's directory; load it with --out_dir=run"),
+        (ModelLocation(out_dir="empty"), "no checkpoint in empty (looked for best.pt, ckpt.pt)"),
+        (ModelLocation(init_from="empty"), "--init_from='empty': empty holds no config.json"),
+        (ModelLocation(init_from="gpt-5"), "--init_from='gpt-5': use resume, a Hugging Face directory or hub name"),
+    ]
+    for location, message in mistakes:
+        with pytest.raises(UserError) as error:
+            location.source()
+        assert_one_line_message(error.value, message)
+
+
+def test_data_for_training_must_be_tokenized_as_the_source_reads_text(tmp_path):
+    """check_data_tokenizer, train.py's check of its data against the model it starts from: a checkpoint's recorded
+    tokenizer, open weights' own tokenizer.json."""
+    save_run(tmp_path / "run" / "ckpt.pt", lively_model(CHARS.vocab_size))
+    run = load(str(tmp_path / "run"), tokenizer=False)
+    char_meta = {"tokenizer": CHARS.to_meta(), "vocab_size": CHARS.vocab_size, "eot_token": None}
+    check_data_tokenizer(run, char_meta)
+    other = CharTokenizer.from_text(TEXT + "xyz")
+    with pytest.raises(UserError) as error:
+        check_data_tokenizer(run, {**char_meta, "tokenizer": other.to_meta()})
+    assert_one_line_message(error.value, "was trained with another tokenizer than this data's")
+
+    _, directory = qwen2_directory(tmp_path / "qwen2")
+    qwen = load(str(directory), tokenizer=False)
+    own = load_hf_tokenizer(directory)
+    check_data_tokenizer(qwen, {"tokenizer": own.to_meta(), "vocab_size": own.vocab_size, "eot_token": None})
+    with pytest.raises(UserError) as error:
+        check_data_tokenizer(qwen, char_meta)
+    assert_one_line_message(error.value, f"needs data in its own tokenizer; prepare it with --tokenizer={directory}")
