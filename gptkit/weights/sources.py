@@ -23,9 +23,8 @@ from gptkit.data.meta import read_meta
 from gptkit.data.tokenizer import Tokenizer, make_tokenizer, tokenizer_from_meta
 from gptkit.model import GPT, config_from_dict
 from gptkit.weights.checkpoint import (
-    BEST_NAME,
-    LATEST_NAME,
     check_base_tokenizer,
+    is_checkpoint_source,
     load_checkpoint,
     load_model_weights,
     model_args_of,
@@ -72,18 +71,18 @@ class Loaded:
 
 
 def source_kind(source: str) -> str | None:
-    """Which kind of source `source` is (SOURCE_KINDS), None when it names no model: a GGUF file, or a directory
-    holding one and no config.json, is "gguf"; any other file, or a directory with best.pt or ckpt.pt, is one of our
-    "checkpoint"s; a directory with config.json is "hf"; a name that is no path, owner/name or gpt2*, is "hub"."""
+    """Which kind of source `source` is (SOURCE_KINDS), None when it names no model: a file (not a .gguf) or a
+    directory with best.pt or ckpt.pt is one of our "checkpoint"s; a directory with config.json is "hf"; a .gguf file,
+    or a directory holding one, is "gguf"; a name that is no path, owner/name or gpt2*, is "hub"."""
     path = Path(source)
-    if path.is_file():
-        return "gguf" if find_gguf(path) is not None else "checkpoint"
-    if path.is_dir():
-        if any((path / name).is_file() for name in (BEST_NAME, LATEST_NAME)):
-            return "checkpoint"
-        if (path / "config.json").is_file():
-            return "hf"
-        return "gguf" if find_gguf(path) is not None else None
+    if is_checkpoint_source(source):
+        return "checkpoint"
+    if (path / "config.json").is_file():
+        return "hf"
+    if find_gguf(path) is not None:
+        return "gguf"
+    if path.exists():
+        return None
     return "hub" if source in GPT2_HUB_NAMES or is_hub_name(source) else None
 
 
