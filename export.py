@@ -79,9 +79,11 @@ def export_lora_run(cfg: ExportSettings, staging: Path, destination: Path) -> li
 
 
 def model_name(cfg: ExportSettings) -> str:
-    """The model's name: its run directory's (as serve.py names it), or the GPT-2 directory or hub name."""
+    """The model's name: its run directory's (as serve.py names it), the Hugging Face directory or hub name, or the
+    GGUF file's name without .gguf."""
     if cfg.init_from != "resume":
-        return Path(cfg.init_from).resolve().name if Path(cfg.init_from).is_dir() else cfg.init_from
+        source = Path(cfg.init_from)
+        return source.resolve().name if source.is_dir() else source.stem if source.is_file() else cfg.init_from
     source = Path(cfg.out_dir).resolve()
     return source.parent.name if source.is_file() else source.name
 

@@ -22,7 +22,7 @@ from gptkit.core.settings import parse_settings, setting, setting_list
 from gptkit.data.chat import ChatError
 from gptkit.data.tokenizer import Tokenizer, completion_stops
 from gptkit.infer.decoding import Decoding, backend_name
-from gptkit.infer.engine import Engine, Request
+from gptkit.infer.engine import Engine, GenerationError, Request
 from gptkit.infer.next_token import sampling_problem
 from gptkit.infer.textstream import TextStream
 from gptkit.model import GPT
@@ -169,6 +169,8 @@ def main(argv: list[str]) -> int:
         try:
             answer(model, tokenizer, prompt, cfg, device, dtype, write)
         except UserError as exc:  # a bad prompt (e.g. a character the model never saw) must not end the interactive run
+            if isinstance(exc, GenerationError):  # its answer had begun: end it
+                write(SEPARATOR)
             print(f"error: {exc}; type another prompt", file=sys.stderr, flush=True)
             continue
         write(SEPARATOR)
@@ -221,6 +223,8 @@ def chat(
                 model, tokenizer, [*history, {"role": "user", "content": text}], cfg, device, dtype, write
             )
         except UserError as exc:  # e.g. a character the model never saw: this message is dropped, the talk goes on
+            if isinstance(exc, GenerationError):  # the reply had begun: end its line
+                write("\n")
             print(f"error: {exc}; type another message", file=sys.stderr, flush=True)
             continue
         history.append({"role": "user", "content": text})

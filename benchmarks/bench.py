@@ -35,7 +35,7 @@ from gptkit.infer.native import NativeStep
 from gptkit.infer.onednn import onednn_linear_available, optimize_for_cpu_decoding, use_decoding_layout
 from gptkit.model import GPT, GPTConfig
 from gptkit.weights.hf import write_hf
-from gptkit.weights.quantization import quantize_int8, replace_linears
+from gptkit.weights.quantization import quantize_int4, quantize_int8, replace_linears
 from measure import MODEL_SHAPES, print_table, read_bandwidth, run_benchmark, time_paths
 
 # ----------------------------------------------------------------------------------------------- sampling
@@ -43,7 +43,8 @@ from measure import MODEL_SHAPES, print_table, read_bandwidth, run_benchmark, ti
 # default backend, as sample.py decodes with no flag; eager, eager_bf16: decode="eager" (plain PyTorch, float32 and
 # bfloat16 weights); onednn: decode="eager" after an explicit optimize_for_cpu_decoding() (oneDNN at every batch);
 # int8: int8 weights (--quantize=int8), eager; compiled, compiled_bf16, int8_compiled: decode="compiled" (float32,
-# bfloat16, int8); native, native_bf16, native_int8: decode="native" (float32, bfloat16, int8; one row or several);
+# bfloat16, int8); native, native_bf16, native_int8, native_int4: decode="native" (float32, bfloat16, int8, int4;
+# one row or several);
 # uncached: nanoGPT's loop;
 # no_products: the eager path with every matrix product skipped (each Linear returns zeros of its output's
 # shape without reading its weight): a token's time in it is what the rest of a step costs (attention, norms...).
@@ -65,6 +66,7 @@ SAMPLE_PATHS = (
     "native",
     "native_bf16",
     "native_int8",
+    "native_int4",
     "int8",
     "int8_compiled",
     "no_products",
@@ -80,11 +82,12 @@ WEIGHT_BYTES = {
     "compiled_bf16": 2,
     "native_bf16": 2,
     "native_int8": 1,
+    "native_int4": 0.625,  # 4-bit codes and a float16 scale and minimum per 32 weights: 20 bytes per 32
     "int8": 1,
     "int8_compiled": 1,
     "weights_read_bf16": 2,
 }
-NATIVE_PATHS = ("native", "native_bf16", "native_int8")
+NATIVE_PATHS = ("native", "native_bf16", "native_int8", "native_int4")
 COMPILED_PATHS = ("compiled", "compiled_bf16", "int8_compiled")
 READ_PATHS = ("weights_read", "weights_read_bf16", "native_read")
 # The decode argument of every path that passes one (auto passes none: it is the default).
@@ -207,6 +210,8 @@ def sample_models(config: GPTConfig, paths: list[str], device: torch.device) -> 
     if {"int8", "int8_compiled", "native_int8"} & set(paths):  # one int8 model: each path uses its own kernels
         int8 = quantize_int8(copy.deepcopy(plain))  # a UserError off the CPU
         models["int8"] = models["int8_compiled"] = models["native_int8"] = int8
+    if "native_int4" in paths:
+        models["native_int4"] = quantize_int4(copy.deepcopy(plain))
     if "no_products" in paths:
         models["no_products"] = without_products(copy.deepcopy(plain))
     if "onednn" in models and device.type == "cpu":

@@ -414,6 +414,24 @@ def lively_model(vocab_size: int = 37, seed: int = 0, **overrides: Any) -> Any:
     return lively_weights(GPT(GPTConfig(**{**settings, **overrides})).eval())
 
 
+def overflowing_model(vocab_size: int = 37, token: int = 5, seed: int = 0) -> Any:
+    """A lively model (RMSNorm, rotary positions, no biases) with finite weights whose logit of token 0 overflows
+    float32 to infinity exactly at the steps that feed `token`, and is 0 at every other step: channel 0 of the
+    residual stream holds `token`'s own embedding (1000) and nothing else writes to it, so after the final RMSNorm
+    it is about sqrt(n_embd) there and 0 elsewhere, and the head reads it with a weight of 1e38."""
+    import torch
+
+    model = lively_model(vocab_size, seed, norm="rmsnorm", pos_encoding="rope", bias=False)
+    with torch.no_grad():
+        model.transformer.wte.weight[:, 0] = 0.0
+        model.transformer.wte.weight[token, 0] = 1e3
+        for block in model.transformer.h:
+            block.attn.c_proj.weight[0] = 0.0
+            block.mlp.c_proj.weight[0] = 0.0
+        model.lm_head.weight[0, 0] = 1e38
+    return model
+
+
 def count_calls(monkeypatch: Any, owner: type, name: str) -> list[int]:
     """A list that gets one entry for each call of the method owner.name while the test lasts (the calls still
     run)."""

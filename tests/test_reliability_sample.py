@@ -26,7 +26,7 @@ from gptkit.data.tokenizer import CharTokenizer
 from gptkit.infer.native import build as native_build
 from gptkit.model import GPT, GPTConfig, config_to_dict
 from gptkit.weights.checkpoint import save_checkpoint, tokenizer_record
-from helpers import run_main
+from helpers import overflowing_model, run_main
 
 REPO = Path(__file__).resolve().parent.parent
 TEXT = "To be, or not to be, that is the question:\n"
@@ -118,6 +118,36 @@ def test_interactive_skips_empty_lines_and_goes_on_after_an_unknown_character(
     )
     answers = stdout.split(sample.SEPARATOR)
     assert len(answers) == 3 and answers[0].startswith("To") and answers[1].startswith("be") and answers[2] == ""
+
+
+@pytest.fixture
+def overflowing_dir(tmp_path: Path) -> Path:
+    """A checkpoint with finite weights whose logits overflow to infinity after a ',' (helpers.overflowing_model)."""
+    tokenizer = CharTokenizer.from_text(TEXT)
+    model = overflowing_model(tokenizer.vocab_size, tokenizer.encode(",")[0])
+    meta = {"tokenizer": tokenizer.to_meta(), "vocab_size": tokenizer.vocab_size, "eot_token": None}
+    state = {
+        "model": model.state_dict(),
+        "model_args": config_to_dict(model.config),
+        "tokenizer": tokenizer_record(meta),
+    }
+    save_checkpoint(tmp_path / "out" / "ckpt.pt", state)
+    return tmp_path / "out"
+
+
+@pytest.mark.parametrize("decode", ["auto", "eager"])
+def test_logits_that_overflow_while_decoding_end_the_sample_in_one_line(
+    overflowing_dir: Path, decode: str, capsys: pytest.CaptureFixture
+) -> None:
+    """No token is chosen from them (the streamed text stops at the prompt); interactive, the answer is ended and the
+    next prompt answered."""
+    args = [f"--out_dir={overflowing_dir}", f"--decode={decode}", "--temperature=0", "--max_new_tokens=7"]
+    code, stdout, stderr = cli([*args, "--start=To be,"], capsys)
+    assert_one_line_error(code, stderr, "error: the model's logits for new token 1 are NaN or infinite")
+    assert stdout == "To be,"
+    code, stdout, stderr = cli([*args, "--interactive"], capsys, "To be,\nTo be\n")
+    assert code == 0 and stderr.count("\n") == 1 and stderr.rstrip().endswith("type another prompt"), stderr
+    assert stdout.split(sample.SEPARATOR) == ["To be,", "To berTuurrT", ""]
 
 
 @pytest.mark.parametrize(

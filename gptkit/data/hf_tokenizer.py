@@ -78,19 +78,27 @@ def read_hf_record(directory: str | os.PathLike) -> dict[str, Any]:
             else ""
         )
         raise UserError(f"{directory} has no {TOKENIZER_FILE}, the model's tokenizer{hint}")
-    text = _read_text(path)
     config = _read_json(directory / CONFIG_FILE) if (directory / CONFIG_FILE).is_file() else {}
+    source = _template_source(directory, config)
+    stops = _generation_stops(directory / GENERATION_CONFIG_FILE) if source is not None else []
+    return make_record(directory.resolve().name, _read_text(path), _special_tokens_map(config), source, stops)
+
+
+def make_record(
+    name: str, text: str, special_tokens_map: dict[str, str], template_source: str | None, extra_stops: list[int]
+) -> dict[str, Any]:
+    """The record of a tokenizer.json's `text` (from a directory, or built from a GGUF file's metadata): the named
+    special tokens' texts, and the chat template with the ids that also end a reply (none without a template)."""
     record = {
         "kind": KIND,
-        "name": directory.resolve().name,
+        "name": name,
         "tokenizer_json": text,
         "tokenizer_json_sha256": bpe.sha256_text(text),
-        "special_tokens_map": _special_tokens_map(config),
+        "special_tokens_map": special_tokens_map,
     }
-    source = _template_source(directory, config)
-    if source is not None:
-        record["template_source"] = source
-        record["extra_stops"] = _generation_stops(directory / GENERATION_CONFIG_FILE)
+    if template_source is not None:
+        record["template_source"] = template_source
+        record["extra_stops"] = extra_stops
     return record
 
 

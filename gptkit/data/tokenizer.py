@@ -25,6 +25,7 @@ from gptkit.core.fileio import sha256_file
 from gptkit.data import bpe, hf_tokenizer
 from gptkit.data.bpe import UNKNOWN_ID_BYTES, gpt2_unicode_to_byte
 from gptkit.data.chat import SPECIAL_TOKENS, ChatError, ChatTemplate
+from gptkit.data.gguf_tokenizer import find_gguf, load_gguf_tokenizer
 from gptkit.data.hf_tokenizer import HFTokenizer, is_hf_tokenizer_dir, load_hf_tokenizer
 
 END_OF_TEXT = "<|endoftext|>"
@@ -383,10 +384,15 @@ def is_tokenizer_dir(name: str) -> bool:
 
 def make_tokenizer(name: str, bpe_dir: str | os.PathLike | None = None) -> TiktokenTokenizer | HFTokenizer:
     """A tiktoken tokenizer by name ('gpt2', 'cl100k_base', ...), a trained one from its directory (a path), or a
-    Hugging Face model's from its directory (tokenizer.json, with its chat template).
+    Hugging Face model's from its directory (tokenizer.json, with its chat template) or from its GGUF file.
 
     Char tokenizers need a table: use CharTokenizer.
     """
+    gguf = find_gguf(name)
+    if gguf is not None:
+        if bpe_dir is not None:
+            raise UserError("--bpe_dir is for GPT-2 BPE; it makes no sense with a GGUF file's tokenizer")
+        return load_gguf_tokenizer(gguf)
     if is_tokenizer_dir(name):
         if bpe_dir is not None:
             raise UserError("--bpe_dir is for GPT-2 BPE; it makes no sense with a tokenizer directory")

@@ -8,13 +8,15 @@
 - Engine: runs requests one token per step. A new request is prefilled into a free row (on its own, or in one
   pass with the equally long prompts add_many adds with it); each step
   feeds the latest token of every active row in one batched forward pass and samples; a finished request frees
-  its row. A row whose window is full slides on its own (rebuilt from the last 3/4 of a window), exactly when it
-  would alone. So a request's tokens do not depend on what else is in the batch: greedy tokens are the same, and
-  a seeded request draws the same tokens (up to float rounding, which the batch size can change).
+  its row. A row whose logits come out NaN or infinite (its activations overflowed) makes no token: its request
+  ends with an error, and the others go on. A row whose window is full slides on its own (rebuilt from the last
+  3/4 of a window), exactly when it would alone. So a request's tokens do not depend on what else is in the
+  batch: greedy tokens are the same, and a seeded request draws the same tokens (up to float rounding, which the
+  batch size can change).
 - generate, generate_stream: a batch of prompts continued at once through the engine (gptkit.infer.generate), the
   fast path; model.py's GPT.generate is the plain uncached loop whose tokens it must match.
 
-The model is duck-typed, never imported: `model(idx, cache=cache)` returns (logits (B, 1, V), _) for the last
+The model is duck-typed, never imported (the backends run its passes): `model(idx, cache=cache)` returns (logits (B, 1, V), _) for the last
 position, `model.hidden_states(idx, cache=cache)` does the same pass without the head (to fill a prompt into the
 cache; with `model.logits` after it, a prompt's logits at every position), `model.config` has block_size and
 n_layer, and both calls run `cache.extend(B, T, device)` once for the
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from gptkit.core.errors import UserError
 from gptkit.infer.backend import compute_dtype
 from gptkit.infer.decoding import make_backend
 from gptkit.infer.memory import huge_page_zeros
@@ -123,6 +126,13 @@ class KVCache:
             return huge_page_zeros(math.prod(shape), dtype).view(*shape)
         return torch.zeros(shape, dtype=dtype, device=device)
 
+    def clear(self, row: int) -> None:
+        """Zero the positions row `row` holds: its keys and values may be NaN, and whoever takes the row next reads
+        the positions past its own length too (masked, but 0 * NaN is NaN)."""
+        for storage in (*self.keys, *self.values):
+            if storage is not None:
+                storage[row, :, : self.lengths[row]] = 0
+
     def move(self, source: int, target: int) -> None:
         """Copy row `source` (its keys, values and length) over row `target`."""
         length = self.lengths[source]
@@ -144,10 +154,15 @@ class TokenLogprob:
     top: list[tuple[int, float]] = field(default_factory=list)
 
 
+class GenerationError(UserError):
+    """The model cannot continue a request: its logits came out NaN or infinite."""
+
+
 @dataclass(eq=False)
 class Request:
     """One prompt to continue. The engine appends the tokens it makes to `output` and sets `finish_reason`
-    ("stop": a stop token was made, and is the last of output; "length": max_new_tokens made; "removed").
+    ("stop": a stop token was made, and is the last of output; "length": max_new_tokens made; "removed"; "error":
+    the model's logits were not finite numbers, and `error` says so in a line).
 
     seed gives the request its own random generator (so its tokens do not depend on the batch); generator
     instead shares a caller's generator (generate's, below); with neither, sampling uses torch's global generator.
@@ -172,6 +187,7 @@ class Request:
     output: list[int] = field(default_factory=list)
     token_logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    error: str | None = None
     sampling: Sampling | None = field(default=None, init=False, repr=False)
 
     @property
@@ -281,7 +297,8 @@ class Engine:
     @torch.no_grad()
     def step(self) -> list[tuple[Request, int]]:
         """Make one token for every active request; return (request, token) pairs in row order. Requests that
-        finish (a stop token, or max_new_tokens reached) leave the engine."""
+        finish (a stop token, or max_new_tokens reached) leave the engine; so does a request whose logits are not
+        finite, with no token (finish_reason "error", see Request)."""
         if not self.active:
             return []
         for row, request in enumerate(self.active):
@@ -293,9 +310,14 @@ class Engine:
         logits, tokens = self.backend.decode(self.cache, last, sampling, uniform)
         if tokens is None:
             tokens = self._sample(logits)
-        made = list(zip(self.active, tokens))
-        for request, token in made:
+        failed = self._failed_rows(logits, tokens)
+        made = []
+        for row, (request, token) in enumerate(list(zip(self.active, tokens))):
+            if row in failed:
+                self._fail(request, failed[row])
+                continue
             request.output.append(token)
+            made.append((request, token))
             if token in request.stop_tokens:
                 self.remove(request, "stop")
             elif len(request.output) >= request.max_new_tokens:
@@ -304,14 +326,44 @@ class Engine:
 
     def run(self, requests: Iterable[Request]) -> Iterator[list[tuple[Request, int]]]:
         """Generate every request, adding waiting ones in order whenever a row is free (continuous batching);
-        yield each step's (request, token) pairs. Requests may be removed between steps."""
+        yield each step's (request, token) pairs. Requests may be removed between steps. A request that fails
+        (see step) ends the run: GenerationError with its reason, since its caller wanted every request's tokens."""
         waiting = deque(requests)
         while True:
             while waiting and self.free_slots:  # all that fit at once: prompts of one length fill in one pass
                 self.add_many([waiting.popleft() for _ in range(min(len(waiting), self.free_slots))])
             if not self.active:
                 return
-            yield self.step()
+            stepping = list(self.active)
+            made = self.step()
+            failed = next((request for request in stepping if request.finish_reason == "error"), None)
+            if failed is not None:
+                raise GenerationError(failed.error)
+            yield made
+
+    def _failed_rows(self, logits: torch.Tensor, tokens: list[int]) -> dict[int, str]:
+        """The rows of this step that made no token, with the reason: a logit that is NaN or infinite (a token
+        sampled from it is garbage, or outside the vocabulary), or a token outside the vocabulary that the step
+        chose itself (the native step's choice from a row of NaN)."""
+        finite = torch.isfinite(logits).all(dim=-1).tolist()
+        vocab_size = self.model.config.vocab_size
+        failed = {}
+        for row, (request, token) in enumerate(zip(self.active, tokens)):
+            if not finite[row]:
+                failed[row] = (
+                    f"the model's logits for new token {len(request.output) + 1} are NaN or infinite: its activations "
+                    "overflow on this text (or its weights are damaged), so no token can be chosen"
+                )
+            elif not 0 <= token < vocab_size:
+                failed[row] = f"the decoding step chose token {token}, outside the vocabulary of {vocab_size}"
+        return failed
+
+    def _fail(self, request: Request, reason: str) -> None:
+        """End `request` with an error: its cache row cleared, no log-probability of the logits that failed."""
+        self.cache.clear(self.active.index(request))
+        del request.token_logprobs[len(request.output) :]
+        request.error = reason
+        self.remove(request, "error")
 
     def _shared_sampling(self) -> Sampling | None:
         """The settings every active row chooses its token with, where the backend may apply them inside its step:
@@ -398,13 +450,18 @@ class Engine:
     def prompt_logprobs(self, prompt: Sequence[int], top: int) -> list[TokenLogprob]:
         """Score a prompt (its last block_size + 1 tokens: the last is only scored, never read) in one pass: each
         token's TokenLogprob given the ones before it, with the `top` most likely alternatives; the first token's
-        log-probability is None."""
+        log-probability is None. GenerationError when the logits are not finite numbers."""
         ids = list(prompt[-(self.block_size + 1) :])
         first = TokenLogprob(token=ids[0], logprob=None)
         if len(ids) == 1:
             return [first]
         idx = torch.tensor([ids[:-1]], device=self.device)
         logits = self.model.logits(self.model.hidden_states(idx))[0]
+        if not bool(torch.isfinite(logits).all()):
+            raise GenerationError(
+                "the model's logits over this prompt are NaN or infinite: its activations overflow on this text "
+                "(or its weights are damaged), so it cannot be scored"
+            )
         return [first, *token_logprobs(logits, torch.tensor(ids[1:], device=self.device), top)]
 
 

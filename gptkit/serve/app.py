@@ -451,7 +451,7 @@ class Service:
 
     async def events(self, jobs: list[Job]) -> AsyncIterator[dict[int, tuple[str, str | None, list]]]:
         """What the jobs made since the last time, merged per choice: {index: (text, finish_reason, logprobs)},
-        until every job has finished."""
+        until every job has finished. A choice that ends with "error" has the error's message as its text."""
         queue, running = jobs[0].events, len(jobs)
         while running:
             batch = [await queue.get()]
@@ -460,7 +460,8 @@ class Service:
             merged: dict[int, tuple[str, str | None, list]] = {}
             for index, text, reason, logprobs in batch:
                 old_text, old_reason, old_logprobs = merged.get(index, ("", None, []))
-                merged[index] = (old_text + text, reason or old_reason, old_logprobs + logprobs)
+                text = text if reason == "error" else old_text + text
+                merged[index] = (text, reason or old_reason, old_logprobs + logprobs)
                 running -= reason is not None
             yield merged
 
@@ -498,7 +499,8 @@ class Service:
             async for merged in self.events(jobs):
                 for index, (text, reason, entries) in sorted(merged.items()):
                     if reason == "error":
-                        yield api.sse({"error": {"message": text, "type": "server_error", "param": None, "code": None}})
+                        kind = "invalid_request_error" if jobs[index].error_status < 500 else "server_error"
+                        yield api.sse({"error": {"message": text, "type": kind, "param": None, "code": None}})
                         continue
                     logprobs = self.logprobs_object(body, entries, offsets[index])
                     if logprobs is not None and "tokens" in logprobs:  # the completions format: offsets go on
@@ -522,11 +524,15 @@ class Service:
         make_choice: Callable,
     ) -> Response:
         texts, reasons, entries = [""] * len(jobs), [None] * len(jobs), [[] for _ in jobs]
+        errors: dict[int, str] = {}  # a failed choice's message
 
         async def gather() -> None:
             async for merged in self.events(jobs):
                 for index, (text, reason, logprobs) in merged.items():
-                    texts[index] += text
+                    if reason == "error":
+                        errors[index] = text
+                    else:
+                        texts[index] += text
                     reasons[index] = reason or reasons[index]
                     entries[index] += logprobs
 
@@ -539,8 +545,9 @@ class Service:
             self.batcher.cancel(jobs)
         if not work.done() or work.cancelled():
             return Response(status_code=499)  # the client closed the connection: nobody reads this
-        if "error" in reasons:
-            raise APIError(status=500, message=texts[reasons.index("error")])
+        if errors:
+            index = min(errors)
+            raise APIError(status=jobs[index].error_status, message=errors[index])
         choices = []
         for number, index in enumerate(best_choices(jobs, body)):
             logprobs = self.logprobs_object(body, entries[index], 0)

@@ -5,8 +5,9 @@ decode thread admits waiting jobs into free slots before each step (scoring thei
 with logprobs), runs `engine.step()` for every active job at once, turns each new token into text
 (gptkit.infer.textstream: UTF-8 safe, stop strings) and hands (index, text, finish_reason, logprobs) events to the
 job's asyncio queue with `loop.call_soon_threadsafe`. A job that is `cancel`led (its
-client went away) leaves the engine before the next step, so it costs no more compute. A job's tokens do not
-depend on the others in the batch (see gptkit.infer.engine).
+client went away) leaves the engine before the next step, so it costs no more compute. A job whose logits the
+engine finds NaN or infinite ends with an error of its own (REFUSED_STATUS); the others decode on. A job's tokens
+do not depend on the others in the batch (see gptkit.infer.engine).
 
 When `slots` jobs decode and `max_queue` more wait, `submit` raises ServerBusyError (the server answers 429).
 """
@@ -24,9 +25,13 @@ from typing import Any
 import torch
 
 from gptkit.core.devices import autocast
-from gptkit.infer.engine import Engine, Request, TokenLogprob
+from gptkit.infer.engine import Engine, GenerationError, Request, TokenLogprob
 from gptkit.infer.textstream import TextStream
 from gptkit.serve.metrics import ServerMetrics
+
+# The answer to a request the model cannot continue (its logits came out NaN or infinite on this text): the request
+# was well formed, but this model cannot process it.
+REFUSED_STATUS = 422
 
 
 class ServerBusyError(Exception):
@@ -39,9 +44,10 @@ class Job:
 
     Events are (index, text, finish_reason, logprobs) tuples put on `events` (an asyncio.Queue of `loop`): text is
     what became printable after a token (possibly ""); finish_reason is None until the last event ("stop", "length",
-    or "error" with the message as text); logprobs are the TokenLogprobs of the tokens made since the last event
-    (when the request asked for them). `echo` is text the choice begins with (the prompt, for echo); with
-    `score_prompt` = k the first event also brings the prompt's tokens' TokenLogprobs, with k alternatives each.
+    or "error" with the message as text, and `error_status` the HTTP status to answer it with); logprobs are the
+    TokenLogprobs of the tokens made since the last event (when the request asked for them). `echo` is text the
+    choice begins with (the prompt, for echo); with `score_prompt` = k the first event also brings the prompt's
+    tokens' TokenLogprobs, with k alternatives each.
     """
 
     request: Request
@@ -52,6 +58,7 @@ class Job:
     echo: str = ""
     score_prompt: int | None = None
     finish_reason: str | None = None
+    error_status: int = 500  # a failure of the server's own, unless the model could not continue this job
     cancelled: bool = field(default=False, repr=False)
     reported: int = field(default=0, repr=False)  # the request's token_logprobs already sent in an event
     clock: float = field(default=0.0, repr=False)  # for metrics: when it was accepted, then made its latest token
@@ -220,7 +227,7 @@ class Batcher:
         """Prefill the admitted jobs' prompts into free rows, equally long ones in one pass (outside the lock: submit
         need not wait for it). A job the engine refuses ends with an error; the others start. A job that echoes its
         prompt gets the prompt (and its scores) as its first event; one with no tokens to make ends there."""
-        self._echo(jobs)
+        jobs = self._echo(jobs)
         try:
             self.engine.add_many([job.request for job in jobs])
         except Exception:  # a request the server should have refused: add one by one, to find it
@@ -239,17 +246,28 @@ class Batcher:
             if job.request.finish_reason == "length" and job.request not in self.engine.active:  # max_tokens 0
                 self._finish(job, "length", "")
 
-    def _echo(self, jobs: list[Job]) -> None:
-        """Post each echoing job's prompt text, with its tokens scored when asked (once per distinct prompt)."""
-        scores: dict[tuple, list[TokenLogprob]] = {}
+    def _echo(self, jobs: list[Job]) -> list[Job]:
+        """Post each echoing job's prompt text, with its tokens scored when asked (once per distinct prompt); a job
+        whose prompt the model cannot score (non-finite logits) ends with an error. Returns the jobs that go on."""
+        scores: dict[tuple, list[TokenLogprob] | GenerationError] = {}
+        going = []
         for job in jobs:
             if job.score_prompt is not None:
                 key = (tuple(job.request.prompt), job.score_prompt)
                 if key not in scores:
-                    scores[key] = self.engine.prompt_logprobs(job.request.prompt, job.score_prompt)
+                    try:
+                        scores[key] = self.engine.prompt_logprobs(job.request.prompt, job.score_prompt)
+                    except GenerationError as exc:
+                        scores[key] = exc
+                if isinstance(scores[key], GenerationError):
+                    job.error_status = REFUSED_STATUS
+                    self._finish(job, "error", str(scores[key]))
+                    continue
                 job.post(job.echo, None, scores[key])
             elif job.echo:
                 job.post(job.echo, None)
+            going.append(job)
+        return going
 
     def _step(self) -> None:
         if not self._running:
@@ -272,6 +290,10 @@ class Batcher:
                 # "stop": a stop string or the end-of-text token; "length": max_tokens made
                 reason = "stop" if job.stream.done else request.finish_reason
                 events.append(self._finish(job, reason, text + job.stream.finish(), post=False))
+        for request, job in list(self._running.items()):
+            if request.finish_reason == "error":  # the engine ended it: its logits were not finite
+                job.error_status = REFUSED_STATUS
+                events.append(self._finish(job, "error", request.error, post=False))
         deliver(events)
 
     def _finish(self, job: Job, reason: str, text: str, post: bool = True) -> tuple[Job, str, str, list[TokenLogprob]]:

@@ -25,7 +25,7 @@ from gptkit.weights.checkpoint import BEST_NAME, LATEST_NAME
 RUN_FILES = (LATEST_NAME, BEST_NAME, LOG_NAME, CURVES_NAME, SUMMARY_NAME)
 
 INIT_CHOICES_HELP = (
-    "scratch | resume (out_dir/ckpt.pt) | auto (resume if out_dir has a checkpoint) | gpt2* | HF dir | "
+    "scratch | resume (out_dir/ckpt.pt) | auto (resume if out_dir has a checkpoint) | gpt2* | HF dir | .gguf file | "
     "a checkpoint file or out_dir to fine-tune from (its weights, a fresh optimizer)"
 )
 

@@ -1,6 +1,6 @@
 """Every way to get a GPT, in one place: from one of our checkpoints, from a LoRA run's checkpoint (its base with the
-adapters), or from a Hugging Face directory or hub name. The formats themselves live beside it: checkpoint.py (our
-files), lora.py (the adapters), hf.py (Hugging Face's files).
+adapters), from a Hugging Face directory or hub name, or from a GGUF file. The formats themselves live beside it:
+checkpoint.py (our files), lora.py (the adapters), hf.py (Hugging Face's files), gguf_read.py (llama.cpp's).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import Any
 
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import sha256_file
+from gptkit.data.gguf_tokenizer import find_gguf, gguf_tokenizer_record
 from gptkit.data.hf_tokenizer import is_hf_tokenizer_dir, read_hf_record
 from gptkit.model import GPT, config_from_dict
 from gptkit.weights.checkpoint import (
@@ -19,6 +20,7 @@ from gptkit.weights.checkpoint import (
     model_args_of,
     resolve_checkpoint,
 )
+from gptkit.weights.gguf_read import load_gguf
 from gptkit.weights.hf import (
     GPT2_HUB_NAMES,
     is_gpt2_directory,
@@ -54,13 +56,23 @@ def model_of_checkpoint(checkpoint: dict[str, Any], where: str, overrides: dict[
 
 
 def is_hf_source(init_from: str) -> bool:
-    """Whether --init_from names Hugging Face weights: a directory with config.json, a GPT-2 name or a hub name."""
-    return (Path(init_from) / "config.json").is_file() or init_from in GPT2_HUB_NAMES or is_hub_name(init_from)
+    """Whether --init_from names open weights: a Hugging Face directory (config.json), a GPT-2 name or a hub name, or
+    a GGUF file (or the directory of one)."""
+    hf = (Path(init_from) / "config.json").is_file() or init_from in GPT2_HUB_NAMES or is_hub_name(init_from)
+    return hf or find_gguf(init_from) is not None
 
 
 def check_hf_base_tokenizer(meta: dict[str, Any], init_from: str) -> None:
     """UserError unless data for fine-tuning Hugging Face weights was tokenized as the model's: the Llama family's
-    own tokenizer.json (the record prepare_data --tokenizer=DIR writes), GPT-2's BPE for chat data on GPT-2."""
+    own tokenizer.json (the record prepare_data --tokenizer=DIR writes), GPT-2's BPE for chat data on GPT-2, a GGUF
+    file's own tokenizer."""
+    gguf = find_gguf(init_from)
+    if gguf is not None:
+        if meta["tokenizer"].get("tokenizer_json_sha256") != gguf_tokenizer_record(gguf)["tokenizer_json_sha256"]:
+            raise UserError(
+                f"init_from={init_from} needs data in its own tokenizer; prepare it with --tokenizer={gguf}"
+            )
+        return
     directory = locate(init_from)
     tokenizer = meta["tokenizer"]
     if not is_gpt2_directory(directory):
@@ -76,10 +88,14 @@ def check_hf_base_tokenizer(meta: dict[str, Any], init_from: str) -> None:
 
 
 def load_model(init_from: str, overrides: dict[str, Any] | None = None, dtype: str = "float32") -> GPT:
-    """The plain model (on CPU) of a checkpoint file or run directory (a LoRA run merged), or of Hugging Face weights."""
+    """The plain model (on CPU) of a checkpoint file or run directory (a LoRA run merged), of Hugging Face weights or
+    of a GGUF file."""
     if is_checkpoint_source(init_from):
         path = resolve_checkpoint(init_from, "best")
         return model_of_checkpoint(load_checkpoint(path), str(path), overrides)
+    gguf = find_gguf(init_from)
+    if gguf is not None:
+        return load_gguf(gguf, dtype=dtype, override_args=overrides)
     return load_hf(init_from, dtype=dtype, override_args=overrides)
 
 
@@ -91,10 +107,13 @@ def load_model(init_from: str, overrides: dict[str, Any] | None = None, dtype: s
 
 def base_reference(init_from: str) -> dict[str, str]:
     """{"source", "sha256"} of the base a LoRA run starts from: one of our checkpoints (a file, or an out_dir's
-    best.pt, else ckpt.pt), or Hugging Face weights (a hub name or a directory: its weights files)."""
+    best.pt, else ckpt.pt), Hugging Face weights (a hub name or a directory: its weights files) or a GGUF file."""
     if is_checkpoint_source(init_from):
         path = resolve_checkpoint(init_from, "best").resolve()
         return {"source": str(path), "sha256": sha256_file(path)}
+    gguf = find_gguf(init_from)
+    if gguf is not None:
+        return {"source": str(gguf.resolve()), "sha256": sha256_file(gguf)}
     directory = locate(init_from)
     legacy = directory / "pytorch_model.bin"
     if legacy.is_file() and not (directory / "model.safetensors").is_file():

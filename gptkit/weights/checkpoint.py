@@ -21,6 +21,7 @@ import torch
 from gptkit.core.distributed import is_fsdp
 from gptkit.core.errors import UserError, describe_os_error
 from gptkit.core.fileio import atomic_open
+from gptkit.data.gguf_tokenizer import SUFFIX as GGUF_SUFFIX
 
 if TYPE_CHECKING:
     from gptkit.data.loader import BatchSampler
@@ -29,6 +30,7 @@ LATEST_NAME = "ckpt.pt"
 BEST_NAME = "best.pt"
 MODEL_KEYS = ("model", "model_args")  # enough to rebuild the model (sampling, evaluation)
 RESUME_KEYS = ("model", "model_args", "optimizer", "iter_num", "best_val_loss")  # enough to continue training
+WEIGHT_KEYS = ("model", "trained_model")  # the entries that hold weights (trained_model: see gptkit.train.ema)
 
 # Prefixes torch.compile and DistributedDataParallel put in front of parameter names.
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.")
@@ -58,7 +60,8 @@ def load_checkpoint(
     """Load a checkpoint with torch.load(weights_only=True) and check it has `required_keys`.
 
     Returns the checkpoint dict. Any failure (missing, empty, truncated or foreign file, a pickle that asks for
-    code to run) is a UserError of one line naming the file.
+    code to run, weights that hold NaN or infinity when "model" is required) is a UserError of one line naming the
+    file.
     """
     path = Path(path)
     if not path.is_file():
@@ -74,7 +77,27 @@ def load_checkpoint(
     missing = [key for key in required_keys if key not in checkpoint]
     if missing:
         raise UserError(f"checkpoint {path} lacks {', '.join(missing)}; it is not a training checkpoint")
+    if "model" in required_keys:  # every model loaded from a file passes here (a LoRA run's adapters too)
+        for key in WEIGHT_KEYS:
+            if isinstance(checkpoint.get(key), dict):
+                check_finite(checkpoint[key], f"checkpoint {path}", NONFINITE_CHECKPOINT_REMEDY)
     return checkpoint
+
+
+NONFINITE_CHECKPOINT_REMEDY = (
+    "the run diverged before it was saved, or the file is damaged; use another checkpoint (a run keeps best.pt and "
+    "ckpt.pt) or train again, e.g. with a lower --learning_rate"
+)
+
+
+def check_finite(tensors: dict[str, Any], source: str, remedy: str) -> None:
+    """UserError naming `source` and the first floating-point tensor of `tensors` that holds a NaN or an infinity,
+    then `remedy`. Why: such a weight makes every logit NaN, and decoding would choose tokens from them."""
+    for name, tensor in tensors.items():
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not bool(tensor.isfinite().all()):
+            counts = {"NaN": int(tensor.isnan().sum()), "infinity": int(tensor.isinf().sum())}
+            found = " and ".join(f"{kind} in {count}" for kind, count in counts.items() if count)
+            raise UserError(f"{source}: weight {name} holds {found} of its {tensor.numel()} values; {remedy}")
 
 
 def _load_failure_reason(exc: Exception) -> str:
@@ -85,11 +108,25 @@ def _load_failure_reason(exc: Exception) -> str:
             f"it asks to run code on load ({forbidden.group(1)}), which is refused; "
             "only use checkpoints written by this toolkit or nanoGPT"
         )
-    # torch's messages are long and multi-line; the line naming the actual problem is the useful one.
+    # torch's messages are long and multi-line; the line naming the actual problem is the useful one, and of it the
+    # first sentence (the rest is advice to torch's own developers).
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     detail = next((line for line in lines if line.startswith(("Unsupported", "PytorchStreamReader", "["))), None)
-    detail = detail or (lines[0] if lines else type(exc).__name__)
-    return f"the file is truncated, damaged or not a checkpoint ({detail[:160]})"
+    detail = first_sentence(detail or (lines[0] if lines else ""), 160)
+    if not re.search(r"[A-Za-z]{3}", detail):  # e.g. a KeyError of a number: the kind of error says more
+        detail = f"{type(exc).__name__} {detail}".strip()
+    return (
+        f"the file is truncated, damaged or not a checkpoint (torch: {detail}); use another checkpoint (a run keeps "
+        "best.pt and ckpt.pt) or train again"
+    )
+
+
+def first_sentence(text: str, limit: int) -> str:
+    """The first sentence of `text` without its full stop, cut at a word and marked "..." beyond `limit` characters."""
+    sentence = re.split(r"(?<=[^.\s][.!?])\s", text.strip(), maxsplit=1)[0].rstrip(".")
+    if len(sentence) <= limit:
+        return sentence
+    return sentence[:limit].rsplit(" ", 1)[0] + "..."
 
 
 def resolve_checkpoint(out_dir: str | os.PathLike, which: str = "best") -> Path:
@@ -246,10 +283,12 @@ def _tokenizer_choice(record: dict[str, Any]) -> str:
 
 
 def is_checkpoint_source(init_from: str) -> bool:
-    """Whether --init_from names one of our checkpoints: a file, or a directory holding best.pt or ckpt.pt (a
-    Hugging Face GPT-2 directory holds config.json instead)."""
+    """Whether --init_from names one of our checkpoints: a file (not a GGUF one), or a directory holding best.pt or
+    ckpt.pt (a Hugging Face GPT-2 directory holds config.json instead)."""
     location = Path(init_from)
-    return location.is_file() or any((location / name).is_file() for name in (BEST_NAME, LATEST_NAME))
+    if location.is_file():
+        return location.suffix.lower() != GGUF_SUFFIX
+    return any((location / name).is_file() for name in (BEST_NAME, LATEST_NAME))
 
 
 def tokenizer_record(meta: dict[str, Any]) -> dict[str, Any]:
@@ -419,14 +458,15 @@ def check_tokenizer_name(name: str) -> None:
 def source_tokenizer(name: str, bpe_dir: str | None) -> Any:
     """The tokenizer a preparation script's --tokenizer names: a checkpoint file's or training out_dir's recorded
     tokenizer (so fine-tuning data has exactly the model's ids), else gptkit.data.prepare.chat_prepare's reading
-    (None for 'char', a data directory's, a trained BPE directory's, a tiktoken encoding)."""
+    (None for 'char', a data directory's, a trained BPE directory's, a Hugging Face model's or GGUF file's own, a
+    tiktoken encoding)."""
     from gptkit.data import tokenizer as tok
     from gptkit.data.prepare import chat_prepare
 
     path = Path(name)
     if not path.exists():
         check_tokenizer_name(name)
-    if not (path.is_file() or (path.is_dir() and any((path / n).is_file() for n in (BEST_NAME, LATEST_NAME)))):
+    if not is_checkpoint_source(name):
         return chat_prepare.base_tokenizer(name, bpe_dir)
     checkpoint_path = resolve_checkpoint(path, "best")
     record = load_checkpoint(checkpoint_path, required_keys=()).get("tokenizer")

@@ -29,6 +29,7 @@ from gptkit.core.download import fetch
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import atomic_write_bytes, atomic_write_json
 from gptkit.model import GPT, GPTConfig
+from gptkit.weights.checkpoint import check_finite
 from gptkit.weights.export_common import gpt2_problem, gpt2_tensors
 
 GPT2_HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -352,7 +353,9 @@ def load_hf(name_or_dir: str, dtype: str = "float32", override_args: dict[str, A
         except (TypeError, ValueError) as exc:
             raise UserError(f"{directory}: {exc}") from None
     model = GPT(config)
-    model.load_state_dict(state_from_hf(read_tensors(directory), architecture, model, directory))
+    tensors = read_tensors(directory)
+    check_finite(tensors, str(directory), "the files are damaged; download or export the model again")
+    model.load_state_dict(state_from_hf(tensors, architecture, model, directory))
     return model.to(DTYPES[dtype])
 
 

@@ -1,5 +1,5 @@
-"""A model and its tokenizer, from a training run's checkpoint or from Hugging Face weights: what sample.py, eval.py
-and serve.py load before they generate or score, and the settings that say where it comes from.
+"""A model and its tokenizer, from a training run's checkpoint, from Hugging Face weights or from a GGUF file: what
+sample.py, eval.py and serve.py load before they generate or score, and the settings that say where it comes from.
 
 """
 
@@ -12,6 +12,7 @@ import torch
 
 from gptkit.core.errors import UserError
 from gptkit.core.settings import setting
+from gptkit.data.gguf_tokenizer import find_gguf, load_gguf_tokenizer
 from gptkit.data.hf_tokenizer import is_hf_tokenizer_dir, load_hf_tokenizer
 from gptkit.data.meta import read_meta
 from gptkit.data.tokenizer import Tokenizer, make_tokenizer, tokenizer_from_meta
@@ -28,7 +29,8 @@ def load_model_and_tokenizer(
     """The model (on CPU, eval mode) and its tokenizer.
 
     init_from: "resume" (the checkpoint of out_dir, `checkpoint` = best or latest; out_dir
-    may also be a checkpoint file), a Hugging Face directory or hub name (hf_source_tokenizer says which tokenizer).
+    may also be a checkpoint file), a Hugging Face directory or hub name, or a GGUF file (hf_source_tokenizer says
+    which tokenizer).
     data_dir: take the tokenizer
     from that data directory's meta.json (for checkpoints without one; a checkpoint's own tokenizer wins, and a
     data directory with another one is refused). UserError for every problem.
@@ -71,23 +73,29 @@ def unknown_init_from(init_from: str) -> UserError:
     if Path(init_from).is_dir():
         return UserError(
             f"--init_from={init_from!r}: {init_from} holds no config.json, so it is no Hugging Face model directory "
-            "(nor a training run: no best.pt or ckpt.pt)"
+            "(nor a training run: no best.pt or ckpt.pt; nor a GGUF file's: no *.gguf)"
         )
     return UserError(
         f"--init_from={init_from!r}: use resume, a Hugging Face directory or hub name (owner/name), "
-        f"or {', '.join(GPT2_HUB_NAMES)}"
+        f"or {', '.join(GPT2_HUB_NAMES)}, or a .gguf file"
     )
 
 
 def hf_source_tokenizer(init_from: str, data_dir: str) -> Tokenizer:
-    """The tokenizer of Hugging Face weights: the Llama family's own tokenizer.json (a data_dir must hold the same
-    one), else data_dir's; GPT-2's is data_dir's, else GPT-2's BPE."""
-    directory = locate(init_from)
-    own = None if is_gpt2_directory(directory) or not is_hf_tokenizer_dir(directory) else load_hf_tokenizer(directory)
+    """The tokenizer of Hugging Face weights: the Llama family's own tokenizer.json or a GGUF file's own tokenizer
+    (a data_dir must hold the same one), else data_dir's; GPT-2's is data_dir's, else GPT-2's BPE."""
+    gguf = find_gguf(init_from)
+    directory = gguf or locate(init_from)
+    if gguf is not None:
+        own = load_gguf_tokenizer(gguf)
+    else:
+        own = (
+            None if is_gpt2_directory(directory) or not is_hf_tokenizer_dir(directory) else load_hf_tokenizer(directory)
+        )
     if own is not None and data_dir:
         own_sha = own.to_meta()["tokenizer_json_sha256"]
         if read_meta(data_dir)["tokenizer"].get("tokenizer_json_sha256") != own_sha:
-            raise UserError(f"{data_dir} was not tokenized with {init_from}'s tokenizer.json; leave out --data_dir")
+            raise UserError(f"{data_dir} was not tokenized with {init_from}'s own tokenizer; leave out --data_dir")
     if own is not None:
         return own
     if data_dir:
@@ -121,7 +129,8 @@ class ModelLocation:
     out_dir: str = setting("out", "training output directory (or a checkpoint file) to load the model from")
     checkpoint: str = setting("best", "which checkpoint of out_dir: best (best val loss) or latest")
     init_from: str = setting(
-        "resume", "resume = the out_dir checkpoint; or a Hugging Face dir or hub name (owner/name), or gpt2*"
+        "resume",
+        "resume = the out_dir checkpoint; or a Hugging Face dir or hub name (owner/name), a .gguf file, or gpt2*",
     )
     data_dir: str = setting(
         "", "take the tokenizer from this data dir's meta.json: for checkpoints that record none (it must match one)"

@@ -17,12 +17,12 @@ from torch.nn import functional as F
 
 from gptkit.infer import compiled as compiled_decoding
 from gptkit.infer.compiled import decode_step
-from gptkit.infer.engine import Engine, KVCache, Request, generate, generate_stream
+from gptkit.infer.engine import Engine, GenerationError, KVCache, Request, generate, generate_stream
 from gptkit.infer.native import build as native_build
 from gptkit.infer.onednn import DecodingLinear, onednn_linear_available, optimize_for_cpu_decoding
 from gptkit.model import GPT
 from gptkit.train.optim import configure_optimizers
-from helpers import lively_model, plain_copy, reference_greedy
+from helpers import lively_model, overflowing_model, plain_copy, reference_greedy
 
 POSITIONS = ["learned", "sinusoidal", "rope"]
 VOCAB = 37
@@ -700,3 +700,68 @@ def test_bad_logit_rules_are_refused():
         engine.add(Request([1, 2], 3, presence_penalty=float("nan")))
     with pytest.raises(ValueError, match="logprobs"):
         engine.add(Request([1, 2], 3, logprobs=-1))
+
+
+# ----------------------------------------------------------------------------------------------- non-finite logits
+
+OVERFLOWING = 5  # the token after which overflowing_model's logits overflow
+
+
+@pytest.mark.parametrize("decode", ["eager", "native"])
+def test_a_request_whose_logits_overflow_ends_with_an_error_and_its_batch_goes_on(decode):
+    """Finite weights whose logits overflow to infinity after one token (helpers.overflowing_model): the request fed
+    it ends with finish_reason "error", a reason and no token, while a greedy request (with log-probabilities) and a
+    seeded sampled one in the same batch make the tokens they make alone; Engine.run, whose callers want every
+    request's tokens, raises GenerationError instead."""
+    model = overflowing_model(VOCAB, OVERFLOWING)
+    reference = plain_copy(model)
+    greedy_prompt, sampled_prompt = [14, 14, 6, 3], [1, 35, 34, 14, 33]
+    failing = Request([30, 6, 28, OVERFLOWING], 6, temperature=0)
+    greedy = Request(greedy_prompt, 6, temperature=0, logprobs=2)
+    sampled = Request(sampled_prompt, 6, temperature=0.8, seed=3)
+    engine = Engine(model, slots=3, decode=decode)
+    engine.add_many([failing, greedy, sampled])
+    made = []
+    while engine.active:
+        made += engine.step()
+    assert failing.finish_reason == "error" and failing.output == [] and failing not in [r for r, _ in made]
+    assert "logits for new token 1 are NaN or infinite" in failing.error
+    expected = reference_greedy(reference, greedy_prompt, 6)
+    assert OVERFLOWING not in expected  # it would end this request too
+    assert greedy.output == expected and greedy.finish_reason == "length" and len(greedy.token_logprobs) == 6
+    alone = Request(sampled_prompt, 6, temperature=0.8, seed=3)
+    list(Engine(model, slots=1, decode=decode).run([alone]))
+    assert sampled.output == alone.output and len(alone.output) == 6
+    with pytest.raises(GenerationError, match="NaN or infinite"):
+        list(Engine(model, slots=2, decode=decode).run([Request(greedy_prompt, 6), Request([2, OVERFLOWING], 3)]))
+
+
+def test_a_row_left_with_nan_keys_and_values_serves_the_next_requests_cleanly():
+    """A token whose embedding (1e20) overflows LayerNorm's variance makes its keys, values and logits NaN. Its
+    request ends with an error; the shorter request moved into its row and a longer one added beside it (whose steps
+    make the first one read its row's masked positions, where the NaN were) make their reference greedy tokens."""
+    model = lively_model()
+    with torch.no_grad():
+        model.transformer.wte.weight[OVERFLOWING] = 1e20
+    reference = plain_copy(model)
+    failing = Request([1, 2, 3, OVERFLOWING, 6, 7, 8, 9, 10], 8, temperature=0)
+    moved = Request([30, 6, 28, 14], 8, temperature=0)
+    later = Request([14, 6, 3, 1, 35, 34], 8, temperature=0)
+    engine = Engine(model, slots=2, decode="eager")
+    engine.add_many([failing, moved])
+    assert engine.step() == [(moved, moved.output[0])] and engine.active == [moved]
+    assert failing.finish_reason == "error" and failing.output == []
+    engine.add(later)
+    while engine.active:
+        engine.step()
+    assert moved.output == reference_greedy(reference, moved.prompt, 8)
+    assert later.output == reference_greedy(reference, later.prompt, 8)
+    assert OVERFLOWING not in moved.output + later.output
+
+
+def test_prompt_logprobs_of_a_prompt_whose_logits_overflow_are_refused():
+    model = overflowing_model(VOCAB, OVERFLOWING)
+    engine = Engine(model, slots=1)
+    with pytest.raises(GenerationError, match="NaN or infinite"):
+        engine.prompt_logprobs([3, OVERFLOWING, 7], top=1)
+    assert [entry.token for entry in engine.prompt_logprobs([3, 7, OVERFLOWING], top=1)] == [3, 7, OVERFLOWING]

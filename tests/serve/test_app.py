@@ -17,7 +17,16 @@ from gptkit.infer.engine import Engine, Request
 from gptkit.infer.native import NativeStep
 from gptkit.serve.app import ServeSettings, is_loopback
 from gptkit.serve.openai_api import APIError, error_response
-from helpers import SERVE_TEXT, count_native_steps, get_json, lively_model, running_app
+from helpers import (
+    SERVE_TEXT,
+    count_native_steps,
+    get_json,
+    lively_model,
+    overflowing_model,
+    plain_copy,
+    reference_greedy,
+    running_app,
+)
 
 
 def wait_for_health(base: str, timeout: float = 10, **expected: int) -> dict:
@@ -106,6 +115,35 @@ def test_auto_decoding_serves_concurrent_requests_natively_with_the_eager_text(c
         texts[decode] = [answer.json()["choices"][0]["text"] for answer in answers]
     assert texts["auto"] == texts["eager"]
     assert len(single_rows) + sum(several_rows) == sum(body["max_tokens"] for body in bodies)
+
+
+def test_a_request_whose_logits_overflow_gets_a_json_error_and_the_server_goes_on(char_tokenizer):
+    """A model with finite weights whose logits overflow to infinity after a '?' (helpers.overflowing_model), served
+    as by default: a request whose text reaches one gets 422 with an OpenAI error body (streamed: an error event, then
+    [DONE]; an echoed prompt to score: 422 too), while a request sent beside it and one sent after it get their
+    reference greedy text."""
+    model = overflowing_model(char_tokenizer.vocab_size, char_tokenizer.encode("?")[0])
+    expected = char_tokenizer.decode(reference_greedy(plain_copy(model), char_tokenizer.encode("All:"), 10))
+    assert "?" not in expected
+    plain = {"model": "m", "prompt": "All:", "max_tokens": 10, "temperature": 0}
+    failing = {**plain, "prompt": "ROMEO: Juliet?"}
+    with running_app(model, char_tokenizer, slots=2) as base, ThreadPoolExecutor(2) as pool:
+        url = f"{base}/v1/completions"
+        refused, beside = pool.map(lambda body: httpx.post(url, json=body, timeout=30), [failing, plain])
+        assert refused.status_code == 422 and refused.json()["error"]["type"] == "invalid_request_error"
+        assert "logits for new token 1 are NaN or infinite" in refused.json()["error"]["message"]
+        assert beside.status_code == 200 and beside.json()["choices"][0]["text"] == expected
+        with httpx.stream("POST", url, json={**failing, "stream": True}, timeout=30) as stream:
+            events = [line.removeprefix("data: ") for line in stream.iter_lines() if line.startswith("data: ")]
+        assert stream.status_code == 200 and events[-1] == "[DONE]"
+        assert json.loads(events[-2])["error"]["type"] == "invalid_request_error"
+        scoring = {**plain, "prompt": "Juliet? hear", "echo": True, "logprobs": 1, "max_tokens": 0}
+        scored = httpx.post(url, json=scoring, timeout=30)
+        assert scored.status_code == 422 and "cannot be scored" in scored.json()["error"]["message"]
+        after = httpx.post(url, json=plain, timeout=30)
+        assert after.status_code == 200 and after.json()["choices"][0]["text"] == expected
+        health = get_json(f"{base}/health")
+        assert (health["requests_finished"], health["active"], health["queued"]) == (5, 0, 0)
 
 
 def test_long_prompts_are_cut_from_the_left_or_refused(char_tokenizer):

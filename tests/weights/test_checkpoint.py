@@ -88,6 +88,42 @@ def test_bad_files_are_one_line_user_errors_naming_the_file(tmp_path: Path, dama
     assert expected[damage] in message
 
 
+@pytest.mark.parametrize("keep", [0.5, 0.1])
+def test_a_damaged_file_is_one_complete_line_saying_what_to_do(tmp_path: Path, keep: float) -> None:
+    """However torch words the failure (a tenth of a file: its zip reader's sentence, then advice to torch's own
+    developers), the line says what is wrong and what to do, and ends there."""
+    path = tmp_path / "ckpt.pt"
+    ckpt.save_checkpoint(path, tiny_checkpoint())
+    path.write_bytes(path.read_bytes()[: int(path.stat().st_size * keep)])
+    with pytest.raises(UserError) as info:
+        ckpt.load_checkpoint(path)
+    message = str(info.value)
+    assert message.startswith(f"cannot load checkpoint {path}: the file is truncated, damaged or not a checkpoint (")
+    assert message.endswith("); use another checkpoint (a run keeps best.pt and ckpt.pt) or train again")
+    assert "If you are seeing" not in message and message.count("(") == message.count(")") == 2
+
+
+@pytest.mark.parametrize(
+    ("entry", "value", "found"), [("model", "nan", "NaN in 1"), ("trained_model", "inf", "infinity in 1")]
+)
+def test_weights_holding_nan_or_infinity_are_refused_naming_the_tensor(
+    tmp_path: Path, entry: str, value: str, found: str
+) -> None:
+    """The weights to use and, under an average (EMA), the trained ones; reading only the tokenizer record of such a
+    checkpoint (required_keys=()) still works."""
+    checkpoint = {**tiny_checkpoint(), "trained_model": tiny_checkpoint()["model"], "tokenizer": {"kind": "char"}}
+    checkpoint[entry]["transformer.h.0.attn.c_proj.weight"][1, 2] = float(value)
+    path = tmp_path / "ckpt.pt"
+    ckpt.save_checkpoint(path, checkpoint)
+    with pytest.raises(UserError) as info:
+        ckpt.load_checkpoint(path)
+    assert str(info.value) == (
+        f"checkpoint {path}: weight transformer.h.0.attn.c_proj.weight holds {found} of its 256 values; "
+        f"{ckpt.NONFINITE_CHECKPOINT_REMEDY}"
+    )
+    assert ckpt.load_checkpoint(path, required_keys=())["tokenizer"] == {"kind": "char"}
+
+
 def test_rng_state_round_trips_through_a_weights_only_file(tmp_path: Path) -> None:
     random.seed(1)
     np.random.seed(2)

@@ -177,3 +177,19 @@ def test_malformed_hf_directories_are_clear_errors(tmp_path, config_text, weight
         (tmp_path / "model.safetensors").write_bytes(weights)
     with pytest.raises(UserError, match=message):
         load_hf(str(tmp_path))
+
+
+def test_weights_holding_nan_or_infinity_are_refused_naming_the_tensor(tmp_path):
+    """A Hugging Face directory whose weights hold an infinity (transformers saves it as it is) is refused in one
+    line naming the directory and the tensor under its own name; the directory before the damage loads."""
+    hf, directory = random_hf_gpt2(tmp_path)
+    load_hf(str(directory))
+    with torch.no_grad():
+        hf.transformer.h[1].mlp.c_proj.weight[2, 7] = float("-inf")
+    hf.save_pretrained(directory)
+    with pytest.raises(UserError) as info:
+        load_hf(str(directory))
+    assert str(info.value).startswith(
+        f"{directory}: weight transformer.h.1.mlp.c_proj.weight holds infinity in 1 of its 4096 values"
+    )
+    assert "\n" not in str(info.value) and str(info.value).endswith("download or export the model again")

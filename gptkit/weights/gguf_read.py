@@ -1,0 +1,301 @@
+"""GGUF in: a llama.cpp file of GPT-2, Llama, Qwen2 or Qwen3 read as our GPT, by way of the Hugging Face form of the
+same model: its metadata become the config.json dict and its tensors the Hugging Face-named tensors that
+gptkit/weights/hf.py's mapping (config_args, state_from_hf) turns into our model, so there is one mapping.
+
+What llama.cpp's converter changed is undone here. Llama's q and k rows: it reorders each head's rows so that rotary
+pairs are adjacent (Qwen2 and Qwen3 rotate halves as Hugging Face does, so theirs are kept). GPT-2's four projection
+matrices: it stores them as nn.Linear's (out, in) where GPT-2's Conv1D holds (in, out). Llama 3's rope scaling: it
+stores one factor per rotary frequency (rope_freqs), read back as the llama3 parameters that give those factors. A
+head that is missing or holds the token embedding itself is tied to it.
+
+Tensors may be F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K: each is dequantized to float32
+with llama.cpp's `gguf` package. Any other type, another architecture, one part of a split file or a damaged file
+is a UserError of one line. The tokenizer: gptkit/data/gguf_tokenizer.py.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gptkit.core.errors import UserError
+from gptkit.data.gguf_tokenizer import metadata, open_gguf
+from gptkit.model import GPT, GPTConfig, scaled_frequencies
+from gptkit.weights.hf import DTYPES, config_args, state_from_hf
+
+ARCHITECTURES = {
+    "gpt2": "GPT2LMHeadModel",
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+
+# llama.cpp's tensor names (without .weight / .bias) -> the Hugging Face module of each architecture.
+GPT2_NAMES = {
+    "token_embd": "transformer.wte",
+    "position_embd": "transformer.wpe",
+    "output_norm": "transformer.ln_f",
+    "output": "lm_head",
+    "blk.{i}.attn_norm": "transformer.h.{i}.ln_1",
+    "blk.{i}.attn_qkv": "transformer.h.{i}.attn.c_attn",
+    "blk.{i}.attn_output": "transformer.h.{i}.attn.c_proj",
+    "blk.{i}.ffn_norm": "transformer.h.{i}.ln_2",
+    "blk.{i}.ffn_up": "transformer.h.{i}.mlp.c_fc",
+    "blk.{i}.ffn_down": "transformer.h.{i}.mlp.c_proj",
+}
+LLAMA_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+    "blk.{i}.attn_norm": "model.layers.{i}.input_layernorm",
+    "blk.{i}.attn_q": "model.layers.{i}.self_attn.q_proj",
+    "blk.{i}.attn_k": "model.layers.{i}.self_attn.k_proj",
+    "blk.{i}.attn_v": "model.layers.{i}.self_attn.v_proj",
+    "blk.{i}.attn_output": "model.layers.{i}.self_attn.o_proj",
+    "blk.{i}.attn_q_norm": "model.layers.{i}.self_attn.q_norm",
+    "blk.{i}.attn_k_norm": "model.layers.{i}.self_attn.k_norm",
+    "blk.{i}.ffn_norm": "model.layers.{i}.post_attention_layernorm",
+    "blk.{i}.ffn_gate": "model.layers.{i}.mlp.gate_proj",
+    "blk.{i}.ffn_up": "model.layers.{i}.mlp.up_proj",
+    "blk.{i}.ffn_down": "model.layers.{i}.mlp.down_proj",
+}
+GPT2_CONV1D = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")  # stored (out, in); GPT-2's Conv1D holds (in, out)
+_TENSOR_NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)")
+
+
+def load_gguf(path: str | os.PathLike, dtype: str = "float32", override_args: dict[str, Any] | None = None) -> GPT:
+    """The model of a GGUF file as our GPT in `dtype` (float32 or bfloat16); override_args may change what does not
+    change shapes (dropout, block_size downwards). UserError (one line) for what is not read (module docstring)."""
+    if dtype not in DTYPES:
+        raise UserError(f"dtype {dtype!r}: models load as {' or '.join(DTYPES)}")
+    reader = open_gguf(path)
+    arch = architecture_of(reader, path)
+    tensors = read_tensors(reader, path)
+    hf = hf_config(reader, arch, tensors, path)
+    architecture = ARCHITECTURES[arch]
+    try:
+        config = GPTConfig(**{**config_args(hf, architecture), **(override_args or {})})
+    except UserError as exc:  # what hf.config_args does not build (e.g. yarn rope scaling), said of this file
+        raise UserError(f"{path}: {exc}") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"{path}: not a usable {arch} model ({exc})") from None
+    model = GPT(config)
+    named = hf_tensors(tensors, arch, config, path)
+    model.load_state_dict(state_from_hf(named, architecture, model, Path(path)))
+    return model.to(DTYPES[dtype])
+
+
+def architecture_of(reader: Any, path: str | os.PathLike) -> str:
+    """general.architecture, when it is one we read."""
+    arch = metadata(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise UserError(f"{path}: its architecture is {arch!r}; we read GGUF files of {', '.join(ARCHITECTURES)}")
+    return arch
+
+
+# ------------------------------------------------------------------------------------------------ tensors
+
+
+def read_tensors(reader: Any, path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Every tensor dequantized to float32, in numpy's order of the file's dimensions (a matrix as nn.Linear's (out,
+    in)). A head stored as a copy of the token embedding (llama.cpp's older GPT-2 files) is left out: tied."""
+    import gguf
+
+    for tensor in reader.tensors:
+        if tensor.tensor_type.name not in TENSOR_TYPES:
+            raise UserError(
+                f"{path}: tensor {tensor.name} is stored as {tensor.tensor_type.name}; we read {', '.join(TENSOR_TYPES)}"
+            )
+    raw = {tensor.name: tensor for tensor in reader.tensors}
+    embedding, head = raw.get("token_embd.weight"), raw.get("output.weight")
+    if head is not None and embedding is not None and _same_data(head, embedding):
+        del raw["output.weight"]
+    tensors = {}
+    for name, tensor in raw.items():
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        shape = list(reversed(tensor.shape.tolist()))
+        tensors[name] = torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
+    return tensors
+
+
+def _same_data(a: Any, b: Any) -> bool:
+    return a.tensor_type == b.tensor_type and a.data.shape == b.data.shape and np.array_equal(a.data, b.data)
+
+
+def hf_tensors(
+    tensors: dict[str, torch.Tensor], arch: str, config: GPTConfig, path: str | os.PathLike
+) -> dict[str, torch.Tensor]:
+    """The tensors under their Hugging Face names, as Hugging Face holds them (llama.cpp's changes undone)."""
+    names = GPT2_NAMES if arch == "gpt2" else LLAMA_NAMES
+    named = {}
+    for name, value in tensors.items():
+        if name == "rope_freqs.weight":
+            continue  # read into the config (rope_scaling)
+        match = _TENSOR_NAME.fullmatch(name)
+        block, part, kind = match.groups() if match else (None, name, "")
+        key = part if block is None else f"blk.{{i}}.{part}"
+        if key not in names:
+            raise UserError(f"{path}: tensor {name} has no place in the {arch} model we build")
+        if arch == "gpt2" and part in GPT2_CONV1D and kind == "weight":
+            value = value.t()
+        elif arch == "llama" and part in ("attn_q", "attn_k"):
+            value = rotate_halves(value, config.n_head if part == "attn_q" else config.n_kv_head)
+        named[f"{names[key].format(i=block)}.{kind}"] = value
+    return named
+
+
+def rotate_halves(rows: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo llama.cpp's reordering of Llama's q or k rows: each head's adjacent pairs (2i, 2i + 1) back to the pairs
+    (i, i + d/2) that Hugging Face's Llama rotates."""
+    return rows.reshape(heads, rows.shape[0] // heads // 2, 2, *rows.shape[1:]).transpose(1, 2).reshape(rows.shape)
+
+
+# ------------------------------------------------------------------------------------------------ config.json
+
+
+def hf_config(reader: Any, arch: str, tensors: dict[str, torch.Tensor], path: str | os.PathLike) -> dict[str, Any]:
+    """The config.json of the file's model, from its metadata and which tensors it holds (vocabulary rows, biases,
+    a head of its own)."""
+
+    def value(key: str, default: Any = ...) -> Any:
+        found = uniform(metadata(reader, f"{arch}.{key}"), f"{arch}.{key}", path)
+        if found is None and default is ...:
+            raise UserError(f"{path}: the metadata lack {arch}.{key}; the file is incomplete")
+        return default if found is None else found
+
+    if "token_embd.weight" not in tensors:
+        raise UserError(f"{path}: the file holds no token_embd.weight; the file is incomplete")
+    common = {
+        "architectures": [ARCHITECTURES[arch]],
+        "vocab_size": tensors["token_embd.weight"].shape[0],
+        "tie_word_embeddings": "output.weight" not in tensors,
+    }
+    if arch == "gpt2":
+        return {
+            **common,
+            "n_positions": value("context_length"),
+            "n_embd": value("embedding_length"),
+            "n_layer": value("block_count"),
+            "n_head": value("attention.head_count"),
+            "layer_norm_epsilon": value("attention.layer_norm_epsilon", 1e-5),
+            "activation_function": "gelu_new",  # llama.cpp's GPT-2 computes the tanh GELU
+        }
+    heads, width = value("attention.head_count"), value("embedding_length")
+    head_dim = value("attention.key_length", None) or value("rope.dimension_count", None) or width // heads
+    if value("rope.dimension_count", head_dim) != head_dim:
+        raise UserError(
+            f"{path}: rotary positions turn {value('rope.dimension_count')} of each head's {head_dim} dimensions; "
+            "our model turns them all"
+        )
+    base = value("rope.freq_base", 10000.0)
+    return {
+        **common,
+        "max_position_embeddings": value("context_length"),
+        "num_hidden_layers": value("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": value("attention.head_count_kv", heads),
+        "hidden_size": width,
+        "head_dim": head_dim,
+        "intermediate_size": value("feed_forward_length"),
+        "rms_norm_eps": value("attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_parameters": {"rope_theta": base, **rope_scaling(reader, arch, tensors, base, head_dim, path)},
+        **biases(arch, tensors),
+    }
+
+
+def biases(arch: str, tensors: dict[str, torch.Tensor]) -> dict[str, bool]:
+    """config.json's bias switches, by which biases the file holds (Qwen2 has q, k and v biases, and no switch)."""
+    if arch == "qwen2":
+        return {}
+    return {"attention_bias": "blk.0.attn_q.bias" in tensors, "mlp_bias": "blk.0.ffn_up.bias" in tensors}
+
+
+def uniform(found: Any, key: str, path: str | os.PathLike) -> Any:
+    """A hyper-parameter llama.cpp may write once a layer (a list): the value when every layer has the same."""
+    if not isinstance(found, list):
+        return found
+    if len(set(found)) != 1:
+        raise UserError(f"{path}: {key} differs from layer to layer ({found[:4]}...); our layers are all alike")
+    return found[0]
+
+
+def rope_scaling(
+    reader: Any, arch: str, tensors: dict[str, torch.Tensor], base: float, head_dim: int, path: str | os.PathLike
+) -> dict[str, Any]:
+    """rope_type and its parameters (config.json's keys): llama.cpp's rope.scaling keys, or rope_freqs' factors."""
+    kind = metadata(reader, f"{arch}.rope.scaling.type", "none")
+    if "rope_freqs.weight" in tensors:
+        if kind != "none":
+            raise UserError(f"{path}: both rope_freqs and rope scaling {kind!r}; we read one of them")
+        return rope_freqs_scaling(tensors["rope_freqs.weight"], base, head_dim, path)
+    if kind == "none":
+        return {"rope_type": "default"}
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": metadata(reader, f"{arch}.rope.scaling.factor", 1.0)}
+    return {"rope_type": kind}  # refused by hf.config_args, which names what it reads
+
+
+def rope_freqs_scaling(factors: torch.Tensor, base: float, head_dim: int, path: str | os.PathLike) -> dict[str, Any]:
+    """The rope scaling whose per-frequency factors (each frequency is divided by its own) are rope_freqs: none, one
+    factor for all (linear), or Llama 3's. Llama 3's blends the two ends by a `smooth` that is a line in the frequency,
+    clamped to [0, 1], so it is read by finding that line and is checked by computing the factors back."""
+    frequency = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    factors = factors.double().flatten()
+    if factors.shape != frequency.shape:
+        raise UserError(f"{path}: rope_freqs holds {len(factors)} factors for {len(frequency)} rotary frequencies")
+    factor = factors.max().item()
+    if torch.allclose(factors, torch.ones_like(factors)):
+        return {"rope_type": "default"}
+    if torch.allclose(factors, torch.full_like(factors, factor)):
+        return {"rope_type": "linear", "factor": factor}
+    smooth = (1 / factors - 1 / factor) / (1 - 1 / factor)  # 1 where a frequency is kept, 0 where divided by factor
+    slope, intercept = smooth_line(frequency, smooth, path)
+    if slope <= 0 or intercept >= 0:  # Llama 3 keeps the high frequencies and divides the low ones
+        raise UserError(f"{path}: rope_freqs holds factors that are no Llama 3 rope scaling; we read Llama 3's")
+    span = -1 / intercept  # high_freq_factor - low_freq_factor, taking low_freq_factor = 1 as Llama 3 does
+    scaling = {
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 1.0 + span,
+        "original_max_position_embeddings": 2 * math.pi * slope * span,
+    }
+    rounded = {
+        **scaling,
+        "high_freq_factor": round(1.0 + span, 3),
+        "original_max_position_embeddings": round(2 * math.pi * slope * span),
+    }
+    for candidate in (rounded, scaling):  # the round numbers a real model has, when they give the same factors
+        if torch.allclose(frequency / scaled_frequencies(frequency, candidate), factors, rtol=1e-4, atol=0):
+            return candidate
+    raise UserError(f"{path}: rope_freqs holds factors that are no Llama 3 rope scaling; we read Llama 3's")
+
+
+def smooth_line(frequency: torch.Tensor, smooth: torch.Tensor, path: str | os.PathLike) -> tuple[float, float]:
+    """(slope, intercept) of a line in the frequency that is `smooth` where that lies strictly between 0 and 1, at or
+    below 0 where it is 0 and at or above 1 where it is 1: fitted through two or more points between; else the
+    steepest through the one point between and the nearest frequency at either end (it then passes the other end
+    too); else the line through the nearest frequencies at both ends."""
+    between = (smooth > 1e-4) & (smooth < 1 - 1e-4)
+    if int(between.sum()) >= 2:
+        slope, intercept = np.polyfit(frequency[between].numpy(), smooth[between].numpy(), 1)
+        return float(slope), float(intercept)
+    scaled, kept = frequency[smooth <= 1e-4], frequency[smooth >= 1 - 1e-4]
+    ends = ([(scaled.max().item(), 0.0)] if len(scaled) else []) + ([(kept.min().item(), 1.0)] if len(kept) else [])
+    if between.any():
+        middle = (frequency[between].item(), smooth[between].item())
+        lines = [(middle, end) for end in ends]
+    else:
+        lines = [tuple(ends)] if len(ends) == 2 else []
+    lines = [((x0, y0), (x1, y1)) for (x0, y0), (x1, y1) in lines if x0 != x1]
+    if not lines:
+        raise UserError(f"{path}: rope_freqs holds factors that are no Llama 3 rope scaling; we read Llama 3's")
+    slope, (x0, y0) = max(((y1 - y0) / (x1 - x0), (x0, y0)) for (x0, y0), (x1, y1) in lines)
+    return slope, y0 - slope * x0

@@ -1,0 +1,499 @@
+"""GGUF in: files our exporter writes (gptkit.weights.export_gguf) from tiny random models of each architecture, read
+back as our GPT and tokenizer and checked against transformers reading the same file (AutoModelForCausalLM and
+AutoTokenizer with gguf_file=), the source model and tokenizer, and a float64 dequantizer written here from the
+block formats' definitions; the scripts taking --init_from=FILE.gguf; and the files refused in one line."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import export
+import sample
+import train
+from gptkit.core.errors import UserError
+from gptkit.data.gguf_tokenizer import load_gguf_tokenizer, open_gguf
+from gptkit.data.hf_tokenizer import load_hf_tokenizer
+from gptkit.data.tokenizer import CharTokenizer, make_tokenizer
+from gptkit.model import scaled_frequencies
+from gptkit.weights import export_gguf, gguf_hf_tokenizer
+from gptkit.weights.build import base_reference
+from gptkit.weights.checkpoint import load_checkpoint
+from gptkit.weights.gguf_read import load_gguf, read_tensors
+from gptkit.weights.loading import load_model_and_tokenizer
+from helpers import assert_one_line_error, assert_one_line_message, cli_args, lively_model, run_in_process, run_main
+from hf_tokenizer_dirs import FAMILIES, write_family, write_sentencepiece
+from prepare_data import chat as chat_script
+
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+from test_export_gguf import tiny_bpe  # noqa: E402
+from test_export_gguf_tokenizer import VARIED  # noqa: E402
+
+T = gguf.GGMLQuantizationType
+ROWS = 640  # embedding rows: more than the tokenizers' ~600 tokens, so the files pad
+ROPE = dict(pos_encoding="rope", norm="rmsnorm", activation="swiglu", bias=False, n_head=4, n_kv_head=2)
+SHAPES = {  # our settings written as each of llama.cpp's architectures
+    "gpt2": dict(pos_encoding="learned"),
+    "llama-gqa-tied": dict(ROPE, tie_embeddings=True),
+    "llama-untied": dict(ROPE),
+    "qwen2": dict(ROPE, qkv_bias=True, tie_embeddings=True),
+    "qwen3": dict(ROPE, qk_norm=True, head_dim=32),  # 4 heads of 32 in a 64-wide model
+}
+# transformers' GGUF loader reads neither GPT-2's context length (n_positions) nor Qwen3's key_length (head_dim).
+TRANSFORMERS_FIXES = {"gpt2": {"n_positions": 32}, "qwen3": {"head_dim": 32}}
+
+
+@pytest.fixture(scope="module")
+def qwen_tokenizer(tmp_path_factory):
+    """A Qwen2-style byte-level BPE with ChatML (about 600 tokens)."""
+    return load_hf_tokenizer(write_family(tmp_path_factory.mktemp("tokenizer") / "qwen2", "qwen2"))
+
+
+def tiny(shape: str, **overrides) -> torch.nn.Module:
+    return lively_model(**{"vocab_size": ROWS, "n_embd": 64, "block_size": 32, **SHAPES[shape], **overrides})
+
+
+def export_file(directory: Path, model, tokenizer, outtype: str = "f32") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / export_gguf.export_gguf(model, tokenizer, directory, outtype, "tiny")[0]
+
+
+def transformers_model(path: Path, shape: str):
+    fixes = TRANSFORMERS_FIXES.get(shape.split("-")[0], {})
+    return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, **fixes).eval()
+
+
+def logits(model, idx: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(idx, targets=torch.zeros_like(idx))[0]
+
+
+IDX = torch.randint(0, ROWS, (2, 20), generator=torch.Generator().manual_seed(1))
+
+# ------------------------------------------------------------------------------------------------ the model
+
+
+@pytest.mark.parametrize("outtype", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_each_architecture_reads_with_transformers_logits(tmp_path, qwen_tokenizer, shape, outtype):
+    source = tiny(shape)
+    path = export_file(tmp_path, source, qwen_tokenizer, outtype)
+    ours = load_gguf(path).eval()
+    torch.testing.assert_close(logits(ours, IDX), transformers_model(path, shape)(IDX).logits, rtol=0, atol=1e-4)
+    assert ours.config.tie_embeddings == source.config.tie_embeddings
+    if outtype == "f32":  # nothing lost: the source's own logits
+        torch.testing.assert_close(logits(ours, IDX), logits(source, IDX), rtol=0, atol=1e-5)
+
+
+def test_a_head_stored_as_a_copy_of_the_embedding_is_tied(tmp_path, qwen_tokenizer):
+    """Older llama.cpp GPT-2 files hold output.weight as a copy of token_embd.weight: one tied matrix here."""
+    source = tiny("gpt2")
+    with torch.no_grad():
+        source.lm_head.weight.copy_(source.transformer.wte.weight)
+    ours = load_gguf(export_file(tmp_path, source, qwen_tokenizer)).eval()
+    assert ours.config.tie_embeddings and not source.config.tie_embeddings
+    torch.testing.assert_close(logits(ours, IDX), logits(source, IDX), rtol=0, atol=1e-5)
+
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+
+@pytest.mark.parametrize(
+    ("base", "original", "between"),
+    [(10000.0, 256, 2), (500000.0, 8, 1), (500000.0, 4, 0)],  # frequencies between the kept and the divided ones
+)
+def test_llama3_rope_scaling_comes_back_from_rope_freqs(tmp_path, qwen_tokenizer, base, original, between):
+    """llama.cpp keeps Llama 3's scaling only as a factor per frequency (rope_freqs); read back, the factors and so
+    the logits are the source's, and with two frequencies between the ends its parameters are too (with none, every
+    frequency is divided: linear scaling). transformers' loader ignores rope_freqs: the source model is the
+    reference."""
+    scaling = {**LLAMA3, "original_max_position_embeddings": original}
+    source = tiny("llama-untied", rope_base=base, rope_scaling=scaling, n_head=2, n_kv_head=2)
+    ours = load_gguf(export_file(tmp_path, source, qwen_tokenizer)).eval()
+    frequency = base ** (-torch.arange(0, 32, 2, dtype=torch.float64) / 32)
+    smooth = (original * frequency / (2 * torch.pi) - 1) / 3
+    assert int(((smooth > 0) & (smooth < 1)).sum()) == between
+    read = ours.config.rope_scaling
+    torch.testing.assert_close(scaled_frequencies(frequency, read), scaled_frequencies(frequency, scaling))
+    torch.testing.assert_close(logits(ours, IDX), logits(source, IDX), rtol=0, atol=1e-5)
+    if between >= 2:
+        assert read == scaling
+    if between == 0:
+        assert read == {"rope_type": "linear", "factor": 8.0}
+
+
+# ------------------------------------------------------------------------------------------------ tensor types
+
+
+def f16(raw: np.ndarray) -> np.ndarray:
+    return raw.view(np.float16).astype(np.float64)
+
+
+def k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K's and Q5_K's eight 6-bit scales and mins, packed in 12 bytes."""
+    s = packed.astype(np.int64)
+    low = [(s[j] & 63, s[j + 4] & 63) for j in range(4)]
+    high = [((s[j + 4] & 15) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4)) for j in range(4, 8)]
+    scales, mins = zip(*(low + high))
+    return np.array(scales), np.array(mins)
+
+
+def block_values(qtype, b: np.ndarray) -> np.ndarray:
+    """One block's values in float64, from the format's definition (ggml's block_* structs)."""
+    if qtype == T.Q8_0:  # d, 32 int8
+        return f16(b[0:2])[0] * b[2:34].view(np.int8)
+    if qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1):  # d[, m][, 32 high bits], 16 bytes of two 4-bit values
+        offset = 2 if qtype in (T.Q4_0, T.Q5_0) else 4
+        high = np.zeros(32, np.int64)
+        if qtype in (T.Q5_0, T.Q5_1):
+            bits = int(b[offset : offset + 4].view(np.uint32)[0])
+            high, offset = np.array([(bits >> j) & 1 for j in range(32)]) << 4, offset + 4
+        nibbles = b[offset : offset + 16].astype(np.int64)
+        q = (np.concatenate([nibbles & 15, nibbles >> 4]) | high).astype(np.float64)
+        centred = {T.Q4_0: 8, T.Q5_0: 16}
+        if qtype in centred:
+            return f16(b[0:2])[0] * (q - centred[qtype])
+        return f16(b[0:2])[0] * q + f16(b[2:4])[0]
+    if qtype in (T.Q4_K, T.Q5_K):  # d, dmin, 12 bytes of scales, [32 bytes of high bits,] 128 bytes of nibbles
+        d, dmin = f16(b[0:2])[0], f16(b[2:4])[0]
+        scales, mins = k_scales(b[4:16])
+        high = b[16:48].astype(np.int64) if qtype == T.Q5_K else np.zeros(32, np.int64)
+        nibbles = b[48:176].astype(np.int64) if qtype == T.Q5_K else b[16:144].astype(np.int64)
+        values = []
+        for j in range(4):  # 64 values: 32 low nibbles, then 32 high ones, each half with its scale and min
+            part = nibbles[32 * j : 32 * j + 32]
+            for half, q in enumerate((part & 15, part >> 4)):
+                q = q | (((high >> (2 * j + half)) & 1) << 4)
+                values.append(d * scales[2 * j + half] * q - dmin * mins[2 * j + half])
+        return np.concatenate(values)
+    # Q6_K: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales, d
+    low, high = b[0:128].astype(np.int64), b[128:192].astype(np.int64)
+    scales, d = b[192:208].view(np.int8).astype(np.int64), f16(b[208:210])[0]
+    values = np.zeros(256)
+    for n in range(2):
+        ql, qh, sc = low[64 * n : 64 * n + 64], high[32 * n : 32 * n + 32], scales[8 * n : 8 * n + 8]
+        for i in range(32):
+            quarters = [
+                (ql[i] & 15) | ((qh[i] & 3) << 4),
+                (ql[i + 32] & 15) | (((qh[i] >> 2) & 3) << 4),
+                (ql[i] >> 4) | (((qh[i] >> 4) & 3) << 4),
+                (ql[i + 32] >> 4) | (((qh[i] >> 6) & 3) << 4),
+            ]
+            for k, q in enumerate(quarters):
+                values[128 * n + 32 * k + i] = d * sc[i // 16 + 2 * k] * (q - 32)
+    return values
+
+
+def dequantized64(raw: np.ndarray, qtype, shape: tuple[int, int]) -> np.ndarray:
+    if qtype == T.F16:
+        return f16(raw).reshape(shape)
+    if qtype == T.BF16:
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64).reshape(shape)
+    _, size = gguf.GGML_QUANT_SIZES[qtype]
+    return np.concatenate([block_values(qtype, block) for block in raw.reshape(-1, size)]).reshape(shape)
+
+
+# The f16 scale fields of the K-quant blocks built by hand, and the scale each gets (its values stay below one).
+K_SCALES = {T.Q4_K: ((0, 1e-4), (2, 1e-4)), T.Q5_K: ((0, 5e-5), (2, 5e-5)), T.Q6_K: ((208, 2e-5),)}
+QUANTIZED = {
+    "token_embd.weight": T.F16,
+    "output.weight": T.BF16,
+    "blk.0.attn_q.weight": T.Q4_0,
+    "blk.0.attn_k.weight": T.Q4_1,
+    "blk.0.attn_v.weight": T.Q5_0,
+    "blk.0.attn_output.weight": T.Q5_1,
+    "blk.0.ffn_gate.weight": T.Q8_0,
+    "blk.0.ffn_down.weight": T.Q4_K,
+    "blk.1.ffn_down.weight": T.Q5_K,
+    "blk.2.ffn_down.weight": T.Q6_K,
+}
+
+
+def hand_blocks(qtype, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+    """Blocks of `qtype` built byte by byte (the gguf package writes no K-quants): random quants and scales, and
+    small f16 super-block scales."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(shape[0], shape[1] // block, size), dtype=np.uint8)
+    for offset, scale in K_SCALES[qtype]:
+        values = rng.uniform(0.5, 1.0, size=raw.shape[:2]) * scale
+        raw[:, :, offset : offset + 2] = values.astype(np.float16)[..., None].view(np.uint8)
+    return raw.reshape(shape[0], -1)
+
+
+def encode_as(types: dict, written: dict, name: str, tensor: torch.Tensor, outtype: str):
+    """export_gguf.encode_tensor writing the tensors `types` names in those types (kept in `written`)."""
+    qtype = types.get(name)
+    if qtype is None:
+        return ENCODE_TENSOR(name, tensor, outtype)
+    array = tensor.float().numpy()
+    if qtype in K_SCALES:
+        data = hand_blocks(qtype, array.shape, np.random.default_rng(len(written)))
+    elif qtype == T.IQ2_XS:
+        data = np.zeros((array.shape[0], array.shape[1] // 256 * gguf.GGML_QUANT_SIZES[qtype][1]), np.uint8)
+    else:
+        data = gguf.quants.quantize(array, qtype)
+    written[name] = (np.ascontiguousarray(data).view(np.uint8).copy(), qtype, array.shape)
+    return data, qtype
+
+
+ENCODE_TENSOR = export_gguf.encode_tensor
+
+
+def test_every_tensor_type_reads_as_its_format_defines_with_transformers_logits(tmp_path, monkeypatch, qwen_tokenizer):
+    """F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (the gguf package's quantizer) and Q4_K, Q5_K, Q6_K (blocks made by
+    hand) in one Llama file: each tensor reads as the float64 computation of its block format, and the model gives
+    transformers' logits."""
+    written: dict = {}
+    monkeypatch.setattr(export_gguf, "encode_tensor", partial(encode_as, QUANTIZED, written))
+    source = tiny("llama-untied", n_layer=3, mlp_hidden=256)  # K-quant blocks hold 256 values: ffn_down's rows
+    path = export_file(tmp_path, source, qwen_tokenizer)
+    assert set(written) == set(QUANTIZED)
+    tensors = read_tensors(open_gguf(path), path)
+    for name, (raw, qtype, shape) in written.items():
+        expected = torch.from_numpy(dequantized64(raw, qtype, shape))
+        torch.testing.assert_close(tensors[name].double(), expected, rtol=1e-6, atol=1e-9, msg=name)
+    ours = load_gguf(path).eval()
+    torch.testing.assert_close(logits(ours, IDX), transformers_model(path, "llama")(IDX).logits, rtol=0, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------ the tokenizer
+
+PRE_NAMES = {"gpt2": "gpt-2", "llama3": "llama-bpe", "qwen2": "qwen2", "smollm2": "smollm"}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_s_tokenizer_reads_back_with_its_ids_and_template(tmp_path, family):
+    """The tokenizer in the file tokenizes as the tokenizer.json it was written from and as transformers' tokenizer
+    of the file (added tokens read as tokens in the second), keeps the chat template, and writes back under the same
+    llama.cpp pre-tokenizer name."""
+    source = load_hf_tokenizer(write_family(tmp_path / "source", family))
+    path = export_file(tmp_path / "gguf", tiny("llama-untied"), source)
+    ours = load_gguf_tokenizer(path)
+    markers = " x".join(source.added_tokens) + "user\nHi there<|im_end|>\n"
+    texts = [*VARIED, markers, "Hi" + "".join(source.added_tokens)]
+    for text in texts:
+        assert ours.encode(text) == source.encode(text), text
+        assert ours.decode(ours.encode(text)) == text
+    auto = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    if family == "smollm2":  # transformers' smollm splits no digits, as llama.cpp's (and SmolLM2's own) does
+        texts = [text for text in texts if not any(char.isdigit() for char in text)]
+    for text in texts:
+        assert ours.encode_with_added(text) == auto.encode(text, add_special_tokens=False), text
+    assert (ours.chat and ours.chat.source) == (source.chat and source.chat.source)
+    assert ours.eot_token == source.eot_token
+    spec = json.loads(ours.to_meta()["tokenizer_json"])
+    assert gguf_hf_tokenizer.pre_tokenizer_name(spec) == PRE_NAMES[family]
+
+
+# SentencePiece-style tokenizer.json files llama.cpp tokenizes exactly (see gguf_hf_tokenizer): Llama 2's normalizer
+# form, and the Metaspace form that prepends no "▁", cutting text into words or not.
+SENTENCEPIECE = {
+    "llama2": {},
+    "metaspace": dict(prepend_scheme="never", split=False),
+    "metaspace-split": dict(prepend_scheme="never", split=True),
+}
+
+
+@pytest.mark.parametrize("form", sorted(SENTENCEPIECE))
+def test_sentencepiece_tokenizers_read_back_with_their_ids(tmp_path, form):
+    """llama.cpp's SentencePiece tokenizer (Llama 2, Mistral, TinyLlama) tokenizes as the tokenizer.json it was
+    written from, and as transformers' tokenizer of the file on Llama 2's form where that puts the same space before
+    a text (not before one that opens with a space, nor after a special token) as llama.cpp."""
+    source = load_hf_tokenizer(write_sentencepiece(tmp_path / "source", every_split=True, **SENTENCEPIECE[form]))
+    path = export_file(tmp_path / "gguf", tiny("llama-untied"), source)
+    ours = load_gguf_tokenizer(path)
+    texts = [*VARIED, " leading", "<s>hi</s> there", "x<unk>y"]
+    for text in texts:
+        assert ours.encode(text) == source.encode(text), text
+        assert ours.encode_with_added(text) == source.encode_with_added(text), text
+        assert ours.decode(ours.encode(text)) == source.decode(source.encode(text)), text
+    assert ours.chat.source == source.chat.source and ours.eot_token == source.eot_token
+    if form == "llama2":
+        auto = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        for text in (text for text in texts if not text[0].isspace() and "<" not in text):
+            assert ours.encode(text) == auto.encode(text, add_special_tokens=False), text
+
+
+def test_our_own_tokenizers_read_back_with_their_ids(tmp_path):
+    """A BPE trained here (GPT-4's split: llama.cpp's llama-bpe) and a table of one-byte characters (a byte-level BPE
+    without merges) tokenize as themselves when read from the file."""
+    bpe = tiny_bpe(b"he", b"ll", b"hell", b"hello", b" w")
+    text = "hello world, hell's 12345 \u00e9t\u00e9"
+    bpe_file = export_file(tmp_path / "bpe", lively_model(vocab_size=320), bpe)
+    assert load_gguf_tokenizer(bpe_file).encode(text) == bpe.encode(text)
+    chars = CharTokenizer.from_text("abc defg\nhi!")
+    char_file = export_file(tmp_path / "char", lively_model(vocab_size=chars.vocab_size), chars)
+    assert load_gguf_tokenizer(char_file).encode("hi abc\ndeg!") == chars.encode("hi abc\ndeg!")
+
+
+@pytest.mark.heavy
+def test_gpt2_s_chat_vocabulary_reads_back_with_tiktoken_s_ids_and_our_template(tmp_path):
+    from test_export_gguf import chat_gpt2
+
+    tokenizer = chat_gpt2()
+    path = export_file(tmp_path, lively_model(vocab_size=50304, n_embd=64, n_head=2), tokenizer)
+    ours = load_gguf_tokenizer(path)
+    for text in VARIED:
+        assert ours.encode(text) == tokenizer.encode(text), text
+    conversation = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}]
+    assert (
+        ours.chat.render(conversation, ours)[0].tolist() == tokenizer.chat.render(conversation, tokenizer)[0].tolist()
+    )
+
+
+def test_make_tokenizer_and_prepare_data_take_the_file(tmp_path, qwen_tokenizer):
+    path = export_file(tmp_path, tiny("qwen2"), qwen_tokenizer)
+    assert make_tokenizer(str(path)).to_meta() == load_gguf_tokenizer(path).to_meta()
+    assert make_tokenizer(str(path.parent)).encode("Hello there") == qwen_tokenizer.encode("Hello there")
+
+
+# ------------------------------------------------------------------------------------------------ the scripts
+
+
+def greedy_text(path: Path, prompt: list[int], tokens: int, stops: set[int]) -> str:
+    """transformers' greedy continuation of `prompt` on the file, cut before the first of `stops`, as text."""
+    model = transformers_model(path, "qwen2")
+    auto = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    idx = torch.tensor([prompt])
+    out = model.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=tokens, do_sample=False)[
+        0, len(prompt) :
+    ]
+    cut = next((i for i, token in enumerate(out.tolist()) if token in stops), len(out))
+    return auto.decode(out[:cut])
+
+
+def test_sample_py_prints_transformers_greedy_text_from_the_file_and_its_directory(tmp_path, qwen_tokenizer, capsys):
+    path = export_file(tmp_path / "model", tiny("qwen2"), qwen_tokenizer)
+    start = "def square(x):"
+    expected = start + greedy_text(path, qwen_tokenizer.encode(start), 12, set()) + "\n"
+    for init_from in (path, path.parent):
+        args = cli_args(init_from=init_from, start=start, max_new_tokens=12, temperature=0, stop_at_eot=False)
+        result = run_in_process(sample.main, [*args, "--stream=False", "--device=cpu", "--decode=eager"], capsys)
+        assert result.returncode == 0, result.stderr
+        # A random model picks bytes that split characters: transformers shows each broken token as U+FFFD, sample.py
+        # joins a character's bytes across tokens first; the text apart from those marks is the same.
+        assert result.stdout.replace("\ufffd", "") == expected.replace("\ufffd", "")
+
+
+def test_sample_py_chat_renders_the_file_s_template(tmp_path, qwen_tokenizer, capsys):
+    path = export_file(tmp_path, tiny("qwen2", block_size=64), qwen_tokenizer)
+    auto = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    message = [{"role": "user", "content": "Hello there"}]
+    prompt = auto.apply_chat_template(message, add_generation_prompt=True, tokenize=True, return_dict=False)
+    expected = greedy_text(path, prompt, 8, {auto.convert_tokens_to_ids("<|im_end|>")})
+    sys.stdin = io.StringIO("Hello there\n")
+    try:
+        args = cli_args(init_from=path, max_new_tokens=8, temperature=0)
+        code, out, err = run_main(sample.main, [*args, "--chat", "--device=cpu", "--decode=eager"], capsys)
+    finally:
+        sys.stdin = sys.__stdin__
+    assert code == 0, err
+    assert out.replace("\ufffd", "") == expected.replace("\ufffd", "") + "\n"
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": f"{i} + {i}?"}, {"role": "assistant", "content": f"{2 * i}"}] for i in range(30)
+]
+TRAIN = dict(
+    device="cpu",
+    compile=False,
+    block_size=64,
+    batch_size=2,
+    gradient_accumulation_steps=1,
+    max_iters=2,
+    eval_interval=2,
+    eval_iters=1,
+    learning_rate=1e-3,
+    curves=False,
+    cpu_threads=1,
+)
+
+
+@pytest.mark.heavy
+def test_train_fine_tunes_the_file_whole_and_with_lora_and_export_writes_it_back(tmp_path, qwen_tokenizer, capsys):
+    """Chat data prepared with the file's tokenizer; train.py from the file (all weights, then LoRA, whose base is the
+    file by path and sha256); export.py from the file gives the Hugging Face model of the same logits."""
+    path = export_file(tmp_path / "model", tiny("qwen2", block_size=64), qwen_tokenizer)
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"messages": m}) + "\n" for m in CONVERSATIONS), encoding="utf-8")
+    data = tmp_path / "data"
+    code, _, err = run_main(chat_script.main, [f"--input={chats}", f"--out_dir={data}", f"--tokenizer={path}"], capsys)
+    assert code == 0, err
+    for name, extra in (("full", {}), ("lora", dict(lora_rank=4, lora_alpha=8.0))):
+        args = cli_args(init_from=path, data_dir=data, out_dir=tmp_path / name, **TRAIN, **extra)
+        code, _, err = run_main(train.main, args, capsys)
+        assert code == 0, err
+        _, tokenizer = load_model_and_tokenizer("resume", str(tmp_path / name))
+        assert tokenizer.to_meta() == load_gguf_tokenizer(path).to_meta()
+    lora = load_checkpoint(tmp_path / "lora" / "ckpt.pt")["lora"]
+    assert lora["base"] == base_reference(str(path)) and lora["base"]["source"] == str(path.resolve())
+
+    exported = tmp_path / "hf"
+    done = run_in_process(export.main, [f"--init_from={path}", "--format=hf", f"--export_dir={exported}"], capsys)
+    assert done.returncode == 0, done.stderr
+    hf = transformers.AutoModelForCausalLM.from_pretrained(exported).eval()
+    torch.testing.assert_close(hf(IDX).logits, logits(load_gguf(path), IDX), rtol=0, atol=1e-4)
+    again = tmp_path / "gguf"
+    done = run_in_process(export.main, [f"--init_from={path}", "--format=gguf", f"--export_dir={again}"], capsys)
+    assert done.returncode == 0, done.stderr
+    assert (again / "tiny-f32-f16.gguf").is_file()  # named after the file read
+
+
+# ------------------------------------------------------------------------------------------------ refusals
+
+
+def sample_error(init_from: Path, capsys, *fragments: str) -> str:
+    args = [f"--init_from={init_from}", "--max_new_tokens=2", "--device=cpu", "--decode=eager"]
+    code, _, err = run_main(sample.main, args, capsys)
+    return assert_one_line_error(code, err, *fragments)
+
+
+def write_bare(path: Path, arch: str, **uint16: int) -> Path:
+    """A GGUF file of `arch` with one small tensor and the given uint16 metadata."""
+    writer = gguf.GGUFWriter(str(path), arch=arch)
+    for key, value in uint16.items():
+        writer.add_uint16(key.replace("_", "."), value)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_file_without_a_tokenizer_is_one_line(tmp_path):
+    with pytest.raises(UserError) as error:
+        load_gguf_tokenizer(write_bare(tmp_path / "bare.gguf", "llama"))
+    assert_one_line_message(error.value, "bare.gguf: it holds no tokenizer", "byte-level BPE", "SentencePiece")
+
+
+def test_a_truncated_file_an_unknown_architecture_and_a_split_file_are_one_line(tmp_path, qwen_tokenizer, capsys):
+    whole = export_file(tmp_path / "whole", tiny("qwen2"), qwen_tokenizer)
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(whole.read_bytes()[: whole.stat().st_size * 2 // 3])
+    sample_error(truncated, capsys, "truncated.gguf", "truncated, damaged or not a GGUF file")
+    sample_error(write_bare(tmp_path / "mamba.gguf", "mamba"), capsys, "'mamba'", "gpt2, llama, qwen2, qwen3")
+    split = write_bare(tmp_path / "part.gguf", "llama", split_count=2, split_no=0)
+    sample_error(split, capsys, "part 1 of a GGUF model split into 2 files", "llama-gguf-split --merge")
+    (tmp_path / "whole" / "other.gguf").write_bytes(b"")
+    sample_error(tmp_path / "whole", capsys, "holds 2 GGUF files")
+
+
+def test_a_tensor_type_not_read_is_one_line_and_export_writes_nothing(tmp_path, monkeypatch, qwen_tokenizer, capsys):
+    monkeypatch.setattr(export_gguf, "encode_tensor", partial(encode_as, {"blk.1.ffn_down.weight": T.IQ2_XS}, {}))
+    path = export_file(tmp_path / "model", tiny("llama-untied", mlp_hidden=256), qwen_tokenizer)
+    sample_error(path, capsys, "blk.1.ffn_down.weight is stored as IQ2_XS", "Q4_K, Q5_K, Q6_K")
+    code, _, err = run_main(
+        export.main, [f"--init_from={path}", "--format=hf", f"--export_dir={tmp_path / 'hf'}"], capsys
+    )
+    assert_one_line_error(code, err, "IQ2_XS")
+    assert not (tmp_path / "hf").exists()
