@@ -16,9 +16,9 @@ import torch
 from torch.nn import functional as F
 
 from gptkit.infer import compiled as compiled_decoding
-from gptkit.infer import native as native_decoding
 from gptkit.infer.compiled import decode_step
 from gptkit.infer.engine import Engine, GenerationError, KVCache, Request, generate, generate_stream
+from gptkit.infer.native import build as native_build
 from gptkit.infer.onednn import DecodingLinear, onednn_linear_available, optimize_for_cpu_decoding
 from gptkit.model import GPT
 from gptkit.train.optim import configure_optimizers
@@ -311,7 +311,7 @@ def test_the_default_generate_call_never_changes_the_callers_model(monkeypatch, 
     layout and values, and the tokens are the plain model's."""
     model = lively_model(seed=7, pos_encoding="rope")
     if not native_built:
-        monkeypatch.setattr(native_decoding, "is_built", lambda: False)
+        monkeypatch.setattr(native_build, "is_built", lambda: False)
     before = model_state(model)
     prompt = torch.tensor(prompts_of(*[4] * rows))
     with torch.profiler.profile() as profile:
@@ -327,7 +327,7 @@ def test_the_default_generate_call_never_changes_the_callers_model(monkeypatch, 
 def test_the_decoding_copy_follows_a_changed_model(monkeypatch):
     """The oneDNN copy (decode=auto's rows where the native step is not built) is made once per model and again
     after a weight changes in place (an optimizer step): the next generate decodes with the new weights."""
-    monkeypatch.setattr(native_decoding, "is_built", lambda: False)
+    monkeypatch.setattr(native_build, "is_built", lambda: False)
     model, other = lively_model(seed=8, pos_encoding="rope"), lively_model(seed=9, pos_encoding="rope")
     prompt = torch.tensor(prompts_of(3, 3))
     generate(model, prompt, 2)
