@@ -349,7 +349,7 @@ class Engine:
         vocab_size = self.model.config.vocab_size
         failed = {}
         for row, (request, token) in enumerate(zip(self.active, tokens)):
-            if not finite[row]:
+            if not finite[row] or token == -1:  # -1: the native step found no candidate, every logit NaN
                 failed[row] = (
                     f"the model's logits for new token {len(request.output) + 1} are NaN or infinite: its activations "
                     "overflow on this text (or its weights are damaged), so no token can be chosen"

@@ -759,6 +759,23 @@ def test_a_row_left_with_nan_keys_and_values_serves_the_next_requests_cleanly():
     assert OVERFLOWING not in moved.output + later.output
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_native_step_whose_every_logit_is_nan_ends_the_request_without_a_token(temperature: float):
+    """Every logit NaN (a final norm's weight damaged in memory): the native step has no candidate to choose from,
+    greedy or sampled over the top k, and the request ends with an error instead of a token (or a crash)."""
+    if native_build.build_problem(build=False):
+        pytest.skip(native_build.build_problem(build=False))
+    model = lively_model()
+    with torch.no_grad():
+        model.transformer.ln_f.weight.fill_(float("nan"))
+    request = Request([1, 2, 3], 4, temperature=temperature, top_k=5, seed=1)
+    engine = Engine(model, slots=1, decode="native")
+    engine.add(request)
+    while engine.active:
+        engine.step()
+    assert request.finish_reason == "error" and request.output == [] and "NaN or infinite" in request.error
+
+
 def test_prompt_logprobs_of_a_prompt_whose_logits_overflow_are_refused():
     model = overflowing_model(VOCAB, OVERFLOWING)
     engine = Engine(model, slots=1)

@@ -93,18 +93,20 @@ inline int64_t largest_to_keep(double temperature, int64_t top_k, int64_t vocab)
 
 // The next token from the logits: greedy (temperature 0: the first largest), else a draw with `uniform` from the
 // softmax of logits / temperature over the `keep` largest (largest_to_keep; 0: over the whole vocabulary), as
-// gptkit.infer.next_token.sample_next_token chooses it.
+// gptkit.infer.next_token.sample_next_token chooses it. -1 where no logit is a candidate (all NaN): the engine
+// ends such a row with an error, as it does any row whose logits are not finite.
 int64_t choose(const float* logits, int64_t vocab, const std::vector<Largest>& per_thread, int64_t keep,
                double temperature, double uniform) {
-  if (temperature == 0.0) return merged(per_thread, 1).front().second;
   std::vector<float> scaled;
-  if (keep == 0) {
+  if (keep == 0) {  // a draw over the whole vocabulary: the threads kept no candidates
     for (int64_t i = 0; i < vocab; ++i) scaled.push_back(logits[i] / static_cast<float>(temperature));
     return draw(scaled, uniform);
   }
-  const auto largest = merged(per_thread, keep);
-  for (const auto& entry : largest) scaled.push_back(entry.first / static_cast<float>(temperature));
-  return largest[draw(scaled, uniform)].second;
+  const auto candidates = merged(per_thread, keep);
+  if (candidates.empty()) return -1;
+  if (temperature == 0.0) return candidates.front().second;
+  for (const auto& entry : candidates) scaled.push_back(entry.first / static_cast<float>(temperature));
+  return candidates[draw(scaled, uniform)].second;
 }
 
 }  // namespace
