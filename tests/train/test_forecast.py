@@ -47,7 +47,10 @@ def test_only_a_long_run_is_worth_the_line() -> None:
 
 def test_a_long_cpu_run_is_pointed_at_its_kinds_recipe_unless_it_runs_it() -> None:
     assert forecast.shorter_run_hint("dpo", [], 600_000) == "; for minutes on a CPU start from config/dpo_cpu.py"
-    assert forecast.shorter_run_hint("chat", ["my.py"], 10) == "; for minutes on a CPU start from config/finetune_chat_cpu.py"
+    assert (
+        forecast.shorter_run_hint("chat", ["my.py"], 10)
+        == "; for minutes on a CPU start from config/finetune_chat_cpu.py"
+    )
     running = forecast.shorter_run_hint("lm", ["config/train_corpus_cpu.py"], 100_000)
     assert running == "; for a shorter run lower --max_iters (now 100,000) or the model's size"
     assert forecast.shorter_run_hint("grpo", ["/abs/config/grpo_cpu.py"], 5000).startswith("; for a shorter run")
