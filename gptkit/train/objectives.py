@@ -7,7 +7,7 @@ and `build` makes it from the settings, the one place that reads --objective. An
 - its data: what it reads and how (open_data), its sampler (batch i of the run, the position saved in checkpoints)
   and its fixed evaluation batches (eval_sets);
 - a step's micro-batches (prepare_step, then batch) and the loss of each (micro_loss);
-- the figures it adds to training lines (log_entries) and its evaluation (evaluate);
+- the figures it adds to training lines (log_entries) and its evaluation (evaluate, and lm's whole_split);
 - whether it needs the frozen starting model (needs_reference), the entries it adds to checkpoints
   (checkpoint_entries), what a step processes (step_size) and the CPU recipe that suits it (kind).
 
@@ -184,6 +184,11 @@ class Objective:
         own; None when `stop` was requested meanwhile (a single process stops within an evaluation)."""
         raise NotImplementedError
 
+    def whole_split(self, wrapped: torch.nn.Module) -> tuple[float, int, float | None]:
+        """(loss, tokens, bits per byte) of the whole val split, every target once: --eval_full_split, which only
+        the next-token objective takes."""
+        raise NotImplementedError
+
     def checkpoint_entries(self) -> dict[str, Any]:
         """What the objective adds to a checkpoint, besides its sampler's position."""
         return {}
@@ -258,8 +263,8 @@ class Lm(Objective):
         val_bpb = batches.bits_per_byte(losses["val"], self.data.splits["val"], self.data.meta["splits"]["val"])
         return {"train/loss": losses["train"], "val/loss": losses["val"], "val/bpb": val_bpb}
 
-    def whole_split(self, wrapped: torch.nn.Module) -> tuple[float, int, float | None]:
-        """(loss, tokens, bits per byte) of the whole val split, every target once (non-overlapping windows)."""
+    def whole_split(self, wrapped):
+        """Text: non-overlapping windows; chat data: every conversation once."""
         val = self.data.splits["val"]
         windows, tokens = batches.whole_split(val, self.block_size, self.cfg.batch_size)
         loss = loop.mean_loss(wrapped, windows, self.precision, self.device, self.procs)

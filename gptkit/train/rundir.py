@@ -5,7 +5,8 @@ log lines with the first: `RunDirLock` holds an exclusive lock on out_dir for th
 when the process dies (even by kill -9), so a crash never leaves a stale lock. Re-running a from-scratch command
 would replace the earlier run's checkpoints: `resolve_init_from` refuses unless the user says resume, auto or
 overwrite. A fresh start removes what an earlier run left (`remove_earlier_run`), so that nothing of it is read
-as the new run's. Readers (sampling, evaluation, serving) take no lock: checkpoints are replaced atomically.
+as the new run's; `open_run_log` does both, in that order, before the run's log is opened. Readers (sampling,
+evaluation, serving) take no lock: checkpoints are replaced atomically.
 """
 
 from __future__ import annotations
