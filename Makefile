@@ -20,9 +20,9 @@ $(VENV)/.runtime: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-# The native step's build of this checkout's source and flags (gptkit/infer/native.py holds them); other checkouts'
-# builds lie in directories of their own, so switching between checkouts rebuilds nothing.
-$(VENV)/.native: $(VENV)/.runtime gptkit/infer/csrc/decode_step.cpp gptkit/infer/native.py
+# The native step's build of this checkout's C++ files and flags (gptkit/infer/native/build.py holds them); other
+# checkouts' builds lie in directories of their own, so switching between checkouts rebuilds nothing.
+$(VENV)/.native: $(VENV)/.runtime $(wildcard gptkit/infer/native/csrc/*) gptkit/infer/native/build.py
 	$(PY) -m gptkit.infer.native --build
 	touch $@
 

@@ -3,6 +3,7 @@
 python export.py --out_dir=out --format=hf --export_dir=export-hf          # transformers, vLLM, TGI
 python export.py --out_dir=out --format=gguf --export_dir=export-gguf      # llama.cpp, ollama, LM Studio (f16)
 python export.py --init_from=gpt2 --format=gguf --outtype=q8_0 --export_dir=gpt2-gguf
+python export.py --out_dir=out --format=gguf --outtype=q4_0 --export_dir=export-q4   # 4-bit products
 python export.py --out_dir=out-lora --format=merged --export_dir=out-merged   # a LoRA run as a plain checkpoint
 python export.py --out_dir=out-lora --format=peft --export_dir=adapter-peft   # its adapters for Hugging Face PEFT
 
@@ -40,7 +41,11 @@ class ExportSettings(ModelLocation):
         "PEFT reads them (the base beside them in DIR/base)",
         choices=FORMATS,
     )
-    outtype: str = setting("f16", "gguf tensor type: f32, f16 or q8_0 (hf is always float32)", choices=OUTTYPES)
+    outtype: str = setting(
+        "f16",
+        "gguf tensor type: f32, f16, q8_0, q4_0 or q4_1 (4-bit products, the head in q8_0); hf is always float32",
+        choices=OUTTYPES,
+    )
     export_dir: str = setting("", "the directory to write; it must not exist or be empty (see --overwrite)")
     overwrite: bool = setting(False, "write into a directory that holds files, replacing those of the same names")
     name: str = setting("", "the model's name in the GGUF file and its file name (default: out_dir's name, or gpt2*)")

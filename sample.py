@@ -21,7 +21,7 @@ from gptkit.core.errors import UserError, run_cli
 from gptkit.core.settings import parse_settings, setting, setting_list
 from gptkit.data.chat import ChatError
 from gptkit.data.tokenizer import Tokenizer, completion_stops
-from gptkit.infer.decoding import Decoding, plan_for
+from gptkit.infer.decoding import Decoding, backend_name
 from gptkit.infer.engine import Engine, GenerationError, Request
 from gptkit.infer.next_token import sampling_problem
 from gptkit.infer.textstream import TextStream
@@ -152,7 +152,7 @@ def main(argv: list[str]) -> int:
     device, dtype = cfg.resolve()
     loaded = load(cfg.source(), checkpoint=cfg.checkpoint, data_dir=cfg.data_dir)
     model, tokenizer = for_inference(loaded.model, cfg, device, dtype), loaded.tokenizer
-    plan_for(cfg.decode, model, cfg.num_samples, dtype)  # a backend that cannot run the model fails before any text
+    backend_name(cfg.decode, model, cfg.num_samples, dtype)  # a backend that cannot run the model fails before any text
 
     def write(text: str) -> None:
         sys.stdout.write(text)

@@ -88,7 +88,12 @@ def spinners(count: int, seconds: float) -> list[subprocess.Popen]:
 
 def run_cases(cfg: ThreadsBench, busy: int) -> list[dict]:
     cores = os.cpu_count() or 1
-    cases = [(load, threads, policy) for load in ("idle", "busy") for threads in (1, cores) for policy in ("default", "PASSIVE")]
+    cases = [
+        (load, threads, policy)
+        for load in ("idle", "busy")
+        for threads in (1, cores)
+        for policy in ("default", "PASSIVE")
+    ]
     medians: dict[tuple, list[float]] = {case: [] for case in cases}
     for _ in range(cfg.repeats):
         for load, threads, policy in cases:
@@ -114,7 +119,12 @@ def main(argv: list[str]) -> int:
     rows = run_cases(cfg, busy)
     print_table(rows, ["load", "threads", "wait_policy", "step_ms"])
     if cfg.json_out:
-        shape = {"n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "batch_size": cfg.batch_size, "block_size": cfg.block_size}
+        shape = {
+            "n_layer": cfg.n_layer,
+            "n_embd": cfg.n_embd,
+            "batch_size": cfg.batch_size,
+            "block_size": cfg.block_size,
+        }
         result = {
             "machine": machine_description(),
             "model": shape,

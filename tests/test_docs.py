@@ -209,8 +209,10 @@ MAKE_TARGET = re.compile(r"`make ([\w-]+)`|^\s*make ([\w-]+)\b|\bmake ([\w-]+) (
 
 
 def texts_that_name_things() -> list[tuple[Path, str]]:
-    """Every doc page and every source file of the product and the benchmarks (C++ too), with its text."""
-    files = [*DOCS, *code_files(), *sorted((ROOT / "gptkit").rglob("*.cpp")), ROOT / "Makefile"]
+    """Every doc page and every source file of the product and the benchmarks (C++ and its headers too), with its
+    text."""
+    cpp = [*sorted((ROOT / "gptkit").rglob("*.cpp")), *sorted((ROOT / "gptkit").rglob("*.h"))]
+    files = [*DOCS, *code_files(), *cpp, ROOT / "Makefile"]
     return [(path, path.read_text(encoding="utf-8")) for path in files]
 
 

@@ -152,8 +152,9 @@ def test_the_root_model_and_the_package_model_are_one_file() -> None:
 
 
 def test_a_wheel_holds_the_model_in_the_package_and_no_top_level_model(tmp_path: Path) -> None:
-    """A wheel built from the checkout's files installs gptkit with model.py's code inside it and no top-level `model`.
-    It is built from a copy, since setuptools leaves a build/ folder in the tree it builds."""
+    """A wheel built from the checkout's files installs gptkit with model.py's code inside it and no top-level `model`,
+    and ships every C++ file of the native step. It is built from a copy, since setuptools leaves a build/ folder in
+    the tree it builds."""
     source, wheels, target = tmp_path / "source", tmp_path / "wheels", tmp_path / "site"
     source.mkdir()
     for name in ("pyproject.toml", "requirements.txt", ROOT_MODEL):
@@ -165,6 +166,8 @@ def test_a_wheel_holds_the_model_in_the_package_and_no_top_level_model(tmp_path:
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         assert archive.read("gptkit/model.py") == (REPO / ROOT_MODEL).read_bytes()
+        for source in sorted((REPO / "gptkit" / "infer" / "native" / "csrc").iterdir()):  # the native step's C++
+            assert archive.read(source.relative_to(REPO).as_posix()) == source.read_bytes()
     assert not [name for name in names if name.startswith("model")]
     subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", target, wheel], check=True)
     assert (target / "gptkit" / "model.py").is_file() and not (target / "gptkit" / "model.py").is_symlink()

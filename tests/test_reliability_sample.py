@@ -23,7 +23,7 @@ import sample
 from gptkit.core.errors import UserError, run_cli
 from gptkit.data.meta import write_meta
 from gptkit.data.tokenizer import CharTokenizer
-from gptkit.infer import native
+from gptkit.infer.native import build as native_build
 from gptkit.model import GPT, GPTConfig, config_to_dict
 from gptkit.weights.checkpoint import save_checkpoint, tokenizer_record
 from helpers import overflowing_model, run_main
@@ -296,7 +296,7 @@ def test_a_decoding_backend_that_cannot_run_the_model_fails_before_any_text(
     state = {"model": model.state_dict(), "model_args": config_to_dict(config), "tokenizer": tokenizer_record(meta)}
     (tmp_path / "out").mkdir()
     save_checkpoint(tmp_path / "out" / "ckpt.pt", state)
-    monkeypatch.setattr(native, "extension", no_compiler)
+    monkeypatch.setattr(native_build, "extension", no_compiler)
     flags = ["--decode=native", "--start=To be"]
     code, stdout, stderr = cli([f"--out_dir={tmp_path / 'out'}", *flags], capsys)
     assert_one_line_error(code, stderr, "--decode=native: no C++ compiler here (apt-get install g++)")

@@ -40,13 +40,17 @@ import copy
 import functools
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
 
-from gptkit.infer.next_token import sample_next_token
+from gptkit.infer.backend import EagerBackend, compute_dtype
+from gptkit.infer.next_token import Sampling, sample_next_token
 from gptkit.model import CausalSelfAttention
+
+if TYPE_CHECKING:
+    from gptkit.infer.engine import KVCache
 
 LENGTH_MULTIPLE = 16  # attended span rounded up to this: padded positions are masked, and S is never 0 or 1
 
@@ -156,10 +160,7 @@ def _step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """temperature: None for a greedy step, else a 0-d float32 tensor (sampled with `uniform`)."""
     logits, _ = model(idx, cache=StepCache(keys, values, positions, mask))
-    if temperature is None:
-        return logits, sample_next_token(logits[:, -1], 0.0)
-    scaled = logits[:, -1].float() / temperature  # what sample_next_token does with a float temperature
-    return logits, sample_next_token(scaled, 1.0, top_k, uniform=uniform)
+    return logits, sample_next_token(logits[:, -1], 0.0 if temperature is None else temperature, top_k, uniform=uniform)
 
 
 @functools.cache
@@ -253,3 +254,31 @@ def decode_step(
             top_k,
             uniform if sampled is not None else None,
         )
+
+
+class CompiledBackend(EagerBackend):
+    """The engine's steps through decode_step (prefills stay eager): one graph per batch size, which chooses the
+    tokens itself when the rows share settings it samples with, else returns the logits."""
+
+    name = "compiled"
+    full_cache = True  # its graphs are made for the cache's shape: block_size for every engine
+    chooses_tokens = True
+
+    def decode(
+        self, cache: KVCache, tokens: Sequence[int], sampling: Sampling | None, uniform: torch.Tensor | None
+    ) -> tuple[torch.Tensor, list[int] | None]:
+        config = self.model.config
+        cache.allocate(config.n_kv_head, config.head_dim, compute_dtype(self.model), self.device)  # written in place
+        rows = len(tokens)
+        padding = padded_batch(rows, cache.slots) - rows
+        # Padding rows are free rows of the cache (a new request's prefill or first step writes over position 0).
+        lengths = cache.lengths[:rows] + [0] * padding
+        idx = torch.tensor([[token] for token in tokens] + [[0]] * padding, device=self.device)
+        if padding and uniform is not None:
+            uniform = torch.cat([uniform, uniform.new_zeros(padding, 1)])
+        temperature, top_k = (sampling.temperature, sampling.top_k) if sampling is not None else (0.0, None)
+        logits, chosen = decode_step(
+            self.model, idx, cache.keys, cache.values, lengths, cache.capacity, temperature, top_k, uniform
+        )
+        cache.lengths[:rows] = [length + 1 for length in lengths[:rows]]
+        return logits[:rows, -1], chosen[:rows].tolist() if sampling is not None else None

@@ -16,12 +16,13 @@
 - generate, generate_stream: a batch of prompts continued at once through the engine (gptkit.infer.generate), the
   fast path; model.py's GPT.generate is the plain uncached loop whose tokens it must match.
 
-The model is duck-typed, never imported: `model(idx, cache=cache)` returns (logits (B, 1, V), _) for the last
+The model is duck-typed, never imported (the backends run its passes): `model(idx, cache=cache)` returns (logits (B, 1, V), _) for the last
 position, `model.hidden_states(idx, cache=cache)` does the same pass without the head (to fill a prompt into the
 cache; with `model.logits` after it, a prompt's logits at every position), `model.config` has block_size and
 n_layer, and both calls run `cache.extend(B, T, device)` once for the
-positions of the T new tokens and `cache.update(layer, k, v)` in every layer. Which backend runs the steps is
-`decode` (gptkit.infer.decoding): auto by default.
+positions of the T new tokens and `cache.update(layer, k, v)` in every layer. Which backend runs the passes is
+`decode`, chosen once when the engine is built (gptkit.infer.decoding: auto by default); the engine knows only the
+backend's interface (gptkit.infer.backend).
 """
 
 from __future__ import annotations
@@ -36,10 +37,10 @@ import torch
 import torch.nn as nn
 
 from gptkit.core.errors import UserError
-from gptkit.infer import compiled, onednn
-from gptkit.infer.decoding import plan_for
-from gptkit.infer.native import NativeStep, huge_page_zeros
-from gptkit.infer.next_token import sample_next_token, sampling_problem
+from gptkit.infer.backend import compute_dtype
+from gptkit.infer.decoding import make_backend
+from gptkit.infer.memory import huge_page_zeros
+from gptkit.infer.next_token import Sampling, sampling_problem
 
 
 class KVCache:
@@ -118,7 +119,7 @@ class KVCache:
 
     @staticmethod
     def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """Zeros for a layer's storage: on the CPU on huge pages (native.huge_page_zeros), since a step reads every
+        """Zeros for a layer's storage: on the CPU on huge pages (memory.huge_page_zeros), since a step reads every
         row's keys and values and 4 KB pages cost it a TLB miss every 4 KB of them (an engine that knows how far its
         rows go sizes the cache to that: Engine's `positions`)."""
         if device.type == "cpu":
@@ -168,7 +169,7 @@ class Request:
     presence_penalty, frequency_penalty and logit_bias change the logits before sampling as OpenAI defines them:
     logit[t] += logit_bias[t] - frequency_penalty * count[t] - presence_penalty * (count[t] > 0), where count[t] is
     how often t is in `output` so far. With `logprobs` = k, each token made gets a TokenLogprob with the k most
-    likely alternatives in `token_logprobs`.
+    likely alternatives in `token_logprobs`. `sampling`: its settings in one form, set when an engine admits it.
     """
 
     prompt: list[int]
@@ -187,11 +188,12 @@ class Request:
     token_logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
+    sampling: Sampling | None = field(default=None, init=False, repr=False)
 
     @property
     def reads_logits(self) -> bool:
         """Whether this request's step needs its logits in Python: to change them, or to report log-probabilities
-        (the compiled and native steps, which choose tokens inside, then hand back logits instead)."""
+        (a backend that chooses tokens inside its step then hands back logits instead)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias) or self.logprobs is not None
 
     def validate(self) -> None:
@@ -219,10 +221,11 @@ class Engine:
     """Generates for up to `slots` requests at once, one token per step; requests come and go between steps.
 
     Row r of the cache belongs to active[r]; a finished or removed request's row is refilled by moving the last
-    active row into it, so a pass always covers rows 0..n-1. `decode` picks the backend (gptkit.infer.decoding:
-    auto, eager, compiled or native; UserError for one that cannot run this model here). Built under autocast, the
-    engine computes in autocast's dtype. It never changes `model`: on the CPU in float32, auto's plan may decode with
-    a copy whose Linear layers are gptkit.infer.onednn's (onednn.decoding_copy: the same values). `positions`: the
+    active row into it, so a pass always covers rows 0..n-1. `decode` picks the backend once, here
+    (gptkit.infer.decoding: auto, eager, compiled or native; UserError for one that cannot run this model here), and
+    `backend` runs every pass. Built under autocast, the engine computes in autocast's dtype. It never changes
+    `model`: on the CPU in float32, auto may decode with a copy whose Linear layers are gptkit.infer.onednn's
+    (onednn.decoding_copy: the same values). `positions`: the
     most positions a row will reach (a prompt and its new tokens), where the caller knows it ahead (generate): the
     cache then holds that many rather than block_size (less memory to fill, except for a compiled step, whose graphs
     are made for block_size), and a request that would pass it is refused.
@@ -232,18 +235,14 @@ class Engine:
         if slots <= 0:
             raise ValueError(f"an engine needs at least one slot, got {slots}")
         config = model.config
-        self.model, self.block_size = model, config.block_size
+        self.block_size = config.block_size
         self.keep = config.block_size - config.block_size // 4  # tokens a full window slides down to
         self.device = next(model.parameters()).device
         self.active: list[Request] = []
-        self.plan = plan_for(decode, model, slots, self._compute_dtype())
-        self.compiled = self.plan.compiled
-        # a compiled step's graphs are made for the cache's shape: they keep block_size for every engine
-        shorter = positions is not None and positions < config.block_size and not self.compiled
+        self.backend = make_backend(decode, model, slots, compute_dtype(model))
+        self.model = self.backend.model  # the model its eager passes run, which scores prompts too
+        shorter = positions is not None and positions < config.block_size and not self.backend.full_cache
         self.cache = KVCache(config.n_layer, positions if shorter else config.block_size, slots)
-        self.native = NativeStep.for_model(model, self._compute_dtype()) if self.plan.native else None
-        if self.plan.onednn:  # the caller's model stays as it was
-            self.model = onednn.decoding_copy(model)
 
     @property
     def free_slots(self) -> int:
@@ -278,6 +277,7 @@ class Engine:
                 continue
             if request.seed is not None:
                 request.generator = torch.Generator(device=self.device).manual_seed(request.seed)
+            request.sampling = Sampling.of(request.temperature, request.top_k, request.top_p)
             same_length.setdefault(min(len(request.prompt), self.block_size), []).append(request)
         for group in same_length.values():
             self.active.extend(group)
@@ -304,11 +304,12 @@ class Engine:
         for row, request in enumerate(self.active):
             if self.cache.lengths[row] == self.block_size:  # window full: slide, as this request would alone
                 self._fill(row, (request.prompt + request.output)[-self.keep :])
-        if self.native is not None:
-            logits, tokens = self._native_tokens()
-        else:
-            idx = torch.tensor([[request.last_token()] for request in self.active], device=self.device)
-            logits, tokens = self._compiled_tokens(idx) if self.compiled else self._eager_tokens(idx)
+        sampling = self._shared_sampling() if self.backend.chooses_tokens else None
+        uniform = self._uniform_numbers() if sampling is not None and not sampling.greedy else None
+        last = [request.last_token() for request in self.active]
+        logits, tokens = self.backend.decode(self.cache, last, sampling, uniform)
+        if tokens is None:
+            tokens = self._sample(logits)
         failed = self._failed_rows(logits, tokens)
         made = []
         for row, (request, token) in enumerate(list(zip(self.active, tokens))):
@@ -348,7 +349,7 @@ class Engine:
         vocab_size = self.model.config.vocab_size
         failed = {}
         for row, (request, token) in enumerate(zip(self.active, tokens)):
-            if not finite[row]:
+            if not finite[row] or token == -1:  # -1: the native step found no candidate, every logit NaN
                 failed[row] = (
                     f"the model's logits for new token {len(request.output) + 1} are NaN or infinite: its activations "
                     "overflow on this text (or its weights are damaged), so no token can be chosen"
@@ -364,89 +365,19 @@ class Engine:
         request.error = reason
         self.remove(request, "error")
 
-    def _eager_tokens(self, idx: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
-        """Logits (B, V) for the latest token idx (B, 1) of every active row, and the tokens sampled from them."""
-        logits = self.model(idx, cache=self.cache.rows(0, len(self.active)))[0][:, -1]
-        return logits, self._sample(logits)
-
-    def _compiled_tokens(self, idx: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
-        """Logits (B, V) and the next token of every active row through one compiled step, which also chooses the
-        tokens when all rows share settings that it can sample with (no top-p); otherwise its logits are sampled
-        eagerly."""
-        settings = {(0.0, None, None) if r.temperature == 0 else (r.temperature, r.top_k, r.top_p) for r in self.active}
-        shared = settings.pop() if len(settings) == 1 else None  # rows of different settings sample eagerly
-        temperature, top_k, top_p = shared or (0.0, None, None)
-        # sample_next_token, too, skips top-p at 1
-        in_graph = (
-            shared is not None and (top_p is None or top_p >= 1.0) and not any(r.reads_logits for r in self.active)
-        )
-        uniform = self._uniform_numbers() if in_graph and temperature != 0 else None
-        self._allocate_cache(self._compute_dtype())
-        rows = len(self.active)
-        padding = compiled.padded_batch(rows, self.cache.slots) - rows
-        # Padding rows are free rows of the cache (a new request's prefill or first step writes over position 0).
-        lengths = self.cache.lengths[:rows] + [0] * padding
-        if padding:  # a step of every token: no copy when the batch is already a power of two
-            idx = torch.cat([idx, idx.new_zeros(padding, 1)])
-            if uniform is not None:
-                uniform = torch.cat([uniform, uniform.new_zeros(padding, 1)])
-        logits, tokens = compiled.decode_step(
-            self.model,
-            idx,
-            self.cache.keys,
-            self.cache.values,
-            lengths,
-            self.cache.capacity,
-            temperature if in_graph else 0.0,
-            top_k,
-            uniform,
-        )
-        self.cache.lengths[:rows] = [length + 1 for length in lengths[:rows]]
-        logits = logits[:rows, -1]
-        return logits, tokens[:rows].tolist() if in_graph else self._sample(logits)
-
-    def _native_tokens(self) -> tuple[torch.Tensor, list[int]]:
-        """Logits (B, V) and the next token of every active row through the native step (one row, or several in one
-        call), which also chooses the tokens when all rows share settings it can sample with (no top-p, no logit
-        rules), as the compiled step does; otherwise its logits are sampled eagerly."""
-        self._allocate_cache(self.native.dtype)
-        settings = {(0.0, None, None) if r.temperature == 0 else (r.temperature, r.top_k, r.top_p) for r in self.active}
-        temperature, top_k, top_p = settings.pop() if len(settings) == 1 else (0.0, None, 0.0)
-        # sample_next_token skips top-p at 1 too; rows of different settings are sampled from the logits
-        in_step = (top_p is None or top_p >= 1.0) and not any(r.reads_logits for r in self.active)
-        if not in_step:
-            temperature, top_k = 0.0, None
-        rows = len(self.active)
-        positions = self.cache.lengths[:rows]
-        tokens = [request.last_token() for request in self.active]
-        # drawn as _sample would draw them
-        uniforms = self._uniform_numbers()[:, 0].tolist() if in_step and temperature != 0 else [0.0] * rows
-        if rows == 1:
-            logits, token = self.native(
-                tokens[0], positions[0], self.cache.keys, self.cache.values, temperature, top_k, uniforms[0]
-            )
-            logits, chosen = logits[None], [token]
-        else:
-            logits, chosen = self.native.step_rows(
-                tokens, positions, self.cache.keys, self.cache.values, temperature, top_k, uniforms
-            )
-        self.cache.lengths[:rows] = [position + 1 for position in positions]
-        return logits, chosen if in_step else self._sample(logits)
-
-    def _allocate_cache(self, dtype: torch.dtype) -> None:
-        """Every layer's cache storage, made now if it is not there: a step that is one call writes into it in place."""
-        config = self.model.config
-        self.cache.allocate(config.n_kv_head, config.head_dim, dtype, self.device)
-
-    def _compute_dtype(self) -> torch.dtype:
-        """The dtype a pass computes in, and so the dtype its keys come out as: autocast's, else the weights'."""
-        if torch.is_autocast_enabled(self.device.type):
-            return torch.get_autocast_dtype(self.device.type)
-        return next(self.model.parameters()).dtype
+    def _shared_sampling(self) -> Sampling | None:
+        """The settings every active row chooses its token with, where the backend may apply them inside its step:
+        one for all rows, without top-p (its nucleus search stays in Python), and no row that reads its logits.
+        None: the step's logits are sampled here."""
+        settings = {request.sampling for request in self.active}
+        if len(settings) != 1 or any(request.reads_logits for request in self.active):
+            return None
+        (shared,) = settings
+        return shared if shared.top_p is None else None
 
     def _uniform_numbers(self) -> torch.Tensor:
         """(B, 1) numbers in [0, 1) for a sampled step, drawn as _sample would draw them: one call per generator,
-        over its rows in order, so a seeded request makes the same tokens compiled or eager."""
+        over its rows in order, so a seeded request makes the same tokens whichever backend samples it."""
         rows_of: dict[int, tuple[torch.Generator | None, list[int]]] = {}
         for row, request in enumerate(self.active):
             rows_of.setdefault(id(request.generator), (request.generator, []))[1].append(row)
@@ -458,22 +389,12 @@ class Engine:
         return uniform
 
     def _fill(self, row: int, *contexts: list[int]) -> None:
-        """Make cache rows row, row + 1, ... hold contexts[i][:-1] (equally long), computed in one pass of their own;
-        the next step feeds each context's last token (so the pass needs no logits: the head is skipped). With the
-        native step the contexts are filled by its prefill where that is the faster pass (NativeStep.prefills)."""
+        """Make cache rows row, row + 1, ... hold contexts[i][:-1] (equally long), filled by the backend in one pass
+        of their own; the next step feeds each context's last token."""
         rows = len(contexts)
         self.cache.lengths[row : row + rows] = [0] * rows
-        if len(contexts[0]) <= 1:
-            return
-        if self.native is not None and self.native.prefills(rows * (len(contexts[0]) - 1)):
-            self._allocate_cache(self.native.dtype)
-            keys = [layer[row : row + rows] for layer in self.cache.keys]
-            values = [layer[row : row + rows] for layer in self.cache.values]
-            self.native.prefill([context[:-1] for context in contexts], 0, keys, values)
-            self.cache.lengths[row : row + rows] = [len(contexts[0]) - 1] * rows
-            return
-        idx = torch.tensor([context[:-1] for context in contexts], device=self.device)
-        self.model.hidden_states(idx, cache=self.cache.rows(row, row + rows))
+        if len(contexts[0]) > 1:
+            self.backend.prefill(self.cache, row, [context[:-1] for context in contexts])
 
     def _sample(self, logits: torch.Tensor) -> list[int]:
         """One token per active row; rows with the same settings and generator are sampled in one call. Rows with
@@ -488,13 +409,13 @@ class Engine:
     def _choose(self, logits: torch.Tensor) -> list[int]:
         groups: dict[tuple, list[int]] = {}
         for row, request in enumerate(self.active):
-            settings = (request.temperature, request.top_k, request.top_p, id(request.generator))
-            groups.setdefault(("greedy",) if request.temperature == 0 else settings, []).append(row)
+            generator = None if request.sampling.greedy else id(request.generator)  # greedy draws nothing
+            groups.setdefault((request.sampling, generator), []).append(row)
         tokens = [0] * len(self.active)
         for rows in groups.values():
             first = self.active[rows[0]]
             part = logits if len(rows) == len(tokens) else logits[rows]
-            chosen = sample_next_token(part, first.temperature, first.top_k, first.top_p, first.generator)
+            chosen = first.sampling.next_token(part, first.generator)
             for row, token in zip(rows, chosen.tolist()):
                 tokens[row] = token
         return tokens

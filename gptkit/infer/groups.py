@@ -40,8 +40,9 @@ def sample_groups(
 ) -> list[list[int]]:
     """`group_size` completions of every prompt, prompt-major, made by one engine with up to `slots` rows (default:
     all of them at once). `first_prompt` numbers the prompts for their seeds (a process's share of a larger set).
-    The model is in eval mode meanwhile. decode: the engine's backend; eager by default, since the others may
-    rebuild a model in place for speed, which a model that is being trained must not see."""
+    The model is in eval mode meanwhile. decode: the engine's backend; eager by default, since a model that is being
+    trained changes between calls: the compiled step keeps the weights it first froze, and the native and oneDNN
+    backends would copy the weights again after every optimizer step."""
     block_size = model.config.block_size
     requests = []
     for index, prompt in enumerate(prompts):

@@ -1,14 +1,17 @@
 """Choosing the next token from logits: greedy, temperature, top-k and top-p sampling, and the rules of their settings.
 
-A step's draw takes one uniform number a row (inverse transform sampling), from the row's generator or given by
-the caller: gptkit.infer.compiled samples inside its compiled graph with numbers the engine draws beforehand, so
-a seeded request makes the same tokens whether its steps run eager or compiled. In a compiled graph, top-k searches
-a large vocabulary by blocks (largest_k).
+sample_next_token is the rule, written once for every Python path: the engine's own sampling and the compiled step's
+graph (gptkit.infer.compiled) call it; the native step's C++ (gptkit/infer/native/csrc/sampling.h) follows it, and
+model.py's plain `generate` is the reference it matches. A step's draw takes one uniform number a row (inverse
+transform sampling), from the row's generator or given by the caller: a backend that samples inside its step gets
+numbers the engine draws beforehand, so a seeded request makes the same tokens whichever backend runs it. In a
+compiled graph, top-k searches a large vocabulary by blocks (largest_k).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
@@ -20,19 +23,51 @@ NUCLEUS_PREFIXES = (256, 4096)
 TOP_K_BLOCK = 16
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How a request chooses its tokens, in one form for settings that choose alike (Sampling.of): greedy has no top-k
+    or top-p, and a top-p of 1 is none. So equal settings sample alike: the engine samples the rows of equal settings
+    (and generator) in one call, and a backend may choose every row's token inside its step when all rows share
+    theirs."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    @classmethod
+    def of(cls, temperature: float, top_k: int | None = None, top_p: float | None = None) -> Sampling:
+        """The settings in their one form: temperature 0 is greedy, and a top-p of 1 or more keeps every token."""
+        if temperature == 0:
+            return cls(temperature=0.0)
+        return cls(temperature=temperature, top_k=top_k, top_p=None if top_p is None or top_p >= 1.0 else top_p)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def next_token(
+        self, logits: torch.Tensor, generator: torch.Generator | None = None, uniform: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """sample_next_token with these settings."""
+        return sample_next_token(logits, self.temperature, self.top_k, self.top_p, generator, uniform)
+
+
 def sample_next_token(
     logits: torch.Tensor,
-    temperature: float = 1.0,
+    temperature: float | torch.Tensor = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
     uniform: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Pick one token per row from logits (B, V): greedy at temperature 0, else sampled after top-k/top-p with one
-    uniform number a row: drawn from `generator` (None: torch's global one), or given as `uniform` (B, 1) in [0, 1)."""
-    if temperature == 0:  # max, not argmax: the same first largest column, and in bfloat16 argmax is ~4x slower
+    uniform number a row: drawn from `generator` (None: torch's global one), or given as `uniform` (B, 1) in [0, 1).
+    temperature: a number, or a 0-d tensor, never 0 (a compiled graph's input, so that a new value compiles
+    nothing)."""
+    fixed = not isinstance(temperature, torch.Tensor)
+    if fixed and temperature == 0:  # max, not argmax: the same first largest column, and in bfloat16 argmax is slower
         return logits.max(dim=-1).indices
-    logits = logits.float() if temperature == 1.0 else logits.float() / temperature
+    logits = logits.float() if fixed and temperature == 1.0 else logits.float() / temperature
     candidates = None  # the token id of each column, once logits are narrowed and sorted
     if top_k is not None and top_k < logits.size(-1):
         logits, candidates = largest_k(logits, top_k)  # then sample among k columns, not all V

@@ -9,7 +9,8 @@ contiguous) faster. `python benchmarks/bench.py linear` measures each variant; d
 (tied weights stay tied, state_dict keys and values are unchanged) and becomes a `DecodingLinear`, which takes
 the direct kernel only for float32 CPU inference; autograd, autocast and torch.compile still get `F.linear`.
 decode=auto (gptkit.infer.decoding) uses it for the CPU's float32 steps over several rows where the native step cannot
-run, in `decoding_copy(model)`: the engine never changes the model its caller passed.
+run: OneDNNBackend decodes eagerly with `decoding_copy(model)`, so the engine never changes the model its caller
+passed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import weakref
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+
+from gptkit.infer.backend import EagerBackend
 
 
 @functools.cache
@@ -113,3 +116,13 @@ def decoding_copy(model: nn.Module) -> nn.Module:
             module.weight = transposed[id(weight)]
     DECODING_COPIES[model] = (versions, optimize_for_cpu_decoding(decoding))
     return decoding
+
+
+class OneDNNBackend(EagerBackend):
+    """Eager passes over the model's decoding copy (decoding_copy: the same values, its Linear layers calling oneDNN
+    directly on transposed weights); the caller's model stays as it was."""
+
+    name = "onednn"
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(decoding_copy(model))

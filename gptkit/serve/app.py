@@ -433,8 +433,7 @@ class Service:
                 param="max_tokens",
             )
         temperature = 1.0 if body.temperature is None else body.temperature
-        top_p = None if body.top_p in (None, 1.0) else body.top_p
-        problem = next_token.sampling_problem(temperature, body.top_k, top_p)
+        problem = next_token.sampling_problem(temperature, body.top_k, body.top_p)
         if problem:
             raise APIError(status=400, message=problem, param=problem.split()[0])
         # best_of ranks its candidates by their tokens' log-probabilities, asked for or not
@@ -443,7 +442,7 @@ class Service:
             "max_new_tokens": max_tokens,
             "temperature": temperature,
             "top_k": body.top_k,
-            "top_p": top_p,
+            "top_p": body.top_p,
             "presence_penalty": body.presence_penalty or 0.0,
             "frequency_penalty": body.frequency_penalty or 0.0,
             "logit_bias": body.bias(self.tokenizer.vocab_size),

@@ -4,7 +4,8 @@ Text (a token stream) gives random windows; chat data (prepare_data/chat.py) giv
 (gptkit/data/packing.py) whose targets are the assistant's tokens only. A text micro-batch's loss is its mean, a
 step's the mean of its micro-batches. A chat step's loss is the summed loss of its trained targets divided by
 their number over the whole step, all micro-batches and processes, so its gradient is the one big batch's however
-the step is split. train.py's loop is the same for both; the difference lives here.
+the step is split. The next-token objective (gptkit/train/objectives.py: Lm) is the same for both; the difference
+lives here.
 """
 
 from __future__ import annotations

@@ -4,10 +4,13 @@ weight matrices with AdamW for the rest (gptkit/train/muon.py)."""
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import torch
 import torch.nn as nn
 
+from gptkit.core import distributed
+from gptkit.core.errors import UserError
 from gptkit.train.muon import MuonAdamW
 
 
@@ -42,3 +45,16 @@ def configure_optimizers(
     # torch's fused AdamW is one kernel per step on CUDA and on CPU (measured 5x faster than foreach there)
     fused = device_type in ("cuda", "cpu") and "fused" in inspect.signature(torch.optim.AdamW).parameters
     return torch.optim.AdamW(adam_groups, lr=learning_rate, betas=betas, **({"fused": True} if fused else {}))
+
+
+def build_optimizer(cfg: Any, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
+    """The optimizer train.py's settings `cfg` ask for: the one place to add new ones. Each param group may carry
+    "lr_scale" (default 1), its factor on the scheduled learning rate (Muon's group runs at muon_lr/learning_rate
+    of it)."""
+    betas = (cfg.beta1, cfg.beta2)
+    if cfg.optimizer == "muon":
+        if distributed.is_fsdp(model):
+            raise UserError("optimizer=muon needs whole weight matrices; use it with --parallel=ddp, not fsdp")
+        muon = {"muon_lr": cfg.muon_lr, "muon_momentum": cfg.muon_momentum}
+        return configure_optimizers(model, cfg.weight_decay, cfg.learning_rate, betas, device.type, **muon)
+    return configure_optimizers(model, cfg.weight_decay, cfg.learning_rate, betas, device.type)

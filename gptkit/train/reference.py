@@ -17,6 +17,12 @@ import torch.nn as nn
 from gptkit.weights.lora import GrownVocabulary, LoraLinear
 
 
+def starting_point(init_from: str, resumed: dict | None) -> str:
+    """Where a run's starting model comes from: init_from, or for a resumed run (`resumed`, its checkpoint) the
+    source that checkpoint records, so the reference stays the start, not the resume."""
+    return resumed.get("reference", init_from) if resumed is not None else init_from
+
+
 def token_logprobs(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """log p(y[b, t] | x[b, :t+1]) under `model` (B, T), 0 where y is -1 (no target). `model(x, y, reduction="none")`
     gives each position's cross-entropy, so the same call serves a plain model and a DDP or compiled wrapper."""

@@ -5,20 +5,23 @@ log lines with the first: `RunDirLock` holds an exclusive lock on out_dir for th
 when the process dies (even by kill -9), so a crash never leaves a stale lock. Re-running a from-scratch command
 would replace the earlier run's checkpoints: `resolve_init_from` refuses unless the user says resume, auto or
 overwrite. A fresh start removes what an earlier run left (`remove_earlier_run`), so that nothing of it is read
-as the new run's. Readers (sampling, evaluation, serving) take no lock: checkpoints are replaced atomically.
+as the new run's; `open_run_log` does both, in that order, before the run's log is opened. Readers (sampling,
+evaluation, serving) take no lock: checkpoints are replaced atomically.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from gptkit.core.errors import UserError, describe_os_error
 from gptkit.train.curves import CURVES_NAME
-from gptkit.train.runlog import LOG_NAME, SUMMARY_NAME
-from gptkit.weights.checkpoint import BEST_NAME, LATEST_NAME
+from gptkit.train.runlog import LOG_NAME, SUMMARY_NAME, RunLog
+from gptkit.weights.checkpoint import BEST_NAME, LATEST_NAME, remove_stale_temporaries
 
 # What a training run writes into its out_dir. The latest checkpoint comes first: once it is gone, nothing
 # resumes the earlier run, even if removing the rest is cut short.
@@ -57,6 +60,21 @@ def remove_earlier_run(out_dir: str | os.PathLike) -> list[str]:
             path.unlink()
             removed.append(name)
     return removed
+
+
+def open_run_log(
+    out_dir: str, held: contextlib.ExitStack, *, master: bool, writes: bool, fresh: bool, wandb: dict[str, Any] | None
+) -> tuple[RunLog, list[str]]:
+    """The run's log, and the names of the files of an earlier run that a fresh start (`fresh`) removed. A run that
+    `writes` (training, not --eval_only) takes out_dir's lock in rank 0 (`master`) first, and `held` keeps it: before
+    the first write, after every check. `wandb`: RunLog's. A run that writes nothing gets no log file."""
+    replaced = []
+    if master and writes:
+        held.enter_context(RunDirLock(out_dir))
+        if fresh:
+            replaced = remove_earlier_run(out_dir)  # resolve_init_from allowed it (overwrite, or no checkpoint)
+        remove_stale_temporaries(Path(out_dir))  # a run killed while saving leaves its temporary file behind
+    return RunLog(master, Path(out_dir) if writes else None, wandb), replaced
 
 
 class RunDirLock:

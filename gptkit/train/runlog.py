@@ -86,7 +86,7 @@ def format_bpb(bpb: float | None) -> str:
 
 
 def header_line(parameters: int, device: str, dtype: str, processes: int, step_size: str, data_dir: str) -> str:
-    """The run's first line; `step_size` says what a step processes (gptkit.train.objectives.step_size)."""
+    """The run's first line; `step_size` says what a step processes (the objective's step_size)."""
     return f"{parameters / 1e6:.2f}M parameters | {device} {dtype} | {processes} process(es) | {step_size} | data {data_dir}"
 
 

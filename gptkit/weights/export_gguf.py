@@ -3,17 +3,24 @@
 The model is written as the llama.cpp architecture that runs it exactly: GPT-2 (learned or sinusoidal positions,
 LayerNorm, tanh GELU); Qwen3 (rotary positions, RMSNorm, SwiGLU, QK-norm); Qwen2 (the same without QK-norm, with
 biases on q, k, v only); Llama (the rest of that family: grouped-query attention, any biases, Llama 3's rope
-scaling). Norms without a learned scale are written as scales of ones. The file also holds the tensors (f32, f16 or
-q8_0), the tokenizer (byte-level BPE: tokens, types and merges, plus which of llama.cpp's pre-tokenizers splits
-text as ours does; a table of one-byte characters is a byte-level BPE whose merges never apply) and the chat
-template; a Hugging Face tokenizer.json goes as its own tokens, merges and special tokens, with the llama.cpp
-pre-tokenizer whose regex is its own, or as llama.cpp's SentencePiece tokenizer (gptkit/weights/gguf_hf_tokenizer.py).
-A Modelfile beside it runs the model in ollama (`ollama create NAME -f Modelfile`).
+scaling). Norms without a learned scale are written as scales of ones. The file also holds the tensors (f32, f16,
+q8_0, q4_0 or q4_1), the tokenizer (byte-level BPE: tokens, types and merges, plus which of llama.cpp's
+pre-tokenizers splits text as ours does; a table of one-byte characters is a byte-level BPE whose merges never apply)
+and the chat template; a Hugging Face tokenizer.json goes as its own tokens, merges and special tokens, with the
+llama.cpp pre-tokenizer whose regex is its own, or as llama.cpp's SentencePiece tokenizer
+(gptkit/weights/gguf_hf_tokenizer.py). A Modelfile beside it runs the model in ollama (`ollama create NAME -f
+Modelfile`).
+
+q4_0 and q4_1 write the products (and an untied token embedding) in 4 bits, as llama.cpp's quantizer does, and the
+head (a tied token embedding) in q8_0, where llama.cpp uses q6_k, which gguf-py cannot write. A matrix held in 4-bit
+blocks (an Int4Linear's, or a GGUF file's Q4_0 or Q4_1 read in) is written as those blocks: as Q4_0 under q4_0 where
+every block is one, else as Q4_1.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +35,11 @@ from gptkit.data.tokenizer import Tokenizer, gpt2_unicode_to_byte
 from gptkit.model import GPT, GPTConfig, scaled_frequencies
 from gptkit.weights.export_common import Vocabulary, gpt2_tensors, vocabulary_chat_template, vocabulary_of
 from gptkit.weights.gguf_hf_tokenizer import add_hf_tokenizer, gguf_tokenizer, hf_modelfile
+from gptkit.weights.gguf_read import matrix_sources
+from gptkit.weights.quantization import GROUP, Int4Blocks, dequantized_copy, stored_int4
 
-OUTTYPES = ("f32", "f16", "q8_0")
+OUTTYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1")
+Q4_OUTTYPES = ("q4_0", "q4_1")
 
 
 def architecture_of(config: GPTConfig) -> str:
@@ -183,8 +193,11 @@ def export_gguf(model: GPT, tokenizer: Tokenizer, directory: Path, outtype: str,
 
     if outtype not in OUTTYPES:
         raise UserError(f"--outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
+    model = dequantized_copy(model)  # int4 products as float weights that keep their blocks
     config = model.config
     architecture, tensors = gguf_tensors(model)
+    int4 = int4_gguf_tensors(model, architecture) if outtype in Q4_OUTTYPES else {}
+    head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
     hf_tokenizer = tokenizer if isinstance(tokenizer, HFTokenizer) else None
     if hf_tokenizer is not None:
         gguf_tokenizer(hf_tokenizer, config.vocab_size)  # refused before any file is written
@@ -202,7 +215,10 @@ def export_gguf(model: GPT, tokenizer: Tokenizer, directory: Path, outtype: str,
     else:
         add_tokenizer(writer, vocabulary, config.vocab_size)
     for key, tensor in tensors.items():
-        data, qtype = encode_tensor(key, tensor, outtype)
+        if key in int4:
+            data, qtype = q4_data(int4[key], outtype)
+        else:  # the head in 8 bits under q4_0 and q4_1 (llama.cpp keeps it in 6, which gguf-py cannot write)
+            data, qtype = encode_tensor(key, tensor, "q8_0" if key == head and outtype in Q4_OUTTYPES else outtype)
         writer.add_tensor(key, data, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -242,20 +258,60 @@ _FILE_TYPES = {
     "f32": lambda gguf: gguf.LlamaFileType.ALL_F32,
     "f16": lambda gguf: gguf.LlamaFileType.MOSTLY_F16,
     "q8_0": lambda gguf: gguf.LlamaFileType.MOSTLY_Q8_0,
+    "q4_0": lambda gguf: gguf.LlamaFileType.MOSTLY_Q4_0,
+    "q4_1": lambda gguf: gguf.LlamaFileType.MOSTLY_Q4_1,
 }
 
 
 def encode_tensor(name: str, tensor: torch.Tensor, outtype: str) -> tuple[np.ndarray, Any]:
     """The tensor's data and GGML type. As llama.cpp's converter does, norms, biases and the position table stay f32;
-    q8_0 needs rows of whole 32-value blocks, so a matrix whose rows are not falls back to f16."""
+    q8_0, q4_0 and q4_1 (gguf-py's reference quantizers) need rows of whole 32-value blocks, so a matrix whose rows
+    are not falls back to f16."""
     import gguf
 
     array = tensor.float().numpy()
     if outtype == "f32" or array.ndim == 1 or name == "position_embd.weight":
         return array, gguf.GGMLQuantizationType.F32
-    if outtype == "q8_0" and array.shape[-1] % gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][0] == 0:
-        return gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
+    if outtype in ("q8_0", *Q4_OUTTYPES) and array.shape[-1] % GROUP == 0:
+        qtype = gguf.GGMLQuantizationType[outtype.upper()]
+        return gguf.quants.quantize(array, qtype), qtype
     return array.astype(np.float16), gguf.GGMLQuantizationType.F16
+
+
+def int4_gguf_tensors(model: GPT, architecture: str) -> dict[str, Int4Blocks]:
+    """The matrices held in 4-bit blocks (read from a GGUF file's, or an Int4Linear's: stored_int4) as those blocks,
+    under llama.cpp's names: split and reordered as gguf_tensors does their values (whole rows move: a block lies in
+    one). Only rows of whole blocks: GGUF has no others."""
+    config = model.config
+    q, kv = config.n_head * config.head_dim, config.n_kv_head * config.head_dim
+    found = {}
+    for module, names in matrix_sources(config, architecture).items():
+        int4 = stored_int4(model.get_submodule(module))
+        if int4 is None or int4.in_features % GROUP:
+            continue
+        widths = [q, kv, kv] if len(names) == 3 else [int4.out_features // len(names)] * len(names)
+        parts = zip(*(part.cpu().split(widths) for part in int4.blocks()))
+        for name, part in zip(names, (Int4Blocks(*part) for part in parts)):
+            if architecture == "llama" and name.endswith(("attn_q", "attn_k")):
+                heads = config.n_head if name.endswith("attn_q") else config.n_kv_head
+                part = part.rows(partial(rope_pairs_interleaved, heads=heads))
+            found[f"{name}.weight"] = part
+    return found
+
+
+def q4_data(blocks: Int4Blocks, outtype: str) -> tuple[np.ndarray, Any]:
+    """4-bit blocks as they are, as GGUF data: Q4_0 (float16 d, codes) under q4_0 where every block is one (minimum
+    = -8 d), else Q4_1 (float16 d and m, codes)."""
+    import gguf
+
+    rows, groups, _ = blocks.codes.shape
+    scale = blocks.scale.contiguous().view(torch.uint8).reshape(rows, groups, 2)
+    if outtype == "q4_0" and torch.equal(blocks.minimum, -8 * blocks.scale):
+        parts, qtype = (scale, blocks.codes), gguf.GGMLQuantizationType.Q4_0
+    else:
+        minimum = blocks.minimum.contiguous().view(torch.uint8).reshape(rows, groups, 2)
+        parts, qtype = (scale, minimum, blocks.codes), gguf.GGMLQuantizationType.Q4_1
+    return torch.cat(parts, dim=-1).reshape(rows, -1).numpy(), qtype
 
 
 def pre_tokenizer(vocabulary: Vocabulary) -> str:

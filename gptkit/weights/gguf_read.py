@@ -9,8 +9,11 @@ stores one factor per rotary frequency (rope_freqs), read back as the llama3 par
 head that is missing or holds the token embedding itself is tied to it.
 
 Tensors may be F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K: each is dequantized to float32
-with llama.cpp's `gguf` package. Any other type, another architecture, one part of a split file, a damaged file or
-weights holding NaN or infinity is a UserError of one line. The tokenizer: gptkit/data/gguf_tokenizer.py.
+with llama.cpp's `gguf` package. A product (or the token embedding) stored as Q4_0 or Q4_1 also keeps its blocks,
+byte for byte, in Int4Linear's layout (keep_q4_blocks): int4 then runs on the file's own blocks, and a file whose
+every product and head is so stored decodes in them by default (gptkit.weights.quantization). Any other type,
+another architecture, one part of a split file, a damaged file or weights holding NaN or infinity is a UserError of
+one line. The tokenizer: gptkit/data/gguf_tokenizer.py.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,7 @@ from gptkit.data.gguf_tokenizer import metadata, open_gguf
 from gptkit.model import GPT, GPTConfig, scaled_frequencies
 from gptkit.weights.checkpoint import check_finite
 from gptkit.weights.hf import config_args, state_from_hf
+from gptkit.weights.quantization import Int4Blocks, keep_int4_blocks
 
 ARCHITECTURES = {
     "gpt2": "GPT2LMHeadModel",
@@ -68,6 +73,20 @@ LLAMA_NAMES = {
     "blk.{i}.ffn_down": "model.layers.{i}.mlp.down_proj",
 }
 GPT2_CONV1D = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")  # stored (out, in); GPT-2's Conv1D holds (in, out)
+# Each block's products -> llama.cpp's weights that each fuses, in order (GPT-2's, and the Llama family's).
+GPT2_PRODUCTS = {
+    "attn.c_attn": ("attn_qkv",),
+    "attn.c_proj": ("attn_output",),
+    "mlp.c_fc": ("ffn_up",),
+    "mlp.c_proj": ("ffn_down",),
+}
+LLAMA_PRODUCTS = {
+    "attn.c_attn": ("attn_q", "attn_k", "attn_v"),
+    "attn.c_proj": ("attn_output",),
+    "mlp.c_fc": ("ffn_gate", "ffn_up"),
+    "mlp.c_proj": ("ffn_down",),
+}
+Q4_HEADER_BYTES = {"Q4_0": 2, "Q4_1": 4}  # ggml's block_q4_0: float16 d; block_q4_1: float16 d and m; then 16 bytes
 _TENSOR_NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)")
 
 
@@ -89,6 +108,7 @@ def read_gguf_model(path: str | os.PathLike, overrides: dict[str, Any] | None = 
     model = GPT(config)
     named = hf_tensors(tensors, arch, config, path)
     model.load_state_dict(state_from_hf(named, architecture, model, Path(path)))
+    keep_q4_blocks(model, reader, arch)
     return model
 
 
@@ -149,6 +169,59 @@ def hf_tensors(
             value = rotate_halves(value, config.n_head if part == "attn_q" else config.n_kv_head)
         named[f"{names[key].format(i=block)}.{kind}"] = value
     return named
+
+
+def q4_blocks(tensor: Any) -> Int4Blocks | None:
+    """A Q4_0 or Q4_1 matrix's blocks as they are, in Int4Linear's layout (None for other types). ggml's blocks of 32
+    weights: Q4_0 a float16 d and 16 bytes of codes, weight = d * (code - 8), which is minimum -8 d (exact in
+    float16); Q4_1 a float16 d, a float16 m and the codes, weight = d * code + m. Byte j of the codes holds weight
+    j's in its low 4 bits and weight j + 16's in its high ones, as Int4Linear's."""
+    header = Q4_HEADER_BYTES.get(tensor.tensor_type.name)
+    if header is None or len(tensor.shape) != 2:
+        return None
+    rows = int(tensor.shape[1])
+    raw = torch.from_numpy(np.array(tensor.data, dtype=np.uint8)).reshape(rows, -1, header + 16)
+    scale = raw[..., 0:2].contiguous().view(torch.float16)[..., 0]
+    minimum = -8 * scale if header == 2 else raw[..., 2:4].contiguous().view(torch.float16)[..., 0]
+    return Int4Blocks(raw[..., header:].contiguous(), scale, minimum)
+
+
+def matrix_sources(config: GPTConfig, arch: str) -> dict[str, tuple[str, ...]]:
+    """Our modules whose weights are matrices -> llama.cpp's weights that each is made of, in order; the head
+    (output) only when it is not the token embedding."""
+    sources = {"transformer.wte": ("token_embd",)}
+    if not config.tie_embeddings:
+        sources["lm_head"] = ("output",)
+    products = GPT2_PRODUCTS if arch == "gpt2" else LLAMA_PRODUCTS
+    for layer in range(config.n_layer):
+        for ours, theirs in products.items():
+            sources[f"transformer.h.{layer}.{ours}"] = tuple(f"blk.{layer}.{name}" for name in theirs)
+    return sources
+
+
+def keep_q4_blocks(model: GPT, reader: Any, arch: str) -> None:
+    """Give each product whose weights the file stores in Q4_0 or Q4_1 (a fused one: all its parts) the blocks they
+    are read from, and the token embedding too (quantization.keep_int4_blocks). The head is the token embedding's
+    blocks when tied. Llama's q and k rows are reordered as their values are (whole rows move: a block lies in one)."""
+    stored = {tensor.name: tensor for tensor in reader.tensors}
+    config = model.config
+    sources = {**matrix_sources(config, arch), "lm_head": ("token_embd",) if config.tie_embeddings else ("output",)}
+    for module, names in sources.items():
+        parts = [q4_blocks(stored[f"{name}.weight"]) for name in names]
+        if any(part is None for part in parts):
+            continue
+        if arch == "llama":
+            parts = [llama_rows(name, part, config) for name, part in zip(names, parts)]
+        keep_int4_blocks(model.get_submodule(module), Int4Blocks(*(torch.cat(pieces) for pieces in zip(*parts))))
+
+
+def llama_rows(name: str, blocks: Int4Blocks, config: GPTConfig) -> Int4Blocks:
+    """The blocks of Llama's weight `name` with q's and k's rows in Hugging Face's order (as hf_tensors puts them)."""
+    part = name.rsplit(".", 1)[-1]
+    if part not in ("attn_q", "attn_k"):
+        return blocks
+    heads = config.n_head if part == "attn_q" else config.n_kv_head
+    return blocks.rows(partial(rotate_halves, heads=heads))
 
 
 def rotate_halves(rows: torch.Tensor, heads: int) -> torch.Tensor:

@@ -3,8 +3,9 @@
 A LoRA layer computes y = x Wᵀ + b + (alpha / rank) · dropout(x) Aᵀ Bᵀ, with the base W and b frozen, A (rank, in)
 initialised as nn.Linear's own weights and B (out, rank) at zero, so training starts exactly at the base model
 (Hu et al., 2021; Hugging Face PEFT does the same). Only A and B train, so the optimizer keeps two moments for a
-few hundred thousand numbers instead of every weight. The frozen base may be held in bfloat16 or int8 to save
-memory; its product is then computed from the stored weights in the input's dtype.
+few hundred thousand numbers instead of every weight. The frozen base may be held in bfloat16, int8 or int4 (QLoRA:
+GGUF's Q4_1 blocks, gptkit.weights.quantization; a GGUF file's own Q4_0 or Q4_1 blocks as they are) to save memory;
+its product is then computed from the stored weights in the input's dtype.
 
 A LoRA run's checkpoint holds the A and B matrices, the LoRA settings and a reference to its base (path and sha256);
 `merge_lora` folds adapters into ordinary weights, and `write_peft_adapter` writes them as PEFT's
@@ -29,6 +30,7 @@ from gptkit.core.errors import UserError
 from gptkit.core.fileio import atomic_write_bytes, atomic_write_json
 from gptkit.model import GPTConfig
 from gptkit.weights.hf import export_architecture, flip_rotation, hf_names
+from gptkit.weights.quantization import Int4Blocks, Int4Linear
 
 # Which Linear layers of each block get an adapter (the output head, tied to the embedding, never does).
 TARGETS = {
@@ -36,7 +38,7 @@ TARGETS = {
     "mlp": ("mlp.c_fc", "mlp.c_proj"),
     "all": ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"),
 }
-BASE_WEIGHTS = ("float32", "bfloat16", "int8")
+BASE_WEIGHTS = ("float32", "bfloat16", "int8", "int4")
 INT8_MAX = 127
 
 
@@ -80,11 +82,18 @@ class LoraLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = base.in_features, base.out_features
         self.scale = config.scale
+        self.base_weights = base_weights
         weight = base.weight.detach()
         if base_weights == "int8":  # one scale per output row, as gptkit.weights.quantization stores them
             row_scale = (weight.float().abs().amax(dim=1) / INT8_MAX).clamp_min(1e-12)
             self.register_buffer("weight_int8", torch.round(weight.float() / row_scale[:, None]).to(torch.int8))
             self.register_buffer("weight_scale", row_scale)
+            self.weight = None
+        elif base_weights == "int4":  # Int4Linear's blocks: those the weight was read from, else quantized
+            codes, scale, minimum = Int4Linear.from_linear(base).blocks()
+            self.register_buffer("weight_int4", codes)
+            self.register_buffer("weight_scale", scale)
+            self.register_buffer("weight_minimum", minimum)
             self.weight = None
         else:
             dtype = torch.bfloat16 if base_weights == "bfloat16" else weight.dtype
@@ -97,8 +106,11 @@ class LoraLinear(nn.Module):
 
     def base_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """The frozen (out, in) weight in `dtype`."""
-        if self.weight is None:
+        if self.base_weights == "int8":
             return (self.weight_int8.to(dtype) * self.weight_scale.to(dtype)[:, None]).detach()
+        if self.base_weights == "int4":
+            blocks = Int4Blocks(self.weight_int4, self.weight_scale, self.weight_minimum)
+            return blocks.values(self.in_features).to(dtype)
         return self.weight.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -16,13 +16,17 @@ int4 (5 bits a weight, about a sixth of float32's bytes): every nn.Linear become
 as GGUF's Q4_1 stores it: groups of 32 weights along a row, each group 32 codes of 4 bits with a float16 scale and
 minimum (weight = scale * code + minimum; Q4_0's blocks are minimum = -8 * scale). Its forward pass dequantizes the
 weight and multiplies in the input's dtype, on any device: the reference the native step's int4 products (float32
-inputs, gptkit.infer.native) are tested against.
+inputs, gptkit.infer.native) are tested against. A weight read from a GGUF file's Q4_0 or Q4_1 blocks keeps them
+(keep_int4_blocks): int4 takes those blocks as they are instead of quantizing their values again, and a model whose
+every product was read so runs on them under "none" too (the file's own precision).
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -87,6 +91,26 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+class Int4Blocks(NamedTuple):
+    """A matrix in Int4Linear's layout (GGUF's Q4_1 blocks): packed codes (rows, groups, 16) uint8, byte j of a
+    group holding the code of its weight j in the low 4 bits and of weight j + 16 in the high ones; scale and minimum
+    (rows, groups) float16."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    minimum: torch.Tensor
+
+    def rows(self, change: Callable[[torch.Tensor], torch.Tensor]) -> Int4Blocks:
+        """The blocks with their rows moved or picked by `change` (a block lies in one row: rows move whole)."""
+        return Int4Blocks(*(change(part) for part in self))
+
+    def values(self, in_features: int) -> torch.Tensor:
+        """The (rows, in_features) float32 weight: scale * code + minimum, in float32 as GGUF dequantizes it."""
+        codes = torch.cat((self.codes & 15, self.codes >> 4), dim=-1).float()
+        groups = self.scale.float()[..., None] * codes + self.minimum.float()[..., None]
+        return groups.reshape(self.codes.shape[0], -1)[:, :in_features]
+
+
 class Int4Linear(nn.Module):
     """y = x Wᵀ + b with W stored in groups of GROUP weights along each row, as GGUF's Q4_1 blocks store them:
     `weight_int4` (out, groups, 16) uint8, byte j of a group holding the code of its weight j in the low 4 bits and
@@ -119,9 +143,12 @@ class Int4Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int4Linear:
-        """Quantized as GGUF's Q4_1 reference quantizer does (gguf-py's, in float32): per group, scale = (largest -
-        smallest) / 15 and minimum = smallest, stored as float16; code = round((w - smallest) / scale), from the
-        unrounded scale and minimum."""
+        """The blocks the weight was read from, when it was (stored_int4); else quantized as GGUF's Q4_1 reference
+        quantizer does (gguf-py's, in float32): per group, scale = (largest - smallest) / 15 and minimum = smallest,
+        stored as float16; code = round((w - smallest) / scale), from the unrounded scale and minimum."""
+        stored = stored_int4(linear)
+        if stored is not None:
+            return stored
         weight = linear.weight.detach()
         parts = [quantize_groups(rows.float()) for rows in weight.split(ROWS_AT_ONCE)]
         codes, scale, minimum = (torch.cat(part) for part in zip(*parts))
@@ -132,10 +159,13 @@ class Int4Linear(nn.Module):
         """The codes (out, groups, GROUP) uint8 in 0 .. 15, weight j of each group at [..., j]."""
         return torch.cat((self.weight_int4 & 15, self.weight_int4 >> 4), dim=-1)
 
+    def blocks(self) -> Int4Blocks:
+        """The weight as it is stored (weight_int4, scale, minimum)."""
+        return Int4Blocks(self.weight_int4, self.scale, self.minimum)
+
     def dequantized_weight(self) -> torch.Tensor:
         """The (out, in) float32 weight: scale * code + minimum for each weight, in float32 as GGUF dequantizes it."""
-        groups = self.scale.float()[..., None] * self.codes().float() + self.minimum.float()[..., None]
-        return groups.reshape(self.out_features, -1)[:, : self.in_features]
+        return self.blocks().values(self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)
@@ -160,9 +190,72 @@ def quantize_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
     return packed, scale[..., 0].half(), smallest[..., 0].half()
 
 
+def keep_int4_blocks(module: nn.Module, blocks: Int4Blocks) -> None:
+    """Record on `module` (an nn.Linear, or the token embedding) the 4-bit blocks its weight was read from (a GGUF
+    file's Q4_0 or Q4_1 matrix, gptkit.weights.gguf_read), for stored_int4."""
+    # A plain attribute: no state dict entry, and no cast when the model moves to another dtype
+    module.int4_blocks = blocks
+
+
+def stored_int4(module: nn.Module) -> Int4Linear | None:
+    """The Int4Linear of the blocks `module`'s weight was read from (keep_int4_blocks), while the weight still holds
+    their values (rounded to its dtype: not trained since); None otherwise."""
+    blocks = getattr(module, "int4_blocks", None)
+    if blocks is None:
+        return None
+    weight = module.weight.detach()
+    blocks = blocks.rows(lambda part: part.to(weight.device))
+    if not torch.equal(blocks.values(weight.shape[1]).to(weight.dtype), weight):
+        return None
+    bias = getattr(module, "bias", None)
+    bias = None if bias is None else bias.detach().float().clone()
+    return Int4Linear(*blocks, weight.shape[1], bias)
+
+
+def int4_as_linear(int4: Int4Linear) -> nn.Linear:
+    """The float32 nn.Linear an Int4Linear computes, keeping its blocks (so int4 gives them back as they are)."""
+    linear = nn.Linear(int4.in_features, int4.out_features, bias=int4.bias is not None, device=int4.scale.device)
+    with torch.no_grad():
+        linear.weight.copy_(int4.dequantized_weight())
+        if int4.bias is not None:
+            linear.bias.copy_(int4.bias)
+    keep_int4_blocks(linear, int4.blocks())
+    return linear
+
+
+def dequantized_copy(model: nn.Module) -> nn.Module:
+    """`model` itself when it holds no Int4Linear; else a copy with each one the float32 nn.Linear it computes
+    (int4_as_linear): what code that reads a model's float weights (the exporters) takes."""
+    if not any(isinstance(module, Int4Linear) for module in model.modules()):
+        return model
+    plain = copy.deepcopy(model)
+    for module in list(plain.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, Int4Linear):
+                setattr(module, name, int4_as_linear(child))
+    return plain
+
+
+def keep_stored_int4(model: nn.Module) -> nn.Module:
+    """`model` (in place, returned) run on the blocks its products were read from (stored_int4) when every one of
+    them was: a GGUF file whose products and head are all Q4_0 or Q4_1 keeps its own precision. Any other model is
+    left as it is."""
+    products = [
+        (parent, name, stored_int4(child))
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear)
+    ]
+    if products and all(int4 is not None for _, _, int4 in products):
+        for parent, name, int4 in products:
+            setattr(parent, name, int4)
+    return model
+
+
 def quantize_int4(model: nn.Module) -> nn.Module:
-    """`model` (in place, returned; any device and dtype, for inference) with every nn.Linear an Int4Linear. A head
-    tied to the token embedding gets an int4 copy of its own, so the embedding lookup stays exact."""
+    """`model` (in place, returned; any device and dtype, for inference) with every nn.Linear an Int4Linear: the
+    blocks a weight was read from as they are (stored_int4), the others quantized. A head tied to the token
+    embedding gets an int4 copy of its own, so the embedding lookup stays exact."""
     return replace_linears(model, Int4Linear.from_linear).eval()
 
 
@@ -197,13 +290,14 @@ def replace_linears(model: nn.Module, replacement: Callable[[nn.Linear], nn.Modu
 
 
 def apply_quantization(model: nn.Module, quantize: str, compute_dtype: torch.dtype = torch.float32) -> nn.Module:
-    """The scripts' --quantize setting: "none" leaves the model as it is; "int4" see quantize_int4 (any compute
+    """The scripts' --quantize setting: "none" keeps the weights as they were stored (keep_stored_int4: a model read
+    from 4-bit blocks throughout runs on them, any other stays as it is); "int4" see quantize_int4 (any compute
     dtype); "int8" see quantize_int8 (which needs float32 compute: the int8 products return float32, so no
     bfloat16/float16 autocast around them)."""
     if quantize not in QUANTIZE_CHOICES:
         raise UserError(f"unknown --quantize={quantize!r}; use {', '.join(QUANTIZE_CHOICES)}")
     if quantize == "none":
-        return model
+        return keep_stored_int4(model)
     if quantize == "int4":
         return quantize_int4(model)
     if compute_dtype != torch.float32:

@@ -16,9 +16,9 @@ import torch
 from torch.nn import functional as F
 
 from gptkit.infer import compiled as compiled_decoding
-from gptkit.infer import native as native_decoding
 from gptkit.infer.compiled import decode_step
 from gptkit.infer.engine import Engine, GenerationError, KVCache, Request, generate, generate_stream
+from gptkit.infer.native import build as native_build
 from gptkit.infer.onednn import DecodingLinear, onednn_linear_available, optimize_for_cpu_decoding
 from gptkit.model import GPT
 from gptkit.train.optim import configure_optimizers
@@ -311,7 +311,7 @@ def test_the_default_generate_call_never_changes_the_callers_model(monkeypatch, 
     layout and values, and the tokens are the plain model's."""
     model = lively_model(seed=7, pos_encoding="rope")
     if not native_built:
-        monkeypatch.setattr(native_decoding, "is_built", lambda: False)
+        monkeypatch.setattr(native_build, "is_built", lambda: False)
     before = model_state(model)
     prompt = torch.tensor(prompts_of(*[4] * rows))
     with torch.profiler.profile() as profile:
@@ -327,7 +327,7 @@ def test_the_default_generate_call_never_changes_the_callers_model(monkeypatch, 
 def test_the_decoding_copy_follows_a_changed_model(monkeypatch):
     """The oneDNN copy (decode=auto's rows where the native step is not built) is made once per model and again
     after a weight changes in place (an optimizer step): the next generate decodes with the new weights."""
-    monkeypatch.setattr(native_decoding, "is_built", lambda: False)
+    monkeypatch.setattr(native_build, "is_built", lambda: False)
     model, other = lively_model(seed=8, pos_encoding="rope"), lively_model(seed=9, pos_encoding="rope")
     prompt = torch.tensor(prompts_of(3, 3))
     generate(model, prompt, 2)
@@ -757,6 +757,23 @@ def test_a_row_left_with_nan_keys_and_values_serves_the_next_requests_cleanly():
     assert moved.output == reference_greedy(reference, moved.prompt, 8)
     assert later.output == reference_greedy(reference, later.prompt, 8)
     assert OVERFLOWING not in moved.output + later.output
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_native_step_whose_every_logit_is_nan_ends_the_request_without_a_token(temperature: float):
+    """Every logit NaN (a final norm's weight damaged in memory): the native step has no candidate to choose from,
+    greedy or sampled over the top k, and the request ends with an error instead of a token (or a crash)."""
+    if native_build.build_problem(build=False):
+        pytest.skip(native_build.build_problem(build=False))
+    model = lively_model()
+    with torch.no_grad():
+        model.transformer.ln_f.weight.fill_(float("nan"))
+    request = Request([1, 2, 3], 4, temperature=temperature, top_k=5, seed=1)
+    engine = Engine(model, slots=1, decode="native")
+    engine.add(request)
+    while engine.active:
+        engine.step()
+    assert request.finish_reason == "error" and request.output == [] and "NaN or infinite" in request.error
 
 
 def test_prompt_logprobs_of_a_prompt_whose_logits_overflow_are_refused():

@@ -1,8 +1,8 @@
-"""gptkit/infer/native.py (and gptkit/infer/csrc/decode_step.cpp): the native step's logits, cache writes, tokens and
-refusals, against the plain model's full forward pass (no cache) and the eager engine; int8 weights against the
-float32 pass of the weights they stand for (each int8 value times its row's scale), with each product's input rounded
-to 16 bits as the native int8 products round it; int4 weights against the eager pass of the same int4 model (its
-dequantized weights, float32 inputs).
+"""gptkit/infer/native (its step, packing and C++): the native step's logits, cache writes, tokens and refusals,
+against the plain model's full forward pass (no cache) and the eager engine; int8 weights against the float32 pass of
+the weights they stand for (each int8 value times its row's scale), with each product's input rounded to 16 bits as
+the native int8 products round it; int4 weights against the eager pass of the same int4 model (its dequantized
+weights, float32 inputs).
 
 The first test builds the C++ extension (~25 s once; torch caches the build)."""
 
@@ -20,6 +20,7 @@ from gptkit.core.errors import UserError
 from gptkit.infer import native as native_decoding
 from gptkit.infer.engine import Engine, KVCache, Request
 from gptkit.infer.native import NativeStep, huge_page_zeros
+from gptkit.infer.native import build as native_build
 from gptkit.weights.quantization import Int8Linear, quantize_int4, quantize_int8
 from helpers import (
     assert_one_line_message,
@@ -161,7 +162,8 @@ def test_an_int8_model_in_the_engine_gets_the_reference_greedy_tokens(monkeypatc
     prompt = [4, 9, 1, 30, 2, 2, 17, 5, 11]
     request = Request(prompt, 23, temperature=0)
     engine = Engine(model, decode="native")
-    assert engine.native.weights == "int8" and engine.native.dtype == torch.float32
+    assert engine.backend.name == "native"
+    assert engine.backend.step.weights == "int8" and engine.backend.step.dtype == torch.float32
     prefills = count_calls(monkeypatch, NativeStep, "prefill")
     list(engine.run([request]))
     assert request.output == reference_greedy(with_16_bit_inputs(dequantized_model(model, original)), prompt, 23)
@@ -562,7 +564,7 @@ def test_bfloat16_autocast_packs_bfloat16_weights():
     model = lively_model(block_size=32, seed=5)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         engine = Engine(model, decode="native")
-        assert engine.native.dtype == torch.bfloat16
+        assert engine.backend.step.dtype == torch.bfloat16
         request = Request([2, 7, 1, 8], 4, temperature=0)
         engine.add(request)
         engine.step()
@@ -610,14 +612,14 @@ def test_without_a_build_auto_decodes_eagerly_and_native_says_why_in_one_line(mo
         raise RuntimeError("Error building extension 'gptkit_decode_step': c++: not found\nmore detail")
 
     monkeypatch.setattr(cpp_extension, "load", no_compiler)
-    monkeypatch.setattr(native_decoding, "is_built", lambda: False)
+    monkeypatch.setattr(native_build, "is_built", lambda: False)
     native_decoding.extension.cache_clear()
     try:
         model = lively_model()
         request = Request([5, 3, 2], 10, temperature=0)
         engine = Engine(model)
         list(engine.run([request]))
-        assert engine.plan.native is False and request.output == reference_greedy(plain_copy(model), [5, 3, 2], 10)
+        assert engine.backend.name == "eager" and request.output == reference_greedy(plain_copy(model), [5, 3, 2], 10)
         with pytest.raises(UserError) as error:
             Engine(model, decode="native")
         assert_one_line_message(error.value, "c++: not found", "g++", "ninja", "--decode=auto")

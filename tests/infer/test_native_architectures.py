@@ -1,4 +1,4 @@
-"""gptkit/infer/native.py on every architecture model.py builds (rotary positions with Llama 3's rope scaling,
+"""gptkit/infer/native on every architecture model.py builds (rotary positions with Llama 3's rope scaling,
 RMSNorm with and without a weight, SwiGLU, grouped-query attention, QK-norm, a head width of its own, a Q, K, V bias
 apart from `bias`, nanochat's embedding norm and soft-capped logits): the native step's, prefill's and several-row
 step's logits and cache against model.py's full forward pass (no cache), and the engine's greedy tokens against

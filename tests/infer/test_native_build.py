@@ -1,7 +1,7 @@
-"""gptkit/infer/native.py's build of the C++ step: one build directory per source text and flags (so checkouts,
-worktrees and venvs find their own build again after another's), what is_built means, and the line a process
-prints while it waits for another's build. Fake build directories stand in for builds, except in the test that
-loads the real build (the one `python -m gptkit.infer.native --build` makes) from a second checkout."""
+"""gptkit/infer/native/build.py's build of the C++ step: one build directory per source text (every C++ file's) and
+flags (so checkouts, worktrees and venvs find their own build again after another's), what is_built means, and the
+line a process prints while it waits for another's build. Fake build directories stand in for builds, except in the
+test that loads the real build (the one `python -m gptkit.infer.native --build` makes) from a second checkout."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gptkit.infer import native
+from gptkit.infer.native import build as native
 from helpers import REPO, clean_env
 
 
@@ -27,21 +27,21 @@ def extensions_root(tmp_path, monkeypatch) -> Path:
     return root
 
 
-def source_at(directory: Path, change_byte: bool = False) -> Path:
-    """A copy of the step's C++ source in `directory` (another checkout's), with its middle byte changed if asked."""
-    directory.mkdir(parents=True)
-    text = bytearray(native.SOURCE.read_bytes())
-    if change_byte:
+def source_at(directory: Path, changed: str | None = None) -> Path:
+    """A copy of the step's C++ files in `directory` (another checkout's), with the middle byte of the file named
+    `changed` changed."""
+    shutil.copytree(native.CSRC, directory)
+    if changed is not None:
+        text = bytearray((directory / changed).read_bytes())
         middle = len(text) // 2
         text[middle] = ord("x") if text[middle] != ord("x") else ord("y")
-    copy = directory / native.SOURCE.name
-    copy.write_bytes(bytes(text))
-    return copy
+        (directory / changed).write_bytes(bytes(text))
+    return directory
 
 
-def fake_build(source: Path) -> None:
-    """What a finished build of `source` leaves in its directory (the library, never loaded here)."""
-    directory = native.build_directory(source)
+def fake_build(sources: Path) -> None:
+    """What a finished build of the C++ files in `sources` leaves in its directory (the library, never loaded)."""
+    directory = native.build_directory(sources)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "gptkit_decode_step.so").write_bytes(b"")
 
@@ -53,15 +53,18 @@ def wait_until(condition, what: str, seconds: float = 20.0) -> None:
         time.sleep(0.02)
 
 
-def test_the_same_source_has_one_build_directory_from_any_checkout_and_a_changed_byte_another(
+def test_the_same_source_has_one_build_directory_from_any_checkout_and_a_changed_byte_of_any_file_another(
     tmp_path, extensions_root
 ):
+    """A byte changed in the translation unit, or in any header it includes, is another build."""
     here = native.build_directory()
     other_checkout = native.build_directory(source_at(tmp_path / "clone"))
-    changed = native.build_directory(source_at(tmp_path / "changed", change_byte=True))
+    names = [path.name for path in native.source_files()]
+    assert "decode_step.cpp" in names and "step.h" in names and len(names) > 2
+    changed = [native.build_directory(source_at(tmp_path / name, changed=name)) for name in names]
     assert here == other_checkout
-    assert changed != here
-    assert here.parent == changed.parent == extensions_root
+    assert len({here, *changed}) == len(names) + 1
+    assert {directory.parent for directory in changed} == {extensions_root}
 
 
 def test_other_compile_flags_or_another_compiler_have_another_build_directory(extensions_root, monkeypatch):
@@ -77,7 +80,7 @@ def test_other_compile_flags_or_another_compiler_have_another_build_directory(ex
 def test_is_built_means_a_build_of_this_source_and_each_source_finds_its_own_again(tmp_path, extensions_root):
     """Two checkouts of different sources: each one's build is found by it alone, and building the second leaves the
     first's in place (switching back finds it)."""
-    first, second = source_at(tmp_path / "first"), source_at(tmp_path / "second", change_byte=True)
+    first, second = source_at(tmp_path / "first"), source_at(tmp_path / "second", changed="step.h")
     assert not native.is_built(first) and not native.is_built(second)
     fake_build(first)
     assert native.is_built(first) and not native.is_built(second)
@@ -115,7 +118,7 @@ def extension_behind_a_held_lock(capfd, building: bool) -> tuple[list, str]:
                 return bool(errors)
 
             wait_until(said_something, "the waiting line")
-            fake_build(native.SOURCE)  # the other process's build is done
+            fake_build(native.CSRC)  # the other process's build is done
         else:
             time.sleep(0.3)
         assert waiter.is_alive()  # it waits for the lock
@@ -138,7 +141,8 @@ def test_a_process_waiting_for_anothers_build_says_so_in_one_line_and_nothing_mo
     results, errors = extension_behind_a_held_lock(capfd, building=True)
     assert results == [loaded]
     assert errors == f"waiting for another process's build of the native decoding step in {directory}\n"
-    assert (directory / native.SOURCE.name).read_bytes() == native.SOURCE.read_bytes()  # what the build compiles
+    for source in native.source_files():  # what the build compiles: the unit and the headers beside it
+        assert (directory / source.name).read_bytes() == source.read_bytes()
     results, errors = extension_behind_a_held_lock(capfd, building=False)
     assert results == [loaded]
     assert errors == ""
@@ -154,13 +158,13 @@ def test_a_second_checkout_of_the_same_source_loads_the_build_without_rebuilding
     assert "gptkit_decode_step.so" in built
     clone = tmp_path / "clone"
     shutil.copytree(REPO / "gptkit", clone / "gptkit", ignore=shutil.ignore_patterns("__pycache__"))
-    script = "import sys; from gptkit.infer import native; print(native.SOURCE); sys.exit(native.main(['--build']))"
+    script = "import sys; from gptkit.infer.native import build; print(build.CSRC); sys.exit(build.main(['--build']))"
     result = subprocess.run(
         [sys.executable, "-c", script], cwd=clone, capture_output=True, text=True, env=clean_env(), timeout=300
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
-        str(clone / "gptkit" / "infer" / "csrc" / native.SOURCE.name),  # the clone's own source
+        str(clone / "gptkit" / "infer" / "native" / "csrc"),  # the clone's own source
         f"native decoding step built in {directory}",
     ]
     assert "building" not in result.stderr, result.stderr

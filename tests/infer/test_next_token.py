@@ -9,7 +9,14 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from gptkit.infer.next_token import TOP_K_BLOCK, draw, largest_k, most_likely_holding, sample_next_token
+from gptkit.infer.next_token import (
+    TOP_K_BLOCK,
+    Sampling,
+    draw,
+    largest_k,
+    most_likely_holding,
+    sample_next_token,
+)
 
 
 def test_sampling_controls():
@@ -129,6 +136,40 @@ def test_given_uniform_numbers_are_the_generators_own_draw():
         drawn = sample_next_token(logits, 0.8, top_k, generator=torch.Generator().manual_seed(9))
         uniform = torch.rand((6, 1), generator=torch.Generator().manual_seed(9))
         assert torch.equal(sample_next_token(logits, 0.8, top_k, uniform=uniform), drawn)
+
+
+def test_a_temperature_given_as_a_tensor_samples_as_the_number_does():
+    """A compiled step passes its temperature as a 0-d tensor (one graph for every value): the same tokens as the
+    number, with and without top-k; over the whole vocabulary, the column where the float64 cumulative softmax of
+    logits / 0.7 first passes each row's number."""
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(3))
+    uniform = torch.rand((4, 1), generator=torch.Generator().manual_seed(8))
+    for top_k in (None, 20):
+        as_number = sample_next_token(logits, 0.7, top_k, uniform=uniform)
+        assert torch.equal(sample_next_token(logits, torch.tensor(0.7), top_k, uniform=uniform), as_number)
+    cumulative = F.softmax(logits.double() / 0.7, dim=-1).cumsum(-1)
+    expected = [int((row > u).nonzero()[0]) for row, u in zip(cumulative, uniform[:, 0].double())]
+    assert sample_next_token(logits, torch.tensor(0.7), uniform=uniform).tolist() == expected
+
+
+@pytest.mark.parametrize(
+    ("settings", "normal"),
+    [
+        ((0.0, 40, 0.9), Sampling(0.0, None, None)),  # greedy reads neither
+        ((0, None, None), Sampling(0.0, None, None)),
+        ((0.8, 40, 1.0), Sampling(0.8, 40, None)),  # a top-p of 1 keeps every token
+        ((0.8, None, 0.95), Sampling(0.8, None, 0.95)),
+        ((1.0, 5, None), Sampling(1.0, 5, None)),
+    ],
+)
+def test_sampling_settings_that_choose_alike_are_equal(settings, normal):
+    """Sampling.of gives settings that choose alike one form: the engine groups rows by it, and a backend samples
+    inside its step only when every row's is the same."""
+    assert Sampling.of(*settings) == normal
+    logits = torch.randn(3, 60, generator=torch.Generator().manual_seed(1))
+    uniform = torch.rand((3, 1), generator=torch.Generator().manual_seed(2))
+    raw = sample_next_token(logits, *settings, uniform=uniform)
+    assert torch.equal(normal.next_token(logits, uniform=uniform), raw)
 
 
 def test_largest_k_in_a_compiled_graph_is_torch_topk():

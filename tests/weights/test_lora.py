@@ -83,7 +83,7 @@ def test_merged_weights_give_the_unmerged_outputs() -> None:
     torch.testing.assert_close(merged(x, x)[0], unmerged, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize(("base_weights", "tolerance"), [("bfloat16", 2e-2), ("int8", 2e-2)])
+@pytest.mark.parametrize(("base_weights", "tolerance"), [("bfloat16", 2e-2), ("int8", 2e-2), ("int4", 2e-2)])
 def test_a_base_held_in_less_precision_stays_close(base_weights: str, tolerance: float) -> None:
     x = torch.randint(0, 50, (2, 12))
     exact = add_lora(tiny_model(), LoraConfig(rank=4, targets="all"))
@@ -92,6 +92,25 @@ def test_a_base_held_in_less_precision_stays_close(base_weights: str, tolerance:
     randomise_adapters(small)
     torch.testing.assert_close(small(x, x)[0], exact(x, x)[0], rtol=0, atol=tolerance)
     assert not any(param.requires_grad for name, param in small.named_parameters() if "lora_" not in name)
+
+
+def test_an_int4_base_computes_from_q4_1_blocks_and_merges_to_their_values_plus_the_update() -> None:
+    """QLoRA: the base held as GGUF's Q4_1 blocks (no float weight); its product and the merged weight use the
+    values gguf-py's own Q4_1 quantizer and dequantizer give the weight."""
+    gguf = pytest.importorskip("gguf")
+    torch.manual_seed(0)
+    base = torch.nn.Linear(64, 5)
+    layer = LoraLinear(base, LoraConfig(rank=2, alpha=6.0), base_weights="int4")
+    randomise_adapters(layer)
+    assert layer.weight is None and layer.weight_int4.shape == (5, 2, 16)
+    q4_1 = gguf.GGMLQuantizationType.Q4_1
+    blocks = gguf.quants.quantize(base.weight.detach().numpy(), q4_1)
+    w = torch.from_numpy(gguf.quants.dequantize(blocks, q4_1).reshape(5, 64)).double()
+    a, b = layer.lora_A.double(), layer.lora_B.double()
+    x = torch.randn(3, 64)
+    expected = x.double() @ w.T + base.bias.double() + 3.0 * (x.double() @ a.T @ b.T)  # alpha / rank = 6 / 2
+    torch.testing.assert_close(layer(x).double(), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(layer.merged().weight.double(), w + 3.0 * (b @ a), rtol=0, atol=1e-6)
 
 
 def test_adapters_round_trip_and_refuse_another_shape() -> None:

@@ -1,0 +1,134 @@
+// What the step reads, and how its threads share the work: the model's shape and where each layer's matrices and
+// vectors lie in the packed buffers (Shapes, Layer, Model), and the rows of each stage dealt out among the threads as
+// they go (RowDealer, Stages).
+
+#pragma once
+
+#include "products.h"
+
+namespace {
+
+// Rows [first, last): a thread's one contiguous share of a matrix's rows (or of heads), or a chunk of them.
+struct Share {
+  int64_t first, last;
+  Share(int64_t rows, int thread, int threads) : first(rows * thread / threads), last(rows * (thread + 1) / threads) {}
+  Share(int64_t first_, int64_t last_) : first(first_), last(last_) {}
+};
+
+// The model's shape and the layout of the two buffers, in read order (see gptkit/infer/native/packing.py, which
+// packs them). A layer's matrices: the fused Q, K, V product (heads query heads, kv_heads key and value heads, each
+// head_dim wide), the attention's output product, the MLP's input product (gated: gate rows then up rows) and its
+// output product. Its vectors: ln_1's weight and bias, the Q, K, V bias, the output bias, ln_2's weight and bias, the
+// MLP's two biases, the QK-norm weights of a query and of a key head. After the layers: ln_f's and ln_emb's weight and
+// bias (ones and zeros where the model lacks one).
+struct Shapes {
+  int64_t embd, hidden, vocab, layers, heads, kv_heads, head_dim;
+  bool gated, rms, qk_norm, rotary, embed_norm;
+  int64_t q_width() const { return heads * head_dim; }
+  int64_t kv_width() const { return kv_heads * head_dim; }
+  int64_t qkv_width() const { return q_width() + 2 * kv_width(); }
+  int64_t fc_rows() const { return gated ? 2 * hidden : hidden; }
+  int64_t group() const { return heads / kv_heads; }  // query heads per key and value head
+  // a position's row: added to the embedding (n_embd values), or rotary positions' cos and sin (head_dim / 2 each)
+  int64_t position_width() const { return rotary ? head_dim : embd; }
+  // The elements of type W a layer's matrices take, and all the matrices (the head's last): see matrix_size.
+  template <typename W>
+  int64_t layer_matrix_size() const {
+    return matrix_size<W>(qkv_width(), embd) + matrix_size<W>(embd, q_width()) + matrix_size<W>(fc_rows(), embd) +
+           matrix_size<W>(embd, hidden);
+  }
+  template <typename W>
+  int64_t matrices_size() const {
+    return layers * layer_matrix_size<W>() + matrix_size<W>(vocab, embd);
+  }
+  int64_t layer_vector_elements() const { return 6 * embd + qkv_width() + fc_rows() + 2 * head_dim; }
+  int64_t layer_rows() const { return qkv_width() + embd + fc_rows() + embd; }  // one int8 scale each
+};
+
+// base + offset, or null for a null base (the scales of float32 and bfloat16 weights).
+inline const float* offset_or_null(const float* base, int64_t offset) { return base ? base + offset : nullptr; }
+
+// One layer's matrices and vectors in the buffers, as the packing lays them out (Shapes).
+template <typename W>
+struct Layer {
+  Matrix<W> attn, proj, fc, fc_proj;
+  const float *ln1_w, *ln1_b, *attn_b, *proj_b, *ln2_w, *ln2_b, *fc_b, *fc_proj_b, *q_norm_w, *k_norm_w;
+  Layer(const W* matrices, const float* vectors, const float* scales, int64_t layer, const Shapes& s, bool panels) {
+    const int64_t C = s.embd, F = s.hidden, Q = s.q_width(), QKV = s.qkv_width(), FR = s.fc_rows();
+    const W* attn_w = matrices + layer * s.layer_matrix_size<W>();
+    const float* attn_s = offset_or_null(scales, layer * s.layer_rows());
+    attn = {attn_w, attn_s, QKV, C, panels};
+    proj = {attn_w + matrix_size<W>(QKV, C), offset_or_null(attn_s, QKV), C, Q, panels};
+    fc = {proj.values + matrix_size<W>(C, Q), offset_or_null(proj.scales, C), FR, C, panels};
+    fc_proj = {fc.values + matrix_size<W>(FR, C), offset_or_null(fc.scales, FR), C, F, panels};
+    ln1_w = vectors + layer * s.layer_vector_elements();
+    ln1_b = ln1_w + C, attn_b = ln1_b + C, proj_b = attn_b + QKV, ln2_w = proj_b + C, ln2_b = ln2_w + C;
+    fc_b = ln2_b + C, fc_proj_b = fc_b + FR, q_norm_w = fc_proj_b + C, k_norm_w = q_norm_w + s.head_dim;
+  }
+};
+
+// What a step or a prefill reads and writes, as typed pointers: the packed buffers (in the layout
+// gptkit/infer/native/packing.py packs), the position rows added at the tokens' positions, and each layer's cache
+// storage (row 0 of it), all in the types weights of type W go with (model_for makes one from tensors).
+template <typename W, typename S = typename Stored<W>::type>
+struct Model {
+  const W* matrices;
+  const float* scales;  // one per matrix row for int8 weights, else null
+  const float* vectors;
+  const S* embedding;
+  const float* position_rows;
+  std::vector<S*> keys, values;
+  int64_t cache_positions;
+  Shapes s;
+  int64_t activation;
+  float eps, qk_eps, softcap;  // the norms' epsilon, QK-norm's, the logits' soft cap (0: none)
+  bool panels;  // float32 matrices in panels (FLOAT32_PANELS), else row after row
+  Layer<W> layer(int64_t l) const { return Layer<W>(matrices, vectors, scales, l, s, panels); }
+  int64_t row_elements() const { return s.kv_heads * cache_positions * s.head_dim; }  // a row of a layer's cache
+  const float* final_norm() const { return vectors + s.layers * s.layer_vector_elements(); }  // ln_f, then ln_emb
+  float capped(float logit) const { return softcap > 0.0f ? softcap * std::tanh(logit / softcap) : logit; }
+  Matrix<W> head() const {
+    return {matrices + s.layers * s.layer_matrix_size<W>(), offset_or_null(scales, s.layers * s.layer_rows()), s.vocab,
+            s.embd, panels};
+  }
+};
+
+// The chunks of a stage's rows [0, rows) that the threads deal out among themselves as they go, each taken by the
+// first thread free (a counter they share, one a stage: Stages). Why: every stage ends at a barrier, and with fixed
+// shares the threads would wait there for the slowest (on a shared machine a thread loses its core now and then, and
+// a share's memory may come slower); dealt chunks end a stage together, within a chunk.
+class RowDealer {
+ public:
+  RowDealer(std::atomic<int64_t>& next, int64_t rows, int64_t chunk) : next_(next), rows_(rows), chunk_(chunk) {}
+  // The next chunk [first, last); false once every chunk is taken.
+  bool take(int64_t& first, int64_t& last) {
+    const int64_t at = next_.fetch_add(1, std::memory_order_relaxed) * chunk_;
+    if (at >= rows_) return false;
+    first = at;
+    last = std::min(rows_, at + chunk_);
+    return true;
+  }
+
+ private:
+  std::atomic<int64_t>& next_;
+  int64_t rows_, chunk_;
+};
+
+// Rows a dealt chunk of a product holds: whole panels (PANEL), enough of them that a chunk streams its weights
+// like one long array, few enough that the last chunks even out the threads.
+constexpr int64_t DEAL_ROWS = 128;
+
+// A step's or a prefill's stage counters (zeros), and this thread's place in them: every thread takes the stages in
+// the same order, so the n-th dealer of each thread shares the n-th counter.
+class Stages {
+ public:
+  explicit Stages(std::vector<std::atomic<int64_t>>& counters) : counters_(counters) {}
+  RowDealer next(int64_t rows, int64_t chunk = DEAL_ROWS) { return RowDealer(counters_[taken_++], rows, chunk); }
+  static int64_t per_layer() { return 4; }  // the most dealt stages a layer takes (see attend_layer, finish_layer)
+
+ private:
+  std::vector<std::atomic<int64_t>>& counters_;
+  int64_t taken_ = 0;
+};
+
+}  // namespace

@@ -1,0 +1,129 @@
+"""The model a run trains, made once at set-up, and what its checkpoints keep of it.
+
+create_model starts from one of four places (scratch, a checkpoint to fine-tune, the run's own ckpt.pt to resume,
+Hugging Face weights), crops it to block_size, grows its vocabulary for a chat template's new tokens and, for LoRA,
+freezes it and adds the adapters. A LoRA run's checkpoints hold the adapters and a record that finds the base
+again (checkpoint_weights); everything else about LoRA is settled here, at set-up. frozen_reference is the
+starting model DPO and GRPO compare with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptkit.core.errors import UserError
+from gptkit.data.conversations import is_chat_data
+from gptkit.data.tokenizer import padded_vocab_size
+from gptkit.model import GPT, GPTConfig
+from gptkit.train import ema
+from gptkit.train.reference import Reference, starting_point
+from gptkit.weights import checkpoint as ckpt
+from gptkit.weights.build import (
+    base_reference,
+    check_hf_base_tokenizer,
+    load_model,
+    model_from_checkpoint,
+    model_of_checkpoint,
+    model_with_adapters,
+)
+from gptkit.weights.lora import adapter_state, add_lora, lora_record
+
+
+def model_config(settings: Any, vocab_size: int = GPTConfig.vocab_size) -> GPTConfig:
+    """The model the settings describe: every GPTConfig field that is also a setting (n_layer, dropout,
+    pos_encoding, ...) comes from them. GPTConfig checks the values, the one place model settings are checked; its
+    ValueError is the user's mistake here."""
+    options = {f.name: getattr(settings, f.name) for f in dataclasses.fields(GPTConfig) if hasattr(settings, f.name)}
+    try:
+        return GPTConfig(**options, vocab_size=vocab_size)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+
+
+def create_model(cfg: Any, meta: dict) -> tuple[GPT, dict | None, dict | None]:
+    """The model to train (on CPU) for train.py's settings `cfg` and the data's meta.json; the checkpoint a resumed
+    run continues (else None); and a LoRA run's checkpoint record (else None)."""
+    resumed = resumed_checkpoint(cfg, meta) if cfg.init_from == "resume" else None
+    if resumed is not None and "lora" in resumed:  # the base again, and the adapters as they were
+        where = str(Path(cfg.out_dir) / ckpt.LATEST_NAME)
+        return model_with_adapters(resumed, where, {"dropout": cfg.dropout}), resumed, resumed["lora"]
+    model = starting_model(cfg, meta, resumed)
+    base_rows = model.config.vocab_size
+    fit_to_data(cfg, model, meta)
+    return model, resumed, add_adapters(cfg, model, base_rows) if cfg.lora_rank else None
+
+
+def resumed_checkpoint(cfg: Any, meta: dict) -> dict:
+    """out_dir/ckpt.pt, checked: everything a resume needs, and the data's tokenizer."""
+    path = Path(cfg.out_dir) / ckpt.LATEST_NAME
+    checkpoint = ckpt.load_checkpoint(path, required_keys=ckpt.RESUME_KEYS)
+    ckpt.check_same_tokenizer(checkpoint, meta, path)
+    return checkpoint
+
+
+def starting_model(cfg: Any, meta: dict, resumed: dict | None) -> GPT:
+    """The model as init_from gives it: new weights, the resumed checkpoint's, a checkpoint's weights to fine-tune
+    (no optimizer), or Hugging Face weights."""
+    overrides = {"dropout": cfg.dropout}
+    if cfg.init_from == "scratch":
+        return GPT(model_config(cfg, data_vocab_size(cfg, meta)))
+    if resumed is not None:
+        weights = resumed if cfg.eval_only else ema.trained_weights(resumed)  # not the EMA's
+        return model_from_checkpoint(weights, str(Path(cfg.out_dir) / ckpt.LATEST_NAME), overrides=overrides)
+    if ckpt.is_checkpoint_source(cfg.init_from):
+        path = ckpt.resolve_checkpoint(cfg.init_from, "best")
+        base = ckpt.load_checkpoint(path)
+        ckpt.check_base_tokenizer(base, meta, path)
+        return model_of_checkpoint(base, str(path), overrides=overrides)
+    model = load_model(cfg.init_from, overrides=overrides)
+    check_hf_base_tokenizer(meta, cfg.init_from)
+    return model
+
+
+def fit_to_data(cfg: Any, model: GPT, meta: dict) -> None:
+    """Crop the model to block_size, and grow its vocabulary for a chat template's special tokens; UserError for
+    data in a larger vocabulary it cannot read."""
+    if cfg.block_size < model.config.block_size:
+        model.crop_block_size(cfg.block_size)  # e.g. GPT-2's 1024 positions fine-tuned on shorter windows
+    if meta["vocab_size"] > model.config.vocab_size and (cfg.init_from == "resume" or not is_chat_data(meta)):
+        raise UserError(
+            f"the data's vocab_size ({meta['vocab_size']}) is larger than the model's ({model.config.vocab_size}); "
+            f"init_from={cfg.init_from} cannot read this data's tokens, use data from the model's tokenizer"
+        )
+    if meta["vocab_size"] > model.config.vocab_size:
+        model.grow_vocabulary(data_vocab_size(cfg, meta))
+
+
+def data_vocab_size(cfg: Any, meta: dict) -> int:
+    """The model's vocabulary for this data: its vocab_size, rounded up to a multiple of 64 under pad_vocab."""
+    return padded_vocab_size(meta["vocab_size"]) if cfg.pad_vocab else meta["vocab_size"]
+
+
+def add_adapters(cfg: Any, model: GPT, base_rows: int) -> dict:
+    """LoRA: freeze the model and add the adapters (the token rows from `base_rows` on, a chat template's, train
+    too); returns the record that a LoRA checkpoint keeps to find its base again."""
+    add_lora(model, cfg.lora_config(), cfg.lora_base_weights, first_new_row=base_rows)
+    return lora_record(cfg.lora_config(), cfg.lora_base_weights, base_reference(cfg.init_from), base_rows)
+
+
+def frozen_reference(cfg: Any, meta: dict, model: GPT, resumed: dict | None, device: torch.device) -> Reference:
+    """The starting model, frozen, as DPO and GRPO's KL term compare with it: for LoRA the base with the adapters
+    off (no copy), else a copy of `model` as it starts, or when a run resumes (`resumed`) the model it started
+    from, loaded again."""
+    if cfg.lora_rank or resumed is None:
+        return Reference(model)
+    source = starting_point(cfg.init_from, resumed)
+    start, _, _ = create_model(dataclasses.replace(cfg, init_from=source, lora_rank=0), meta)
+    return Reference(start.to(device))
+
+
+def checkpoint_weights(model: GPT, lora: dict | None, average: ema.WeightAverage, model_state: dict) -> dict:
+    """The weights entries of a checkpoint: "model" (and "trained_model" under an EMA); for LoRA, the adapters
+    and the record that finds their base again."""
+    if lora is None:
+        return average.checkpoint_entries(model_state)
+    return {"model": adapter_state(model), "lora": lora}

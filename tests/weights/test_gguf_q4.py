@@ -1,0 +1,358 @@
+"""4-bit GGUF in and out: files whose matrices are Q4_0 or Q4_1 (gguf-py's own quantizer) read as Int4Linear products
+holding the file's blocks byte for byte, checked against a float64 decoding of the blocks written from ggml's block
+definitions (tests/weights/test_gguf_read.py) with llama.cpp's own row order for Llama's q and k, against
+transformers reading the same file, and decoded by the native int4 step as by the eager pass; export.py's q4_0 and
+q4_1 read back by both; and LoRA over such a base (QLoRA), trained by train.py and merged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import export
+import sample
+import train
+from gptkit.data.gguf_tokenizer import open_gguf
+from gptkit.data.hf_tokenizer import load_hf_tokenizer
+from gptkit.infer.engine import Engine, Request
+from gptkit.weights import export_gguf, load
+from gptkit.weights.checkpoint import load_checkpoint
+from gptkit.weights.lora import LoraConfig, LoraLinear, add_lora
+from gptkit.weights.quantization import Int4Linear, Int8Linear, apply_quantization
+from gptkit.weights.sources import base_reference
+from helpers import cli_args, reference_greedy, run_in_process, run_main
+from hf_tokenizer_dirs import write_family
+from prepare_data import chat as chat_script
+
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+from test_gguf_read import (  # noqa: E402
+    CONVERSATIONS,
+    IDX,
+    TRAIN,
+    dequantized64,
+    export_file,
+    greedy_text,
+    logits,
+    tiny,
+    transformers_model,
+)
+
+T = gguf.GGMLQuantizationType
+# Our products -> the file's weights each is made of, in order (llama.cpp's names, its llama-arch.cpp).
+GPT2_PARTS = {
+    "attn.c_attn": ["attn_qkv"],
+    "attn.c_proj": ["attn_output"],
+    "mlp.c_fc": ["ffn_up"],
+    "mlp.c_proj": ["ffn_down"],
+}
+LLAMA_PARTS = {
+    "attn.c_attn": ["attn_q", "attn_k", "attn_v"],
+    "attn.c_proj": ["attn_output"],
+    "mlp.c_fc": ["ffn_gate", "ffn_up"],
+    "mlp.c_proj": ["ffn_down"],
+}
+
+
+@pytest.fixture(scope="module")
+def qwen_tokenizer(tmp_path_factory):
+    """A Qwen2-style byte-level BPE with ChatML (about 600 tokens)."""
+    return load_hf_tokenizer(write_family(tmp_path_factory.mktemp("tokenizer") / "qwen2", "qwen2"))
+
+
+def q4_file(directory: Path, monkeypatch, model, tokenizer, qtype, others: dict | None = None) -> Path:
+    """`model` as a GGUF file whose every matrix (but the position table) is `qtype`, quantized by gguf-py, except
+    the tensors `others` names, written in the types it gives them."""
+    encode = export_gguf.encode_tensor
+
+    def every_matrix_in(name, tensor, outtype):
+        wanted = (others or {}).get(name, qtype)
+        if tensor.dim() != 2 or name == "position_embd.weight":
+            return encode(name, tensor, outtype)
+        return gguf.quants.quantize(tensor.float().numpy(), wanted), wanted
+
+    with monkeypatch.context() as patch:
+        patch.setattr(export_gguf, "encode_tensor", every_matrix_in)
+        return export_file(directory, model, tokenizer)
+
+
+def file_tensors(path: Path) -> dict:
+    return {tensor.name: tensor for tensor in open_gguf(path).tensors}
+
+
+def rows_of(tensor) -> int:
+    return int(tensor.shape[1])
+
+
+def hf_order(name: str, values: torch.Tensor, config) -> torch.Tensor:
+    """Llama's q or k rows back in Hugging Face's order: llama.cpp's converter (convert_hf_to_gguf.py, LlamaModel.
+    permute) wrote file[i] = hf[index[i]], index the permutation applied to 0, 1, 2, ..."""
+    if not name.endswith(("attn_q", "attn_k")):
+        return values
+    heads = config.n_head if name.endswith("attn_q") else config.n_kv_head
+    rows = values.shape[0]
+    index = np.arange(rows).reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(rows)
+    ordered = torch.empty_like(values)
+    ordered[torch.from_numpy(index)] = values
+    return ordered
+
+
+def product_sources(config, arch: str) -> dict[str, list[str]]:
+    """Our product modules -> the file's weights each is made of."""
+    parts = GPT2_PARTS if arch == "gpt2" else LLAMA_PARTS
+    sources = {"lm_head": ["token_embd" if config.tie_embeddings else "output"]}
+    for layer in range(config.n_layer):
+        for ours, theirs in parts.items():
+            sources[f"transformer.h.{layer}.{ours}"] = [f"blk.{layer}.{name}" for name in theirs]
+    return sources
+
+
+def float64_values(path: Path, names: list[str], config, arch: str) -> torch.Tensor:
+    """The float64 decoding of the file's blocks of `names`, in our row order, rounded once to float32."""
+    stored = file_tensors(path)
+    parts = []
+    for name in names:
+        tensor = stored[f"{name}.weight"]
+        shape = (rows_of(tensor), int(tensor.shape[0]))
+        values = torch.from_numpy(dequantized64(np.array(tensor.data), tensor.tensor_type, shape))
+        parts.append(hf_order(name, values, config) if arch == "llama" else values)
+    return torch.cat(parts).float()
+
+
+def block_fields(tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(codes, d, m) of a Q4_0 or Q4_1 matrix's blocks, read as ggml lays them out (Q4_0's m: -8 d)."""
+    header = 2 if tensor.tensor_type == T.Q4_0 else 4
+    blocks = np.array(tensor.data).reshape(rows_of(tensor), -1, header + 16)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    m = -8 * d if header == 2 else blocks[..., 2:4].copy().view(np.float16)[..., 0]
+    return blocks[..., header:], d, m
+
+
+def assert_holds_the_blocks(product: Int4Linear, tensor) -> None:
+    codes, d, m = block_fields(tensor)
+    assert np.array_equal(product.weight_int4.numpy(), codes)
+    assert np.array_equal(product.scale.numpy().view(np.uint16), d.view(np.uint16))
+    assert np.array_equal(product.minimum.numpy().view(np.uint16), m.view(np.uint16))
+
+
+def products_of(model) -> dict[str, torch.nn.Module]:
+    return {name: m for name, m in model.named_modules() if isinstance(m, (torch.nn.Linear, Int4Linear))}
+
+
+ARCHS = {"gpt2": "gpt2", "llama-gqa-tied": "llama", "llama-untied": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+# ------------------------------------------------------------------------------------------------ reading
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+@pytest.mark.parametrize("shape", sorted(ARCHS))
+def test_a_q4_file_decodes_on_its_own_blocks_with_transformers_logits(
+    tmp_path, monkeypatch, qwen_tokenizer, shape, qtype
+):
+    """Every product and the head in Q4_0 or Q4_1: --quantize=none (the default) keeps them as the file's blocks,
+    byte for byte, whose values are the float64 decoding of the file's; the logits are transformers'."""
+    path = q4_file(tmp_path, monkeypatch, tiny(shape), qwen_tokenizer, T[qtype])
+    model = apply_quantization(load(str(path), tokenizer=False).model, "none")
+    config, arch = model.config, ARCHS[shape]
+    products = products_of(model)
+    sources = product_sources(config, arch)
+    assert set(products) == set(sources) and all(isinstance(m, Int4Linear) for m in products.values())
+    stored = file_tensors(path)
+    for name, product in products.items():
+        expected = float64_values(path, sources[name], config, arch)
+        assert torch.equal(product.dequantized_weight(), expected), name
+        if len(sources[name]) == 1 and not sources[name][0].endswith(("attn_q", "attn_k")):
+            assert_holds_the_blocks(product, stored[f"{sources[name][0]}.weight"])
+    torch.testing.assert_close(logits(model, IDX), transformers_model(path, shape)(IDX).logits, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+def test_the_native_int4_step_decodes_a_q4_file_as_the_eager_pass(tmp_path, monkeypatch, qwen_tokenizer, qtype):
+    path = q4_file(tmp_path, monkeypatch, tiny("llama-gqa-tied"), qwen_tokenizer, T[qtype])
+    model = apply_quantization(load(str(path), tokenizer=False).model, "none")
+    for prompt in ([5, 9, 300], list(range(100, 117))):
+        request = Request(prompt, 12, temperature=0)
+        list(Engine(model, decode="native").run([request]))
+        assert request.output == reference_greedy(model, prompt, 12)
+
+
+def test_sample_py_decodes_a_q4_file_natively_as_transformers_does(tmp_path, monkeypatch, qwen_tokenizer, capsys):
+    path = q4_file(tmp_path / "model", monkeypatch, tiny("qwen2"), qwen_tokenizer, T.Q4_1)
+    start = "def square(x):"
+    expected = start + greedy_text(path, qwen_tokenizer.encode(start), 12, set()) + "\n"
+    args = cli_args(init_from=path, start=start, max_new_tokens=12, temperature=0, stop_at_eot=False)
+    result = run_in_process(sample.main, [*args, "--stream=False", "--device=cpu", "--decode=native"], capsys)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.replace("\ufffd", "") == expected.replace("\ufffd", "")  # see test_gguf_read
+
+
+def test_a_file_of_other_types_too_loads_in_float_and_int4_keeps_its_q4_blocks(tmp_path, monkeypatch, qwen_tokenizer):
+    """Products in Q4_0 and the head in Q8_0 (llama.cpp's Q4_0 files keep the head in more bits): none keeps the
+    file's precision (float32 values, not 4-bit: the products are not all 4-bit); int4 takes the products' blocks as
+    they are and quantizes the head; a weight changed since it was read (trained) is quantized anew."""
+    path = q4_file(tmp_path, monkeypatch, tiny("llama-untied"), qwen_tokenizer, T.Q4_0, {"output.weight": T.Q8_0})
+    floats = load(str(path), tokenizer=False).model
+    kept = apply_quantization(load(str(path), tokenizer=False).model, "none")
+    assert not any(isinstance(m, Int4Linear) for m in kept.modules())
+    torch.testing.assert_close(logits(kept, IDX), logits(floats, IDX), rtol=0, atol=0)
+
+    int4 = apply_quantization(load(str(path), tokenizer=False).model, "int4")
+    stored, products = file_tensors(path), products_of(int4)
+    assert all(isinstance(m, Int4Linear) for m in products.values())
+    for name, product in products.items():
+        weight = floats.get_submodule(name).weight
+        if name == "lm_head":  # Q8_0's values, quantized as those of a plain Linear are
+            assert all(map(torch.equal, product.blocks(), Int4Linear.from_linear(plain_linear(weight)).blocks()))
+            continue
+        assert torch.equal(product.dequantized_weight(), weight), name  # the file's values, not re-quantized ones
+    assert_holds_the_blocks(products["transformer.h.0.mlp.c_proj"], stored["blk.0.ffn_down.weight"])
+    requantized = Int4Linear.from_linear(plain_linear(floats.transformer.h[0].mlp.c_proj.weight))
+    assert not torch.equal(requantized.dequantized_weight(), floats.transformer.h[0].mlp.c_proj.weight)
+
+    trained = load(str(path), tokenizer=False).model
+    with torch.no_grad():
+        trained.transformer.h[0].attn.c_proj.weight.add_(1e-3)
+    changed = trained.transformer.h[0].attn.c_proj.weight.detach().clone()
+    apply_quantization(trained, "int4")
+    expected = Int4Linear.from_linear(plain_linear(changed))
+    assert torch.equal(trained.transformer.h[0].attn.c_proj.weight_int4, expected.weight_int4)
+    assert isinstance(
+        apply_quantization(load(str(path), tokenizer=False).model, "int8").lm_head, Int8Linear
+    )  # as before
+
+
+def plain_linear(weight: torch.Tensor) -> torch.nn.Linear:
+    """An nn.Linear of `weight` that was read from no blocks."""
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+    return linear
+
+
+def test_an_all_q4_file_with_a_weight_changed_since_stays_in_float(tmp_path, monkeypatch, qwen_tokenizer):
+    path = q4_file(tmp_path, monkeypatch, tiny("qwen3"), qwen_tokenizer, T.Q4_1)
+    model = load(str(path), tokenizer=False).model
+    with torch.no_grad():
+        model.transformer.h[1].mlp.c_fc.weight.mul_(1.5)
+    apply_quantization(model, "none")
+    assert not any(isinstance(m, Int4Linear) for m in model.modules())
+
+
+# ------------------------------------------------------------------------------------------------ writing
+
+
+@pytest.mark.parametrize("outtype", ["q4_0", "q4_1"])
+@pytest.mark.parametrize("shape", ["gpt2", "llama-gqa-tied", "llama-untied", "qwen3"])
+def test_export_q4_writes_the_products_in_4_bits_and_reads_back_with_transformers_logits(
+    tmp_path, qwen_tokenizer, shape, outtype
+):
+    """The products are gguf-py's own quantization of the model's weights; the head (the token embedding when tied)
+    is Q8_0, an untied token embedding in 4 bits as llama.cpp's quantizer has it, norms and biases F32."""
+    source = tiny(shape)
+    path = export_file(tmp_path, source, qwen_tokenizer, outtype)
+    qtype = T[outtype.upper()]
+    stored = file_tensors(path)
+    head = "token_embd.weight" if source.config.tie_embeddings else "output.weight"
+    for name, tensor in stored.items():
+        if name == head:
+            assert tensor.tensor_type == T.Q8_0
+        elif len(tensor.shape) == 2 and name != "position_embd.weight":
+            assert tensor.tensor_type == qtype, name
+        else:
+            assert tensor.tensor_type == T.F32, name
+    down = source.transformer.h[1].mlp.c_proj.weight.detach().numpy()
+    assert np.array_equal(np.array(stored["blk.1.ffn_down.weight"].data), gguf.quants.quantize(down, qtype))
+    ours = apply_quantization(load(str(path), tokenizer=False).model, "none")
+    torch.testing.assert_close(logits(ours, IDX), transformers_model(path, shape)(IDX).logits, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("outtype", ["q4_0", "q4_1"])
+def test_an_int4_model_exports_its_blocks_as_they_are(tmp_path, qwen_tokenizer, outtype):
+    """quantize_int4's blocks (Q4_1's) go into the file unchanged under either outtype, the head's too; read back,
+    every product holds them again, and the logits are transformers'."""
+    source = apply_quantization(tiny("llama-untied"), "int4")
+    path = export_file(tmp_path, source, qwen_tokenizer, outtype)
+    stored = file_tensors(path)
+    assert stored["output.weight"].tensor_type == T.Q4_1 and stored["blk.0.attn_q.weight"].tensor_type == T.Q4_1
+    assert_holds_the_blocks(source.lm_head, stored["output.weight"])
+    back = apply_quantization(load(str(path), tokenizer=False).model, "none")
+    for name, product in products_of(back).items():
+        original = source.get_submodule(name)
+        assert isinstance(product, Int4Linear), name
+        for field in ("weight_int4", "scale", "minimum"):
+            assert torch.equal(getattr(product, field), getattr(original, field)), (name, field)
+    torch.testing.assert_close(logits(back, IDX), transformers_model(path, "llama")(IDX).logits, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", ["gpt2", "llama-gqa-tied", "llama-untied"])
+def test_a_q4_0_file_read_and_exported_as_q4_0_is_the_same_blocks(tmp_path, monkeypatch, qwen_tokenizer, shape):
+    path = q4_file(tmp_path / "first", monkeypatch, tiny(shape), qwen_tokenizer, T.Q4_0)
+    again = export_file(tmp_path / "again", load(str(path), tokenizer=False).model, qwen_tokenizer, "q4_0")
+    first, second = file_tensors(path), file_tensors(again)
+    matrices = [name for name, tensor in first.items() if tensor.tensor_type == T.Q4_0]
+    assert len(matrices) >= 9
+    for name in matrices:
+        assert second[name].tensor_type == T.Q4_0, name
+        assert np.array_equal(np.array(second[name].data), np.array(first[name].data)), name
+
+
+# ------------------------------------------------------------------------------------------------ QLoRA
+
+
+def test_lora_over_a_q4_file_holds_the_file_s_blocks(tmp_path, monkeypatch, qwen_tokenizer):
+    path = q4_file(tmp_path, monkeypatch, tiny("llama-gqa-tied"), qwen_tokenizer, T.Q4_1)
+    int4 = apply_quantization(load(str(path), tokenizer=False).model, "none")
+    adapted = add_lora(load(str(path), tokenizer=False).model, LoraConfig(rank=4, targets="all"), base_weights="int4")
+    layers = {name: m for name, m in adapted.named_modules() if isinstance(m, LoraLinear)}
+    assert len(layers) == 4 * adapted.config.n_layer
+    for name, layer in layers.items():
+        product = int4.get_submodule(name)
+        assert layer.weight is None
+        assert torch.equal(layer.weight_int4, product.weight_int4) and torch.equal(layer.weight_scale, product.scale)
+        assert torch.equal(layer.weight_minimum, product.minimum)
+    torch.testing.assert_close(logits(adapted, IDX), logits(int4, IDX), rtol=0, atol=1e-6)  # B = 0: the base
+
+
+@pytest.mark.heavy
+def test_train_py_lora_over_a_q4_file_learns_and_merges_to_its_blocks_plus_the_adapters(
+    tmp_path, monkeypatch, qwen_tokenizer, capsys
+):
+    """--lora_base_weights=int4 from a Q4_1 file: the loss falls, the checkpoint names the file (path and sha256) and
+    the base precision, and export.py's merged checkpoint is the file's values plus the adapters' update."""
+    path = q4_file(tmp_path / "model", monkeypatch, tiny("qwen2", block_size=64), qwen_tokenizer, T.Q4_1)
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"messages": m}) + "\n" for m in CONVERSATIONS), encoding="utf-8")
+    data = tmp_path / "data"
+    code, _, err = run_main(chat_script.main, [f"--input={chats}", f"--out_dir={data}", f"--tokenizer={path}"], capsys)
+    assert code == 0, err
+    run = tmp_path / "run"
+    settings = {**TRAIN, "max_iters": 12, "eval_interval": 12, "learning_rate": 1e-2}
+    lora = dict(lora_rank=4, lora_alpha=8.0, lora_targets="all", lora_base_weights="int4")
+    code, _, err = run_main(
+        train.main, cli_args(init_from=path, data_dir=data, out_dir=run, **settings, **lora), capsys
+    )
+    assert code == 0, err
+    evals = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    losses = [entry["val/loss"] for entry in evals if "val/loss" in entry]
+    assert len(losses) == 2 and losses[1] < losses[0] - 0.1, losses
+    checkpoint = load_checkpoint(run / "ckpt.pt")
+    assert checkpoint["lora"]["base"] == base_reference(str(path))
+    assert checkpoint["lora"]["base_weights"] == "int4"
+
+    merged_dir = tmp_path / "merged"
+    args = ["--format=merged", f"--out_dir={run}", "--checkpoint=latest", f"--export_dir={merged_dir}"]
+    done = run_in_process(export.main, args, capsys)
+    assert done.returncode == 0, done.stderr
+    merged = load_checkpoint(merged_dir / "ckpt.pt")["model"]
+    base = load(str(path), tokenizer=False).model
+    for layer in range(base.config.n_layer):
+        for product in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
+            name = f"transformer.h.{layer}.{product}"
+            a, b = checkpoint["model"][f"{name}.lora_A"].double(), checkpoint["model"][f"{name}.lora_B"].double()
+            expected = base.get_submodule(name).weight.double() + 2.0 * (b @ a)  # alpha / rank = 8 / 4
+            torch.testing.assert_close(merged[f"{name}.weight"].double(), expected, rtol=0, atol=1e-6)
