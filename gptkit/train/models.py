@@ -22,15 +22,8 @@ from gptkit.model import GPT, GPTConfig
 from gptkit.train import ema
 from gptkit.train.reference import Reference, starting_point
 from gptkit.weights import checkpoint as ckpt
-from gptkit.weights.build import (
-    base_reference,
-    check_hf_base_tokenizer,
-    load_model,
-    model_from_checkpoint,
-    model_of_checkpoint,
-    model_with_adapters,
-)
 from gptkit.weights.lora import adapter_state, add_lora, lora_record
+from gptkit.weights.sources import base_reference, check_data_tokenizer, load, model_of_checkpoint
 
 
 def model_config(settings: Any, vocab_size: int = GPTConfig.vocab_size) -> GPTConfig:
@@ -50,7 +43,8 @@ def create_model(cfg: Any, meta: dict) -> tuple[GPT, dict | None, dict | None]:
     resumed = resumed_checkpoint(cfg, meta) if cfg.init_from == "resume" else None
     if resumed is not None and "lora" in resumed:  # the base again, and the adapters as they were
         where = str(Path(cfg.out_dir) / ckpt.LATEST_NAME)
-        return model_with_adapters(resumed, where, {"dropout": cfg.dropout}), resumed, resumed["lora"]
+        model = model_of_checkpoint(resumed, where, overrides={"dropout": cfg.dropout}, merge=False)
+        return model, resumed, resumed["lora"]
     model = starting_model(cfg, meta, resumed)
     base_rows = model.config.vocab_size
     fit_to_data(cfg, model, meta)
@@ -73,15 +67,10 @@ def starting_model(cfg: Any, meta: dict, resumed: dict | None) -> GPT:
         return GPT(model_config(cfg, data_vocab_size(cfg, meta)))
     if resumed is not None:
         weights = resumed if cfg.eval_only else ema.trained_weights(resumed)  # not the EMA's
-        return model_from_checkpoint(weights, str(Path(cfg.out_dir) / ckpt.LATEST_NAME), overrides=overrides)
-    if ckpt.is_checkpoint_source(cfg.init_from):
-        path = ckpt.resolve_checkpoint(cfg.init_from, "best")
-        base = ckpt.load_checkpoint(path)
-        ckpt.check_base_tokenizer(base, meta, path)
-        return model_of_checkpoint(base, str(path), overrides=overrides)
-    model = load_model(cfg.init_from, overrides=overrides)
-    check_hf_base_tokenizer(meta, cfg.init_from)
-    return model
+        return model_of_checkpoint(weights, str(Path(cfg.out_dir) / ckpt.LATEST_NAME), overrides=overrides)
+    loaded = load(cfg.init_from, overrides=overrides, tokenizer=False)  # a checkpoint, open weights or a GGUF file
+    check_data_tokenizer(loaded, meta)
+    return loaded.model.train()
 
 
 def fit_to_data(cfg: Any, model: GPT, meta: dict) -> None:

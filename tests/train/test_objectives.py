@@ -25,7 +25,7 @@ from gptkit.train import forecast, grpo, objectives
 from gptkit.train.objectives import ObjectiveSettings, step_size
 from gptkit.train.reference import Reference
 from gptkit.weights import checkpoint as ckpt
-from gptkit.weights.build import model_of_checkpoint
+from gptkit.weights.sources import model_of_checkpoint
 from helpers import cli_args, make_char_data, sample_text
 from prepare_data import preferences
 
