@@ -37,14 +37,43 @@ constexpr int64_t INT4_CODE_BYTES = INT4_GROUP / 2 * INT4_PANEL;
 constexpr int64_t INT4_RECORD = INT4_CODE_BYTES + 2 * 2 * INT4_PANEL;  // the codes, a scale and a minimum a row
 inline int64_t int4_groups(int64_t columns) { return (columns + INT4_GROUP - 1) / INT4_GROUP; }
 
-// The factor each input value of an int4 product takes, by its column's place k in its word (column % 8): the code
-// is read masked in place, q 16^k, so the value is taken times 16^-k (exact: a power of two); the top code (k = 7)
-// is shifted down instead, since masked in place it would make the lane's int32 negative.
-constexpr float INT4_INPUT_FACTORS[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f};
+// The factor each input value of an int4 product takes, by its column in its group, from the place k of its code in
+// its word (column % 8): the code is read masked in place, q 16^k, so the value is taken times 16^-k (exact: a power
+// of two); the top code (k = 7) is shifted down instead, since masked in place it would make the lane's int32
+// negative.
+constexpr float INT4_INPUT_FACTORS[INT4_GROUP] = {
+    1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f,  // word 0
+    1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f,  // word 1
+    1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f,  // word 2
+    1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f,  // word 3
+};
+
+// A group's `size` input values x times their factors into `spread`, and their sum.
+inline float int4_spread_group(const float* x, int64_t size, float* spread) {
+#if defined(GPTKIT_VECTORS)
+  if (size == INT4_GROUP) {
+    Vec sum = splat(0.0f);
+#pragma GCC unroll 4
+    for (int64_t i = 0; i < INT4_GROUP; i += LANES) {
+      const Vec values = load(x + i);
+      store(spread + i, mul(values, load(INT4_INPUT_FACTORS + i)));
+      sum = add(sum, values);
+    }
+    return reduce_add(sum);
+  }
+#endif
+  float sum = 0.0f;
+  for (int64_t i = 0; i < size; ++i) {
+    spread[i] = x[i] * INT4_INPUT_FACTORS[i];
+    sum += x[i];
+  }
+  return sum;
+}
 
 // For int4 weights, each float32 input row over whole groups (zeros past its n values), value c times
-// INT4_INPUT_FACTORS[c % 8], and its sums over each group: per group, sum_j (scale q_j + minimum) x_j =
+// INT4_INPUT_FACTORS[c % INT4_GROUP], and its sums over each group: per group, sum_j (scale q_j + minimum) x_j =
 // scale sum_j q_j x_j + minimum sum_j x_j, so a row's products need its codes' dot product and the group's sum.
+// Every thread takes each input of a step (int4_spread_group): vector lanes keep that short beside the products.
 template <>
 struct ProductInput<Int4> {
   std::vector<float> spread, sums;
@@ -52,15 +81,15 @@ struct ProductInput<Int4> {
   void take(const float* x, int64_t n, int64_t count = 1) {
     const int64_t groups = int4_groups(n), width = groups * INT4_GROUP;
     spread.assign(count * width, 0.0f);
-    sums.assign(count * groups, 0.0f);
+    sums.resize(count * groups);
     rows.resize(count);
     row_sums.resize(count);
     for (int64_t t = 0; t < count; ++t) {
       rows[t] = spread.data() + t * width;
       row_sums[t] = sums.data() + t * groups;
-      for (int64_t i = 0; i < n; ++i) {
-        spread[t * width + i] = x[t * n + i] * INT4_INPUT_FACTORS[i % 8];
-        sums[t * groups + i / INT4_GROUP] += x[t * n + i];
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t first = g * INT4_GROUP, size = std::min(INT4_GROUP, n - first);
+        sums[t * groups + g] = int4_spread_group(x + t * n + first, size, spread.data() + t * width + first);
       }
     }
   }
