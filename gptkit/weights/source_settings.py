@@ -67,7 +67,8 @@ class ModelSource(ModelLocation):
 
     quantize: str = setting(
         "none",
-        "none; int8: int8 weights for CPU decoding (float32 compute); int4: 4-bit weights in groups of 32 with a "
+        "none: the weights as stored (a GGUF file all of whose products are Q4_0 or Q4_1 keeps its 4-bit blocks); "
+        "int8: int8 weights for CPU decoding (float32 compute); int4: 4-bit weights in groups of 32 with a "
         "scale and minimum each (GGUF's Q4_1), for CPU decoding (float32 compute in the native step)",
         choices=QUANTIZE_CHOICES,
     )
