@@ -30,15 +30,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
-
-# OpenMP threads that spin while they wait take the time slice of the thread they wait for whenever other processes
-# hold the cores, and sleeping ones cost an idle machine next to nothing (docs/benchmarks.md, "On a busy CPU").
-# libgomp reads this once, when torch loads it: hence before the import.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 

@@ -589,15 +589,3 @@ def test_ema_is_evaluated_and_saved_as_the_model_and_resumes_exactly(
     resumed = ckpt.load_checkpoint(parts / "ckpt.pt")
     assert_same_weights(resumed["model"], saved["model"])
     assert_same_weights(resumed["trained_model"], saved["trained_model"])
-
-
-@pytest.mark.parametrize(("given", "runs"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
-def test_openmp_threads_sleep_while_they_wait_unless_told_otherwise(given: str | None, runs: str) -> None:
-    """torch's OpenMP runtime (libgomp) as train.py starts it, by the settings it reports (OMP_DISPLAY_ENV): passive
-    threads by default, so that a busy machine's cores are not spun away (docs/benchmarks.md); the user's choice
-    kept."""
-    env = {k: v for k, v in clean_env().items() if k != "OMP_WAIT_POLICY"}
-    env.update({"OMP_DISPLAY_ENV": "TRUE", **({"OMP_WAIT_POLICY": given} if given else {})})
-    result = run_script("train.py", "--help", env=env)
-    assert result.returncode == 0, result.stderr
-    assert f"OMP_WAIT_POLICY = '{runs}'" in result.stderr
