@@ -514,6 +514,20 @@ def with_16_bit_inputs(model: Any) -> Any:
     return model
 
 
+def step_with_dynamos_eager_backend(monkeypatch: Any) -> None:
+    """The compiled decoding step through dynamo with its eager backend (no inductor): dynamo's graphs, guards and
+    limits in milliseconds where inductor would take many seconds a graph. For tests of what is around the step
+    (the engine's rows, a benchmark's arithmetic), not of inductor's kernels."""
+    import functools
+
+    import torch
+
+    from gptkit.infer import compiled
+
+    eager_step = functools.cache(lambda device: torch.compile(compiled._step, fullgraph=True, backend="eager"))
+    monkeypatch.setattr(compiled, "compiled_step", eager_step)
+
+
 def reference_greedy(model: Any, prompt: list[int], steps: int) -> list[int]:
     """Greedy tokens of model.py's plain `generate` (a full forward pass per token, no cache) after `prompt`."""
     import torch
