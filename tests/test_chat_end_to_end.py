@@ -13,6 +13,7 @@ import json
 import random
 from pathlib import Path
 
+import pytest
 import torch
 
 import train
@@ -63,6 +64,7 @@ def exact_match(out_dir: Path, held_out: list[str]) -> float:
     return right / len(held_out)
 
 
+@pytest.mark.heavy
 def test_fine_tuning_teaches_a_skill_the_base_model_lacks(tmp_path: Path, capsys) -> None:
     vocabulary = words()
     held_out, trained = vocabulary[:HELD_OUT], vocabulary[HELD_OUT:]

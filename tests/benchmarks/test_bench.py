@@ -326,6 +326,7 @@ def fake_nanogpt(directory: Path) -> Path:
     return directory
 
 
+@pytest.mark.heavy
 def test_quality_bench_reports_the_whole_split_loss_of_each_run_and_the_nanogpt_ratio(
     tmp_path: Path, capsys, monkeypatch
 ):
