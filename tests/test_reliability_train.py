@@ -141,14 +141,15 @@ def same_weights(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
 
 
-@pytest.fixture(scope="module")
+# hooks and data_dir are read only and made in a blink: the tests using them alone need not share a process.
+@pytest.fixture(scope="session")
 def hooks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("hooks")
     (directory / "sitecustomize.py").write_text(FAULT_HOOK)
     return directory
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("data")
     make_char_data(directory, text=sample_text(30_000))
