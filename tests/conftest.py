@@ -64,16 +64,50 @@ def shares_a_module_fixture(item: pytest.Item) -> bool:
     return info is not None and any(defs[-1].scope in ("module", "class") for defs in info.name2fixturedefs.values())
 
 
+# The longest units of `make test`'s work (a module's tests that share a fixture, or a single test), longest first:
+# they are handed out first, so that neither of the two processes is left running a long one alone at the end
+# (--durations shows the figures; torchrun launches, inductor compiles and trained fixtures make the long ones).
+LONGEST_FIRST = (
+    "tests/test_train_ddp.py",
+    "tests/infer/test_engine.py",
+    "tests/weights/test_quantization.py",
+    "tests/test_train_lora.py",
+    "tests/test_train.py",
+    "tests/test_reliability_train.py",
+    "tests/benchmarks/test_bench_step.py",
+    "tests/eval/test_hellaswag.py",
+    "tests/test_train_posttrain.py",
+    "tests/test_model.py",
+    "tests/benchmarks/test_bench.py",
+    "tests/test_chat_end_to_end.py",
+    "tests/benchmarks/test_bench_lora.py",
+    "tests/test_sample.py",
+    "tests/test_serve.py",
+)
+
+
+def longest_first(item: pytest.Item) -> int:
+    return next((rank for rank, path in enumerate(LONGEST_FIRST) if item.nodeid.startswith(path)), len(LONGEST_FIRST))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist hands out the units in collection order (pytest_collection_modifyitems sets it), not by their
+    # number of tests.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tests of a module that share a module-scoped fixture run in one xdist process (`make test` distributes
     with --dist=loadgroup), so that the fixture's run or server is made once, not once per process; the other tests
-    are spread one by one.
+    are spread one by one. The modules of LONGEST_FIRST come first, in its order.
 
     Tests marked `cuda` run where torch sees a CUDA GPU (or where GPU_TESTS_DEVICE names a device to run their
     bodies on instead); elsewhere they are skipped, saying why."""
     import torch
 
+    items.sort(key=longest_first)  # stable: each module keeps its own order
     grouping = config.getoption("loadgroup", default=False)  # set in the xdist processes by --dist=loadgroup
     for item in items:
         if grouping and shares_a_module_fixture(item):

@@ -351,6 +351,49 @@ def run_in_process(
     return subprocess.CompletedProcess(args, code, out, err)
 
 
+def script_main(script: str | Path) -> Callable[[list[str]], int | None]:
+    """The `main` of a repository script ("train.py", "prepare_data/chat.py", or its absolute path), imported as
+    the tests import it (train, prepare_data.chat)."""
+    import importlib
+
+    relative = (REPO / script).resolve().relative_to(REPO).with_suffix("")
+    return importlib.import_module(".".join(relative.parts)).main
+
+
+def scripts_in_process(monkeypatch: Any, module: Any) -> None:
+    """Make `module` (a benchmark) run the repository scripts it starts with subprocess.run ([sys.executable,
+    a .py under the repository, args...]) in this process: their `main` through errors.run_cli, in the working
+    directory asked for, with stdout and stderr captured apart into the CompletedProcess it returns. Other commands
+    (and calls given an `env`) still start processes. For the benchmarks' smoke tests: what they check is the
+    report, and each script keeps tests that start it as a process."""
+    import io
+
+    from gptkit.core.errors import run_cli
+
+    def run(command: list, *args: Any, cwd: Any = None, check: bool = False, **options: Any) -> Any:
+        command = [str(part) for part in command]
+        script = Path(cwd or os.getcwd(), command[1]) if len(command) > 1 else None
+        if command[0] != sys.executable or script is None or script.suffix != ".py" or "env" in options or args:
+            return subprocess.run(command, *args, cwd=cwd, check=check, **options)
+        if not script.resolve().is_relative_to(REPO):
+            return subprocess.run(command, *args, cwd=cwd, check=check, **options)
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.chdir(cwd or os.getcwd()), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                run_cli(script_main(script), command[2:])
+            except SystemExit as exit_info:
+                code = exit_info.code or 0
+        result = subprocess.CompletedProcess(command, code, out.getvalue(), err.getvalue())
+        if check:
+            result.check_returncode()
+        return result
+
+    in_process = type(sys)("subprocess")  # the module's own name for subprocess, with run replaced
+    in_process.__dict__.update(vars(subprocess))
+    in_process.run = run
+    monkeypatch.setattr(module, "subprocess", in_process)
+
+
 def assert_one_line_message(error: BaseException | str, *fragments: str) -> str:
     """A UserError's message (or the text itself) is one line and holds each fragment; returns it."""
     message = str(error)
@@ -559,6 +602,20 @@ def with_16_bit_inputs(model: Any) -> Any:
         if isinstance(module, torch.nn.Linear):
             module.register_forward_pre_hook(round_rows)
     return model
+
+
+def step_with_dynamos_eager_backend(monkeypatch: Any) -> None:
+    """The compiled decoding step through dynamo with its eager backend (no inductor): dynamo's graphs, guards and
+    limits in milliseconds where inductor would take many seconds a graph. For tests of what is around the step
+    (the engine's rows, a benchmark's arithmetic), not of inductor's kernels."""
+    import functools
+
+    import torch
+
+    from gptkit.infer import compiled
+
+    eager_step = functools.cache(lambda device: torch.compile(compiled._step, fullgraph=True, backend="eager"))
+    monkeypatch.setattr(compiled, "compiled_step", eager_step)
 
 
 def reference_greedy(model: Any, prompt: list[int], steps: int) -> list[int]:

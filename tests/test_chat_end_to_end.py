@@ -1,5 +1,6 @@
-"""Chat end to end, through the scripts a user runs: a base model is trained on plain text, conversations teach it a
-skill it does not have (reversing a four-letter word), and greedy replies to held-out words show that it learnt.
+"""Chat end to end, through the scripts a user runs (their mains, in this process: each script's own tests start it
+as a process): a base model is trained on plain text, conversations teach it a skill it does not have (reversing a
+four-letter word), and greedy replies to held-out words show that it learnt.
 
 Rows of 33 tokens hold one 21-token conversation each, so the small model learns the task at one place in the row.
 The base never saw a conversation, so its exact-match rate on the task is at chance (1 in 4,096); the fine-tuned
@@ -12,11 +13,15 @@ import json
 import random
 from pathlib import Path
 
+import pytest
 import torch
 
+import train
 from gptkit.infer import generate
 from gptkit.weights import load
-from helpers import cli_args, run_script
+from helpers import cli_args, run_in_process
+from prepare_data import chat as chat_script
+from prepare_data import corpus
 
 LETTERS = "abcdefgh"
 HELD_OUT = 100
@@ -60,21 +65,23 @@ def exact_match(out_dir: Path, held_out: list[str]) -> float:
     return right / len(held_out)
 
 
-def test_fine_tuning_teaches_a_skill_the_base_model_lacks(tmp_path: Path) -> None:
+@pytest.mark.heavy
+def test_fine_tuning_teaches_a_skill_the_base_model_lacks(tmp_path: Path, capsys) -> None:
     vocabulary = words()
     held_out, trained = vocabulary[:HELD_OUT], vocabulary[HELD_OUT:]
     write_base_corpus(tmp_path / "base.txt", vocabulary)
     base_data, base_out = tmp_path / "base_data", tmp_path / "base_out"
-    run = run_script(
-        "prepare_data/corpus.py",
-        *cli_args(input=tmp_path / "base.txt", tokenizer="char", out_dir=base_data, block_size=32, num_workers=1),
+    run = run_in_process(
+        corpus.main,
+        cli_args(input=tmp_path / "base.txt", tokenizer="char", out_dir=base_data, block_size=32, num_workers=1),
+        capsys,
     )
     assert run.returncode == 0, run.stderr
     common = {"device": "cpu", "compile": False, "eval_iters": 2, "log_interval": 50, "curves": False}
     common["gradient_accumulation_steps"] = 1
-    run = run_script(
-        "train.py",
-        *cli_args(
+    run = run_in_process(
+        train.main,
+        cli_args(
             **BASE,
             **common,
             data_dir=base_data,
@@ -85,20 +92,22 @@ def test_fine_tuning_teaches_a_skill_the_base_model_lacks(tmp_path: Path) -> Non
             learning_rate=3e-3,
             warmup_iters=5,
         ),
+        capsys,
     )
     assert run.returncode == 0, run.stderr
 
     with (tmp_path / "chat.jsonl").open("w", encoding="utf-8") as handle:
         handle.writelines(json.dumps(conversation(word)) + "\n" for word in trained)
     chat_data, chat_out = tmp_path / "chat_data", tmp_path / "chat_out"
-    run = run_script(
-        "prepare_data/chat.py",
-        *cli_args(input=tmp_path / "chat.jsonl", tokenizer=base_out, out_dir=chat_data, block_size=32),
+    run = run_in_process(
+        chat_script.main,
+        cli_args(input=tmp_path / "chat.jsonl", tokenizer=base_out, out_dir=chat_data, block_size=32),
+        capsys,
     )
     assert run.returncode == 0, run.stderr
-    run = run_script(
-        "train.py",
-        *cli_args(
+    run = run_in_process(
+        train.main,
+        cli_args(
             **common,
             init_from=base_out / "best.pt",
             data_dir=chat_data,
@@ -111,6 +120,7 @@ def test_fine_tuning_teaches_a_skill_the_base_model_lacks(tmp_path: Path) -> Non
             lr_decay_iters=500,
             min_lr=3e-4,
         ),
+        capsys,
     )
     assert run.returncode == 0, run.stderr
 

@@ -40,11 +40,13 @@ from helpers import (
     assert_one_line_error,
     clean_env,
     make_char_data,
+    run_in_process,
     run_script,
     sample_text,
     serving,
     tiny_train_args,
 )
+from prepare_data import corpus, shakespeare_char
 
 TEXT = sample_text(20_000)
 BODY = TEXT.encode("utf-8")
@@ -250,13 +252,25 @@ def test_training_writes_only_under_out_dir(sandbox: dict[str, Path], tmp_path: 
     assert sorted(changed) == ["out/best.pt", "out/ckpt.pt", "out/log.jsonl", "out/summary.json"]
 
 
-def prepare(source: str, out_dir: Path, cache_dir: Path, *flags: str, **run: object) -> subprocess.CompletedProcess:
-    """prepare_data/shakespeare_char.py on `source` with short download timeouts."""
-    script = str(REPO / "prepare_data" / "shakespeare_char.py")
+def prepare_flags(source: str, out_dir: Path, cache_dir: Path, *flags: str) -> list[str]:
+    """prepare_data/shakespeare_char.py's flags for `source`, with short download timeouts."""
     locations = [f"--source={source}", f"--out_dir={out_dir}", f"--cache_dir={cache_dir}"]
-    command = [sys.executable, script, *locations, "--read_timeout=0.5", "--retries=0", *flags]
+    return [*locations, "--read_timeout=0.5", "--retries=0", *flags]
+
+
+def prepare(source: str, out_dir: Path, cache_dir: Path, *flags: str, **run: object) -> subprocess.CompletedProcess:
+    """prepare_data/shakespeare_char.py on `source` as a process (the sandbox test's: where it writes)."""
+    script = str(REPO / "prepare_data" / "shakespeare_char.py")
+    command = [sys.executable, script, *prepare_flags(source, out_dir, cache_dir, *flags)]
     options = {"cwd": REPO, "env": clean_env(), "capture_output": True, "text": True, "timeout": 120, **run}
     return subprocess.run(command, **options)
+
+
+@pytest.fixture
+def prepare_here(capsys: pytest.CaptureFixture) -> Callable[..., subprocess.CompletedProcess]:
+    """prepare_data/shakespeare_char.py's main in this process, as a finished process: the downloads below test
+    what it does with the server's answers, not the process (the sandbox test above starts the script)."""
+    return lambda *args, **kwargs: run_in_process(shakespeare_char.main, prepare_flags(*args, **kwargs), capsys)
 
 
 def test_preparing_writes_only_under_out_dir_and_the_cache(
@@ -300,60 +314,70 @@ def assert_prepared(out_dir: Path) -> None:
     assert meta["source"]["sha256"] == BODY_SHA256
 
 
-def test_stall_past_the_read_timeout_fails_then_the_next_run_resumes(server: ScriptedServer, tmp_path: Path) -> None:
+def test_stall_past_the_read_timeout_fails_then_the_next_run_resumes(
+    server: ScriptedServer, tmp_path: Path, prepare_here: Callable[..., subprocess.CompletedProcess]
+) -> None:
     out_dir, cache = tmp_path / "out", tmp_path / "cache"
     url = f"{server.base}/stall.txt"
-    stalled = prepare(url, out_dir, cache, f"--sha256={BODY_SHA256}")
+    stalled = prepare_here(url, out_dir, cache, f"--sha256={BODY_SHA256}")
     assert_one_line_error(stalled.returncode, stalled.stderr, "failed after 1 attempts: read timed out")
     assert not out_dir.exists()
     partial = [p for p in cache.rglob("*") if p.is_file()]
     assert len(partial) == 1 and partial[0].name.endswith("-stall.txt.part")  # only a partial file, named so
     assert partial[0].read_bytes() == BODY[:1000]
 
-    resumed = prepare(url, out_dir, cache, f"--sha256={BODY_SHA256}")
+    resumed = prepare_here(url, out_dir, cache, f"--sha256={BODY_SHA256}")
     assert resumed.returncode == 0, resumed.stderr
     assert server.log == [("/stall.txt", None), ("/stall.txt", "bytes=1000-")]
     assert_prepared(out_dir)
     assert [p.name.endswith("-stall.txt") for p in cache.rglob("*") if p.is_file()] == [True]
 
 
-def test_wrong_checksum_leaves_nothing(server: ScriptedServer, tmp_path: Path) -> None:
+def test_wrong_checksum_leaves_nothing(
+    server: ScriptedServer, tmp_path: Path, prepare_here: Callable[..., subprocess.CompletedProcess]
+) -> None:
     out_dir, cache = tmp_path / "out", tmp_path / "cache"
-    result = prepare(f"{server.base}/text.txt", out_dir, cache)  # expects tiny Shakespeare's sha256
+    result = prepare_here(f"{server.base}/text.txt", out_dir, cache)  # expects tiny Shakespeare's sha256
     assert_one_line_error(result.returncode, result.stderr, "has sha256 ")
     assert "expected 86c4e6aa9db7c042..." in result.stderr and "pass --sha256=None" in result.stderr
     assert not out_dir.exists() and cached_files(cache) == []
 
 
-def test_dropped_connection_is_resumed_with_range(server: ScriptedServer, tmp_path: Path) -> None:
+def test_dropped_connection_is_resumed_with_range(
+    server: ScriptedServer, tmp_path: Path, prepare_here: Callable[..., subprocess.CompletedProcess]
+) -> None:
     out_dir, cache = tmp_path / "out", tmp_path / "cache"
-    result = prepare(f"{server.base}/drop.txt", out_dir, cache, f"--sha256={BODY_SHA256}", "--retries=1")
+    result = prepare_here(f"{server.base}/drop.txt", out_dir, cache, f"--sha256={BODY_SHA256}", "--retries=1")
     assert result.returncode == 0, result.stderr
     assert server.log == [("/drop.txt", None), ("/drop.txt", f"bytes={len(BODY) // 2}-")]
     assert_prepared(out_dir)
     assert len(cached_files(cache)) == 1 and not cached_files(cache)[0].endswith(".part")
 
 
-def test_redirect_is_followed(server: ScriptedServer, tmp_path: Path) -> None:
+def test_redirect_is_followed(
+    server: ScriptedServer, tmp_path: Path, prepare_here: Callable[..., subprocess.CompletedProcess]
+) -> None:
     out_dir, cache = tmp_path / "out", tmp_path / "cache"
-    result = prepare(f"{server.base}/redirect.txt", out_dir, cache, f"--sha256={BODY_SHA256}")
+    result = prepare_here(f"{server.base}/redirect.txt", out_dir, cache, f"--sha256={BODY_SHA256}")
     assert result.returncode == 0, result.stderr
     assert [path for path, _ in server.log] == ["/redirect.txt", "/text.txt"]
     assert_prepared(out_dir)
 
 
-def test_refused_connection_is_one_line(tmp_path: Path) -> None:
+def test_refused_connection_is_one_line(
+    tmp_path: Path, prepare_here: Callable[..., subprocess.CompletedProcess]
+) -> None:
     with socket.socket() as probe:  # a port that was free a moment ago: nothing listens there
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     out_dir, cache = tmp_path / "out", tmp_path / "cache"
-    result = prepare(f"http://127.0.0.1:{port}/text.txt", out_dir, cache)
+    result = prepare_here(f"http://127.0.0.1:{port}/text.txt", out_dir, cache)
     assert_one_line_error(result.returncode, result.stderr, "failed after 1 attempts: could not connect")
     assert not out_dir.exists() and cached_files(cache) == []
 
 
-def test_impossible_download_settings(tmp_path: Path) -> None:
-    result = prepare("http://127.0.0.1:9/x.txt", tmp_path / "out", tmp_path / "cache", "--read_timeout=0")
+def test_impossible_download_settings(tmp_path: Path, prepare_here: Callable[..., subprocess.CompletedProcess]) -> None:
+    result = prepare_here("http://127.0.0.1:9/x.txt", tmp_path / "out", tmp_path / "cache", "--read_timeout=0")
     assert_one_line_error(result.returncode, result.stderr, "--retries must be >= 0 and --read_timeout > 0")
     assert sorted(tmp_path.iterdir()) == []
 
@@ -431,14 +455,23 @@ HOSTILE_INPUTS = [  # (name, make the input and return the flags naming it, what
 ]
 
 
+# Inputs that a wrong open would wait on or read for ever: corpus.py runs as a process with a timeout. The others call
+# its main in this process, the same code without starting Python and torch.
+ENDLESS_INPUTS = ("fifo_named", "device_named")
+
+
 @pytest.mark.parametrize(("name", "make", "fragments"), HOSTILE_INPUTS, ids=[case[0] for case in HOSTILE_INPUTS])
 def test_hostile_input_is_one_line_and_nothing_is_written(
-    tmp_path: Path, name: str, make: Callable[[Path], list[str]], fragments: list[str]
+    tmp_path: Path, name: str, make: Callable[[Path], list[str]], fragments: list[str], capsys: pytest.CaptureFixture
 ) -> None:
     if name in ("read_error", "device_named") and not Path("/proc/self/mem").exists():
         pytest.skip("needs Linux's /proc and /dev")
     out = tmp_path / "out"
-    result = run_script(CORPUS, *make(tmp_path), f"--out_dir={out}", "--block_size=8", timeout=60)
+    args = [*make(tmp_path), f"--out_dir={out}", "--block_size=8"]
+    if name in ENDLESS_INPUTS:
+        result = run_script(CORPUS, *args, timeout=60)
+    else:
+        result = run_in_process(corpus.main, args, capsys)
     assert_one_line_error(result.returncode, result.stderr, *fragments)
     assert not out.exists()
 

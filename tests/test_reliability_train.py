@@ -141,14 +141,15 @@ def same_weights(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
 
 
-@pytest.fixture(scope="module")
+# hooks and data_dir are read only and made in a blink: the tests using them alone need not share a process.
+@pytest.fixture(scope="session")
 def hooks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("hooks")
     (directory / "sitecustomize.py").write_text(FAULT_HOOK)
     return directory
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("data")
     make_char_data(directory, text=sample_text(30_000))
@@ -498,7 +499,10 @@ def test_init_from_auto_starts_from_scratch_in_an_empty_out_dir(
     assert ckpt.load_checkpoint(tmp_path / "out" / "ckpt.pt")["iter_num"] == 4
 
 
-def test_a_second_run_into_a_busy_out_dir_is_refused_until_the_first_dies(data_dir: Path, tmp_path: Path) -> None:
+def test_a_second_run_into_a_busy_out_dir_is_refused_until_the_first_dies(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The first run is a process (its lock dies with it); the others call the scripts' mains in this process."""
     out_dir = tmp_path / "out"
     first = subprocess.Popen(
         [sys.executable, str(REPO / "train.py"), *tiny_train_args(data_dir, out_dir, max_iters=10**7)],
@@ -514,13 +518,17 @@ def test_a_second_run_into_a_busy_out_dir_is_refused_until_the_first_dies(data_d
             time.sleep(0.05)
         # Paused, it still holds the directory's lock but no longer trains on a core the next two processes need.
         first.send_signal(signal.SIGSTOP)
-        second = run_script("train.py", *tiny_train_args(data_dir, out_dir, init_from="auto"))
+        second = run_in_process(train.main, tiny_train_args(data_dir, out_dir, init_from="auto"), capsys)
         assert_one_line_error(second.returncode, second.stderr, f"in use by another training run (process {first.pid})")
-        sampled = run_script("sample.py", f"--out_dir={out_dir}", "--checkpoint=latest", "--max_new_tokens=5")
+        sampled = run_in_process(
+            sample.main, [f"--out_dir={out_dir}", "--checkpoint=latest", "--max_new_tokens=5"], capsys
+        )
         assert sampled.returncode == 0, sampled.stderr  # readers take no lock
     finally:
         first.send_signal(signal.SIGKILL)  # no clean-up: only the kernel can release its lock
         first.wait(30)
     iters = ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] + 2
-    resumed = run_script("train.py", *tiny_train_args(data_dir, out_dir, init_from="resume", max_iters=iters))
+    resumed = run_in_process(
+        train.main, tiny_train_args(data_dir, out_dir, init_from="resume", max_iters=iters), capsys
+    )
     assert resumed.returncode == 0, resumed.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -35,8 +36,8 @@ def run_script(*args: str, stdin: str | None = None) -> subprocess.CompletedProc
 
 def sample_in_process(capsys: pytest.CaptureFixture, *args: str) -> subprocess.CompletedProcess:
     """sample.py's main in this process, as run_script reports it (bytes out): where the test is about the text and
-    the errors, not the process, this saves starting Python and torch. The tests that read stdin, the byte-level
-    stream and each test's first sample stay processes."""
+    the errors, not the process, this saves starting Python and torch. The tests that talk through stdin, the
+    byte-level stream and the first sample stay processes."""
     result = run_in_process(sample.main, list(args), capsys)
     return subprocess.CompletedProcess(args, result.returncode, result.stdout.encode(), result.stderr.encode())
 
@@ -114,18 +115,19 @@ def test_every_cpu_backend_prints_the_default_text(trained_char_checkpoint, deco
     (auto), greedy and sampled with a seed."""
     common = [f"--out_dir={trained_char_checkpoint}", "--start=First", "--max_new_tokens=60"]
     for settings in (["--temperature=0"], ["--seed=7"]):
-        default = run_script("sample.py", *common, *settings)
+        default = sample_in_process(capsys, *common, *settings)
         chosen = sample_in_process(capsys, *common, *settings, f"--decode={decode}")
         assert default.returncode == chosen.returncode == 0, chosen.stderr.decode()
         assert chosen.stdout == default.stdout and len(chosen.stdout.decode()) == len("First") + 60 + 1
 
 
-def test_the_demos_architecture_decodes_natively_as_eagerly(tmp_path):
+def test_the_demos_architecture_decodes_natively_as_eagerly(tmp_path, capsys):
     """make demo's architecture (rotary positions, QK-norm): --decode=native runs it (no refusal) and prints the
     greedy text --decode=eager prints."""
     lively_char_checkpoint(tmp_path, pos_encoding="rope", qk_norm=True)
-    common = ["sample.py", f"--out_dir={tmp_path}", "--start=A", "--max_new_tokens=30", "--temperature=0"]
-    native, eager = run_script(*common, "--decode=native"), run_script(*common, "--decode=eager")
+    common = [f"--out_dir={tmp_path}", "--start=A", "--max_new_tokens=30", "--temperature=0"]
+    native = sample_in_process(capsys, *common, "--decode=native")
+    eager = sample_in_process(capsys, *common, "--decode=eager")
     assert native.returncode == eager.returncode == 0, native.stderr.decode()
     assert native.stdout == eager.stdout and len(native.stdout.decode()) == len("A") + 30 + 1
 
@@ -311,16 +313,15 @@ def test_chat_talks_turn_by_turn_resets_and_survives_a_bad_line(tmp_path):
     assert len(errors) == 1 and "not in the character vocabulary" in errors[0]
 
 
-def test_chat_with_a_model_without_a_template_is_one_clear_error(trained_char_checkpoint):
-    result = run_script("sample.py", f"--out_dir={trained_char_checkpoint}", "--chat", stdin="hello\n")
+def test_chat_with_a_model_without_a_template_is_one_clear_error(trained_char_checkpoint, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello\n"))
+    result = sample_in_process(capsys, f"--out_dir={trained_char_checkpoint}", "--chat")
     assert_one_line_error(result.returncode, result.stderr.decode(), "no chat template")
 
 
 def test_a_chat_model_sampled_without_chat_stops_at_a_marker_and_never_prints_one():
     """As the server's /v1/completions: a plain sample of a chat model ends at the first chat marker (here one the
     model is made to pick), and the text holds none."""
-    import io
-
     from gptkit.data.tokenizer import ChatTokenizer
     from helpers import SERVE_TEXT, lively_model, reference_greedy
 

@@ -94,7 +94,7 @@ def assert_same_weights(a: dict, b: dict) -> None:
         assert torch.equal(a[key], b[key]), key
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # read only, made in a blink: the tests using it alone need not share a process
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("char_data")
     make_char_data(directory)

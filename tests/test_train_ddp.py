@@ -226,7 +226,10 @@ def run_killing_rank_1_at_step_15(tmp_path: Path, data_dir: Path, launcher: list
     (tmp_path / "hooks").mkdir()
     (tmp_path / "hooks" / "sitecustomize.py").write_text(KILL_HOOK)
     marker, out_dir = tmp_path / "killed", tmp_path / "out"
-    env = clean_env(PYTHONPATH=str(tmp_path / "hooks"), KILL_RANK="1", KILL_MARKER=str(marker))
+    # The repository after the hook: the hook imports gptkit before Python puts the script's directory first, and
+    # must find this checkout's package, not an installed one.
+    hooked = os.pathsep.join([str(tmp_path / "hooks"), str(REPO)])
+    env = clean_env(PYTHONPATH=hooked, KILL_RANK="1", KILL_MARKER=str(marker))
     env["KILL_AT_BATCH"] = str(15 * RUN["gradient_accumulation_steps"])
     command = [*launcher, str(REPO / "train.py"), *tiny_train_args(data_dir, out_dir, **RUN), "--init_from=auto"]
     return marker, out_dir, [command, env]

@@ -17,7 +17,7 @@ from gptkit.infer.native import PACKED_STEPS, extension
 from gptkit.infer.onednn import onednn_linear_available
 from gptkit.model import GPT, GPTConfig
 from gptkit.weights.quantization import quantize_int8
-from helpers import int8_reference, make_char_data, run_main
+from helpers import int8_reference, make_char_data, run_main, scripts_in_process, step_with_dynamos_eager_backend
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -141,7 +141,9 @@ def test_sample_bench_compares_every_path_in_one_run(tmp_path: Path):
 def test_sample_bench_puts_batch_one_against_the_memory_bound(capsys, monkeypatch):
     # The read speed is measured before each round and after every run: a run is set against the mean of the two
     # measures around it (round r, path i: measures 8r + i and 8r + i + 1 with seven paths), of_bound is the median
-    # of the runs' fractions of their own bound.
+    # of the runs' fractions of their own bound. The compiled paths' step goes through dynamo without inductor: the
+    # arithmetic is what is tested here, and inductor's kernels are tested in tests/infer and tests/weights.
+    step_with_dynamos_eager_backend(monkeypatch)
     measures = [20e9 + 1e9 * k for k in range(24)]
     remaining = iter(measures)
     monkeypatch.setattr(bench, "read_bandwidth", lambda device, megabytes: next(remaining))
@@ -324,12 +326,19 @@ def fake_nanogpt(directory: Path) -> Path:
     return directory
 
 
-def test_quality_bench_reports_the_whole_split_loss_of_each_run_and_the_nanogpt_ratio(tmp_path: Path):
+@pytest.mark.heavy
+def test_quality_bench_reports_the_whole_split_loss_of_each_run_and_the_nanogpt_ratio(
+    tmp_path: Path, capsys, monkeypatch
+):
+    """bench.py's main and its train.py runs in this process (the stand-in nanoGPT is a process: the benchmark runs
+    it from its own directory); bench.py runs as a process in the refusal test below."""
+    monkeypatch.chdir(REPO)  # the recipe is named relative to the repository, as a user in it names it
+    scripts_in_process(monkeypatch, bench)
     data_dir = tmp_path / "data"
     make_char_data(data_dir, text="to be or not to be, that is the question. " * 200)
     nanogpt = fake_nanogpt(tmp_path / "nanoGPT")
     out = tmp_path / "quality.json"
-    result = run_bench(
+    args = [
         "quality",
         "--config=config/train_shakespeare_char_cpu.py",
         "--runs=2",
@@ -340,8 +349,9 @@ def test_quality_bench_reports_the_whole_split_loss_of_each_run_and_the_nanogpt_
         f"--work_dir={tmp_path / 'runs'}",
         f"--json_out={out}",
         f"--nanogpt_dir={nanogpt}",
-    )
-    assert result.returncode == 0, result.stderr
+    ]
+    code, _, err = run_main(bench.main, args, capsys)
+    assert code == 0, err
     reference, row = json.loads(out.read_text())["results"]
     assert json.loads((nanogpt / "argv.json").read_text()) == bench.NANOGPT_CPU_RECIPE
     assert reference["val_loss_estimate"] == 1.8857 and reference["median_wall_s"] >= 0.5
@@ -357,15 +367,23 @@ def test_quality_bench_reports_the_whole_split_loss_of_each_run_and_the_nanogpt_
 @pytest.mark.parametrize(
     "args, message",
     [
-        ([], "name a benchmark first"),
         (["sample", "--paths=fast"], "unknown --paths ['fast']"),
         (["quality", "--config=config/missing.py", "--runs=1"], "train.py"),
         (["quality", "--nanogpt_dir=/nonexistent/nanoGPT"], "no train.py in --nanogpt_dir=/nonexistent/nanoGPT"),
     ],
 )
-def test_bad_requests_fail_in_one_line(args, message, tmp_path: Path, capsys):
-    """bench.py's main in this process (the quality test above runs bench.py as a process)."""
-    code, _, err = run_main(bench.main, [*args, *([f"--json_out={tmp_path / 'x.json'}"] if args else [])], capsys)
+def test_bad_requests_fail_in_one_line(args, message, tmp_path: Path, capsys, monkeypatch):
+    """bench.py's main in this process, and the train.py it starts too (the test below runs bench.py as a
+    process)."""
+    scripts_in_process(monkeypatch, bench)
+    code, _, err = run_main(bench.main, [*args, f"--json_out={tmp_path / 'x.json'}"], capsys)
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_a_request_without_a_benchmark_fails_in_one_line(tmp_path: Path):
+    result = run_bench(f"--json_out={tmp_path / 'x.json'}")
+    assert result.returncode == 2
+    assert "name a benchmark first" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.json").exists()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import bench
 import bench_gpu
-from helpers import assert_script_error, run_main, run_script
+from helpers import REPO, assert_script_error, run_main, run_script, scripts_in_process
 
 SMOKE_FLAGS = [
     "--device=cpu",
@@ -33,9 +34,11 @@ HEADLINE = {
 }
 
 
-def test_smoke_run_writes_every_section(tmp_path: Path, char_data_dir: Path, capsys) -> None:
-    """bench_gpu.main in this process (the test below runs the script as a process); train.py and the CUDA tests
-    still run in processes of their own, as the benchmark starts them."""
+def test_smoke_run_writes_every_section(tmp_path: Path, char_data_dir: Path, capsys, monkeypatch) -> None:
+    """bench_gpu.main in this process (the test below runs the script as a process), and train.py in it too; the
+    CUDA tests still run in a pytest process of their own, as the benchmark starts them."""
+    monkeypatch.chdir(REPO)  # the recipe is named relative to the repository, as a user in it names it
+    scripts_in_process(monkeypatch, bench)
     json_out = tmp_path / "gpu.json"
     extra = [f"--char_extra={flag}" for flag in [f"--data_dir={char_data_dir}", *TINY_RECIPE, "--curves=False"]]
     args = [*SMOKE_FLAGS, *extra, f"--work_dir={tmp_path / 'work'}", f"--json_out={json_out}"]

@@ -1,5 +1,7 @@
 """benchmarks/bench_posttrain.py: the task it makes, and the whole pipeline at its smallest (SFT, GRPO, DPO, the
-rollout comparison, whose batched and one-at-a-time completions must be the same tokens)."""
+rollout comparison, whose batched and one-at-a-time completions must be the same tokens), run in this process with
+the scripts it starts (prepare_data/chat.py, train.py, eval.py, prepare_data/preferences.py) called in it too; the
+script itself runs as a process below."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import bench_posttrain
-from helpers import run_script
+from helpers import assert_script_error, run_main, run_script, scripts_in_process
 
 
 def read(path: Path) -> list[dict]:
@@ -33,12 +35,19 @@ def test_the_task_files(tmp_path: Path) -> None:
 
 
 @pytest.mark.heavy
-def test_smoke_run(tmp_path: Path) -> None:
+def test_smoke_run(tmp_path: Path, capsys, monkeypatch) -> None:
     out = tmp_path / "posttrain.json"
     tiny = ["--sft_iters=5", "--grpo_iters=2", "--grpo_prompts=2", "--group_size=2", "--dpo_iters=2", "--held_out=8"]
-    result = run_script("benchmarks/bench_posttrain.py", *tiny, f"--work_dir={tmp_path / 'w'}", f"--json_out={out}")
-    assert result.returncode == 0, result.stderr
+    scripts_in_process(monkeypatch, bench_posttrain)
+    code, _, err = run_main(bench_posttrain.main, [*tiny, f"--work_dir={tmp_path / 'w'}", f"--json_out={out}"], capsys)
+    assert code == 0, err
     grpo, dpo, rollouts = json.loads(out.read_text())["results"]
     assert 0 <= grpo["before"] <= 1 and 0 <= grpo["after"] <= 1
     assert dpo["before"] == 0.5  # the starting model is its own reference
     assert rollouts["before"] > 0 and rollouts["after"] > 0
+
+
+def test_bad_settings_are_refused_by_the_script() -> None:
+    assert_script_error(
+        run_script("benchmarks/bench_posttrain.py", "--group_size=0"), "group_size must be a positive integer"
+    )

@@ -8,7 +8,6 @@ each step should see, written out there from the rule.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import gc
 
 import pytest
@@ -22,7 +21,7 @@ from gptkit.infer.native import build as native_build
 from gptkit.infer.onednn import DecodingLinear, onednn_linear_available, optimize_for_cpu_decoding
 from gptkit.model import GPT
 from gptkit.train.optim import configure_optimizers
-from helpers import lively_model, overflowing_model, plain_copy, reference_greedy
+from helpers import lively_model, overflowing_model, plain_copy, reference_greedy, step_with_dynamos_eager_backend
 
 POSITIONS = ["learned", "sinusoidal", "rope"]
 VOCAB = 37
@@ -489,13 +488,6 @@ def test_compiled_steps_sample_the_tokens_of_eager_steps(compiled_greedy):
             outputs[compiled] = [request.output for request in requests]
         assert outputs[True] == outputs[False] and (outputs[True] == greedy) == (temperature == 0)
         assert unique_graphs() - graphs_before == new_graphs
-
-
-def step_with_dynamos_eager_backend(monkeypatch) -> None:
-    """The compiled step through dynamo with its eager backend (no inductor): dynamo's graphs, guards and limits in
-    milliseconds where inductor would take many seconds a graph."""
-    eager_step = functools.cache(lambda device: torch.compile(compiled_decoding._step, fullgraph=True, backend="eager"))
-    monkeypatch.setattr(compiled_decoding, "compiled_step", eager_step)
 
 
 def test_compiled_rows_of_different_settings_each_sample_as_eager_rows_do(monkeypatch):
