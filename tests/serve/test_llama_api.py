@@ -14,7 +14,6 @@ from helpers import running_app
 from hf_tokenizer_dirs import write_byte_level
 
 transformers = pytest.importorskip("transformers")
-openai = pytest.importorskip("openai")
 
 MESSAGES = [
     {"role": "system", "content": "Be brief."},
@@ -65,6 +64,7 @@ def transformers_greedy_reply(directory: Path, steps: int) -> tuple[str, list[in
 
 
 def test_the_openai_client_gets_transformers_greedy_chat_reply(llama_dir: Path) -> None:
+    openai = pytest.importorskip("openai")  # here, not at the top: it takes most of a second to import
     model, tokenizer = load_model_and_tokenizer(str(llama_dir), "")
     expected, prompt = transformers_greedy_reply(llama_dir, steps=10)
     with running_app(model, tokenizer) as base:
@@ -75,6 +75,7 @@ def test_the_openai_client_gets_transformers_greedy_chat_reply(llama_dir: Path) 
 
 
 def test_an_echoed_prompt_is_scored_with_transformers_log_probabilities(llama_dir: Path) -> None:
+    openai = pytest.importorskip("openai")
     model, tokenizer = load_model_and_tokenizer(str(llama_dir), "")
     text = "The colour of the sea is blue, and the sky is grey."
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(llama_dir))
