@@ -69,18 +69,20 @@ def shares_a_module_fixture(item: pytest.Item) -> bool:
 # (--durations shows the figures; torchrun launches, inductor compiles and trained fixtures make the long ones).
 LONGEST_FIRST = (
     "tests/test_train_ddp.py",
-    "tests/infer/test_engine.py",
     "tests/weights/test_quantization.py",
+    "tests/infer/test_engine.py",
     "tests/test_train_lora.py",
-    "tests/test_train.py",
-    "tests/test_reliability_train.py",
     "tests/benchmarks/test_bench_step.py",
-    "tests/eval/test_hellaswag.py",
     "tests/test_train_posttrain.py",
-    "tests/test_model.py",
-    "tests/benchmarks/test_bench.py",
+    "tests/eval/test_hellaswag.py",
+    "tests/test_reliability_train.py",
+    "tests/test_train.py",
     "tests/test_chat_end_to_end.py",
     "tests/benchmarks/test_bench_lora.py",
+    "tests/benchmarks/test_bench_tokenizer.py",
+    "tests/test_train_chat.py",
+    "tests/test_train_tokenizer.py",
+    "tests/benchmarks/test_bench.py",
     "tests/test_sample.py",
     "tests/test_serve.py",
 )
@@ -101,13 +103,20 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tests of a module that share a module-scoped fixture run in one xdist process (`make test` distributes
     with --dist=loadgroup), so that the fixture's run or server is made once, not once per process; the other tests
-    are spread one by one. The modules of LONGEST_FIRST come first, in its order.
+    are spread one by one. The modules of LONGEST_FIRST come first, in its order. Tests marked `slow` skip unless
+    asked for (-m slow or GPTKIT_SLOW_TESTS=1).
 
     Tests marked `cuda` run where torch sees a CUDA GPU (or where GPU_TESTS_DEVICE names a device to run their
     bodies on instead); elsewhere they are skipped, saying why."""
     import torch
 
     items.sort(key=longest_first)  # stable: each module keeps its own order
+    slow_requested = "slow" in (config.getoption("-m") or "") or os.environ.get("GPTKIT_SLOW_TESTS") == "1"
+    if not slow_requested:  # skipped before their fixtures are made (a trained run) only to be skipped in the body
+        slow = pytest.mark.skip(reason="slow: runs on demand; ask with -m slow or GPTKIT_SLOW_TESTS=1")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(slow)
     grouping = config.getoption("loadgroup", default=False)  # set in the xdist processes by --dist=loadgroup
     for item in items:
         if grouping and shares_a_module_fixture(item):

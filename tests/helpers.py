@@ -32,9 +32,12 @@ SHAKESPEARE = FIXTURES / "shakespeare.txt"
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """The environment for a child: one thread, and no variables that point scripts at other data or caches."""
+    """The environment for a child: one thread, no variables that point scripts at other data or caches, and this
+    checkout first on the path: a script under prepare_data/ or benchmarks/ would otherwise import an installed
+    gptkit, which may be another checkout's."""
     env = {k: v for k, v in os.environ.items() if k not in ("TINYSHAKESPEARE", "GPT_TOOLKIT_CACHE")}
-    return {**env, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", **extra}
+    path = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": path, **extra}
 
 
 def run_script(

@@ -85,6 +85,7 @@ def trained_char_checkpoint(tmp_path_factory) -> Path:
         "--n_embd=32",
         "--block_size=32",
         "--batch_size=8",
+        "--gradient_accumulation_steps=1",  # train.py's default is 40 micro-batches a step
         "--max_iters=60",
         "--eval_interval=30",
         "--eval_iters=2",

@@ -10,15 +10,18 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import httpx
-import openai
 import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import serve
 from helpers import assert_one_line_error, get_json, lively_char_checkpoint, run_main, serve_process
+
+if TYPE_CHECKING:
+    import openai  # imported where used: it takes most of a second, in every process that collects this file
 
 KEY = "test-key-123"
 NAME = "tiny"
@@ -47,6 +50,8 @@ def served(tmp_path_factory):
 
 @pytest.fixture
 def client(served) -> openai.OpenAI:
+    import openai
+
     return openai.OpenAI(base_url=f"{served[0]}/v1", api_key=KEY, max_retries=0, timeout=60)
 
 
@@ -212,6 +217,8 @@ def test_a_closed_stream_frees_its_slot_and_stops_costing_compute(served):
 
 
 def test_a_key_is_needed_for_v1_but_not_for_the_page_or_health(served):
+    import openai
+
     base = served[0]
     body = {"model": NAME, "prompt": "All:", "max_tokens": 2}
     for key in (None, "wrong-key", KEY + "x"):

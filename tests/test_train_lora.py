@@ -31,8 +31,7 @@ def base(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("lora")
     write_text_data(root / "text", "abcdefgh " * 400)
     args = {**RUN, "max_iters": 3, "gradient_accumulation_steps": 1}
-    result = run_script("train.py", *cli_args(**args, data_dir=root / "text", out_dir=root / "base"))
-    assert result.returncode == 0, result.stderr
+    assert train.main(cli_args(**args, data_dir=root / "text", out_dir=root / "base")) == 0  # the tests' input
     write_chat_data(root / "chat")
     return root / "base"
 

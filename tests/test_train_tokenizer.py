@@ -19,6 +19,8 @@ import psutil
 import pytest
 import tiktoken
 
+import sample
+import train
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import sha256_file
 from gptkit.data import bpe
@@ -176,7 +178,9 @@ def corpus_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_train_prepare_train_and_sample_from_the_checkpoint_alone(corpus_tree: Path, tmp_path: Path) -> None:
+def test_train_prepare_train_and_sample_from_the_checkpoint_alone(corpus_tree: Path, tmp_path: Path, capsys) -> None:
+    """The tokenizer is trained by the script as a process; the next steps call each script's main in this process
+    (each script's own tests start it as a process)."""
     tok_dir, data_dir, out_dir = tmp_path / "tok", tmp_path / "data", tmp_path / "out"
     trained = run_script(TRAIN_TOKENIZER, *cli_args(input=corpus_tree, vocab_size=600, out_dir=tok_dir))
     assert trained.returncode == 0, trained.stderr
@@ -186,22 +190,24 @@ def test_train_prepare_train_and_sample_from_the_checkpoint_alone(corpus_tree: P
     assert meta["training"]["skipped_files"]["binary"] == 1 and meta["special_tokens"] == {tok.END_OF_TEXT: 599}
     assert b"never_seen_identifier_xyz" not in tiktoken.load.load_tiktoken_bpe(str(tok_dir / bpe.RANKS_FILENAME))
 
-    again = run_script(TRAIN_TOKENIZER, *cli_args(input=corpus_tree, vocab_size=600, out_dir=tok_dir))
+    again = run_in_process(train_tokenizer.main, cli_args(input=corpus_tree, vocab_size=600, out_dir=tok_dir), capsys)
     assert_script_error(again, "already holds a tokenizer", "--overwrite=True")
 
-    prepared = run_script(
-        "prepare_data/corpus.py", *cli_args(input=corpus_tree, tokenizer=tok_dir, out_dir=data_dir, block_size=16)
+    prepared = run_in_process(
+        corpus.main, cli_args(input=corpus_tree, tokenizer=tok_dir, out_dir=data_dir, block_size=16), capsys
     )
     assert prepared.returncode == 0, prepared.stderr
     data_meta = read_meta(data_dir, check_files=True)
     assert data_meta["vocab_size"] == 600 and data_meta["eot_token"] == 599 and data_meta["tokenizer"]["kind"] == "bpe"
     assert data_meta["tokenizer"]["ranks_sha256"] == meta["ranks_sha256"]
 
-    training = run_script("train.py", *tiny_train_args(data_dir, out_dir))
+    training = run_in_process(train.main, tiny_train_args(data_dir, out_dir), capsys)
     assert training.returncode == 0, training.stderr
     shutil.rmtree(data_dir)
     shutil.rmtree(tok_dir)
-    sampled = run_script("sample.py", *cli_args(out_dir=out_dir, device="cpu", max_new_tokens=20, start="def "))
+    sampled = run_in_process(
+        sample.main, cli_args(out_dir=out_dir, device="cpu", max_new_tokens=20, start="def "), capsys
+    )
     assert sampled.returncode == 0, sampled.stderr
     assert sampled.stdout.startswith("def ")
 

@@ -62,6 +62,7 @@ def test_a_missing_profiler_event_is_one_clear_error():
         bench_step.step_rows({"graph_0_cpp_fused_0": (1, 1.0, 1.0)}, 0.01, cfg, read_speed=None)
 
 
+@pytest.mark.heavy  # an inductor compile (the fast tier would make the model, then skip)
 def test_a_compiled_step_is_measured_kernel_by_kernel(tmp_path: Path, capsys):
     out = tmp_path / "step.json"
     code, printed, _ = run_main(bench_step.main, [*TINY, f"--json_out={out}"], capsys)

@@ -77,8 +77,8 @@ def test_mixed_corpus_meta_and_tokens(
     run_corpus: Callable, tmp_path: Path, mixed_corpus: Path, paragraphs: list[str]
 ) -> None:
     out = tmp_path / "out"
-    result = run_script(
-        CORPUS, f"--input={mixed_corpus}", f"--out_dir={out}", "--text_field=body", "--block_size=16", "--seed=3"
+    result = run_corpus(
+        f"--input={mixed_corpus}", f"--out_dir={out}", "--text_field=body", "--block_size=16", "--seed=3"
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"wrote 3 files to {out}") and "documents" in result.stdout
@@ -249,11 +249,12 @@ CRASH_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.parametrize("where", ["write", "commit"])
-def test_killed_run_leaves_nothing_that_looks_complete(tmp_path: Path, where: str) -> None:
+def test_killed_run_leaves_nothing_that_looks_complete(run_corpus: Callable, tmp_path: Path, where: str) -> None:
+    """The crash is a process; the runs before and after it call corpus.py's main in this process."""
     out = tmp_path / "out"
     args = [f"--input={SHAKESPEARE}", f"--out_dir={out}", "--num_workers=1", "--chunk_bytes=20000"]
     if where == "commit":  # an earlier complete dataset is there: the crash must not leave it looking current
-        assert run_script(CORPUS, *args, "--tokenizer=char").returncode == 0
+        assert run_corpus(*args, "--tokenizer=char").returncode == 0
     script = CRASH_SCRIPT.format(corpus=str(REPO / "prepare_data" / "corpus.py"))
     crashed = subprocess.run(
         [sys.executable, "-c", script, where, *args], capture_output=True, text=True, cwd=REPO, env=clean_env()
@@ -263,7 +264,7 @@ def test_killed_run_leaves_nothing_that_looks_complete(tmp_path: Path, where: st
     if where == "write":
         assert not (out / "train.bin").exists() and not (out / "val.bin").exists()
         assert any(p.name.endswith(".tmp") for p in out.iterdir())
-    rerun = run_script(CORPUS, *args)
+    rerun = run_corpus(*args)
     assert rerun.returncode == 0, rerun.stderr
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]
     assert read_meta(out, check_files=True)["tokenizer"]["kind"] == "tiktoken"

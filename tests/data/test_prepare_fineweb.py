@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,10 +25,12 @@ from helpers import (
     alive,
     assert_script_error,
     clean_env,
+    run_in_process,
     serving,
     serving_directory,
     signal_mid_run,
 )
+from prepare_data import fineweb
 
 
 def documents(file_index: int) -> list[str | None]:
@@ -73,7 +75,16 @@ def run_fineweb(*args: str, prelude: str = "") -> subprocess.CompletedProcess:
     )
 
 
-def test_download_and_tokenise_into_shards(tmp_path: Path, parquet_server: tuple[str, list[str]]) -> None:
+@pytest.fixture
+def fineweb_here(capsys: pytest.CaptureFixture) -> Callable[..., subprocess.CompletedProcess]:
+    """fineweb.py's main in this process, as a finished process: where the process is not what a test checks (the
+    first run below, the missing pyarrow and the signals start it)."""
+    return lambda *args: run_in_process(fineweb.main, list(args), capsys)
+
+
+def test_download_and_tokenise_into_shards(
+    tmp_path: Path, parquet_server: tuple[str, list[str]], fineweb_here: Callable[..., subprocess.CompletedProcess]
+) -> None:
     base, requested = parquet_server
     out = tmp_path / "out"
     args = [
@@ -108,15 +119,17 @@ def test_download_and_tokenise_into_shards(tmp_path: Path, parquet_server: tuple
         assert meta["splits"][split]["documents"] == expected[split].count(enc.eot_token)
     assert len(meta["splits"]["train"]["files"]) > 1
     # A second run finds both parquet files complete in the cache and downloads nothing.
-    again = run_fineweb(*args)
+    again = fineweb_here(*args)
     assert again.returncode == 0, again.stderr
     assert len(requested) == 2
 
 
-def test_missing_shard_is_one_line_error(tmp_path: Path, parquet_server: tuple[str, list[str]]) -> None:
+def test_missing_shard_is_one_line_error(
+    tmp_path: Path, parquet_server: tuple[str, list[str]], fineweb_here: Callable[..., subprocess.CompletedProcess]
+) -> None:
     base, _ = parquet_server
     out = tmp_path / "out"
-    result = run_fineweb("--shards=3", f"--base_url={base}", f"--cache_dir={tmp_path / 'c'}", f"--out_dir={out}")
+    result = fineweb_here("--shards=3", f"--base_url={base}", f"--cache_dir={tmp_path / 'c'}", f"--out_dir={out}")
     assert_script_error(result, "HTTP 404")
     assert not out.exists()
     assert sorted(p.name for p in (tmp_path / "c" / "fineweb-edu-sample-10BT").iterdir()) == [
@@ -125,11 +138,13 @@ def test_missing_shard_is_one_line_error(tmp_path: Path, parquet_server: tuple[s
     ]
 
 
-def test_damaged_cached_parquet_is_removed(tmp_path: Path) -> None:
+def test_damaged_cached_parquet_is_removed(
+    tmp_path: Path, fineweb_here: Callable[..., subprocess.CompletedProcess]
+) -> None:
     cached = tmp_path / "c" / "fineweb-edu-sample-10BT" / "000_00000.parquet"
     cached.parent.mkdir(parents=True)
     cached.write_bytes(b"PAR1 not really parquet")
-    result = run_fineweb(
+    result = fineweb_here(
         "--base_url=http://127.0.0.1:9/none", f"--cache_dir={tmp_path / 'c'}", f"--out_dir={tmp_path}/o"
     )
     assert_script_error(result, "not a readable parquet file")

@@ -1,9 +1,11 @@
-"""End-to-end tests of prepare_data/shakespeare_char.py and shakespeare.py (subprocesses, exact token counts)."""
+"""End-to-end tests of prepare_data/shakespeare_char.py and shakespeare.py (subprocesses, exact token counts). The
+download and the refusal of other text call shakespeare_char.py's main in this process: the process is not what they
+test (it is here, and in tests/test_reliability_data.py)."""
 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -17,14 +19,32 @@ from helpers import (
     canonical_shakespeare,
     clean_env,
     copy_gpt2_bpe_files,
+    run_in_process,
     run_script,
     serving_directory,
 )
+from prepare_data import shakespeare_char
 
 
 def prepare(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """prepare_data/`script` run as a user would, with `env` added to a clean environment."""
     return run_script(f"prepare_data/{script}", *args, env=clean_env(**(env or {})))
+
+
+@pytest.fixture
+def prepare_char_here(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., subprocess.CompletedProcess]:
+    """shakespeare_char.py's main in this process, as a finished process, with `env` set as `prepare` sets it."""
+
+    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        for name in ("TINYSHAKESPEARE", "GPT_TOOLKIT_CACHE"):  # as clean_env leaves them out
+            monkeypatch.delenv(name, raising=False)
+        for name, value in (env or {}).items():
+            monkeypatch.setenv(name, value)
+        return run_in_process(shakespeare_char.main, list(args), capsys)
+
+    return run
 
 
 @pytest.fixture
@@ -89,28 +109,32 @@ def test_gpt2_from_bpe_dir_without_tiktoken_cache(tmp_path: Path) -> None:
     assert not (tmp_path / "o2").exists()
 
 
-def test_download_from_url_once_into_cache(tmp_path: Path, file_server: tuple[str, list[str]]) -> None:
+def test_download_from_url_once_into_cache(
+    tmp_path: Path, file_server: tuple[str, list[str]], prepare_char_here: Callable[..., subprocess.CompletedProcess]
+) -> None:
     base, requested = file_server
     env = {"TINYSHAKESPEARE": f"{base}/{SHAKESPEARE.name}", "GPT_TOOLKIT_CACHE": str(tmp_path / "cache")}
-    first = prepare("shakespeare_char.py", "--sha256=None", f"--out_dir={tmp_path / 'a'}", env=env)
-    second = prepare("shakespeare_char.py", "--sha256=None", f"--out_dir={tmp_path / 'b'}", env=env)
+    first = prepare_char_here("--sha256=None", f"--out_dir={tmp_path / 'a'}", env=env)
+    second = prepare_char_here("--sha256=None", f"--out_dir={tmp_path / 'b'}", env=env)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     assert requested == [f"/{SHAKESPEARE.name}"]  # the second run used the cache
     assert (tmp_path / "a" / "train.bin").read_bytes() == (tmp_path / "b" / "train.bin").read_bytes()
     assert len(list((tmp_path / "cache" / "downloads").iterdir())) == 1
-    missing = prepare("shakespeare_char.py", f"--source={base}/nope.txt", f"--out_dir={tmp_path / 'c'}", env=env)
+    missing = prepare_char_here(f"--source={base}/nope.txt", f"--out_dir={tmp_path / 'c'}", env=env)
     assert_script_error(missing, "HTTP 404")
     assert not (tmp_path / "c").exists()
 
 
-def test_other_text_needs_sha256_none(tmp_path: Path) -> None:
+def test_other_text_needs_sha256_none(
+    tmp_path: Path, prepare_char_here: Callable[..., subprocess.CompletedProcess]
+) -> None:
     other = tmp_path / "other.txt"
     other.write_text("To be, or not to be, that is the question.\n" * 40)
-    rejected = prepare("shakespeare_char.py", f"--source={other}", f"--out_dir={tmp_path / 'o'}")
+    rejected = prepare_char_here(f"--source={other}", f"--out_dir={tmp_path / 'o'}")
     assert_script_error(rejected, "pass --sha256=None")
-    accepted = prepare("shakespeare_char.py", f"--source={other}", "--sha256=None", f"--out_dir={tmp_path / 'o'}")
+    accepted = prepare_char_here(f"--source={other}", "--sha256=None", f"--out_dir={tmp_path / 'o'}")
     assert accepted.returncode == 0, accepted.stderr
     meta = read_meta(tmp_path / "o")
     assert meta["splits"]["train"]["tokens"] == int(len(other.read_text()) * 0.9)
-    missing = prepare("shakespeare_char.py", f"--source={tmp_path / 'missing.txt'}", f"--out_dir={tmp_path / 'x'}")
+    missing = prepare_char_here(f"--source={tmp_path / 'missing.txt'}", f"--out_dir={tmp_path / 'x'}")
     assert_script_error(missing, "does not exist")

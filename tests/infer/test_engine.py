@@ -412,6 +412,7 @@ def compiled_greedy() -> CompiledGreedyRun:
     )
 
 
+@pytest.mark.heavy  # inductor compiles (the fast tier would make the fixture, then skip)
 def test_compiled_steps_give_each_row_its_greedy_tokens_from_one_graph(compiled_greedy):
     """gptkit/infer/compiled.py: rows of 1, 9 and 26 tokens (the first with no prefill, so the step makes the
     cache itself), block 40, 30 new tokens: the attended span grows 16 -> 32 -> 40 and the last row slides. Every row
@@ -423,6 +424,7 @@ def test_compiled_steps_give_each_row_its_greedy_tokens_from_one_graph(compiled_
         assert request.output == reference_greedy(compiled_greedy.reference, request.prompt, 30)
 
 
+@pytest.mark.heavy
 def test_compiled_steps_serve_each_model_its_own_frozen_weights(compiled_greedy):
     """The compiled step checks one weight's identity in place of every module's guards: two models of the same
     shapes (and a third made after the second is freed, which may reuse its memory) each get their own greedy tokens,
@@ -451,6 +453,7 @@ def greedy_compiled_outputs(model: GPT, prompts: list[list[int]], new_tokens: in
     return [request.output for request in requests]
 
 
+@pytest.mark.heavy
 def test_compiled_steps_sample_the_tokens_of_eager_steps(compiled_greedy):
     """Sampling happens inside the compiled graph, with uniform numbers drawn as the eager path draws them: seeded
     requests (a generator per row, or one generator shared by the rows) get the eager engine's tokens. One graph per

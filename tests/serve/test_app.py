@@ -8,7 +8,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import openai
 import pytest
 
 from gptkit.core.errors import UserError
@@ -46,6 +45,8 @@ def char_tokenizer() -> CharTokenizer:
 
 
 def test_a_full_queue_answers_429_with_retry_after(char_tokenizer):
+    import openai  # here, not at the top: it takes most of a second to import
+
     model = lively_model(char_tokenizer.vocab_size)
     with running_app(model, char_tokenizer, slots=1, max_queue=1, max_n=2, max_tokens=100000) as base:
         client = httpx.Client(timeout=30)
@@ -162,6 +163,8 @@ def test_long_prompts_are_cut_from_the_left_or_refused(char_tokenizer):
 def test_bpe_text_streams_utf8_safe_and_whole():
     """A random GPT-2-vocabulary model makes byte tokens that split characters: every streamed chunk is whole text,
     and the chunks join to the non-streamed answer of the same seed."""
+    import openai  # here, not at the top: it takes most of a second to import
+
     tokenizer = TiktokenTokenizer("gpt2")
     model = lively_model(tokenizer.vocab_size, block_size=32)
     body = {"model": "m", "prompt": "日本語 🙂", "max_tokens": 60, "seed": 5, "top_k": None}

@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 import torch
 
@@ -43,6 +42,8 @@ def events(response: httpx.Response) -> list:
 
 
 def test_the_official_client_gets_a_chat_completion_with_usage(chat_server):
+    import openai  # here, not at the top: it takes most of a second to import
+
     client = openai.OpenAI(base_url=f"{chat_server}/v1", api_key="none", max_retries=0)
     answer = client.chat.completions.create(
         model=NAME, messages=[{"role": "user", "content": "Speak"}], temperature=0, max_completion_tokens=7
@@ -108,6 +109,8 @@ def test_a_reply_ends_at_the_end_of_its_turn(chat_tokenizer):
 
 
 def test_the_official_client_streams_a_last_chunk_with_an_empty_delta_and_the_finish_reason(chat_server):
+    import openai  # here, not at the top: it takes most of a second to import
+
     client = openai.OpenAI(base_url=f"{chat_server}/v1", api_key="none", max_retries=0)
     messages = [{"role": "user", "content": "Speak"}]
     whole = client.chat.completions.create(model=NAME, messages=messages, temperature=0, max_completion_tokens=9)

@@ -14,7 +14,6 @@ from helpers import running_app
 from hf_tokenizer_dirs import write_byte_level
 
 transformers = pytest.importorskip("transformers")
-openai = pytest.importorskip("openai")
 
 MESSAGES = [
     {"role": "system", "content": "Be brief."},
@@ -65,6 +64,7 @@ def transformers_greedy_reply(directory: Path, steps: int) -> tuple[str, list[in
 
 
 def test_the_openai_client_gets_transformers_greedy_chat_reply(llama_dir: Path) -> None:
+    openai = pytest.importorskip("openai")  # here, not at the top: it takes most of a second to import
     loaded = load(str(llama_dir))
     model, tokenizer = loaded.model, loaded.tokenizer
     expected, prompt = transformers_greedy_reply(llama_dir, steps=10)
@@ -76,6 +76,7 @@ def test_the_openai_client_gets_transformers_greedy_chat_reply(llama_dir: Path) 
 
 
 def test_an_echoed_prompt_is_scored_with_transformers_log_probabilities(llama_dir: Path) -> None:
+    openai = pytest.importorskip("openai")
     loaded = load(str(llama_dir))
     model, tokenizer = loaded.model, loaded.tokenizer
     text = "The colour of the sea is blue, and the sky is grey."

@@ -12,7 +12,6 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import openai
 import pytest
 import torch
 
@@ -96,6 +95,8 @@ def test_echo_streams_the_prompt_then_the_tokens_as_one_answer(server):
 
 
 def test_chat_logprobs_come_in_the_chat_format():
+    import openai  # here, not at the top: it takes most of a second to import
+
     tokenizer = ChatTokenizer.extending(CharTokenizer.from_text(SERVE_TEXT, eot=True))
     model = lively_model(tokenizer.vocab_size)
     with running_app(model, tokenizer) as base:
