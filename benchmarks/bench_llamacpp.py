@@ -1,13 +1,16 @@
-"""Our sampling against llama.cpp on the same weights: batch 1, float32 and 8-bit, in one run, on the same threads.
+"""Our sampling against llama.cpp on the same GGUF files: float32, 8-bit and 4-bit, batch 1 and several rows, in one
+run, on the same threads.
 
-    python benchmarks/bench_llamacpp.py [--shapes=smollm2-135m --shapes=gpt2-124m --threads=2 --new_tokens=128]
+    python benchmarks/bench_llamacpp.py [--shapes=smollm2-135m --shapes=gpt2-124m --batch_sizes=1 --batch_sizes=8]
 
-For each shape a model with random weights is written by export.py's GGUF writer as f32 and as q8_0 and loaded
-by llama-cpp-python (built from source, as the slow tests use it). The paths, each generating new_tokens after the
-same prompt with top-k sampling:
+For each shape a model with random weights is written by export.py's GGUF writer as f32, q8_0 and q4_0, and each
+file is decoded by llama-cpp-python (built from source, as the slow tests use it). The paths, each generating
+new_tokens after the same prompt in every row, with top-k sampling:
   ours_f32: gptkit.infer.generate with no decode argument on the float32 model (sample.py with no flag)
   ours_int8: the same on the model quantize_int8 made (sample.py --quantize=int8)
-  llamacpp_f32, llamacpp_q8_0: llama-cpp-python's Llama.generate on the f32 and q8_0 files
+  ours_int4: the same on the model read from the q4_0 file (sample.py --init_from=FILE.gguf): its own blocks
+  llamacpp_f32, llamacpp_q8_0, llamacpp_q4_0: llama.cpp on the f32, q8_0 and q4_0 files, every row a sequence of
+    one batch, each sampled by its own top-k sampler
 Repeats go round-robin over the paths (measure.time_paths), so load from other work slows every path alike.
 """
 
@@ -28,20 +31,25 @@ from gptkit.data import bpe
 from gptkit.data import tokenizer as tok
 from gptkit.infer import generate
 from gptkit.model import GPT, GPTConfig
+from gptkit.weights import load
 from gptkit.weights.export_gguf import export_gguf
 from gptkit.weights.quantization import quantize_int8
 from measure import MODEL_SHAPES, print_table, run_benchmark, time_paths
 
-SHAPES = {name: MODEL_SHAPES[name] for name in ("smollm2-135m", "gpt2-124m")}  # shapes llama.cpp holds
-PATHS = ("ours_f32", "ours_int8", "llamacpp_f32", "llamacpp_q8_0")
+SHAPES = {name: MODEL_SHAPES[name] for name in ("smollm2-135m", "gpt2-124m", "smollm2-1.7b")}  # llama.cpp holds
+PATHS = ("ours_f32", "ours_int8", "ours_int4", "llamacpp_f32", "llamacpp_q8_0", "llamacpp_q4_0")
+FILE_OF = {"ours_int4": "q4_0", "llamacpp_f32": "f32", "llamacpp_q8_0": "q8_0", "llamacpp_q4_0": "q4_0"}
+AGAINST = {"ours_f32": "llamacpp_f32", "ours_int8": "llamacpp_q8_0", "ours_int4": "llamacpp_q4_0"}
 
 
 @dataclass
 class LlamaCppBench:
-    shapes: list[str] = setting_list(list(SHAPES), f"model shapes: {', '.join(SHAPES)}")
+    shapes: list[str] = setting_list(["smollm2-135m", "gpt2-124m"], f"model shapes: {', '.join(SHAPES)}")
+    paths: list[str] = setting_list(list(PATHS), f"which decoders: {', '.join(PATHS)}")
+    batch_sizes: list[int] = setting_list([1, 8], "rows decoded at once (each its own prompt and sampler)")
     threads: int = setting(2, "threads for torch and for llama.cpp", rule="positive")
     prompt_tokens: int = setting(16, "prompt length")
-    new_tokens: int = setting(128, "tokens generated per run")
+    new_tokens: int = setting(128, "tokens generated per row and run")
     top_k: int = setting(200, "top-k sampling (temperature 1), for every path")
     repeats: int = setting(3, "runs per path; the median is reported")
     json_out: str = setting("bench_results/llamacpp.json", "where to write the JSON results ('' = nowhere)")
@@ -54,72 +62,162 @@ def byte_tokenizer() -> tok.BpeTokenizer:
     return tok.BpeTokenizer(record)
 
 
+class LlamaCppDecoder:
+    """llama.cpp decoding `rows` sequences of one GGUF file at once through llama-cpp-python's C API: each row a
+    sequence of one batch, sampled by its own top-k sampler (the high-level Llama class decodes one sequence)."""
+
+    def __init__(self, path: Path, rows: int, positions: int, threads: int, top_k: int) -> None:
+        import llama_cpp
+
+        self.api = llama_cpp
+        self.rows = rows
+        self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), llama_cpp.llama_model_default_params())
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = rows * positions
+        params.n_batch = params.n_ubatch = rows * positions
+        params.n_seq_max = rows
+        params.n_threads = params.n_threads_batch = threads
+        self.context = llama_cpp.llama_init_from_model(self.model, params)
+        self.batch = llama_cpp.llama_batch_init(rows * positions, 0, rows)
+        self.samplers = [self.top_k_sampler(top_k, seed=row) for row in range(rows)]
+
+    def top_k_sampler(self, top_k: int, seed: int):
+        """The top_k most likely tokens, then a draw at temperature 1."""
+        api = self.api
+        chain = api.llama_sampler_chain_init(api.llama_sampler_chain_default_params())
+        api.llama_sampler_chain_add(chain, api.llama_sampler_init_top_k(top_k))
+        api.llama_sampler_chain_add(chain, api.llama_sampler_init_dist(seed))
+        return chain
+
+    def fill(self, tokens: list[tuple[int, int, int, bool]]) -> None:
+        """The batch of (token, position, row, whether its logits are wanted)."""
+        batch = self.batch
+        batch.n_tokens = len(tokens)
+        for i, (token, position, row, wanted) in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, position, 1, wanted
+            batch.seq_id[i][0] = row
+
+    def decode(self) -> None:
+        if self.api.llama_decode(self.context, self.batch) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    def generate(self, prompts: list[list[int]], new_tokens: int) -> None:
+        """new_tokens sampled tokens after each of the prompts (one a row): the prompts in one batch, then one batch
+        a step with a token of every row."""
+        api = self.api
+        api.llama_memory_clear(api.llama_get_memory(self.context), True)
+        length = len(prompts[0])
+        self.fill([(t, p, row, p == length - 1) for row, ids in enumerate(prompts) for p, t in enumerate(ids)])
+        self.decode()
+        outputs = [row * length + length - 1 for row in range(len(prompts))]
+        for step in range(new_tokens):
+            tokens = [
+                api.llama_sampler_sample(self.samplers[row], self.context, out) for row, out in enumerate(outputs)
+            ]
+            if step == new_tokens - 1:
+                break
+            self.fill([(token, length + step, row, True) for row, token in enumerate(tokens)])
+            self.decode()
+            outputs = list(range(len(prompts)))
+
+    def close(self) -> None:
+        api = self.api
+        for sampler in self.samplers:
+            api.llama_sampler_free(sampler)
+        api.llama_batch_free(self.batch)
+        api.llama_free(self.context)
+        api.llama_model_free(self.model)
+
+
 def run_ours(model: GPT, prompt: torch.Tensor, top_k: int, new_tokens: int) -> None:
     generator = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         generate(model, prompt, new_tokens, top_k=top_k, generator=generator)
 
 
-def run_llama_cpp(llm, prompt: list[int], top_k: int, new_tokens: int) -> None:
-    tokens = llm.generate(prompt, top_k=top_k, top_p=1.0, min_p=0.0, temp=1.0, repeat_penalty=1.0, reset=True)
-    for count, _ in enumerate(tokens, start=1):
-        if count == new_tokens:
-            break
-
-
-def bench_shape(cfg: LlamaCppBench, shape: str, directory: Path) -> list[dict]:
-    import llama_cpp
-
-    config = GPTConfig(**SHAPES[shape])
-    torch.manual_seed(0)
-    model = GPT(config).eval()
+def write_files(model: GPT, shape: str, formats: set[str], directory: Path) -> dict[str, Path]:
+    """The GGUF file of `model` in each of `formats` (f32, q8_0, q4_0), written by export.py's writer."""
     files = {}
-    for outtype in ("f32", "q8_0"):
+    for outtype in sorted(formats):
         out = directory / f"{shape}-{outtype}"
         out.mkdir()
         files[outtype] = out / export_gguf(model, byte_tokenizer(), out, outtype, shape)[0]
-    context = cfg.prompt_tokens + cfg.new_tokens + 8
-    llms = {
-        outtype: llama_cpp.Llama(
-            model_path=str(path), n_ctx=context, n_threads=cfg.threads, n_threads_batch=cfg.threads, verbose=False
-        )
-        for outtype, path in files.items()
-    }
-    int8 = quantize_int8(copy.deepcopy(model))
-    prompt = torch.randint(0, 256, (1, cfg.prompt_tokens), generator=torch.Generator().manual_seed(1))
-    ids = prompt[0].tolist()
-    runs = {
-        "ours_f32": (partial(run_ours, model, prompt, cfg.top_k), cfg.new_tokens, cfg.repeats),
-        "ours_int8": (partial(run_ours, int8, prompt, cfg.top_k), cfg.new_tokens, cfg.repeats),
-        "llamacpp_f32": (partial(run_llama_cpp, llms["f32"], ids, cfg.top_k), cfg.new_tokens, cfg.repeats),
-        "llamacpp_q8_0": (partial(run_llama_cpp, llms["q8_0"], ids, cfg.top_k), cfg.new_tokens, cfg.repeats),
-    }
+    return files
+
+
+def our_models(model: GPT, paths: list[str], files: dict[str, Path]) -> dict[str, GPT]:
+    """The model each of our paths decodes. Without ours_f32 the float32 model is quantized to int8 in place (a 1.7B
+    shape's float32 copy is 6.8 GB)."""
+    models = {}
+    if "ours_int4" in paths:
+        models["ours_int4"] = load(str(files["q4_0"]), tokenizer=False).model.eval()
+    if "ours_f32" in paths:
+        models["ours_f32"] = model
+    if "ours_int8" in paths:
+        models["ours_int8"] = quantize_int8(copy.deepcopy(model) if "ours_f32" in paths else model)
+    return models
+
+
+def bench_shape(cfg: LlamaCppBench, shape: str, directory: Path) -> list[dict]:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SHAPES[shape])).eval().requires_grad_(False)
+    files = write_files(model, shape, {FILE_OF[path] for path in cfg.paths if path in FILE_OF}, directory)
+    models = our_models(model, cfg.paths, files)
+    del model
+    positions = cfg.prompt_tokens + cfg.new_tokens + 8
     rows = []
-    for path, timed in time_paths(runs).items():
-        seconds = statistics.median(run[0] for run in timed)
-        rows.append(
-            {
-                "shape": shape,
-                "path": path,
-                "batch": 1,
-                "new_tokens": cfg.new_tokens,
-                "seconds": round(seconds, 3),
-                "tokens_per_s": round(cfg.new_tokens / seconds, 1),
-                "all_seconds": [round(run[0], 3) for run in timed],
-            }
-        )
-    speed = {row["path"]: row["tokens_per_s"] for row in rows}
-    for row in rows:
-        reference = "llamacpp_q8_0" if row["path"] in ("ours_int8", "llamacpp_q8_0") else "llamacpp_f32"
-        row["x_llamacpp"] = round(row["tokens_per_s"] / speed[reference], 2)
+    for batch in cfg.batch_sizes:
+        prompt = torch.randint(0, 256, (batch, cfg.prompt_tokens), generator=torch.Generator().manual_seed(1))
+        decoders = {
+            path: LlamaCppDecoder(files[FILE_OF[path]], batch, positions, cfg.threads, cfg.top_k)
+            for path in cfg.paths
+            if path.startswith("llamacpp")
+        }
+        runs = {}
+        for path in cfg.paths:
+            if path in models:
+                runs[path] = (partial(run_ours, models[path], prompt, cfg.top_k), cfg.new_tokens, cfg.repeats)
+            else:
+                runs[path] = (partial(decoders[path].generate, prompt.tolist()), cfg.new_tokens, cfg.repeats)
+        for path, timed in time_paths(runs).items():
+            seconds = statistics.median(run[0] for run in timed)
+            rows.append(
+                {
+                    "shape": shape,
+                    "path": path,
+                    "batch": batch,
+                    "new_tokens": cfg.new_tokens,
+                    "seconds": round(seconds, 3),
+                    "tokens_per_s": round(batch * cfg.new_tokens / seconds, 1),
+                    "all_seconds": [round(run[0], 3) for run in timed],
+                }
+            )
+        for decoder in decoders.values():
+            decoder.close()
+    add_ratios(rows)
     return rows
 
 
+def add_ratios(rows: list[dict]) -> None:
+    """x_llamacpp: each of our paths against llama.cpp on the same precision's file; x_int8: int4 against int8."""
+    speed = {(row["batch"], row["path"]): row["tokens_per_s"] for row in rows}
+    for row in rows:
+        against = speed.get((row["batch"], AGAINST.get(row["path"], "")))
+        if against:
+            row["x_llamacpp"] = round(row["tokens_per_s"] / against, 2)
+        int8 = speed.get((row["batch"], "ours_int8"))
+        if row["path"] == "ours_int4" and int8:
+            row["x_int8"] = round(row["tokens_per_s"] / int8, 2)
+
+
 def bench_llamacpp(cfg: LlamaCppBench) -> list[dict]:
-    """Tokens/s at batch 1 of our sampling and llama.cpp's on the same weights, float32 and 8-bit."""
-    unknown = sorted(set(cfg.shapes) - set(SHAPES))
-    if unknown:
-        raise UserError(f"unknown --shapes {unknown}; use {', '.join(SHAPES)}")
+    """Tokens/s of our sampling and llama.cpp's on the same GGUF files: float32, 8-bit and 4-bit."""
+    for name, chosen, known in (("shapes", cfg.shapes, SHAPES), ("paths", cfg.paths, PATHS)):
+        unknown = sorted(set(chosen) - set(known))
+        if unknown:
+            raise UserError(f"unknown --{name} {unknown}; use {', '.join(known)}")
+    if any(size < 1 for size in cfg.batch_sizes):
+        raise UserError(f"--batch_sizes {cfg.batch_sizes}: each must be at least 1")
     try:
         import llama_cpp  # noqa: F401
     except ImportError as exc:
@@ -128,7 +226,8 @@ def bench_llamacpp(cfg: LlamaCppBench) -> list[dict]:
     with tempfile.TemporaryDirectory() as directory:
         for shape in cfg.shapes:
             rows += bench_shape(cfg, shape, Path(directory))
-    print_table(rows, ["shape", "path", "batch", "new_tokens", "seconds", "tokens_per_s", "x_llamacpp"])
+    columns = ["shape", "path", "batch", "new_tokens", "seconds", "tokens_per_s", "x_llamacpp", "x_int8"]
+    print_table(rows, columns)
     return rows
 
 

@@ -1,0 +1,34 @@
+"""bench_llamacpp.py against llama.cpp (slow: needs llama-cpp-python, built from source): every path at batch 1 and
+several rows, and the refusals of bad settings (these need no llama.cpp)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import bench_llamacpp
+from helpers import assert_one_line_error, run_main
+
+
+def test_bad_settings_are_refused_in_one_line(tmp_path, capsys):
+    for argv, named in ((["--shapes=gpt3"], "gpt3"), (["--paths=ours_int2"], "ours_int2"), (["--batch_sizes=0"], "0")):
+        code, _, err = run_main(bench_llamacpp.main, [*argv, f"--json_out={tmp_path / 'x.json'}"], capsys)
+        assert_one_line_error(code, err, named)
+    assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.slow
+def test_every_path_decodes_one_row_and_several(tmp_path, capsys):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python)")
+    out = tmp_path / "llamacpp.json"
+    argv = ["--shapes=smollm2-135m", "--batch_sizes=1", "--batch_sizes=3", "--new_tokens=4", "--repeats=1"]
+    code, printed, err = run_main(bench_llamacpp.main, [*argv, f"--json_out={out}"], capsys)
+    assert code == 0, err
+    rows = json.loads(out.read_text())["results"]
+    assert {(row["path"], row["batch"]) for row in rows} == {(p, b) for p in bench_llamacpp.PATHS for b in (1, 3)}
+    for row in rows:
+        assert row["tokens_per_s"] == pytest.approx(row["batch"] * 4 / row["seconds"], rel=0.02, abs=0.06)
+        assert ("x_llamacpp" in row) == (row["path"] in bench_llamacpp.AGAINST)
+        assert ("x_int8" in row) == (row["path"] == "ours_int4")
+    assert "ours_int4" in printed

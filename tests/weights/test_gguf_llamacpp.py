@@ -1,0 +1,83 @@
+"""GGUF files that llama.cpp's own quantizer wrote (llama_cpp.llama_model_quantize, from the f32 file our exporter
+wrote) read back with transformers' logits on the same file, for every architecture we export, and with its
+tokenizer ids. Slow: needs llama-cpp-python, built from source (pip install llama-cpp-python)."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import pytest
+import torch
+
+from gptkit.data.gguf_tokenizer import load_gguf_tokenizer
+from gptkit.data.hf_tokenizer import load_hf_tokenizer
+from gptkit.weights import load
+from hf_tokenizer_dirs import write_family
+
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+from test_export_gguf_tokenizer import VARIED  # noqa: E402
+from test_gguf_read import IDX, SHAPES, export_file, logits, tiny, transformers_model  # noqa: E402
+
+# llama.cpp's file types (llama.h's LLAMA_FTYPE_MOSTLY_*) and the block type each writes for most matrices.
+FILE_TYPES = {"Q8_0": 7, "Q4_0": 2, "Q4_1": 3, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+MAIN_TYPE = {"Q8_0": "Q8_0", "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K", "Q6_K": "Q6_K"}
+
+
+# K-quant super-blocks hold 256 weights a row: a model 256 wide (a SwiGLU MLP 512 wide, GPT-2's 1024) keeps
+# llama.cpp from falling back to other types for most of its matrices.
+def wide(shape: str) -> dict:
+    return dict(n_embd=256) if shape == "gpt2" else dict(n_embd=256, mlp_hidden=512)
+
+
+@pytest.fixture(scope="module")
+def qwen_tokenizer(tmp_path_factory):
+    """A Qwen2-style byte-level BPE with ChatML."""
+    return load_hf_tokenizer(write_family(tmp_path_factory.mktemp("tokenizer") / "qwen2", "qwen2"))
+
+
+@pytest.fixture(scope="module")
+def llama_cpp():
+    return pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python)")
+
+
+def quantize(llama_cpp, source: Path, file_type: str) -> Path:
+    """The file llama.cpp's quantizer writes from `source` as `file_type`."""
+    target = source.parent / f"{source.stem}-{file_type}.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = FILE_TYPES[file_type]
+    params.nthread = 1
+    assert llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), ctypes.byref(params)) == 0
+    return target
+
+
+def tensor_types(path: Path) -> set[str]:
+    return {tensor.tensor_type.name for tensor in gguf.GGUFReader(path).tensors if tensor.data.ndim > 1}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_llama_cpp_s_quantized_files_read_with_transformers_logits(tmp_path, llama_cpp, qwen_tokenizer, shape):
+    source = export_file(tmp_path, tiny(shape, **wide(shape)), qwen_tokenizer)
+    for file_type in FILE_TYPES:
+        path = quantize(llama_cpp, source, file_type)
+        assert MAIN_TYPE[file_type] in tensor_types(path), file_type
+        ours = load(str(path), tokenizer=False).model
+        expected = transformers_model(path, shape)(IDX).logits
+        # 1e-4, plus float32's rounding of logits this model makes up to ~70 (each of the two float32 passes is
+        # about 1.5e-4 from a float64 pass over the same dequantized weights there)
+        torch.testing.assert_close(logits(ours, IDX), expected, rtol=2e-6, atol=1e-4, msg=file_type)
+
+
+@pytest.mark.slow
+def test_a_quantized_file_s_tokenizer_gives_transformers_ids(tmp_path, llama_cpp, qwen_tokenizer):
+    source = export_file(tmp_path, tiny("qwen2", **wide("qwen2")), qwen_tokenizer)
+    path = quantize(llama_cpp, source, "Q4_K_M")
+    ours = load_gguf_tokenizer(path)
+    auto = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    for text in VARIED:
+        assert ours.encode_with_added(text) == auto.encode(text, add_special_tokens=False), text
+        assert ours.encode(text) == qwen_tokenizer.encode(text), text
+    assert ours.chat is not None and ours.chat.source == qwen_tokenizer.chat.source
