@@ -230,6 +230,7 @@ def checkpoint_after_a_kill(out_dir: Path, done: int) -> int:
     return saved
 
 
+@pytest.mark.heavy  # the reference run, then processes
 def test_a_run_killed_at_every_kind_of_moment_resumes_and_ends_identical_to_an_uninterrupted_one(
     hooks: Path, data_dir: Path, reference: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
