@@ -15,7 +15,7 @@ import sample
 import train
 from gptkit.core.errors import UserError
 from gptkit.core.settings import parse_settings, read_config_file
-from helpers import assert_one_line_error, assert_one_line_message, run_main, run_script, tiny_train_args
+from helpers import assert_one_line_error, assert_one_line_message, run_main, tiny_train_args
 
 # Each snippet would create MARKER if executed; {marker} is replaced by its path.
 CODE_SNIPPETS = {
@@ -152,13 +152,15 @@ def test_byte_order_mark_of_windows_editors_is_accepted(tmp_path: Path) -> None:
     assert read_config_file(config) == {"n_layer": (3, 1)}
 
 
-def test_config_with_code_end_to_end_exits_2_before_anything_is_created(tmp_path: Path) -> None:
+def test_config_with_code_through_the_script_exits_2_before_anything_is_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     marker = tmp_path / "code_ran"
     config = write(tmp_path / "evil.py", f'import os; os.system("touch {marker}")\n')
     out_dir = tmp_path / "out"
-    result = run_script("train.py", config, f"--out_dir={out_dir}", "--device=cpu", timeout=120)
-    assert_one_line_error(result.returncode, result.stderr)
-    assert result.stderr == f"error: {config}:1: only `name = literal` assignments are allowed in config files " + (
+    code, _, stderr = run_main(train.main, [str(config), f"--out_dir={out_dir}", "--device=cpu"], capsys)
+    assert_one_line_error(code, stderr)
+    assert stderr == f"error: {config}:1: only `name = literal` assignments are allowed in config files " + (
         "(found Import); config files are read, never executed\n"
     )
     assert not marker.exists() and not out_dir.exists()
@@ -200,6 +202,7 @@ TRAIN_BAD_VALUES = [
     (["--pos_encoding=rope", "--n_embd=30", "--n_head=2"], "rope positions need an even head size, got 15"),
     (["--cpu_threads=0"], "cpu_threads must be a positive integer, got 0"),
     (["--lerning_rate=1e-3"], "unknown setting 'lerning_rate'"),  # the hint that follows: tests/core/test_settings.py
+    (["--debug"], "unknown setting 'debug'"),  # a flag that no longer exists
     (["--batch_size=big"], "--batch_size must be of type integer, got 'big'"),
     (["--batch_size=1.5"], "--batch_size must be of type integer, got '1.5'"),
     (["--learning_rate=fast"], "--learning_rate must be of type number, got 'fast'"),
@@ -266,14 +269,3 @@ def test_sample_bad_values_are_one_line(
     assert_one_line_error(code, stderr, message)
     assert stdout == ""
     assert sorted(tmp_path.iterdir()) == []
-
-
-def test_bad_value_end_to_end(char_data_dir: Path, tmp_path: Path) -> None:
-    out_dir = tmp_path / "out"
-    args = [*tiny_train_args(char_data_dir, out_dir), "--batch_size=0"]
-    plain = run_script("train.py", *args, timeout=120)
-    assert plain.returncode == 2 and plain.stdout == ""
-    assert plain.stderr == "error: batch_size must be a positive integer, got 0\n"
-    debug = run_script("train.py", *args, "--debug", timeout=120)  # a flag that no longer exists
-    assert_one_line_error(debug.returncode, debug.stderr, "unknown setting 'debug'")
-    assert not out_dir.exists()

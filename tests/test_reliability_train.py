@@ -18,7 +18,6 @@ import resource
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -171,41 +170,23 @@ def reference(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # ----------------------------------------------------------------------------- kill -9
 
-
-def kill_trials() -> list[tuple]:
-    """Seeded kill moments: after a random step, inside the n-th checkpoint write after a random number of bytes,
-    and between writing best.pt and linking it as ckpt.pt."""
-    rng = random.Random(20240611)
-    trials = [("after_step", rng.randrange(INTERVAL, 6 * INTERVAL)) for _ in range(3)]  # a checkpoint exists
-    trials += [("mid_write", rng.randrange(2, 9), rng.uniform(0.02, 0.98)) for _ in range(2)]
-    trials.append(("before_link", rng.randrange(2, 4)))
-    return trials
+# The seeded moments of the kills: which save is cut after what share of its bytes, which of a resumed run's links
+# of a new best.pt as ckpt.pt is cut, and how many steps after its resume a run is killed.
+_moments = random.Random(20240611)
+MID_WRITE_SAVE, MID_WRITE_SHARE = _moments.randrange(2, 9), _moments.uniform(0.02, 0.98)
+BEFORE_LINK = _moments.randrange(1, 3)
+AFTER_STEPS = _moments.randrange(INTERVAL, 3 * INTERVAL)
 
 
-def steps_done(stdout: str) -> int:
-    """Steps the killed run finished, from its `iter k:` lines (log_interval=1)."""
-    return 1 + max(int(m) for m in re.findall(r"^iter (\d+):", stdout, flags=re.MULTILINE))
+def fault(hooks: Path, kind: str, save: int, size: int | None = None) -> dict[str, str]:
+    """The environment of a child that FAULT_HOOK kills (kind "kill": `size` bytes into its save-th checkpoint
+    write; "kill_before_link": before its save-th link of best.pt as ckpt.pt)."""
+    extra = {"FAULT_BYTES": str(size)} if size is not None else {}
+    return clean_env(PYTHONPATH=str(hooks), FAULT=kind, FAULT_SAVE=str(save), **extra)
 
 
-@pytest.mark.parametrize("trial", kill_trials(), ids=lambda t: "-".join(str(x)[:5] for x in t))
-def test_kill_9_keeps_a_loadable_checkpoint_and_resume_ends_identical(
-    trial: tuple, hooks: Path, data_dir: Path, reference: Path, tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
-    out_dir = tmp_path / "out"
-    kind = trial[0]
-    args = tiny_train_args(data_dir, out_dir, **RUN, max_iters=MAX_ITERS)
-    if kind == "after_step":
-        # No end of its own (max_iters huge, the same schedule), so only the kill stops it.
-        args = tiny_train_args(data_dir, out_dir, **RUN, max_iters=10**6)
-        env = clean_env(PYTHONUNBUFFERED="1")
-    elif kind == "mid_write":
-        size = (reference / "ckpt.pt").stat().st_size
-        env = clean_env(
-            PYTHONPATH=str(hooks), FAULT="kill", FAULT_SAVE=str(trial[1]), FAULT_BYTES=str(int(size * trial[2]))
-        )
-    else:
-        env = clean_env(PYTHONPATH=str(hooks), FAULT="kill_before_link", FAULT_SAVE=str(trial[1]))
-    process = subprocess.Popen(
+def start_train(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
         [sys.executable, str(REPO / "train.py"), *args],
         cwd=REPO,
         env=env,
@@ -213,74 +194,118 @@ def test_kill_9_keeps_a_loadable_checkpoint_and_resume_ends_identical(
         stderr=subprocess.PIPE,
         text=True,
     )
-    seen = []
+
+
+def killed_by_its_fault(args: list[str], env: dict[str, str]) -> str:
+    """Run train.py until FAULT_HOOK kills it; returns its stdout."""
+    process = start_train(args, env)
     try:
-        if kind == "after_step":
-            for line in process.stdout:
-                seen.append(line)
-                if line.startswith(f"iter {trial[1]}:") or len(seen) > 10 * MAX_ITERS:  # the latter: a bug
-                    process.kill()
-                    break
         stdout, stderr = process.communicate(timeout=120)
     finally:
         if process.poll() is None:  # the fault did not fire: never leave the run behind
             process.kill()
             process.communicate()
-    stdout = "".join(seen) + stdout
     assert process.returncode == -signal.SIGKILL, stderr
+    return stdout
 
-    done = steps_done(stdout)
-    latest = ckpt.load_checkpoint(out_dir / "ckpt.pt", required_keys=ckpt.RESUME_KEYS)  # always loads
-    saved = latest["iter_num"]
-    assert done - INTERVAL <= saved <= done < MAX_ITERS  # lost progress: at most one checkpoint interval
+
+def steps_done(stdout: str) -> int:
+    """Steps the killed run finished, from its `iter k:` lines (log_interval=1)."""
+    return 1 + max(int(m) for m in re.findall(r"^iter (\d+):", stdout, flags=re.MULTILINE))
+
+
+def first_step(stdout: str) -> int:
+    """The step a resumed run went on from: its first `iter k:` line."""
+    return int(re.search(r"^iter (\d+):", stdout, flags=re.MULTILINE)[1])
+
+
+def checkpoint_after_a_kill(out_dir: Path, done: int) -> int:
+    """What every kill leaves once a checkpoint exists: ckpt.pt and best.pt load, at most one checkpoint interval of
+    progress is lost, and sample.py finds a checkpoint whichever it asks for. Returns ckpt.pt's step."""
+    saved = ckpt.load_checkpoint(out_dir / "ckpt.pt", required_keys=ckpt.RESUME_KEYS)["iter_num"]
+    assert done - INTERVAL <= saved <= done < MAX_ITERS, "lost progress: at most one checkpoint interval"
     assert ckpt.load_checkpoint(out_dir / "best.pt")["iter_num"] <= done
-    stale = temporaries(out_dir)
-    if kind == "mid_write":
-        # Killed while the checkpoint of step n*INTERVAL was being written: the previous one is intact.
-        assert (saved, done) == ((trial[1] - 1) * INTERVAL, trial[1] * INTERVAL)
-        assert len(stale) == 1 and re.fullmatch(r"\.(ckpt|best)\.pt\.\w+\.tmp", stale[0])
-        with pytest.raises(UserError, match="truncated, damaged or not a checkpoint"):
-            ckpt.load_checkpoint(out_dir / stale[0])  # a temporary is never a checkpoint
-    elif kind == "before_link":
-        # best.pt already holds the new best step; ckpt.pt is one interval older; a complete .ckpt.pt.link is left.
-        assert stale == [".ckpt.pt.link"]
-        assert ckpt.load_checkpoint(out_dir / "best.pt")["iter_num"] == done == saved + INTERVAL
     for which in ("best", "latest"):  # what sample.py would load
         assert ckpt.resolve_checkpoint(out_dir, which).name in ("best.pt", "ckpt.pt")
+    return saved
 
-    capsys.readouterr()
-    assert train.main([*tiny_train_args(data_dir, out_dir, **RUN, max_iters=MAX_ITERS), "--init_from=resume"]) == 0
-    resumed_log = capsys.readouterr().out
-    assert re.search(rf"^iter {saved}: ", resumed_log, flags=re.MULTILINE)  # continued from ckpt.pt, not a temporary
-    assert temporaries(out_dir) == []  # stale temporaries were cleaned on resume
+
+@pytest.mark.heavy  # the reference run, then processes
+def test_a_run_killed_at_every_kind_of_moment_resumes_and_ends_identical_to_an_uninterrupted_one(
+    hooks: Path, data_dir: Path, reference: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """One run killed with SIGKILL four times, each restart going on from what the kill left: during its very first
+    save, in the middle of a later save, between writing a new best.pt and linking it as ckpt.pt, and after a
+    seeded step (while it is paused there, a second training into its out_dir is refused and sampling from it
+    works). The last resume ends with the uninterrupted run's checkpoints."""
+    out_dir = tmp_path / "out"
+    args = tiny_train_args(data_dir, out_dir, **RUN, max_iters=MAX_ITERS)
+    resume = [*args, "--init_from=resume"]
+
+    # Killed during the first save: no checkpoint, one temporary; resuming and sampling fail clearly, touching nothing.
+    killed_by_its_fault(args, fault(hooks, "kill", save=1, size=3000))
+    assert sorted(p.name for p in out_dir.iterdir() if not p.name.startswith(".")) == ["log.jsonl"]
+    first_temporaries = temporaries(out_dir)
+    assert len(first_temporaries) == 1
+    before = snapshot(out_dir)
+    code, _, stderr = run_main(train.main, resume, capsys)
+    assert_one_line_error(code, stderr, "ckpt.pt does not exist; train first")
+    code, _, stderr = run_main(sample.main, [f"--out_dir={out_dir}", "--device=cpu"], capsys)
+    assert_one_line_error(code, stderr, f"no checkpoint in {out_dir}")
+    assert snapshot(out_dir) == before, "failed commands touch nothing"
+
+    # Started afresh and killed in the middle of a later save: the previous checkpoint is intact.
+    size = (reference / "ckpt.pt").stat().st_size
+    stdout = killed_by_its_fault(args, fault(hooks, "kill", save=MID_WRITE_SAVE, size=int(size * MID_WRITE_SHARE)))
+    saved = checkpoint_after_a_kill(out_dir, steps_done(stdout))
+    assert (saved, steps_done(stdout)) == ((MID_WRITE_SAVE - 1) * INTERVAL, MID_WRITE_SAVE * INTERVAL)
+    stale = temporaries(out_dir)
+    assert len(stale) == 1 and re.fullmatch(r"\.(ckpt|best)\.pt\.\w+\.tmp", stale[0])
+    assert stale != first_temporaries, "starting afresh removed the first save's temporary"
+    with pytest.raises(UserError, match="truncated, damaged or not a checkpoint"):
+        ckpt.load_checkpoint(out_dir / stale[0])  # a temporary is never a checkpoint
+
+    # Resumed, and killed between writing a new best.pt and linking it as ckpt.pt: best.pt is a step ahead.
+    stdout = killed_by_its_fault(resume, fault(hooks, "kill_before_link", save=BEFORE_LINK))
+    assert first_step(stdout) == saved, "resumed from ckpt.pt, not from a temporary"
+    saved = checkpoint_after_a_kill(out_dir, steps_done(stdout))
+    assert temporaries(out_dir) == [".ckpt.pt.link"], "the resume removed the cut save's temporary"
+    assert ckpt.load_checkpoint(out_dir / "best.pt")["iter_num"] == steps_done(stdout) == saved + INTERVAL
+
+    # Resumed with no end of its own (max_iters huge, the same schedule), paused after a seeded step, then killed.
+    process = start_train([*resume, "--max_iters=1000000"], clean_env(PYTHONUNBUFFERED="1"))
+    seen = []
+    try:
+        for line in process.stdout:
+            seen.append(line)
+            if line.startswith(f"iter {saved + AFTER_STEPS}:") or len(seen) > 10 * MAX_ITERS:  # the latter: a bug
+                break
+        # Paused, it still holds the out_dir's lock but no longer trains on a core the commands below need.
+        process.send_signal(signal.SIGSTOP)
+        second = run_in_process(train.main, [*args, "--init_from=auto"], capsys)
+        assert_one_line_error(
+            second.returncode, second.stderr, f"in use by another training run (process {process.pid})"
+        )
+        sampled = run_in_process(
+            sample.main, [f"--out_dir={out_dir}", "--checkpoint=latest", "--max_new_tokens=5"], capsys
+        )
+        assert sampled.returncode == 0, sampled.stderr  # readers take no lock
+    finally:
+        process.kill()  # no clean-up: only the kernel can release its lock
+        stdout = "".join(seen) + process.communicate()[0]
+    assert process.returncode == -signal.SIGKILL
+    assert first_step(stdout) == saved, "resumed from ckpt.pt, not from the complete .ckpt.pt.link"
+    saved = checkpoint_after_a_kill(out_dir, steps_done(stdout))
+
+    # Resumed to the end (the killed run's lock is gone): the uninterrupted run's checkpoints.
+    final = run_in_process(train.main, resume, capsys)
+    assert final.returncode == 0, final.stderr
+    assert first_step(final.stdout) == saved
+    assert temporaries(out_dir) == [], "stale temporaries were removed on resume"
     for name in ("ckpt.pt", "best.pt"):
         resumed, uninterrupted = ckpt.load_checkpoint(out_dir / name), ckpt.load_checkpoint(reference / name)
         assert resumed["iter_num"] == uninterrupted["iter_num"]
         assert same_weights(resumed["model"], uninterrupted["model"]), name
-
-
-def test_kill_9_during_the_first_save_leaves_no_checkpoint_and_clear_errors(
-    hooks: Path, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
-    out_dir = tmp_path / "out"
-    args = tiny_train_args(data_dir, out_dir, **RUN, max_iters=MAX_ITERS)
-    result = run_script(
-        "train.py", *args, env=clean_env(PYTHONPATH=str(hooks), FAULT="kill", FAULT_SAVE="1", FAULT_BYTES="3000")
-    )
-    assert result.returncode == -signal.SIGKILL
-    assert sorted(p.name for p in out_dir.iterdir() if not p.name.startswith(".")) == ["log.jsonl"]
-    assert len(temporaries(out_dir)) == 1
-    before = snapshot(out_dir)
-
-    code, _, stderr = run_main(train.main, [*args, "--init_from=resume"], capsys)
-    assert_one_line_error(code, stderr, "ckpt.pt does not exist; train first")
-    code, _, stderr = run_main(sample.main, [f"--out_dir={out_dir}", "--device=cpu"], capsys)
-    assert_one_line_error(code, stderr, f"no checkpoint in {out_dir}")
-    assert snapshot(out_dir) == before  # failed commands touch nothing
-
-    assert train.main(tiny_train_args(data_dir, out_dir, **RUN, max_iters=INTERVAL)) == 0  # starting afresh cleans up
-    assert temporaries(out_dir) == []
-    assert ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == INTERVAL
 
 
 # ----------------------------------------------------------------------------- disk full
@@ -426,6 +451,7 @@ def test_malicious_checkpoint_refused_end_to_end(script: str, trained: Path, dat
         args = [f"--out_dir={out_dir}", "--device=cpu"]
     result = run_script(script, *args)
     assert_one_line_error(result.returncode, result.stderr, "asks to run code on load")
+    assert result.stdout == ""
     assert not marker.exists()
     assert sorted(p.name for p in out_dir.iterdir()) == ["ckpt.pt"]
 
@@ -438,7 +464,7 @@ def test_rerunning_a_scratch_command_is_refused_and_the_earlier_run_kept(
 ) -> None:
     out_dir = tmp_path / "out"
     args = tiny_train_args(data_dir, out_dir, max_iters=4, eval_interval=2)
-    assert run_script("train.py", *args).returncode == 0
+    assert run_in_process(train.main, args, capsys).returncode == 0
     before = snapshot(out_dir)
     again = run_in_process(train.main, args, capsys)
     assert_one_line_error(
@@ -497,38 +523,3 @@ def test_init_from_auto_starts_from_scratch_in_an_empty_out_dir(
     result = run_in_process(train.main, tiny_train_args(data_dir, tmp_path / "out", init_from="auto"), capsys)
     assert result.returncode == 0, result.stderr
     assert ckpt.load_checkpoint(tmp_path / "out" / "ckpt.pt")["iter_num"] == 4
-
-
-def test_a_second_run_into_a_busy_out_dir_is_refused_until_the_first_dies(
-    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
-    """The first run is a process (its lock dies with it); the others call the scripts' mains in this process."""
-    out_dir = tmp_path / "out"
-    first = subprocess.Popen(
-        [sys.executable, str(REPO / "train.py"), *tiny_train_args(data_dir, out_dir, max_iters=10**7)],
-        cwd=REPO,
-        env=clean_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not (out_dir / "ckpt.pt").exists():  # mid-run: it has saved at least once
-            assert first.poll() is None and time.monotonic() < deadline, "the first run wrote no checkpoint"
-            time.sleep(0.05)
-        # Paused, it still holds the directory's lock but no longer trains on a core the next two processes need.
-        first.send_signal(signal.SIGSTOP)
-        second = run_in_process(train.main, tiny_train_args(data_dir, out_dir, init_from="auto"), capsys)
-        assert_one_line_error(second.returncode, second.stderr, f"in use by another training run (process {first.pid})")
-        sampled = run_in_process(
-            sample.main, [f"--out_dir={out_dir}", "--checkpoint=latest", "--max_new_tokens=5"], capsys
-        )
-        assert sampled.returncode == 0, sampled.stderr  # readers take no lock
-    finally:
-        first.send_signal(signal.SIGKILL)  # no clean-up: only the kernel can release its lock
-        first.wait(30)
-    iters = ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] + 2
-    resumed = run_in_process(
-        train.main, tiny_train_args(data_dir, out_dir, init_from="resume", max_iters=iters), capsys
-    )
-    assert resumed.returncode == 0, resumed.stderr

@@ -3,7 +3,8 @@
 A tiny trained run whose ckpt.pt gets a NaN written into one weight (its best.pt stays clean) is given to sample.py
 (the default decoding and --decode=eager), eval.py, export.py, serve.py and train.py (--init_from=FILE and resume):
 exit code 2, one line `error: checkpoint .../ckpt.pt: weight NAME holds NaN in 1 of its N values; ...`, nothing
-written. Each script's `main` runs in this process; sample.py also runs as a process.
+written. Each script's `main` runs in this process (sample.py's real process, exit code and one line:
+tests/test_reliability_train.py::test_malicious_checkpoint_refused_end_to_end).
 """
 
 from __future__ import annotations
@@ -22,10 +23,8 @@ import train
 from gptkit.weights.checkpoint import save_checkpoint
 from helpers import (
     assert_one_line_error,
-    assert_script_error,
     make_char_data,
     run_main,
-    run_script,
     sample_text,
     tiny_train_args,
 )
@@ -96,9 +95,3 @@ def test_train_refuses_nan_weights_to_start_from_or_resume(poisoned, tmp_path, c
     code, _, err = run_main(train.main, tiny_train_args(data, resumed, init_from="resume", max_iters=6), capsys)
     assert_one_line_error(code, err, f"checkpoint {resumed / 'ckpt.pt'}: weight {POISONED} holds NaN in 1 of")
     assert files_under(resumed) == before
-
-
-def test_sample_py_refuses_nan_weights_as_a_process(poisoned):
-    result = run_script("sample.py", f"--out_dir={poisoned / 'run'}", *LATEST, "--start=the", "--max_new_tokens=5")
-    assert_script_error(result, refusal(poisoned))
-    assert result.stdout == ""

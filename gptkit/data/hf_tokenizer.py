@@ -18,7 +18,7 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tokenizers
@@ -27,7 +27,9 @@ from gptkit.core.errors import UserError
 from gptkit.data import bpe
 from gptkit.data.bpe import UNKNOWN_ID_BYTES, gpt2_unicode_to_byte
 from gptkit.data.chat import ChatError
-from gptkit.data.jinja_chat import JinjaChatTemplate
+
+if TYPE_CHECKING:
+    from gptkit.data.jinja_chat import JinjaChatTemplate
 
 KIND = "hf"
 TOKENIZER_FILE = "tokenizer.json"
@@ -163,6 +165,8 @@ def check_record(record: Any, where: str) -> None:
     if not isinstance(specials, dict) or not all(isinstance(v, str) for v in specials.values()):
         raise UserError(f"{where}: 'special_tokens_map' must map names (bos_token, ...) to token texts; {fix}")
     if "chat" in record:
+        from gptkit.data.jinja_chat import JinjaChatTemplate  # here: jinja2 is slow to import; chat templates need it
+
         try:
             JinjaChatTemplate.from_meta(record["chat"], where)
         except ChatError as exc:
@@ -215,11 +219,13 @@ class HFTokenizer:
                 )
 
     def _template(self, record: dict[str, Any], where: str) -> JinjaChatTemplate | None:
+        if "chat" not in record and record.get("template_source") is None:
+            return None
+        from gptkit.data.jinja_chat import JinjaChatTemplate  # here: jinja2 is slow to import; chat templates need it
+
         try:
             if "chat" in record:
                 return JinjaChatTemplate.from_meta(record["chat"], where)
-            if record.get("template_source") is None:
-                return None
             stops = [self.eot_token] if self.eot_token is not None else []
             return JinjaChatTemplate.build(
                 record["template_source"],

@@ -24,7 +24,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gptkit.core import download
 from gptkit.core.distributed import Processes, reduce_numbers
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import atomic_write_json, git_blob_sha1
@@ -103,6 +102,8 @@ def hellaswag_items(source: str = "", cache_dir: str | os.PathLike | None = None
 
     The canonical copy must hold all 10,042 items and have the git blob id the repository lists for the file; a
     truncated or different file is refused and removed from the cache, so the next run downloads it again."""
+    from gptkit.core import download  # here, not at the top: requests is slow to import and few runs download
+
     path = download.resolve_source(source or HELLASWAG_URL, cache_dir=cache_dir)
     try:
         items = read_items(path)

@@ -20,8 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from huggingface_hub import snapshot_download
-from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as safetensors_bytes
 
@@ -72,6 +70,10 @@ def hub_snapshot(name: str) -> Path:
     """The directory of a hub repository's config, weights and tokenizer files in huggingface_hub's cache, fetched
     once (HF_ENDPOINT; HF_HUB_OFFLINE=1: the cache only). GPT-2's names stand for openai-community's repositories.
     UserError when it is neither cached nor reachable."""
+    # Imported here, not at the top: huggingface_hub is slow to import and only a hub name needs it.
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
     repository = f"openai-community/{name}" if name in GPT2_HUB_NAMES else name
     try:
         return Path(snapshot_download(repository, allow_patterns=HUB_FILES))

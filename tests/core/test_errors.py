@@ -25,19 +25,23 @@ needs_default_sigterm = pytest.mark.skipif(
     signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, reason="SIGTERM is handled by whatever runs the tests"
 )
 
-# A script as train.py is written: main() behind run_cli. The first argument picks what goes wrong.
+# A script as train.py is written: main() behind run_cli. The first argument picks what goes wrong. torch is
+# imported by the one case that needs it, so that the others start in a fraction of a second.
 FAILING_SCRIPT = textwrap.dedent(
     """
     import errno, os, sys
-    import torch
     from gptkit.core.errors import UserError, run_cli
 
     def forward(x):
+        import torch
+
         return torch.nn.Linear(8, 4)(x)  # an edited model whose shapes no longer fit
 
     def main(argv):
         what = argv[0]
         if what == "bug":
+            import torch
+
             forward(torch.zeros(2, 5))
         if what == "bad_fd":
             os.fstat(10**6)

@@ -28,28 +28,23 @@ def hold_lock_in_another_process(out_dir: Path) -> subprocess.Popen:
     return process
 
 
-def test_a_second_holder_is_refused_with_the_first_ones_pid_until_it_is_killed(tmp_path: Path) -> None:
-    holder = hold_lock_in_another_process(tmp_path / "out")
+def test_the_lock_is_refused_to_a_second_holder_and_released_on_exit_and_by_kill_9(tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    this_process = rf"\(process {os.getpid()}\)"
+    with RunDirLock(out_dir), pytest.raises(UserError, match=this_process), RunDirLock(out_dir):
+        pass  # held: even a second holder in the same process is refused
+    holder = hold_lock_in_another_process(out_dir)  # released on exit: another process takes it
     try:
-        with pytest.raises(UserError) as error, RunDirLock(tmp_path / "out"):
+        with pytest.raises(UserError) as error, RunDirLock(out_dir):
             pass
         assert f"(process {holder.pid})" in str(error.value) and "another --out_dir" in str(error.value)
     finally:
         holder.send_signal(signal.SIGKILL)  # no clean-up runs: the kernel alone drops the lock
         holder.wait(10)
-    with RunDirLock(tmp_path / "out"):
-        assert list((tmp_path / "out").iterdir()) == []  # the lock leaves no file behind
-
-
-def test_the_lock_is_released_on_exit_and_can_be_taken_again(tmp_path: Path) -> None:
-    this_process = rf"\(process {os.getpid()}\)"
-    with RunDirLock(tmp_path), pytest.raises(UserError, match=this_process), RunDirLock(tmp_path):
-        pass  # held: even a second holder in the same process is refused
-    holder = hold_lock_in_another_process(tmp_path)  # released on exit: another process takes it
-    holder.send_signal(signal.SIGKILL)
-    holder.wait(10)
-    with RunDirLock(tmp_path), pytest.raises(UserError, match="in use"), RunDirLock(tmp_path):
-        pass  # and taken again here
+    with RunDirLock(out_dir):
+        assert list(out_dir.iterdir()) == []  # the lock leaves no file behind
+        with pytest.raises(UserError, match="in use"), RunDirLock(out_dir):
+            pass  # and it is taken again here
 
 
 def test_an_out_dir_that_cannot_be_created_is_one_clear_error(tmp_path: Path) -> None:
