@@ -153,6 +153,15 @@ def test_the_root_model_and_the_package_model_are_one_file() -> None:
     assert root_file == package_file == str((REPO / ROOT_MODEL).resolve())
 
 
+def test_the_text_preparation_scripts_load_without_torch() -> None:
+    """Preparing text needs no torch: its import alone takes seconds, which each of these scripts would pay on
+    every run (and each of their tests that starts one)."""
+    scripts = ["corpus.py", "fineweb.py", "shakespeare.py", "shakespeare_char.py", "train_tokenizer.py"]
+    probe = "import runpy, sys\nfor name in sys.argv[1:]:\n    runpy.run_path(f'prepare_data/{name}')\nprint(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    out = subprocess.run([sys.executable, "-c", probe, *scripts], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout == "[]\n"
+
+
 def test_a_wheel_holds_the_model_in_the_package_and_no_top_level_model(tmp_path: Path) -> None:
     """A wheel built from the checkout's files installs gptkit with model.py's code inside it and no top-level `model`,
     and ships every C++ file of the native step. It is built from a copy, since setuptools leaves a build/ folder in
