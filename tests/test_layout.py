@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from types import ModuleType
 
+import pytest
 import tomllib
 
 from helpers import REPO
@@ -142,16 +145,39 @@ def test_the_root_holds_only_scripts_and_the_model() -> None:
 
 
 def test_the_root_model_and_the_package_model_are_one_file() -> None:
-    """`import model` from the checkout and `import gptkit.model` read the same file: one copy of the code."""
+    """`import model` from the checkout and `import gptkit.model` read the same file: one copy of the code. A fresh
+    Python in the checkout says which file each import would read (find_spec: without running model.py, whose torch
+    would take seconds to import)."""
     assert (REPO / "gptkit" / "model.py").is_symlink()
     assert (REPO / "gptkit" / "model.py").resolve() == (REPO / ROOT_MODEL).resolve()
-    probe = "import model, gptkit.model, pathlib; print(pathlib.Path(model.__file__).resolve()); print(pathlib.Path(gptkit.model.__file__).resolve())"
+    probe = "from importlib.util import find_spec; from pathlib import Path; print(Path(find_spec('model').origin).resolve()); print(Path(find_spec('gptkit.model').origin).resolve())"
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
     root_file, package_file = out.stdout.split()
     assert root_file == package_file == str((REPO / ROOT_MODEL).resolve())
 
 
-def test_a_wheel_holds_the_model_in_the_package_and_no_top_level_model(tmp_path: Path) -> None:
+def test_the_text_preparation_scripts_load_without_torch() -> None:
+    """Preparing text needs no torch: its import alone takes seconds, which each of these scripts would pay on
+    every run (and each of their tests that starts one)."""
+    scripts = ["corpus.py", "fineweb.py", "shakespeare.py", "shakespeare_char.py", "train_tokenizer.py"]
+    probe = "import runpy, sys\nfor name in sys.argv[1:]:\n    runpy.run_path(f'prepare_data/{name}')\nprint(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    out = subprocess.run([sys.executable, "-c", probe, *scripts], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout == "[]\n"
+
+
+def load_module_from(path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """The module in the file at `path`, run under a name of its own (registered while the test lasts, as its
+    dataclasses need)."""
+    spec = importlib.util.spec_from_file_location("installed_model", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_wheel_holds_the_model_in_the_package_and_no_top_level_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A wheel built from the checkout's files installs gptkit with model.py's code inside it and no top-level `model`,
     and ships every C++ file of the native step. It is built from a copy, since setuptools leaves a build/ folder in
     the tree it builds."""
@@ -172,7 +198,8 @@ def test_a_wheel_holds_the_model_in_the_package_and_no_top_level_model(tmp_path:
     subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", target, wheel], check=True)
     assert (target / "gptkit" / "model.py").is_file() and not (target / "gptkit" / "model.py").is_symlink()
     assert not (target / "model.py").exists()
-    probe = "import gptkit.model as m; print(m.__file__); print(m.GPT(m.GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4, vocab_size=5)).get_num_params())"
+    # A fresh Python finds gptkit.model in the installed tree (find_spec: without importing torch, which takes seconds)
+    probe = "from importlib.util import find_spec; print(find_spec('gptkit.model').origin)"
     out = subprocess.run(
         [sys.executable, "-c", probe],
         cwd=tmp_path,
@@ -181,10 +208,13 @@ def test_a_wheel_holds_the_model_in_the_package_and_no_top_level_model(tmp_path:
         text=True,
         check=True,
     )
-    installed_file, params = out.stdout.split()
-    assert installed_file == str(target / "gptkit" / "model.py")
+    assert out.stdout == f"{target / 'gptkit' / 'model.py'}\n"
+    installed = load_module_from(target / "gptkit" / "model.py", monkeypatch)  # this process has torch already
+    params = installed.GPT(
+        installed.GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4, vocab_size=5)
+    ).get_num_params()
     # wte 5*8 (tied head), block: two LayerNorms 2*16, c_attn 8*24+24, c_proj 8*8+8, c_fc 8*32+32, c_proj 32*8+8; ln_f 16
-    assert int(params) == 40 + (32 + 216 + 72 + 288 + 264) + 16
+    assert params == 40 + (32 + 216 + 72 + 288 + 264) + 16
 
 
 def test_only_the_package_is_installed_as_a_top_level_module() -> None:

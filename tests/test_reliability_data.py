@@ -17,13 +17,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -41,7 +44,6 @@ from helpers import (
     clean_env,
     make_char_data,
     run_in_process,
-    run_script,
     sample_text,
     serving,
     tiny_train_args,
@@ -274,14 +276,27 @@ def prepare_here(capsys: pytest.CaptureFixture) -> Callable[..., subprocess.Comp
 
 
 def test_preparing_writes_only_under_out_dir_and_the_cache(
-    server: ScriptedServer, sandbox: dict[str, Path], tmp_path: Path
+    server: ScriptedServer,
+    sandbox: dict[str, Path],
+    tmp_path: Path,
+    prepare_here: Callable[..., subprocess.CompletedProcess],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The download runs as a process in the sandbox; the local file's run calls main in this process, moved into
+    the same sandbox (working directory, HOME, TMPDIR and tempfile's own choice of it)."""
     local = tmp_path / "input.txt"
     local.write_bytes(BODY)
     before = tree(tmp_path)
     sandboxed = {"cwd": sandbox["cwd"], "env": sandbox_env(sandbox)}
-    from_file = prepare(str(local), tmp_path / "prep_file", tmp_path / "cache", "--sha256=None", **sandboxed)
+    monkeypatch.chdir(sandbox["cwd"])
+    monkeypatch.setenv("HOME", str(sandbox["home"]))
+    monkeypatch.setenv("TMPDIR", str(sandbox["tmp"]))
+    for name in ("XDG_CACHE_HOME", "GPT_TOOLKIT_CACHE", "TINYSHAKESPEARE"):  # as sandbox_env leaves them out
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", None)  # tempfile reads TMPDIR again
+    from_file = prepare_here(str(local), tmp_path / "prep_file", tmp_path / "cache", "--sha256=None")
     assert from_file.returncode == 0, from_file.stderr
+    assert tempfile.gettempdir() == str(sandbox["tmp"])
     from_url = prepare(
         f"{server.base}/text.txt", tmp_path / "prep_url", tmp_path / "cache", "--sha256=None", **sandboxed
     )
@@ -455,9 +470,25 @@ HOSTILE_INPUTS = [  # (name, make the input and return the flags naming it, what
 ]
 
 
-# Inputs that a wrong open would wait on or read for ever: corpus.py runs as a process with a timeout. The others call
-# its main in this process, the same code without starting Python and torch.
-ENDLESS_INPUTS = ("fifo_named", "device_named")
+class StillRunning(BaseException):
+    """Raised into a run that outlived its time limit (a BaseException, so that no `except Exception` swallows it)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Interrupt the block with StillRunning after `seconds`: a run that waits on a FIFO, reads a device or walks a
+    symbolic link loop for ever fails the test instead of hanging it (SIGALRM interrupts a blocking open too)."""
+
+    def expire(signum: int, frame: object) -> None:
+        raise StillRunning(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.mark.parametrize(("name", "make", "fragments"), HOSTILE_INPUTS, ids=[case[0] for case in HOSTILE_INPUTS])
@@ -468,15 +499,15 @@ def test_hostile_input_is_one_line_and_nothing_is_written(
         pytest.skip("needs Linux's /proc and /dev")
     out = tmp_path / "out"
     args = [*make(tmp_path), f"--out_dir={out}", "--block_size=8"]
-    if name in ENDLESS_INPUTS:
-        result = run_script(CORPUS, *args, timeout=60)
-    else:
+    with time_limit(30):  # a FIFO or a device opened by mistake would wait or read for ever
         result = run_in_process(corpus.main, args, capsys)
     assert_one_line_error(result.returncode, result.stderr, *fragments)
     assert not out.exists()
 
 
-def test_symlink_loops_and_a_fifo_in_a_tree_are_left_out_not_followed(tmp_path: Path) -> None:
+def test_symlink_loops_and_a_fifo_in_a_tree_are_left_out_not_followed(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     root = text_dir(tmp_path / "tree")
     (root / "again").symlink_to(root)  # two folder loops: glob.glob's ** would walk 2^40 paths
     (root / "more").symlink_to(".")
@@ -486,7 +517,8 @@ def test_symlink_loops_and_a_fifo_in_a_tree_are_left_out_not_followed(tmp_path: 
     for index, pattern in enumerate([str(root), f"{root}/**", f"{root}/**/*.txt"]):
         out = tmp_path / f"out{index}"
         flags = [f"--out_dir={out}", "--block_size=8", "--val_fraction=0.5", f"--seed={seed}"]
-        result = run_script(CORPUS, f"--input={pattern}", *flags, timeout=60)
+        with time_limit(30):
+            result = run_in_process(corpus.main, [f"--input={pattern}", *flags], capsys)
         assert result.returncode == 0, result.stderr
         source = json.loads((out / "meta.json").read_text())["source"]
         assert source["files"] == 2 and source["skipped_files"]["not a regular file"] == 2, pattern

@@ -24,20 +24,14 @@ REPO = Path(__file__).resolve().parent.parent
 CORPUS = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 40
 
 
-def run_script(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=REPO,
-        capture_output=True,
-        input=None if stdin is None else stdin.encode(),
-        timeout=300,
-    )
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, timeout=300)
 
 
 def sample_in_process(capsys: pytest.CaptureFixture, *args: str) -> subprocess.CompletedProcess:
-    """sample.py's main in this process, as run_script reports it (bytes out): where the test is about the text and
-    the errors, not the process, this saves starting Python and torch. The tests that talk through stdin, the
-    byte-level stream and the first sample stay processes."""
+    """sample.py's main in this process, as run_script reports it (bytes out, encoded strictly as UTF-8): where the
+    test is about the text and the errors, not the process, this saves starting Python and torch. The first sample
+    stays a process, sample.py as a user runs it."""
     result = run_in_process(sample.main, list(args), capsys)
     return subprocess.CompletedProcess(args, result.returncode, result.stdout.encode(), result.stderr.encode())
 
@@ -172,10 +166,9 @@ def test_file_prompt_and_batch(trained_char_checkpoint, tmp_path, capsys):
     assert len(set(samples)) > 1  # one batch, but each row samples its own tokens
 
 
-def test_interactive_reads_prompts_until_eof(trained_char_checkpoint):
-    result = run_script(
-        "sample.py", f"--out_dir={trained_char_checkpoint}", "--interactive", "--max_new_tokens=5", stdin="First\nAll\n"
-    )
+def test_interactive_reads_prompts_until_eof(trained_char_checkpoint, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("First\nAll\n"))
+    result = sample_in_process(capsys, f"--out_dir={trained_char_checkpoint}", "--interactive", "--max_new_tokens=5")
     assert result.returncode == 0, result.stderr.decode()
     outputs = result.stdout.decode().split("\n" + "-" * 40 + "\n")
     assert outputs[0].startswith("First") and outputs[1].startswith("All")
@@ -236,7 +229,7 @@ def test_stream_holds_back_a_partial_stop_string():
     assert printed == ["", "a", "b", "X", "c", ""]
 
 
-def test_bpe_checkpoint_streams_valid_utf8_end_to_end(tmp_path):
+def test_bpe_checkpoint_streams_valid_utf8_end_to_end(tmp_path, capsys):
     tokenizer = TiktokenTokenizer("gpt2")
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=32, vocab_size=50304, n_layer=1, n_head=2, n_embd=16))
@@ -245,8 +238,8 @@ def test_bpe_checkpoint_streams_valid_utf8_end_to_end(tmp_path):
         tmp_path / "ckpt.pt",
         {"model": model.state_dict(), "model_args": config_to_dict(model.config), "tokenizer": record},
     )
-    result = run_script(
-        "sample.py",
+    result = sample_in_process(
+        capsys,
         f"--out_dir={tmp_path}",
         "--start=日本語 🙂",
         "--max_new_tokens=200",
@@ -294,22 +287,19 @@ def greedy_reply(out_dir: Path, prompt: list[int], tokenizer, limit: int) -> str
     return tokenizer.decode(tokens[:cut])
 
 
-def test_chat_talks_turn_by_turn_resets_and_survives_a_bad_line(tmp_path):
+def test_chat_talks_turn_by_turn_resets_and_survives_a_bad_line(tmp_path, capsys, monkeypatch):
     tokenizer = lively_char_checkpoint(tmp_path / "out", chat=True, block_size=128)
-    result = run_script(
-        "sample.py",
-        f"--out_dir={tmp_path / 'out'}",
-        "--chat",
-        "--system=Speak",
-        "--temperature=0",
-        "--max_new_tokens=8",
-        stdin="All:\nZebra ☃\n/reset\nROMEO:\n/exit\nnever read\n",
+    stdin = io.StringIO("All:\nZebra ☃\n/reset\nROMEO:\n/exit\nnever read\n")
+    monkeypatch.setattr("sys.stdin", stdin)
+    result = sample_in_process(
+        capsys, f"--out_dir={tmp_path / 'out'}", "--chat", "--system=Speak", "--temperature=0", "--max_new_tokens=8"
     )
     assert result.returncode == 0, result.stderr.decode()
     replies = result.stdout.decode().split("\n")
     first = greedy_reply(tmp_path / "out", hand_rendered_prompt(tokenizer, "Speak", "All:"), tokenizer, 8)
     second = greedy_reply(tmp_path / "out", hand_rendered_prompt(tokenizer, "Speak", "ROMEO:"), tokenizer, 8)
     assert replies == [first, second, ""]  # the reset forgot the first exchange; /exit ended the talk
+    assert stdin.read() == "never read\n"
     errors = [line for line in result.stderr.decode().splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "not in the character vocabulary" in errors[0]
 

@@ -4,6 +4,7 @@ all traffic goes to 127.0.0.1 on a port the test picks."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -15,10 +16,11 @@ from typing import TYPE_CHECKING
 import httpx
 import psutil
 import pytest
+import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 import serve
-from helpers import assert_one_line_error, get_json, lively_char_checkpoint, run_main, serve_process
+from helpers import assert_one_line_error, free_port, get_json, lively_char_checkpoint, run_main, serve_process
 
 if TYPE_CHECKING:
     import openai  # imported where used: it takes most of a second, in every process that collects this file
@@ -300,10 +302,45 @@ def test_a_public_address_without_a_key_is_refused(capsys, tmp_path):
     assert code == 0 and all(f"--{key}" in out for key in ("api_key", "max_queue", "max_body_bytes", "long_prompts"))
 
 
-def test_int8_weights_serve_and_bfloat16_with_them_is_refused(capsys, tmp_path):
+@contextlib.contextmanager
+def serving_in_a_thread(monkeypatch: pytest.MonkeyPatch, *args: str) -> Iterator[str]:
+    """serve.py's main(ARGS --port=P) in a thread of this process (uvicorn leaves the signals to the main thread
+    there) until the block ends; yields the base URL once the server has started. The module's server is the
+    process as a user starts it; this one saves starting Python and torch again."""
+    servers: list[uvicorn.Server] = []
+
+    class KeptServer(uvicorn.Server):  # kept, so that the end of the block can stop it
+        def __init__(self, *server_args, **kwargs) -> None:
+            super().__init__(*server_args, **kwargs)
+            servers.append(self)
+
+    monkeypatch.setattr(uvicorn, "Server", KeptServer)
+    port = free_port()
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            serve.main([*args, f"--port={port}"])
+        except BaseException as exc:  # re-raised in the test
+            failures.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: failures or (servers and servers[0].started), timeout=60, what="serve.py to start")
+        if failures:
+            raise failures[0]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        for server in servers:
+            server.should_exit = True
+        thread.join(10)
+
+
+def test_int8_weights_serve_and_bfloat16_with_them_is_refused(capsys, tmp_path, monkeypatch):
     lively_char_checkpoint(tmp_path / "out")
     args = (f"--out_dir={tmp_path / 'out'}", "--device=cpu", "--quantize=int8", "--access_log=False")
-    with serve_process(*args, log=tmp_path / "server.log") as (base, _):
+    with serving_in_a_thread(monkeypatch, *args) as base:
         body = {"model": "out", "prompt": "ROMEO:", "max_tokens": 12, "temperature": 0}
         answer = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()
     assert answer["choices"][0]["finish_reason"] == "length" and answer["usage"]["completion_tokens"] == 12

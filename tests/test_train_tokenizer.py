@@ -38,7 +38,6 @@ from helpers import (
     clean_env,
     cli_args,
     run_in_process,
-    run_script,
     stdlib_sources,
     tiny_train_args,
 )
@@ -178,11 +177,12 @@ def corpus_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.heavy
 def test_train_prepare_train_and_sample_from_the_checkpoint_alone(corpus_tree: Path, tmp_path: Path, capsys) -> None:
-    """The tokenizer is trained by the script as a process; the next steps call each script's main in this process
-    (each script's own tests start it as a process)."""
+    """Each step calls its script's main in this process (each script's own tests start it as a process: here the
+    signal tests below)."""
     tok_dir, data_dir, out_dir = tmp_path / "tok", tmp_path / "data", tmp_path / "out"
-    trained = run_script(TRAIN_TOKENIZER, *cli_args(input=corpus_tree, vocab_size=600, out_dir=tok_dir))
+    trained = run_in_process(train_tokenizer.main, cli_args(input=corpus_tree, vocab_size=600, out_dir=tok_dir), capsys)
     assert trained.returncode == 0, trained.stderr
     assert "vocab 600" in trained.stdout and "2 files left out (1 binary, 1 __pycache__)" in trained.stdout
     assert "exactly as the trainer" in trained.stdout

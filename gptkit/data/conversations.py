@@ -16,9 +16,7 @@ import numpy as np
 
 from gptkit.core.errors import UserError
 from gptkit.data.loader import TokenStream, open_split
-from gptkit.data.meta import read_meta
-
-SIDE_STREAMS = {"mask": "uint8", "conversations": "uint64"}
+from gptkit.data.meta import SIDE_STREAMS, read_meta
 
 
 def is_chat_data(meta: dict) -> bool:

@@ -26,6 +26,8 @@ META_FILENAME = "meta.json"
 META_FORMAT = "gpt-tokens"
 META_VERSION = 1
 TOKEN_DTYPES = ("uint16", "uint32")
+# Chat data's side streams beside each split's tokens (gptkit.data.conversations reads them), with their dtypes.
+SIDE_STREAMS = {"mask": "uint8", "conversations": "uint64"}
 
 
 def _is_count(value: Any) -> bool:

@@ -22,10 +22,8 @@ from helpers import (
     REPO,
     alive,
     assert_one_line_error,
-    clean_env,
     make_char_data,
     run_main,
-    run_script,
     signal_mid_run,
 )
 from prepare_data import chat as chat_script
@@ -159,16 +157,14 @@ def test_gz_parquet_and_prompt_completion_in_a_directory(tmp_path: Path, capsys:
     assert "1 file left out (1 hidden)" in stdout
 
 
-def test_char_table_from_the_conversations_same_for_any_worker_count(tmp_path: Path) -> None:
+def test_char_table_from_the_conversations_same_for_any_worker_count(tmp_path: Path, capsys: Any) -> None:
     source = write_jsonl(tmp_path / "c.jsonl", [{"messages": conversation(i)} for i in range(40)])
     outs = []
     for workers in (1, 2):
         out = tmp_path / f"out{workers}"
         args = [f"--input={source}", f"--out_dir={out}", "--tokenizer=char", "--block_size=1024", "--chunk_bytes=512"]
-        result = run_script(
-            "prepare_data/chat.py", *args, f"--num_workers={workers}", env=clean_env(PYTHONPATH=str(REPO))
-        )
-        assert result.returncode == 0, result.stderr
+        code, _, err = run_main(chat_script.main, [*args, f"--num_workers={workers}"], capsys)
+        assert code == 0, err
         outs.append(out)
     chars = sorted({c for i in range(40) for m in conversation(i) for c in m["content"]})
     meta = read_meta(outs[0])

@@ -1,7 +1,7 @@
 """End-to-end tests of prepare_data/corpus.py: outputs, meta.json, bad input, crashes.
 
-The runs whose process is under test (--help, offline BPE files, a crash, a stop signal, kill -9) start the script as
-a process; the others call its main in this process (helpers.run_in_process), the same code without starting Python
+The runs whose process is under test (offline BPE files, a crash, a stop signal, kill -9) start the script as a
+process; the others call its main in this process (helpers.run_in_process), the same code without starting Python
 and torch again."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import tiktoken
 import pytest
+import tiktoken
 
 from gptkit.data import tokenizer as tok
 from gptkit.data.meta import read_meta
@@ -137,16 +137,18 @@ def test_char_tokenizer_and_shards(run_corpus: Callable, tmp_path: Path) -> None
     assert tok.tokenizer_from_meta(meta["tokenizer"]).decode(stream[1:].tolist()) == SHAKESPEARE.read_text()
 
 
-def test_bpe_dir_offline(tmp_path: Path) -> None:
+def test_bpe_dir_offline(run_corpus: Callable, tmp_path: Path) -> None:
+    """A process: this one has GPT-2's encoding loaded already, the process starts with tiktoken's cache out of
+    reach. The damaged files are refused before any encoding is loaded, here in this process."""
     bpe = copy_gpt2_bpe_files(tmp_path / "bpe")
-    offline = clean_env(TIKTOKEN_CACHE_DIR=str(tmp_path / "empty-cache"))  # tiktoken's own cache is out of reach
+    offline = clean_env(TIKTOKEN_CACHE_DIR=str(tmp_path / "empty-cache"))
     ok = run_script(CORPUS, f"--input={SHAKESPEARE}", f"--out_dir={tmp_path / 'o'}", f"--bpe_dir={bpe}", env=offline)
     assert ok.returncode == 0, ok.stderr
     splits = read_meta(tmp_path / "o")["splits"]
     gpt2_tokens = len(tiktoken.get_encoding("gpt2").encode_ordinary(SHAKESPEARE.read_text(encoding="utf-8")))
     assert splits["train"]["tokens"] + splits["val"]["tokens"] == gpt2_tokens + 1  # the text plus one end-of-text
     (bpe / "encoder.json").write_text("{}")
-    bad = run_script(CORPUS, f"--input={SHAKESPEARE}", f"--out_dir={tmp_path / 'o2'}", f"--bpe_dir={bpe}", env=offline)
+    bad = run_corpus(f"--input={SHAKESPEARE}", f"--out_dir={tmp_path / 'o2'}", f"--bpe_dir={bpe}")
     assert_script_error(bad, "encoder.json has sha256")
     assert_nothing_written(tmp_path / "o2")
 
@@ -270,8 +272,8 @@ def test_killed_run_leaves_nothing_that_looks_complete(run_corpus: Callable, tmp
     assert read_meta(out, check_files=True)["tokenizer"]["kind"] == "tiktoken"
 
 
-def test_help_lists_settings() -> None:
-    result = run_script(CORPUS, "--help")
+def test_help_lists_settings(run_corpus: Callable) -> None:
+    result = run_corpus("--help")
     assert result.returncode == 0
     for key in ("--input", "--tokenizer", "--shard_tokens", "--on_decode_error", "--num_workers", "--block_size"):
         assert key in result.stdout

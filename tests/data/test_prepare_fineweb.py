@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -54,31 +53,10 @@ def parquet_server(tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
         yield f"{base}/sample/10BT", requested
 
 
-def run_fineweb(*args: str, prelude: str = "") -> subprocess.CompletedProcess:
-    """prepare_data/fineweb.py as a user runs it, after `prelude` (e.g. hiding pyarrow); helpers.run_script has no
-    such hook."""
-    script = textwrap.dedent(
-        f"""
-        import runpy, sys
-        {prelude}
-        sys.argv = ["prepare_data/fineweb.py", *sys.argv[1:]]
-        runpy.run_path("prepare_data/fineweb.py", run_name="__main__")
-        """
-    )
-    return subprocess.run(
-        [sys.executable, "-c", script, *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=clean_env(),
-        timeout=300,
-    )
-
-
 @pytest.fixture
 def fineweb_here(capsys: pytest.CaptureFixture) -> Callable[..., subprocess.CompletedProcess]:
-    """fineweb.py's main in this process, as a finished process: where the process is not what a test checks (the
-    first run below, the missing pyarrow and the signals start it)."""
+    """fineweb.py's main in this process, as a finished process: the process itself is what the SIGTERM tests
+    check, and they start it."""
     return lambda *args: run_in_process(fineweb.main, list(args), capsys)
 
 
@@ -98,7 +76,7 @@ def test_download_and_tokenise_into_shards(
         "--num_workers=2",
         "--chunk_bytes=2000",
     ]
-    result = run_fineweb(*args)
+    result = fineweb_here(*args)
     assert result.returncode == 0, result.stderr
     assert sorted(requested) == ["/sample/10BT/000_00000.parquet", "/sample/10BT/001_00000.parquet"]
     meta = read_meta(out, check_files=True)
@@ -151,9 +129,12 @@ def test_damaged_cached_parquet_is_removed(
     assert not cached.exists()
 
 
-def test_missing_pyarrow_is_a_clear_error(tmp_path: Path) -> None:
-    blocked = "sys.modules['pyarrow'] = None; sys.modules['pyarrow.parquet'] = None"
-    result = run_fineweb(f"--out_dir={tmp_path / 'o'}", prelude=blocked)
+def test_missing_pyarrow_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fineweb_here: Callable[..., subprocess.CompletedProcess]
+) -> None:
+    for name in ("pyarrow", "pyarrow.parquet"):  # as where it is not installed: importing it raises ImportError
+        monkeypatch.setitem(sys.modules, name, None)
+    result = fineweb_here(f"--out_dir={tmp_path / 'o'}")
     assert_script_error(result, "pip install pyarrow")
 
 

@@ -1,6 +1,6 @@
-"""End-to-end tests of prepare_data/shakespeare_char.py and shakespeare.py (subprocesses, exact token counts). The
-download and the refusal of other text call shakespeare_char.py's main in this process: the process is not what they
-test (it is here, and in tests/test_reliability_data.py)."""
+"""End-to-end tests of prepare_data/shakespeare_char.py and shakespeare.py (exact token counts). Each script runs once
+as a process as a user runs it (shakespeare.py's offline: a process whose tiktoken has loaded nothing yet); the other
+runs call the script's main in this process, where the process is not what they test."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from helpers import (
     copy_gpt2_bpe_files,
     run_in_process,
     run_script,
+    script_main,
     serving_directory,
 )
-from prepare_data import shakespeare_char
 
 
 def prepare(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -32,17 +32,17 @@ def prepare(script: str, *args: str, env: dict[str, str] | None = None) -> subpr
 
 
 @pytest.fixture
-def prepare_char_here(
+def prepare_here(
     capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> Callable[..., subprocess.CompletedProcess]:
-    """shakespeare_char.py's main in this process, as a finished process, with `env` set as `prepare` sets it."""
+    """prepare_data/`script`'s main in this process, as a finished process, with `env` set as `prepare` sets it."""
 
-    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    def run(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         for name in ("TINYSHAKESPEARE", "GPT_TOOLKIT_CACHE"):  # as clean_env leaves them out
             monkeypatch.delenv(name, raising=False)
         for name, value in (env or {}).items():
             monkeypatch.setenv(name, value)
-        return run_in_process(shakespeare_char.main, list(args), capsys)
+        return run_in_process(script_main(f"prepare_data/{script}"), list(args), capsys)
 
     return run
 
@@ -80,10 +80,10 @@ def test_char_level_counts_vocab_and_meta(tmp_path: Path) -> None:
     assert "".join(chars[i] for i in np.concatenate([train, val])) == text
 
 
-def test_gpt2_counts_with_source_flag(tmp_path: Path) -> None:
+def test_gpt2_counts_with_source_flag(tmp_path: Path, prepare_here: Callable[..., subprocess.CompletedProcess]) -> None:
     corpus = canonical_shakespeare()
     out = tmp_path / "s"
-    result = prepare("shakespeare.py", f"--source={corpus}", f"--out_dir={out}")
+    result = prepare_here("shakespeare.py", f"--source={corpus}", f"--out_dir={out}")
     assert result.returncode == 0, result.stderr
     meta = read_meta(out, check_files=True)
     assert meta["tokenizer"] == {"kind": "tiktoken", "encoding": "gpt2"}
@@ -94,7 +94,9 @@ def test_gpt2_counts_with_source_flag(tmp_path: Path) -> None:
     assert np.fromfile(out / "val.bin", dtype="<u2").tolist() == enc.encode(text[int(len(text) * 0.9) :])
 
 
-def test_gpt2_from_bpe_dir_without_tiktoken_cache(tmp_path: Path) -> None:
+def test_gpt2_from_bpe_dir_without_tiktoken_cache(
+    tmp_path: Path, prepare_here: Callable[..., subprocess.CompletedProcess]
+) -> None:
     corpus = canonical_shakespeare()
     bpe = copy_gpt2_bpe_files(tmp_path / "bpe")
     offline = {"TIKTOKEN_CACHE_DIR": str(tmp_path / "empty"), "TINYSHAKESPEARE": str(corpus)}
@@ -104,37 +106,35 @@ def test_gpt2_from_bpe_dir_without_tiktoken_cache(tmp_path: Path) -> None:
     vocab = bytearray((bpe / "vocab.bpe").read_bytes())
     vocab[-2] ^= 1
     (bpe / "vocab.bpe").write_bytes(bytes(vocab))
-    corrupted = prepare("shakespeare.py", f"--out_dir={tmp_path / 'o2'}", f"--bpe_dir={bpe}", env=offline)
+    corrupted = prepare_here("shakespeare.py", f"--out_dir={tmp_path / 'o2'}", f"--bpe_dir={bpe}", env=offline)
     assert_script_error(corrupted, "vocab.bpe has sha256")
     assert not (tmp_path / "o2").exists()
 
 
 def test_download_from_url_once_into_cache(
-    tmp_path: Path, file_server: tuple[str, list[str]], prepare_char_here: Callable[..., subprocess.CompletedProcess]
+    tmp_path: Path, file_server: tuple[str, list[str]], prepare_here: Callable[..., subprocess.CompletedProcess]
 ) -> None:
     base, requested = file_server
     env = {"TINYSHAKESPEARE": f"{base}/{SHAKESPEARE.name}", "GPT_TOOLKIT_CACHE": str(tmp_path / "cache")}
-    first = prepare_char_here("--sha256=None", f"--out_dir={tmp_path / 'a'}", env=env)
-    second = prepare_char_here("--sha256=None", f"--out_dir={tmp_path / 'b'}", env=env)
+    first = prepare_here("shakespeare_char.py", "--sha256=None", f"--out_dir={tmp_path / 'a'}", env=env)
+    second = prepare_here("shakespeare_char.py", "--sha256=None", f"--out_dir={tmp_path / 'b'}", env=env)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     assert requested == [f"/{SHAKESPEARE.name}"]  # the second run used the cache
     assert (tmp_path / "a" / "train.bin").read_bytes() == (tmp_path / "b" / "train.bin").read_bytes()
     assert len(list((tmp_path / "cache" / "downloads").iterdir())) == 1
-    missing = prepare_char_here(f"--source={base}/nope.txt", f"--out_dir={tmp_path / 'c'}", env=env)
+    missing = prepare_here("shakespeare_char.py", f"--source={base}/nope.txt", f"--out_dir={tmp_path / 'c'}", env=env)
     assert_script_error(missing, "HTTP 404")
     assert not (tmp_path / "c").exists()
 
 
-def test_other_text_needs_sha256_none(
-    tmp_path: Path, prepare_char_here: Callable[..., subprocess.CompletedProcess]
-) -> None:
+def test_other_text_needs_sha256_none(tmp_path: Path, prepare_here: Callable[..., subprocess.CompletedProcess]) -> None:
     other = tmp_path / "other.txt"
     other.write_text("To be, or not to be, that is the question.\n" * 40)
-    rejected = prepare_char_here(f"--source={other}", f"--out_dir={tmp_path / 'o'}")
+    rejected = prepare_here("shakespeare_char.py", f"--source={other}", f"--out_dir={tmp_path / 'o'}")
     assert_script_error(rejected, "pass --sha256=None")
-    accepted = prepare_char_here(f"--source={other}", "--sha256=None", f"--out_dir={tmp_path / 'o'}")
+    accepted = prepare_here("shakespeare_char.py", f"--source={other}", "--sha256=None", f"--out_dir={tmp_path / 'o'}")
     assert accepted.returncode == 0, accepted.stderr
     meta = read_meta(tmp_path / "o")
     assert meta["splits"]["train"]["tokens"] == int(len(other.read_text()) * 0.9)
-    missing = prepare_char_here(f"--source={tmp_path / 'missing.txt'}", f"--out_dir={tmp_path / 'x'}")
+    missing = prepare_here("shakespeare_char.py", f"--source={tmp_path / 'missing.txt'}", f"--out_dir={tmp_path / 'x'}")
     assert_script_error(missing, "does not exist")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import huggingface_hub.constants
 import pytest
 import torch
 
+import sample
 from gptkit.core.errors import UserError
 from gptkit.data.tokenizer import CharTokenizer
 from gptkit.infer.engine import Engine, Request, generate
@@ -21,6 +23,7 @@ from helpers import (
     cli_args,
     make_char_data,
     offline_hub_cache,
+    run_in_process,
     run_script,
     serving_hub,
 )
@@ -159,10 +162,10 @@ def test_gpt2_names_read_openai_community_repositories_from_the_hub_cache(tmp_pa
     )
 
 
-def test_sample_py_fetches_gpt2_from_hf_endpoint_once(tmp_path):
+def test_sample_py_fetches_gpt2_from_hf_endpoint_once(tmp_path, capsys, monkeypatch):
     """sample.py --init_from=gpt2 fetches openai-community/gpt2 from HF_ENDPOINT (a loopback stand-in for the hub)
     into HF_HUB_CACHE: config, weights and tokenizer files, not the older pytorch_model.bin beside them, and prints
-    transformers' greedy tokens; offline, the next run reads the cache."""
+    transformers' greedy tokens; offline, the next run (its main in this process) reads the cache."""
     hf, directory = random_hf_gpt2(tmp_path)
     torch.save(hf.state_dict(), directory / "pytorch_model.bin")
     text = "First Citizen:\nBefore we proceed any further, hear me speak.\n"
@@ -187,7 +190,9 @@ def test_sample_py_fetches_gpt2_from_hf_endpoint_once(tmp_path):
         line.rsplit("/", 1)[1] for line in requested if line.startswith("GET /openai-community/gpt2/resolve/")
     )
     assert fetched == ["config.json", "generation_config.json", "model.safetensors"]
-    offline = run_script("sample.py", *args, "--stream=False", "--device=cpu", env=clean_env(**hub, HF_HUB_OFFLINE="1"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", hub["HF_HUB_CACHE"])  # read once, on import
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    offline = run_in_process(sample.main, [*args, "--stream=False", "--device=cpu"], capsys)
     assert offline.returncode == 0, offline.stderr
     assert offline.stdout == expected
 

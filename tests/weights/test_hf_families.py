@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import sample
 from gptkit.core.errors import UserError
 from gptkit.data.tokenizer import CharTokenizer
 from gptkit.model import GPT, GPTConfig
@@ -17,7 +18,7 @@ from gptkit.weights import load
 from gptkit.weights.hf import export_architecture, write_hf
 from gptkit.weights.lora import LoraConfig, adapter_state, add_lora, write_peft_adapter
 from gptkit.weights.source_settings import ModelSource, for_inference
-from helpers import cli_args, lively_model, make_char_data, run_script
+from helpers import cli_args, lively_model, make_char_data, run_in_process
 from hf_tokenizer_dirs import write_byte_level
 
 transformers = pytest.importorskip("transformers")
@@ -260,7 +261,7 @@ def test_old_model_args_without_the_new_keys_build_gpt2():
     assert model.transformer.h[0].mlp.c_fc.weight.shape == (64, 16)
 
 
-def test_sample_py_greedy_text_is_transformers_greedy_text(tmp_path):
+def test_sample_py_greedy_text_is_transformers_greedy_text(tmp_path, capsys):
     """sample.py --init_from=DIR (the tokenizer here from a char data dir) prints transformers' greedy tokens
     (ids beyond the char table print as U+FFFD)."""
     hf = random_hf_model("qwen3", seed=8)
@@ -271,12 +272,12 @@ def test_sample_py_greedy_text_is_transformers_greedy_text(tmp_path):
     prompt = torch.tensor([tokenizer.encode("First")])
     greedy = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=16, do_sample=False)
     args = cli_args(init_from=directory, data_dir=tmp_path / "data", start="First", max_new_tokens=16, temperature=0)
-    result = run_script("sample.py", *args, "--stream=False", "--device=cpu")
+    result = run_in_process(sample.main, [*args, "--stream=False", "--device=cpu"], capsys)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "First" + tokenizer.decode(greedy[0, 5:].tolist()) + "\n"
 
 
-def test_sample_py_takes_the_directory_s_own_tokenizer(tmp_path):
+def test_sample_py_takes_the_directory_s_own_tokenizer(tmp_path, capsys):
     """A Qwen2 directory with its tokenizer.json: sample.py --init_from=DIR (no data dir) prints what transformers'
     tokenizer and greedy generate give."""
     directory = write_byte_level(tmp_path / "qwen2")
@@ -290,7 +291,7 @@ def test_sample_py_takes_the_directory_s_own_tokenizer(tmp_path):
     greedy = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False)
     expected = start + tokenizer.decode(greedy[0, prompt.shape[1] :]) + "\n"
     args = cli_args(init_from=directory, start=start, max_new_tokens=12, temperature=0, stop_at_eot=False)
-    result = run_script("sample.py", *args, "--stream=False", "--device=cpu")
+    result = run_in_process(sample.main, [*args, "--stream=False", "--device=cpu"], capsys)
     assert result.returncode == 0, result.stderr
     # Random weights pick bytes that split characters: transformers shows each broken token as U+FFFD, sample.py
     # joins a character's bytes across tokens first; the text apart from those marks is the same.

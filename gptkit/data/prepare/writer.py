@@ -16,8 +16,15 @@ import numpy as np
 
 from gptkit.core.errors import UserError
 from gptkit.data import tokenizer as tok
-from gptkit.data.meta import META_FILENAME, META_FORMAT, META_VERSION, dtype_for_vocab, validate_meta, write_meta
-from gptkit.data.conversations import SIDE_STREAMS
+from gptkit.data.meta import (
+    META_FILENAME,
+    META_FORMAT,
+    META_VERSION,
+    SIDE_STREAMS,
+    dtype_for_vocab,
+    validate_meta,
+    write_meta,
+)
 from gptkit.data.prepare.items import SPLITS
 
 
