@@ -103,7 +103,7 @@ class SampleBench:
     model: str = setting(
         "gpt2-124m",
         f"the model's shape, random weights: {', '.join(MODEL_SHAPES)} (demo-124m: make demo's architecture at "
-        "GPT-2 124M's size)",
+        "GPT-2 124M's size; tiny: 2 layers, 64 wide, to check the script itself)",
         choices=tuple(MODEL_SHAPES),
     )
     repeats: int = setting(3, "runs per measurement; the median is reported")

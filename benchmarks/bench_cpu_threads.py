@@ -5,10 +5,11 @@
 
 torch's CPU wheel runs its parallel regions on libgomp's OpenMP threads. Between regions a thread spins for a while
 before it sleeps (OMP_WAIT_POLICY unset), which is fastest while every core is the run's; when other processes hold
-the cores, a spinning thread takes the time slice the thread it waits for needs. Each case runs train.py's step
-(forward, backward, AdamW) in a process of its own, since libgomp reads its environment when it loads: with 1 and
-with every core's thread, with libgomp's default wait and with OMP_WAIT_POLICY=PASSIVE (what train.py sets unless
-the variable is given), on the idle machine and while `busy` processes spin on the cores. Cases are taken round
+the cores, a spinning thread takes the time slice the thread it waits for needs. Each thread count and wait policy
+runs train.py's step (forward, backward, AdamW) in a process of its own, since libgomp reads its environment when it
+loads: with 1 and with every core's thread, with libgomp's default wait and with OMP_WAIT_POLICY=PASSIVE (what
+train.py sets unless the variable is given). The process times its steps on the idle machine, then while `busy`
+processes spin on the cores (started once it is ready, so they do not slow its start-up). Cases are taken round
 robin, `repeats` times; the table has each case's median step.
 """
 
@@ -29,7 +30,9 @@ from gptkit.core.settings import parse_settings, setting
 from measure import machine_description, print_table
 
 REPO = Path(__file__).resolve().parent.parent
-# The child: time `steps` training steps after 3 warm-up steps and print their seconds as JSON.
+LOADS = ("idle", "busy")
+# The child: for each line it reads (one a load), time `steps` training steps after 3 warm-up steps and print their
+# seconds as JSON.
 CHILD = """
 import json, sys, time
 import torch
@@ -39,17 +42,19 @@ torch.manual_seed(0)
 model = GPT(GPTConfig(vocab_size=65, block_size=block, n_layer=layers, n_head=4, n_embd=width, dropout=0.0))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 x, y = torch.randint(0, 65, (batch, block)), torch.randint(0, 65, (batch, block))
-seconds = []
-for _ in range(steps + 3):
-    started = time.perf_counter()
-    _, loss = model(x, y)
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    seconds.append(time.perf_counter() - started)
-print(json.dumps(seconds[3:]))
+for _ in sys.stdin:
+    seconds = []
+    for _ in range(steps + 3):
+        started = time.perf_counter()
+        _, loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        seconds.append(time.perf_counter() - started)
+    print(json.dumps(seconds[3:]), flush=True)
 """
-SPIN = "import time\nend = time.monotonic() + float(__import__('sys').argv[1])\nwhile time.monotonic() < end: pass\n"
+# A busy process: it says when it spins, then spins for at most argv[1] seconds.
+SPIN = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nprint(flush=True)\nwhile time.monotonic() < end: pass\n"
 
 
 @dataclass
@@ -73,37 +78,58 @@ def case_environment(threads: int, policy: str) -> dict[str, str]:
     return env
 
 
-def time_case(cfg: ThreadsBench, threads: int, policy: str) -> list[float]:
+def spinners(count: int, seconds: float) -> list[subprocess.Popen]:
+    """`count` processes that keep a core busy each for at most `seconds` (they end by themselves), once spinning."""
+    processes = [
+        subprocess.Popen([sys.executable, "-c", SPIN, str(seconds)], stdout=subprocess.PIPE, text=True)
+        for _ in range(count)
+    ]
+    for process in processes:
+        process.stdout.readline()
+    return processes
+
+
+def stop(processes: list[subprocess.Popen]) -> None:
+    for process in processes:
+        process.kill()
+        process.wait()
+        process.stdout.close()
+
+
+def timed_steps(child: subprocess.Popen) -> list[float]:
+    """Ask the child for one round of steps; their seconds."""
+    child.stdin.write("\n")
+    child.stdin.flush()
+    line = child.stdout.readline()
+    if not line:
+        child.wait()
+        raise subprocess.CalledProcessError(child.returncode, child.args)  # its traceback went to stderr
+    return json.loads(line)
+
+
+def time_case(cfg: ThreadsBench, threads: int, policy: str, busy: int) -> dict[str, list[float]]:
+    """Seconds of each step, idle and busy, in one process with `threads` threads that wait by `policy`."""
     shape = (cfg.n_layer, cfg.n_embd, cfg.batch_size, cfg.block_size, cfg.steps)
     command = [sys.executable, "-c", CHILD, *map(str, shape)]
-    env = case_environment(threads, policy)
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True, timeout=1800)
-    return json.loads(done.stdout)
-
-
-def spinners(count: int, seconds: float) -> list[subprocess.Popen]:
-    """`count` processes that keep a core busy each for at most `seconds` (they end by themselves)."""
-    return [subprocess.Popen([sys.executable, "-c", SPIN, str(seconds)]) for _ in range(count)]
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
+    with subprocess.Popen(command, env=case_environment(threads, policy), **pipes) as child:
+        seconds = {"idle": timed_steps(child)}
+        load_processes = spinners(busy, 1800)
+        try:
+            seconds["busy"] = timed_steps(child)
+        finally:
+            stop(load_processes)
+    return seconds
 
 
 def run_cases(cfg: ThreadsBench, busy: int) -> list[dict]:
     cores = os.cpu_count() or 1
-    cases = [
-        (load, threads, policy)
-        for load in ("idle", "busy")
-        for threads in (1, cores)
-        for policy in ("default", "PASSIVE")
-    ]
-    medians: dict[tuple, list[float]] = {case: [] for case in cases}
+    environments = [(threads, policy) for threads in (1, cores) for policy in ("default", "PASSIVE")]
+    medians: dict[tuple, list[float]] = {(load, *case): [] for load in LOADS for case in environments}
     for _ in range(cfg.repeats):
-        for load, threads, policy in cases:
-            load_processes = spinners(busy, 1800) if load == "busy" else []
-            try:
-                medians[(load, threads, policy)].append(statistics.median(time_case(cfg, threads, policy)))
-            finally:
-                for process in load_processes:
-                    process.kill()
-                    process.wait()
+        for threads, policy in environments:
+            for load, seconds in time_case(cfg, threads, policy, busy).items():
+                medians[(load, threads, policy)].append(statistics.median(seconds))
     return [
         {"load": load, "threads": threads, "wait_policy": policy, "step_ms": round(1000 * statistics.median(values), 1)}
         for (load, threads, policy), values in medians.items()

@@ -38,6 +38,7 @@ def test_the_task_files(tmp_path: Path) -> None:
 def test_smoke_run(tmp_path: Path, capsys, monkeypatch) -> None:
     out = tmp_path / "posttrain.json"
     tiny = ["--sft_iters=5", "--grpo_iters=2", "--grpo_prompts=2", "--group_size=2", "--dpo_iters=2", "--held_out=8"]
+    tiny += ["--throughput_prompts=1", "--repeats=1"]
     scripts_in_process(monkeypatch, bench_posttrain)
     code, _, err = run_main(bench_posttrain.main, [*tiny, f"--work_dir={tmp_path / 'w'}", f"--json_out={out}"], capsys)
     assert code == 0, err

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import bench_prepare
-from helpers import assert_script_error, run_in_process, run_script, sample_text
+from helpers import assert_script_error, run_main, run_script, sample_text
 
 needs_gpt2_bpe = pytest.mark.skipif(
     not os.environ.get("TIKTOKEN_CACHE_DIR"), reason="GPT-2 BPE files needed offline (../shared/tiktoken_cache)"
@@ -19,13 +19,14 @@ ROW_KEYS = {"name", "tokens", "tokens_per_s", "mb_per_s", "median_s", "median_cp
 
 
 @needs_gpt2_bpe
-def test_smoke_run_writes_the_speed_comparison_and_the_memory_check(tmp_path: Path) -> None:
+def test_smoke_run_writes_the_speed_comparison_and_the_memory_check(tmp_path: Path, capsys) -> None:
+    """bench_prepare.main in this process (the runs it measures are processes; the test below starts the script)."""
     source = tmp_path / "source.txt"
     source.write_text(sample_text(), encoding="utf-8")
     out = tmp_path / "prepare.json"
     args = ["--size_mb=1", "--runs=1", "--num_workers=2", "--memory_check_gb=0.001", f"--source={source}"]
-    result = run_script("benchmarks/bench_prepare.py", *args, f"--tmp_dir={tmp_path}", f"--json_out={out}")
-    assert result.returncode == 0, result.stderr
+    code, _, err = run_main(bench_prepare.main, [*args, f"--tmp_dir={tmp_path}", f"--json_out={out}"], capsys)
+    assert code == 0, err
     report = json.loads(out.read_text())
     assert {"benchmark", "machine", "results", "speedup_vs_reference", "memory_check"} <= set(report)
     names = [row["name"] for row in report["results"]]
@@ -35,8 +36,6 @@ def test_smoke_run_writes_the_speed_comparison_and_the_memory_check(tmp_path: Pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prepare.json", "source.txt"]  # work files removed
 
 
-def test_bad_settings_are_refused(tmp_path: Path, capsys) -> None:
-    refused = run_in_process(
-        bench_prepare.main, ["--runs=0", f"--tmp_dir={tmp_path}"], capsys
-    )  # the smoke run: a process
-    assert_script_error(refused, "--runs")
+def test_bad_settings_are_refused(tmp_path: Path) -> None:
+    assert_script_error(run_script("benchmarks/bench_prepare.py", "--runs=0", f"--tmp_dir={tmp_path}"), "--runs")
+    assert list(tmp_path.iterdir()) == []

@@ -3,19 +3,42 @@ part of the report is written and the work files are removed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import resource
 import shutil
+import time
 from pathlib import Path
 
+import bench_prepare
 import bench_tokenizer
-from helpers import assert_script_error, run_main, run_script, stdlib_sources
+from gptkit.core.errors import run_cli
+from helpers import REPO, assert_script_error, run_main, run_script, script_main, stdlib_sources
 
 TINY = ["--held_out_every=4", "--vocab_sizes=300", "--model_vocab=300", "--val_fraction=0.3", "--seconds=0"]
 TINY += ["--iters=1", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=2"]
 
 
-def test_smoke_run_writes_every_part(tmp_path: Path, capsys) -> None:
-    """bench_tokenizer.main in this process (the test below runs the script as a process)."""
+def measured_in_process(command: list[str], log_path: Path) -> bench_prepare.Run:
+    """bench_prepare.run_measured for a repository script (`[python, script, args...]`) called in this process: its
+    main through run_cli, its output in `log_path`; the figures are this process's (a tree's RSS is not sampled)."""
+    started, code = time.perf_counter(), 0
+    with open(log_path, "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        try:
+            with contextlib.chdir(REPO):
+                run_cli(script_main(command[1]), command[2:])
+        except SystemExit as exit_info:
+            code = exit_info.code or 0
+    seconds, output = time.perf_counter() - started, log_path.read_text()
+    assert code == 0, output
+    rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return bench_prepare.Run(seconds, seconds, rss_bytes, 0, output)
+
+
+def test_smoke_run_writes_every_part(tmp_path: Path, capsys, monkeypatch) -> None:
+    """bench_tokenizer.main in this process, and the scripts it measures too (the test below runs bench_tokenizer.py
+    as a process; bench_prepare's smoke run measures real processes)."""
+    monkeypatch.setattr(bench_tokenizer, "run_measured", measured_in_process)
     stdlib = tmp_path / "lib"
     stdlib.mkdir()
     for path in stdlib_sources(every=1, max_bytes=100_000):
