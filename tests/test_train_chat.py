@@ -21,7 +21,7 @@ from gptkit.data.tokenizer import CharTokenizer
 from gptkit.model import GPT, GPTConfig
 from gptkit.train import batches
 from gptkit.weights import checkpoint as ckpt
-from helpers import REPO, assert_script_error, cli_args, run_in_process, run_script
+from helpers import REPO, assert_script_error, cli_args, run_in_process
 from test_train_ddp import assert_close_weights, train_in_two_processes
 
 RUN = {
@@ -105,11 +105,12 @@ def base_and_chat(tmp_path_factory) -> tuple[Path, Path]:
     return base, root / "chat"
 
 
-def test_fine_tuning_a_base_checkpoint_adds_the_template_rows_and_starts_afresh(base_and_chat, tmp_path) -> None:
+def test_fine_tuning_a_base_checkpoint_adds_the_template_rows_and_starts_afresh(
+    base_and_chat, tmp_path, capsys
+) -> None:
     base, chat = base_and_chat
-    result = run_script(
-        "train.py", *cli_args(**RUN, max_iters=3, init_from=base, data_dir=chat, out_dir=tmp_path / "o")
-    )
+    args = cli_args(**RUN, max_iters=3, init_from=base, data_dir=chat, out_dir=tmp_path / "o")
+    result = run_in_process(train.main, args, capsys)
     assert result.returncode == 0, result.stderr
     tuned = ckpt.load_checkpoint(tmp_path / "o" / "ckpt.pt")
     start = ckpt.load_checkpoint(base / "best.pt")

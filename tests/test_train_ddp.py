@@ -1,6 +1,6 @@
 """train.py across processes: 2 CPU processes (gloo), with DDP and with FSDP2, must train exactly like one process
-that does all the micro-batches itself, and write checkpoints any of them can resume; under torchrun a signal to one
-process stops them all, and a killed worker's job ends, relaunched or restarted, where it would have ended."""
+that does all the micro-batches itself, and write checkpoints any of them can resume; a signal to one process stops
+them all, and under torchrun a job with a killed worker ends, relaunched or restarted, where it would have ended."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -60,12 +62,12 @@ def train_in(processes: int, data_dir: Path, out_dir: Path, *extra: str) -> str:
     return printed.getvalue()
 
 
-def train_in_two_processes(args: list[str]) -> str:
+def train_in_two_processes(args: list[str], while_running: Callable[[subprocess.Popen], None] | None = None) -> str:
     """train.py `args` in 2 gloo processes, each with the variables torchrun gives its workers (RANK, LOCAL_RANK,
     WORLD_SIZE, MASTER_ADDR, MASTER_PORT): rank 0 is train.main in this process, hosting the rendezvous as under
-    any launcher but torchrun, and rank 1 a `python train.py`. Returns what both printed. This starts one Python
-    and torch where torchrun starts three (itself and 2 workers); the tests of torchrun's own part (a signal, a
-    killed worker) launch it."""
+    any launcher but torchrun, and rank 1 a `python train.py`, which `while_running` gets on a thread meanwhile.
+    Returns what both printed. This starts one Python and torch where torchrun starts three (itself and 2
+    workers); the test of a killed worker launches torchrun itself, which restarts the workers."""
     rendezvous = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     # rank 1 writes to files, not pipes: a full pipe nobody reads while rank 0 trains would stall them both
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
@@ -76,6 +78,8 @@ def train_in_two_processes(args: list[str]) -> str:
             stdout=out,
             stderr=err,
         )
+        watcher = threading.Thread(target=while_running or (lambda process: None), args=(rank_1,), daemon=True)
+        watcher.start()
         printed, code = io.StringIO(), None
         try:
             with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
@@ -88,6 +92,7 @@ def train_in_two_processes(args: list[str]) -> str:
             if code is None:  # rank 0 failed: stop rank 1, which would wait for it
                 rank_1.kill()
             rank_1.wait(timeout=300)
+            watcher.join(timeout=300)
             out.seek(0)
             err.seek(0)
             stdout, stderr = out.read(), err.read()
@@ -200,48 +205,21 @@ def test_an_fsdp_checkpoint_continues_in_one_process(runs: dict[str, Path], tmp_
     assert_close_weights(tmp_path / "fsdp", tmp_path / "single")
 
 
-def worker_pid(launcher: subprocess.Popen, rank: int) -> int:
-    """The pid of the torchrun worker of `rank` (a child of the launcher whose environment has RANK=rank)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for proc in Path("/proc").glob("[0-9]*"):
-            try:
-                parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                environ = (proc / "environ").read_bytes().split(b"\0")
-            except (OSError, ValueError, IndexError):
-                continue  # the process ended meanwhile
-            if parent == launcher.pid and f"RANK={rank}".encode() in environ:
-                return int(proc.name)
-        time.sleep(0.05)
-    raise AssertionError(f"no worker of rank {rank} under torchrun (pid {launcher.pid})")
-
-
-@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds torchrun's workers in /proc")
 def test_a_signal_to_one_process_stops_all_of_them_at_the_same_step(runs: dict[str, Path], tmp_path: Path) -> None:
+    """SIGTERM to rank 1 alone (rank 0, which saves, gets none): both stop after the same step, rank 0 saves there,
+    and both exit with 0, so that torchrun sees no failure."""
     out_dir = tmp_path / "out"
     args = [*tiny_train_args(runs["data"], out_dir, **RUN), "--max_iters=1000000"]  # only the signal ends it
-    launcher = subprocess.Popen(
-        [*TORCHRUN, str(REPO / "train.py"), *args],
-        cwd=REPO,
-        env=clean_env(PYTHONUNBUFFERED="1"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+
+    def signal_rank_1(rank_1: subprocess.Popen) -> None:
         deadline = time.monotonic() + 120
-        while not (out_dir / "ckpt.pt").exists():  # written atomically: it exists only when complete
-            assert launcher.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
-            time.sleep(0.05)
-        os.kill(worker_pid(launcher, rank=1), signal.SIGTERM)  # rank 0, which saves, gets no signal
-        stdout, stderr = launcher.communicate(timeout=120)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.communicate()
-    assert launcher.returncode == 0, stderr[-3000:]
-    stopped = [line for line in stdout.splitlines() if line.startswith("stopped by")]
-    assert len(stopped) == 1, stdout[-2000:]
+        while not (out_dir / "ckpt.pt").exists() and rank_1.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the first checkpoint, written atomically: it exists only when complete
+        rank_1.send_signal(signal.SIGTERM)
+
+    printed = train_in_two_processes(args, while_running=signal_rank_1)
+    stopped = [line for line in printed.splitlines() if line.startswith("stopped by")]
+    assert len(stopped) == 1, printed[-2000:]
     steps = int(stopped[0].split("after ")[1].split(" steps")[0])
     assert stopped[0] == (
         f"stopped by a signal to another process after {steps} steps | saved {out_dir / 'ckpt.pt'}; "
