@@ -4,6 +4,7 @@ loads with our logits and tokenizer ids, and its adapters export for PEFT with t
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -11,8 +12,10 @@ import pytest
 import torch
 
 import export
+import sample
+import train
 from gptkit.weights import load
-from helpers import cli_args, run_in_process, run_main, run_script
+from helpers import cli_args, run_in_process, run_main
 from hf_tokenizer_dirs import write_byte_level
 from prepare_data import chat as chat_script
 
@@ -46,7 +49,10 @@ def llama_base(tmp_path_factory) -> Path:
     return directory
 
 
-def test_chat_lora_run_on_a_llama_base_answers_and_exports_back(llama_base: Path, tmp_path: Path, capsys) -> None:
+def test_chat_lora_run_on_a_llama_base_answers_and_exports_back(
+    llama_base: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every script in this process (test_train, test_sample and test_export run each as a process)."""
     chats = tmp_path / "chats.jsonl"
     chats.write_text("".join(json.dumps({"messages": m}) + "\n" for m in CONVERSATIONS), encoding="utf-8")
     data, out = tmp_path / "data", tmp_path / "out"
@@ -54,7 +60,7 @@ def test_chat_lora_run_on_a_llama_base_answers_and_exports_back(llama_base: Path
         chat_script.main, [f"--input={chats}", f"--out_dir={data}", f"--tokenizer={llama_base}"], capsys
     )
     assert code == 0, err
-    train = cli_args(
+    train_args = cli_args(
         init_from=llama_base,
         data_dir=data,
         out_dir=out,
@@ -71,18 +77,17 @@ def test_chat_lora_run_on_a_llama_base_answers_and_exports_back(llama_base: Path
         lora_alpha=8.0,
         lora_targets="all",
     )
-    trained = run_script("train.py", *train)
+    trained = run_in_process(train.main, train_args, capsys)
     assert trained.returncode == 0, trained.stderr
 
-    chat = run_script(
-        "sample.py", f"--out_dir={out}", "--chat", "--max_new_tokens=8", "--temperature=0", input="What is 3 plus 3?\n"
-    )
+    monkeypatch.setattr("sys.stdin", io.StringIO("What is 3 plus 3?\n"))
+    chat = run_in_process(sample.main, [f"--out_dir={out}", "--chat", "--max_new_tokens=8", "--temperature=0"], capsys)
     assert chat.returncode == 0, chat.stderr
 
     merged, exported = tmp_path / "merged", tmp_path / "hf"
     for fmt, source, target in (("merged", out, merged), ("hf", merged, exported)):
         done = run_in_process(export.main, [f"--out_dir={source}", f"--format={fmt}", f"--export_dir={target}"], capsys)
-        assert done.returncode == 0, done.stderr  # export.py in this process: test_export runs it as a process
+        assert done.returncode == 0, done.stderr
     loaded = load(str(merged))
     ours, tokenizer = loaded.model, loaded.tokenizer
     hf = transformers.AutoModelForCausalLM.from_pretrained(exported).eval()

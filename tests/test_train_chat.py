@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,8 +21,8 @@ from gptkit.data.tokenizer import CharTokenizer
 from gptkit.model import GPT, GPTConfig
 from gptkit.train import batches
 from gptkit.weights import checkpoint as ckpt
-from helpers import REPO, assert_script_error, clean_env, cli_args, run_in_process, run_script
-from test_train_ddp import TORCHRUN, assert_close_weights
+from helpers import REPO, assert_script_error, cli_args, run_in_process
+from test_train_ddp import assert_close_weights, train_in_two_processes
 
 RUN = {
     "device": "cpu",
@@ -106,11 +105,12 @@ def base_and_chat(tmp_path_factory) -> tuple[Path, Path]:
     return base, root / "chat"
 
 
-def test_fine_tuning_a_base_checkpoint_adds_the_template_rows_and_starts_afresh(base_and_chat, tmp_path) -> None:
+def test_fine_tuning_a_base_checkpoint_adds_the_template_rows_and_starts_afresh(
+    base_and_chat, tmp_path, capsys
+) -> None:
     base, chat = base_and_chat
-    result = run_script(
-        "train.py", *cli_args(**RUN, max_iters=3, init_from=base, data_dir=chat, out_dir=tmp_path / "o")
-    )
+    args = cli_args(**RUN, max_iters=3, init_from=base, data_dir=chat, out_dir=tmp_path / "o")
+    result = run_in_process(train.main, args, capsys)
     assert result.returncode == 0, result.stderr
     tuned = ckpt.load_checkpoint(tmp_path / "o" / "ckpt.pt")
     start = ckpt.load_checkpoint(base / "best.pt")
@@ -163,12 +163,5 @@ def test_ddp_on_chat_data_matches_one_process(base_and_chat, tmp_path, capsys) -
     args = cli_args(**RUN, max_iters=3, init_from=base, data_dir=chat)
     single = run_in_process(train.main, [*args, f"--out_dir={tmp_path / 'one'}"], capsys)  # the one process: this one
     assert single.returncode == 0, single.stderr
-    ddp = subprocess.run(
-        [*TORCHRUN, str(REPO / "train.py"), *args, f"--out_dir={tmp_path / 'two'}"],
-        cwd=REPO,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-    )
-    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    train_in_two_processes([*args, f"--out_dir={tmp_path / 'two'}"])
     assert_close_weights(tmp_path / "one", tmp_path / "two")

@@ -1,23 +1,32 @@
-"""train.py across processes: 2 CPU processes (gloo) under torchrun, with DDP and with FSDP2, must train exactly
-like one process that does all the micro-batches itself, and write checkpoints any of them can resume."""
+"""train.py across processes: 2 CPU processes (gloo), with DDP and with FSDP2, must train exactly like one process
+that does all the micro-batches itself, and write checkpoints any of them can resume; a signal to one process stops
+them all, and under torchrun a job with a killed worker ends, relaunched or restarted, where it would have ended."""
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
 import train
+from gptkit.core import distributed
 from gptkit.eval import hellaswag
 from gptkit.weights import checkpoint as ckpt
-from helpers import REPO, TINY_MODEL, clean_env, make_char_data, sample_text, tiny_train_args, write_items
+from helpers import REPO, TINY_MODEL, clean_env, free_port, make_char_data, sample_text, tiny_train_args, write_items
 
 MAX_ITERS = 20
 # A 2-layer, 32-wide model, 4 micro-batches of 4 per step (whatever the number of processes), dropout on.
@@ -35,31 +44,72 @@ RUN = {
     "lr_decay_iters": MAX_ITERS,
     "min_lr": 3e-4,
 }
-
+EMA = ("--ema_decay=0.8", "--ema_start=12")  # an average from step 12 on: evaluated and saved in place of the weights
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]  # 2 gloo processes
 
 
-def train_in(processes: int, data_dir: Path, out_dir: Path, *extra: str) -> subprocess.CompletedProcess | None:
-    """train.py with this file's run: in one process (processes=1: train.main in this one, which saves starting
-    Python and torch; the launch is not what these tests check) or under torchrun in two CPU processes (gloo)."""
+def train_in(processes: int, data_dir: Path, out_dir: Path, *extra: str) -> str:
+    """train.py with this file's run in one process (train.main in this one) or in two (train_in_two_processes);
+    returns what it printed."""
     assert processes in (1, 2)
-    args = [*tiny_train_args(data_dir, out_dir, **RUN), *extra]
-    if processes == 1:
-        assert train.main([str(arg) for arg in args]) == 0
-        return None
-    launcher = [*TORCHRUN, str(REPO / "train.py")]
-    result = subprocess.run([*launcher, *args], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
-    return result
+    args = [str(arg) for arg in (*tiny_train_args(data_dir, out_dir, **RUN), *extra)]
+    if processes == 2:
+        return train_in_two_processes(args)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert train.main(args) == 0
+    return printed.getvalue()
+
+
+def train_in_two_processes(args: list[str], while_running: Callable[[subprocess.Popen], None] | None = None) -> str:
+    """train.py `args` in 2 gloo processes, each with the variables torchrun gives its workers (RANK, LOCAL_RANK,
+    WORLD_SIZE, MASTER_ADDR, MASTER_PORT): rank 0 is train.main in this process, hosting the rendezvous as under
+    any launcher but torchrun, and rank 1 a `python train.py`, which `while_running` gets on a thread meanwhile.
+    Returns what both printed. This starts one Python and torch where torchrun starts three (itself and 2
+    workers); the test of a killed worker launches torchrun itself, which restarts the workers."""
+    rendezvous = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    # rank 1 writes to files, not pipes: a full pipe nobody reads while rank 0 trains would stall them both
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        rank_1 = subprocess.Popen(
+            [sys.executable, str(REPO / "train.py"), *args],
+            cwd=REPO,
+            env=clean_env(RANK="1", LOCAL_RANK="1", **rendezvous),
+            stdout=out,
+            stderr=err,
+        )
+        watcher = threading.Thread(target=while_running or (lambda process: None), args=(rank_1,), daemon=True)
+        watcher.start()
+        printed, code = io.StringIO(), None
+        try:
+            with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
+                for name, value in {"RANK": "0", "LOCAL_RANK": "0", **rendezvous}.items():
+                    patch.setenv(name, value)
+                # a rank 1 that never joins fails the test in minutes, not after the default half hour
+                patch.setattr(distributed, "default_pg_timeout", datetime.timedelta(minutes=5))
+                code = train.main(args)
+        finally:
+            if code is None:  # rank 0 failed: stop rank 1, which would wait for it
+                rank_1.kill()
+            rank_1.wait(timeout=300)
+            watcher.join(timeout=300)
+            out.seek(0)
+            err.seek(0)
+            stdout, stderr = out.read(), err.read()
+            print(f"rank 1's stderr: {stderr[-3000:]}", file=sys.stderr)  # pytest shows it when the test fails
+    assert code == 0 and rank_1.returncode == 0
+    assert "Traceback" not in stderr
+    return printed.getvalue() + stdout
+
+
+def log_entries(out_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
 
 
 def losses(out_dir: Path) -> list[tuple[int, str, float]]:
     """(iter, metric, value) for every logged loss, in order."""
     rows = []
-    for line in (out_dir / "log.jsonl").read_text().splitlines():
-        record = json.loads(line)
+    for record in log_entries(out_dir):
         rows += [(record["iter"], key, record[key]) for key in ("train/loss", "val/loss") if key in record]
     return rows
 
@@ -72,127 +122,104 @@ def assert_same_curve(a: Path, b: Path) -> None:
         assert value_a == pytest.approx(value_b, abs=1e-4)
 
 
-def assert_close_weights(a: Path, b: Path) -> None:
-    weights_a = ckpt.load_checkpoint(a / "ckpt.pt")["model"]
-    weights_b = ckpt.load_checkpoint(b / "ckpt.pt")["model"]
+def assert_close_weights(a: Path, b: Path, key: str = "model") -> None:
+    """The checkpoints' weights (`key`: model, or an EMA run's trained_model) agree to float rounding."""
+    weights_a = ckpt.load_checkpoint(a / "ckpt.pt")[key]
+    weights_b = ckpt.load_checkpoint(b / "ckpt.pt")[key]
     assert weights_a.keys() == weights_b.keys()
-    for key in weights_a:
-        torch.testing.assert_close(weights_a[key], weights_b[key], atol=1e-5, rtol=1e-4)
+    for name in weights_a:
+        torch.testing.assert_close(weights_a[name], weights_b[name], atol=1e-5, rtol=1e-4)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """One process with 4 micro-batches per step; 2 DDP processes and 2 FSDP processes with 2 each."""
+    """The runs the tests compare, all evaluating HellaSwag too, each against one process doing all 4 micro-batches
+    of a step: `ddp`, 2 DDP processes (2 micro-batches each) with an EMA, against `ema`, one process with it; and
+    `fsdp`, 2 FSDP processes, which continue the step-10 checkpoint of `single` (one process stopped there and
+    continued to step 20 itself)."""
     root = tmp_path_factory.mktemp("ddp")
-    make_char_data(root / "data")
+    data = root / "data"
+    make_char_data(data)
     items = write_items(root / "items.jsonl", hellaswag.items_from_text(sample_text(), 21, 60, 12, seed=3))
     tasks = ("--eval_tasks=hellaswag", f"--hellaswag_path={items}")  # 21 items: the processes get 11 and 10
-    outs = {name: root / name for name in ("single", "ddp", "fsdp")}
-    train_in(1, root / "data", outs["single"], *tasks)
-    ddp = train_in(2, root / "data", outs["ddp"], *tasks)
-    assert "2 process(es)" in ddp.stdout and ddp.stdout.count("done:") == 1  # only rank 0 reports
-    train_in(2, root / "data", outs["fsdp"], "--parallel=fsdp", *tasks)
-    return {**outs, "data": root / "data"}
+    outs = {name: root / name for name in ("single", "fsdp", "ema", "ddp")}
+    train_in(1, data, outs["single"], *tasks, "--max_iters=10")
+    shutil.copytree(outs["single"], outs["fsdp"])  # the one-process run moves to 2 FSDP processes
+    train_in(1, data, outs["single"], *tasks, "--init_from=resume")
+    train_in(2, data, outs["fsdp"], *tasks, "--init_from=resume", "--parallel=fsdp")
+    train_in(1, data, outs["ema"], *tasks, *EMA)
+    printed = train_in(2, data, outs["ddp"], *tasks, *EMA)
+    assert "2 process(es)" in printed and printed.count("done:") == 1  # only rank 0 reports
+    return {**outs, "data": data}
 
 
-def test_ddp_matches_one_process_with_twice_the_accumulation(runs: dict[str, Path]) -> None:
-    assert_same_curve(runs["single"], runs["ddp"])
-    assert_close_weights(runs["single"], runs["ddp"])
+def test_ddp_with_an_ema_matches_one_process_with_twice_the_accumulation(runs: dict[str, Path]) -> None:
+    """Every process keeps the same average of its replica: trained, evaluated and saved as in one process."""
+    assert_same_curve(runs["ema"], runs["ddp"])
+    assert_close_weights(runs["ema"], runs["ddp"])  # the average
+    assert_close_weights(runs["ema"], runs["ddp"], key="trained_model")
     assert sorted(p.name for p in runs["ddp"].iterdir()) == ["best.pt", "ckpt.pt", "log.jsonl", "summary.json"]
+    saved = ckpt.load_checkpoint(runs["ema"] / "ckpt.pt")
+    assert not torch.equal(saved["model"]["lm_head.weight"], saved["trained_model"]["lm_head.weight"])
 
 
 def test_evaluation_tasks_split_over_processes_count_every_item_once(runs: dict[str, Path]) -> None:
     """HellaSwag during training: each process scores its share of the items, and the reduced counts equal what one
-    process finds scoring them all (same choices: the weights agree to float rounding)."""
+    process finds scoring them all (same choices: the weights agree to float rounding). The FSDP run's figures
+    at steps 0 and 10 are the one-process run's it continues."""
     figures = {}
-    for name in ("single", "ddp", "fsdp"):
-        entries = [json.loads(line) for line in (runs[name] / "log.jsonl").read_text().splitlines()]
+    for name in ("single", "fsdp", "ema", "ddp"):
         figures[name] = [
             (e["iter"], e["hellaswag/n"], e["hellaswag/acc"], e["hellaswag/acc_norm"])
-            for e in entries
+            for e in log_entries(runs[name])
             if "hellaswag/acc" in e
         ]
     assert [row[:2] for row in figures["single"]] == [(0, 21), (10, 21), (20, 21)]
-    assert figures["ddp"] == figures["single"] and figures["fsdp"] == figures["single"]
+    assert figures["fsdp"] == figures["single"] and figures["ddp"] == figures["ema"]
+    assert [row[:2] for row in figures["ema"]] == [(0, 21), (10, 21), (20, 21)]
 
 
-def test_fsdp_matches_ddp_and_saves_the_same_checkpoint_format(runs: dict[str, Path]) -> None:
-    assert_same_curve(runs["ddp"], runs["fsdp"])
-    assert_close_weights(runs["ddp"], runs["fsdp"])
-    ddp_state = ckpt.load_checkpoint(runs["ddp"] / "ckpt.pt")
+def test_fsdp_continues_a_one_process_checkpoint_as_one_process_does_and_saves_its_format(
+    runs: dict[str, Path],
+) -> None:
+    assert_same_curve(runs["single"], runs["fsdp"])
+    assert_close_weights(runs["single"], runs["fsdp"])
+    single_state = ckpt.load_checkpoint(runs["single"] / "ckpt.pt")
     fsdp_state = ckpt.load_checkpoint(runs["fsdp"] / "ckpt.pt")
-    assert fsdp_state["optimizer"]["state"].keys() == ddp_state["optimizer"]["state"].keys()
+    assert fsdp_state["iter_num"] == single_state["iter_num"] == MAX_ITERS
+    assert fsdp_state["optimizer"]["state"].keys() == single_state["optimizer"]["state"].keys()
     assert [g["params"] for g in fsdp_state["optimizer"]["param_groups"]] == [
-        g["params"] for g in ddp_state["optimizer"]["param_groups"]
+        g["params"] for g in single_state["optimizer"]["param_groups"]
     ]
 
 
-def test_checkpoints_move_between_fsdp_and_one_process(runs: dict[str, Path], tmp_path: Path) -> None:
-    # The FSDP run continues in one process; the one-process run continues under FSDP: same result.
+def test_an_fsdp_checkpoint_continues_in_one_process(runs: dict[str, Path], tmp_path: Path) -> None:
+    """The FSDP run's checkpoint, continued in one process, gives what the one-process run's does (the other way
+    round, one process to FSDP, is how the FSDP run began)."""
     more = ["--init_from=resume", f"--max_iters={MAX_ITERS + 4}", f"--lr_decay_iters={MAX_ITERS + 4}"]
-    for source, processes, extra in (("fsdp", 1, []), ("single", 2, ["--parallel=fsdp"])):
+    for source in ("fsdp", "single"):
         (tmp_path / source).mkdir()
         (tmp_path / source / "ckpt.pt").write_bytes((runs[source] / "ckpt.pt").read_bytes())
-        train_in(processes, runs["data"], tmp_path / source, *more, *extra)
+        train_in(1, runs["data"], tmp_path / source, *more)
         assert ckpt.load_checkpoint(tmp_path / source / "ckpt.pt")["iter_num"] == MAX_ITERS + 4
     assert_close_weights(tmp_path / "fsdp", tmp_path / "single")
 
 
-def test_an_ema_under_ddp_matches_one_process(runs: dict[str, Path], tmp_path: Path) -> None:
-    """Every process keeps the same average of its replica: evaluated and saved as in one process."""
-    ema = ("--ema_decay=0.8", "--ema_start=12")
-    train_in(1, runs["data"], tmp_path / "single", *ema)
-    train_in(2, runs["data"], tmp_path / "ddp", *ema)
-    assert_same_curve(tmp_path / "single", tmp_path / "ddp")
-    single, ddp = (ckpt.load_checkpoint(tmp_path / name / "ckpt.pt") for name in ("single", "ddp"))
-    for key in ("model", "trained_model"):
-        for name, value in single[key].items():
-            torch.testing.assert_close(ddp[key][name], value, atol=1e-5, rtol=1e-4)
-    assert not torch.equal(single["model"]["lm_head.weight"], single["trained_model"]["lm_head.weight"])
-
-
-def worker_pid(launcher: subprocess.Popen, rank: int) -> int:
-    """The pid of the torchrun worker of `rank` (a child of the launcher whose environment has RANK=rank)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for proc in Path("/proc").glob("[0-9]*"):
-            try:
-                parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                environ = (proc / "environ").read_bytes().split(b"\0")
-            except (OSError, ValueError, IndexError):
-                continue  # the process ended meanwhile
-            if parent == launcher.pid and f"RANK={rank}".encode() in environ:
-                return int(proc.name)
-        time.sleep(0.05)
-    raise AssertionError(f"no worker of rank {rank} under torchrun (pid {launcher.pid})")
-
-
-@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds torchrun's workers in /proc")
 def test_a_signal_to_one_process_stops_all_of_them_at_the_same_step(runs: dict[str, Path], tmp_path: Path) -> None:
+    """SIGTERM to rank 1 alone (rank 0, which saves, gets none): both stop after the same step, rank 0 saves there,
+    and both exit with 0, so that torchrun sees no failure."""
     out_dir = tmp_path / "out"
     args = [*tiny_train_args(runs["data"], out_dir, **RUN), "--max_iters=1000000"]  # only the signal ends it
-    launcher = subprocess.Popen(
-        [*TORCHRUN, str(REPO / "train.py"), *args],
-        cwd=REPO,
-        env=clean_env(PYTHONUNBUFFERED="1"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+
+    def signal_rank_1(rank_1: subprocess.Popen) -> None:
         deadline = time.monotonic() + 120
-        while not (out_dir / "ckpt.pt").exists():  # written atomically: it exists only when complete
-            assert launcher.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
-            time.sleep(0.05)
-        os.kill(worker_pid(launcher, rank=1), signal.SIGTERM)  # rank 0, which saves, gets no signal
-        stdout, stderr = launcher.communicate(timeout=120)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.communicate()
-    assert launcher.returncode == 0, stderr[-3000:]
-    stopped = [line for line in stdout.splitlines() if line.startswith("stopped by")]
-    assert len(stopped) == 1, stdout[-2000:]
+        while not (out_dir / "ckpt.pt").exists() and rank_1.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the first checkpoint, written atomically: it exists only when complete
+        rank_1.send_signal(signal.SIGTERM)
+
+    printed = train_in_two_processes(args, while_running=signal_rank_1)
+    stopped = [line for line in printed.splitlines() if line.startswith("stopped by")]
+    assert len(stopped) == 1, printed[-2000:]
     steps = int(stopped[0].split("after ")[1].split(" steps")[0])
     assert stopped[0] == (
         f"stopped by a signal to another process after {steps} steps | saved {out_dir / 'ckpt.pt'}; "
@@ -203,17 +230,21 @@ def test_a_signal_to_one_process_stops_all_of_them_at_the_same_step(runs: dict[s
 
 
 # Test-only fault, loaded by Python at start-up (sitecustomize): the worker of rank KILL_RANK dies by SIGKILL when it
-# first draws training micro-batch KILL_AT_BATCH or later, once (KILL_MARKER records that it happened).
+# first draws training micro-batch B or later, for the first B of KILL_AT_BATCHES (a comma-separated list) that has
+# not killed a worker yet; the file KILL_MARKERS/killed-at-B records that it did.
 KILL_HOOK = """
 import os
-if os.environ.get("RANK") == os.environ.get("KILL_RANK") and not os.path.exists(os.environ["KILL_MARKER"]):
+batches = [int(batch) for batch in os.environ["KILL_AT_BATCHES"].split(",")]
+markers = {batch: os.path.join(os.environ["KILL_MARKERS"], f"killed-at-{batch}") for batch in batches}
+armed = [batch for batch in batches if not os.path.exists(markers[batch])]
+if os.environ.get("RANK") == os.environ.get("KILL_RANK") and armed:
     from gptkit.data import loader
 
     _real_batch = loader.BatchSampler.batch
 
     def _batch(self, index):
-        if self.purpose == loader.PURPOSE_TRAIN and index >= int(os.environ["KILL_AT_BATCH"]):
-            open(os.environ["KILL_MARKER"], "w").close()
+        if self.purpose == loader.PURPOSE_TRAIN and index >= armed[0]:
+            open(markers[armed[0]], "w").close()
             os.kill(os.getpid(), 9)
         return _real_batch(self, index)
 
@@ -221,53 +252,56 @@ if os.environ.get("RANK") == os.environ.get("KILL_RANK") and not os.path.exists(
 """
 
 
-def run_killing_rank_1_at_step_15(tmp_path: Path, data_dir: Path, launcher: list[str]) -> tuple[Path, Path, list]:
-    """The kill hook armed for rank 1 at step 15 (after the step-10 checkpoint); returns (marker, out_dir, command)."""
+def killing_rank_1(tmp_path: Path, at_steps: tuple[int, ...]) -> dict[str, str]:
+    """The environment of a torchrun job whose rank 1 is killed at each of `at_steps` in turn (KILL_HOOK), and
+    the markers' directory, tmp_path/killed."""
     (tmp_path / "hooks").mkdir()
     (tmp_path / "hooks" / "sitecustomize.py").write_text(KILL_HOOK)
-    marker, out_dir = tmp_path / "killed", tmp_path / "out"
+    (tmp_path / "killed").mkdir()
     # The repository after the hook: the hook imports gptkit before Python puts the script's directory first, and
     # must find this checkout's package, not an installed one.
     hooked = os.pathsep.join([str(tmp_path / "hooks"), str(REPO)])
-    env = clean_env(PYTHONPATH=hooked, KILL_RANK="1", KILL_MARKER=str(marker))
-    env["KILL_AT_BATCH"] = str(15 * RUN["gradient_accumulation_steps"])
-    command = [*launcher, str(REPO / "train.py"), *tiny_train_args(data_dir, out_dir, **RUN), "--init_from=auto"]
-    return marker, out_dir, [command, env]
+    batches = ",".join(str(step * RUN["gradient_accumulation_steps"]) for step in at_steps)
+    return clean_env(PYTHONPATH=hooked, KILL_RANK="1", KILL_MARKERS=str(tmp_path / "killed"), KILL_AT_BATCHES=batches)
 
 
-def assert_resumed_to_the_uninterrupted_weights(out_dir: Path, uninterrupted_dir: Path) -> None:
-    entries = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
-    assert [e["iter"] for e in entries if "val/loss" in e] == [0, 10, 20]  # resumed after step 10, not from 0
-    restarted = ckpt.load_checkpoint(out_dir / "ckpt.pt")
-    uninterrupted = ckpt.load_checkpoint(uninterrupted_dir / "ckpt.pt")
-    assert restarted["iter_num"] == uninterrupted["iter_num"] == MAX_ITERS
-    for key, tensor in uninterrupted["model"].items():
-        assert torch.equal(restarted["model"][key], tensor), key
-
-
-def test_torchrun_max_restarts_after_a_killed_worker_ends_with_the_uninterrupted_weights(
+def test_a_job_with_a_killed_worker_ends_relaunched_or_restarted_with_the_uninterrupted_weights(
     runs: dict[str, Path], tmp_path: Path
 ) -> None:
-    """An elastic job: rank 1 is SIGKILLed at step 15, torchrun (--max-restarts=1) stops the other worker and starts
-    both again with the same command, --init_from=auto; they resume from the step-10 checkpoint and end exactly
-    where the uninterrupted run did."""
-    launcher = [*TORCHRUN, "--max-restarts=1", "--monitor-interval=0.5"]
-    marker, out_dir, (command, env) = run_killing_rank_1_at_step_15(tmp_path, runs["data"], launcher)
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert marker.exists()  # the fault really happened, so only the restart can have finished the job
-    assert_resumed_to_the_uninterrupted_weights(out_dir, runs["ddp"])
+    """A preemptible job's life: rank 1 is SIGKILLed at step 15 (after the step-10 checkpoint) and the job fails; the
+    same command is launched again with --init_from=auto, now with --max-restarts=1, and its rank 1 is killed
+    at step 17; torchrun stops the other worker and starts both again. Each attempt resumes from the step-10
+    checkpoint, and the job ends exactly where the uninterrupted run (the `ddp` run: 2 DDP processes, an EMA)
+    did."""
+    env = killing_rank_1(tmp_path, at_steps=(15, 17))
+    out_dir = tmp_path / "out"
+    args = [*tiny_train_args(runs["data"], out_dir, **RUN), *EMA, "--init_from=auto"]
+    killed = subprocess.run(
+        [*TORCHRUN, str(REPO / "train.py"), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert killed.returncode != 0 and sorted(os.listdir(tmp_path / "killed")) == ["killed-at-60"], "no fault at 15"
+    assert ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == 10, "the job's last checkpoint is step 10's"
 
-
-def test_a_relaunch_with_init_from_auto_after_a_killed_worker_ends_with_the_uninterrupted_weights(
-    runs: dict[str, Path], tmp_path: Path
-) -> None:
-    """What a preemptible job does without an elastic launcher: rank 1 is SIGKILLed at step 15, the job fails, and
-    the same command is launched again with --init_from=auto. It must end exactly where the uninterrupted run did."""
-    marker, out_dir, (command, env) = run_killing_rank_1_at_step_15(tmp_path, runs["data"], TORCHRUN)
-    killed = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert killed.returncode != 0 and marker.exists()  # the fault really happened, and the job failed
-    assert ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == 10
-    relaunched = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    elastic = [*TORCHRUN, "--max-restarts=1", "--monitor-interval=0.5", str(REPO / "train.py"), *args]
+    relaunched = subprocess.run(elastic, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert relaunched.returncode == 0, relaunched.stdout[-2000:] + relaunched.stderr[-3000:]
-    assert_resumed_to_the_uninterrupted_weights(out_dir, runs["ddp"])
+    # the second fault happened, so only torchrun's restart can have finished the job
+    assert sorted(os.listdir(tmp_path / "killed")) == ["killed-at-60", "killed-at-68"]
+
+    entries = log_entries(out_dir)
+    steps = [e for e in entries if "lr" in e]  # the training steps' lines, not the evaluations'
+    # what the three attempts logged: steps 0-12, 10-14 after the step-10 checkpoint, and 10-18 (rank 1 reads its
+    # batches ahead, on a thread: it dies before the line of the step before each kill)
+    assert [e["iter"] for e in steps] == [*range(0, 13, 2), *range(10, 15, 2), *range(10, 19, 2)]
+    uninterrupted = {e["iter"]: e["train/loss"] for e in log_entries(runs["ddp"]) if "lr" in e}
+    # each step after the checkpoint went as in the uninterrupted run (a resumed attempt's first line, at step 10,
+    # averages that step alone)
+    resumed = [e for e in steps if e["iter"] > 10]
+    assert all(e["train/loss"] == uninterrupted[e["iter"]] for e in resumed), "an attempt did not resume exactly"
+    assert [e["iter"] for e in entries if "val/loss" in e] == [0, 10, 20]
+    restarted = ckpt.load_checkpoint(out_dir / "ckpt.pt")
+    expected = ckpt.load_checkpoint(runs["ddp"] / "ckpt.pt")
+    assert restarted["iter_num"] == expected["iter_num"] == MAX_ITERS
+    for key in ("model", "trained_model"):  # the average and the weights it averages
+        for name, tensor in expected[key].items():
+            assert torch.equal(restarted[key][name], tensor), f"{key} {name}"

@@ -18,7 +18,7 @@ from data.test_packing import write_chat_data
 from gptkit.weights import checkpoint as ckpt
 from gptkit.weights import load
 from gptkit.weights.sources import model_of_checkpoint
-from helpers import assert_script_error, cli_args, run_in_process, run_main, run_script
+from helpers import assert_script_error, cli_args, run_in_process, run_main
 from test_train_chat import RUN, write_text_data
 from test_train_ddp import assert_close_weights, assert_same_curve, train_in
 
@@ -36,15 +36,15 @@ def base(tmp_path_factory) -> Path:
     return root / "base"
 
 
-def lora_run(base: Path, data: Path, out: Path, capsys: pytest.CaptureFixture | None = None, **extra: object):
-    """train.py's LoRA run: as a process, or (given capsys) its main in this process, which saves starting Python and
-    torch where the run is the test's input; the first test runs it as a process."""
+def lora_run(base: Path, data: Path, out: Path, capsys: pytest.CaptureFixture, **extra: object):
+    """train.py's LoRA run, its main in this process (a finished process's exit code, stdout and stderr): the LoRA
+    run as a process is rank 1 of test_lora_under_ddp_matches_one_process."""
     args = cli_args(**{**RUN, **LORA, "max_iters": 3, "init_from": base, "data_dir": data, "out_dir": out, **extra})
-    return run_script("train.py", *args) if capsys is None else run_in_process(train.main, args, capsys)
+    return run_in_process(train.main, args, capsys)
 
 
-def test_a_lora_run_trains_only_adapters_and_saves_only_them(base: Path, tmp_path: Path) -> None:
-    result = lora_run(base, base.parent / "text", tmp_path / "out")
+def test_a_lora_run_trains_only_adapters_and_saves_only_them(base: Path, tmp_path: Path, capsys) -> None:
+    result = lora_run(base, base.parent / "text", tmp_path / "out", capsys)
     assert result.returncode == 0, result.stderr
     # 2 blocks x 4 layers (rank 4, 32 wide): c_attn 4*32+96*4, attn.c_proj 4*32+32*4, c_fc 4*32+128*4, mlp.c_proj 4*128+32*4
     trained = 2 * ((128 + 384) + (128 + 128) + (128 + 512) + (512 + 128))
@@ -83,8 +83,8 @@ def test_on_chat_data_the_new_token_rows_train_with_the_adapters(base: Path, tmp
 
 def test_merge_writes_a_plain_checkpoint_with_the_same_outputs(base: Path, tmp_path: Path, capsys) -> None:
     assert lora_run(base, base.parent / "text", tmp_path / "out", capsys).returncode == 0
-    merge = ["export.py", "--format=merged", f"--out_dir={tmp_path / 'out'}", f"--export_dir={tmp_path / 'm'}"]
-    result = run_script(*merge)
+    merge = ["--format=merged", f"--out_dir={tmp_path / 'out'}", f"--export_dir={tmp_path / 'm'}"]
+    result = run_in_process(export.main, merge, capsys)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"wrote {tmp_path / 'm'}: ckpt.pt"
     merged = ckpt.load_checkpoint(tmp_path / "m" / "ckpt.pt")
@@ -93,7 +93,7 @@ def test_merge_writes_a_plain_checkpoint_with_the_same_outputs(base: Path, tmp_p
     plain = load(str(tmp_path / "m")).model
     x = torch.randint(0, 10, (2, 16))
     torch.testing.assert_close(plain(x, x)[0], adapted(x, x)[0], rtol=1e-5, atol=1e-5)
-    assert_script_error(run_in_process(export.main, merge[1:], capsys), "already holds files")
+    assert_script_error(run_in_process(export.main, merge, capsys), "already holds files")
     whole = ["--format=peft", f"--out_dir={tmp_path / 'm'}", f"--export_dir={tmp_path / 'p'}"]
     assert_script_error(run_in_process(export.main, whole, capsys), "is not a LoRA run's checkpoint")
     assert not (tmp_path / "p").exists()
@@ -105,7 +105,7 @@ def test_a_missing_or_changed_base_is_one_clear_line(base: Path, tmp_path: Path,
     assert lora_run(copy, base.parent / "text", tmp_path / "out", capsys).returncode == 0
     sampling = [f"--out_dir={tmp_path / 'out'}", "--max_new_tokens=5"]
     (copy / "best.pt").write_bytes((copy / "best.pt").read_bytes() + b"\0")
-    assert_script_error(run_script("sample.py", *sampling), "has changed since the adapters were trained")
+    assert_script_error(run_in_process(sample.main, sampling, capsys), "has changed since the adapters were trained")
     shutil.rmtree(copy)
     assert_script_error(run_in_process(sample.main, sampling, capsys), "is missing")
 
@@ -122,7 +122,7 @@ def test_lora_under_ddp_matches_one_process(base: Path, tmp_path: Path) -> None:
     lora = [f"--init_from={base}", *cli_args(**LORA, lora_dropout=0.1)]
     chat = base.parent / "chat"
     train_in(1, chat, tmp_path / "one", *lora)
-    assert "LoRA rank 4" in train_in(2, chat, tmp_path / "two", *lora).stdout
+    assert "LoRA rank 4" in train_in(2, chat, tmp_path / "two", *lora)
     assert_same_curve(tmp_path / "one", tmp_path / "two")
     assert_close_weights(tmp_path / "one", tmp_path / "two")
     adapters = ckpt.load_checkpoint(tmp_path / "two" / "ckpt.pt")["model"]
@@ -134,8 +134,7 @@ def test_peft_runs_our_adapters_on_the_exported_base(base: Path, tmp_path: Path,
     export.py; PEFT on transformers' model then gives the logits the toolkit gives for the LoRA run."""
     peft = pytest.importorskip("peft")
     transformers = pytest.importorskip("transformers")
-    assert lora_run(base, base.parent / "text", tmp_path / "out", learning_rate=3e-2).returncode == 0
-    # both commands in this process (their command lines run as subprocesses in the tests above and test_export.py)
+    assert lora_run(base, base.parent / "text", tmp_path / "out", capsys, learning_rate=3e-2).returncode == 0
     peft_args = ["--format=peft", f"--out_dir={tmp_path / 'out'}", f"--export_dir={tmp_path / 'adapter'}"]
     assert run_main(export.main, peft_args, capsys)[0] == 0
     export_args = [f"--out_dir={base}", "--format=hf", f"--export_dir={tmp_path / 'hf'}"]
@@ -162,7 +161,7 @@ def test_peft_runs_a_chat_lora_run_with_its_new_token_rows(base: Path, tmp_path:
     on the base written beside the adapters (its vocabulary grown to the run's), and gives our logits on a rendered
     conversation, markers and all."""
     peft = pytest.importorskip("peft")
-    assert lora_run(base, base.parent / "chat", tmp_path / "out", learning_rate=3e-2).returncode == 0
+    assert lora_run(base, base.parent / "chat", tmp_path / "out", capsys, learning_rate=3e-2).returncode == 0
     peft_args = ["--format=peft", f"--out_dir={tmp_path / 'out'}", f"--export_dir={tmp_path / 'adapter'}"]
     code, out, _ = run_main(export.main, peft_args, capsys)
     assert code == 0 and out.strip().endswith("adapter_config.json, adapter_model.safetensors, base")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,9 +17,9 @@ from gptkit.data.tokenizer import CharTokenizer, ChatTokenizer
 from gptkit.model import GPT, GPTConfig, config_to_dict
 from gptkit.train import curves
 from gptkit.weights import checkpoint as ckpt
-from helpers import REPO, assert_one_line_error, clean_env, cli_args, run_main
+from helpers import REPO, assert_one_line_error, cli_args, run_main
 from prepare_data import preferences
-from test_train_ddp import TORCHRUN, assert_close_weights
+from test_train_ddp import assert_close_weights, train_in_two_processes
 
 LETTERS = "abcdefgh"
 RUN = {
@@ -195,16 +194,14 @@ def test_bad_input_is_one_line(task: Path, tmp_path: Path, capsys, monkeypatch) 
 @pytest.mark.parametrize("objective", ["dpo", "grpo"])
 def test_two_ddp_processes_end_with_the_weights_of_one(task: Path, tmp_path: Path, objective: str, capsys) -> None:
     """gradient_accumulation_steps=2 in one process (this one: train.main) against 2 gloo processes with one
-    micro-batch each."""
+    micro-batch each (test_train_ddp.train_in_two_processes)."""
     make_args = dpo_args if objective == "dpo" else grpo_args
     extra: dict[str, object] = {"max_iters": 3, "eval_interval": 3}
     if objective == "grpo":
         extra.update(grpo_reward="regex:^a", learning_rate=1e-2, grpo_kl_beta=0.1)
     code, _, stderr = run_main(train.main, make_args(task, tmp_path / "one", **extra), capsys)
     assert code == 0, stderr
-    command = [*TORCHRUN, str(REPO / "train.py"), *make_args(task, tmp_path / "two", **extra)]
-    result = subprocess.run(command, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    train_in_two_processes(make_args(task, tmp_path / "two", **extra))
     assert_close_weights(tmp_path / "one", tmp_path / "two")
 
 

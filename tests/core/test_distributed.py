@@ -5,6 +5,7 @@ train.py's whole runs under torchrun (DDP, FSDP, a signal to one process) are in
 
 from __future__ import annotations
 
+import datetime
 import json
 import socket
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from gptkit.core import distributed
 from gptkit.core.distributed import (
     Processes,
     any_process,
@@ -81,14 +83,28 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def two_process_worker(rank: int, port: int, results: Path) -> None:
-    """One of two gloo processes, as torchrun would start it (its environment variables set)."""
+def torchrun_variables(rank: int, port: int) -> dict[str, str]:
+    """The environment variables torchrun gives the worker of `rank` of 2."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
+def rank_1_process(port: int, results: Path) -> None:
+    """Rank 1 in a process of its own, as torchrun would start it."""
     import os
 
-    os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
-    )
+    os.environ.update(torchrun_variables(1, port))
     torch.set_num_threads(1)
+    record_collectives(1, results)
+
+
+def record_collectives(rank: int, results: Path) -> None:
+    """One of two gloo processes: what it finds joining, reducing and syncing gradients, as results/rank{rank}.json."""
     procs, device = start_processes("cpu", "auto", accumulation_steps=4)
     found = {
         "procs": (procs.rank, procs.world_size, procs.master, procs.distributed),
@@ -121,8 +137,26 @@ def two_process_worker(rank: int, port: int, results: Path) -> None:
     (results / f"rank{rank}.json").write_text(json.dumps(found))
 
 
-def test_two_gloo_processes_reduce_agree_and_sync_gradients_on_the_last_micro_step(tmp_path: Path) -> None:
-    mp.spawn(two_process_worker, args=(free_port(), tmp_path), nprocs=2, join=True)
+def test_two_gloo_processes_reduce_agree_and_sync_gradients_on_the_last_micro_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 is this process (hosting the rendezvous, as under any launcher but torchrun), rank 1 a spawned one:
+    one Python and torch started, not two."""
+    port = free_port()
+    rank_1 = mp.get_context("spawn").Process(target=rank_1_process, args=(port, tmp_path))
+    rank_1.start()
+    for name, value in torchrun_variables(0, port).items():
+        monkeypatch.setenv(name, value)
+    # a rank 1 that never joins fails the test in minutes, not after the default half hour
+    monkeypatch.setattr(distributed, "default_pg_timeout", datetime.timedelta(minutes=5))
+    try:
+        record_collectives(0, tmp_path)
+        rank_1.join(120)
+    finally:
+        if rank_1.is_alive():  # rank 0 failed: leave nothing running
+            rank_1.kill()
+            rank_1.join()
+    assert rank_1.exitcode == 0
     for rank in (0, 1):
         found = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert found["procs"] == [rank, 2, rank == 0, True] and found["backend"] == "gloo"
