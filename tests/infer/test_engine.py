@@ -356,7 +356,7 @@ def test_training_still_works_after_the_fast_path():
 
 def test_compiled_model_after_the_fast_path():
     """torch.compile cannot lower the direct oneDNN call, so a compiled model must trace F.linear instead."""
-    model = optimize_for_cpu_decoding(lively_model(seed=2))
+    model = optimize_for_cpu_decoding(lively_model(seed=2, n_layer=1))
     prompt = torch.tensor(prompts_of(6, 6))
     with torch.no_grad():
         expected, _ = model(prompt)
@@ -382,6 +382,11 @@ def test_decoding_linear_matches_f_linear(shape):
 # ------------------------------------------------------------------------------ the compiled decoding step
 
 
+# The compiled step's test models: one layer, since a graph's compile time grows with the layers and nothing these
+# tests check (spans, guards, sampling inside the graph, graph counts) needs a second.
+STEP_MODEL = dict(block_size=40, pos_encoding="rope", n_layer=1)
+
+
 def unique_graphs() -> int:
     """Graphs dynamo has compiled in this process so far."""
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -401,7 +406,7 @@ def compiled_greedy() -> CompiledGreedyRun:
     """One compiled greedy run of 4 slots: rows of 1, 9 and 26 tokens, block 40, 30 new tokens each. Each inductor
     graph of the step takes many seconds to compile, so the tests below reuse this model and its graph (batch 4,
     greedy) where their checks allow it."""
-    model = lively_model(block_size=40, pos_encoding="rope")
+    model = lively_model(**STEP_MODEL)
     reference = plain_copy(model)
     requests = [Request(prompt, 30, temperature=0) for prompt in prompts_of(1, 9, 26)]
     graphs_before = unique_graphs()
@@ -429,7 +434,7 @@ def test_compiled_steps_serve_each_model_its_own_frozen_weights(compiled_greedy)
     """The compiled step checks one weight's identity in place of every module's guards: two models of the same
     shapes (and a third made after the second is freed, which may reuse its memory) each get their own greedy tokens,
     whichever ran last, and one graph per model (the first model's is compiled_greedy's)."""
-    first, second = compiled_greedy.model, lively_model(block_size=40, pos_encoding="rope", seed=2)
+    first, second = compiled_greedy.model, lively_model(**STEP_MODEL, seed=2)
     prompts = prompts_of(1, 9, 26)
     expected = {
         model: [reference_greedy(plain_copy(model), prompt, 12) for prompt in prompts] for model in (first, second)
@@ -441,7 +446,7 @@ def test_compiled_steps_serve_each_model_its_own_frozen_weights(compiled_greedy)
     assert unique_graphs() - graphs_before == 1
     del expected, second
     gc.collect()
-    third = lively_model(block_size=40, pos_encoding="rope", seed=3)
+    third = lively_model(**STEP_MODEL, seed=3)
     reference = plain_copy(third)
     assert greedy_compiled_outputs(third, prompts, 12) == [reference_greedy(reference, p, 12) for p in prompts]
 
@@ -497,7 +502,7 @@ def test_compiled_rows_of_different_settings_each_sample_as_eager_rows_do(monkey
     """One greedy row beside seeded rows at their own temperatures and top-k: each row gets the eager engine's
     tokens, so no row's settings stand in for another's."""
     step_with_dynamos_eager_backend(monkeypatch)
-    model = lively_model(block_size=40)
+    model = lively_model(block_size=40, n_layer=1)
     prompts = prompts_of(1, 9, 26)
     settings = [(0.0, None), (1.0, 5), (0.8, None)]
     outputs = {}
@@ -520,12 +525,12 @@ def test_the_compiled_step_holds_more_graphs_than_dynamos_default_limit(monkeypa
     step_with_dynamos_eager_backend(monkeypatch)
     prompt = prompts_of(5)[0]
     graphs_before = unique_graphs()
-    for seed in range(11):
-        model = lively_model(seed=seed)
+    for seed in range(9):  # the ninth graph is one past the default
+        model = lively_model(seed=seed, n_layer=1)
         request = Request(prompt, 3, temperature=0)
         list(Engine(model, decode="compiled").run([request]))
         assert request.output == reference_greedy(plain_copy(model), prompt, 3)
-    assert unique_graphs() - graphs_before == 11
+    assert unique_graphs() - graphs_before == 9
 
 
 def test_the_step_sets_freezing_and_its_graph_limit_for_its_own_call_only(monkeypatch):
