@@ -399,7 +399,6 @@ def test_impossible_download_settings(tmp_path: Path, prepare_here: Callable[...
 
 # ----------------------------------------------------------------------------- hostile inputs to prepare_data/corpus.py
 
-CORPUS = "prepare_data/corpus.py"
 WORDS = "".join(f"line {i} of a perfectly ordinary text file, with words\n" for i in range(400))
 
 
