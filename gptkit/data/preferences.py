@@ -15,7 +15,6 @@ replies (never the prompt). meta.json's source records "pairs": true.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np

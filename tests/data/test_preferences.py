@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from gptkit.data import tokenizer as tok
 from gptkit.data.preferences import PairBatches, PairEpoch, open_pairs

@@ -20,8 +20,8 @@ import numpy as np
 
 from gptkit.core.errors import UserError
 from gptkit.data import tokenizer as tok
-from gptkit.data.meta import META_FILENAME, dtype_for_vocab, read_meta
 from gptkit.data.chat import ChatError, check_messages
+from gptkit.data.meta import META_FILENAME, dtype_for_vocab, read_meta
 from gptkit.data.prepare.chat_inputs import ChatItem, conversation_of, records
 from gptkit.data.prepare.discover import describe_skipped
 from gptkit.data.prepare.driver import Progress
