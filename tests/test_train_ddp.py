@@ -24,9 +24,18 @@ import torch
 
 import train
 from gptkit.core import distributed
-from gptkit.eval import hellaswag
 from gptkit.weights import checkpoint as ckpt
-from helpers import REPO, TINY_MODEL, clean_env, free_port, make_char_data, sample_text, tiny_train_args, write_items
+from helpers import (
+    REPO,
+    TINY_MODEL,
+    clean_env,
+    free_port,
+    items_from_text,
+    make_char_data,
+    sample_text,
+    tiny_train_args,
+    write_items,
+)
 
 MAX_ITERS = 20
 # A 2-layer, 32-wide model, 4 micro-batches of 4 per step (whatever the number of processes), dropout on.
@@ -140,7 +149,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("ddp")
     data = root / "data"
     make_char_data(data)
-    items = write_items(root / "items.jsonl", hellaswag.items_from_text(sample_text(), 21, 60, 12, seed=3))
+    items = write_items(root / "items.jsonl", items_from_text(sample_text(), 21, 60, 12, seed=3))
     tasks = ("--eval_tasks=hellaswag", f"--hellaswag_path={items}")  # 21 items: the processes get 11 and 10
     outs = {name: root / name for name in ("single", "fsdp", "ema", "ddp")}
     train_in(1, data, outs["single"], *tasks, "--max_iters=10")

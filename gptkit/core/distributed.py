@@ -113,11 +113,6 @@ def reduce_numbers(values: list[float], device: torch.device, procs: Processes, 
     return tensor.tolist()
 
 
-def any_process(flag: bool, device: torch.device, procs: Processes) -> bool:
-    """Whether `flag` is true in any process (every process gets the same answer: a collective call)."""
-    return reduce_numbers([1.0 if flag else 0.0], device, procs, op="max")[0] > 0
-
-
 def is_fsdp(model: torch.nn.Module) -> bool:
     """Whether `model` has been sharded with FSDP2's fully_shard."""
     if "torch.distributed.fsdp" not in sys.modules:  # never imported: nothing is sharded (and importing is slow)

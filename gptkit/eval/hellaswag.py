@@ -126,34 +126,6 @@ def hellaswag_items(source: str = "", cache_dir: str | os.PathLike | None = None
     return items[:limit] if limit else items
 
 
-def items_from_text(
-    text: str, count: int, context_chars: int = 200, ending_chars: int = 40, choices: int = 4, seed: int = 0
-) -> list[Item]:
-    """HellaSwag-format items cut from `text` (held-out text a model never trained on): the context ends before a
-    space, the right ending is the text's real continuation after it, the wrong endings are spans of the same
-    length that also start a word after a space, from elsewhere in the text; the right one's place is random. So
-    the endings look alike one by one, and only a model that has learnt how the text goes on picks the real
-    continuation far above chance (1/choices); an untrained one stays near chance."""
-    import random
-
-    rng = random.Random(seed)
-    starts = [
-        i + 1
-        for i, c in enumerate(text[: len(text) - ending_chars - 1])
-        if c == " " and i >= context_chars and not text[i + 1].isspace()
-    ]
-    if len(starts) < max(count, 2 * choices):
-        raise UserError(f"the text is too short for {count} items of {context_chars}+{ending_chars} characters")
-    items = []
-    for start in rng.sample(starts, count):
-        others = [s for s in rng.sample(starts, 3 * choices) if abs(s - start) > ending_chars][: choices - 1]
-        endings = [text[s : s + ending_chars] for s in [start, *others]]
-        label = rng.randrange(len(endings))
-        endings[0], endings[label] = endings[label], endings[0]
-        items.append(Item(text[start - 1 - context_chars : start - 1], tuple(endings), label))
-    return items
-
-
 # ----------------------------------------------------------------------------- scoring
 
 

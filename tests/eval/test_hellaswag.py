@@ -33,6 +33,7 @@ from helpers import (
     assert_one_line_message,
     assert_script_error,
     cli_args,
+    items_from_text,
     make_char_data,
     run_in_process,
     run_main,
@@ -86,7 +87,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     text = markov_text(60_000)
     make_char_data(root / "data", text=text)
     held_out = text[int(len(text) * 0.9) :]  # the val split: never trained on
-    items = hellaswag.items_from_text(held_out, ITEMS, context_chars=40, ending_chars=8, seed=0)
+    items = items_from_text(held_out, ITEMS, context_chars=40, ending_chars=8, seed=0)
     write_items(root / "items.jsonl", items)
     args = tiny_train_args(
         root / "data",
@@ -190,7 +191,7 @@ def test_items_files_and_their_mistakes(tmp_path: Path) -> None:
 def test_items_download_once_through_the_cache(tmp_path: Path) -> None:
     served = tmp_path / "served"
     served.mkdir()
-    items = hellaswag.items_from_text(sample_text(20_000), 30, seed=1)
+    items = items_from_text(sample_text(20_000), 30, seed=1)
     write_items(served / "hellaswag_val.jsonl", items)
     (served / "broken.jsonl").write_text('{"ctx": "a"\n')
     with serving_directory(served) as (base, requested):
@@ -211,7 +212,7 @@ def test_the_canonical_file_must_be_complete(tmp_path: Path, monkeypatch: pytest
     """A download of the canonical URL with fewer than 10,042 items is refused and leaves the cache."""
     served = tmp_path / "served"
     served.mkdir()
-    write_items(served / "hellaswag_val.jsonl", hellaswag.items_from_text(sample_text(20_000), 10))
+    write_items(served / "hellaswag_val.jsonl", items_from_text(sample_text(20_000), 10))
     with serving_directory(served) as (base, _):
         monkeypatch.setattr(hellaswag, "HELLASWAG_URL", f"{base}/hellaswag_val.jsonl")
         monkeypatch.setenv("GPT_TOOLKIT_CACHE", str(tmp_path / "cache"))
@@ -225,7 +226,7 @@ def test_the_canonical_file_must_be_the_published_one(tmp_path: Path, monkeypatc
     """All the items but other bytes than the repository's file: refused by its git blob id, and removed."""
     served = tmp_path / "served"
     served.mkdir()
-    write_items(served / "hellaswag_val.jsonl", hellaswag.items_from_text(sample_text(20_000), 10))
+    write_items(served / "hellaswag_val.jsonl", items_from_text(sample_text(20_000), 10))
     with serving_directory(served) as (base, _):
         monkeypatch.setattr(hellaswag, "HELLASWAG_URL", f"{base}/hellaswag_val.jsonl")
         monkeypatch.setattr(hellaswag, "HELLASWAG_VAL_ITEMS", 10)
