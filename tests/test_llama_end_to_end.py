@@ -49,6 +49,7 @@ def llama_base(tmp_path_factory) -> Path:
     return directory
 
 
+@pytest.mark.heavy
 def test_chat_lora_run_on_a_llama_base_answers_and_exports_back(
     llama_base: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:

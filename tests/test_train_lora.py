@@ -129,6 +129,7 @@ def test_lora_under_ddp_matches_one_process(base: Path, tmp_path: Path) -> None:
     assert "transformer.wte.extra" in adapters and adapters["transformer.h.0.attn.c_attn.lora_B"].abs().max() > 0
 
 
+@pytest.mark.heavy
 def test_peft_runs_our_adapters_on_the_exported_base(base: Path, tmp_path: Path, capsys) -> None:
     """The whole route to Hugging Face: train.py's LoRA run, its adapters written for PEFT, the base exported with
     export.py; PEFT on transformers' model then gives the logits the toolkit gives for the LoRA run."""
@@ -156,6 +157,7 @@ def test_peft_runs_our_adapters_on_the_exported_base(base: Path, tmp_path: Path,
             assert (theirs(ids).logits - expected).abs().max() > 1e-2
 
 
+@pytest.mark.heavy
 def test_peft_runs_a_chat_lora_run_with_its_new_token_rows(base: Path, tmp_path: Path, capsys) -> None:
     """A LoRA run on chat data also trains the template's marker rows; PEFT gets them as trainable_token_indices
     on the base written beside the adapters (its vocabulary grown to the run's), and gives our logits on a rendered
