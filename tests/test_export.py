@@ -1,5 +1,5 @@
 """export.py end to end: a chat checkpoint exported to a Hugging Face directory that transformers runs to our
-tokens, and to GGUF; a new directory every time unless --overwrite; every mistake one line."""
+tokens, a run exported to GGUF; a new directory every time unless --overwrite; every mistake one line."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from helpers import (
     greedy_llama_cpp,
     lively_model,
     reference_greedy,
+    run_in_process,
     run_main,
     run_script,
 )
@@ -78,18 +79,21 @@ def test_hf_export_of_a_chat_checkpoint_runs_in_transformers_to_our_tokens(tmp_p
     assert generated[0].tolist() == ids
 
 
-@pytest.mark.heavy
-def test_gguf_export_writes_the_file_and_a_modelfile(tmp_path, chat_checkpoint, capsys):
+def test_gguf_export_writes_the_file_and_a_modelfile(tmp_path, capsys):
+    """A character-level run (GPT-2's vocabulary in GGUF is tests/weights/test_export_gguf.py's: reading its 50,000
+    tokens back takes seconds)."""
     gguf = pytest.importorskip("gguf")
+    checkpoint = write_checkpoint(tmp_path / "run" / "ckpt.pt", tok.CharTokenizer("abc\n", eot=True), n_embd=64)
     destination = tmp_path / "gguf"
-    args = cli_args(out_dir=chat_checkpoint, format="gguf", outtype="q8_0", export_dir=destination)
+    args = cli_args(out_dir=checkpoint, format="gguf", outtype="q8_0", export_dir=destination)
     code, out, err = run_main(export.main, args, capsys)
     assert code == 0, err
-    name = chat_checkpoint.parent.name  # the run directory's, by default
-    assert out == f"wrote {destination}: {name}-q8_0.gguf, Modelfile\n"
-    reader = gguf.GGUFReader(destination / f"{name}-q8_0.gguf")
-    assert reader.fields["general.name"].contents() == name
-    assert len(reader.fields["tokenizer.ggml.tokens"].data) == 50304
+    assert out == f"wrote {destination}: run-q8_0.gguf, Modelfile\n"  # named after the run directory, by default
+    reader = gguf.GGUFReader(destination / "run-q8_0.gguf")
+    assert reader.fields["general.name"].contents() == "run"
+    assert reader.fields["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_Q8_0
+    assert len(reader.fields["tokenizer.ggml.tokens"].data) == 64  # one per row of the model: 5 tokens, padded
+    assert (destination / "Modelfile").read_text().startswith("FROM ./run-q8_0.gguf\n")
 
 
 def test_gguf_export_takes_a_hugging_face_tokenizer_along(tmp_path, capsys):
@@ -204,13 +208,14 @@ def test_mistakes_are_one_line_errors_and_leave_no_directory(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["char", "rope"]
 
 
-def test_the_script_runs_as_a_user_runs_it(tmp_path):
+def test_the_script_runs_as_a_user_runs_it(tmp_path, capsys):
+    """export.py as a process; the refused second export calls its main in this process."""
     char = write_checkpoint(tmp_path / "char" / "ckpt.pt", tok.CharTokenizer("abc\n", eot=True))
     result = run_script("export.py", *cli_args(out_dir=char.parent, export_dir=tmp_path / "hf"))
     assert result.returncode == 0, result.stderr
     hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     assert hf.encode("cab\n") == [2, 0, 1, 3]
-    failed = run_script("export.py", *cli_args(out_dir=char.parent, export_dir=tmp_path / "hf"))
+    failed = run_in_process(export.main, cli_args(out_dir=char.parent, export_dir=tmp_path / "hf"), capsys)
     assert_script_error(failed, "already holds files")
 
 

@@ -76,6 +76,14 @@ def gpt2_model():
     return lively_model(vocab_size=50304, n_embd=64, n_head=2, tie_embeddings=False)
 
 
+@pytest.fixture(scope="module")
+def gpt2_file(tmp_path_factory, gpt2_model):
+    """gpt2_model with GPT-2's chat vocabulary in f16, and llama.cpp's reader of the file. Writing and reading 50,000
+    tokens and merges takes seconds, so the tests of its metadata share the file."""
+    path = export(tmp_path_factory.mktemp("gpt2"), gpt2_model, chat_gpt2(), "f16")
+    return path, gguf.GGUFReader(path)
+
+
 def test_f32_tensors_read_back_equal_ours(tmp_path):
     model = lively_model(vocab_size=320, bias=False, pos_encoding="sinusoidal", tie_embeddings=False)
     reader = gguf.GGUFReader(export(tmp_path, model, tiny_bpe()))
@@ -115,9 +123,8 @@ def test_f16_and_q8_0_tensors_are_within_their_formats_error(tmp_path):
 
 
 @pytest.mark.heavy
-def test_metadata_holds_the_architecture_tokenizer_and_chat_template(tmp_path, gpt2_model):
-    tokenizer = chat_gpt2()
-    reader = gguf.GGUFReader(export(tmp_path, gpt2_model, tokenizer, "f16"))
+def test_metadata_holds_the_architecture_tokenizer_and_chat_template(gpt2_file, gpt2_model):
+    _, reader = gpt2_file
     config = gpt2_model.config
     assert field(reader, "general.architecture") == "gpt2"
     assert field(reader, "general.name") == "tiny"
@@ -155,12 +162,12 @@ def test_metadata_holds_the_architecture_tokenizer_and_chat_template(tmp_path, g
 
 
 @pytest.mark.heavy
-def test_the_chat_template_in_the_metadata_renders_our_ids(tmp_path, gpt2_model):
+def test_the_chat_template_in_the_metadata_renders_our_ids(tmp_path, gpt2_file, gpt2_model):
     transformers = pytest.importorskip("transformers")
     from gptkit.weights.export_hf import export_hf
 
     tokenizer = chat_gpt2()
-    reader = gguf.GGUFReader(export(tmp_path, gpt2_model, tokenizer))
+    path, reader = gpt2_file
     hf_dir = tmp_path / "hf"
     hf_dir.mkdir()
     export_hf(gpt2_model, tokenizer, hf_dir)
@@ -169,8 +176,8 @@ def test_the_chat_template_in_the_metadata_renders_our_ids(tmp_path, gpt2_model)
         CONVERSATION, chat_template=field(reader, "tokenizer.chat_template"), tokenize=False, add_generation_prompt=True
     )
     assert hf.encode(text) == tokenizer.chat.render_prompt(CONVERSATION, tokenizer)
-    modelfile = (tmp_path / "gguf-f32" / "Modelfile").read_text()
-    assert modelfile.startswith("FROM ./tiny-f32.gguf\n") and 'PARAMETER stop "<|end|>"' in modelfile
+    modelfile = (path.parent / "Modelfile").read_text()
+    assert modelfile.startswith("FROM ./tiny-f16.gguf\n") and 'PARAMETER stop "<|end|>"' in modelfile
 
 
 def test_a_trained_bpe_uses_llama_cpps_gpt4_style_pre_tokenizer(tmp_path):
