@@ -32,9 +32,9 @@ from measure import machine_description, print_table
 REPO = Path(__file__).resolve().parent.parent
 LOADS = ("idle", "busy")
 # The child: for each line it reads (one a load), time `steps` training steps after 3 warm-up steps and print their
-# seconds as JSON.
+# seconds as JSON; it ends when its input does.
 CHILD = """
-import json, sys, time
+import json, os, sys, time
 import torch
 from gptkit.model import GPT, GPTConfig
 layers, width, batch, block, steps = map(int, sys.argv[1:6])
@@ -52,6 +52,7 @@ for _ in sys.stdin:
         optimizer.zero_grad(set_to_none=True)
         seconds.append(time.perf_counter() - started)
     print(json.dumps(seconds[3:]), flush=True)
+os._exit(0)  # nothing left to save: skips torch's shutdown, which takes longer than a small case's steps
 """
 # A busy process: it says when it spins, then spins for at most argv[1] seconds.
 SPIN = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nprint(flush=True)\nwhile time.monotonic() < end: pass\n"

@@ -10,6 +10,8 @@ import shutil
 import time
 from pathlib import Path
 
+import pytest
+
 import bench_prepare
 import bench_tokenizer
 from gptkit.core.errors import run_cli
@@ -35,6 +37,7 @@ def measured_in_process(command: list[str], log_path: Path) -> bench_prepare.Run
     return bench_prepare.Run(seconds, seconds, rss_bytes, 0, output)
 
 
+@pytest.mark.heavy  # train.py and corpus.py in this process
 def test_smoke_run_writes_every_part(tmp_path: Path, capsys, monkeypatch) -> None:
     """bench_tokenizer.main in this process, and the scripts it measures too (the test below runs bench_tokenizer.py
     as a process; bench_prepare's smoke run measures real processes)."""
