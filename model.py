@@ -248,6 +248,15 @@ class GPT(nn.Module):
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
+    @classmethod
+    def without_weights(cls, config: GPTConfig) -> GPT:
+        """The model with its parameters on the meta device (shapes, no memory), for a loader that puts each one in
+        place itself (load_state_dict(assign=True), or a module of its own); its position tables are made as usual."""
+        with torch.device("meta"):
+            model = cls(config)
+        model._build_position_tables(config.block_size)
+        return model
+
     def _build_position_tables(self, length: int) -> None:
         # Fixed tables are buffers, not parameters: rebuilt from the config, never saved in checkpoints.
         config = self.config
