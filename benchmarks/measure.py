@@ -39,6 +39,23 @@ MODEL_SHAPES = {
         bias=False,
         tie_embeddings=True,
     ),
+    # SmolLM2-1.7B's shape (Llama: 24 layers, 2048 wide, 32 heads, 32 kv heads, SwiGLU 8192, tied, vocab 49152)
+    "smollm2-1.7b": dict(
+        block_size=8192,
+        vocab_size=49152,
+        n_layer=24,
+        n_head=32,
+        n_kv_head=32,
+        n_embd=2048,
+        mlp_hidden=8192,
+        activation="swiglu",
+        norm="rmsnorm",
+        norm_eps=1e-5,
+        pos_encoding="rope",
+        rope_base=130000.0,
+        bias=False,
+        tie_embeddings=True,
+    ),
     # make demo's recipe's architecture (config/train_shakespeare_char_cpu.py: Qwen3's block, RMSNorm, SwiGLU 2.75x
     # wide, rotary positions, QK-norm without a weight, no biases, tied) at GPT-2 124M's size
     "demo-124m": dict(

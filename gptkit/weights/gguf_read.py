@@ -32,7 +32,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -97,7 +97,7 @@ LLAMA_PRODUCTS = {
     "mlp.c_proj": ("ffn_down",),
 }
 Q4_HEADER_BYTES = {"Q4_0": 2, "Q4_1": 4}  # ggml's block_q4_0: float16 d; block_q4_1: float16 d and m; then 16 bytes
-CHECKED_ROWS = 4096  # rows of a matrix left in the file read at once to check its scales
+READ_BYTES = 1 << 20  # what a check or a comparison of a whole tensor reads at once
 _TENSOR_NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)")
 
 
@@ -110,6 +110,7 @@ def read_gguf_model(path: str | os.PathLike, overrides: dict[str, Any] | None = 
     arch = architecture_of(reader, path)
     tensors = read_tensors(reader, path)
     hf = hf_config(reader, arch, tensors, path)
+    del reader  # its metadata (some hundred thousand objects for a large vocabulary) go before the model comes
     architecture = ARCHITECTURES[arch]
     try:
         config = GPTConfig(**{**config_args(hf, architecture), **(overrides or {})})
@@ -139,12 +140,28 @@ def architecture_of(reader: Any, path: str | os.PathLike) -> str:
 # ------------------------------------------------------------------------------------------------ tensors
 
 
+class StoredTensor(NamedTuple):
+    """What reading a tensor takes of the reader's record of it (gguf.ReaderTensor), which holds on to the reader."""
+
+    tensor_type: Any  # gguf.GGMLQuantizationType
+    shape: tuple[int, ...]  # ggml's dimensions: a row's values first
+    n_bytes: int
+    data_offset: int
+    dtype: np.dtype  # the reader's view of the data: its dtype and shape
+    data_shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, tensor: Any) -> StoredTensor:
+        shape = tuple(int(size) for size in tensor.shape)
+        return cls(tensor.tensor_type, shape, tensor.n_bytes, tensor.data_offset, tensor.data.dtype, tensor.data.shape)
+
+
 class TensorFile:
-    """The file's tensors (the reader's, by name) read with plain reads at their offsets, a range of rows at a time.
+    """The file's tensors (StoredTensor, by name) read with plain reads at their offsets, a range of rows at a time.
     What is read is this process's memory only while it is used; the kernel's page cache keeps the file's pages
     (shared, and given back under pressure) where a memory map would count them in this process for its lifetime."""
 
-    def __init__(self, path: str | os.PathLike, tensors: dict[str, Any]) -> None:
+    def __init__(self, path: str | os.PathLike, tensors: dict[str, StoredTensor]) -> None:
         self.path, self.tensors = path, tensors
         self._file = open(path, "rb", buffering=0)  # noqa: SIM115 (open while a model reads from it)
         weakref.finalize(self, self._file.close)
@@ -156,6 +173,12 @@ class TensorFile:
     def rows(self, name: str) -> int:
         """The rows of a tensor: its dimensions past the first (a vector is one row)."""
         return math.prod(int(size) for size in self.tensors[name].shape[1:])
+
+    def row_ranges(self, name: str) -> Iterator[tuple[int, int]]:
+        """(start, stop) of the tensor's rows, about READ_BYTES at a time."""
+        rows = self.rows(name)
+        step = max(1, READ_BYTES * rows // self.tensors[name].n_bytes)
+        return ((start, min(start + step, rows)) for start in range(0, rows, step))
 
     def read(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         """The bytes of rows start .. stop - 1 (all: stop None) of tensor `name`, (rows, bytes a row) uint8."""
@@ -178,9 +201,9 @@ class TensorFile:
         import gguf
 
         tensor = self.tensors[name]
-        data = self.read(name).reshape(-1).view(tensor.data.dtype).reshape(tensor.data.shape)  # as the reader's view
+        data = self.read(name).reshape(-1).view(tensor.dtype).reshape(tensor.data_shape)  # as the reader's view
         values = gguf.quants.dequantize(data, tensor.tensor_type)
-        shape = list(reversed(tensor.shape.tolist()))
+        shape = list(reversed(tensor.shape))
         return torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
 
     def q4_blocks(self, name: str, start: int, stop: int) -> Int4Blocks:
@@ -197,12 +220,11 @@ class TensorFile:
         return Int4Blocks(raw[..., header:], scale, minimum)
 
     def same_data(self, a: str, b: str) -> bool:
-        """Whether tensors `a` and `b` hold the same bytes (compared a range of rows at a time)."""
+        """Whether tensors `a` and `b` hold the same bytes."""
         first, second = self.tensors[a], self.tensors[b]
-        if first.tensor_type != second.tensor_type or first.shape.tolist() != second.shape.tolist():
+        if first.tensor_type != second.tensor_type or first.shape != second.shape:
             return False
-        ranges = ((start, min(start + CHECKED_ROWS, self.rows(a))) for start in range(0, self.rows(a), CHECKED_ROWS))
-        return all(np.array_equal(self.read(a, *rows), self.read(b, *rows)) for rows in ranges)
+        return all(np.array_equal(self.read(a, *rows), self.read(b, *rows)) for rows in self.row_ranges(a))
 
 
 class FileTensors(Mapping):
@@ -219,6 +241,9 @@ class FileTensors(Mapping):
         check_finite({name: value}, str(self.file.path), DAMAGED)
         return value
 
+    def __contains__(self, name: object) -> bool:
+        return name in self.names  # Mapping's own would read the tensor
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.names)
 
@@ -227,7 +252,7 @@ class FileTensors(Mapping):
 
     def shape(self, name: str) -> tuple[int, ...]:
         """A tensor's shape as it reads (numpy's order of the file's dimensions), without reading it."""
-        return tuple(reversed(self.file.tensors[name].shape.tolist()))
+        return tuple(reversed(self.file.tensors[name].shape))
 
     def without(self, names: set[str]) -> FileTensors:
         return FileTensors(self.file, [name for name in self.names if name not in names])
@@ -241,7 +266,7 @@ def read_tensors(reader: Any, path: str | os.PathLike) -> FileTensors:
             raise UserError(
                 f"{path}: tensor {tensor.name} is stored as {tensor.tensor_type.name}; we read {', '.join(TENSOR_TYPES)}"
             )
-    file = TensorFile(path, {tensor.name: tensor for tensor in reader.tensors})
+    file = TensorFile(path, {tensor.name: StoredTensor.of(tensor) for tensor in reader.tensors})
     names = list(file.tensors)
     if {"output.weight", "token_embd.weight"} <= set(names) and file.same_data("output.weight", "token_embd.weight"):
         names.remove("output.weight")
@@ -265,6 +290,9 @@ class HFTensors(Mapping):
         if self.arch == "llama" and part in ("attn_q", "attn_k"):
             return rotate_halves(value, self.config.n_head if part == "attn_q" else self.config.n_kv_head)
         return value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.sources  # Mapping's own would read the tensor
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.sources)
@@ -391,9 +419,8 @@ def keep_in_file(model: GPT, tensors: FileTensors, arch: str) -> set[str]:
 def check_blocks_finite(tensors: FileTensors, name: str) -> None:
     """UserError as for any weight (checkpoint.check_finite) when a Q4_0 or Q4_1 matrix's scales or minimums hold a
     NaN or an infinity: then so do its values."""
-    rows = tensors.file.rows(name)
-    for start in range(0, rows, CHECKED_ROWS):
-        blocks = tensors.file.q4_blocks(name, start, min(start + CHECKED_ROWS, rows))
+    for rows in tensors.file.row_ranges(name):
+        blocks = tensors.file.q4_blocks(name, *rows)
         if not (blocks.scale.isfinite().all() and blocks.minimum.isfinite().all()):
             check_finite({name: tensors.file.dequantized(name)}, str(tensors.file.path), DAMAGED)
 

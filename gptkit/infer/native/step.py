@@ -31,7 +31,7 @@ import torch.nn as nn
 
 from gptkit.core.errors import UserError
 from gptkit.infer.backend import EagerBackend
-from gptkit.infer.memory import huge_page_zeros
+from gptkit.infer.memory import give_back_free_memory, huge_page_zeros
 from gptkit.infer.native import build
 from gptkit.infer.native.packing import (
     int4_panel_bytes,
@@ -82,7 +82,7 @@ def native_problem(model: nn.Module, dtype: torch.dtype) -> str | None:
 # prompts (PREFILL_LIMITS_AVX512). The limits were measured (docs/benchmarks.md, how the native step was tuned).
 PREFILL_LIMITS = {"float32": 64, "bfloat16": None, "int8": 32, "int4": None}
 PREFILL_LIMITS_AVX512 = {**PREFILL_LIMITS, "float32": 256}
-PACKED_ROWS = 4096  # an int4 product's rows packed at once (rounded down to whole panels): bounds the temporaries
+PACKED_WEIGHTS = 1 << 18  # an int4 product's weights packed at once (whole panels' rows): bounds the temporaries
 
 # Each model's steps by dtype; a model that is garbage collected takes its packed weights with it.
 PACKED_STEPS: weakref.WeakKeyDictionary[nn.Module, dict[torch.dtype, NativeStep]] = weakref.WeakKeyDictionary()
@@ -113,6 +113,7 @@ class NativeStep:
             "int8" if int8_weights(model) else "int4" if int4_weights(model) else str(dtype).removeprefix("torch.")
         )
         self.panel_rows = 0  # float32 matrices' panels: 32 rows with AVX-512, 16 with AVX2 (none without vectors)
+        give_back_free_memory()  # before the packed copy, the largest allocation, not under it
         if self.weights == "int4":
             self.matrices, self.scales = self._int4_matrices(products), torch.empty(0)
         else:
@@ -153,13 +154,14 @@ class NativeStep:
     @staticmethod
     def _int4_matrices(products: Sequence[Int4Linear]) -> torch.Tensor:
         """The int4 products' weights in the step's panels (int4_panels), back to back. A product's panels lie one
-        after another, so it is packed PACKED_ROWS rows (whole panels) at a time: besides the buffer there are only
-        one slice's blocks and panels, and the blocks of a product left in a file (FileInt4Linear) are read a slice
-        at a time."""
+        after another, so it is packed some PACKED_WEIGHTS weights (whole panels) at a time: besides the buffer
+        there are only one slice's blocks and panels, small enough for the allocator to reuse their memory, and the
+        blocks of a product left in a file (FileInt4Linear) are read a slice at a time."""
         rows = build.extension().int4_panel_rows()
         buffer = huge_page_zeros(sum(int4_panel_bytes(product, rows) for product in products), torch.uint8)
-        step, start = max(rows, PACKED_ROWS // rows * rows), 0
+        start = 0
         for product in products:
+            step = max(1, PACKED_WEIGHTS // product.in_features // rows) * rows
             for first in range(0, product.out_features, step):
                 piece = Int4Linear(*product.row_blocks(first, first + step), product.in_features, None)
                 panels = int4_panels(piece, rows)
