@@ -26,7 +26,7 @@ from gptkit.eval import hellaswag
 from gptkit.infer.decoding import Decoding
 from gptkit.model import GPT
 from gptkit.weights import load
-from gptkit.weights.source_settings import ModelSource, for_inference
+from gptkit.weights.source_settings import ModelSource, for_inference, keeps_int4_in_file
 
 SUMMARY_FIGURES = ("acc", "acc_norm", "perplexity", "word_perplexity", "exact_match")  # shown in the summary line
 
@@ -173,7 +173,8 @@ def main(argv: list[str]) -> int:
     cfg = parse_settings(EvaluateSettings, argv, prog="eval.py", description=__doc__.splitlines()[0])
     torch.manual_seed(cfg.seed)
     device, dtype = cfg.resolve()
-    loaded = load(cfg.source(), checkpoint=cfg.checkpoint, data_dir=cfg.data_dir)
+    keep_int4 = keeps_int4_in_file(cfg, device, cfg.decode)
+    loaded = load(cfg.source(), checkpoint=cfg.checkpoint, data_dir=cfg.data_dir, keep_int4=keep_int4)
     model, tokenizer = for_inference(loaded.model, cfg, device, dtype), loaded.tokenizer
     results = run_own_tasks(model, tokenizer, cfg, device, dtype)
     for task, result in results.items():

@@ -223,6 +223,20 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+class ParametersOnMeta(torch.overrides.TorchFunctionMode):
+    """Layers made within it have their parameters on the meta device (torch.empty is where nn's layers make them),
+    left unfilled (nn.init's functions do nothing); all else, the position tables, is made as usual. Not
+    torch.device("meta"): the tables and normal_ on that device import much of torch (sympy too) on first use."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.empty:
+            return func(*args, **{**kwargs, "device": "meta"})
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
+
+
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -247,6 +261,13 @@ class GPT(nn.Module):
         for name, param in self.named_parameters():  # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer)
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @classmethod
+    def without_weights(cls, config: GPTConfig) -> GPT:
+        """The model with its parameters on the meta device (shapes, no memory), for a loader that puts each one in
+        place itself (load_state_dict(assign=True), or a module of its own); its position tables are made as usual."""
+        with ParametersOnMeta():
+            return cls(config)
 
     def _build_position_tables(self, length: int) -> None:
         # Fixed tables are buffers, not parameters: rebuilt from the config, never saved in checkpoints.

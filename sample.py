@@ -27,7 +27,7 @@ from gptkit.infer.next_token import sampling_problem
 from gptkit.infer.textstream import TextStream
 from gptkit.model import GPT
 from gptkit.weights import load
-from gptkit.weights.source_settings import ModelSource, for_inference
+from gptkit.weights.source_settings import ModelSource, for_inference, keeps_int4_in_file
 
 SEPARATOR = "\n" + "-" * 40 + "\n"
 RESET, EXIT = "/reset", "/exit"  # the chat's two commands
@@ -132,7 +132,10 @@ def continue_ids(
     streams = [TextStream(tokenizer, cfg.stop, stop_tokens) for _ in requests]
     stream_of = dict(zip(requests, streams))
     with autocast(device, dtype):
-        engine = Engine(model, slots=cfg.num_samples, decode=cfg.decode)  # inside autocast: it computes in dtype
+        # inside autocast: it computes in dtype; its cache holds the positions these samples reach, not the model's
+        # whole context (a short sample of a long-context model needs a small part of it)
+        reach = len(ids) + cfg.max_new_tokens
+        engine = Engine(model, slots=cfg.num_samples, decode=cfg.decode, positions=reach)
         for made in engine.run(requests):
             for request, token in made:
                 piece = stream_of[request].push(token)
@@ -150,7 +153,8 @@ def main(argv: list[str]) -> int:
     cfg = parse_settings(SampleSettings, argv, prog="sample.py", description="Generate text from a trained model.")
     torch.manual_seed(cfg.seed)
     device, dtype = cfg.resolve()
-    loaded = load(cfg.source(), checkpoint=cfg.checkpoint, data_dir=cfg.data_dir)
+    keep_int4 = keeps_int4_in_file(cfg, device, cfg.decode)
+    loaded = load(cfg.source(), checkpoint=cfg.checkpoint, data_dir=cfg.data_dir, keep_int4=keep_int4)
     model, tokenizer = for_inference(loaded.model, cfg, device, dtype), loaded.tokenizer
     backend_name(cfg.decode, model, cfg.num_samples, dtype)  # a backend that cannot run the model fails before any text
 

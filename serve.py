@@ -20,7 +20,7 @@ from gptkit.core.errors import run_cli
 from gptkit.core.settings import parse_settings
 from gptkit.serve.app import ServeSettings, create_app, listen, serve
 from gptkit.weights import load
-from gptkit.weights.source_settings import for_inference
+from gptkit.weights.source_settings import for_inference, keeps_int4_in_file
 
 
 def default_model_name(cfg: ServeSettings) -> str:
@@ -33,7 +33,8 @@ def default_model_name(cfg: ServeSettings) -> str:
 
 def build_app(cfg: ServeSettings, device: torch.device, dtype: torch.dtype) -> FastAPI:
     """The model loaded as sample.py loads it, and the app that serves it."""
-    loaded = load(cfg.source(), checkpoint=cfg.checkpoint, data_dir=cfg.data_dir)
+    keep_int4 = keeps_int4_in_file(cfg, device, cfg.decode)
+    loaded = load(cfg.source(), checkpoint=cfg.checkpoint, data_dir=cfg.data_dir, keep_int4=keep_int4)
     return create_app(for_inference(loaded.model, cfg, device, dtype), loaded.tokenizer, cfg, device, dtype)
 
 

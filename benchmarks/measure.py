@@ -39,16 +39,18 @@ MODEL_SHAPES = {
         bias=False,
         tie_embeddings=True,
     ),
-    # SmolLM2-1.7B's shape (24 layers, 2048 wide, 32 heads and as many kv heads, SwiGLU 8192, tied, vocab 49152)
+    # SmolLM2-1.7B's shape (Llama: 24 layers, 2048 wide, 32 heads, 32 kv heads, SwiGLU 8192, tied, vocab 49152)
     "smollm2-1.7b": dict(
         block_size=8192,
         vocab_size=49152,
         n_layer=24,
         n_head=32,
+        n_kv_head=32,
         n_embd=2048,
         mlp_hidden=8192,
         activation="swiglu",
         norm="rmsnorm",
+        norm_eps=1e-5,
         pos_encoding="rope",
         rope_base=130000.0,
         bias=False,
@@ -65,8 +67,6 @@ MODEL_SHAPES = {
         qk_norm=True,
         bias=False,
     ),
-    # a 2-layer, 64-wide model with GPT-2's vocabulary: every path in seconds, to check the script itself
-    "tiny": dict(vocab_size=50257, **SMOKE_MODEL),
 }
 
 

@@ -9,11 +9,16 @@ stores one factor per rotary frequency (rope_freqs), read back as the llama3 par
 head that is missing or holds the token embedding itself is tied to it.
 
 Tensors may be F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K: each is dequantized to float32
-with llama.cpp's `gguf` package. A product (or the token embedding) stored as Q4_0 or Q4_1 also keeps its blocks,
-byte for byte, in Int4Linear's layout (keep_q4_blocks): int4 then runs on the file's own blocks, and a file whose
-every product and head is so stored decodes in them by default (gptkit.weights.quantization). Any other type,
-another architecture, one part of a split file, a damaged file or weights holding NaN or infinity is a UserError of
-one line. The tokenizer: gptkit/data/gguf_tokenizer.py.
+with llama.cpp's `gguf` package, one at a time, into a model made without weights (so the float32 model is the only
+copy of them). A product (or the token embedding) stored as Q4_0 or Q4_1 also keeps its blocks, byte for byte, in
+Int4Linear's layout (keep_q4_blocks): int4 then runs on the file's own blocks, and a file whose every product and
+head is so stored decodes in them by default (gptkit.weights.quantization). Or, for decoding on the CPU
+(keep_int4), those matrices are never float32: each stays in the file, read as it is needed (keep_in_file).
+
+The tensors are read with plain reads at their offsets (TensorFile), not through a memory map: every page read
+through a map would count in the process's resident memory while the map lives. Any other type, another
+architecture, one part of a split file, a damaged file or weights holding NaN or infinity is a UserError of one
+line. The tokenizer: gptkit/data/gguf_tokenizer.py.
 """
 
 from __future__ import annotations
@@ -21,9 +26,13 @@ from __future__ import annotations
 import math
 import os
 import re
+import threading
+import weakref
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -33,7 +42,7 @@ from gptkit.data.gguf_tokenizer import metadata, open_gguf
 from gptkit.model import GPT, GPTConfig, scaled_frequencies
 from gptkit.weights.checkpoint import check_finite
 from gptkit.weights.hf import config_args, state_from_hf
-from gptkit.weights.quantization import Int4Blocks, keep_int4_blocks
+from gptkit.weights.quantization import FileInt4Embedding, FileInt4Linear, Int4Blocks, keep_int4_blocks
 
 ARCHITECTURES = {
     "gpt2": "GPT2LMHeadModel",
@@ -42,6 +51,7 @@ ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
 }
 TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+DAMAGED = "the file is damaged; download or export the model again"
 
 # llama.cpp's tensor names (without .weight / .bias) -> the Hugging Face module of each architecture.
 GPT2_NAMES = {
@@ -87,17 +97,20 @@ LLAMA_PRODUCTS = {
     "mlp.c_proj": ("ffn_down",),
 }
 Q4_HEADER_BYTES = {"Q4_0": 2, "Q4_1": 4}  # ggml's block_q4_0: float16 d; block_q4_1: float16 d and m; then 16 bytes
+READ_BYTES = 1 << 20  # what a check or a comparison of a whole tensor reads at once
 _TENSOR_NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)")
 
 
-def read_gguf_model(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> GPT:
+def read_gguf_model(path: str | os.PathLike, overrides: dict[str, Any] | None = None, keep_int4: bool = False) -> GPT:
     """The model of a GGUF file as our GPT (float32, on CPU); `overrides` may change what does not change shapes
-    (dropout, block_size downwards). UserError (one line) for what is not read (module docstring)."""
+    (dropout, block_size downwards). keep_int4: the Q4_0 and Q4_1 matrices stay in the file, read as they are needed
+    (keep_in_file), never float32: for decoding on the CPU, not for training. UserError (one line) for what is not
+    read (module docstring)."""
     reader = open_gguf(path)
     arch = architecture_of(reader, path)
     tensors = read_tensors(reader, path)
-    check_finite(tensors, str(path), "the file is damaged; download or export the model again")
     hf = hf_config(reader, arch, tensors, path)
+    del reader  # its metadata (some hundred thousand objects for a large vocabulary) go before the model comes
     architecture = ARCHITECTURES[arch]
     try:
         config = GPTConfig(**{**config_args(hf, architecture), **(overrides or {})})
@@ -105,10 +118,14 @@ def read_gguf_model(path: str | os.PathLike, overrides: dict[str, Any] | None = 
         raise UserError(f"{path}: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{path}: not a usable {arch} model ({exc})") from None
-    model = GPT(config)
-    named = hf_tensors(tensors, arch, config, path)
-    model.load_state_dict(state_from_hf(named, architecture, model, Path(path)))
-    keep_q4_blocks(model, reader, arch)
+    model = GPT.without_weights(config)
+    kept = keep_in_file(model, tensors, arch) if keep_int4 else set()
+    named = HFTensors(tensors.without(kept), arch, config, path)
+    model.load_state_dict(state_from_hf(named, architecture, model, Path(path)), assign=True)
+    if config.tie_embeddings and "token_embd.weight" not in kept:
+        model.transformer.wte.weight = model.lm_head.weight  # each was put in place apart: one matrix again
+    if not keep_int4:
+        keep_q4_blocks(model, tensors, arch)
     return model
 
 
@@ -123,67 +140,179 @@ def architecture_of(reader: Any, path: str | os.PathLike) -> str:
 # ------------------------------------------------------------------------------------------------ tensors
 
 
-def read_tensors(reader: Any, path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Every tensor dequantized to float32, in numpy's order of the file's dimensions (a matrix as nn.Linear's (out,
-    in)). A head stored as a copy of the token embedding (llama.cpp's older GPT-2 files) is left out: tied."""
-    import gguf
+class StoredTensor(NamedTuple):
+    """What reading a tensor takes of the reader's record of it (gguf.ReaderTensor), which holds on to the reader."""
 
+    tensor_type: Any  # gguf.GGMLQuantizationType
+    shape: tuple[int, ...]  # ggml's dimensions: a row's values first
+    n_bytes: int
+    data_offset: int
+    dtype: np.dtype  # the reader's view of the data: its dtype and shape
+    data_shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, tensor: Any) -> StoredTensor:
+        shape = tuple(int(size) for size in tensor.shape)
+        return cls(tensor.tensor_type, shape, tensor.n_bytes, tensor.data_offset, tensor.data.dtype, tensor.data.shape)
+
+
+class TensorFile:
+    """The file's tensors (StoredTensor, by name) read with plain reads at their offsets, a range of rows at a time.
+    What is read is this process's memory only while it is used; the kernel's page cache keeps the file's pages
+    (shared, and given back under pressure) where a memory map would count them in this process for its lifetime."""
+
+    def __init__(self, path: str | os.PathLike, tensors: dict[str, StoredTensor]) -> None:
+        self.path, self.tensors = path, tensors
+        self._file = open(path, "rb", buffering=0)  # noqa: SIM115 (open while a model reads from it)
+        weakref.finalize(self, self._file.close)
+        self._lock = threading.Lock()  # one position in the file: reads from several threads take turns
+
+    def __deepcopy__(self, memo: dict) -> TensorFile:
+        return self  # read only: a copy of a model reads the same file
+
+    def rows(self, name: str) -> int:
+        """The rows of a tensor: its dimensions past the first (a vector is one row)."""
+        return math.prod(int(size) for size in self.tensors[name].shape[1:])
+
+    def row_ranges(self, name: str) -> Iterator[tuple[int, int]]:
+        """(start, stop) of the tensor's rows, about READ_BYTES at a time."""
+        rows = self.rows(name)
+        step = max(1, READ_BYTES * rows // self.tensors[name].n_bytes)
+        return ((start, min(start + step, rows)) for start in range(0, rows, step))
+
+    def read(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """The bytes of rows start .. stop - 1 (all: stop None) of tensor `name`, (rows, bytes a row) uint8."""
+        tensor, rows = self.tensors[name], self.rows(name)
+        stop = rows if stop is None else stop
+        row_bytes = tensor.n_bytes // rows
+        data = np.empty((stop - start, row_bytes), np.uint8)
+        view, done = memoryview(data).cast("B"), 0
+        with self._lock:
+            self._file.seek(tensor.data_offset + start * row_bytes)
+            while done < data.nbytes:
+                count = self._file.readinto(view[done:])
+                if not count:
+                    raise UserError(f"{self.path}: the file ends inside tensor {name}; it is truncated")
+                done += count
+        return data
+
+    def dequantized(self, name: str) -> torch.Tensor:
+        """Tensor `name` in float32, in numpy's order of the file's dimensions (a matrix as nn.Linear's (out, in))."""
+        import gguf
+
+        tensor = self.tensors[name]
+        data = self.read(name).reshape(-1).view(tensor.dtype).reshape(tensor.data_shape)  # as the reader's view
+        values = gguf.quants.dequantize(data, tensor.tensor_type)
+        shape = list(reversed(tensor.shape))
+        return torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
+
+    def q4_blocks(self, name: str, start: int, stop: int) -> Int4Blocks:
+        """Rows start .. stop - 1 of a Q4_0 or Q4_1 matrix, its blocks as they are in Int4Linear's layout. ggml's blocks
+        of 32 weights: Q4_0 a float16 d and 16 bytes of codes, weight = d * (code - 8), which is minimum -8 d (exact
+        in float16); Q4_1 a float16 d, a float16 m and the codes, weight = d * code + m. Byte j of the codes holds
+        weight j's in its low 4 bits and weight j + 16's in its high ones, as Int4Linear's. The codes, scales (and
+        Q4_1's minimums) are views of the bytes read."""
+        header = Q4_HEADER_BYTES[self.tensors[name].tensor_type.name]
+        data = self.read(name, start, stop)
+        raw = torch.from_numpy(data).view(stop - start, data.shape[1] // (header + 16), header + 16)
+        scale = raw[..., 0:2].view(torch.float16)[..., 0]
+        minimum = -8 * scale if header == 2 else raw[..., 2:4].view(torch.float16)[..., 0]
+        return Int4Blocks(raw[..., header:], scale, minimum)
+
+    def same_data(self, a: str, b: str) -> bool:
+        """Whether tensors `a` and `b` hold the same bytes."""
+        first, second = self.tensors[a], self.tensors[b]
+        if first.tensor_type != second.tensor_type or first.shape != second.shape:
+            return False
+        return all(np.array_equal(self.read(a, *rows), self.read(b, *rows)) for rows in self.row_ranges(a))
+
+
+class FileTensors(Mapping):
+    """The file's tensors by llama.cpp's names, each read, dequantized to float32 (TensorFile.dequantized) and
+    checked for NaN and infinity when it is asked for; none is kept."""
+
+    def __init__(self, file: TensorFile, names: list[str]) -> None:
+        self.file, self.names = file, dict.fromkeys(names)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.names:
+            raise KeyError(name)
+        value = self.file.dequantized(name)
+        check_finite({name: value}, str(self.file.path), DAMAGED)
+        return value
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names  # Mapping's own would read the tensor
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape as it reads (numpy's order of the file's dimensions), without reading it."""
+        return tuple(reversed(self.file.tensors[name].shape))
+
+    def without(self, names: set[str]) -> FileTensors:
+        return FileTensors(self.file, [name for name in self.names if name not in names])
+
+
+def read_tensors(reader: Any, path: str | os.PathLike) -> FileTensors:
+    """Every tensor of the file, read when it is asked for (FileTensors). A head stored as a copy of the token
+    embedding (llama.cpp's older GPT-2 files) is left out: tied."""
     for tensor in reader.tensors:
         if tensor.tensor_type.name not in TENSOR_TYPES:
             raise UserError(
                 f"{path}: tensor {tensor.name} is stored as {tensor.tensor_type.name}; we read {', '.join(TENSOR_TYPES)}"
             )
-    raw = {tensor.name: tensor for tensor in reader.tensors}
-    embedding, head = raw.get("token_embd.weight"), raw.get("output.weight")
-    if head is not None and embedding is not None and _same_data(head, embedding):
-        del raw["output.weight"]
-    tensors = {}
-    for name, tensor in raw.items():
-        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        shape = list(reversed(tensor.shape.tolist()))
-        tensors[name] = torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
-    return tensors
+    file = TensorFile(path, {tensor.name: StoredTensor.of(tensor) for tensor in reader.tensors})
+    names = list(file.tensors)
+    if {"output.weight", "token_embd.weight"} <= set(names) and file.same_data("output.weight", "token_embd.weight"):
+        names.remove("output.weight")
+    return FileTensors(file, names)
 
 
-def _same_data(a: Any, b: Any) -> bool:
-    return a.tensor_type == b.tensor_type and a.data.shape == b.data.shape and np.array_equal(a.data, b.data)
+class HFTensors(Mapping):
+    """The file's tensors under their Hugging Face names, as Hugging Face holds them (llama.cpp's changes undone),
+    each read when it is asked for. rope_freqs, read into the config, is none of them."""
+
+    def __init__(self, tensors: FileTensors, arch: str, config: GPTConfig, path: str | os.PathLike) -> None:
+        self.tensors, self.arch, self.config = tensors, arch, config
+        self.sources = {hf_name(name, arch, path): name for name in tensors if name != "rope_freqs.weight"}
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        name = self.sources[key]
+        value = self.tensors[name]
+        part, kind = _TENSOR_NAME.fullmatch(name).group(2, 3)
+        if self.arch == "gpt2" and part in GPT2_CONV1D and kind == "weight":
+            return value.t()
+        if self.arch == "llama" and part in ("attn_q", "attn_k"):
+            return rotate_halves(value, self.config.n_head if part == "attn_q" else self.config.n_kv_head)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.sources  # Mapping's own would read the tensor
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.sources)
+
+    def __len__(self) -> int:
+        return len(self.sources)
 
 
-def hf_tensors(
-    tensors: dict[str, torch.Tensor], arch: str, config: GPTConfig, path: str | os.PathLike
-) -> dict[str, torch.Tensor]:
-    """The tensors under their Hugging Face names, as Hugging Face holds them (llama.cpp's changes undone)."""
+def hf_name(name: str, arch: str, path: str | os.PathLike) -> str:
+    """The Hugging Face name of the file's tensor `name`; UserError for one our model has no place for."""
     names = GPT2_NAMES if arch == "gpt2" else LLAMA_NAMES
-    named = {}
-    for name, value in tensors.items():
-        if name == "rope_freqs.weight":
-            continue  # read into the config (rope_scaling)
-        match = _TENSOR_NAME.fullmatch(name)
-        block, part, kind = match.groups() if match else (None, name, "")
-        key = part if block is None else f"blk.{{i}}.{part}"
-        if key not in names:
-            raise UserError(f"{path}: tensor {name} has no place in the {arch} model we build")
-        if arch == "gpt2" and part in GPT2_CONV1D and kind == "weight":
-            value = value.t()
-        elif arch == "llama" and part in ("attn_q", "attn_k"):
-            value = rotate_halves(value, config.n_head if part == "attn_q" else config.n_kv_head)
-        named[f"{names[key].format(i=block)}.{kind}"] = value
-    return named
+    match = _TENSOR_NAME.fullmatch(name)
+    block, part, kind = match.groups() if match else (None, name, "")
+    key = part if block is None else f"blk.{{i}}.{part}"
+    if key not in names:
+        raise UserError(f"{path}: tensor {name} has no place in the {arch} model we build")
+    return f"{names[key].format(i=block)}.{kind}"
 
 
-def q4_blocks(tensor: Any) -> Int4Blocks | None:
-    """A Q4_0 or Q4_1 matrix's blocks as they are, in Int4Linear's layout (None for other types). ggml's blocks of 32
-    weights: Q4_0 a float16 d and 16 bytes of codes, weight = d * (code - 8), which is minimum -8 d (exact in
-    float16); Q4_1 a float16 d, a float16 m and the codes, weight = d * code + m. Byte j of the codes holds weight
-    j's in its low 4 bits and weight j + 16's in its high ones, as Int4Linear's."""
-    header = Q4_HEADER_BYTES.get(tensor.tensor_type.name)
-    if header is None or len(tensor.shape) != 2:
-        return None
-    rows = int(tensor.shape[1])
-    raw = torch.from_numpy(np.array(tensor.data, dtype=np.uint8)).reshape(rows, -1, header + 16)
-    scale = raw[..., 0:2].contiguous().view(torch.float16)[..., 0]
-    minimum = -8 * scale if header == 2 else raw[..., 2:4].contiguous().view(torch.float16)[..., 0]
-    return Int4Blocks(raw[..., header:].contiguous(), scale, minimum)
+# ------------------------------------------------------------------------------------------------ 4-bit matrices
 
 
 def matrix_sources(config: GPTConfig, arch: str) -> dict[str, tuple[str, ...]]:
@@ -199,29 +328,101 @@ def matrix_sources(config: GPTConfig, arch: str) -> dict[str, tuple[str, ...]]:
     return sources
 
 
-def keep_q4_blocks(model: GPT, reader: Any, arch: str) -> None:
+@dataclass(frozen=True)
+class StoredMatrix:
+    """One of our matrices as the file stores it in Q4_0 or Q4_1 blocks: the file's weights it is made of, one after
+    another (a fused product's parts), each with the heads whose rows llama.cpp reordered (Llama's q and k; 0: none).
+    Called with (start, stop): the blocks of those rows in our order, read from the file (whole rows move: a block
+    lies in one)."""
+
+    file: TensorFile
+    parts: tuple[tuple[str, int], ...]  # (weight's name, heads)
+
+    @property
+    def rows(self) -> int:
+        return sum(self.file.rows(name) for name, _ in self.parts)
+
+    def __call__(self, start: int, stop: int) -> Int4Blocks:
+        pieces, first = [], 0
+        for name, heads in self.parts:
+            rows = self.file.rows(name)
+            low, high = max(start - first, 0), min(stop - first, rows)
+            if low < high:
+                pieces.append(self._part_rows(name, heads, low, high))
+            first += rows
+        if not pieces:  # no rows
+            return self.file.q4_blocks(self.parts[0][0], 0, 0)
+        return pieces[0] if len(pieces) == 1 else Int4Blocks(*(torch.cat(part) for part in zip(*pieces)))
+
+    def _part_rows(self, name: str, heads: int, low: int, high: int) -> Int4Blocks:
+        if not heads:
+            return self.file.q4_blocks(name, low, high)
+        per_head = self.file.rows(name) // heads  # a head's rows move among themselves: whole heads are read
+        first, last = low // per_head * per_head, -(-high // per_head) * per_head
+        blocks = self.file.q4_blocks(name, first, last).rows(partial(rotate_halves, heads=(last - first) // per_head))
+        return blocks.rows(lambda part: part[low - first : high - first])
+
+    def picked(self, rows: list[int]) -> Int4Blocks:
+        """The blocks of `rows`, in that order (a lookup's)."""
+        pieces = [self(row, row + 1) for row in rows] or [self(0, 0)]
+        return Int4Blocks(*(torch.cat(part) for part in zip(*pieces)))
+
+
+def stored_matrices(tensors: FileTensors, arch: str, config: GPTConfig) -> dict[str, StoredMatrix]:
+    """Our modules whose matrices the file stores all in Q4_0 or Q4_1 (a fused product: every part) -> the
+    StoredMatrix of each; the head is the token embedding's rows when tied."""
+    sources = {**matrix_sources(config, arch), "lm_head": ("token_embd",) if config.tie_embeddings else ("output",)}
+    found = {}
+    for module, names in sources.items():
+        weights = [f"{name}.weight" for name in names]
+        if all(tensors.file.tensors[weight].tensor_type.name in Q4_HEADER_BYTES for weight in weights):
+            parts = tuple((weight, reordered_heads(weight, arch, config)) for weight in weights)
+            found[module] = StoredMatrix(tensors.file, parts)
+    return found
+
+
+def reordered_heads(name: str, arch: str, config: GPTConfig) -> int:
+    """The heads whose rows llama.cpp reordered in weight `name` (Llama's q and k), else 0."""
+    if arch != "llama" or not name.endswith(("attn_q.weight", "attn_k.weight")):
+        return 0
+    return config.n_head if name.endswith("attn_q.weight") else config.n_kv_head
+
+
+def keep_q4_blocks(model: GPT, tensors: FileTensors, arch: str) -> None:
     """Give each product whose weights the file stores in Q4_0 or Q4_1 (a fused one: all its parts) the blocks they
     are read from, and the token embedding too (quantization.keep_int4_blocks). The head is the token embedding's
-    blocks when tied. Llama's q and k rows are reordered as their values are (whole rows move: a block lies in one)."""
-    stored = {tensor.name: tensor for tensor in reader.tensors}
-    config = model.config
-    sources = {**matrix_sources(config, arch), "lm_head": ("token_embd",) if config.tie_embeddings else ("output",)}
-    for module, names in sources.items():
-        parts = [q4_blocks(stored[f"{name}.weight"]) for name in names]
-        if any(part is None for part in parts):
-            continue
-        if arch == "llama":
-            parts = [llama_rows(name, part, config) for name, part in zip(names, parts)]
-        keep_int4_blocks(model.get_submodule(module), Int4Blocks(*(torch.cat(pieces) for pieces in zip(*parts))))
+    blocks when tied. Llama's q and k rows are reordered as their values are."""
+    for module, matrix in stored_matrices(tensors, arch, model.config).items():
+        keep_int4_blocks(model.get_submodule(module), matrix(0, matrix.rows))
 
 
-def llama_rows(name: str, blocks: Int4Blocks, config: GPTConfig) -> Int4Blocks:
-    """The blocks of Llama's weight `name` with q's and k's rows in Hugging Face's order (as hf_tensors puts them)."""
-    part = name.rsplit(".", 1)[-1]
-    if part not in ("attn_q", "attn_k"):
-        return blocks
-    heads = config.n_head if part == "attn_q" else config.n_kv_head
-    return blocks.rows(partial(rotate_halves, heads=heads))
+def keep_in_file(model: GPT, tensors: FileTensors, arch: str) -> set[str]:
+    """Each module of `model` (made without weights) whose matrix the file stores in Q4_0 or Q4_1 becomes one that
+    reads its blocks from the file as it needs them: FileInt4Linear, and for the token embedding FileInt4Embedding
+    (a tied head: a FileInt4Linear of the same rows). Their scales are checked for NaN and infinity here. Returns
+    the file's weights so kept: nothing else reads them."""
+    config, kept = model.config, set()
+    for module, matrix in stored_matrices(tensors, arch, config).items():
+        for name, _ in matrix.parts:
+            check_blocks_finite(tensors, name)
+        old = model.get_submodule(module)
+        if module == "transformer.wte":
+            new = FileInt4Embedding(matrix.picked, config.vocab_size, config.n_embd)
+        else:
+            bias = None if old.bias is None else torch.empty_like(old.bias)  # on meta: read with the other tensors
+            new = FileInt4Linear(matrix, old.out_features, old.in_features, bias)
+        model.set_submodule(module, new)
+        kept.update(name for name, _ in matrix.parts)
+    return kept
+
+
+def check_blocks_finite(tensors: FileTensors, name: str) -> None:
+    """UserError as for any weight (checkpoint.check_finite) when a Q4_0 or Q4_1 matrix's scales or minimums hold a
+    NaN or an infinity: then so do its values."""
+    for rows in tensors.file.row_ranges(name):
+        blocks = tensors.file.q4_blocks(name, *rows)
+        if not (blocks.scale.isfinite().all() and blocks.minimum.isfinite().all()):
+            check_finite({name: tensors.file.dequantized(name)}, str(tensors.file.path), DAMAGED)
 
 
 def rotate_halves(rows: torch.Tensor, heads: int) -> torch.Tensor:
@@ -233,7 +434,7 @@ def rotate_halves(rows: torch.Tensor, heads: int) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------ config.json
 
 
-def hf_config(reader: Any, arch: str, tensors: dict[str, torch.Tensor], path: str | os.PathLike) -> dict[str, Any]:
+def hf_config(reader: Any, arch: str, tensors: FileTensors, path: str | os.PathLike) -> dict[str, Any]:
     """The config.json of the file's model, from its metadata and which tensors it holds (vocabulary rows, biases,
     a head of its own)."""
 
@@ -247,7 +448,7 @@ def hf_config(reader: Any, arch: str, tensors: dict[str, torch.Tensor], path: st
         raise UserError(f"{path}: the file holds no token_embd.weight; the file is incomplete")
     common = {
         "architectures": [ARCHITECTURES[arch]],
-        "vocab_size": tensors["token_embd.weight"].shape[0],
+        "vocab_size": tensors.shape("token_embd.weight")[0],
         "tie_word_embeddings": "output.weight" not in tensors,
     }
     if arch == "gpt2":
@@ -283,7 +484,7 @@ def hf_config(reader: Any, arch: str, tensors: dict[str, torch.Tensor], path: st
     }
 
 
-def biases(arch: str, tensors: dict[str, torch.Tensor]) -> dict[str, bool]:
+def biases(arch: str, tensors: FileTensors) -> dict[str, bool]:
     """config.json's bias switches, by which biases the file holds (Qwen2 has q, k and v biases, and no switch)."""
     if arch == "qwen2":
         return {}
@@ -300,7 +501,7 @@ def uniform(found: Any, key: str, path: str | os.PathLike) -> Any:
 
 
 def rope_scaling(
-    reader: Any, arch: str, tensors: dict[str, torch.Tensor], base: float, head_dim: int, path: str | os.PathLike
+    reader: Any, arch: str, tensors: FileTensors, base: float, head_dim: int, path: str | os.PathLike
 ) -> dict[str, Any]:
     """rope_type and its parameters (config.json's keys): llama.cpp's rope.scaling keys, or rope_freqs' factors."""
     kind = metadata(reader, f"{arch}.rope.scaling.type", "none")

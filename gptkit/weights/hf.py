@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -278,7 +279,13 @@ def hf_names(key: str, architecture: str) -> list[str]:
     return [f"{TOP_LEVEL[module]}.{kind}"]
 
 
-def gpt2_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def hf_tensor(tensors: Mapping[str, torch.Tensor], name: str) -> torch.Tensor | None:
+    """A Llama-family tensor by name; a missing head is the token embedding (tied)."""
+    found = tensors.get(name)
+    return tensors.get("model.embed_tokens.weight") if found is None and name == "lm_head.weight" else found
+
+
+def gpt2_state(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """GPT-2's tensors under our names: `transformer.` prefixed, Conv1D weights transposed, mask buffers dropped."""
     state = {}
     for key, value in tensors.items():
@@ -291,20 +298,19 @@ def gpt2_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return state
 
 
-def state_from_hf(tensors: dict[str, torch.Tensor], architecture: str, model: GPT, where: Path) -> dict:
-    """Our state dict for `model` from the Hugging Face tensors; UserError for a missing or misshapen tensor."""
+def state_from_hf(tensors: Mapping[str, torch.Tensor], architecture: str, model: GPT, where: Path) -> dict:
+    """Our state dict for `model` from the Hugging Face tensors, each looked up once (a mapping may read each one
+    when asked: gptkit.weights.gguf_read); UserError for a missing or misshapen tensor."""
     if architecture == "GPT2LMHeadModel":
         state = gpt2_state(tensors)
     else:
-        tensors = dict(tensors)
-        tensors.setdefault("lm_head.weight", tensors.get("model.embed_tokens.weight"))
         state = {}
         for key in model.state_dict():
             names = hf_names(key, architecture)
-            missing = [name for name in names if tensors.get(name) is None]
+            parts = [hf_tensor(tensors, name) for name in names]
+            missing = [name for name, part in zip(names, parts) if part is None]
             if missing:
                 raise UserError(f"{where}: the weights lack {missing[0]}")
-            parts = [tensors[name] for name in names]
             if architecture == "NanoChatForCausalLM" and ".attn.c_attn." in key:
                 parts[:2] = [flip_rotation(part, model.config.head_dim) for part in parts[:2]]
             state[key] = torch.cat(parts) if len(parts) > 1 else parts[0]

@@ -163,6 +163,10 @@ class Int4Linear(nn.Module):
         """The weight as it is stored (weight_int4, scale, minimum)."""
         return Int4Blocks(self.weight_int4, self.scale, self.minimum)
 
+    def row_blocks(self, start: int, stop: int) -> Int4Blocks:
+        """The blocks of rows start .. stop - 1."""
+        return self.blocks().rows(lambda part: part[start:stop])
+
     def dequantized_weight(self) -> torch.Tensor:
         """The (out, in) float32 weight: scale * code + minimum for each weight, in float32 as GGUF dequantizes it."""
         return self.blocks().values(self.in_features)
@@ -173,6 +177,60 @@ class Int4Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class FileInt4Linear(Int4Linear):
+    """An Int4Linear whose blocks stay where they are stored (a GGUF file's Q4_0 or Q4_1 matrices,
+    gptkit.weights.gguf_read) and are read each time they are used: the model holds none of them. The native step
+    packs them once into its own layout, a slice of rows at a time (row_blocks); an eager pass reads them at each
+    call (the same values, more slowly). `read(start, stop)` gives the blocks of rows start .. stop - 1."""
+
+    def __init__(
+        self, read: Callable[[int, int], Int4Blocks], out_features: int, in_features: int, bias: torch.Tensor | None
+    ) -> None:
+        nn.Module.__init__(self)  # not Int4Linear's: its blocks are no buffers here
+        self.out_features, self.in_features = out_features, in_features
+        self.read = read
+        self.register_buffer("bias", bias)
+
+    @property
+    def weight_int4(self) -> torch.Tensor:
+        return self.blocks().codes
+
+    @property
+    def scale(self) -> torch.Tensor:
+        return self.blocks().scale
+
+    @property
+    def minimum(self) -> torch.Tensor:
+        return self.blocks().minimum
+
+    def blocks(self) -> Int4Blocks:
+        return self.read(0, self.out_features)
+
+    def row_blocks(self, start: int, stop: int) -> Int4Blocks:
+        return self.read(start, min(stop, self.out_features))
+
+
+class FileInt4Embedding(nn.Module):
+    """A token embedding whose table stays in a file's Q4_0 or Q4_1 blocks (gptkit.weights.gguf_read): a lookup
+    reads and decodes the rows of its tokens only, to float32 as GGUF dequantizes them. `read_rows(rows)` gives the
+    blocks of those rows, in that order."""
+
+    def __init__(self, read_rows: Callable[[list[int]], Int4Blocks], num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.read_rows = read_rows
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        rows = idx.reshape(-1).tolist()
+        if rows and not 0 <= min(rows) <= max(rows) < self.num_embeddings:
+            raise IndexError(f"a token past the embedding's {self.num_embeddings} rows")
+        values = self.read_rows(rows).values(self.embedding_dim)
+        return values.view(*idx.shape, self.embedding_dim).to(idx.device)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}"
 
 
 def quantize_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -214,12 +272,14 @@ def stored_int4(module: nn.Module) -> Int4Linear | None:
 
 def int4_as_linear(int4: Int4Linear) -> nn.Linear:
     """The float32 nn.Linear an Int4Linear computes, keeping its blocks (so int4 gives them back as they are)."""
-    linear = nn.Linear(int4.in_features, int4.out_features, bias=int4.bias is not None, device=int4.scale.device)
+    blocks = int4.blocks()  # read once where they stay in a file
+    device = blocks.scale.device
+    linear = nn.Linear(int4.in_features, int4.out_features, bias=int4.bias is not None, device=device)
     with torch.no_grad():
-        linear.weight.copy_(int4.dequantized_weight())
+        linear.weight.copy_(blocks.values(int4.in_features))
         if int4.bias is not None:
             linear.bias.copy_(int4.bias)
-    keep_int4_blocks(linear, int4.blocks())
+    keep_int4_blocks(linear, blocks)
     return linear
 
 
@@ -237,18 +297,23 @@ def dequantized_copy(model: nn.Module) -> nn.Module:
 
 
 def keep_stored_int4(model: nn.Module) -> nn.Module:
-    """`model` (in place, returned) run on the blocks its products were read from (stored_int4) when every one of
-    them was: a GGUF file whose products and head are all Q4_0 or Q4_1 keeps its own precision. Any other model is
-    left as it is."""
+    """`model` (in place, returned) run on the blocks its products were read from (stored_int4, or left in the file:
+    FileInt4Linear) when every one of them was: a GGUF file whose products and head are all Q4_0 or Q4_1 keeps its
+    own precision. Where some were not, the products left in the file become the float32 nn.Linear of their values
+    (int4_as_linear), as the others are; any other model is left as it is."""
     products = [
-        (parent, name, stored_int4(child))
+        (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
-        if isinstance(child, nn.Linear)
+        if isinstance(child, (nn.Linear, Int4Linear))
     ]
-    if products and all(int4 is not None for _, _, int4 in products):
-        for parent, name, int4 in products:
-            setattr(parent, name, int4)
+    int4 = [child if isinstance(child, Int4Linear) else stored_int4(child) for _, _, child in products]
+    every_one = all(product is not None for product in int4)
+    for (parent, name, child), product in zip(products, int4):
+        if every_one:
+            setattr(parent, name, product)
+        elif isinstance(child, FileInt4Linear):
+            setattr(parent, name, int4_as_linear(child))
     return model
 
 

@@ -80,6 +80,14 @@ class ModelSource(ModelLocation):
     )
 
 
+def keeps_int4_in_file(settings: ModelSource, device: torch.device, decode: str) -> bool:
+    """Whether a GGUF file's Q4_0 and Q4_1 matrices stay in the file, read as they are needed, rather than becoming
+    float32 weights (load's keep_int4): when they decode as they are, on the CPU (--quantize none or int4), by a
+    backend that reads them as it runs (not compiled: its graph cannot read a file). A 1.7B model's 4-bit file then
+    decodes in about the memory of its packed weights."""
+    return device.type == "cpu" and settings.quantize != "int8" and decode != "compiled"
+
+
 def for_inference(model: GPT, settings: ModelSource, device: torch.device, dtype: torch.dtype) -> GPT:
     """`model` (in place; returned) ready to decode as `settings` ask: its context cropped to their block_size, on
     `device`, with int8 or int4 weights when their quantize says so. `dtype` is the compute dtype the script runs

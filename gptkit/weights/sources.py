@@ -105,6 +105,7 @@ def load(
     overrides: dict[str, Any] | None = None,
     dtype: str = "float32",
     tokenizer: bool = True,
+    keep_int4: bool = False,
 ) -> Loaded:
     """The model of `source` (any of the module docstring's) and its tokenizer.
 
@@ -114,6 +115,8 @@ def load(
     merge: a LoRA run's adapters folded into plain weights (False: kept apart, to train on).
     overrides: model settings that do not change shapes, e.g. {"dropout": 0.1}.
     dtype: the weights' dtype, float32 or bfloat16. tokenizer: False reads the model only.
+    keep_int4: a GGUF file's Q4_0 and Q4_1 matrices stay in the file, read as they are needed, never float32
+      (gguf_read.keep_in_file): for decoding on the CPU, not for training.
     UserError (one line) for every problem.
     """
     if dtype not in DTYPES:
@@ -128,7 +131,7 @@ def load(
         model = model_of_checkpoint(state, str(path), overrides=overrides, merge=merge)
     else:
         path = open_weights_path(source, kind)
-        model = read_gguf_model(path, overrides) if kind == "gguf" else read_hf_model(path, overrides)
+        model = read_gguf_model(path, overrides, keep_int4) if kind == "gguf" else read_hf_model(path, overrides)
     text_tokenizer = source_tokenizer(kind, path, state, data_dir, source) if tokenizer else None
     if text_tokenizer is not None and text_tokenizer.vocab_size > model.config.vocab_size:
         raise UserError(

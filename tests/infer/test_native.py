@@ -21,6 +21,8 @@ from gptkit.infer import native as native_decoding
 from gptkit.infer.engine import Engine, KVCache, Request
 from gptkit.infer.native import NativeStep, huge_page_zeros
 from gptkit.infer.native import build as native_build
+from gptkit.infer.native import step as native_step
+from gptkit.infer.native.packing import int4_panels, layer_tensors
 from gptkit.weights.quantization import Int8Linear, quantize_int4, quantize_int8
 from helpers import (
     assert_one_line_message,
@@ -686,6 +688,17 @@ def test_int4_matrices_lie_in_panels_of_rows_with_a_record_per_group():
                     expected += halves[row, group].numpy().tobytes() if row < 61 else bytes(2)
     packed = NativeStep.for_model(model, torch.float32).matrices
     assert bytes(packed[-len(expected) :].numpy()) == bytes(expected)
+
+
+def test_int4_panels_packed_a_slice_at_a_time_are_those_of_whole_products(monkeypatch):
+    """int4 products are packed a slice of whole panels at a time (step.PACKED_WEIGHTS): with slices of one panel,
+    the packed buffer is byte for byte every product's panels made whole (int4_panels), back to back."""
+    rows = native_decoding.extension().int4_panel_rows()
+    model = quantize_int4(lively_model(vocab_size=3 * rows + 5, n_embd=64, n_head=4, seed=3))
+    products = [m for block in model.transformer.h for m in layer_tensors(block)[0]] + [model.lm_head]
+    monkeypatch.setattr(native_step, "PACKED_WEIGHTS", 1)
+    packed = NativeStep.for_model(model, torch.float32).matrices
+    assert torch.equal(packed, torch.cat([int4_panels(product, rows) for product in products]))
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

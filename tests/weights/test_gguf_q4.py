@@ -6,8 +6,11 @@ q4_1 read back by both; and LoRA over such a base (QLoRA), trained by train.py a
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,13 +21,16 @@ import sample
 import train
 from gptkit.data.gguf_tokenizer import open_gguf
 from gptkit.data.hf_tokenizer import load_hf_tokenizer
+from gptkit.infer import native
 from gptkit.infer.engine import Engine, Request
+from gptkit.infer.memory import give_back_free_memory
+from gptkit.infer.native import NativeStep
 from gptkit.weights import export_gguf, load
 from gptkit.weights.checkpoint import load_checkpoint
 from gptkit.weights.lora import LoraConfig, LoraLinear, add_lora
-from gptkit.weights.quantization import Int4Linear, Int8Linear, apply_quantization
+from gptkit.weights.quantization import FileInt4Embedding, FileInt4Linear, Int4Linear, Int8Linear, apply_quantization
 from gptkit.weights.sources import base_reference
-from helpers import cli_args, reference_greedy, run_in_process, run_main
+from helpers import cli_args, lively_model, reference_greedy, run_in_process, run_main
 from hf_tokenizer_dirs import write_family
 from prepare_data import chat as chat_script
 
@@ -34,6 +40,7 @@ gguf = pytest.importorskip("gguf")
 from test_gguf_read import (  # noqa: E402
     CONVERSATIONS,
     IDX,
+    ROPE,
     TRAIN,
     dequantized64,
     export_file,
@@ -171,14 +178,114 @@ def test_a_q4_file_decodes_on_its_own_blocks_with_transformers_logits(
     torch.testing.assert_close(logits(model, IDX), transformers_model(path, shape)(IDX).logits, rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("keep_int4", [False, True])
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
-def test_the_native_int4_step_decodes_a_q4_file_as_the_eager_pass(tmp_path, monkeypatch, qwen_tokenizer, qtype):
+def test_the_native_int4_step_decodes_a_q4_file_as_the_eager_pass(
+    tmp_path, monkeypatch, qwen_tokenizer, qtype, keep_int4
+):
+    """Blocks read into memory, or left in the file (keep_int4: the token embedding's rows read at each step); one
+    request at a time, then two in one engine (steps of several rows, a prefill of two prompts)."""
     path = q4_file(tmp_path, monkeypatch, tiny("llama-gqa-tied"), qwen_tokenizer, T[qtype])
-    model = apply_quantization(load(str(path), tokenizer=False).model, "none")
-    for prompt in ([5, 9, 300], list(range(100, 117))):
+    model = apply_quantization(load(str(path), tokenizer=False, keep_int4=keep_int4).model, "none")
+    prompts = ([5, 9, 300], list(range(100, 117)))
+    for prompt in prompts:
         request = Request(prompt, 12, temperature=0)
         list(Engine(model, decode="native").run([request]))
         assert request.output == reference_greedy(model, prompt, 12)
+    requests = [Request(prompt, 12, temperature=0) for prompt in ([7, 8, 9], [40, 41, 42])]
+    list(Engine(model, slots=2, decode="native").run(requests))
+    assert [request.output for request in requests] == [reference_greedy(model, r.prompt, 12) for r in requests]
+
+
+def float_matrices(model) -> set[str]:
+    """The names of the model's floating-point parameters and buffers of two or more dimensions."""
+    tensors = itertools.chain(model.named_parameters(), model.named_buffers())
+    return {name for name, tensor in tensors if tensor.is_floating_point() and tensor.dim() > 1}
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+@pytest.mark.parametrize("shape", sorted(ARCHS))
+def test_a_q4_file_read_for_decoding_leaves_its_matrices_in_the_file(
+    tmp_path, monkeypatch, qwen_tokenizer, shape, qtype
+):
+    """keep_int4 (what the scripts that decode on the CPU ask for): every product and the head read their blocks
+    from the file (FileInt4Linear), as does the token embedding (FileInt4Embedding); they are the file's blocks, byte
+    for byte, whose values are the float64 decoding of the file's; the model holds no float matrix but its position
+    tables; its logits are those of the model read in float32, exactly."""
+    path = q4_file(tmp_path, monkeypatch, tiny(shape), qwen_tokenizer, T[qtype])
+    model = load(str(path), tokenizer=False, keep_int4=True).model
+    config, arch = model.config, ARCHS[shape]
+    products, sources = products_of(model), product_sources(config, arch)
+    assert set(products) == set(sources) and all(isinstance(m, FileInt4Linear) for m in products.values())
+    assert isinstance(model.transformer.wte, FileInt4Embedding)
+    stored = file_tensors(path)
+    for name, product in products.items():
+        assert torch.equal(product.dequantized_weight(), float64_values(path, sources[name], config, arch)), name
+        if len(sources[name]) == 1 and not sources[name][0].endswith(("attn_q", "attn_k")):
+            assert_holds_the_blocks(product, stored[f"{sources[name][0]}.weight"])
+    assert float_matrices(model) <= {"rope_cos", "rope_sin", "transformer.wpe.weight"}
+    floats = load(str(path), tokenizer=False).model
+    assert torch.equal(model.transformer.wte(IDX), floats.transformer.wte(IDX))
+    assert torch.equal(logits(model, IDX), logits(floats, IDX))
+
+
+def test_a_file_of_other_types_too_read_for_decoding_runs_as_the_one_read_in_float(
+    tmp_path, monkeypatch, qwen_tokenizer
+):
+    """Q4_0 products and a Q8_0 head, read with keep_int4: under none the products left in the file become float32
+    as the head is (the file's precision: the logits of the model read in float32); under int4 they keep the file's
+    blocks and the head is quantized, as when the model is read in float32 first."""
+    path = q4_file(tmp_path, monkeypatch, tiny("llama-untied"), qwen_tokenizer, T.Q4_0, {"output.weight": T.Q8_0})
+    floats = load(str(path), tokenizer=False).model
+    kept = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "none")
+    assert not any(isinstance(m, Int4Linear) for m in kept.modules())
+    assert torch.equal(logits(kept, IDX), logits(floats, IDX))
+    int4 = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "int4")
+    reference = apply_quantization(load(str(path), tokenizer=False).model, "int4")
+    for name, product in products_of(int4).items():
+        assert isinstance(product, FileInt4Linear) == (name != "lm_head"), name
+        assert all(map(torch.equal, product.blocks(), reference.get_submodule(name).blocks())), name
+
+
+def peak_rise(action: Callable[[], Any]) -> tuple[Any, int]:
+    """action()'s result and how far the process's peak resident memory rose above its resident memory before it,
+    once the memory freed so far is handed back (Linux: /proc/self/clear_refs resets the peak to what is resident;
+    elsewhere the test is skipped)."""
+    give_back_free_memory()
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pytest.skip("this system cannot reset the process's peak resident memory")
+    before = process_memory("VmRSS")
+    result = action()
+    return result, process_memory("VmHWM") - before
+
+
+def process_memory(field: str) -> int:
+    """A /proc/self/status memory figure, in bytes."""
+    line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith(field))
+    return int(line.split()[1]) * 1024
+
+
+def test_a_q4_file_read_for_decoding_costs_a_fraction_of_its_size_and_packs_beside_nothing(
+    tmp_path, monkeypatch, qwen_tokenizer
+):
+    """Measured: a Q4_0 file of some 29M weights (float32: 7 times the file) read with keep_int4 raises the
+    process's peak resident memory by less than a quarter of the file, where reading it in float32 raises it by more
+    than its float32 weights; packing the native step's int4 panels from the file then raises it by the panels and
+    less than half the file more (no copy of the blocks beside them)."""
+    native.extension()  # built and loaded before anything is measured
+    source = lively_model(**{**ROPE, "vocab_size": 640, "n_layer": 4, "n_embd": 512, "mlp_hidden": 4096})
+    path = q4_file(tmp_path, monkeypatch, source, qwen_tokenizer, T.Q4_0)
+    del source
+    size, weights = path.stat().st_size, sum(int(np.prod(t.shape)) for t in file_tensors(path).values())
+    floats, rise = peak_rise(lambda: load(str(path), tokenizer=False).model)
+    assert rise > 4 * weights
+    del floats
+    model, rise = peak_rise(lambda: apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "none"))
+    assert rise < size / 4
+    step, rise = peak_rise(lambda: NativeStep.for_model(model, torch.float32))
+    assert step.matrices.numel() < rise < step.matrices.numel() + size / 2
 
 
 def test_sample_py_decodes_a_q4_file_natively_as_transformers_does(tmp_path, monkeypatch, qwen_tokenizer, capsys):

@@ -87,7 +87,7 @@ def copy_in_blocks(destination: torch.Tensor, matrix: torch.Tensor, block_rows: 
 
 def int4_panel_bytes(product: Int4Linear, panel_rows: int) -> int:
     """The bytes int4_panels makes of `product`."""
-    panels, groups = -(-product.out_features // panel_rows), product.scale.shape[1]
+    panels, groups = -(-product.out_features // panel_rows), -(-product.in_features // GROUP)  # no blocks read
     return panels * groups * panel_rows * (GROUP // 2 + 4)
 
 

@@ -31,6 +31,7 @@ import torch.nn as nn
 
 from gptkit.core.errors import UserError
 from gptkit.infer.backend import EagerBackend
+from gptkit.infer.memory import give_back_free_memory, huge_page_zeros
 from gptkit.infer.native import build
 from gptkit.infer.native.packing import (
     int4_panel_bytes,
@@ -43,7 +44,7 @@ from gptkit.infer.native.packing import (
     vector_sizes,
     weight_and_scale,
 )
-from gptkit.weights.quantization import Int4Linear, Int8Linear
+from gptkit.weights.quantization import FileInt4Embedding, Int4Linear, Int8Linear
 
 if TYPE_CHECKING:
     from gptkit.infer.engine import KVCache
@@ -81,6 +82,7 @@ def native_problem(model: nn.Module, dtype: torch.dtype) -> str | None:
 # prompts (PREFILL_LIMITS_AVX512). The limits were measured (docs/benchmarks.md, how the native step was tuned).
 PREFILL_LIMITS = {"float32": 64, "bfloat16": None, "int8": 32, "int4": None}
 PREFILL_LIMITS_AVX512 = {**PREFILL_LIMITS, "float32": 256}
+PACKED_WEIGHTS = 1 << 18  # an int4 product's weights packed at once (whole panels' rows): bounds the temporaries
 
 # Each model's steps by dtype; a model that is garbage collected takes its packed weights with it.
 PACKED_STEPS: weakref.WeakKeyDictionary[nn.Module, dict[torch.dtype, NativeStep]] = weakref.WeakKeyDictionary()
@@ -111,6 +113,7 @@ class NativeStep:
             "int8" if int8_weights(model) else "int4" if int4_weights(model) else str(dtype).removeprefix("torch.")
         )
         self.panel_rows = 0  # float32 matrices' panels: 32 rows with AVX-512, 16 with AVX2 (none without vectors)
+        give_back_free_memory()  # before the packed copy, the largest allocation, not under it
         if self.weights == "int4":
             self.matrices, self.scales = self._int4_matrices(products), torch.empty(0)
         else:
@@ -123,13 +126,16 @@ class NativeStep:
             self.scales = packed(scales, [m.shape[0] for m in matrices], torch.float32) if int8 else torch.empty(0)
         self.vectors = packed(vectors, vector_sizes(config), torch.float32)
         # a tied head's rows are the token embeddings, unless panels interleave them: then the model's own table (an
-        # int8 or int4 head has weights of its own: the quantizers untie it)
+        # int8 or int4 head has weights of its own: the quantizers untie it); a table left in a file: None, its rows
+        # are read at each call (_embeddings)
         head = getattr(model.lm_head, "weight", None)
-        self.embedding = (
-            self.matrices[-head.numel() :].view_as(head)
-            if transformer.wte.weight is head and not self.panel_rows
-            else transformer.wte.weight.detach().to(dtype).contiguous()
-        )
+        self.file_embedding = transformer.wte if isinstance(transformer.wte, FileInt4Embedding) else None
+        if self.file_embedding is not None:
+            self.embedding = None
+        elif transformer.wte.weight is head and not self.panel_rows:
+            self.embedding = self.matrices[-head.numel() :].view_as(head)
+        else:
+            self.embedding = transformer.wte.weight.detach().to(dtype).contiguous()
         self.positions = self._position_table(model)
         flags = [config.norm == "rmsnorm", config.qk_norm, config.pos_encoding == "rope", config.embed_norm]
         self.shapes = [config.n_embd, config.mlp_hidden, config.vocab_size, config.n_layer, config.n_head]
@@ -147,11 +153,29 @@ class NativeStep:
 
     @staticmethod
     def _int4_matrices(products: Sequence[Int4Linear]) -> torch.Tensor:
-        """The int4 products' weights in the step's panels (int4_panels), back to back, each made as it is
-        copied (never every product's panels at once besides the buffer)."""
+        """The int4 products' weights in the step's panels (int4_panels), back to back. A product's panels lie one
+        after another, so it is packed some PACKED_WEIGHTS weights (whole panels) at a time: besides the buffer
+        there are only one slice's blocks and panels, small enough for the allocator to reuse their memory, and the
+        blocks of a product left in a file (FileInt4Linear) are read a slice at a time."""
         rows = build.extension().int4_panel_rows()
-        sizes = [int4_panel_bytes(product, rows) for product in products]
-        return packed((int4_panels(product, rows) for product in products), sizes, torch.uint8)
+        buffer = huge_page_zeros(sum(int4_panel_bytes(product, rows) for product in products), torch.uint8)
+        start = 0
+        for product in products:
+            step = max(1, PACKED_WEIGHTS // product.in_features // rows) * rows
+            for first in range(0, product.out_features, step):
+                piece = Int4Linear(*product.row_blocks(first, first + step), product.in_features, None)
+                panels = int4_panels(piece, rows)
+                buffer[start : start + panels.numel()] = panels
+                start += panels.numel()
+        return buffer
+
+    def _embeddings(self, tokens: Sequence[int]) -> tuple[torch.Tensor, list[int]]:
+        """The embedding table the C++ reads and each token's row in it: the model's own table, or for one left in a
+        file (FileInt4Embedding) the tokens' rows alone, read now."""
+        if self.file_embedding is None:
+            return self.embedding, list(tokens)
+        rows = self.file_embedding(torch.tensor(tokens, dtype=torch.long)).to(self.dtype).contiguous()
+        return rows, list(range(len(tokens)))
 
     @staticmethod
     def _position_table(model: nn.Module) -> torch.Tensor:
@@ -196,11 +220,12 @@ class NativeStep:
 
         keys[layer], values[layer]: the cache's storage (rows, n_head, positions, head_dim) in the step's dtype;
         row 0 gets this token's key and value at `position` and attends over positions 0..position."""
+        embedding, (token,) = self._embeddings([token])
         return self.kernel(
             self.matrices,
             self.scales,
             self.vectors,
-            self.embedding,
+            embedding,
             self.positions[position],
             list(keys),
             list(values),
@@ -232,16 +257,17 @@ class NativeStep:
         value at positions[b] and attends over its own positions 0..positions[b]: rows may differ in length. Each
         weight is read from memory once a step (the passes for more rows read it from the cache), so the step costs
         little more than one row's while it is bound by the memory's speed."""
+        embedding, tokens = self._embeddings(tokens)
         return self.rows_kernel(
             self.matrices,
             self.scales,
             self.vectors,
-            self.embedding,
+            embedding,
             self.positions[list(positions)],
             list(keys),
             list(values),
             self.shapes,
-            list(tokens),
+            tokens,
             list(positions),
             self.activation,
             self.constants,
@@ -275,16 +301,17 @@ class NativeStep:
         length = len(contexts[0])
         if any(len(context) != length for context in contexts):
             raise ValueError("prefill takes contexts of one length")
+        embedding, tokens = self._embeddings([token for context in contexts for token in context])
         self.prefill_kernel(
             self.matrices,
             self.scales,
             self.vectors,
-            self.embedding,
+            embedding,
             self.positions[start : start + length].repeat(len(contexts), 1),
             list(keys),
             list(values),
             self.shapes,
-            [token for context in contexts for token in context],
+            tokens,
             start,
             len(contexts),
             self.activation,

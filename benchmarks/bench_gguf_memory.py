@@ -1,0 +1,177 @@
+"""The memory and speed of sampling from a 4-bit GGUF file: sample.py in a process of its own, on a file of random
+Q4_0 blocks of a model's shape.
+
+    python benchmarks/bench_gguf_memory.py [--shape=smollm2-1.7b --new_tokens=32 --json_out=bench_results/gguf_memory.json]
+
+The file holds every product and the token embedding (the head, when tied) in Q4_0, its norms in F32, with
+export.py's metadata and a byte-level tokenizer (gptkit.weights.export_gguf). It is written tensor by tensor with
+llama.cpp's gguf package, so a model of this shape never exists in float32 here; the blocks hold random codes, with
+scales that give weights of about GPT-2's initial spread. Then `sample.py --init_from=FILE --max_new_tokens=N` runs
+as a child process (the file's own blocks, decoded by the native int4 step where it is built). Reported: the child's
+peak resident memory (os.wait4's ru_maxrss: the whole process, runtime and tokenizer included), the seconds until
+the prompt is echoed (the load) and until the first new token (the packing of the weights and the prompt), and
+tokens per second from the first new token to the last, as the child streams them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gptkit.core.errors import UserError, run_cli
+from gptkit.core.settings import parse_settings, setting
+from gptkit.data import bpe
+from gptkit.data import tokenizer as tok
+from gptkit.model import GPTConfig
+from gptkit.weights.export_common import vocabulary_of
+from gptkit.weights.export_gguf import add_hyperparameters, add_tokenizer, architecture_of, gguf_vocabulary, tensor_name
+from measure import MODEL_SHAPES, print_table, run_benchmark
+
+REPO = Path(__file__).resolve().parent.parent
+SHAPES = {name: shape for name, shape in MODEL_SHAPES.items() if shape.get("pos_encoding") == "rope"}  # Llama family
+Q4_0_BLOCK = 18  # bytes of 32 weights: a float16 scale d, then 16 bytes of codes (weight = d * (code - 8))
+SCALE = 0.02 / 4.6  # d: codes uniform in 0 .. 15 give d * (code - 8) a spread of about 0.02, GPT-2's initial one
+
+
+@dataclass
+class GGUFMemoryBench:
+    shape: str = setting("smollm2-1.7b", "the model's shape (random Q4_0 blocks)", choices=tuple(SHAPES))
+    n_layer: int | None = setting(None, "layers, instead of the shape's (a smaller file of the same width)")
+    new_tokens: int = setting(32, "tokens sample.py generates (--max_new_tokens)", rule="positive")
+    prompt: str = setting("Once upon a time", "the prompt (--start)")
+    decode: str = setting("auto", "sample.py's --decode")
+    threads: int = setting(0, "threads of the sampling process (OMP_NUM_THREADS; 0: torch's default)")
+    file: str = setting(
+        "", "where to write the GGUF file, kept ('' = a temporary one); an existing one is read as it is"
+    )
+    json_out: str = setting("bench_results/gguf_memory.json", "where to write the JSON results ('' = nowhere)")
+
+
+def byte_tokenizer() -> tok.BpeTokenizer:
+    """A byte-level BPE of the 256 bytes and <|endoftext|> (the file's other rows are unused tokens)."""
+    ranks = {bytes([b]): b for b in range(256)}
+    record = bpe.make_record("bytes", bpe.GPT4_PATTERN, {tok.END_OF_TEXT: 256}, bpe.ranks_to_text(ranks))
+    return tok.BpeTokenizer(record)
+
+
+def file_tensors(config: GPTConfig, architecture: str) -> dict[str, tuple[int, ...]]:
+    """llama.cpp's tensors of a Llama-family model: name -> shape, (rows, columns) for a matrix."""
+    import gguf
+
+    T, C, D = gguf.MODEL_TENSOR, config.n_embd, config.head_dim
+    q, kv = config.n_head * D, config.n_kv_head * D
+    tensors = {tensor_name(T.TOKEN_EMBD): (config.vocab_size, C), tensor_name(T.OUTPUT_NORM): (C,)}
+    if not config.tie_embeddings:
+        tensors[tensor_name(T.OUTPUT)] = (config.vocab_size, C)
+    for layer in range(config.n_layer):
+        matrices = {T.ATTN_Q: (q, C), T.ATTN_K: (kv, C), T.ATTN_V: (kv, C), T.ATTN_OUT: (C, q)}
+        matrices |= {T.FFN_GATE: (config.mlp_hidden, C), T.FFN_UP: (config.mlp_hidden, C)}
+        matrices |= {T.FFN_DOWN: (C, config.mlp_hidden), T.ATTN_NORM: (C,), T.FFN_NORM: (C,)}
+        if architecture == "qwen3":
+            matrices |= {T.ATTN_Q_NORM: (D,), T.ATTN_K_NORM: (D,)}
+        tensors |= {tensor_name(kind, block=layer): shape for kind, shape in matrices.items()}
+    return tensors
+
+
+def random_q4_0(rows: int, columns: int, generator: np.random.Generator) -> np.ndarray:
+    """(rows, bytes a row) uint8: Q4_0 blocks of random codes, each with the scale SCALE."""
+    blocks = generator.integers(0, 256, size=(rows, columns // 32, Q4_0_BLOCK), dtype=np.uint8)
+    blocks[..., :2] = np.array([SCALE], np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def write_q4_0_file(path: Path, config: GPTConfig) -> None:
+    """A GGUF file of `config`'s shape, its matrices random Q4_0 blocks and its norms ones, written a tensor at a time
+    (llama.cpp's gguf package: the tensors' table first, then each tensor's data as it is made)."""
+    import gguf
+
+    architecture = architecture_of(config)
+    if config.n_embd % 32 or config.mlp_hidden % 32 or config.n_head * config.head_dim % 32:
+        raise UserError("Q4_0 needs rows of whole 32-weight blocks: every width a multiple of 32")
+    tensors = file_tensors(config, architecture)
+    partial_path = path.with_name(path.name + ".partial")  # renamed when whole
+    writer = gguf.GGUFWriter(str(partial_path), arch=architecture)
+    writer.add_name(path.stem)
+    add_hyperparameters(writer, config, architecture)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    add_tokenizer(writer, gguf_vocabulary(vocabulary_of(byte_tokenizer())), config.vocab_size)
+    for name, shape in tensors.items():
+        if len(shape) == 2:
+            row_bytes = shape[1] // 32 * Q4_0_BLOCK
+            writer.add_tensor_info(
+                name, (shape[0], row_bytes), np.uint8, shape[0] * row_bytes, gguf.GGMLQuantizationType.Q4_0
+            )
+        else:
+            writer.add_tensor_info(name, shape, np.float32, shape[0] * 4)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    generator = np.random.default_rng(0)
+    for shape in tensors.values():
+        writer.write_tensor_data(random_q4_0(*shape, generator) if len(shape) == 2 else np.ones(shape, np.float32))
+    writer.close()
+    os.replace(partial_path, path)
+
+
+def sample_in_child(cfg: GGUFMemoryBench, path: Path) -> dict:
+    """Run sample.py on the file in a child process: its peak resident memory and the times of what it streams."""
+    command = [sys.executable, str(REPO / "sample.py"), f"--init_from={path}", f"--start={cfg.prompt}"]
+    command += [f"--max_new_tokens={cfg.new_tokens}", "--stop_at_eot=False", "--device=cpu", f"--decode={cfg.decode}"]
+    environment = {**os.environ, **({"OMP_NUM_THREADS": str(cfg.threads)} if cfg.threads else {})}
+    start = time.perf_counter()
+    child = subprocess.Popen(command, cwd=REPO, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    prompt_bytes, received, times = len(cfg.prompt.encode("utf-8")), 0, []
+    while chunk := os.read(child.stdout.fileno(), 1 << 16):
+        received += len(chunk)
+        times.append((received, time.perf_counter() - start))
+    error = child.stderr.read().decode("utf-8", "replace")
+    _, status, usage = os.wait4(child.pid, 0)  # this child's own peak, not another's
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode:
+        raise UserError(f"sample.py failed (exit code {child.returncode}): {error.strip().splitlines()[-1:]}")
+    echoed = next(seconds for count, seconds in times if count >= prompt_bytes)
+    generated = [seconds for count, seconds in times if count > prompt_bytes]
+    first, last = (generated[0], generated[-1]) if generated else (echoed, echoed)
+    return {
+        "peak_rss_mb": round(usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024) / 1e6, 1),
+        "load_s": round(echoed, 2),
+        "first_token_s": round(first - echoed, 2),
+        "tokens_per_s": round((cfg.new_tokens - 1) / (last - first), 2) if last > first else None,
+        "total_s": round(time.perf_counter() - start, 2),
+    }
+
+
+def bench_gguf_memory(cfg: GGUFMemoryBench) -> list[dict]:
+    """Peak resident memory and tokens/s of sample.py on a random Q4_0 file of the shape."""
+    shape = {**SHAPES[cfg.shape], **({"n_layer": cfg.n_layer} if cfg.n_layer else {})}
+    config = GPTConfig(**shape)
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(cfg.file or Path(directory) / f"{cfg.shape}-q4_0.gguf")
+        if not path.exists():
+            begin = time.perf_counter()
+            write_q4_0_file(path, config)
+            print(f"wrote {path} in {time.perf_counter() - begin:.1f} s", flush=True)
+        row = {"shape": cfg.shape, "n_layer": config.n_layer, "file_mb": round(path.stat().st_size / 1e6, 1)}
+        row |= {"new_tokens": cfg.new_tokens, **sample_in_child(cfg, path)}
+    row["x_file"] = round(row["peak_rss_mb"] / row["file_mb"], 2)
+    columns = ["shape", "n_layer", "file_mb", "peak_rss_mb", "x_file", "load_s", "first_token_s", "tokens_per_s"]
+    print_table([row], columns)
+    return [row]
+
+
+def main(argv: list[str]) -> int:
+    cfg = parse_settings(
+        GGUFMemoryBench, argv, prog="bench_gguf_memory.py", description=bench_gguf_memory.__doc__ or ""
+    )
+    return run_benchmark(cfg, bench_gguf_memory, "gguf_memory")
+
+
+if __name__ == "__main__":
+    run_cli(main)
