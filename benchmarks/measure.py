@@ -67,6 +67,8 @@ MODEL_SHAPES = {
         qk_norm=True,
         bias=False,
     ),
+    # a 2-layer, 64-wide model with GPT-2's vocabulary: every path in seconds, to check the script itself
+    "tiny": dict(vocab_size=50257, **SMOKE_MODEL),
 }
 
 
