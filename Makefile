@@ -49,8 +49,9 @@ test: $(VENV)/.test
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n 2 --dist=loadgroup
 
-# The daily tier, under a minute: the in-process tests in two processes; a test that starts a process, a server or
-# a torch.compile skips itself (tests/conftest.py) and the `heavy` ones are left out. CI runs the whole suite (make test).
+# The daily tier, about two minutes on 2 cores: the in-process tests in two processes; a test that starts a process, a
+# server or a torch.compile skips itself (tests/conftest.py) and the `heavy` ones are left out. CI runs the whole suite
+# (make test).
 test-fast: $(VENV)/.test
 	$(PY) -m ruff check .
 	GPTKIT_FAST_TESTS=1 $(PY) -m pytest -q -n 2 --dist=loadgroup -m "not heavy"
