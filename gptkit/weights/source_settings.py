@@ -74,8 +74,8 @@ class ModelSource(ModelLocation):
     )
     block_size: int | None = setting(
         None,
-        "crop the model's context to this many tokens (None: its own); the KV cache holds this many positions, "
-        "so a long one (Llama 3's 131072) needs it",
+        "crop the model's context to this many tokens (None: its own); a server's KV cache holds this many "
+        "positions a slot, so a long one (Llama 3's 131072) needs it (sample.py's holds what its samples reach)",
         rule="positive",
     )
 

@@ -15,7 +15,8 @@ float32 or int4 weights multiplies up to 12 rows with AVX-512, 6 (int4: 4) with 
 read the panel from the cache); it fills prompts with the native prefill (NativeStep.prefill: the prompts of the
 requests admitted together, of one length, in one pass) up to PREFILL_LIMITS' tokens in all.
 
-Caveat: the step reads a packed copy of the weights (their memory twice over: gptkit.infer.native.packing), made
+Caveat: the step reads a packed copy of the weights (their memory twice over, but for int4 products left in a GGUF
+file, FileInt4Linear, of which the model holds nothing: gptkit.infer.native.packing), made
 once per model and remade when a parameter or buffer (int8 weights are buffers) is changed in place (an optimizer
 step, a load_state_dict), which `NativeStep.for_model` notices by their version counters.
 """
