@@ -186,7 +186,7 @@ class TensorFile:
         stop = rows if stop is None else stop
         row_bytes = tensor.n_bytes // rows
         data = np.empty((stop - start, row_bytes), np.uint8)
-        view, done = memoryview(data).cast("B"), 0
+        view, done = memoryview(data.reshape(-1)), 0
         with self._lock:
             self._file.seek(tensor.data_offset + start * row_bytes)
             while done < data.nbytes:
