@@ -84,7 +84,7 @@ def keeps_int4_in_file(settings: ModelSource, device: torch.device, decode: str)
     """Whether a GGUF file's Q4_0 and Q4_1 matrices stay in the file, read as they are needed, rather than becoming
     float32 weights (load's keep_int4): when they decode as they are, on the CPU (--quantize none or int4), by a
     backend that reads them as it runs (not compiled: its graph cannot read a file). A 1.7B model's 4-bit file then
-    decodes in about the memory of its packed weights."""
+    decodes in little more memory than the native step's packed copy of its weights."""
     return device.type == "cpu" and settings.quantize != "int8" and decode != "compiled"
 
 

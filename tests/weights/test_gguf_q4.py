@@ -6,6 +6,7 @@ q4_1 read back by both; and LoRA over such a base (QLoRA), trained by train.py a
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 from collections.abc import Callable
@@ -23,7 +24,6 @@ from gptkit.data.gguf_tokenizer import open_gguf
 from gptkit.data.hf_tokenizer import load_hf_tokenizer
 from gptkit.infer import native
 from gptkit.infer.engine import Engine, Request
-from gptkit.infer.memory import give_back_free_memory
 from gptkit.infer.native import NativeStep
 from gptkit.infer.native import step as native_step
 from gptkit.weights import export_gguf, load
@@ -269,10 +269,9 @@ def test_a_file_of_other_types_too_read_for_decoding_runs_as_the_one_read_in_flo
 
 
 def peak_rise(action: Callable[[], Any]) -> tuple[Any, int]:
-    """action()'s result and how far the process's peak resident memory rose above its resident memory before it,
-    once the memory freed so far is handed back (Linux: /proc/self/clear_refs resets the peak to what is resident;
-    elsewhere the test is skipped)."""
-    give_back_free_memory()
+    """action()'s result and how far the process's peak resident memory rose above its resident memory before it
+    (Linux: /proc/self/clear_refs resets the peak to what is resident; elsewhere the test is skipped)."""
+    gc.collect()
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:

@@ -32,7 +32,7 @@ import torch.nn as nn
 
 from gptkit.core.errors import UserError
 from gptkit.infer.backend import EagerBackend
-from gptkit.infer.memory import give_back_free_memory, huge_page_zeros
+from gptkit.infer.memory import huge_page_zeros
 from gptkit.infer.native import build
 from gptkit.infer.native.packing import (
     int4_panel_bytes,
@@ -114,7 +114,6 @@ class NativeStep:
             "int8" if int8_weights(model) else "int4" if int4_weights(model) else str(dtype).removeprefix("torch.")
         )
         self.panel_rows = 0  # float32 matrices' panels: 32 rows with AVX-512, 16 with AVX2 (none without vectors)
-        give_back_free_memory()  # before the packed copy, the largest allocation, not under it
         if self.weights == "int4":
             self.matrices, self.scales = self._int4_matrices(products), torch.empty(0)
         else:
