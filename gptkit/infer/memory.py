@@ -4,9 +4,6 @@ weights)."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import gc
 import mmap
 
 import torch
@@ -33,14 +30,3 @@ def huge_page_zeros(numel: int, dtype: torch.dtype) -> torch.Tensor:
     raw = torch.frombuffer(mapping, dtype=torch.uint8)  # the tensor keeps the mapping alive
     start = -raw.data_ptr() % HUGE_PAGE  # from a 2 MB boundary: only whole aligned 2 MB ranges get huge pages
     return raw[start : start + nbytes].view(dtype)
-
-
-def give_back_free_memory() -> None:
-    """Hand the memory freed since it was taken back to the kernel, where glibc's allocator can (malloc_trim); else
-    do nothing. Why: glibc keeps the memory of freed small objects (a GGUF file's metadata are a hundred thousand
-    of them) in its heap, so it would stay in the process's resident memory under the next large allocation."""
-    gc.collect()
-    name = ctypes.util.find_library("c")
-    library = ctypes.CDLL(name) if name else None
-    if library is not None and hasattr(library, "malloc_trim"):
-        library.malloc_trim(0)

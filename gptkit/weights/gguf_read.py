@@ -110,7 +110,7 @@ def read_gguf_model(path: str | os.PathLike, overrides: dict[str, Any] | None = 
     arch = architecture_of(reader, path)
     tensors = read_tensors(reader, path)
     hf = hf_config(reader, arch, tensors, path)
-    del reader  # its metadata (some hundred thousand objects for a large vocabulary) go before the model comes
+    del reader  # its metadata (100k small objects for a large vocabulary) freed before the model is made among them
     architecture = ARCHITECTURES[arch]
     try:
         config = GPTConfig(**{**config_args(hf, architecture), **(overrides or {})})
@@ -186,7 +186,7 @@ class TensorFile:
         stop = rows if stop is None else stop
         row_bytes = tensor.n_bytes // rows
         data = np.empty((stop - start, row_bytes), np.uint8)
-        view, done = memoryview(data).cast("B"), 0
+        view, done = memoryview(data.reshape(-1)), 0
         with self._lock:
             self._file.seek(tensor.data_offset + start * row_bytes)
             while done < data.nbytes:

@@ -304,8 +304,12 @@ def state_from_hf(tensors: Mapping[str, torch.Tensor], architecture: str, model:
     if architecture == "GPT2LMHeadModel":
         state = gpt2_state(tensors)
     else:
-        state = {}
-        for key in model.state_dict():
+        state, first_name = {}, {}
+        for key, tensor in model.state_dict(keep_vars=True).items():
+            if id(tensor) in first_name:  # one tensor under two names (a tied head): looked up once
+                state[key] = state[first_name[id(tensor)]]
+                continue
+            first_name[id(tensor)] = key
             names = hf_names(key, architecture)
             parts = [hf_tensor(tensors, name) for name in names]
             missing = [name for name, part in zip(names, parts) if part is None]

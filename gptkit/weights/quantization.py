@@ -18,7 +18,9 @@ minimum (weight = scale * code + minimum; Q4_0's blocks are minimum = -8 * scale
 weight and multiplies in the input's dtype, on any device: the reference the native step's int4 products (float32
 inputs, gptkit.infer.native) are tested against. A weight read from a GGUF file's Q4_0 or Q4_1 blocks keeps them
 (keep_int4_blocks): int4 takes those blocks as they are instead of quantizing their values again, and a model whose
-every product was read so runs on them under "none" too (the file's own precision).
+every product was read so runs on them under "none" too (the file's own precision). Read for decoding, such a matrix
+is never float32: it stays in the file, read at each use (FileInt4Linear; the token embedding FileInt4Embedding,
+whose lookups read their rows), so the model holds none of it.
 """
 
 from __future__ import annotations

@@ -74,8 +74,8 @@ class ModelSource(ModelLocation):
     )
     block_size: int | None = setting(
         None,
-        "crop the model's context to this many tokens (None: its own); the KV cache holds this many positions, "
-        "so a long one (Llama 3's 131072) needs it",
+        "crop the model's context to this many tokens (None: its own); a server's KV cache holds this many "
+        "positions a slot, so a long one (Llama 3's 131072) needs it (sample.py's holds what its samples reach)",
         rule="positive",
     )
 
@@ -84,7 +84,7 @@ def keeps_int4_in_file(settings: ModelSource, device: torch.device, decode: str)
     """Whether a GGUF file's Q4_0 and Q4_1 matrices stay in the file, read as they are needed, rather than becoming
     float32 weights (load's keep_int4): when they decode as they are, on the CPU (--quantize none or int4), by a
     backend that reads them as it runs (not compiled: its graph cannot read a file). A 1.7B model's 4-bit file then
-    decodes in about the memory of its packed weights."""
+    decodes in little more memory than the native step's packed copy of its weights."""
     return device.type == "cpu" and settings.quantize != "int8" and decode != "compiled"
 
 

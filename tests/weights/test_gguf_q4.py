@@ -6,6 +6,7 @@ q4_1 read back by both; and LoRA over such a base (QLoRA), trained by train.py a
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 from collections.abc import Callable
@@ -23,8 +24,8 @@ from gptkit.data.gguf_tokenizer import open_gguf
 from gptkit.data.hf_tokenizer import load_hf_tokenizer
 from gptkit.infer import native
 from gptkit.infer.engine import Engine, Request
-from gptkit.infer.memory import give_back_free_memory
 from gptkit.infer.native import NativeStep
+from gptkit.infer.native import step as native_step
 from gptkit.weights import export_gguf, load
 from gptkit.weights.checkpoint import load_checkpoint
 from gptkit.weights.lora import LoraConfig, LoraLinear, add_lora
@@ -229,6 +230,26 @@ def test_a_q4_file_read_for_decoding_leaves_its_matrices_in_the_file(
     assert torch.equal(logits(model, IDX), logits(floats, IDX))
 
 
+@pytest.mark.parametrize("shape", ["gpt2", "llama-gqa-tied"])
+def test_rows_read_from_the_file_are_those_of_the_blocks_read_whole(tmp_path, monkeypatch, qwen_tokenizer, shape):
+    """A product left in the file reads any range of its rows (across its fused parts, and within a head of Llama's
+    reordered q and k) as those rows of its blocks read whole into memory; the token embedding reads any rows, in any
+    order; and the native step packed a slice of one panel at a time holds the same bytes as from blocks in memory."""
+    path = q4_file(tmp_path, monkeypatch, tiny(shape), qwen_tokenizer, T.Q4_1)
+    kept = load(str(path), tokenizer=False, keep_int4=True).model
+    whole = apply_quantization(load(str(path), tokenizer=False).model, "none")
+    for name, product in products_of(kept).items():
+        blocks = whole.get_submodule(name).blocks()
+        for start, stop in ((0, product.out_features), (3, 27), (17, 18), (5, 5)):
+            expected = blocks.rows(lambda part, start=start, stop=stop: part[start:stop])
+            assert all(map(torch.equal, product.row_blocks(start, stop), expected)), (name, start, stop)
+    rows = [7, 0, 639, 7]
+    assert torch.equal(kept.transformer.wte(torch.tensor(rows)), whole.transformer.wte.weight[rows])
+    monkeypatch.setattr(native_step, "PACKED_WEIGHTS", 1)
+    packed = NativeStep.for_model(kept, torch.float32).matrices
+    assert torch.equal(packed, NativeStep.for_model(whole, torch.float32).matrices)
+
+
 def test_a_file_of_other_types_too_read_for_decoding_runs_as_the_one_read_in_float(
     tmp_path, monkeypatch, qwen_tokenizer
 ):
@@ -248,10 +269,9 @@ def test_a_file_of_other_types_too_read_for_decoding_runs_as_the_one_read_in_flo
 
 
 def peak_rise(action: Callable[[], Any]) -> tuple[Any, int]:
-    """action()'s result and how far the process's peak resident memory rose above its resident memory before it,
-    once the memory freed so far is handed back (Linux: /proc/self/clear_refs resets the peak to what is resident;
-    elsewhere the test is skipped)."""
-    give_back_free_memory()
+    """action()'s result and how far the process's peak resident memory rose above its resident memory before it
+    (Linux: /proc/self/clear_refs resets the peak to what is resident; elsewhere the test is skipped)."""
+    gc.collect()
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:

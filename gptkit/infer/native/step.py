@@ -15,7 +15,8 @@ float32 or int4 weights multiplies up to 12 rows with AVX-512, 6 (int4: 4) with 
 read the panel from the cache); it fills prompts with the native prefill (NativeStep.prefill: the prompts of the
 requests admitted together, of one length, in one pass) up to PREFILL_LIMITS' tokens in all.
 
-Caveat: the step reads a packed copy of the weights (their memory twice over: gptkit.infer.native.packing), made
+Caveat: the step reads a packed copy of the weights (their memory twice over, but for int4 products left in a GGUF
+file, FileInt4Linear, of which the model holds nothing: gptkit.infer.native.packing), made
 once per model and remade when a parameter or buffer (int8 weights are buffers) is changed in place (an optimizer
 step, a load_state_dict), which `NativeStep.for_model` notices by their version counters.
 """
@@ -31,7 +32,7 @@ import torch.nn as nn
 
 from gptkit.core.errors import UserError
 from gptkit.infer.backend import EagerBackend
-from gptkit.infer.memory import give_back_free_memory, huge_page_zeros
+from gptkit.infer.memory import huge_page_zeros
 from gptkit.infer.native import build
 from gptkit.infer.native.packing import (
     int4_panel_bytes,
@@ -113,7 +114,6 @@ class NativeStep:
             "int8" if int8_weights(model) else "int4" if int4_weights(model) else str(dtype).removeprefix("torch.")
         )
         self.panel_rows = 0  # float32 matrices' panels: 32 rows with AVX-512, 16 with AVX2 (none without vectors)
-        give_back_free_memory()  # before the packed copy, the largest allocation, not under it
         if self.weights == "int4":
             self.matrices, self.scales = self._int4_matrices(products), torch.empty(0)
         else:
