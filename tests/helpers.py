@@ -607,6 +607,35 @@ def with_16_bit_inputs(model: Any) -> Any:
     return model
 
 
+def with_16_bit_group_inputs(model: Any) -> Any:
+    """A copy of `model` (its products Int4Linear) whose products compute as the native int4 step's do: each group of
+    32 input values (one token's) rounded to integers of magnitude at most 32767, times the group's largest |x| /
+    32767, meets the group's scale * code; its minimum meets the values themselves."""
+    import copy
+    import types
+
+    import torch
+    import torch.nn.functional as F
+
+    from gptkit.weights.quantization import GROUP, Int4Linear
+
+    def forward(module: Any, x: Any) -> Any:
+        columns = module.in_features
+        groups = F.pad(x, (0, -columns % GROUP)).unflatten(-1, (-1, GROUP))
+        largest = groups.abs().amax(dim=-1, keepdim=True)
+        integers = torch.where(largest > 0, torch.round(groups * (32767 / largest)), torch.zeros_like(groups))
+        rounded = (integers * (largest / 32767)).flatten(-2)[..., :columns]
+        scaled_codes = (module.scale.float()[..., None] * module.codes().float()).flatten(1)[:, :columns]
+        minimums = module.minimum.float().repeat_interleave(GROUP, dim=1)[:, :columns]
+        return F.linear(rounded, scaled_codes, module.bias) + F.linear(x, minimums)
+
+    reference = copy.deepcopy(model)
+    for module in reference.modules():
+        if isinstance(module, Int4Linear):
+            module.forward = types.MethodType(forward, module)
+    return reference
+
+
 def step_with_dynamos_eager_backend(monkeypatch: Any) -> None:
     """The compiled decoding step through dynamo with its eager backend (no inductor): dynamo's graphs, guards and
     limits in milliseconds where inductor would take many seconds a graph. For tests of what is around the step
