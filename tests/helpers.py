@@ -608,31 +608,27 @@ def with_16_bit_inputs(model: Any) -> Any:
 
 
 def with_16_bit_group_inputs(model: Any) -> Any:
-    """A copy of `model` (its products Int4Linear) whose products compute as the native int4 step's do: each group of
-    32 input values (one token's) rounded to integers of magnitude at most 32767, times the group's largest |x| /
-    32767, meets the group's scale * code; its minimum meets the values themselves."""
+    """A copy of `model` (its products Int4Linear) with each product's input rounded as the native int4 step rounds
+    it: every group of 32 values (of one token's) to integers of magnitude at most 32767, times one scale, the group's
+    largest |x| / 32767."""
     import copy
-    import types
 
     import torch
     import torch.nn.functional as F
 
     from gptkit.weights.quantization import GROUP, Int4Linear
 
-    def forward(module: Any, x: Any) -> Any:
-        columns = module.in_features
-        groups = F.pad(x, (0, -columns % GROUP)).unflatten(-1, (-1, GROUP))
+    def round_groups(module: Any, inputs: tuple) -> tuple:
+        x = inputs[0]
+        groups = F.pad(x, (0, -x.shape[-1] % GROUP)).unflatten(-1, (-1, GROUP))
         largest = groups.abs().amax(dim=-1, keepdim=True)
         integers = torch.where(largest > 0, torch.round(groups * (32767 / largest)), torch.zeros_like(groups))
-        rounded = (integers * (largest / 32767)).flatten(-2)[..., :columns]
-        scaled_codes = (module.scale.float()[..., None] * module.codes().float()).flatten(1)[:, :columns]
-        minimums = module.minimum.float().repeat_interleave(GROUP, dim=1)[:, :columns]
-        return F.linear(rounded, scaled_codes, module.bias) + F.linear(x, minimums)
+        return ((integers * (largest / 32767)).flatten(-2)[..., : x.shape[-1]],)
 
     reference = copy.deepcopy(model)
     for module in reference.modules():
         if isinstance(module, Int4Linear):
-            module.forward = types.MethodType(forward, module)
+            module.register_forward_pre_hook(round_groups)
     return reference
 
 

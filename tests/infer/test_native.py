@@ -40,9 +40,9 @@ INT8_TOLERANCE = 1e-3
 # int4 steps and prefills against the eager pass of the same int4 model with its inputs rounded as theirs are (per group
 # of 32 values, in steps of 2^-15 of the group's largest): the first layer's products agree to float32 rounding; after
 # it, as for int8, a value the two passes' float32 rounding puts on either side of a rounding boundary differs by one
-# step, and the lively models' layers carry that to up to ~5e-4 of the logits' largest (every architecture, in
-# tests/infer/test_native_architectures.py; ~2e-4 here): int8's 1e-3.
-INT4_TOLERANCE = 1e-3
+# step, and the lively models' layers carry that to up to ~1.5e-4 of the logits' largest (every architecture, in
+# tests/infer/test_native_architectures.py; ~1e-4 here): 5e-4 leaves room for a few more.
+INT4_TOLERANCE = 5e-4
 
 NO_BIASES = dict(bias=False, activation="gelu", pos_encoding="sinusoidal", tie_embeddings=True)
 SHAPES = {
@@ -428,7 +428,8 @@ def test_an_int8_step_of_several_rows_matches_the_float32_pass_of_its_weights(sh
 def test_an_int4_step_of_several_rows_matches_the_eager_pass_of_the_same_model(shape):
     """int4 weights, 9 rows of different lengths a step (with AVX2, more than one pass over each panel): each row's
     logits are the eager pass's of the same int4 model with 16-bit group inputs over its own tokens (within
-    INT4_TOLERANCE), each row's groups rounded with their own scales."""
+    INT4_TOLERANCE), each row's groups rounded with their own scales. The tokens are the step's own choices: at one
+    step of the 32-wide model two logits lie 2e-6 of the largest apart, where float32 rounding picks either."""
     overrides = dict(n_embd=768, n_head=12, n_layer=1) if shape == "gpt2 width" else SHAPES[shape]
     model = quantize_int4(lively_model(vocab_size=61, block_size=32, seed=6, **overrides))
     reference = with_16_bit_group_inputs(model)
@@ -439,7 +440,7 @@ def test_an_int4_step_of_several_rows_matches_the_eager_pass_of_the_same_model(s
         for step_logits in logits:
             expected = full_pass_logits(reference, tokens)
             assert_close_to(step_logits[row], expected, INT4_TOLERANCE)
-            tokens.append(int(expected.argmax()))
+            tokens.append(int(step_logits[row].argmax()))
 
 
 @pytest.mark.parametrize(

@@ -46,15 +46,19 @@ constexpr float INT4_INPUT_LIMIT = 32767.0f;
 
 #if defined(GPTKIT_VECTORS)
 // A group's INT4_GROUP values (in vectors) times `inverse`, rounded to the nearest integers (ties to even, as
-// std::nearbyint does by default), into q.
-inline void store_rounded(const Vec* values, Vec inverse, int16_t* q) {
+// std::nearbyint does by default), into q; returns their sum (exact in float32: below 2^20 in magnitude).
+inline float store_rounded(const Vec* values, Vec inverse, int16_t* q) {
 #if defined(__AVX512F__)
+  __m512i sum = _mm512_setzero_si512();
 #pragma GCC unroll 2
   for (int64_t i = 0; i < INT4_GROUP / LANES; ++i) {
     const __m512i integers = _mm512_cvtps_epi32(mul(values[i], inverse));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i * LANES), _mm512_cvtepi32_epi16(integers));
+    sum = _mm512_add_epi32(sum, integers);
   }
+  return static_cast<float>(_mm512_reduce_add_epi32(sum));
 #else
+  __m256i sum = _mm256_setzero_si256();
 #pragma GCC unroll 2
   for (int64_t i = 0; i < INT4_GROUP / LANES; i += 2) {
     const __m256i low = _mm256_cvtps_epi32(mul(values[i], inverse));
@@ -62,49 +66,51 @@ inline void store_rounded(const Vec* values, Vec inverse, int16_t* q) {
     // packs interleaves the two by 128-bit halves: the permute puts them back in order
     const __m256i both = _mm256_permute4x64_epi64(_mm256_packs_epi32(low, high), 0xD8);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i * LANES), both);
+    sum = _mm256_add_epi32(sum, _mm256_add_epi32(low, high));
   }
+  return reduce_add(_mm256_cvtepi32_ps(sum));
 #endif
 }
 #endif
 
 // A group's `size` input values x as 16-bit integers q (zeros past size) times *scale (its largest |x| /
-// INT4_INPUT_LIMIT); returns the values' own sum. Why one scale per group: a value's rounding error is at most half a
-// step, 2^-16 of its group's largest (not of its whole row's, as int8's inputs), and the group's sums need a float
-// conversion anyway for the weights' scale.
+// INT4_INPUT_LIMIT); returns the sum of the values so rounded (the integers' sum times the scale). Why one scale per
+// group: a value's rounding error is at most half a step, 2^-16 of its group's largest (not of its whole row's, as
+// int8's inputs), and the group's sums need a float conversion anyway for the weights' scale.
 inline float int4_round_group(const float* x, int64_t size, int16_t* q, float* scale) {
+  float top = 0.0f;
 #if defined(GPTKIT_VECTORS)
   if (size == INT4_GROUP) {
-    Vec values[INT4_GROUP / LANES], largest = splat(0.0f), sum = splat(0.0f);
+    Vec values[INT4_GROUP / LANES], largest = splat(0.0f);
 #pragma GCC unroll 4
     for (int64_t i = 0; i < INT4_GROUP / LANES; ++i) {
       values[i] = load(x + i * LANES);
       largest = max(largest, abs(values[i]));
-      sum = add(sum, values[i]);
     }
-    const float top = reduce_max(largest);
+    top = reduce_max(largest);
     *scale = top / INT4_INPUT_LIMIT;
-    store_rounded(values, splat(top > 0.0f ? INT4_INPUT_LIMIT / top : 0.0f), q);
-    return reduce_add(sum);
+    return store_rounded(values, splat(top > 0.0f ? INT4_INPUT_LIMIT / top : 0.0f), q) * *scale;
   }
 #endif
-  float top = 0.0f, sum = 0.0f;
-  for (int64_t i = 0; i < size; ++i) {
-    top = std::max(top, std::abs(x[i]));
-    sum += x[i];
-  }
+  for (int64_t i = 0; i < size; ++i) top = std::max(top, std::abs(x[i]));
   *scale = top / INT4_INPUT_LIMIT;
   const float inverse = top > 0.0f ? INT4_INPUT_LIMIT / top : 0.0f;
-  for (int64_t i = 0; i < INT4_GROUP; ++i)
+  int32_t sum = 0;
+  for (int64_t i = 0; i < INT4_GROUP; ++i) {
     q[i] = i < size ? static_cast<int16_t>(std::nearbyint(x[i] * inverse)) : int16_t{0};
-  return sum;
+    sum += q[i];
+  }
+  return static_cast<float>(sum) * *scale;
 }
 
 // For int4 weights, each float32 input row over whole groups as 16-bit integers (zeros past its n values), with a
-// scale and the values' own sum per group: per group, sum_j (s q_j + m) x_j = s sum_j q_j x_j + m sum_j x_j, so a
+// scale and the rounded values' sum per group: per group, sum_j (s q_j + m) x_j = s sum_j q_j x_j + m sum_j x_j, so a
 // row's products need its codes' dot product with the group's integers (times s and the group's scale) and the
-// group's sum (times m). The minimums meet the float32 sum, not the rounded values: Q4_0's minimum is -8 times its
-// scale, and the rounding would weigh 8 times more there than in the codes' products. Every thread takes each input
-// of a step (int4_round_group): vector lanes keep that short beside the products.
+// group's sum (times m). The minimums meet the rounded values too, not the float32 ones: the product is then that of
+// the dequantized weights w and the rounded inputs, off by sum_j w_j e_j for rounding errors e_j, where with the
+// float32 sum it would be off by sum_j s q_j e_j, and the codes' weights s q_j = w_j - m (all of one sign) are larger
+// than w_j for weights around zero. Every thread takes each input of a step (int4_round_group): vector lanes keep that
+// short beside the products.
 template <>
 struct ProductInput<Int4> {
   std::vector<int16_t> integers;
@@ -214,7 +220,7 @@ inline void prefetch_record(const uint8_t* at) {
 // group, each pair of columns' codes meets each input's pair of integers in an int32 sum of the input's own, exact
 // (with few inputs the pairs take turns among SPLIT sets of sums, so that 4 or more independent sums hide the
 // multiply-add's latency), converted to float32 once a group and then scaled by the rows' scales times the input's
-// group scale; the minimums meet the group's float32 sum.
+// group scale; the minimums meet the group's sum.
 template <int64_t T>
 void int4_panel_dots(const uint8_t* panel, int64_t groups, const int16_t* const* xs, const float* const* scales,
                      const float* const* sums, float* out, RecordPrefetch prefetch) {
