@@ -607,6 +607,31 @@ def with_16_bit_inputs(model: Any) -> Any:
     return model
 
 
+def with_16_bit_group_inputs(model: Any) -> Any:
+    """A copy of `model` (its products Int4Linear) with each product's input rounded as the native int4 step rounds
+    it: every group of 32 values (of one token's) to integers of magnitude at most 32767, times one scale, the group's
+    largest |x| / 32767."""
+    import copy
+
+    import torch
+    import torch.nn.functional as F
+
+    from gptkit.weights.quantization import GROUP, Int4Linear
+
+    def round_groups(module: Any, inputs: tuple) -> tuple:
+        x = inputs[0]
+        groups = F.pad(x, (0, -x.shape[-1] % GROUP)).unflatten(-1, (-1, GROUP))
+        largest = groups.abs().amax(dim=-1, keepdim=True)
+        integers = torch.where(largest > 0, torch.round(groups * (32767 / largest)), torch.zeros_like(groups))
+        return ((integers * (largest / 32767)).flatten(-2)[..., : x.shape[-1]],)
+
+    reference = copy.deepcopy(model)
+    for module in reference.modules():
+        if isinstance(module, Int4Linear):
+            module.register_forward_pre_hook(round_groups)
+    return reference
+
+
 def step_with_dynamos_eager_backend(monkeypatch: Any) -> None:
     """The compiled decoding step through dynamo with its eager backend (no inductor): dynamo's graphs, guards and
     limits in milliseconds where inductor would take many seconds a graph. For tests of what is around the step

@@ -94,7 +94,8 @@ def int4_panel_bytes(product: Int4Linear, panel_rows: int) -> int:
 def int4_panels(product: Int4Linear, panel_rows: int) -> torch.Tensor:
     """An int4 product's weights (uint8, 1-D) as csrc/int4.h reads them (its panels): panels of `panel_rows`
     rows (the last filled up with rows of zeros), each a record per group: the codes of the group's 32 columns, word
-    w (4 bytes) of row r at (w * panel_rows + r) * 4 holding the code of column 8w + k in its bits 4k .. 4k + 3, then
+    w (4 bytes, little-endian) of row r at (w * panel_rows + r) * 4 holding the code of column 8w + 2k + h in its bits
+    16h + 4k .. 16h + 4k + 3 (a shift and a mask leave columns 8w + 2k and 8w + 2k + 1 as its 16-bit halves), then
     the rows' float16 scales, then their minimums."""
     codes, scale, minimum = product.codes(), product.scale, product.minimum
     rows, groups = scale.shape
@@ -104,8 +105,9 @@ def int4_panels(product: Int4Linear, panel_rows: int) -> torch.Tensor:
         filler = tensor.new_zeros(panels * panel_rows - rows, *tensor.shape[1:])
         return torch.cat((tensor, filler)).view(panels, panel_rows, *tensor.shape[1:])
 
-    # (panel, row, group, word, byte, nibble): byte b of a word (little-endian) holds the codes of places 2b and 2b + 1
-    nibbles = whole_panels(codes).view(panels, panel_rows, groups, 4, 4, 2)
+    # (panel, row, group, word, half h, pair k) -> (..., word, byte 2h + k // 2, nibble k % 2): column 8w + 2k + h
+    by_half = whole_panels(codes).view(panels, panel_rows, groups, 4, 4, 2).transpose(-1, -2)
+    nibbles = by_half.reshape(panels, panel_rows, groups, 4, 4, 2)
     words = (nibbles[..., 0] | (nibbles[..., 1] << 4)).permute(0, 2, 3, 1, 4)  # (panel, group, word, row, byte)
     by_group = [words.reshape(panels, groups, -1)]
     for halves in (scale, minimum):  # (panel, group, row) float16, as bytes

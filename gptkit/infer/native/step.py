@@ -4,7 +4,8 @@ engine's backend that runs every step with it (NativeBackend).
 What it serves: every architecture model.py builds, in float32 or bfloat16 weights on the CPU, or int8 ones
 (gptkit.weights.quantization's Int8Linear: one scale per row; each product's float32 input is rounded to 16-bit
 integers with one scale, so that the products run in integer lanes), or int4 ones (Int4Linear, GGUF's Q4_1: the
-codes widened to float32 lanes in registers and multiplied by the float32 inputs themselves, in panels of rows):
+codes widened to 16-bit integers in registers and multiplied by the inputs rounded to 16-bit integers with one scale
+per group of 32 values, in panels of rows):
 learned, sinusoidal or rotary positions (the model's own cos and sin tables, so a rope_scaling is exact); LayerNorm or
 RMSNorm, with or without a weight or bias; the GELU (tanh or exact), squared-ReLU or SwiGLU MLP; multi-head or
 grouped-query attention, heads of any width; QK-norm with or without a weight; a Q, K, V bias of its own; a norm of

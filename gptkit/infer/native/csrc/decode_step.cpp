@@ -12,8 +12,8 @@
 // The inputs of each float32 or bfloat16 product are rounded to W (bfloat16 products multiply bfloat16 pairs, as
 // PyTorch's do); int8 weights (gptkit.weights.quantization's: one float scale per row) meet each float32 input rounded
 // to 16-bit integers with one scale (ProductInput<int8_t>), finer than bfloat16, and multiply in integer lanes; int4
-// weights (GGUF's Q4_1: a scale and minimum per 32 weights) are widened to float32 lanes and meet the float32 inputs
-// themselves (int4.h).
+// weights (GGUF's Q4_1: a scale and minimum per 32 weights) are widened to 16-bit integer lanes and meet the inputs
+// rounded to 16-bit integers with one scale per 32 values (ProductInput<Int4>), in integer lanes too (int4.h).
 //
 // The files, each including the ones it builds on: vectors.h (vector lanes, prefetch), dots.h, panels.h, int4.h and
 // products.h (the matrix products of each kind of weights), elementwise.h (activations, exponentials, norms),

@@ -1,5 +1,6 @@
-// int4 products (gptkit.weights.quantization's Int4Linear, GGUF's Q4_1): the codes widened to float32 lanes in
-// registers and multiplied by the float32 inputs themselves, a panel of rows at a time, as float32 panels are.
+// int4 products (gptkit.weights.quantization's Int4Linear, GGUF's Q4_0 and Q4_1): the codes widened to 16-bit
+// integer lanes in registers and multiplied by the inputs rounded to 16-bit integers (one scale per group of 32
+// values), in exact int32 sums, a panel of rows at a time, as int8 rows meet their 16-bit inputs (dots.h).
 
 #pragma once
 
@@ -19,14 +20,16 @@ struct Stored<Int4> {
   using type = float;
 };
 
-// int4 matrices lie in panels of INT4_PANEL rows (a vector lane each; the last panel filled up with rows of zeros),
+// int4 matrices lie in panels of INT4_PANEL rows (a 32-bit lane each; the last panel filled up with rows of zeros),
 // each a record per group of INT4_GROUP columns: the codes, then the rows' scales, then their minimums (float16). The
-// codes are 4 words of 32 bits per row, word w of row r at (w * INT4_PANEL + r) * 4 bytes, its bits 4k .. 4k + 3
-// holding the code of column 8w + k: one load is a word of every row, and each code is masked out of its lane in
-// place (int4_codes). Why: a product multiplies column c's codes by input t's value c in every lane (an outer
-// product, as float32 panels do), so one pass over the codes serves every input, no row ends in a sum across lanes,
-// and a group's scale and minimum apply to a vector of rows at once. gptkit/infer/native/packing.py packs them
-// (int4_panels).
+// codes are 4 words of 32 bits per row, word w of row r at (w * INT4_PANEL + r) * 4 bytes; in a word, bits 4k .. 4k +
+// 3 of its low 16 bits hold the code of column 8w + 2k, and of its high 16 bits that of column 8w + 2k + 1. Why: one
+// load is a word of every row, and a shift and a mask (int4_pair) leave in each lane the codes of two adjacent
+// columns as two 16-bit integers, the pair one integer multiply-add takes (vpdpwssd, vpmaddwd) against the pair of
+// input values, broadcast to every lane. A product multiplies column c's codes by input t's value c in every lane (an
+// outer product, as float32 panels do), so one pass over the codes serves every input, no row ends in a sum across
+// lanes, and a group's scales and minimums apply to a vector of rows at once. gptkit/infer/native/packing.py packs
+// them (int4_panels).
 constexpr int64_t INT4_GROUP = 32;
 #if defined(GPTKIT_VECTORS)
 constexpr int64_t INT4_PANEL = LANES;
@@ -37,59 +40,99 @@ constexpr int64_t INT4_CODE_BYTES = INT4_GROUP / 2 * INT4_PANEL;
 constexpr int64_t INT4_RECORD = INT4_CODE_BYTES + 2 * 2 * INT4_PANEL;  // the codes, a scale and a minimum a row
 inline int64_t int4_groups(int64_t columns) { return (columns + INT4_GROUP - 1) / INT4_GROUP; }
 
-// The factor each input value of an int4 product takes, by its column in its group, from the place k of its code in
-// its word (column % 8): the code is read masked in place, q 16^k, so the value is taken times 16^-k (exact: a power
-// of two); the top code (k = 7) is shifted down instead, since masked in place it would make the lane's int32
-// negative.
-constexpr float INT4_INPUT_FACTORS[INT4_GROUP] = {
-    1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f,  // word 0
-    1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f,  // word 1
-    1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f,  // word 2
-    1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f,  // word 3
-};
+// The largest |integer| an input value of an int4 product takes: a group's sum of 32 products of a code (at most 15)
+// and an input stays below 2^24, so it is exact in int32 and again as a float32.
+constexpr float INT4_INPUT_LIMIT = 32767.0f;
 
-// A group's `size` input values x times their factors into `spread`, and their sum.
-inline float int4_spread_group(const float* x, int64_t size, float* spread) {
+#if defined(GPTKIT_VECTORS)
+// A group's INT4_GROUP values (in vectors) times `inverse`, rounded to the nearest integers (ties to even, as
+// std::nearbyint does by default), into q; returns their sum (exact in float32: below 2^20 in magnitude).
+inline float store_rounded(const Vec* values, Vec inverse, int16_t* q) {
+#if defined(__AVX512F__)
+  __m512i sum = _mm512_setzero_si512();
+#pragma GCC unroll 2
+  for (int64_t i = 0; i < INT4_GROUP / LANES; ++i) {
+    const __m512i integers = _mm512_cvtps_epi32(mul(values[i], inverse));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i * LANES), _mm512_cvtepi32_epi16(integers));
+    sum = _mm512_add_epi32(sum, integers);
+  }
+  return static_cast<float>(_mm512_reduce_add_epi32(sum));
+#else
+  __m256i sum = _mm256_setzero_si256();
+#pragma GCC unroll 2
+  for (int64_t i = 0; i < INT4_GROUP / LANES; i += 2) {
+    const __m256i low = _mm256_cvtps_epi32(mul(values[i], inverse));
+    const __m256i high = _mm256_cvtps_epi32(mul(values[i + 1], inverse));
+    // packs interleaves the two by 128-bit halves: the permute puts them back in order
+    const __m256i both = _mm256_permute4x64_epi64(_mm256_packs_epi32(low, high), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i * LANES), both);
+    sum = _mm256_add_epi32(sum, _mm256_add_epi32(low, high));
+  }
+  return reduce_add(_mm256_cvtepi32_ps(sum));
+#endif
+}
+#endif
+
+// A group's `size` input values x as 16-bit integers q (zeros past size) times *scale (its largest |x| /
+// INT4_INPUT_LIMIT); returns the sum of the values so rounded (the integers' sum times the scale). Why one scale per
+// group: a value's rounding error is at most half a step, 2^-16 of its group's largest (not of its whole row's, as
+// int8's inputs), and the group's sums need a float conversion anyway for the weights' scale.
+inline float int4_round_group(const float* x, int64_t size, int16_t* q, float* scale) {
+  float top = 0.0f;
 #if defined(GPTKIT_VECTORS)
   if (size == INT4_GROUP) {
-    Vec sum = splat(0.0f);
+    Vec values[INT4_GROUP / LANES], largest = splat(0.0f);
 #pragma GCC unroll 4
-    for (int64_t i = 0; i < INT4_GROUP; i += LANES) {
-      const Vec values = load(x + i);
-      store(spread + i, mul(values, load(INT4_INPUT_FACTORS + i)));
-      sum = add(sum, values);
+    for (int64_t i = 0; i < INT4_GROUP / LANES; ++i) {
+      values[i] = load(x + i * LANES);
+      largest = max(largest, abs(values[i]));
     }
-    return reduce_add(sum);
+    top = reduce_max(largest);
+    *scale = top / INT4_INPUT_LIMIT;
+    return store_rounded(values, splat(top > 0.0f ? INT4_INPUT_LIMIT / top : 0.0f), q) * *scale;
   }
 #endif
-  float sum = 0.0f;
-  for (int64_t i = 0; i < size; ++i) {
-    spread[i] = x[i] * INT4_INPUT_FACTORS[i];
-    sum += x[i];
+  for (int64_t i = 0; i < size; ++i) top = std::max(top, std::abs(x[i]));
+  *scale = top / INT4_INPUT_LIMIT;
+  const float inverse = top > 0.0f ? INT4_INPUT_LIMIT / top : 0.0f;
+  int32_t sum = 0;
+  for (int64_t i = 0; i < INT4_GROUP; ++i) {
+    q[i] = i < size ? static_cast<int16_t>(std::nearbyint(x[i] * inverse)) : int16_t{0};
+    sum += q[i];
   }
-  return sum;
+  return static_cast<float>(sum) * *scale;
 }
 
-// For int4 weights, each float32 input row over whole groups (zeros past its n values), value c times
-// INT4_INPUT_FACTORS[c % INT4_GROUP], and its sums over each group: per group, sum_j (scale q_j + minimum) x_j =
-// scale sum_j q_j x_j + minimum sum_j x_j, so a row's products need its codes' dot product and the group's sum.
-// Every thread takes each input of a step (int4_spread_group): vector lanes keep that short beside the products.
+// For int4 weights, each float32 input row over whole groups as 16-bit integers (zeros past its n values), with a
+// scale and the rounded values' sum per group: per group, sum_j (s q_j + m) x_j = s sum_j q_j x_j + m sum_j x_j, so a
+// row's products need its codes' dot product with the group's integers (times s and the group's scale) and the
+// group's sum (times m). The minimums meet the rounded values too, not the float32 ones: the product is then that of
+// the dequantized weights w and the rounded inputs, off by sum_j w_j e_j for rounding errors e_j, where with the
+// float32 sum it would be off by sum_j s q_j e_j, and the codes' weights s q_j = w_j - m (all of one sign) are larger
+// than w_j for weights around zero. Every thread takes each input of a step (int4_round_group): vector lanes keep that
+// short beside the products.
 template <>
 struct ProductInput<Int4> {
-  std::vector<float> spread, sums;
-  std::vector<const float*> rows, row_sums;  // input t's spread values and its group sums
+  std::vector<int16_t> integers;
+  std::vector<float> scales, sums;
+  std::vector<const int16_t*> rows;  // input t's integers
+  std::vector<const float*> row_scales, row_sums;  // and its groups' scales and sums
   void take(const float* x, int64_t n, int64_t count = 1) {
     const int64_t groups = int4_groups(n), width = groups * INT4_GROUP;
-    spread.assign(count * width, 0.0f);
+    integers.resize(count * width);
+    scales.resize(count * groups);
     sums.resize(count * groups);
     rows.resize(count);
+    row_scales.resize(count);
     row_sums.resize(count);
     for (int64_t t = 0; t < count; ++t) {
-      rows[t] = spread.data() + t * width;
+      rows[t] = integers.data() + t * width;
+      row_scales[t] = scales.data() + t * groups;
       row_sums[t] = sums.data() + t * groups;
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t first = g * INT4_GROUP, size = std::min(INT4_GROUP, n - first);
-        sums[t * groups + g] = int4_spread_group(x + t * n + first, size, spread.data() + t * width + first);
+        sums[t * groups + g] = int4_round_group(x + t * n + first, size, integers.data() + t * width + first,
+                                                scales.data() + t * groups + g);
       }
     }
   }
@@ -105,17 +148,28 @@ struct RecordPrefetch {
 constexpr int64_t INT4_AHEAD = 4096;
 
 #if defined(GPTKIT_VECTORS)
-// The most inputs one pass over an int4 panel multiplies: two sums in registers for each (the group's and the
-// panel's), besides a word of codes, a column of them and an input value (AVX-512: 24 of 32 registers; AVX2: 8 of
-// 16).
+// The most inputs one pass over an int4 panel multiplies: an int32 sum (the group's) and a float32 one (the panel's)
+// in registers for each, besides a word of codes, a pair of columns of them and the group's scales (AVX-512: 24 of 32
+// registers; AVX2: 8 of 16).
 #if defined(__AVX512F__)
 constexpr int64_t INT4_TOKENS = 12;
-using CodeWord = __m512i;
-inline CodeWord load_word(const uint8_t* p) { return _mm512_loadu_si512(p); }
-// The codes of place k of each lane's word as floats: q 16^k for k < 7, q for k = 7 (INT4_INPUT_FACTORS).
-inline Vec int4_codes(CodeWord word, int64_t k) {
-  if (k == 7) return _mm512_cvtepi32_ps(_mm512_srli_epi32(word, 28));
-  return _mm512_cvtepi32_ps(_mm512_and_si512(word, _mm512_set1_epi32(15 << (4 * k))));
+using Ints = __m512i;
+inline Ints load_word(const uint8_t* p) { return _mm512_loadu_si512(p); }
+inline Ints splat_int(int32_t v) { return _mm512_set1_epi32(v); }
+inline Ints zero_ints() { return _mm512_setzero_si512(); }
+inline Ints add_ints(Ints a, Ints b) { return _mm512_add_epi32(a, b); }
+inline Ints and_ints(Ints a, Ints b) { return _mm512_and_si512(a, b); }
+inline Ints shift_right_32(Ints v, int bits) { return _mm512_srli_epi32(v, bits); }
+inline Ints shift_right_16(Ints v, int bits) { return _mm512_srli_epi16(v, bits); }
+inline Vec to_floats(Ints v) { return _mm512_cvtepi32_ps(v); }
+// sums + the products of each lane's two 16-bit codes and the two 16-bit inputs, in pairs: one vpdpwssd with
+// AVX512-VNNI, else vpmaddwd and an add.
+inline Ints add_pairs(Ints sums, Ints codes, Ints inputs) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpwssd_epi32(sums, codes, inputs);
+#else
+  return _mm512_add_epi32(sums, _mm512_madd_epi16(codes, inputs));
+#endif
 }
 // LANES float16 values as float32 lanes.
 inline Vec load_halves(const uint8_t* p) {
@@ -123,16 +177,37 @@ inline Vec load_halves(const uint8_t* p) {
 }
 #else
 constexpr int64_t INT4_TOKENS = 4;
-using CodeWord = __m256i;
-inline CodeWord load_word(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-inline Vec int4_codes(CodeWord word, int64_t k) {
-  if (k == 7) return _mm256_cvtepi32_ps(_mm256_srli_epi32(word, 28));
-  return _mm256_cvtepi32_ps(_mm256_and_si256(word, _mm256_set1_epi32(15 << (4 * k))));
+using Ints = __m256i;
+inline Ints load_word(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline Ints splat_int(int32_t v) { return _mm256_set1_epi32(v); }
+inline Ints zero_ints() { return _mm256_setzero_si256(); }
+inline Ints add_ints(Ints a, Ints b) { return _mm256_add_epi32(a, b); }
+inline Ints and_ints(Ints a, Ints b) { return _mm256_and_si256(a, b); }
+inline Ints shift_right_32(Ints v, int bits) { return _mm256_srli_epi32(v, bits); }
+inline Ints shift_right_16(Ints v, int bits) { return _mm256_srli_epi16(v, bits); }
+inline Vec to_floats(Ints v) { return _mm256_cvtepi32_ps(v); }
+inline Ints add_pairs(Ints sums, Ints codes, Ints inputs) {
+  return _mm256_add_epi32(sums, _mm256_madd_epi16(codes, inputs));
 }
 inline Vec load_halves(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 #endif
+
+// Column pair k (0 to 3) of each lane's word (see INT4_PANEL): the codes of columns 8w + 2k and 8w + 2k + 1 as the
+// low and the high 16 bits of the lane. The top pair needs no mask: a shift within each 16 bits leaves zeros above.
+inline Ints int4_pair(Ints word, int64_t k) {
+  if (k == 3) return shift_right_16(word, 12);
+  const Ints low_nibbles = splat_int(0x000F000F);
+  return and_ints(k == 0 ? word : shift_right_32(word, static_cast<int>(4 * k)), low_nibbles);
+}
+
+// Input values c and c + 1 (16-bit integers, c even) as one 32-bit pair in every lane.
+inline Ints splat_pair(const int16_t* x) {
+  int32_t pair;
+  std::memcpy(&pair, x, sizeof(pair));
+  return splat_int(pair);
+}
 
 // Asks the L2 cache for the lines of the int4 record at `at`.
 inline void prefetch_record(const uint8_t* at) {
@@ -140,14 +215,15 @@ inline void prefetch_record(const uint8_t* at) {
   for (int64_t line = 0; line < INT4_RECORD; line += 64) _mm_prefetch(lines + line, _MM_HINT_T1);
 }
 
-// out[t * INT4_PANEL + r] = row r of an int4 panel (`groups` records from `panel`) times input t (xs[t]: its values
-// as ProductInput<Int4> spreads them, sums[t]: its group sums), for t < T. Per group, each column's codes meet the
-// inputs' values in float32 sums of their own (with few inputs the columns take turns among SPLIT sets of them, so
-// that 4 or more independent sums hide the FMA's latency: each FMA waits on its codes' mask and conversion too),
-// which then take the group's scale and minimum.
+// out[t * INT4_PANEL + r] = row r of an int4 panel (`groups` records from `panel`) times input t (xs[t]: its
+// integers, scales[t] and sums[t]: its groups' scales and sums, as ProductInput<Int4> takes them), for t < T. Per
+// group, each pair of columns' codes meets each input's pair of integers in an int32 sum of the input's own, exact
+// (with few inputs the pairs take turns among SPLIT sets of sums, so that 4 or more independent sums hide the
+// multiply-add's latency), converted to float32 once a group and then scaled by the rows' scales times the input's
+// group scale; the minimums meet the group's sum.
 template <int64_t T>
-void int4_panel_dots(const uint8_t* panel, int64_t groups, const float* const* xs, const float* const* sums,
-                     float* out, RecordPrefetch prefetch) {
+void int4_panel_dots(const uint8_t* panel, int64_t groups, const int16_t* const* xs, const float* const* scales,
+                     const float* const* sums, float* out, RecordPrefetch prefetch) {
   constexpr int64_t SPLIT = T == 1 ? 4 : T < 4 ? 2 : 1;
   Vec totals[T];
 #pragma GCC unroll 12
@@ -159,30 +235,31 @@ void int4_panel_dots(const uint8_t* panel, int64_t groups, const float* const* x
       wait = prefetch.turns - 1;
       prefetch_record(prefetch.from + g * INT4_RECORD);
     }
-    Vec parts[SPLIT][T];
+    Ints parts[SPLIT][T];
 #pragma GCC unroll 8
     for (int64_t s = 0; s < SPLIT; ++s)
 #pragma GCC unroll 12
-      for (int64_t t = 0; t < T; ++t) parts[s][t] = splat(0.0f);
+      for (int64_t t = 0; t < T; ++t) parts[s][t] = zero_ints();
 #pragma GCC unroll 4
     for (int64_t w = 0; w < 4; ++w) {
-      const CodeWord word = load_word(record + w * INT4_PANEL * 4);
-#pragma GCC unroll 8
-      for (int64_t k = 0; k < 8; ++k) {
-        const Vec q = int4_codes(word, k);
-        const int64_t c = g * INT4_GROUP + 8 * w + k;
+      const Ints word = load_word(record + w * INT4_PANEL * 4);
+#pragma GCC unroll 4
+      for (int64_t k = 0; k < 4; ++k) {
+        const Ints codes = int4_pair(word, k);
+        const int64_t c = g * INT4_GROUP + 8 * w + 2 * k, s = (4 * w + k) % SPLIT;
 #pragma GCC unroll 12
-        for (int64_t t = 0; t < T; ++t) parts[k % SPLIT][t] = fmadd(q, splat(xs[t][c]), parts[k % SPLIT][t]);
+        for (int64_t t = 0; t < T; ++t) parts[s][t] = add_pairs(parts[s][t], codes, splat_pair(xs[t] + c));
       }
     }
     const Vec scale = load_halves(record + INT4_CODE_BYTES);
     const Vec minimum = load_halves(record + INT4_CODE_BYTES + 2 * INT4_PANEL);
 #pragma GCC unroll 12
     for (int64_t t = 0; t < T; ++t) {
-      Vec dots = parts[0][t];
+      Ints dots = parts[0][t];
 #pragma GCC unroll 8
-      for (int64_t s = 1; s < SPLIT; ++s) dots = add(dots, parts[s][t]);
-      totals[t] = fmadd(minimum, splat(sums[t][g]), fmadd(scale, dots, totals[t]));
+      for (int64_t s = 1; s < SPLIT; ++s) dots = add_ints(dots, parts[s][t]);
+      const Vec scaled = mul(scale, splat(scales[t][g]));
+      totals[t] = fmadd(minimum, splat(sums[t][g]), fmadd(scaled, to_floats(dots), totals[t]));
     }
   }
 #pragma GCC unroll 12
@@ -192,38 +269,41 @@ void int4_panel_dots(const uint8_t* panel, int64_t groups, const float* const* x
 // int4_panel_dots for `count` (1 to INT4_TOKENS) inputs.
 template <int64_t... T>
 void int4_panel_dots_for(std::integer_sequence<int64_t, T...>, int64_t count, const uint8_t* panel, int64_t groups,
-                         const float* const* xs, const float* const* sums, float* out, RecordPrefetch prefetch) {
-  ((count == T + 1 ? int4_panel_dots<T + 1>(panel, groups, xs, sums, out, prefetch) : void()), ...);
+                         const int16_t* const* xs, const float* const* scales, const float* const* sums, float* out,
+                         RecordPrefetch prefetch) {
+  ((count == T + 1 ? int4_panel_dots<T + 1>(panel, groups, xs, scales, sums, out, prefetch) : void()), ...);
 }
 
 // One pass over an int4 panel for `count` (1 to INT4_TOKENS) inputs: int4_panel_dots.
-void int4_panel_pass(const uint8_t* panel, int64_t groups, const float* const* xs, const float* const* sums,
-                     int64_t count, float* out, RecordPrefetch prefetch) {
-  int4_panel_dots_for(std::make_integer_sequence<int64_t, INT4_TOKENS>{}, count, panel, groups, xs, sums, out,
+void int4_panel_pass(const uint8_t* panel, int64_t groups, const int16_t* const* xs, const float* const* scales,
+                     const float* const* sums, int64_t count, float* out, RecordPrefetch prefetch) {
+  int4_panel_dots_for(std::make_integer_sequence<int64_t, INT4_TOKENS>{}, count, panel, groups, xs, scales, sums, out,
                       prefetch);
 }
 #else
 constexpr int64_t INT4_TOKENS = 8;
 
-// int4_panel_dots in plain loops (builds without vector lanes): the same codes, factors and sums.
-void int4_panel_pass(const uint8_t* panel, int64_t groups, const float* const* xs, const float* const* sums,
-                     int64_t count, float* out, RecordPrefetch) {
+// int4_panel_dots in plain loops (builds without vector lanes): the same codes, integers, scales and sums.
+void int4_panel_pass(const uint8_t* panel, int64_t groups, const int16_t* const* xs, const float* const* scales,
+                     const float* const* sums, int64_t count, float* out, RecordPrefetch) {
   for (int64_t t = 0; t < count; ++t)
     for (int64_t r = 0; r < INT4_PANEL; ++r) {
       float total = 0.0f;
       for (int64_t g = 0; g < groups; ++g) {
         const uint8_t* record = panel + g * INT4_RECORD;
-        float dots = 0.0f;
+        int32_t dots = 0;
         for (int64_t w = 0; w < 4; ++w) {
           uint32_t word;
           std::memcpy(&word, record + (w * INT4_PANEL + r) * 4, sizeof(word));
-          for (int64_t k = 0; k < 8; ++k) {
-            const uint32_t code = k == 7 ? word >> 28 : word & (15u << (4 * k));
-            dots += static_cast<float>(code) * xs[t][g * INT4_GROUP + 8 * w + k];
-          }
+          for (int64_t k = 0; k < 4; ++k)
+            for (int64_t half = 0; half < 2; ++half) {
+              const int32_t code = static_cast<int32_t>((word >> (16 * half + 4 * k)) & 15u);
+              dots += code * xs[t][g * INT4_GROUP + 8 * w + 2 * k + half];
+            }
         }
         const auto* halves = reinterpret_cast<const c10::Half*>(record + INT4_CODE_BYTES);
-        total += static_cast<float>(halves[r]) * dots + static_cast<float>(halves[INT4_PANEL + r]) * sums[t][g];
+        const float scaled = static_cast<float>(halves[r]) * scales[t][g];
+        total += scaled * static_cast<float>(dots) + static_cast<float>(halves[INT4_PANEL + r]) * sums[t][g];
       }
       out[t * INT4_PANEL + r] = total;
     }
@@ -246,7 +326,8 @@ void int4_product(const Matrix<Int4>& m, int64_t first, int64_t last, const Prod
       const int64_t token = pass * count / passes, tokens = (pass + 1) * count / passes - token;  // even passes
       const RecordPrefetch prefetch = passes == 1 ? RecordPrefetch{panel + INT4_AHEAD, 0, 1}
                                                   : RecordPrefetch{panel + panel_bytes, pass, passes};
-      int4_panel_pass(panel, groups, in.rows.data() + token, in.row_sums.data() + token, tokens, results, prefetch);
+      int4_panel_pass(panel, groups, in.rows.data() + token, in.row_scales.data() + token, in.row_sums.data() + token,
+                      tokens, results, prefetch);
       for (int64_t t = 0; t < tokens; ++t)
         std::copy(results + t * INT4_PANEL + from - start, results + t * INT4_PANEL + to - start,
                   out + (token + t) * width + from - first);

@@ -61,6 +61,7 @@ inline Vec min(Vec a, Vec b) { return _mm512_min_ps(a, b); }
 inline Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
 inline Vec abs(Vec v) { return _mm512_abs_ps(v); }
 inline float reduce_add(Vec v) { return _mm512_reduce_add_ps(v); }
+inline float reduce_max(Vec v) { return _mm512_reduce_max_ps(v); }
 // The lanes larger than `than`, a bit each, lane 0 lowest (a NaN lane is not larger).
 inline uint32_t lanes_larger(Vec v, float than) { return _mm512_cmp_ps_mask(v, splat(than), _CMP_GT_OQ); }
 inline Vec round_to_integer(Vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
@@ -91,6 +92,11 @@ inline Vec min(Vec a, Vec b) { return _mm256_min_ps(a, b); }
 inline Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
 inline Vec abs(Vec v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
 inline float reduce_add(Vec v) { return reduce_add_floats(v); }
+inline float reduce_max(Vec v) {
+  __m128 largest = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  largest = _mm_max_ps(largest, _mm_movehl_ps(largest, largest));
+  return _mm_cvtss_f32(_mm_max_ss(largest, _mm_movehdup_ps(largest)));
+}
 inline uint32_t lanes_larger(Vec v, float than) {
   return static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(v, splat(than), _CMP_GT_OQ)));
 }
