@@ -30,8 +30,9 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# `make test-fast` (GPTKIT_FAST_TESTS=1) is the daily tier: a test that starts a process, a server or a compile is
-# skipped at that moment, so the tier stays in-process without a list of such tests to keep up to date.
+# `make test-fast` (GPTKIT_FAST_TESTS=1) is the daily tier: every test function once (a parametrized one runs its first
+# case; `make test` runs them all), and a test that starts a process, a server or a compile is skipped at that moment,
+# so the tier stays in-process without a list of such tests to keep up to date.
 FAST_TIER = os.environ.get("GPTKIT_FAST_TESTS") == "1"
 
 
@@ -92,6 +93,17 @@ def longest_first(item: pytest.Item) -> int:
     return next((rank for rank, path in enumerate(LONGEST_FIRST) if item.nodeid.startswith(path)), len(LONGEST_FIRST))
 
 
+def first_cases(config: pytest.Config, items: list[pytest.Item]) -> list[pytest.Item]:
+    """Each test function's first case (the others deselected, as -m deselects)."""
+    kept, left_out, functions = [], [], set()
+    for item in items:
+        function = item.nodeid.split("[")[0]
+        (left_out if function in functions else kept).append(item)
+        functions.add(function)
+    config.hook.pytest_deselected(items=left_out)
+    return kept
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # pytest-xdist hands out the units in collection order (pytest_collection_modifyitems sets it), not by their
     # number of tests.
@@ -111,6 +123,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     import torch
 
     items.sort(key=longest_first)  # stable: each module keeps its own order
+    if FAST_TIER:
+        items[:] = first_cases(config, items)
     slow_requested = "slow" in (config.getoption("-m") or "") or os.environ.get("GPTKIT_SLOW_TESTS") == "1"
     if not slow_requested:  # skipped before their fixtures are made (a trained run) only to be skipped in the body
         slow = pytest.mark.skip(reason="slow: runs on demand; ask with -m slow or GPTKIT_SLOW_TESTS=1")
