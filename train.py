@@ -464,6 +464,8 @@ def train(run: Run, state: LoopState, stop: StopRequest) -> int:
         say_forecast(run, state, forward_s * forecast.BACKWARD_FACTOR * run.accumulation, "estimated")
     timed_step = state.start_iter + (1 if run.compiled else 0)
     state.watch.restart(state.iter_num)  # speed is measured over training time only
+    # Until this run's first step there is nothing to save, and a first evaluation or step may compile for minutes.
+    stop.at_once = not procs.distributed
     while True:
         at_end = state.iter_num >= cfg.max_iters
         resumed_here = state.iter_num == state.start_iter and cfg.init_from == "resume"  # evaluated before saving
@@ -475,6 +477,7 @@ def train(run: Run, state: LoopState, stop: StopRequest) -> int:
             return finish(run, state)
         started = time.perf_counter()
         step, lr = train_step(run, state)
+        stop.at_once = False
         if step == timed_step:
             say_forecast(run, state, loop.synchronized_seconds(started, run.device), f"step {step}, measured")
         if step % cfg.log_interval == 0:
@@ -578,10 +581,17 @@ def run_until_done_or_stopped(
     """Set up, then train (or evaluate); returns the exit code. A stop asked for is a clean stop, whatever it
     cut short: a terminal's Ctrl-C also reaches the compilers torch.compile runs, and their failure is then one
     line, not a traceback."""
+    run = state = None
     try:
         run, state = set_up(cfg, procs, device, held)
         run.config_files = config_files
         return evaluate_only(run, state) if cfg.eval_only else train(run, state, stop)
+    except KeyboardInterrupt:
+        if not stop.at_once:  # a second Ctrl-C, or one during set-up
+            raise
+        run.log.say(runlog.stopped_line(stop.signal_name, state.iter_num, None))
+        run.log.close()
+        return signals.exit_code(stop.signum)
     except Exception as exc:
         if not stop.signum or isinstance(exc, UserError):
             raise

@@ -13,14 +13,16 @@ class StopRequest:
 
     `signal_name` is the name of the signal received (None until then), `signum` its number (0 until then). With `force_on_repeat`, a second Ctrl-C
     stops at once (KeyboardInterrupt); under torchrun that is off, because torchrun passes a Ctrl-C on to its
-    workers, which then see it twice. The previous handlers come back on exit. Outside the main thread
-    (where Python allows no signal handlers) it does nothing.
+    workers, which then see it twice. While `at_once` is set (nothing trained yet, so nothing to save: e.g. during
+    the first step's compilation) the first signal stops at once too, as KeyboardInterrupt. The previous handlers
+    come back on exit. Outside the main thread (where Python allows no signal handlers) it does nothing.
     """
 
     def __init__(self, force_on_repeat: bool = True) -> None:
         self.signal_name: str | None = None
         self.signum = 0
         self.force_on_repeat = force_on_repeat
+        self.at_once = False
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopRequest:
@@ -40,6 +42,9 @@ class StopRequest:
                 raise KeyboardInterrupt
             return
         self.signal_name, self.signum = signal.Signals(signum).name, signum
+        if self.at_once:
+            print(f"{self.signal_name} received: stopping now (nothing trained yet to save)", flush=True)
+            raise KeyboardInterrupt
         print(f"{self.signal_name} received: finishing this step, then saving a checkpoint", flush=True)
 
 

@@ -45,3 +45,13 @@ def test_outside_the_main_thread_it_changes_nothing() -> None:
     thread.start()
     thread.join()
     assert seen == [before, None] and signal.getsignal(signal.SIGTERM) is before
+
+
+def test_at_once_the_first_signal_stops_now(capsys: pytest.CaptureFixture) -> None:
+    """Before a run's first step (nothing to save) a signal interrupts whatever runs, a compilation too."""
+    with StopRequest() as stop:
+        stop.at_once = True
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert (stop.signal_name, stop.signum) == ("SIGTERM", signal.SIGTERM)
+    assert capsys.readouterr().out == "SIGTERM received: stopping now (nothing trained yet to save)\n"
