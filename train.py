@@ -4,10 +4,10 @@
     torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2.py
 
 Reads top to bottom in the order it runs: the settings; the set-up (data, model, optimizer, all in one Run); the
-step; evaluation and checkpoints; the loop; main.
-One process trains on one device; under `torchrun` every process trains a replica (DistributedDataParallel)
-or a shard (FSDP2) and rank 0 alone logs and saves. Checkpoints (out_dir/ckpt.pt, the best in out_dir/best.pt)
-hold everything needed to continue exactly where a run stopped (--init_from=resume), even after kill -9.
+step; evaluation and checkpoints; the loop; main. One process trains on one device; under `torchrun` every process
+trains a replica (DistributedDataParallel) or a shard (FSDP2) and rank 0 alone logs and saves. Checkpoints
+(out_dir/ckpt.pt, the best in out_dir/best.pt) hold everything needed to continue exactly where a run stopped
+(--init_from=resume), even after kill -9.
 
 Data placement: step s consumes global micro-batches s*G ... s*G+G-1 (G = gradient_accumulation_steps) and
 rank r of N takes the r-th contiguous group of G/N of them (see loader.py). Dropout is seeded per global
@@ -337,8 +337,7 @@ def say_start(run: Run, data_dir: str, dtype: str, replaced: list[str], iter_num
 
 
 def train_step(run: Run, state: LoopState) -> tuple[int, float]:
-    """One optimizer step: this process's micro-batches of the global step, gradients synced on the last one.
-    Returns the step's index and learning rate."""
+    """One optimizer step over this process's micro-batches (gradients synced on the last); its index and lr."""
     cfg, model, wrapped, objective = run.cfg, run.model, run.wrapped, run.objective
     lr = loop.learning_rate_at(state.iter_num, run.schedule)
     loop.set_learning_rate(run.optimizer, lr)
@@ -457,8 +456,7 @@ def train(run: Run, state: LoopState, stop: StopRequest) -> int:
     """The loop: evaluate and save on schedule, then one optimizer step, until max_iters or a signal."""
     cfg, procs = run.cfg, run.procs
     run.wrapped.train()
-    # A compiled model's first passes compile: only its second step tells its speed. GRPO has no batch to time
-    # before its first step samples one.
+    # A compiled model's first step compiles, so its second tells the speed (GRPO has no batch to time before it).
     if not run.compiled and "val" in run.objective.eval_sets:
         forward_s = loop.forward_seconds(run.wrapped, run.objective.eval_sets["val"][0], run.precision, run.device)
         say_forecast(run, state, forward_s * forecast.BACKWARD_FACTOR * run.accumulation, "estimated")
@@ -581,13 +579,12 @@ def run_until_done_or_stopped(
     """Set up, then train (or evaluate); returns the exit code. A stop asked for is a clean stop, whatever it
     cut short: a terminal's Ctrl-C also reaches the compilers torch.compile runs, and their failure is then one
     line, not a traceback."""
-    run = state = None
     try:
         run, state = set_up(cfg, procs, device, held)
         run.config_files = config_files
         return evaluate_only(run, state) if cfg.eval_only else train(run, state, stop)
     except KeyboardInterrupt:
-        if not stop.at_once:  # a second Ctrl-C, or one during set-up
+        if not stop.at_once:  # a second Ctrl-C, or one during set-up (at_once is set once `train` runs)
             raise
         run.log.say(runlog.stopped_line(stop.signal_name, state.iter_num, None))
         run.log.close()
