@@ -69,23 +69,23 @@ def shares_a_module_fixture(item: pytest.Item) -> bool:
 # they are handed out first, so that neither of the two processes is left running a long one alone at the end
 # (--durations shows the figures; torchrun launches, inductor compiles and trained fixtures make the long ones).
 LONGEST_FIRST = (
-    "tests/test_train_ddp.py",
     "tests/weights/test_quantization.py",
     "tests/infer/test_engine.py",
-    "tests/test_train_lora.py",
-    "tests/benchmarks/test_bench_step.py",
-    "tests/test_train_posttrain.py",
+    "tests/test_train_ddp.py",
     "tests/eval/test_hellaswag.py",
+    "tests/weights/test_gguf_q4.py",
     "tests/test_reliability_train.py",
-    "tests/test_train.py",
-    "tests/test_chat_end_to_end.py",
-    "tests/benchmarks/test_bench_lora.py",
-    "tests/benchmarks/test_bench_tokenizer.py",
-    "tests/test_train_chat.py",
-    "tests/test_train_tokenizer.py",
-    "tests/benchmarks/test_bench.py",
-    "tests/test_sample.py",
+    "tests/test_train_posttrain.py",
+    "tests/benchmarks/test_bench_cpu_threads.py",
     "tests/test_serve.py",
+    "tests/benchmarks/test_bench_step.py",
+    "tests/test_export.py",
+    "tests/test_chat_end_to_end.py",
+    "tests/weights/test_export_gguf.py",
+    "tests/benchmarks/test_bench_gguf_memory.py",
+    "tests/test_train.py",
+    "tests/test_train_lora.py",
+    "tests/weights/test_gguf_read.py",
 )
 
 
