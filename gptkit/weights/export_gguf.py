@@ -34,7 +34,7 @@ from gptkit.data.hf_tokenizer import HFTokenizer
 from gptkit.data.tokenizer import Tokenizer, gpt2_unicode_to_byte
 from gptkit.model import GPT, GPTConfig, scaled_frequencies
 from gptkit.weights.export_common import Vocabulary, gpt2_tensors, vocabulary_chat_template, vocabulary_of
-from gptkit.weights.gguf_hf_tokenizer import add_hf_tokenizer, gguf_tokenizer, hf_modelfile
+from gptkit.weights.gguf_hf_tokenizer import UNREACHABLE_MERGE, add_hf_tokenizer, gguf_tokenizer, hf_modelfile
 from gptkit.weights.gguf_read import matrix_sources
 from gptkit.weights.quantization import GROUP, Int4Blocks, dequantized_copy, stored_int4
 
@@ -321,11 +321,6 @@ def pre_tokenizer(vocabulary: Vocabulary) -> str:
     if vocabulary.pattern == bpe.GPT4_PATTERN:
         return "llama-bpe"  # Llama 3's pattern: GPT-4's split, which ours equals
     raise UserError("cannot export to GGUF: the BPE's pre-tokenisation pattern has no llama.cpp equivalent")
-
-
-# llama.cpp reads the merges key of every byte-level BPE and the gguf writer stores no empty list: a table without
-# merges gets this one rule, which joins two pieces no rule makes and so never applies.
-UNREACHABLE_MERGE = ("\u0120\u0120", "\u0120\u0120")
 
 
 def gguf_vocabulary(vocabulary: Vocabulary) -> Vocabulary:

@@ -24,6 +24,9 @@ from gptkit.data import bpe
 from gptkit.data.hf_tokenizer import HFTokenizer
 
 SPACE = "\u2581"  # SentencePiece's space
+# llama.cpp reads the merges key of every byte-level BPE and the gguf writer stores no empty list: a table without
+# merges gets this one rule, which joins two pieces no rule makes and so never applies.
+UNREACHABLE_MERGE = ("\u0120\u0120", "\u0120\u0120")
 BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
 _CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
 _CONTRACTIONS_SPELLED = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"  # llama.cpp's spelling
@@ -145,8 +148,10 @@ def gguf_tokenizer(tokenizer: HFTokenizer, rows: int) -> GGUFTokenizer:
         raise UserError(f"the tokenizer has no token for id {missing[0]}; GGUF needs every id to have one")
     tokens = [by_id[i] for i in range(tokenizer.vocab_size)] + [f"[PAD{i}]" for i in range(tokenizer.vocab_size, rows)]
     merges = [" ".join(merge) if isinstance(merge, list) else merge for merge in model.get("merges") or []]
-    if not merges:  # llama.cpp refuses a byte-level BPE without merges
+    if not merges and kind == "llama":  # a SentencePiece BPE's scores come from its merges
         raise UserError("cannot export this tokenizer to GGUF: its BPE has no merges, which llama.cpp requires")
+    if not merges:  # a byte-level BPE without merges (a table of one-byte characters, read from a GGUF file)
+        merges = [" ".join(UNREACHABLE_MERGE)]
     names = tokenizer.special_tokens_map
     named_ids = {role: tokenizer.named_token_id(f"{role}_token") for role in ("bos", "eos", "unk", "pad")}
     special_ids = {role: token_id for role, token_id in named_ids.items() if token_id is not None}

@@ -324,7 +324,8 @@ def test_sentencepiece_tokenizers_read_back_with_their_ids(tmp_path, form):
 
 def test_our_own_tokenizers_read_back_with_their_ids(tmp_path):
     """A BPE trained here (GPT-4's split: llama.cpp's llama-bpe) and a table of one-byte characters (a byte-level BPE
-    without merges) tokenize as themselves when read from the file."""
+    without merges) tokenize as themselves when read from the file, and the table so read is written to a file
+    again (as the same byte-level BPE without merges) that reads back with the same ids."""
     bpe = tiny_bpe(b"he", b"ll", b"hell", b"hello", b" w")
     text = "hello world, hell's 12345 \u00e9t\u00e9"
     bpe_file = export_file(tmp_path / "bpe", lively_model(vocab_size=320), bpe)
@@ -332,6 +333,8 @@ def test_our_own_tokenizers_read_back_with_their_ids(tmp_path):
     chars = CharTokenizer.from_text("abc defg\nhi!")
     char_file = export_file(tmp_path / "char", lively_model(vocab_size=chars.vocab_size), chars)
     assert load_gguf_tokenizer(char_file).encode("hi abc\ndeg!") == chars.encode("hi abc\ndeg!")
+    again = export_file(tmp_path / "again", lively_model(vocab_size=chars.vocab_size), load_gguf_tokenizer(char_file))
+    assert load_gguf_tokenizer(again).encode("hi abc\ndeg!") == chars.encode("hi abc\ndeg!")
 
 
 @pytest.mark.heavy
