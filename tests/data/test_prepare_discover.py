@@ -35,6 +35,8 @@ def test_find_inputs_dirs_globs_and_errors(tmp_path: Path) -> None:
         discover.find_inputs([str(tmp_path / "*.xyz")])
     with pytest.raises(UserError, match="no input"):
         discover.find_inputs([])
+    with pytest.raises(UserError, match="an --input is empty"):  # e.g. --input=$UNSET: not the current directory
+        discover.find_inputs([str(tmp_path / "d"), ""])
 
 
 def binary(tmp_path: Path, name: str, data: bytes) -> bool:

@@ -262,6 +262,8 @@ def find_inputs(
     """
     if not patterns:
         raise UserError("no input given: pass --input=FILE, a directory or a glob (repeat for more)")
+    if not all(pattern.strip() for pattern in patterns):  # e.g. --input=$UNSET_VARIABLE: not the current directory
+        raise UserError("an --input is empty: name a file, a directory or a glob (e.g. --input=. for this directory)")
     excluded = Path(out_dir).resolve() if out_dir is not None else None
     finder = _Finder(PathFilter(tuple(include), tuple(exclude)), excluded, tuple(binary_suffixes))
     for pattern in patterns:
