@@ -8,7 +8,8 @@ file is decoded by llama-cpp-python (built from source, as the slow tests use it
 new_tokens after the same prompt in every row, with top-k sampling:
   ours_f32: gptkit.infer.generate with no decode argument on the float32 model (sample.py with no flag)
   ours_int8: the same on the model quantize_int8 made (sample.py --quantize=int8)
-  ours_int4: the same on the model read from the q4_0 file (sample.py --init_from=FILE.gguf): its own blocks
+  ours_int4: the same on the model read from the q4_0 file as sample.py --init_from=FILE.gguf reads it: its own
+    blocks, and its head (q8_0) quantized to 4 bits
   llamacpp_f32, llamacpp_q8_0, llamacpp_q4_0: llama.cpp on the f32, q8_0 and q4_0 files, every row a sequence of
     one batch, each sampled by its own top-k sampler
 Repeats go round-robin over the paths (measure.time_paths), so load from other work slows every path alike.
@@ -33,7 +34,7 @@ from gptkit.infer import generate
 from gptkit.model import GPT, GPTConfig
 from gptkit.weights import load
 from gptkit.weights.export_gguf import export_gguf
-from gptkit.weights.quantization import quantize_int8
+from gptkit.weights.quantization import apply_quantization, quantize_int8
 from measure import MODEL_SHAPES, print_table, run_benchmark, time_paths
 
 SHAPES = {name: MODEL_SHAPES[name] for name in ("smollm2-135m", "gpt2-124m", "smollm2-1.7b")}  # llama.cpp holds
@@ -150,7 +151,9 @@ def our_models(model: GPT, paths: list[str], files: dict[str, Path]) -> dict[str
     shape's float32 copy is 6.8 GB)."""
     models = {}
     if "ours_int4" in paths:
-        models["ours_int4"] = load(str(files["q4_0"]), tokenizer=False).model.eval()
+        # as sample.py reads it on the CPU: its Q4_0 matrices left in the file, decoded as they are stored
+        loaded = load(str(files["q4_0"]), tokenizer=False, keep_int4=True)
+        models["ours_int4"] = apply_quantization(loaded.model.eval(), "none")
     if "ours_f32" in paths:
         models["ours_f32"] = model
     if "ours_int8" in paths:

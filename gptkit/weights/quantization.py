@@ -20,7 +20,8 @@ inputs, gptkit.infer.native) are tested against. A weight read from a GGUF file'
 (keep_int4_blocks): int4 takes those blocks as they are instead of quantizing their values again, and a model whose
 every product was read so runs on them under "none" too (the file's own precision). Read for decoding, such a matrix
 is never float32: it stays in the file, read at each use (FileInt4Linear; the token embedding FileInt4Embedding,
-whose lookups read their rows), so the model holds none of it.
+whose lookups read their rows), so the model holds none of it; a head the file keeps in more bits is then quantized
+under "none" too (keep_stored_int4).
 """
 
 from __future__ import annotations
@@ -301,8 +302,11 @@ def dequantized_copy(model: nn.Module) -> nn.Module:
 def keep_stored_int4(model: nn.Module) -> nn.Module:
     """`model` (in place, returned) run on the blocks its products were read from (stored_int4, or left in the file:
     FileInt4Linear) when every one of them was: a GGUF file whose products and head are all Q4_0 or Q4_1 keeps its
-    own precision. Where some were not, the products left in the file become the float32 nn.Linear of their values
-    (int4_as_linear), as the others are; any other model is left as it is."""
+    own precision. Products left in the file are never made float32: where every one but the head was (llama.cpp's
+    Q4_0 and Q4_1 files keep the head in more bits), the head is quantized to int4 as quantize_int4 does, so that the
+    model decodes in 4 bits throughout (the native step reads every product in one kind of weights). Where others
+    were not, the products left in the file become the float32 nn.Linear of their values (int4_as_linear), as the
+    others are; any other model is left as it is."""
     products = [
         (parent, name, child)
         for parent in model.modules()
@@ -310,6 +314,14 @@ def keep_stored_int4(model: nn.Module) -> nn.Module:
         if isinstance(child, (nn.Linear, Int4Linear))
     ]
     int4 = [child if isinstance(child, Int4Linear) else stored_int4(child) for _, _, child in products]
+    head = getattr(model, "lm_head", None)
+    left_in_file = any(isinstance(child, FileInt4Linear) for _, _, child in products)
+    others_int4 = all(product is not None for (_, _, child), product in zip(products, int4) if child is not head)
+    if left_in_file and others_int4 and isinstance(head, nn.Linear):  # the head alone in more bits
+        int4 = [
+            Int4Linear.from_linear(child) if child is head else product
+            for (_, _, child), product in zip(products, int4)
+        ]
     every_one = all(product is not None for product in int4)
     for (parent, name, child), product in zip(products, int4):
         if every_one:

@@ -277,22 +277,29 @@ def test_rows_read_from_the_file_are_those_of_the_blocks_read_whole(tmp_path, mo
     assert torch.equal(packed, NativeStep.for_model(whole, torch.float32).matrices)
 
 
-def test_a_file_of_other_types_too_read_for_decoding_runs_as_the_one_read_in_float(
-    tmp_path, monkeypatch, qwen_tokenizer
+@pytest.mark.parametrize(
+    ("shape", "head"), [("llama-untied", "output.weight"), ("llama-gqa-tied", "token_embd.weight")]
+)
+def test_a_q4_file_with_its_head_in_more_bits_decodes_in_4_bits_throughout(
+    tmp_path, monkeypatch, qwen_tokenizer, shape, head
 ):
-    """Q4_0 products and a Q8_0 head, read with keep_int4: under none the products left in the file become float32
-    as the head is (the file's precision: the logits of the model read in float32); under int4 they keep the file's
-    blocks and the head is quantized, as when the model is read in float32 first."""
-    path = q4_file(tmp_path, monkeypatch, tiny("llama-untied"), qwen_tokenizer, T.Q4_0, {"output.weight": T.Q8_0})
-    floats = load(str(path), tokenizer=False).model
+    """Q4_0 products and a Q8_0 head (as llama.cpp's Q4_0 files keep it in more bits; a tied head is the token
+    embedding), read for decoding (keep_int4): under none the products stay in the file and the head is quantized
+    from the file's values, as int4 does on the model read in float32, so the native step packs every product into
+    int4 panels, the very bytes of that model's; no float32 matrix is left but a tied head's token embedding."""
+    path = q4_file(tmp_path, monkeypatch, tiny(shape), qwen_tokenizer, T.Q4_0, {head: T.Q8_0})
     kept = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "none")
-    assert not any(isinstance(m, Int4Linear) for m in kept.modules())
-    assert torch.equal(logits(kept, IDX), logits(floats, IDX))
-    int4 = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "int4")
     reference = apply_quantization(load(str(path), tokenizer=False).model, "int4")
-    for name, product in products_of(int4).items():
+    for name, product in products_of(kept).items():
         assert isinstance(product, FileInt4Linear) == (name != "lm_head"), name
         assert all(map(torch.equal, product.blocks(), reference.get_submodule(name).blocks())), name
+    tied = {"transformer.wte.weight"} if head == "token_embd.weight" else set()
+    head_blocks = {"lm_head.scale", "lm_head.minimum"}  # the int4 head's float16 scales and minimums
+    assert float_matrices(kept) <= {"rope_cos", "rope_sin"} | head_blocks | tied
+    step = NativeStep.for_model(kept, torch.float32)
+    assert step.weights == "int4"
+    assert torch.equal(step.matrices, NativeStep.for_model(reference, torch.float32).matrices)
+    assert torch.equal(logits(kept, IDX), logits(reference, IDX))
 
 
 def peak_rise(action: Callable[[], Any]) -> tuple[Any, int]:
