@@ -101,8 +101,8 @@ INT4_TOLERANCE = 5e-4
 
 
 def weights_and_reference(name: str, weights: str, **shape):
-    """The model the native step runs with `weights` (float32, bfloat16, int8, int4 or q4_0), its compute dtype, and the
-    float32 model that gives its expected logits, with the tolerance: the same model (float32 rounding); the float32
+    """The model the native step runs with `weights` (float32, bfloat16, int8, int4 or q4_0), its compute dtype, and
+    the float32 model that gives its expected logits, with the tolerance: the same model (float32 rounding); the float32
     pass over the same bfloat16 weights (bfloat16 rounding); the dequantized weights with each product's input
     rounded to 16 bits as the int8 products round it; the same int4 model's eager pass with each product's input
     rounded to 16 bits per group of 32 values as the int4 products round it (q4_0: int4 with Q4_0's blocks)."""

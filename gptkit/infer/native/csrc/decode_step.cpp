@@ -74,8 +74,9 @@ void with_weight_type(torch::ScalarType dtype, const Shapes& s, Call&& call) {
 }
 
 // The shapes (embd, hidden, vocab, layers, heads, kv_heads, head_dim, then 0 or 1 for: RMSNorm, QK-norm, rotary
-// positions, a norm of the embeddings, int4 panels without minimums) with the activation (kSwiglu: a gated MLP), checked against the buffers' sizes
-// and the cache's layout; constants: the norms' epsilon, QK-norm's, the logits' soft cap (0: none).
+// positions, a norm of the embeddings, int4 panels without minimums) with the activation (kSwiglu: a gated MLP),
+// checked against the buffers' sizes and the cache's layout; constants: the norms' epsilon, QK-norm's, the logits'
+// soft cap (0: none).
 Shapes checked_shapes(const std::vector<int64_t>& shapes, int64_t activation, const std::vector<double>& constants,
                       const torch::Tensor& matrices, const torch::Tensor& vectors,
                       const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values) {

@@ -334,9 +334,8 @@ void int4_panel_pass(const uint8_t* panel, int64_t groups, const int16_t* const*
             }
         }
         const auto* halves = reinterpret_cast<const c10::Half*>(record + INT4_CODE_BYTES);
-        const float scaled = static_cast<float>(halves[r]) * scales[t][g];
-        const float minimum =
-            std::is_same_v<W, Int4> ? static_cast<float>(halves[INT4_PANEL + r]) : -8.0f * static_cast<float>(halves[r]);
+        const float scale = static_cast<float>(halves[r]), scaled = scale * scales[t][g];
+        const float minimum = std::is_same_v<W, Int4> ? static_cast<float>(halves[INT4_PANEL + r]) : -8.0f * scale;
         total += scaled * static_cast<float>(dots) + minimum * sums[t][g];
       }
       out[t * INT4_PANEL + r] = total;
@@ -361,8 +360,8 @@ void int4_product(const Matrix<W>& m, int64_t first, int64_t last, const Product
       const int64_t token = pass * count / passes, tokens = (pass + 1) * count / passes - token;  // even passes
       const RecordPrefetch prefetch = passes == 1 ? RecordPrefetch{panel + INT4_AHEAD, 0, 1}
                                                   : RecordPrefetch{panel + panel_bytes, pass, passes};
-      int4_panel_pass<W>(panel, groups, in.rows.data() + token, in.row_scales.data() + token, in.row_sums.data() + token,
-                      tokens, results, prefetch);
+      int4_panel_pass<W>(panel, groups, in.rows.data() + token, in.row_scales.data() + token,
+                         in.row_sums.data() + token, tokens, results, prefetch);
       for (int64_t t = 0; t < tokens; ++t)
         std::copy(results + t * INT4_PANEL + from - start, results + t * INT4_PANEL + to - start,
                   out + (token + t) * width + from - first);
