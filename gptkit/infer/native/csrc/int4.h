@@ -33,16 +33,15 @@ template <typename W>
 constexpr bool IS_INT4 = std::is_same_v<W, Int4> || std::is_same_v<W, Int4Symmetric>;
 
 // int4 matrices lie in panels of INT4_PANEL rows (a 32-bit lane each; the last panel filled up with rows of zeros),
-// each a record per group of INT4_GROUP columns: the codes, then the rows' scales, then their minimums (float16; none
-// for Int4Symmetric). The
-// codes are 4 words of 32 bits per row, word w of row r at (w * INT4_PANEL + r) * 4 bytes; in a word, bits 4k .. 4k +
-// 3 of its low 16 bits hold the code of column 8w + 2k, and of its high 16 bits that of column 8w + 2k + 1. Why: one
-// load is a word of every row, and a shift and a mask (int4_pair) leave in each lane the codes of two adjacent
-// columns as two 16-bit integers, the pair one integer multiply-add takes (vpdpwssd, vpmaddwd) against the pair of
-// input values, broadcast to every lane. A product multiplies column c's codes by input t's value c in every lane (an
-// outer product, as float32 panels do), so one pass over the codes serves every input, no row ends in a sum across
-// lanes, and a group's scales and minimums apply to a vector of rows at once. gptkit/infer/native/packing.py packs
-// them (int4_panels).
+// each a record per group of INT4_GROUP columns: the codes, then the rows' scales, then their minimums (float16; no
+// minimums for Int4Symmetric). The codes are 4 words of 32 bits per row, word w of row r at (w * INT4_PANEL + r) * 4
+// bytes; in a word, bits 4k .. 4k + 3 of its low 16 bits hold the code of column 8w + 2k, and of its high 16 bits that
+// of column 8w + 2k + 1. Why: one load is a word of every row, and a shift and a mask (int4_pair) leave in each lane
+// the codes of two adjacent columns as two 16-bit integers, the pair one integer multiply-add takes (vpdpwssd,
+// vpmaddwd) against the pair of input values, broadcast to every lane. A product multiplies column c's codes by input
+// t's value c in every lane (an outer product, as float32 panels do), so one pass over the codes serves every input, no
+// row ends in a sum across lanes, and a group's scales and minimums apply to a vector of rows at once.
+// gptkit/infer/native/packing.py packs them (int4_panels).
 constexpr int64_t INT4_GROUP = 32;
 #if defined(GPTKIT_VECTORS)
 constexpr int64_t INT4_PANEL = LANES;
