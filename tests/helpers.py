@@ -632,6 +632,17 @@ def with_16_bit_group_inputs(model: Any) -> Any:
     return reference
 
 
+def as_q4_0(model: Any) -> Any:
+    """`model` (in place, returned; its products Int4Linear) with every minimum -8 times its scale, the codes kept:
+    Q4_0's blocks, weight = scale * (code - 8)."""
+    from gptkit.weights.quantization import Int4Linear
+
+    for module in model.modules():
+        if isinstance(module, Int4Linear):
+            module.minimum = -8 * module.scale
+    return model
+
+
 def step_with_dynamos_eager_backend(monkeypatch: Any) -> None:
     """The compiled decoding step through dynamo with its eager backend (no inductor): dynamo's graphs, guards and
     limits in milliseconds where inductor would take many seconds a graph. For tests of what is around the step

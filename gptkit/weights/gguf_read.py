@@ -342,6 +342,11 @@ class StoredMatrix:
     def rows(self) -> int:
         return sum(self.file.rows(name) for name, _ in self.parts)
 
+    @property
+    def symmetric(self) -> bool:
+        """Whether every part is Q4_0 (every minimum -8 times its scale)."""
+        return all(self.file.tensors[name].tensor_type.name == "Q4_0" for name, _ in self.parts)
+
     def __call__(self, start: int, stop: int) -> Int4Blocks:
         pieces, first = [], 0
         for name, heads in self.parts:
@@ -410,7 +415,7 @@ def keep_in_file(model: GPT, tensors: FileTensors, arch: str) -> set[str]:
             new = FileInt4Embedding(matrix.picked, config.vocab_size, config.n_embd)
         else:
             bias = None if old.bias is None else torch.empty_like(old.bias)  # on meta: read with the other tensors
-            new = FileInt4Linear(matrix, old.out_features, old.in_features, bias)
+            new = FileInt4Linear(matrix, old.out_features, old.in_features, bias, matrix.symmetric)
         model.set_submodule(module, new)
         kept.update(name for name, _ in matrix.parts)
     return kept

@@ -174,6 +174,10 @@ class Int4Linear(nn.Module):
         """The (out, in) float32 weight: scale * code + minimum for each weight, in float32 as GGUF dequantizes it."""
         return self.blocks().values(self.in_features)
 
+    def symmetric(self) -> bool:
+        """Whether every minimum is -8 times its scale, as in Q4_0's blocks (weight = scale * (code - 8))."""
+        return torch.equal(self.minimum, -8 * self.scale)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return F.linear(x, self.dequantized_weight().to(x.dtype), bias)
@@ -186,14 +190,20 @@ class FileInt4Linear(Int4Linear):
     """An Int4Linear whose blocks stay where they are stored (a GGUF file's Q4_0 or Q4_1 matrices,
     gptkit.weights.gguf_read) and are read each time they are used: the model holds none of them. The native step
     packs them once into its own layout, a slice of rows at a time (row_blocks); an eager pass reads them at each
-    call (the same values, more slowly). `read(start, stop)` gives the blocks of rows start .. stop - 1."""
+    call (the same values, more slowly). `read(start, stop)` gives the blocks of rows start .. stop - 1; `symmetric`:
+    they are Q4_0's (every minimum -8 times its scale), as the file says."""
 
     def __init__(
-        self, read: Callable[[int, int], Int4Blocks], out_features: int, in_features: int, bias: torch.Tensor | None
+        self,
+        read: Callable[[int, int], Int4Blocks],
+        out_features: int,
+        in_features: int,
+        bias: torch.Tensor | None,
+        symmetric: bool = False,
     ) -> None:
         nn.Module.__init__(self)  # not Int4Linear's: its blocks are no buffers here
         self.out_features, self.in_features = out_features, in_features
-        self.read = read
+        self.read, self.stored_symmetric = read, symmetric
         self.register_buffer("bias", bias)
 
     @property
@@ -213,6 +223,9 @@ class FileInt4Linear(Int4Linear):
 
     def row_blocks(self, start: int, stop: int) -> Int4Blocks:
         return self.read(start, min(stop, self.out_features))
+
+    def symmetric(self) -> bool:
+        return self.stored_symmetric  # what the file says: reading every block to see would take as long as a packing
 
 
 class FileInt4Embedding(nn.Module):

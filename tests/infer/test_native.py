@@ -23,8 +23,9 @@ from gptkit.infer.native import NativeStep, huge_page_zeros
 from gptkit.infer.native import build as native_build
 from gptkit.infer.native import step as native_step
 from gptkit.infer.native.packing import int4_panels, layer_tensors
-from gptkit.weights.quantization import Int8Linear, quantize_int4, quantize_int8
+from gptkit.weights.quantization import Int4Linear, Int8Linear, quantize_int4, quantize_int8
 from helpers import (
+    as_q4_0,
     assert_one_line_message,
     count_calls,
     dequantized_model,
@@ -676,13 +677,16 @@ def test_float32_matrices_lie_in_panels_of_rows_column_after_column(width):
     assert torch.equal(packed[-rows:], torch.zeros(rows))
 
 
-def test_int4_matrices_lie_in_panels_of_rows_with_a_record_per_group():
+@pytest.mark.parametrize("blocks", ["q4_1", "q4_0"])
+def test_int4_matrices_lie_in_panels_of_rows_with_a_record_per_group(blocks):
     """The int4 head of 61 rows, 40 wide (a group of 32 and one of 8), is packed in panels of `rows` rows (the last
     filled up with zero rows), each a record per group: word w of row r (4 bytes, little-endian) holds the codes of
     the group's columns 8w .. 8w + 7, column 8w + 2k + h in its bits 16h + 4k .. 16h + 4k + 3, then come the rows'
-    float16 scales and minimums. The expected bytes are built here value by value."""
+    float16 scales and minimums; the scales alone where every product's minimums are -8 times its scales (Q4_0's
+    blocks). The expected bytes are built here value by value."""
     rows = native_decoding.extension().int4_panel_rows()
     model = quantize_int4(lively_model(vocab_size=61, n_embd=40, n_head=4, seed=2))
+    model = as_q4_0(model) if blocks == "q4_0" else model
     head = model.lm_head
     codes, expected = head.codes().tolist(), bytearray()
     for first in range(0, 61, rows):
@@ -694,7 +698,7 @@ def test_int4_matrices_lie_in_panels_of_rows_with_a_record_per_group():
                     shift = [16 * h + 4 * k for h in range(2) for k in range(4)]
                     value = sum(codes[row][group][c] << b for c, b in zip(column, shift)) if row < 61 else 0
                     expected += value.to_bytes(4, "little")
-            for halves in (head.scale, head.minimum):
+            for halves in (head.scale, head.minimum) if blocks == "q4_1" else (head.scale,):
                 for row in panel:
                     expected += halves[row, group].numpy().tobytes() if row < 61 else bytes(2)
     packed = NativeStep.for_model(model, torch.float32).matrices
@@ -710,6 +714,28 @@ def test_int4_panels_packed_a_slice_at_a_time_are_those_of_whole_products(monkey
     monkeypatch.setattr(native_step, "PACKED_WEIGHTS", 1)
     packed = NativeStep.for_model(model, torch.float32).matrices
     assert torch.equal(packed, torch.cat([int4_panels(product, rows) for product in products]))
+
+
+def test_q4_0_panels_without_minimums_give_what_the_same_blocks_with_minimums_give(monkeypatch):
+    """A model of Q4_0 blocks (every minimum -8 times its scale) is packed without minimums, 18 bytes a row's group
+    of 32 weights where panels with them take 20; a prefill of two rows of 17 tokens (several passes over each panel),
+    steps of one row and of two rows give the keys, values and logits of the same blocks packed with their minimums
+    (the step's Q4_1 panels), exactly."""
+    model = as_q4_0(quantize_int4(lively_model(vocab_size=70, n_embd=64, n_head=4, seed=4, block_size=32)))
+    without = NativeStep(model, torch.float32)
+    monkeypatch.setattr(Int4Linear, "symmetric", lambda self: False)
+    with_minimums = NativeStep(model, torch.float32)
+    assert without.matrices.numel() * 20 == with_minimums.matrices.numel() * 18
+    prompts = [list(range(3, 20)), list(range(40, 57))]
+    results = []
+    for step in (without, with_minimums):
+        cache = KVCache(model.config.n_layer, 32, slots=2)
+        cache.allocate(model.config.n_kv_head, model.config.head_dim, torch.float32, torch.device("cpu"))
+        step.prefill(prompts, 0, cache.keys, cache.values)
+        row_logits, token = step(5, 17, cache.keys, cache.values)
+        rows_logits, _ = step.step_rows([token, 9], [18, 17], cache.keys, cache.values)
+        results.append([row_logits, rows_logits, *cache.keys, *cache.values])
+    assert all(map(torch.equal, *results))
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

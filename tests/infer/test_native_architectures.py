@@ -2,7 +2,7 @@
 RMSNorm with and without a weight, SwiGLU, grouped-query attention, QK-norm, a head width of its own, a Q, K, V bias
 apart from `bias`, nanochat's embedding norm and soft-capped logits): the native step's, prefill's and several-row
 step's logits and cache against model.py's full forward pass (no cache), and the engine's greedy tokens against
-model.py's generate, in float32, bfloat16, int8 and int4."""
+model.py's generate, in float32, bfloat16, int8 and int4 (Q4_1's blocks, and Q4_0's: panels without minimums)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from gptkit.infer.engine import Engine, KVCache, Request
 from gptkit.infer.native import NativeStep, native_problem
 from gptkit.weights.quantization import quantize_int4, quantize_int8
 from helpers import (
+    as_q4_0,
     count_calls,
     dequantized_model,
     lively_model,
@@ -100,19 +101,20 @@ INT4_TOLERANCE = 5e-4
 
 
 def weights_and_reference(name: str, weights: str, **shape):
-    """The model the native step runs with `weights` (float32, bfloat16, int8 or int4), its compute dtype, and the
-    float32 model that gives its expected logits, with the tolerance: the same model (float32 rounding); the float32
+    """The model the native step runs with `weights` (float32, bfloat16, int8, int4 or q4_0), its compute dtype, and
+    the float32 model that gives its expected logits, with the tolerance: the same model (float32 rounding); the float32
     pass over the same bfloat16 weights (bfloat16 rounding); the dequantized weights with each product's input
     rounded to 16 bits as the int8 products round it; the same int4 model's eager pass with each product's input
-    rounded to 16 bits per group of 32 values as the int4 products round it."""
+    rounded to 16 bits per group of 32 values as the int4 products round it (q4_0: int4 with Q4_0's blocks)."""
     original = architecture_model(name, **shape)
     if weights == "float32":
         return original, torch.float32, plain_copy(original), None
     if weights == "bfloat16":  # 5%: eager's own bfloat16 pass strays up to 2.4% from it here after one step
         model = original.to(torch.bfloat16)
         return model, torch.bfloat16, plain_copy(model).float(), 0.05
-    if weights == "int4":
+    if weights in ("int4", "q4_0"):
         model = quantize_int4(plain_copy(original))
+        model = as_q4_0(model) if weights == "q4_0" else model
         return model, torch.float32, with_16_bit_group_inputs(model), INT4_TOLERANCE
     model = quantize_int8(plain_copy(original))
     return model, torch.float32, with_16_bit_inputs(dequantized_model(model, original)), 1e-3
@@ -127,7 +129,7 @@ def test_every_architecture_is_served(name):
     assert native_problem(architecture_model(name), torch.float32) is None
 
 
-@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4"])
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4", "q4_0"])
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_a_prefill_of_two_rows_stores_each_rows_eager_keys_and_values(name, weights):
     """Two rows of 9 tokens in one native prefill: cache row r holds the keys and values (kv heads only, normalized
@@ -144,7 +146,7 @@ def test_a_prefill_of_two_rows_stores_each_rows_eager_keys_and_values(name, weig
         within(cache.values[layer][:, :, :9].float(), eager.values[layer][:, :, :9], tolerance)
 
 
-@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4"])
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4", "q4_0"])
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_prefill_and_steps_give_the_full_passs_logits_and_the_eager_cache(name, weights):
     """The native prefill of 11 tokens, then of 6 more from position 11, stores the keys and values (kv heads only,
@@ -172,7 +174,7 @@ def test_prefill_and_steps_give_the_full_passs_logits_and_the_eager_cache(name, 
         tokens.append(token if weights == "bfloat16" else int(expected.argmax()))
 
 
-@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4"])
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4", "q4_0"])
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_a_step_of_several_rows_gives_each_row_the_full_passs_logits(name, weights):
     """9 rows of 1 to 14 tokens (filled by the native prefill, row by row) in one native call a step: each row's
@@ -198,13 +200,13 @@ def test_a_step_of_several_rows_gives_each_row_the_full_passs_logits(name, weigh
             cache.lengths[row] += 1
 
 
-@pytest.mark.parametrize("weights", ["float32", "int8", "int4"])
+@pytest.mark.parametrize("weights", ["float32", "int8", "int4", "q4_0"])
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_the_engine_gives_each_request_the_greedy_tokens_of_generate(monkeypatch, name, weights):
     """Alone in the engine (native prefill and steps, block 40: the longest prompt's window slides and is filled
     again), then ten requests through 4 slots as the server runs them (rows of different lengths joining as others
     finish): every request gets exactly the greedy tokens of model.py's generate (int8: over the weights it stands
-    for, with 16-bit inputs; int4: of the int4 model with 16-bit group inputs)."""
+    for, with 16-bit inputs; int4 and q4_0: of the int4 model with 16-bit group inputs)."""
     model, _, reference, _ = weights_and_reference(name, weights, block_size=40)
     for length in (1, 9, 30):
         prompt = prompt_of(length, seed=length)

@@ -3,7 +3,8 @@ them (csrc/layout.h's Shapes), and every vector (norms, biases) in another.
 
 float32 matrices lie in panels of rows stored column after column (copy_in_blocks: csrc/panels.h multiplies each
 column by every input's value at once); bfloat16 and int8 ones row after row (int8 with one float32 scale per row);
-int4 ones in panels of codes with their groups' scales and minimums (int4_panels, csrc/int4.h). The buffers lie on
+int4 ones in panels of codes with their groups' scales and minimums (none where every minimum is -8 times its scale,
+as in Q4_0's blocks: int4_panels, csrc/int4.h). The buffers lie on
 2 MB pages where they are large enough (gptkit.infer.memory).
 """
 
@@ -85,18 +86,19 @@ def copy_in_blocks(destination: torch.Tensor, matrix: torch.Tensor, block_rows: 
             place.copy_(matrix[first:last].reshape(blocks, height, columns // chunk, chunk))
 
 
-def int4_panel_bytes(product: Int4Linear, panel_rows: int) -> int:
+def int4_panel_bytes(product: Int4Linear, panel_rows: int, minimums: bool = True) -> int:
     """The bytes int4_panels makes of `product`."""
     panels, groups = -(-product.out_features // panel_rows), -(-product.in_features // GROUP)  # no blocks read
-    return panels * groups * panel_rows * (GROUP // 2 + 4)
+    return panels * groups * panel_rows * (GROUP // 2 + (4 if minimums else 2))
 
 
-def int4_panels(product: Int4Linear, panel_rows: int) -> torch.Tensor:
+def int4_panels(product: Int4Linear, panel_rows: int, minimums: bool = True) -> torch.Tensor:
     """An int4 product's weights (uint8, 1-D) as csrc/int4.h reads them (its panels): panels of `panel_rows`
     rows (the last filled up with rows of zeros), each a record per group: the codes of the group's 32 columns, word
     w (4 bytes, little-endian) of row r at (w * panel_rows + r) * 4 holding the code of column 8w + 2k + h in its bits
     16h + 4k .. 16h + 4k + 3 (a shift and a mask leave columns 8w + 2k and 8w + 2k + 1 as its 16-bit halves), then
-    the rows' float16 scales, then their minimums."""
+    the rows' float16 scales, then their minimums (not without `minimums`: csrc/int4.h's Int4Symmetric, whose
+    minimums are -8 times the scales)."""
     codes, scale, minimum = product.codes(), product.scale, product.minimum
     rows, groups = scale.shape
     panels = -(-rows // panel_rows)
@@ -110,7 +112,7 @@ def int4_panels(product: Int4Linear, panel_rows: int) -> torch.Tensor:
     nibbles = by_half.reshape(panels, panel_rows, groups, 4, 4, 2)
     words = (nibbles[..., 0] | (nibbles[..., 1] << 4)).permute(0, 2, 3, 1, 4)  # (panel, group, word, row, byte)
     by_group = [words.reshape(panels, groups, -1)]
-    for halves in (scale, minimum):  # (panel, group, row) float16, as bytes
+    for halves in (scale, minimum) if minimums else (scale,):  # (panel, group, row) float16, as bytes
         by_group.append(whole_panels(halves).transpose(1, 2).contiguous().view(torch.uint8))
     return torch.cat(by_group, dim=2).reshape(-1)
 

@@ -115,8 +115,10 @@ class NativeStep:
             "int8" if int8_weights(model) else "int4" if int4_weights(model) else str(dtype).removeprefix("torch.")
         )
         self.panel_rows = 0  # float32 matrices' panels: 32 rows with AVX-512, 16 with AVX2 (none without vectors)
+        # int4 panels without minimums where every product's are -8 times its scales (Q4_0's blocks)
+        self.symmetric_int4 = self.weights == "int4" and all(product.symmetric() for product in products)
         if self.weights == "int4":
-            self.matrices, self.scales = self._int4_matrices(products), torch.empty(0)
+            self.matrices, self.scales = self._int4_matrices(products, not self.symmetric_int4), torch.empty(0)
         else:
             matrices, scales = zip(*map(weight_and_scale, products))
             int8 = self.weights == "int8"
@@ -139,6 +141,7 @@ class NativeStep:
             self.embedding = transformer.wte.weight.detach().to(dtype).contiguous()
         self.positions = self._position_table(model)
         flags = [config.norm == "rmsnorm", config.qk_norm, config.pos_encoding == "rope", config.embed_norm]
+        flags.append(self.symmetric_int4)
         self.shapes = [config.n_embd, config.mlp_hidden, config.vocab_size, config.n_layer, config.n_head]
         self.shapes += [config.n_kv_head, config.head_dim, *map(int, flags)]
         self.activation = ACTIVATIONS[config.activation]
@@ -153,19 +156,20 @@ class NativeStep:
         self.prefill_kernel = build.extension().prefill
 
     @staticmethod
-    def _int4_matrices(products: Sequence[Int4Linear]) -> torch.Tensor:
-        """The int4 products' weights in the step's panels (int4_panels), back to back. A product's panels lie one
-        after another, so it is packed some PACKED_WEIGHTS weights (whole panels) at a time: besides the buffer
-        there are only one slice's blocks and panels, small enough for the allocator to reuse their memory, and the
-        blocks of a product left in a file (FileInt4Linear) are read a slice at a time."""
+    def _int4_matrices(products: Sequence[Int4Linear], minimums: bool) -> torch.Tensor:
+        """The int4 products' weights in the step's panels (int4_panels, with or without minimums), back to back. A
+        product's panels lie one after another, so it is packed some PACKED_WEIGHTS weights (whole panels) at a time:
+        besides the buffer there are only one slice's blocks and panels, small enough for the allocator to reuse their
+        memory, and the blocks of a product left in a file (FileInt4Linear) are read a slice at a time."""
         rows = build.extension().int4_panel_rows()
-        buffer = huge_page_zeros(sum(int4_panel_bytes(product, rows) for product in products), torch.uint8)
+        sizes = [int4_panel_bytes(product, rows, minimums) for product in products]
+        buffer = huge_page_zeros(sum(sizes), torch.uint8)
         start = 0
         for product in products:
             step = max(1, PACKED_WEIGHTS // product.in_features // rows) * rows
             for first in range(0, product.out_features, step):
                 piece = Int4Linear(*product.row_blocks(first, first + step), product.in_features, None)
-                panels = int4_panels(piece, rows)
+                panels = int4_panels(piece, rows, minimums)
                 buffer[start : start + panels.numel()] = panels
                 start += panels.numel()
         return buffer

@@ -12,8 +12,9 @@
 // The inputs of each float32 or bfloat16 product are rounded to W (bfloat16 products multiply bfloat16 pairs, as
 // PyTorch's do); int8 weights (gptkit.weights.quantization's: one float scale per row) meet each float32 input rounded
 // to 16-bit integers with one scale (ProductInput<int8_t>), finer than bfloat16, and multiply in integer lanes; int4
-// weights (GGUF's Q4_1: a scale and minimum per 32 weights) are widened to 16-bit integer lanes and meet the inputs
-// rounded to 16-bit integers with one scale per 32 values (ProductInput<Int4>), in integer lanes too (int4.h).
+// weights (GGUF's Q4_1: a scale and minimum per 32 weights; Q4_0: a scale) are widened to 16-bit integer lanes and
+// meet the inputs rounded to 16-bit integers with one scale per 32 values (ProductInput<Int4>), in integer lanes too
+// (int4.h).
 //
 // The files, each including the ones it builds on: vectors.h (vector lanes, prefetch), dots.h, panels.h, int4.h and
 // products.h (the matrix products of each kind of weights), elementwise.h (activations, exponentials, norms),
@@ -34,8 +35,8 @@ std::vector<W*> storage_of(const std::vector<torch::Tensor>& cache) {
 // The weights of type W in `matrices`: int4 panels are bytes (uint8).
 template <typename W>
 const W* weights_in(const torch::Tensor& matrices) {
-  if constexpr (std::is_same_v<W, Int4>)
-    return reinterpret_cast<const Int4*>(matrices.data_ptr<uint8_t>());
+  if constexpr (IS_INT4<W>)
+    return reinterpret_cast<const W*>(matrices.data_ptr<uint8_t>());
   else
     return matrices.data_ptr<W>();
 }
@@ -62,31 +63,34 @@ Model<W> model_for(const torch::Tensor& matrices, const torch::Tensor& scales, c
           static_cast<float>(constants[2]), std::is_same_v<W, float> && FLOAT32_PANELS};
 }
 
-// call(W{}) for the C++ type W of weights in `dtype`.
+// call(W{}) for the C++ type W of weights in `dtype` (int4 panels: of the kind `s` says).
 template <typename Call>
-void with_weight_type(torch::ScalarType dtype, Call&& call) {
+void with_weight_type(torch::ScalarType dtype, const Shapes& s, Call&& call) {
   if (dtype == torch::kBFloat16) return call(bf16{});
   if (dtype == torch::kChar) return call(int8_t{});
-  if (dtype == torch::kByte) return call(Int4{});
+  if (dtype == torch::kByte) return s.symmetric_int4 ? call(Int4Symmetric{}) : call(Int4{});
   TORCH_CHECK(dtype == torch::kFloat, "weights must be float32, bfloat16, int8 or int4 panels (uint8)");
   call(float{});
 }
 
 // The shapes (embd, hidden, vocab, layers, heads, kv_heads, head_dim, then 0 or 1 for: RMSNorm, QK-norm, rotary
-// positions, a norm of the embeddings) with the activation (kSwiglu: a gated MLP), checked against the buffers' sizes
-// and the cache's layout; constants: the norms' epsilon, QK-norm's, the logits' soft cap (0: none).
+// positions, a norm of the embeddings, int4 panels without minimums) with the activation (kSwiglu: a gated MLP),
+// checked against the buffers' sizes and the cache's layout; constants: the norms' epsilon, QK-norm's, the logits'
+// soft cap (0: none).
 Shapes checked_shapes(const std::vector<int64_t>& shapes, int64_t activation, const std::vector<double>& constants,
                       const torch::Tensor& matrices, const torch::Tensor& vectors,
                       const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values) {
-  TORCH_CHECK(shapes.size() == 11 && constants.size() == 3,
-              "shapes: embd, hidden, vocab, layers, heads, kv_heads, head_dim, rms, qk_norm, rotary, embed_norm");
-  const Shapes s{shapes[0], shapes[1], shapes[2],         shapes[3],         shapes[4],         shapes[5],
-                 shapes[6], activation == kSwiglu, shapes[7] != 0, shapes[8] != 0, shapes[9] != 0, shapes[10] != 0};
+  TORCH_CHECK(shapes.size() == 12 && constants.size() == 3,
+              "shapes: embd, hidden, vocab, layers, heads, kv_heads, head_dim, rms, qk_norm, rotary, embed_norm, "
+              "symmetric_int4");
+  const Shapes s{shapes[0], shapes[1], shapes[2], shapes[3], shapes[4], shapes[5], shapes[6], activation == kSwiglu,
+                 shapes[7] != 0, shapes[8] != 0, shapes[9] != 0, shapes[10] != 0, shapes[11] != 0};
   TORCH_CHECK(s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.head_dim > 0 && (!s.rotary || s.head_dim % 2 == 0));
   TORCH_CHECK(0 <= activation && activation <= kSwiglu, "activation: an Activation code");
   TORCH_CHECK(matrices.is_contiguous() && vectors.scalar_type() == torch::kFloat && vectors.is_contiguous());
   const int64_t padding = matrices.scalar_type() == torch::kFloat ? FLOAT32_PADDING : 0;  // past float32 panels
-  const int64_t size = matrices.scalar_type() == torch::kByte ? s.matrices_size<Int4>() : s.matrices_size<float>();
+  const int64_t int4_size = s.symmetric_int4 ? s.matrices_size<Int4Symmetric>() : s.matrices_size<Int4>();
+  const int64_t size = matrices.scalar_type() == torch::kByte ? int4_size : s.matrices_size<float>();
   TORCH_CHECK(matrices.numel() == size + padding, "matrices: wrong size");
   TORCH_CHECK(vectors.numel() == s.layers * s.layer_vector_elements() + 4 * s.embd, "vectors: wrong size");
   TORCH_CHECK(static_cast<int64_t>(keys.size()) == s.layers && static_cast<int64_t>(values.size()) == s.layers);
@@ -119,7 +123,7 @@ std::tuple<torch::Tensor, int64_t> decode_step(const torch::Tensor& matrices, co
   auto logits = torch::empty({s.vocab}, vectors.options());
   const int64_t keep = largest_to_keep(temperature, top_k, s.vocab);
   std::vector<std::vector<Largest>> per_thread(1, std::vector<Largest>(at::get_num_threads(), Largest(keep)));
-  with_weight_type(matrices.scalar_type(), [&](auto weight) {
+  with_weight_type(matrices.scalar_type(), s, [&](auto weight) {
     const auto model = model_for<decltype(weight)>(matrices, scales, vectors, embedding, position_row, keys, values,
                                                    s, activation, constants);
     step_rows(model, {token}, {position}, logits.data_ptr<float>(), per_thread);
@@ -152,7 +156,7 @@ std::tuple<torch::Tensor, std::vector<int64_t>> decode_rows(
   auto logits = torch::empty({rows, s.vocab}, vectors.options());
   const int64_t keep = largest_to_keep(temperature, top_k, s.vocab);
   std::vector<std::vector<Largest>> per_thread(rows, std::vector<Largest>(at::get_num_threads(), Largest(keep)));
-  with_weight_type(matrices.scalar_type(), [&](auto weight) {
+  with_weight_type(matrices.scalar_type(), s, [&](auto weight) {
     const auto model = model_for<decltype(weight)>(matrices, scales, vectors, embedding, position_rows, keys, values,
                                                    s, activation, constants);
     step_rows(model, tokens, positions, logits.data_ptr<float>(), per_thread);
@@ -179,7 +183,7 @@ void prefill_tokens(const torch::Tensor& matrices, const torch::Tensor& scales, 
     TORCH_CHECK(0 <= token && token < embedding.size(0), "a token past the vocabulary");
   TORCH_CHECK(position_rows.scalar_type() == torch::kFloat && position_rows.is_contiguous() &&
               position_rows.numel() == count * s.position_width());
-  with_weight_type(matrices.scalar_type(), [&](auto weight) {
+  with_weight_type(matrices.scalar_type(), s, [&](auto weight) {
     const auto model = model_for<decltype(weight)>(matrices, scales, vectors, embedding, position_rows, keys, values,
                                                    s, activation, constants);
     prefill(model, tokens, start, rows, at::get_num_threads());

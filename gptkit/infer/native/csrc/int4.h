@@ -20,16 +20,28 @@ struct Stored<Int4> {
   using type = float;
 };
 
+// int4 weights of GGUF's Q4_0: weight = scale * (q - 8), a minimum of -8 times the scale, so its panels hold no
+// minimums (a tenth fewer bytes to keep and to read); otherwise as Int4.
+struct Int4Symmetric {
+  uint8_t bits;
+};
+template <>
+struct Stored<Int4Symmetric> {
+  using type = float;
+};
+template <typename W>
+constexpr bool IS_INT4 = std::is_same_v<W, Int4> || std::is_same_v<W, Int4Symmetric>;
+
 // int4 matrices lie in panels of INT4_PANEL rows (a 32-bit lane each; the last panel filled up with rows of zeros),
-// each a record per group of INT4_GROUP columns: the codes, then the rows' scales, then their minimums (float16). The
-// codes are 4 words of 32 bits per row, word w of row r at (w * INT4_PANEL + r) * 4 bytes; in a word, bits 4k .. 4k +
-// 3 of its low 16 bits hold the code of column 8w + 2k, and of its high 16 bits that of column 8w + 2k + 1. Why: one
-// load is a word of every row, and a shift and a mask (int4_pair) leave in each lane the codes of two adjacent
-// columns as two 16-bit integers, the pair one integer multiply-add takes (vpdpwssd, vpmaddwd) against the pair of
-// input values, broadcast to every lane. A product multiplies column c's codes by input t's value c in every lane (an
-// outer product, as float32 panels do), so one pass over the codes serves every input, no row ends in a sum across
-// lanes, and a group's scales and minimums apply to a vector of rows at once. gptkit/infer/native/packing.py packs
-// them (int4_panels).
+// each a record per group of INT4_GROUP columns: the codes, then the rows' scales, then their minimums (float16; no
+// minimums for Int4Symmetric). The codes are 4 words of 32 bits per row, word w of row r at (w * INT4_PANEL + r) * 4
+// bytes; in a word, bits 4k .. 4k + 3 of its low 16 bits hold the code of column 8w + 2k, and of its high 16 bits that
+// of column 8w + 2k + 1. Why: one load is a word of every row, and a shift and a mask (int4_pair) leave in each lane
+// the codes of two adjacent columns as two 16-bit integers, the pair one integer multiply-add takes (vpdpwssd,
+// vpmaddwd) against the pair of input values, broadcast to every lane. A product multiplies column c's codes by input
+// t's value c in every lane (an outer product, as float32 panels do), so one pass over the codes serves every input, no
+// row ends in a sum across lanes, and a group's scales and minimums apply to a vector of rows at once.
+// gptkit/infer/native/packing.py packs them (int4_panels).
 constexpr int64_t INT4_GROUP = 32;
 #if defined(GPTKIT_VECTORS)
 constexpr int64_t INT4_PANEL = LANES;
@@ -37,7 +49,9 @@ constexpr int64_t INT4_PANEL = LANES;
 constexpr int64_t INT4_PANEL = 8;
 #endif
 constexpr int64_t INT4_CODE_BYTES = INT4_GROUP / 2 * INT4_PANEL;
-constexpr int64_t INT4_RECORD = INT4_CODE_BYTES + 2 * 2 * INT4_PANEL;  // the codes, a scale and a minimum a row
+// the codes, and a float16 scale and minimum a row (Int4Symmetric: a scale)
+template <typename W>
+constexpr int64_t INT4_RECORD = INT4_CODE_BYTES + (std::is_same_v<W, Int4> ? 2 : 1) * 2 * INT4_PANEL;
 inline int64_t int4_groups(int64_t columns) { return (columns + INT4_GROUP - 1) / INT4_GROUP; }
 
 // The largest |integer| an input value of an int4 product takes: a group's sum of 32 products of a code (at most 15)
@@ -138,6 +152,10 @@ struct ProductInput<Int4> {
   }
 };
 
+// Int4Symmetric's inputs are Int4's.
+template <>
+struct ProductInput<Int4Symmetric> : ProductInput<Int4> {};
+
 // Which records a pass over an int4 panel asks the L2 cache for (int4_panel_dots), as float32 panels do (Prefetch):
 // one pass, the record INT4_AHEAD bytes on from each it reads; several passes over a panel, the later ones reading it
 // from the cache, take turns asking for the next panel's records (`from` on).
@@ -209,10 +227,21 @@ inline Ints splat_pair(const int16_t* x) {
   return splat_int(pair);
 }
 
-// Asks the L2 cache for the lines of the int4 record at `at`.
+// Asks the L2 cache for the lines of the int4 record (of W) at `at`.
+template <typename W>
 inline void prefetch_record(const uint8_t* at) {
   const char* lines = reinterpret_cast<const char*>(at);
-  for (int64_t line = 0; line < INT4_RECORD; line += 64) _mm_prefetch(lines + line, _MM_HINT_T1);
+  for (int64_t line = 0; line < INT4_RECORD<W>; line += 64) _mm_prefetch(lines + line, _MM_HINT_T1);
+}
+
+// The minimums of a record's rows whose scales are `scale`: its own (Int4), or -8 times the scales (Int4Symmetric:
+// exact in float32, the float16 minimum a Q4_0 block is read as).
+template <typename W>
+inline Vec record_minimums(const uint8_t* record, Vec scale) {
+  if constexpr (std::is_same_v<W, Int4>)
+    return load_halves(record + INT4_CODE_BYTES + 2 * INT4_PANEL);
+  else
+    return mul(scale, splat(-8.0f));
 }
 
 // out[t * INT4_PANEL + r] = row r of an int4 panel (`groups` records from `panel`) times input t (xs[t]: its
@@ -220,8 +249,8 @@ inline void prefetch_record(const uint8_t* at) {
 // group, each pair of columns' codes meets each input's pair of integers in an int32 sum of the input's own, exact
 // (with few inputs the pairs take turns among SPLIT sets of sums, so that 4 or more independent sums hide the
 // multiply-add's latency), converted to float32 once a group and then scaled by the rows' scales times the input's
-// group scale; the minimums meet the group's sum.
-template <int64_t T>
+// group scale; the minimums meet the group's sum. W: Int4 or Int4Symmetric, the records' kind.
+template <typename W, int64_t T>
 void int4_panel_dots(const uint8_t* panel, int64_t groups, const int16_t* const* xs, const float* const* scales,
                      const float* const* sums, float* out, RecordPrefetch prefetch) {
   constexpr int64_t SPLIT = T == 1 ? 4 : T < 4 ? 2 : 1;
@@ -230,10 +259,10 @@ void int4_panel_dots(const uint8_t* panel, int64_t groups, const int16_t* const*
   for (int64_t t = 0; t < T; ++t) totals[t] = splat(0.0f);
   int64_t wait = prefetch.turn;  // records until this pass's next one to ask for
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* record = panel + g * INT4_RECORD;
+    const uint8_t* record = panel + g * INT4_RECORD<W>;
     if (wait-- == 0) {
       wait = prefetch.turns - 1;
-      prefetch_record(prefetch.from + g * INT4_RECORD);
+      prefetch_record<W>(prefetch.from + g * INT4_RECORD<W>);
     }
     Ints parts[SPLIT][T];
 #pragma GCC unroll 8
@@ -252,7 +281,7 @@ void int4_panel_dots(const uint8_t* panel, int64_t groups, const int16_t* const*
       }
     }
     const Vec scale = load_halves(record + INT4_CODE_BYTES);
-    const Vec minimum = load_halves(record + INT4_CODE_BYTES + 2 * INT4_PANEL);
+    const Vec minimum = record_minimums<W>(record, scale);
 #pragma GCC unroll 12
     for (int64_t t = 0; t < T; ++t) {
       Ints dots = parts[0][t];
@@ -267,30 +296,32 @@ void int4_panel_dots(const uint8_t* panel, int64_t groups, const int16_t* const*
 }
 
 // int4_panel_dots for `count` (1 to INT4_TOKENS) inputs.
-template <int64_t... T>
+template <typename W, int64_t... T>
 void int4_panel_dots_for(std::integer_sequence<int64_t, T...>, int64_t count, const uint8_t* panel, int64_t groups,
                          const int16_t* const* xs, const float* const* scales, const float* const* sums, float* out,
                          RecordPrefetch prefetch) {
-  ((count == T + 1 ? int4_panel_dots<T + 1>(panel, groups, xs, scales, sums, out, prefetch) : void()), ...);
+  ((count == T + 1 ? int4_panel_dots<W, T + 1>(panel, groups, xs, scales, sums, out, prefetch) : void()), ...);
 }
 
-// One pass over an int4 panel for `count` (1 to INT4_TOKENS) inputs: int4_panel_dots.
+// One pass over an int4 panel (records of W) for `count` (1 to INT4_TOKENS) inputs: int4_panel_dots.
+template <typename W>
 void int4_panel_pass(const uint8_t* panel, int64_t groups, const int16_t* const* xs, const float* const* scales,
                      const float* const* sums, int64_t count, float* out, RecordPrefetch prefetch) {
-  int4_panel_dots_for(std::make_integer_sequence<int64_t, INT4_TOKENS>{}, count, panel, groups, xs, scales, sums, out,
-                      prefetch);
+  int4_panel_dots_for<W>(std::make_integer_sequence<int64_t, INT4_TOKENS>{}, count, panel, groups, xs, scales, sums,
+                         out, prefetch);
 }
 #else
 constexpr int64_t INT4_TOKENS = 8;
 
 // int4_panel_dots in plain loops (builds without vector lanes): the same codes, integers, scales and sums.
+template <typename W>
 void int4_panel_pass(const uint8_t* panel, int64_t groups, const int16_t* const* xs, const float* const* scales,
                      const float* const* sums, int64_t count, float* out, RecordPrefetch) {
   for (int64_t t = 0; t < count; ++t)
     for (int64_t r = 0; r < INT4_PANEL; ++r) {
       float total = 0.0f;
       for (int64_t g = 0; g < groups; ++g) {
-        const uint8_t* record = panel + g * INT4_RECORD;
+        const uint8_t* record = panel + g * INT4_RECORD<W>;
         int32_t dots = 0;
         for (int64_t w = 0; w < 4; ++w) {
           uint32_t word;
@@ -302,8 +333,9 @@ void int4_panel_pass(const uint8_t* panel, int64_t groups, const int16_t* const*
             }
         }
         const auto* halves = reinterpret_cast<const c10::Half*>(record + INT4_CODE_BYTES);
-        const float scaled = static_cast<float>(halves[r]) * scales[t][g];
-        total += scaled * static_cast<float>(dots) + static_cast<float>(halves[INT4_PANEL + r]) * sums[t][g];
+        const float scale = static_cast<float>(halves[r]), scaled = scale * scales[t][g];
+        const float minimum = std::is_same_v<W, Int4> ? static_cast<float>(halves[INT4_PANEL + r]) : -8.0f * scale;
+        total += scaled * static_cast<float>(dots) + minimum * sums[t][g];
       }
       out[t * INT4_PANEL + r] = total;
     }
@@ -313,9 +345,10 @@ void int4_panel_pass(const uint8_t* panel, int64_t groups, const int16_t* const*
 // Rows [first, last) of an int4 product for `count` inputs: out[t * (last - first) + row - first] for input t. Up to
 // INT4_TOKENS inputs take one pass over each panel, straight from memory; more take several passes, the later ones
 // from the cache, each asking for its turn of the next panel's records (RecordPrefetch).
-void int4_product(const Matrix<Int4>& m, int64_t first, int64_t last, const ProductInput<Int4>& in, int64_t count,
+template <typename W>
+void int4_product(const Matrix<W>& m, int64_t first, int64_t last, const ProductInput<Int4>& in, int64_t count,
                   float* out) {
-  const int64_t groups = int4_groups(m.columns), panel_bytes = groups * INT4_RECORD, width = last - first;
+  const int64_t groups = int4_groups(m.columns), panel_bytes = groups * INT4_RECORD<W>, width = last - first;
   const int64_t passes = (count + INT4_TOKENS - 1) / INT4_TOKENS;
   const uint8_t* bytes = reinterpret_cast<const uint8_t*>(m.values);
   float results[INT4_TOKENS * INT4_PANEL];
@@ -326,8 +359,8 @@ void int4_product(const Matrix<Int4>& m, int64_t first, int64_t last, const Prod
       const int64_t token = pass * count / passes, tokens = (pass + 1) * count / passes - token;  // even passes
       const RecordPrefetch prefetch = passes == 1 ? RecordPrefetch{panel + INT4_AHEAD, 0, 1}
                                                   : RecordPrefetch{panel + panel_bytes, pass, passes};
-      int4_panel_pass(panel, groups, in.rows.data() + token, in.row_scales.data() + token, in.row_sums.data() + token,
-                      tokens, results, prefetch);
+      int4_panel_pass<W>(panel, groups, in.rows.data() + token, in.row_scales.data() + token,
+                         in.row_sums.data() + token, tokens, results, prefetch);
       for (int64_t t = 0; t < tokens; ++t)
         std::copy(results + t * INT4_PANEL + from - start, results + t * INT4_PANEL + to - start,
                   out + (token + t) * width + from - first);

@@ -24,6 +24,7 @@ struct Share {
 struct Shapes {
   int64_t embd, hidden, vocab, layers, heads, kv_heads, head_dim;
   bool gated, rms, qk_norm, rotary, embed_norm;
+  bool symmetric_int4;  // int4 weights in panels without minimums (Int4Symmetric), else with them (Int4)
   int64_t q_width() const { return heads * head_dim; }
   int64_t kv_width() const { return kv_heads * head_dim; }
   int64_t qkv_width() const { return q_width() + 2 * kv_width(); }

@@ -13,8 +13,8 @@ namespace {
 // The elements of type W a (rows, columns) matrix takes in the packed buffer: for int4, the bytes of its panels.
 template <typename W>
 inline int64_t matrix_size(int64_t rows, int64_t columns) {
-  if constexpr (std::is_same_v<W, Int4>)
-    return (rows + INT4_PANEL - 1) / INT4_PANEL * int4_groups(columns) * INT4_RECORD;
+  if constexpr (IS_INT4<W>)
+    return (rows + INT4_PANEL - 1) / INT4_PANEL * int4_groups(columns) * INT4_RECORD<W>;
   else
     return rows * columns;
 }
@@ -66,6 +66,10 @@ void product_tokens(const Matrix<W>& m, int64_t first, int64_t last, const Produ
 }
 void product_tokens(const Matrix<Int4>& m, int64_t first, int64_t last, const ProductInput<Int4>& in, int64_t count,
                     float* out) {
+  int4_product(m, first, last, in, count, out);
+}
+void product_tokens(const Matrix<Int4Symmetric>& m, int64_t first, int64_t last,
+                    const ProductInput<Int4Symmetric>& in, int64_t count, float* out) {
   int4_product(m, first, last, in, count, out);
 }
 
