@@ -39,7 +39,7 @@ from gptkit.core.errors import run_cli
 from gptkit.core.settings import parse_settings, setting
 from gptkit.model import GPT, GPTConfig
 from gptkit.train.optim import configure_optimizers
-from gptkit.weights.lora import LoraConfig, add_lora
+from gptkit.weights.lora import LoraConfig, LoraLinear, add_lora
 from measure import MODEL_SHAPES, print_table, run_benchmark
 
 MODES = {
@@ -114,6 +114,7 @@ def one_mode(cfg: LoraBench) -> dict:
         "trainable_share": round(trainable / total, 5),
         "weights_grads_optimizer_mb": round(held / 2**20, 1),
         "frozen_weights_mb": round(frozen_bytes(model) / 2**20, 1),
+        "adapted_base_bytes": None if MODES[cfg.mode] is None else adapted_base_bytes(model),
         "setup_peak_rss_mb": setup_peak,
         "steps_peak_rss_mb": resident_mb("VmHWM") if steps_peak_apart else None,
         "steady_rss_mb": resident_mb("VmRSS"),
@@ -156,6 +157,12 @@ def frozen_bytes(model: torch.nn.Module) -> int:
     tensors = {id(p): p for p in model.parameters() if not p.requires_grad}
     tensors.update({id(b): b for b in model.buffers()})
     return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def adapted_base_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the adapted layers' frozen weights as they are held (bfloat16, int8 and row scales, int4 blocks)."""
+    layers = [module for module in model.modules() if isinstance(module, LoraLinear)]
+    return sum(t.numel() * t.element_size() for layer in layers for t in layer.stored_base())
 
 
 def mode_arguments(cfg: LoraBench, mode: str) -> list[str]:

@@ -118,7 +118,7 @@ class LoraLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-        base = FrozenProduct.apply(x, self.base_weights, self.in_features, dtype, *self.stored_base())
+        base = FrozenProduct.apply(x, self.base_weights, self.in_features, dtype, self.stored_base())
         if self.bias is not None:
             base = base + self.bias.to(dtype)
         update = F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B)
@@ -155,7 +155,7 @@ class FrozenProduct(torch.autograd.Function):
     than a float32 base itself. The stored tensors are kept instead (no copy: they are the layer's own)."""
 
     @staticmethod
-    def forward(ctx, x, base_weights, in_features, dtype, *stored):
+    def forward(ctx, x, base_weights, in_features, dtype, stored):  # stored: a tuple (torch.compile miscounts *args)
         ctx.save_for_backward(*stored)
         ctx.layout = (base_weights, in_features, dtype, x.dtype)
         return F.linear(x.to(dtype), weight_from_stored(base_weights, in_features, dtype, *stored))
@@ -165,7 +165,7 @@ class FrozenProduct(torch.autograd.Function):
         base_weights, in_features, dtype, x_dtype = ctx.layout
         weight = weight_from_stored(base_weights, in_features, dtype, *ctx.saved_tensors)
         grad_x = (grad.to(dtype) @ weight).to(x_dtype) if ctx.needs_input_grad[0] else None
-        return grad_x, None, None, None, *(None for _ in ctx.saved_tensors)
+        return grad_x, None, None, None, None
 
 
 class GrownVocabulary(nn.Module):
