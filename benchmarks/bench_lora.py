@@ -1,12 +1,17 @@
-"""LoRA against full fine-tuning: trainable parameters, peak memory and step time of a GPT-2 124M-shaped model.
+"""LoRA against full fine-tuning: trainable parameters, memory and step time of a GPT-2 124M-shaped model; and LoRA
+over a bfloat16, int8 and int4 (QLoRA) base on a larger shape.
 
     python benchmarks/bench_lora.py [--batch_size=2 --block_size=256 --steps=4 --json_out=bench_results/lora.json]
+    python benchmarks/bench_lora.py --bases=True --shape=smollm2-1.7b --batch_size=1 --steps=3
     python benchmarks/bench_lora.py --quality=True   # held-out exact match of LoRA against full fine-tuning
 
-Each mode runs in a process of its own (so its peak resident memory is its own): a GPT-2 124M-shaped model with
-random weights, AdamW over what trains, `steps` training steps on random tokens after one warm-up step. Memory is
-given twice: the bytes of weights, gradients and optimizer state, counted tensor by tensor; and the process's peak
-resident set (ru_maxrss), which also holds the runtime and the float32 model every mode is built from first.
+Each mode runs in a process of its own (so its peak resident memory is its own): a model with random weights (GPT-2
+124M-shaped, or a shape of measure.MODEL_SHAPES), AdamW over what trains, `steps` training steps on random tokens
+after one warm-up step. Memory is given as the bytes of weights, gradients and optimizer state, counted tensor by
+tensor, and of the frozen weights alone; and as the process's resident set (/proc/self/status): its peak while the
+model is made and adapted (the float32 model every mode is built from, as train.py builds it), its peak over the
+training steps, and what stays resident after them. --bases runs only LoRA on every block's Linear layers over the
+three compact bases, for shapes whose full fine-tuning would not fit in memory.
 
 With --quality, the usual LoRA job: a small base (2 layers, 64 wide) learns to reverse four-letter words from plain
 text ("reverse abcd = dcba"), then is taught to do it in the chat format from a few hundred conversations, once fully
@@ -16,6 +21,7 @@ greedy replies on words no run saw, asked in a conversation and in the text form
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import random
@@ -33,8 +39,8 @@ from gptkit.core.errors import run_cli
 from gptkit.core.settings import parse_settings, setting
 from gptkit.model import GPT, GPTConfig
 from gptkit.train.optim import configure_optimizers
-from gptkit.weights.lora import LoraConfig, add_lora
-from measure import print_table, run_benchmark
+from gptkit.weights.lora import LoraConfig, LoraLinear, add_lora
+from measure import MODEL_SHAPES, print_table, run_benchmark
 
 MODES = {
     "full fine-tuning": None,
@@ -42,7 +48,9 @@ MODES = {
     "LoRA all": ("all", "float32"),
     "LoRA all, bfloat16 base": ("all", "bfloat16"),
     "LoRA all, int8 base": ("all", "int8"),
+    "LoRA all, int4 base (QLoRA)": ("all", "int4"),
 }
+BASE_MODES = ["LoRA all, bfloat16 base", "LoRA all, int8 base", "LoRA all, int4 base (QLoRA)"]
 
 
 @dataclass
@@ -53,23 +61,39 @@ class LoraBench:
     rank: int = setting(8, "the adapters' rank", rule="positive")
     n_layer: int = setting(12, "model shape: layers (GPT-2 124M: 12)", rule="positive")
     n_embd: int = setting(768, "model shape: width (768; 64 per head)", rule="positive")
+    shape: str = setting(
+        "",
+        "a shape of measure.MODEL_SHAPES instead (smollm2-1.7b, ...); '' = n_layer and n_embd",
+        choices=("", *MODEL_SHAPES),
+    )
+    bases: bool = setting(False, "only LoRA on all layers over a bfloat16, int8 and int4 base (no full fine-tuning)")
     mode: str = setting("", "internal: run this one mode and print its figures as JSON")
     quality: bool = setting(False, "measure held-out exact match on a chat-format task instead (full against LoRA)")
     work_dir: str = setting("bench_results/lora_quality", "--quality: where its data and runs go")
     json_out: str = setting("bench_results/lora.json", "where to write the JSON results ('' = nowhere)")
 
 
+def model_config(cfg: LoraBench) -> GPTConfig:
+    """The benchmark's model: cfg.shape's, else GPT-2 124M's with cfg's layers and width."""
+    if cfg.shape:
+        return GPTConfig(**{**MODEL_SHAPES[cfg.shape], "dropout": 0.0})
+    shape = {"n_layer": cfg.n_layer, "n_head": max(1, cfg.n_embd // 64), "n_embd": cfg.n_embd}
+    return GPTConfig(block_size=1024, vocab_size=50304, dropout=0.0, **shape)
+
+
 def one_mode(cfg: LoraBench) -> dict:
     """Train `cfg.mode` for a few steps in this process; its figures."""
     torch.manual_seed(0)
-    shape = {"n_layer": cfg.n_layer, "n_head": max(1, cfg.n_embd // 64), "n_embd": cfg.n_embd}
-    model = GPT(GPTConfig(block_size=1024, vocab_size=50304, dropout=0.0, **shape))
+    config = model_config(cfg)
+    model = GPT(config)  # float32, as train.py makes or loads the model it adapts
     total = sum(p.numel() for p in model.parameters())
     if MODES[cfg.mode] is not None:
         targets, base_weights = MODES[cfg.mode]
         add_lora(model, LoraConfig(rank=cfg.rank, alpha=2.0 * cfg.rank, targets=targets), base_weights)
     optimizer = configure_optimizers(model, 0.1, 1e-4, (0.9, 0.95), "cpu")
-    x = torch.randint(0, 50257, (cfg.batch_size, cfg.block_size))
+    x = torch.randint(0, config.vocab_size, (cfg.batch_size, cfg.block_size))
+    setup_peak = resident_mb("VmHWM")
+    steps_peak_apart = reset_peak()
     seconds = []
     for step in range(cfg.steps + 1):
         start = time.perf_counter()
@@ -84,13 +108,38 @@ def one_mode(cfg: LoraBench) -> dict:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return {
         "mode": cfg.mode,
+        "shape": cfg.shape or f"{cfg.n_layer} layers, {cfg.n_embd} wide",
         "rank": None if MODES[cfg.mode] is None else cfg.rank,
         "trainable_params": trainable,
         "trainable_share": round(trainable / total, 5),
         "weights_grads_optimizer_mb": round(held / 2**20, 1),
+        "frozen_weights_mb": round(frozen_bytes(model) / 2**20, 1),
+        "adapted_base_bytes": None if MODES[cfg.mode] is None else adapted_base_bytes(model),
+        "setup_peak_rss_mb": setup_peak,
+        "steps_peak_rss_mb": resident_mb("VmHWM") if steps_peak_apart else None,
+        "steady_rss_mb": resident_mb("VmRSS"),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "step_ms_median": round(1000 * statistics.median(seconds), 1),
     }
+
+
+def resident_mb(field: str) -> float | None:
+    """The process's resident set (VmRSS) or its peak (VmHWM) in MiB, from /proc/self/status (None elsewhere)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return None
+
+
+def reset_peak() -> bool:
+    """Set the process's peak resident set back to what is resident now (Linux), so that the training steps' peak
+    is read apart from the set-up's; whether it could."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
 
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -103,23 +152,43 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
+def frozen_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the weights that do not train: frozen parameters and the buffers (stored bases, rotary tables)."""
+    tensors = {id(p): p for p in model.parameters() if not p.requires_grad}
+    tensors.update({id(b): b for b in model.buffers()})
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def adapted_base_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the adapted layers' frozen weights as they are held (bfloat16, int8 and row scales, int4 blocks)."""
+    layers = [module for module in model.modules() if isinstance(module, LoraLinear)]
+    return sum(t.numel() * t.element_size() for layer in layers for t in layer.stored_base())
+
+
+def mode_arguments(cfg: LoraBench, mode: str) -> list[str]:
+    """The command-line settings that run `mode` alone with cfg's shape and sizes."""
+    sizes = ["batch_size", "block_size", "steps", "rank", "n_layer", "n_embd", "shape"]
+    return [f"--mode={mode}", *(f"--{name}={getattr(cfg, name)}" for name in sizes), "--json_out="]
+
+
 def bench_lora(cfg: LoraBench) -> list[dict]:
-    """Every mode in a fresh process, one after the other."""
+    """Every mode (--bases: the three compact bases) in a fresh process, one after the other."""
     rows = []
-    for mode in MODES:
-        args = [f"--mode={mode}", f"--batch_size={cfg.batch_size}", f"--block_size={cfg.block_size}"]
-        args += [f"--steps={cfg.steps}", f"--rank={cfg.rank}", f"--n_layer={cfg.n_layer}", f"--n_embd={cfg.n_embd}"]
-        args.append("--json_out=")
+    for mode in BASE_MODES if cfg.bases else MODES:
         result = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), *args], capture_output=True, text=True, check=True
+            [sys.executable, str(Path(__file__).resolve()), *mode_arguments(cfg, mode)],
+            capture_output=True,
+            text=True,
+            check=True,
         )
         rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
-    full = rows[0]
+        print_table(rows[-1:], ["mode", "steps_peak_rss_mb", "step_ms_median"])  # progress on a long run
+    first = rows[0]  # full fine-tuning, or the bfloat16 base
     for row in rows:
-        row["x_full_step_time"] = round(row["step_ms_median"] / full["step_ms_median"], 3)
-        row["x_full_peak_rss"] = round(row["peak_rss_mb"] / full["peak_rss_mb"], 3)
-    columns = ["mode", "trainable_params", "weights_grads_optimizer_mb", "peak_rss_mb", "step_ms_median"]
-    print_table(rows, [*columns, "x_full_step_time"])
+        row["x_first_step_time"] = round(row["step_ms_median"] / first["step_ms_median"], 3)
+        row["x_first_peak_rss"] = round(row["peak_rss_mb"] / first["peak_rss_mb"], 3)
+    columns = ["mode", "trainable_params", "weights_grads_optimizer_mb", "frozen_weights_mb", "setup_peak_rss_mb"]
+    print_table(rows, [*columns, "steps_peak_rss_mb", "steady_rss_mb", "step_ms_median", "x_first_step_time"])
     return rows
 
 

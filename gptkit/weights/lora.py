@@ -104,18 +104,23 @@ class LoraLinear(nn.Module):
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's own initialisation
         self.dropout = nn.Dropout(config.dropout)
 
+    def stored_base(self) -> tuple[torch.Tensor, ...]:
+        """The frozen weight as it is held: (weight,), (weight_int8, weight_scale) or the int4 blocks."""
+        if self.base_weights == "int8":
+            return self.weight_int8, self.weight_scale
+        if self.base_weights == "int4":
+            return self.weight_int4, self.weight_scale, self.weight_minimum
+        return (self.weight,)
+
     def base_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """The frozen (out, in) weight in `dtype`."""
-        if self.base_weights == "int8":
-            return (self.weight_int8.to(dtype) * self.weight_scale.to(dtype)[:, None]).detach()
-        if self.base_weights == "int4":
-            blocks = Int4Blocks(self.weight_int4, self.weight_scale, self.weight_minimum)
-            return blocks.values(self.in_features).to(dtype)
-        return self.weight.to(dtype)
+        return weight_from_stored(self.base_weights, self.in_features, dtype, *self.stored_base()).detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-        base = F.linear(x, self.base_weight(dtype), None if self.bias is None else self.bias.to(dtype))
+        base = FrozenProduct.apply(x, self.base_weights, self.in_features, dtype, self.stored_base())
+        if self.bias is not None:
+            base = base + self.bias.to(dtype)
         update = F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B)
         return base + self.scale * update
 
@@ -131,6 +136,36 @@ class LoraLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.lora_A.shape[0]}"
+
+
+def weight_from_stored(base_weights: str, in_features: int, dtype: torch.dtype, *stored: torch.Tensor) -> torch.Tensor:
+    """A LoraLinear's (out, in) base weight in `dtype`, from the tensors it holds it in (LoraLinear.stored_base)."""
+    if base_weights == "int8":
+        weight_int8, row_scale = stored
+        return weight_int8.to(dtype) * row_scale.to(dtype)[:, None]
+    if base_weights == "int4":
+        return Int4Blocks(*stored).values(in_features).to(dtype)
+    return stored[0].to(dtype)
+
+
+class FrozenProduct(torch.autograd.Function):
+    """x Wᵀ in `dtype` for a frozen base weight W given as it is stored, which the backward pass widens again
+    (x's gradient is the output's times W). Autograd would otherwise keep the widened copy of every layer's weight
+    from its forward pass until the backward pass reaches it: a float copy of the whole base in every step, larger
+    than a float32 base itself. The stored tensors are kept instead (no copy: they are the layer's own)."""
+
+    @staticmethod
+    def forward(ctx, x, base_weights, in_features, dtype, stored):  # stored: a tuple (torch.compile miscounts *args)
+        ctx.save_for_backward(*stored)
+        ctx.layout = (base_weights, in_features, dtype, x.dtype)
+        return F.linear(x.to(dtype), weight_from_stored(base_weights, in_features, dtype, *stored))
+
+    @staticmethod
+    def backward(ctx, grad):
+        base_weights, in_features, dtype, x_dtype = ctx.layout
+        weight = weight_from_stored(base_weights, in_features, dtype, *ctx.saved_tensors)
+        grad_x = (grad.to(dtype) @ weight).to(x_dtype) if ctx.needs_input_grad[0] else None
+        return grad_x, None, None, None, None
 
 
 class GrownVocabulary(nn.Module):

@@ -110,7 +110,8 @@ class Int4Blocks(NamedTuple):
     def values(self, in_features: int) -> torch.Tensor:
         """The (rows, in_features) float32 weight: scale * code + minimum, in float32 as GGUF dequantizes it."""
         codes = torch.cat((self.codes & 15, self.codes >> 4), dim=-1).float()
-        groups = self.scale.float()[..., None] * codes + self.minimum.float()[..., None]
+        # in place: one float32 matrix at a time, not three (LoRA widens every product's weight this way each step)
+        groups = codes.mul_(self.scale.float()[..., None]).add_(self.minimum.float()[..., None])
         return groups.reshape(self.codes.shape[0], -1)[:, :in_features]
 
 

@@ -113,6 +113,42 @@ def test_an_int4_base_computes_from_q4_1_blocks_and_merges_to_their_values_plus_
     torch.testing.assert_close(layer.merged().weight.double(), w + 3.0 * (b @ a), rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("base_weights", ["float32", "bfloat16", "int8", "int4"])
+def test_the_input_gradient_is_the_output_gradient_times_the_weight_it_computes_with(base_weights: str) -> None:
+    """What reaches the adapters below a layer: dy (W + scale B A), W the stored base's values."""
+    torch.manual_seed(0)
+    layer = LoraLinear(torch.nn.Linear(64, 5), LoraConfig(rank=2, alpha=6.0), base_weights=base_weights)
+    randomise_adapters(layer)
+    x = torch.randn(3, 64, requires_grad=True)
+    output_grad = torch.randn(3, 5)
+    layer(x).backward(output_grad)
+    weight = layer.base_weight(torch.float64) + 3.0 * (layer.lora_B.double() @ layer.lora_A.double())
+    torch.testing.assert_close(x.grad.double(), output_grad.double() @ weight, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("base_weights", ["bfloat16", "int8", "int4"])
+def test_a_step_keeps_no_widened_copy_of_a_compact_base(base_weights: str) -> None:
+    """What autograd keeps from the forward pass for the backward one holds each base as the layer stores it: a
+    float32 copy of every product's weight would cost more than a float32 base itself."""
+    model = add_lora(tiny_model(), LoraConfig(rank=2, targets="all"), base_weights=base_weights)
+    randomise_adapters(model)  # B no longer zero: every A has a gradient
+    held = {tensor.untyped_storage().data_ptr() for tensor in [*model.parameters(), *model.buffers()]}
+    weight_sizes = {m.in_features * m.out_features for m in model.modules() if isinstance(m, LoraLinear)}
+    kept = []
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        kept.append(tensor)
+        return tensor
+
+    x = torch.randint(0, 50, (1, 5))  # no activation has a weight's size (1024, 3072 or 4096 numbers)
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        loss = model(x, x)[1]
+    copies = [t.shape for t in kept if t.numel() in weight_sizes and t.untyped_storage().data_ptr() not in held]
+    assert kept and copies == []
+    loss.backward()
+    assert all(model.get_parameter(name).grad.abs().sum() > 0 for name in adapter_state(model) if "lora_A" in name)
+
+
 def test_adapters_round_trip_and_refuse_another_shape() -> None:
     model = add_lora(tiny_model(), LoraConfig(rank=4, targets="mlp"))
     randomise_adapters(model)
