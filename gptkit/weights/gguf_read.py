@@ -42,7 +42,14 @@ from gptkit.data.gguf_tokenizer import metadata, open_gguf
 from gptkit.model import GPT, GPTConfig, scaled_frequencies
 from gptkit.weights.checkpoint import check_finite
 from gptkit.weights.hf import config_args, state_from_hf
-from gptkit.weights.quantization import FileInt4Embedding, FileInt4Linear, Int4Blocks, keep_int4_blocks
+from gptkit.weights.quantization import (
+    FileEmbedding,
+    FileInt4Embedding,
+    FileInt4Linear,
+    Int4Blocks,
+    keep_int4_blocks,
+    quantize_row_slices,
+)
 
 ARCHITECTURES = {
     "gpt2": "GPT2LMHeadModel",
@@ -51,6 +58,7 @@ ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
 }
 TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+FLOAT_TYPES = ("F32", "F16", "BF16")
 DAMAGED = "the file is damaged; download or export the model again"
 
 # llama.cpp's tensor names (without .weight / .bias) -> the Hugging Face module of each architecture.
@@ -122,7 +130,7 @@ def read_gguf_model(path: str | os.PathLike, overrides: dict[str, Any] | None = 
     kept = keep_in_file(model, tensors, arch) if keep_int4 else set()
     named = HFTensors(tensors.without(kept), arch, config, path)
     model.load_state_dict(state_from_hf(named, architecture, model, Path(path)), assign=True)
-    if config.tie_embeddings and "token_embd.weight" not in kept:
+    if config.tie_embeddings and isinstance(model.transformer.wte, torch.nn.Embedding):
         model.transformer.wte.weight = model.lm_head.weight  # each was put in place apart: one matrix again
     if not keep_int4:
         keep_q4_blocks(model, tensors, arch)
@@ -174,11 +182,12 @@ class TensorFile:
         """The rows of a tensor: its dimensions past the first (a vector is one row)."""
         return math.prod(int(size) for size in self.tensors[name].shape[1:])
 
-    def row_ranges(self, name: str) -> Iterator[tuple[int, int]]:
-        """(start, stop) of the tensor's rows, about READ_BYTES at a time."""
+    def row_ranges(self, name: str, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, int]]:
+        """(first, last) of the tensor's rows start .. stop - 1 (all: stop None), about READ_BYTES at a time."""
         rows = self.rows(name)
+        stop = rows if stop is None else stop
         step = max(1, READ_BYTES * rows // self.tensors[name].n_bytes)
-        return ((start, min(start + step, rows)) for start in range(0, rows, step))
+        return ((first, min(first + step, stop)) for first in range(start, stop, step))
 
     def read(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         """The bytes of rows start .. stop - 1 (all: stop None) of tensor `name`, (rows, bytes a row) uint8."""
@@ -205,6 +214,23 @@ class TensorFile:
         values = gguf.quants.dequantize(data, tensor.tensor_type)
         shape = list(reversed(tensor.shape))
         return torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
+
+    def row_values(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows start .. stop - 1 of matrix `name` in float32, (rows, values a row), dequantized as `dequantized`."""
+        return self._values(name, self.read(name, start, stop))
+
+    def picked_values(self, name: str, rows: list[int]) -> torch.Tensor:
+        """Rows `rows` of matrix `name` in float32, in that order (a lookup's), each read alone."""
+        if not rows:
+            return torch.empty(0, self.tensors[name].shape[0])
+        return self._values(name, np.concatenate([self.read(name, row, row + 1) for row in rows]))
+
+    def _values(self, name: str, data: np.ndarray) -> torch.Tensor:
+        import gguf
+
+        tensor = self.tensors[name]
+        values = gguf.quants.dequantize(data.view(tensor.dtype), tensor.tensor_type)  # as the reader's view of rows
+        return torch.from_numpy(np.array(values, dtype=np.float32).reshape(len(data), tensor.shape[0]))
 
     def q4_blocks(self, name: str, start: int, stop: int) -> Int4Blocks:
         """Rows start .. stop - 1 of a Q4_0 or Q4_1 matrix, its blocks as they are in Int4Linear's layout. ggml's blocks
@@ -404,10 +430,12 @@ def keep_q4_blocks(model: GPT, tensors: FileTensors, arch: str) -> None:
 def keep_in_file(model: GPT, tensors: FileTensors, arch: str) -> set[str]:
     """Each module of `model` (made without weights) whose matrix the file stores in Q4_0 or Q4_1 becomes one that
     reads its blocks from the file as it needs them: FileInt4Linear, and for the token embedding FileInt4Embedding
-    (a tied head: a FileInt4Linear of the same rows). Their scales are checked for NaN and infinity here. Returns
-    the file's weights so kept: nothing else reads them."""
+    (a tied head: a FileInt4Linear of the same rows). Their scales are checked for NaN and infinity here. A token
+    embedding stored in another quantized type stays in the file too (keep_embedding_in_file). Returns the file's
+    weights so kept: nothing else reads them."""
     config, kept = model.config, set()
-    for module, matrix in stored_matrices(tensors, arch, config).items():
+    stored = stored_matrices(tensors, arch, config)
+    for module, matrix in stored.items():
         for name, _ in matrix.parts:
             check_blocks_finite(tensors, name)
         old = model.get_submodule(module)
@@ -418,7 +446,51 @@ def keep_in_file(model: GPT, tensors: FileTensors, arch: str) -> set[str]:
             new = FileInt4Linear(matrix, old.out_features, old.in_features, bias, matrix.symmetric)
         model.set_submodule(module, new)
         kept.update(name for name, _ in matrix.parts)
+    embedding = "token_embd.weight"
+    if embedding not in kept and tensors.file.tensors[embedding].tensor_type.name not in FLOAT_TYPES:
+        products = set(matrix_sources(config, arch)) - {"transformer.wte"}
+        kept |= keep_embedding_in_file(model, tensors, products <= set(stored))
     return kept
+
+
+def keep_embedding_in_file(model: GPT, tensors: FileTensors, products_in_file: bool) -> set[str]:
+    """The token embedding, stored in a quantized type but Q4_0 and Q4_1, as a FileEmbedding: its lookups read and
+    dequantize their rows. A tied head, where every product stays in the file, is quantized to int4 from the file's
+    values a slice of rows at a time as its blocks are read (a FileInt4Linear of QuantizedRows: no float32 table is
+    held), the blocks quantization.keep_stored_int4 would make of the float32 table; where some are float32 it is read as float32 with
+    them (the one copy of the table). Returns {token_embd.weight} where nothing else reads it, else nothing."""
+    config, name = model.config, "token_embd.weight"
+    model.transformer.wte = FileEmbedding(partial(tensors.file.picked_values, name), config.vocab_size, config.n_embd)
+    if config.tie_embeddings and not products_in_file:
+        return set()  # read (and checked) as the head
+    if config.tie_embeddings:
+        model.lm_head = FileInt4Linear(QuantizedRows(tensors, name), config.vocab_size, config.n_embd, None)
+    else:
+        for rows in tensors.file.row_ranges(name):
+            finite_rows(tensors, name, *rows)
+    return {name}
+
+
+@dataclass(frozen=True)
+class QuantizedRows:
+    """A matrix the file stores in another type than Q4_0 or Q4_1, as int4 blocks: called with (start, stop) as a
+    StoredMatrix is, the blocks of those rows quantized from the file's values (quantization.quantize_row_slices),
+    about READ_BYTES of the file at a time, each slice checked for NaN and infinity."""
+
+    tensors: FileTensors
+    name: str
+
+    def __call__(self, start: int, stop: int) -> Int4Blocks:
+        ranges = self.tensors.file.row_ranges(self.name, start, stop)
+        return quantize_row_slices(finite_rows(self.tensors, self.name, *rows) for rows in ranges)
+
+
+def finite_rows(tensors: FileTensors, name: str, start: int, stop: int) -> torch.Tensor:
+    """Rows start .. stop - 1 of matrix `name` in float32; UserError as for any weight when they hold NaN or
+    infinity."""
+    values = tensors.file.row_values(name, start, stop)
+    check_finite({name: values}, str(tensors.file.path), DAMAGED)
+    return values
 
 
 def check_blocks_finite(tensors: FileTensors, name: str) -> None:

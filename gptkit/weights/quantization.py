@@ -21,14 +21,15 @@ inputs, gptkit.infer.native) are tested against. A weight read from a GGUF file'
 every product was read so runs on them under "none" too (the file's own precision). Read for decoding, such a matrix
 is never float32: it stays in the file, read at each use (FileInt4Linear; the token embedding FileInt4Embedding,
 whose lookups read their rows), so the model holds none of it; a head the file keeps in more bits is then quantized
-under "none" too (keep_stored_int4).
+under "none" too (keep_stored_int4). A token embedding stored in any other quantized type stays in the file as well
+(FileEmbedding).
 """
 
 from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import torch
@@ -154,10 +155,8 @@ class Int4Linear(nn.Module):
         if stored is not None:
             return stored
         weight = linear.weight.detach()
-        parts = [quantize_groups(rows.float()) for rows in weight.split(ROWS_AT_ONCE)]
-        codes, scale, minimum = (torch.cat(part) for part in zip(*parts))
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
-        return cls(codes, scale, minimum, weight.shape[1], bias)
+        return cls(*quantize_row_slices(weight.split(ROWS_AT_ONCE)), weight.shape[1], bias)
 
     def codes(self) -> torch.Tensor:
         """The codes (out, groups, GROUP) uint8 in 0 .. 15, weight j of each group at [..., j]."""
@@ -229,12 +228,12 @@ class FileInt4Linear(Int4Linear):
         return self.stored_symmetric  # what the file says: reading every block to see would take as long as a packing
 
 
-class FileInt4Embedding(nn.Module):
-    """A token embedding whose table stays in a file's Q4_0 or Q4_1 blocks (gptkit.weights.gguf_read): a lookup
-    reads and decodes the rows of its tokens only, to float32 as GGUF dequantizes them. `read_rows(rows)` gives the
-    blocks of those rows, in that order."""
+class FileEmbedding(nn.Module):
+    """A token embedding whose table stays in a file (a GGUF file's quantized token_embd, gptkit.weights.gguf_read):
+    a lookup reads and dequantizes the rows of its tokens only, to float32 as GGUF dequantizes them. `read_rows(rows)`
+    gives those rows' (len(rows), embedding_dim) float32 values, in that order."""
 
-    def __init__(self, read_rows: Callable[[list[int]], Int4Blocks], num_embeddings: int, embedding_dim: int) -> None:
+    def __init__(self, read_rows: Callable[[list[int]], torch.Tensor], num_embeddings: int, embedding_dim: int) -> None:
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.read_rows = read_rows
@@ -243,11 +242,22 @@ class FileInt4Embedding(nn.Module):
         rows = idx.reshape(-1).tolist()
         if rows and not 0 <= min(rows) <= max(rows) < self.num_embeddings:
             raise IndexError(f"a token past the embedding's {self.num_embeddings} rows")
-        values = self.read_rows(rows).values(self.embedding_dim)
-        return values.view(*idx.shape, self.embedding_dim).to(idx.device)
+        return self.values(rows).view(*idx.shape, self.embedding_dim).to(idx.device)
+
+    def values(self, rows: list[int]) -> torch.Tensor:
+        """The (len(rows), embedding_dim) float32 values of `rows`, in that order."""
+        return self.read_rows(rows)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+class FileInt4Embedding(FileEmbedding):
+    """A FileEmbedding of a file's Q4_0 or Q4_1 blocks: its `read_rows(rows)` gives the blocks of those rows
+    (Int4Blocks), in that order."""
+
+    def values(self, rows: list[int]) -> torch.Tensor:
+        return self.read_rows(rows).values(self.embedding_dim)
 
 
 def quantize_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -263,6 +273,13 @@ def quantize_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
     codes = torch.trunc((groups - smallest) * inverse + 0.5).clamp(0, INT4_MAX).to(torch.uint8)
     packed = codes[..., : GROUP // 2] | (codes[..., GROUP // 2 :] << 4)
     return packed, scale[..., 0].half(), smallest[..., 0].half()
+
+
+def quantize_row_slices(slices: Iterable[torch.Tensor]) -> Int4Blocks:
+    """A matrix given a slice of rows at a time (at least one), quantized as Int4Linear.from_linear quantizes it: a
+    row's blocks depend on that row alone, so only one slice is float32 at once."""
+    parts = [quantize_groups(rows.float()) for rows in slices]
+    return Int4Blocks(*(torch.cat(part) for part in zip(*parts)))
 
 
 def keep_int4_blocks(module: nn.Module, blocks: Int4Blocks) -> None:

@@ -32,7 +32,14 @@ from gptkit.infer.native import step as native_step
 from gptkit.weights import export_gguf, load
 from gptkit.weights.checkpoint import load_checkpoint
 from gptkit.weights.lora import LoraConfig, LoraLinear, add_lora
-from gptkit.weights.quantization import FileInt4Embedding, FileInt4Linear, Int4Linear, Int8Linear, apply_quantization
+from gptkit.weights.quantization import (
+    FileEmbedding,
+    FileInt4Embedding,
+    FileInt4Linear,
+    Int4Linear,
+    Int8Linear,
+    apply_quantization,
+)
 from gptkit.weights.sources import base_reference
 from helpers import cli_args, lively_model, run_in_process, run_main, with_16_bit_group_inputs
 from hf_tokenizer_dirs import write_family
@@ -44,11 +51,13 @@ gguf = pytest.importorskip("gguf")
 from test_gguf_read import (  # noqa: E402
     CONVERSATIONS,
     IDX,
+    K_SCALES,
     ROPE,
     TRAIN,
     dequantized64,
     export_file,
     greedy_text,
+    hand_blocks,
     logits,
     tiny,
     transformers_model,
@@ -78,13 +87,16 @@ def qwen_tokenizer(tmp_path_factory):
 
 def q4_file(directory: Path, monkeypatch, model, tokenizer, qtype, others: dict | None = None) -> Path:
     """`model` as a GGUF file whose every matrix (but the position table) is `qtype`, quantized by gguf-py, except
-    the tensors `others` names, written in the types it gives them."""
+    the tensors `others` names, written in the types it gives them (a K-quant: blocks made by hand, test_gguf_read's
+    hand_blocks)."""
     encode = export_gguf.encode_tensor
 
     def every_matrix_in(name, tensor, outtype):
         wanted = (others or {}).get(name, qtype)
         if tensor.dim() != 2 or name == "position_embd.weight":
             return encode(name, tensor, outtype)
+        if wanted in K_SCALES:
+            return hand_blocks(wanted, tuple(tensor.shape), np.random.default_rng(0)), wanted
         return gguf.quants.quantize(tensor.float().numpy(), wanted), wanted
 
     with monkeypatch.context() as patch:
@@ -319,20 +331,72 @@ def test_a_q4_file_with_its_head_in_more_bits_decodes_in_4_bits_throughout(
     """Q4_0 products and a Q8_0 head (as llama.cpp's Q4_0 files keep it in more bits; a tied head is the token
     embedding), read for decoding (keep_int4): under none the products stay in the file and the head is quantized
     from the file's values, as int4 does on the model read in float32, so the native step packs every product into
-    int4 panels, the very bytes of that model's; no float32 matrix is left but a tied head's token embedding."""
+    int4 panels, the very bytes of that model's; no float32 matrix is left (a tied head's token embedding stays in the file)."""
     path = q4_file(tmp_path, monkeypatch, tiny(shape), qwen_tokenizer, T.Q4_0, {head: T.Q8_0})
     kept = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "none")
     reference = apply_quantization(load(str(path), tokenizer=False).model, "int4")
     for name, product in products_of(kept).items():
-        assert isinstance(product, FileInt4Linear) == (name != "lm_head"), name
+        assert isinstance(product, FileInt4Linear) == (name != "lm_head" or head == "token_embd.weight"), name
         assert all(map(torch.equal, product.blocks(), reference.get_submodule(name).blocks())), name
-    tied = {"transformer.wte.weight"} if head == "token_embd.weight" else set()
     head_blocks = {"lm_head.scale", "lm_head.minimum"}  # the int4 head's float16 scales and minimums
-    assert float_matrices(kept) <= {"rope_cos", "rope_sin"} | head_blocks | tied
+    assert float_matrices(kept) <= {"rope_cos", "rope_sin"} | head_blocks
     step = NativeStep.for_model(kept, torch.float32)
     assert step.weights == "int4"
     assert torch.equal(step.matrices, NativeStep.for_model(reference, torch.float32).matrices)
     assert torch.equal(logits(kept, IDX), logits(reference, IDX))
+
+
+@pytest.mark.parametrize(("shape", "embedding"), [("llama-gqa-tied", "Q8_0"), ("qwen2", "Q6_K"), ("gpt2", "Q8_0")])
+def test_a_token_embedding_in_more_bits_stays_in_the_file_and_its_tied_head_is_quantized_as_int4_does(
+    tmp_path, monkeypatch, qwen_tokenizer, shape, embedding
+):
+    """Q4_0 products and a tied token embedding in Q8_0 or Q6_K (llama.cpp's Q4_0 files), read for decoding
+    (keep_int4): the embedding stays in the file, its lookups of any rows in any order the float32 read's values
+    exactly; the model holds no float matrix but its position tables, and its head's blocks, read from the file, are
+    those int4 makes of the model read in float32; so its logits and the native step's panels are that model's."""
+    model = tiny(shape, n_embd=256, n_head=4)  # K-quant blocks hold 256 values: a row's
+    path = q4_file(tmp_path, monkeypatch, model, qwen_tokenizer, T.Q4_0, {"token_embd.weight": T[embedding]})
+    kept = load(str(path), tokenizer=False, keep_int4=True).model
+    assert isinstance(kept.transformer.wte, FileEmbedding) and isinstance(kept.lm_head, FileInt4Linear)
+    assert float_matrices(kept) <= {"rope_cos", "rope_sin", "transformer.wpe.weight"}
+    floats = load(str(path), tokenizer=False).model
+    rows = [639, 7, 0, 7, 300, 1]
+    assert torch.equal(kept.transformer.wte(torch.tensor(rows)), floats.transformer.wte.weight[rows])
+    assert torch.equal(kept.transformer.wte(IDX), floats.transformer.wte(IDX))
+    kept = apply_quantization(kept, "none")
+    reference = apply_quantization(floats, "int4")
+    assert all(map(torch.equal, kept.lm_head.blocks(), reference.lm_head.blocks()))
+    assert torch.equal(logits(kept, IDX), logits(reference, IDX))
+    step = NativeStep.for_model(kept, torch.float32)
+    assert step.weights == "int4"
+    assert torch.equal(step.matrices, NativeStep.for_model(reference, torch.float32).matrices)
+
+
+def test_an_untied_token_embedding_in_q8_0_stays_in_the_file(tmp_path, monkeypatch, qwen_tokenizer):
+    """A Q8_0 token embedding beside its own Q4_0 head, read for decoding: the embedding stays in the file (no float
+    matrix but the position tables), its lookups the float32 read's values, the logits under none those of the
+    float32 read under int4."""
+    path = q4_file(tmp_path, monkeypatch, tiny("llama-untied"), qwen_tokenizer, T.Q4_0, {"token_embd.weight": T.Q8_0})
+    kept = load(str(path), tokenizer=False, keep_int4=True).model
+    assert isinstance(kept.transformer.wte, FileEmbedding) and float_matrices(kept) <= {"rope_cos", "rope_sin"}
+    floats = load(str(path), tokenizer=False).model
+    assert torch.equal(kept.transformer.wte(IDX), floats.transformer.wte(IDX))
+    kept, reference = apply_quantization(kept, "none"), apply_quantization(floats, "int4")
+    assert torch.equal(logits(kept, IDX), logits(reference, IDX))
+
+
+def test_a_tied_q8_0_embedding_beside_float_products_is_read_as_float32_for_the_head(
+    tmp_path, monkeypatch, qwen_tokenizer
+):
+    """A tied Q8_0 token embedding where a product is Q8_0 too (so the model does not decode in 4 bits): the head is
+    the float32 table, the embedding's lookups read the file, and the logits under none are the float32 read's."""
+    others = {"token_embd.weight": T.Q8_0, "blk.0.ffn_up.weight": T.Q8_0}
+    path = q4_file(tmp_path, monkeypatch, tiny("llama-gqa-tied"), qwen_tokenizer, T.Q4_0, others)
+    kept = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "none")
+    floats = load(str(path), tokenizer=False).model
+    assert isinstance(kept.transformer.wte, FileEmbedding) and type(kept.lm_head) is torch.nn.Linear
+    assert torch.equal(kept.lm_head.weight, floats.lm_head.weight)
+    assert torch.equal(logits(kept, IDX), logits(floats, IDX))
 
 
 def peak_rise(action: Callable[[], Any]) -> tuple[Any, int]:

@@ -46,7 +46,7 @@ from gptkit.infer.native.packing import (
     vector_sizes,
     weight_and_scale,
 )
-from gptkit.weights.quantization import FileInt4Embedding, Int4Linear, Int8Linear
+from gptkit.weights.quantization import FileEmbedding, Int4Linear, Int8Linear
 
 if TYPE_CHECKING:
     from gptkit.infer.engine import KVCache
@@ -132,7 +132,7 @@ class NativeStep:
         # int8 or int4 head has weights of its own: the quantizers untie it); a table left in a file: None, its rows
         # are read at each call (_embeddings)
         head = getattr(model.lm_head, "weight", None)
-        self.file_embedding = transformer.wte if isinstance(transformer.wte, FileInt4Embedding) else None
+        self.file_embedding = transformer.wte if isinstance(transformer.wte, FileEmbedding) else None
         if self.file_embedding is not None:
             self.embedding = None
         elif transformer.wte.weight is head and not self.panel_rows:
@@ -176,7 +176,7 @@ class NativeStep:
 
     def _embeddings(self, tokens: Sequence[int]) -> tuple[torch.Tensor, list[int]]:
         """The embedding table the C++ reads and each token's row in it: the model's own table, or for one left in a
-        file (FileInt4Embedding) the tokens' rows alone, read now."""
+        file (FileEmbedding) the tokens' rows alone, read now."""
         if self.file_embedding is None:
             return self.embedding, list(tokens)
         rows = self.file_embedding(torch.tensor(tokens, dtype=torch.long)).to(self.dtype).contiguous()
