@@ -622,3 +622,25 @@ def test_train_py_lora_over_a_q4_file_learns_and_merges_to_its_blocks_plus_the_a
             a, b = checkpoint["model"][f"{name}.lora_A"].double(), checkpoint["model"][f"{name}.lora_B"].double()
             expected = base.get_submodule(name).weight.double() + 2.0 * (b @ a)  # alpha / rank = 8 / 4
             torch.testing.assert_close(merged[f"{name}.weight"].double(), expected, rtol=0, atol=1e-6)
+
+
+def test_a_tied_q8_0_embedding_read_for_decoding_leaves_no_table_resident(tmp_path, monkeypatch, qwen_tokenizer):
+    """Measured: the model read with keep_int4 from a Q4_0 file whose tied embedding (16384 x 512) is Q8_0 holds
+    less than a quarter of that table's float32 bytes resident (freeing it gives back no more), where a float32
+    table and the head's int4 blocks would hold more than the table."""
+    source = lively_model(**{**ROPE, "vocab_size": 16384, "n_embd": 512, "mlp_hidden": 1024, "tie_embeddings": True})
+    path = q4_file(tmp_path, monkeypatch, source, qwen_tokenizer, T.Q4_0, {"token_embd.weight": T.Q8_0})
+    del source
+    table = 16384 * 512 * 4
+    model = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "none")
+    assert torch.equal(
+        model.transformer.wte(torch.tensor([5])),
+        load(str(path), tokenizer=False).model.transformer.wte(torch.tensor([5])),
+    )
+    gc.collect()
+    release_freed_memory()
+    held = process_memory("VmRSS")
+    del model
+    gc.collect()
+    release_freed_memory()
+    assert held - process_memory("VmRSS") < table / 4
