@@ -29,7 +29,7 @@ import re
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -475,12 +475,22 @@ def keep_embedding_in_file(model: GPT, tensors: FileTensors, products_in_file: b
 class QuantizedRows:
     """A matrix the file stores in another type than Q4_0 or Q4_1, as int4 blocks: called with (start, stop) as a
     StoredMatrix is, the blocks of those rows quantized from the file's values (quantization.quantize_row_slices),
-    about READ_BYTES of the file at a time, each slice checked for NaN and infinity."""
+    about READ_BYTES of the file at a time, each slice checked for NaN and infinity. The whole matrix's blocks (what
+    an eager pass asks for at every call) are quantized once and kept; the native step's packing asks for slices,
+    which are not kept."""
 
     tensors: FileTensors
     name: str
+    whole: dict[int, Int4Blocks] = field(default_factory=dict, compare=False, repr=False)
 
     def __call__(self, start: int, stop: int) -> Int4Blocks:
+        if start == 0 and stop == self.tensors.file.rows(self.name):
+            if not self.whole:
+                self.whole[stop] = self.quantized(start, stop)
+            return self.whole[stop]
+        return self.quantized(start, stop)
+
+    def quantized(self, start: int, stop: int) -> Int4Blocks:
         ranges = self.tensors.file.row_ranges(self.name, start, stop)
         return quantize_row_slices(finite_rows(self.tensors, self.name, *rows) for rows in ranges)
 
