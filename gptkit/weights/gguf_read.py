@@ -476,8 +476,8 @@ class QuantizedRows:
     """A matrix the file stores in another type than Q4_0 or Q4_1, as int4 blocks: called with (start, stop) as a
     StoredMatrix is, the blocks of those rows quantized from the file's values (quantization.quantize_row_slices),
     about READ_BYTES of the file at a time, each slice checked for NaN and infinity. The whole matrix's blocks (what
-    an eager pass asks for at every call) are quantized once and kept; the native step's packing asks for slices,
-    which are not kept."""
+    an eager pass asks for at every call) are quantized once and held from then on; the slices the native step's
+    packing asks for are quantized at each call, so the packing holds no more than its panels."""
 
     tensors: FileTensors
     name: str

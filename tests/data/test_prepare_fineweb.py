@@ -182,7 +182,7 @@ def test_sigterm_while_tokenising_ends_the_workers_and_leaves_nothing(tmp_path: 
     folder = tmp_path / "served" / "sample" / "10BT"
     folder.mkdir(parents=True)
     paragraphs = [p for p in SHAKESPEARE.read_text(encoding="utf-8").split("\n\n") if p]
-    texts = [f"{i}: {p}" for i in range(14) for p in paragraphs]  # ~15 MB: many seconds of tokenising
+    texts = [f"{i}: {p}" for i in range(40) for p in paragraphs]  # ~43 MB: far longer to tokenise than to signal
     pq.write_table(pa.table({"text": texts}), folder / "000_00000.parquet", row_group_size=5000)
     out, cache = tmp_path / "out", tmp_path / "cache"
     with serving_directory(tmp_path / "served") as (base, _):
