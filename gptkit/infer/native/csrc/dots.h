@@ -92,6 +92,17 @@ inline __m256i load_integers(const int16_t* x) { return _mm256_loadu_si256(reint
 inline __m256i add_products(__m256i sums, __m256i w, __m256i x) {
   return _mm256_add_epi32(sums, _mm256_madd_epi16(w, x));
 }
+#if defined(__AVX512BW__)
+// sums + the 32 products of w and x, summed in pairs into 16 int32 lanes: one vpdpwssd with AVX512-VNNI, else
+// vpmaddwd and an add.
+inline __m512i add_products(__m512i sums, __m512i w, __m512i x) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpwssd_epi32(sums, w, x);
+#else
+  return _mm512_add_epi32(sums, _mm512_madd_epi16(w, x));
+#endif
+}
+#endif
 // The sum of 8 int32 lanes, each exact, added as float32 (a row's total may not fit in int32).
 inline float reduce_add(__m256i v) { return reduce_add_floats(_mm256_cvtepi32_ps(v)); }
 #endif
@@ -240,13 +251,7 @@ struct BlockLanes<int8_t, int16_t> {
     return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
   }
   static __m512i inputs(const int16_t* x) { return _mm512_loadu_si512(x); }
-  static Sum add(Sum sum, __m512i w, __m512i x) {
-#if defined(__AVX512VNNI__)
-    return _mm512_dpwssd_epi32(sum, w, x);
-#else
-    return _mm512_add_epi32(sum, _mm512_madd_epi16(w, x));
-#endif
-  }
+  static Sum add(Sum sum, __m512i w, __m512i x) { return add_products(sum, w, x); }
 };
 // The sum of 16 int32 lanes, each exact, added as float32.
 inline float reduce_add(__m512i v) { return _mm512_reduce_add_ps(_mm512_cvtepi32_ps(v)); }

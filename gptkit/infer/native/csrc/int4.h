@@ -180,15 +180,6 @@ inline Ints and_ints(Ints a, Ints b) { return _mm512_and_si512(a, b); }
 inline Ints shift_right_32(Ints v, int bits) { return _mm512_srli_epi32(v, bits); }
 inline Ints shift_right_16(Ints v, int bits) { return _mm512_srli_epi16(v, bits); }
 inline Vec to_floats(Ints v) { return _mm512_cvtepi32_ps(v); }
-// sums + the products of each lane's two 16-bit codes and the two 16-bit inputs, in pairs: one vpdpwssd with
-// AVX512-VNNI, else vpmaddwd and an add.
-inline Ints add_pairs(Ints sums, Ints codes, Ints inputs) {
-#if defined(__AVX512VNNI__)
-  return _mm512_dpwssd_epi32(sums, codes, inputs);
-#else
-  return _mm512_add_epi32(sums, _mm512_madd_epi16(codes, inputs));
-#endif
-}
 // LANES float16 values as float32 lanes.
 inline Vec load_halves(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -204,9 +195,6 @@ inline Ints and_ints(Ints a, Ints b) { return _mm256_and_si256(a, b); }
 inline Ints shift_right_32(Ints v, int bits) { return _mm256_srli_epi32(v, bits); }
 inline Ints shift_right_16(Ints v, int bits) { return _mm256_srli_epi16(v, bits); }
 inline Vec to_floats(Ints v) { return _mm256_cvtepi32_ps(v); }
-inline Ints add_pairs(Ints sums, Ints codes, Ints inputs) {
-  return _mm256_add_epi32(sums, _mm256_madd_epi16(codes, inputs));
-}
 inline Vec load_halves(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
@@ -277,7 +265,7 @@ void int4_panel_dots(const uint8_t* panel, int64_t groups, const int16_t* const*
         const Ints codes = int4_pair(word, k);
         const int64_t c = g * INT4_GROUP + 8 * w + 2 * k, s = (4 * w + k) % SPLIT;
 #pragma GCC unroll 12
-        for (int64_t t = 0; t < T; ++t) parts[s][t] = add_pairs(parts[s][t], codes, splat_pair(xs[t] + c));
+        for (int64_t t = 0; t < T; ++t) parts[s][t] = add_products(parts[s][t], codes, splat_pair(xs[t] + c));  // dots.h: each lane's two code-input pairs
       }
     }
     const Vec scale = load_halves(record + INT4_CODE_BYTES);
