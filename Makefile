@@ -11,17 +11,19 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-fast lint bench clean-venv
+.PHONY: demo test test-fast setup-test lint bench clean-venv
 
 # Python's bytecode caches on, even where the environment turns them off: the suite's hundreds of processes would each
 # compile the package (and pytest its rewritten test modules) again.
 unexport PYTHONDONTWRITEBYTECODE
 
+# --no-compile: Python compiles a module's bytecode when it is first imported, so pip need not compile every file of
+# every package (torch's thousands) at install.
 $(VENV)/.runtime: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -r requirements.txt
-	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet --no-compile torch==2.13.0
+	$(PY) -m pip install --quiet --no-compile -r requirements.txt
+	$(PY) -m pip install --quiet --no-compile --no-deps -e .
 	touch $@
 
 # The native step's build of this checkout's C++ files and flags (gptkit/infer/native/build.py holds them); other
@@ -32,8 +34,8 @@ $(VENV)/.native: $(VENV)/.runtime $(wildcard gptkit/infer/native/csrc/*) gptkit/
 
 # The playground test drives a real headless browser: Debian's chromium and chromium-driver, installed here when
 # missing and we are root with apt-get (elsewhere the test skips, saying what it needs).
-$(VENV)/.test: $(VENV)/.native requirements-test.txt
-	$(PY) -m pip install --quiet -r requirements-test.txt
+$(VENV)/.test: $(VENV)/.runtime requirements-test.txt
+	$(PY) -m pip install --quiet --no-compile -r requirements-test.txt
 	@if command -v chromedriver >/dev/null 2>&1 && { command -v chromium || command -v chromium-browser; } >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  echo "installing chromium and chromium-driver for the playground test"; \
@@ -42,6 +44,10 @@ $(VENV)/.test: $(VENV)/.native requirements-test.txt
 	else echo "note: no chromium/chromedriver; the playground browser test will be skipped (apt-get install chromium chromium-driver)"; fi
 	touch $@
 
+# The test dependencies install while the native step compiles (two processes: the set-up's longest steps, overlapped).
+setup-test: $(VENV)/.runtime
+	$(MAKE) --no-print-directory -j2 $(VENV)/.test $(VENV)/.native
+
 demo: $(VENV)/.native
 	$(PY) prepare_data/shakespeare_char.py
 	$(PY) train.py config/train_shakespeare_char_cpu.py --overwrite=True
@@ -49,14 +55,14 @@ demo: $(VENV)/.native
 
 # Two test processes (pytest-xdist): in-process tests use one torch thread each (tests/conftest.py). loadgroup
 # keeps the tests that share a module's fixture (a trained run, a server) in one process (tests/conftest.py).
-test: $(VENV)/.test
+test: setup-test
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n 2 --dist=loadgroup
 
 # The daily tier, under a minute on 2 cores: each test function once (a parametrized one, its first case), in-process,
 # in two processes; a test that starts a process, a server or a torch.compile skips itself (tests/conftest.py) and the
 # `heavy` ones are left out. CI runs the whole suite (make test).
-test-fast: $(VENV)/.test
+test-fast: setup-test
 	$(PY) -m ruff check .
 	GPTKIT_FAST_TESTS=1 $(PY) -m pytest -q -n 2 --dist=loadgroup -m "not heavy"
 
@@ -64,7 +70,7 @@ lint: $(VENV)/.test
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-bench: $(VENV)/.test
+bench: setup-test
 	$(PY) prepare_data/shakespeare_char.py
 	$(PY) benchmarks/bench.py sample
 	$(PY) benchmarks/bench.py quality --config=config/train_shakespeare_char_cpu.py --config=config/train_shakespeare_char_cpu_best.py
