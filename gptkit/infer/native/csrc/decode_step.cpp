@@ -26,7 +26,7 @@
 namespace {
 
 template <typename W>
-std::vector<W*> storage_of(const std::vector<torch::Tensor>& cache) {
+std::vector<W*> storage_of(const std::vector<at::Tensor>& cache) {
   std::vector<W*> pointers;
   for (const auto& tensor : cache) pointers.push_back(reinterpret_cast<W*>(tensor.data_ptr()));
   return pointers;
@@ -34,7 +34,7 @@ std::vector<W*> storage_of(const std::vector<torch::Tensor>& cache) {
 
 // The weights of type W in `matrices`: int4 panels are bytes (uint8).
 template <typename W>
-const W* weights_in(const torch::Tensor& matrices) {
+const W* weights_in(const at::Tensor& matrices) {
   if constexpr (IS_INT4<W>)
     return reinterpret_cast<const W*>(matrices.data_ptr<uint8_t>());
   else
@@ -45,9 +45,9 @@ const W* weights_in(const torch::Tensor& matrices) {
 // embedding and the cache are in Stored<W>'s dtype, and that only int8 weights come with scales (one per row; int4
 // panels hold their own).
 template <typename W, typename S = typename Stored<W>::type>
-Model<W> model_for(const torch::Tensor& matrices, const torch::Tensor& scales, const torch::Tensor& vectors,
-                   const torch::Tensor& embedding, const torch::Tensor& position_rows,
-                   const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values, const Shapes& s,
+Model<W> model_for(const at::Tensor& matrices, const at::Tensor& scales, const at::Tensor& vectors,
+                   const at::Tensor& embedding, const at::Tensor& position_rows,
+                   const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values, const Shapes& s,
                    int64_t activation, const std::vector<double>& constants) {
   const auto stored = c10::CppTypeToScalarType<S>::value;
   TORCH_CHECK(embedding.scalar_type() == stored && embedding.is_contiguous(), "embedding: wrong dtype");
@@ -56,7 +56,7 @@ Model<W> model_for(const torch::Tensor& matrices, const torch::Tensor& scales, c
                 "the cache must be in the weights' dtype (float32 for int8 and int4 weights)");
   const bool int8 = std::is_same_v<W, int8_t>;
   TORCH_CHECK(scales.numel() == (int8 ? s.layers * s.layer_rows() + s.vocab : 0), "scales: wrong size");
-  TORCH_CHECK(scales.scalar_type() == torch::kFloat && scales.is_contiguous());
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous());
   return {weights_in<W>(matrices), int8 ? scales.data_ptr<float>() : nullptr, vectors.data_ptr<float>(),
           embedding.data_ptr<S>(), position_rows.data_ptr<float>(), storage_of<S>(keys), storage_of<S>(values),
           keys[0].size(2), s, activation, static_cast<float>(constants[0]), static_cast<float>(constants[1]),
@@ -65,11 +65,11 @@ Model<W> model_for(const torch::Tensor& matrices, const torch::Tensor& scales, c
 
 // call(W{}) for the C++ type W of weights in `dtype` (int4 panels: of the kind `s` says).
 template <typename Call>
-void with_weight_type(torch::ScalarType dtype, const Shapes& s, Call&& call) {
-  if (dtype == torch::kBFloat16) return call(bf16{});
-  if (dtype == torch::kChar) return call(int8_t{});
-  if (dtype == torch::kByte) return s.symmetric_int4 ? call(Int4Symmetric{}) : call(Int4{});
-  TORCH_CHECK(dtype == torch::kFloat, "weights must be float32, bfloat16, int8 or int4 panels (uint8)");
+void with_weight_type(at::ScalarType dtype, const Shapes& s, Call&& call) {
+  if (dtype == at::kBFloat16) return call(bf16{});
+  if (dtype == at::kChar) return call(int8_t{});
+  if (dtype == at::kByte) return s.symmetric_int4 ? call(Int4Symmetric{}) : call(Int4{});
+  TORCH_CHECK(dtype == at::kFloat, "weights must be float32, bfloat16, int8 or int4 panels (uint8)");
   call(float{});
 }
 
@@ -78,8 +78,8 @@ void with_weight_type(torch::ScalarType dtype, const Shapes& s, Call&& call) {
 // checked against the buffers' sizes and the cache's layout; constants: the norms' epsilon, QK-norm's, the logits'
 // soft cap (0: none).
 Shapes checked_shapes(const std::vector<int64_t>& shapes, int64_t activation, const std::vector<double>& constants,
-                      const torch::Tensor& matrices, const torch::Tensor& vectors,
-                      const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values) {
+                      const at::Tensor& matrices, const at::Tensor& vectors,
+                      const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values) {
   TORCH_CHECK(shapes.size() == 12 && constants.size() == 3,
               "shapes: embd, hidden, vocab, layers, heads, kv_heads, head_dim, rms, qk_norm, rotary, embed_norm, "
               "symmetric_int4");
@@ -87,10 +87,10 @@ Shapes checked_shapes(const std::vector<int64_t>& shapes, int64_t activation, co
                  shapes[7] != 0, shapes[8] != 0, shapes[9] != 0, shapes[10] != 0, shapes[11] != 0};
   TORCH_CHECK(s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.head_dim > 0 && (!s.rotary || s.head_dim % 2 == 0));
   TORCH_CHECK(0 <= activation && activation <= kSwiglu, "activation: an Activation code");
-  TORCH_CHECK(matrices.is_contiguous() && vectors.scalar_type() == torch::kFloat && vectors.is_contiguous());
-  const int64_t padding = matrices.scalar_type() == torch::kFloat ? FLOAT32_PADDING : 0;  // past float32 panels
+  TORCH_CHECK(matrices.is_contiguous() && vectors.scalar_type() == at::kFloat && vectors.is_contiguous());
+  const int64_t padding = matrices.scalar_type() == at::kFloat ? FLOAT32_PADDING : 0;  // past float32 panels
   const int64_t int4_size = s.symmetric_int4 ? s.matrices_size<Int4Symmetric>() : s.matrices_size<Int4>();
-  const int64_t size = matrices.scalar_type() == torch::kByte ? int4_size : s.matrices_size<float>();
+  const int64_t size = matrices.scalar_type() == at::kByte ? int4_size : s.matrices_size<float>();
   TORCH_CHECK(matrices.numel() == size + padding, "matrices: wrong size");
   TORCH_CHECK(vectors.numel() == s.layers * s.layer_vector_elements() + 4 * s.embd, "vectors: wrong size");
   TORCH_CHECK(static_cast<int64_t>(keys.size()) == s.layers && static_cast<int64_t>(values.size()) == s.layers);
@@ -108,19 +108,19 @@ Shapes checked_shapes(const std::vector<int64_t>& shapes, int64_t activation, co
 // values[l]: layer l's cache storage (rows, kv_heads, positions, head_dim), contiguous, in the weights' dtype (float32
 // for int8 and int4); row 0 is written at `position` and attended over 0..position. position_row: the row added at
 // `position` (embd values) or its rotary cos and sin (head_dim); shapes, activation and constants: see checked_shapes.
-std::tuple<torch::Tensor, int64_t> decode_step(const torch::Tensor& matrices, const torch::Tensor& scales,
-                                               const torch::Tensor& vectors, const torch::Tensor& embedding,
-                                               const torch::Tensor& position_row,
-                                               const std::vector<torch::Tensor>& keys,
-                                               const std::vector<torch::Tensor>& values, std::vector<int64_t> shapes,
+std::tuple<at::Tensor, int64_t> decode_step(const at::Tensor& matrices, const at::Tensor& scales,
+                                               const at::Tensor& vectors, const at::Tensor& embedding,
+                                               const at::Tensor& position_row,
+                                               const std::vector<at::Tensor>& keys,
+                                               const std::vector<at::Tensor>& values, std::vector<int64_t> shapes,
                                                int64_t token, int64_t position, int64_t activation,
                                                std::vector<double> constants, double temperature, int64_t top_k,
                                                double uniform) {
   const Shapes s = checked_shapes(shapes, activation, constants, matrices, vectors, keys, values);
-  TORCH_CHECK(position_row.scalar_type() == torch::kFloat && position_row.numel() == s.position_width());
+  TORCH_CHECK(position_row.scalar_type() == at::kFloat && position_row.numel() == s.position_width());
   TORCH_CHECK(0 <= position && position < keys[0].size(2) && 0 <= token && token < embedding.size(0));
   TORCH_CHECK(temperature >= 0.0 && top_k >= 0 && 0.0 <= uniform && uniform < 1.0);
-  auto logits = torch::empty({s.vocab}, vectors.options());
+  auto logits = at::empty({s.vocab}, vectors.options());
   const int64_t keep = largest_to_keep(temperature, top_k, s.vocab);
   std::vector<std::vector<Largest>> per_thread(1, std::vector<Largest>(at::get_num_threads(), Largest(keep)));
   with_weight_type(matrices.scalar_type(), s, [&](auto weight) {
@@ -135,10 +135,10 @@ std::tuple<torch::Tensor, int64_t> decode_step(const torch::Tensor& matrices, co
 // top_k for every row, uniforms[b] row b's draw). Row b of each layer's cache (storage as decode_step takes it, with
 // at least len(tokens) rows) gets tokens[b]'s key and value at positions[b] and attends over 0..positions[b];
 // position_rows: (rows, position_width) float32, the rows at those positions (see decode_step).
-std::tuple<torch::Tensor, std::vector<int64_t>> decode_rows(
-    const torch::Tensor& matrices, const torch::Tensor& scales, const torch::Tensor& vectors,
-    const torch::Tensor& embedding, const torch::Tensor& position_rows, const std::vector<torch::Tensor>& keys,
-    const std::vector<torch::Tensor>& values, std::vector<int64_t> shapes, std::vector<int64_t> tokens,
+std::tuple<at::Tensor, std::vector<int64_t>> decode_rows(
+    const at::Tensor& matrices, const at::Tensor& scales, const at::Tensor& vectors,
+    const at::Tensor& embedding, const at::Tensor& position_rows, const std::vector<at::Tensor>& keys,
+    const std::vector<at::Tensor>& values, std::vector<int64_t> shapes, std::vector<int64_t> tokens,
     std::vector<int64_t> positions, int64_t activation, std::vector<double> constants, double temperature,
     int64_t top_k, std::vector<double> uniforms) {
   const Shapes s = checked_shapes(shapes, activation, constants, matrices, vectors, keys, values);
@@ -150,10 +150,10 @@ std::tuple<torch::Tensor, std::vector<int64_t>> decode_rows(
     TORCH_CHECK(0 <= tokens[b] && tokens[b] < embedding.size(0), "a token past the vocabulary");
     TORCH_CHECK(0.0 <= uniforms[b] && uniforms[b] < 1.0);
   }
-  TORCH_CHECK(position_rows.scalar_type() == torch::kFloat && position_rows.is_contiguous() &&
+  TORCH_CHECK(position_rows.scalar_type() == at::kFloat && position_rows.is_contiguous() &&
               position_rows.numel() == rows * s.position_width());
   TORCH_CHECK(temperature >= 0.0 && top_k >= 0);
-  auto logits = torch::empty({rows, s.vocab}, vectors.options());
+  auto logits = at::empty({rows, s.vocab}, vectors.options());
   const int64_t keep = largest_to_keep(temperature, top_k, s.vocab);
   std::vector<std::vector<Largest>> per_thread(rows, std::vector<Largest>(at::get_num_threads(), Largest(keep)));
   with_weight_type(matrices.scalar_type(), s, [&](auto weight) {
@@ -170,9 +170,9 @@ std::tuple<torch::Tensor, std::vector<int64_t>> decode_rows(
 // Fills rows 0 .. rows - 1 of the cache at positions start .. start + T - 1 with `tokens` (rows * T of them: row r's
 // T tokens after row r - 1's; see prefill); the buffers as decode_step takes them, position_rows: (rows * T,
 // position_width) float32, the rows at each token's position.
-void prefill_tokens(const torch::Tensor& matrices, const torch::Tensor& scales, const torch::Tensor& vectors,
-                    const torch::Tensor& embedding, const torch::Tensor& position_rows,
-                    const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
+void prefill_tokens(const at::Tensor& matrices, const at::Tensor& scales, const at::Tensor& vectors,
+                    const at::Tensor& embedding, const at::Tensor& position_rows,
+                    const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
                     std::vector<int64_t> shapes, std::vector<int64_t> tokens, int64_t start, int64_t rows,
                     int64_t activation, std::vector<double> constants) {
   const Shapes s = checked_shapes(shapes, activation, constants, matrices, vectors, keys, values);
@@ -181,7 +181,7 @@ void prefill_tokens(const torch::Tensor& matrices, const torch::Tensor& scales, 
   TORCH_CHECK(0 <= start && start + count / rows <= keys[0].size(2), "the tokens must fit in the cache");
   for (const int64_t token : tokens)
     TORCH_CHECK(0 <= token && token < embedding.size(0), "a token past the vocabulary");
-  TORCH_CHECK(position_rows.scalar_type() == torch::kFloat && position_rows.is_contiguous() &&
+  TORCH_CHECK(position_rows.scalar_type() == at::kFloat && position_rows.is_contiguous() &&
               position_rows.numel() == count * s.position_width());
   with_weight_type(matrices.scalar_type(), s, [&](auto weight) {
     const auto model = model_for<decltype(weight)>(matrices, scales, vectors, embedding, position_rows, keys, values,
@@ -194,8 +194,8 @@ void prefill_tokens(const torch::Tensor& matrices, const torch::Tensor& scales, 
 // share with vector loads and prefetch_ahead, in independent sums. Why: benchmarks/bench.py's roofline divides the
 // weight bytes by the machine's read speed, which must be measured with the access the step itself reads with (a
 // library's sum can read slower than the step streams its weights, docs/benchmarks.md).
-double stream_sum(const torch::Tensor& buffer) {
-  TORCH_CHECK(buffer.scalar_type() == torch::kFloat && buffer.is_contiguous(), "a contiguous float32 buffer");
+double stream_sum(const at::Tensor& buffer) {
+  TORCH_CHECK(buffer.scalar_type() == at::kFloat && buffer.is_contiguous(), "a contiguous float32 buffer");
   const float* values = buffer.data_ptr<float>();
   const int64_t n = buffer.numel();
   double total = 0.0;
