@@ -347,7 +347,7 @@ class Engine:
         chose itself (the native step's choice from a row of NaN)."""
         # A row's sum is finite exactly when its logits are (a NaN or infinity carries into it; finite logits of a
         # model are nowhere near float32's largest), and costs one pass without a mask of the logits' size.
-        finite = torch.isfinite(logits.sum(dim=-1)).tolist()
+        finite = [math.isfinite(total) for total in logits.sum(dim=-1).tolist()]
         vocab_size = self.model.config.vocab_size
         failed = {}
         for row, (request, token) in enumerate(zip(self.active, tokens)):

@@ -239,10 +239,13 @@ class FileEmbedding(nn.Module):
         self.read_rows = read_rows
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        rows = idx.reshape(-1).tolist()
+        return self.lookup(idx.reshape(-1).tolist()).view(*idx.shape, self.embedding_dim).to(idx.device)
+
+    def lookup(self, rows: list[int]) -> torch.Tensor:
+        """The (len(rows), embedding_dim) float32 values of the tokens `rows`; IndexError for one past the table."""
         if rows and not 0 <= min(rows) <= max(rows) < self.num_embeddings:
             raise IndexError(f"a token past the embedding's {self.num_embeddings} rows")
-        return self.values(rows).view(*idx.shape, self.embedding_dim).to(idx.device)
+        return self.values(rows)
 
     def values(self, rows: list[int]) -> torch.Tensor:
         """The (len(rows), embedding_dim) float32 values of `rows`, in that order."""

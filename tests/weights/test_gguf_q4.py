@@ -385,6 +385,17 @@ def test_an_untied_token_embedding_in_q8_0_stays_in_the_file(tmp_path, monkeypat
     assert torch.equal(logits(kept, IDX), logits(reference, IDX))
 
 
+def test_a_token_past_a_file_embeddings_table_is_an_index_error(tmp_path, monkeypatch, qwen_tokenizer):
+    """A lookup (the module's or the decoding step's) of a row outside the table reads nothing past it."""
+    path = q4_file(tmp_path, monkeypatch, tiny("llama-untied"), qwen_tokenizer, T.Q4_0, {"token_embd.weight": T.Q8_0})
+    embedding = load(str(path), tokenizer=False, keep_int4=True).model.transformer.wte
+    for row in (embedding.num_embeddings, -1):
+        with pytest.raises(IndexError, match="past the embedding"):
+            embedding(torch.tensor([0, row]))
+        with pytest.raises(IndexError, match="past the embedding"):
+            embedding.lookup([row])
+
+
 def test_a_tied_q8_0_embedding_beside_float_products_is_read_as_float32_for_the_head(
     tmp_path, monkeypatch, qwen_tokenizer
 ):
