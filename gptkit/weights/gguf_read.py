@@ -29,8 +29,8 @@ import re
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -208,16 +208,10 @@ class TensorFile:
 
     def dequantized(self, name: str) -> torch.Tensor:
         """Tensor `name` in float32, in numpy's order of the file's dimensions (a matrix as nn.Linear's (out, in))."""
-        import gguf
-
-        tensor = self.tensors[name]
-        data = self.read(name).reshape(-1).view(tensor.dtype).reshape(tensor.data_shape)  # as the reader's view
-        values = gguf.quants.dequantize(data, tensor.tensor_type)
-        shape = list(reversed(tensor.shape))
-        return torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
+        return self.row_values(name, 0, self.rows(name)).reshape(list(reversed(self.tensors[name].shape)))
 
     def row_values(self, name: str, start: int, stop: int) -> torch.Tensor:
-        """Rows start .. stop - 1 of matrix `name` in float32, (rows, values a row), dequantized as `dequantized`."""
+        """Rows start .. stop - 1 of matrix `name` in float32, (rows, values a row), dequantized as gguf does."""
         return self._values(name, self.read(name, start, stop))
 
     def picked_values(self, name: str, rows: list[int]) -> torch.Tensor:
@@ -493,14 +487,15 @@ class QuantizedRows:
 
     tensors: FileTensors
     name: str
-    whole: dict[int, Int4Blocks] = field(default_factory=dict, compare=False, repr=False)
 
     def __call__(self, start: int, stop: int) -> Int4Blocks:
         if start == 0 and stop == self.tensors.file.rows(self.name):
-            if not self.whole:
-                self.whole[stop] = self.quantized(start, stop)
-            return self.whole[stop]
+            return self.whole
         return self.quantized(start, stop)
+
+    @cached_property
+    def whole(self) -> Int4Blocks:
+        return self.quantized(0, self.tensors.file.rows(self.name))
 
     def quantized(self, start: int, stop: int) -> Int4Blocks:
         ranges = self.tensors.file.row_ranges(self.name, start, stop)

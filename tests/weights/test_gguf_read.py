@@ -25,7 +25,7 @@ from gptkit.data.tokenizer import CharTokenizer, make_tokenizer
 from gptkit.model import scaled_frequencies
 from gptkit.weights import export_gguf, gguf_hf_tokenizer, load
 from gptkit.weights.checkpoint import load_checkpoint
-from gptkit.weights.gguf_read import read_tensors
+from gptkit.weights.gguf_read import q8_0_values, read_tensors
 from gptkit.weights.sources import base_reference
 from helpers import assert_one_line_error, assert_one_line_message, cli_args, lively_model, run_in_process, run_main
 from hf_tokenizer_dirs import FAMILIES, write_family, write_sentencepiece
@@ -262,6 +262,16 @@ def test_every_tensor_type_reads_as_its_format_defines_with_transformers_logits(
         torch.testing.assert_close(tensors[name].double(), expected, rtol=1e-6, atol=1e-9, msg=name)
     ours = load(str(path), tokenizer=False).model
     torch.testing.assert_close(logits(ours, IDX), transformers_model(path, "llama")(IDX).logits, rtol=0, atol=1e-4)
+
+
+def test_q8_0_rows_read_as_the_gguf_package_dequantizes_them():
+    """Q8_0 rows (any tensor, a whole one or a lookup's rows) dequantize to exactly the gguf package's float32 values."""
+    array = np.random.default_rng(0).standard_normal((5, 96)).astype(np.float32) * 3
+    array[2] = 0.0  # a block whose scale is 0
+    blocks = gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0)
+    expected = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q8_0)
+    values = q8_0_values(blocks.view(np.uint8).reshape(5, -1), 96)
+    assert values.dtype == torch.float32 and torch.equal(values, torch.from_numpy(np.asarray(expected, np.float32)))
 
 
 # ------------------------------------------------------------------------------------------------ the tokenizer
