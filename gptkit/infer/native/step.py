@@ -179,7 +179,8 @@ class NativeStep:
         file (FileEmbedding) the tokens' rows alone, read now."""
         if self.file_embedding is None:
             return self.embedding, list(tokens)
-        rows = self.file_embedding.lookup(list(tokens)).to(self.dtype).contiguous()  # not the module call: less on every token
+        # its lookup, not a module call: this runs every token
+        rows = self.file_embedding.lookup(list(tokens)).to(self.dtype).contiguous()
         return rows, list(range(len(tokens)))
 
     @staticmethod

@@ -109,13 +109,12 @@ Shapes checked_shapes(const std::vector<int64_t>& shapes, int64_t activation, co
 // for int8 and int4); row 0 is written at `position` and attended over 0..position. position_row: the row added at
 // `position` (embd values) or its rotary cos and sin (head_dim); shapes, activation and constants: see checked_shapes.
 std::tuple<at::Tensor, int64_t> decode_step(const at::Tensor& matrices, const at::Tensor& scales,
-                                               const at::Tensor& vectors, const at::Tensor& embedding,
-                                               const at::Tensor& position_row,
-                                               const std::vector<at::Tensor>& keys,
-                                               const std::vector<at::Tensor>& values, std::vector<int64_t> shapes,
-                                               int64_t token, int64_t position, int64_t activation,
-                                               std::vector<double> constants, double temperature, int64_t top_k,
-                                               double uniform) {
+                                            const at::Tensor& vectors, const at::Tensor& embedding,
+                                            const at::Tensor& position_row, const std::vector<at::Tensor>& keys,
+                                            const std::vector<at::Tensor>& values, std::vector<int64_t> shapes,
+                                            int64_t token, int64_t position, int64_t activation,
+                                            std::vector<double> constants, double temperature, int64_t top_k,
+                                            double uniform) {
   const Shapes s = checked_shapes(shapes, activation, constants, matrices, vectors, keys, values);
   TORCH_CHECK(position_row.scalar_type() == at::kFloat && position_row.numel() == s.position_width());
   TORCH_CHECK(0 <= position && position < keys[0].size(2) && 0 <= token && token < embedding.size(0));
@@ -136,8 +135,8 @@ std::tuple<at::Tensor, int64_t> decode_step(const at::Tensor& matrices, const at
 // at least len(tokens) rows) gets tokens[b]'s key and value at positions[b] and attends over 0..positions[b];
 // position_rows: (rows, position_width) float32, the rows at those positions (see decode_step).
 std::tuple<at::Tensor, std::vector<int64_t>> decode_rows(
-    const at::Tensor& matrices, const at::Tensor& scales, const at::Tensor& vectors,
-    const at::Tensor& embedding, const at::Tensor& position_rows, const std::vector<at::Tensor>& keys,
+    const at::Tensor& matrices, const at::Tensor& scales, const at::Tensor& vectors, const at::Tensor& embedding,
+    const at::Tensor& position_rows, const std::vector<at::Tensor>& keys,
     const std::vector<at::Tensor>& values, std::vector<int64_t> shapes, std::vector<int64_t> tokens,
     std::vector<int64_t> positions, int64_t activation, std::vector<double> constants, double temperature,
     int64_t top_k, std::vector<double> uniforms) {

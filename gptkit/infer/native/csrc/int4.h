@@ -264,8 +264,9 @@ void int4_panel_dots(const uint8_t* panel, int64_t groups, const int16_t* const*
       for (int64_t k = 0; k < 4; ++k) {
         const Ints codes = int4_pair(word, k);
         const int64_t c = g * INT4_GROUP + 8 * w + 2 * k, s = (4 * w + k) % SPLIT;
+        // dots.h: each lane's two codes times the input's pair
 #pragma GCC unroll 12
-        for (int64_t t = 0; t < T; ++t) parts[s][t] = add_products(parts[s][t], codes, splat_pair(xs[t] + c));  // dots.h: each lane's two code-input pairs
+        for (int64_t t = 0; t < T; ++t) parts[s][t] = add_products(parts[s][t], codes, splat_pair(xs[t] + c));
       }
     }
     const Vec scale = load_halves(record + INT4_CODE_BYTES);
