@@ -24,6 +24,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
+# The compiled step's max-autotune compiles and times every candidate kernel of each product shape (tens of seconds a
+# model on a machine without inductor's cache) and keeps the fastest, so which kernel a test checks changed with the
+# load. The tests check tokens and weights, not speed: inductor's own C++ GEMM templates only, the kernels that pack
+# frozen weights into constants (where one model once ran another's weights), with nothing to time.
+os.environ.setdefault("TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS", "CPP")
 # A shell starts background jobs (`make test &`, nohup) with SIGINT ignored, and every child inherits that; the
 # tests that press Ctrl-C on a script would then see it ignored. Tests run with the default, as in a terminal.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
