@@ -19,9 +19,12 @@ unexport PYTHONDONTWRITEBYTECODE
 
 # --no-compile: Python compiles a module's bytecode when it is first imported, so pip need not compile every file of
 # every package (torch's thousands) at install.
-$(VENV)/.runtime: requirements.txt pyproject.toml
+$(VENV)/.torch:
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet --no-compile torch==2.13.0
+	touch $@
+
+$(VENV)/.runtime: $(VENV)/.torch requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-compile -r requirements.txt
 	$(PY) -m pip install --quiet --no-compile --no-deps -e .
 	touch $@
@@ -44,9 +47,17 @@ $(VENV)/.test: $(VENV)/.runtime requirements-test.txt
 	else echo "note: no chromium/chromedriver; the playground browser test will be skipped (apt-get install chromium chromium-driver)"; fi
 	touch $@
 
-# The test dependencies install while the native step compiles (two processes: the set-up's longest steps, overlapped).
-setup-test: $(VENV)/.runtime
-	$(MAKE) --no-print-directory -j2 $(VENV)/.test $(VENV)/.native
+# torch's bytecode, compiled while pip installs the rest (found, not imported, so pip's work cannot disturb it): else
+# the suite's first processes, started together, each compile the torch modules they import. Without it (or where
+# torch's folder is read-only) every import still works; the cache only saves time.
+$(VENV)/.torch-bytecode: $(VENV)/.torch
+	$(PY) -c "import compileall, importlib.util, os; compileall.compile_dir(os.path.dirname(importlib.util.find_spec('torch').origin), quiet=2)"
+	touch $@
+
+# Two jobs at a time: torch's bytecode beside the runtime's install, then the test dependencies beside the native
+# step's build (the set-up's longest steps, overlapped).
+setup-test:
+	$(MAKE) --no-print-directory -j2 $(VENV)/.test $(VENV)/.native $(VENV)/.torch-bytecode
 
 demo: $(VENV)/.native
 	$(PY) prepare_data/shakespeare_char.py
