@@ -169,14 +169,23 @@ def simple_evaluate(
     import lm_eval
 
     return lm_eval.simple_evaluate(
-        model=lm, tasks=list(tasks), task_manager=task_manager(include_path), limit=limit, **options
+        model=lm, tasks=list(tasks), task_manager=task_manager(include_path, tuple(tasks)), limit=limit, **options
     )
 
 
 @functools.lru_cache(maxsize=8)
-def task_manager(include_path: str | None) -> Any:
-    """The harness's index of its thousands of task files (and those under `include_path`): built once per process,
-    since indexing them takes seconds every time."""
+def task_manager(include_path: str | None, tasks: tuple[str, ...] = ()) -> Any:
+    """The harness's index of task files for `tasks`: where each is a task under `include_path` (not a group or a
+    tag, which may name the harness's own), that folder's alone; else the harness's thousands with the folder's.
+    Indexing the harness's own takes seconds, so it is skipped where it is not needed and built once per process."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=include_path) if include_path else TaskManager()
+    if not include_path:
+        return TaskManager()
+    local = TaskManager(include_path=include_path, include_defaults=False)
+    return local if only_local_tasks(local, tasks) else TaskManager(include_path=include_path)
+
+
+def only_local_tasks(local: Any, tasks: tuple[str, ...]) -> bool:
+    """Whether every one of `tasks` is a task (not a group or a tag) of the index `local`."""
+    return bool(tasks) and set(tasks) <= set(local.all_subtasks)

@@ -440,6 +440,20 @@ def test_harness_acc_norm_picks_our_endings(trained, harness_tasks, offline_data
     assert output["results"]["local_mc"]["acc_norm,none"] == pytest.approx(counts.correct_norm / counts.n)
 
 
+def test_local_tasks_are_indexed_without_the_harness_s_thousands(tmp_path: Path) -> None:
+    """A run of tasks that all lie under include_path indexes that folder alone; a group there (which may name the
+    harness's tasks) or a task of the harness's own brings in the harness's whole index."""
+    pytest.importorskip("lm_eval")
+    from gptkit.eval import harness
+
+    (tmp_path / "mine.yaml").write_text(HARNESS_TASK.format(name="mine", data=tmp_path / "items.jsonl"))
+    (tmp_path / "both.yaml").write_text("group: both\ntask:\n  - mine\n  - hellaswag\n")
+    local = harness.task_manager(str(tmp_path), ("mine",))
+    assert set(local.all_tasks) == {"mine", "both"}
+    assert harness.only_local_tasks(local, ("mine",))
+    assert not harness.only_local_tasks(local, ("both",)) and not harness.only_local_tasks(local, ("mine", "hellaswag"))
+
+
 @pytest.mark.heavy
 def test_harness_generation_and_rolling_loglikelihood(trained, harness_tasks) -> None:
     from lm_eval.api.instance import Instance
