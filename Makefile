@@ -24,14 +24,18 @@ $(VENV)/.torch:
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet --no-compile torch==2.13.0
 	touch $@
 
-$(VENV)/.runtime: $(VENV)/.torch requirements.txt pyproject.toml
+$(VENV)/.deps: $(VENV)/.torch requirements.txt
 	$(PY) -m pip install --quiet --no-compile -r requirements.txt
+	touch $@
+
+$(VENV)/.runtime: $(VENV)/.deps pyproject.toml
 	$(PY) -m pip install --quiet --no-compile --no-deps -e .
 	touch $@
 
 # The native step's build of this checkout's C++ files and flags (gptkit/infer/native/build.py holds them); other
-# checkouts' builds lie in directories of their own, so switching between checkouts rebuilds nothing.
-$(VENV)/.native: $(VENV)/.runtime $(wildcard gptkit/infer/native/csrc/*) gptkit/infer/native/build.py
+# checkouts' builds lie in directories of their own, so switching between checkouts rebuilds nothing. It runs from the
+# checkout (python -m), so it starts without waiting for the package's own install.
+$(VENV)/.native: $(VENV)/.deps $(wildcard gptkit/infer/native/csrc/*) gptkit/infer/native/build.py
 	$(PY) -m gptkit.infer.native --build
 	touch $@
 
@@ -54,12 +58,12 @@ $(VENV)/.torch-bytecode: $(VENV)/.torch
 	$(PY) -c "import compileall, importlib.util, os; compileall.compile_dir(os.path.dirname(importlib.util.find_spec('torch').origin), quiet=2)"
 	touch $@
 
-# Two jobs at a time: torch's bytecode beside the runtime's install, then the test dependencies beside the native
-# step's build (the set-up's longest steps, overlapped).
+# Two jobs at a time: torch's bytecode beside the runtime's install, then the native step's build beside the package's
+# install and the test dependencies (the set-up's longest steps, overlapped).
 setup-test:
 	$(MAKE) --no-print-directory -j2 $(VENV)/.test $(VENV)/.native $(VENV)/.torch-bytecode
 
-demo: $(VENV)/.native
+demo: $(VENV)/.runtime $(VENV)/.native
 	$(PY) prepare_data/shakespeare_char.py
 	$(PY) train.py config/train_shakespeare_char_cpu.py --overwrite=True
 	$(PY) sample.py --out_dir=out-shakespeare-char-cpu --num_samples=1 --max_new_tokens=500 --seed=1337
