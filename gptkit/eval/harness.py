@@ -173,17 +173,23 @@ def simple_evaluate(
     )
 
 
-@functools.lru_cache(maxsize=8)
 def task_manager(include_path: str | None, tasks: tuple[str, ...] = ()) -> Any:
     """The harness's index of task files for `tasks`: where each is a task under `include_path` (not a group or a
-    tag, which may name the harness's own), that folder's alone; else the harness's thousands with the folder's.
-    Indexing the harness's own takes seconds, so it is skipped where it is not needed and built once per process."""
+    tag, which may name the harness's own), that folder's alone; else the harness's thousands with the folder's."""
+    if include_path:
+        local = task_index(include_path, include_defaults=False)
+        if only_local_tasks(local, tasks):
+            return local
+    return task_index(include_path, include_defaults=True)
+
+
+@functools.lru_cache(maxsize=8)
+def task_index(include_path: str | None, include_defaults: bool) -> Any:
+    """lm-eval's TaskManager over `include_path` and, with include_defaults, the harness's own task files: each built
+    once per process, whatever tasks a run asks for, since indexing the harness's own takes seconds."""
     from lm_eval.tasks import TaskManager
 
-    if not include_path:
-        return TaskManager()
-    local = TaskManager(include_path=include_path, include_defaults=False)
-    return local if only_local_tasks(local, tasks) else TaskManager(include_path=include_path)
+    return TaskManager(include_path=include_path, include_defaults=include_defaults)
 
 
 def only_local_tasks(local: Any, tasks: tuple[str, ...]) -> bool:
