@@ -29,6 +29,10 @@ os.environ.setdefault("WANDB_MODE", "offline")
 # load. The tests check tokens and weights, not speed: inductor's own C++ GEMM templates only, the kernels that pack
 # frozen weights into constants (where one model once ran another's weights), with nothing to time.
 os.environ.setdefault("TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS", "CPP")
+# Before its first compile on a machine, inductor builds a probe library for each vector instruction set the CPU
+# reports and loads it in a new process (seconds of g++); the tests trust the CPU's flags instead: a compiler that
+# could not build them would fail the compiled tests' own kernels anyway.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 # A shell starts background jobs (`make test &`, nohup) with SIGINT ignored, and every child inherits that; the
 # tests that press Ctrl-C on a script would then see it ignored. Tests run with the default, as in a terminal.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
