@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from gptkit.core.errors import UserError
-from gptkit.data.gguf_tokenizer import metadata, open_gguf
+from gptkit.data.gguf_tokenizer import gguf_tokenizer_record, metadata, open_gguf
 from gptkit.model import GPT, GPTConfig, scaled_frequencies
 from gptkit.weights.checkpoint import check_finite
 from gptkit.weights.hf import config_args, state_from_hf
@@ -115,7 +115,19 @@ def read_gguf_model(path: str | os.PathLike, overrides: dict[str, Any] | None = 
     (dropout, block_size downwards). keep_int4: the Q4_0 and Q4_1 matrices stay in the file, read as they are needed
     (keep_in_file), never float32: for decoding on the CPU, not for training. UserError (one line) for what is not
     read (module docstring)."""
+    return read_gguf(path, overrides, keep_int4)[0]
+
+
+def read_gguf(
+    path: str | os.PathLike, overrides: dict[str, Any] | None = None, keep_int4: bool = False
+) -> tuple[GPT, dict[str, Any] | None]:
+    """read_gguf_model's model and the file's tokenizer record (gguf_tokenizer_record; None where the file holds no
+    tokenizer we read) from one read of its metadata: gguf's reader takes seconds over a large vocabulary's."""
     reader = open_gguf(path)
+    try:
+        tokenizer = gguf_tokenizer_record(path, reader)
+    except UserError:  # said by whoever asks for the tokenizer; the model may still be read
+        tokenizer = None
     arch = architecture_of(reader, path)
     tensors = read_tensors(reader, path)
     hf = hf_config(reader, arch, tensors, path)
@@ -135,7 +147,7 @@ def read_gguf_model(path: str | os.PathLike, overrides: dict[str, Any] | None = 
         model.transformer.wte.weight = model.lm_head.weight  # each was put in place apart: one matrix again
     if not keep_int4:
         keep_q4_blocks(model, tensors, arch)
-    return model
+    return model, tokenizer
 
 
 def architecture_of(reader: Any, path: str | os.PathLike) -> str:

@@ -9,7 +9,7 @@ files and the hub), gguf_read.py (llama.cpp's).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from gptkit.weights.checkpoint import (
     model_args_of,
     resolve_checkpoint,
 )
-from gptkit.weights.gguf_read import read_gguf_model
+from gptkit.weights.gguf_read import read_gguf
 from gptkit.weights.hf import (
     GPT2_HUB_NAMES,
     hub_snapshot,
@@ -58,6 +58,7 @@ class Loaded:
     kind: str  # one of SOURCE_KINDS
     path: Path
     checkpoint: dict[str, Any] | None = None
+    gguf_tokenizer: dict[str, Any] | None = None  # a GGUF file's tokenizer record, read with its model
 
     @property
     def lora(self) -> dict[str, Any] | None:
@@ -124,22 +125,33 @@ def load(
     kind = source_kind(source)
     if kind is None:
         raise unknown_source(source)
-    state = None
+    state = gguf_tokenizer = None
     if kind == "checkpoint":
         path = resolve_checkpoint(source, checkpoint)
         state = load_checkpoint(path)
         model = model_of_checkpoint(state, str(path), overrides=overrides, merge=merge)
+    elif kind == "gguf":
+        path = open_weights_path(source, kind)
+        model, gguf_tokenizer = read_gguf(path, overrides, keep_int4)
     else:
         path = open_weights_path(source, kind)
-        model = read_gguf_model(path, overrides, keep_int4) if kind == "gguf" else read_hf_model(path, overrides)
-    text_tokenizer = source_tokenizer(kind, path, state, data_dir, source) if tokenizer else None
+        model = read_hf_model(path, overrides)
+    read = Loaded(
+        model=model,
+        tokenizer=None,
+        source=source,
+        kind=kind,
+        path=path,
+        checkpoint=state,
+        gguf_tokenizer=gguf_tokenizer,
+    )
+    text_tokenizer = source_tokenizer(read, data_dir) if tokenizer else None
     if text_tokenizer is not None and text_tokenizer.vocab_size > model.config.vocab_size:
         raise UserError(
             f"the tokenizer has {text_tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}; "
             "pass the --data_dir the model was trained on"
         )
-    model = model.to(DTYPES[dtype]).eval()
-    return Loaded(model=model, tokenizer=text_tokenizer, source=source, kind=kind, path=path, checkpoint=state)
+    return replace(read, model=model.to(DTYPES[dtype]).eval(), tokenizer=text_tokenizer)
 
 
 def open_weights_path(source: str, kind: str) -> Path:
@@ -226,11 +238,11 @@ def base_reference(source: str) -> dict[str, str]:
 # ----------------------------------------------------------------------------- tokenizers
 
 
-def source_tokenizer(kind: str, path: Path, state: dict[str, Any] | None, data_dir: str, source: str) -> Tokenizer:
+def source_tokenizer(loaded: Loaded, data_dir: str) -> Tokenizer:
     """The tokenizer of what load read: a checkpoint's record, else open weights' own (see open_weights_tokenizer)."""
-    if state is not None:
-        return checkpoint_tokenizer(state, path, data_dir)
-    return open_weights_tokenizer(kind, path, data_dir, source)
+    if loaded.checkpoint is not None:
+        return checkpoint_tokenizer(loaded.checkpoint, loaded.path, data_dir)
+    return open_weights_tokenizer(loaded, data_dir)
 
 
 def checkpoint_tokenizer(state: dict[str, Any], path: Path, data_dir: str) -> Tokenizer:
@@ -262,20 +274,23 @@ def data_dir_tokenizer(data_dir: str, recorded: dict | None, path: Path) -> dict
     return tokenizer_meta
 
 
-def own_tokenizer_record(kind: str, path: Path) -> dict[str, Any] | None:
-    """The HFTokenizer record of open weights' own tokenizer: a GGUF file's, or the Llama family's tokenizer.json;
-    None for GPT-2 (its BPE is tiktoken's) and for a directory without one."""
+def own_tokenizer_record(loaded: Loaded) -> dict[str, Any] | None:
+    """The HFTokenizer record of open weights' own tokenizer: a GGUF file's (as read with the model; read again only
+    to say why it is not read), or the Llama family's tokenizer.json; None for GPT-2 (its BPE is tiktoken's) and for
+    a directory without one."""
+    kind, path = loaded.kind, loaded.path
     if kind == "gguf":
-        return gguf_tokenizer_record(path)
+        return loaded.gguf_tokenizer or gguf_tokenizer_record(path)
     if is_gpt2_directory(path) or not is_hf_tokenizer_dir(path):
         return None
     return read_hf_record(path)
 
 
-def open_weights_tokenizer(kind: str, path: Path, data_dir: str, source: str) -> Tokenizer:
+def open_weights_tokenizer(loaded: Loaded, data_dir: str) -> Tokenizer:
     """The tokenizer of open weights: their own (a data_dir must hold the same one), else data_dir's; GPT-2's is
     data_dir's, else GPT-2's BPE."""
-    own = own_tokenizer_record(kind, path)
+    kind, path, source = loaded.kind, loaded.path, loaded.source
+    own = own_tokenizer_record(loaded)
     data = read_meta(data_dir)["tokenizer"] if data_dir else None
     if own is not None and data is not None and data.get("tokenizer_json_sha256") != own["tokenizer_json_sha256"]:
         raise UserError(f"{data_dir} was not tokenized with {source}'s own tokenizer; leave out --data_dir")
@@ -295,14 +310,14 @@ def check_data_tokenizer(loaded: Loaded, meta: dict[str, Any]) -> None:
     if loaded.checkpoint is not None:
         check_base_tokenizer(loaded.checkpoint, meta, loaded.path)
     else:
-        check_open_weights_tokenizer(meta, loaded.source, loaded.kind, loaded.path)
+        check_open_weights_tokenizer(meta, loaded)
 
 
-def check_open_weights_tokenizer(meta: dict[str, Any], source: str, kind: str, path: Path) -> None:
+def check_open_weights_tokenizer(meta: dict[str, Any], loaded: Loaded) -> None:
     """UserError unless data for open weights was tokenized with their own tokenizer (the record prepare_data
     --tokenizer=DIR writes), or, chat data on GPT-2, with GPT-2's BPE."""
-    tokenizer = meta["tokenizer"]
-    own = own_tokenizer_record(kind, path)
+    tokenizer, source, kind, path = meta["tokenizer"], loaded.source, loaded.kind, loaded.path
+    own = own_tokenizer_record(loaded)
     if own is not None and tokenizer.get("tokenizer_json_sha256") != own["tokenizer_json_sha256"]:
         raise UserError(f"init_from={source} needs data in its own tokenizer; prepare it with --tokenizer={path}")
     gpt2 = own is None and kind != "gguf" and is_gpt2_directory(path)

@@ -26,7 +26,7 @@ from gptkit.model import scaled_frequencies
 from gptkit.weights import export_gguf, gguf_hf_tokenizer, load
 from gptkit.weights.checkpoint import load_checkpoint
 from gptkit.weights.gguf_read import q8_0_values, read_tensors
-from gptkit.weights.sources import base_reference
+from gptkit.weights.sources import base_reference, check_data_tokenizer
 from helpers import assert_one_line_error, assert_one_line_message, cli_args, lively_model, run_in_process, run_main
 from hf_tokenizer_dirs import FAMILIES, write_family, write_sentencepiece
 from prepare_data import chat as chat_script
@@ -366,6 +366,23 @@ def test_make_tokenizer_and_prepare_data_take_the_file(tmp_path, qwen_tokenizer)
     path = export_file(tmp_path, tiny("qwen2"), qwen_tokenizer)
     assert make_tokenizer(str(path)).to_meta() == load_gguf_tokenizer(path).to_meta()
     assert make_tokenizer(str(path.parent)).encode("Hello there") == qwen_tokenizer.encode("Hello there")
+
+
+def test_the_model_its_tokenizer_and_the_data_check_come_from_one_read_of_the_file(tmp_path, qwen_tokenizer):
+    """load reads a GGUF file's metadata once (gguf's reader takes seconds over a large vocabulary): with the file
+    emptied after the read, the tokenizer train.py checks its data against and the one sample.py decodes with are
+    still the file's."""
+    for tokenizer in (False, True):
+        path = export_file(tmp_path, tiny("qwen2"), qwen_tokenizer)
+        own = load_gguf_tokenizer(path)
+        meta = {"tokenizer": own.to_meta(), "vocab_size": own.vocab_size, "eot_token": None}
+        loaded = load(str(path), tokenizer=tokenizer)
+        path.write_bytes(b"")
+        check_data_tokenizer(loaded, meta)
+        with pytest.raises(UserError) as error:
+            check_data_tokenizer(loaded, {**meta, "tokenizer": CharTokenizer.from_text("abc").to_meta()})
+        assert_one_line_message(error.value, f"needs data in its own tokenizer; prepare it with --tokenizer={path}")
+    assert loaded.tokenizer.to_meta() == own.to_meta()
 
 
 # ------------------------------------------------------------------------------------------------ the scripts
