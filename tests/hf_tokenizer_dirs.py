@@ -299,3 +299,17 @@ def write_family(directory: Path, family: str) -> Path:
     tokenizer.train_from_iterator((CORPUS + FAMILY_CORPUS) * 20, trainer)
     tokenizer.pre_tokenizer = pre
     return _save(tokenizer, directory, template, **special)
+
+
+# The texts tokenizers are compared on: the corpora above, and digits, contractions in both cases, runs of spaces,
+# tabs and newlines, punctuation runs, scripts and emoji.
+VARIED = [
+    *TEXTS,
+    *CORPUS,
+    *FAMILY_CORPUS,
+    "I'm, you're, he's, we'VE, THEY'LL, she'd, it'S, don't",
+    "1 12 123 1234 12345 123456789 3.14159 1,000,000 0x1F 2024-11-28",
+    "a  b   c    d\t\te\n f \n\n g\r\n\r\nh   \n   ",
+    "!!! ??? ... ,,, ;-) :-( (a) [b] {c} <d> \"e\" 'f' `g` ~h~ @i #j $k %l ^m &n *o",
+    "naïve café résumé Ångström ﬁ ½ ² Ⅻ ٣٤ 五六",
+]

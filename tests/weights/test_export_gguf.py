@@ -13,8 +13,10 @@ from gptkit.core.errors import UserError
 from gptkit.data import bpe
 from gptkit.data import tokenizer as tok
 from gptkit.data.chat import END_OF_TURN
+from gptkit.data.gguf_tokenizer import load_gguf_tokenizer
 from gptkit.weights.export_gguf import export_gguf, gguf_tensors
 from helpers import greedy_llama_cpp, lively_model, reference_greedy
+from hf_tokenizer_dirs import VARIED
 
 gguf = pytest.importorskip("gguf")
 
@@ -178,6 +180,21 @@ def test_the_chat_template_in_the_metadata_renders_our_ids(tmp_path, gpt2_file, 
     assert hf.encode(text) == tokenizer.chat.render_prompt(CONVERSATION, tokenizer)
     modelfile = (path.parent / "Modelfile").read_text()
     assert modelfile.startswith("FROM ./tiny-f16.gguf\n") and 'PARAMETER stop "<|end|>"' in modelfile
+
+
+@pytest.mark.heavy
+def test_gpt2_s_chat_vocabulary_reads_back_with_tiktoken_s_ids_and_our_template(gpt2_file):
+    """gptkit/data/gguf_tokenizer.py over the file's metadata (as gpt2_file's reader parsed it): GPT-2's 50,000 tokens
+    and merges with the chat template's tokens encode as tiktoken does, and render our template's ids."""
+    path, reader = gpt2_file
+    tokenizer = chat_gpt2()
+    ours = load_gguf_tokenizer(path, reader)
+    for text in VARIED:
+        assert ours.encode(text) == tokenizer.encode(text), text
+    conversation = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}]
+    assert (
+        ours.chat.render(conversation, ours)[0].tolist() == tokenizer.chat.render(conversation, tokenizer)[0].tolist()
+    )
 
 
 def test_a_trained_bpe_uses_llama_cpps_gpt4_style_pre_tokenizer(tmp_path):

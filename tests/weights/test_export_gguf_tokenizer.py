@@ -14,7 +14,7 @@ from gptkit.core.errors import UserError
 from gptkit.data.hf_tokenizer import load_hf_tokenizer
 from gptkit.weights import gguf_hf_tokenizer
 from helpers import greedy_llama_cpp, lively_model, reference_greedy
-from hf_tokenizer_dirs import CORPUS, FAMILIES, FAMILY_CORPUS, TEXTS, write_family, write_sentencepiece
+from hf_tokenizer_dirs import FAMILIES, VARIED, write_family, write_sentencepiece
 
 gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
@@ -29,17 +29,6 @@ CONVERSATION = [
     {"role": "user", "content": "Hello, who are you?"},
     {"role": "assistant", "content": "A fox. It's 2024!"},
     {"role": "user", "content": "And 12345?"},
-]
-# Digits, contractions in both cases, runs of spaces, tabs and newlines, punctuation runs, scripts and emoji.
-VARIED = [
-    *TEXTS,
-    *CORPUS,
-    *FAMILY_CORPUS,
-    "I'm, you're, he's, we'VE, THEY'LL, she'd, it'S, don't",
-    "1 12 123 1234 12345 123456789 3.14159 1,000,000 0x1F 2024-11-28",
-    "a  b   c    d\t\te\n f \n\n g\r\n\r\nh   \n   ",
-    "!!! ??? ... ,,, ;-) :-( (a) [b] {c} <d> \"e\" 'f' `g` ~h~ @i #j $k %l ^m &n *o",
-    "naïve café résumé Ångström ﬁ ½ ² Ⅻ ٣٤ 五六",
 ]
 
 

@@ -13,12 +13,11 @@ import torch
 from gptkit.data.gguf_tokenizer import load_gguf_tokenizer
 from gptkit.data.hf_tokenizer import load_hf_tokenizer
 from gptkit.weights import load
-from hf_tokenizer_dirs import write_family
+from hf_tokenizer_dirs import VARIED, write_family
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
-from test_export_gguf_tokenizer import VARIED  # noqa: E402
 from test_gguf_read import IDX, SHAPES, export_file, logits, tiny, transformers_model  # noqa: E402
 
 # llama.cpp's file types (llama.h's LLAMA_FTYPE_MOSTLY_*) and the block type each writes for most matrices.

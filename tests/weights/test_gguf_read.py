@@ -28,14 +28,13 @@ from gptkit.weights.checkpoint import load_checkpoint
 from gptkit.weights.gguf_read import q8_0_values, read_tensors
 from gptkit.weights.sources import base_reference, check_data_tokenizer
 from helpers import assert_one_line_error, assert_one_line_message, cli_args, lively_model, run_in_process, run_main
-from hf_tokenizer_dirs import FAMILIES, write_family, write_sentencepiece
+from hf_tokenizer_dirs import FAMILIES, VARIED, write_family, write_sentencepiece
 from prepare_data import chat as chat_script
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 from test_export_gguf import tiny_bpe  # noqa: E402
-from test_export_gguf_tokenizer import VARIED  # noqa: E402
 
 T = gguf.GGMLQuantizationType
 ROWS = 640  # embedding rows: more than the tokenizers' ~600 tokens, so the files pad
@@ -345,21 +344,6 @@ def test_our_own_tokenizers_read_back_with_their_ids(tmp_path):
     assert load_gguf_tokenizer(char_file).encode("hi abc\ndeg!") == chars.encode("hi abc\ndeg!")
     again = export_file(tmp_path / "again", lively_model(vocab_size=chars.vocab_size), load_gguf_tokenizer(char_file))
     assert load_gguf_tokenizer(again).encode("hi abc\ndeg!") == chars.encode("hi abc\ndeg!")
-
-
-@pytest.mark.heavy
-def test_gpt2_s_chat_vocabulary_reads_back_with_tiktoken_s_ids_and_our_template(tmp_path):
-    from test_export_gguf import chat_gpt2
-
-    tokenizer = chat_gpt2()
-    path = export_file(tmp_path, lively_model(vocab_size=50304, n_embd=64, n_head=2), tokenizer)
-    ours = load_gguf_tokenizer(path)
-    for text in VARIED:
-        assert ours.encode(text) == tokenizer.encode(text), text
-    conversation = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}]
-    assert (
-        ours.chat.render(conversation, ours)[0].tolist() == tokenizer.chat.render(conversation, tokenizer)[0].tolist()
-    )
 
 
 def test_make_tokenizer_and_prepare_data_take_the_file(tmp_path, qwen_tokenizer):
