@@ -119,10 +119,15 @@ def read_gguf_model(path: str | os.PathLike, overrides: dict[str, Any] | None = 
 
 
 def read_gguf(
-    path: str | os.PathLike, overrides: dict[str, Any] | None = None, keep_int4: bool = False
+    path: str | os.PathLike,
+    overrides: dict[str, Any] | None = None,
+    keep_int4: bool = False,
+    products_in_file: bool = False,
 ) -> tuple[GPT, dict[str, Any] | None]:
     """read_gguf_model's model and the file's tokenizer record (gguf_tokenizer_record; None where the file holds no
-    tokenizer we read) from one read of its metadata: gguf's reader takes seconds over a large vocabulary's."""
+    tokenizer we read) from one read of its metadata: gguf's reader takes seconds over a large vocabulary's.
+    products_in_file: as keep_int4, but for the products alone (the token embedding and the head are read as
+    usual): QLoRA's base, whose products add_lora holds as these blocks (gptkit.weights.lora), never float32."""
     reader = open_gguf(path)
     try:
         tokenizer = gguf_tokenizer_record(path, reader)
@@ -140,13 +145,13 @@ def read_gguf(
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{path}: not a usable {arch} model ({exc})") from None
     model = GPT.without_weights(config)
-    kept = keep_in_file(model, tensors, arch) if keep_int4 else set()
+    kept = keep_in_file(model, tensors, arch, products_only=not keep_int4) if keep_int4 or products_in_file else set()
     named = HFTensors(tensors.without(kept), arch, config, path)
     model.load_state_dict(state_from_hf(named, architecture, model, Path(path)), assign=True)
     if config.tie_embeddings and isinstance(model.transformer.wte, torch.nn.Embedding):
         model.transformer.wte.weight = model.lm_head.weight  # each was put in place apart: one matrix again
     if not keep_int4:
-        keep_q4_blocks(model, tensors, arch)
+        keep_q4_blocks(model, tensors, arch)  # those of the matrices read in float32
     return model, tokenizer
 
 
@@ -442,17 +447,20 @@ def keep_q4_blocks(model: GPT, tensors: FileTensors, arch: str) -> None:
     are read from, and the token embedding too (quantization.keep_int4_blocks). The head is the token embedding's
     blocks when tied. Llama's q and k rows are reordered as their values are."""
     for module, matrix in stored_matrices(tensors, arch, model.config).items():
-        keep_int4_blocks(model.get_submodule(module), matrix(0, matrix.rows))
+        if not isinstance(model.get_submodule(module), FileInt4Linear):  # left in the file
+            keep_int4_blocks(model.get_submodule(module), matrix(0, matrix.rows))
 
 
-def keep_in_file(model: GPT, tensors: FileTensors, arch: str) -> set[str]:
+def keep_in_file(model: GPT, tensors: FileTensors, arch: str, products_only: bool = False) -> set[str]:
     """Each module of `model` (made without weights) whose matrix the file stores in Q4_0 or Q4_1 becomes one that
     reads its blocks from the file as it needs them: FileInt4Linear, and for the token embedding FileInt4Embedding
     (a tied head: a FileInt4Linear of the same rows). Their scales are checked for NaN and infinity here. A token
-    embedding stored in another quantized type stays in the file too (keep_embedding_in_file). Returns the file's
-    weights so kept: nothing else reads them."""
+    embedding stored in another quantized type stays in the file too (keep_embedding_in_file). products_only: the
+    products alone, not the embedding or the head. Returns the file's weights so kept: nothing else reads them."""
     config, kept = model.config, set()
     stored = stored_matrices(tensors, arch, config)
+    if products_only:
+        stored = {module: matrix for module, matrix in stored.items() if module not in ("transformer.wte", "lm_head")}
     for module, matrix in stored.items():
         for name, _ in matrix.parts:
             check_blocks_finite(tensors, name)
@@ -465,7 +473,11 @@ def keep_in_file(model: GPT, tensors: FileTensors, arch: str) -> set[str]:
         model.set_submodule(module, new)
         kept.update(name for name, _ in matrix.parts)
     embedding = "token_embd.weight"
-    if embedding not in kept and tensors.file.tensors[embedding].tensor_type.name not in FLOAT_TYPES:
+    if (
+        not products_only
+        and embedding not in kept
+        and tensors.file.tensors[embedding].tensor_type.name not in FLOAT_TYPES
+    ):
         products = set(matrix_sources(config, arch)) - {"transformer.wte"}
         kept |= keep_embedding_in_file(model, tensors, products <= set(stored))
     return kept

@@ -30,7 +30,7 @@ from gptkit.core.errors import UserError
 from gptkit.core.fileio import atomic_write_bytes, atomic_write_json
 from gptkit.model import GPTConfig
 from gptkit.weights.hf import export_architecture, flip_rotation, hf_names
-from gptkit.weights.quantization import Int4Blocks, Int4Linear
+from gptkit.weights.quantization import FileInt4Linear, Int4Blocks, Int4Linear, int4_as_linear
 
 # Which Linear layers of each block get an adapter (the output head, tied to the embedding, never does).
 TARGETS = {
@@ -76,31 +76,37 @@ class LoraConfig:
 
 
 class LoraLinear(nn.Module):
-    """A frozen Linear (stored as `base_weights` says) plus a trainable low-rank update `lora_B @ lora_A`."""
+    """A frozen Linear (stored as `base_weights` says) plus a trainable low-rank update `lora_B @ lora_A`. The base
+    may be an Int4Linear (a GGUF file's blocks, left in the file: gptkit.weights.sources.load's products_in_file): an
+    int4 base holds its blocks as they are, never float32; any other, the float32 Linear of their values."""
 
-    def __init__(self, base: nn.Linear, config: LoraConfig, base_weights: str = "float32") -> None:
+    def __init__(self, base: nn.Linear | Int4Linear, config: LoraConfig, base_weights: str = "float32") -> None:
         super().__init__()
+        if isinstance(base, Int4Linear) and base_weights != "int4":
+            base = int4_as_linear(base)
         self.in_features, self.out_features = base.in_features, base.out_features
         self.scale = config.scale
         self.base_weights = base_weights
-        weight = base.weight.detach()
-        if base_weights == "int8":  # one scale per output row, as gptkit.weights.quantization stores them
-            row_scale = (weight.float().abs().amax(dim=1) / INT8_MAX).clamp_min(1e-12)
-            self.register_buffer("weight_int8", torch.round(weight.float() / row_scale[:, None]).to(torch.int8))
-            self.register_buffer("weight_scale", row_scale)
-            self.weight = None
-        elif base_weights == "int4":  # Int4Linear's blocks: those the weight was read from, else quantized
-            codes, scale, minimum = Int4Linear.from_linear(base).blocks()
+        if base_weights == "int4":  # Int4Linear's blocks: a file's as they are, or those the weight was read from
+            int4 = base if isinstance(base, Int4Linear) else Int4Linear.from_linear(base)
+            codes, scale, minimum = int4.blocks()  # (else quantized), read here where they lie in a file
             self.register_buffer("weight_int4", codes)
             self.register_buffer("weight_scale", scale)
             self.register_buffer("weight_minimum", minimum)
             self.weight = None
+        elif base_weights == "int8":  # one scale per output row, as gptkit.weights.quantization stores them
+            weight = base.weight.detach()
+            row_scale = (weight.float().abs().amax(dim=1) / INT8_MAX).clamp_min(1e-12)
+            self.register_buffer("weight_int8", torch.round(weight.float() / row_scale[:, None]).to(torch.int8))
+            self.register_buffer("weight_scale", row_scale)
+            self.weight = None
         else:
-            dtype = torch.bfloat16 if base_weights == "bfloat16" else weight.dtype
-            self.weight = nn.Parameter(weight.to(dtype), requires_grad=False)
+            dtype = torch.bfloat16 if base_weights == "bfloat16" else base.weight.dtype
+            self.weight = nn.Parameter(base.weight.detach().to(dtype), requires_grad=False)
+        device = self.stored_base()[0].device
         self.bias = None if base.bias is None else nn.Parameter(base.bias.detach().clone(), requires_grad=False)
-        self.lora_A = nn.Parameter(torch.empty(config.rank, self.in_features, device=weight.device))
-        self.lora_B = nn.Parameter(torch.zeros(self.out_features, config.rank, device=weight.device))
+        self.lora_A = nn.Parameter(torch.empty(config.rank, self.in_features, device=device))
+        self.lora_B = nn.Parameter(torch.zeros(self.out_features, config.rank, device=device))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's own initialisation
         self.dropout = nn.Dropout(config.dropout)
 
@@ -196,7 +202,7 @@ class GrownVocabulary(nn.Module):
 
 
 def _targeted(model: nn.Module, targets: str) -> list[str]:
-    names = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    names = [name for name, module in model.named_modules() if isinstance(module, (nn.Linear, Int4Linear))]
     return [name for name in names if name.endswith(TARGETS[targets]) and ".h." in f".{name}"]
 
 
@@ -214,6 +220,10 @@ def add_lora(
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         setattr(parent, child, LoraLinear(getattr(parent, child), config, base_weights))
+    for parent in list(model.modules()):  # products a file holds that no adapter targets: as a plain read gives them
+        for child, module in list(parent.named_children()):
+            if isinstance(module, FileInt4Linear):
+                setattr(parent, child, int4_as_linear(module).requires_grad_(False))
     if first_new_row is not None and first_new_row < model.lm_head.weight.shape[0]:
         if model.lm_head.weight is model.transformer.wte.weight:
             model.transformer.wte = model.lm_head = GrownVocabulary(model.lm_head.weight, first_new_row)

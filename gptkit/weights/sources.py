@@ -107,6 +107,7 @@ def load(
     dtype: str = "float32",
     tokenizer: bool = True,
     keep_int4: bool = False,
+    products_in_file: bool = False,
 ) -> Loaded:
     """The model of `source` (any of the module docstring's) and its tokenizer.
 
@@ -118,6 +119,7 @@ def load(
     dtype: the weights' dtype, float32 or bfloat16. tokenizer: False reads the model only.
     keep_int4: a GGUF file's Q4_0 and Q4_1 matrices stay in the file, read as they are needed, never float32
       (gguf_read.keep_in_file): for decoding on the CPU, not for training.
+    products_in_file: so are its products alone, for add_lora to hold as int4 blocks (QLoRA's base): never float32.
     UserError (one line) for every problem.
     """
     if dtype not in DTYPES:
@@ -132,7 +134,7 @@ def load(
         model = model_of_checkpoint(state, str(path), overrides=overrides, merge=merge)
     elif kind == "gguf":
         path = open_weights_path(source, kind)
-        model, gguf_tokenizer = read_gguf(path, overrides, keep_int4)
+        model, gguf_tokenizer = read_gguf(path, overrides, keep_int4, products_in_file)
     else:
         path = open_weights_path(source, kind)
         model = read_hf_model(path, overrides)
@@ -190,7 +192,7 @@ def model_with_adapters(checkpoint: dict[str, Any], where: str, overrides: dict[
     """A LoRA checkpoint's base (checked), cropped and grown to the run's shape, with the adapters in place."""
     record = checkpoint["lora"]
     config = LoraConfig.from_dict(record.get("config"), where)
-    model = lora_base(record["base"], where, overrides)
+    model = lora_base(record["base"], where, overrides, products_in_file=record["base_weights"] == "int4")
     shape = checkpoint["model_args"]
     if shape["block_size"] < model.config.block_size:
         model.crop_block_size(shape["block_size"])
@@ -201,9 +203,11 @@ def model_with_adapters(checkpoint: dict[str, Any], where: str, overrides: dict[
     return model
 
 
-def lora_base(reference: dict[str, str], where: str, overrides: dict[str, Any] | None = None) -> GPT:
+def lora_base(
+    reference: dict[str, str], where: str, overrides: dict[str, Any] | None = None, products_in_file: bool = False
+) -> GPT:
     """The base model a LoRA checkpoint names (a LoRA base merged), after checking that its weights are the ones
-    the adapters were trained on."""
+    the adapters were trained on; products_in_file as load's (an int4 base's blocks from a GGUF file)."""
     source = reference["source"]
     if source_kind(source) is None:
         raise UserError(f"{where}: its base {source} is missing; put the base model back there (the adapters need it)")
@@ -213,7 +217,7 @@ def lora_base(reference: dict[str, str], where: str, overrides: dict[str, Any] |
             f"{where}: its base {source} has changed since the adapters were trained (sha256 {found[:12]}..., expected "
             f"{reference['sha256'][:12]}...); use the base they were trained on"
         )
-    return load(source, overrides=overrides, tokenizer=False).model
+    return load(source, overrides=overrides, tokenizer=False, products_in_file=products_in_file).model
 
 
 def base_reference(source: str) -> dict[str, str]:

@@ -601,6 +601,51 @@ def test_lora_over_a_q4_file_holds_the_file_s_blocks(tmp_path, monkeypatch, qwen
     torch.testing.assert_close(logits(adapted, IDX), logits(int4, IDX), rtol=0, atol=1e-6)  # B = 0: the base
 
 
+@pytest.mark.parametrize("shape", ["qwen2", "llama-gqa-tied"])
+def test_qlora_from_a_q4_file_left_in_it_is_the_model_of_a_float32_read(tmp_path, monkeypatch, qwen_tokenizer, shape):
+    """load's products_in_file (train.py's QLoRA set-up) and add_lora give the model that a float32 read and add_lora
+    give, tensor for tensor: the adapted products' blocks (the file's), the others' float32 values (attention targets
+    only, so the MLP's products stay plain), the embedding and the head, the adapters' initial values."""
+    path = q4_file(tmp_path, monkeypatch, tiny(shape), qwen_tokenizer, T.Q4_1)
+    config = LoraConfig(rank=4, targets="attention")
+    models = []
+    for products_in_file in (False, True):
+        model = load(str(path), tokenizer=False, products_in_file=products_in_file).model
+        torch.manual_seed(0)
+        models.append(add_lora(model, config, base_weights="int4"))
+    read, left = (model.state_dict() for model in models)
+    assert read.keys() == left.keys() and all(torch.equal(read[key], left[key]) for key in read)
+    assert not any(isinstance(module, Int4Linear) for module in models[1].modules())
+    torch.testing.assert_close(logits(models[1], IDX), logits(models[0], IDX), rtol=0, atol=0)
+
+
+def test_qlora_from_a_q4_file_never_holds_its_products_in_float32(tmp_path, monkeypatch, qwen_tokenizer):
+    """Measured: QLoRA's set-up (load with products_in_file, then add_lora over every product) raises the process's
+    peak resident memory by less than a third of the products' float32 bytes (their blocks, held as Q4_1's, are 0.16
+    of them; the largest product alone in float32, a seventh), where a float32 read and add_lora raise it by
+    more than those bytes."""
+    source = lively_model(**{**ROPE, "vocab_size": 640, "n_layer": 4, "n_embd": 512, "mlp_hidden": 4096})
+    path = q4_file(tmp_path, monkeypatch, source, qwen_tokenizer, T.Q4_0)
+    products = 4 * sum(
+        m.weight.numel()
+        for name, m in source.named_modules()
+        if ".h." in f".{name}" and hasattr(m, "weight") and m.weight.dim() == 2
+    )
+    del source
+    config = LoraConfig(rank=4, targets="all")
+
+    def qlora(products_in_file: bool) -> torch.nn.Module:
+        model = load(str(path), tokenizer=False, products_in_file=products_in_file).model
+        return add_lora(model, config, base_weights="int4")
+
+    qlora(True)  # once unmeasured: what the first read imports or caches is not the set-up's cost
+    model, rise = peak_rise(lambda: qlora(False))
+    assert rise > products
+    del model
+    _, rise = peak_rise(lambda: qlora(True))
+    assert rise < products / 3
+
+
 @pytest.mark.heavy
 def test_train_py_lora_over_a_q4_file_learns_and_merges_to_its_blocks_plus_the_adapters(
     tmp_path, monkeypatch, qwen_tokenizer, capsys
