@@ -30,7 +30,7 @@ from gptkit.core.errors import UserError
 from gptkit.core.fileio import atomic_write_bytes, atomic_write_json
 from gptkit.model import GPTConfig
 from gptkit.weights.hf import export_architecture, flip_rotation, hf_names
-from gptkit.weights.quantization import FileInt4Linear, Int4Blocks, Int4Linear, int4_as_linear
+from gptkit.weights.quantization import Int4Blocks, Int4Linear, int4_as_linear
 
 # Which Linear layers of each block get an adapter (the output head, tied to the embedding, never does).
 TARGETS = {
@@ -75,21 +75,22 @@ class LoraConfig:
         return cls(**record)
 
 
-class LoraLinear(nn.Module):
-    """A frozen Linear (stored as `base_weights` says) plus a trainable low-rank update `lora_B @ lora_A`. The base
-    may be an Int4Linear (a GGUF file's blocks, left in the file: gptkit.weights.sources.load's products_in_file): an
-    int4 base holds its blocks as they are, never float32; any other, the float32 Linear of their values."""
+class FrozenLinear(nn.Module):
+    """A frozen Linear held as `base_weights` says: float32, bfloat16, int8 (a scale a row) or int4 (Int4Linear's
+    blocks: a GGUF file's as they are, those the weight was read from, else quantized). Its product widens the stored
+    weight to the input's dtype for that product alone, and again in the backward pass (FrozenProduct). The base may
+    be an Int4Linear, whose blocks may lie in a file (gptkit.weights.sources.load's products_in_file): an int4 base
+    holds them as they are, never float32; any other, the float32 Linear of their values."""
 
-    def __init__(self, base: nn.Linear | Int4Linear, config: LoraConfig, base_weights: str = "float32") -> None:
+    def __init__(self, base: nn.Linear | Int4Linear, base_weights: str = "float32") -> None:
         super().__init__()
         if isinstance(base, Int4Linear) and base_weights != "int4":
             base = int4_as_linear(base)
         self.in_features, self.out_features = base.in_features, base.out_features
-        self.scale = config.scale
         self.base_weights = base_weights
-        if base_weights == "int4":  # Int4Linear's blocks: a file's as they are, or those the weight was read from
+        if base_weights == "int4":
             int4 = base if isinstance(base, Int4Linear) else Int4Linear.from_linear(base)
-            codes, scale, minimum = int4.blocks()  # (else quantized), read here where they lie in a file
+            codes, scale, minimum = int4.blocks()  # read here where they lie in a file
             self.register_buffer("weight_int4", codes)
             self.register_buffer("weight_scale", scale)
             self.register_buffer("weight_minimum", minimum)
@@ -103,12 +104,7 @@ class LoraLinear(nn.Module):
         else:
             dtype = torch.bfloat16 if base_weights == "bfloat16" else base.weight.dtype
             self.weight = nn.Parameter(base.weight.detach().to(dtype), requires_grad=False)
-        device = self.stored_base()[0].device
         self.bias = None if base.bias is None else nn.Parameter(base.bias.detach().clone(), requires_grad=False)
-        self.lora_A = nn.Parameter(torch.empty(config.rank, self.in_features, device=device))
-        self.lora_B = nn.Parameter(torch.zeros(self.out_features, config.rank, device=device))
-        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's own initialisation
-        self.dropout = nn.Dropout(config.dropout)
 
     def stored_base(self) -> tuple[torch.Tensor, ...]:
         """The frozen weight as it is held: (weight,), (weight_int8, weight_scale) or the int4 blocks."""
@@ -125,23 +121,47 @@ class LoraLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
         base = FrozenProduct.apply(x, self.base_weights, self.in_features, dtype, self.stored_base())
-        if self.bias is not None:
-            base = base + self.bias.to(dtype)
+        return base if self.bias is None else base + self.bias.to(dtype)
+
+    def merged(self) -> nn.Linear:
+        """An ordinary float32 nn.Linear computing what this layer computes."""
+        weight = self.base_weight(torch.float32)
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device=weight.device)
+        with torch.no_grad():
+            linear.weight.copy_(weight)
+            if self.bias is not None:
+                linear.bias.copy_(self.bias.float())
+        return linear
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, base_weights={self.base_weights}"
+
+
+class LoraLinear(FrozenLinear):
+    """A FrozenLinear plus a trainable low-rank update `lora_B @ lora_A`."""
+
+    def __init__(self, base: nn.Linear | Int4Linear, config: LoraConfig, base_weights: str = "float32") -> None:
+        super().__init__(base, base_weights)
+        self.scale = config.scale
+        device = self.stored_base()[0].device
+        self.lora_A = nn.Parameter(torch.empty(config.rank, self.in_features, device=device))
+        self.lora_B = nn.Parameter(torch.zeros(self.out_features, config.rank, device=device))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's own initialisation
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         update = F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B)
-        return base + self.scale * update
+        return super().forward(x) + self.scale * update
 
     def merged(self) -> nn.Linear:
         """An ordinary float32 nn.Linear computing what this layer computes (without dropout)."""
-        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None)
+        linear = super().merged()
         with torch.no_grad():
-            delta = self.scale * (self.lora_B.float() @ self.lora_A.float())
-            linear.weight.copy_(self.base_weight(torch.float32) + delta)
-            if self.bias is not None:
-                linear.bias.copy_(self.bias.float())
-        return linear.to(self.lora_A.device)
+            linear.weight.add_(self.scale * (self.lora_B.float() @ self.lora_A.float()))
+        return linear
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.lora_A.shape[0]}"
+        return f"{super().extra_repr()}, rank={self.lora_A.shape[0]}"
 
 
 def weight_from_stored(base_weights: str, in_features: int, dtype: torch.dtype, *stored: torch.Tensor) -> torch.Tensor:
@@ -209,21 +229,22 @@ def _targeted(model: nn.Module, targets: str) -> list[str]:
 def add_lora(
     model: nn.Module, config: LoraConfig, base_weights: str = "float32", first_new_row: int | None = None
 ) -> nn.Module:
-    """Freeze every parameter of `model` and put a LoraLinear in place of each targeted Linear (in place;
-    returned). Afterwards only the adapters' A and B require gradients, and, when `first_new_row` is given (the
-    base model's vocabulary size, below the model's), the token rows from there on (see GrownVocabulary)."""
+    """Freeze every parameter of `model` and put a LoraLinear in place of each targeted Linear, and a FrozenLinear
+    in place of every other product of its blocks under a base_weights other than float32 (in place; returned): the
+    whole base is held so. Afterwards only the adapters' A and B require gradients, and, when `first_new_row` is
+    given (the base model's vocabulary size, below the model's), the token rows from there on (see GrownVocabulary)."""
     if base_weights not in BASE_WEIGHTS:
         raise UserError(f"--lora_base_weights must be one of {', '.join(BASE_WEIGHTS)}, got {base_weights!r}")
     for param in model.parameters():
         param.requires_grad_(False)
-    for name in _targeted(model, config.targets):
+    targeted = set(_targeted(model, config.targets))
+    for name in _targeted(model, "all"):  # every product of the blocks: the base, held as base_weights says
         parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        setattr(parent, child, LoraLinear(getattr(parent, child), config, base_weights))
-    for parent in list(model.modules()):  # products a file holds that no adapter targets: as a plain read gives them
-        for child, module in list(parent.named_children()):
-            if isinstance(module, FileInt4Linear):
-                setattr(parent, child, int4_as_linear(module).requires_grad_(False))
+        parent, product = model.get_submodule(parent_name), model.get_submodule(name)
+        if name in targeted:
+            setattr(parent, child, LoraLinear(product, config, base_weights))
+        elif base_weights != "float32" or isinstance(product, Int4Linear):
+            setattr(parent, child, FrozenLinear(product, base_weights))
     if first_new_row is not None and first_new_row < model.lm_head.weight.shape[0]:
         if model.lm_head.weight is model.transformer.wte.weight:
             model.transformer.wte = model.lm_head = GrownVocabulary(model.lm_head.weight, first_new_row)
@@ -264,10 +285,10 @@ def load_adapter_state(model: nn.Module, state: dict[str, torch.Tensor], source:
 
 
 def merge_lora(model: nn.Module) -> nn.Module:
-    """`model` (in place; returned) with every LoraLinear replaced by the ordinary Linear it computes, and grown
-    token rows joined to whole matrices again (one, where the head is tied to the embedding)."""
+    """`model` (in place; returned) with every LoraLinear (and FrozenLinear) replaced by the ordinary Linear it
+    computes, and grown token rows joined to whole matrices again (one, where the head is tied to the embedding)."""
     for name, module in list(model.named_modules()):
-        if isinstance(module, LoraLinear):
+        if isinstance(module, FrozenLinear):
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name), child, module.merged())
     if isinstance(model.lm_head, GrownVocabulary):

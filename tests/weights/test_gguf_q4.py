@@ -604,8 +604,8 @@ def test_lora_over_a_q4_file_holds_the_file_s_blocks(tmp_path, monkeypatch, qwen
 @pytest.mark.parametrize("shape", ["qwen2", "llama-gqa-tied"])
 def test_qlora_from_a_q4_file_left_in_it_is_the_model_of_a_float32_read(tmp_path, monkeypatch, qwen_tokenizer, shape):
     """load's products_in_file (train.py's QLoRA set-up) and add_lora give the model that a float32 read and add_lora
-    give, tensor for tensor: the adapted products' blocks (the file's), the others' float32 values (attention targets
-    only, so the MLP's products stay plain), the embedding and the head, the adapters' initial values."""
+    give, tensor for tensor: every product's blocks (the file's; attention targets only, so the MLP's are held as
+    the base without adapters), the embedding and the head, the adapters' initial values."""
     path = q4_file(tmp_path, monkeypatch, tiny(shape), qwen_tokenizer, T.Q4_1)
     config = LoraConfig(rank=4, targets="attention")
     models = []

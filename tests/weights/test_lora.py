@@ -94,6 +94,30 @@ def test_a_base_held_in_less_precision_stays_close(base_weights: str, tolerance:
     assert not any(param.requires_grad for name, param in small.named_parameters() if "lora_" not in name)
 
 
+def test_the_products_no_adapter_targets_are_held_as_the_base_is() -> None:
+    """--lora_base_weights holds the whole base: under int8 with adapters on the attention, the MLP's products hold
+    int8 weights too (a scale a row: the largest magnitude over 127, rounded to the nearest), frozen; the model
+    computes with those values, and merging gives them back as plain weights."""
+    original = tiny_model()
+    adapted = add_lora(tiny_model(), LoraConfig(rank=2, targets="attention"), base_weights="int8")
+    x = torch.randint(0, 50, (2, 12))
+    for layer in range(TINY["n_layer"]):
+        for product in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
+            name = f"transformer.h.{layer}.{product}"
+            held = adapted.get_submodule(name)
+            assert held.weight is None and held.weight_int8.dtype == torch.int8, name
+            assert hasattr(held, "lora_A") == product.startswith("attn"), name
+            weight = original.get_submodule(name).weight.detach().double()
+            scale = weight.abs().amax(dim=1, keepdim=True) / 127
+            with torch.no_grad():
+                original.get_submodule(name).weight.copy_(torch.round(weight / scale) * scale)
+    assert not any(param.requires_grad for name, param in adapted.named_parameters() if "lora_" not in name)
+    torch.testing.assert_close(adapted(x, x)[0], original(x, x)[0], rtol=0, atol=1e-5)  # B = 0: the base
+    merged = merge_lora(adapted).state_dict()
+    for name, value in original.state_dict().items():
+        torch.testing.assert_close(merged[name], value, rtol=0, atol=1e-6, msg=name)
+
+
 def test_an_int4_base_computes_from_q4_1_blocks_and_merges_to_their_values_plus_the_update() -> None:
     """QLoRA: the base held as GGUF's Q4_1 blocks (no float weight); its product and the merged weight use the
     values gguf-py's own Q4_1 quantizer and dequantizer give the weight."""
