@@ -216,8 +216,11 @@ def clean_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     return cleaned
 
 
-def load_model_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
-    """Load `state_dict` into `model`; UserError naming `source` when names or shapes do not match."""
+def checked_weights(
+    model: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str
+) -> dict[str, torch.Tensor]:
+    """`state_dict` as `model` takes it (compiled and DDP prefixes gone); UserError naming `source` when its names or
+    shapes do not match the model's (which may be made without weights: only their shapes are read)."""
     if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
         raise UserError(f"checkpoint {source}: 'model' is not a dict of tensors; the file is damaged")
     state_dict = clean_state_dict(state_dict)
@@ -235,7 +238,7 @@ def load_model_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tenso
                 f"checkpoint {source}: {key} has shape {tuple(state_dict[key].shape)} but model_args give "
                 f"{tuple(tensor.shape)}; the file is inconsistent"
             )
-    model.load_state_dict(state_dict)
+    return state_dict
 
 
 def model_args_of(checkpoint: dict[str, Any]) -> dict[str, Any]:

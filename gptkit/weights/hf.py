@@ -339,10 +339,10 @@ def read_hf_model(directory: Path, overrides: dict[str, Any] | None = None) -> G
             config = GPTConfig(**{**vars(config), **overrides})
         except (TypeError, ValueError) as exc:
             raise UserError(f"{directory}: {exc}") from None
-    model = GPT(config)
+    model = GPT.without_weights(config)
     tensors = read_tensors(directory)
     check_finite(tensors, str(directory), "the files are damaged; download or export the model again")
-    model.load_state_dict(state_from_hf(tensors, architecture, model, directory))
+    model.take_weights(state_from_hf(tensors, architecture, model, directory))
     return model
 
 

@@ -24,9 +24,9 @@ from gptkit.data.tokenizer import Tokenizer, make_tokenizer, tokenizer_from_meta
 from gptkit.model import GPT, config_from_dict
 from gptkit.weights.checkpoint import (
     check_base_tokenizer,
+    checked_weights,
     is_checkpoint_source,
     load_checkpoint,
-    load_model_weights,
     model_args_of,
     resolve_checkpoint,
 )
@@ -179,8 +179,8 @@ def model_of_checkpoint(
         config = config_from_dict({**model_args_of(checkpoint), **(overrides or {})})
     except (TypeError, ValueError) as exc:  # ValueError: GPTConfig refuses the values
         raise UserError(f"checkpoint {where} has invalid model_args ({exc}); the file is damaged") from exc
-    model = GPT(config)
-    load_model_weights(model, checkpoint["model"], where)
+    model = GPT.without_weights(config)
+    model.take_weights(checked_weights(model, checkpoint["model"], where))
     return model
 
 

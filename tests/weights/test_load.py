@@ -185,6 +185,16 @@ def test_a_lora_run_whose_base_changed_or_went_is_one_line(tmp_path):
     assert_one_line_message(error.value, "is missing; put the base model back there")
 
 
+def test_a_tied_head_loads_as_the_embedding_s_own_matrix(tmp_path):
+    """The loaders put the weights in place without making random ones first; a tied model's head is then the
+    embedding's very matrix again (training one trains the other), not a copy."""
+    tied = lively_model(CHARS.vocab_size, seed=3, tie_embeddings=True)
+    save_run(tmp_path / "run" / "ckpt.pt", tied)
+    model = load(str(tmp_path / "run")).model
+    assert model.lm_head.weight is model.transformer.wte.weight
+    torch.testing.assert_close(logits(model), logits(tied), rtol=0, atol=0)
+
+
 def test_a_hugging_face_directory_and_its_hub_name_give_transformers_logits(tmp_path, monkeypatch):
     hf, directory = qwen2_directory(tmp_path / "qwen2")
     idx = torch.randint(0, 704, (2, 12), generator=torch.Generator().manual_seed(2))
