@@ -272,12 +272,14 @@ class GPT(nn.Module):
     def take_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Put float32 copies of `state`'s tensors in place as this model's weights (a model made without_weights:
         no random initialisation is computed only to be overwritten); a tied head is the embedding's matrix again.
-        `state` holds every entry of the model's state_dict, in its shape (the loaders check that first)."""
+        `state` holds every entry of the model's state_dict still on the meta device, in its shape (the loaders check
+        that first): a module the loader has already put in place with weights of its own keeps them."""
         copies: dict[int, torch.Tensor] = {}  # one copy of a tensor under two names (a tied head's)
         for value in state.values():
             if id(value) not in copies:
                 copies[id(value)] = value.to(dtype=torch.float32, memory_format=torch.contiguous_format, copy=True)
-        self.load_state_dict({key: copies[id(value)] for key, value in state.items()}, assign=True)
+        held = {key: value for key, value in self.state_dict(keep_vars=True).items() if not value.is_meta}
+        self.load_state_dict({**held, **{key: copies[id(value)] for key, value in state.items()}}, assign=True)
         if self.config.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight
 

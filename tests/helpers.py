@@ -6,6 +6,8 @@ Everything here builds its inputs on the fly (never downloaded) and talks only t
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import gc
 import hashlib
 import json
 import os
@@ -821,3 +823,35 @@ def items_from_text(
         endings[0], endings[label] = endings[label], endings[0]
         items.append(Item(text[start - 1 - context_chars : start - 1], tuple(endings), label))
     return items
+
+
+# ------------------------------------------------------------------------------------------ memory
+
+
+def peak_rise(action: Callable[[], Any]) -> tuple[Any, int]:
+    """action()'s result and how far the process's peak resident memory rose above its resident memory before it
+    (Linux: /proc/self/clear_refs resets the peak to what is resident; elsewhere the test is skipped). Memory that
+    earlier tests in this process freed is handed back to the system first, or the action would reuse it unseen."""
+    import pytest
+
+    gc.collect()
+    release_freed_memory()
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pytest.skip("this system cannot reset the process's peak resident memory")
+    before = process_memory("VmRSS")
+    result = action()
+    return result, process_memory("VmHWM") - before
+
+
+def release_freed_memory() -> None:
+    """glibc's malloc_trim: freed heap memory back to the system (elsewhere nothing)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def process_memory(field: str) -> int:
+    """A /proc/self/status memory figure, in bytes."""
+    line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith(field))
+    return int(line.split()[1]) * 1024

@@ -60,11 +60,13 @@ def test_a_lora_run_trains_only_adapters_and_saves_only_them(base: Path, tmp_pat
             torch.testing.assert_close(dict(tuned.named_parameters())[name].detach(), tensor)
 
 
-def test_a_lora_run_resumes_exactly(base: Path, tmp_path: Path, capsys) -> None:
-    text = base.parent / "text"
-    assert lora_run(base, text, tmp_path / "a", capsys, max_iters=6).returncode == 0
-    assert lora_run(base, text, tmp_path / "b", capsys, max_iters=3).returncode == 0
-    rest = lora_run(base, text, tmp_path / "b", capsys, max_iters=6, init_from="resume")
+@pytest.mark.parametrize("base_weights", ["float32", "int4"])
+def test_a_lora_run_resumes_exactly(base: Path, tmp_path: Path, capsys, base_weights: str) -> None:
+    """Also QLoRA's (int4), whose base checkpoint's products are read as int4 blocks at the start and at resume."""
+    text, held = base.parent / "text", {"lora_base_weights": base_weights}
+    assert lora_run(base, text, tmp_path / "a", capsys, max_iters=6, **held).returncode == 0
+    assert lora_run(base, text, tmp_path / "b", capsys, max_iters=3, **held).returncode == 0
+    rest = lora_run(base, text, tmp_path / "b", capsys, max_iters=6, init_from="resume", **held)
     assert rest.returncode == 0, rest.stderr
     a = ckpt.load_checkpoint(tmp_path / "a" / "ckpt.pt")["model"]
     b = ckpt.load_checkpoint(tmp_path / "b" / "ckpt.pt")["model"]

@@ -70,7 +70,7 @@ def starting_model(cfg: Any, meta: dict, resumed: dict | None) -> GPT:
         return model_of_checkpoint(weights, str(Path(cfg.out_dir) / ckpt.LATEST_NAME), overrides=overrides)
     # a checkpoint, open weights or a GGUF file, whose 4-bit products QLoRA holds as they are, never float32
     qlora = bool(cfg.lora_rank) and cfg.lora_base_weights == "int4"
-    loaded = load(cfg.init_from, overrides=overrides, tokenizer=False, products_in_file=qlora)
+    loaded = load(cfg.init_from, overrides=overrides, tokenizer=False, int4_products=qlora)
     check_data_tokenizer(loaded, meta)
     return loaded.model.train()
 

@@ -29,6 +29,7 @@ from gptkit.core.fileio import atomic_write_bytes, atomic_write_json
 from gptkit.model import GPT, GPTConfig
 from gptkit.weights.checkpoint import check_finite
 from gptkit.weights.export_common import gpt2_problem, gpt2_tensors
+from gptkit.weights.quantization import int4_block_products
 
 GPT2_HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "NanoChatForCausalLM")
@@ -330,9 +331,10 @@ def state_from_hf(tensors: Mapping[str, torch.Tensor], architecture: str, model:
 # ------------------------------------------------------------------------------------------------ reading
 
 
-def read_hf_model(directory: Path, overrides: dict[str, Any] | None = None) -> GPT:
+def read_hf_model(directory: Path, overrides: dict[str, Any] | None = None, int4_products: bool = False) -> GPT:
     """The model of a Hugging Face directory of one of ARCHITECTURES as our GPT (float32, on CPU). `overrides` may
-    change what does not change shapes (dropout, block_size downwards)."""
+    change what does not change shapes (dropout, block_size downwards). int4_products: the blocks' products as
+    Int4Linear blocks quantized from the stored weights, never float32 (QLoRA's base)."""
     architecture, config = read_config(directory)
     if overrides:
         try:
@@ -342,7 +344,11 @@ def read_hf_model(directory: Path, overrides: dict[str, Any] | None = None) -> G
     model = GPT.without_weights(config)
     tensors = read_tensors(directory)
     check_finite(tensors, str(directory), "the files are damaged; download or export the model again")
-    model.take_weights(state_from_hf(tensors, architecture, model, directory))
+    state = state_from_hf(tensors, architecture, model, directory)
+    del tensors  # state holds what it needs: a product quantized below is freed at once
+    if int4_products:
+        int4_block_products(model, state)
+    model.take_weights(state)
     return model
 
 

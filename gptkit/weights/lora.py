@@ -79,7 +79,7 @@ class FrozenLinear(nn.Module):
     """A frozen Linear held as `base_weights` says: float32, bfloat16, int8 (a scale a row) or int4 (Int4Linear's
     blocks: a GGUF file's as they are, those the weight was read from, else quantized). Its product widens the stored
     weight to the input's dtype for that product alone, and again in the backward pass (FrozenProduct). The base may
-    be an Int4Linear, whose blocks may lie in a file (gptkit.weights.sources.load's products_in_file): an int4 base
+    be an Int4Linear, whose blocks may lie in a file (gptkit.weights.sources.load's int4_products): an int4 base
     holds them as they are, never float32; any other, the float32 Linear of their values."""
 
     def __init__(self, base: nn.Linear | Int4Linear, base_weights: str = "float32") -> None:

@@ -285,6 +285,18 @@ def quantize_row_slices(slices: Iterable[torch.Tensor]) -> Int4Blocks:
     return Int4Blocks(*(torch.cat(part) for part in zip(*parts)))
 
 
+def int4_block_products(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Each Linear of `model`'s blocks (made without weights) becomes the Int4Linear of its weight in `state`, the
+    blocks Int4Linear.from_linear makes of it, quantized a slice of rows at a time from the stored dtype; its entries
+    leave `state`. QLoRA's base read with no float32 copy of its products (gptkit.weights.sources.load's
+    int4_products)."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.Linear) and name.startswith("transformer.h."):
+            weight, bias = state.pop(f"{name}.weight"), state.pop(f"{name}.bias", None)
+            blocks = quantize_row_slices(weight.split(ROWS_AT_ONCE))
+            model.set_submodule(name, Int4Linear(*blocks, weight.shape[1], None if bias is None else bias.float()))
+
+
 def keep_int4_blocks(module: nn.Module, blocks: Int4Blocks) -> None:
     """Record on `module` (an nn.Linear, or the token embedding) the 4-bit blocks its weight was read from (a GGUF
     file's Q4_0 or Q4_1 matrix, gptkit.weights.gguf_read), for stored_int4."""

@@ -41,6 +41,7 @@ from gptkit.weights.hf import (
     weight_files,
 )
 from gptkit.weights.lora import LoraConfig, add_lora, load_adapter_state, merge_lora
+from gptkit.weights.quantization import int4_block_products
 
 SOURCE_KINDS = ("checkpoint", "gguf", "hf", "hub")  # what source_kind answers
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -107,7 +108,7 @@ def load(
     dtype: str = "float32",
     tokenizer: bool = True,
     keep_int4: bool = False,
-    products_in_file: bool = False,
+    int4_products: bool = False,
 ) -> Loaded:
     """The model of `source` (any of the module docstring's) and its tokenizer.
 
@@ -119,7 +120,9 @@ def load(
     dtype: the weights' dtype, float32 or bfloat16. tokenizer: False reads the model only.
     keep_int4: a GGUF file's Q4_0 and Q4_1 matrices stay in the file, read as they are needed, never float32
       (gguf_read.keep_in_file): for decoding on the CPU, not for training.
-    products_in_file: so are its products alone, for add_lora to hold as int4 blocks (QLoRA's base): never float32.
+    int4_products: the products of its blocks read as int4 blocks for add_lora to hold so (QLoRA's base), never
+      float32: a GGUF file's Q4_0 and Q4_1 ones stay in the file, a checkpoint's or Hugging Face directory's are
+      quantized as they are put in place.
     UserError (one line) for every problem.
     """
     if dtype not in DTYPES:
@@ -131,13 +134,13 @@ def load(
     if kind == "checkpoint":
         path = resolve_checkpoint(source, checkpoint)
         state = load_checkpoint(path)
-        model = model_of_checkpoint(state, str(path), overrides=overrides, merge=merge)
+        model = model_of_checkpoint(state, str(path), overrides=overrides, merge=merge, int4_products=int4_products)
     elif kind == "gguf":
         path = open_weights_path(source, kind)
-        model, gguf_tokenizer = read_gguf(path, overrides, keep_int4, products_in_file)
+        model, gguf_tokenizer = read_gguf(path, overrides, keep_int4, products_in_file=int4_products)
     else:
         path = open_weights_path(source, kind)
-        model = read_hf_model(path, overrides)
+        model = read_hf_model(path, overrides, int4_products)
     read = Loaded(
         model=model,
         tokenizer=None,
@@ -153,7 +156,9 @@ def load(
             f"the tokenizer has {text_tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}; "
             "pass the --data_dir the model was trained on"
         )
-    return replace(read, model=model.to(DTYPES[dtype]).eval(), tokenizer=text_tokenizer)
+    if dtype != "float32":  # every reader gives float32 weights; a cast to it would also widen int4 blocks' scales
+        model = model.to(DTYPES[dtype])
+    return replace(read, model=model.eval(), tokenizer=text_tokenizer)
 
 
 def open_weights_path(source: str, kind: str) -> Path:
@@ -167,11 +172,17 @@ def open_weights_path(source: str, kind: str) -> Path:
 
 
 def model_of_checkpoint(
-    checkpoint: dict[str, Any], where: str, *, overrides: dict[str, Any] | None = None, merge: bool = True
+    checkpoint: dict[str, Any],
+    where: str,
+    *,
+    overrides: dict[str, Any] | None = None,
+    merge: bool = True,
+    int4_products: bool = False,
 ) -> GPT:
     """The GPT a checkpoint of ours holds (on CPU): its weights, or a LoRA run's base with the adapters, merged into
-    plain weights unless `merge` is False. `overrides` replaces model_args entries that do not change shapes.
-    UserError naming `where` when model_args are invalid or do not match the weights."""
+    plain weights unless `merge` is False. `overrides` replaces model_args entries that do not change shapes;
+    int4_products as load's (a plain checkpoint's products). UserError naming `where` when model_args are invalid
+    or do not match the weights."""
     if "lora" in checkpoint:
         model = model_with_adapters(checkpoint, where, overrides)
         return merge_lora(model) if merge else model
@@ -180,7 +191,10 @@ def model_of_checkpoint(
     except (TypeError, ValueError) as exc:  # ValueError: GPTConfig refuses the values
         raise UserError(f"checkpoint {where} has invalid model_args ({exc}); the file is damaged") from exc
     model = GPT.without_weights(config)
-    model.take_weights(checked_weights(model, checkpoint["model"], where))
+    state = checked_weights(model, checkpoint["model"], where)
+    if int4_products:
+        int4_block_products(model, state)
+    model.take_weights(state)
     return model
 
 
@@ -192,7 +206,7 @@ def model_with_adapters(checkpoint: dict[str, Any], where: str, overrides: dict[
     """A LoRA checkpoint's base (checked), cropped and grown to the run's shape, with the adapters in place."""
     record = checkpoint["lora"]
     config = LoraConfig.from_dict(record.get("config"), where)
-    model = lora_base(record["base"], where, overrides, products_in_file=record["base_weights"] == "int4")
+    model = lora_base(record["base"], where, overrides, int4_products=record["base_weights"] == "int4")
     shape = checkpoint["model_args"]
     if shape["block_size"] < model.config.block_size:
         model.crop_block_size(shape["block_size"])
@@ -204,10 +218,10 @@ def model_with_adapters(checkpoint: dict[str, Any], where: str, overrides: dict[
 
 
 def lora_base(
-    reference: dict[str, str], where: str, overrides: dict[str, Any] | None = None, products_in_file: bool = False
+    reference: dict[str, str], where: str, overrides: dict[str, Any] | None = None, int4_products: bool = False
 ) -> GPT:
     """The base model a LoRA checkpoint names (a LoRA base merged), after checking that its weights are the ones
-    the adapters were trained on; products_in_file as load's (an int4 base's blocks from a GGUF file)."""
+    the adapters were trained on; int4_products as load's (an int4 base's products)."""
     source = reference["source"]
     if source_kind(source) is None:
         raise UserError(f"{where}: its base {source} is missing; put the base model back there (the adapters need it)")
@@ -217,7 +231,7 @@ def lora_base(
             f"{where}: its base {source} has changed since the adapters were trained (sha256 {found[:12]}..., expected "
             f"{reference['sha256'][:12]}...); use the base they were trained on"
         )
-    return load(source, overrides=overrides, tokenizer=False, products_in_file=products_in_file).model
+    return load(source, overrides=overrides, tokenizer=False, int4_products=int4_products).model
 
 
 def base_reference(source: str) -> dict[str, str]:

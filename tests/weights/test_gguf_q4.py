@@ -7,14 +7,10 @@ train.py and merged."""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import gc
 import itertools
 import json
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -41,7 +37,16 @@ from gptkit.weights.quantization import (
     apply_quantization,
 )
 from gptkit.weights.sources import base_reference
-from helpers import cli_args, lively_model, run_in_process, run_main, with_16_bit_group_inputs
+from helpers import (
+    cli_args,
+    lively_model,
+    peak_rise,
+    process_memory,
+    release_freed_memory,
+    run_in_process,
+    run_main,
+    with_16_bit_group_inputs,
+)
 from hf_tokenizer_dirs import write_family
 from prepare_data import chat as chat_script
 
@@ -410,33 +415,6 @@ def test_a_tied_q8_0_embedding_beside_float_products_is_read_as_float32_for_the_
     assert torch.equal(logits(kept, IDX), logits(floats, IDX))
 
 
-def peak_rise(action: Callable[[], Any]) -> tuple[Any, int]:
-    """action()'s result and how far the process's peak resident memory rose above its resident memory before it
-    (Linux: /proc/self/clear_refs resets the peak to what is resident; elsewhere the test is skipped). Memory that
-    earlier tests in this process freed is handed back to the system first, or the action would reuse it unseen."""
-    gc.collect()
-    release_freed_memory()
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pytest.skip("this system cannot reset the process's peak resident memory")
-    before = process_memory("VmRSS")
-    result = action()
-    return result, process_memory("VmHWM") - before
-
-
-def release_freed_memory() -> None:
-    """glibc's malloc_trim: freed heap memory back to the system (elsewhere nothing)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-def process_memory(field: str) -> int:
-    """A /proc/self/status memory figure, in bytes."""
-    line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith(field))
-    return int(line.split()[1]) * 1024
-
-
 def test_a_q4_file_read_for_decoding_costs_a_fraction_of_its_size_and_packs_beside_nothing(
     tmp_path, monkeypatch, qwen_tokenizer
 ):
@@ -603,14 +581,14 @@ def test_lora_over_a_q4_file_holds_the_file_s_blocks(tmp_path, monkeypatch, qwen
 
 @pytest.mark.parametrize("shape", ["qwen2", "llama-gqa-tied"])
 def test_qlora_from_a_q4_file_left_in_it_is_the_model_of_a_float32_read(tmp_path, monkeypatch, qwen_tokenizer, shape):
-    """load's products_in_file (train.py's QLoRA set-up) and add_lora give the model that a float32 read and add_lora
+    """load's int4_products (train.py's QLoRA set-up) and add_lora give the model that a float32 read and add_lora
     give, tensor for tensor: every product's blocks (the file's; attention targets only, so the MLP's are held as
     the base without adapters), the embedding and the head, the adapters' initial values."""
     path = q4_file(tmp_path, monkeypatch, tiny(shape), qwen_tokenizer, T.Q4_1)
     config = LoraConfig(rank=4, targets="attention")
     models = []
-    for products_in_file in (False, True):
-        model = load(str(path), tokenizer=False, products_in_file=products_in_file).model
+    for int4_products in (False, True):
+        model = load(str(path), tokenizer=False, int4_products=int4_products).model
         torch.manual_seed(0)
         models.append(add_lora(model, config, base_weights="int4"))
     read, left = (model.state_dict() for model in models)
@@ -620,7 +598,7 @@ def test_qlora_from_a_q4_file_left_in_it_is_the_model_of_a_float32_read(tmp_path
 
 
 def test_qlora_from_a_q4_file_never_holds_its_products_in_float32(tmp_path, monkeypatch, qwen_tokenizer):
-    """Measured: QLoRA's set-up (load with products_in_file, then add_lora over every product) raises the process's
+    """Measured: QLoRA's set-up (load with int4_products, then add_lora over every product) raises the process's
     peak resident memory by less than a third of the products' float32 bytes (their blocks, held as Q4_1's, are 0.16
     of them; the largest product alone in float32, a seventh), where a float32 read and add_lora raise it by
     more than those bytes."""
@@ -634,8 +612,8 @@ def test_qlora_from_a_q4_file_never_holds_its_products_in_float32(tmp_path, monk
     del source
     config = LoraConfig(rank=4, targets="all")
 
-    def qlora(products_in_file: bool) -> torch.nn.Module:
-        model = load(str(path), tokenizer=False, products_in_file=products_in_file).model
+    def qlora(int4_products: bool) -> torch.nn.Module:
+        model = load(str(path), tokenizer=False, int4_products=int4_products).model
         return add_lora(model, config, base_weights="int4")
 
     qlora(True)  # once unmeasured: what the first read imports or caches is not the set-up's cost

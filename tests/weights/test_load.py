@@ -18,9 +18,10 @@ from gptkit.weights import load, source_kind
 from gptkit.weights.checkpoint import save_checkpoint
 from gptkit.weights.export_gguf import export_gguf
 from gptkit.weights.lora import LoraConfig, LoraLinear, adapter_state, add_lora, lora_record
+from gptkit.weights.quantization import Int4Linear
 from gptkit.weights.source_settings import ModelLocation
 from gptkit.weights.sources import base_reference, check_data_tokenizer
-from helpers import HUB_COMMIT, assert_one_line_message, lively_model, make_char_data, offline_hub_cache
+from helpers import HUB_COMMIT, assert_one_line_message, lively_model, make_char_data, offline_hub_cache, peak_rise
 from hf_tokenizer_dirs import write_byte_level
 
 transformers = pytest.importorskip("transformers")
@@ -193,6 +194,60 @@ def test_a_tied_head_loads_as_the_embedding_s_own_matrix(tmp_path):
     model = load(str(tmp_path / "run")).model
     assert model.lm_head.weight is model.transformer.wte.weight
     torch.testing.assert_close(logits(model), logits(tied), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["checkpoint", "hf"])
+def test_qlora_s_base_read_as_int4_blocks_is_the_model_of_a_float32_read(tmp_path, kind):
+    """load's int4_products (train.py's QLoRA set-up) from a checkpoint of ours (biases on every product) or a
+    Hugging Face directory: each product of the blocks is int4 blocks as it is read, and add_lora over them gives the
+    model a float32 read and add_lora give, tensor for tensor and dtype for dtype, with the same logits."""
+    if kind == "hf":
+        source = qwen2_directory(tmp_path / "qwen2")[1]
+    else:
+        source = save_run(tmp_path / "run" / "ckpt.pt", lively_model(CHARS.vocab_size, seed=6, bias=True))
+    models = []
+    for int4_products in (False, True):
+        model = load(str(source), tokenizer=False, int4_products=int4_products).model
+        products = [module for module in model.modules() if isinstance(module, (torch.nn.Linear, Int4Linear))][:-1]
+        assert len(products) == 8 and all(isinstance(p, Int4Linear) == int4_products for p in products)  # not the head
+        torch.manual_seed(0)
+        models.append(add_lora(model, LoraConfig(rank=4, targets="attention"), base_weights="int4"))
+    read, quantized = (model.state_dict() for model in models)
+    assert read.keys() == quantized.keys()
+    assert all(read[key].dtype == quantized[key].dtype and torch.equal(read[key], quantized[key]) for key in read)
+    torch.testing.assert_close(logits(models[1]), logits(models[0]), rtol=0, atol=0)
+
+
+def test_qlora_s_base_from_a_hugging_face_directory_makes_no_float32_copy_of_its_products(tmp_path):
+    """Measured: QLoRA's set-up from a Hugging Face directory in bfloat16 (load with int4_products, then add_lora over
+    every product) raises the process's peak resident memory by at least half the products' float32 bytes less than
+    a float32 read and add_lora do, which put a float32 copy of every product in place first. (Many narrow layers: a
+    product is quantized a slice of rows at a time, whose float32 temporaries do not grow with the model.)"""
+    config = transformers.Qwen2Config(
+        vocab_size=640,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=24,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=32,
+    )
+    torch.manual_seed(0)
+    hf = transformers.Qwen2ForCausalLM(config).to(torch.bfloat16)
+    hf.save_pretrained(tmp_path / "qwen2")
+    products = 4 * sum(m.weight.numel() for m in hf.model.layers.modules() if isinstance(m, torch.nn.Linear))
+    del hf
+    lora = LoraConfig(rank=4, targets="all")
+
+    def qlora(int4_products: bool) -> torch.nn.Module:
+        model = load(str(tmp_path / "qwen2"), tokenizer=False, int4_products=int4_products).model
+        return add_lora(model, lora, base_weights="int4")
+
+    qlora(True)  # once unmeasured: what the first read imports or caches is not the set-up's cost
+    model, float32_rise = peak_rise(lambda: qlora(False))
+    del model
+    _, int4_rise = peak_rise(lambda: qlora(True))
+    assert int4_rise < float32_rise - products / 2, (int4_rise / products, float32_rise / products)
 
 
 def test_a_hugging_face_directory_and_its_hub_name_give_transformers_logits(tmp_path, monkeypatch):
