@@ -174,7 +174,7 @@ def main(argv: list[str]) -> int:
     torch.manual_seed(cfg.seed)
     device, dtype = cfg.resolve()
     keep_int4 = keeps_int4_in_file(cfg, device, cfg.decode)
-    loaded = load(cfg.source(), checkpoint=cfg.checkpoint, data_dir=cfg.data_dir, keep_int4=keep_int4)
+    loaded = load(cfg.source(), checkpoint=cfg.checkpoint, data_dir=cfg.data_dir, merge=False, keep_int4=keep_int4)
     model, tokenizer = for_inference(loaded.model, cfg, device, dtype), loaded.tokenizer
     results = run_own_tasks(model, tokenizer, cfg, device, dtype)
     for task, result in results.items():

@@ -34,7 +34,7 @@ def default_model_name(cfg: ServeSettings) -> str:
 def build_app(cfg: ServeSettings, device: torch.device, dtype: torch.dtype) -> FastAPI:
     """The model loaded as sample.py loads it, and the app that serves it."""
     keep_int4 = keeps_int4_in_file(cfg, device, cfg.decode)
-    loaded = load(cfg.source(), checkpoint=cfg.checkpoint, data_dir=cfg.data_dir, keep_int4=keep_int4)
+    loaded = load(cfg.source(), checkpoint=cfg.checkpoint, data_dir=cfg.data_dir, merge=False, keep_int4=keep_int4)
     return create_app(for_inference(loaded.model, cfg, device, dtype), loaded.tokenizer, cfg, device, dtype)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -284,13 +285,16 @@ def load_adapter_state(model: nn.Module, state: dict[str, torch.Tensor], source:
             params[name].copy_(tensor)
 
 
-def merge_lora(model: nn.Module) -> nn.Module:
+def merge_lora(model: nn.Module, quantize: Callable[[nn.Linear], nn.Module] | None = None) -> nn.Module:
     """`model` (in place; returned) with every LoraLinear (and FrozenLinear) replaced by the ordinary Linear it
-    computes, and grown token rows joined to whole matrices again (one, where the head is tied to the embedding)."""
+    computes, and grown token rows joined to whole matrices again (one, where the head is tied to the embedding).
+    quantize: what each merged product becomes at once (e.g. Int4Linear.from_linear), so that no more than one
+    product is float32 at a time: a QLoRA run decoded in 4 bits never holds the float32 model."""
     for name, module in list(model.named_modules()):
         if isinstance(module, FrozenLinear):
             parent_name, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent_name), child, module.merged())
+            merged = module.merged()
+            setattr(model.get_submodule(parent_name), child, merged if quantize is None else quantize(merged))
     if isinstance(model.lm_head, GrownVocabulary):
         tied = model.lm_head is model.transformer.wte
         embedding, head = model.transformer.wte.weight.detach(), model.lm_head.weight.detach()

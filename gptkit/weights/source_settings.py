@@ -13,7 +13,8 @@ from gptkit.core.settings import setting
 from gptkit.model import GPT
 from gptkit.weights.checkpoint import resolve_checkpoint
 from gptkit.weights.hf import GPT2_HUB_NAMES
-from gptkit.weights.quantization import QUANTIZE_CHOICES, apply_quantization
+from gptkit.weights.lora import FrozenLinear, merge_lora
+from gptkit.weights.quantization import QUANTIZE_CHOICES, Int4Linear, Int8Linear, apply_quantization
 from gptkit.weights.sources import source_kind, unknown_source
 
 
@@ -88,10 +89,17 @@ def keeps_int4_in_file(settings: ModelSource, device: torch.device, decode: str)
     return device.type == "cpu" and settings.quantize != "int8" and decode != "compiled"
 
 
+# What a merged LoRA product becomes under each --quantize (apply_quantization's own conversions, done one product
+# at a time); "none" keeps it float32.
+MERGED_PRODUCT = {"int4": Int4Linear.from_linear, "int8": Int8Linear.from_linear}
+
+
 def for_inference(model: GPT, settings: ModelSource, device: torch.device, dtype: torch.dtype) -> GPT:
-    """`model` (in place; returned) ready to decode as `settings` ask: its context cropped to their block_size, on
-    `device`, with int8 or int4 weights when their quantize says so. `dtype` is the compute dtype the script runs
-    under (int8 needs float32)."""
+    """`model` (in place; returned) ready to decode as `settings` ask: a LoRA run's adapters merged (given apart:
+    load(merge=False)), its context cropped to their block_size, on `device`, with int8 or int4 weights when their
+    quantize says so. `dtype` is the compute dtype the script runs under (int8 needs float32)."""
+    if any(isinstance(module, FrozenLinear) for module in model.modules()):
+        merge_lora(model, MERGED_PRODUCT.get(settings.quantize))  # each product quantized as it is merged
     if settings.block_size is not None and settings.block_size < model.config.block_size:
         model.crop_block_size(settings.block_size)
     model.to(device)  # the engine picks its decoding backend itself (gptkit.infer.decoding)

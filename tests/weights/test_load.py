@@ -19,7 +19,7 @@ from gptkit.weights.checkpoint import save_checkpoint
 from gptkit.weights.export_gguf import export_gguf
 from gptkit.weights.lora import LoraConfig, LoraLinear, adapter_state, add_lora, lora_record
 from gptkit.weights.quantization import Int4Linear
-from gptkit.weights.source_settings import ModelLocation
+from gptkit.weights.source_settings import ModelLocation, ModelSource, for_inference
 from gptkit.weights.sources import base_reference, check_data_tokenizer
 from helpers import HUB_COMMIT, assert_one_line_message, lively_model, make_char_data, offline_hub_cache, peak_rise
 from hf_tokenizer_dirs import write_byte_level
@@ -171,6 +171,26 @@ def test_a_lora_run_comes_merged_or_with_its_adapters_apart(tmp_path):
     assert sum(isinstance(module, LoraLinear) for module in apart.model.modules()) == 8  # 4 products x 2 layers
     torch.testing.assert_close(logits(apart.model), expected, rtol=0, atol=1e-6)
     assert apart.tokenizer.encode(TEXT) == CHARS.encode(TEXT)
+
+
+@pytest.mark.parametrize("quantize", ["int4", "int8"])
+def test_a_lora_run_readied_to_decode_quantized_is_its_merged_model_quantized(tmp_path, quantize):
+    """The scripts read a LoRA run with its adapters apart and for_inference merges them, quantizing each product as
+    it is merged (so a large run never holds its float32 model): the model the merged read quantized as a whole
+    gives, tensor for tensor, with the same logits."""
+    save_run(tmp_path / "base" / "ckpt.pt", lively_model(CHARS.vocab_size, seed=4, block_size=32))
+    directory, _ = lora_run(tmp_path, tmp_path / "base")
+    settings = ModelSource(init_from=str(directory), quantize=quantize)
+    cpu = torch.device("cpu")
+    whole = for_inference(load(str(directory)).model, settings, cpu, torch.float32)
+    apart = load(str(directory), merge=False).model
+    assert any(isinstance(module, LoraLinear) for module in apart.modules())
+    merged_one_by_one = for_inference(apart, settings, cpu, torch.float32)
+    assert not any(isinstance(module, LoraLinear) for module in merged_one_by_one.modules())
+    expected, got = whole.state_dict(), merged_one_by_one.state_dict()
+    assert expected.keys() == got.keys()
+    assert all(expected[key].dtype == got[key].dtype and torch.equal(expected[key], got[key]) for key in expected)
+    torch.testing.assert_close(logits(merged_one_by_one), logits(whole), rtol=0, atol=0)
 
 
 def test_a_lora_run_whose_base_changed_or_went_is_one_line(tmp_path):
