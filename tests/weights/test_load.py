@@ -17,6 +17,7 @@ from gptkit.model import config_to_dict
 from gptkit.weights import load, source_kind
 from gptkit.weights.checkpoint import save_checkpoint
 from gptkit.weights.export_gguf import export_gguf
+from gptkit.weights.hf import write_hf
 from gptkit.weights.lora import LoraConfig, LoraLinear, adapter_state, add_lora, lora_record
 from gptkit.weights.quantization import Int4Linear
 from gptkit.weights.source_settings import ModelLocation, ModelSource, for_inference
@@ -216,13 +217,17 @@ def test_a_tied_head_loads_as_the_embedding_s_own_matrix(tmp_path):
     torch.testing.assert_close(logits(model), logits(tied), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("kind", ["checkpoint", "hf"])
+@pytest.mark.parametrize("kind", ["checkpoint", "hf", "hf-gpt2"])
 def test_qlora_s_base_read_as_int4_blocks_is_the_model_of_a_float32_read(tmp_path, kind):
     """load's int4_products (train.py's QLoRA set-up) from a checkpoint of ours (biases on every product) or a
-    Hugging Face directory: each product of the blocks is int4 blocks as it is read, and add_lora over them gives the
-    model a float32 read and add_lora give, tensor for tensor and dtype for dtype, with the same logits."""
+    Hugging Face directory (Qwen2; GPT-2, whose Conv1D weights are stored transposed): each product of the blocks is
+    int4 blocks as it is read, and add_lora over them gives the model a float32 read and add_lora give, tensor for
+    tensor and dtype for dtype, with the same logits."""
     if kind == "hf":
         source = qwen2_directory(tmp_path / "qwen2")[1]
+    elif kind == "hf-gpt2":
+        source = tmp_path / "gpt2"
+        assert write_hf(lively_model(CHARS.vocab_size, seed=6, bias=True), source) == "GPT2LMHeadModel"
     else:
         source = save_run(tmp_path / "run" / "ckpt.pt", lively_model(CHARS.vocab_size, seed=6, bias=True))
     models = []
