@@ -17,6 +17,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -225,26 +226,55 @@ def weight_files(directory: Path) -> list[Path]:
     raise UserError(f"{directory} has neither model.safetensors nor model.safetensors.index.json")
 
 
-def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the directory's weight files under its own (Hugging Face) name. UserError for a damaged file
-    or a dtype we cannot hold (quantized and 8-bit float weights)."""
-    files = weight_files(directory)
-    if files[0].suffix == ".bin":
-        return read_torch_bin(files[0])
-    tensors = {}
-    for path in files:
+class StoredTensors(Mapping):
+    """The tensors of a directory's safetensors files under their own (Hugging Face) names, each read from the open
+    files when it is asked for, and checked then: a dtype we can hold, no NaN or infinity. A reader that quantizes
+    each weight as it goes (QLoRA's base) so holds one at a time."""
+
+    def __init__(self, directory: Path, files: list[Path]) -> None:
+        self.directory, self.file_of, self.handles = directory, {}, {}
+        for path in files:
+            try:
+                self.handles[path] = safe_open(path, framework="pt")
+            except (SafetensorError, OSError, RuntimeError) as exc:
+                raise UserError(f"cannot read weights {path}: {str(exc).splitlines()[0][:160]}") from None
+            self.file_of.update(dict.fromkeys(self.handles[path].keys(), path))
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        path = self.file_of[name]
         try:
-            with safe_open(path, framework="pt") as handle:
-                for name in handle.keys():  # noqa: SIM118 (a safetensors handle is not iterable)
-                    tensors[name] = handle.get_tensor(name)
+            tensor = self.handles[path].get_tensor(name)
         except (SafetensorError, OSError, RuntimeError) as exc:
             raise UserError(f"cannot read weights {path}: {str(exc).splitlines()[0][:160]}") from None
-    for name, tensor in tensors.items():
-        if tensor.dtype not in STORED_DTYPES:
-            raise UserError(
-                f"{directory}: {name} is stored as {str(tensor.dtype).removeprefix('torch.')}; we load float32, "
-                "bfloat16 or float16 weights (not quantized ones)"
-            )
+        return checked_tensor(self.directory, name, tensor)
+
+    def __iter__(self):
+        return iter(self.file_of)
+
+    def __len__(self) -> int:
+        return len(self.file_of)
+
+
+def checked_tensor(directory: Path, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`, when we hold its dtype and it is finite; else UserError naming it."""
+    if tensor.dtype not in STORED_DTYPES:
+        raise UserError(
+            f"{directory}: {name} is stored as {str(tensor.dtype).removeprefix('torch.')}; we load float32, "
+            "bfloat16 or float16 weights (not quantized ones)"
+        )
+    check_finite({name: tensor}, str(directory), "the files are damaged; download or export the model again")
+    return tensor
+
+
+def read_tensors(directory: Path) -> Mapping[str, torch.Tensor]:
+    """Every tensor of the directory's weight files under its own (Hugging Face) name: safetensors files read a
+    tensor at a time as they are asked for (StoredTensors), GPT-2's older pytorch_model.bin at once. UserError for
+    a damaged file, a dtype we cannot hold (quantized and 8-bit float weights) or a NaN or infinity."""
+    files = weight_files(directory)
+    if files[0].suffix == ".safetensors":
+        return StoredTensors(directory, files)
+    tensors = read_torch_bin(files[0])  # its old causal-mask buffers may be of any dtype: only finiteness is checked
+    check_finite(tensors, str(directory), "the files are damaged; download or export the model again")
     return tensors
 
 
@@ -301,31 +331,48 @@ def gpt2_state(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def state_from_hf(tensors: Mapping[str, torch.Tensor], architecture: str, model: GPT, where: Path) -> dict:
     """Our state dict for `model` from the Hugging Face tensors, each looked up once (a mapping may read each one
-    when asked: gptkit.weights.gguf_read); UserError for a missing or misshapen tensor."""
+    when asked: read_tensors, gptkit.weights.gguf_read), for the entries still on the meta device (a module the
+    reader has put in place itself keeps its own); UserError for a missing or misshapen tensor."""
+    expected = {key: value for key, value in model.state_dict(keep_vars=True).items() if value.is_meta}
     if architecture == "GPT2LMHeadModel":
         state = gpt2_state(tensors)
     else:
         state, first_name = {}, {}
-        for key, tensor in model.state_dict(keep_vars=True).items():
+        for key, tensor in expected.items():
             if id(tensor) in first_name:  # one tensor under two names (a tied head): looked up once
                 state[key] = state[first_name[id(tensor)]]
                 continue
             first_name[id(tensor)] = key
-            names = hf_names(key, architecture)
-            parts = [hf_tensor(tensors, name) for name in names]
-            missing = [name for name, part in zip(names, parts) if part is None]
-            if missing:
-                raise UserError(f"{where}: the weights lack {missing[0]}")
-            if architecture == "NanoChatForCausalLM" and ".attn.c_attn." in key:
-                parts[:2] = [flip_rotation(part, model.config.head_dim) for part in parts[:2]]
-            state[key] = torch.cat(parts) if len(parts) > 1 else parts[0]
-    expected = model.state_dict()
+            state[key] = hf_entry(tensors, architecture, model, key, where)
     for key, value in expected.items():
         if state.get(key) is None:
             raise UserError(f"{where}: the weights lack {key}")
         if state[key].shape != value.shape:
             raise UserError(f"{where}: {key} has shape {tuple(state[key].shape)}, expected {tuple(value.shape)}")
     return {key: state[key] for key in expected}
+
+
+def hf_entry(tensors: Mapping[str, torch.Tensor], architecture: str, model: GPT, key: str, where: Path) -> torch.Tensor:
+    """Our state dict entry `key` of a Llama-family model from its Hugging Face tensors (fused where we fuse them);
+    UserError for a missing one."""
+    names = hf_names(key, architecture)
+    parts = [hf_tensor(tensors, name) for name in names]
+    missing = [name for name, part in zip(names, parts) if part is None]
+    if missing:
+        raise UserError(f"{where}: the weights lack {missing[0]}")
+    if architecture == "NanoChatForCausalLM" and ".attn.c_attn." in key:
+        parts[:2] = [flip_rotation(part, model.config.head_dim) for part in parts[:2]]
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def hf_product(
+    tensors: Mapping[str, torch.Tensor], architecture: str, model: GPT, where: Path, key: str
+) -> torch.Tensor:
+    """hf_entry for a product's weight or bias, checked against its shape in `model`."""
+    value, expected = hf_entry(tensors, architecture, model, key, where), model.get_parameter(key)
+    if value.shape != expected.shape:
+        raise UserError(f"{where}: {key} has shape {tuple(value.shape)}, expected {tuple(expected.shape)}")
+    return value
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -343,11 +390,12 @@ def read_hf_model(directory: Path, overrides: dict[str, Any] | None = None, int4
             raise UserError(f"{directory}: {exc}") from None
     model = GPT.without_weights(config)
     tensors = read_tensors(directory)
-    check_finite(tensors, str(directory), "the files are damaged; download or export the model again")
+    if int4_products and architecture != "GPT2LMHeadModel":  # each product read when it is quantized
+        int4_block_products(model, partial(hf_product, tensors, architecture, model, directory))
     state = state_from_hf(tensors, architecture, model, directory)
-    del tensors  # state holds what it needs: a product quantized below is freed at once
-    if int4_products:
-        int4_block_products(model, state)
+    del tensors  # the files closed: state holds what it needs
+    if int4_products and architecture == "GPT2LMHeadModel":  # GPT-2's tensors are renamed all at once
+        int4_block_products(model, state.pop)
     model.take_weights(state)
     return model
 

@@ -285,16 +285,18 @@ def quantize_row_slices(slices: Iterable[torch.Tensor]) -> Int4Blocks:
     return Int4Blocks(*(torch.cat(part) for part in zip(*parts)))
 
 
-def int4_block_products(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Each Linear of `model`'s blocks (made without weights) becomes the Int4Linear of its weight in `state`, the
-    blocks Int4Linear.from_linear makes of it, quantized a slice of rows at a time from the stored dtype; its entries
-    leave `state`. QLoRA's base read with no float32 copy of its products (gptkit.weights.sources.load's
+def int4_block_products(model: nn.Module, stored: Callable[[str], torch.Tensor]) -> None:
+    """Each Linear of `model`'s blocks (made without weights) becomes the Int4Linear of its weight as stored(its
+    state dict key) gives it (a state dict's pop; a reader's, which reads it then), the blocks
+    Int4Linear.from_linear makes of it, quantized a slice of rows at a time from the stored dtype: QLoRA's base read
+    with no float32 copy of its products, and one stored product at a time (gptkit.weights.sources.load's
     int4_products)."""
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.Linear) and name.startswith("transformer.h."):
-            weight, bias = state.pop(f"{name}.weight"), state.pop(f"{name}.bias", None)
+            weight = stored(f"{name}.weight")
+            bias = None if module.bias is None else stored(f"{name}.bias").to(torch.float32, copy=True)
             blocks = quantize_row_slices(weight.split(ROWS_AT_ONCE))
-            model.set_submodule(name, Int4Linear(*blocks, weight.shape[1], None if bias is None else bias.float()))
+            model.set_submodule(name, Int4Linear(*blocks, weight.shape[1], bias))
 
 
 def keep_int4_blocks(module: nn.Module, blocks: Int4Blocks) -> None:

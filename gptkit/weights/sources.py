@@ -193,7 +193,7 @@ def model_of_checkpoint(
     model = GPT.without_weights(config)
     state = checked_weights(model, checkpoint["model"], where)
     if int4_products:
-        int4_block_products(model, state)
+        int4_block_products(model, state.pop)
     model.take_weights(state)
     return model
 

@@ -5,6 +5,7 @@ mistake in one line."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -241,6 +242,18 @@ def test_qlora_s_base_read_as_int4_blocks_is_the_model_of_a_float32_read(tmp_pat
     assert read.keys() == quantized.keys()
     assert all(read[key].dtype == quantized[key].dtype and torch.equal(read[key], quantized[key]) for key in read)
     torch.testing.assert_close(logits(models[1]), logits(models[0]), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("int4_products", [False, True])
+def test_a_directory_whose_weights_do_not_fit_its_config_is_one_line(tmp_path, int4_products):
+    """The config says a wider MLP than the weights hold: one line naming the directory and the tensor, whether the
+    products are read with the rest or one at a time as they are quantized."""
+    _, directory = qwen2_directory(tmp_path / "qwen2")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "intermediate_size": 64}))
+    with pytest.raises(UserError) as error:
+        load(str(directory), tokenizer=False, int4_products=int4_products)
+    assert_one_line_message(error.value, f"{directory}: transformer.h.0.mlp.c_fc.weight has shape (96, 32), expected")
 
 
 def test_qlora_s_base_from_a_hugging_face_directory_makes_no_float32_copy_of_its_products(tmp_path):
