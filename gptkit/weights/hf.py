@@ -42,6 +42,7 @@ MODEL_TYPES = {
     "NanoChatForCausalLM": "nanochat",
 }
 STORED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what a file's weights may be stored as
+DAMAGED = "the files are damaged; download or export the model again"  # what to do about a NaN or infinity
 HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]  # what a hub download fetches (not *.bin, *.pt)
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
@@ -262,7 +263,7 @@ def checked_tensor(directory: Path, name: str, tensor: torch.Tensor) -> torch.Te
             f"{directory}: {name} is stored as {str(tensor.dtype).removeprefix('torch.')}; we load float32, "
             "bfloat16 or float16 weights (not quantized ones)"
         )
-    check_finite({name: tensor}, str(directory), "the files are damaged; download or export the model again")
+    check_finite({name: tensor}, str(directory), DAMAGED)
     return tensor
 
 
@@ -274,7 +275,7 @@ def read_tensors(directory: Path) -> Mapping[str, torch.Tensor]:
     if files[0].suffix == ".safetensors":
         return StoredTensors(directory, files)
     tensors = read_torch_bin(files[0])  # its old causal-mask buffers may be of any dtype: only finiteness is checked
-    check_finite(tensors, str(directory), "the files are damaged; download or export the model again")
+    check_finite(tensors, str(directory), DAMAGED)
     return tensors
 
 
