@@ -127,7 +127,10 @@ class FrozenLinear(nn.Module):
     def merged(self) -> nn.Linear:
         """An ordinary float32 nn.Linear computing what this layer computes."""
         weight = self.base_weight(torch.float32)
-        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device=weight.device)
+        # skip_init: no random initialisation of a matrix the next line overwrites (seconds over a large model)
+        linear = nn.utils.skip_init(
+            nn.Linear, self.in_features, self.out_features, bias=self.bias is not None, device=weight.device
+        )
         with torch.no_grad():
             linear.weight.copy_(weight)
             if self.bias is not None:
@@ -298,8 +301,8 @@ def merge_lora(model: nn.Module, quantize: Callable[[nn.Linear], nn.Module] | No
     if isinstance(model.lm_head, GrownVocabulary):
         tied = model.lm_head is model.transformer.wte
         embedding, head = model.transformer.wte.weight.detach(), model.lm_head.weight.detach()
-        model.transformer.wte = nn.Embedding(*embedding.shape, device=embedding.device)
-        model.lm_head = nn.Linear(head.shape[1], head.shape[0], bias=False, device=head.device)
+        model.transformer.wte = nn.utils.skip_init(nn.Embedding, *embedding.shape, device=embedding.device)
+        model.lm_head = nn.utils.skip_init(nn.Linear, head.shape[1], head.shape[0], bias=False, device=head.device)
         if tied:
             model.transformer.wte.weight = model.lm_head.weight
         with torch.no_grad():
