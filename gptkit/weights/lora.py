@@ -31,7 +31,7 @@ from gptkit.core.errors import UserError
 from gptkit.core.fileio import atomic_write_bytes, atomic_write_json
 from gptkit.model import GPTConfig
 from gptkit.weights.hf import export_architecture, flip_rotation, hf_names
-from gptkit.weights.quantization import Int4Blocks, Int4Linear, int4_as_linear
+from gptkit.weights.quantization import Int4Blocks, Int4Linear, block_products, int4_as_linear
 
 # Which Linear layers of each block get an adapter (the output head, tied to the embedding, never does).
 TARGETS = {
@@ -226,8 +226,7 @@ class GrownVocabulary(nn.Module):
 
 
 def _targeted(model: nn.Module, targets: str) -> list[str]:
-    names = [name for name, module in model.named_modules() if isinstance(module, (nn.Linear, Int4Linear))]
-    return [name for name in names if name.endswith(TARGETS[targets]) and ".h." in f".{name}"]
+    return [name for name in block_products(model) if name.endswith(TARGETS[targets])]
 
 
 def add_lora(
@@ -242,7 +241,7 @@ def add_lora(
     for param in model.parameters():
         param.requires_grad_(False)
     targeted = set(_targeted(model, config.targets))
-    for name in _targeted(model, "all"):  # every product of the blocks: the base, held as base_weights says
+    for name in block_products(model):  # the base, held as base_weights says
         parent_name, _, child = name.rpartition(".")
         parent, product = model.get_submodule(parent_name), model.get_submodule(name)
         if name in targeted:

@@ -285,14 +285,22 @@ def quantize_row_slices(slices: Iterable[torch.Tensor]) -> Int4Blocks:
     return Int4Blocks(*(torch.cat(part) for part in zip(*parts)))
 
 
+def block_products(model: nn.Module) -> list[str]:
+    """The names of the products of `model`'s blocks: its Linear layers (plain or int4) in the `h` list of blocks,
+    never the head or the embedding. What LoRA's targets choose from and QLoRA holds in int4."""
+    products = (nn.Linear, Int4Linear)
+    return [name for name, module in model.named_modules() if isinstance(module, products) and ".h." in f".{name}"]
+
+
 def int4_block_products(model: nn.Module, stored: Callable[[str], torch.Tensor]) -> None:
-    """Each Linear of `model`'s blocks (made without weights) becomes the Int4Linear of its weight as stored(its
-    state dict key) gives it (a state dict's pop; a reader's, which reads it then), the blocks
+    """Each product of `model`'s blocks (block_products; made without weights) becomes the Int4Linear of its weight
+    as stored(its state dict key) gives it (a state dict's pop; a reader's, which reads it then), the blocks
     Int4Linear.from_linear makes of it, quantized a slice of rows at a time from the stored dtype: QLoRA's base read
     with no float32 copy of its products, and one stored product at a time (gptkit.weights.sources.load's
     int4_products)."""
-    for name, module in list(model.named_modules()):
-        if isinstance(module, nn.Linear) and name.startswith("transformer.h."):
+    for name in block_products(model):
+        module = model.get_submodule(name)
+        if isinstance(module, nn.Linear):
             weight = stored(f"{name}.weight")
             bias = None if module.bias is None else stored(f"{name}.bias").to(torch.float32, copy=True)
             blocks = quantize_row_slices(weight.split(ROWS_AT_ONCE))
