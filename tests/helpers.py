@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, Thread
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 from gptkit.data.meta import write_meta
@@ -714,6 +715,11 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# The tests' requests to the servers they start: one client, one connection pool (a client per request, as httpx.post
+# makes, builds an SSL context each time: more CPU than a request to a local server).
+HTTP = httpx.Client(timeout=60)
 
 
 def get_json(url: str, timeout: float = 5) -> Any:

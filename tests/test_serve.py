@@ -20,7 +20,7 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 import serve
-from helpers import assert_one_line_error, free_port, get_json, lively_char_checkpoint, run_main, serve_process
+from helpers import HTTP, assert_one_line_error, free_port, get_json, lively_char_checkpoint, run_main, serve_process
 
 if TYPE_CHECKING:
     import openai  # imported where used: it takes most of a second, in every process that collects this file
@@ -55,9 +55,6 @@ def client(served) -> openai.OpenAI:
     import openai
 
     return openai.OpenAI(base_url=f"{served[0]}/v1", api_key=KEY, max_retries=0, timeout=60)
-
-
-HTTP = httpx.Client(timeout=60)  # one connection pool for the module (a client per request costs more than a request)
 
 
 def post(base: str, body: object, key: str | None = KEY) -> httpx.Response:
@@ -342,7 +339,7 @@ def test_int8_weights_serve_and_bfloat16_with_them_is_refused(capsys, tmp_path, 
     args = (f"--out_dir={tmp_path / 'out'}", "--device=cpu", "--quantize=int8", "--access_log=False")
     with serving_in_a_thread(monkeypatch, *args) as base:
         body = {"model": "out", "prompt": "ROMEO:", "max_tokens": 12, "temperature": 0}
-        answer = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()
+        answer = HTTP.post(f"{base}/v1/completions", json=body, timeout=60).json()
     assert answer["choices"][0]["finish_reason"] == "length" and answer["usage"]["completion_tokens"] == 12
     code, _, err = run_main(serve.main, [*args, "--dtype=bfloat16", "--port=0"], capsys)
     assert_one_line_error(code, err, "--quantize=int8 computes in float32")

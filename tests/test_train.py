@@ -193,9 +193,12 @@ def test_some_recipes_state_their_step_size() -> None:
 def test_cpu_recipe_trains_on_shakespeare_chars_in_a_few_steps(
     recipe: Path, char_data_dir: Path, tmp_path: Path
 ) -> None:
-    """The CPU recipes as they are, but 20 steps (in float32: bfloat16 is slow on CPUs without AMX/AVX512-BF16)."""
+    """The CPU recipes as they are, but 20 steps (in float32: bfloat16 is slow on CPUs without AMX/AVX512-BF16) and no
+    curves.png (its drawing is checked where curves are what a test is about: test_plot.py, tests/eval)."""
     out_dir = tmp_path / "out"
-    flags = cli_args(data_dir=char_data_dir, out_dir=out_dir, max_iters=20, lr_decay_iters=20, eval_interval=20)
+    flags = cli_args(
+        data_dir=char_data_dir, out_dir=out_dir, max_iters=20, lr_decay_iters=20, eval_interval=20, curves=False
+    )
     assert train.main([str(recipe), *flags, "--eval_iters=4", "--dtype=float32", "--cpu_threads=1"]) == 0
     cfg = load_recipe(recipe)
     state = ckpt.load_checkpoint(out_dir / "ckpt.pt")

@@ -152,9 +152,15 @@ def test_grpo_raises_a_users_reward(task: Path, tmp_path: Path, capsys, monkeypa
 
 @pytest.mark.parametrize("recipe", ["dpo_cpu.py", "grpo_cpu.py"])
 def test_the_cpu_recipes_train_from_a_small_chat_model(task: Path, tmp_path: Path, recipe: str, capsys) -> None:
-    """The README's post-training commands, 2 steps: the recipe's settings hold for a small base (its 24-token
-    context is kept) and the run says what a step processes."""
-    given = {"init_from": task / "base", "out_dir": tmp_path / "out", "max_iters": 2, "eval_interval": 2}
+    """The README's post-training commands, 2 steps (no curves.png: test_grpo_raises_a_users_reward draws it): the
+    recipe's settings hold for a small base (its 24-token context is kept) and the run says what a step processes."""
+    given = {
+        "init_from": task / "base",
+        "out_dir": tmp_path / "out",
+        "max_iters": 2,
+        "eval_interval": 2,
+        "curves": False,
+    }
     given.update({"data_dir": task / "prefs"} if recipe == "dpo_cpu.py" else {"grpo_prompts": task / "prompts.jsonl"})
     code, stdout, stderr = run_main(train.main, [str(REPO / "config" / recipe), *cli_args(**given)], capsys)
     assert code == 0, stderr

@@ -17,6 +17,7 @@ from gptkit.infer.native import NativeStep
 from gptkit.serve.app import ServeSettings, is_loopback
 from gptkit.serve.openai_api import APIError, error_response
 from helpers import (
+    HTTP,
     SERVE_TEXT,
     count_native_steps,
     get_json,
@@ -82,7 +83,7 @@ def test_auto_decoding_serves_a_lone_request_natively_with_the_eager_text(char_t
     for decode in ("eager", "auto"):
         with running_app(model, char_tokenizer, decode=decode) as base:
             texts[decode] = [
-                httpx.post(f"{base}/v1/completions", json=body).json()["choices"][0]["text"] for body in bodies
+                HTTP.post(f"{base}/v1/completions", json=body).json()["choices"][0]["text"] for body in bodies
             ]
     assert texts["auto"] == texts["eager"] and [len(text) for text in texts["auto"]] == [40, 40]
     assert len(native_calls) == 80
@@ -112,7 +113,7 @@ def test_auto_decoding_serves_concurrent_requests_natively_with_the_eager_text(c
     for decode in ("eager", "auto"):
         with running_app(model, char_tokenizer, decode=decode, slots=6) as base, ThreadPoolExecutor(6) as pool:
             url = f"{base}/v1/completions"
-            answers = list(pool.map(lambda body, url=url: httpx.post(url, json=body, timeout=60), bodies))
+            answers = list(pool.map(lambda body, url=url: HTTP.post(url, json=body, timeout=60), bodies))
         texts[decode] = [answer.json()["choices"][0]["text"] for answer in answers]
     assert texts["auto"] == texts["eager"]
     assert len(single_rows) + sum(several_rows) == sum(body["max_tokens"] for body in bodies)
@@ -130,18 +131,18 @@ def test_a_request_whose_logits_overflow_gets_a_json_error_and_the_server_goes_o
     failing = {**plain, "prompt": "ROMEO: Juliet?"}
     with running_app(model, char_tokenizer, slots=2) as base, ThreadPoolExecutor(2) as pool:
         url = f"{base}/v1/completions"
-        refused, beside = pool.map(lambda body: httpx.post(url, json=body, timeout=30), [failing, plain])
+        refused, beside = pool.map(lambda body: HTTP.post(url, json=body, timeout=30), [failing, plain])
         assert refused.status_code == 422 and refused.json()["error"]["type"] == "invalid_request_error"
         assert "logits for new token 1 are NaN or infinite" in refused.json()["error"]["message"]
         assert beside.status_code == 200 and beside.json()["choices"][0]["text"] == expected
-        with httpx.stream("POST", url, json={**failing, "stream": True}, timeout=30) as stream:
+        with HTTP.stream("POST", url, json={**failing, "stream": True}, timeout=30) as stream:
             events = [line.removeprefix("data: ") for line in stream.iter_lines() if line.startswith("data: ")]
         assert stream.status_code == 200 and events[-1] == "[DONE]"
         assert json.loads(events[-2])["error"]["type"] == "invalid_request_error"
         scoring = {**plain, "prompt": "Juliet? hear", "echo": True, "logprobs": 1, "max_tokens": 0}
-        scored = httpx.post(url, json=scoring, timeout=30)
+        scored = HTTP.post(url, json=scoring, timeout=30)
         assert scored.status_code == 422 and "cannot be scored" in scored.json()["error"]["message"]
-        after = httpx.post(url, json=plain, timeout=30)
+        after = HTTP.post(url, json=plain, timeout=30)
         assert after.status_code == 200 and after.json()["choices"][0]["text"] == expected
         health = get_json(f"{base}/health")
         assert (health["requests_finished"], health["active"], health["queued"]) == (5, 0, 0)
@@ -151,13 +152,13 @@ def test_long_prompts_are_cut_from_the_left_or_refused(char_tokenizer):
     model = lively_model(char_tokenizer.vocab_size)  # a 16-token context
     prompt = "Speak, speak. " * 3  # 42 tokens
     with running_app(model, char_tokenizer) as base:
-        long = httpx.post(f"{base}/v1/completions", json={"model": "m", "prompt": prompt, "temperature": 0}).json()
-        tail = httpx.post(f"{base}/v1/completions", json={"model": "m", "prompt": prompt[-16:], "temperature": 0})
+        long = HTTP.post(f"{base}/v1/completions", json={"model": "m", "prompt": prompt, "temperature": 0}).json()
+        tail = HTTP.post(f"{base}/v1/completions", json={"model": "m", "prompt": prompt[-16:], "temperature": 0})
         assert long["usage"]["prompt_tokens"] == 16 and long["choices"][0]["text"] == tail.json()["choices"][0]["text"]
     with running_app(model, char_tokenizer, long_prompts="refuse") as base:
-        refused = httpx.post(f"{base}/v1/completions", json={"model": "m", "prompt": prompt})
+        refused = HTTP.post(f"{base}/v1/completions", json={"model": "m", "prompt": prompt})
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
-        assert httpx.post(f"{base}/v1/completions", json={"model": "m", "prompt": prompt[-16:]}).status_code == 200
+        assert HTTP.post(f"{base}/v1/completions", json={"model": "m", "prompt": prompt[-16:]}).status_code == 200
 
 
 def test_bpe_text_streams_utf8_safe_and_whole():
@@ -169,7 +170,7 @@ def test_bpe_text_streams_utf8_safe_and_whole():
     model = lively_model(tokenizer.vocab_size, block_size=32)
     body = {"model": "m", "prompt": "日本語 🙂", "max_tokens": 60, "seed": 5, "top_k": None}
     with running_app(model, tokenizer) as base:
-        whole = httpx.post(f"{base}/v1/completions", json=body).json()["choices"][0]["text"]
+        whole = HTTP.post(f"{base}/v1/completions", json=body).json()["choices"][0]["text"]
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="-", max_retries=0)
         chunks = [
             c.choices[0].text

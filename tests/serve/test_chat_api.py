@@ -15,7 +15,7 @@ import torch
 
 from gptkit.data.tokenizer import CharTokenizer, ChatTokenizer
 from gptkit.model import GPT
-from helpers import SERVE_TEXT, lively_model, running_app
+from helpers import HTTP, SERVE_TEXT, lively_model, running_app
 
 NAME = "m"  # running_app's model name
 
@@ -32,7 +32,7 @@ def chat_server(chat_tokenizer):
 
 
 def ask(base: str, body: dict) -> httpx.Response:
-    return httpx.post(f"{base}/v1/chat/completions", json={"model": NAME, **body}, timeout=60)
+    return HTTP.post(f"{base}/v1/chat/completions", json={"model": NAME, **body}, timeout=60)
 
 
 def events(response: httpx.Response) -> list:
@@ -133,8 +133,8 @@ def test_a_completion_on_a_chat_model_stops_at_a_marker_and_never_shows_it(chat_
     model = constant_reply_model(chat_tokenizer.vocab_size, chat_tokenizer.chat.special_tokens[marker])
     body = {"model": NAME, "prompt": "All:", "max_tokens": 20}
     with running_app(model, chat_tokenizer) as base:
-        answer = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()
-        streamed = events(httpx.post(f"{base}/v1/completions", json={**body, "stream": True}, timeout=60))
+        answer = HTTP.post(f"{base}/v1/completions", json=body, timeout=60).json()
+        streamed = events(HTTP.post(f"{base}/v1/completions", json={**body, "stream": True}, timeout=60))
     choice = answer["choices"][0]
     assert choice["text"] == "" and choice["finish_reason"] == "stop"
     assert answer["usage"]["completion_tokens"] == 1  # the marker ended it, unshown
@@ -192,7 +192,7 @@ def test_a_model_without_a_chat_template_says_so_with_a_400():
     tokenizer = CharTokenizer.from_text(SERVE_TEXT)
     with running_app(lively_model(tokenizer.vocab_size), tokenizer) as base:
         response = ask(base, {"messages": [{"role": "user", "content": "Speak"}]})
-        models = httpx.get(f"{base}/v1/models").json()
+        models = HTTP.get(f"{base}/v1/models").json()
     assert response.status_code == 400 and "chat template" in response.json()["error"]["message"]
     assert models["data"][0]["chat"] is False
 

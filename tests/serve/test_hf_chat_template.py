@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 
 import sample
 from gptkit.data.hf_tokenizer import HFTokenizer, load_hf_tokenizer
-from helpers import lively_model, reference_greedy, running_app
+from helpers import HTTP, lively_model, reference_greedy, running_app
 from hf_tokenizer_dirs import write_byte_level, write_llama3, write_qwen3
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Ça va ? 🙂"}]
@@ -49,11 +49,11 @@ def test_chat_api_renders_with_the_models_template(chatml: tuple[AutoTokenizer, 
     prompt = auto.apply_chat_template(MESSAGES, tokenize=True, add_generation_prompt=True, return_dict=False)
     model = ending_soon(lively_model(ours.vocab_size, block_size=96), ours, prompt)
     with running_app(model, ours) as base:
-        tokenized = httpx.post(f"{base}/tokenize", json={"messages": MESSAGES}).json()
-        bare = httpx.post(f"{base}/tokenize", json={"messages": MESSAGES, "add_generation_prompt": False}).json()
+        tokenized = HTTP.post(f"{base}/tokenize", json={"messages": MESSAGES}).json()
+        bare = HTTP.post(f"{base}/tokenize", json={"messages": MESSAGES, "add_generation_prompt": False}).json()
         body = {"model": "m", "messages": MESSAGES, "max_tokens": 12, "temperature": 0}
-        reply = httpx.post(f"{base}/v1/chat/completions", json=body).json()
-        info = httpx.get(f"{base}/tokenizer_info").json()
+        reply = HTTP.post(f"{base}/v1/chat/completions", json=body).json()
+        info = HTTP.get(f"{base}/tokenizer_info").json()
     assert tokenized["tokens"] == prompt
     assert bare["tokens"] == auto.apply_chat_template(MESSAGES, tokenize=True, return_dict=False)
     content, finish = expected_reply(model, ours, prompt, 12)
@@ -68,7 +68,7 @@ def test_tokenizer_info_names_the_bos_token_of_a_tokenizer_that_has_one(tmp_path
     directory = write_llama3(tmp_path / "llama3")
     auto, ours = AutoTokenizer.from_pretrained(str(directory)), load_hf_tokenizer(directory)
     with running_app(lively_model(ours.vocab_size, block_size=32), ours) as base:
-        info = httpx.get(f"{base}/tokenizer_info").json()
+        info = HTTP.get(f"{base}/tokenizer_info").json()
     assert (
         (info["bos_token"], info["eos_token"])
         == (auto.bos_token, auto.eos_token)
@@ -139,8 +139,8 @@ def test_a_qwen3_completion_shows_its_reasoning_tokens_and_stops_at_special_ones
     expected = greedy_answer(model, auto, ids, special | set(eos))
     body = {"model": "m", "prompt": ids, "max_tokens": 16, "temperature": 0}
     with running_app(model, ours) as base:
-        answer = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()["choices"][0]
-        streamed = httpx.post(f"{base}/v1/completions", json={**body, "stream": True}, timeout=60)
+        answer = HTTP.post(f"{base}/v1/completions", json=body, timeout=60).json()["choices"][0]
+        streamed = HTTP.post(f"{base}/v1/completions", json={**body, "stream": True}, timeout=60)
     assert (answer["text"], answer["finish_reason"]) == (expected, "stop")
     assert streamed_text(streamed, lambda choice: choice["text"]) == (expected, "stop")
     assert expected.startswith("<think>") and not any(auto.decode([token]) in expected for token in special)
@@ -153,8 +153,8 @@ def test_a_qwen3_chat_reply_shows_its_reasoning_and_ends_at_the_end_of_turn(qwen
     expected = greedy_answer(model, auto, prompt, set(eos))
     body = {"model": "m", "messages": MESSAGES, "max_tokens": 16, "temperature": 0}
     with running_app(model, ours) as base:
-        reply = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).json()["choices"][0]
-        streamed = httpx.post(f"{base}/v1/chat/completions", json={**body, "stream": True}, timeout=60)
+        reply = HTTP.post(f"{base}/v1/chat/completions", json=body, timeout=60).json()["choices"][0]
+        streamed = HTTP.post(f"{base}/v1/chat/completions", json={**body, "stream": True}, timeout=60)
     assert (reply["message"]["content"], reply["finish_reason"]) == (expected, "stop")
     assert streamed_text(streamed, lambda choice: choice["delta"].get("content", "")) == (expected, "stop")
     assert expected.startswith("<think>")

@@ -11,12 +11,11 @@ import json
 import math
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 import torch
 
 from gptkit.data.tokenizer import CharTokenizer, ChatTokenizer, TiktokenTokenizer
-from helpers import SERVE_TEXT, lively_model, plain_copy, running_app
+from helpers import HTTP, SERVE_TEXT, lively_model, plain_copy, running_app
 from infer.test_engine import reference_with_rules
 
 
@@ -37,7 +36,7 @@ def server(model, tokenizer):
 
 
 def complete(base: str, **body) -> dict:
-    answer = httpx.post(f"{base}/v1/completions", json={"model": "m", **body}, timeout=60)
+    answer = HTTP.post(f"{base}/v1/completions", json={"model": "m", **body}, timeout=60)
     assert answer.status_code == 200, answer.text
     return answer.json()
 
@@ -84,7 +83,7 @@ def test_echo_with_no_tokens_scores_the_prompt(server, model, tokenizer):
 def test_echo_streams_the_prompt_then_the_tokens_as_one_answer(server):
     body = {"prompt": ["All:", "ROMEO:"], "max_tokens": 6, "echo": True, "logprobs": 2, "seed": 3}
     whole = complete(server, **body)["choices"]
-    response = httpx.post(f"{server}/v1/completions", json={"model": "m", **body, "stream": True}, timeout=60)
+    response = HTTP.post(f"{server}/v1/completions", json={"model": "m", **body, "stream": True}, timeout=60)
     chunks = [json.loads(line[6:]) for line in response.text.split("\n\n") if line.startswith("data: {")]
     for index, choice in enumerate(whole):
         mine = [chunk["choices"][0] for chunk in chunks if chunk["choices"][0]["index"] == index]
@@ -106,8 +105,8 @@ def test_chat_logprobs_come_in_the_chat_format():
             top_logprobs=2,
         )  # fmt: skip
         body = {"model": "m", "messages": [{"role": "user", "content": "Speak"}], "max_tokens": 6, "logprobs": True}
-        streamed = httpx.post(f"{base}/v1/chat/completions", json={**body, "seed": 2, "stream": True}, timeout=60)
-        whole = httpx.post(f"{base}/v1/chat/completions", json={**body, "seed": 2}, timeout=60).json()
+        streamed = HTTP.post(f"{base}/v1/chat/completions", json={**body, "seed": 2, "stream": True}, timeout=60)
+        whole = HTTP.post(f"{base}/v1/chat/completions", json={**body, "seed": 2}, timeout=60).json()
     chunks = [json.loads(line[6:]) for line in streamed.text.split("\n\n") if line.startswith("data: {")]
     pieces = [
         entry
@@ -170,14 +169,14 @@ def test_tokenizer_endpoints_speak_vllms_format():
     tokenizer = ChatTokenizer.extending(TiktokenTokenizer("gpt2"))
     model = lively_model(tokenizer.vocab_size)
     with running_app(model, tokenizer) as base:
-        info = httpx.get(f"{base}/tokenizer_info").json()
+        info = HTTP.get(f"{base}/tokenizer_info").json()
         text = "Hello world<|endoftext|>again"
-        tokens = httpx.post(f"{base}/tokenize", json={"prompt": text}).json()
-        back = httpx.post(f"{base}/detokenize", json={"tokens": tokens["tokens"]}).json()
+        tokens = HTTP.post(f"{base}/tokenize", json={"prompt": text}).json()
+        back = HTTP.post(f"{base}/detokenize", json={"tokens": tokens["tokens"]}).json()
         messages = [{"role": "user", "content": "Hi"}]
-        chat = httpx.post(f"{base}/tokenize", json={"messages": messages}).json()
-        bad = httpx.post(f"{base}/detokenize", json={"tokens": [tokenizer.vocab_size]})
-        neither = httpx.post(f"{base}/tokenize", json={})
+        chat = HTTP.post(f"{base}/tokenize", json={"messages": messages}).json()
+        bad = HTTP.post(f"{base}/detokenize", json={"tokens": [tokenizer.vocab_size]})
+        neither = HTTP.post(f"{base}/tokenize", json={})
     assert info["eos_token"] == "<|endoftext|>" and info["model_max_length"] == 16
     assert "<|assistant|>" in info["chat_template"]
     hello, again = tokenizer.encode("Hello world"), tokenizer.encode("again")
@@ -198,7 +197,7 @@ def test_an_echoed_prompt_is_scored_whole_up_to_one_token_past_the_context(serve
     assert scored["token_logprobs"][1:] == pytest.approx(
         [float(expected[i - 1, ids[i]]) for i in range(1, 33)], abs=1e-5
     )
-    refused = httpx.post(
+    refused = HTTP.post(
         f"{server}/v1/completions", json={"model": "m", "prompt": prompt + " ", "max_tokens": 0, "echo": True}
     )
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"

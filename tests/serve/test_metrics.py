@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gptkit.data.tokenizer import CharTokenizer
-from helpers import REPO, SERVE_TEXT, get_json, lively_model, running_app
+from helpers import HTTP, REPO, SERVE_TEXT, get_json, lively_model, running_app
 from test_layout import module_name, package_files
 
 KEY = "k"
@@ -21,7 +21,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 def scrape(base: str) -> dict[tuple[str, frozenset], float]:
     """/metrics as {(sample name, its labels): value}, parsed by prometheus_client's parser."""
-    answer = httpx.get(f"{base}/metrics")  # no key needed
+    answer = HTTP.get(f"{base}/metrics")  # no key needed
     assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain")
     return {
         (sample.name, frozenset(sample.labels.items())): sample.value
@@ -109,7 +109,7 @@ def test_metrics_count_an_abandoned_stream_as_cancelled(char_tokenizer):
     model = lively_model(char_tokenizer.vocab_size)
     with running_app(model, char_tokenizer, max_tokens=100000) as base:
         body = {"model": "m", "prompt": "All:", "max_tokens": 90000, "stream": True}
-        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=30) as response:
+        with HTTP.stream("POST", f"{base}/v1/completions", json=body, timeout=30) as response:
             next(response.iter_lines())
         deadline = time.monotonic() + 10
         cancelled = ("gptkit_requests_finished_total", frozenset({("finish_reason", "cancelled")}))

@@ -140,9 +140,9 @@ def product_sources(config, arch: str) -> dict[str, list[str]]:
     return sources
 
 
-def float64_values(path: Path, names: list[str], config, arch: str) -> torch.Tensor:
-    """The float64 decoding of the file's blocks of `names`, in our row order, rounded once to float32."""
-    stored = file_tensors(path)
+def float64_values(stored: dict, names: list[str], config, arch: str) -> torch.Tensor:
+    """The float64 decoding of the blocks of `names` among a file's tensors (file_tensors), in our row order, rounded
+    once to float32."""
     parts = []
     for name in names:
         tensor = stored[f"{name}.weight"]
@@ -192,7 +192,7 @@ def test_a_q4_file_decodes_on_its_own_blocks_with_transformers_logits(
     assert set(products) == set(sources) and all(isinstance(m, Int4Linear) for m in products.values())
     stored = file_tensors(path)
     for name, product in products.items():
-        expected = float64_values(path, sources[name], config, arch)
+        expected = float64_values(stored, sources[name], config, arch)
         assert torch.equal(product.dequantized_weight(), expected), name
         if len(sources[name]) == 1 and not sources[name][0].endswith(("attn_q", "attn_k")):
             assert_holds_the_blocks(product, stored[f"{sources[name][0]}.weight"])
@@ -298,7 +298,7 @@ def test_a_q4_file_read_for_decoding_leaves_its_matrices_in_the_file(
     assert isinstance(model.transformer.wte, FileInt4Embedding)
     stored = file_tensors(path)
     for name, product in products.items():
-        assert torch.equal(product.dequantized_weight(), float64_values(path, sources[name], config, arch)), name
+        assert torch.equal(product.dequantized_weight(), float64_values(stored, sources[name], config, arch)), name
         if len(sources[name]) == 1 and not sources[name][0].endswith(("attn_q", "attn_k")):
             assert_holds_the_blocks(product, stored[f"{sources[name][0]}.weight"])
     assert float_matrices(model) <= {"rope_cos", "rope_sin", "transformer.wpe.weight"}
