@@ -170,7 +170,12 @@ def _seed_everything_one_thread():
 
     random.seed(0)
     np.random.seed(0)
-    torch.manual_seed(0)
+    # Without CUDA, the CPU's generator alone: torch.manual_seed also queues a seed for each accelerator absent here,
+    # formatting the caller's stack each time (about a millisecond under pytest's deep stacks, every test).
+    if torch.cuda.is_available():
+        torch.manual_seed(0)
+    else:
+        torch.default_generator.manual_seed(0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
