@@ -348,9 +348,15 @@ def state_from_hf(tensors: Mapping[str, torch.Tensor], architecture: str, model:
     for key, value in expected.items():
         if state.get(key) is None:
             raise UserError(f"{where}: the weights lack {key}")
-        if state[key].shape != value.shape:
-            raise UserError(f"{where}: {key} has shape {tuple(state[key].shape)}, expected {tuple(value.shape)}")
+        fitted(key, state[key], value.shape, where)
     return {key: state[key] for key in expected}
+
+
+def fitted(key: str, value: torch.Tensor, shape: torch.Size, where: Path) -> torch.Tensor:
+    """`value`, when it has the shape (`shape`) of the model's entry `key`; else UserError naming both."""
+    if value.shape != shape:
+        raise UserError(f"{where}: {key} has shape {tuple(value.shape)}, expected {tuple(shape)}")
+    return value
 
 
 def hf_entry(tensors: Mapping[str, torch.Tensor], architecture: str, model: GPT, key: str, where: Path) -> torch.Tensor:
@@ -370,10 +376,7 @@ def hf_product(
     tensors: Mapping[str, torch.Tensor], architecture: str, model: GPT, where: Path, key: str
 ) -> torch.Tensor:
     """hf_entry for a product's weight or bias, checked against its shape in `model`."""
-    value, expected = hf_entry(tensors, architecture, model, key, where), model.get_parameter(key)
-    if value.shape != expected.shape:
-        raise UserError(f"{where}: {key} has shape {tuple(value.shape)}, expected {tuple(expected.shape)}")
-    return value
+    return fitted(key, hf_entry(tensors, architecture, model, key, where), model.get_parameter(key).shape, where)
 
 
 # ------------------------------------------------------------------------------------------------ reading
