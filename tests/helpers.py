@@ -851,6 +851,42 @@ def peak_rise(action: Callable[[], Any]) -> tuple[Any, int]:
     return result, process_memory("VmHWM") - before
 
 
+# QLoRA's set-up, measured in a Python process of its own as train.py runs it at the start of its process: in a test
+# worker the allocator's state that earlier tests leave moves the peak (once by 0.7 of the products' float32 bytes).
+QLORA_SET_UP_PEAKS = """
+import json, sys
+import torch
+from gptkit.weights import load
+from gptkit.weights.lora import LoraConfig, add_lora
+from helpers import peak_rise
+
+torch.set_num_threads(1)
+
+
+def qlora(int4_products):
+    model = load(sys.argv[1], tokenizer=False, int4_products=int4_products).model
+    return add_lora(model, LoraConfig(rank=4, targets="all"), base_weights="int4")
+
+
+qlora(True)  # once unmeasured: what the first read imports or caches is not the set-up's cost
+model, float32_rise = peak_rise(lambda: qlora(False))
+del model
+_, int4_rise = peak_rise(lambda: qlora(True))
+print(json.dumps([float32_rise, int4_rise]))
+"""
+
+
+def qlora_set_up_peaks(source: Path) -> tuple[int, int]:
+    """How far QLoRA's set-up from `source` (load, then add_lora over every product on int4 base weights) raises the
+    peak resident memory of a fresh process: with the products read in float32 first, and read as int4 blocks."""
+    env = clean_env(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
+    command = [sys.executable, "-c", QLORA_SET_UP_PEAKS, str(source)]
+    measured = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert measured.returncode == 0, measured.stderr[-3000:]
+    float32_rise, int4_rise = json.loads(measured.stdout.splitlines()[-1])
+    return float32_rise, int4_rise
+
+
 def release_freed_memory() -> None:
     """glibc's malloc_trim: freed heap memory back to the system (elsewhere nothing)."""
     with contextlib.suppress(OSError, AttributeError):

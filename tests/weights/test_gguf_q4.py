@@ -42,6 +42,7 @@ from helpers import (
     lively_model,
     peak_rise,
     process_memory,
+    qlora_set_up_peaks,
     release_freed_memory,
     run_in_process,
     run_main,
@@ -609,19 +610,9 @@ def test_qlora_from_a_q4_file_never_holds_its_products_in_float32(tmp_path, monk
         for name, m in source.named_modules()
         if ".h." in f".{name}" and hasattr(m, "weight") and m.weight.dim() == 2
     )
-    del source
-    config = LoraConfig(rank=4, targets="all")
-
-    def qlora(int4_products: bool) -> torch.nn.Module:
-        model = load(str(path), tokenizer=False, int4_products=int4_products).model
-        return add_lora(model, config, base_weights="int4")
-
-    qlora(True)  # once unmeasured: what the first read imports or caches is not the set-up's cost
-    model, rise = peak_rise(lambda: qlora(False))
-    assert rise > products
-    del model
-    _, rise = peak_rise(lambda: qlora(True))
-    assert rise < products / 3
+    float32_rise, int4_rise = qlora_set_up_peaks(path)
+    assert float32_rise > products
+    assert int4_rise < products / 3, int4_rise / products
 
 
 @pytest.mark.heavy

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,12 +25,11 @@ from gptkit.weights.source_settings import ModelLocation, ModelSource, for_infer
 from gptkit.weights.sources import base_reference, check_data_tokenizer
 from helpers import (
     HUB_COMMIT,
-    REPO,
     assert_one_line_message,
-    clean_env,
     lively_model,
     make_char_data,
     offline_hub_cache,
+    qlora_set_up_peaks,
 )
 from hf_tokenizer_dirs import write_byte_level
 
@@ -270,29 +266,6 @@ def test_a_directory_whose_weights_do_not_fit_its_config_is_one_line(tmp_path, i
 # The measurement below, in a process of its own: QLoRA's set-up runs at the start of train.py's process, and in a
 # test process that has run other tests the allocator's state moved the int4 read's peak by half the products' bytes
 # from one run to the next. Prints the float32 and the int4 set-up's peak rises, in bytes.
-QLORA_SET_UP_PEAKS = """
-import json, sys
-import torch
-from gptkit.weights import load
-from gptkit.weights.lora import LoraConfig, add_lora
-from helpers import peak_rise
-
-torch.set_num_threads(1)
-
-
-def qlora(int4_products):
-    model = load(sys.argv[1], tokenizer=False, int4_products=int4_products).model
-    return add_lora(model, LoraConfig(rank=4, targets="all"), base_weights="int4")
-
-
-qlora(True)  # once unmeasured: what the first read imports or caches is not the set-up's cost
-model, float32_rise = peak_rise(lambda: qlora(False))
-del model
-_, int4_rise = peak_rise(lambda: qlora(True))
-print(json.dumps([float32_rise, int4_rise]))
-"""
-
-
 def test_qlora_s_base_from_a_hugging_face_directory_makes_no_float32_copy_of_its_products(tmp_path):
     """Measured: QLoRA's set-up from a Hugging Face directory in bfloat16 (load with int4_products, then add_lora over
     every product) raises the process's peak resident memory by at least half the products' float32 bytes less than
@@ -316,11 +289,7 @@ def test_qlora_s_base_from_a_hugging_face_directory_makes_no_float32_copy_of_its
     hf.save_pretrained(tmp_path / "qwen2")
     products = 4 * sum(m.weight.numel() for m in hf.model.layers.modules() if isinstance(m, torch.nn.Linear))
     del hf
-    env = clean_env(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
-    command = [sys.executable, "-c", QLORA_SET_UP_PEAKS, str(tmp_path / "qwen2")]
-    measured = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert measured.returncode == 0, measured.stderr[-3000:]
-    float32_rise, int4_rise = json.loads(measured.stdout.splitlines()[-1])
+    float32_rise, int4_rise = qlora_set_up_peaks(tmp_path / "qwen2")
     assert int4_rise < float32_rise - products / 2, (int4_rise / products, float32_rise / products)
 
 
