@@ -19,10 +19,12 @@ unexport PYTHONDONTWRITEBYTECODE
 
 # --no-compile: Python compiles a module's bytecode when it is first imported, so pip need not compile every file of
 # every package (torch's thousands) at install. A new venv gets today's pip first: the one Python bundles (3.11's:
-# 23.2) takes about twice as long over the packages below.
+# 23.2) takes about twice as long over the packages below. Only a saving, so it gives up at once where the index is
+# out of reach (an offline machine whose packages are all installed already).
 $(VENV)/.torch:
 	test -x $(PY) || { $(PYTHON) -m venv --system-site-packages $(VENV) \
-	  && { $(PY) -m pip install --quiet --upgrade pip || echo "note: could not upgrade pip; the venv's own installs"; }; }
+	  && { $(PY) -m pip install --quiet --upgrade --retries 0 --timeout 20 pip \
+	       || echo "note: could not upgrade pip; the venv's own installs"; }; }
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet --no-compile torch==2.13.0
 	touch $@
 
