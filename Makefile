@@ -4,8 +4,8 @@
 #   make bench  the benchmarks of docs/benchmarks.md (several minutes on 2 cores)
 # The environment reuses an installed torch when there is one (e.g. a CUDA build on a GPU machine);
 # otherwise it installs torch==2.13.0 first, so pip never pulls a multi-GB CUDA build on a CPU machine. The set-up
-# also builds the native decoding step for this CPU (~25 s; without a C++ compiler it says so and decoding uses
-# the other backends).
+# also builds the native decoding step for this CPU (~15 s on 2 cores; without a C++ compiler it says so and decoding
+# uses the other backends).
 
 PYTHON ?= python3
 VENV := .venv

@@ -4,7 +4,7 @@ the weights they stand for (each int8 value times its row's scale), with each pr
 the native int8 products round it; int4 weights against the eager pass of the same int4 model with each product's
 input rounded to 16 bits per group of 32 values as the native int4 products round it.
 
-The first test builds the C++ extension (~25 s once; torch caches the build)."""
+The first test builds the C++ extension (once; torch caches the build)."""
 
 from __future__ import annotations
 

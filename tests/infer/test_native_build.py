@@ -56,7 +56,7 @@ def wait_until(condition, what: str, seconds: float = 20.0) -> None:
 def test_the_same_source_has_one_build_directory_from_any_checkout_and_a_changed_byte_of_any_file_another(
     tmp_path, extensions_root
 ):
-    """A byte changed in the translation unit, or in any header it includes, is another build."""
+    """A byte changed in a translation unit, or in any header they include, is another build."""
     here = native.build_directory()
     other_checkout = native.build_directory(source_at(tmp_path / "clone"))
     names = [path.name for path in native.source_files()]

@@ -11,9 +11,9 @@ the figures.
   (which models it serves) and NativeBackend (the engine's backend that runs every step with it).
 - gptkit.infer.native.packing: the weights packed in the layout the C++ reads.
 - gptkit.infer.native.build: building the C++ for this CPU and loading the build (a test patches it there).
-- csrc/: the C++, one translation unit (decode_step.cpp, which holds the Python entry points) that includes a file
-  for each concern: vector lanes, the products of each kind of weights, norms and activations, sampling, the packed
-  layout, attention, and the step itself.
+- csrc/: the C++: decode_step.cpp, the step's entry points on plain buffers (entry.h), which includes a file for each
+  concern: vector lanes, the products of each kind of weights, norms and activations, sampling, the packed layout,
+  attention, and the step itself; and bindings.cpp, the Python entry points, which hands them tensors.
 
 `python -m gptkit.infer.native --build` builds it (the set-up runs it).
 """

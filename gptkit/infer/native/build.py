@@ -1,7 +1,8 @@
 """Building the native step's C++ (csrc/) for this CPU, once per source and machine, and loading the build.
 
-The C++ is one translation unit, csrc/decode_step.cpp, which includes the other files of csrc/ (one file a concern:
-vector lanes, products, attention, sampling, the step), so that the compiler sees the whole step at once. It is
+The C++ is two translation units: csrc/decode_step.cpp, the step, which includes the other files of csrc/ (one file
+a concern: vector lanes, products, attention, sampling, the step) so that the compiler sees the whole step at once,
+and csrc/bindings.cpp, its Python entry points, the one file that includes torch's headers; they compile at once. It is
 compiled at set-up (`python -m gptkit.infer.native --build`, which `make demo` and `make test` run: a C++ compiler
 and ninja) for this machine's instruction set: AVX-512 and its bfloat16 products where the CPU has them, else AVX2
 with FMA, else what the compiler makes of plain loops. Each build lies in a directory of its own under torch's
@@ -28,7 +29,7 @@ import torch
 from gptkit.core.errors import UserError
 
 CSRC = Path(__file__).parent / "csrc"  # every C++ file of the step
-UNIT = "decode_step.cpp"  # the one file compiled: it includes the others
+UNITS = ("decode_step.cpp", "bindings.cpp")  # the files compiled: each includes the headers it needs
 MODULE = "gptkit_decode_step"  # the extension's name: its build is MODULE.so
 # Tuples: torch's build appends its own flags to the lists it is given.
 COMPILE_FLAGS = ("-O3", "-march=native", "-fopenmp")  # -march=native: this CPU's instruction set
@@ -36,7 +37,7 @@ LINK_FLAGS = ("-fopenmp",)
 
 
 def source_files(sources: Path = CSRC) -> list[Path]:
-    """The C++ files in `sources` (the translation unit and the headers it includes), by name."""
+    """The C++ files in `sources` (the translation units and the headers they include), by name."""
     return sorted(path for path in sources.iterdir() if path.suffix in (".cpp", ".h"))
 
 
@@ -124,8 +125,8 @@ def builder_lock(directory: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def copy_sources(directory: Path) -> Path:
-    """The build directory's own copy of the C++ files, each written once; returns the translation unit's. Why:
+def copy_sources(directory: Path) -> list[Path]:
+    """The build directory's own copy of the C++ files, each written once; returns the translation units'. Why:
     torch's build names the source by its path, and ninja rebuilds when that path changes; compiling the copy (which
     includes the copied headers beside it), every checkout of the same source finds the build done."""
     for source in source_files():
@@ -134,7 +135,7 @@ def copy_sources(directory: Path) -> Path:
             partial = directory / f"{source.name}.partial"
             shutil.copyfile(source, partial)
             partial.replace(copy)
-    return directory / UNIT
+    return [directory / unit for unit in UNITS]
 
 
 @functools.cache
@@ -154,11 +155,12 @@ def extension():
         with builder_lock(directory):
             if not built_in(directory):
                 print(
-                    f"building the native decoding step for this CPU in {directory} (once, about 25 s)", file=sys.stderr
+                    f"building the native decoding step for this CPU in {directory} (once, under half a minute)",
+                    file=sys.stderr,
                 )
             return cpp_extension.load(
                 MODULE,
-                sources=[str(copy_sources(directory))],
+                sources=[str(path) for path in copy_sources(directory)],
                 build_directory=str(directory),
                 extra_cflags=list(COMPILE_FLAGS),
                 extra_ldflags=list(LINK_FLAGS),

@@ -1,5 +1,6 @@
-// One decoding step of a GPT, for one sequence or several, on the CPU, and the prefill of prompts: the Python entry
-// points (gptkit/infer/native/step.py calls them, gptkit/infer/native/build.py builds this file).
+// One decoding step of a GPT, for one sequence or several, on the CPU, and the prefill of prompts: the entry points
+// (entry.h) on plain buffers, which bindings.cpp hands to Python (gptkit/infer/native/step.py calls them,
+// gptkit/infer/native/build.py builds both files).
 //
 // Why: a step reads every weight once, so its floor is the weight bytes over the memory's read speed, whatever the
 // number of rows (sequences) it advances. Here the whole step is one parallel region: the threads deal out each
@@ -21,55 +22,61 @@
 // sampling.h (top-k and the draw), layout.h (the packed buffers' layout, the threads' shares), attention.h, step.h
 // (a step, a prefill). They are one translation unit, this file, so that the compiler sees the whole step at once.
 
+#include <stdexcept>
+#include <string>
+
+#include "entry.h"
 #include "step.h"
 
 namespace {
 
+using gptkit_native::Buffer;
+using gptkit_native::DType;
+
+// A caller's mistake in what it passed (the bindings turn it into Python's RuntimeError).
+void check(bool condition, const char* what) {
+  if (!condition) throw std::runtime_error(std::string("native step: ") + what);
+}
+
+template <typename S>
+constexpr DType DTYPE_OF = std::is_same_v<S, float> ? DType::Float32 : DType::BFloat16;
+
 template <typename W>
-std::vector<W*> storage_of(const std::vector<at::Tensor>& cache) {
+std::vector<W*> storage_of(const std::vector<Buffer>& cache) {
   std::vector<W*> pointers;
-  for (const auto& tensor : cache) pointers.push_back(reinterpret_cast<W*>(tensor.data_ptr()));
+  for (const auto& buffer : cache) pointers.push_back(static_cast<W*>(buffer.data));
   return pointers;
 }
 
-// The weights of type W in `matrices`: int4 panels are bytes (uint8).
-template <typename W>
-const W* weights_in(const at::Tensor& matrices) {
-  if constexpr (IS_INT4<W>)
-    return reinterpret_cast<const W*>(matrices.data_ptr<uint8_t>());
-  else
-    return matrices.data_ptr<W>();
-}
-
-// The Model a step or prefill of weights of type W reads, from the tensors the entry points take; checks that the
+// The Model a step or prefill of weights of type W reads, from the buffers the entry points take; checks that the
 // embedding and the cache are in Stored<W>'s dtype, and that only int8 weights come with scales (one per row; int4
 // panels hold their own).
 template <typename W, typename S = typename Stored<W>::type>
-Model<W> model_for(const at::Tensor& matrices, const at::Tensor& scales, const at::Tensor& vectors,
-                   const at::Tensor& embedding, const at::Tensor& position_rows,
-                   const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values, const Shapes& s,
-                   int64_t activation, const std::vector<double>& constants) {
-  const auto stored = c10::CppTypeToScalarType<S>::value;
-  TORCH_CHECK(embedding.scalar_type() == stored && embedding.is_contiguous(), "embedding: wrong dtype");
+Model<W> model_for(const Buffer& matrices, const Buffer& scales, const Buffer& vectors, const Buffer& embedding,
+                   const Buffer& position_rows, const std::vector<Buffer>& keys, const std::vector<Buffer>& values,
+                   const Shapes& s, int64_t activation, const std::vector<double>& constants) {
+  const DType stored = DTYPE_OF<S>;
+  check(embedding.dtype == stored && embedding.contiguous, "embedding: wrong dtype");
   for (int64_t l = 0; l < s.layers; ++l)
-    TORCH_CHECK(keys[l].scalar_type() == stored && values[l].scalar_type() == stored,
-                "the cache must be in the weights' dtype (float32 for int8 and int4 weights)");
+    check(keys[l].dtype == stored && values[l].dtype == stored,
+          "the cache must be in the weights' dtype (float32 for int8 and int4 weights)");
   const bool int8 = std::is_same_v<W, int8_t>;
-  TORCH_CHECK(scales.numel() == (int8 ? s.layers * s.layer_rows() + s.vocab : 0), "scales: wrong size");
-  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous());
-  return {weights_in<W>(matrices), int8 ? scales.data_ptr<float>() : nullptr, vectors.data_ptr<float>(),
-          embedding.data_ptr<S>(), position_rows.data_ptr<float>(), storage_of<S>(keys), storage_of<S>(values),
-          keys[0].size(2), s, activation, static_cast<float>(constants[0]), static_cast<float>(constants[1]),
+  check(scales.numel() == (int8 ? s.layers * s.layer_rows() + s.vocab : 0), "scales: wrong size");
+  check(scales.dtype == DType::Float32 && scales.contiguous, "scales: float32, contiguous");
+  return {static_cast<const W*>(matrices.data), int8 ? static_cast<const float*>(scales.data) : nullptr,
+          static_cast<const float*>(vectors.data), static_cast<const S*>(embedding.data),
+          static_cast<const float*>(position_rows.data), storage_of<S>(keys), storage_of<S>(values),
+          keys[0].sizes[2], s, activation, static_cast<float>(constants[0]), static_cast<float>(constants[1]),
           static_cast<float>(constants[2]), std::is_same_v<W, float> && FLOAT32_PANELS};
 }
 
 // call(W{}) for the C++ type W of weights in `dtype` (int4 panels: of the kind `s` says).
 template <typename Call>
-void with_weight_type(at::ScalarType dtype, const Shapes& s, Call&& call) {
-  if (dtype == at::kBFloat16) return call(bf16{});
-  if (dtype == at::kChar) return call(int8_t{});
-  if (dtype == at::kByte) return s.symmetric_int4 ? call(Int4Symmetric{}) : call(Int4{});
-  TORCH_CHECK(dtype == at::kFloat, "weights must be float32, bfloat16, int8 or int4 panels (uint8)");
+void with_weight_type(DType dtype, const Shapes& s, Call&& call) {
+  if (dtype == DType::BFloat16) return call(bf16{});
+  if (dtype == DType::Int8) return call(int8_t{});
+  if (dtype == DType::UInt8) return s.symmetric_int4 ? call(Int4Symmetric{}) : call(Int4{});
+  check(dtype == DType::Float32, "weights must be float32, bfloat16, int8 or int4 panels (uint8)");
   call(float{});
 }
 
@@ -78,114 +85,110 @@ void with_weight_type(at::ScalarType dtype, const Shapes& s, Call&& call) {
 // checked against the buffers' sizes and the cache's layout; constants: the norms' epsilon, QK-norm's, the logits'
 // soft cap (0: none).
 Shapes checked_shapes(const std::vector<int64_t>& shapes, int64_t activation, const std::vector<double>& constants,
-                      const at::Tensor& matrices, const at::Tensor& vectors,
-                      const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values) {
-  TORCH_CHECK(shapes.size() == 12 && constants.size() == 3,
-              "shapes: embd, hidden, vocab, layers, heads, kv_heads, head_dim, rms, qk_norm, rotary, embed_norm, "
-              "symmetric_int4");
+                      const Buffer& matrices, const Buffer& vectors, const std::vector<Buffer>& keys,
+                      const std::vector<Buffer>& values) {
+  check(shapes.size() == 12 && constants.size() == 3,
+        "shapes: embd, hidden, vocab, layers, heads, kv_heads, head_dim, rms, qk_norm, rotary, embed_norm, "
+        "symmetric_int4");
   const Shapes s{shapes[0], shapes[1], shapes[2], shapes[3], shapes[4], shapes[5], shapes[6], activation == kSwiglu,
                  shapes[7] != 0, shapes[8] != 0, shapes[9] != 0, shapes[10] != 0, shapes[11] != 0};
-  TORCH_CHECK(s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.head_dim > 0 && (!s.rotary || s.head_dim % 2 == 0));
-  TORCH_CHECK(0 <= activation && activation <= kSwiglu, "activation: an Activation code");
-  TORCH_CHECK(matrices.is_contiguous() && vectors.scalar_type() == at::kFloat && vectors.is_contiguous());
-  const int64_t padding = matrices.scalar_type() == at::kFloat ? FLOAT32_PADDING : 0;  // past float32 panels
+  check(s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.head_dim > 0 && (!s.rotary || s.head_dim % 2 == 0),
+        "heads: a multiple of kv_heads; head_dim: positive (even with rotary positions)");
+  check(0 <= activation && activation <= kSwiglu, "activation: an Activation code");
+  check(matrices.contiguous && vectors.dtype == DType::Float32 && vectors.contiguous,
+        "matrices: contiguous; vectors: float32, contiguous");
+  const int64_t padding = matrices.dtype == DType::Float32 ? FLOAT32_PADDING : 0;  // past float32 panels
   const int64_t int4_size = s.symmetric_int4 ? s.matrices_size<Int4Symmetric>() : s.matrices_size<Int4>();
-  const int64_t size = matrices.scalar_type() == at::kByte ? int4_size : s.matrices_size<float>();
-  TORCH_CHECK(matrices.numel() == size + padding, "matrices: wrong size");
-  TORCH_CHECK(vectors.numel() == s.layers * s.layer_vector_elements() + 4 * s.embd, "vectors: wrong size");
-  TORCH_CHECK(static_cast<int64_t>(keys.size()) == s.layers && static_cast<int64_t>(values.size()) == s.layers);
+  const int64_t size = matrices.dtype == DType::UInt8 ? int4_size : s.matrices_size<float>();
+  check(matrices.numel() == size + padding, "matrices: wrong size");
+  check(vectors.numel() == s.layers * s.layer_vector_elements() + 4 * s.embd, "vectors: wrong size");
+  check(static_cast<int64_t>(keys.size()) == s.layers && static_cast<int64_t>(values.size()) == s.layers,
+        "keys and values: one a layer");
   for (int64_t l = 0; l < s.layers; ++l)
-    TORCH_CHECK(keys[l].is_contiguous() && values[l].is_contiguous() && keys[l].sizes() == values[l].sizes() &&
-                    keys[l].size(1) == s.kv_heads && keys[l].size(3) == s.head_dim,
-                "the cache must be contiguous (rows, kv_heads, positions, head_dim)");
+    check(keys[l].contiguous && values[l].contiguous && keys[l].sizes == values[l].sizes &&
+              keys[l].sizes.size() == 4 && keys[l].sizes[1] == s.kv_heads && keys[l].sizes[3] == s.head_dim,
+          "the cache must be contiguous (rows, kv_heads, positions, head_dim)");
   return s;
 }
 
 }  // namespace
 
-// Logits (vocab,) float32 for `token` at `position`, and the next token (see choose). matrices: float32, bfloat16,
-// int8, or int4 panels (uint8); scales: one float32 per matrix row for int8 (in read order), else empty. keys[l],
-// values[l]: layer l's cache storage (rows, kv_heads, positions, head_dim), contiguous, in the weights' dtype (float32
-// for int8 and int4); row 0 is written at `position` and attended over 0..position. position_row: the row added at
-// `position` (embd values) or its rotary cos and sin (head_dim); shapes, activation and constants: see checked_shapes.
-std::tuple<at::Tensor, int64_t> decode_step(const at::Tensor& matrices, const at::Tensor& scales,
-                                            const at::Tensor& vectors, const at::Tensor& embedding,
-                                            const at::Tensor& position_row, const std::vector<at::Tensor>& keys,
-                                            const std::vector<at::Tensor>& values, std::vector<int64_t> shapes,
-                                            int64_t token, int64_t position, int64_t activation,
-                                            std::vector<double> constants, double temperature, int64_t top_k,
-                                            double uniform) {
+namespace gptkit_native {
+
+// See bindings.cpp's decode_step: the next token; its logits written to `logits` (vocab float32 values).
+int64_t decode_step(const Buffer& matrices, const Buffer& scales, const Buffer& vectors, const Buffer& embedding,
+                    const Buffer& position_row, const std::vector<Buffer>& keys, const std::vector<Buffer>& values,
+                    const std::vector<int64_t>& shapes, int64_t token, int64_t position, int64_t activation,
+                    const std::vector<double>& constants, double temperature, int64_t top_k, double uniform,
+                    float* logits, int threads) {
   const Shapes s = checked_shapes(shapes, activation, constants, matrices, vectors, keys, values);
-  TORCH_CHECK(position_row.scalar_type() == at::kFloat && position_row.numel() == s.position_width());
-  TORCH_CHECK(0 <= position && position < keys[0].size(2) && 0 <= token && token < embedding.size(0));
-  TORCH_CHECK(temperature >= 0.0 && top_k >= 0 && 0.0 <= uniform && uniform < 1.0);
-  auto logits = at::empty({s.vocab}, vectors.options());
+  check(position_row.dtype == DType::Float32 && position_row.numel() == s.position_width(),
+        "position_row: float32, position_width values");
+  check(0 <= position && position < keys[0].sizes[2] && 0 <= token && token < embedding.sizes[0],
+        "token and position: within the vocabulary and the cache");
+  check(temperature >= 0.0 && top_k >= 0 && 0.0 <= uniform && uniform < 1.0,
+        "temperature and top_k: not negative; uniform: in [0, 1)");
   const int64_t keep = largest_to_keep(temperature, top_k, s.vocab);
-  std::vector<std::vector<Largest>> per_thread(1, std::vector<Largest>(at::get_num_threads(), Largest(keep)));
-  with_weight_type(matrices.scalar_type(), s, [&](auto weight) {
+  std::vector<std::vector<Largest>> per_thread(1, std::vector<Largest>(threads, Largest(keep)));
+  with_weight_type(matrices.dtype, s, [&](auto weight) {
     const auto model = model_for<decltype(weight)>(matrices, scales, vectors, embedding, position_row, keys, values,
                                                    s, activation, constants);
-    step_rows(model, {token}, {position}, logits.data_ptr<float>(), per_thread);
+    step_rows(model, {token}, {position}, logits, per_thread);
   });
-  return {logits, choose(logits.data_ptr<float>(), s.vocab, per_thread[0], keep, temperature, uniform)};
+  return choose(logits, s.vocab, per_thread[0], keep, temperature, uniform);
 }
 
-// A step of several rows: logits (rows, vocab) float32 and each row's next token (see choose; one temperature and
-// top_k for every row, uniforms[b] row b's draw). Row b of each layer's cache (storage as decode_step takes it, with
-// at least len(tokens) rows) gets tokens[b]'s key and value at positions[b] and attends over 0..positions[b];
-// position_rows: (rows, position_width) float32, the rows at those positions (see decode_step).
-std::tuple<at::Tensor, std::vector<int64_t>> decode_rows(
-    const at::Tensor& matrices, const at::Tensor& scales, const at::Tensor& vectors, const at::Tensor& embedding,
-    const at::Tensor& position_rows, const std::vector<at::Tensor>& keys,
-    const std::vector<at::Tensor>& values, std::vector<int64_t> shapes, std::vector<int64_t> tokens,
-    std::vector<int64_t> positions, int64_t activation, std::vector<double> constants, double temperature,
-    int64_t top_k, std::vector<double> uniforms) {
+// See bindings.cpp's decode_rows: each row's next token; their logits written to `logits` (rows * vocab values).
+std::vector<int64_t> decode_rows(const Buffer& matrices, const Buffer& scales, const Buffer& vectors,
+                                 const Buffer& embedding, const Buffer& position_rows, const std::vector<Buffer>& keys,
+                                 const std::vector<Buffer>& values, const std::vector<int64_t>& shapes,
+                                 const std::vector<int64_t>& tokens, const std::vector<int64_t>& positions,
+                                 int64_t activation, const std::vector<double>& constants, double temperature,
+                                 int64_t top_k, const std::vector<double>& uniforms, float* logits, int threads) {
   const Shapes s = checked_shapes(shapes, activation, constants, matrices, vectors, keys, values);
   const int64_t rows = static_cast<int64_t>(tokens.size());
-  TORCH_CHECK(rows > 0 && rows <= keys[0].size(0), "one token for each of 1 .. cache rows rows");
-  TORCH_CHECK(static_cast<int64_t>(positions.size()) == rows && static_cast<int64_t>(uniforms.size()) == rows);
+  check(rows > 0 && rows <= keys[0].sizes[0], "one token for each of 1 .. cache rows rows");
+  check(static_cast<int64_t>(positions.size()) == rows && static_cast<int64_t>(uniforms.size()) == rows,
+        "a position and a uniform for each row");
   for (int64_t b = 0; b < rows; ++b) {
-    TORCH_CHECK(0 <= positions[b] && positions[b] < keys[0].size(2), "a position past the cache");
-    TORCH_CHECK(0 <= tokens[b] && tokens[b] < embedding.size(0), "a token past the vocabulary");
-    TORCH_CHECK(0.0 <= uniforms[b] && uniforms[b] < 1.0);
+    check(0 <= positions[b] && positions[b] < keys[0].sizes[2], "a position past the cache");
+    check(0 <= tokens[b] && tokens[b] < embedding.sizes[0], "a token past the vocabulary");
+    check(0.0 <= uniforms[b] && uniforms[b] < 1.0, "uniforms: in [0, 1)");
   }
-  TORCH_CHECK(position_rows.scalar_type() == at::kFloat && position_rows.is_contiguous() &&
-              position_rows.numel() == rows * s.position_width());
-  TORCH_CHECK(temperature >= 0.0 && top_k >= 0);
-  auto logits = at::empty({rows, s.vocab}, vectors.options());
+  check(position_rows.dtype == DType::Float32 && position_rows.contiguous &&
+            position_rows.numel() == rows * s.position_width(),
+        "position_rows: float32, contiguous, position_width values a row");
+  check(temperature >= 0.0 && top_k >= 0, "temperature and top_k: not negative");
   const int64_t keep = largest_to_keep(temperature, top_k, s.vocab);
-  std::vector<std::vector<Largest>> per_thread(rows, std::vector<Largest>(at::get_num_threads(), Largest(keep)));
-  with_weight_type(matrices.scalar_type(), s, [&](auto weight) {
+  std::vector<std::vector<Largest>> per_thread(rows, std::vector<Largest>(threads, Largest(keep)));
+  with_weight_type(matrices.dtype, s, [&](auto weight) {
     const auto model = model_for<decltype(weight)>(matrices, scales, vectors, embedding, position_rows, keys, values,
                                                    s, activation, constants);
-    step_rows(model, tokens, positions, logits.data_ptr<float>(), per_thread);
+    step_rows(model, tokens, positions, logits, per_thread);
   });
   std::vector<int64_t> chosen(rows);
   for (int64_t b = 0; b < rows; ++b)
-    chosen[b] = choose(logits.data_ptr<float>() + b * s.vocab, s.vocab, per_thread[b], keep, temperature, uniforms[b]);
-  return {logits, chosen};
+    chosen[b] = choose(logits + b * s.vocab, s.vocab, per_thread[b], keep, temperature, uniforms[b]);
+  return chosen;
 }
 
-// Fills rows 0 .. rows - 1 of the cache at positions start .. start + T - 1 with `tokens` (rows * T of them: row r's
-// T tokens after row r - 1's; see prefill); the buffers as decode_step takes them, position_rows: (rows * T,
-// position_width) float32, the rows at each token's position.
-void prefill_tokens(const at::Tensor& matrices, const at::Tensor& scales, const at::Tensor& vectors,
-                    const at::Tensor& embedding, const at::Tensor& position_rows,
-                    const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
-                    std::vector<int64_t> shapes, std::vector<int64_t> tokens, int64_t start, int64_t rows,
-                    int64_t activation, std::vector<double> constants) {
+// See bindings.cpp's prefill.
+void prefill_tokens(const Buffer& matrices, const Buffer& scales, const Buffer& vectors, const Buffer& embedding,
+                    const Buffer& position_rows, const std::vector<Buffer>& keys, const std::vector<Buffer>& values,
+                    const std::vector<int64_t>& shapes, const std::vector<int64_t>& tokens, int64_t start, int64_t rows,
+                    int64_t activation, const std::vector<double>& constants, int threads) {
   const Shapes s = checked_shapes(shapes, activation, constants, matrices, vectors, keys, values);
   const int64_t count = static_cast<int64_t>(tokens.size());
-  TORCH_CHECK(0 < rows && rows <= keys[0].size(0) && count > 0 && count % rows == 0, "T tokens for each of rows rows");
-  TORCH_CHECK(0 <= start && start + count / rows <= keys[0].size(2), "the tokens must fit in the cache");
-  for (const int64_t token : tokens)
-    TORCH_CHECK(0 <= token && token < embedding.size(0), "a token past the vocabulary");
-  TORCH_CHECK(position_rows.scalar_type() == at::kFloat && position_rows.is_contiguous() &&
-              position_rows.numel() == count * s.position_width());
-  with_weight_type(matrices.scalar_type(), s, [&](auto weight) {
+  check(0 < rows && rows <= keys[0].sizes[0] && count > 0 && count % rows == 0, "T tokens for each of rows rows");
+  check(0 <= start && start + count / rows <= keys[0].sizes[2], "the tokens must fit in the cache");
+  for (const int64_t token : tokens) check(0 <= token && token < embedding.sizes[0], "a token past the vocabulary");
+  check(position_rows.dtype == DType::Float32 && position_rows.contiguous &&
+            position_rows.numel() == count * s.position_width(),
+        "position_rows: float32, contiguous, position_width values a token");
+  with_weight_type(matrices.dtype, s, [&](auto weight) {
     const auto model = model_for<decltype(weight)>(matrices, scales, vectors, embedding, position_rows, keys, values,
                                                    s, activation, constants);
-    prefill(model, tokens, start, rows, at::get_num_threads());
+    prefill(model, tokens, start, rows, threads);
   });
 }
 
@@ -193,12 +196,12 @@ void prefill_tokens(const at::Tensor& matrices, const at::Tensor& scales, const 
 // share with vector loads and prefetch_ahead, in independent sums. Why: benchmarks/bench.py's roofline divides the
 // weight bytes by the machine's read speed, which must be measured with the access the step itself reads with (a
 // library's sum can read slower than the step streams its weights, docs/benchmarks.md).
-double stream_sum(const at::Tensor& buffer) {
-  TORCH_CHECK(buffer.scalar_type() == at::kFloat && buffer.is_contiguous(), "a contiguous float32 buffer");
-  const float* values = buffer.data_ptr<float>();
+double stream_sum(const Buffer& buffer, int threads) {
+  check(buffer.dtype == DType::Float32 && buffer.contiguous, "a contiguous float32 buffer");
+  const float* values = static_cast<const float*>(buffer.data);
   const int64_t n = buffer.numel();
   double total = 0.0;
-#pragma omp parallel num_threads(at::get_num_threads()) reduction(+ : total)
+#pragma omp parallel num_threads(threads) reduction(+ : total)
   {
     const Share mine(n, omp_get_thread_num(), omp_get_num_threads());
     float sum = 0.0f;
@@ -233,15 +236,4 @@ std::vector<int64_t> float32_blocks() {
 // many.
 int64_t int4_panel_rows() { return INT4_PANEL; }
 
-// The steps and the prefill run without Python's lock (they touch no Python object), so that a server's other
-// threads (its HTTP loop streaming the tokens, accepting requests) run while a step computes rather than between
-// steps.
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  using without_python_lock = py::call_guard<py::gil_scoped_release>;
-  m.def("decode_step", &decode_step, without_python_lock());
-  m.def("decode_rows", &decode_rows, without_python_lock());
-  m.def("float32_blocks", &float32_blocks);
-  m.def("int4_panel_rows", &int4_panel_rows);
-  m.def("stream_sum", &stream_sum);
-  m.def("prefill", &prefill_tokens, without_python_lock());
-}
+}  // namespace gptkit_native

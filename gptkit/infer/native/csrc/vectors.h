@@ -4,15 +4,9 @@
 
 #pragma once
 
-#include <ATen/Parallel.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <omp.h>
-// pybind11 with ATen's tensor casters, not torch/extension.h: the step needs no more of torch's C++ API, and its
-// headers (its whole C++ front end) were much of the build's compile time.
-#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <array>
