@@ -18,7 +18,6 @@ DType dtype_of(const at::Tensor& tensor) {
   switch (tensor.scalar_type()) {
     case at::kFloat: return DType::Float32;
     case at::kBFloat16: return DType::BFloat16;
-    case at::kHalf: return DType::Float16;
     case at::kChar: return DType::Int8;
     case at::kByte: return DType::UInt8;
     default: return DType::Other;
@@ -56,11 +55,11 @@ std::tuple<at::Tensor, int64_t> decode_step(const at::Tensor& matrices, const at
                                             std::vector<double> constants, double temperature, int64_t top_k,
                                             double uniform) {
   auto logits = logits_for(1, shapes);
-  const int64_t chosen = gptkit_native::decode_step(
+  const auto chosen = gptkit_native::decode_rows(
       buffer_of(matrices), buffer_of(scales), buffer_of(vectors), buffer_of(embedding), buffer_of(position_row),
-      buffers_of(keys), buffers_of(values), shapes, token, position, activation, constants, temperature, top_k,
-      uniform, logits.data_ptr<float>(), at::get_num_threads());
-  return {logits[0], chosen};
+      buffers_of(keys), buffers_of(values), shapes, {token}, {position}, activation, constants, temperature, top_k,
+      {uniform}, logits.data_ptr<float>(), at::get_num_threads());
+  return {logits[0], chosen[0]};
 }
 
 // A step of several rows: logits (rows, vocab) float32 and each row's next token (one temperature and top_k for

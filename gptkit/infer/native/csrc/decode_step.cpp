@@ -115,29 +115,6 @@ Shapes checked_shapes(const std::vector<int64_t>& shapes, int64_t activation, co
 
 namespace gptkit_native {
 
-// See bindings.cpp's decode_step: the next token; its logits written to `logits` (vocab float32 values).
-int64_t decode_step(const Buffer& matrices, const Buffer& scales, const Buffer& vectors, const Buffer& embedding,
-                    const Buffer& position_row, const std::vector<Buffer>& keys, const std::vector<Buffer>& values,
-                    const std::vector<int64_t>& shapes, int64_t token, int64_t position, int64_t activation,
-                    const std::vector<double>& constants, double temperature, int64_t top_k, double uniform,
-                    float* logits, int threads) {
-  const Shapes s = checked_shapes(shapes, activation, constants, matrices, vectors, keys, values);
-  check(position_row.dtype == DType::Float32 && position_row.numel() == s.position_width(),
-        "position_row: float32, position_width values");
-  check(0 <= position && position < keys[0].sizes[2] && 0 <= token && token < embedding.sizes[0],
-        "token and position: within the vocabulary and the cache");
-  check(temperature >= 0.0 && top_k >= 0 && 0.0 <= uniform && uniform < 1.0,
-        "temperature and top_k: not negative; uniform: in [0, 1)");
-  const int64_t keep = largest_to_keep(temperature, top_k, s.vocab);
-  std::vector<std::vector<Largest>> per_thread(1, std::vector<Largest>(threads, Largest(keep)));
-  with_weight_type(matrices.dtype, s, [&](auto weight) {
-    const auto model = model_for<decltype(weight)>(matrices, scales, vectors, embedding, position_row, keys, values,
-                                                   s, activation, constants);
-    step_rows(model, {token}, {position}, logits, per_thread);
-  });
-  return choose(logits, s.vocab, per_thread[0], keep, temperature, uniform);
-}
-
 // See bindings.cpp's decode_rows: each row's next token; their logits written to `logits` (rows * vocab values).
 std::vector<int64_t> decode_rows(const Buffer& matrices, const Buffer& scales, const Buffer& vectors,
                                  const Buffer& embedding, const Buffer& position_rows, const std::vector<Buffer>& keys,

@@ -5,12 +5,11 @@
 #pragma once
 
 #include <cstdint>
-#include <tuple>
 #include <vector>
 
 namespace gptkit_native {
 
-enum class DType { Float32, BFloat16, Float16, Int8, UInt8, Other };
+enum class DType { Float32, BFloat16, Int8, UInt8, Other };
 
 // A tensor as the step reads it: where its values lie, their type, its sizes and whether they lie contiguously.
 struct Buffer {
@@ -26,13 +25,8 @@ struct Buffer {
   }
 };
 
-// See bindings.cpp for what each takes and gives; `threads`: the threads a step or prefill runs on, `logits` a
-// float32 buffer of (rows, vocab) values the bindings made.
-int64_t decode_step(const Buffer& matrices, const Buffer& scales, const Buffer& vectors, const Buffer& embedding,
-                    const Buffer& position_row, const std::vector<Buffer>& keys, const std::vector<Buffer>& values,
-                    const std::vector<int64_t>& shapes, int64_t token, int64_t position, int64_t activation,
-                    const std::vector<double>& constants, double temperature, int64_t top_k, double uniform,
-                    float* logits, int threads);
+// See bindings.cpp for what each takes and gives (its decode_step is decode_rows of one row); `threads`: the threads
+// a step or prefill runs on, `logits` a float32 buffer of (rows, vocab) values the bindings made.
 std::vector<int64_t> decode_rows(const Buffer& matrices, const Buffer& scales, const Buffer& vectors,
                                  const Buffer& embedding, const Buffer& position_rows, const std::vector<Buffer>& keys,
                                  const std::vector<Buffer>& values, const std::vector<int64_t>& shapes,
