@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from functools import partial
+from functools import cache, partial
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ import httpx
 import numpy as np
 
 from gptkit.data.meta import write_meta
-from gptkit.data.tokenizer import CharTokenizer, ChatTokenizer
+from gptkit.data.tokenizer import CharTokenizer, ChatTokenizer, TiktokenTokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -415,6 +415,14 @@ GPT2_BPE_URLS = {
     "vocab.bpe": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
     "encoder.json": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
 }
+
+
+@cache
+def gpt2_chat_tokenizer() -> ChatTokenizer:
+    """GPT-2's BPE with the chat markers, made when a test first asks for it, not while the tests are collected:
+    offline, tiktoken finds its files only in $TIKTOKEN_CACHE_DIR, and a module that failed to load would take its
+    other tests down with it."""
+    return ChatTokenizer.extending(TiktokenTokenizer("gpt2"))
 
 
 def copy_gpt2_bpe_files(destination: Path) -> Path:

@@ -8,12 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gptkit.data import tokenizer as tok
 from gptkit.data.preferences import PairBatches, PairEpoch, open_pairs
-from helpers import run_main
+from helpers import gpt2_chat_tokenizer, run_main
 from prepare_data import preferences as script
-
-CHAT = tok.ChatTokenizer.extending(tok.TiktokenTokenizer("gpt2"))
 
 
 def write_jsonl(path: Path, records: list) -> Path:
@@ -31,8 +28,9 @@ def prepare(tmp_path: Path, records: list, capsys, *extra: str) -> tuple[int, st
 
 def expected(prompt: list[dict], reply: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """Rendered by hand: the whole conversation, the mask zero up to and including the assistant marker."""
-    ids, mask = CHAT.chat.render(prompt + reply, CHAT)
-    mask[: len(CHAT.chat.render_prompt(prompt, CHAT)) - 1] = 0
+    chat = gpt2_chat_tokenizer()
+    ids, mask = chat.chat.render(prompt + reply, chat)
+    mask[: len(chat.chat.render_prompt(prompt, chat)) - 1] = 0
     return ids, mask
 
 
@@ -56,7 +54,8 @@ def test_text_and_message_forms_render_pairs_with_masks_on_the_replies(tmp_path,
         for p in range(len(pairs) // 2):
             chosen_ids, chosen_mask = pairs.conversation(2 * p)
             rejected_ids, rejected_mask = pairs.conversation(2 * p + 1)
-            text = CHAT.decode([int(t) for t, m in zip(chosen_ids, chosen_mask) if m][:-1])  # the scored reply
+            scored = [int(t) for t, m in zip(chosen_ids, chosen_mask) if m][:-1]  # the scored reply
+            text = gpt2_chat_tokenizer().decode(scored)
             want_ids, want_mask = expected(user, reply(text))
             np.testing.assert_array_equal(chosen_ids, want_ids)
             np.testing.assert_array_equal(chosen_mask, want_mask)
@@ -99,7 +98,7 @@ def test_parquet_records(tmp_path, capsys):
     total = sum(len(open_pairs(out, split)) for split in ("train", "val"))
     assert total == 24
     ids, _ = open_pairs(out, "train").conversation(0)
-    assert CHAT.decode(ids.tolist()).count("question") == 1
+    assert gpt2_chat_tokenizer().decode(ids.tolist()).count("question") == 1
 
 
 def test_pair_batches_hold_chosen_then_rejected_rows_and_resume_by_index(tmp_path, capsys):

@@ -22,13 +22,13 @@ from helpers import (
     REPO,
     alive,
     assert_one_line_error,
+    gpt2_chat_tokenizer,
     make_char_data,
     run_main,
     signal_mid_run,
 )
 from prepare_data import chat as chat_script
 
-GPT2_CHAT = tok.ChatTokenizer.extending(tok.TiktokenTokenizer("gpt2"))
 WORDS = "the cat sat on a mat and then it ran off to see the dog who was not there at all".split()  # noqa: SIM905
 
 
@@ -71,7 +71,8 @@ def read_back(out: Path) -> dict[str, list[tuple[list[int], list[int]]]]:
     return splits
 
 
-def rendered(messages: list[dict[str, str]], tokenizer: tok.ChatTokenizer = GPT2_CHAT) -> tuple[list[int], list[int]]:
+def rendered(messages: list[dict[str, str]], tokenizer: tok.ChatTokenizer | None = None) -> tuple[list[int], list[int]]:
+    tokenizer = tokenizer or gpt2_chat_tokenizer()
     ids, mask = tokenizer.chat.render(messages, tokenizer)
     return ids.tolist(), mask.tolist()
 
@@ -90,7 +91,8 @@ def test_jsonl_conversations_read_back_exactly(tmp_path: Path, capsys: Any) -> N
     assert got == expected and len(got["val"]) > 0
     assert sorted(got["train"] + got["val"]) == sorted(rendered(r["messages"]) for r in records)  # complete
     meta = read_meta(out)
-    assert meta["tokenizer"] == GPT2_CHAT.to_meta() and meta["vocab_size"] == 50261 and meta["dtype"] == "uint16"
+    assert meta["tokenizer"] == gpt2_chat_tokenizer().to_meta()
+    assert meta["vocab_size"] == 50261 and meta["dtype"] == "uint16"
     for split in ("train", "val"):
         info = meta["splits"][split]
         assert info["documents"] == len(expected[split])
@@ -132,7 +134,7 @@ def test_gz_parquet_and_prompt_completion_in_a_directory(tmp_path: Path, capsys:
         add(0, line, rendered(messages))
     for row, messages in enumerate(parquet, start=1):
         add(1, row, rendered([{"role": m["role"], "content": m["content"]} for m in messages]))
-    enc = GPT2_CHAT.base
+    enc = gpt2_chat_tokenizer().base
     for line, pair in enumerate(pairs, start=1):
         if isinstance(pair["prompt"], str):
             add(
