@@ -842,18 +842,24 @@ def items_from_text(
 # ------------------------------------------------------------------------------------------ memory
 
 
-def peak_rise(action: Callable[[], Any]) -> tuple[Any, int]:
-    """action()'s result and how far the process's peak resident memory rose above its resident memory before it
-    (Linux: /proc/self/clear_refs resets the peak to what is resident; elsewhere the test is skipped). Memory that
-    earlier tests in this process freed is handed back to the system first, or the action would reuse it unseen."""
+def reset_peak_memory() -> None:
+    """The process's peak resident memory reset to what is resident (Linux: /proc/self/clear_refs); elsewhere the
+    test is skipped."""
     import pytest
 
-    gc.collect()
-    release_freed_memory()
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
         pytest.skip("this system cannot reset the process's peak resident memory")
+
+
+def peak_rise(action: Callable[[], Any]) -> tuple[Any, int]:
+    """action()'s result and how far the process's peak resident memory rose above its resident memory before it
+    (Linux: /proc/self/clear_refs resets the peak to what is resident; elsewhere the test is skipped). Memory that
+    earlier tests in this process freed is handed back to the system first, or the action would reuse it unseen."""
+    gc.collect()
+    release_freed_memory()
+    reset_peak_memory()
     before = process_memory("VmRSS")
     result = action()
     return result, process_memory("VmHWM") - before
@@ -886,7 +892,9 @@ print(json.dumps([float32_rise, int4_rise]))
 
 def qlora_set_up_peaks(source: Path) -> tuple[int, int]:
     """How far QLoRA's set-up from `source` (load, then add_lora over every product on int4 base weights) raises the
-    peak resident memory of a fresh process: with the products read in float32 first, and read as int4 blocks."""
+    peak resident memory of a fresh process: with the products read in float32 first, and read as int4 blocks.
+    Skipped where the peak cannot be reset (checked here: in the process below the skip would be a failure)."""
+    reset_peak_memory()
     env = clean_env(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
     command = [sys.executable, "-c", QLORA_SET_UP_PEAKS, str(source)]
     measured = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)

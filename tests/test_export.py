@@ -21,6 +21,7 @@ from helpers import (
     assert_one_line_error,
     assert_script_error,
     cli_args,
+    gpt2_chat_tokenizer,
     greedy_llama_cpp,
     lively_model,
     reference_greedy,
@@ -52,7 +53,7 @@ def write_checkpoint(path: Path, tokenizer, **model_settings) -> Path:
 
 @pytest.fixture(scope="module")
 def chat_checkpoint(tmp_path_factory) -> Path:
-    tokenizer = tok.ChatTokenizer.extending(tok.TiktokenTokenizer("gpt2"))
+    tokenizer = gpt2_chat_tokenizer()
     return write_checkpoint(tmp_path_factory.mktemp("run") / "ckpt.pt", tokenizer, n_embd=64)
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from gptkit.data.tokenizer import CharTokenizer, ChatTokenizer, TiktokenTokenizer
-from helpers import HTTP, SERVE_TEXT, lively_model, plain_copy, running_app
+from helpers import HTTP, SERVE_TEXT, gpt2_chat_tokenizer, lively_model, plain_copy, running_app
 from infer.test_engine import reference_with_rules
 
 
@@ -166,7 +166,7 @@ def test_best_of_answers_the_candidates_with_the_highest_mean_logprob(server):
 
 
 def test_tokenizer_endpoints_speak_vllms_format():
-    tokenizer = ChatTokenizer.extending(TiktokenTokenizer("gpt2"))
+    tokenizer = gpt2_chat_tokenizer()
     model = lively_model(tokenizer.vocab_size)
     with running_app(model, tokenizer) as base:
         info = HTTP.get(f"{base}/tokenizer_info").json()

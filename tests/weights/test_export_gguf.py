@@ -15,7 +15,7 @@ from gptkit.data import tokenizer as tok
 from gptkit.data.chat import END_OF_TURN
 from gptkit.data.gguf_tokenizer import load_gguf_tokenizer
 from gptkit.weights.export_gguf import export_gguf, gguf_tensors
-from helpers import greedy_llama_cpp, lively_model, reference_greedy
+from helpers import gpt2_chat_tokenizer, greedy_llama_cpp, lively_model, reference_greedy
 from hf_tokenizer_dirs import VARIED
 
 gguf = pytest.importorskip("gguf")
@@ -68,10 +68,6 @@ def tiny_bpe(*merged: bytes) -> tok.BpeTokenizer:
     return tok.BpeTokenizer(record)
 
 
-def chat_gpt2() -> tok.ChatTokenizer:
-    return tok.ChatTokenizer.extending(tok.TiktokenTokenizer("gpt2"))
-
-
 @pytest.fixture(scope="module")
 def gpt2_model():
     """A GPT-2-vocabulary chat model (50304 rows: 50261 tokens, padded) with 64-wide rows for q8_0's blocks."""
@@ -82,7 +78,7 @@ def gpt2_model():
 def gpt2_file(tmp_path_factory, gpt2_model):
     """gpt2_model with GPT-2's chat vocabulary in f16, and llama.cpp's reader of the file. Writing and reading 50,000
     tokens and merges takes seconds, so the tests of its metadata share the file."""
-    path = export(tmp_path_factory.mktemp("gpt2"), gpt2_model, chat_gpt2(), "f16")
+    path = export(tmp_path_factory.mktemp("gpt2"), gpt2_model, gpt2_chat_tokenizer(), "f16")
     return path, gguf.GGUFReader(path)
 
 
@@ -168,7 +164,7 @@ def test_the_chat_template_in_the_metadata_renders_our_ids(tmp_path, gpt2_file, 
     transformers = pytest.importorskip("transformers")
     from gptkit.weights.export_hf import export_hf
 
-    tokenizer = chat_gpt2()
+    tokenizer = gpt2_chat_tokenizer()
     path, reader = gpt2_file
     hf_dir = tmp_path / "hf"
     hf_dir.mkdir()
@@ -187,7 +183,7 @@ def test_gpt2_s_chat_vocabulary_reads_back_with_tiktoken_s_ids_and_our_template(
     """gptkit/data/gguf_tokenizer.py over the file's metadata (as gpt2_file's reader parsed it): GPT-2's 50,000 tokens
     and merges with the chat template's tokens encode as tiktoken does, and render our template's ids."""
     path, reader = gpt2_file
-    tokenizer = chat_gpt2()
+    tokenizer = gpt2_chat_tokenizer()
     ours = load_gguf_tokenizer(path, reader)
     for text in VARIED:
         assert ours.encode(text) == tokenizer.encode(text), text
@@ -339,7 +335,7 @@ def test_llama_cpp_runs_the_export_to_our_greedy_tokens(tmp_path, request, gpt2_
     llama_cpp = pytest.importorskip(
         "llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python)"
     )
-    tokenizer = chat_gpt2()
+    tokenizer = gpt2_chat_tokenizer()
     model = lively_model(vocab_size=50304, n_embd=64, n_head=2, block_size=64, tie_embeddings=False)
     llm = llama_cpp.Llama(model_path=str(export(tmp_path, model, tokenizer)), n_ctx=64, verbose=False, seed=0)
     text = "Hello world, it's 2024!\n\n  Grüße   ok."

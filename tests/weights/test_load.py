@@ -263,18 +263,11 @@ def test_a_directory_whose_weights_do_not_fit_its_config_is_one_line(tmp_path, i
     assert_one_line_message(error.value, f"{directory}: transformer.h.0.mlp.c_fc.weight has shape (96, 32), expected")
 
 
-# The measurement below, in a process of its own: QLoRA's set-up runs at the start of train.py's process, and in a
-# test process that has run other tests the allocator's state moved the int4 read's peak by half the products' bytes
-# from one run to the next. Prints the float32 and the int4 set-up's peak rises, in bytes.
 def test_qlora_s_base_from_a_hugging_face_directory_makes_no_float32_copy_of_its_products(tmp_path):
     """Measured: QLoRA's set-up from a Hugging Face directory in bfloat16 (load with int4_products, then add_lora over
     every product) raises the process's peak resident memory by at least half the products' float32 bytes less than
     a float32 read and add_lora do, which put a float32 copy of every product in place first. (Many narrow layers: a
     product is quantized a slice of rows at a time, whose float32 temporaries do not grow with the model.)"""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")  # what peak_rise resets the peak with
-    except OSError:
-        pytest.skip("this system cannot reset the process's peak resident memory")
     config = transformers.Qwen2Config(
         vocab_size=640,
         hidden_size=256,
