@@ -22,7 +22,7 @@ from gptkit.infer.engine import Engine, KVCache, Request
 from gptkit.infer.native import NativeStep, huge_page_zeros
 from gptkit.infer.native import build as native_build
 from gptkit.infer.native import step as native_step
-from gptkit.infer.native.packing import int4_panels, layer_tensors
+from gptkit.infer.native.packing import int4_panel_bytes, int4_panels, layer_tensors
 from gptkit.weights.quantization import Int4Linear, Int8Linear, quantize_int4, quantize_int8
 from helpers import (
     as_q4_0,
@@ -716,16 +716,25 @@ def test_int4_panels_packed_a_slice_at_a_time_are_those_of_whole_products(monkey
     assert torch.equal(packed, torch.cat([int4_panels(product, rows) for product in products]))
 
 
-def test_q4_0_panels_without_minimums_give_what_the_same_blocks_with_minimums_give(monkeypatch):
+@pytest.mark.parametrize("head", ["q4_0", "q4_1"])
+def test_q4_0_panels_without_minimums_give_what_the_same_blocks_with_minimums_give(monkeypatch, head):
     """A model of Q4_0 blocks (every minimum -8 times its scale) is packed without minimums, 18 bytes a row's group
-    of 32 weights where panels with them take 20; a prefill of two rows of 17 tokens (several passes over each panel),
-    steps of one row and of two rows give the keys, values and logits of the same blocks packed with their minimums
-    (the step's Q4_1 panels), exactly."""
-    model = as_q4_0(quantize_int4(lively_model(vocab_size=70, n_embd=64, n_head=4, seed=4, block_size=32)))
+    of 32 weights where panels with them take 20, and so are its layers beside a Q4_1 head (as a GGUF file's Q4_0
+    products may come), the head packed with its minimums; a prefill of two rows of 17 tokens (several passes over
+    each panel), steps of one row and of two rows give the keys, values and logits of the same blocks packed with
+    their minimums (the step's Q4_1 panels), and the logits of a float64 eager pass over the same blocks and inputs
+    rounded as the step rounds them, to float32's rounding."""
+    model = quantize_int4(lively_model(vocab_size=70, n_embd=64, n_head=4, seed=4, block_size=32))
+    head_minimum = model.lm_head.minimum.clone()
+    as_q4_0(model)
+    if head == "q4_1":
+        model.lm_head.minimum = head_minimum
+    head_bytes = int4_panel_bytes(model.lm_head, native_decoding.extension().int4_panel_rows(), True)
     without = NativeStep(model, torch.float32)
     monkeypatch.setattr(Int4Linear, "symmetric", lambda self: False)
     with_minimums = NativeStep(model, torch.float32)
-    assert without.matrices.numel() * 20 == with_minimums.matrices.numel() * 18
+    smaller = with_minimums.matrices.numel() if head == "q4_0" else with_minimums.matrices.numel() - head_bytes
+    assert without.matrices.numel() == with_minimums.matrices.numel() - smaller // 10  # 18 bytes where 20 were
     prompts = [list(range(3, 20)), list(range(40, 57))]
     results = []
     for step in (without, with_minimums):
@@ -734,8 +743,16 @@ def test_q4_0_panels_without_minimums_give_what_the_same_blocks_with_minimums_gi
         step.prefill(prompts, 0, cache.keys, cache.values)
         row_logits, token = step(5, 17, cache.keys, cache.values)
         rows_logits, _ = step.step_rows([token, 9], [18, 17], cache.keys, cache.values)
-        results.append([row_logits, rows_logits, *cache.keys, *cache.values])
-    assert all(map(torch.equal, *results))
+        results.append([row_logits, *rows_logits, *cache.keys, *cache.values])
+    for got, expected in zip(*results):
+        torch.testing.assert_close(got, expected, rtol=0, atol=INT4_TOLERANCE * expected.abs().max().item())
+    reference = with_16_bit_group_inputs(model).double()
+    sequences = [prompts[0] + [5], prompts[0] + [5, token], prompts[1] + [9]]
+    with torch.no_grad():
+        expected = [reference(torch.tensor([sequence]))[0][0, -1] for sequence in sequences]
+    for logits in (result[:3] for result in results):
+        for got, wanted in zip(logits, expected):
+            torch.testing.assert_close(got.double(), wanted, rtol=0, atol=INT4_TOLERANCE * wanted.abs().max().item())
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

@@ -243,17 +243,17 @@ def test_the_native_int4_step_decodes_a_q4_file_as_the_eager_pass(
         assert_greedy_up_to_ties(reference, request.prompt, request.output)
 
 
-def panel_bytes(model, record: int) -> int:
+def panel_bytes(model, record: int, head_record: int) -> int:
     """The bytes of the native step's int4 panels of `model`'s products (each layer's four, then the head): whole
-    panels of rows, `record` bytes a row's group of 32 weights."""
+    panels of rows, `record` bytes a row's group of 32 weights (the head's: `head_record`)."""
     rows = native.extension().int4_panel_rows()
     config = model.config
     qkv = (config.n_head + 2 * config.n_kv_head) * config.head_dim
     fc = (2 if config.activation == "swiglu" else 1) * config.mlp_hidden
     layer = [(qkv, config.n_embd), (config.n_embd, config.n_head * config.head_dim), (fc, config.n_embd)]
     layer.append((config.n_embd, config.mlp_hidden))
-    shapes = layer * config.n_layer + [(config.vocab_size, config.n_embd)]
-    return sum(-(-out // rows) * rows * -(-columns // 32) * record for out, columns in shapes)
+    shapes = [(*shape, record) for shape in layer * config.n_layer] + [(config.vocab_size, config.n_embd, head_record)]
+    return sum(-(-out // rows) * rows * -(-columns // 32) * size for out, columns, size in shapes)
 
 
 @pytest.mark.parametrize("keep_int4", [False, True])
@@ -262,18 +262,23 @@ def test_q4_0_blocks_are_packed_without_minimums_and_a_file_mixing_q4_1_in_with_
 ):
     """A file of Q4_0 products and head, read into memory or left in the file: the native step's panels take 18 bytes
     a row's group of 32 weights (a float16 scale and the codes; its minimums are -8 times its scales). One Q4_1 part
-    of a fused product (blk.0's attn_k) among Q4_0 ones: the panels keep every minimum (20 bytes), and the step's
-    greedy tokens are the eager pass's over the file's blocks, up to ties."""
+    of a fused product (blk.0's attn_k) among Q4_0 ones: the layers' panels keep every minimum (20 bytes), the head's
+    (Q4_0) are of its own kind. Q4_0 products beside a Q8_0 embedding (export.py's q4_0 files; the head quantized to
+    Q4_1 when read for decoding, keep_int4): the layers' panels without minimums, the head's with them. Each file's
+    greedy tokens are the eager pass's over its blocks, up to ties."""
     model = tiny("llama-gqa-tied")
     q4_0 = q4_file(tmp_path / "q4_0", monkeypatch, model, qwen_tokenizer, T.Q4_0)
     mixed = q4_file(tmp_path / "mixed", monkeypatch, model, qwen_tokenizer, T.Q4_0, {"blk.0.attn_k.weight": T.Q4_1})
-    for path, record in ((q4_0, 18), (mixed, 20)):
+    q8_0_head = q4_file(tmp_path / "q8", monkeypatch, model, qwen_tokenizer, T.Q4_0, {"token_embd.weight": T.Q8_0})
+    files = [(q4_0, 18, 18), (mixed, 20, 18)] + ([(q8_0_head, 18, 20)] if keep_int4 else [])
+    for path, record, head_record in files:
         read = apply_quantization(load(str(path), tokenizer=False, keep_int4=keep_int4).model, "none")
-        assert NativeStep.for_model(read, torch.float32).matrices.numel() == panel_bytes(read, record)
-    reference = with_16_bit_group_inputs(apply_quantization(load(str(mixed), tokenizer=False).model, "none"))
-    request = Request([5, 9, 300], 12, temperature=0)
-    list(Engine(read, decode="native").run([request]))
-    assert_greedy_up_to_ties(reference, [5, 9, 300], request.output)
+        assert NativeStep.for_model(read, torch.float32).matrices.numel() == panel_bytes(read, record, head_record)
+        loaded = load(str(path), tokenizer=False, keep_int4=keep_int4).model  # the same blocks, run eagerly
+        reference = with_16_bit_group_inputs(apply_quantization(loaded, "none"))
+        request = Request([5, 9, 300], 12, temperature=0)
+        list(Engine(read, decode="native").run([request]))
+        assert_greedy_up_to_ties(reference, [5, 9, 300], request.output)
 
 
 def float_matrices(model) -> set[str]:

@@ -115,10 +115,14 @@ class NativeStep:
             "int8" if int8_weights(model) else "int4" if int4_weights(model) else str(dtype).removeprefix("torch.")
         )
         self.panel_rows = 0  # float32 matrices' panels: 32 rows with AVX-512, 16 with AVX2 (none without vectors)
-        # int4 panels without minimums where every product's are -8 times its scales (Q4_0's blocks)
-        self.symmetric_int4 = self.weights == "int4" and all(product.symmetric() for product in products)
-        if self.weights == "int4":
-            self.matrices, self.scales = self._int4_matrices(products, not self.symmetric_int4), torch.empty(0)
+        # int4 panels without minimums where every one of the layers' products has minimums -8 times its scales
+        # (Q4_0's blocks); the head's panels are of its own kind (a file's Q4_0 products may come with a Q4_1 head)
+        int4 = self.weights == "int4"
+        self.symmetric_int4 = int4 and all(product.symmetric() for product in products[:-1])
+        self.symmetric_head = int4 and products[-1].symmetric()
+        if int4:
+            minimums = [not self.symmetric_int4] * (len(products) - 1) + [not self.symmetric_head]
+            self.matrices, self.scales = self._int4_matrices(products, minimums), torch.empty(0)
         else:
             matrices, scales = zip(*map(weight_and_scale, products))
             int8 = self.weights == "int8"
@@ -141,7 +145,7 @@ class NativeStep:
             self.embedding = transformer.wte.weight.detach().to(dtype).contiguous()
         self.positions = self._position_table(model)
         flags = [config.norm == "rmsnorm", config.qk_norm, config.pos_encoding == "rope", config.embed_norm]
-        flags.append(self.symmetric_int4)
+        flags += [self.symmetric_int4, self.symmetric_head]
         self.shapes = [config.n_embd, config.mlp_hidden, config.vocab_size, config.n_layer, config.n_head]
         self.shapes += [config.n_kv_head, config.head_dim, *map(int, flags)]
         self.activation = ACTIVATIONS[config.activation]
@@ -156,20 +160,21 @@ class NativeStep:
         self.prefill_kernel = build.extension().prefill
 
     @staticmethod
-    def _int4_matrices(products: Sequence[Int4Linear], minimums: bool) -> torch.Tensor:
-        """The int4 products' weights in the step's panels (int4_panels, with or without minimums), back to back. A
+    def _int4_matrices(products: Sequence[Int4Linear], minimums: Sequence[bool]) -> torch.Tensor:
+        """The int4 products' weights in the step's panels (int4_panels, each with or without minimums as `minimums`
+        says), back to back. A
         product's panels lie one after another, so it is packed some PACKED_WEIGHTS weights (whole panels) at a time:
         besides the buffer there are only one slice's blocks and panels, small enough for the allocator to reuse their
         memory, and the blocks of a product left in a file (FileInt4Linear) are read a slice at a time."""
         rows = build.extension().int4_panel_rows()
-        sizes = [int4_panel_bytes(product, rows, minimums) for product in products]
+        sizes = [int4_panel_bytes(product, rows, with_minimums) for product, with_minimums in zip(products, minimums)]
         buffer = huge_page_zeros(sum(sizes), torch.uint8)
         start = 0
-        for product in products:
+        for product, with_minimums in zip(products, minimums):
             step = max(1, PACKED_WEIGHTS // product.in_features // rows) * rows
             for first in range(0, product.out_features, step):
                 piece = Int4Linear(*product.row_blocks(first, first + step), product.in_features, None)
-                panels = int4_panels(piece, rows, minimums)
+                panels = int4_panels(piece, rows, with_minimums)
                 buffer[start : start + panels.numel()] = panels
                 start += panels.numel()
         return buffer

@@ -81,17 +81,17 @@ void with_weight_type(DType dtype, const Shapes& s, Call&& call) {
 }
 
 // The shapes (embd, hidden, vocab, layers, heads, kv_heads, head_dim, then 0 or 1 for: RMSNorm, QK-norm, rotary
-// positions, a norm of the embeddings, int4 panels without minimums) with the activation (kSwiglu: a gated MLP),
-// checked against the buffers' sizes and the cache's layout; constants: the norms' epsilon, QK-norm's, the logits'
-// soft cap (0: none).
+// positions, a norm of the embeddings, the layers' int4 panels without minimums, the head's) with the activation
+// (kSwiglu: a gated MLP), checked against the buffers' sizes and the cache's layout; constants: the norms' epsilon,
+// QK-norm's, the logits' soft cap (0: none).
 Shapes checked_shapes(const std::vector<int64_t>& shapes, int64_t activation, const std::vector<double>& constants,
                       const Buffer& matrices, const Buffer& vectors, const std::vector<Buffer>& keys,
                       const std::vector<Buffer>& values) {
-  check(shapes.size() == 12 && constants.size() == 3,
+  check(shapes.size() == 13 && constants.size() == 3,
         "shapes: embd, hidden, vocab, layers, heads, kv_heads, head_dim, rms, qk_norm, rotary, embed_norm, "
-        "symmetric_int4");
+        "symmetric_int4, symmetric_head");
   const Shapes s{shapes[0], shapes[1], shapes[2], shapes[3], shapes[4], shapes[5], shapes[6], activation == kSwiglu,
-                 shapes[7] != 0, shapes[8] != 0, shapes[9] != 0, shapes[10] != 0, shapes[11] != 0};
+                 shapes[7] != 0, shapes[8] != 0, shapes[9] != 0, shapes[10] != 0, shapes[11] != 0, shapes[12] != 0};
   check(s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.head_dim > 0 && (!s.rotary || s.head_dim % 2 == 0),
         "heads: a multiple of kv_heads; head_dim: positive (even with rotary positions)");
   check(0 <= activation && activation <= kSwiglu, "activation: an Activation code");

@@ -88,10 +88,10 @@ inline float store_rounded(const Vec* values, Vec inverse, int16_t* q) {
 #endif
 
 // A group's `size` input values x as 16-bit integers q (zeros past size) times *scale (its largest |x| /
-// INT4_INPUT_LIMIT); returns the sum of the values so rounded (the integers' sum times the scale). Why one scale per
+// INT4_INPUT_LIMIT); returns the integers' sum. Why one scale per
 // group: a value's rounding error is at most half a step, 2^-16 of its group's largest (not of its whole row's, as
 // int8's inputs), and the group's sums need a float conversion anyway for the weights' scale.
-inline float int4_round_group(const float* x, int64_t size, int16_t* q, float* scale) {
+inline int32_t int4_round_group(const float* x, int64_t size, int16_t* q, float* scale) {
   float top = 0.0f;
 #if defined(GPTKIT_VECTORS)
   if (size == INT4_GROUP) {
@@ -103,7 +103,7 @@ inline float int4_round_group(const float* x, int64_t size, int16_t* q, float* s
     }
     top = reduce_max(largest);
     *scale = top / INT4_INPUT_LIMIT;
-    return store_rounded(values, splat(top > 0.0f ? INT4_INPUT_LIMIT / top : 0.0f), q) * *scale;
+    return static_cast<int32_t>(store_rounded(values, splat(top > 0.0f ? INT4_INPUT_LIMIT / top : 0.0f), q));
   }
 #endif
   for (int64_t i = 0; i < size; ++i) top = std::max(top, std::abs(x[i]));
@@ -114,8 +114,17 @@ inline float int4_round_group(const float* x, int64_t size, int16_t* q, float* s
     q[i] = i < size ? static_cast<int16_t>(std::nearbyint(x[i] * inverse)) : int16_t{0};
     sum += q[i];
   }
-  return static_cast<float>(sum) * *scale;
+  return sum;
 }
+
+// Inputs t = 0, 1, ... of a pass over int4 panels (ProductInput<Int4>::from): their integers, and per group their
+// scale, the rounded values' sum, and the integers' sum times -8.
+struct GroupedInputs {
+  const int16_t* const* integers;
+  const float* const* scales;
+  const float* const* sums;
+  const int32_t* const* offsets;
+};
 
 // For int4 weights, each float32 input row over whole groups as 16-bit integers (zeros past its n values), with a
 // scale and the rounded values' sum per group: per group, sum_j (s q_j + m) x_j = s sum_j q_j x_j + m sum_j x_j, so a
@@ -129,26 +138,36 @@ template <>
 struct ProductInput<Int4> {
   std::vector<int16_t> integers;
   std::vector<float> scales, sums;
+  std::vector<int32_t> offsets;
   std::vector<const int16_t*> rows;  // input t's integers
   std::vector<const float*> row_scales, row_sums;  // and its groups' scales and sums
+  std::vector<const int32_t*> row_offsets;  // and its groups' integers' sums times -8 (Int4Symmetric's minimums)
   void take(const float* x, int64_t n, int64_t count = 1) {
     const int64_t groups = int4_groups(n), width = groups * INT4_GROUP;
     integers.resize(count * width);
     scales.resize(count * groups);
     sums.resize(count * groups);
+    offsets.resize(count * groups);
     rows.resize(count);
     row_scales.resize(count);
     row_sums.resize(count);
+    row_offsets.resize(count);
     for (int64_t t = 0; t < count; ++t) {
       rows[t] = integers.data() + t * width;
       row_scales[t] = scales.data() + t * groups;
       row_sums[t] = sums.data() + t * groups;
+      row_offsets[t] = offsets.data() + t * groups;
       for (int64_t g = 0; g < groups; ++g) {
-        const int64_t first = g * INT4_GROUP, size = std::min(INT4_GROUP, n - first);
-        sums[t * groups + g] = int4_round_group(x + t * n + first, size, integers.data() + t * width + first,
-                                                scales.data() + t * groups + g);
+        const int64_t first = g * INT4_GROUP, size = std::min(INT4_GROUP, n - first), at = t * groups + g;
+        const int32_t sum = int4_round_group(x + t * n + first, size, integers.data() + t * width + first, &scales[at]);
+        sums[at] = static_cast<float>(sum) * scales[at];
+        offsets[at] = -8 * sum;
       }
     }
+  }
+  // The pass inputs from input `first` on.
+  GroupedInputs from(int64_t first) const {
+    return {rows.data() + first, row_scales.data() + first, row_sums.data() + first, row_offsets.data() + first};
   }
 };
 
@@ -167,10 +186,11 @@ constexpr int64_t INT4_AHEAD = 4096;
 
 #if defined(GPTKIT_VECTORS)
 // The most inputs one pass over an int4 panel multiplies: an int32 sum (the group's) and a float32 one (the panel's)
-// in registers for each, besides a word of codes, a pair of columns of them and the group's scales (AVX-512: 24 of 32
-// registers; AVX2: 8 of 16).
+// in registers for each, besides a word of codes, a pair of columns of them and the group's scales (AVX-512: 16 of 32
+// registers; with 12 inputs, 24 of them, the compiler spilled to the stack and passes ran slower, docs/benchmarks.md;
+// AVX2: 8 of 16).
 #if defined(__AVX512F__)
-constexpr int64_t INT4_TOKENS = 12;
+constexpr int64_t INT4_TOKENS = 8;
 using Ints = __m512i;
 inline Ints load_word(const uint8_t* p) { return _mm512_loadu_si512(p); }
 inline Ints splat_int(int32_t v) { return _mm512_set1_epi32(v); }
@@ -222,26 +242,19 @@ inline void prefetch_record(const uint8_t* at) {
   for (int64_t line = 0; line < INT4_RECORD<W>; line += 64) _mm_prefetch(lines + line, _MM_HINT_T1);
 }
 
-// The minimums of a record's rows whose scales are `scale`: its own (Int4), or -8 times the scales (Int4Symmetric:
-// exact in float32, the float16 minimum a Q4_0 block is read as).
-template <typename W>
-inline Vec record_minimums(const uint8_t* record, Vec scale) {
-  if constexpr (std::is_same_v<W, Int4>)
-    return load_halves(record + INT4_CODE_BYTES + 2 * INT4_PANEL);
-  else
-    return mul(scale, splat(-8.0f));
-}
-
-// out[t * INT4_PANEL + r] = row r of an int4 panel (`groups` records from `panel`) times input t (xs[t]: its
-// integers, scales[t] and sums[t]: its groups' scales and sums, as ProductInput<Int4> takes them), for t < T. Per
-// group, each pair of columns' codes meets each input's pair of integers in an int32 sum of the input's own, exact
-// (with few inputs the pairs take turns among SPLIT sets of sums, so that 4 or more independent sums hide the
-// multiply-add's latency), converted to float32 once a group and then scaled by the rows' scales times the input's
-// group scale; the minimums meet the group's sum. W: Int4 or Int4Symmetric, the records' kind.
+// out[t * INT4_PANEL + r] = row r of an int4 panel (`groups` records from `panel`) times input t (in: as
+// ProductInput<Int4> takes them), for t < T. Per group, each pair of columns' codes meets each input's pair of
+// integers in an int32 sum of the input's own, exact (with few inputs the pairs take turns among SPLIT sets of sums,
+// so that 4 or more independent sums hide the multiply-add's latency), converted to float32 once a group and then
+// scaled by the rows' scales times the input's group scale. Int4's minimums meet the group's sum; Int4Symmetric's
+// (-8 times the scales) are its sums' start, the integers' sum times -8: sum_j (q_j - 8) x_j, exact and below 2^24
+// in magnitude, where two float32 terms of the size of 8 sum_j x_j would cancel. W: Int4 or Int4Symmetric, the
+// records' kind.
 template <typename W, int64_t T>
-void int4_panel_dots(const uint8_t* panel, int64_t groups, const int16_t* const* xs, const float* const* scales,
-                     const float* const* sums, float* out, RecordPrefetch prefetch) {
+void int4_panel_dots(const uint8_t* panel, int64_t groups, const GroupedInputs& in, float* out,
+                     RecordPrefetch prefetch) {
   constexpr int64_t SPLIT = T == 1 ? 4 : T < 4 ? 2 : 1;
+  constexpr bool symmetric = std::is_same_v<W, Int4Symmetric>;
   Vec totals[T];
 #pragma GCC unroll 12
   for (int64_t t = 0; t < T; ++t) totals[t] = splat(0.0f);
@@ -253,8 +266,10 @@ void int4_panel_dots(const uint8_t* panel, int64_t groups, const int16_t* const*
       prefetch_record<W>(prefetch.from + g * INT4_RECORD<W>);
     }
     Ints parts[SPLIT][T];
+#pragma GCC unroll 12
+    for (int64_t t = 0; t < T; ++t) parts[0][t] = symmetric ? splat_int(in.offsets[t][g]) : zero_ints();
 #pragma GCC unroll 8
-    for (int64_t s = 0; s < SPLIT; ++s)
+    for (int64_t s = 1; s < SPLIT; ++s)
 #pragma GCC unroll 12
       for (int64_t t = 0; t < T; ++t) parts[s][t] = zero_ints();
 #pragma GCC unroll 4
@@ -266,18 +281,19 @@ void int4_panel_dots(const uint8_t* panel, int64_t groups, const int16_t* const*
         const int64_t c = g * INT4_GROUP + 8 * w + 2 * k, s = (4 * w + k) % SPLIT;
         // dots.h: each lane's two codes times the input's pair
 #pragma GCC unroll 12
-        for (int64_t t = 0; t < T; ++t) parts[s][t] = add_products(parts[s][t], codes, splat_pair(xs[t] + c));
+        for (int64_t t = 0; t < T; ++t) parts[s][t] = add_products(parts[s][t], codes, splat_pair(in.integers[t] + c));
       }
     }
     const Vec scale = load_halves(record + INT4_CODE_BYTES);
-    const Vec minimum = record_minimums<W>(record, scale);
+    const Vec minimum = symmetric ? splat(0.0f) : load_halves(record + INT4_CODE_BYTES + 2 * INT4_PANEL);
 #pragma GCC unroll 12
     for (int64_t t = 0; t < T; ++t) {
       Ints dots = parts[0][t];
 #pragma GCC unroll 8
       for (int64_t s = 1; s < SPLIT; ++s) dots = add_ints(dots, parts[s][t]);
-      const Vec scaled = mul(scale, splat(scales[t][g]));
-      totals[t] = fmadd(minimum, splat(sums[t][g]), fmadd(scaled, to_floats(dots), totals[t]));
+      const Vec scaled = mul(scale, splat(in.scales[t][g]));
+      totals[t] = fmadd(scaled, to_floats(dots), totals[t]);
+      if constexpr (!symmetric) totals[t] = fmadd(minimum, splat(in.sums[t][g]), totals[t]);
     }
   }
 #pragma GCC unroll 12
@@ -287,44 +303,42 @@ void int4_panel_dots(const uint8_t* panel, int64_t groups, const int16_t* const*
 // int4_panel_dots for `count` (1 to INT4_TOKENS) inputs.
 template <typename W, int64_t... T>
 void int4_panel_dots_for(std::integer_sequence<int64_t, T...>, int64_t count, const uint8_t* panel, int64_t groups,
-                         const int16_t* const* xs, const float* const* scales, const float* const* sums, float* out,
-                         RecordPrefetch prefetch) {
-  ((count == T + 1 ? int4_panel_dots<W, T + 1>(panel, groups, xs, scales, sums, out, prefetch) : void()), ...);
+                         const GroupedInputs& in, float* out, RecordPrefetch prefetch) {
+  ((count == T + 1 ? int4_panel_dots<W, T + 1>(panel, groups, in, out, prefetch) : void()), ...);
 }
 
 // One pass over an int4 panel (records of W) for `count` (1 to INT4_TOKENS) inputs: int4_panel_dots.
 template <typename W>
-void int4_panel_pass(const uint8_t* panel, int64_t groups, const int16_t* const* xs, const float* const* scales,
-                     const float* const* sums, int64_t count, float* out, RecordPrefetch prefetch) {
-  int4_panel_dots_for<W>(std::make_integer_sequence<int64_t, INT4_TOKENS>{}, count, panel, groups, xs, scales, sums,
-                         out, prefetch);
+void int4_panel_pass(const uint8_t* panel, int64_t groups, const GroupedInputs& in, int64_t count, float* out,
+                     RecordPrefetch prefetch) {
+  int4_panel_dots_for<W>(std::make_integer_sequence<int64_t, INT4_TOKENS>{}, count, panel, groups, in, out, prefetch);
 }
 #else
 constexpr int64_t INT4_TOKENS = 8;
 
 // int4_panel_dots in plain loops (builds without vector lanes): the same codes, integers, scales and sums.
 template <typename W>
-void int4_panel_pass(const uint8_t* panel, int64_t groups, const int16_t* const* xs, const float* const* scales,
-                     const float* const* sums, int64_t count, float* out, RecordPrefetch) {
+void int4_panel_pass(const uint8_t* panel, int64_t groups, const GroupedInputs& in, int64_t count, float* out,
+                     RecordPrefetch) {
+  constexpr bool symmetric = std::is_same_v<W, Int4Symmetric>;
   for (int64_t t = 0; t < count; ++t)
     for (int64_t r = 0; r < INT4_PANEL; ++r) {
       float total = 0.0f;
       for (int64_t g = 0; g < groups; ++g) {
         const uint8_t* record = panel + g * INT4_RECORD<W>;
-        int32_t dots = 0;
+        int32_t dots = symmetric ? in.offsets[t][g] : 0;
         for (int64_t w = 0; w < 4; ++w) {
           uint32_t word;
           std::memcpy(&word, record + (w * INT4_PANEL + r) * 4, sizeof(word));
           for (int64_t k = 0; k < 4; ++k)
             for (int64_t half = 0; half < 2; ++half) {
               const int32_t code = static_cast<int32_t>((word >> (16 * half + 4 * k)) & 15u);
-              dots += code * xs[t][g * INT4_GROUP + 8 * w + 2 * k + half];
+              dots += code * in.integers[t][g * INT4_GROUP + 8 * w + 2 * k + half];
             }
         }
         const auto* halves = reinterpret_cast<const c10::Half*>(record + INT4_CODE_BYTES);
-        const float scale = static_cast<float>(halves[r]), scaled = scale * scales[t][g];
-        const float minimum = std::is_same_v<W, Int4> ? static_cast<float>(halves[INT4_PANEL + r]) : -8.0f * scale;
-        total += scaled * static_cast<float>(dots) + minimum * sums[t][g];
+        total += static_cast<float>(halves[r]) * in.scales[t][g] * static_cast<float>(dots);
+        if (!symmetric) total += static_cast<float>(halves[INT4_PANEL + r]) * in.sums[t][g];
       }
       out[t * INT4_PANEL + r] = total;
     }
@@ -348,8 +362,7 @@ void int4_product(const Matrix<W>& m, int64_t first, int64_t last, const Product
       const int64_t token = pass * count / passes, tokens = (pass + 1) * count / passes - token;  // even passes
       const RecordPrefetch prefetch = passes == 1 ? RecordPrefetch{panel + INT4_AHEAD, 0, 1}
                                                   : RecordPrefetch{panel + panel_bytes, pass, passes};
-      int4_panel_pass<W>(panel, groups, in.rows.data() + token, in.row_scales.data() + token,
-                         in.row_sums.data() + token, tokens, results, prefetch);
+      int4_panel_pass<W>(panel, groups, in.from(token), tokens, results, prefetch);
       for (int64_t t = 0; t < tokens; ++t)
         std::copy(results + t * INT4_PANEL + from - start, results + t * INT4_PANEL + to - start,
                   out + (token + t) * width + from - first);

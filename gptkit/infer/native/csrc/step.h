@@ -135,6 +135,25 @@ void prefill(const Model<W>& m, const std::vector<int64_t>& tokens, int64_t star
   }
 }
 
+// Rows [first, last) of the head's product for `count` inputs (as product_tokens): an int4 head's panels are of
+// their own kind (Shapes::symmetric_head), so that a file's Q4_0 layers keep their smaller panels beside a Q4_1 head.
+template <typename W>
+void head_product(const Model<W>& m, int64_t first, int64_t last, const ProductInput<W>& in, int64_t count,
+                  float* out) {
+  const Matrix<W> head = m.head();
+  if constexpr (IS_INT4<W>) {
+    if (m.s.symmetric_head) {
+      const Matrix<Int4Symmetric> panels{reinterpret_cast<const Int4Symmetric*>(head.values), nullptr, head.rows,
+                                         head.columns, head.panels};
+      return int4_product(panels, first, last, in, count, out);
+    }
+    const Matrix<Int4> panels{reinterpret_cast<const Int4*>(head.values), nullptr, head.rows, head.columns,
+                              head.panels};
+    return int4_product(panels, first, last, in, count, out);
+  }
+  product_tokens(head, first, last, in, count, out);
+}
+
 // The head's rows a dealt chunk of a step holds: their outputs for every row fit in the caches while each row's
 // largest logits are taken from them.
 constexpr int64_t HEAD_ROWS = 256;
@@ -171,7 +190,7 @@ void step_rows(const Model<W>& m, const std::vector<int64_t>& tokens, const std:
     RowDealer vocab = stages.next(s.vocab, HEAD_ROWS);
     int64_t first = 0, last = 0;
     while (vocab.take(first, last)) {
-      product_tokens(m.head(), first, last, input, B, out.data());
+      head_product(m, first, last, input, B, out.data());
       for (int64_t b = 0; b < B; ++b) {
         float* row_logits = logits + b * s.vocab;
         const float* computed = out.data() + b * (last - first);
