@@ -13,6 +13,9 @@ new_tokens after the same prompt in every row, with top-k sampling:
   llamacpp_f32, llamacpp_q8_0, llamacpp_q4_0: llama.cpp on the f32, q8_0 and q4_0 files, every row a sequence of
     one batch, each sampled by its own top-k sampler
 Repeats go round-robin over the paths (measure.time_paths), so load from other work slows every path alike.
+tokens_per_s counts the whole run (the prompts' prefill included); generation_tokens_per_s the tokens after each
+row's first, over the run's seconds less those of a run to the first token alone (taken in the same round), as
+llama.cpp's own benchmark reports text generation apart from prompt processing.
 """
 
 from __future__ import annotations
@@ -179,11 +182,17 @@ def bench_shape(cfg: LlamaCppBench, shape: str, directory: Path) -> list[dict]:
         runs = {}
         for path in cfg.paths:
             if path in models:
-                runs[path] = (partial(run_ours, models[path], prompt, cfg.top_k), cfg.new_tokens, cfg.repeats)
+                generate_tokens = partial(run_ours, models[path], prompt, cfg.top_k)
             else:
-                runs[path] = (partial(decoders[path].generate, prompt.tolist()), cfg.new_tokens, cfg.repeats)
-        for path, timed in time_paths(runs).items():
-            seconds = statistics.median(run[0] for run in timed)
+                generate_tokens = partial(decoders[path].generate, prompt.tolist())
+            runs[path] = (generate_tokens, cfg.new_tokens, cfg.repeats)
+            runs[f"{path} to the first token"] = (generate_tokens, 1, cfg.repeats)
+        timed = time_paths(runs)
+        for path in cfg.paths:
+            whole = [run[0] for run in timed[path]]
+            first = [run[0] for run in timed[f"{path} to the first token"]]
+            seconds = statistics.median(whole)
+            generation = statistics.median(w - f for w, f in zip(whole, first))  # each round's own difference
             rows.append(
                 {
                     "shape": shape,
@@ -192,7 +201,10 @@ def bench_shape(cfg: LlamaCppBench, shape: str, directory: Path) -> list[dict]:
                     "new_tokens": cfg.new_tokens,
                     "seconds": round(seconds, 3),
                     "tokens_per_s": round(batch * cfg.new_tokens / seconds, 1),
-                    "all_seconds": [round(run[0], 3) for run in timed],
+                    "generation_seconds": round(generation, 4),
+                    "generation_tokens_per_s": round(batch * (cfg.new_tokens - 1) / generation, 1),
+                    "all_seconds": [round(s, 3) for s in whole],
+                    "first_token_seconds": [round(s, 3) for s in first],
                 }
             )
         for decoder in decoders.values():
@@ -202,15 +214,17 @@ def bench_shape(cfg: LlamaCppBench, shape: str, directory: Path) -> list[dict]:
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """x_llamacpp: each of our paths against llama.cpp on the same precision's file; x_int8: int4 against int8."""
-    speed = {(row["batch"], row["path"]): row["tokens_per_s"] for row in rows}
-    for row in rows:
-        against = speed.get((row["batch"], AGAINST.get(row["path"], "")))
-        if against:
-            row["x_llamacpp"] = round(row["tokens_per_s"] / against, 2)
-        int8 = speed.get((row["batch"], "ours_int8"))
-        if row["path"] == "ours_int4" and int8:
-            row["x_int8"] = round(row["tokens_per_s"] / int8, 2)
+    """x_llamacpp: each of our paths against llama.cpp on the same precision's file; x_int8: int4 against int8; each
+    of the whole runs' tokens/s, and with the suffix _generation of the generation's alone."""
+    for measure, suffix in (("tokens_per_s", ""), ("generation_tokens_per_s", "_generation")):
+        speed = {(row["batch"], row["path"]): row[measure] for row in rows}
+        for row in rows:
+            against = speed.get((row["batch"], AGAINST.get(row["path"], "")))
+            if against:
+                row[f"x_llamacpp{suffix}"] = round(row[measure] / against, 2)
+            int8 = speed.get((row["batch"], "ours_int8"))
+            if row["path"] == "ours_int4" and int8:
+                row[f"x_int8{suffix}"] = round(row[measure] / int8, 2)
 
 
 def bench_llamacpp(cfg: LlamaCppBench) -> list[dict]:
@@ -230,6 +244,7 @@ def bench_llamacpp(cfg: LlamaCppBench) -> list[dict]:
         for shape in cfg.shapes:
             rows += bench_shape(cfg, shape, Path(directory))
     columns = ["shape", "path", "batch", "new_tokens", "seconds", "tokens_per_s", "x_llamacpp", "x_int8"]
+    columns += ["generation_tokens_per_s", "x_llamacpp_generation", "x_int8_generation"]
     print_table(rows, columns)
     return rows
 

@@ -29,6 +29,12 @@ def test_every_path_decodes_one_row_and_several(tmp_path, capsys):
     assert {(row["path"], row["batch"]) for row in rows} == {(p, b) for p in bench_llamacpp.PATHS for b in (1, 3)}
     for row in rows:
         assert row["tokens_per_s"] == pytest.approx(row["batch"] * 4 / row["seconds"], rel=0.02, abs=0.06)
-        assert ("x_llamacpp" in row) == (row["path"] in bench_llamacpp.AGAINST)
-        assert ("x_int8" in row) == (row["path"] == "ours_int4")
+        # one round: the generation's seconds are its run's less its run to the first token
+        whole, first = row["all_seconds"][0], row["first_token_seconds"][0]
+        assert row["generation_seconds"] == pytest.approx(whole - first, abs=0.0011)
+        rate = row["batch"] * 3 / row["generation_seconds"]
+        assert row["generation_tokens_per_s"] == pytest.approx(rate, rel=0.01, abs=0.06)
+        for suffix in ("", "_generation"):
+            assert (f"x_llamacpp{suffix}" in row) == (row["path"] in bench_llamacpp.AGAINST)
+            assert (f"x_int8{suffix}" in row) == (row["path"] == "ours_int4")
     assert "ours_int4" in printed
