@@ -723,7 +723,7 @@ def test_q4_0_panels_without_minimums_give_what_the_same_blocks_with_minimums_gi
     products may come), the head packed with its minimums; a prefill of two rows of 17 tokens (several passes over
     each panel), steps of one row and of two rows give the keys, values and logits of the same blocks packed with
     their minimums (the step's Q4_1 panels), and the logits of a float64 eager pass over the same blocks and inputs
-    rounded as the step rounds them, to float32's rounding."""
+    rounded as the step rounds them, within INT4_TOLERANCE (float32's rounding, and the inputs' roundings it moves)."""
     model = quantize_int4(lively_model(vocab_size=70, n_embd=64, n_head=4, seed=4, block_size=32))
     head_minimum = model.lm_head.minimum.clone()
     as_q4_0(model)

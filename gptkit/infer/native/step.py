@@ -162,10 +162,10 @@ class NativeStep:
     @staticmethod
     def _int4_matrices(products: Sequence[Int4Linear], minimums: Sequence[bool]) -> torch.Tensor:
         """The int4 products' weights in the step's panels (int4_panels, each with or without minimums as `minimums`
-        says), back to back. A
-        product's panels lie one after another, so it is packed some PACKED_WEIGHTS weights (whole panels) at a time:
-        besides the buffer there are only one slice's blocks and panels, small enough for the allocator to reuse their
-        memory, and the blocks of a product left in a file (FileInt4Linear) are read a slice at a time."""
+        says), back to back. A product's panels lie one after another, so it is packed some PACKED_WEIGHTS weights
+        (whole panels) at a time: besides the buffer there are only one slice's blocks and panels, small enough for the
+        allocator to reuse their memory, and the blocks of a product left in a file (FileInt4Linear) are read a slice
+        at a time."""
         rows = build.extension().int4_panel_rows()
         sizes = [int4_panel_bytes(product, rows, with_minimums) for product, with_minimums in zip(products, minimums)]
         buffer = huge_page_zeros(sum(sizes), torch.uint8)
