@@ -15,7 +15,9 @@ new_tokens after the same prompt in every row, with top-k sampling:
 Repeats go round-robin over the paths (measure.time_paths), so load from other work slows every path alike.
 tokens_per_s counts the whole run (the prompts' prefill included); generation_tokens_per_s the tokens after each
 row's first, over the run's seconds less those of a run to the first token alone (taken in the same round), as
-llama.cpp's own benchmark reports text generation apart from prompt processing.
+llama.cpp's own benchmark reports text generation apart from prompt processing. read_gb_s: the memory's read speed
+around the path's runs (measure.read_bandwidth before and after each; --bandwidth_mb=0 skips it), since a shared
+machine's can jump between two levels within minutes.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from gptkit.model import GPT, GPTConfig
 from gptkit.weights import load
 from gptkit.weights.export_gguf import export_gguf
 from gptkit.weights.quantization import apply_quantization, quantize_int8
-from measure import MODEL_SHAPES, print_table, run_benchmark, time_paths
+from measure import MODEL_SHAPES, print_table, read_bandwidth, run_benchmark, time_paths
 
 SHAPES = {name: MODEL_SHAPES[name] for name in ("smollm2-135m", "gpt2-124m", "smollm2-1.7b")}  # llama.cpp holds
 PATHS = ("ours_f32", "ours_int8", "ours_int4", "llamacpp_f32", "llamacpp_q8_0", "llamacpp_q4_0")
@@ -56,6 +58,11 @@ class LlamaCppBench:
     new_tokens: int = setting(128, "tokens generated per row and run")
     top_k: int = setting(200, "top-k sampling (temperature 1), for every path")
     repeats: int = setting(3, "runs per path; the median is reported")
+    bandwidth_mb: int = setting(
+        1024,
+        "megabytes read to measure the memory's read speed around each run (0 = not measured)",
+        rule="non_negative",
+    )
     json_out: str = setting("bench_results/llamacpp.json", "where to write the JSON results ('' = nowhere)")
 
 
@@ -187,7 +194,9 @@ def bench_shape(cfg: LlamaCppBench, shape: str, directory: Path) -> list[dict]:
                 generate_tokens = partial(decoders[path].generate, prompt.tolist())
             runs[path] = (generate_tokens, cfg.new_tokens, cfg.repeats)
             runs[f"{path} to the first token"] = (generate_tokens, 1, cfg.repeats)
-        timed = time_paths(runs)
+        # the memory's read speed around each run: on a shared machine it can jump between two levels within minutes
+        measure = partial(read_bandwidth, torch.device("cpu"), cfg.bandwidth_mb) if cfg.bandwidth_mb else None
+        timed = time_paths(runs, measure)
         for path in cfg.paths:
             whole = [run[0] for run in timed[path]]
             first = [run[0] for run in timed[f"{path} to the first token"]]
@@ -207,6 +216,10 @@ def bench_shape(cfg: LlamaCppBench, shape: str, directory: Path) -> list[dict]:
                     "first_token_seconds": [round(s, 3) for s in first],
                 }
             )
+            if measure is not None:
+                speeds = [run[1] / 1e9 for run in timed[path]]
+                rows[-1]["read_gb_s"] = round(statistics.median(speeds), 1)
+                rows[-1]["all_read_gb_s"] = [round(speed, 1) for speed in speeds]
         for decoder in decoders.values():
             decoder.close()
     add_ratios(rows)
@@ -244,7 +257,7 @@ def bench_llamacpp(cfg: LlamaCppBench) -> list[dict]:
         for shape in cfg.shapes:
             rows += bench_shape(cfg, shape, Path(directory))
     columns = ["shape", "path", "batch", "new_tokens", "seconds", "tokens_per_s", "x_llamacpp", "x_int8"]
-    columns += ["generation_tokens_per_s", "x_llamacpp_generation", "x_int8_generation"]
+    columns += ["generation_tokens_per_s", "x_llamacpp_generation", "x_int8_generation", "read_gb_s"]
     print_table(rows, columns)
     return rows
 

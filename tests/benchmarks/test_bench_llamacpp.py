@@ -12,7 +12,9 @@ from helpers import assert_one_line_error, run_main
 
 
 def test_bad_settings_are_refused_in_one_line(tmp_path, capsys):
-    for argv, named in ((["--shapes=gpt3"], "gpt3"), (["--paths=ours_int2"], "ours_int2"), (["--batch_sizes=0"], "0")):
+    refused = [(["--shapes=gpt3"], "gpt3"), (["--paths=ours_int2"], "ours_int2"), (["--batch_sizes=0"], "0")]
+    refused += [(["--bandwidth_mb=-1"], "bandwidth_mb")]
+    for argv, named in refused:
         code, _, err = run_main(bench_llamacpp.main, [*argv, f"--json_out={tmp_path / 'x.json'}"], capsys)
         assert_one_line_error(code, err, named)
     assert not (tmp_path / "x.json").exists()
@@ -23,6 +25,7 @@ def test_every_path_decodes_one_row_and_several(tmp_path, capsys):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python)")
     out = tmp_path / "llamacpp.json"
     argv = ["--shapes=smollm2-135m", "--batch_sizes=1", "--batch_sizes=3", "--new_tokens=4", "--repeats=1"]
+    argv += ["--bandwidth_mb=64"]
     code, printed, err = run_main(bench_llamacpp.main, [*argv, f"--json_out={out}"], capsys)
     assert code == 0, err
     rows = json.loads(out.read_text())["results"]
@@ -37,4 +40,6 @@ def test_every_path_decodes_one_row_and_several(tmp_path, capsys):
         for suffix in ("", "_generation"):
             assert (f"x_llamacpp{suffix}" in row) == (row["path"] in bench_llamacpp.AGAINST)
             assert (f"x_int8{suffix}" in row) == (row["path"] == "ours_int4")
+        # the read speed around the run: a measure, one a run, of what 2 cores read (far from 0, below 1 TB/s)
+        assert len(row["all_read_gb_s"]) == 1 and 1 < row["read_gb_s"] == row["all_read_gb_s"][0] < 1000
     assert "ours_int4" in printed
