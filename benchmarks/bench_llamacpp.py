@@ -179,6 +179,8 @@ def bench_shape(cfg: LlamaCppBench, shape: str, directory: Path) -> list[dict]:
     del model
     positions = cfg.prompt_tokens + cfg.new_tokens + 8
     rows = []
+    # the memory's read speed around each run (the module's docstring says why)
+    measure = partial(read_bandwidth, torch.device("cpu"), cfg.bandwidth_mb) if cfg.bandwidth_mb else None
     for batch in cfg.batch_sizes:
         prompt = torch.randint(0, 256, (batch, cfg.prompt_tokens), generator=torch.Generator().manual_seed(1))
         decoders = {
@@ -194,8 +196,6 @@ def bench_shape(cfg: LlamaCppBench, shape: str, directory: Path) -> list[dict]:
                 generate_tokens = partial(decoders[path].generate, prompt.tolist())
             runs[path] = (generate_tokens, cfg.new_tokens, cfg.repeats)
             runs[f"{path} to the first token"] = (generate_tokens, 1, cfg.repeats)
-        # the memory's read speed around each run: on a shared machine it can jump between two levels within minutes
-        measure = partial(read_bandwidth, torch.device("cpu"), cfg.bandwidth_mb) if cfg.bandwidth_mb else None
         timed = time_paths(runs, measure)
         for path in cfg.paths:
             whole = [run[0] for run in timed[path]]
