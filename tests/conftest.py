@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from gptkit.core.errors import freeze_what_the_imports_made
+
 if TYPE_CHECKING:
     import torch
 
@@ -57,7 +59,10 @@ def skipped_in_fast_tier(what: str) -> Callable[..., None]:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """In the fast tier, from here on (the tests, not pytest's own set-up) starting a process or a server skips."""
+    """What the imports made is frozen, as a script's run_cli does (a process's exit then skips it, not only the
+    collections in between), before any test's objects exist. In the fast tier, from here on (the tests, not pytest's
+    own set-up) starting a process or a server skips."""
+    freeze_what_the_imports_made()
     if FAST_TIER:
         subprocess.Popen.__init__ = skipped_in_fast_tier("start a process")
         multiprocessing.process.BaseProcess.start = skipped_in_fast_tier("start a process")

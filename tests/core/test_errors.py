@@ -208,3 +208,40 @@ def test_a_forked_child_still_dies_of_sigterm_and_an_ignored_sigterm_stays_ignor
         preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN),
     )
     assert (ignored.returncode, ignored.stderr) == (0, "")
+
+
+# Two unreachable reference cycles, one left by the script's imports and one by its main; main collects and says
+# which of them the collector found.
+FREEZING_SCRIPT = textwrap.dedent(
+    """
+    import gc, weakref
+    from gptkit.core.errors import freeze_what_the_imports_made, run_cli
+
+    class Node:
+        pass
+
+    def unreachable_cycle():
+        node = Node()
+        node.itself = node
+        return weakref.ref(node)
+
+    gc.collect()  # no automatic collection can come before run_cli: too few objects are made after this one
+    left_by_the_imports = unreachable_cycle()
+
+    def main(argv):
+        left_by_main = unreachable_cycle()
+        freeze_what_the_imports_made()  # a second call, as a test process makes: freezes nothing more
+        gc.collect()
+        print(left_by_the_imports() is None, left_by_main() is None)
+        return 0
+
+    run_cli(main)
+    """
+)
+
+
+def test_run_cli_freezes_what_the_imports_made_once(tmp_path: Path) -> None:
+    script = tmp_path / "freezing.py"
+    script.write_text(FREEZING_SCRIPT)
+    result = run_script_file(script)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "False True\n", "")
