@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import gc
 import os
 import signal
@@ -109,14 +110,15 @@ def describe_os_error(exc: OSError) -> str:
     return f"{reason}{where}{hint}"
 
 
+@functools.cache
 def freeze_what_the_imports_made() -> None:
     """Take the objects alive now out of the garbage collector's sight, once per process.
 
     What a script's imports made (torch's modules: hundreds of thousands of objects) lives as long as the process;
     the collector would visit all of it in each full collection, and again at exit. Once: a later call, in a process
-    that ran a script's main before (a test process), would also freeze whatever that left behind."""
-    if gc.get_freeze_count() == 0:
-        gc.freeze()
+    that ran a script's main before (a test process), would also freeze whatever that left behind. (Once by a cache,
+    not by gc.get_freeze_count(), which walks every frozen object.)"""
+    gc.freeze()
 
 
 def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None) -> NoReturn:
