@@ -37,8 +37,8 @@ os.environ.setdefault("TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS", "CPP")
 # could not build them would fail the compiled tests' own kernels anyway.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 # Inductor compiles its kernels in a pool of worker processes, one per core: the suite already runs a process per
-# core, so the pool's workers only compete with it, and each process pays their start-up (seconds of CPU). One
-# process compiling its own kernels takes less CPU and less time here.
+# core, so the pool's workers only compete with it, and each process would pay their start-up. Each process
+# compiling its own kernels takes less CPU and less time here.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 # A shell starts background jobs (`make test &`, nohup) with SIGINT ignored, and every child inherits that; the
 # tests that press Ctrl-C on a script would then see it ignored. Tests run with the default, as in a terminal.
@@ -123,17 +123,17 @@ def first_cases(config: pytest.Config, items: list[pytest.Item]) -> list[pytest.
     return kept
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """The tests are over: the process's exit would collect every object they left (seconds, at the suite's end),
-    only to free memory the exit frees anyway."""
-    gc.freeze()
-
-
 def pytest_configure(config: pytest.Config) -> None:
     # pytest-xdist hands out the units in collection order (pytest_collection_modifyitems sets it), not by their
     # number of tests.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The tests are over: the process's exit would collect every object they left (the suite waits for it), only
+    to free memory that the exit frees anyway."""
+    gc.freeze()
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
