@@ -114,10 +114,10 @@ def describe_os_error(exc: OSError) -> str:
 def freeze_what_the_imports_made() -> None:
     """Take the objects alive now out of the garbage collector's sight, once per process.
 
-    What a script's imports made (torch's modules and all their objects) lives as long as the process;
-    the collector would visit all of it in each full collection, and again at exit. Once: a later call, in a process
-    that ran a script's main before (a test process), would also freeze whatever that left behind. (Once by a cache,
-    not by gc.get_freeze_count(), which walks every frozen object.)"""
+    What a script's imports made (torch's modules and all their objects) lives as long as the process; the collector
+    would visit all of it in each full collection, and again at exit. Once: a later call, in a process that ran a
+    script's main before (a test process), would also freeze whatever that left behind. (Once by a cache, not by
+    gc.get_freeze_count(), which walks every frozen object.)"""
     gc.freeze()
 
 
