@@ -78,12 +78,13 @@ def find_gguf(name: str | os.PathLike) -> Path | None:
 
 
 def open_gguf(path: str | os.PathLike) -> Any:
-    """A gguf.GGUFReader over the file (its tensors mapped, not read); UserError of one line for a file that is
-    truncated, damaged or no GGUF, and for one part of a split model."""
-    import gguf
+    """A gguf.GGUFReader over the file (its tensors mapped, not read; its metadata arrays read at once: see
+    gptkit.data.gguf_reader); UserError of one line for a file that is truncated, damaged or no GGUF, and for one part
+    of a split model."""
+    from gptkit.data.gguf_reader import OnePassGGUFReader
 
     try:
-        reader = gguf.GGUFReader(path)
+        reader = OnePassGGUFReader(path)
     except (ValueError, OSError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as exc:
         detail = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
         raise UserError(f"cannot read {path}: it is truncated, damaged or not a GGUF file ({detail})") from None
