@@ -655,16 +655,20 @@ def as_q4_0(model: Any) -> Any:
 
 
 def step_with_dynamos_eager_backend(monkeypatch: Any) -> None:
-    """The compiled decoding step through dynamo with its eager backend (no inductor): dynamo's graphs, guards and
-    limits in milliseconds where inductor would take many seconds a graph. For tests of what is around the step
-    (the engine's rows, a benchmark's arithmetic), not of inductor's kernels."""
+    """The compiled decoding step through dynamo with its eager backend (no inductor): dynamo's graphs, the step's
+    own guards (its guard filter) and limits in milliseconds where inductor would take many seconds a graph. For tests
+    of what is around the step (the engine's rows, which graph serves which model, a benchmark's arithmetic), not of
+    inductor's kernels."""
     import functools
 
     import torch
 
     from gptkit.infer import compiled
 
-    eager_step = functools.cache(lambda device: torch.compile(compiled._step, fullgraph=True, backend="eager"))
+    options = {"guard_filter_fn": compiled.model_identity_guards}
+    eager_step = functools.cache(
+        lambda device: torch.compile(compiled._step, fullgraph=True, backend="eager", options=dict(options))
+    )
     monkeypatch.setattr(compiled, "compiled_step", eager_step)
 
 

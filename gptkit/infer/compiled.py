@@ -191,7 +191,7 @@ def compiled_step(device_type: str) -> Callable:
         options = CUDA_COMPILE_OPTIONS
     else:
         options = STEP_COMPILE_OPTIONS
-    return torch.compile(_step, fullgraph=True, options=options)
+    return torch.compile(_step, fullgraph=True, options=dict(options))  # a copy: torch.compile pops the guard filter
 
 
 def padded_batch(rows: int, slots: int) -> int:

@@ -429,26 +429,31 @@ def test_compiled_steps_give_each_row_its_greedy_tokens_from_one_graph(compiled_
         assert request.output == reference_greedy(compiled_greedy.reference, request.prompt, 30)
 
 
-@pytest.mark.heavy
-def test_compiled_steps_serve_each_model_its_own_frozen_weights(compiled_greedy):
-    """The compiled step checks one weight's identity in place of every module's guards: two models of the same
-    shapes (and a third made after the second is freed, which may reuse its memory) each get their own greedy tokens,
-    whichever ran last, and one graph per model (the first model's is compiled_greedy's)."""
-    first, second = compiled_greedy.model, lively_model(**STEP_MODEL, seed=2)
+def test_each_model_gets_a_graph_of_its_own_told_apart_by_one_weights_identity(monkeypatch):
+    """The compiled step checks one weight's identity in place of every module's guards, so that each graph, which
+    holds its model's frozen weights, serves that model alone: two models of the same shapes (and a third made after
+    the second is freed, which may reuse its memory) each get a graph of their own and their own greedy tokens,
+    whichever ran last. Through dynamo's eager backend with the step's own guard filter: the guards are dynamo's,
+    whatever the backend (that a graph inductor compiles holds its own model's weights, a second model's too, is
+    tests/weights/test_quantization.py's compiled int8 and bfloat16 checks)."""
+    step_with_dynamos_eager_backend(monkeypatch)
+    first, second = lively_model(**STEP_MODEL), lively_model(**STEP_MODEL, seed=2)
     prompts = prompts_of(1, 9, 26)
     expected = {
         model: [reference_greedy(plain_copy(model), prompt, 12) for prompt in prompts] for model in (first, second)
     }
     assert expected[first] != expected[second]
-    graphs_before = unique_graphs()
-    for model in (first, second, first):
+    for model, new_graphs in ((first, 1), (second, 1), (first, 0)):
+        graphs_before = unique_graphs()
         assert greedy_compiled_outputs(model, prompts, 12) == expected[model]
-    assert unique_graphs() - graphs_before == 1
+        assert unique_graphs() - graphs_before == new_graphs
     del expected, second
     gc.collect()
     third = lively_model(**STEP_MODEL, seed=3)
     reference = plain_copy(third)
+    graphs_before = unique_graphs()
     assert greedy_compiled_outputs(third, prompts, 12) == [reference_greedy(reference, p, 12) for p in prompts]
+    assert unique_graphs() - graphs_before == 1
 
 
 def greedy_compiled_outputs(model: GPT, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
@@ -531,6 +536,19 @@ def test_the_compiled_step_holds_more_graphs_than_dynamos_default_limit(monkeypa
         list(Engine(model, decode="compiled").run([request]))
         assert request.output == reference_greedy(plain_copy(model), prompt, 3)
     assert unique_graphs() - graphs_before == 9
+
+
+def test_building_the_step_leaves_its_options_whole():
+    """torch.compile takes the guard filter out of the options it is given: the step gives it a copy, so the declared
+    options of every device keep the filter for any later build (after compiled_step's cache is cleared, say)."""
+    for device_type in ("cpu", "cuda", "mps"):
+        compiled_decoding.compiled_step(device_type)
+    for options in (
+        compiled_decoding.CPU_COMPILE_OPTIONS,
+        compiled_decoding.CUDA_COMPILE_OPTIONS,
+        compiled_decoding.STEP_COMPILE_OPTIONS,
+    ):
+        assert options["guard_filter_fn"] is compiled_decoding.model_identity_guards
 
 
 def test_the_step_sets_freezing_and_its_graph_limit_for_its_own_call_only(monkeypatch):
