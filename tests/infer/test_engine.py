@@ -435,7 +435,7 @@ def test_each_model_gets_a_graph_of_its_own_told_apart_by_one_weights_identity(m
     the second is freed, which may reuse its memory) each get a graph of their own and their own greedy tokens,
     whichever ran last. Through dynamo's eager backend with the step's own guard filter: the guards are dynamo's,
     whatever the backend (that a graph inductor compiles holds its own model's weights, a second model's too, is
-    tests/weights/test_quantization.py's compiled int8 and bfloat16 checks)."""
+    tests/weights/test_quantization.py's compiled bfloat16 check)."""
     step_with_dynamos_eager_backend(monkeypatch)
     first, second = lively_model(**STEP_MODEL), lively_model(**STEP_MODEL, seed=2)
     prompts = prompts_of(1, 9, 26)
