@@ -23,6 +23,8 @@ LENGTH_BYTES = 8  # a string's length (uint64) before its bytes
 
 
 class OnePassGGUFReader(gguf.GGUFReader):
+    """gguf.GGUFReader whose metadata arrays of numbers or strings are read in one pass (see the module's docstring)."""
+
     def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple[int, list[Any], list[int], list[Any]]:
         if raw_type != GGUFValueType.ARRAY or self.byte_order != "I" or sys.byteorder != "little":
             return super()._get_field_parts(orig_offs, raw_type)
