@@ -42,23 +42,22 @@ LLAMA3_SCALING = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 16,
 }
+# Each family's config and model classes by name: transformers loads a model class's module when it is first asked
+# for, so naming them here (not fetching them) keeps that out of every test process's collection.
 FAMILIES = {
-    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, dict(tie_word_embeddings=True)),
-    "llama3-scaled": (transformers.LlamaConfig, transformers.LlamaForCausalLM, dict(rope_parameters=LLAMA3_SCALING)),
-    "llama-bias": (transformers.LlamaConfig, transformers.LlamaForCausalLM, dict(attention_bias=True, mlp_bias=True)),
-    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, dict(tie_word_embeddings=True)),
-    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, dict(head_dim=32)),  # 4 * 32 != 64
-    "nanochat": (
-        transformers.NanoChatConfig,
-        transformers.NanoChatForCausalLM,
-        dict(num_key_value_heads=4, final_logit_softcapping=15.0),
-    ),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(tie_word_embeddings=True)),
+    "llama3-scaled": ("LlamaConfig", "LlamaForCausalLM", dict(rope_parameters=LLAMA3_SCALING)),
+    "llama-bias": ("LlamaConfig", "LlamaForCausalLM", dict(attention_bias=True, mlp_bias=True)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32)),  # 4 * 32 != 64
+    "nanochat": ("NanoChatConfig", "NanoChatForCausalLM", dict(num_key_value_heads=4, final_logit_softcapping=15.0)),
 }
 
 
 def random_hf_model(family: str, seed: int = 0) -> object:
     """A transformers model of `family`, every tensor random (norm gains and biases too, so any mix-up shows)."""
-    config_class, model_class, extra = FAMILIES[family]
+    config_name, model_name, extra = FAMILIES[family]
+    config_class, model_class = getattr(transformers, config_name), getattr(transformers, model_name)
     torch.manual_seed(seed)
     hf = model_class(config_class(**{**SMALL, **extra})).eval()
     with torch.no_grad():
