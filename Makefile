@@ -11,7 +11,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-fast setup-test lint bench clean-venv
+.PHONY: demo test test-fast setup-test lint bench clean-venv FORCE
 
 # Python's bytecode caches on, even where the environment turns them off: the suite's hundreds of processes would each
 # compile the package (and pytest its rewritten test modules) again.
@@ -38,10 +38,15 @@ $(VENV)/.runtime: $(VENV)/.deps pyproject.toml
 
 # The native step's build of this checkout's C++ files and flags (gptkit/infer/native/build.py holds them); other
 # checkouts' builds lie in directories of their own, so switching between checkouts rebuilds nothing. It runs from the
-# checkout (python -m), so it starts without waiting for the package's own install.
-$(VENV)/.native: $(VENV)/.deps $(wildcard gptkit/infer/native/csrc/*) gptkit/infer/native/build.py
-	$(PY) -m gptkit.infer.native --build
-	touch $@
+# checkout (python -m), so it starts without waiting for the package's own install. The build lies outside the
+# checkout, under torch's extensions directory: the stamp holds its library's path ("none": no compiler here), and a
+# stamp whose library is gone (a cleared cache) is made again.
+NATIVE_LIBRARY := $(shell cat $(VENV)/.native 2>/dev/null)
+NATIVE_GONE := $(if $(filter none,$(NATIVE_LIBRARY)),,$(if $(wildcard $(NATIVE_LIBRARY)),,FORCE))
+$(VENV)/.native: $(VENV)/.deps $(wildcard gptkit/infer/native/csrc/*) gptkit/infer/native/build.py $(NATIVE_GONE)
+	$(PY) -m gptkit.infer.native --build --record=$@
+
+FORCE:
 
 # The playground test drives a real headless browser: Debian's chromium and chromium-driver, installed here when
 # missing and we are root with apt-get (elsewhere the test skips, saying what it needs).

@@ -6,6 +6,7 @@ test that loads the real build (the one `python -m gptkit.infer.native --build` 
 from __future__ import annotations
 
 import fcntl
+import os
 import shutil
 import subprocess
 import sys
@@ -158,7 +159,11 @@ def test_a_second_checkout_of_the_same_source_loads_the_build_without_rebuilding
     assert "gptkit_decode_step.so" in built
     clone = tmp_path / "clone"
     shutil.copytree(REPO / "gptkit", clone / "gptkit", ignore=shutil.ignore_patterns("__pycache__"))
-    script = "import sys; from gptkit.infer.native import build; print(build.CSRC); sys.exit(build.main(['--build']))"
+    stamp = tmp_path / "stamp"
+    script = (
+        "import sys; from gptkit.infer.native import build; print(build.CSRC); "
+        f"sys.exit(build.main(['--build', '--record={stamp}']))"
+    )
     result = subprocess.run(
         [sys.executable, "-c", script], cwd=clone, capture_output=True, text=True, env=clean_env(), timeout=300
     )
@@ -169,3 +174,46 @@ def test_a_second_checkout_of_the_same_source_loads_the_build_without_rebuilding
     ]
     assert "building" not in result.stderr, result.stderr
     assert {name: (directory / name).stat().st_mtime_ns for name in built} == built
+    assert stamp.read_text() == f"{directory / 'gptkit_decode_step.so'}\n"  # the set-up's stamp: the library
+
+
+def test_where_nothing_is_built_the_record_says_none_and_bad_arguments_are_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(native, "build_problem", lambda build: "no C++ compiler here")
+    stamp = tmp_path / "stamp"
+    assert native.main(["--build", f"--record={stamp}"]) == 0
+    assert stamp.read_text() == "none\n"
+    assert capsys.readouterr().out == "note: no C++ compiler here; decoding takes the other paths\n"
+    for argv in (["--record=x"], ["--build", "--record="], ["--build", "--now"], []):
+        assert native.main(argv) == 2
+        assert capsys.readouterr().err == "usage: python -m gptkit.infer.native --build [--record=FILE]\n"
+
+
+def make_checkout_stamped(root: Path, stamp: str) -> None:
+    """The Makefile in `root` beside what its native step's target depends on, each made after what it depends on,
+    and the native step's stamp made last, holding `stamp`."""
+    root.mkdir()
+    shutil.copy(REPO / "Makefile", root / "Makefile")
+    files = ["requirements.txt", ".venv/.torch", ".venv/.deps", "gptkit/infer/native/csrc/step.h"]
+    files += ["gptkit/infer/native/build.py", ".venv/.native"]
+    for age, name in enumerate(reversed(files)):
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(stamp + "\n" if name == ".venv/.native" else "")
+        os.utime(path, (time.time() - 100 * (age + 1),) * 2)
+
+
+@pytest.mark.parametrize("stamp, remade", [("library", False), ("none", False), ("gone", True), ("", True)], ids=str)
+def test_make_builds_again_when_the_stamped_library_is_gone(tmp_path, stamp, remade):
+    """The set-up's stamp of the native build holds its library's path: make remakes it when that file is gone (a
+    cleared cache) or the stamp says nothing (an older set-up's), not where it is there or nothing could be built."""
+    library = tmp_path / "extensions" / "gptkit_decode_step.so"
+    library.parent.mkdir()
+    library.write_bytes(b"")
+    named = {"library": str(library), "gone": str(tmp_path / "extensions" / "elsewhere.so")}.get(stamp, stamp)
+    make_checkout_stamped(tmp_path / "checkout", named)
+    result = subprocess.run(
+        ["make", "-n", ".venv/.native"], cwd=tmp_path / "checkout", capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    build = ".venv/bin/python -m gptkit.infer.native --build --record=.venv/.native"
+    assert result.stdout.splitlines() == ([build] if remade else ["make: '.venv/.native' is up to date."])

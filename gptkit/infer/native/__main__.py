@@ -1,4 +1,5 @@
-"""`python -m gptkit.infer.native --build`: build the native step for this CPU (gptkit.infer.native.build.main)."""
+"""`python -m gptkit.infer.native --build [--record=FILE]`: build the native step for this CPU
+(gptkit.infer.native.build.main)."""
 
 import sys
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from gptkit.core.errors import UserError
+from gptkit.core.fileio import atomic_write_bytes
 
 CSRC = Path(__file__).parent / "csrc"  # every C++ file of the step
 UNITS = ("decode_step.cpp", "bindings.cpp")  # the files compiled: each includes the headers it needs
@@ -174,10 +175,13 @@ def extension():
 
 
 def main(argv: list[str]) -> int:
-    """`python -m gptkit.infer.native --build`: build the step for this CPU now (the set-up runs it); a machine
-    without a compiler gets a note, not a failure: decode=auto then takes the other paths."""
-    if list(argv) != ["--build"]:
-        print("usage: python -m gptkit.infer.native --build", file=sys.stderr)
+    """`python -m gptkit.infer.native --build [--record=FILE]`: build the step for this CPU now (the set-up runs it); a
+    machine without a compiler gets a note, not a failure: decode=auto then takes the other paths. --record writes
+    the built library's path to FILE ("none" where nothing was built): the set-up's stamp, which the Makefile checks
+    against the build itself, since the build lies outside the checkout (a cleared cache takes it away)."""
+    record = [arg.removeprefix("--record=") for arg in argv if arg.startswith("--record=")]
+    if argv[:1] != ["--build"] or len(argv) != 1 + len(record) or "" in record:
+        print("usage: python -m gptkit.infer.native --build [--record=FILE]", file=sys.stderr)
         return 2
     problem = build_problem(build=True)
     print(
@@ -185,4 +189,7 @@ def main(argv: list[str]) -> int:
         if problem
         else f"native decoding step built in {build_directory()}"
     )
+    for path in record:
+        library = "none" if problem else str(build_directory() / f"{MODULE}.so")
+        atomic_write_bytes(path, (library + "\n").encode())
     return 0
