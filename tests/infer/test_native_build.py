@@ -211,8 +211,10 @@ def test_make_builds_again_when_the_stamped_library_is_gone(tmp_path, stamp, rem
     library.write_bytes(b"")
     named = {"library": str(library), "gone": str(tmp_path / "extensions" / "elsewhere.so")}.get(stamp, stamp)
     make_checkout_stamped(tmp_path / "checkout", named)
+    # a make of its own, not a sub-make of the one that runs the suite (whose level and flags it would inherit)
+    env = {key: value for key, value in os.environ.items() if key not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     result = subprocess.run(
-        ["make", "-n", ".venv/.native"], cwd=tmp_path / "checkout", capture_output=True, text=True, timeout=60
+        ["make", "-n", ".venv/.native"], cwd=tmp_path / "checkout", env=env, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
     build = ".venv/bin/python -m gptkit.infer.native --build --record=.venv/.native"
