@@ -79,9 +79,14 @@ def build_directory(sources: Path = CSRC) -> Path:
     return Path(root) / f"{MODULE}_torch{torch.__version__}_{python}_{digest.hexdigest()[:16]}"
 
 
+def library_in(directory: Path) -> Path:
+    """The extension's library in a build directory: the build links it last."""
+    return directory / f"{MODULE}.so"
+
+
 def built_in(directory: Path) -> bool:
-    """Whether `directory` holds a finished build (the extension's library, which the build links last)."""
-    return (directory / f"{MODULE}.so").is_file()
+    """Whether `directory` holds a finished build (its library)."""
+    return library_in(directory).is_file()
 
 
 def is_built(sources: Path = CSRC) -> bool:
@@ -183,13 +188,10 @@ def main(argv: list[str]) -> int:
     if argv[:1] != ["--build"] or len(argv) != 1 + len(record) or "" in record:
         print("usage: python -m gptkit.infer.native --build [--record=FILE]", file=sys.stderr)
         return 2
-    problem = build_problem(build=True)
+    problem, directory = build_problem(build=True), build_directory()
     print(
-        f"note: {problem}; decoding takes the other paths"
-        if problem
-        else f"native decoding step built in {build_directory()}"
+        f"note: {problem}; decoding takes the other paths" if problem else f"native decoding step built in {directory}"
     )
     for path in record:
-        library = "none" if problem else str(build_directory() / f"{MODULE}.so")
-        atomic_write_bytes(path, (library + "\n").encode())
+        atomic_write_bytes(path, f"{'none' if problem else library_in(directory)}\n".encode())
     return 0
