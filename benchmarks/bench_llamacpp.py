@@ -8,8 +8,10 @@ file is decoded by llama-cpp-python (built from source, as the slow tests use it
 new_tokens after the same prompt in every row, with top-k sampling:
   ours_f32: gptkit.infer.generate with no decode argument on the float32 model (sample.py with no flag)
   ours_int8: the same on the model quantize_int8 made (sample.py --quantize=int8)
-  ours_int4: the same on the model read from the q4_0 file as sample.py --init_from=FILE.gguf reads it: its own
-    blocks, and its head (q8_0) quantized to 4 bits
+  ours_q4_0: the same on the model read from the q4_0 file as sample.py --init_from=FILE.gguf reads it: its own
+    blocks left in the file, its head in its own q8_0 blocks (the file's precision, the bytes llama.cpp reads)
+  ours_int4: the same as sample.py --init_from=FILE.gguf --quantize=int4 reads it: its own blocks, and its head
+    (q8_0) quantized to 4 bits
   llamacpp_f32, llamacpp_q8_0, llamacpp_q4_0: llama.cpp on the f32, q8_0 and q4_0 files, every row a sequence of
     one batch, each sampled by its own top-k sampler
 Repeats go round-robin over the paths (measure.time_paths), so load from other work slows every path alike.
@@ -43,9 +45,21 @@ from gptkit.weights.quantization import apply_quantization, quantize_int8
 from measure import MODEL_SHAPES, print_table, read_bandwidth, run_benchmark, time_paths
 
 SHAPES = {name: MODEL_SHAPES[name] for name in ("smollm2-135m", "gpt2-124m", "smollm2-1.7b")}  # llama.cpp holds
-PATHS = ("ours_f32", "ours_int8", "ours_int4", "llamacpp_f32", "llamacpp_q8_0", "llamacpp_q4_0")
-FILE_OF = {"ours_int4": "q4_0", "llamacpp_f32": "f32", "llamacpp_q8_0": "q8_0", "llamacpp_q4_0": "q4_0"}
-AGAINST = {"ours_f32": "llamacpp_f32", "ours_int8": "llamacpp_q8_0", "ours_int4": "llamacpp_q4_0"}
+PATHS = ("ours_f32", "ours_int8", "ours_int4", "ours_q4_0", "llamacpp_f32", "llamacpp_q8_0", "llamacpp_q4_0")
+FILE_OF = {
+    "ours_int4": "q4_0",
+    "ours_q4_0": "q4_0",
+    "llamacpp_f32": "f32",
+    "llamacpp_q8_0": "q8_0",
+    "llamacpp_q4_0": "q4_0",
+}
+AGAINST = {
+    "ours_f32": "llamacpp_f32",
+    "ours_int8": "llamacpp_q8_0",
+    "ours_int4": "llamacpp_q4_0",
+    "ours_q4_0": "llamacpp_q4_0",
+}
+GGUF_QUANTIZE = {"ours_int4": "int4", "ours_q4_0": "none"}  # our paths on the q4_0 file: sample.py's --quantize
 
 
 @dataclass
@@ -160,10 +174,10 @@ def our_models(model: GPT, paths: list[str], files: dict[str, Path]) -> dict[str
     """The model each of our paths decodes. Without ours_f32 the float32 model is quantized to int8 in place (a 1.7B
     shape's float32 copy is 6.8 GB)."""
     models = {}
-    if "ours_int4" in paths:
-        # as sample.py reads it on the CPU: its Q4_0 matrices left in the file, decoded as they are stored
-        loaded = load(str(files["q4_0"]), tokenizer=False, keep_int4=True)
-        models["ours_int4"] = apply_quantization(loaded.model.eval(), "none")
+    for path, quantize in GGUF_QUANTIZE.items():
+        if path in paths:  # as sample.py reads it on the CPU: its Q4_0 matrices left in the file
+            loaded = load(str(files["q4_0"]), tokenizer=False, keep_int4=True)
+            models[path] = apply_quantization(loaded.model.eval(), quantize)
     if "ours_f32" in paths:
         models["ours_f32"] = model
     if "ours_int8" in paths:
@@ -227,8 +241,8 @@ def bench_shape(cfg: LlamaCppBench, shape: str, directory: Path) -> list[dict]:
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """x_llamacpp: each of our paths against llama.cpp on the same precision's file; x_int8: int4 against int8; each
-    of the whole runs' tokens/s, and with the suffix _generation of the generation's alone."""
+    """x_llamacpp: each of our paths against llama.cpp on the same precision's file; x_int8: our paths on the q4_0
+    file against int8; each of the whole runs' tokens/s, and with the suffix _generation of the generation's alone."""
     for measure, suffix in (("tokens_per_s", ""), ("generation_tokens_per_s", "_generation")):
         speed = {(row["batch"], row["path"]): row[measure] for row in rows}
         for row in rows:
@@ -236,7 +250,7 @@ def add_ratios(rows: list[dict]) -> None:
             if against:
                 row[f"x_llamacpp{suffix}"] = round(row[measure] / against, 2)
             int8 = speed.get((row["batch"], "ours_int8"))
-            if row["path"] == "ours_int4" and int8:
+            if row["path"] in GGUF_QUANTIZE and int8:
                 row[f"x_int8{suffix}"] = round(row[measure] / int8, 2)
 
 

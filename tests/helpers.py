@@ -619,15 +619,15 @@ def with_16_bit_inputs(model: Any) -> Any:
 
 
 def with_16_bit_group_inputs(model: Any) -> Any:
-    """A copy of `model` (its products Int4Linear) with each product's input rounded as the native int4 step rounds
-    it: every group of 32 values (of one token's) to integers of magnitude at most 32767, times one scale, the group's
-    largest |x| / 32767."""
+    """A copy of `model` (its products Int4Linear, its head maybe an Int8GroupedLinear) with each product's input
+    rounded as the native int4 step rounds it: every group of 32 values (of one token's) to integers of magnitude at
+    most 32767, times one scale, the group's largest |x| / 32767."""
     import copy
 
     import torch
     import torch.nn.functional as F
 
-    from gptkit.weights.quantization import GROUP, Int4Linear
+    from gptkit.weights.quantization import GROUP, Int4Linear, Int8GroupedLinear
 
     def round_groups(module: Any, inputs: tuple) -> tuple:
         x = inputs[0]
@@ -638,9 +638,30 @@ def with_16_bit_group_inputs(model: Any) -> Any:
 
     reference = copy.deepcopy(model)
     for module in reference.modules():
-        if isinstance(module, Int4Linear):
+        if isinstance(module, (Int4Linear, Int8GroupedLinear)):
             module.register_forward_pre_hook(round_groups)
     return reference
+
+
+def with_q8_0_head(model: Any) -> Any:
+    """`model` (in place, returned) with its head (a Linear or Int4Linear) an Int8GroupedLinear of its weight's Q8_0
+    blocks, quantized here as ggml's reference quantizer does: per group of 32, d = largest |w| / 127 and
+    code = round(w / d), d stored as float16 (its rows whole groups: n_embd a multiple of 32)."""
+    import torch
+
+    from gptkit.weights.quantization import Int8Blocks, Int8GroupedLinear
+
+    head = model.lm_head
+    weight = (head.weight if isinstance(head, torch.nn.Linear) else head.dequantized_weight()).detach().double()
+    groups = weight.view(weight.shape[0], -1, 32)
+    d = groups.abs().amax(dim=-1) / 127
+    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    codes = torch.round(groups * inverse[..., None]).to(torch.int8)
+    blocks = Int8Blocks(codes, d.half())
+    model.lm_head = Int8GroupedLinear(
+        lambda start, stop: Int8Blocks(blocks.codes[start:stop], blocks.scale[start:stop]), *weight.shape
+    )
+    return model
 
 
 def as_q4_0(model: Any) -> Any:

@@ -13,7 +13,8 @@ with llama.cpp's `gguf` package, one at a time, into a model made without weight
 copy of them). A product (or the token embedding) stored as Q4_0 or Q4_1 also keeps its blocks, byte for byte, in
 Int4Linear's layout (keep_q4_blocks): int4 then runs on the file's own blocks, and a file whose every product and
 head is so stored decodes in them by default (gptkit.weights.quantization). Or, for decoding on the CPU
-(keep_int4), those matrices are never float32: each stays in the file, read as it is needed (keep_in_file).
+(keep_int4), those matrices are never float32: each stays in the file, read as it is needed (keep_in_file), and so
+does a head the file keeps in Q8_0 beside them (q8_0_head), which then decodes in those 8 bits.
 
 The tensors are read with plain reads at their offsets (TensorFile), not through a memory map: every page read
 through a map would count in the process's resident memory while the map lives. Any other type, another
@@ -47,6 +48,8 @@ from gptkit.weights.quantization import (
     FileInt4Embedding,
     FileInt4Linear,
     Int4Blocks,
+    Int8Blocks,
+    Int8GroupedLinear,
     keep_int4_blocks,
     quantize_row_slices,
 )
@@ -259,6 +262,13 @@ class TensorFile:
         minimum = -8 * scale if header == 2 else raw[..., 2:4].view(torch.float16)[..., 0]
         return Int4Blocks(raw[..., header:], scale, minimum)
 
+    def q8_blocks(self, name: str, start: int, stop: int) -> Int8Blocks:
+        """Rows start .. stop - 1 of a Q8_0 matrix, its blocks as they are (ggml's blocks of 32 weights: a float16 d
+        and 32 int8 codes, weight = d * code): views of the bytes read."""
+        data = self.read(name, start, stop)
+        raw = torch.from_numpy(data).view(stop - start, data.shape[1] // (2 + Q8_0_BLOCK), 2 + Q8_0_BLOCK)
+        return Int8Blocks(raw[..., 2:].view(torch.int8), raw[..., 0:2].view(torch.float16)[..., 0])
+
     def same_data(self, a: str, b: str) -> bool:
         """Whether tensors `a` and `b` hold the same bytes."""
         first, second = self.tensors[a], self.tensors[b]
@@ -454,7 +464,8 @@ def keep_q4_blocks(model: GPT, tensors: FileTensors, arch: str) -> None:
 def keep_in_file(model: GPT, tensors: FileTensors, arch: str, products_only: bool = False) -> set[str]:
     """Each module of `model` (made without weights) whose matrix the file stores in Q4_0 or Q4_1 becomes one that
     reads its blocks from the file as it needs them: FileInt4Linear, and for the token embedding FileInt4Embedding
-    (a tied head: a FileInt4Linear of the same rows). Their scales are checked for NaN and infinity here. A token
+    (a tied head: a FileInt4Linear of the same rows). Their scales are checked for NaN and infinity here. Beside
+    every layer's products so kept, an untied head stored in Q8_0 stays in the file too (q8_0_head). A token
     embedding stored in another quantized type stays in the file too (keep_embedding_in_file). products_only: the
     products alone, not the embedding or the head. Returns the file's weights so kept: nothing else reads them."""
     config, kept = model.config, set()
@@ -472,6 +483,11 @@ def keep_in_file(model: GPT, tensors: FileTensors, arch: str, products_only: boo
             new = FileInt4Linear(matrix, old.out_features, old.in_features, bias, matrix.symmetric)
         model.set_submodule(module, new)
         kept.update(name for name, _ in matrix.parts)
+    layers = set(matrix_sources(config, arch)) - {"transformer.wte", "lm_head"}
+    head = tensors.file.tensors.get("output.weight")
+    if not products_only and layers <= set(stored) and head is not None and head.tensor_type.name == "Q8_0":
+        model.lm_head = q8_0_head(tensors, "output.weight")
+        kept.add("output.weight")
     embedding = "token_embd.weight"
     if (
         not products_only
@@ -485,20 +501,34 @@ def keep_in_file(model: GPT, tensors: FileTensors, arch: str, products_only: boo
 
 def keep_embedding_in_file(model: GPT, tensors: FileTensors, products_in_file: bool) -> set[str]:
     """The token embedding, stored in a quantized type but Q4_0 and Q4_1, as a FileEmbedding: its lookups read and
-    dequantize their rows. A tied head, where every product stays in the file, is quantized to int4 from the file's
-    values a slice of rows at a time as its blocks are read (a FileInt4Linear of QuantizedRows: no float32 table is
-    held), the blocks quantization.keep_stored_int4 would make of the float32 table; where some are float32 it is read as float32 with
-    them (the one copy of the table). Returns {token_embd.weight} where nothing else reads it, else nothing."""
+    dequantize their rows. A tied head, where every product stays in the file, reads its Q8_0 blocks from the file
+    (q8_0_head); in any other type it is quantized to int4 from the file's values a slice of rows at a time as its
+    blocks are read (a FileInt4Linear of QuantizedRows: no float32 table is held), the blocks
+    quantization.keep_stored_int4 would make of the float32 table. Where some products are float32 the tied head is
+    read as float32 with them (the one copy of the table). Returns {token_embd.weight} where nothing else reads it,
+    else nothing."""
     config, name = model.config, "token_embd.weight"
     model.transformer.wte = FileEmbedding(partial(tensors.file.picked_values, name), config.vocab_size, config.n_embd)
     if config.tie_embeddings and not products_in_file:
         return set()  # read (and checked) as the head
-    if config.tie_embeddings:
+    if config.tie_embeddings and tensors.file.tensors[name].tensor_type.name == "Q8_0":
+        model.lm_head = q8_0_head(tensors, name)
+    elif config.tie_embeddings:
         model.lm_head = FileInt4Linear(QuantizedRows(tensors, name), config.vocab_size, config.n_embd, None)
     else:
         for rows in tensors.file.row_ranges(name):
             finite_rows(tensors, name, *rows)
     return {name}
+
+
+def q8_0_head(tensors: FileTensors, name: str) -> Int8GroupedLinear:
+    """The head of products left in the file, matrix `name` stored in Q8_0: its blocks left in the file too, read as
+    they are needed, so that it decodes in the file's own 8 bits. Its scales are checked for NaN and infinity here."""
+    for rows in tensors.file.row_ranges(name):
+        if not tensors.file.q8_blocks(name, *rows).scale.isfinite().all():
+            check_finite({name: tensors.file.dequantized(name)}, str(tensors.file.path), DAMAGED)
+    vocab, width = tensors.shape(name)
+    return Int8GroupedLinear(partial(tensors.file.q8_blocks, name), vocab, width)
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ inputs, gptkit.infer.native) are tested against. A weight read from a GGUF file'
 (keep_int4_blocks): int4 takes those blocks as they are instead of quantizing their values again, and a model whose
 every product was read so runs on them under "none" too (the file's own precision). Read for decoding, such a matrix
 is never float32: it stays in the file, read at each use (FileInt4Linear; the token embedding FileInt4Embedding,
-whose lookups read their rows), so the model holds none of it; a head the file keeps in more bits is then quantized
-under "none" too (keep_stored_int4). A token embedding stored in any other quantized type stays in the file as well
-(FileEmbedding).
+whose lookups read their rows), so the model holds none of it; a head the file keeps in Q8_0 stays in the file
+too, in its own 8 bits (Int8GroupedLinear), and one kept in any other type is quantized to int4 under "none" too
+(keep_stored_int4). A token embedding stored in any other quantized type stays in the file as well (FileEmbedding).
 """
 
 from __future__ import annotations
@@ -228,6 +228,56 @@ class FileInt4Linear(Int4Linear):
         return self.stored_symmetric  # what the file says: reading every block to see would take as long as a packing
 
 
+class Int8Blocks(NamedTuple):
+    """A matrix in GGUF's Q8_0 blocks: codes (rows, groups, GROUP) int8 in -127 .. 127, weight j of each group at
+    [..., j]; scale (rows, groups) float16; weight = scale * code."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+
+    def values(self, in_features: int) -> torch.Tensor:
+        """The (rows, in_features) float32 weight: scale * code, in float32 as GGUF dequantizes it."""
+        groups = self.codes.float().mul_(self.scale.float()[..., None])
+        return groups.reshape(self.codes.shape[0], -1)[:, :in_features]
+
+
+class Int8GroupedLinear(nn.Module):
+    """y = x Wᵀ + b with W in GGUF's Q8_0 blocks (Int8Blocks), which stay where they are stored and are read each
+    time they are used: a GGUF file's Q8_0 head beside products left in the file in 4 bits (gptkit.weights.gguf_read),
+    so that the model decodes with its head in the file's own 8 bits. The native step packs its blocks once, a slice of
+    rows at a time (row_blocks); an eager pass dequantizes them at each call, as Int4Linear's does. `read(start, stop)`
+    gives the blocks of rows start .. stop - 1. For inference only."""
+
+    def __init__(
+        self,
+        read: Callable[[int, int], Int8Blocks],
+        out_features: int,
+        in_features: int,
+        bias: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        self.out_features, self.in_features = out_features, in_features
+        self.read = read
+        self.register_buffer("bias", bias)
+
+    def blocks(self) -> Int8Blocks:
+        return self.read(0, self.out_features)
+
+    def row_blocks(self, start: int, stop: int) -> Int8Blocks:
+        return self.read(start, min(stop, self.out_features))
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The (out, in) float32 weight: scale * code for each weight, in float32 as GGUF dequantizes it."""
+        return self.blocks().values(self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.dequantized_weight().to(x.dtype), bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
 class FileEmbedding(nn.Module):
     """A token embedding whose table stays in a file (a GGUF file's quantized token_embd, gptkit.weights.gguf_read):
     a lookup reads and dequantizes the rows of its tokens only, to float32 as GGUF dequantizes them. `read_rows(rows)`
@@ -342,16 +392,34 @@ def int4_as_linear(int4: Int4Linear) -> nn.Linear:
     return linear
 
 
+def int8_grouped_as_linear(grouped: Int8GroupedLinear) -> nn.Linear:
+    """The float32 nn.Linear an Int8GroupedLinear computes."""
+    linear = nn.Linear(grouped.in_features, grouped.out_features, bias=grouped.bias is not None)
+    with torch.no_grad():
+        linear.weight.copy_(grouped.dequantized_weight())
+        if grouped.bias is not None:
+            linear.bias.copy_(grouped.bias)
+    return linear
+
+
+def as_linear(product: nn.Module) -> nn.Module:
+    """The float32 nn.Linear a grouped product (Int4Linear, Int8GroupedLinear) computes; any other module itself."""
+    if isinstance(product, Int4Linear):
+        return int4_as_linear(product)
+    if isinstance(product, Int8GroupedLinear):
+        return int8_grouped_as_linear(product)
+    return product
+
+
 def dequantized_copy(model: nn.Module) -> nn.Module:
-    """`model` itself when it holds no Int4Linear; else a copy with each one the float32 nn.Linear it computes
-    (int4_as_linear): what code that reads a model's float weights (the exporters) takes."""
-    if not any(isinstance(module, Int4Linear) for module in model.modules()):
+    """`model` itself when it holds no grouped product (Int4Linear, Int8GroupedLinear); else a copy with each one the
+    float32 nn.Linear it computes (as_linear): what code that reads a model's float weights (the exporters) takes."""
+    if not any(isinstance(module, (Int4Linear, Int8GroupedLinear)) for module in model.modules()):
         return model
     plain = copy.deepcopy(model)
     for module in list(plain.modules()):
         for name, child in list(module.named_children()):
-            if isinstance(child, Int4Linear):
-                setattr(module, name, int4_as_linear(child))
+            setattr(module, name, as_linear(child))
     return plain
 
 
@@ -359,8 +427,9 @@ def keep_stored_int4(model: nn.Module) -> nn.Module:
     """`model` (in place, returned) run on the blocks its products were read from (stored_int4, or left in the file:
     FileInt4Linear) when every one of them was: a GGUF file whose products and head are all Q4_0 or Q4_1 keeps its
     own precision. Products left in the file are never made float32: where every one but the head was (llama.cpp's
-    Q4_0 and Q4_1 files keep the head in more bits), the head is quantized to int4 as quantize_int4 does, so that the
-    model decodes in 4 bits throughout (the native step reads every product in one kind of weights). Where others
+    Q4_0 and Q4_1 files keep the head in more bits), a Q8_0 head stays as the reader left it (Int8GroupedLinear, its
+    own precision) and any other is quantized to int4 as quantize_int4 does, so that the native step reads the layers
+    in 4 bits and the head in int4 or Q8_0 panels. Where others
     were not, the products left in the file become the float32 nn.Linear of their values (int4_as_linear), as the
     others are; any other model is left as it is."""
     products = [
@@ -389,8 +458,10 @@ def keep_stored_int4(model: nn.Module) -> nn.Module:
 
 def quantize_int4(model: nn.Module) -> nn.Module:
     """`model` (in place, returned; any device and dtype, for inference) with every nn.Linear an Int4Linear: the
-    blocks a weight was read from as they are (stored_int4), the others quantized. A head tied to the token
-    embedding gets an int4 copy of its own, so the embedding lookup stays exact."""
+    blocks a weight was read from as they are (stored_int4), the others quantized (an Int8GroupedLinear head from its
+    values). A head tied to the token embedding gets an int4 copy of its own, so the embedding lookup stays exact."""
+    if isinstance(getattr(model, "lm_head", None), Int8GroupedLinear):
+        model.lm_head = int8_grouped_as_linear(model.lm_head)
     return replace_linears(model, Int4Linear.from_linear).eval()
 
 

@@ -22,7 +22,7 @@ from gptkit.infer.engine import Engine, KVCache, Request
 from gptkit.infer.native import NativeStep, huge_page_zeros
 from gptkit.infer.native import build as native_build
 from gptkit.infer.native import step as native_step
-from gptkit.infer.native.packing import int4_panel_bytes, int4_panels, layer_tensors
+from gptkit.infer.native.packing import int4_panel_bytes, int4_panels, int8_panel_bytes, layer_tensors
 from gptkit.weights.quantization import Int4Linear, Int8Linear, quantize_int4, quantize_int8
 from helpers import (
     as_q4_0,
@@ -34,6 +34,7 @@ from helpers import (
     reference_greedy,
     with_16_bit_group_inputs,
     with_16_bit_inputs,
+    with_q8_0_head,
 )
 
 # int8 steps and prefills against a reference that rounds each product's input to 16 bits as they do: where the two
@@ -753,6 +754,55 @@ def test_q4_0_panels_without_minimums_give_what_the_same_blocks_with_minimums_gi
     for logits in (result[:3] for result in results):
         for got, wanted in zip(logits, expected):
             torch.testing.assert_close(got.double(), wanted, rtol=0, atol=INT4_TOLERANCE * wanted.abs().max().item())
+
+
+def test_a_q8_0_head_lies_in_panels_of_8_bit_codes_with_a_record_per_group():
+    """A Q8_0 head of 61 rows, 64 wide (two groups), beside int4 layers, is packed in panels of `rows` rows (the last
+    filled up with zero rows), each a record per group: word w of row r (4 bytes) holds the codes of the group's
+    columns 4w, 4w + 2, 4w + 1 and 4w + 3 in its bytes 0 to 3, then come the rows' float16 scales. The expected bytes
+    are built here value by value."""
+    rows = native_decoding.extension().int4_panel_rows()
+    model = with_q8_0_head(quantize_int4(lively_model(vocab_size=61, n_embd=64, n_head=4, seed=2)))
+    blocks = model.lm_head.blocks()
+    codes, expected = blocks.codes.tolist(), bytearray()
+    for first in range(0, 61, rows):
+        panel = range(first, first + rows)
+        for group in range(2):
+            for word in range(8):
+                for row in panel:
+                    columns = [4 * word, 4 * word + 2, 4 * word + 1, 4 * word + 3]
+                    values = [codes[row][group][c] if row < 61 else 0 for c in columns]
+                    expected += bytes(value % 256 for value in values)
+            for row in panel:
+                expected += blocks.scale[row, group].numpy().tobytes() if row < 61 else bytes(2)
+    step = NativeStep.for_model(model, torch.float32)
+    assert step.weights == "int4" and len(expected) == int8_panel_bytes(model.lm_head, rows)
+    assert bytes(step.matrices[-len(expected) :].numpy()) == bytes(expected)
+
+
+@pytest.mark.parametrize("layers", ["q4_1", "q4_0"])
+def test_a_q8_0_head_beside_int4_layers_gives_the_eager_pass_logits(layers):
+    """int4 layers (Q4_1's or Q4_0's panels) and a Q8_0 head (a GGUF file's 4-bit products often come with one): a
+    prefill of two rows of 17 tokens, steps of one row and of two rows give the logits of a float64 eager pass over
+    the same blocks, its inputs rounded as the step rounds them (per group of 32), within INT4_TOLERANCE; and the
+    head's codes span -127 .. 127."""
+    model = quantize_int4(lively_model(vocab_size=70, n_embd=64, n_head=4, seed=4, block_size=32))
+    model = with_q8_0_head(as_q4_0(model) if layers == "q4_0" else model)
+    assert model.lm_head.blocks().codes.abs().max() == 127
+    step = NativeStep.for_model(model, torch.float32)
+    assert step.symmetric_int4 == (layers == "q4_0")
+    cache = KVCache(model.config.n_layer, 32, slots=2)
+    cache.allocate(model.config.n_kv_head, model.config.head_dim, torch.float32, torch.device("cpu"))
+    prompts = [list(range(3, 20)), list(range(40, 57))]
+    step.prefill(prompts, 0, cache.keys, cache.values)
+    row_logits, token = step(5, 17, cache.keys, cache.values)
+    rows_logits, _ = step.step_rows([token, 9], [18, 17], cache.keys, cache.values)
+    reference = with_16_bit_group_inputs(model).double()
+    sequences = [prompts[0] + [5], prompts[0] + [5, token], prompts[1] + [9]]
+    with torch.no_grad():
+        expected = [reference(torch.tensor([sequence]))[0][0, -1] for sequence in sequences]
+    for got, wanted in zip([row_logits, *rows_logits], expected):
+        torch.testing.assert_close(got.double(), wanted, rtol=0, atol=INT4_TOLERANCE * wanted.abs().max().item())
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

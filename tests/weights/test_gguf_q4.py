@@ -33,6 +33,7 @@ from gptkit.weights.quantization import (
     FileInt4Embedding,
     FileInt4Linear,
     Int4Linear,
+    Int8GroupedLinear,
     Int8Linear,
     apply_quantization,
 )
@@ -263,14 +264,14 @@ def test_q4_0_blocks_are_packed_without_minimums_and_a_file_mixing_q4_1_in_with_
     """A file of Q4_0 products and head, read into memory or left in the file: the native step's panels take 18 bytes
     a row's group of 32 weights (a float16 scale and the codes; its minimums are -8 times its scales). One Q4_1 part
     of a fused product (blk.0's attn_k) among Q4_0 ones: the layers' panels keep every minimum (20 bytes), the head's
-    (Q4_0) are of its own kind. Q4_0 products beside a Q8_0 embedding (export.py's q4_0 files; the head quantized to
-    Q4_1 when read for decoding, keep_int4): the layers' panels without minimums, the head's with them. Each file's
-    greedy tokens are the eager pass's over its blocks, up to ties."""
+    (Q4_0) are of its own kind. Q4_0 products beside a Q8_0 embedding (export.py's q4_0 files), read for decoding
+    (keep_int4): the layers' panels without minimums, the tied head's the file's Q8_0 blocks (34 bytes: 32 codes and
+    a scale). Each file's greedy tokens are the eager pass's over its blocks, up to ties."""
     model = tiny("llama-gqa-tied")
     q4_0 = q4_file(tmp_path / "q4_0", monkeypatch, model, qwen_tokenizer, T.Q4_0)
     mixed = q4_file(tmp_path / "mixed", monkeypatch, model, qwen_tokenizer, T.Q4_0, {"blk.0.attn_k.weight": T.Q4_1})
     q8_0_head = q4_file(tmp_path / "q8", monkeypatch, model, qwen_tokenizer, T.Q4_0, {"token_embd.weight": T.Q8_0})
-    files = [(q4_0, 18, 18), (mixed, 20, 18)] + ([(q8_0_head, 18, 20)] if keep_int4 else [])
+    files = [(q4_0, 18, 18), (mixed, 20, 18)] + ([(q8_0_head, 18, 34)] if keep_int4 else [])
     for path, record, head_record in files:
         read = apply_quantization(load(str(path), tokenizer=False, keep_int4=keep_int4).model, "none")
         assert NativeStep.for_model(read, torch.float32).matrices.numel() == panel_bytes(read, record, head_record)
@@ -333,37 +334,48 @@ def test_rows_read_from_the_file_are_those_of_the_blocks_read_whole(tmp_path, mo
 
 
 @pytest.mark.parametrize(
-    ("shape", "head"), [("llama-untied", "output.weight"), ("llama-gqa-tied", "token_embd.weight")]
+    ("shape", "head"),
+    [("llama-untied", "output.weight"), ("llama-gqa-tied", "token_embd.weight"), ("gpt2", "output.weight")],
 )
-def test_a_q4_file_with_its_head_in_more_bits_decodes_in_4_bits_throughout(
-    tmp_path, monkeypatch, qwen_tokenizer, shape, head
-):
-    """Q4_0 products and a Q8_0 head (as llama.cpp's Q4_0 files keep it in more bits; a tied head is the token
-    embedding), read for decoding (keep_int4): under none the products stay in the file and the head is quantized
-    from the file's values, as int4 does on the model read in float32, so the native step packs every product into
-    int4 panels, the very bytes of that model's; no float32 matrix is left (a tied head's token embedding stays in the file)."""
+def test_a_q8_0_head_beside_q4_products_decodes_in_its_own_8_bits(tmp_path, monkeypatch, qwen_tokenizer, shape, head):
+    """Q4_0 products and a Q8_0 head (as export.py's Q4_0 files keep it; a tied head is the token embedding), read for
+    decoding (keep_int4) under none: the head stays in the file too, its blocks the file's byte for byte (as gguf's
+    reader gives them) and its weight their float64 decoding; no float matrix is held (a tied head's table stays in
+    the file); the logits are the float32 read's exactly, and the native step's greedy tokens the eager pass's over
+    the same blocks. Under int4 the head is quantized to Q4_1 as int4 quantizes the model read in float32."""
     path = q4_file(tmp_path, monkeypatch, tiny(shape), qwen_tokenizer, T.Q4_0, {head: T.Q8_0})
     kept = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "none")
-    reference = apply_quantization(load(str(path), tokenizer=False).model, "int4")
-    for name, product in products_of(kept).items():
-        assert isinstance(product, FileInt4Linear) == (name != "lm_head" or head == "token_embd.weight"), name
-        assert all(map(torch.equal, product.blocks(), reference.get_submodule(name).blocks())), name
-    head_blocks = {"lm_head.scale", "lm_head.minimum"}  # the int4 head's float16 scales and minimums
-    assert float_matrices(kept) <= {"rope_cos", "rope_sin"} | head_blocks
-    step = NativeStep.for_model(kept, torch.float32)
-    assert step.weights == "int4"
+    floats = load(str(path), tokenizer=False).model
+    stored = file_tensors(path)
+    assert isinstance(kept.lm_head, Int8GroupedLinear)
+    raw = np.array(stored[head].data).reshape(rows_of(stored[head]), -1, 34)
+    blocks = kept.lm_head.blocks()
+    assert np.array_equal(blocks.codes.numpy(), raw[..., 2:].view(np.int8))
+    assert np.array_equal(blocks.scale.numpy().view(np.uint16), raw[..., :2].copy().view(np.uint16)[..., 0])
+    expected = float64_values(stored, [head.removesuffix(".weight")], kept.config, ARCHS[shape])
+    assert torch.equal(kept.lm_head.dequantized_weight(), expected)
+    assert all(isinstance(product, FileInt4Linear) for product in products_of(kept).values())
+    assert float_matrices(kept) <= {"rope_cos", "rope_sin", "transformer.wpe.weight"}
+    assert torch.equal(logits(kept, IDX), logits(floats, IDX))
+    request = Request([5, 9, 300], 12, temperature=0)
+    list(Engine(kept, decode="native").run([request]))
+    assert_greedy_up_to_ties(with_16_bit_group_inputs(kept), [5, 9, 300], request.output)
+    int4 = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "int4")
+    reference = apply_quantization(floats, "int4")
+    assert all(map(torch.equal, int4.lm_head.blocks(), reference.lm_head.blocks()))
+    step = NativeStep.for_model(int4, torch.float32)
     assert torch.equal(step.matrices, NativeStep.for_model(reference, torch.float32).matrices)
-    assert torch.equal(logits(kept, IDX), logits(reference, IDX))
 
 
-@pytest.mark.parametrize(("shape", "embedding"), [("llama-gqa-tied", "Q8_0"), ("qwen2", "Q6_K"), ("gpt2", "Q8_0")])
+@pytest.mark.parametrize(("shape", "embedding"), [("llama-gqa-tied", "Q5_0"), ("qwen2", "Q6_K"), ("gpt2", "Q5_1")])
 def test_a_token_embedding_in_more_bits_stays_in_the_file_and_its_tied_head_is_quantized_as_int4_does(
     tmp_path, monkeypatch, qwen_tokenizer, shape, embedding
 ):
-    """Q4_0 products and a tied token embedding in Q8_0 or Q6_K (llama.cpp's Q4_0 files), read for decoding
-    (keep_int4): the embedding stays in the file, its lookups of any rows in any order the float32 read's values
-    exactly; the model holds no float matrix but its position tables, and its head's blocks, read from the file, are
-    those int4 makes of the model read in float32; so its logits and the native step's panels are that model's."""
+    """Q4_0 products and a tied token embedding in another type than Q8_0 (llama.cpp's Q4_0 files: Q6_K), read for
+    decoding (keep_int4): the embedding stays in the file, its lookups of any rows in any order the float32 read's
+    values exactly; the model holds no float matrix but its position tables, and its head's blocks, read from the
+    file, are those int4 makes of the model read in float32; so its logits and the native step's panels are that
+    model's."""
     model = tiny(shape, n_embd=256, n_head=4)  # K-quant blocks hold 256 values: a row's
     path = q4_file(tmp_path, monkeypatch, model, qwen_tokenizer, T.Q4_0, {"token_embd.weight": T[embedding]})
     kept = load(str(path), tokenizer=False, keep_int4=True).model
@@ -661,9 +673,10 @@ def test_train_py_lora_over_a_q4_file_learns_and_merges_to_its_blocks_plus_the_a
 
 def test_a_tied_q8_0_embedding_read_for_decoding_leaves_no_table_resident(tmp_path, monkeypatch, qwen_tokenizer):
     """Measured: the model read with keep_int4 from a Q4_0 file whose tied embedding (16384 x 512) is Q8_0 holds
-    less than half of that table's float32 bytes resident (freeing it gives back no more), where a float32 table and
-    the head's int4 blocks would hold more than the table. (What freeing gives back moves by megabytes with the
-    heap's layout, whatever else lay on the pages freed: a quarter of the table was within that.)"""
+    less than half of that table's float32 bytes resident (freeing it gives back no more; the head reads its Q8_0
+    blocks from the file too), where a float32 table would hold more than the table. (What freeing gives back moves by
+    megabytes with the heap's layout, whatever else lay on the pages freed: a quarter of the table was within
+    that.)"""
     source = lively_model(**{**ROPE, "vocab_size": 16384, "n_embd": 512, "mlp_hidden": 1024, "tie_embeddings": True})
     path = q4_file(tmp_path, monkeypatch, source, qwen_tokenizer, T.Q4_0, {"token_embd.weight": T.Q8_0})
     del source

@@ -4,7 +4,8 @@ them (csrc/layout.h's Shapes), and every vector (norms, biases) in another.
 float32 matrices lie in panels of rows stored column after column (copy_in_blocks: csrc/panels.h multiplies each
 column by every input's value at once); bfloat16 and int8 ones row after row (int8 with one float32 scale per row);
 int4 ones in panels of codes with their groups' scales and minimums (none where every minimum is -8 times its scale,
-as in Q4_0's blocks: int4_panels, csrc/int4.h). The buffers lie on
+as in Q4_0's blocks: int4_panels, csrc/int4.h), and an int4 model's Q8_0 head in panels of 8-bit codes with their
+groups' scales (int8_panels). The buffers lie on
 2 MB pages where they are large enough (gptkit.infer.memory).
 """
 
@@ -16,7 +17,11 @@ import torch
 import torch.nn as nn
 
 from gptkit.infer.memory import huge_page_zeros
-from gptkit.weights.quantization import GROUP, Int4Linear, Int8Linear
+from gptkit.weights.quantization import GROUP, Int4Linear, Int8Blocks, Int8GroupedLinear, Int8Linear
+
+# The kinds of an int4 model's head panels, numbered as csrc/int4.h's Grouped: int4 with minimums, int4 without them
+# (Q4_0's blocks), Q8_0's.
+INT4_PANELS, INT4_SYMMETRIC_PANELS, INT8_PANELS = 0, 1, 2
 
 
 def int8_weights(model: nn.Module) -> bool:
@@ -100,21 +105,71 @@ def int4_panels(product: Int4Linear, panel_rows: int, minimums: bool = True) -> 
     the rows' float16 scales, then their minimums (not without `minimums`: csrc/int4.h's Int4Symmetric, whose
     minimums are -8 times the scales)."""
     codes, scale, minimum = product.codes(), product.scale, product.minimum
-    rows, groups = scale.shape
-    panels = -(-rows // panel_rows)
-
-    def whole_panels(tensor: torch.Tensor) -> torch.Tensor:
-        filler = tensor.new_zeros(panels * panel_rows - rows, *tensor.shape[1:])
-        return torch.cat((tensor, filler)).view(panels, panel_rows, *tensor.shape[1:])
-
+    panels, groups = -(-scale.shape[0] // panel_rows), scale.shape[1]
     # (panel, row, group, word, half h, pair k) -> (..., word, byte 2h + k // 2, nibble k % 2): column 8w + 2k + h
-    by_half = whole_panels(codes).view(panels, panel_rows, groups, 4, 4, 2).transpose(-1, -2)
+    by_half = whole_panels(codes, panel_rows).view(panels, panel_rows, groups, 4, 4, 2).transpose(-1, -2)
     nibbles = by_half.reshape(panels, panel_rows, groups, 4, 4, 2)
     words = (nibbles[..., 0] | (nibbles[..., 1] << 4)).permute(0, 2, 3, 1, 4)  # (panel, group, word, row, byte)
     by_group = [words.reshape(panels, groups, -1)]
-    for halves in (scale, minimum) if minimums else (scale,):  # (panel, group, row) float16, as bytes
-        by_group.append(whole_panels(halves).transpose(1, 2).contiguous().view(torch.uint8))
+    for halves in (scale, minimum) if minimums else (scale,):
+        by_group.append(group_halves(halves, panel_rows))
     return torch.cat(by_group, dim=2).reshape(-1)
+
+
+def whole_panels(tensor: torch.Tensor, panel_rows: int) -> torch.Tensor:
+    """A tensor of rows (rows, ...) filled up with rows of zeros to whole panels, (panels, panel_rows, ...)."""
+    rows = tensor.shape[0]
+    filler = tensor.new_zeros(-rows % panel_rows, *tensor.shape[1:])
+    return torch.cat((tensor, filler)).view(-1, panel_rows, *tensor.shape[1:])
+
+
+def group_halves(halves: torch.Tensor, panel_rows: int) -> torch.Tensor:
+    """Float16 values a row's group (rows, groups) as each panel's records hold them: (panel, group, row), as
+    bytes."""
+    return whole_panels(halves, panel_rows).transpose(1, 2).contiguous().view(torch.uint8)
+
+
+def int8_panel_bytes(product: Int8GroupedLinear, panel_rows: int) -> int:
+    """The bytes int8_panels makes of `product`'s blocks."""
+    panels, groups = -(-product.out_features // panel_rows), -(-product.in_features // GROUP)
+    return panels * groups * panel_rows * (GROUP + 2)
+
+
+def int8_panels(blocks: Int8Blocks, panel_rows: int) -> torch.Tensor:
+    """Q8_0 blocks (uint8, 1-D) as csrc/int4.h reads Int8Grouped panels: panels of `panel_rows` rows (the last
+    filled up with rows of zeros), each a record per group: the codes of the group's 32 columns, word w (4 bytes) of
+    row r at (w * panel_rows + r) * 4 holding those of columns 4w, 4w + 2, 4w + 1 and 4w + 3 in its bytes 0 to 3 (an
+    arithmetic shift within each 16 bits leaves a pair of adjacent columns), then the rows' float16 scales."""
+    panels, groups = -(-blocks.scale.shape[0] // panel_rows), blocks.scale.shape[1]
+    # (panel, row, group, word, pair k, half h) -> (..., word, half h, pair k): column 4w + 2k + h at byte 2h + k
+    by_half = whole_panels(blocks.codes, panel_rows).view(panels, panel_rows, groups, 8, 2, 2).transpose(-1, -2)
+    words = by_half.reshape(panels, panel_rows, groups, 8, 4).permute(0, 2, 3, 1, 4)  # (panel, group, word, row, byte)
+    codes = words.reshape(panels, groups, -1).view(torch.uint8)
+    return torch.cat((codes, group_halves(blocks.scale, panel_rows)), dim=2).reshape(-1)
+
+
+def head_panels(head: nn.Module) -> int:
+    """The kind of panels an int4 model's head takes: Q8_0's for an Int8GroupedLinear, else int4's without minimums
+    where each is -8 times its scale (Q4_0's), else with them."""
+    if isinstance(head, Int8GroupedLinear):
+        return INT8_PANELS
+    return INT4_SYMMETRIC_PANELS if head.symmetric() else INT4_PANELS
+
+
+def grouped_panel_bytes(product: nn.Module, panel_rows: int, kind: int) -> int:
+    """The bytes grouped_panels makes of a whole product."""
+    if kind == INT8_PANELS:
+        return int8_panel_bytes(product, panel_rows)
+    return int4_panel_bytes(product, panel_rows, minimums=kind == INT4_PANELS)
+
+
+def grouped_panels(product: nn.Module, start: int, stop: int, panel_rows: int, kind: int) -> torch.Tensor:
+    """Rows start .. stop - 1 (whole panels') of an Int4Linear or Int8GroupedLinear in the step's panels of `kind`,
+    its blocks read for them alone (row_blocks)."""
+    blocks = product.row_blocks(start, stop)
+    if kind == INT8_PANELS:
+        return int8_panels(blocks, panel_rows)
+    return int4_panels(Int4Linear(*blocks, product.in_features, None), panel_rows, minimums=kind == INT4_PANELS)
 
 
 def packed(

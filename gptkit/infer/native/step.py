@@ -5,7 +5,8 @@ What it serves: every architecture model.py builds, in float32 or bfloat16 weigh
 (gptkit.weights.quantization's Int8Linear: one scale per row; each product's float32 input is rounded to 16-bit
 integers with one scale, so that the products run in integer lanes), or int4 ones (Int4Linear, GGUF's Q4_1: the
 codes widened to 16-bit integers in registers and multiplied by the inputs rounded to 16-bit integers with one scale
-per group of 32 values, in panels of rows):
+per group of 32 values, in panels of rows; the head of such a model may be a GGUF file's Q8_0, Int8GroupedLinear,
+read as its 8-bit codes the same way):
 learned, sinusoidal or rotary positions (the model's own cos and sin tables, so a rope_scaling is exact); LayerNorm or
 RMSNorm, with or without a weight or bias; the GELU (tanh or exact), squared-ReLU or SwiGLU MLP; multi-head or
 grouped-query attention, heads of any width; QK-norm with or without a weight; a Q, K, V bias of its own; a norm of
@@ -36,8 +37,11 @@ from gptkit.infer.backend import EagerBackend
 from gptkit.infer.memory import huge_page_zeros
 from gptkit.infer.native import build
 from gptkit.infer.native.packing import (
-    int4_panel_bytes,
-    int4_panels,
+    INT4_PANELS,
+    INT4_SYMMETRIC_PANELS,
+    grouped_panel_bytes,
+    grouped_panels,
+    head_panels,
     int4_weights,
     int8_weights,
     layer_tensors,
@@ -46,7 +50,7 @@ from gptkit.infer.native.packing import (
     vector_sizes,
     weight_and_scale,
 )
-from gptkit.weights.quantization import FileEmbedding, Int4Linear, Int8Linear
+from gptkit.weights.quantization import FileEmbedding, Int4Linear, Int8GroupedLinear, Int8Linear
 
 if TYPE_CHECKING:
     from gptkit.infer.engine import KVCache
@@ -65,8 +69,9 @@ def native_problem(model: nn.Module, dtype: torch.dtype) -> str | None:
     if dtype not in (torch.float32, torch.bfloat16):
         return f"the native step computes in float32 or bfloat16, not {str(dtype).removeprefix('torch.')}"
     products = 4 * config.n_layer + 1
+    q8_0_head = isinstance(model.lm_head, Int8GroupedLinear)  # beside int4 layers (a GGUF file's Q8_0 head)
     for kind, layer in (("int8", Int8Linear), ("int4", Int4Linear)):
-        if sum(isinstance(m, layer) for m in model.modules()) == products:
+        if sum(isinstance(m, layer) for m in model.modules()) == products - (q8_0_head and kind == "int4"):
             return None if dtype == torch.float32 else f"the native step's {kind} products compute in float32 only"
     if sum(isinstance(m, nn.Linear) for m in model.modules()) != products:
         return (
@@ -116,13 +121,15 @@ class NativeStep:
         )
         self.panel_rows = 0  # float32 matrices' panels: 32 rows with AVX-512, 16 with AVX2 (none without vectors)
         # int4 panels without minimums where every one of the layers' products has minimums -8 times its scales
-        # (Q4_0's blocks); the head's panels are of its own kind (a file's Q4_0 products may come with a Q4_1 head)
+        # (Q4_0's blocks); the head's panels are of its own kind (a file's Q4_0 products may come with a Q4_1 or a Q8_0
+        # head)
         int4 = self.weights == "int4"
         self.symmetric_int4 = int4 and all(product.symmetric() for product in products[:-1])
-        self.symmetric_head = int4 and products[-1].symmetric()
+        self.head_panels = head_panels(products[-1]) if int4 else INT4_PANELS
         if int4:
-            minimums = [not self.symmetric_int4] * (len(products) - 1) + [not self.symmetric_head]
-            self.matrices, self.scales = self._int4_matrices(products, minimums), torch.empty(0)
+            layer_panels = INT4_SYMMETRIC_PANELS if self.symmetric_int4 else INT4_PANELS
+            kinds = [layer_panels] * (len(products) - 1) + [self.head_panels]
+            self.matrices, self.scales = self._grouped_matrices(products, kinds), torch.empty(0)
         else:
             matrices, scales = zip(*map(weight_and_scale, products))
             int8 = self.weights == "int8"
@@ -145,7 +152,7 @@ class NativeStep:
             self.embedding = transformer.wte.weight.detach().to(dtype).contiguous()
         self.positions = self._position_table(model)
         flags = [config.norm == "rmsnorm", config.qk_norm, config.pos_encoding == "rope", config.embed_norm]
-        flags += [self.symmetric_int4, self.symmetric_head]
+        flags += [self.symmetric_int4, self.head_panels]
         self.shapes = [config.n_embd, config.mlp_hidden, config.vocab_size, config.n_layer, config.n_head]
         self.shapes += [config.n_kv_head, config.head_dim, *map(int, flags)]
         self.activation = ACTIVATIONS[config.activation]
@@ -160,21 +167,20 @@ class NativeStep:
         self.prefill_kernel = build.extension().prefill
 
     @staticmethod
-    def _int4_matrices(products: Sequence[Int4Linear], minimums: Sequence[bool]) -> torch.Tensor:
-        """The int4 products' weights in the step's panels (int4_panels, each with or without minimums as `minimums`
-        says), back to back. A product's panels lie one after another, so it is packed some PACKED_WEIGHTS weights
-        (whole panels) at a time: besides the buffer there are only one slice's blocks and panels, small enough for the
-        allocator to reuse their memory, and the blocks of a product left in a file (FileInt4Linear) are read a slice
-        at a time."""
+    def _grouped_matrices(products: Sequence[nn.Module], kinds: Sequence[int]) -> torch.Tensor:
+        """The int4 products' weights (and a Q8_0 head's) in the step's panels, each of its kind (grouped_panels),
+        back to back. A product's panels lie one after another, so it is packed some PACKED_WEIGHTS weights (whole
+        panels) at a time: besides the buffer there are only one slice's blocks and panels, small enough for the
+        allocator to reuse their memory, and the blocks of a product left in a file (FileInt4Linear,
+        Int8GroupedLinear) are read a slice at a time."""
         rows = build.extension().int4_panel_rows()
-        sizes = [int4_panel_bytes(product, rows, with_minimums) for product, with_minimums in zip(products, minimums)]
+        sizes = [grouped_panel_bytes(product, rows, kind) for product, kind in zip(products, kinds)]
         buffer = huge_page_zeros(sum(sizes), torch.uint8)
         start = 0
-        for product, with_minimums in zip(products, minimums):
+        for product, kind in zip(products, kinds):
             step = max(1, PACKED_WEIGHTS // product.in_features // rows) * rows
             for first in range(0, product.out_features, step):
-                piece = Int4Linear(*product.row_blocks(first, first + step), product.in_features, None)
-                panels = int4_panels(piece, rows, with_minimums)
+                panels = grouped_panels(product, first, first + step, rows, kind)
                 buffer[start : start + panels.numel()] = panels
                 start += panels.numel()
         return buffer

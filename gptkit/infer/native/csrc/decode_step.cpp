@@ -81,7 +81,8 @@ void with_weight_type(DType dtype, const Shapes& s, Call&& call) {
 }
 
 // The shapes (embd, hidden, vocab, layers, heads, kv_heads, head_dim, then 0 or 1 for: RMSNorm, QK-norm, rotary
-// positions, a norm of the embeddings, the layers' int4 panels without minimums, the head's) with the activation
+// positions, a norm of the embeddings, the layers' int4 panels without minimums; then the int4 head's panels' kind,
+// a Grouped) with the activation
 // (kSwiglu: a gated MLP), checked against the buffers' sizes and the cache's layout; constants: the norms' epsilon,
 // QK-norm's, the logits' soft cap (0: none).
 Shapes checked_shapes(const std::vector<int64_t>& shapes, int64_t activation, const std::vector<double>& constants,
@@ -89,9 +90,11 @@ Shapes checked_shapes(const std::vector<int64_t>& shapes, int64_t activation, co
                       const std::vector<Buffer>& values) {
   check(shapes.size() == 13 && constants.size() == 3,
         "shapes: embd, hidden, vocab, layers, heads, kv_heads, head_dim, rms, qk_norm, rotary, embed_norm, "
-        "symmetric_int4, symmetric_head");
+        "symmetric_int4, head_panels");
+  check(0 <= shapes[12] && shapes[12] <= static_cast<int64_t>(Grouped::kInt8), "head_panels: a Grouped kind");
   const Shapes s{shapes[0], shapes[1], shapes[2], shapes[3], shapes[4], shapes[5], shapes[6], activation == kSwiglu,
-                 shapes[7] != 0, shapes[8] != 0, shapes[9] != 0, shapes[10] != 0, shapes[11] != 0, shapes[12] != 0};
+                 shapes[7] != 0, shapes[8] != 0, shapes[9] != 0, shapes[10] != 0, shapes[11] != 0,
+                 static_cast<Grouped>(shapes[12])};
   check(s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.head_dim > 0 && (!s.rotary || s.head_dim % 2 == 0),
         "heads: a multiple of kv_heads; head_dim: positive (even with rotary positions)");
   check(0 <= activation && activation <= kSwiglu, "activation: an Activation code");

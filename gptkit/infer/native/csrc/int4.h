@@ -1,6 +1,7 @@
-// int4 products (gptkit.weights.quantization's Int4Linear, GGUF's Q4_0 and Q4_1): the codes widened to 16-bit
-// integer lanes in registers and multiplied by the inputs rounded to 16-bit integers (one scale per group of 32
-// values), in exact int32 sums, a panel of rows at a time, as int8 rows meet their 16-bit inputs (dots.h).
+// Grouped products: int4 (gptkit.weights.quantization's Int4Linear, GGUF's Q4_0 and Q4_1) and GGUF's Q8_0 (a head's,
+// Int8GroupedLinear): the codes widened to 16-bit integer lanes in registers and multiplied by the inputs rounded to
+// 16-bit integers (one scale per group of 32 values), in exact int32 sums, a panel of rows at a time, as int8 rows
+// meet their 16-bit inputs (dots.h).
 
 #pragma once
 
@@ -32,6 +33,23 @@ struct Stored<Int4Symmetric> {
 template <typename W>
 constexpr bool IS_INT4 = std::is_same_v<W, Int4> || std::is_same_v<W, Int4Symmetric>;
 
+// int8 weights of GGUF's Q8_0: codes q in -127 .. 127 in groups of INT4_GROUP along a row, each group with a float16
+// scale: weight = scale * q. Here only a head's kind, beside int4 layers (Shapes::head_panels): 4-bit GGUF files often
+// keep their head in Q8_0, which then decodes in its own precision.
+struct Int8Grouped {
+  uint8_t bits;
+};
+template <>
+struct Stored<Int8Grouped> {
+  using type = float;
+};
+template <typename W>
+constexpr bool IS_GROUPED = IS_INT4<W> || std::is_same_v<W, Int8Grouped>;
+
+// The kinds of grouped panels, as Shapes::head_panels names them (gptkit/infer/native/packing.py numbers them alike:
+// INT4_PANELS, INT4_SYMMETRIC_PANELS, INT8_PANELS).
+enum class Grouped : int64_t { kInt4 = 0, kInt4Symmetric = 1, kInt8 = 2 };
+
 // int4 matrices lie in panels of INT4_PANEL rows (a 32-bit lane each; the last panel filled up with rows of zeros),
 // each a record per group of INT4_GROUP columns: the codes, then the rows' scales, then their minimums (float16; no
 // minimums for Int4Symmetric). The codes are 4 words of 32 bits per row, word w of row r at (w * INT4_PANEL + r) * 4
@@ -48,10 +66,17 @@ constexpr int64_t INT4_PANEL = LANES;
 #else
 constexpr int64_t INT4_PANEL = 8;
 #endif
-constexpr int64_t INT4_CODE_BYTES = INT4_GROUP / 2 * INT4_PANEL;
-// the codes, and a float16 scale and minimum a row (Int4Symmetric: a scale)
+// Int8Grouped's panels are int4's but for the codes: 8 words of 32 bits per row, word w of row r at
+// (w * INT4_PANEL + r) * 4 bytes, its bytes holding the codes of columns 4w, 4w + 2, 4w + 1 and 4w + 3 in that order,
+// so that arithmetic shifts within each 16 bits (int8_pair) leave columns 4w and 4w + 1, or 4w + 2 and 4w + 3, as two
+// sign-extended 16-bit integers: the same pairs for the same integer multiply-add.
 template <typename W>
-constexpr int64_t INT4_RECORD = INT4_CODE_BYTES + (std::is_same_v<W, Int4> ? 2 : 1) * 2 * INT4_PANEL;
+constexpr int64_t WORDS = std::is_same_v<W, Int8Grouped> ? 8 : 4;  // words of codes a row's group takes
+template <typename W>
+constexpr int64_t CODE_BYTES = WORDS<W> * 4 * INT4_PANEL;
+// the codes, and a float16 scale and minimum a row (Int4Symmetric and Int8Grouped: a scale)
+template <typename W>
+constexpr int64_t GROUPED_RECORD = CODE_BYTES<W> + (std::is_same_v<W, Int4> ? 2 : 1) * 2 * INT4_PANEL;
 inline int64_t int4_groups(int64_t columns) { return (columns + INT4_GROUP - 1) / INT4_GROUP; }
 
 // The largest |integer| an input value of an int4 product takes: a group's sum of 32 products of a code (at most 15)
@@ -171,11 +196,13 @@ struct ProductInput<Int4> {
   }
 };
 
-// Int4Symmetric's inputs are Int4's.
+// Int4Symmetric's and Int8Grouped's inputs are Int4's.
 template <>
 struct ProductInput<Int4Symmetric> : ProductInput<Int4> {};
+template <>
+struct ProductInput<Int8Grouped> : ProductInput<Int4> {};
 
-// Which records a pass over an int4 panel asks the L2 cache for (int4_panel_dots), as float32 panels do (Prefetch):
+// Which records a pass over an int4 panel asks the L2 cache for (grouped_panel_dots), as float32 panels do (Prefetch):
 // one pass, the record INT4_AHEAD bytes on from each it reads; several passes over a panel, the later ones reading it
 // from the cache, take turns asking for the next panel's records (`from` on).
 struct RecordPrefetch {
@@ -199,6 +226,8 @@ inline Ints add_ints(Ints a, Ints b) { return _mm512_add_epi32(a, b); }
 inline Ints and_ints(Ints a, Ints b) { return _mm512_and_si512(a, b); }
 inline Ints shift_right_32(Ints v, int bits) { return _mm512_srli_epi32(v, bits); }
 inline Ints shift_right_16(Ints v, int bits) { return _mm512_srli_epi16(v, bits); }
+inline Ints shift_left_16(Ints v, int bits) { return _mm512_slli_epi16(v, bits); }
+inline Ints shift_right_signed_16(Ints v, int bits) { return _mm512_srai_epi16(v, bits); }
 inline Vec to_floats(Ints v) { return _mm512_cvtepi32_ps(v); }
 // LANES float16 values as float32 lanes.
 inline Vec load_halves(const uint8_t* p) {
@@ -214,6 +243,8 @@ inline Ints add_ints(Ints a, Ints b) { return _mm256_add_epi32(a, b); }
 inline Ints and_ints(Ints a, Ints b) { return _mm256_and_si256(a, b); }
 inline Ints shift_right_32(Ints v, int bits) { return _mm256_srli_epi32(v, bits); }
 inline Ints shift_right_16(Ints v, int bits) { return _mm256_srli_epi16(v, bits); }
+inline Ints shift_left_16(Ints v, int bits) { return _mm256_slli_epi16(v, bits); }
+inline Ints shift_right_signed_16(Ints v, int bits) { return _mm256_srai_epi16(v, bits); }
 inline Vec to_floats(Ints v) { return _mm256_cvtepi32_ps(v); }
 inline Vec load_halves(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -228,6 +259,21 @@ inline Ints int4_pair(Ints word, int64_t k) {
   return and_ints(k == 0 ? word : shift_right_32(word, static_cast<int>(4 * k)), low_nibbles);
 }
 
+// Int8Grouped's column pair k (0 or 1) of each lane's word: the codes of columns 4w + 2k and 4w + 2k + 1 as the low
+// and the high 16 bits of the lane, sign-extended (see WORDS).
+inline Ints int8_pair(Ints word, int64_t k) {
+  return shift_right_signed_16(k == 0 ? shift_left_16(word, 8) : word, 8);
+}
+
+// Column pair k of each lane's word, as the records of W hold them.
+template <typename W>
+inline Ints code_pair(Ints word, int64_t k) {
+  if constexpr (std::is_same_v<W, Int8Grouped>)
+    return int8_pair(word, k);
+  else
+    return int4_pair(word, k);
+}
+
 // Input values c and c + 1 (16-bit integers, c even) as one 32-bit pair in every lane.
 inline Ints splat_pair(const int16_t* x) {
   int32_t pair;
@@ -239,7 +285,7 @@ inline Ints splat_pair(const int16_t* x) {
 template <typename W>
 inline void prefetch_record(const uint8_t* at) {
   const char* lines = reinterpret_cast<const char*>(at);
-  for (int64_t line = 0; line < INT4_RECORD<W>; line += 64) _mm_prefetch(lines + line, _MM_HINT_T1);
+  for (int64_t line = 0; line < GROUPED_RECORD<W>; line += 64) _mm_prefetch(lines + line, _MM_HINT_T1);
 }
 
 // out[t * INT4_PANEL + r] = row r of an int4 panel (`groups` records from `panel`) times input t (in: as
@@ -248,22 +294,22 @@ inline void prefetch_record(const uint8_t* at) {
 // so that 4 or more independent sums hide the multiply-add's latency), converted to float32 once a group and then
 // scaled by the rows' scales times the input's group scale. Int4's minimums meet the group's sum; Int4Symmetric's
 // (-8 times the scales) are its sums' start, the integers' sum times -8: sum_j (q_j - 8) x_j, exact and below 2^24
-// in magnitude, where two float32 terms of the size of 8 sum_j x_j would cancel. W: Int4 or Int4Symmetric, the
-// records' kind.
+// in magnitude, where two float32 terms of the size of 8 sum_j x_j would cancel. Int8Grouped's sums (codes up to 127)
+// reach 2^27: exact in int32, rounded once to float32. W: Int4, Int4Symmetric or Int8Grouped, the records' kind.
 template <typename W, int64_t T>
-void int4_panel_dots(const uint8_t* panel, int64_t groups, const GroupedInputs& in, float* out,
-                     RecordPrefetch prefetch) {
-  constexpr int64_t SPLIT = T == 1 ? 4 : T < 4 ? 2 : 1;
-  constexpr bool symmetric = std::is_same_v<W, Int4Symmetric>;
+void grouped_panel_dots(const uint8_t* panel, int64_t groups, const GroupedInputs& in, float* out,
+                        RecordPrefetch prefetch) {
+  constexpr int64_t SPLIT = T == 1 ? 4 : T < 4 ? 2 : 1, PAIRS = INT4_GROUP / 2 / WORDS<W>;  // a word's pairs
+  constexpr bool symmetric = std::is_same_v<W, Int4Symmetric>, minimums = std::is_same_v<W, Int4>;
   Vec totals[T];
 #pragma GCC unroll 12
   for (int64_t t = 0; t < T; ++t) totals[t] = splat(0.0f);
   int64_t wait = prefetch.turn;  // records until this pass's next one to ask for
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* record = panel + g * INT4_RECORD<W>;
+    const uint8_t* record = panel + g * GROUPED_RECORD<W>;
     if (wait-- == 0) {
       wait = prefetch.turns - 1;
-      prefetch_record<W>(prefetch.from + g * INT4_RECORD<W>);
+      prefetch_record<W>(prefetch.from + g * GROUPED_RECORD<W>);
     }
     Ints parts[SPLIT][T];
 #pragma GCC unroll 12
@@ -272,20 +318,20 @@ void int4_panel_dots(const uint8_t* panel, int64_t groups, const GroupedInputs& 
     for (int64_t s = 1; s < SPLIT; ++s)
 #pragma GCC unroll 12
       for (int64_t t = 0; t < T; ++t) parts[s][t] = zero_ints();
-#pragma GCC unroll 4
-    for (int64_t w = 0; w < 4; ++w) {
+#pragma GCC unroll 8
+    for (int64_t w = 0; w < WORDS<W>; ++w) {
       const Ints word = load_word(record + w * INT4_PANEL * 4);
 #pragma GCC unroll 4
-      for (int64_t k = 0; k < 4; ++k) {
-        const Ints codes = int4_pair(word, k);
-        const int64_t c = g * INT4_GROUP + 8 * w + 2 * k, s = (4 * w + k) % SPLIT;
+      for (int64_t k = 0; k < PAIRS; ++k) {
+        const Ints codes = code_pair<W>(word, k);
+        const int64_t c = g * INT4_GROUP + 2 * PAIRS * w + 2 * k, s = (PAIRS * w + k) % SPLIT;
         // dots.h: each lane's two codes times the input's pair
 #pragma GCC unroll 12
         for (int64_t t = 0; t < T; ++t) parts[s][t] = add_products(parts[s][t], codes, splat_pair(in.integers[t] + c));
       }
     }
-    const Vec scale = load_halves(record + INT4_CODE_BYTES);
-    const Vec minimum = symmetric ? splat(0.0f) : load_halves(record + INT4_CODE_BYTES + 2 * INT4_PANEL);
+    const Vec scale = load_halves(record + CODE_BYTES<W>);
+    const Vec minimum = minimums ? load_halves(record + CODE_BYTES<W> + 2 * INT4_PANEL) : splat(0.0f);
 #pragma GCC unroll 12
     for (int64_t t = 0; t < T; ++t) {
       Ints dots = parts[0][t];
@@ -293,52 +339,56 @@ void int4_panel_dots(const uint8_t* panel, int64_t groups, const GroupedInputs& 
       for (int64_t s = 1; s < SPLIT; ++s) dots = add_ints(dots, parts[s][t]);
       const Vec scaled = mul(scale, splat(in.scales[t][g]));
       totals[t] = fmadd(scaled, to_floats(dots), totals[t]);
-      if constexpr (!symmetric) totals[t] = fmadd(minimum, splat(in.sums[t][g]), totals[t]);
+      if constexpr (minimums) totals[t] = fmadd(minimum, splat(in.sums[t][g]), totals[t]);
     }
   }
 #pragma GCC unroll 12
   for (int64_t t = 0; t < T; ++t) store(out + t * INT4_PANEL, totals[t]);
 }
 
-// int4_panel_dots for `count` (1 to INT4_TOKENS) inputs.
+// grouped_panel_dots for `count` (1 to INT4_TOKENS) inputs.
 template <typename W, int64_t... T>
-void int4_panel_dots_for(std::integer_sequence<int64_t, T...>, int64_t count, const uint8_t* panel, int64_t groups,
-                         const GroupedInputs& in, float* out, RecordPrefetch prefetch) {
-  ((count == T + 1 ? int4_panel_dots<W, T + 1>(panel, groups, in, out, prefetch) : void()), ...);
+void grouped_panel_dots_for(std::integer_sequence<int64_t, T...>, int64_t count, const uint8_t* panel,
+                            int64_t groups, const GroupedInputs& in, float* out, RecordPrefetch prefetch) {
+  ((count == T + 1 ? grouped_panel_dots<W, T + 1>(panel, groups, in, out, prefetch) : void()), ...);
 }
 
-// One pass over an int4 panel (records of W) for `count` (1 to INT4_TOKENS) inputs: int4_panel_dots.
+// One pass over an int4 panel (records of W) for `count` (1 to INT4_TOKENS) inputs: grouped_panel_dots.
 template <typename W>
-void int4_panel_pass(const uint8_t* panel, int64_t groups, const GroupedInputs& in, int64_t count, float* out,
-                     RecordPrefetch prefetch) {
-  int4_panel_dots_for<W>(std::make_integer_sequence<int64_t, INT4_TOKENS>{}, count, panel, groups, in, out, prefetch);
+void grouped_panel_pass(const uint8_t* panel, int64_t groups, const GroupedInputs& in, int64_t count, float* out,
+                        RecordPrefetch prefetch) {
+  grouped_panel_dots_for<W>(std::make_integer_sequence<int64_t, INT4_TOKENS>{}, count, panel, groups, in, out,
+                            prefetch);
 }
 #else
 constexpr int64_t INT4_TOKENS = 8;
 
-// int4_panel_dots in plain loops (builds without vector lanes): the same codes, integers, scales and sums.
+// grouped_panel_dots in plain loops (builds without vector lanes): the same codes, integers, scales and sums.
 template <typename W>
-void int4_panel_pass(const uint8_t* panel, int64_t groups, const GroupedInputs& in, int64_t count, float* out,
-                     RecordPrefetch) {
-  constexpr bool symmetric = std::is_same_v<W, Int4Symmetric>;
+void grouped_panel_pass(const uint8_t* panel, int64_t groups, const GroupedInputs& in, int64_t count, float* out,
+                        RecordPrefetch) {
+  constexpr bool symmetric = std::is_same_v<W, Int4Symmetric>, minimums = std::is_same_v<W, Int4>;
+  constexpr int64_t PAIRS = INT4_GROUP / 2 / WORDS<W>;
   for (int64_t t = 0; t < count; ++t)
     for (int64_t r = 0; r < INT4_PANEL; ++r) {
       float total = 0.0f;
       for (int64_t g = 0; g < groups; ++g) {
-        const uint8_t* record = panel + g * INT4_RECORD<W>;
+        const uint8_t* record = panel + g * GROUPED_RECORD<W>;
         int32_t dots = symmetric ? in.offsets[t][g] : 0;
-        for (int64_t w = 0; w < 4; ++w) {
+        for (int64_t w = 0; w < WORDS<W>; ++w) {
           uint32_t word;
           std::memcpy(&word, record + (w * INT4_PANEL + r) * 4, sizeof(word));
-          for (int64_t k = 0; k < 4; ++k)
+          for (int64_t k = 0; k < PAIRS; ++k)
             for (int64_t half = 0; half < 2; ++half) {
-              const int32_t code = static_cast<int32_t>((word >> (16 * half + 4 * k)) & 15u);
-              dots += code * in.integers[t][g * INT4_GROUP + 8 * w + 2 * k + half];
+              const int32_t code = std::is_same_v<W, Int8Grouped>
+                                       ? static_cast<int8_t>((word >> (8 * (2 * half + k))) & 255u)
+                                       : static_cast<int32_t>((word >> (16 * half + 4 * k)) & 15u);
+              dots += code * in.integers[t][g * INT4_GROUP + 2 * PAIRS * w + 2 * k + half];
             }
         }
-        const auto* halves = reinterpret_cast<const c10::Half*>(record + INT4_CODE_BYTES);
+        const auto* halves = reinterpret_cast<const c10::Half*>(record + CODE_BYTES<W>);
         total += static_cast<float>(halves[r]) * in.scales[t][g] * static_cast<float>(dots);
-        if (!symmetric) total += static_cast<float>(halves[INT4_PANEL + r]) * in.sums[t][g];
+        if (minimums) total += static_cast<float>(halves[INT4_PANEL + r]) * in.sums[t][g];
       }
       out[t * INT4_PANEL + r] = total;
     }
@@ -349,9 +399,9 @@ void int4_panel_pass(const uint8_t* panel, int64_t groups, const GroupedInputs& 
 // INT4_TOKENS inputs take one pass over each panel, straight from memory; more take several passes, the later ones
 // from the cache, each asking for its turn of the next panel's records (RecordPrefetch).
 template <typename W>
-void int4_product(const Matrix<W>& m, int64_t first, int64_t last, const ProductInput<Int4>& in, int64_t count,
-                  float* out) {
-  const int64_t groups = int4_groups(m.columns), panel_bytes = groups * INT4_RECORD<W>, width = last - first;
+void grouped_product(const Matrix<W>& m, int64_t first, int64_t last, const ProductInput<Int4>& in, int64_t count,
+                     float* out) {
+  const int64_t groups = int4_groups(m.columns), panel_bytes = groups * GROUPED_RECORD<W>, width = last - first;
   const int64_t passes = (count + INT4_TOKENS - 1) / INT4_TOKENS;
   const uint8_t* bytes = reinterpret_cast<const uint8_t*>(m.values);
   float results[INT4_TOKENS * INT4_PANEL];
@@ -362,7 +412,7 @@ void int4_product(const Matrix<W>& m, int64_t first, int64_t last, const Product
       const int64_t token = pass * count / passes, tokens = (pass + 1) * count / passes - token;  // even passes
       const RecordPrefetch prefetch = passes == 1 ? RecordPrefetch{panel + INT4_AHEAD, 0, 1}
                                                   : RecordPrefetch{panel + panel_bytes, pass, passes};
-      int4_panel_pass<W>(panel, groups, in.from(token), tokens, results, prefetch);
+      grouped_panel_pass<W>(panel, groups, in.from(token), tokens, results, prefetch);
       for (int64_t t = 0; t < tokens; ++t)
         std::copy(results + t * INT4_PANEL + from - start, results + t * INT4_PANEL + to - start,
                   out + (token + t) * width + from - first);

@@ -10,11 +10,12 @@
 
 namespace {
 
-// The elements of type W a (rows, columns) matrix takes in the packed buffer: for int4, the bytes of its panels.
+// The elements of type W a (rows, columns) matrix takes in the packed buffer: for grouped weights (int4, Q8_0), the
+// bytes of its panels.
 template <typename W>
 inline int64_t matrix_size(int64_t rows, int64_t columns) {
-  if constexpr (IS_INT4<W>)
-    return (rows + INT4_PANEL - 1) / INT4_PANEL * int4_groups(columns) * INT4_RECORD<W>;
+  if constexpr (IS_GROUPED<W>)
+    return (rows + INT4_PANEL - 1) / INT4_PANEL * int4_groups(columns) * GROUPED_RECORD<W>;
   else
     return rows * columns;
 }
@@ -66,11 +67,11 @@ void product_tokens(const Matrix<W>& m, int64_t first, int64_t last, const Produ
 }
 void product_tokens(const Matrix<Int4>& m, int64_t first, int64_t last, const ProductInput<Int4>& in, int64_t count,
                     float* out) {
-  int4_product(m, first, last, in, count, out);
+  grouped_product(m, first, last, in, count, out);
 }
 void product_tokens(const Matrix<Int4Symmetric>& m, int64_t first, int64_t last,
                     const ProductInput<Int4Symmetric>& in, int64_t count, float* out) {
-  int4_product(m, first, last, in, count, out);
+  grouped_product(m, first, last, in, count, out);
 }
 
 }  // namespace
