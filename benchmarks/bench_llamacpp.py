@@ -12,6 +12,7 @@ new_tokens after the same prompt in every row, with top-k sampling:
     blocks left in the file, its head in its own q8_0 blocks (the file's precision, the bytes llama.cpp reads)
   ours_int4: the same as sample.py --init_from=FILE.gguf --quantize=int4 reads it: its own blocks, and its head
     (q8_0) quantized to 4 bits
+  ours_q8_0: the q8_0 file read as sample.py --init_from=FILE.gguf reads it: its own blocks left in the file
   llamacpp_f32, llamacpp_q8_0, llamacpp_q4_0: llama.cpp on the f32, q8_0 and q4_0 files, every row a sequence of
     one batch, each sampled by its own top-k sampler
 Repeats go round-robin over the paths (measure.time_paths), so load from other work slows every path alike.
@@ -45,10 +46,12 @@ from gptkit.weights.quantization import apply_quantization, quantize_int8
 from measure import MODEL_SHAPES, print_table, read_bandwidth, run_benchmark, time_paths
 
 SHAPES = {name: MODEL_SHAPES[name] for name in ("smollm2-135m", "gpt2-124m", "smollm2-1.7b")}  # llama.cpp holds
-PATHS = ("ours_f32", "ours_int8", "ours_int4", "ours_q4_0", "llamacpp_f32", "llamacpp_q8_0", "llamacpp_q4_0")
+PATHS = ("ours_f32", "ours_int8", "ours_int4", "ours_q4_0", "ours_q8_0")
+PATHS += ("llamacpp_f32", "llamacpp_q8_0", "llamacpp_q4_0")
 FILE_OF = {
     "ours_int4": "q4_0",
     "ours_q4_0": "q4_0",
+    "ours_q8_0": "q8_0",
     "llamacpp_f32": "f32",
     "llamacpp_q8_0": "q8_0",
     "llamacpp_q4_0": "q4_0",
@@ -58,8 +61,9 @@ AGAINST = {
     "ours_int8": "llamacpp_q8_0",
     "ours_int4": "llamacpp_q4_0",
     "ours_q4_0": "llamacpp_q4_0",
+    "ours_q8_0": "llamacpp_q8_0",
 }
-GGUF_QUANTIZE = {"ours_int4": "int4", "ours_q4_0": "none"}  # our paths on the q4_0 file: sample.py's --quantize
+GGUF_QUANTIZE = {"ours_int4": "int4", "ours_q4_0": "none", "ours_q8_0": "none"}  # our paths on a file: its --quantize
 
 
 @dataclass
@@ -175,8 +179,8 @@ def our_models(model: GPT, paths: list[str], files: dict[str, Path]) -> dict[str
     shape's float32 copy is 6.8 GB)."""
     models = {}
     for path, quantize in GGUF_QUANTIZE.items():
-        if path in paths:  # as sample.py reads it on the CPU: its Q4_0 matrices left in the file
-            loaded = load(str(files["q4_0"]), tokenizer=False, keep_int4=True)
+        if path in paths:  # as sample.py reads it on the CPU: its Q4_0 or Q8_0 matrices left in the file
+            loaded = load(str(files[FILE_OF[path]]), tokenizer=False, keep_int4=True)
             models[path] = apply_quantization(loaded.model.eval(), quantize)
     if "ours_f32" in paths:
         models["ours_f32"] = model
@@ -241,8 +245,8 @@ def bench_shape(cfg: LlamaCppBench, shape: str, directory: Path) -> list[dict]:
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """x_llamacpp: each of our paths against llama.cpp on the same precision's file; x_int8: our paths on the q4_0
-    file against int8; each of the whole runs' tokens/s, and with the suffix _generation of the generation's alone."""
+    """x_llamacpp: each of our paths against llama.cpp on the same precision's file; x_int8: our paths on a GGUF file
+    against int8; each of the whole runs' tokens/s, and with the suffix _generation of the generation's alone."""
     for measure, suffix in (("tokens_per_s", ""), ("generation_tokens_per_s", "_generation")):
         speed = {(row["batch"], row["path"]): row[measure] for row in rows}
         for row in rows:

@@ -643,24 +643,41 @@ def with_16_bit_group_inputs(model: Any) -> Any:
     return reference
 
 
-def with_q8_0_head(model: Any) -> Any:
-    """`model` (in place, returned) with its head (a Linear or Int4Linear) an Int8GroupedLinear of its weight's Q8_0
-    blocks, quantized here as ggml's reference quantizer does: per group of 32, d = largest |w| / 127 and
-    code = round(w / d), d stored as float16 (its rows whole groups: n_embd a multiple of 32)."""
+def q8_0_linear(product: Any) -> Any:
+    """An Int8GroupedLinear of the Q8_0 blocks of `product`'s weight (a Linear's or an Int4Linear's; its rows whole
+    groups of 32), quantized here as ggml's reference quantizer does: per group, d = largest |w| / 127 and
+    code = round(w / d), d stored as float16; its bias kept."""
     import torch
 
     from gptkit.weights.quantization import Int8Blocks, Int8GroupedLinear
 
-    head = model.lm_head
-    weight = (head.weight if isinstance(head, torch.nn.Linear) else head.dequantized_weight()).detach().double()
+    linear = isinstance(product, torch.nn.Linear)
+    weight = (product.weight if linear else product.dequantized_weight()).detach().double()
     groups = weight.view(weight.shape[0], -1, 32)
     d = groups.abs().amax(dim=-1) / 127
     inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
-    codes = torch.round(groups * inverse[..., None]).to(torch.int8)
-    blocks = Int8Blocks(codes, d.half())
-    model.lm_head = Int8GroupedLinear(
-        lambda start, stop: Int8Blocks(blocks.codes[start:stop], blocks.scale[start:stop]), *weight.shape
-    )
+    blocks = Int8Blocks(torch.round(groups * inverse[..., None]).to(torch.int8), d.half())
+    bias = None if product.bias is None else product.bias.detach().float().clone()
+    return Int8GroupedLinear(lambda start, stop: blocks.rows(lambda part: part[start:stop]), *weight.shape, bias)
+
+
+def with_q8_0_head(model: Any) -> Any:
+    """`model` (in place, returned) with its head the Int8GroupedLinear of its Q8_0 blocks (q8_0_linear)."""
+    model.lm_head = q8_0_linear(model.lm_head)
+    return model
+
+
+def as_q8_0(model: Any) -> Any:
+    """`model` (in place, returned) with every product, the head's too, the Int8GroupedLinear of its Q8_0 blocks
+    (q8_0_linear): a Q8_0 file's model."""
+    import torch
+
+    from gptkit.weights.quantization import Int4Linear
+
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, (torch.nn.Linear, Int4Linear)):
+                setattr(module, name, q8_0_linear(child))
     return model
 
 

@@ -34,7 +34,8 @@ class Decoding:
         "auto",
         "auto: the fastest backend for the device, weights and batch (CPU: the native step, else oneDNN for "
         "several rows; CUDA: CUDA graphs) | eager: plain PyTorch | compiled: torch.compile (the first step compiles, "
-        "about a minute) | native: one C++ call a step, of one row or several (CPU; float32, bfloat16, int8 or int4; "
+        "about a minute) | native: one C++ call a step, of one row or several (CPU; float32, bfloat16, int8, int4 or GGUF "
+        "Q8_0; "
         "built at set-up: python -m gptkit.infer.native --build)",
         choices=DECODE_CHOICES,
     )
@@ -63,10 +64,9 @@ def auto_choice(device_type: str, compute: str, rows: int, native_ready: bool, o
 
 
 def compute_name(model: nn.Module, dtype: torch.dtype) -> str:
-    """The products' dtype as auto_choice names it: int8 or int4 for such weights, else the dtype they compute in."""
-    if native.int8_weights(model):
-        return "int8"
-    return "int4" if native.int4_weights(model) else str(dtype).removeprefix("torch.")
+    """The products' dtype as auto_choice names it: int8, q8_0 or int4 for such weights, else the dtype they compute
+    in."""
+    return native.weights_name(model, dtype)
 
 
 def backend_name(decode: str, model: nn.Module, rows: int, dtype: torch.dtype) -> str:

@@ -14,7 +14,8 @@ copy of them). A product (or the token embedding) stored as Q4_0 or Q4_1 also ke
 Int4Linear's layout (keep_q4_blocks): int4 then runs on the file's own blocks, and a file whose every product and
 head is so stored decodes in them by default (gptkit.weights.quantization). Or, for decoding on the CPU
 (keep_int4), those matrices are never float32: each stays in the file, read as it is needed (keep_in_file), and so
-does a head the file keeps in Q8_0 beside them (q8_0_head), which then decodes in those 8 bits.
+does a head the file keeps in Q8_0 beside them (q8_0_head), which then decodes in those 8 bits; so do a Q8_0 file's
+products (q8_0_layers).
 
 The tensors are read with plain reads at their offsets (TensorFile), not through a memory map: every page read
 through a map would count in the process's resident memory while the map lives. Any other type, another
@@ -269,6 +270,12 @@ class TensorFile:
         raw = torch.from_numpy(data).view(stop - start, data.shape[1] // (2 + Q8_0_BLOCK), 2 + Q8_0_BLOCK)
         return Int8Blocks(raw[..., 2:].view(torch.int8), raw[..., 0:2].view(torch.float16)[..., 0])
 
+    def blocks(self, name: str, start: int, stop: int) -> Int4Blocks | Int8Blocks:
+        """Rows start .. stop - 1 of a Q4_0, Q4_1 or Q8_0 matrix, its blocks as they are (q4_blocks, q8_blocks)."""
+        if self.tensors[name].tensor_type.name == "Q8_0":
+            return self.q8_blocks(name, start, stop)
+        return self.q4_blocks(name, start, stop)
+
     def same_data(self, a: str, b: str) -> bool:
         """Whether tensors `a` and `b` hold the same bytes."""
         first, second = self.tensors[a], self.tensors[b]
@@ -389,10 +396,10 @@ def matrix_sources(config: GPTConfig, arch: str) -> dict[str, tuple[str, ...]]:
 
 @dataclass(frozen=True)
 class StoredMatrix:
-    """One of our matrices as the file stores it in Q4_0 or Q4_1 blocks: the file's weights it is made of, one after
-    another (a fused product's parts), each with the heads whose rows llama.cpp reordered (Llama's q and k; 0: none).
-    Called with (start, stop): the blocks of those rows in our order, read from the file (whole rows move: a block
-    lies in one)."""
+    """One of our matrices as the file stores it in Q4_0 and Q4_1 blocks, or in Q8_0 blocks: the file's weights it is
+    made of, one after another (a fused product's parts), each with the heads whose rows llama.cpp reordered (Llama's
+    q and k; 0: none). Called with (start, stop): the blocks of those rows in our order (Int4Blocks or Int8Blocks),
+    read from the file (whole rows move: a block lies in one)."""
 
     file: TensorFile
     parts: tuple[tuple[str, int], ...]  # (weight's name, heads)
@@ -406,7 +413,12 @@ class StoredMatrix:
         """Whether every part is Q4_0 (every minimum -8 times its scale)."""
         return all(self.file.tensors[name].tensor_type.name == "Q4_0" for name, _ in self.parts)
 
-    def __call__(self, start: int, stop: int) -> Int4Blocks:
+    @property
+    def eight_bit(self) -> bool:
+        """Whether the parts are Q8_0 (else Q4_0 and Q4_1)."""
+        return self.file.tensors[self.parts[0][0]].tensor_type.name == "Q8_0"
+
+    def __call__(self, start: int, stop: int) -> Int4Blocks | Int8Blocks:
         pieces, first = [], 0
         for name, heads in self.parts:
             rows = self.file.rows(name)
@@ -415,31 +427,37 @@ class StoredMatrix:
                 pieces.append(self._part_rows(name, heads, low, high))
             first += rows
         if not pieces:  # no rows
-            return self.file.q4_blocks(self.parts[0][0], 0, 0)
-        return pieces[0] if len(pieces) == 1 else Int4Blocks(*(torch.cat(part) for part in zip(*pieces)))
+            return self.file.blocks(self.parts[0][0], 0, 0)
+        return pieces[0] if len(pieces) == 1 else joined(pieces)
 
-    def _part_rows(self, name: str, heads: int, low: int, high: int) -> Int4Blocks:
+    def _part_rows(self, name: str, heads: int, low: int, high: int) -> Int4Blocks | Int8Blocks:
         if not heads:
-            return self.file.q4_blocks(name, low, high)
+            return self.file.blocks(name, low, high)
         per_head = self.file.rows(name) // heads  # a head's rows move among themselves: whole heads are read
         first, last = low // per_head * per_head, -(-high // per_head) * per_head
-        blocks = self.file.q4_blocks(name, first, last).rows(partial(rotate_halves, heads=(last - first) // per_head))
+        blocks = self.file.blocks(name, first, last).rows(partial(rotate_halves, heads=(last - first) // per_head))
         return blocks.rows(lambda part: part[low - first : high - first])
 
-    def picked(self, rows: list[int]) -> Int4Blocks:
+    def picked(self, rows: list[int]) -> Int4Blocks | Int8Blocks:
         """The blocks of `rows`, in that order (a lookup's)."""
-        pieces = [self(row, row + 1) for row in rows] or [self(0, 0)]
-        return Int4Blocks(*(torch.cat(part) for part in zip(*pieces)))
+        return joined([self(row, row + 1) for row in rows] or [self(0, 0)])
 
 
-def stored_matrices(tensors: FileTensors, arch: str, config: GPTConfig) -> dict[str, StoredMatrix]:
-    """Our modules whose matrices the file stores all in Q4_0 or Q4_1 (a fused product: every part) -> the
-    StoredMatrix of each; the head is the token embedding's rows when tied."""
+def joined(pieces: list[Int4Blocks] | list[Int8Blocks]) -> Int4Blocks | Int8Blocks:
+    """Blocks of rows one after another, as one."""
+    return type(pieces[0])(*(torch.cat(part) for part in zip(*pieces)))
+
+
+def stored_matrices(
+    tensors: FileTensors, arch: str, config: GPTConfig, types: tuple[str, ...] = tuple(Q4_HEADER_BYTES)
+) -> dict[str, StoredMatrix]:
+    """Our modules whose matrices the file stores all in `types` (Q4_0 and Q4_1, or Q8_0; a fused product: every
+    part) -> the StoredMatrix of each; the head is the token embedding's rows when tied."""
     sources = {**matrix_sources(config, arch), "lm_head": ("token_embd",) if config.tie_embeddings else ("output",)}
     found = {}
     for module, names in sources.items():
         weights = [f"{name}.weight" for name in names]
-        if all(tensors.file.tensors[weight].tensor_type.name in Q4_HEADER_BYTES for weight in weights):
+        if all(tensors.file.tensors[weight].tensor_type.name in types for weight in weights):
             parts = tuple((weight, reordered_heads(weight, arch, config)) for weight in weights)
             found[module] = StoredMatrix(tensors.file, parts)
     return found
@@ -464,24 +482,21 @@ def keep_q4_blocks(model: GPT, tensors: FileTensors, arch: str) -> None:
 def keep_in_file(model: GPT, tensors: FileTensors, arch: str, products_only: bool = False) -> set[str]:
     """Each module of `model` (made without weights) whose matrix the file stores in Q4_0 or Q4_1 becomes one that
     reads its blocks from the file as it needs them: FileInt4Linear, and for the token embedding FileInt4Embedding
-    (a tied head: a FileInt4Linear of the same rows). Their scales are checked for NaN and infinity here. Beside
-    every layer's products so kept, an untied head stored in Q8_0 stays in the file too (q8_0_head). A token
+    (a tied head: a FileInt4Linear of the same rows); where every layer's products are Q8_0 (q8_0_layers), each is
+    an Int8GroupedLinear reading its blocks so. Their scales are checked for NaN and infinity here. Beside every
+    layer's products so kept, an untied head stored in Q8_0 stays in the file too (q8_0_head). A token
     embedding stored in another quantized type stays in the file too (keep_embedding_in_file). products_only: the
     products alone, not the embedding or the head. Returns the file's weights so kept: nothing else reads them."""
     config, kept = model.config, set()
     stored = stored_matrices(tensors, arch, config)
     if products_only:
         stored = {module: matrix for module, matrix in stored.items() if module not in ("transformer.wte", "lm_head")}
+    else:
+        stored |= q8_0_layers(tensors, arch, config)
     for module, matrix in stored.items():
         for name, _ in matrix.parts:
             check_blocks_finite(tensors, name)
-        old = model.get_submodule(module)
-        if module == "transformer.wte":
-            new = FileInt4Embedding(matrix.picked, config.vocab_size, config.n_embd)
-        else:
-            bias = None if old.bias is None else torch.empty_like(old.bias)  # on meta: read with the other tensors
-            new = FileInt4Linear(matrix, old.out_features, old.in_features, bias, matrix.symmetric)
-        model.set_submodule(module, new)
+        model.set_submodule(module, module_in_file(model, module, matrix))
         kept.update(name for name, _ in matrix.parts)
     layers = set(matrix_sources(config, arch)) - {"transformer.wte", "lm_head"}
     head = tensors.file.tensors.get("output.weight")
@@ -497,6 +512,29 @@ def keep_in_file(model: GPT, tensors: FileTensors, arch: str, products_only: boo
         products = set(matrix_sources(config, arch)) - {"transformer.wte"}
         kept |= keep_embedding_in_file(model, tensors, products <= set(stored))
     return kept
+
+
+def module_in_file(model: GPT, module: str, matrix: StoredMatrix) -> torch.nn.Module:
+    """What module `module` of `model` becomes to read `matrix` from the file: a FileInt4Embedding (the token
+    embedding in Q4_0 or Q4_1), a FileInt4Linear, or for Q8_0 blocks an Int8GroupedLinear."""
+    config, old = model.config, model.get_submodule(module)
+    if module == "transformer.wte":
+        return FileInt4Embedding(matrix.picked, config.vocab_size, config.n_embd)
+    bias = None if old.bias is None else torch.empty_like(old.bias)  # on meta: read with the other tensors
+    if matrix.eight_bit:
+        return Int8GroupedLinear(matrix, old.out_features, old.in_features, bias)
+    return FileInt4Linear(matrix, old.out_features, old.in_features, bias, matrix.symmetric)
+
+
+def q8_0_layers(tensors: FileTensors, arch: str, config: GPTConfig) -> dict[str, StoredMatrix]:
+    """The layers' products (each a StoredMatrix) when the file stores every one in Q8_0 and its head in Q8_0, Q4_0
+    or Q4_1 (the native step reads such a model in its blocks as they are: a Q8_0 file's); else none."""
+    layers = set(matrix_sources(config, arch)) - {"transformer.wte", "lm_head"}
+    found = stored_matrices(tensors, arch, config, ("Q8_0",))
+    head = "token_embd.weight" if config.tie_embeddings else "output.weight"
+    if not layers <= set(found) or tensors.file.tensors[head].tensor_type.name not in ("Q8_0", *Q4_HEADER_BYTES):
+        return {}
+    return {module: matrix for module, matrix in found.items() if module in layers}
 
 
 def keep_embedding_in_file(model: GPT, tensors: FileTensors, products_in_file: bool) -> set[str]:
@@ -524,9 +562,7 @@ def keep_embedding_in_file(model: GPT, tensors: FileTensors, products_in_file: b
 def q8_0_head(tensors: FileTensors, name: str) -> Int8GroupedLinear:
     """The head of products left in the file, matrix `name` stored in Q8_0: its blocks left in the file too, read as
     they are needed, so that it decodes in the file's own 8 bits. Its scales are checked for NaN and infinity here."""
-    for rows in tensors.file.row_ranges(name):
-        if not tensors.file.q8_blocks(name, *rows).scale.isfinite().all():
-            check_finite({name: tensors.file.dequantized(name)}, str(tensors.file.path), DAMAGED)
+    check_blocks_finite(tensors, name)
     vocab, width = tensors.shape(name)
     return Int8GroupedLinear(partial(tensors.file.q8_blocks, name), vocab, width)
 
@@ -565,11 +601,11 @@ def finite_rows(tensors: FileTensors, name: str, start: int, stop: int) -> torch
 
 
 def check_blocks_finite(tensors: FileTensors, name: str) -> None:
-    """UserError as for any weight (checkpoint.check_finite) when a Q4_0 or Q4_1 matrix's scales or minimums hold a
-    NaN or an infinity: then so do its values."""
+    """UserError as for any weight (checkpoint.check_finite) when a Q4_0, Q4_1 or Q8_0 matrix's scales (or minimums)
+    hold a NaN or an infinity: then so do its values."""
     for rows in tensors.file.row_ranges(name):
-        blocks = tensors.file.q4_blocks(name, *rows)
-        if not (blocks.scale.isfinite().all() and blocks.minimum.isfinite().all()):
+        halves = [part for part in tensors.file.blocks(name, *rows) if part.is_floating_point()]
+        if not all(part.isfinite().all() for part in halves):
             check_finite({name: tensors.file.dequantized(name)}, str(tensors.file.path), DAMAGED)
 
 

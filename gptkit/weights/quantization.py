@@ -22,7 +22,9 @@ every product was read so runs on them under "none" too (the file's own precisio
 is never float32: it stays in the file, read at each use (FileInt4Linear; the token embedding FileInt4Embedding,
 whose lookups read their rows), so the model holds none of it; a head the file keeps in Q8_0 stays in the file
 too, in its own 8 bits (Int8GroupedLinear), and one kept in any other type is quantized to int4 under "none" too
-(keep_stored_int4). A token embedding stored in any other quantized type stays in the file as well (FileEmbedding).
+(keep_stored_int4). Read so, a Q8_0 file's products stay in the file as well, in their own 8 bits (Int8GroupedLinear:
+GGUF's Q8_0 blocks of 32 int8 codes and a float16 scale, which the native step reads as it reads int4 blocks). A token embedding stored in any other quantized type stays in
+the file as well (FileEmbedding).
 """
 
 from __future__ import annotations
@@ -235,6 +237,10 @@ class Int8Blocks(NamedTuple):
     codes: torch.Tensor
     scale: torch.Tensor
 
+    def rows(self, change: Callable[[torch.Tensor], torch.Tensor]) -> Int8Blocks:
+        """The blocks with their rows moved or picked by `change` (a block lies in one row: rows move whole)."""
+        return Int8Blocks(*(change(part) for part in self))
+
     def values(self, in_features: int) -> torch.Tensor:
         """The (rows, in_features) float32 weight: scale * code, in float32 as GGUF dequantizes it."""
         groups = self.codes.float().mul_(self.scale.float()[..., None])
@@ -243,10 +249,10 @@ class Int8Blocks(NamedTuple):
 
 class Int8GroupedLinear(nn.Module):
     """y = x Wᵀ + b with W in GGUF's Q8_0 blocks (Int8Blocks), which stay where they are stored and are read each
-    time they are used: a GGUF file's Q8_0 head beside products left in the file in 4 bits (gptkit.weights.gguf_read),
-    so that the model decodes with its head in the file's own 8 bits. The native step packs its blocks once, a slice of
-    rows at a time (row_blocks); an eager pass dequantizes them at each call, as Int4Linear's does. `read(start, stop)`
-    gives the blocks of rows start .. stop - 1. For inference only."""
+    time they are used: a GGUF file's Q8_0 products, or its Q8_0 head beside products left in the file in 4 bits
+    (gptkit.weights.gguf_read), so that the model decodes in the file's own 8 bits. The native step packs its blocks
+    once, a slice of rows at a time (row_blocks); an eager pass dequantizes them at each call, as Int4Linear's does.
+    `read(start, stop)` gives the blocks of rows start .. stop - 1. For inference only."""
 
     def __init__(
         self,
@@ -458,10 +464,13 @@ def keep_stored_int4(model: nn.Module) -> nn.Module:
 
 def quantize_int4(model: nn.Module) -> nn.Module:
     """`model` (in place, returned; any device and dtype, for inference) with every nn.Linear an Int4Linear: the
-    blocks a weight was read from as they are (stored_int4), the others quantized (an Int8GroupedLinear head from its
-    values). A head tied to the token embedding gets an int4 copy of its own, so the embedding lookup stays exact."""
-    if isinstance(getattr(model, "lm_head", None), Int8GroupedLinear):
-        model.lm_head = int8_grouped_as_linear(model.lm_head)
+    blocks a weight was read from as they are (stored_int4), the others quantized (an Int8GroupedLinear from its
+    values, one at a time). A head tied to the token embedding gets an int4 copy of its own, so the embedding lookup
+    stays exact."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, Int8GroupedLinear):
+                setattr(module, name, Int4Linear.from_linear(int8_grouped_as_linear(child)))
     return replace_linears(model, Int4Linear.from_linear).eval()
 
 

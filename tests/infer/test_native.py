@@ -23,9 +23,10 @@ from gptkit.infer.native import NativeStep, huge_page_zeros
 from gptkit.infer.native import build as native_build
 from gptkit.infer.native import step as native_step
 from gptkit.infer.native.packing import int4_panel_bytes, int4_panels, int8_panel_bytes, layer_tensors
-from gptkit.weights.quantization import Int4Linear, Int8Linear, quantize_int4, quantize_int8
+from gptkit.weights.quantization import Int4Linear, Int8GroupedLinear, Int8Linear, quantize_int4, quantize_int8
 from helpers import (
     as_q4_0,
+    as_q8_0,
     assert_one_line_message,
     count_calls,
     dequantized_model,
@@ -780,17 +781,25 @@ def test_a_q8_0_head_lies_in_panels_of_8_bit_codes_with_a_record_per_group():
     assert bytes(step.matrices[-len(expected) :].numpy()) == bytes(expected)
 
 
-@pytest.mark.parametrize("layers", ["q4_1", "q4_0"])
-def test_a_q8_0_head_beside_int4_layers_gives_the_eager_pass_logits(layers):
-    """int4 layers (Q4_1's or Q4_0's panels) and a Q8_0 head (a GGUF file's 4-bit products often come with one): a
+@pytest.mark.parametrize(
+    ("layers", "head"), [("q4_1", "q8_0"), ("q4_0", "q8_0"), ("q8_0", "q8_0"), ("q8_0", "q4_1"), ("q8_0", "q4_0")]
+)
+def test_q8_0_products_beside_int4_ones_or_alone_give_the_eager_pass_logits(layers, head):
+    """Q8_0 blocks as the native step reads them: a Q8_0 head beside int4 layers (Q4_1's or Q4_0's panels: a GGUF
+    file's 4-bit products often come with one), Q8_0 layers (a Q8_0 file's) with a head of their kind or of int4's. A
     prefill of two rows of 17 tokens, steps of one row and of two rows give the logits of a float64 eager pass over
-    the same blocks, its inputs rounded as the step rounds them (per group of 32), within INT4_TOLERANCE; and the
-    head's codes span -127 .. 127."""
+    the same blocks, its inputs rounded as the step rounds them (per group of 32), within INT4_TOLERANCE; the Q8_0
+    codes span -127 .. 127."""
     model = quantize_int4(lively_model(vocab_size=70, n_embd=64, n_head=4, seed=4, block_size=32))
-    model = with_q8_0_head(as_q4_0(model) if layers == "q4_0" else model)
-    assert model.lm_head.blocks().codes.abs().max() == 127
+    model = as_q4_0(model) if "q4_0" in (layers, head) else model
+    if layers == "q8_0":
+        lm_head, model.lm_head = model.lm_head, torch.nn.Identity()  # the head apart: its kind is `head`
+        model = as_q8_0(model)
+        model.lm_head = lm_head
+    model = with_q8_0_head(model) if head == "q8_0" else model
+    assert all(m.blocks().codes.abs().max() == 127 for m in model.modules() if isinstance(m, Int8GroupedLinear))
     step = NativeStep.for_model(model, torch.float32)
-    assert step.symmetric_int4 == (layers == "q4_0")
+    assert step.weights == ("q8_0" if layers == "q8_0" else "int4")
     cache = KVCache(model.config.n_layer, 32, slots=2)
     cache.allocate(model.config.n_kv_head, model.config.head_dim, torch.float32, torch.device("cpu"))
     prompts = [list(range(3, 20)), list(range(40, 57))]

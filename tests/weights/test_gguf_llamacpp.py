@@ -1,6 +1,6 @@
 """GGUF files that llama.cpp's own quantizer wrote (llama_cpp.llama_model_quantize, from the f32 file our exporter
-wrote) read back with transformers' logits on the same file, for every architecture we export, and with its
-tokenizer ids. Slow: needs llama-cpp-python, built from source (pip install llama-cpp-python)."""
+wrote) read back with transformers' logits on the same file, for every architecture we export (a Q8_0 file read
+for decoding too, in its own blocks), and with its tokenizer ids. Slow: needs llama-cpp-python, built from source (pip install llama-cpp-python)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 from gptkit.data.gguf_tokenizer import load_gguf_tokenizer
 from gptkit.data.hf_tokenizer import load_hf_tokenizer
 from gptkit.weights import load
+from gptkit.weights.quantization import Int8GroupedLinear, apply_quantization, block_products
 from hf_tokenizer_dirs import VARIED, write_family
 
 transformers = pytest.importorskip("transformers")
@@ -68,6 +69,11 @@ def test_llama_cpp_s_quantized_files_read_with_transformers_logits(tmp_path, lla
         # 1e-4, plus float32's rounding of logits this model makes up to ~70 (each of the two float32 passes is
         # about 1.5e-4 from a float64 pass over the same dequantized weights there)
         torch.testing.assert_close(logits(ours, IDX), expected, rtol=2e-6, atol=1e-4, msg=file_type)
+        if file_type == "Q8_0":  # read for decoding: every product in its own blocks, the same logits exactly
+            kept = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "none")
+            products = [kept.get_submodule(name) for name in block_products(ours)] + [kept.lm_head]
+            assert all(isinstance(product, Int8GroupedLinear) for product in products)
+            assert torch.equal(logits(kept, IDX), logits(ours, IDX))
 
 
 @pytest.mark.slow

@@ -313,6 +313,40 @@ def test_a_q4_file_read_for_decoding_leaves_its_matrices_in_the_file(
     assert torch.equal(logits(model, IDX), logits(floats, IDX))
 
 
+@pytest.mark.parametrize("shape", sorted(ARCHS))
+def test_a_q8_0_file_read_for_decoding_decodes_in_its_own_blocks(tmp_path, monkeypatch, qwen_tokenizer, shape):
+    """keep_int4 on a file whose every matrix is Q8_0 (export.py's and llama.cpp's Q8_0 files): every product and the
+    head read their blocks from the file (Int8GroupedLinear), the token embedding its rows (FileEmbedding); each
+    product's weight is the float64 decoding of the file's blocks (Llama's q and k rows put back in order); no float
+    matrix is held; the logits are those of the model read in float32, exactly; the native step decodes in those
+    blocks, with the greedy tokens of the eager pass over them."""
+    path = q4_file(tmp_path, monkeypatch, tiny(shape), qwen_tokenizer, T.Q8_0)
+    model = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "none")
+    config, arch = model.config, ARCHS[shape]
+    sources, stored = product_sources(config, arch), file_tensors(path)
+    for name, names in sources.items():
+        product = model.get_submodule(name)
+        assert isinstance(product, Int8GroupedLinear), name
+        assert torch.equal(product.dequantized_weight(), float64_values(stored, names, config, arch)), name
+    assert isinstance(model.transformer.wte, FileEmbedding)
+    assert float_matrices(model) <= {"rope_cos", "rope_sin", "transformer.wpe.weight"}
+    assert torch.equal(logits(model, IDX), logits(load(str(path), tokenizer=False).model, IDX))
+    assert NativeStep.for_model(model, torch.float32).weights == "q8_0"
+    request = Request([5, 9, 300], 12, temperature=0)
+    list(Engine(model, decode="native").run([request]))
+    assert_greedy_up_to_ties(with_16_bit_group_inputs(model), [5, 9, 300], request.output)
+
+
+def test_q8_0_products_beside_a_head_of_another_type_are_read_as_float32(tmp_path, monkeypatch, qwen_tokenizer):
+    """Q8_0 products and a Q6_K head (no grouped kind the native step reads): read for decoding, the products and the
+    head are the float32 read's Linear layers, and so are the logits."""
+    model = tiny("llama-untied", n_embd=256, n_head=4)  # K-quant blocks hold 256 values: a row's
+    path = q4_file(tmp_path, monkeypatch, model, qwen_tokenizer, T.Q8_0, {"output.weight": T.Q6_K})
+    kept = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "none")
+    assert all(type(product) is torch.nn.Linear for product in products_of(kept).values())
+    assert torch.equal(logits(kept, IDX), logits(load(str(path), tokenizer=False).model, IDX))
+
+
 @pytest.mark.parametrize("shape", ["gpt2", "llama-gqa-tied"])
 def test_rows_read_from_the_file_are_those_of_the_blocks_read_whole(tmp_path, monkeypatch, qwen_tokenizer, shape):
     """A product left in the file reads any range of its rows (across its fused parts, and within a head of Llama's

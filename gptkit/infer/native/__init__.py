@@ -20,7 +20,7 @@ the figures.
 
 from gptkit.infer.memory import huge_page_zeros
 from gptkit.infer.native.build import build_directory, build_problem, builder_lock, extension, is_built
-from gptkit.infer.native.packing import int4_weights, int8_weights
+from gptkit.infer.native.packing import weights_name
 from gptkit.infer.native.step import OTHER_PATHS, PACKED_STEPS, NativeBackend, NativeStep, native_problem
 
 __all__ = [
@@ -33,8 +33,7 @@ __all__ = [
     "builder_lock",
     "extension",
     "huge_page_zeros",
-    "int4_weights",
-    "int8_weights",
     "is_built",
     "native_problem",
+    "weights_name",
 ]

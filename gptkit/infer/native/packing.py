@@ -4,8 +4,8 @@ them (csrc/layout.h's Shapes), and every vector (norms, biases) in another.
 float32 matrices lie in panels of rows stored column after column (copy_in_blocks: csrc/panels.h multiplies each
 column by every input's value at once); bfloat16 and int8 ones row after row (int8 with one float32 scale per row);
 int4 ones in panels of codes with their groups' scales and minimums (none where every minimum is -8 times its scale,
-as in Q4_0's blocks: int4_panels, csrc/int4.h), and an int4 model's Q8_0 head in panels of 8-bit codes with their
-groups' scales (int8_panels). The buffers lie on
+as in Q4_0's blocks: int4_panels, csrc/int4.h), and GGUF's Q8_0 ones (a Q8_0 file's, or a Q8_0 head beside int4
+layers) in panels of 8-bit codes with their groups' scales (int8_panels). The buffers lie on
 2 MB pages where they are large enough (gptkit.infer.memory).
 """
 
@@ -19,8 +19,8 @@ import torch.nn as nn
 from gptkit.infer.memory import huge_page_zeros
 from gptkit.weights.quantization import GROUP, Int4Linear, Int8Blocks, Int8GroupedLinear, Int8Linear
 
-# The kinds of an int4 model's head panels, numbered as csrc/int4.h's Grouped: int4 with minimums, int4 without them
-# (Q4_0's blocks), Q8_0's.
+# The kinds of grouped products' panels (the layers', the head's), numbered as csrc/int4.h's Grouped: int4 with
+# minimums, int4 without them (Q4_0's blocks), Q8_0's.
 INT4_PANELS, INT4_SYMMETRIC_PANELS, INT8_PANELS = 0, 1, 2
 
 
@@ -32,6 +32,25 @@ def int8_weights(model: nn.Module) -> bool:
 def int4_weights(model: nn.Module) -> bool:
     """Whether `model`'s products have int4 weights (gptkit.weights.quantization's Int4Linear)."""
     return any(isinstance(m, Int4Linear) for m in model.modules())
+
+
+# The weights whose products are grouped (csrc/int4.h), as weights_name names them.
+GROUPED_WEIGHTS = ("int4", "q8_0")
+
+
+def weights_name(model: nn.Module, dtype: torch.dtype) -> str:
+    """The products' weights: int8, q8_0 (the layers' GGUF Q8_0 blocks), int4, or else the compute dtype's."""
+    if int8_weights(model):
+        return "int8"
+    if q8_0_weights(model):
+        return "q8_0"
+    return "int4" if int4_weights(model) else str(dtype).removeprefix("torch.")
+
+
+def q8_0_weights(model: nn.Module) -> bool:
+    """Whether `model`'s layers' products have GGUF's Q8_0 weights (gptkit.weights.quantization's
+    Int8GroupedLinear)."""
+    return any(isinstance(m, Int8GroupedLinear) for m in model.transformer.h.modules())
 
 
 def norm_vectors(norm: nn.Module, width: int) -> list[torch.Tensor | None]:
@@ -148,12 +167,13 @@ def int8_panels(blocks: Int8Blocks, panel_rows: int) -> torch.Tensor:
     return torch.cat((codes, group_halves(blocks.scale, panel_rows)), dim=2).reshape(-1)
 
 
-def head_panels(head: nn.Module) -> int:
-    """The kind of panels an int4 model's head takes: Q8_0's for an Int8GroupedLinear, else int4's without minimums
-    where each is -8 times its scale (Q4_0's), else with them."""
-    if isinstance(head, Int8GroupedLinear):
+def panels_of(products: Sequence[nn.Module]) -> int:
+    """The kind of panels grouped products take together (the layers', or the head alone): Q8_0's for
+    Int8GroupedLinear ones, else int4's without minimums where every one's are -8 times its scales (Q4_0's), else
+    with them."""
+    if isinstance(products[0], Int8GroupedLinear):
         return INT8_PANELS
-    return INT4_SYMMETRIC_PANELS if head.symmetric() else INT4_PANELS
+    return INT4_SYMMETRIC_PANELS if all(product.symmetric() for product in products) else INT4_PANELS
 
 
 def grouped_panel_bytes(product: nn.Module, panel_rows: int, kind: int) -> int:

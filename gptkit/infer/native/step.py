@@ -5,8 +5,8 @@ What it serves: every architecture model.py builds, in float32 or bfloat16 weigh
 (gptkit.weights.quantization's Int8Linear: one scale per row; each product's float32 input is rounded to 16-bit
 integers with one scale, so that the products run in integer lanes), or int4 ones (Int4Linear, GGUF's Q4_1: the
 codes widened to 16-bit integers in registers and multiplied by the inputs rounded to 16-bit integers with one scale
-per group of 32 values, in panels of rows; the head of such a model may be a GGUF file's Q8_0, Int8GroupedLinear,
-read as its 8-bit codes the same way):
+per group of 32 values, in panels of rows), or a GGUF file's Q8_0 ones (Int8GroupedLinear: its layers', or a head
+of its own kind beside int4 layers), read as 8-bit codes the same way:
 learned, sinusoidal or rotary positions (the model's own cos and sin tables, so a rope_scaling is exact); LayerNorm or
 RMSNorm, with or without a weight or bias; the GELU (tanh or exact), squared-ReLU or SwiGLU MLP; multi-head or
 grouped-query attention, heads of any width; QK-norm with or without a weight; a Q, K, V bias of its own; a norm of
@@ -37,18 +37,17 @@ from gptkit.infer.backend import EagerBackend
 from gptkit.infer.memory import huge_page_zeros
 from gptkit.infer.native import build
 from gptkit.infer.native.packing import (
+    GROUPED_WEIGHTS,
     INT4_PANELS,
-    INT4_SYMMETRIC_PANELS,
     grouped_panel_bytes,
     grouped_panels,
-    head_panels,
-    int4_weights,
-    int8_weights,
     layer_tensors,
     norm_vectors,
     packed,
+    panels_of,
     vector_sizes,
     weight_and_scale,
+    weights_name,
 )
 from gptkit.weights.quantization import FileEmbedding, Int4Linear, Int8GroupedLinear, Int8Linear
 
@@ -68,15 +67,17 @@ def native_problem(model: nn.Module, dtype: torch.dtype) -> str | None:
         return f"the native step runs on the CPU only, and this model is on {device}"
     if dtype not in (torch.float32, torch.bfloat16):
         return f"the native step computes in float32 or bfloat16, not {str(dtype).removeprefix('torch.')}"
-    products = 4 * config.n_layer + 1
-    q8_0_head = isinstance(model.lm_head, Int8GroupedLinear)  # beside int4 layers (a GGUF file's Q8_0 head)
-    for kind, layer in (("int8", Int8Linear), ("int4", Int4Linear)):
-        if sum(isinstance(m, layer) for m in model.modules()) == products - (q8_0_head and kind == "int4"):
+    products, head = 4 * config.n_layer, model.lm_head
+    grouped_head = isinstance(head, (Int4Linear, Int8GroupedLinear))  # its panels of its own kind
+    kinds = [("int8", Int8Linear, isinstance(head, Int8Linear)), ("int4", Int4Linear, grouped_head)]
+    kinds.append(("Q8_0", Int8GroupedLinear, grouped_head))
+    for kind, layer, head_fits in kinds:
+        if head_fits and sum(isinstance(m, layer) for m in model.transformer.h.modules()) == products:
             return None if dtype == torch.float32 else f"the native step's {kind} products compute in float32 only"
-    if sum(isinstance(m, nn.Linear) for m in model.modules()) != products:
+    if sum(isinstance(m, nn.Linear) for m in model.modules()) != products + 1:
         return (
             "the native step needs every product to be a plain Linear layer, or every one int8 (--quantize=int8), "
-            "or every one int4 (--quantize=int4)"
+            "or every one int4 (--quantize=int4) or in a GGUF file's Q8_0 blocks"
         )
     return None
 
@@ -84,10 +85,10 @@ def native_problem(model: nn.Module, dtype: torch.dtype) -> str | None:
 # The most prompt tokens (filled in one pass) the engine gives the native prefill, by weights; longer ones take the
 # eager pass, whose GEMM libraries (MKL; fbgemm's int8 products with 7-bit activations, against the native pass's
 # 16-bit ones) pass the native pass's products as prompts grow. bfloat16 prompts of any length: PyTorch's eager
-# bfloat16 products are slow on a CPU without bfloat16 instructions. int4 prompts of any length: the eager pass
-# dequantizes every weight at each call. AVX-512's 32-row float32 panels keep the native pass the faster for longer
+# bfloat16 products are slow on a CPU without bfloat16 instructions. int4 and Q8_0 prompts of any length: the eager
+# pass dequantizes every weight at each call. AVX-512's 32-row float32 panels keep the native pass the faster for longer
 # prompts (PREFILL_LIMITS_AVX512). The limits were measured (docs/benchmarks.md, how the native step was tuned).
-PREFILL_LIMITS = {"float32": 64, "bfloat16": None, "int8": 32, "int4": None}
+PREFILL_LIMITS = {"float32": 64, "bfloat16": None, "int8": 32, "int4": None, "q8_0": None}
 PREFILL_LIMITS_AVX512 = {**PREFILL_LIMITS, "float32": 256}
 PACKED_WEIGHTS = 1 << 18  # an int4 product's weights packed at once (whole panels' rows): bounds the temporaries
 
@@ -115,20 +116,15 @@ class NativeStep:
         C = config.n_embd
         vectors += norm_vectors(transformer.ln_f, C)
         vectors += norm_vectors(transformer.ln_emb, C) if config.embed_norm else [torch.ones(C), None]
-        # the products' weights: int8, int4, or the compute dtype's
-        self.weights = (
-            "int8" if int8_weights(model) else "int4" if int4_weights(model) else str(dtype).removeprefix("torch.")
-        )
+        self.weights = weights_name(model, dtype)
         self.panel_rows = 0  # float32 matrices' panels: 32 rows with AVX-512, 16 with AVX2 (none without vectors)
-        # int4 panels without minimums where every one of the layers' products has minimums -8 times its scales
-        # (Q4_0's blocks); the head's panels are of its own kind (a file's Q4_0 products may come with a Q4_1 or a Q8_0
-        # head)
-        int4 = self.weights == "int4"
-        self.symmetric_int4 = int4 and all(product.symmetric() for product in products[:-1])
-        self.head_panels = head_panels(products[-1]) if int4 else INT4_PANELS
-        if int4:
-            layer_panels = INT4_SYMMETRIC_PANELS if self.symmetric_int4 else INT4_PANELS
-            kinds = [layer_panels] * (len(products) - 1) + [self.head_panels]
+        # grouped weights: the layers' panels of one kind (int4 without minimums where every one's are -8 times its
+        # scales, Q4_0's blocks), the head's of its own (a file's Q4_0 products may come with a Q4_1 or a Q8_0 head)
+        grouped = self.weights in GROUPED_WEIGHTS
+        self.layer_panels = panels_of(products[:-1]) if grouped else INT4_PANELS
+        self.head_panels = panels_of(products[-1:]) if grouped else INT4_PANELS
+        if grouped:
+            kinds = [self.layer_panels] * (len(products) - 1) + [self.head_panels]
             self.matrices, self.scales = self._grouped_matrices(products, kinds), torch.empty(0)
         else:
             matrices, scales = zip(*map(weight_and_scale, products))
@@ -152,7 +148,7 @@ class NativeStep:
             self.embedding = transformer.wte.weight.detach().to(dtype).contiguous()
         self.positions = self._position_table(model)
         flags = [config.norm == "rmsnorm", config.qk_norm, config.pos_encoding == "rope", config.embed_norm]
-        flags += [self.symmetric_int4, self.head_panels]
+        flags += [self.layer_panels, self.head_panels]
         self.shapes = [config.n_embd, config.mlp_hidden, config.vocab_size, config.n_layer, config.n_head]
         self.shapes += [config.n_kv_head, config.head_dim, *map(int, flags)]
         self.activation = ACTIVATIONS[config.activation]

@@ -15,7 +15,7 @@
 // to 16-bit integers with one scale (ProductInput<int8_t>), finer than bfloat16, and multiply in integer lanes; int4
 // weights (GGUF's Q4_1: a scale and minimum per 32 weights; Q4_0: a scale) are widened to 16-bit integer lanes and
 // meet the inputs rounded to 16-bit integers with one scale per 32 values (ProductInput<Int4>), in integer lanes too
-// (int4.h).
+// (int4.h), as do GGUF's Q8_0 weights (a scale per 32 int8 codes: a Q8_0 file's, or a head beside int4 layers).
 //
 // The files, each including the ones it builds on: vectors.h (vector lanes, prefetch), dots.h, panels.h, int4.h and
 // products.h (the matrix products of each kind of weights), elementwise.h (activations, exponentials, norms),
@@ -70,19 +70,20 @@ Model<W> model_for(const Buffer& matrices, const Buffer& scales, const Buffer& v
           static_cast<float>(constants[2]), std::is_same_v<W, float> && FLOAT32_PANELS};
 }
 
-// call(W{}) for the C++ type W of weights in `dtype` (int4 panels: of the kind `s` says).
+// call(W{}) for the C++ type W of weights in `dtype` (grouped panels, uint8: of the layers' kind `s` says).
 template <typename Call>
 void with_weight_type(DType dtype, const Shapes& s, Call&& call) {
   if (dtype == DType::BFloat16) return call(bf16{});
   if (dtype == DType::Int8) return call(int8_t{});
-  if (dtype == DType::UInt8) return s.symmetric_int4 ? call(Int4Symmetric{}) : call(Int4{});
+  if (dtype == DType::UInt8 && s.layer_panels == Grouped::kInt8) return call(Int8Grouped{});
+  if (dtype == DType::UInt8) return s.layer_panels == Grouped::kInt4Symmetric ? call(Int4Symmetric{}) : call(Int4{});
   check(dtype == DType::Float32, "weights must be float32, bfloat16, int8 or int4 panels (uint8)");
   call(float{});
 }
 
 // The shapes (embd, hidden, vocab, layers, heads, kv_heads, head_dim, then 0 or 1 for: RMSNorm, QK-norm, rotary
-// positions, a norm of the embeddings, the layers' int4 panels without minimums; then the int4 head's panels' kind,
-// a Grouped) with the activation
+// positions, a norm of the embeddings; then the kinds (Grouped) of grouped weights' panels, the layers' and the
+// head's) with the activation
 // (kSwiglu: a gated MLP), checked against the buffers' sizes and the cache's layout; constants: the norms' epsilon,
 // QK-norm's, the logits' soft cap (0: none).
 Shapes checked_shapes(const std::vector<int64_t>& shapes, int64_t activation, const std::vector<double>& constants,
@@ -90,10 +91,11 @@ Shapes checked_shapes(const std::vector<int64_t>& shapes, int64_t activation, co
                       const std::vector<Buffer>& values) {
   check(shapes.size() == 13 && constants.size() == 3,
         "shapes: embd, hidden, vocab, layers, heads, kv_heads, head_dim, rms, qk_norm, rotary, embed_norm, "
-        "symmetric_int4, head_panels");
-  check(0 <= shapes[12] && shapes[12] <= static_cast<int64_t>(Grouped::kInt8), "head_panels: a Grouped kind");
+        "layer_panels, head_panels");
+  for (const int64_t kind : {shapes[11], shapes[12]})
+    check(0 <= kind && kind <= static_cast<int64_t>(Grouped::kInt8), "layer_panels and head_panels: Grouped kinds");
   const Shapes s{shapes[0], shapes[1], shapes[2], shapes[3], shapes[4], shapes[5], shapes[6], activation == kSwiglu,
-                 shapes[7] != 0, shapes[8] != 0, shapes[9] != 0, shapes[10] != 0, shapes[11] != 0,
+                 shapes[7] != 0, shapes[8] != 0, shapes[9] != 0, shapes[10] != 0, static_cast<Grouped>(shapes[11]),
                  static_cast<Grouped>(shapes[12])};
   check(s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.head_dim > 0 && (!s.rotary || s.head_dim % 2 == 0),
         "heads: a multiple of kv_heads; head_dim: positive (even with rotary positions)");
@@ -101,8 +103,9 @@ Shapes checked_shapes(const std::vector<int64_t>& shapes, int64_t activation, co
   check(matrices.contiguous && vectors.dtype == DType::Float32 && vectors.contiguous,
         "matrices: contiguous; vectors: float32, contiguous");
   const int64_t padding = matrices.dtype == DType::Float32 ? FLOAT32_PADDING : 0;  // past float32 panels
-  const int64_t int4_size = s.symmetric_int4 ? s.matrices_size<Int4Symmetric>() : s.matrices_size<Int4>();
-  const int64_t size = matrices.dtype == DType::UInt8 ? int4_size : s.matrices_size<float>();
+  int64_t size = s.matrices_size<float>();  // float32, bfloat16 and int8 weights: one element a weight
+  if (matrices.dtype == DType::UInt8)
+    with_weight_type(matrices.dtype, s, [&](auto weight) { size = s.matrices_size<decltype(weight)>(); });
   check(matrices.numel() == size + padding, "matrices: wrong size");
   check(vectors.numel() == s.layers * s.layer_vector_elements() + 4 * s.embd, "vectors: wrong size");
   check(static_cast<int64_t>(keys.size()) == s.layers && static_cast<int64_t>(values.size()) == s.layers,

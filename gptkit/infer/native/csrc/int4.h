@@ -33,9 +33,9 @@ struct Stored<Int4Symmetric> {
 template <typename W>
 constexpr bool IS_INT4 = std::is_same_v<W, Int4> || std::is_same_v<W, Int4Symmetric>;
 
-// int8 weights of GGUF's Q8_0: codes q in -127 .. 127 in groups of INT4_GROUP along a row, each group with a float16
-// scale: weight = scale * q. Here only a head's kind, beside int4 layers (Shapes::head_panels): 4-bit GGUF files often
-// keep their head in Q8_0, which then decodes in its own precision.
+// int8 weights of GGUF's Q8_0 (gptkit.weights.quantization's Int8GroupedLinear): codes q in -127 .. 127 in groups of
+// INT4_GROUP along a row, each group with a float16 scale: weight = scale * q. A Q8_0 file's layers, or a head of its
+// own kind beside int4 layers (Shapes::head_panels): 4-bit GGUF files often keep their head in Q8_0.
 struct Int8Grouped {
   uint8_t bits;
 };
@@ -46,7 +46,7 @@ struct Stored<Int8Grouped> {
 template <typename W>
 constexpr bool IS_GROUPED = IS_INT4<W> || std::is_same_v<W, Int8Grouped>;
 
-// The kinds of grouped panels, as Shapes::head_panels names them (gptkit/infer/native/packing.py numbers them alike:
+// The kinds of grouped panels, as Shapes names them (gptkit/infer/native/packing.py numbers them alike:
 // INT4_PANELS, INT4_SYMMETRIC_PANELS, INT8_PANELS).
 enum class Grouped : int64_t { kInt4 = 0, kInt4Symmetric = 1, kInt8 = 2 };
 

@@ -24,8 +24,9 @@ struct Share {
 struct Shapes {
   int64_t embd, hidden, vocab, layers, heads, kv_heads, head_dim;
   bool gated, rms, qk_norm, rotary, embed_norm;
-  bool symmetric_int4;  // int4 layers' weights in panels without minimums (Int4Symmetric), else with them (Int4)
-  Grouped head_panels;  // an int4 model's head's: a GGUF file's Q4_0 products may come with a Q4_1 or a Q8_0 head
+  // Grouped weights' panels (uint8 buffers): the layers' kind (Int4 with minimums, Int4Symmetric without them, or
+  // Int8Grouped), and the head's own (a GGUF file's Q4_0 products may come with a Q4_1 or a Q8_0 head)
+  Grouped layer_panels, head_panels;
   int64_t q_width() const { return heads * head_dim; }
   int64_t kv_width() const { return kv_heads * head_dim; }
   int64_t qkv_width() const { return q_width() + 2 * kv_width(); }
@@ -33,8 +34,8 @@ struct Shapes {
   int64_t group() const { return heads / kv_heads; }  // query heads per key and value head
   // a position's row: added to the embedding (n_embd values), or rotary positions' cos and sin (head_dim / 2 each)
   int64_t position_width() const { return rotary ? head_dim : embd; }
-  // The elements of type W a layer's matrices take, the head's (int4: panels of its own kind, head_panels), and all
-  // the matrices (the head's last): see matrix_size.
+  // The elements of type W a layer's matrices take, the head's (grouped weights: panels of its own kind,
+  // head_panels), and all the matrices (the head's last): see matrix_size.
   template <typename W>
   int64_t layer_matrix_size() const {
     return matrix_size<W>(qkv_width(), embd) + matrix_size<W>(embd, q_width()) + matrix_size<W>(fc_rows(), embd) +
@@ -42,7 +43,7 @@ struct Shapes {
   }
   template <typename W>
   int64_t head_size() const {
-    if constexpr (IS_INT4<W>) {
+    if constexpr (IS_GROUPED<W>) {
       if (head_panels == Grouped::kInt4Symmetric) return matrix_size<Int4Symmetric>(vocab, embd);
       if (head_panels == Grouped::kInt8) return matrix_size<Int8Grouped>(vocab, embd);
       return matrix_size<Int4>(vocab, embd);

@@ -1,4 +1,4 @@
-// A product's rows for one input or several, whatever the weights: float32 panels (panels.h), int4 panels (int4.h),
+// A product's rows for one input or several, whatever the weights: float32 panels (panels.h), grouped panels (int4.h),
 // or rows one after another (dots.h); and the elements each kind of matrix takes in the packed buffer.
 
 #pragma once
@@ -71,6 +71,10 @@ void product_tokens(const Matrix<Int4>& m, int64_t first, int64_t last, const Pr
 }
 void product_tokens(const Matrix<Int4Symmetric>& m, int64_t first, int64_t last,
                     const ProductInput<Int4Symmetric>& in, int64_t count, float* out) {
+  grouped_product(m, first, last, in, count, out);
+}
+void product_tokens(const Matrix<Int8Grouped>& m, int64_t first, int64_t last, const ProductInput<Int8Grouped>& in,
+                    int64_t count, float* out) {
   grouped_product(m, first, last, in, count, out);
 }
 

@@ -135,7 +135,7 @@ void prefill(const Model<W>& m, const std::vector<int64_t>& tokens, int64_t star
   }
 }
 
-// Rows [first, last) of an int4 model's head, its panels of kind K (Shapes::head_panels), for `count` inputs.
+// Rows [first, last) of a grouped model's head, its panels of kind K (Shapes::head_panels), for `count` inputs.
 template <typename K, typename W>
 void grouped_head_product(const Matrix<W>& head, int64_t first, int64_t last, const ProductInput<W>& in,
                           int64_t count, float* out) {
@@ -143,14 +143,14 @@ void grouped_head_product(const Matrix<W>& head, int64_t first, int64_t last, co
   grouped_product(panels, first, last, in, count, out);
 }
 
-// Rows [first, last) of the head's product for `count` inputs (as product_tokens): an int4 model's head panels are
+// Rows [first, last) of the head's product for `count` inputs (as product_tokens): a grouped model's head panels are
 // of their own kind (Shapes::head_panels), so that a file's Q4_0 layers keep their smaller panels beside a Q4_1 head,
 // and a Q8_0 head its 8 bits.
 template <typename W>
 void head_product(const Model<W>& m, int64_t first, int64_t last, const ProductInput<W>& in, int64_t count,
                   float* out) {
   const Matrix<W> head = m.head();
-  if constexpr (IS_INT4<W>) {
+  if constexpr (IS_GROUPED<W>) {
     if (m.s.head_panels == Grouped::kInt4Symmetric)
       return grouped_head_product<Int4Symmetric>(head, first, last, in, count, out);
     if (m.s.head_panels == Grouped::kInt8) return grouped_head_product<Int8Grouped>(head, first, last, in, count, out);
