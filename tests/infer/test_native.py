@@ -759,9 +759,9 @@ def test_q4_0_panels_without_minimums_give_what_the_same_blocks_with_minimums_gi
 
 def test_a_q8_0_head_lies_in_panels_of_8_bit_codes_with_a_record_per_group():
     """A Q8_0 head of 61 rows, 64 wide (two groups), beside int4 layers, is packed in panels of `rows` rows (the last
-    filled up with zero rows), each a record per group: word w of row r (4 bytes) holds the codes of the group's
-    columns 4w, 4w + 2, 4w + 1 and 4w + 3 in its bytes 0 to 3, then come the rows' float16 scales. The expected bytes
-    are built here value by value."""
+    filled up with zero rows), each a record per group: a pair of the group's columns after another, columns 2j and
+    2j + 1 of each row in turn, then come the rows' float16 scales. The expected bytes are built here value by
+    value."""
     rows = native_decoding.extension().int4_panel_rows()
     model = with_q8_0_head(quantize_int4(lively_model(vocab_size=61, n_embd=64, n_head=4, seed=2)))
     blocks = model.lm_head.blocks()
@@ -769,10 +769,9 @@ def test_a_q8_0_head_lies_in_panels_of_8_bit_codes_with_a_record_per_group():
     for first in range(0, 61, rows):
         panel = range(first, first + rows)
         for group in range(2):
-            for word in range(8):
+            for pair in range(16):
                 for row in panel:
-                    columns = [4 * word, 4 * word + 2, 4 * word + 1, 4 * word + 3]
-                    values = [codes[row][group][c] if row < 61 else 0 for c in columns]
+                    values = [codes[row][group][c] if row < 61 else 0 for c in (2 * pair, 2 * pair + 1)]
                     expected += bytes(value % 256 for value in values)
             for row in panel:
                 expected += blocks.scale[row, group].numpy().tobytes() if row < 61 else bytes(2)

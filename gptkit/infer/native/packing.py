@@ -156,14 +156,12 @@ def int8_panel_bytes(product: Int8GroupedLinear, panel_rows: int) -> int:
 
 def int8_panels(blocks: Int8Blocks, panel_rows: int) -> torch.Tensor:
     """Q8_0 blocks (uint8, 1-D) as csrc/int4.h reads Int8Grouped panels: panels of `panel_rows` rows (the last
-    filled up with rows of zeros), each a record per group: the codes of the group's 32 columns, word w (4 bytes) of
-    row r at (w * panel_rows + r) * 4 holding those of columns 4w, 4w + 2, 4w + 1 and 4w + 3 in its bytes 0 to 3 (an
-    arithmetic shift within each 16 bits leaves a pair of adjacent columns), then the rows' float16 scales."""
+    filled up with rows of zeros), each a record per group: the codes of the group's 32 columns a pair of columns
+    after another, columns 2j and 2j + 1 of row r at bytes (j * panel_rows + r) * 2 and one on (a load of a pair's
+    bytes widened to 16 bits gives each row its pair), then the rows' float16 scales."""
     panels, groups = -(-blocks.scale.shape[0] // panel_rows), blocks.scale.shape[1]
-    # (panel, row, group, word, pair k, half h) -> (..., word, half h, pair k): column 4w + 2k + h at byte 2h + k
-    by_half = whole_panels(blocks.codes, panel_rows).view(panels, panel_rows, groups, 8, 2, 2).transpose(-1, -2)
-    words = by_half.reshape(panels, panel_rows, groups, 8, 4).permute(0, 2, 3, 1, 4)  # (panel, group, word, row, byte)
-    codes = words.reshape(panels, groups, -1).view(torch.uint8)
+    pairs = whole_panels(blocks.codes, panel_rows).view(panels, panel_rows, groups, GROUP // 2, 2)
+    codes = pairs.permute(0, 2, 3, 1, 4).reshape(panels, groups, -1).view(torch.uint8)  # (panel, group, pair, row, 2)
     return torch.cat((codes, group_halves(blocks.scale, panel_rows)), dim=2).reshape(-1)
 
 

@@ -66,14 +66,12 @@ constexpr int64_t INT4_PANEL = LANES;
 #else
 constexpr int64_t INT4_PANEL = 8;
 #endif
-// Int8Grouped's panels are int4's but for the codes: 8 words of 32 bits per row, word w of row r at
-// (w * INT4_PANEL + r) * 4 bytes, its bytes holding the codes of columns 4w, 4w + 2, 4w + 1 and 4w + 3 in that order,
-// so that arithmetic shifts within each 16 bits (int8_pair) leave columns 4w and 4w + 1, or 4w + 2 and 4w + 3, as two
-// sign-extended 16-bit integers: the same pairs for the same integer multiply-add.
+// Int8Grouped's panels are int4's but for the codes: a pair of columns after another, the codes of columns 2j and
+// 2j + 1 of row r at bytes (j * INT4_PANEL + r) * 2 and one on, so that one load sign-extending bytes to 16 bits
+// (load_code_pairs) leaves each lane with a pair of columns of its row: the same pairs for the same integer
+// multiply-add.
 template <typename W>
-constexpr int64_t WORDS = std::is_same_v<W, Int8Grouped> ? 8 : 4;  // words of codes a row's group takes
-template <typename W>
-constexpr int64_t CODE_BYTES = WORDS<W> * 4 * INT4_PANEL;
+constexpr int64_t CODE_BYTES = (std::is_same_v<W, Int8Grouped> ? INT4_GROUP : INT4_GROUP / 2) * INT4_PANEL;
 // the codes, and a float16 scale and minimum a row (Int4Symmetric and Int8Grouped: a scale)
 template <typename W>
 constexpr int64_t GROUPED_RECORD = CODE_BYTES<W> + (std::is_same_v<W, Int4> ? 2 : 1) * 2 * INT4_PANEL;
@@ -226,8 +224,10 @@ inline Ints add_ints(Ints a, Ints b) { return _mm512_add_epi32(a, b); }
 inline Ints and_ints(Ints a, Ints b) { return _mm512_and_si512(a, b); }
 inline Ints shift_right_32(Ints v, int bits) { return _mm512_srli_epi32(v, bits); }
 inline Ints shift_right_16(Ints v, int bits) { return _mm512_srli_epi16(v, bits); }
-inline Ints shift_left_16(Ints v, int bits) { return _mm512_slli_epi16(v, bits); }
-inline Ints shift_right_signed_16(Ints v, int bits) { return _mm512_srai_epi16(v, bits); }
+// INT4_PANEL pairs of int8 codes as pairs of 16-bit integers, one pair a lane.
+inline Ints load_code_pairs(const uint8_t* p) {
+  return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
 inline Vec to_floats(Ints v) { return _mm512_cvtepi32_ps(v); }
 // LANES float16 values as float32 lanes.
 inline Vec load_halves(const uint8_t* p) {
@@ -243,8 +243,9 @@ inline Ints add_ints(Ints a, Ints b) { return _mm256_add_epi32(a, b); }
 inline Ints and_ints(Ints a, Ints b) { return _mm256_and_si256(a, b); }
 inline Ints shift_right_32(Ints v, int bits) { return _mm256_srli_epi32(v, bits); }
 inline Ints shift_right_16(Ints v, int bits) { return _mm256_srli_epi16(v, bits); }
-inline Ints shift_left_16(Ints v, int bits) { return _mm256_slli_epi16(v, bits); }
-inline Ints shift_right_signed_16(Ints v, int bits) { return _mm256_srai_epi16(v, bits); }
+inline Ints load_code_pairs(const uint8_t* p) {
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 inline Vec to_floats(Ints v) { return _mm256_cvtepi32_ps(v); }
 inline Vec load_halves(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -259,26 +260,19 @@ inline Ints int4_pair(Ints word, int64_t k) {
   return and_ints(k == 0 ? word : shift_right_32(word, static_cast<int>(4 * k)), low_nibbles);
 }
 
-// Int8Grouped's column pair k (0 or 1) of each lane's word: the codes of columns 4w + 2k and 4w + 2k + 1 as the low
-// and the high 16 bits of the lane, sign-extended (see WORDS).
-inline Ints int8_pair(Ints word, int64_t k) {
-  return shift_right_signed_16(k == 0 ? shift_left_16(word, 8) : word, 8);
-}
-
-// Column pair k of each lane's word, as the records of W hold them.
-template <typename W>
-inline Ints code_pair(Ints word, int64_t k) {
-  if constexpr (std::is_same_v<W, Int8Grouped>)
-    return int8_pair(word, k);
-  else
-    return int4_pair(word, k);
-}
-
 // Input values c and c + 1 (16-bit integers, c even) as one 32-bit pair in every lane.
 inline Ints splat_pair(const int16_t* x) {
   int32_t pair;
   std::memcpy(&pair, x, sizeof(pair));
   return splat_int(pair);
+}
+
+// sums[t] + each lane's pair of codes (columns c and c + 1 of its row) times input t's pair of integers there, for
+// t < T (dots.h's add_products).
+template <int64_t T>
+inline void add_pair(Ints* sums, Ints codes, const GroupedInputs& in, int64_t c) {
+#pragma GCC unroll 12
+  for (int64_t t = 0; t < T; ++t) sums[t] = add_products(sums[t], codes, splat_pair(in.integers[t] + c));
 }
 
 // Asks the L2 cache for the lines of the int4 record (of W) at `at`.
@@ -299,7 +293,7 @@ inline void prefetch_record(const uint8_t* at) {
 template <typename W, int64_t T>
 void grouped_panel_dots(const uint8_t* panel, int64_t groups, const GroupedInputs& in, float* out,
                         RecordPrefetch prefetch) {
-  constexpr int64_t SPLIT = T == 1 ? 4 : T < 4 ? 2 : 1, PAIRS = INT4_GROUP / 2 / WORDS<W>;  // a word's pairs
+  constexpr int64_t SPLIT = T == 1 ? 4 : T < 4 ? 2 : 1;
   constexpr bool symmetric = std::is_same_v<W, Int4Symmetric>, minimums = std::is_same_v<W, Int4>;
   Vec totals[T];
 #pragma GCC unroll 12
@@ -318,16 +312,17 @@ void grouped_panel_dots(const uint8_t* panel, int64_t groups, const GroupedInput
     for (int64_t s = 1; s < SPLIT; ++s)
 #pragma GCC unroll 12
       for (int64_t t = 0; t < T; ++t) parts[s][t] = zero_ints();
-#pragma GCC unroll 8
-    for (int64_t w = 0; w < WORDS<W>; ++w) {
-      const Ints word = load_word(record + w * INT4_PANEL * 4);
+    if constexpr (std::is_same_v<W, Int8Grouped>) {
+#pragma GCC unroll 16
+      for (int64_t j = 0; j < INT4_GROUP / 2; ++j)
+        add_pair<T>(parts[j % SPLIT], load_code_pairs(record + j * 2 * INT4_PANEL), in, g * INT4_GROUP + 2 * j);
+    } else {
 #pragma GCC unroll 4
-      for (int64_t k = 0; k < PAIRS; ++k) {
-        const Ints codes = code_pair<W>(word, k);
-        const int64_t c = g * INT4_GROUP + 2 * PAIRS * w + 2 * k, s = (PAIRS * w + k) % SPLIT;
-        // dots.h: each lane's two codes times the input's pair
-#pragma GCC unroll 12
-        for (int64_t t = 0; t < T; ++t) parts[s][t] = add_products(parts[s][t], codes, splat_pair(in.integers[t] + c));
+      for (int64_t w = 0; w < 4; ++w) {
+        const Ints word = load_word(record + w * INT4_PANEL * 4);
+#pragma GCC unroll 4
+        for (int64_t k = 0; k < 4; ++k)
+          add_pair<T>(parts[(4 * w + k) % SPLIT], int4_pair(word, k), in, g * INT4_GROUP + 8 * w + 2 * k);
       }
     }
     const Vec scale = load_halves(record + CODE_BYTES<W>);
@@ -363,29 +358,29 @@ void grouped_panel_pass(const uint8_t* panel, int64_t groups, const GroupedInput
 #else
 constexpr int64_t INT4_TOKENS = 8;
 
+// The code of column c (0 to INT4_GROUP - 1) of row r in a record of W's panels.
+template <typename W>
+int32_t grouped_code(const uint8_t* record, int64_t r, int64_t c) {
+  if constexpr (std::is_same_v<W, Int8Grouped>)
+    return static_cast<int8_t>(record[(c / 2 * INT4_PANEL + r) * 2 + c % 2]);
+  uint32_t word;  // word c / 8 of row r; column 8w + 2k + h in its bits 16h + 4k
+  std::memcpy(&word, record + (c / 8 * INT4_PANEL + r) * 4, sizeof(word));
+  return static_cast<int32_t>((word >> (16 * (c % 2) + 4 * (c % 8 / 2))) & 15u);
+}
+
 // grouped_panel_dots in plain loops (builds without vector lanes): the same codes, integers, scales and sums.
 template <typename W>
 void grouped_panel_pass(const uint8_t* panel, int64_t groups, const GroupedInputs& in, int64_t count, float* out,
                         RecordPrefetch) {
   constexpr bool symmetric = std::is_same_v<W, Int4Symmetric>, minimums = std::is_same_v<W, Int4>;
-  constexpr int64_t PAIRS = INT4_GROUP / 2 / WORDS<W>;
   for (int64_t t = 0; t < count; ++t)
     for (int64_t r = 0; r < INT4_PANEL; ++r) {
       float total = 0.0f;
       for (int64_t g = 0; g < groups; ++g) {
         const uint8_t* record = panel + g * GROUPED_RECORD<W>;
         int32_t dots = symmetric ? in.offsets[t][g] : 0;
-        for (int64_t w = 0; w < WORDS<W>; ++w) {
-          uint32_t word;
-          std::memcpy(&word, record + (w * INT4_PANEL + r) * 4, sizeof(word));
-          for (int64_t k = 0; k < PAIRS; ++k)
-            for (int64_t half = 0; half < 2; ++half) {
-              const int32_t code = std::is_same_v<W, Int8Grouped>
-                                       ? static_cast<int8_t>((word >> (8 * (2 * half + k))) & 255u)
-                                       : static_cast<int32_t>((word >> (16 * half + 4 * k)) & 15u);
-              dots += code * in.integers[t][g * INT4_GROUP + 2 * PAIRS * w + 2 * k + half];
-            }
-        }
+        for (int64_t c = 0; c < INT4_GROUP; ++c)
+          dots += grouped_code<W>(record, r, c) * in.integers[t][g * INT4_GROUP + c];
         const auto* halves = reinterpret_cast<const c10::Half*>(record + CODE_BYTES<W>);
         total += static_cast<float>(halves[r]) * in.scales[t][g] * static_cast<float>(dots);
         if (minimums) total += static_cast<float>(halves[INT4_PANEL + r]) * in.sums[t][g];
