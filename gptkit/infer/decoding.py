@@ -34,9 +34,8 @@ class Decoding:
         "auto",
         "auto: the fastest backend for the device, weights and batch (CPU: the native step, else oneDNN for "
         "several rows; CUDA: CUDA graphs) | eager: plain PyTorch | compiled: torch.compile (the first step compiles, "
-        "about a minute) | native: one C++ call a step, of one row or several (CPU; float32, bfloat16, int8, int4 or GGUF "
-        "Q8_0; "
-        "built at set-up: python -m gptkit.infer.native --build)",
+        "about a minute) | native: one C++ call a step, of one row or several (CPU; float32, bfloat16, int8, int4 or "
+        "GGUF Q8_0; built at set-up: python -m gptkit.infer.native --build)",
         choices=DECODE_CHOICES,
     )
 

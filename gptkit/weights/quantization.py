@@ -23,8 +23,8 @@ is never float32: it stays in the file, read at each use (FileInt4Linear; the to
 whose lookups read their rows), so the model holds none of it; a head the file keeps in Q8_0 stays in the file
 too, in its own 8 bits (Int8GroupedLinear), and one kept in any other type is quantized to int4 under "none" too
 (keep_stored_int4). Read so, a Q8_0 file's products stay in the file as well, in their own 8 bits (Int8GroupedLinear:
-GGUF's Q8_0 blocks of 32 int8 codes and a float16 scale, which the native step reads as it reads int4 blocks). A token embedding stored in any other quantized type stays in
-the file as well (FileEmbedding).
+GGUF's Q8_0 blocks of 32 int8 codes and a float16 scale, which the native step reads as it reads int4 blocks). A
+token embedding stored in any other quantized type stays in the file as well (FileEmbedding).
 """
 
 from __future__ import annotations

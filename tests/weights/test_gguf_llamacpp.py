@@ -1,6 +1,7 @@
 """GGUF files that llama.cpp's own quantizer wrote (llama_cpp.llama_model_quantize, from the f32 file our exporter
 wrote) read back with transformers' logits on the same file, for every architecture we export (a Q8_0 file read
-for decoding too, in its own blocks), and with its tokenizer ids. Slow: needs llama-cpp-python, built from source (pip install llama-cpp-python)."""
+for decoding too, in its own blocks), and with its tokenizer ids. Slow: needs llama-cpp-python, built from source
+(pip install llama-cpp-python)."""
 
 from __future__ import annotations
 
