@@ -1,13 +1,14 @@
-"""The memory and speed of sampling from a 4-bit GGUF file: sample.py in a process of its own, on a file of random
-Q4_0 blocks of a model's shape.
+"""The memory and speed of sampling from a 4-bit or 8-bit GGUF file: sample.py in a process of its own, on a file of
+random Q4_0 (or Q8_0) blocks of a model's shape.
 
-    python benchmarks/bench_gguf_memory.py [--shape=smollm2-1.7b --new_tokens=32 --json_out=bench_results/gguf_memory.json]
+    python benchmarks/bench_gguf_memory.py [--shape=smollm2-1.7b --qtype=q4_0 --new_tokens=32]
+        [--json_out=bench_results/gguf_memory.json]
 
-The file holds every product and the token embedding (the head, when tied) in Q4_0, its norms in F32, with
+The file holds every product and the token embedding (the head, when tied) in Q4_0 (or Q8_0), its norms in F32, with
 export.py's metadata and a byte-level tokenizer (gptkit.weights.export_gguf). It is written tensor by tensor with
 llama.cpp's gguf package, so a model of this shape never exists in float32 here; the blocks hold random codes, with
 scales that give weights of about GPT-2's initial spread. Then `sample.py --init_from=FILE --max_new_tokens=N` runs
-as a child process (the file's own blocks, decoded by the native int4 step where it is built). Reported: the child's
+as a child process (the file's own blocks, decoded by the native step where it is built). Reported: the child's
 peak resident memory (os.wait4's ru_maxrss: the whole process, runtime and tokenizer included), the seconds until
 the prompt is echoed (the load) and until the first new token (the packing of the weights and the prompt), and
 tokens per second from the first new token to the last, as the child streams them.
@@ -36,13 +37,17 @@ from measure import MODEL_SHAPES, print_table, run_benchmark
 
 REPO = Path(__file__).resolve().parent.parent
 SHAPES = {name: shape for name, shape in MODEL_SHAPES.items() if shape.get("pos_encoding") == "rope"}  # Llama family
-Q4_0_BLOCK = 18  # bytes of 32 weights: a float16 scale d, then 16 bytes of codes (weight = d * (code - 8))
-SCALE = 0.02 / 4.6  # d: codes uniform in 0 .. 15 give d * (code - 8) a spread of about 0.02, GPT-2's initial one
+# Bytes of 32 weights: a float16 scale d, then 16 bytes of 4-bit codes (Q4_0: weight = d * (code - 8)) or 32 int8
+# codes (Q8_0: weight = d * code).
+BLOCK_BYTES = {"q4_0": 18, "q8_0": 34}
+# d: codes uniform in 0 .. 15 (in -127 .. 127) give weights a spread of about 0.02, GPT-2's initial one
+SCALES = {"q4_0": 0.02 / 4.6, "q8_0": 0.02 / 73.3}
 
 
 @dataclass
 class GGUFMemoryBench:
-    shape: str = setting("smollm2-1.7b", "the model's shape (random Q4_0 blocks)", choices=tuple(SHAPES))
+    shape: str = setting("smollm2-1.7b", "the model's shape (random blocks)", choices=tuple(SHAPES))
+    qtype: str = setting("q4_0", "the matrices' GGUF type", choices=tuple(BLOCK_BYTES))
     n_layer: int | None = setting(None, "layers, instead of the shape's (a smaller file of the same width)")
     new_tokens: int = setting(32, "tokens sample.py generates (--max_new_tokens)", rule="positive")
     prompt: str = setting("Once upon a time", "the prompt (--start)")
@@ -80,34 +85,37 @@ def file_tensors(config: GPTConfig, architecture: str) -> dict[str, tuple[int, .
     return tensors
 
 
-def random_q4_0(rows: int, columns: int, generator: np.random.Generator) -> np.ndarray:
-    """(rows, bytes a row) uint8: Q4_0 blocks of random codes, each with the scale SCALE."""
-    blocks = generator.integers(0, 256, size=(rows, columns // 32, Q4_0_BLOCK), dtype=np.uint8)
-    blocks[..., :2] = np.array([SCALE], np.float16).view(np.uint8)
+def random_blocks(qtype: str, rows: int, columns: int, generator: np.random.Generator) -> np.ndarray:
+    """(rows, bytes a row) uint8: Q4_0 or Q8_0 blocks of random codes, each with the scale SCALES[qtype]."""
+    shape = (rows, columns // 32, BLOCK_BYTES[qtype])
+    if qtype == "q4_0":
+        blocks = generator.integers(0, 256, size=shape, dtype=np.uint8)
+    else:  # int8 codes in -127 .. 127, as ggml's quantizer makes them
+        blocks = generator.integers(-127, 128, size=shape, dtype=np.int8).view(np.uint8)
+    blocks[..., :2] = np.array([SCALES[qtype]], np.float16).view(np.uint8)
     return blocks.reshape(rows, -1)
 
 
-def write_q4_0_file(path: Path, config: GPTConfig) -> None:
-    """A GGUF file of `config`'s shape, its matrices random Q4_0 blocks and its norms ones, written a tensor at a time
-    (llama.cpp's gguf package: the tensors' table first, then each tensor's data as it is made)."""
+def write_blocks_file(path: Path, config: GPTConfig, qtype: str) -> None:
+    """A GGUF file of `config`'s shape, its matrices random Q4_0 or Q8_0 blocks and its norms ones, written a tensor
+    at a time (llama.cpp's gguf package: the tensors' table first, then each tensor's data as it is made)."""
     import gguf
 
     architecture = architecture_of(config)
     if config.n_embd % 32 or config.mlp_hidden % 32 or config.n_head * config.head_dim % 32:
-        raise UserError("Q4_0 needs rows of whole 32-weight blocks: every width a multiple of 32")
+        raise UserError(f"{qtype} needs rows of whole 32-weight blocks: every width a multiple of 32")
+    ggml_type = gguf.GGMLQuantizationType[qtype.upper()]
     tensors = file_tensors(config, architecture)
     partial_path = path.with_name(path.name + ".partial")  # renamed when whole
     writer = gguf.GGUFWriter(str(partial_path), arch=architecture)
     writer.add_name(path.stem)
     add_hyperparameters(writer, config, architecture)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    writer.add_file_type(gguf.LlamaFileType[f"MOSTLY_{qtype.upper()}"])
     add_tokenizer(writer, gguf_vocabulary(vocabulary_of(byte_tokenizer())), config.vocab_size)
     for name, shape in tensors.items():
         if len(shape) == 2:
-            row_bytes = shape[1] // 32 * Q4_0_BLOCK
-            writer.add_tensor_info(
-                name, (shape[0], row_bytes), np.uint8, shape[0] * row_bytes, gguf.GGMLQuantizationType.Q4_0
-            )
+            row_bytes = shape[1] // 32 * BLOCK_BYTES[qtype]
+            writer.add_tensor_info(name, (shape[0], row_bytes), np.uint8, shape[0] * row_bytes, ggml_type)
         else:
             writer.add_tensor_info(name, shape, np.float32, shape[0] * 4)
     writer.write_header_to_file()
@@ -115,7 +123,8 @@ def write_q4_0_file(path: Path, config: GPTConfig) -> None:
     writer.write_ti_data_to_file()
     generator = np.random.default_rng(0)
     for shape in tensors.values():
-        writer.write_tensor_data(random_q4_0(*shape, generator) if len(shape) == 2 else np.ones(shape, np.float32))
+        matrix = len(shape) == 2
+        writer.write_tensor_data(random_blocks(qtype, *shape, generator) if matrix else np.ones(shape, np.float32))
     writer.close()
     os.replace(partial_path, path)
 
@@ -149,19 +158,21 @@ def sample_in_child(cfg: GGUFMemoryBench, path: Path) -> dict:
 
 
 def bench_gguf_memory(cfg: GGUFMemoryBench) -> list[dict]:
-    """Peak resident memory and tokens/s of sample.py on a random Q4_0 file of the shape."""
+    """Peak resident memory and tokens/s of sample.py on a random Q4_0 (or Q8_0) file of the shape."""
     shape = {**SHAPES[cfg.shape], **({"n_layer": cfg.n_layer} if cfg.n_layer else {})}
     config = GPTConfig(**shape)
     with tempfile.TemporaryDirectory() as directory:
-        path = Path(cfg.file or Path(directory) / f"{cfg.shape}-q4_0.gguf")
+        path = Path(cfg.file or Path(directory) / f"{cfg.shape}-{cfg.qtype}.gguf")
         if not path.exists():
             begin = time.perf_counter()
-            write_q4_0_file(path, config)
+            write_blocks_file(path, config, cfg.qtype)
             print(f"wrote {path} in {time.perf_counter() - begin:.1f} s", flush=True)
-        row = {"shape": cfg.shape, "n_layer": config.n_layer, "file_mb": round(path.stat().st_size / 1e6, 1)}
+        row = {"shape": cfg.shape, "qtype": cfg.qtype, "n_layer": config.n_layer}
+        row["file_mb"] = round(path.stat().st_size / 1e6, 1)
         row |= {"new_tokens": cfg.new_tokens, **sample_in_child(cfg, path)}
     row["x_file"] = round(row["peak_rss_mb"] / row["file_mb"], 2)
-    columns = ["shape", "n_layer", "file_mb", "peak_rss_mb", "x_file", "load_s", "first_token_s", "tokens_per_s"]
+    columns = ["shape", "qtype", "n_layer", "file_mb", "peak_rss_mb", "x_file", "load_s", "first_token_s"]
+    columns.append("tokens_per_s")
     print_table([row], columns)
     return [row]
 
