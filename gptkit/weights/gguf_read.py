@@ -14,8 +14,8 @@ copy of them). A product (or the token embedding) stored as Q4_0 or Q4_1 also ke
 Int4Linear's layout (keep_q4_blocks): int4 then runs on the file's own blocks, and a file whose every product and
 head is so stored decodes in them by default (gptkit.weights.quantization). Or, for decoding on the CPU
 (keep_int4), those matrices are never float32: each stays in the file, read as it is needed (keep_in_file), and so
-does a head the file keeps in Q8_0 beside them (q8_0_head), which then decodes in those 8 bits; so do a Q8_0 file's
-products (q8_0_layers).
+do a Q8_0 file's products (q8_0_layers) and the head beside either, in its own Q8_0 blocks or quantized to Q8_0 from
+another type as it is read (head_in_file).
 
 The tensors are read with plain reads at their offsets (TensorFile), not through a memory map: every page read
 through a map would count in the process's resident memory while the map lives. Any other type, another
@@ -52,6 +52,7 @@ from gptkit.weights.quantization import (
     Int8Blocks,
     Int8GroupedLinear,
     keep_int4_blocks,
+    quantize_q8_0_slices,
     quantize_row_slices,
 )
 
@@ -484,7 +485,7 @@ def keep_in_file(model: GPT, tensors: FileTensors, arch: str, products_only: boo
     reads its blocks from the file as it needs them: FileInt4Linear, and for the token embedding FileInt4Embedding
     (a tied head: a FileInt4Linear of the same rows); where every layer's products are Q8_0 (q8_0_layers), each is
     an Int8GroupedLinear reading its blocks so. Their scales are checked for NaN and infinity here. Beside every
-    layer's products so kept, an untied head stored in Q8_0 stays in the file too (q8_0_head). A token
+    layer's products so kept, an untied head stored in another type stays in the file too (head_in_file). A token
     embedding stored in another quantized type stays in the file too (keep_embedding_in_file). products_only: the
     products alone, not the embedding or the head. Returns the file's weights so kept: nothing else reads them."""
     config, kept = model.config, set()
@@ -499,10 +500,10 @@ def keep_in_file(model: GPT, tensors: FileTensors, arch: str, products_only: boo
         model.set_submodule(module, module_in_file(model, module, matrix))
         kept.update(name for name, _ in matrix.parts)
     layers = set(matrix_sources(config, arch)) - {"transformer.wte", "lm_head"}
-    head = tensors.file.tensors.get("output.weight")
-    if not products_only and layers <= set(stored) and head is not None and head.tensor_type.name == "Q8_0":
-        model.lm_head = q8_0_head(tensors, "output.weight")
-        kept.add("output.weight")
+    head = "output.weight"
+    if not products_only and layers <= set(stored) and "lm_head" not in stored and head in tensors.file.tensors:
+        model.lm_head = head_in_file(tensors, head)
+        kept.add(head)
     embedding = "token_embd.weight"
     if (
         not products_only
@@ -527,69 +528,70 @@ def module_in_file(model: GPT, module: str, matrix: StoredMatrix) -> torch.nn.Mo
 
 
 def q8_0_layers(tensors: FileTensors, arch: str, config: GPTConfig) -> dict[str, StoredMatrix]:
-    """The layers' products (each a StoredMatrix) when the file stores every one in Q8_0 and its head in Q8_0, Q4_0
-    or Q4_1 (the native step reads such a model in its blocks as they are: a Q8_0 file's); else none."""
+    """The layers' products (each a StoredMatrix) when the file stores every one in Q8_0 (a Q8_0 file's); else
+    none."""
     layers = set(matrix_sources(config, arch)) - {"transformer.wte", "lm_head"}
     found = stored_matrices(tensors, arch, config, ("Q8_0",))
-    head = "token_embd.weight" if config.tie_embeddings else "output.weight"
-    if not layers <= set(found) or tensors.file.tensors[head].tensor_type.name not in ("Q8_0", *Q4_HEADER_BYTES):
-        return {}
-    return {module: matrix for module, matrix in found.items() if module in layers}
+    return {module: found[module] for module in layers} if layers <= set(found) else {}
 
 
 def keep_embedding_in_file(model: GPT, tensors: FileTensors, products_in_file: bool) -> set[str]:
     """The token embedding, stored in a quantized type but Q4_0 and Q4_1, as a FileEmbedding: its lookups read and
-    dequantize their rows. A tied head, where every product stays in the file, reads its Q8_0 blocks from the file
-    (q8_0_head); in any other type it is quantized to int4 from the file's values a slice of rows at a time as its
-    blocks are read (a FileInt4Linear of QuantizedRows: no float32 table is held), the blocks
-    quantization.keep_stored_int4 would make of the float32 table. Where some products are float32 the tied head is
-    read as float32 with them (the one copy of the table). Returns {token_embd.weight} where nothing else reads it,
-    else nothing."""
+    dequantize their rows. A tied head, where every product stays in the file, reads the table's Q8_0 blocks from the
+    file, or its values quantized to Q8_0 a slice of rows at a time as they are read (head_in_file: no float32 table
+    is held). Where some products are float32 the tied head is read as float32 with them (the one copy of the
+    table). Returns {token_embd.weight} where nothing else reads it, else nothing."""
     config, name = model.config, "token_embd.weight"
     model.transformer.wte = FileEmbedding(partial(tensors.file.picked_values, name), config.vocab_size, config.n_embd)
     if config.tie_embeddings and not products_in_file:
         return set()  # read (and checked) as the head
-    if config.tie_embeddings and tensors.file.tensors[name].tensor_type.name == "Q8_0":
-        model.lm_head = q8_0_head(tensors, name)
-    elif config.tie_embeddings:
-        model.lm_head = FileInt4Linear(QuantizedRows(tensors, name), config.vocab_size, config.n_embd, None)
+    if config.tie_embeddings:
+        model.lm_head = head_in_file(tensors, name)
     else:
         for rows in tensors.file.row_ranges(name):
             finite_rows(tensors, name, *rows)
     return {name}
 
 
-def q8_0_head(tensors: FileTensors, name: str) -> Int8GroupedLinear:
-    """The head of products left in the file, matrix `name` stored in Q8_0: its blocks left in the file too, read as
-    they are needed, so that it decodes in the file's own 8 bits. Its scales are checked for NaN and infinity here."""
-    check_blocks_finite(tensors, name)
+def head_in_file(tensors: FileTensors, name: str) -> Int8GroupedLinear:
+    """The head of products left in the file, read from matrix `name` (stored in another type than Q4_0 and Q4_1)
+    as Q8_0 blocks, so that the native step reads it beside them: the file's own where it is Q8_0 (their scales
+    checked for NaN and infinity here), else quantized to Q8_0 from the file's values as they are read (QuantizedRows;
+    nearer the precision of the types a head comes in, Q6_K's, Q5_K's or float, than 4 bits would be)."""
     vocab, width = tensors.shape(name)
+    if tensors.file.tensors[name].tensor_type.name != "Q8_0":
+        eight_bit, int4 = QuantizedRows(tensors, name, eight_bit=True), QuantizedRows(tensors, name)
+        return Int8GroupedLinear(eight_bit, vocab, width, int4_read=int4)
+    check_blocks_finite(tensors, name)
     return Int8GroupedLinear(partial(tensors.file.q8_blocks, name), vocab, width)
 
 
 @dataclass(frozen=True)
 class QuantizedRows:
-    """A matrix the file stores in another type than Q4_0 or Q4_1, as int4 blocks: called with (start, stop) as a
-    StoredMatrix is, the blocks of those rows quantized from the file's values (quantization.quantize_row_slices),
-    about READ_BYTES of the file at a time, each slice checked for NaN and infinity. The whole matrix's blocks (what
-    an eager pass asks for at every call) are quantized once and held from then on; the slices the native step's
-    packing asks for are quantized at each call, so the packing holds no more than its panels."""
+    """A matrix the file stores in another type than Q4_0 or Q4_1, as int4 blocks (or Q8_0's, eight_bit): called with
+    (start, stop) as a StoredMatrix is, the blocks of those rows quantized from the file's values
+    (quantization.quantize_row_slices, quantize_q8_0_slices), about READ_BYTES of the file at a time, each slice
+    checked for NaN and infinity. The whole matrix's blocks (what an eager pass asks for at every call) are quantized
+    once and held from then on; the slices the native step's packing asks for are quantized at each call, so the
+    packing holds no more than its panels."""
 
     tensors: FileTensors
     name: str
+    eight_bit: bool = False
 
-    def __call__(self, start: int, stop: int) -> Int4Blocks:
+    def __call__(self, start: int, stop: int) -> Int4Blocks | Int8Blocks:
         if start == 0 and stop == self.tensors.file.rows(self.name):
             return self.whole
         return self.quantized(start, stop)
 
     @cached_property
-    def whole(self) -> Int4Blocks:
+    def whole(self) -> Int4Blocks | Int8Blocks:
         return self.quantized(0, self.tensors.file.rows(self.name))
 
-    def quantized(self, start: int, stop: int) -> Int4Blocks:
+    def quantized(self, start: int, stop: int) -> Int4Blocks | Int8Blocks:
         ranges = self.tensors.file.row_ranges(self.name, start, stop)
-        return quantize_row_slices(finite_rows(self.tensors, self.name, *rows) for rows in ranges)
+        slices = (finite_rows(self.tensors, self.name, *rows) for rows in ranges)
+        return quantize_q8_0_slices(slices) if self.eight_bit else quantize_row_slices(slices)
 
 
 def finite_rows(tensors: FileTensors, name: str, start: int, stop: int) -> torch.Tensor:

@@ -21,8 +21,8 @@ inputs, gptkit.infer.native) are tested against. A weight read from a GGUF file'
 every product was read so runs on them under "none" too (the file's own precision). Read for decoding, such a matrix
 is never float32: it stays in the file, read at each use (FileInt4Linear; the token embedding FileInt4Embedding,
 whose lookups read their rows), so the model holds none of it; a head the file keeps in Q8_0 stays in the file
-too, in its own 8 bits (Int8GroupedLinear), and one kept in any other type is quantized to int4 under "none" too
-(keep_stored_int4). Read so, a Q8_0 file's products stay in the file as well, in their own 8 bits (Int8GroupedLinear:
+too, in its own 8 bits (Int8GroupedLinear), and one kept in any other type is quantized to Q8_0 as it is read, near
+the precision it is stored in. Read so, a Q8_0 file's products stay in the file as well, in their own 8 bits (Int8GroupedLinear:
 GGUF's Q8_0 blocks of 32 int8 codes and a float16 scale, which the native step reads as it reads int4 blocks). A
 token embedding stored in any other quantized type stays in the file as well (FileEmbedding).
 """
@@ -252,7 +252,9 @@ class Int8GroupedLinear(nn.Module):
     time they are used: a GGUF file's Q8_0 products, or its Q8_0 head beside products left in the file in 4 bits
     (gptkit.weights.gguf_read), so that the model decodes in the file's own 8 bits. The native step packs its blocks
     once, a slice of rows at a time (row_blocks); an eager pass dequantizes them at each call, as Int4Linear's does.
-    `read(start, stop)` gives the blocks of rows start .. stop - 1. For inference only."""
+    `read(start, stop)` gives the blocks of rows start .. stop - 1; `int4_read`, for blocks quantized from a file's
+    values of another type, gives those values' int4 blocks so (what int4 takes, not the 8-bit blocks quantized
+    again). For inference only."""
 
     def __init__(
         self,
@@ -260,10 +262,11 @@ class Int8GroupedLinear(nn.Module):
         out_features: int,
         in_features: int,
         bias: torch.Tensor | None = None,
+        int4_read: Callable[[int, int], Int4Blocks] | None = None,
     ) -> None:
         super().__init__()
         self.out_features, self.in_features = out_features, in_features
-        self.read = read
+        self.read, self.int4_read = read, int4_read
         self.register_buffer("bias", bias)
 
     def blocks(self) -> Int8Blocks:
@@ -339,6 +342,27 @@ def quantize_row_slices(slices: Iterable[torch.Tensor]) -> Int4Blocks:
     row's blocks depend on that row alone, so only one slice is float32 at once."""
     parts = [quantize_groups(rows.float()) for rows in slices]
     return Int4Blocks(*(torch.cat(part) for part in zip(*parts)))
+
+
+def quantize_q8_0(weight: torch.Tensor) -> Int8Blocks:
+    """Rows (rows, in) as GGUF's Q8_0 blocks, as gguf-py's reference quantizer makes them, in float32: per group of
+    GROUP weights, d = largest |w| / 127 and code = w / d rounded half away from zero, d stored as float16. A last
+    group of fewer weights is filled with zeros (codes past the row's end, unused)."""
+    rows, columns = weight.shape
+    groups = F.pad(weight.float(), (0, -columns % GROUP)).view(rows, -1, GROUP)
+    d = groups.abs().amax(dim=-1, keepdim=True) / INT8_MAX
+    scaled = groups * torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    magnitude = scaled.abs()
+    whole = magnitude.floor()
+    codes = (whole + (2 * (magnitude - whole)).floor()).copysign(scaled)  # as gguf-py's np_roundf, exactly
+    return Int8Blocks(codes.to(torch.int8), d[..., 0].half())
+
+
+def quantize_q8_0_slices(slices: Iterable[torch.Tensor]) -> Int8Blocks:
+    """A matrix given a slice of rows at a time (at least one), quantized as quantize_q8_0 quantizes it: only one
+    slice is float32 at once."""
+    parts = [quantize_q8_0(rows) for rows in slices]
+    return Int8Blocks(*(torch.cat(part) for part in zip(*parts)))
 
 
 def block_products(model: nn.Module) -> list[str]:
@@ -433,9 +457,9 @@ def keep_stored_int4(model: nn.Module) -> nn.Module:
     """`model` (in place, returned) run on the blocks its products were read from (stored_int4, or left in the file:
     FileInt4Linear) when every one of them was: a GGUF file whose products and head are all Q4_0 or Q4_1 keeps its
     own precision. Products left in the file are never made float32: where every one but the head was (llama.cpp's
-    Q4_0 and Q4_1 files keep the head in more bits), a Q8_0 head stays as the reader left it (Int8GroupedLinear, its
-    own precision) and any other is quantized to int4 as quantize_int4 does, so that the native step reads the layers
-    in 4 bits and the head in int4 or Q8_0 panels. Where others
+    Q4_0 and Q4_1 files keep the head in more bits), the head the reader left in Q8_0 (Int8GroupedLinear) stays so,
+    and a float one (a LoRA run's GGUF base, its products read alone) is quantized to int4 as quantize_int4 does, so
+    that the native step reads the layers in 4 bits and the head in int4 or Q8_0 panels. Where others
     were not, the products left in the file become the float32 nn.Linear of their values (int4_as_linear), as the
     others are; any other model is left as it is."""
     products = [
@@ -470,8 +494,17 @@ def quantize_int4(model: nn.Module) -> nn.Module:
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, Int8GroupedLinear):
-                setattr(module, name, Int4Linear.from_linear(int8_grouped_as_linear(child)))
+                setattr(module, name, int4_of_grouped(child))
     return replace_linears(model, Int4Linear.from_linear).eval()
+
+
+def int4_of_grouped(grouped: Int8GroupedLinear) -> Int4Linear:
+    """The int4 product of an Int8GroupedLinear: of the values its blocks were quantized from where it has them
+    (int4_read), else of its blocks' values."""
+    if grouped.int4_read is None:
+        return Int4Linear.from_linear(int8_grouped_as_linear(grouped))
+    bias = None if grouped.bias is None else grouped.bias.clone()
+    return FileInt4Linear(grouped.int4_read, grouped.out_features, grouped.in_features, bias)
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:

@@ -1,6 +1,6 @@
 """GGUF files that llama.cpp's own quantizer wrote (llama_cpp.llama_model_quantize, from the f32 file our exporter
-wrote) read back with transformers' logits on the same file, for every architecture we export (a Q8_0 file read
-for decoding too, in its own blocks), and with its tokenizer ids. Slow: needs llama-cpp-python, built from source
+wrote) read back with transformers' logits on the same file, for every architecture we export (the Q8_0 and Q4_0
+files read for decoding too, in their own blocks), and with its tokenizer ids. Slow: needs llama-cpp-python, built from source
 (pip install llama-cpp-python)."""
 
 from __future__ import annotations
@@ -13,13 +13,16 @@ import torch
 
 from gptkit.data.gguf_tokenizer import load_gguf_tokenizer
 from gptkit.data.hf_tokenizer import load_hf_tokenizer
+from gptkit.infer.engine import Engine, Request
 from gptkit.weights import load
-from gptkit.weights.quantization import Int8GroupedLinear, apply_quantization, block_products
+from gptkit.weights.quantization import FileInt4Linear, Int8GroupedLinear, apply_quantization, block_products
+from helpers import with_16_bit_group_inputs
 from hf_tokenizer_dirs import VARIED, write_family
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
+from test_gguf_q4 import assert_greedy_up_to_ties  # noqa: E402
 from test_gguf_read import IDX, SHAPES, export_file, logits, tiny, transformers_model  # noqa: E402
 
 # llama.cpp's file types (llama.h's LLAMA_FTYPE_MOSTLY_*) and the block type each writes for most matrices.
@@ -70,11 +73,23 @@ def test_llama_cpp_s_quantized_files_read_with_transformers_logits(tmp_path, lla
         # 1e-4, plus float32's rounding of logits this model makes up to ~70 (each of the two float32 passes is
         # about 1.5e-4 from a float64 pass over the same dequantized weights there)
         torch.testing.assert_close(logits(ours, IDX), expected, rtol=2e-6, atol=1e-4, msg=file_type)
-        if file_type == "Q8_0":  # read for decoding: every product in its own blocks, the same logits exactly
-            kept = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "none")
-            products = [kept.get_submodule(name) for name in block_products(ours)] + [kept.lm_head]
-            assert all(isinstance(product, Int8GroupedLinear) for product in products)
-            assert torch.equal(logits(kept, IDX), logits(ours, IDX))
+        if file_type in ("Q8_0", "Q4_0"):  # read for decoding: every product in its own blocks
+            assert_decodes_in_its_blocks(path, ours, file_type)
+
+
+def assert_decodes_in_its_blocks(path: Path, floats, file_type: str) -> None:
+    """A Q8_0 file read for decoding: every product and the head in its own Q8_0 blocks, with the float32 read's
+    logits exactly. A Q4_0 file (its head in Q6_K): the products in its Q4_0 blocks, the head quantized to Q8_0 as it
+    is read. The native step's greedy tokens are the eager pass's over the same blocks, up to ties."""
+    kept = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "none")
+    layer = Int8GroupedLinear if file_type == "Q8_0" else FileInt4Linear
+    assert all(isinstance(kept.get_submodule(name), layer) for name in block_products(floats))
+    assert isinstance(kept.lm_head, Int8GroupedLinear)
+    if file_type == "Q8_0":
+        assert torch.equal(logits(kept, IDX), logits(floats, IDX))
+    request = Request([5, 9, 300], 12, temperature=0)
+    list(Engine(kept, decode="native").run([request]))
+    assert_greedy_up_to_ties(with_16_bit_group_inputs(kept), [5, 9, 300], request.output)
 
 
 @pytest.mark.slow

@@ -33,6 +33,7 @@ from gptkit.weights.quantization import (
     FileInt4Embedding,
     FileInt4Linear,
     Int4Linear,
+    Int8Blocks,
     Int8GroupedLinear,
     Int8Linear,
     apply_quantization,
@@ -337,14 +338,25 @@ def test_a_q8_0_file_read_for_decoding_decodes_in_its_own_blocks(tmp_path, monke
     assert_greedy_up_to_ties(with_16_bit_group_inputs(model), [5, 9, 300], request.output)
 
 
-def test_q8_0_products_beside_a_head_of_another_type_are_read_as_float32(tmp_path, monkeypatch, qwen_tokenizer):
-    """Q8_0 products and a Q6_K head (no grouped kind the native step reads): read for decoding, the products and the
-    head are the float32 read's Linear layers, and so are the logits."""
+def test_q8_0_products_beside_a_head_of_another_type_decode_with_it_quantized_to_q8_0(
+    tmp_path, monkeypatch, qwen_tokenizer
+):
+    """Q8_0 products and a Q6_K head, read for decoding: the products read their Q8_0 blocks from the file, the head
+    its values quantized as they are read, gguf-py's Q8_0 blocks of the float32 read's head; no float matrix is held;
+    the logits are the float32 read's with that head, and the native step's greedy tokens the eager pass's."""
     model = tiny("llama-untied", n_embd=256, n_head=4)  # K-quant blocks hold 256 values: a row's
     path = q4_file(tmp_path, monkeypatch, model, qwen_tokenizer, T.Q8_0, {"output.weight": T.Q6_K})
     kept = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "none")
-    assert all(type(product) is torch.nn.Linear for product in products_of(kept).values())
-    assert torch.equal(logits(kept, IDX), logits(load(str(path), tokenizer=False).model, IDX))
+    products = product_sources(kept.config, "llama")
+    assert all(isinstance(kept.get_submodule(name), Int8GroupedLinear) for name in products)
+    assert float_matrices(kept) <= {"rope_cos", "rope_sin"}
+    floats = load(str(path), tokenizer=False).model
+    expected = gguf_q8_0(floats.lm_head.weight)
+    assert all(map(torch.equal, kept.lm_head.blocks(), expected))
+    assert torch.equal(logits(kept, IDX), logits(with_head_of(floats, expected), IDX))
+    request = Request([5, 9, 300], 12, temperature=0)
+    list(Engine(kept, decode="native").run([request]))
+    assert_greedy_up_to_ties(with_16_bit_group_inputs(kept), [5, 9, 300], request.output)
 
 
 @pytest.mark.parametrize("shape", ["gpt2", "llama-gqa-tied"])
@@ -401,30 +413,47 @@ def test_a_q8_0_head_beside_q4_products_decodes_in_its_own_8_bits(tmp_path, monk
     assert torch.equal(step.matrices, NativeStep.for_model(reference, torch.float32).matrices)
 
 
+def gguf_q8_0(weight: torch.Tensor) -> Int8Blocks:
+    """gguf-py's Q8_0 blocks of `weight` (rows, in: whole groups of 32)."""
+    raw = gguf.quants.quantize(weight.detach().numpy(), T.Q8_0).reshape(weight.shape[0], -1, 34)
+    scale = torch.from_numpy(raw[..., :2].copy().view(np.float16)[..., 0])
+    return Int8Blocks(torch.from_numpy(raw[..., 2:].copy().view(np.int8)), scale)
+
+
+def with_head_of(model, blocks: Int8Blocks):
+    """`model` (in place, returned) with its head the Int8GroupedLinear of `blocks`."""
+    rows, groups, _ = blocks.codes.shape
+    model.lm_head = Int8GroupedLinear(lambda start, stop: blocks.rows(lambda part: part[start:stop]), rows, groups * 32)
+    return model
+
+
 @pytest.mark.parametrize(("shape", "embedding"), [("llama-gqa-tied", "Q5_0"), ("qwen2", "Q6_K"), ("gpt2", "Q5_1")])
-def test_a_token_embedding_in_more_bits_stays_in_the_file_and_its_tied_head_is_quantized_as_int4_does(
+def test_a_token_embedding_in_more_bits_stays_in_the_file_and_its_tied_head_is_quantized_to_q8_0(
     tmp_path, monkeypatch, qwen_tokenizer, shape, embedding
 ):
     """Q4_0 products and a tied token embedding in another type than Q8_0 (llama.cpp's Q4_0 files: Q6_K), read for
     decoding (keep_int4): the embedding stays in the file, its lookups of any rows in any order the float32 read's
-    values exactly; the model holds no float matrix but its position tables, and its head's blocks, read from the
-    file, are those int4 makes of the model read in float32; so its logits and the native step's panels are that
-    model's."""
-    model = tiny(shape, n_embd=256, n_head=4)  # K-quant blocks hold 256 values: a row's
+    values exactly; the model holds no float matrix but its position tables; the head's blocks, quantized as the
+    table is read, are gguf-py's Q8_0 blocks of the float32 read's table (nearer its precision than 4 bits), so the
+    logits under none are the float32 read's with that head. Under int4 the head is int4's of the float32 read."""
+    model = tiny(shape, n_embd=256, n_head=4, tie_embeddings=True)  # K-quant blocks hold 256 values: a row's
     path = q4_file(tmp_path, monkeypatch, model, qwen_tokenizer, T.Q4_0, {"token_embd.weight": T[embedding]})
     kept = load(str(path), tokenizer=False, keep_int4=True).model
-    assert isinstance(kept.transformer.wte, FileEmbedding) and isinstance(kept.lm_head, FileInt4Linear)
+    assert isinstance(kept.transformer.wte, FileEmbedding) and isinstance(kept.lm_head, Int8GroupedLinear)
     assert float_matrices(kept) <= {"rope_cos", "rope_sin", "transformer.wpe.weight"}
     floats = load(str(path), tokenizer=False).model
     rows = [639, 7, 0, 7, 300, 1]
     assert torch.equal(kept.transformer.wte(torch.tensor(rows)), floats.transformer.wte.weight[rows])
     assert torch.equal(kept.transformer.wte(IDX), floats.transformer.wte(IDX))
+    expected = gguf_q8_0(floats.lm_head.weight)
+    assert all(map(torch.equal, kept.lm_head.blocks(), expected))
     kept = apply_quantization(kept, "none")
-    reference = apply_quantization(floats, "int4")
-    assert all(map(torch.equal, kept.lm_head.blocks(), reference.lm_head.blocks()))
-    assert torch.equal(logits(kept, IDX), logits(reference, IDX))
-    step = NativeStep.for_model(kept, torch.float32)
-    assert step.weights == "int4"
+    assert torch.equal(logits(kept, IDX), logits(with_head_of(floats, expected), IDX))
+    assert NativeStep.for_model(kept, torch.float32).weights == "int4"
+    int4 = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "int4")
+    reference = apply_quantization(load(str(path), tokenizer=False).model, "int4")
+    assert all(map(torch.equal, int4.lm_head.blocks(), reference.lm_head.blocks()))
+    step = NativeStep.for_model(int4, torch.float32)
     assert torch.equal(step.matrices, NativeStep.for_model(reference, torch.float32).matrices)
 
 

@@ -25,7 +25,14 @@ from gptkit.infer.onednn import optimize_for_cpu_decoding
 from gptkit.model import GPT, GPTConfig
 from gptkit.train import loop
 from gptkit.train.optim import configure_optimizers
-from gptkit.weights.quantization import Int4Linear, Int8Linear, apply_quantization, quantize_int4, quantize_int8
+from gptkit.weights.quantization import (
+    Int4Linear,
+    Int8Linear,
+    apply_quantization,
+    quantize_int4,
+    quantize_int8,
+    quantize_q8_0,
+)
 from helpers import assert_script_error, int8_reference, run_in_process, run_script, tiny_train_args
 
 
@@ -275,6 +282,28 @@ def test_int4_weights_are_ggufs_q4_1_blocks() -> None:
     dequantized = gguf.quants.dequantize(blocks.reshape(24, -1), gguf.GGMLQuantizationType.Q4_1)
     assert np.array_equal(layer.dequantized_weight().numpy(), dequantized)
     assert layer.scale[3, 1] == 0 and (layer.dequantized_weight()[3, 32:64] == 0.25).all()
+
+
+def test_q8_0_blocks_are_ggufs_bytes_for_byte() -> None:
+    """quantize_q8_0 makes, byte for byte, the scales and int8 codes gguf-py's Q8_0 quantizer writes (llama.cpp's
+    reference), ties at half a step included (rounded away from zero), a group of zeros too; and its values are
+    gguf-py's dequantization of them. A row of 40 weights quantizes as the same row filled with zeros to 64."""
+    torch.manual_seed(0)
+    weight = torch.randn(24, 96)
+    weight[3, 32:64] = 0.0
+    weight[5, :32] = torch.arange(32) - 15.5  # d = 16.5 / 127: some w / d land on half steps
+    weight[6, :32] = torch.tensor([127.0, 0.5, -0.5, 1.5, -1.5, 2.5] + [0.0] * 26)  # d = 1: exact halves
+    blocks = quantize_q8_0(weight)
+    expected = gguf.quants.quantize(weight.numpy(), gguf.GGMLQuantizationType.Q8_0).reshape(24, -1, 34)
+    assert blocks.codes.shape == (24, 3, 32) and blocks.codes.dtype == torch.int8
+    assert np.array_equal(blocks.scale.numpy().view(np.uint16), expected[..., :2].copy().view(np.uint16)[..., 0])
+    assert np.array_equal(blocks.codes.numpy(), expected[..., 2:].view(np.int8))
+    assert blocks.codes[6, 0, :6].tolist() == [127, 1, -1, 2, -2, 3]
+    dequantized = gguf.quants.dequantize(expected.reshape(24, -1), gguf.GGMLQuantizationType.Q8_0)
+    assert np.array_equal(blocks.values(96).numpy(), dequantized)
+    short = quantize_q8_0(weight[:, :40])
+    padded = quantize_q8_0(torch.cat((weight[:, :40], torch.zeros(24, 24)), dim=1))
+    assert all(map(torch.equal, short, padded)) and torch.equal(short.values(40), padded.values(64)[:, :40])
 
 
 def float64_q4_1(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
