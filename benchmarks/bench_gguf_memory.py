@@ -1,17 +1,18 @@
-"""The memory and speed of sampling from a 4-bit or 8-bit GGUF file: sample.py in a process of its own, on a file of
-random Q4_0 (or Q8_0) blocks of a model's shape.
+"""The memory and speed of sampling from a quantized GGUF file: sample.py in a process of its own, on a file of
+random Q4_0 (or Q8_0, or Q6_K) blocks of a model's shape.
 
-    python benchmarks/bench_gguf_memory.py [--shape=smollm2-1.7b --qtype=q4_0 --new_tokens=32]
+    python benchmarks/bench_gguf_memory.py [--shape=smollm2-1.7b --qtype=q4_0 --quantize=none --new_tokens=32]
         [--json_out=bench_results/gguf_memory.json]
 
-The file holds every product and the token embedding (the head, when tied) in Q4_0 (or Q8_0), its norms in F32, with
-export.py's metadata and a byte-level tokenizer (gptkit.weights.export_gguf). It is written tensor by tensor with
-llama.cpp's gguf package, so a model of this shape never exists in float32 here; the blocks hold random codes, with
-scales that give weights of about GPT-2's initial spread. Then `sample.py --init_from=FILE --max_new_tokens=N` runs
-as a child process (the file's own blocks, decoded by the native step where it is built). Reported: the child's
-peak resident memory (os.wait4's ru_maxrss: the whole process, runtime and tokenizer included), the seconds until
-the prompt is echoed (the load) and until the first new token (the packing of the weights and the prompt), and
-tokens per second from the first new token to the last, as the child streams them.
+The file holds every product and the token embedding (the head, when tied) in Q4_0 (or Q8_0, Q6_K), its norms in
+F32, with export.py's metadata and a byte-level tokenizer (gptkit.weights.export_gguf). It is written tensor by
+tensor with llama.cpp's gguf package, so a model of this shape never exists in float32 here; the blocks hold random
+codes, with scales that give weights of about GPT-2's initial spread. Then `sample.py --init_from=FILE
+--max_new_tokens=N --quantize=Q` runs as a child process (none: Q4_0's and Q8_0's own blocks, decoded by the native
+step where it is built, Q6_K's float32 values; int4: Q6_K's products quantized to int4 as they are read). Reported:
+the child's peak resident memory (os.wait4's ru_maxrss: the whole process, runtime and tokenizer included), the
+seconds until the prompt is echoed (the load) and until the first new token (the packing of the weights and the
+prompt), and tokens per second from the first new token to the last, as the child streams them.
 """
 
 from __future__ import annotations
@@ -37,17 +38,20 @@ from measure import MODEL_SHAPES, print_table, run_benchmark
 
 REPO = Path(__file__).resolve().parent.parent
 SHAPES = {name: shape for name, shape in MODEL_SHAPES.items() if shape.get("pos_encoding") == "rope"}  # Llama family
-# Bytes of 32 weights: a float16 scale d, then 16 bytes of 4-bit codes (Q4_0: weight = d * (code - 8)) or 32 int8
-# codes (Q8_0: weight = d * code).
-BLOCK_BYTES = {"q4_0": 18, "q8_0": 34}
-# d: codes uniform in 0 .. 15 (in -127 .. 127) give weights a spread of about 0.02, GPT-2's initial one
-SCALES = {"q4_0": 0.02 / 4.6, "q8_0": 0.02 / 73.3}
+# A block's weights and bytes: Q4_0's 32 a float16 scale d, then 16 bytes of 4-bit codes (weight = d * (code - 8));
+# Q8_0's 32 int8 codes after d (weight = d * code); Q6_K's 256 their 6-bit codes, an int8 scale per 16 and d last
+# (weight = d * scale * (code - 32)).
+BLOCK_WEIGHTS = {"q4_0": 32, "q8_0": 32, "q6_k": 256}
+BLOCK_BYTES = {"q4_0": 18, "q8_0": 34, "q6_k": 210}
+# d: random codes (and Q6_K's random scales) give weights a spread of about 0.02, GPT-2's initial one
+SCALES = {"q4_0": 0.02 / 4.6, "q8_0": 0.02 / 73.3, "q6_k": 0.02 / 1370}
 
 
 @dataclass
 class GGUFMemoryBench:
     shape: str = setting("smollm2-1.7b", "the model's shape (random blocks)", choices=tuple(SHAPES))
     qtype: str = setting("q4_0", "the matrices' GGUF type", choices=tuple(BLOCK_BYTES))
+    quantize: str = setting("none", "sample.py's --quantize", choices=("none", "int4"))
     n_layer: int | None = setting(None, "layers, instead of the shape's (a smaller file of the same width)")
     new_tokens: int = setting(32, "tokens sample.py generates (--max_new_tokens)", rule="positive")
     prompt: str = setting("Once upon a time", "the prompt (--start)")
@@ -86,13 +90,17 @@ def file_tensors(config: GPTConfig, architecture: str) -> dict[str, tuple[int, .
 
 
 def random_blocks(qtype: str, rows: int, columns: int, generator: np.random.Generator) -> np.ndarray:
-    """(rows, bytes a row) uint8: Q4_0 or Q8_0 blocks of random codes, each with the scale SCALES[qtype]."""
-    shape = (rows, columns // 32, BLOCK_BYTES[qtype])
-    if qtype == "q4_0":
-        blocks = generator.integers(0, 256, size=shape, dtype=np.uint8)
-    else:  # int8 codes in -127 .. 127, as ggml's quantizer makes them
+    """(rows, bytes a row) uint8: blocks of random codes of `qtype`, each with the scale SCALES[qtype]."""
+    shape = (rows, columns // BLOCK_WEIGHTS[qtype], BLOCK_BYTES[qtype])
+    if qtype == "q8_0":  # int8 codes in -127 .. 127, as ggml's quantizer makes them
         blocks = generator.integers(-127, 128, size=shape, dtype=np.int8).view(np.uint8)
-    blocks[..., :2] = np.array([SCALES[qtype]], np.float16).view(np.uint8)
+    else:
+        blocks = generator.integers(0, 256, size=shape, dtype=np.uint8)
+    scale = np.array([SCALES[qtype]], np.float16).view(np.uint8)
+    if qtype == "q6_k":
+        blocks[..., -2:] = scale  # Q6_K's d closes the block
+    else:
+        blocks[..., :2] = scale
     return blocks.reshape(rows, -1)
 
 
@@ -102,8 +110,9 @@ def write_blocks_file(path: Path, config: GPTConfig, qtype: str) -> None:
     import gguf
 
     architecture = architecture_of(config)
-    if config.n_embd % 32 or config.mlp_hidden % 32 or config.n_head * config.head_dim % 32:
-        raise UserError(f"{qtype} needs rows of whole 32-weight blocks: every width a multiple of 32")
+    block = BLOCK_WEIGHTS[qtype]
+    if config.n_embd % block or config.mlp_hidden % block or config.n_head * config.head_dim % block:
+        raise UserError(f"{qtype} needs rows of whole {block}-weight blocks: every width a multiple of {block}")
     ggml_type = gguf.GGMLQuantizationType[qtype.upper()]
     tensors = file_tensors(config, architecture)
     partial_path = path.with_name(path.name + ".partial")  # renamed when whole
@@ -114,7 +123,7 @@ def write_blocks_file(path: Path, config: GPTConfig, qtype: str) -> None:
     add_tokenizer(writer, gguf_vocabulary(vocabulary_of(byte_tokenizer())), config.vocab_size)
     for name, shape in tensors.items():
         if len(shape) == 2:
-            row_bytes = shape[1] // 32 * BLOCK_BYTES[qtype]
+            row_bytes = shape[1] // BLOCK_WEIGHTS[qtype] * BLOCK_BYTES[qtype]
             writer.add_tensor_info(name, (shape[0], row_bytes), np.uint8, shape[0] * row_bytes, ggml_type)
         else:
             writer.add_tensor_info(name, shape, np.float32, shape[0] * 4)
@@ -133,6 +142,7 @@ def sample_in_child(cfg: GGUFMemoryBench, path: Path) -> dict:
     """Run sample.py on the file in a child process: its peak resident memory and the times of what it streams."""
     command = [sys.executable, str(REPO / "sample.py"), f"--init_from={path}", f"--start={cfg.prompt}"]
     command += [f"--max_new_tokens={cfg.new_tokens}", "--stop_at_eot=False", "--device=cpu", f"--decode={cfg.decode}"]
+    command.append(f"--quantize={cfg.quantize}")
     environment = {**os.environ, **({"OMP_NUM_THREADS": str(cfg.threads)} if cfg.threads else {})}
     start = time.perf_counter()
     child = subprocess.Popen(command, cwd=REPO, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -167,11 +177,11 @@ def bench_gguf_memory(cfg: GGUFMemoryBench) -> list[dict]:
             begin = time.perf_counter()
             write_blocks_file(path, config, cfg.qtype)
             print(f"wrote {path} in {time.perf_counter() - begin:.1f} s", flush=True)
-        row = {"shape": cfg.shape, "qtype": cfg.qtype, "n_layer": config.n_layer}
+        row = {"shape": cfg.shape, "qtype": cfg.qtype, "quantize": cfg.quantize, "n_layer": config.n_layer}
         row["file_mb"] = round(path.stat().st_size / 1e6, 1)
         row |= {"new_tokens": cfg.new_tokens, **sample_in_child(cfg, path)}
     row["x_file"] = round(row["peak_rss_mb"] / row["file_mb"], 2)
-    columns = ["shape", "qtype", "n_layer", "file_mb", "peak_rss_mb", "x_file", "load_s", "first_token_s"]
+    columns = ["shape", "qtype", "quantize", "n_layer", "file_mb", "peak_rss_mb", "x_file", "load_s", "first_token_s"]
     columns.append("tokens_per_s")
     print_table([row], columns)
     return [row]

@@ -15,7 +15,8 @@ Int4Linear's layout (keep_q4_blocks): int4 then runs on the file's own blocks, a
 head is so stored decodes in them by default (gptkit.weights.quantization). Or, for decoding on the CPU
 (keep_int4), those matrices are never float32: each stays in the file, read as it is needed (keep_in_file), and so
 do a Q8_0 file's products (q8_0_layers) and the head beside either, in its own Q8_0 blocks or quantized to Q8_0 from
-another type as it is read (head_in_file).
+another type as it is read (head_in_file). Products in other types (K-quants, Q5_x) stay in the file until
+quantization asks for their values (FileLinear): float32 under none, int4 a slice at a time under int4.
 
 The tensors are read with plain reads at their offsets (TensorFile), not through a memory map: every page read
 through a map would count in the process's resident memory while the map lives. Any other type, another
@@ -30,7 +31,7 @@ import os
 import re
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property, partial
 from pathlib import Path
@@ -48,6 +49,7 @@ from gptkit.weights.quantization import (
     FileEmbedding,
     FileInt4Embedding,
     FileInt4Linear,
+    FileLinear,
     Int4Blocks,
     Int8Blocks,
     Int8GroupedLinear,
@@ -400,10 +402,12 @@ class StoredMatrix:
     """One of our matrices as the file stores it in Q4_0 and Q4_1 blocks, or in Q8_0 blocks: the file's weights it is
     made of, one after another (a fused product's parts), each with the heads whose rows llama.cpp reordered (Llama's
     q and k; 0: none). Called with (start, stop): the blocks of those rows in our order (Int4Blocks or Int8Blocks),
-    read from the file (whole rows move: a block lies in one)."""
+    read from the file (whole rows move: a block lies in one); with `values`, in any type, those rows' float32 values
+    (checked for NaN and infinity)."""
 
     file: TensorFile
     parts: tuple[tuple[str, int], ...]  # (weight's name, heads)
+    values: bool = False
 
     @property
     def rows(self) -> int:
@@ -419,7 +423,11 @@ class StoredMatrix:
         """Whether the parts are Q8_0 (else Q4_0 and Q4_1)."""
         return self.file.tensors[self.parts[0][0]].tensor_type.name == "Q8_0"
 
-    def __call__(self, start: int, stop: int) -> Int4Blocks | Int8Blocks:
+    @property
+    def columns(self) -> int:
+        return self.file.tensors[self.parts[0][0]].shape[0]
+
+    def __call__(self, start: int, stop: int) -> Int4Blocks | Int8Blocks | torch.Tensor:
         pieces, first = [], 0
         for name, heads in self.parts:
             rows = self.file.rows(name)
@@ -428,25 +436,39 @@ class StoredMatrix:
                 pieces.append(self._part_rows(name, heads, low, high))
             first += rows
         if not pieces:  # no rows
-            return self.file.blocks(self.parts[0][0], 0, 0)
+            return self._read(self.parts[0][0], 0, 0)
         return pieces[0] if len(pieces) == 1 else joined(pieces)
 
-    def _part_rows(self, name: str, heads: int, low: int, high: int) -> Int4Blocks | Int8Blocks:
+    def _part_rows(self, name: str, heads: int, low: int, high: int) -> Int4Blocks | Int8Blocks | torch.Tensor:
         if not heads:
-            return self.file.blocks(name, low, high)
+            return self._read(name, low, high)
         per_head = self.file.rows(name) // heads  # a head's rows move among themselves: whole heads are read
         first, last = low // per_head * per_head, -(-high // per_head) * per_head
-        blocks = self.file.blocks(name, first, last).rows(partial(rotate_halves, heads=(last - first) // per_head))
-        return blocks.rows(lambda part: part[low - first : high - first])
+        rows = moved(self._read(name, first, last), partial(rotate_halves, heads=(last - first) // per_head))
+        return moved(rows, lambda part: part[low - first : high - first])
+
+    def _read(self, name: str, low: int, high: int) -> Int4Blocks | Int8Blocks | torch.Tensor:
+        if not self.values:
+            return self.file.blocks(name, low, high)
+        values = self.file.row_values(name, low, high)
+        check_finite({name: values}, str(self.file.path), DAMAGED)
+        return values
 
     def picked(self, rows: list[int]) -> Int4Blocks | Int8Blocks:
         """The blocks of `rows`, in that order (a lookup's)."""
         return joined([self(row, row + 1) for row in rows] or [self(0, 0)])
 
 
-def joined(pieces: list[Int4Blocks] | list[Int8Blocks]) -> Int4Blocks | Int8Blocks:
-    """Blocks of rows one after another, as one."""
+def joined(pieces: list[Int4Blocks] | list[Int8Blocks] | list[torch.Tensor]) -> Int4Blocks | Int8Blocks | torch.Tensor:
+    """Blocks (or values) of rows one after another, as one."""
+    if isinstance(pieces[0], torch.Tensor):
+        return torch.cat(pieces)
     return type(pieces[0])(*(torch.cat(part) for part in zip(*pieces)))
+
+
+def moved(rows: Int4Blocks | Int8Blocks | torch.Tensor, change: Callable[[torch.Tensor], torch.Tensor]):
+    """Blocks (or values) with their rows moved or picked by `change`."""
+    return change(rows) if isinstance(rows, torch.Tensor) else rows.rows(change)
 
 
 def stored_matrices(
@@ -484,7 +506,9 @@ def keep_in_file(model: GPT, tensors: FileTensors, arch: str, products_only: boo
     """Each module of `model` (made without weights) whose matrix the file stores in Q4_0 or Q4_1 becomes one that
     reads its blocks from the file as it needs them: FileInt4Linear, and for the token embedding FileInt4Embedding
     (a tied head: a FileInt4Linear of the same rows); where every layer's products are Q8_0 (q8_0_layers), each is
-    an Int8GroupedLinear reading its blocks so. Their scales are checked for NaN and infinity here. Beside every
+    an Int8GroupedLinear reading its blocks so. Their scales are checked for NaN and infinity here. A layer's product
+    in any other type is a FileLinear of its values (file_linear: float32 under none, int4 blocks quantized as they are
+    read under int4: never a float32 copy of it whole). Beside every
     layer's products so kept, an untied head stored in another type stays in the file too (head_in_file). A token
     embedding stored in another quantized type stays in the file too (keep_embedding_in_file). products_only: the
     products alone, not the embedding or the head. Returns the file's weights so kept: nothing else reads them."""
@@ -500,6 +524,11 @@ def keep_in_file(model: GPT, tensors: FileTensors, arch: str, products_only: boo
         model.set_submodule(module, module_in_file(model, module, matrix))
         kept.update(name for name, _ in matrix.parts)
     layers = set(matrix_sources(config, arch)) - {"transformer.wte", "lm_head"}
+    if not products_only:
+        for module in sorted(layers - set(stored)):  # in other types: read as quantization asks for them
+            matrix = value_matrix(tensors, arch, config, module)
+            model.set_submodule(module, file_linear(model.get_submodule(module), matrix))
+            kept.update(name for name, _ in matrix.parts)
     head = "output.weight"
     if not products_only and layers <= set(stored) and "lm_head" not in stored and head in tensors.file.tensors:
         model.lm_head = head_in_file(tensors, head)
@@ -525,6 +554,21 @@ def module_in_file(model: GPT, module: str, matrix: StoredMatrix) -> torch.nn.Mo
     if matrix.eight_bit:
         return Int8GroupedLinear(matrix, old.out_features, old.in_features, bias)
     return FileInt4Linear(matrix, old.out_features, old.in_features, bias, matrix.symmetric)
+
+
+def value_matrix(tensors: FileTensors, arch: str, config: GPTConfig, module: str) -> StoredMatrix:
+    """The values of module `module`'s matrix, in any type the file stores it (a StoredMatrix of values)."""
+    weights = [f"{name}.weight" for name in matrix_sources(config, arch)[module]]
+    parts = tuple((weight, reordered_heads(weight, arch, config)) for weight in weights)
+    return StoredMatrix(tensors.file, parts, values=True)
+
+
+def file_linear(old: torch.nn.Linear, matrix: StoredMatrix) -> FileLinear:
+    """The FileLinear of `matrix`'s values in place of `old` (made without weights): its int4 blocks quantized from
+    them a slice of rows at a time (QuantizedRows)."""
+    bias = None if old.bias is None else torch.empty_like(old.bias)  # on meta: read with the other tensors
+    int4 = QuantizedRows(matrix, matrix.rows, matrix.columns)
+    return FileLinear(matrix, int4, old.out_features, old.in_features, bias)
 
 
 def q8_0_layers(tensors: FileTensors, arch: str, config: GPTConfig) -> dict[str, StoredMatrix]:
@@ -560,7 +604,8 @@ def head_in_file(tensors: FileTensors, name: str) -> Int8GroupedLinear:
     nearer the precision of the types a head comes in, Q6_K's, Q5_K's or float, than 4 bits would be)."""
     vocab, width = tensors.shape(name)
     if tensors.file.tensors[name].tensor_type.name != "Q8_0":
-        eight_bit, int4 = QuantizedRows(tensors, name, eight_bit=True), QuantizedRows(tensors, name)
+        values = partial(finite_rows, tensors, name)
+        eight_bit, int4 = QuantizedRows(values, vocab, width, eight_bit=True), QuantizedRows(values, vocab, width)
         return Int8GroupedLinear(eight_bit, vocab, width, int4_read=int4)
     check_blocks_finite(tensors, name)
     return Int8GroupedLinear(partial(tensors.file.q8_blocks, name), vocab, width)
@@ -569,28 +614,29 @@ def head_in_file(tensors: FileTensors, name: str) -> Int8GroupedLinear:
 @dataclass(frozen=True)
 class QuantizedRows:
     """A matrix the file stores in another type than Q4_0 or Q4_1, as int4 blocks (or Q8_0's, eight_bit): called with
-    (start, stop) as a StoredMatrix is, the blocks of those rows quantized from the file's values
-    (quantization.quantize_row_slices, quantize_q8_0_slices), about READ_BYTES of the file at a time, each slice
-    checked for NaN and infinity. The whole matrix's blocks (what an eager pass asks for at every call) are quantized
+    (start, stop) as a StoredMatrix is, the blocks of those rows quantized from their values (`values(start, stop)`:
+    float32 rows read from the file; quantization.quantize_row_slices, quantize_q8_0_slices), about READ_BYTES of
+    float32 values at a time. The whole matrix's blocks (what an eager pass asks for at every call) are quantized
     once and held from then on; the slices the native step's packing asks for are quantized at each call, so the
     packing holds no more than its panels."""
 
-    tensors: FileTensors
-    name: str
+    values: Callable[[int, int], torch.Tensor]
+    rows: int
+    columns: int
     eight_bit: bool = False
 
     def __call__(self, start: int, stop: int) -> Int4Blocks | Int8Blocks:
-        if start == 0 and stop == self.tensors.file.rows(self.name):
+        if start == 0 and stop == self.rows:
             return self.whole
         return self.quantized(start, stop)
 
     @cached_property
     def whole(self) -> Int4Blocks | Int8Blocks:
-        return self.quantized(0, self.tensors.file.rows(self.name))
+        return self.quantized(0, self.rows)
 
     def quantized(self, start: int, stop: int) -> Int4Blocks | Int8Blocks:
-        ranges = self.tensors.file.row_ranges(self.name, start, stop)
-        slices = (finite_rows(self.tensors, self.name, *rows) for rows in ranges)
+        step = max(1, READ_BYTES // (4 * self.columns))
+        slices = (self.values(first, min(first + step, stop)) for first in range(start, stop, step))
         return quantize_q8_0_slices(slices) if self.eight_bit else quantize_row_slices(slices)
 
 

@@ -287,6 +287,38 @@ class Int8GroupedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+class FileLinear(nn.Module):
+    """A Linear whose weight stays in a file in a type decoding does not run on (a GGUF file's K-quants, Q5_0, Q5_1 or
+    float matrices, gptkit.weights.gguf_read): `read(start, stop)` gives rows start .. stop - 1 in float32, and
+    `int4_read(start, stop)` their int4 blocks, quantized as they are read. Quantization replaces it before decoding
+    (apply_quantization): int4 with the FileInt4Linear of those blocks, so the weight is never float32 whole, only a
+    slice of rows at a time; any other setting with the float32 nn.Linear of its values."""
+
+    def __init__(
+        self,
+        read: Callable[[int, int], torch.Tensor],
+        int4_read: Callable[[int, int], Int4Blocks],
+        out_features: int,
+        in_features: int,
+        bias: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        self.out_features, self.in_features = out_features, in_features
+        self.read, self.int4_read = read, int4_read
+        self.register_buffer("bias", bias)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The (out, in) float32 weight, read from the file."""
+        return self.read(0, self.out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.dequantized_weight().to(x.dtype), bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
 class FileEmbedding(nn.Module):
     """A token embedding whose table stays in a file (a GGUF file's quantized token_embd, gptkit.weights.gguf_read):
     a lookup reads and dequantizes the rows of its tokens only, to float32 as GGUF dequantizes them. `read_rows(rows)`
@@ -422,29 +454,40 @@ def int4_as_linear(int4: Int4Linear) -> nn.Linear:
     return linear
 
 
-def int8_grouped_as_linear(grouped: Int8GroupedLinear) -> nn.Linear:
-    """The float32 nn.Linear an Int8GroupedLinear computes."""
-    linear = nn.Linear(grouped.in_features, grouped.out_features, bias=grouped.bias is not None)
+def dequantized_linear(product: Int8GroupedLinear | FileLinear) -> nn.Linear:
+    """The float32 nn.Linear an Int8GroupedLinear or a FileLinear computes."""
+    linear = nn.Linear(product.in_features, product.out_features, bias=product.bias is not None)
     with torch.no_grad():
-        linear.weight.copy_(grouped.dequantized_weight())
-        if grouped.bias is not None:
-            linear.bias.copy_(grouped.bias)
+        linear.weight.copy_(product.dequantized_weight())
+        if product.bias is not None:
+            linear.bias.copy_(product.bias)
     return linear
 
 
 def as_linear(product: nn.Module) -> nn.Module:
-    """The float32 nn.Linear a grouped product (Int4Linear, Int8GroupedLinear) computes; any other module itself."""
+    """The float32 nn.Linear a product stored otherwise (Int4Linear, Int8GroupedLinear, FileLinear) computes; any
+    other module itself."""
     if isinstance(product, Int4Linear):
         return int4_as_linear(product)
-    if isinstance(product, Int8GroupedLinear):
-        return int8_grouped_as_linear(product)
+    if isinstance(product, (Int8GroupedLinear, FileLinear)):
+        return dequantized_linear(product)
     return product
 
 
+def file_linears_as_float(model: nn.Module) -> nn.Module:
+    """`model` (in place, returned) with each FileLinear the float32 nn.Linear of its values, one at a time."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, FileLinear):
+                setattr(module, name, dequantized_linear(child))
+    return model
+
+
 def dequantized_copy(model: nn.Module) -> nn.Module:
-    """`model` itself when it holds no grouped product (Int4Linear, Int8GroupedLinear); else a copy with each one the
-    float32 nn.Linear it computes (as_linear): what code that reads a model's float weights (the exporters) takes."""
-    if not any(isinstance(module, (Int4Linear, Int8GroupedLinear)) for module in model.modules()):
+    """`model` itself when it holds no product stored otherwise than as a Linear (Int4Linear, Int8GroupedLinear,
+    FileLinear); else a copy with each one the float32 nn.Linear it computes (as_linear): what code that reads a
+    model's float weights (the exporters) takes."""
+    if not any(isinstance(module, (Int4Linear, Int8GroupedLinear, FileLinear)) for module in model.modules()):
         return model
     plain = copy.deepcopy(model)
     for module in list(plain.modules()):
@@ -489,12 +532,15 @@ def keep_stored_int4(model: nn.Module) -> nn.Module:
 def quantize_int4(model: nn.Module) -> nn.Module:
     """`model` (in place, returned; any device and dtype, for inference) with every nn.Linear an Int4Linear: the
     blocks a weight was read from as they are (stored_int4), the others quantized (an Int8GroupedLinear from its
-    values, one at a time). A head tied to the token embedding gets an int4 copy of its own, so the embedding lookup
+    values, one at a time; a FileLinear's int4 blocks read as they are asked for). A head tied to the token embedding gets an int4 copy of its own, so the embedding lookup
     stays exact."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, Int8GroupedLinear):
                 setattr(module, name, int4_of_grouped(child))
+            elif isinstance(child, FileLinear):
+                bias = None if child.bias is None else child.bias.clone()
+                setattr(module, name, FileInt4Linear(child.int4_read, child.out_features, child.in_features, bias))
     return replace_linears(model, Int4Linear.from_linear).eval()
 
 
@@ -502,7 +548,7 @@ def int4_of_grouped(grouped: Int8GroupedLinear) -> Int4Linear:
     """The int4 product of an Int8GroupedLinear: of the values its blocks were quantized from where it has them
     (int4_read), else of its blocks' values."""
     if grouped.int4_read is None:
-        return Int4Linear.from_linear(int8_grouped_as_linear(grouped))
+        return Int4Linear.from_linear(dequantized_linear(grouped))
     bias = None if grouped.bias is None else grouped.bias.clone()
     return FileInt4Linear(grouped.int4_read, grouped.out_features, grouped.in_features, bias)
 
@@ -539,13 +585,14 @@ def replace_linears(model: nn.Module, replacement: Callable[[nn.Linear], nn.Modu
 
 def apply_quantization(model: nn.Module, quantize: str, compute_dtype: torch.dtype = torch.float32) -> nn.Module:
     """The scripts' --quantize setting: "none" keeps the weights as they were stored (keep_stored_int4: a model read
-    from 4-bit blocks throughout runs on them, any other stays as it is); "int4" see quantize_int4 (any compute
-    dtype); "int8" see quantize_int8 (which needs float32 compute: the int8 products return float32, so no
-    bfloat16/float16 autocast around them)."""
+    from 4-bit blocks throughout runs on them, any other stays as it is; a FileLinear's values become float32);
+    "int4" see quantize_int4 (any compute dtype; a FileLinear becomes int4 a slice of rows at a time); "int8" see
+    quantize_int8 (which needs float32 compute: the int8 products return float32, so no bfloat16/float16 autocast
+    around them)."""
     if quantize not in QUANTIZE_CHOICES:
         raise UserError(f"unknown --quantize={quantize!r}; use {', '.join(QUANTIZE_CHOICES)}")
     if quantize == "none":
-        return keep_stored_int4(model)
+        return keep_stored_int4(file_linears_as_float(model))
     if quantize == "int4":
         return quantize_int4(model)
     if compute_dtype != torch.float32:
@@ -553,4 +600,4 @@ def apply_quantization(model: nn.Module, quantize: str, compute_dtype: torch.dty
             f"--quantize=int8 computes in float32, not {str(compute_dtype).removeprefix('torch.')}; "
             "use --dtype=float32 (or auto on the CPU)"
         )
-    return quantize_int8(model)
+    return quantize_int8(file_linears_as_float(model))

@@ -10,26 +10,47 @@ import pytest
 
 import bench_gguf_memory
 from gptkit.weights import load
-from gptkit.weights.quantization import FileEmbedding, FileInt4Embedding, FileInt4Linear, Int8GroupedLinear
-from helpers import run_main
+from gptkit.weights.quantization import FileEmbedding, FileInt4Embedding, FileInt4Linear, FileLinear, Int8GroupedLinear
+from helpers import assert_one_line_error, run_main
+
+# (shape, --qtype, --quantize): the file's own 4-bit and 8-bit blocks, and Q6_K's quantized to int4 as they are read
+# (K-quants need rows of whole 256-weight blocks: SmolLM2-1.7B's width)
+RUNS = [("smollm2-135m", "q4_0", "none"), ("smollm2-135m", "q8_0", "none"), ("smollm2-1.7b", "q6_k", "int4")]
+# 32 weights of Q4_0 take 18 bytes (a float16 scale, 16 bytes of 4-bit codes), of Q8_0 34 (the scale, 32 int8 codes),
+# 256 of Q6_K 210 (6-bit codes, 16 int8 scales and the float16 scale)
+BYTES_A_WEIGHT = {"q4_0": 18 / 32, "q8_0": 34 / 32, "q6_k": 210 / 256}
 
 
-@pytest.mark.parametrize("qtype", ["q4_0", "q8_0"])
-def test_smoke_run_writes_the_file_and_reports_the_sample_s_memory_and_speed(tmp_path: Path, capsys, qtype) -> None:
+def weights_of(width: int, kv: int, hidden: int) -> int:
+    """A one-layer Llama-family model's weights: the tied 49152-row embedding, q, k, v, o and the SwiGLU MLP."""
+    return 49152 * width + width * width * 2 + width * kv * 2 + 3 * width * hidden
+
+
+@pytest.mark.parametrize(("shape", "qtype", "quantize"), RUNS)
+def test_smoke_run_writes_the_file_and_reports_the_sample_s_memory_and_speed(
+    tmp_path: Path, capsys, shape, qtype, quantize
+) -> None:
     out, file = tmp_path / "gguf_memory.json", tmp_path / "model.gguf"
     # Enough tokens that they reach the reader over a span of time even on a busy machine (tokens/s needs two reads)
-    args = ["--shape=smollm2-135m", "--n_layer=1", "--new_tokens=64", f"--file={file}", f"--json_out={out}"]
-    code, _, err = run_main(bench_gguf_memory.main, [*args, f"--qtype={qtype}"], capsys)
+    args = [f"--shape={shape}", "--n_layer=1", "--new_tokens=64", f"--file={file}", f"--json_out={out}"]
+    code, _, err = run_main(bench_gguf_memory.main, [*args, f"--qtype={qtype}", f"--quantize={quantize}"], capsys)
     assert code == 0, err
     (row,) = json.loads(out.read_text())["results"]
-    # 576 wide, 9 heads (3 for keys and values) of 64, SwiGLU 1536, 49152 rows: 18 bytes a 32 weights (Q4_0's: a
-    # float16 scale and 16 bytes of 4-bit codes), 34 (Q8_0's: the scale and 32 int8 codes)
-    weights = 49152 * 576 + 576 * 576 * 2 + 576 * 192 * 2 + 3 * 576 * 1536
-    size = weights * (18 if qtype == "q4_0" else 34) // 32
+    # SmolLM2-135M: 576 wide, 9 heads (3 for keys and values) of 64, SwiGLU 1536; 1.7B: 2048, 32 heads of 64, 8192
+    weights = weights_of(576, 192, 1536) if shape == "smollm2-135m" else weights_of(2048, 2048, 8192)
+    size = int(weights * BYTES_A_WEIGHT[qtype])
     assert size < row["file_mb"] * 1e6 < size + 2e6  # plus metadata and the tokenizer
-    assert row["n_layer"] == 1 and row["new_tokens"] == 64 and row["qtype"] == qtype
+    assert row["n_layer"] == 1 and row["new_tokens"] == 64 and (row["qtype"], row["quantize"]) == (qtype, quantize)
     assert row["peak_rss_mb"] > row["file_mb"] and row["tokens_per_s"] > 0
     model = load(str(file), tokenizer=False, keep_int4=True).model
-    assert (model.config.n_layer, model.config.n_embd, model.config.vocab_size) == (1, 576, 49152)
-    embedding, head = (FileInt4Embedding, FileInt4Linear) if qtype == "q4_0" else (FileEmbedding, Int8GroupedLinear)
-    assert isinstance(model.transformer.wte, embedding) and isinstance(model.lm_head, head)
+    assert (model.config.n_layer, model.config.vocab_size) == (1, 49152)
+    kinds = {"q4_0": (FileInt4Embedding, FileInt4Linear), "q8_0": (FileEmbedding, Int8GroupedLinear)}
+    embedding, product = kinds.get(qtype, (FileEmbedding, FileLinear))
+    assert isinstance(model.transformer.wte, embedding) and isinstance(model.transformer.h[0].mlp.c_proj, product)
+
+
+def test_a_width_that_is_not_whole_blocks_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
+    args = ["--shape=smollm2-135m", "--qtype=q6_k", f"--json_out={tmp_path / 'x.json'}"]
+    code, _, err = run_main(bench_gguf_memory.main, args, capsys)
+    assert_one_line_error(code, err, "multiple of 256")
+    assert not (tmp_path / "x.json").exists()

@@ -1,6 +1,6 @@
 """GGUF files that llama.cpp's own quantizer wrote (llama_cpp.llama_model_quantize, from the f32 file our exporter
 wrote) read back with transformers' logits on the same file, for every architecture we export (the Q8_0 and Q4_0
-files read for decoding too, in their own blocks), and with its tokenizer ids. Slow: needs llama-cpp-python, built from source
+files read for decoding too, in their own blocks, and the Q4_K_M one under int4), and with its tokenizer ids. Slow: needs llama-cpp-python, built from source
 (pip install llama-cpp-python)."""
 
 from __future__ import annotations
@@ -75,6 +75,11 @@ def test_llama_cpp_s_quantized_files_read_with_transformers_logits(tmp_path, lla
         torch.testing.assert_close(logits(ours, IDX), expected, rtol=2e-6, atol=1e-4, msg=file_type)
         if file_type in ("Q8_0", "Q4_0"):  # read for decoding: every product in its own blocks
             assert_decodes_in_its_blocks(path, ours, file_type)
+        if file_type == "Q4_K_M":  # read for decoding under int4: quantized as it is read, int4's blocks
+            int4 = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "int4")
+            reference = apply_quantization(ours, "int4")
+            for name in [*block_products(reference), "lm_head"]:
+                assert all(map(torch.equal, int4.get_submodule(name).blocks(), reference.get_submodule(name).blocks()))
 
 
 def assert_decodes_in_its_blocks(path: Path, floats, file_type: str) -> None:

@@ -32,6 +32,7 @@ from gptkit.weights.quantization import (
     FileEmbedding,
     FileInt4Embedding,
     FileInt4Linear,
+    FileLinear,
     Int4Linear,
     Int8Blocks,
     Int8GroupedLinear,
@@ -359,6 +360,33 @@ def test_q8_0_products_beside_a_head_of_another_type_decode_with_it_quantized_to
     assert_greedy_up_to_ties(with_16_bit_group_inputs(kept), [5, 9, 300], request.output)
 
 
+@pytest.mark.parametrize("shape", ["llama-untied", "qwen2", "gpt2"])
+def test_products_in_other_types_read_for_decoding_stay_in_the_file_until_quantization(
+    tmp_path, monkeypatch, qwen_tokenizer, shape
+):
+    """A file whose products are Q6_K and Q5_0 (llama.cpp's K-quant files mix types), read for decoding: every layer's
+    product is a FileLinear, so no float matrix of theirs is held; under none they become the float32 read's Linear
+    layers (the same logits, exactly); under int4 each is a FileInt4Linear whose blocks, quantized a slice at a time
+    as they are read, are int4's of the float32 read, and the native step's panels are that model's."""
+    hidden = {} if shape == "gpt2" else {"mlp_hidden": 512}  # GPT-2's MLP: 4 x 256
+    model = tiny(shape, n_embd=256, n_head=4, **hidden)  # K-quant blocks hold 256 values: a row's
+    others = {f"blk.{layer}.ffn_down.weight": T.Q5_0 for layer in range(model.config.n_layer)}
+    path = q4_file(tmp_path, monkeypatch, model, qwen_tokenizer, T.Q6_K, others)
+    kept = load(str(path), tokenizer=False, keep_int4=True).model
+    layers = [name for name in product_sources(kept.config, ARCHS[shape]) if name != "lm_head"]
+    assert all(isinstance(kept.get_submodule(name), FileLinear) for name in layers)
+    assert float_matrices(kept) <= {"rope_cos", "rope_sin", "transformer.wpe.weight", "lm_head.weight"}
+    floats = load(str(path), tokenizer=False).model
+    assert torch.equal(logits(apply_quantization(kept, "none"), IDX), logits(floats, IDX))
+    int4 = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "int4")
+    reference = apply_quantization(floats, "int4")
+    assert all(isinstance(int4.get_submodule(name), FileInt4Linear) for name in layers)
+    for name in [*layers, "lm_head"]:
+        assert all(map(torch.equal, int4.get_submodule(name).blocks(), reference.get_submodule(name).blocks())), name
+    step = NativeStep.for_model(int4, torch.float32)
+    assert torch.equal(step.matrices, NativeStep.for_model(reference, torch.float32).matrices)
+
+
 @pytest.mark.parametrize("shape", ["gpt2", "llama-gqa-tied"])
 def test_rows_read_from_the_file_are_those_of_the_blocks_read_whole(tmp_path, monkeypatch, qwen_tokenizer, shape):
     """A product left in the file reads any range of its rows (across its fused parts, and within a head of Llama's
@@ -520,6 +548,31 @@ def test_a_q4_file_read_for_decoding_costs_a_fraction_of_its_size_and_packs_besi
     assert rise < size / 2
     step, rise = peak_rise(lambda: NativeStep.for_model(model, torch.float32))
     assert step.matrices.numel() < rise < step.matrices.numel() + size / 2
+
+
+def test_products_in_other_types_quantized_to_int4_as_they_are_read_hold_no_float32_copy(
+    tmp_path, monkeypatch, qwen_tokenizer
+):
+    """Measured: a file of Q6_K products (some 29M weights), read for decoding under int4 and packed into the native
+    step's panels, raises the process's peak resident memory by less than half its float32 weights (each product is
+    quantized a slice of rows at a time as the packing reads it), where reading it in float32 raises it by more than
+    them."""
+    native.extension()  # built and loaded before anything is measured
+    source = lively_model(**{**ROPE, "vocab_size": 640, "n_layer": 4, "n_embd": 512, "mlp_hidden": 4096})
+    path = q4_file(tmp_path, monkeypatch, source, qwen_tokenizer, T.Q6_K)
+    del source
+    weights = sum(int(np.prod(t.shape)) for t in file_tensors(path).values())
+    floats, rise = peak_rise(lambda: load(str(path), tokenizer=False).model)
+    assert rise > 4 * weights
+    del floats
+
+    def read_and_pack() -> NativeStep:
+        model = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "int4")
+        return NativeStep.for_model(model, torch.float32)
+
+    read_and_pack()  # once unmeasured: what the first read imports or caches is not the read's cost
+    step, rise = peak_rise(read_and_pack)
+    assert step.weights == "int4" and rise < 2 * weights
 
 
 def test_sample_py_decodes_a_q4_file_natively_as_transformers_does(tmp_path, monkeypatch, qwen_tokenizer, capsys):
