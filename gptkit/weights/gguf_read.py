@@ -508,10 +508,10 @@ def keep_in_file(model: GPT, tensors: FileTensors, arch: str, products_only: boo
     (a tied head: a FileInt4Linear of the same rows); where every layer's products are Q8_0 (q8_0_layers), each is
     an Int8GroupedLinear reading its blocks so. Their scales are checked for NaN and infinity here. A layer's product
     in any other type is a FileLinear of its values (file_linear: float32 under none, int4 blocks quantized as they are
-    read under int4: never a float32 copy of it whole). Beside every
-    layer's products so kept, an untied head stored in another type stays in the file too (head_in_file). A token
-    embedding stored in another quantized type stays in the file too (keep_embedding_in_file). products_only: the
-    products alone, not the embedding or the head. Returns the file's weights so kept: nothing else reads them."""
+    read under int4, never a float32 copy of it whole). Beside layer products all kept in blocks, an untied head in
+    another type stays in the file as well (head_in_file); a token embedding in another quantized type stays there
+    (keep_embedding_in_file). products_only: the products alone, not the embedding or the head. Returns the file's
+    weights so kept: nothing else reads them."""
     config, kept = model.config, set()
     stored = stored_matrices(tensors, arch, config)
     if products_only:
