@@ -238,6 +238,12 @@ class TensorFile:
         """Rows start .. stop - 1 of matrix `name` in float32, (rows, values a row), dequantized as gguf does."""
         return self._values(name, self.read(name, start, stop))
 
+    def finite_values(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """row_values, and a UserError as for any weight (checkpoint.check_finite) when they hold NaN or infinity."""
+        values = self.row_values(name, start, stop)
+        check_finite({name: values}, str(self.path), DAMAGED)
+        return values
+
     def picked_values(self, name: str, rows: list[int]) -> torch.Tensor:
         """Rows `rows` of matrix `name` in float32, in that order (a lookup's), each read alone."""
         if not rows:
@@ -448,11 +454,7 @@ class StoredMatrix:
         return moved(rows, lambda part: part[low - first : high - first])
 
     def _read(self, name: str, low: int, high: int) -> Int4Blocks | Int8Blocks | torch.Tensor:
-        if not self.values:
-            return self.file.blocks(name, low, high)
-        values = self.file.row_values(name, low, high)
-        check_finite({name: values}, str(self.file.path), DAMAGED)
-        return values
+        return self.file.finite_values(name, low, high) if self.values else self.file.blocks(name, low, high)
 
     def picked(self, rows: list[int]) -> Int4Blocks | Int8Blocks:
         """The blocks of `rows`, in that order (a lookup's)."""
@@ -479,11 +481,20 @@ def stored_matrices(
     sources = {**matrix_sources(config, arch), "lm_head": ("token_embd",) if config.tie_embeddings else ("output",)}
     found = {}
     for module, names in sources.items():
-        weights = [f"{name}.weight" for name in names]
-        if all(tensors.file.tensors[weight].tensor_type.name in types for weight in weights):
-            parts = tuple((weight, reordered_heads(weight, arch, config)) for weight in weights)
-            found[module] = StoredMatrix(tensors.file, parts)
+        matrix = matrix_of(tensors, arch, config, names)
+        if all(tensors.file.tensors[name].tensor_type.name in types for name, _ in matrix.parts):
+            found[module] = matrix
     return found
+
+
+def matrix_of(
+    tensors: FileTensors, arch: str, config: GPTConfig, names: tuple[str, ...], values: bool = False
+) -> StoredMatrix:
+    """The StoredMatrix of the file's weights `names` (llama.cpp's, one after another), of their blocks or, with
+    `values`, of their float32 values."""
+    weights = [f"{name}.weight" for name in names]
+    parts = tuple((weight, reordered_heads(weight, arch, config)) for weight in weights)
+    return StoredMatrix(tensors.file, parts, values)
 
 
 def reordered_heads(name: str, arch: str, config: GPTConfig) -> int:
@@ -507,8 +518,8 @@ def keep_in_file(model: GPT, tensors: FileTensors, arch: str, products_only: boo
     reads its blocks from the file as it needs them: FileInt4Linear, and for the token embedding FileInt4Embedding
     (a tied head: a FileInt4Linear of the same rows); where every layer's products are Q8_0 (q8_0_layers), each is
     an Int8GroupedLinear reading its blocks so. Their scales are checked for NaN and infinity here. A layer's product
-    in any other type is a FileLinear of its values (file_linear: float32 under none, int4 blocks quantized as they are
-    read under int4, never a float32 copy of it whole). Beside layer products all kept in blocks, an untied head in
+    in any other type is a FileLinear of its values (module_in_file: float32 under none, int4 blocks quantized as they
+    are read under int4, never a float32 copy of it whole). Beside layer products all kept in blocks, an untied head in
     another type stays in the file as well (head_in_file); a token embedding in another quantized type stays there
     (keep_embedding_in_file). products_only: the products alone, not the embedding or the head. Returns the file's
     weights so kept: nothing else reads them."""
@@ -523,11 +534,11 @@ def keep_in_file(model: GPT, tensors: FileTensors, arch: str, products_only: boo
             check_blocks_finite(tensors, name)
         model.set_submodule(module, module_in_file(model, module, matrix))
         kept.update(name for name, _ in matrix.parts)
-    layers = set(matrix_sources(config, arch)) - {"transformer.wte", "lm_head"}
+    layers, sources = layer_modules(config, arch), matrix_sources(config, arch)
     if not products_only:
         for module in sorted(layers - set(stored)):  # in other types: read as quantization asks for them
-            matrix = value_matrix(tensors, arch, config, module)
-            model.set_submodule(module, file_linear(model.get_submodule(module), matrix))
+            matrix = matrix_of(tensors, arch, config, sources[module], values=True)
+            model.set_submodule(module, module_in_file(model, module, matrix))
             kept.update(name for name, _ in matrix.parts)
     head = "output.weight"
     if not products_only and layers <= set(stored) and "lm_head" not in stored and head in tensors.file.tensors:
@@ -539,42 +550,36 @@ def keep_in_file(model: GPT, tensors: FileTensors, arch: str, products_only: boo
         and embedding not in kept
         and tensors.file.tensors[embedding].tensor_type.name not in FLOAT_TYPES
     ):
-        products = set(matrix_sources(config, arch)) - {"transformer.wte"}
+        products = set(sources) - {"transformer.wte"}
         kept |= keep_embedding_in_file(model, tensors, products <= set(stored))
     return kept
 
 
 def module_in_file(model: GPT, module: str, matrix: StoredMatrix) -> torch.nn.Module:
     """What module `module` of `model` becomes to read `matrix` from the file: a FileInt4Embedding (the token
-    embedding in Q4_0 or Q4_1), a FileInt4Linear, or for Q8_0 blocks an Int8GroupedLinear."""
+    embedding in Q4_0 or Q4_1), a FileInt4Linear, for Q8_0 blocks an Int8GroupedLinear, and for values a FileLinear
+    (its int4 blocks quantized from them a slice of rows at a time: QuantizedRows)."""
     config, old = model.config, model.get_submodule(module)
     if module == "transformer.wte":
         return FileInt4Embedding(matrix.picked, config.vocab_size, config.n_embd)
     bias = None if old.bias is None else torch.empty_like(old.bias)  # on meta: read with the other tensors
+    if matrix.values:
+        int4 = QuantizedRows(matrix, matrix.rows, matrix.columns)
+        return FileLinear(matrix, int4, old.out_features, old.in_features, bias)
     if matrix.eight_bit:
         return Int8GroupedLinear(matrix, old.out_features, old.in_features, bias)
     return FileInt4Linear(matrix, old.out_features, old.in_features, bias, matrix.symmetric)
 
 
-def value_matrix(tensors: FileTensors, arch: str, config: GPTConfig, module: str) -> StoredMatrix:
-    """The values of module `module`'s matrix, in any type the file stores it (a StoredMatrix of values)."""
-    weights = [f"{name}.weight" for name in matrix_sources(config, arch)[module]]
-    parts = tuple((weight, reordered_heads(weight, arch, config)) for weight in weights)
-    return StoredMatrix(tensors.file, parts, values=True)
-
-
-def file_linear(old: torch.nn.Linear, matrix: StoredMatrix) -> FileLinear:
-    """The FileLinear of `matrix`'s values in place of `old` (made without weights): its int4 blocks quantized from
-    them a slice of rows at a time (QuantizedRows)."""
-    bias = None if old.bias is None else torch.empty_like(old.bias)  # on meta: read with the other tensors
-    int4 = QuantizedRows(matrix, matrix.rows, matrix.columns)
-    return FileLinear(matrix, int4, old.out_features, old.in_features, bias)
+def layer_modules(config: GPTConfig, arch: str) -> set[str]:
+    """Our modules of the layers' products (matrix_sources but the token embedding and the head)."""
+    return set(matrix_sources(config, arch)) - {"transformer.wte", "lm_head"}
 
 
 def q8_0_layers(tensors: FileTensors, arch: str, config: GPTConfig) -> dict[str, StoredMatrix]:
     """The layers' products (each a StoredMatrix) when the file stores every one in Q8_0 (a Q8_0 file's); else
     none."""
-    layers = set(matrix_sources(config, arch)) - {"transformer.wte", "lm_head"}
+    layers = layer_modules(config, arch)
     found = stored_matrices(tensors, arch, config, ("Q8_0",))
     return {module: found[module] for module in layers} if layers <= set(found) else {}
 
@@ -593,7 +598,7 @@ def keep_embedding_in_file(model: GPT, tensors: FileTensors, products_in_file: b
         model.lm_head = head_in_file(tensors, name)
     else:
         for rows in tensors.file.row_ranges(name):
-            finite_rows(tensors, name, *rows)
+            tensors.file.finite_values(name, *rows)
     return {name}
 
 
@@ -604,7 +609,7 @@ def head_in_file(tensors: FileTensors, name: str) -> Int8GroupedLinear:
     nearer the precision of the types a head comes in, Q6_K's, Q5_K's or float, than 4 bits would be)."""
     vocab, width = tensors.shape(name)
     if tensors.file.tensors[name].tensor_type.name != "Q8_0":
-        values = partial(finite_rows, tensors, name)
+        values = partial(tensors.file.finite_values, name)
         eight_bit, int4 = QuantizedRows(values, vocab, width, eight_bit=True), QuantizedRows(values, vocab, width)
         return Int8GroupedLinear(eight_bit, vocab, width, int4_read=int4)
     check_blocks_finite(tensors, name)
@@ -638,14 +643,6 @@ class QuantizedRows:
         step = max(1, READ_BYTES // (4 * self.columns))
         slices = (self.values(first, min(first + step, stop)) for first in range(start, stop, step))
         return quantize_q8_0_slices(slices) if self.eight_bit else quantize_row_slices(slices)
-
-
-def finite_rows(tensors: FileTensors, name: str, start: int, stop: int) -> torch.Tensor:
-    """Rows start .. stop - 1 of matrix `name` in float32; UserError as for any weight when they hold NaN or
-    infinity."""
-    values = tensors.file.row_values(name, start, stop)
-    check_finite({name: values}, str(tensors.file.path), DAMAGED)
-    return values
 
 
 def check_blocks_finite(tensors: FileTensors, name: str) -> None:

@@ -22,9 +22,10 @@ every product was read so runs on them under "none" too (the file's own precisio
 is never float32: it stays in the file, read at each use (FileInt4Linear; the token embedding FileInt4Embedding,
 whose lookups read their rows), so the model holds none of it; a head the file keeps in Q8_0 stays in the file
 too, in its own 8 bits (Int8GroupedLinear), and one kept in any other type is quantized to Q8_0 as it is read, near
-the precision it is stored in. Read so, a Q8_0 file's products stay in the file as well, in their own 8 bits (Int8GroupedLinear:
-GGUF's Q8_0 blocks of 32 int8 codes and a float16 scale, which the native step reads as it reads int4 blocks). A
-token embedding stored in any other quantized type stays in the file as well (FileEmbedding).
+the precision it is stored in. Read so, a Q8_0 file's products stay in the file as well, in their own 8 bits
+(Int8GroupedLinear: GGUF's Q8_0 blocks of 32 int8 codes and a float16 scale, which the native step reads as it reads
+int4 blocks), and products in other types until quantization asks for them (FileLinear). A token embedding stored in
+any other quantized type stays in the file as well (FileEmbedding).
 """
 
 from __future__ import annotations
@@ -118,7 +119,19 @@ class Int4Blocks(NamedTuple):
         return groups.reshape(self.codes.shape[0], -1)[:, :in_features]
 
 
-class Int4Linear(nn.Module):
+class DequantizedLinear(nn.Module):
+    """A Linear whose weight is stored otherwise (blocks, or a file) and made float32 for each pass: y = x Wᵀ + b with
+    W = dequantized_weight(), in the input's dtype. The eager pass of Int4Linear, Int8GroupedLinear and FileLinear."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.dequantized_weight().to(x.dtype), bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Int4Linear(DequantizedLinear):
     """y = x Wᵀ + b with W stored in groups of GROUP weights along each row, as GGUF's Q4_1 blocks store them:
     `weight_int4` (out, groups, 16) uint8, byte j of a group holding the code of its weight j in the low 4 bits and
     of weight j + 16 in the high ones; `scale` and `minimum` (out, groups) float16; weight = scale * code + minimum.
@@ -180,13 +193,6 @@ class Int4Linear(nn.Module):
         """Whether every minimum is -8 times its scale, as in Q4_0's blocks (weight = scale * (code - 8))."""
         return torch.equal(self.minimum, -8 * self.scale)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        return F.linear(x, self.dequantized_weight().to(x.dtype), bias)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-
 
 class FileInt4Linear(Int4Linear):
     """An Int4Linear whose blocks stay where they are stored (a GGUF file's Q4_0 or Q4_1 matrices,
@@ -247,7 +253,7 @@ class Int8Blocks(NamedTuple):
         return groups.reshape(self.codes.shape[0], -1)[:, :in_features]
 
 
-class Int8GroupedLinear(nn.Module):
+class Int8GroupedLinear(DequantizedLinear):
     """y = x Wᵀ + b with W in GGUF's Q8_0 blocks (Int8Blocks), which stay where they are stored and are read each
     time they are used: a GGUF file's Q8_0 products, or its Q8_0 head beside products left in the file in 4 bits
     (gptkit.weights.gguf_read), so that the model decodes in the file's own 8 bits. The native step packs its blocks
@@ -279,15 +285,8 @@ class Int8GroupedLinear(nn.Module):
         """The (out, in) float32 weight: scale * code for each weight, in float32 as GGUF dequantizes it."""
         return self.blocks().values(self.in_features)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        return F.linear(x, self.dequantized_weight().to(x.dtype), bias)
 
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-
-
-class FileLinear(nn.Module):
+class FileLinear(DequantizedLinear):
     """A Linear whose weight stays in a file in a type decoding does not run on (a GGUF file's K-quants, Q5_0, Q5_1 or
     float matrices, gptkit.weights.gguf_read): `read(start, stop)` gives rows start .. stop - 1 in float32, and
     `int4_read(start, stop)` their int4 blocks, quantized as they are read. Quantization replaces it before decoding
@@ -310,13 +309,6 @@ class FileLinear(nn.Module):
     def dequantized_weight(self) -> torch.Tensor:
         """The (out, in) float32 weight, read from the file."""
         return self.read(0, self.out_features)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        return F.linear(x, self.dequantized_weight().to(x.dtype), bias)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
 class FileEmbedding(nn.Module):
@@ -476,24 +468,16 @@ def as_linear(product: nn.Module) -> nn.Module:
 
 def file_linears_as_float(model: nn.Module) -> nn.Module:
     """`model` (in place, returned) with each FileLinear the float32 nn.Linear of its values, one at a time."""
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, FileLinear):
-                setattr(module, name, dequantized_linear(child))
-    return model
+    return replace_linears(model, dequantized_linear, kind=FileLinear)
 
 
 def dequantized_copy(model: nn.Module) -> nn.Module:
     """`model` itself when it holds no product stored otherwise than as a Linear (Int4Linear, Int8GroupedLinear,
     FileLinear); else a copy with each one the float32 nn.Linear it computes (as_linear): what code that reads a
     model's float weights (the exporters) takes."""
-    if not any(isinstance(module, (Int4Linear, Int8GroupedLinear, FileLinear)) for module in model.modules()):
+    if not any(isinstance(module, DequantizedLinear) for module in model.modules()):
         return model
-    plain = copy.deepcopy(model)
-    for module in list(plain.modules()):
-        for name, child in list(module.named_children()):
-            setattr(module, name, as_linear(child))
-    return plain
+    return replace_linears(copy.deepcopy(model), as_linear, kind=DequantizedLinear)
 
 
 def keep_stored_int4(model: nn.Module) -> nn.Module:
@@ -532,25 +516,20 @@ def keep_stored_int4(model: nn.Module) -> nn.Module:
 def quantize_int4(model: nn.Module) -> nn.Module:
     """`model` (in place, returned; any device and dtype, for inference) with every nn.Linear an Int4Linear: the
     blocks a weight was read from as they are (stored_int4), the others quantized (an Int8GroupedLinear from its
-    values, one at a time; a FileLinear's int4 blocks read as they are asked for). A head tied to the token embedding gets an int4 copy of its own, so the embedding lookup
-    stays exact."""
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, Int8GroupedLinear):
-                setattr(module, name, int4_of_grouped(child))
-            elif isinstance(child, FileLinear):
-                bias = None if child.bias is None else child.bias.clone()
-                setattr(module, name, FileInt4Linear(child.int4_read, child.out_features, child.in_features, bias))
+    values, one at a time; a FileLinear's int4 blocks read as they are asked for). A head tied to the token embedding
+    gets an int4 copy of its own, so the embedding lookup stays exact."""
+    replace_linears(model, int4_of_stored, kind=(Int8GroupedLinear, FileLinear))
     return replace_linears(model, Int4Linear.from_linear).eval()
 
 
-def int4_of_grouped(grouped: Int8GroupedLinear) -> Int4Linear:
-    """The int4 product of an Int8GroupedLinear: of the values its blocks were quantized from where it has them
-    (int4_read), else of its blocks' values."""
-    if grouped.int4_read is None:
-        return Int4Linear.from_linear(dequantized_linear(grouped))
-    bias = None if grouped.bias is None else grouped.bias.clone()
-    return FileInt4Linear(grouped.int4_read, grouped.out_features, grouped.in_features, bias)
+def int4_of_stored(product: Int8GroupedLinear | FileLinear) -> Int4Linear:
+    """The int4 product of an Int8GroupedLinear or a FileLinear: the int4 blocks of the file's values where it reads
+    them (int4_read: a FileLinear's, an Int8GroupedLinear's quantized from another type), else of its blocks'
+    values."""
+    if product.int4_read is None:
+        return Int4Linear.from_linear(dequantized_linear(product))
+    bias = None if product.bias is None else product.bias.clone()
+    return FileInt4Linear(product.int4_read, product.out_features, product.in_features, bias)
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
@@ -574,11 +553,14 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     return replace_linears(model, Int8Linear.from_linear).eval()
 
 
-def replace_linears(model: nn.Module, replacement: Callable[[nn.Linear], nn.Module]) -> nn.Module:
-    """`model` (in place, returned) with every nn.Linear child (subclasses included) replaced by replacement(it)."""
+def replace_linears(
+    model: nn.Module, replacement: Callable[[nn.Module], nn.Module], kind: type | tuple[type, ...] = nn.Linear
+) -> nn.Module:
+    """`model` (in place, returned) with every child of `kind` (nn.Linear: subclasses included) replaced by
+    replacement(it), one at a time."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
+            if isinstance(child, kind):
                 setattr(module, name, replacement(child))
     return model
 
