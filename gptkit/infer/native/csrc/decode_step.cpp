@@ -75,8 +75,7 @@ template <typename Call>
 void with_weight_type(DType dtype, const Shapes& s, Call&& call) {
   if (dtype == DType::BFloat16) return call(bf16{});
   if (dtype == DType::Int8) return call(int8_t{});
-  if (dtype == DType::UInt8 && s.layer_panels == Grouped::kInt8) return call(Int8Grouped{});
-  if (dtype == DType::UInt8) return s.layer_panels == Grouped::kInt4Symmetric ? call(Int4Symmetric{}) : call(Int4{});
+  if (dtype == DType::UInt8) return with_grouped_kind(s.layer_panels, call);
   check(dtype == DType::Float32, "weights must be float32, bfloat16, int8 or int4 panels (uint8)");
   call(float{});
 }

@@ -50,6 +50,14 @@ constexpr bool IS_GROUPED = IS_INT4<W> || std::is_same_v<W, Int8Grouped>;
 // INT4_PANELS, INT4_SYMMETRIC_PANELS, INT8_PANELS).
 enum class Grouped : int64_t { kInt4 = 0, kInt4Symmetric = 1, kInt8 = 2 };
 
+// call(K{}) for the tag type K of grouped panels of `kind` (the one place a kind names its type).
+template <typename Call>
+decltype(auto) with_grouped_kind(Grouped kind, Call&& call) {
+  if (kind == Grouped::kInt8) return call(Int8Grouped{});
+  if (kind == Grouped::kInt4Symmetric) return call(Int4Symmetric{});
+  return call(Int4{});
+}
+
 // int4 matrices lie in panels of INT4_PANEL rows (a 32-bit lane each; the last panel filled up with rows of zeros),
 // each a record per group of INT4_GROUP columns: the codes, then the rows' scales, then their minimums (float16; no
 // minimums for Int4Symmetric). The codes are 4 words of 32 bits per row, word w of row r at (w * INT4_PANEL + r) * 4

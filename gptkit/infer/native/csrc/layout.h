@@ -43,12 +43,10 @@ struct Shapes {
   }
   template <typename W>
   int64_t head_size() const {
-    if constexpr (IS_GROUPED<W>) {
-      if (head_panels == Grouped::kInt4Symmetric) return matrix_size<Int4Symmetric>(vocab, embd);
-      if (head_panels == Grouped::kInt8) return matrix_size<Int8Grouped>(vocab, embd);
-      return matrix_size<Int4>(vocab, embd);
-    }
-    return matrix_size<W>(vocab, embd);
+    if constexpr (IS_GROUPED<W>)
+      return with_grouped_kind(head_panels, [&](auto kind) { return matrix_size<decltype(kind)>(vocab, embd); });
+    else
+      return matrix_size<W>(vocab, embd);
   }
   template <typename W>
   int64_t matrices_size() const {

@@ -150,13 +150,12 @@ template <typename W>
 void head_product(const Model<W>& m, int64_t first, int64_t last, const ProductInput<W>& in, int64_t count,
                   float* out) {
   const Matrix<W> head = m.head();
-  if constexpr (IS_GROUPED<W>) {
-    if (m.s.head_panels == Grouped::kInt4Symmetric)
-      return grouped_head_product<Int4Symmetric>(head, first, last, in, count, out);
-    if (m.s.head_panels == Grouped::kInt8) return grouped_head_product<Int8Grouped>(head, first, last, in, count, out);
-    return grouped_head_product<Int4>(head, first, last, in, count, out);
-  }
-  product_tokens(head, first, last, in, count, out);
+  if constexpr (IS_GROUPED<W>)
+    with_grouped_kind(m.s.head_panels, [&](auto kind) {
+      grouped_head_product<decltype(kind)>(head, first, last, in, count, out);
+    });
+  else
+    product_tokens(head, first, last, in, count, out);
 }
 
 // The head's rows a dealt chunk of a step holds: their outputs for every row fit in the caches while each row's
