@@ -69,8 +69,11 @@ def native_problem(model: nn.Module, dtype: torch.dtype) -> str | None:
         return f"the native step computes in float32 or bfloat16, not {str(dtype).removeprefix('torch.')}"
     products, head = 4 * config.n_layer, model.lm_head
     grouped_head = isinstance(head, (Int4Linear, Int8GroupedLinear))  # its panels of its own kind
-    kinds = [("int8", Int8Linear, isinstance(head, Int8Linear)), ("int4", Int4Linear, grouped_head)]
-    kinds.append(("Q8_0", Int8GroupedLinear, grouped_head))
+    kinds = [
+        ("int8", Int8Linear, isinstance(head, Int8Linear)),
+        ("int4", Int4Linear, grouped_head),
+        ("Q8_0", Int8GroupedLinear, grouped_head),
+    ]
     for kind, layer, head_fits in kinds:
         if head_fits and sum(isinstance(m, layer) for m in model.transformer.h.modules()) == products:
             return None if dtype == torch.float32 else f"the native step's {kind} products compute in float32 only"
@@ -164,7 +167,7 @@ class NativeStep:
 
     @staticmethod
     def _grouped_matrices(products: Sequence[nn.Module], kinds: Sequence[int]) -> torch.Tensor:
-        """The int4 products' weights (and a Q8_0 head's) in the step's panels, each of its kind (grouped_panels),
+        """The grouped products' weights (int4, Q8_0) in the step's panels, each of its kind (grouped_panels),
         back to back. A product's panels lie one after another, so it is packed some PACKED_WEIGHTS weights (whole
         panels) at a time: besides the buffer there are only one slice's blocks and panels, small enough for the
         allocator to reuse their memory, and the blocks of a product left in a file (FileInt4Linear,
