@@ -621,7 +621,8 @@ def with_16_bit_inputs(model: Any) -> Any:
 def with_16_bit_group_inputs(model: Any) -> Any:
     """A copy of `model` (its products Int4Linear, its head maybe an Int8GroupedLinear) with each product's input
     rounded as the native int4 step rounds it: every group of 32 values (of one token's) to integers of magnitude at
-    most 32767, times one scale, the group's largest |x| / 32767."""
+    most 32639 (127 * 256 + 127: the step splits each into two signed bytes), times one scale, the group's largest
+    |x| / 32639."""
     import copy
 
     import torch
@@ -633,8 +634,8 @@ def with_16_bit_group_inputs(model: Any) -> Any:
         x = inputs[0]
         groups = F.pad(x, (0, -x.shape[-1] % GROUP)).unflatten(-1, (-1, GROUP))
         largest = groups.abs().amax(dim=-1, keepdim=True)
-        integers = torch.where(largest > 0, torch.round(groups * (32767 / largest)), torch.zeros_like(groups))
-        return ((integers * (largest / 32767)).flatten(-2)[..., : x.shape[-1]],)
+        integers = torch.where(largest > 0, torch.round(groups * (32639 / largest)), torch.zeros_like(groups))
+        return ((integers * (largest / 32639)).flatten(-2)[..., : x.shape[-1]],)
 
     reference = copy.deepcopy(model)
     for module in reference.modules():

@@ -120,7 +120,7 @@ def int4_panels(product: Int4Linear, panel_rows: int, minimums: bool = True) -> 
     """An int4 product's weights (uint8, 1-D) as csrc/int4.h reads them (its panels): panels of `panel_rows`
     rows (the last filled up with rows of zeros), each a record per group: the codes of the group's 32 columns, word
     w (4 bytes, little-endian) of row r at (w * panel_rows + r) * 4 holding the code of column 8w + 2k + h in its bits
-    16h + 4k .. 16h + 4k + 3 (a shift and a mask leave columns 8w + 2k and 8w + 2k + 1 as its 16-bit halves), then
+    16h + 4k .. 16h + 4k + 3 (a mask leaves its even nibbles as 4 bytes, a shift and a mask its odd ones), then
     the rows' float16 scales, then their minimums (not without `minimums`: csrc/int4.h's Int4Symmetric, whose
     minimums are -8 times the scales)."""
     codes, scale, minimum = product.codes(), product.scale, product.minimum

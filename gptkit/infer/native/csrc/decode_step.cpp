@@ -13,9 +13,10 @@
 // The inputs of each float32 or bfloat16 product are rounded to W (bfloat16 products multiply bfloat16 pairs, as
 // PyTorch's do); int8 weights (gptkit.weights.quantization's: one float scale per row) meet each float32 input rounded
 // to 16-bit integers with one scale (ProductInput<int8_t>), finer than bfloat16, and multiply in integer lanes; int4
-// weights (GGUF's Q4_1: a scale and minimum per 32 weights; Q4_0: a scale) are widened to 16-bit integer lanes and
-// meet the inputs rounded to 16-bit integers with one scale per 32 values (ProductInput<Int4>), in integer lanes too
-// (int4.h), as do GGUF's Q8_0 weights (a scale per 32 int8 codes: a Q8_0 file's, or a head beside int4 layers).
+// weights (GGUF's Q4_1: a scale and minimum per 32 weights; Q4_0: a scale) meet the inputs rounded to 16-bit
+// integers with one scale per 32 values (ProductInput<Int4>), the codes as bytes against each integer's two bytes, in
+// integer lanes too (int4.h), as do GGUF's Q8_0 weights (a scale per 32 int8 codes: a Q8_0 file's, or a head beside
+// int4 layers), widened to 16-bit lanes.
 //
 // The files, each including the ones it builds on: vectors.h (vector lanes, prefetch), dots.h, panels.h, int4.h and
 // products.h (the matrix products of each kind of weights), elementwise.h (activations, exponentials, norms),

@@ -1,7 +1,7 @@
 // Grouped products: int4 (gptkit.weights.quantization's Int4Linear, GGUF's Q4_0 and Q4_1) and GGUF's Q8_0 (a head's,
-// Int8GroupedLinear): the codes widened to 16-bit integer lanes in registers and multiplied by the inputs rounded to
-// 16-bit integers (one scale per group of 32 values), in exact int32 sums, a panel of rows at a time, as int8 rows
-// meet their 16-bit inputs (dots.h).
+// Int8GroupedLinear): the inputs rounded to 16-bit integers (one scale per group of 32 values) meet the codes in exact
+// int32 sums, a panel of rows at a time: int4 codes as bytes against each input integer's two bytes, Q8_0 codes
+// widened to 16-bit lanes against the integers themselves, as int8 rows meet their 16-bit inputs (dots.h).
 
 #pragma once
 
@@ -62,11 +62,13 @@ decltype(auto) with_grouped_kind(Grouped kind, Call&& call) {
 // each a record per group of INT4_GROUP columns: the codes, then the rows' scales, then their minimums (float16; no
 // minimums for Int4Symmetric). The codes are 4 words of 32 bits per row, word w of row r at (w * INT4_PANEL + r) * 4
 // bytes; in a word, bits 4k .. 4k + 3 of its low 16 bits hold the code of column 8w + 2k, and of its high 16 bits that
-// of column 8w + 2k + 1. Why: one load is a word of every row, and a shift and a mask (int4_pair) leave in each lane
-// the codes of two adjacent columns as two 16-bit integers, the pair one integer multiply-add takes (vpdpwssd,
-// vpmaddwd) against the pair of input values, broadcast to every lane. A product multiplies column c's codes by input
-// t's value c in every lane (an outer product, as float32 panels do), so one pass over the codes serves every input, no
-// row ends in a sum across lanes, and a group's scales and minimums apply to a vector of rows at once.
+// of column 8w + 2k + 1. Why: one load is a word of every row, and a mask (and a shift and a mask) leave in each lane
+// the codes of 4 of its columns as 4 bytes (int4_nibbles), the four one integer multiply-add of bytes takes (vpdpbusd,
+// vpmaddubsw) against 4 input bytes broadcast to every lane, each input integer as two bytes (ByteInputs). A product
+// multiplies column c's codes by input t's value c in every lane (an outer product, as float32 panels do), so one pass
+// over the codes serves every input, no row ends in a sum across lanes, and a group's scales and minimums apply to a
+// vector of rows at once. Bytes against each input's two bytes take as many multiply-adds as pairs of 16-bit codes
+// against 16-bit inputs, and fewer steps to unpack: a mask (or a shift and a mask) for 4 columns, not for 2.
 // gptkit/infer/native/packing.py packs them (int4_panels).
 constexpr int64_t INT4_GROUP = 32;
 #if defined(GPTKIT_VECTORS)
@@ -85,20 +87,55 @@ template <typename W>
 constexpr int64_t GROUPED_RECORD = CODE_BYTES<W> + (std::is_same_v<W, Int4> ? 2 : 1) * 2 * INT4_PANEL;
 inline int64_t int4_groups(int64_t columns) { return (columns + INT4_GROUP - 1) / INT4_GROUP; }
 
-// The largest |integer| an input value of an int4 product takes: a group's sum of 32 products of a code (at most 15)
-// and an input stays below 2^24, so it is exact in int32 and again as a float32.
-constexpr float INT4_INPUT_LIMIT = 32767.0f;
+// The largest |integer| an input value of a grouped product takes, 127 * 256 + 127: the largest that splits into two
+// signed bytes, integer = 256 * high + low (ByteInputs). A group's sum of 32 products of an int4 code (at most 15) and
+// an input stays below 2^24, so it is exact in int32 and again as a float32.
+constexpr float INT4_INPUT_LIMIT = 32639.0f;
+
+// The order of a group's input bytes, the order of the int4 codes as bytes (int4_nibbles): for each word of 8
+// columns, the word's even nibbles (its columns 0, 4, 1, 5) and then its odd ones (2, 6, 3, 7).
+constexpr int64_t NIBBLE_COLUMNS[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+// A group's 16-bit integers q as two signed bytes each, q = 256 * high + low (low: q's low byte, -128 .. 127), in
+// NIBBLE_COLUMNS order.
+inline void split_bytes(const int16_t* q, int8_t* low, int8_t* high) {
+  for (int64_t i = 0; i < INT4_GROUP; ++i) {
+    const int32_t value = q[i / 8 * 8 + NIBBLE_COLUMNS[i % 8]];
+    low[i] = static_cast<int8_t>(static_cast<uint8_t>(value & 0xFF));
+    high[i] = static_cast<int8_t>((value - low[i]) / 256);
+  }
+}
+
+// Where a group's rounded inputs go: its 16-bit integers, and their low and high bytes (split_bytes).
+struct RoundedGroup {
+  int16_t* integers;
+  int8_t* low;
+  int8_t* high;
+};
+
+#if defined(__AVX512F__)
+// Integers 16h .. 16h + 15 of a group (int32 lanes) as split_bytes' bytes 16h .. 16h + 15 of `out`.
+inline void store_bytes(__m512i integers, int64_t h, RoundedGroup out) {
+  const __m512i order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);  // NIBBLE_COLUMNS
+  const __m512i ordered = _mm512_permutexvar_epi32(order, integers);
+  const __m512i low = _mm512_srai_epi32(_mm512_slli_epi32(ordered, 24), 24);  // the low byte, sign-extended
+  const __m512i high = _mm512_srai_epi32(_mm512_sub_epi32(ordered, low), 8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out.low + 16 * h), _mm512_cvtepi32_epi8(low));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out.high + 16 * h), _mm512_cvtepi32_epi8(high));
+}
+#endif
 
 #if defined(GPTKIT_VECTORS)
 // A group's INT4_GROUP values (in vectors) times `inverse`, rounded to the nearest integers (ties to even, as
-// std::nearbyint does by default), into q; returns their sum (exact in float32: below 2^20 in magnitude).
-inline float store_rounded(const Vec* values, Vec inverse, int16_t* q) {
+// std::nearbyint does by default), into `out`; returns their sum (exact in float32: below 2^20 in magnitude).
+inline float store_rounded(const Vec* values, Vec inverse, RoundedGroup out) {
 #if defined(__AVX512F__)
   __m512i sum = _mm512_setzero_si512();
 #pragma GCC unroll 2
   for (int64_t i = 0; i < INT4_GROUP / LANES; ++i) {
     const __m512i integers = _mm512_cvtps_epi32(mul(values[i], inverse));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i * LANES), _mm512_cvtepi32_epi16(integers));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.integers + i * LANES), _mm512_cvtepi32_epi16(integers));
+    store_bytes(integers, i, out);
     sum = _mm512_add_epi32(sum, integers);
   }
   return static_cast<float>(_mm512_reduce_add_epi32(sum));
@@ -110,19 +147,20 @@ inline float store_rounded(const Vec* values, Vec inverse, int16_t* q) {
     const __m256i high = _mm256_cvtps_epi32(mul(values[i + 1], inverse));
     // packs interleaves the two by 128-bit halves: the permute puts them back in order
     const __m256i both = _mm256_permute4x64_epi64(_mm256_packs_epi32(low, high), 0xD8);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i * LANES), both);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.integers + i * LANES), both);
     sum = _mm256_add_epi32(sum, _mm256_add_epi32(low, high));
   }
+  split_bytes(out.integers, out.low, out.high);
   return reduce_add(_mm256_cvtepi32_ps(sum));
 #endif
 }
 #endif
 
-// A group's `size` input values x as 16-bit integers q (zeros past size) times *scale (its largest |x| /
-// INT4_INPUT_LIMIT); returns the integers' sum. Why one scale per group: a value's rounding error is at most half a
+// A group's `size` input values x as 16-bit integers (zeros past size; into `out`, with their bytes) times *scale
+// (its largest |x| / INT4_INPUT_LIMIT); returns the integers' sum. Why one scale per group: a value's rounding error is at most half a
 // step, 2^-16 of its group's largest (not of its whole row's, as int8's inputs), and the group's sums need a float
 // conversion anyway for the weights' scale.
-inline int32_t int4_round_group(const float* x, int64_t size, int16_t* q, float* scale) {
+inline int32_t int4_round_group(const float* x, int64_t size, RoundedGroup out, float* scale) {
   float top = 0.0f;
 #if defined(GPTKIT_VECTORS)
   if (size == INT4_GROUP) {
@@ -134,7 +172,7 @@ inline int32_t int4_round_group(const float* x, int64_t size, int16_t* q, float*
     }
     top = reduce_max(largest);
     *scale = top / INT4_INPUT_LIMIT;
-    return static_cast<int32_t>(store_rounded(values, splat(top > 0.0f ? INT4_INPUT_LIMIT / top : 0.0f), q));
+    return static_cast<int32_t>(store_rounded(values, splat(top > 0.0f ? INT4_INPUT_LIMIT / top : 0.0f), out));
   }
 #endif
   for (int64_t i = 0; i < size; ++i) top = std::max(top, std::abs(x[i]));
@@ -142,16 +180,19 @@ inline int32_t int4_round_group(const float* x, int64_t size, int16_t* q, float*
   const float inverse = top > 0.0f ? INT4_INPUT_LIMIT / top : 0.0f;
   int32_t sum = 0;
   for (int64_t i = 0; i < INT4_GROUP; ++i) {
-    q[i] = i < size ? static_cast<int16_t>(std::nearbyint(x[i] * inverse)) : int16_t{0};
-    sum += q[i];
+    out.integers[i] = i < size ? static_cast<int16_t>(std::nearbyint(x[i] * inverse)) : int16_t{0};
+    sum += out.integers[i];
   }
+  split_bytes(out.integers, out.low, out.high);
   return sum;
 }
 
-// Inputs t = 0, 1, ... of a pass over int4 panels (ProductInput<Int4>::from): their integers, and per group their
-// scale, the rounded values' sum, and the integers' sum times -8.
+// Inputs t = 0, 1, ... of a pass over grouped panels (ProductInput<Int4>::from): their integers (and their bytes,
+// split_bytes), and per group their scale, the rounded values' sum, and the integers' sum times -8.
 struct GroupedInputs {
   const int16_t* const* integers;
+  const int8_t* const* low;
+  const int8_t* const* high;
   const float* const* scales;
   const float* const* sums;
   const int32_t* const* offsets;
@@ -168,29 +209,39 @@ struct GroupedInputs {
 template <>
 struct ProductInput<Int4> {
   std::vector<int16_t> integers;
+  std::vector<int8_t> low, high;
   std::vector<float> scales, sums;
   std::vector<int32_t> offsets;
   std::vector<const int16_t*> rows;  // input t's integers
+  std::vector<const int8_t*> row_low, row_high;  // and their bytes
   std::vector<const float*> row_scales, row_sums;  // and its groups' scales and sums
   std::vector<const int32_t*> row_offsets;  // and its groups' integers' sums times -8 (Int4Symmetric's minimums)
   void take(const float* x, int64_t n, int64_t count = 1) {
     const int64_t groups = int4_groups(n), width = groups * INT4_GROUP;
     integers.resize(count * width);
+    low.resize(count * width);
+    high.resize(count * width);
     scales.resize(count * groups);
     sums.resize(count * groups);
     offsets.resize(count * groups);
     rows.resize(count);
+    row_low.resize(count);
+    row_high.resize(count);
     row_scales.resize(count);
     row_sums.resize(count);
     row_offsets.resize(count);
     for (int64_t t = 0; t < count; ++t) {
       rows[t] = integers.data() + t * width;
+      row_low[t] = low.data() + t * width;
+      row_high[t] = high.data() + t * width;
       row_scales[t] = scales.data() + t * groups;
       row_sums[t] = sums.data() + t * groups;
       row_offsets[t] = offsets.data() + t * groups;
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t first = g * INT4_GROUP, size = std::min(INT4_GROUP, n - first), at = t * groups + g;
-        const int32_t sum = int4_round_group(x + t * n + first, size, integers.data() + t * width + first, &scales[at]);
+        const int64_t from = t * width + first;
+        const RoundedGroup out{integers.data() + from, low.data() + from, high.data() + from};
+        const int32_t sum = int4_round_group(x + t * n + first, size, out, &scales[at]);
         sums[at] = static_cast<float>(sum) * scales[at];
         offsets[at] = -8 * sum;
       }
@@ -198,7 +249,8 @@ struct ProductInput<Int4> {
   }
   // The pass inputs from input `first` on.
   GroupedInputs from(int64_t first) const {
-    return {rows.data() + first, row_scales.data() + first, row_sums.data() + first, row_offsets.data() + first};
+    return {rows.data() + first,       row_low.data() + first, row_high.data() + first,
+            row_scales.data() + first, row_sums.data() + first, row_offsets.data() + first};
   }
 };
 
@@ -218,10 +270,10 @@ struct RecordPrefetch {
 constexpr int64_t INT4_AHEAD = 4096;
 
 #if defined(GPTKIT_VECTORS)
-// The most inputs one pass over an int4 panel multiplies: an int32 sum (the group's) and a float32 one (the panel's)
-// in registers for each, besides a word of codes, a pair of columns of them and the group's scales (AVX-512: 16 of 32
-// registers; with 12 inputs, 24 of them, the compiler spilled to the stack and passes ran slower, docs/benchmarks.md;
-// AVX2: 8 of 16).
+// The most inputs one pass over a grouped panel multiplies: int32 sums (the group's: two for int4's low and high
+// bytes, one for Q8_0's pairs) and a float32 one (the panel's) in registers for each, besides a word of codes, codes
+// taken from it and the group's scales (AVX-512: 24 of 32 registers; with 12 inputs and one int32 sum each, the
+// compiler spilled to the stack and passes ran slower, docs/benchmarks.md; AVX2: 12 of 16).
 #if defined(__AVX512F__)
 constexpr int64_t INT4_TOKENS = 8;
 using Ints = __m512i;
@@ -231,7 +283,17 @@ inline Ints zero_ints() { return _mm512_setzero_si512(); }
 inline Ints add_ints(Ints a, Ints b) { return _mm512_add_epi32(a, b); }
 inline Ints and_ints(Ints a, Ints b) { return _mm512_and_si512(a, b); }
 inline Ints shift_right_32(Ints v, int bits) { return _mm512_srli_epi32(v, bits); }
-inline Ints shift_right_16(Ints v, int bits) { return _mm512_srli_epi16(v, bits); }
+inline Ints shift_left_32(Ints v, int bits) { return _mm512_slli_epi32(v, bits); }
+// sums + the products of the unsigned bytes of u and the signed bytes of s, summed in fours into int32 lanes:
+// vpdpbusd with AVX512-VNNI, else vpmaddubsw (pairs into 16 bits, exact while a pair's sum stays below 2^15 in
+// magnitude, as for int4 codes and input bytes) and vpmaddwd by ones.
+inline Ints add_byte_products(Ints sums, Ints u, Ints s) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(sums, u, s);
+#else
+  return _mm512_add_epi32(sums, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+#endif
+}
 // INT4_PANEL pairs of int8 codes as pairs of 16-bit integers, one pair a lane.
 inline Ints load_code_pairs(const uint8_t* p) {
   return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -250,7 +312,10 @@ inline Ints zero_ints() { return _mm256_setzero_si256(); }
 inline Ints add_ints(Ints a, Ints b) { return _mm256_add_epi32(a, b); }
 inline Ints and_ints(Ints a, Ints b) { return _mm256_and_si256(a, b); }
 inline Ints shift_right_32(Ints v, int bits) { return _mm256_srli_epi32(v, bits); }
-inline Ints shift_right_16(Ints v, int bits) { return _mm256_srli_epi16(v, bits); }
+inline Ints shift_left_32(Ints v, int bits) { return _mm256_slli_epi32(v, bits); }
+inline Ints add_byte_products(Ints sums, Ints u, Ints s) {
+  return _mm256_add_epi32(sums, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
 inline Ints load_code_pairs(const uint8_t* p) {
   return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
@@ -260,19 +325,18 @@ inline Vec load_halves(const uint8_t* p) {
 }
 #endif
 
-// Column pair k (0 to 3) of each lane's word (see INT4_PANEL): the codes of columns 8w + 2k and 8w + 2k + 1 as the
-// low and the high 16 bits of the lane. The top pair needs no mask: a shift within each 16 bits leaves zeros above.
-inline Ints int4_pair(Ints word, int64_t k) {
-  if (k == 3) return shift_right_16(word, 12);
-  const Ints low_nibbles = splat_int(0x000F000F);
-  return and_ints(k == 0 ? word : shift_right_32(word, static_cast<int>(4 * k)), low_nibbles);
+// The even (odd = 0) or the odd (odd = 1) nibbles of each lane's word (see INT4_PANEL) as its 4 bytes: the codes of
+// its columns 0, 4, 1, 5 or 2, 6, 3, 7 (NIBBLE_COLUMNS).
+inline Ints int4_nibbles(Ints word, int64_t odd) {
+  return and_ints(odd ? shift_right_32(word, 4) : word, splat_int(0x0F0F0F0F));
 }
 
-// Input values c and c + 1 (16-bit integers, c even) as one 32-bit pair in every lane.
-inline Ints splat_pair(const int16_t* x) {
-  int32_t pair;
-  std::memcpy(&pair, x, sizeof(pair));
-  return splat_int(pair);
+// The 32 bits at x (a pair of 16-bit integers, or 4 bytes) in every lane.
+template <typename T>
+inline Ints splat_word(const T* x) {
+  int32_t word;
+  std::memcpy(&word, x, sizeof(word));
+  return splat_int(word);
 }
 
 // sums[t] + each lane's pair of codes (columns c and c + 1 of its row) times input t's pair of integers there, for
@@ -280,7 +344,73 @@ inline Ints splat_pair(const int16_t* x) {
 template <int64_t T>
 inline void add_pair(Ints* sums, Ints codes, const GroupedInputs& in, int64_t c) {
 #pragma GCC unroll 12
-  for (int64_t t = 0; t < T; ++t) sums[t] = add_products(sums[t], codes, splat_pair(in.integers[t] + c));
+  for (int64_t t = 0; t < T; ++t) sums[t] = add_products(sums[t], codes, splat_word(in.integers[t] + c));
+}
+
+// sums[t] + each lane's 4 codes as bytes times input t's 4 bytes at `at` of `bytes` (its low or high ones), for t < T.
+template <int64_t T>
+inline void add_four(Ints* sums, Ints codes, const int8_t* const* bytes, int64_t at) {
+#pragma GCC unroll 12
+  for (int64_t t = 0; t < T; ++t) sums[t] = add_byte_products(sums[t], codes, splat_word(bytes[t] + at));
+}
+
+// dots[t] = each row's dot product of group g's int4 codes (the record at `record`) and input t's integers, for t < T,
+// as sum_j q_j (256 high_j + low_j): each input's low and high bytes in sums of their own (with one input, two sets of
+// each, so that 4 independent sums hide the multiply-add's latency), the high ones shifted by 8 bits at the end. Int4
+// symmetric's sums start at the integers' sum times -8 (grouped_panel_dots).
+template <typename W, int64_t T>
+inline void int4_group_dots(const uint8_t* record, const GroupedInputs& in, int64_t g, Ints* dots) {
+  constexpr int64_t SPLIT = T == 1 ? 2 : 1;
+  Ints low[SPLIT][T], high[SPLIT][T];
+#pragma GCC unroll 8
+  for (int64_t s = 0; s < SPLIT; ++s)
+#pragma GCC unroll 12
+    for (int64_t t = 0; t < T; ++t) {
+      low[s][t] = s == 0 && std::is_same_v<W, Int4Symmetric> ? splat_int(in.offsets[t][g]) : zero_ints();
+      high[s][t] = zero_ints();
+    }
+#pragma GCC unroll 4
+  for (int64_t w = 0; w < 4; ++w) {
+    const Ints word = load_word(record + w * INT4_PANEL * 4);
+#pragma GCC unroll 2
+    for (int64_t odd = 0; odd < 2; ++odd) {
+      const Ints codes = int4_nibbles(word, odd);
+      const int64_t at = g * INT4_GROUP + 8 * w + 4 * odd;
+      add_four<T>(low[w % SPLIT], codes, in.low, at);
+      add_four<T>(high[w % SPLIT], codes, in.high, at);
+    }
+  }
+#pragma GCC unroll 12
+  for (int64_t t = 0; t < T; ++t) {
+    Ints lows = low[0][t], highs = high[0][t];
+#pragma GCC unroll 8
+    for (int64_t s = 1; s < SPLIT; ++s) {
+      lows = add_ints(lows, low[s][t]);
+      highs = add_ints(highs, high[s][t]);
+    }
+    dots[t] = add_ints(lows, shift_left_32(highs, 8));
+  }
+}
+
+// dots[t] as int4_group_dots for Int8Grouped's records: each pair of columns' codes (widened to 16 bits) meets each
+// input's pair of integers (with few inputs the pairs take turns among SPLIT sets of sums).
+template <int64_t T>
+inline void int8_group_dots(const uint8_t* record, const GroupedInputs& in, int64_t g, Ints* dots) {
+  constexpr int64_t SPLIT = T == 1 ? 4 : T < 4 ? 2 : 1;
+  Ints parts[SPLIT][T];
+#pragma GCC unroll 8
+  for (int64_t s = 0; s < SPLIT; ++s)
+#pragma GCC unroll 12
+    for (int64_t t = 0; t < T; ++t) parts[s][t] = zero_ints();
+#pragma GCC unroll 16
+  for (int64_t j = 0; j < INT4_GROUP / 2; ++j)
+    add_pair<T>(parts[j % SPLIT], load_code_pairs(record + j * 2 * INT4_PANEL), in, g * INT4_GROUP + 2 * j);
+#pragma GCC unroll 12
+  for (int64_t t = 0; t < T; ++t) {
+    dots[t] = parts[0][t];
+#pragma GCC unroll 8
+    for (int64_t s = 1; s < SPLIT; ++s) dots[t] = add_ints(dots[t], parts[s][t]);
+  }
 }
 
 // Asks the L2 cache for the lines of the int4 record (of W) at `at`.
@@ -291,9 +421,8 @@ inline void prefetch_record(const uint8_t* at) {
 }
 
 // out[t * INT4_PANEL + r] = row r of an int4 panel (`groups` records from `panel`) times input t (in: as
-// ProductInput<Int4> takes them), for t < T. Per group, each pair of columns' codes meets each input's pair of
-// integers in an int32 sum of the input's own, exact (with few inputs the pairs take turns among SPLIT sets of sums,
-// so that 4 or more independent sums hide the multiply-add's latency), converted to float32 once a group and then
+// ProductInput<Int4> takes them), for t < T. Per group, the codes meet each input's integers in an int32 sum of the
+// input's own, exact (int4_group_dots, int8_group_dots), converted to float32 once a group and then
 // scaled by the rows' scales times the input's group scale. Int4's minimums meet the group's sum; Int4Symmetric's
 // (-8 times the scales) are its sums' start, the integers' sum times -8: sum_j (q_j - 8) x_j, exact and below 2^24
 // in magnitude, where two float32 terms of the size of 8 sum_j x_j would cancel. Int8Grouped's sums (codes up to 127)
@@ -301,8 +430,7 @@ inline void prefetch_record(const uint8_t* at) {
 template <typename W, int64_t T>
 void grouped_panel_dots(const uint8_t* panel, int64_t groups, const GroupedInputs& in, float* out,
                         RecordPrefetch prefetch) {
-  constexpr int64_t SPLIT = T == 1 ? 4 : T < 4 ? 2 : 1;
-  constexpr bool symmetric = std::is_same_v<W, Int4Symmetric>, minimums = std::is_same_v<W, Int4>;
+  constexpr bool minimums = std::is_same_v<W, Int4>;
   Vec totals[T];
 #pragma GCC unroll 12
   for (int64_t t = 0; t < T; ++t) totals[t] = splat(0.0f);
@@ -313,35 +441,17 @@ void grouped_panel_dots(const uint8_t* panel, int64_t groups, const GroupedInput
       wait = prefetch.turns - 1;
       prefetch_record<W>(prefetch.from + g * GROUPED_RECORD<W>);
     }
-    Ints parts[SPLIT][T];
-#pragma GCC unroll 12
-    for (int64_t t = 0; t < T; ++t) parts[0][t] = symmetric ? splat_int(in.offsets[t][g]) : zero_ints();
-#pragma GCC unroll 8
-    for (int64_t s = 1; s < SPLIT; ++s)
-#pragma GCC unroll 12
-      for (int64_t t = 0; t < T; ++t) parts[s][t] = zero_ints();
-    if constexpr (std::is_same_v<W, Int8Grouped>) {
-#pragma GCC unroll 16
-      for (int64_t j = 0; j < INT4_GROUP / 2; ++j)
-        add_pair<T>(parts[j % SPLIT], load_code_pairs(record + j * 2 * INT4_PANEL), in, g * INT4_GROUP + 2 * j);
-    } else {
-#pragma GCC unroll 4
-      for (int64_t w = 0; w < 4; ++w) {
-        const Ints word = load_word(record + w * INT4_PANEL * 4);
-#pragma GCC unroll 4
-        for (int64_t k = 0; k < 4; ++k)
-          add_pair<T>(parts[(4 * w + k) % SPLIT], int4_pair(word, k), in, g * INT4_GROUP + 8 * w + 2 * k);
-      }
-    }
+    Ints dots[T];
+    if constexpr (std::is_same_v<W, Int8Grouped>)
+      int8_group_dots<T>(record, in, g, dots);
+    else
+      int4_group_dots<W, T>(record, in, g, dots);
     const Vec scale = load_halves(record + CODE_BYTES<W>);
     const Vec minimum = minimums ? load_halves(record + CODE_BYTES<W> + 2 * INT4_PANEL) : splat(0.0f);
 #pragma GCC unroll 12
     for (int64_t t = 0; t < T; ++t) {
-      Ints dots = parts[0][t];
-#pragma GCC unroll 8
-      for (int64_t s = 1; s < SPLIT; ++s) dots = add_ints(dots, parts[s][t]);
       const Vec scaled = mul(scale, splat(in.scales[t][g]));
-      totals[t] = fmadd(scaled, to_floats(dots), totals[t]);
+      totals[t] = fmadd(scaled, to_floats(dots[t]), totals[t]);
       if constexpr (minimums) totals[t] = fmadd(minimum, splat(in.sums[t][g]), totals[t]);
     }
   }
