@@ -519,10 +519,11 @@ def keep_in_file(model: GPT, tensors: FileTensors, arch: str, products_only: boo
     (a tied head: a FileInt4Linear of the same rows); where every layer's products are Q8_0 (q8_0_layers), each is
     an Int8GroupedLinear reading its blocks so. Their scales are checked for NaN and infinity here. A layer's product
     in any other type is a FileLinear of its values (module_in_file: float32 under none, int4 blocks quantized as they
-    are read under int4, never a float32 copy of it whole). Beside layer products all kept in blocks, an untied head in
-    another type stays in the file as well (head_in_file); a token embedding in another quantized type stays there
-    (keep_embedding_in_file). products_only: the products alone, not the embedding or the head. Returns the file's
-    weights so kept: nothing else reads them."""
+    are read under int4, never a float32 copy of it whole). An untied head in another type stays in the file as well:
+    beside layer products all kept in blocks, in Q8_0 blocks (head_in_file); beside products in other types, as they
+    are (a FileLinear). A token embedding in another quantized type stays there (keep_embedding_in_file).
+    products_only: the products alone, not the embedding or the head. Returns the file's weights so kept: nothing
+    else reads them."""
     config, kept = model.config, set()
     stored = stored_matrices(tensors, arch, config)
     if products_only:
@@ -540,9 +541,10 @@ def keep_in_file(model: GPT, tensors: FileTensors, arch: str, products_only: boo
             matrix = matrix_of(tensors, arch, config, sources[module], values=True)
             model.set_submodule(module, module_in_file(model, module, matrix))
             kept.update(name for name, _ in matrix.parts)
-    head = "output.weight"
-    if not products_only and layers <= set(stored) and "lm_head" not in stored and head in tensors.file.tensors:
-        model.lm_head = head_in_file(tensors, head)
+    head, products_in_file = "output.weight", layers <= set(stored)
+    if not products_only and "lm_head" not in stored and head in tensors.file.tensors:
+        matrix = matrix_of(tensors, arch, config, ("output",), values=True)
+        model.lm_head = head_in_file(tensors, head) if products_in_file else module_in_file(model, "lm_head", matrix)
         kept.add(head)
     embedding = "token_embd.weight"
     if (
@@ -550,8 +552,7 @@ def keep_in_file(model: GPT, tensors: FileTensors, arch: str, products_only: boo
         and embedding not in kept
         and tensors.file.tensors[embedding].tensor_type.name not in FLOAT_TYPES
     ):
-        products = set(sources) - {"transformer.wte"}
-        kept |= keep_embedding_in_file(model, tensors, products <= set(stored))
+        kept |= keep_embedding_in_file(model, tensors, products_in_file)
     return kept
 
 
@@ -586,16 +587,17 @@ def q8_0_layers(tensors: FileTensors, arch: str, config: GPTConfig) -> dict[str,
 
 def keep_embedding_in_file(model: GPT, tensors: FileTensors, products_in_file: bool) -> set[str]:
     """The token embedding, stored in a quantized type but Q4_0 and Q4_1, as a FileEmbedding: its lookups read and
-    dequantize their rows. A tied head, where every product stays in the file, reads the table's Q8_0 blocks from the
-    file, or its values quantized to Q8_0 a slice of rows at a time as they are read (head_in_file: no float32 table
-    is held). Where some products are float32 the tied head is read as float32 with them (the one copy of the
-    table). Returns {token_embd.weight} where nothing else reads it, else nothing."""
+    dequantize their rows. A tied head reads the table from the file too, so that no float32 table is held: where
+    every layer's product stays in the file in blocks, its Q8_0 blocks, or its values quantized to Q8_0 a slice of rows
+    at a time as they are read (head_in_file); where the products are in other types, as they are (a FileLinear:
+    float32 under --quantize=none, int4 under int4, as they become). Returns {token_embd.weight}: nothing else reads
+    it."""
     config, name = model.config, "token_embd.weight"
     model.transformer.wte = FileEmbedding(partial(tensors.file.picked_values, name), config.vocab_size, config.n_embd)
-    if config.tie_embeddings and not products_in_file:
-        return set()  # read (and checked) as the head
-    if config.tie_embeddings:
+    if config.tie_embeddings and products_in_file:
         model.lm_head = head_in_file(tensors, name)
+    elif config.tie_embeddings:
+        model.lm_head = module_in_file(model, "lm_head", StoredMatrix(tensors.file, ((name, 0),), values=True))
     else:
         for rows in tensors.file.row_ranges(name):
             tensors.file.finite_values(name, *rows)

@@ -365,17 +365,18 @@ def test_products_in_other_types_read_for_decoding_stay_in_the_file_until_quanti
     tmp_path, monkeypatch, qwen_tokenizer, shape
 ):
     """A file whose products are Q6_K and Q5_0 (llama.cpp's K-quant files mix types), read for decoding: every layer's
-    product is a FileLinear, so no float matrix of theirs is held; under none they become the float32 read's Linear
-    layers (the same logits, exactly); under int4 each is a FileInt4Linear whose blocks, quantized a slice at a time
-    as they are read, are int4's of the float32 read, and the native step's panels are that model's."""
+    product is a FileLinear, and so is the head (the file's output, or the Q6_K token embedding it is tied to), so no
+    float matrix of theirs is held; under none they become the float32 read's Linear layers (the same logits,
+    exactly); under int4 each is a FileInt4Linear whose blocks, quantized a slice at a time as they are read, are
+    int4's of the float32 read, and the native step's panels are that model's."""
     hidden = {} if shape == "gpt2" else {"mlp_hidden": 512}  # GPT-2's MLP: 4 x 256
     model = tiny(shape, n_embd=256, n_head=4, **hidden)  # K-quant blocks hold 256 values: a row's
     others = {f"blk.{layer}.ffn_down.weight": T.Q5_0 for layer in range(model.config.n_layer)}
     path = q4_file(tmp_path, monkeypatch, model, qwen_tokenizer, T.Q6_K, others)
     kept = load(str(path), tokenizer=False, keep_int4=True).model
     layers = [name for name in product_sources(kept.config, ARCHS[shape]) if name != "lm_head"]
-    assert all(isinstance(kept.get_submodule(name), FileLinear) for name in layers)
-    assert float_matrices(kept) <= {"rope_cos", "rope_sin", "transformer.wpe.weight", "lm_head.weight"}
+    assert all(isinstance(kept.get_submodule(name), FileLinear) for name in [*layers, "lm_head"])
+    assert float_matrices(kept) <= {"rope_cos", "rope_sin", "transformer.wpe.weight"}
     floats = load(str(path), tokenizer=False).model
     assert torch.equal(logits(apply_quantization(kept, "none"), IDX), logits(floats, IDX))
     int4 = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "int4")
