@@ -158,8 +158,8 @@ inline float store_rounded(const Vec* values, Vec inverse, RoundedGroup out) {
 
 // A group's `size` input values x as 16-bit integers (zeros past size; into `out`, with their bytes) times *scale
 // (its largest |x| / INT4_INPUT_LIMIT); returns the integers' sum. Why one scale per group: a value's rounding error
-// is at most half a step, 2^-16 of its group's largest (not of its whole row's, as int8's inputs), and the group's
-// sums need a float conversion anyway for the weights' scale.
+// is at most half a step, about 2^-16 of its group's largest (not of its whole row's, as int8's inputs), and the
+// group's sums need a float conversion anyway for the weights' scale.
 inline int32_t int4_round_group(const float* x, int64_t size, RoundedGroup out, float* scale) {
   float top = 0.0f;
 #if defined(GPTKIT_VECTORS)
