@@ -543,8 +543,11 @@ def keep_in_file(model: GPT, tensors: FileTensors, arch: str, products_only: boo
             kept.update(name for name, _ in matrix.parts)
     head, products_in_file = "output.weight", layers <= set(stored)
     if not products_only and "lm_head" not in stored and head in tensors.file.tensors:
-        matrix = matrix_of(tensors, arch, config, ("output",), values=True)
-        model.lm_head = head_in_file(tensors, head) if products_in_file else module_in_file(model, "lm_head", matrix)
+        if products_in_file:
+            model.lm_head = head_in_file(tensors, head)
+        else:  # beside products in other types: as they are
+            matrix = matrix_of(tensors, arch, config, ("output",), values=True)
+            model.lm_head = module_in_file(model, "lm_head", matrix)
         kept.add(head)
     embedding = "token_embd.weight"
     if (

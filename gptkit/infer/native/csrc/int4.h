@@ -64,7 +64,7 @@ decltype(auto) with_grouped_kind(Grouped kind, Call&& call) {
 // bytes; in a word, bits 4k .. 4k + 3 of its low 16 bits hold the code of column 8w + 2k, and of its high 16 bits that
 // of column 8w + 2k + 1. Why: one load is a word of every row, and a mask (and a shift and a mask) leave in each lane
 // the codes of 4 of its columns as 4 bytes (int4_nibbles), the four one integer multiply-add of bytes takes (vpdpbusd,
-// vpmaddubsw) against 4 input bytes broadcast to every lane, each input integer as two bytes (ByteInputs). A product
+// vpmaddubsw) against 4 input bytes broadcast to every lane, each input integer as two bytes (split_bytes). A product
 // multiplies column c's codes by input t's value c in every lane (an outer product, as float32 panels do), so one pass
 // over the codes serves every input, no row ends in a sum across lanes, and a group's scales and minimums apply to a
 // vector of rows at once. Bytes against each input's two bytes take as many multiply-adds as pairs of 16-bit codes
@@ -88,7 +88,7 @@ constexpr int64_t GROUPED_RECORD = CODE_BYTES<W> + (std::is_same_v<W, Int4> ? 2 
 inline int64_t int4_groups(int64_t columns) { return (columns + INT4_GROUP - 1) / INT4_GROUP; }
 
 // The largest |integer| an input value of a grouped product takes, 127 * 256 + 127: the largest that splits into two
-// signed bytes, integer = 256 * high + low (ByteInputs). A group's sum of 32 products of an int4 code (at most 15) and
+// signed bytes, integer = 256 * high + low (split_bytes). A group's sum of 32 products of an int4 code (at most 15) and
 // an input stays below 2^24, so it is exact in int32 and again as a float32.
 constexpr float INT4_INPUT_LIMIT = 32639.0f;
 
@@ -356,8 +356,8 @@ inline void add_four(Ints* sums, Ints codes, const int8_t* const* bytes, int64_t
 
 // dots[t] = each row's dot product of group g's int4 codes (the record at `record`) and input t's integers, for t < T,
 // as sum_j q_j (256 high_j + low_j): each input's low and high bytes in sums of their own (with one input, two sets of
-// each, so that 4 independent sums hide the multiply-add's latency), the high ones shifted by 8 bits at the end. Int4
-// symmetric's sums start at the integers' sum times -8 (grouped_panel_dots).
+// each, so that 4 independent sums hide the multiply-add's latency), the high ones shifted by 8 bits at the end.
+// Int4Symmetric's sums start at the integers' sum times -8 (grouped_panel_dots).
 template <typename W, int64_t T>
 inline void int4_group_dots(const uint8_t* record, const GroupedInputs& in, int64_t g, Ints* dots) {
   constexpr int64_t SPLIT = T == 1 ? 2 : 1;
