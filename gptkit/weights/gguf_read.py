@@ -569,7 +569,7 @@ def module_in_file(model: GPT, module: str, matrix: StoredMatrix) -> torch.nn.Mo
     bias = None if old.bias is None else torch.empty_like(old.bias)  # on meta: read with the other tensors
     if matrix.values:
         int4 = QuantizedRows(matrix, matrix.rows, matrix.columns)
-        return FileLinear(matrix, int4, old.out_features, old.in_features, bias)
+        return FileLinear(matrix, old.out_features, old.in_features, bias, int4_read=int4)
     if matrix.eight_bit:
         return Int8GroupedLinear(matrix, old.out_features, old.in_features, bias)
     return FileInt4Linear(matrix, old.out_features, old.in_features, bias, matrix.symmetric)

@@ -253,18 +253,15 @@ class Int8Blocks(NamedTuple):
         return groups.reshape(self.codes.shape[0], -1)[:, :in_features]
 
 
-class Int8GroupedLinear(DequantizedLinear):
-    """y = x Wᵀ + b with W in GGUF's Q8_0 blocks (Int8Blocks), which stay where they are stored and are read each
-    time they are used: a GGUF file's Q8_0 products, or its Q8_0 head beside products left in the file in 4 bits
-    (gptkit.weights.gguf_read), so that the model decodes in the file's own 8 bits. The native step packs its blocks
-    once, a slice of rows at a time (row_blocks); an eager pass dequantizes them at each call, as Int4Linear's does.
-    `read(start, stop)` gives the blocks of rows start .. stop - 1; `int4_read`, for blocks quantized from a file's
-    values of another type, gives those values' int4 blocks so (what int4 takes, not the 8-bit blocks quantized
-    again). For inference only."""
+class StoredLinear(DequantizedLinear):
+    """y = x Wᵀ + b with W read where it is stored (gptkit.weights.gguf_read) each time it is used: `read(start,
+    stop)` gives rows start .. stop - 1 (blocks or float32 values, as the subclass says), and `int4_read`, where the
+    rows are read from a file's values, their int4 blocks quantized as they are read (what int4 takes:
+    int4_of_stored). For inference only."""
 
     def __init__(
         self,
-        read: Callable[[int, int], Int8Blocks],
+        read: Callable[[int, int], Int8Blocks | torch.Tensor],
         out_features: int,
         in_features: int,
         bias: torch.Tensor | None = None,
@@ -274,6 +271,14 @@ class Int8GroupedLinear(DequantizedLinear):
         self.out_features, self.in_features = out_features, in_features
         self.read, self.int4_read = read, int4_read
         self.register_buffer("bias", bias)
+
+
+class Int8GroupedLinear(StoredLinear):
+    """A StoredLinear of GGUF's Q8_0 blocks (Int8Blocks): a GGUF file's Q8_0 products, or its Q8_0 head beside
+    products left in the file in 4 bits (gptkit.weights.gguf_read), so that the model decodes in the file's own 8
+    bits. The native step packs its blocks once, a slice of rows at a time (row_blocks); an eager pass dequantizes
+    them at each call, as Int4Linear's does. `int4_read`, for blocks quantized from a file's values of another type,
+    gives those values' int4 blocks (not the 8-bit blocks quantized again)."""
 
     def blocks(self) -> Int8Blocks:
         return self.read(0, self.out_features)
@@ -286,25 +291,11 @@ class Int8GroupedLinear(DequantizedLinear):
         return self.blocks().values(self.in_features)
 
 
-class FileLinear(DequantizedLinear):
-    """A Linear whose weight stays in a file in a type decoding does not run on (a GGUF file's K-quants, Q5_0, Q5_1 or
-    float matrices, gptkit.weights.gguf_read): `read(start, stop)` gives rows start .. stop - 1 in float32, and
-    `int4_read(start, stop)` their int4 blocks, quantized as they are read. Quantization replaces it before decoding
-    (apply_quantization): int4 with the FileInt4Linear of those blocks, so the weight is never float32 whole, only a
-    slice of rows at a time; any other setting with the float32 nn.Linear of its values."""
-
-    def __init__(
-        self,
-        read: Callable[[int, int], torch.Tensor],
-        int4_read: Callable[[int, int], Int4Blocks],
-        out_features: int,
-        in_features: int,
-        bias: torch.Tensor | None = None,
-    ) -> None:
-        super().__init__()
-        self.out_features, self.in_features = out_features, in_features
-        self.read, self.int4_read = read, int4_read
-        self.register_buffer("bias", bias)
+class FileLinear(StoredLinear):
+    """A StoredLinear of a file's float32 values, in a type decoding does not run on (a GGUF file's K-quants, Q5_0,
+    Q5_1 or float matrices, gptkit.weights.gguf_read), with `int4_read` their int4 blocks. Quantization replaces it
+    before decoding (apply_quantization): int4 with the FileInt4Linear of those blocks, so the weight is never float32
+    whole, only a slice of rows at a time; any other setting with the float32 nn.Linear of its values."""
 
     def dequantized_weight(self) -> torch.Tensor:
         """The (out, in) float32 weight, read from the file."""
@@ -446,8 +437,8 @@ def int4_as_linear(int4: Int4Linear) -> nn.Linear:
     return linear
 
 
-def dequantized_linear(product: Int8GroupedLinear | FileLinear) -> nn.Linear:
-    """The float32 nn.Linear an Int8GroupedLinear or a FileLinear computes."""
+def dequantized_linear(product: StoredLinear) -> nn.Linear:
+    """The float32 nn.Linear a StoredLinear (Int8GroupedLinear, FileLinear) computes."""
     linear = nn.Linear(product.in_features, product.out_features, bias=product.bias is not None)
     with torch.no_grad():
         linear.weight.copy_(product.dequantized_weight())
@@ -461,7 +452,7 @@ def as_linear(product: nn.Module) -> nn.Module:
     other module itself."""
     if isinstance(product, Int4Linear):
         return int4_as_linear(product)
-    if isinstance(product, (Int8GroupedLinear, FileLinear)):
+    if isinstance(product, StoredLinear):
         return dequantized_linear(product)
     return product
 
@@ -518,11 +509,11 @@ def quantize_int4(model: nn.Module) -> nn.Module:
     blocks a weight was read from as they are (stored_int4), the others quantized (an Int8GroupedLinear from its
     values, one at a time; a FileLinear's int4 blocks read as they are asked for). A head tied to the token embedding
     gets an int4 copy of its own, so the embedding lookup stays exact."""
-    replace_linears(model, int4_of_stored, kind=(Int8GroupedLinear, FileLinear))
+    replace_linears(model, int4_of_stored, kind=StoredLinear)
     return replace_linears(model, Int4Linear.from_linear).eval()
 
 
-def int4_of_stored(product: Int8GroupedLinear | FileLinear) -> Int4Linear:
+def int4_of_stored(product: StoredLinear) -> Int4Linear:
     """The int4 product of an Int8GroupedLinear or a FileLinear: the int4 blocks of the file's values where it reads
     them (int4_read: a FileLinear's, an Int8GroupedLinear's quantized from another type), else of its blocks'
     values."""

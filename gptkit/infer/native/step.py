@@ -4,9 +4,9 @@ engine's backend that runs every step with it (NativeBackend).
 What it serves: every architecture model.py builds, in float32 or bfloat16 weights on the CPU, or int8 ones
 (gptkit.weights.quantization's Int8Linear: one scale per row; each product's float32 input is rounded to 16-bit
 integers with one scale, so that the products run in integer lanes), or int4 ones (Int4Linear, GGUF's Q4_1: the
-codes widened to 16-bit integers in registers and multiplied by the inputs rounded to 16-bit integers with one scale
-per group of 32 values, in panels of rows), or a GGUF file's Q8_0 ones (Int8GroupedLinear: its layers', or a head
-of its own kind beside int4 layers), read as 8-bit codes the same way:
+codes, as bytes, multiplied by the inputs rounded to 16-bit integers with one scale per group of 32 values, each
+integer as its two bytes, in panels of rows), or a GGUF file's Q8_0 ones (Int8GroupedLinear: its layers', or a head
+of its own kind beside int4 layers), their 8-bit codes widened to 16 bits against the same 16-bit inputs:
 learned, sinusoidal or rotary positions (the model's own cos and sin tables, so a rope_scaling is exact); LayerNorm or
 RMSNorm, with or without a weight or bias; the GELU (tanh or exact), squared-ReLU or SwiGLU MLP; multi-head or
 grouped-query attention, heads of any width; QK-norm with or without a weight; a Q, K, V bias of its own; a norm of

@@ -83,9 +83,8 @@ void with_weight_type(DType dtype, const Shapes& s, Call&& call) {
 
 // The shapes (embd, hidden, vocab, layers, heads, kv_heads, head_dim, then 0 or 1 for: RMSNorm, QK-norm, rotary
 // positions, a norm of the embeddings; then the kinds (Grouped) of grouped weights' panels, the layers' and the
-// head's) with the activation
-// (kSwiglu: a gated MLP), checked against the buffers' sizes and the cache's layout; constants: the norms' epsilon,
-// QK-norm's, the logits' soft cap (0: none).
+// head's) with the activation (kSwiglu: a gated MLP), checked against the buffers' sizes and the cache's layout;
+// constants: the norms' epsilon, QK-norm's, the logits' soft cap (0: none).
 Shapes checked_shapes(const std::vector<int64_t>& shapes, int64_t activation, const std::vector<double>& constants,
                       const Buffer& matrices, const Buffer& vectors, const std::vector<Buffer>& keys,
                       const std::vector<Buffer>& values) {
