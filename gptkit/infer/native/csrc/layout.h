@@ -104,41 +104,75 @@ struct Model {
   }
 };
 
-// The chunks of a stage's rows [0, rows) that the threads deal out among themselves as they go, each taken by the
-// first thread free (a counter they share, one a stage: Stages). Why: every stage ends at a barrier, and with fixed
-// shares the threads would wait there for the slowest (on a shared machine a thread loses its core now and then, and
-// a share's memory may come slower); dealt chunks end a stage together, within a chunk.
+// The chunks of a stage's rows [0, rows) that the threads deal out among themselves as they go: each thread owns a
+// contiguous share of the chunks (Share) and takes them in order from its front, then takes the chunks left in the
+// others' shares from their backs, each chunk taken once (a counter per share, shared by the threads: Stages). Why
+// contiguous: each thread streams one run of memory a stage, as a plain read does, where chunks dealt in turn had the
+// threads' reads interleave and the memory read slower (docs/benchmarks.md); from the back, so that the owner's run
+// goes on. Why dealt: every stage ends at a barrier, and with fixed shares the threads would wait there for the
+// slowest (on a shared machine a thread loses its core now and then, and a share's memory may come slower); taking
+// the others' chunks, they end a stage together, within a chunk.
 class RowDealer {
  public:
-  RowDealer(std::atomic<int64_t>& next, int64_t rows, int64_t chunk) : next_(next), rows_(rows), chunk_(chunk) {}
+  RowDealer(std::atomic<int64_t>* taken, int thread, int threads, int64_t rows, int64_t chunk)
+      : taken_(taken), thread_(thread), threads_(threads), rows_(rows), chunk_(chunk) {}
   // The next chunk [first, last); false once every chunk is taken.
   bool take(int64_t& first, int64_t& last) {
-    const int64_t at = next_.fetch_add(1, std::memory_order_relaxed) * chunk_;
-    if (at >= rows_) return false;
-    first = at;
-    last = std::min(rows_, at + chunk_);
-    return true;
+    const int64_t chunks = (rows_ + chunk_ - 1) / chunk_;
+    for (; visited_ < threads_; ++visited_) {  // this thread's share first, then the next threads'
+      const int owner = (thread_ + visited_) % threads_;
+      int64_t chunk = 0;
+      if (take_from(taken_[owner], Share(chunks, owner, threads_), visited_ == 0, chunk)) {
+        first = chunk * chunk_;
+        last = std::min(rows_, first + chunk_);
+        return true;
+      }
+    }
+    return false;
   }
 
  private:
-  std::atomic<int64_t>& next_;
+  // A chunk of `share` into `chunk`, from its front or its back; false if none is left. `taken` counts the chunks
+  // taken from the front (its low 32 bits) and from the back (its high 32 bits), in one word so that one
+  // compare-and-swap both checks that a chunk is left and takes it.
+  static bool take_from(std::atomic<int64_t>& taken, const Share& share, bool front, int64_t& chunk) {
+    constexpr int64_t BACK = int64_t{1} << 32;
+    int64_t now = taken.load(std::memory_order_relaxed);
+    while (true) {
+      const int64_t from_front = now % BACK, from_back = now / BACK;
+      if (share.first + from_front >= share.last - from_back) return false;
+      if (taken.compare_exchange_weak(now, now + (front ? 1 : BACK), std::memory_order_relaxed)) {
+        chunk = front ? share.first + from_front : share.last - 1 - from_back;
+        return true;
+      }
+    }
+  }
+
+  std::atomic<int64_t>* taken_;  // the chunks taken of each thread's share (take_from)
+  int thread_, threads_;
   int64_t rows_, chunk_;
+  int visited_ = 0;  // the shares found empty, from this thread's on
 };
 
 // Rows a dealt chunk of a product holds: whole panels (PANEL), enough of them that a chunk streams its weights
 // like one long array, few enough that the last chunks even out the threads.
 constexpr int64_t DEAL_ROWS = 128;
 
-// A step's or a prefill's stage counters (zeros), and this thread's place in them: every thread takes the stages in
-// the same order, so the n-th dealer of each thread shares the n-th counter.
+// A step's or a prefill's stage counters (zeros; a stage's are one per thread, for as many threads as asked for), and
+// this thread's place in them: every thread takes the stages in the same order, so the n-th dealer of each thread
+// shares the n-th stage's counters.
 class Stages {
  public:
-  explicit Stages(std::vector<std::atomic<int64_t>>& counters) : counters_(counters) {}
-  RowDealer next(int64_t rows, int64_t chunk = DEAL_ROWS) { return RowDealer(counters_[taken_++], rows, chunk); }
+  explicit Stages(std::vector<std::atomic<int64_t>>& counters)
+      : counters_(counters), thread_(omp_get_thread_num()), threads_(omp_get_num_threads()) {}
+  RowDealer next(int64_t rows, int64_t chunk = DEAL_ROWS) {
+    return RowDealer(&counters_[taken_++ * threads_], thread_, threads_, rows, chunk);
+  }
   static int64_t per_layer() { return 4; }  // the most dealt stages a layer takes (see attend_layer, finish_layer)
 
  private:
   std::vector<std::atomic<int64_t>>& counters_;
+  int thread_, threads_;
   int64_t taken_ = 0;
 };
 

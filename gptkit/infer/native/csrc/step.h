@@ -124,7 +124,7 @@ void prefill(const Model<W>& m, const std::vector<int64_t>& tokens, int64_t star
     row_at[i] = i / T * m.row_elements();
   }
   embed(m, tokens.data(), count, x.data());
-  std::vector<std::atomic<int64_t>> counters(s.layers * Stages::per_layer());
+  std::vector<std::atomic<int64_t>> counters(s.layers * Stages::per_layer() * threads_wanted);
 
 #pragma omp parallel num_threads(threads_wanted)
   {
@@ -177,9 +177,10 @@ void step_rows(const Model<W>& m, const std::vector<int64_t>& tokens, const std:
   std::vector<float> x(B * C), qkv(B * s.qkv_width());
   std::vector<S> attended(B * s.q_width()), hidden(B * s.hidden);
   embed(m, tokens.data(), B, x.data());
-  std::vector<std::atomic<int64_t>> counters(s.layers * Stages::per_layer() + 1);
+  const int threads_wanted = static_cast<int>(per_thread[0].size());
+  std::vector<std::atomic<int64_t>> counters((s.layers * Stages::per_layer() + 1) * threads_wanted);
 
-#pragma omp parallel num_threads(static_cast<int>(per_thread[0].size()))
+#pragma omp parallel num_threads(threads_wanted)
   {
     const int thread = omp_get_thread_num();
     Stages stages(counters);
