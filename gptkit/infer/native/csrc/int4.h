@@ -183,7 +183,9 @@ inline int32_t int4_round_group(const float* x, int64_t size, RoundedGroup out, 
     out.integers[i] = i < size ? static_cast<int16_t>(std::nearbyint(x[i] * inverse)) : int16_t{0};
     sum += out.integers[i];
   }
-  split_bytes(out.integers, out.low, out.high);
+#if defined(GPTKIT_VECTORS)
+  split_bytes(out.integers, out.low, out.high);  // what the vector passes multiply (plain loops: the integers)
+#endif
   return sum;
 }
 
