@@ -12,9 +12,11 @@ new_tokens after the same prompt in every row, with top-k sampling:
     blocks left in the file, its head in its own q8_0 blocks (the file's precision, the bytes llama.cpp reads)
   ours_int4: the same as sample.py --init_from=FILE.gguf --quantize=int4 reads it: its own blocks, and its head
     (q8_0) quantized to 4 bits
+  ours_q4_1: the q4_1 file read as sample.py --init_from=FILE.gguf reads it (with --quantize none or int4 alike):
+    its own blocks, with their minimums, left in the file, its head in its own q8_0 blocks
   ours_q8_0: the q8_0 file read as sample.py --init_from=FILE.gguf reads it: its own blocks left in the file
-  llamacpp_f32, llamacpp_q8_0, llamacpp_q4_0: llama.cpp on the f32, q8_0 and q4_0 files, every row a sequence of
-    one batch, each sampled by its own top-k sampler
+  llamacpp_f32, llamacpp_q8_0, llamacpp_q4_0, llamacpp_q4_1: llama.cpp on the f32, q8_0, q4_0 and q4_1 files, every
+    row a sequence of one batch, each sampled by its own top-k sampler
 Repeats go round-robin over the paths (measure.time_paths), so load from other work slows every path alike.
 tokens_per_s counts the whole run (the prompts' prefill included); generation_tokens_per_s the tokens after each
 row's first, over the run's seconds less those of a run to the first token alone (taken in the same round), as
@@ -46,24 +48,32 @@ from gptkit.weights.quantization import apply_quantization, quantize_int8
 from measure import MODEL_SHAPES, print_table, read_bandwidth, run_benchmark, time_paths
 
 SHAPES = {name: MODEL_SHAPES[name] for name in ("smollm2-135m", "gpt2-124m", "smollm2-1.7b")}  # llama.cpp holds
-PATHS = ("ours_f32", "ours_int8", "ours_int4", "ours_q4_0", "ours_q8_0")
-PATHS += ("llamacpp_f32", "llamacpp_q8_0", "llamacpp_q4_0")
+PATHS = ("ours_f32", "ours_int8", "ours_int4", "ours_q4_0", "ours_q4_1", "ours_q8_0")
+PATHS += ("llamacpp_f32", "llamacpp_q8_0", "llamacpp_q4_0", "llamacpp_q4_1")
 FILE_OF = {
     "ours_int4": "q4_0",
     "ours_q4_0": "q4_0",
+    "ours_q4_1": "q4_1",
     "ours_q8_0": "q8_0",
     "llamacpp_f32": "f32",
     "llamacpp_q8_0": "q8_0",
     "llamacpp_q4_0": "q4_0",
+    "llamacpp_q4_1": "q4_1",
 }
 AGAINST = {
     "ours_f32": "llamacpp_f32",
     "ours_int8": "llamacpp_q8_0",
     "ours_int4": "llamacpp_q4_0",
     "ours_q4_0": "llamacpp_q4_0",
+    "ours_q4_1": "llamacpp_q4_1",
     "ours_q8_0": "llamacpp_q8_0",
 }
-GGUF_QUANTIZE = {"ours_int4": "int4", "ours_q4_0": "none", "ours_q8_0": "none"}  # our paths on a file: its --quantize
+GGUF_QUANTIZE = {
+    "ours_int4": "int4",
+    "ours_q4_0": "none",
+    "ours_q4_1": "none",
+    "ours_q8_0": "none",
+}  # our paths on a file: its --quantize
 
 
 @dataclass
@@ -165,7 +175,7 @@ def run_ours(model: GPT, prompt: torch.Tensor, top_k: int, new_tokens: int) -> N
 
 
 def write_files(model: GPT, shape: str, formats: set[str], directory: Path) -> dict[str, Path]:
-    """The GGUF file of `model` in each of `formats` (f32, q8_0, q4_0), written by export.py's writer."""
+    """The GGUF file of `model` in each of `formats` (f32, q8_0, q4_0, q4_1), written by export.py's writer."""
     files = {}
     for outtype in sorted(formats):
         out = directory / f"{shape}-{outtype}"
