@@ -90,11 +90,21 @@ NONFINITE_CHECKPOINT_REMEDY = (
 )
 
 
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether a floating-point tensor holds no NaN and no infinity: then its smallest and largest values are finite
+    (a NaN is both). Why not isfinite().all(): that first writes a mask as large as the tensor, and loading checks
+    every weight; this is one pass that keeps two numbers."""
+    if tensor.numel() == 0:
+        return True
+    smallest, largest = torch.aminmax(tensor)
+    return bool(smallest.isfinite()) and bool(largest.isfinite())
+
+
 def check_finite(tensors: dict[str, Any], source: str, remedy: str) -> None:
     """UserError naming `source` and the first floating-point tensor of `tensors` that holds a NaN or an infinity,
     then `remedy`. Why: such a weight makes every logit NaN, and decoding would choose tokens from them."""
     for name, tensor in tensors.items():
-        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not bool(tensor.isfinite().all()):
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not all_finite(tensor):
             counts = {"NaN": int(tensor.isnan().sum()), "infinity": int(tensor.isinf().sum())}
             found = " and ".join(f"{kind} in {count}" for kind, count in counts.items() if count)
             raise UserError(f"{source}: weight {name} holds {found} of its {tensor.numel()} values; {remedy}")

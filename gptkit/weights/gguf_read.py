@@ -43,7 +43,7 @@ import torch
 from gptkit.core.errors import UserError
 from gptkit.data.gguf_tokenizer import gguf_tokenizer_record, metadata, open_gguf
 from gptkit.model import GPT, GPTConfig, scaled_frequencies
-from gptkit.weights.checkpoint import check_finite
+from gptkit.weights.checkpoint import all_finite, check_finite
 from gptkit.weights.hf import config_args, state_from_hf
 from gptkit.weights.quantization import (
     FileEmbedding,
@@ -655,7 +655,7 @@ def check_blocks_finite(tensors: FileTensors, name: str) -> None:
     hold a NaN or an infinity: then so do its values."""
     for rows in tensors.file.row_ranges(name):
         halves = [part for part in tensors.file.blocks(name, *rows) if part.is_floating_point()]
-        if not all(part.isfinite().all() for part in halves):
+        if not all(all_finite(part) for part in halves):
             check_finite({name: tensors.file.dequantized(name)}, str(tensors.file.path), DAMAGED)
 
 

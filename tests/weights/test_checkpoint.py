@@ -124,6 +124,23 @@ def test_weights_holding_nan_or_infinity_are_refused_naming_the_tensor(
     assert ckpt.load_checkpoint(path, required_keys=())["tokenizer"] == {"kind": "char"}
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_all_finite_finds_a_single_nan_or_infinity_anywhere(dtype: torch.dtype) -> None:
+    """One bad value among many, at either end or in the middle of a strided view; the largest finite values (whose
+    sum would overflow) and an empty tensor pass."""
+    values = torch.linspace(-1, 1, 3000, dtype=torch.float64).to(dtype).view(30, 100)
+    assert ckpt.all_finite(values) and ckpt.all_finite(values[:, ::7]) and ckpt.all_finite(values[:0])
+    largest = torch.full((4, 4), torch.finfo(dtype).max, dtype=dtype)
+    largest[0, 0] = torch.finfo(dtype).min
+    assert ckpt.all_finite(largest)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for row, column in ((0, 0), (17, 42), (29, 99)):
+            damaged = values.clone()
+            damaged[row, column] = bad
+            assert not ckpt.all_finite(damaged)
+            assert ckpt.all_finite(damaged[:, ::7]) == (column % 7 != 0)
+
+
 def test_rng_state_round_trips_through_a_weights_only_file(tmp_path: Path) -> None:
     random.seed(1)
     np.random.seed(2)
