@@ -343,11 +343,14 @@ def quantize_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
     changes neither its largest nor its smallest."""
     rows, columns = weight.shape
     padding = -columns % GROUP
-    groups = torch.cat((weight, weight[:, -1:].expand(rows, padding)), dim=1).view(rows, -1, GROUP)
-    smallest, largest = groups.amin(dim=-1, keepdim=True), groups.amax(dim=-1, keepdim=True)
+    if padding:
+        weight = torch.cat((weight, weight[:, -1:].expand(rows, padding)), dim=1)
+    groups = weight.reshape(rows, -1, GROUP)
+    smallest, largest = torch.aminmax(groups, dim=-1, keepdim=True)
     scale = (largest - smallest) / INT4_MAX
     inverse = torch.where(scale == 0, torch.zeros_like(scale), 1 / scale)
-    codes = torch.trunc((groups - smallest) * inverse + 0.5).clamp(0, INT4_MAX).to(torch.uint8)
+    # in place on one temporary (a file's whole model passes here); the cast to uint8 truncates, as trunc would
+    codes = (groups - smallest).mul_(inverse).add_(0.5).clamp_(0, INT4_MAX).to(torch.uint8)
     packed = codes[..., : GROUP // 2] | (codes[..., GROUP // 2 :] << 4)
     return packed, scale[..., 0].half(), smallest[..., 0].half()
 
