@@ -249,6 +249,10 @@ def test_checkpoint_locations(out_dir: Path, tmp_path: Path, capsys: pytest.Capt
         code, stderr, "--init_from='gpt-5': use resume, a Hugging Face directory or hub name (owner/name), or gpt2"
     )
 
+    missing = tmp_path / "SmolLM2-135M-Instruct-Q8_0.gguf"
+    code, _, stderr = cli([f"--init_from={missing}"], capsys)
+    assert_one_line_error(code, stderr, f"--init_from='{missing}': {missing}: no such file or directory")
+
 
 def test_init_from_a_training_run_says_to_load_it_with_out_dir(out_dir: Path, capsys: pytest.CaptureFixture) -> None:
     """train.py takes a run's directory as --init_from; sample.py, serve.py and eval.py load one with --out_dir."""

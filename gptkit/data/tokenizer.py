@@ -393,6 +393,8 @@ def make_tokenizer(name: str, bpe_dir: str | os.PathLike | None = None) -> Tikto
         if bpe_dir is not None:
             raise UserError("--bpe_dir is for GPT-2 BPE; it makes no sense with a GGUF file's tokenizer")
         return load_gguf_tokenizer(gguf)
+    if name.endswith(".gguf") and not Path(name).exists():  # not a trained tokenizer's directory to train again
+        raise UserError(f"{name}: no such file or directory")
     if is_tokenizer_dir(name):
         if bpe_dir is not None:
             raise UserError("--bpe_dir is for GPT-2 BPE; it makes no sense with a tokenizer directory")

@@ -15,7 +15,7 @@ from gptkit.weights.checkpoint import resolve_checkpoint
 from gptkit.weights.hf import GPT2_HUB_NAMES
 from gptkit.weights.lora import FrozenLinear, merge_lora
 from gptkit.weights.quantization import QUANTIZE_CHOICES, Int4Linear, Int8Linear, apply_quantization
-from gptkit.weights.sources import source_kind, unknown_source
+from gptkit.weights.sources import names_a_path, source_kind, unknown_source
 
 
 @dataclass
@@ -51,7 +51,7 @@ class ModelLocation:
                 f"--init_from={self.init_from!r} is a training run's directory; load it with "
                 f"--out_dir={self.init_from} (init_from=resume, the default)"
             )
-        if kind is None and Path(self.init_from).is_dir():
+        if kind is None and (Path(self.init_from).is_dir() or names_a_path(self.init_from)):
             raise UserError(f"--init_from={self.init_from!r}: {unknown_source(self.init_from)}")
         if kind is None:
             raise UserError(

@@ -9,6 +9,7 @@ files and the hub), gguf_read.py (llama.cpp's).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,12 @@ def source_kind(source: str) -> str | None:
     return "hub" if source in GPT2_HUB_NAMES or is_hub_name(source) else None
 
 
+def names_a_path(source: str) -> bool:
+    """Whether `source` can only be a path: a .gguf file's name, or a name with a separator that no hub name
+    (owner/name) reads as."""
+    return source.endswith(".gguf") or (("/" in source or os.sep in source) and not is_hub_name(source))
+
+
 def unknown_source(source: str) -> UserError:
     """The mistake of a source that names no model, said for what it does name."""
     if Path(source).is_dir():
@@ -95,6 +102,8 @@ def unknown_source(source: str) -> UserError:
             f"{source} holds no config.json, so it is no Hugging Face model directory (nor a training run: no "
             "best.pt or ckpt.pt; nor a GGUF file's: no *.gguf)"
         )
+    if names_a_path(source) and not Path(source).exists():
+        return UserError(f"{source}: no such file or directory")
     return UserError(f"{source} is neither a directory, a hub name (owner/name) nor one of {', '.join(GPT2_HUB_NAMES)}")
 
 

@@ -114,6 +114,14 @@ def test_unknown_encoding_name() -> None:
         TiktokenTokenizer("gpt5")
 
 
+def test_a_missing_gguf_file_is_said_to_be_missing(tmp_path: Path) -> None:
+    """Not a tokenizer directory to train again: a file the user named that is not there."""
+    missing = tmp_path / "qwen2.5-0.5b-instruct-q4_k_m.gguf"
+    with pytest.raises(UserError) as error:
+        tokenizer.make_tokenizer(str(missing))
+    assert str(error.value) == f"{missing}: no such file or directory"
+
+
 def test_tokenizer_from_meta_rebuilds_both_kinds() -> None:
     char = tokenizer.tokenizer_from_meta({"kind": "char", "chars": ["x", "y"], "eot": True})
     assert isinstance(char, CharTokenizer) and char.vocab_size == 3 and char.encode("yx") == [1, 0]

@@ -339,6 +339,8 @@ def bad_sources(root: Path) -> dict[str, tuple[dict, str]]:
     """Each mistake: load's arguments and what its one line says."""
     return {
         "unknown name": ({"source": "gpt-5"}, "gpt-5 is neither a directory, a hub name (owner/name) nor one of gpt2"),
+        "missing file": ({"source": str(root / "model.gguf")}, f"{root / 'model.gguf'}: no such file or directory"),
+        "missing path": ({"source": str(root / "runs" / "x")}, f"{root / 'runs' / 'x'}: no such file or directory"),
         "empty directory": ({"source": str(root / "empty")}, "holds no config.json, so it is no Hugging Face model"),
         "which checkpoint": ({"source": str(root / "run"), "checkpoint": "worst"}, "must be 'best' or 'latest'"),
         "no latest": ({"source": str(root / "best_only"), "checkpoint": "latest"}, "(looked for ckpt.pt)"),
@@ -413,6 +415,8 @@ def test_the_scripts_settings_name_one_source(tmp_path, monkeypatch):
         (ModelLocation(out_dir="empty"), "no checkpoint in empty (looked for best.pt, ckpt.pt)"),
         (ModelLocation(init_from="empty"), "--init_from='empty': empty holds no config.json"),
         (ModelLocation(init_from="gpt-5"), "--init_from='gpt-5': use resume, a Hugging Face directory or hub name"),
+        (ModelLocation(init_from="model.gguf"), "--init_from='model.gguf': model.gguf: no such file or directory"),
+        (ModelLocation(init_from="./hf/x"), "--init_from='./hf/x': ./hf/x: no such file or directory"),
     ]
     for location, message in mistakes:
         with pytest.raises(UserError) as error:
