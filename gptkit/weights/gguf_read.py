@@ -151,6 +151,7 @@ def read_gguf(
         raise UserError(f"{path}: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{path}: not a usable {arch} model ({exc})") from None
+    check_matrices_present(tensors, arch, config, path)
     model = GPT.without_weights(config)
     kept = keep_in_file(model, tensors, arch, products_only=not keep_int4) if keep_int4 or products_in_file else set()
     named = HFTensors(tensors.without(kept), arch, config, path)
@@ -160,6 +161,20 @@ def read_gguf(
     if not keep_int4:
         keep_q4_blocks(model, tensors, arch)  # those of the matrices read in float32
     return model, tokenizer
+
+
+def check_matrices_present(tensors: FileTensors, arch: str, config: GPTConfig, path: str | os.PathLike) -> None:
+    """UserError when the file lacks a matrix of the model its metadata describes. Its blocks are counted first: a
+    block_count beyond the blocks it holds would have a model of that many blocks made before any tensor is read."""
+    matches = (_TENSOR_NAME.fullmatch(name) for name in tensors.file.tensors)
+    blocks = sorted({int(match.group(1)) for match in matches if match and match.group(1) is not None})
+    if blocks != list(range(config.n_layer)):
+        held = f"blocks {blocks[0]} to {blocks[-1]} ({len(blocks)})" if blocks else "no block"
+        raise UserError(f"{path}: its {arch}.block_count is {config.n_layer} but it holds tensors of {held}; {DAMAGED}")
+    needed = ["token_embd", *(name for names in matrix_sources(config, arch).values() for name in names)]
+    missing = [f"{name}.weight" for name in needed if f"{name}.weight" not in tensors.file.tensors]
+    if missing:
+        raise UserError(f"{path}: tensor {missing[0]} is missing ({len(missing)} of the model's matrices); {DAMAGED}")
 
 
 def architecture_of(reader: Any, path: str | os.PathLike) -> str:

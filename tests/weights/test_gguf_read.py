@@ -501,6 +501,27 @@ def test_a_truncated_file_an_unknown_architecture_and_a_split_file_are_one_line(
     sample_error(tmp_path / "whole", capsys, "holds 2 GGUF files")
 
 
+def test_a_block_count_beyond_the_blocks_held_and_a_missing_matrix_are_one_line(
+    tmp_path, monkeypatch, qwen_tokenizer, capsys
+):
+    """Said from the metadata and the tensors' names, before a model of the size the metadata gives is made."""
+    model = tiny("llama-untied", n_layer=2)
+    write_count, write_tensor = gguf.GGUFWriter.add_block_count, gguf.GGUFWriter.add_tensor
+    with monkeypatch.context() as patch:
+        patch.setattr(gguf.GGUFWriter, "add_block_count", lambda writer, count: write_count(writer, 50))
+        many = export_file(tmp_path / "many", model, qwen_tokenizer)
+    sample_error(many, capsys, "its llama.block_count is 50 but it holds tensors of blocks 0 to 1 (2)", "damaged")
+
+    def without_query(writer, name, *args, **kwargs):
+        if name != "blk.1.attn_q.weight":
+            write_tensor(writer, name, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(gguf.GGUFWriter, "add_tensor", without_query)
+        lacking = export_file(tmp_path / "lacking", model, qwen_tokenizer)
+    sample_error(lacking, capsys, "tensor blk.1.attn_q.weight is missing (1 of the model's matrices)", "damaged")
+
+
 def test_a_tensor_type_not_read_is_one_line_and_export_writes_nothing(tmp_path, monkeypatch, qwen_tokenizer, capsys):
     monkeypatch.setattr(export_gguf, "encode_tensor", partial(encode_as, {"blk.1.ffn_down.weight": T.IQ2_XS}, {}))
     path = export_file(tmp_path / "model", tiny("llama-untied", mlp_hidden=256), qwen_tokenizer)

@@ -133,8 +133,10 @@ def test_save_pretrained_refuses_non_gpt2_shapes(tmp_path):
 
 
 def test_from_pretrained_errors_are_clear(tmp_path):
-    with pytest.raises(UserError, match="neither a directory, a hub name"):
+    with pytest.raises(UserError, match="missing: no such file or directory"):
         load(str(tmp_path / "missing"), tokenizer=False)
+    with pytest.raises(UserError, match="neither a directory, a hub name"):
+        load("gpt-5", tokenizer=False)
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "config.json").write_text(
         json.dumps({"n_positions": 8, "vocab_size": 10, "n_layer": 1, "n_head": 1, "n_embd": 8})
