@@ -25,6 +25,7 @@ from gptkit.data.gguf_tokenizer import SUFFIX as GGUF_SUFFIX
 
 if TYPE_CHECKING:
     from gptkit.data.loader import BatchSampler
+    from gptkit.model import GPTConfig
 
 LATEST_NAME = "ckpt.pt"
 BEST_NAME = "best.pt"
@@ -98,6 +99,28 @@ def all_finite(tensor: torch.Tensor) -> bool:
         return True
     smallest, largest = torch.aminmax(tensor)
     return bool(smallest.isfinite()) and bool(largest.isfinite())
+
+
+def physical_memory() -> int | None:
+    """The machine's memory in bytes, None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_context_fits(config: GPTConfig, source: str) -> None:
+    """UserError when the model's position tables, made whole for its context before any weight is read, would take
+    more memory than the machine has (a damaged file's context length): one line, where torch's allocator fails."""
+    width = {"rope": config.head_dim, "sinusoidal": config.n_embd}.get(config.pos_encoding)
+    memory = physical_memory()
+    need = config.block_size * (width or 0) * 8  # float64 while they are computed
+    if memory is not None and need > memory:
+        raise UserError(
+            f"{source}: its context of {config.block_size} positions needs {need / 2**30:.0f} GB for the position "
+            f"tables alone, more than this machine's {memory / 2**30:.0f} GB; the file is damaged, or the model is "
+            "beyond this machine"
+        )
 
 
 def check_finite(tensors: dict[str, Any], source: str, remedy: str) -> None:

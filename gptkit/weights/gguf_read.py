@@ -43,7 +43,7 @@ import torch
 from gptkit.core.errors import UserError
 from gptkit.data.gguf_tokenizer import gguf_tokenizer_record, metadata, open_gguf
 from gptkit.model import GPT, GPTConfig, scaled_frequencies
-from gptkit.weights.checkpoint import all_finite, check_finite
+from gptkit.weights.checkpoint import all_finite, check_context_fits, check_finite
 from gptkit.weights.hf import config_args, state_from_hf
 from gptkit.weights.quantization import (
     FileEmbedding,
@@ -152,6 +152,7 @@ def read_gguf(
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{path}: not a usable {arch} model ({exc})") from None
     check_matrices_present(tensors, arch, config, path)
+    check_context_fits(config, str(path))
     model = GPT.without_weights(config)
     kept = keep_in_file(model, tensors, arch, products_only=not keep_int4) if keep_int4 or products_in_file else set()
     named = HFTensors(tensors.without(kept), arch, config, path)

@@ -25,6 +25,7 @@ from gptkit.data.tokenizer import Tokenizer, make_tokenizer, tokenizer_from_meta
 from gptkit.model import GPT, config_from_dict
 from gptkit.weights.checkpoint import (
     check_base_tokenizer,
+    check_context_fits,
     checked_weights,
     is_checkpoint_source,
     load_checkpoint,
@@ -199,6 +200,7 @@ def model_of_checkpoint(
         config = config_from_dict({**model_args_of(checkpoint), **(overrides or {})})
     except (TypeError, ValueError) as exc:  # ValueError: GPTConfig refuses the values
         raise UserError(f"checkpoint {where} has invalid model_args ({exc}); the file is damaged") from exc
+    check_context_fits(config, f"checkpoint {where}")
     model = GPT.without_weights(config)
     state = checked_weights(model, checkpoint["model"], where)
     if int4_products:

@@ -22,8 +22,8 @@ from gptkit.core.errors import UserError
 from gptkit.data.gguf_tokenizer import load_gguf_tokenizer, open_gguf
 from gptkit.data.hf_tokenizer import load_hf_tokenizer
 from gptkit.data.tokenizer import CharTokenizer, make_tokenizer
-from gptkit.model import scaled_frequencies
-from gptkit.weights import export_gguf, gguf_hf_tokenizer, load
+from gptkit.model import GPTConfig, scaled_frequencies
+from gptkit.weights import checkpoint, export_gguf, gguf_hf_tokenizer, load
 from gptkit.weights.checkpoint import load_checkpoint
 from gptkit.weights.gguf_read import q8_0_values, read_tensors
 from gptkit.weights.sources import base_reference, check_data_tokenizer
@@ -520,6 +520,18 @@ def test_a_block_count_beyond_the_blocks_held_and_a_missing_matrix_are_one_line(
         patch.setattr(gguf.GGUFWriter, "add_tensor", without_query)
         lacking = export_file(tmp_path / "lacking", model, qwen_tokenizer)
     sample_error(lacking, capsys, "tensor blk.1.attn_q.weight is missing (1 of the model's matrices)", "damaged")
+
+
+def test_a_context_whose_position_tables_outgrow_the_machine_is_one_line(tmp_path, monkeypatch, qwen_tokenizer, capsys):
+    """2^24 positions of 16 rotary frequencies, float64 while they are computed: 4 GB, on a machine said to hold 1."""
+    write_length = gguf.GGUFWriter.add_context_length
+    with monkeypatch.context() as patch:
+        patch.setattr(gguf.GGUFWriter, "add_context_length", lambda writer, length: write_length(writer, 2**24))
+        path = export_file(tmp_path / "long", tiny("llama-untied", n_head=2, n_kv_head=2), qwen_tokenizer)
+    monkeypatch.setattr(checkpoint, "physical_memory", lambda: 2**30)
+    sample_error(path, capsys, "its context of 16777216 positions needs 4 GB for the position tables alone")
+    monkeypatch.setattr(checkpoint, "physical_memory", lambda: None)  # a system that does not say: not checked
+    checkpoint.check_context_fits(GPTConfig(block_size=2**24, pos_encoding="rope"), "any")
 
 
 def test_a_tensor_type_not_read_is_one_line_and_export_writes_nothing(tmp_path, monkeypatch, qwen_tokenizer, capsys):
