@@ -575,12 +575,27 @@ def keep_in_file(model: GPT, tensors: FileTensors, arch: str, products_only: boo
     return kept
 
 
+def check_matrix_shape(matrix: StoredMatrix, shape: tuple[int, ...]) -> None:
+    """UserError when a matrix left in the file is not of the shape of the module the metadata's model has for it (a
+    damaged file's widths): such a module reads its rows as it runs, so no state dict check would see them."""
+    if (matrix.rows, matrix.columns) != shape:
+        names = " + ".join(name for name, _ in matrix.parts)
+        raise UserError(
+            f"{matrix.file.path}: the weights {names} are ({matrix.rows}, {matrix.columns}) where the model its "
+            f"metadata describes has {shape}; {DAMAGED}"
+        )
+
+
 def module_in_file(model: GPT, module: str, matrix: StoredMatrix) -> torch.nn.Module:
     """What module `module` of `model` becomes to read `matrix` from the file: a FileInt4Embedding (the token
     embedding in Q4_0 or Q4_1), a FileInt4Linear, for Q8_0 blocks an Int8GroupedLinear, and for values a FileLinear
     (its int4 blocks quantized from them a slice of rows at a time: QuantizedRows)."""
     config, old = model.config, model.get_submodule(module)
-    if module == "transformer.wte":
+    embedding = module == "transformer.wte"
+    check_matrix_shape(
+        matrix, (old.num_embeddings, old.embedding_dim) if embedding else (old.out_features, old.in_features)
+    )
+    if embedding:
         return FileInt4Embedding(matrix.picked, config.vocab_size, config.n_embd)
     bias = None if old.bias is None else torch.empty_like(old.bias)  # on meta: read with the other tensors
     if matrix.values:

@@ -522,6 +522,18 @@ def test_a_block_count_beyond_the_blocks_held_and_a_missing_matrix_are_one_line(
     sample_error(lacking, capsys, "tensor blk.1.attn_q.weight is missing (1 of the model's matrices)", "damaged")
 
 
+def test_a_matrix_left_in_the_file_in_another_shape_than_the_metadata_s_is_one_line(
+    tmp_path, monkeypatch, qwen_tokenizer, capsys
+):
+    """Q4_0 matrices stay in the file (read as they are needed), so their shapes are checked against the metadata's
+    model when they are left there: here an MLP width of 7 beside matrices of the model's own."""
+    write_width = gguf.GGUFWriter.add_feed_forward_length
+    with monkeypatch.context() as patch:
+        patch.setattr(gguf.GGUFWriter, "add_feed_forward_length", lambda writer, width: write_width(writer, 7))
+        path = export_file(tmp_path / "narrow", tiny("llama-untied"), qwen_tokenizer, "q4_0")
+    sample_error(path, capsys, "the weights blk.0.ffn_gate.weight + blk.0.ffn_up.weight are (", "has (14, 64); ")
+
+
 def test_a_context_whose_position_tables_outgrow_the_machine_is_one_line(tmp_path, monkeypatch, qwen_tokenizer, capsys):
     """2^24 positions of 16 rotary frequencies, float64 while they are computed: 4 GB, on a machine said to hold 1."""
     write_length = gguf.GGUFWriter.add_context_length
