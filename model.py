@@ -89,6 +89,10 @@ class GPTConfig:
             raise ValueError(f"rope_scaling {self.rope_scaling!r}: rope_type must be llama3 or linear")
         if self.logit_softcap is not None and self.logit_softcap <= 0:
             raise ValueError(f"logit_softcap must be positive (or None), got {self.logit_softcap}")
+        if not (self.rope_base > 0 and math.isfinite(self.rope_base)):
+            raise ValueError(f"rope_base must be a positive number, got {self.rope_base}")
+        if not (self.norm_eps >= 0 and math.isfinite(self.norm_eps)):  # NaN fails both
+            raise ValueError(f"norm_eps must be a non-negative number, got {self.norm_eps}")
 
 
 def sinusoidal_table(length: int, dim: int) -> torch.Tensor:

@@ -181,6 +181,13 @@ def test_invalid_configs_are_value_errors():
         GPTConfig(pos_encoding="alibi")
     with pytest.raises(ValueError, match="block_size"):
         GPTConfig(block_size=0)
+    for base in (0.0, -1.0, float("nan"), float("inf")):  # a damaged file's numbers: every angle NaN or 0
+        with pytest.raises(ValueError, match="rope_base must be a positive number"):
+            GPTConfig(rope_base=base)
+    for eps in (-1e-5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="norm_eps must be a non-negative number"):
+            GPTConfig(norm_eps=eps)
+    assert GPTConfig(norm_eps=0.0).norm_eps == 0.0
 
 
 def test_fused_adamw_matches_the_plain_path():
