@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from gptkit.data.loader import BatchSampler
     from gptkit.model import GPTConfig
 
+_LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|h)\.(\d+)\.")
 LATEST_NAME = "ckpt.pt"
 BEST_NAME = "best.pt"
 MODEL_KEYS = ("model", "model_args")  # enough to rebuild the model (sampling, evaluation)
@@ -121,6 +123,16 @@ def check_context_fits(config: GPTConfig, source: str) -> None:
             f"tables alone, more than this machine's {memory / 2**30:.0f} GB; the file is damaged, or the model is "
             "beyond this machine"
         )
+
+
+def check_layers_present(names: Iterable[str], n_layer: int, source: str, config_name: str, remedy: str) -> None:
+    """UserError when weights' names (model.layers.3.…, transformer.h.3.…) hold other layers than the n_layer their
+    config (config_name: what the source calls it) gives: a count beyond them would have a model of that many layers
+    made before any weight is read."""
+    layers = sorted({int(match.group(1)) for name in names if (match := _LAYER_INDEX.search(name))})
+    if layers != list(range(n_layer)):
+        held = f"layers {layers[0]} to {layers[-1]} ({len(layers)})" if layers else "no layer"
+        raise UserError(f"{source}: {n_layer} layers in its {config_name}, but its weights hold {held}; {remedy}")
 
 
 def check_finite(tensors: dict[str, Any], source: str, remedy: str) -> None:

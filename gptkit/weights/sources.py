@@ -26,6 +26,7 @@ from gptkit.model import GPT, config_from_dict
 from gptkit.weights.checkpoint import (
     check_base_tokenizer,
     check_context_fits,
+    check_layers_present,
     checked_weights,
     is_checkpoint_source,
     load_checkpoint,
@@ -201,6 +202,9 @@ def model_of_checkpoint(
     except (TypeError, ValueError) as exc:  # ValueError: GPTConfig refuses the values
         raise UserError(f"checkpoint {where} has invalid model_args ({exc}); the file is damaged") from exc
     check_context_fits(config, f"checkpoint {where}")
+    check_layers_present(
+        checkpoint["model"], config.n_layer, f"checkpoint {where}", "model_args", "the file is damaged"
+    )
     model = GPT.without_weights(config)
     state = checked_weights(model, checkpoint["model"], where)
     if int4_products:

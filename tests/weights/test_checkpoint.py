@@ -222,7 +222,7 @@ def test_shape_mismatch_is_a_user_error() -> None:
         model_of_checkpoint(state, "x.pt")
     state = tiny_checkpoint()
     state["model_args"]["n_layer"] = 2
-    with pytest.raises(UserError, match="does not match its model_args"):
+    with pytest.raises(UserError, match=r"x.pt: 2 layers in its model_args, but its weights hold layers 0 to 0 \(1\)"):
         model_of_checkpoint(state, "x.pt")
 
 

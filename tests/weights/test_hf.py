@@ -224,6 +224,20 @@ def test_malformed_hf_directories_are_clear_errors(tmp_path, config_text, weight
         load(str(tmp_path), tokenizer=False)
 
 
+def test_a_layer_count_beyond_the_weights_is_one_line_before_a_model_is_made(tmp_path):
+    """A config.json giving far more layers than the weights hold is said from the weights' names (a model of that
+    many layers would take minutes and gigabytes to make before any weight is read)."""
+    _, directory = random_hf_gpt2(tmp_path)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "n_layer": 1_000_000}))
+    with pytest.raises(UserError) as info:
+        load(str(directory), tokenizer=False)
+    assert str(info.value) == (
+        f"{directory}: 1000000 layers in its config.json, but its weights hold layers 0 to 1 (2); the files are "
+        "damaged; download or export the model again"
+    )
+
+
 def test_weights_holding_nan_or_infinity_are_refused_naming_the_tensor(tmp_path):
     """A Hugging Face directory whose weights hold an infinity (transformers saves it as it is) is refused in one
     line naming the directory and the tensor under its own name; the directory before the damage loads."""

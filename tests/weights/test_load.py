@@ -354,6 +354,19 @@ def bad_sources(root: Path) -> dict[str, tuple[dict, str]]:
     }
 
 
+def test_a_checkpoint_whose_layer_count_outruns_its_weights_is_one_line(tmp_path):
+    """Said from the weights' names before a model of the recorded size is made (a million layers: minutes)."""
+    model = lively_model(CHARS.vocab_size)
+    args = {**config_to_dict(model.config), "n_layer": 1_000_000}
+    path = save_run(tmp_path / "run" / "ckpt.pt", model, model_args=args)
+    with pytest.raises(UserError) as error:
+        load(str(tmp_path / "run"))
+    assert str(error.value) == (
+        f"checkpoint {path}: 1000000 layers in its model_args, but its weights hold layers 0 to 1 (2); the file is "
+        "damaged"
+    )
+
+
 @pytest.mark.parametrize("mistake", sorted(bad_sources(Path())))
 def test_each_mistake_is_one_line(tmp_path, mistake, monkeypatch):
     offline_hub_cache(monkeypatch, tmp_path / "cache", {})
