@@ -23,12 +23,12 @@ from gptkit.core.distributed import is_fsdp
 from gptkit.core.errors import UserError, describe_os_error
 from gptkit.core.fileio import atomic_open
 from gptkit.data.gguf_tokenizer import SUFFIX as GGUF_SUFFIX
+from gptkit.model import GPT, GPTConfig
 
 if TYPE_CHECKING:
     from gptkit.data.loader import BatchSampler
-    from gptkit.model import GPTConfig
 
-_LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|h)\.(\d+)\.")
+_LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|h|blk)\.(\d+)\.")  # model.layers.3., transformer.h.3., GGUF's blk.3.
 LATEST_NAME = "ckpt.pt"
 BEST_NAME = "best.pt"
 MODEL_KEYS = ("model", "model_args")  # enough to rebuild the model (sampling, evaluation)
@@ -126,13 +126,23 @@ def check_context_fits(config: GPTConfig, source: str) -> None:
 
 
 def check_layers_present(names: Iterable[str], n_layer: int, source: str, config_name: str, remedy: str) -> None:
-    """UserError when weights' names (model.layers.3.…, transformer.h.3.…) hold other layers than the n_layer their
-    config (config_name: what the source calls it) gives: a count beyond them would have a model of that many layers
-    made before any weight is read."""
+    """UserError when weights' names (_LAYER_INDEX) hold other layers than the n_layer their config (config_name:
+    what the source calls it) gives: a count beyond them would have a model of that many layers made before any
+    weight is read."""
     layers = sorted({int(match.group(1)) for name in names if (match := _LAYER_INDEX.search(name))})
     if layers != list(range(n_layer)):
         held = f"layers {layers[0]} to {layers[-1]} ({len(layers)})" if layers else "no layer"
         raise UserError(f"{source}: {n_layer} layers in its {config_name}, but its weights hold {held}; {remedy}")
+
+
+def model_for_weights(config: GPTConfig, names: Iterable[str], source: str, config_name: str, remedy: str) -> GPT:
+    """GPT.without_weights(config) for a source whose weights are named `names` (a checkpoint's, a Hugging Face
+    directory's, a GGUF file's), once nothing about the config could make that model outgrow the machine: its
+    position tables fit in memory (check_context_fits) and its layers are those the weights hold
+    (check_layers_present)."""
+    check_context_fits(config, source)
+    check_layers_present(names, config.n_layer, source, config_name, remedy)
+    return GPT.without_weights(config)
 
 
 def check_finite(tensors: dict[str, Any], source: str, remedy: str) -> None:

@@ -43,7 +43,7 @@ import torch
 from gptkit.core.errors import UserError
 from gptkit.data.gguf_tokenizer import gguf_tokenizer_record, metadata, open_gguf
 from gptkit.model import GPT, GPTConfig, scaled_frequencies
-from gptkit.weights.checkpoint import all_finite, check_context_fits, check_finite
+from gptkit.weights.checkpoint import all_finite, check_finite, model_for_weights
 from gptkit.weights.hf import config_args, state_from_hf
 from gptkit.weights.quantization import (
     FileEmbedding,
@@ -151,9 +151,8 @@ def read_gguf(
         raise UserError(f"{path}: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{path}: not a usable {arch} model ({exc})") from None
+    model = model_for_weights(config, tensors.file.tensors, str(path), f"{arch}.block_count", DAMAGED)
     check_matrices_present(tensors, arch, config, path)
-    check_context_fits(config, str(path))
-    model = GPT.without_weights(config)
     kept = keep_in_file(model, tensors, arch, products_only=not keep_int4) if keep_int4 or products_in_file else set()
     named = HFTensors(tensors.without(kept), arch, config, path)
     model.load_state_dict(state_from_hf(named, architecture, model, Path(path)), assign=True)
@@ -165,13 +164,7 @@ def read_gguf(
 
 
 def check_matrices_present(tensors: FileTensors, arch: str, config: GPTConfig, path: str | os.PathLike) -> None:
-    """UserError when the file lacks a matrix of the model its metadata describes. Its blocks are counted first: a
-    block_count beyond the blocks it holds would have a model of that many blocks made before any tensor is read."""
-    matches = (_TENSOR_NAME.fullmatch(name) for name in tensors.file.tensors)
-    blocks = sorted({int(match.group(1)) for match in matches if match and match.group(1) is not None})
-    if blocks != list(range(config.n_layer)):
-        held = f"blocks {blocks[0]} to {blocks[-1]} ({len(blocks)})" if blocks else "no block"
-        raise UserError(f"{path}: its {arch}.block_count is {config.n_layer} but it holds tensors of {held}; {DAMAGED}")
+    """UserError when the file lacks a matrix of the model its metadata describes."""
     needed = ["token_embd", *(name for names in matrix_sources(config, arch).values() for name in names)]
     missing = [f"{name}.weight" for name in needed if f"{name}.weight" not in tensors.file.tensors]
     if missing:

@@ -28,7 +28,7 @@ from safetensors.torch import save as safetensors_bytes
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import atomic_write_bytes, atomic_write_json
 from gptkit.model import GPT, GPTConfig
-from gptkit.weights.checkpoint import check_context_fits, check_finite, check_layers_present
+from gptkit.weights.checkpoint import check_finite, model_for_weights
 from gptkit.weights.export_common import gpt2_problem, gpt2_tensors
 from gptkit.weights.quantization import int4_block_products
 
@@ -392,10 +392,8 @@ def read_hf_model(directory: Path, overrides: dict[str, Any] | None = None, int4
             config = GPTConfig(**{**vars(config), **overrides})
         except (TypeError, ValueError) as exc:
             raise UserError(f"{directory}: {exc}") from None
-    check_context_fits(config, str(directory))
     tensors = read_tensors(directory)
-    check_layers_present(tensors, config.n_layer, str(directory), "config.json", DAMAGED)
-    model = GPT.without_weights(config)
+    model = model_for_weights(config, tensors, str(directory), "config.json", DAMAGED)
     if int4_products and architecture != "GPT2LMHeadModel":  # each product read when it is quantized
         int4_block_products(model, partial(hf_product, tensors, architecture, model, directory))
     state = state_from_hf(tensors, architecture, model, directory)

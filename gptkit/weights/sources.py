@@ -25,12 +25,11 @@ from gptkit.data.tokenizer import Tokenizer, make_tokenizer, tokenizer_from_meta
 from gptkit.model import GPT, config_from_dict
 from gptkit.weights.checkpoint import (
     check_base_tokenizer,
-    check_context_fits,
-    check_layers_present,
     checked_weights,
     is_checkpoint_source,
     load_checkpoint,
     model_args_of,
+    model_for_weights,
     resolve_checkpoint,
 )
 from gptkit.weights.gguf_read import read_gguf
@@ -201,11 +200,7 @@ def model_of_checkpoint(
         config = config_from_dict({**model_args_of(checkpoint), **(overrides or {})})
     except (TypeError, ValueError) as exc:  # ValueError: GPTConfig refuses the values
         raise UserError(f"checkpoint {where} has invalid model_args ({exc}); the file is damaged") from exc
-    check_context_fits(config, f"checkpoint {where}")
-    check_layers_present(
-        checkpoint["model"], config.n_layer, f"checkpoint {where}", "model_args", "the file is damaged"
-    )
-    model = GPT.without_weights(config)
+    model = model_for_weights(config, checkpoint["model"], f"checkpoint {where}", "model_args", "the file is damaged")
     state = checked_weights(model, checkpoint["model"], where)
     if int4_products:
         int4_block_products(model, state.pop)

@@ -510,7 +510,7 @@ def test_a_block_count_beyond_the_blocks_held_and_a_missing_matrix_are_one_line(
     with monkeypatch.context() as patch:
         patch.setattr(gguf.GGUFWriter, "add_block_count", lambda writer, count: write_count(writer, 50))
         many = export_file(tmp_path / "many", model, qwen_tokenizer)
-    sample_error(many, capsys, "its llama.block_count is 50 but it holds tensors of blocks 0 to 1 (2)", "damaged")
+    sample_error(many, capsys, "50 layers in its llama.block_count, but its weights hold layers 0 to 1 (2)", "damaged")
 
     def without_query(writer, name, *args, **kwargs):
         if name != "blk.1.attn_q.weight":
