@@ -96,9 +96,10 @@ def generate_samples(
 
     Returns each sample's text (prompt included, stop strings and end-of-text excluded).
     """
-    if prompt == "":
-        raise UserError('the prompt is empty; give some text with --start (e.g. --start="\\n")')
     ids = tokenizer.encode(prompt)
+    if not ids:  # no text, or text the tokenizer makes no tokens of (whitespace a word-level one drops)
+        what = "is empty" if prompt == "" else f"{prompt!r} gives no tokens"
+        raise UserError(f'the prompt {what}; give some text with --start (e.g. --start="\\n")')
     block = model.config.block_size
     if len(ids) > block:
         print(

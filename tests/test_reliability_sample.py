@@ -10,6 +10,7 @@ traceback, nothing written.
 from __future__ import annotations
 
 import io
+import json
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import torch
 import eval as eval_script
 import sample
 from gptkit.core.errors import UserError, run_cli
+from gptkit.data.hf_tokenizer import HFTokenizer, make_record
 from gptkit.data.meta import write_meta
 from gptkit.data.tokenizer import CharTokenizer
 from gptkit.infer.native import build as native_build
@@ -98,6 +100,27 @@ def test_bad_prompt_files(
     code, stdout, stderr = cli([f"--out_dir={out_dir}", f"--start=FILE:{path}"], capsys)
     assert_one_line_error(code, stderr, fragment.format(path=path))
     assert stdout == "" and tree(tmp_path) == before
+
+
+def test_a_prompt_the_tokenizer_makes_no_tokens_of_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A word-level tokenizer.json splits on whitespace and keeps none: a prompt of spaces leaves nothing to start
+    from."""
+    words = {
+        "version": "1.0",
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": None,
+        "decoder": None,
+        "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "to": 1, "be": 2}, "unk_token": "[UNK]"},
+    }
+    tokenizer = HFTokenizer(make_record("words", json.dumps(words), {}, None, []))
+    assert tokenizer.encode("to   be") == [1, 2] and tokenizer.encode("   ") == []
+    meta = {"tokenizer": tokenizer.to_meta(), "vocab_size": 3, "eot_token": None}
+    out = char_checkpoint(tmp_path / "out", tokenizer_record(meta), 3)
+    code, stdout, stderr = cli([f"--out_dir={out}", "--start=   ", "--max_new_tokens=2"], capsys)
+    assert_one_line_error(code, stderr, "gives no tokens")
+    assert stdout == ""
 
 
 def test_prompt_file_that_is_a_directory(out_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -201,7 +201,12 @@ class HFTokenizer:
         self.special_tokens_map = dict(record["special_tokens_map"])
         self._check_named_tokens(where)
         self.eot_token: int | None = self.named_token_id("eos_token")
-        self._pieces = self._token_bytes(json.loads(text).get("decoder"))
+        parsed = json.loads(text)
+        self._pieces = self._token_bytes(parsed.get("decoder"))
+        self._dropped_bytes = self._bytes_without_token(parsed)
+        # an added token's text is no text of the vocabulary's: checked apart (encode_with_added)
+        longest_first = sorted(self.added_tokens, key=len, reverse=True)
+        self._added_texts = re.compile("|".join(map(re.escape, longest_first))) if self._dropped_bytes else None
         self._record = {key: record[key] for key in RECORD_KEYS}
         self.chat = self._template(record, where)
 
@@ -240,7 +245,7 @@ class HFTokenizer:
     def _token_bytes(self, decoder: Any) -> list[bytes | None]:
         """Each id's bytes, so that decode_bytes of ids one at a time joins to their UTF-8 (a character split across
         byte tokens included)."""
-        kinds = _decoder_kinds(decoder)
+        kinds = _component_kinds(decoder)
         to_byte = gpt2_unicode_to_byte()
         pieces: list[bytes | None] = [None] * self.vocab_size
         for token, token_id in self._with_added.get_vocab(with_added_tokens=False).items():
@@ -257,8 +262,39 @@ class HFTokenizer:
             pieces[token_id] = text.encode()
         return pieces
 
+    def _bytes_without_token(self, parsed: dict[str, Any]) -> bytes:
+        """The bytes a byte-level BPE model drops from any text it encodes: those with no token of their own, where it
+        has no unknown token and no byte fallback to stand for them (a vocabulary of some characters only, as a
+        character-level model's export holds). Empty for a complete byte-level vocabulary (GPT-2's, Llama 3's)."""
+        model = parsed.get("model") or {}
+        if model.get("type") != "BPE" or model.get("unk_token") is not None or model.get("byte_fallback"):
+            return b""
+        if "ByteLevel" not in _component_kinds(parsed.get("pre_tokenizer")):
+            return b""
+        vocab = self._plain.get_vocab(with_added_tokens=False)
+        return bytes(sorted(byte for char, byte in gpt2_unicode_to_byte().items() if char not in vocab))
+
+    def _check_encodable(self, text: str) -> None:
+        """UserError naming the characters of `text` that encoding would drop without a trace (_bytes_without_token),
+        as the character-level tokenizer refuses a character it never saw."""
+        if not self._dropped_bytes:
+            return
+        data = text.encode("utf-8", "surrogatepass")
+        if len(data.translate(None, self._dropped_bytes)) == len(data):
+            return
+        dropped = set(self._dropped_bytes)
+        unknown = sorted(char for char in set(text) if not dropped.isdisjoint(char.encode("utf-8", "surrogatepass")))
+        shown = ", ".join(repr(char) for char in unknown[:20])
+        more = f" and {len(unknown) - 20} more" if len(unknown) > 20 else ""
+        raise UserError(
+            f"text holds {len(unknown)} character(s) that {self.name}'s vocabulary has no tokens for: {shown}{more}; "
+            "use text made of the characters the model was trained on"
+        )
+
     def encode(self, text: str) -> list[int]:
-        """Encode ordinary text: no special tokens added, a special token's text encoded as its characters."""
+        """Encode ordinary text: no special tokens added, a special token's text encoded as its characters; UserError
+        for a character the vocabulary cannot encode (_check_encodable)."""
+        self._check_encodable(text)
         return self._plain.encode(text, add_special_tokens=False).ids
 
     def encode_array(self, text: str) -> np.ndarray:
@@ -267,12 +303,15 @@ class HFTokenizer:
 
     def encode_with_added(self, text: str) -> list[int]:
         """Encode text in which an added token's text stands for that token (a rendered chat template)."""
+        if self._added_texts is not None:
+            self._check_encodable(self._added_texts.sub("", text))
         return self._with_added.encode(text, add_special_tokens=False).ids
 
     def encode_without_added(self, text: str) -> list[int]:
         """Encode text as the characters it is made of, reading no added token in it, special or not: a control token
         typed in a chat message (transformers' sanitize_control_tokens). `encode` still reads an added token that is
         not special (Qwen3's <think>), as transformers does, so this runs the normalizer, pre-tokenizer and model."""
+        self._check_encodable(text)
         backend = self._with_added
         if backend.normalizer is not None:
             text = backend.normalizer.normalize_str(text)
@@ -319,11 +358,11 @@ def _parse(text: str, where: str) -> tokenizers.Tokenizer:
         raise UserError(f"{where}: {TOKENIZER_FILE} is not a Hugging Face tokenizer ({exc})") from None
 
 
-def _decoder_kinds(decoder: Any) -> set[str]:
-    # The decoder's type and, for a Sequence, its parts' types.
-    if not isinstance(decoder, dict):
+def _component_kinds(component: Any) -> set[str]:
+    # A decoder's or pre-tokenizer's type and, for a Sequence, its parts' types.
+    if not isinstance(component, dict):
         return set()
-    kinds = {decoder.get("type")}
-    for part in decoder.get("decoders") or []:
-        kinds |= _decoder_kinds(part)
+    kinds = {component.get("type")}
+    for part in (component.get("decoders") or []) + (component.get("pretokenizers") or []):
+        kinds |= _component_kinds(part)
     return {kind for kind in kinds if isinstance(kind, str)}

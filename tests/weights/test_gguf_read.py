@@ -346,6 +346,31 @@ def test_our_own_tokenizers_read_back_with_their_ids(tmp_path):
     assert load_gguf_tokenizer(again).encode("hi abc\ndeg!") == chars.encode("hi abc\ndeg!")
 
 
+def test_a_character_table_read_from_the_file_refuses_characters_it_lacks(tmp_path, capsys):
+    """A byte-level BPE with no token for some bytes (a character table's) and no unknown token would drop those
+    characters from a prompt or a corpus without a trace: it refuses them, as CharTokenizer does; a complete
+    byte-level BPE (the trained one, with its 256 bytes) encodes anything."""
+    chars = CharTokenizer.from_text("abc defg\nhi!", eot=True)
+    char_file = export_file(tmp_path / "char", lively_model(vocab_size=chars.vocab_size), chars)
+    read = load_gguf_tokenizer(char_file)
+    for text in ("hi \u00e9g\u00e9 \u4e16!", "\u00e9\u4e16"):
+        with pytest.raises(UserError) as refused:
+            read.encode(text)
+        with pytest.raises(UserError, match="\u00e9"):
+            chars.encode(text)
+        message = str(refused.value)
+        assert "2 character(s)" in message and "'\u00e9', '\u4e16'" in message and "\n" not in message
+    with pytest.raises(UserError, match="'x'"):
+        read.encode_without_added("hix")
+    assert read.encode_with_added("hi<|endoftext|>") == [*chars.encode("hi"), chars.eot_token]  # '|' has no token
+    bpe = tiny_bpe(b"he")
+    bpe_file = export_file(tmp_path / "bpe", lively_model(vocab_size=320), bpe)
+    assert load_gguf_tokenizer(bpe_file).encode("h\u00e9\u4e16x") == bpe.encode("h\u00e9\u4e16x")
+    args = [f"--init_from={char_file}", "--start=\u4e16", "--max_new_tokens=2", "--device=cpu"]
+    code, _, err = run_main(sample.main, args, capsys)
+    assert_one_line_error(code, err, "1 character(s)", "'\u4e16'")
+
+
 def test_make_tokenizer_and_prepare_data_take_the_file(tmp_path, qwen_tokenizer):
     path = export_file(tmp_path, tiny("qwen2"), qwen_tokenizer)
     assert make_tokenizer(str(path)).to_meta() == load_gguf_tokenizer(path).to_meta()
