@@ -48,6 +48,7 @@ from gptkit.model import GPT
 from gptkit.train import batches, dpo, grpo, loop
 from gptkit.train.reference import Reference, starting_point, token_logprobs
 from gptkit.weights import checkpoint as ckpt
+from gptkit.weights.sources import open_weights_meta
 
 OBJECTIVES = ("lm", "dpo", "grpo")
 NO_LOSS = {"train/loss": None, "val/loss": None, "val/bpb": None}  # an evaluation's standard figures, not measured
@@ -498,9 +499,10 @@ class Grpo(PostTraining):
 
 
 def starting_model_meta(cfg: ObjectiveSettings) -> dict:
-    """GRPO's stand-in for a data directory's meta.json: the tokenizer the starting (or resumed) checkpoint records."""
+    """GRPO's stand-in for a data directory's meta.json: the tokenizer the starting (or resumed) checkpoint records,
+    or open weights' own (a GGUF file's, a Hugging Face directory's)."""
     if cfg.init_from != "resume" and not ckpt.is_checkpoint_source(cfg.init_from):
-        raise UserError("--objective=grpo starts from a checkpoint of ours: give --init_from=OUT_DIR or a .pt file")
+        return open_weights_meta(cfg.init_from)
     path = Path(cfg.out_dir) / ckpt.LATEST_NAME if cfg.init_from == "resume" else ckpt.resolve_checkpoint(cfg.init_from)
     record = ckpt.load_checkpoint(path, required_keys=()).get("tokenizer")
     if not isinstance(record, dict):

@@ -303,15 +303,38 @@ def data_dir_tokenizer(data_dir: str, recorded: dict | None, path: Path) -> dict
 
 
 def own_tokenizer_record(loaded: Loaded) -> dict[str, Any] | None:
-    """The HFTokenizer record of open weights' own tokenizer: a GGUF file's (as read with the model; read again only
-    to say why it is not read), or the Llama family's tokenizer.json; None for GPT-2 (its BPE is tiktoken's) and for
-    a directory without one."""
-    kind, path = loaded.kind, loaded.path
+    """The HFTokenizer record of open weights' own tokenizer (tokenizer_record_at), a GGUF file's as read with the
+    model."""
+    if loaded.kind == "gguf" and loaded.gguf_tokenizer:
+        return loaded.gguf_tokenizer
+    return tokenizer_record_at(loaded.kind, loaded.path)
+
+
+def tokenizer_record_at(kind: str, path: Path) -> dict[str, Any] | None:
+    """The HFTokenizer record of the tokenizer open weights of `kind` at `path` hold: a GGUF file's, or the Llama
+    family's tokenizer.json; None for GPT-2 (its BPE is tiktoken's) and for a directory without one."""
     if kind == "gguf":
-        return loaded.gguf_tokenizer or gguf_tokenizer_record(path)
+        return gguf_tokenizer_record(path)
     if is_gpt2_directory(path) or not is_hf_tokenizer_dir(path):
         return None
     return read_hf_record(path)
+
+
+def open_weights_meta(source: str) -> dict[str, Any]:
+    """meta.json's tokenizer entries for open weights' own tokenizer, read without their weights: what a run that
+    starts from them with no data directory of its own (GRPO's prompts) tokenizes with. GPT-2's is its BPE."""
+    kind = source_kind(source)
+    if kind is None or kind == "checkpoint":
+        raise unknown_source(source)
+    path = open_weights_path(source, kind)
+    record = tokenizer_record_at(kind, path)
+    if record is not None:
+        tokenizer: Tokenizer = HFTokenizer(record, where=str(path))
+    elif is_gpt2_directory(path):
+        tokenizer = make_tokenizer("gpt2")
+    else:
+        raise UserError(f"{path} has no tokenizer.json to tokenize prompts with")
+    return {"tokenizer": tokenizer.to_meta(), "vocab_size": tokenizer.vocab_size, "eot_token": tokenizer.eot_token}
 
 
 def open_weights_tokenizer(loaded: Loaded, data_dir: str) -> Tokenizer:

@@ -30,6 +30,7 @@ from gptkit.weights.sources import base_reference, check_data_tokenizer
 from helpers import assert_one_line_error, assert_one_line_message, cli_args, lively_model, run_in_process, run_main
 from hf_tokenizer_dirs import FAMILIES, VARIED, write_family, write_sentencepiece
 from prepare_data import chat as chat_script
+from prepare_data import preferences
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
@@ -484,6 +485,37 @@ def test_train_fine_tunes_the_file_whole_and_with_lora_and_export_writes_it_back
     done = run_in_process(export.main, [f"--init_from={path}", "--format=gguf", f"--export_dir={again}"], capsys)
     assert done.returncode == 0, done.stderr
     assert (again / "tiny-f32-f16.gguf").is_file()  # named after the file read
+
+
+def test_grpo_and_dpo_start_from_the_file_with_its_tokenizer(tmp_path, qwen_tokenizer, capsys):
+    """GRPO has no data directory: its prompts are rendered with the file's own tokenizer and template, which its
+    checkpoints record (as DPO's, from preferences prepared with the file's tokenizer), LoRA over the file's Q4_0
+    blocks."""
+    path = export_file(tmp_path / "model", tiny("qwen2", block_size=64), qwen_tokenizer, "q4_0")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"{i} + {i}?", "answer": str(2 * i)}) + "\n" for i in range(4)))
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(
+        "".join(json.dumps({"prompt": f"{i}?", "chosen": f"{i}", "rejected": "no"}) + "\n" for i in range(8))
+    )
+    code, _, err = run_main(
+        preferences.main, [f"--input={pairs}", f"--out_dir={tmp_path / 'prefs'}", f"--tokenizer={path}"], capsys
+    )
+    assert code == 0, err
+    lora = dict(lora_rank=4, lora_base_weights="int4")
+    runs = {
+        "grpo": dict(objective="grpo", grpo_prompts=prompts, grpo_eval_prompts=prompts, grpo_group_size=2, **lora),
+        "dpo": dict(objective="dpo", data_dir=tmp_path / "prefs", **lora),
+    }
+    for name, extra in runs.items():
+        args = cli_args(
+            init_from=path, out_dir=tmp_path / name, **{**TRAIN, "max_iters": 1, "eval_interval": 1}, **extra
+        )
+        code, _, err = run_main(train.main, args, capsys)
+        assert code == 0, err
+        state = load_checkpoint(tmp_path / name / "ckpt.pt")
+        assert state["lora"]["base"] == base_reference(str(path))
+        assert load(str(tmp_path / name)).tokenizer.to_meta() == load_gguf_tokenizer(path).to_meta()
 
 
 # ------------------------------------------------------------------------------------------------ refusals
