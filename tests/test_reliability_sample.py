@@ -220,7 +220,7 @@ def test_tokenizer_larger_than_the_model(tmp_path: Path, capsys: pytest.CaptureF
     tokenizer = CharTokenizer.from_text(TEXT + "XYZ0123456789")
     data_dir = char_data_dir(tmp_path / "data", tokenizer)
     code, _, stderr = cli([f"--out_dir={out_dir}", f"--data_dir={data_dir}"], capsys)
-    assert_one_line_error(code, stderr, f"the tokenizer has {tokenizer.vocab_size} tokens but the model only")
+    assert_one_line_error(code, stderr, f"{data_dir}'s tokenizer has {tokenizer.vocab_size} tokens but the model only")
 
 
 @pytest.mark.parametrize("script", [sample, eval_script], ids=["sample", "eval"])

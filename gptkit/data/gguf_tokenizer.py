@@ -130,6 +130,11 @@ def gguf_tokenizer_record(path: str | os.PathLike, reader: Any = None) -> dict[s
         )
     tokens = metadata(reader, "tokenizer.ggml.tokens") or []
     types = metadata(reader, "tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
+    if len(types) != len(tokens):  # which tokens are control ones (a turn's end) would be guessed
+        raise UserError(
+            f"{path}: tokenizer.ggml.token_type holds {len(types)} types for {len(tokens)} tokens; the file is "
+            "damaged (write it again)"
+        )
     ids = {role: metadata(reader, f"tokenizer.ggml.{key}_token_id") for role, key in SPECIAL_ROLES.items()}
     ids = {role: i for role, i in ids.items() if isinstance(i, int) and 0 <= i < len(tokens)}
     # llama.cpp opens a SentencePiece text with bos unless the file says otherwise

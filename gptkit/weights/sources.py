@@ -162,9 +162,14 @@ def load(
     )
     text_tokenizer = source_tokenizer(read, data_dir) if tokenizer else None
     if text_tokenizer is not None and text_tokenizer.vocab_size > model.config.vocab_size:
+        tokens, rows = text_tokenizer.vocab_size, model.config.vocab_size
+        if data_dir:
+            raise UserError(
+                f"{data_dir}'s tokenizer has {tokens} tokens but the model only {rows}; pass the --data_dir the "
+                "model was trained on"
+            )
         raise UserError(
-            f"the tokenizer has {text_tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}; "
-            "pass the --data_dir the model was trained on"
+            f"{source}: its tokenizer has {tokens} tokens but its model only {rows}: the two do not belong together"
         )
     if dtype != "float32":  # every reader gives float32 weights; a cast to it would also widen int4 blocks' scales
         model = model.to(DTYPES[dtype])

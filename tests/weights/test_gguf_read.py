@@ -591,6 +591,32 @@ def test_a_matrix_left_in_the_file_in_another_shape_than_the_metadata_s_is_one_l
     sample_error(path, capsys, "the weights blk.0.ffn_gate.weight + blk.0.ffn_up.weight are (", "has (14, 64); ")
 
 
+def test_token_types_that_do_not_match_the_tokens_and_more_tokens_than_rows_are_one_line(
+    tmp_path, monkeypatch, qwen_tokenizer, capsys
+):
+    """Without a type for each token, which ones are control tokens (a turn's end) is unknown; a vocabulary larger
+    than the model's rows is a file whose parts do not belong together (no --data_dir would mend it)."""
+    model = tiny("llama-untied")
+    write_types, write_tokens = gguf.GGUFWriter.add_token_types, gguf.GGUFWriter.add_token_list
+    with monkeypatch.context() as patch:
+        patch.setattr(gguf.GGUFWriter, "add_token_types", lambda writer, types: write_types(writer, types[:10]))
+        short = export_file(tmp_path / "short", model, qwen_tokenizer)
+    sample_error(short, capsys, "tokenizer.ggml.token_type holds 10 types for 640 tokens", "damaged")
+
+    def more_tokens(writer, tokens):
+        write_tokens(writer, [*tokens, *(f"extra{i}" for i in range(100))])
+
+    def more_types(writer, types):
+        write_types(writer, [*types, *[gguf.TokenType.NORMAL] * 100])
+
+    with monkeypatch.context() as patch:
+        patch.setattr(gguf.GGUFWriter, "add_token_list", more_tokens)
+        patch.setattr(gguf.GGUFWriter, "add_token_types", more_types)
+        wide = export_file(tmp_path / "wide", model, qwen_tokenizer)
+    error = sample_error(wide, capsys, f"{wide}: its tokenizer has 740 tokens but its model only 640")
+    assert "--data_dir" not in error
+
+
 def test_a_context_whose_position_tables_outgrow_the_machine_is_one_line(tmp_path, monkeypatch, qwen_tokenizer, capsys):
     """2^24 positions of 16 rotary frequencies, float64 while they are computed: 4 GB, on a machine said to hold 1."""
     write_length = gguf.GGUFWriter.add_context_length

@@ -349,7 +349,7 @@ def bad_sources(root: Path) -> dict[str, tuple[dict, str]]:
         "not cached": ({"source": "someone/not-cached"}, "no hub repository of that name in the cache (offline?)"),
         "vocabulary": (
             {"source": str(root / "small")},
-            f"the tokenizer has {CHARS.vocab_size} tokens but the model only 10",
+            f"{root / 'small'}: its tokenizer has {CHARS.vocab_size} tokens but its model only 10",
         ),
     }
 
