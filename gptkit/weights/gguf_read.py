@@ -8,14 +8,14 @@ matrices: it stores them as nn.Linear's (out, in) where GPT-2's Conv1D holds (in
 stores one factor per rotary frequency (rope_freqs), read back as the llama3 parameters that give those factors. A
 head that is missing or holds the token embedding itself is tied to it.
 
-Tensors may be F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K: each is dequantized to float32
-with llama.cpp's `gguf` package, one at a time, into a model made without weights (so the float32 model is the only
-copy of them). A product (or the token embedding) stored as Q4_0 or Q4_1 also keeps its blocks, byte for byte, in
+Tensors may be of any type llama.cpp's quantizer writes for such a model (TENSOR_TYPES: float, Q4_0 to Q8_0, the K-,
+I- and ternary quants): each is dequantized to float32 with llama.cpp's `gguf` package, one at a time, into a model
+made without weights (so the float32 model is the only copy of them). A product (or the token embedding) stored as Q4_0 or Q4_1 also keeps its blocks, byte for byte, in
 Int4Linear's layout (keep_q4_blocks): int4 then runs on the file's own blocks, and a file whose every product and
 head is so stored decodes in them by default (gptkit.weights.quantization). Or, for decoding on the CPU
 (keep_int4), those matrices are never float32: each stays in the file, read as it is needed (keep_in_file), and so
 do a Q8_0 file's products (q8_0_layers) and the head beside either, in its own Q8_0 blocks or quantized to Q8_0 from
-another type as it is read (head_in_file). Products in other types (K-quants, Q5_x) stay in the file until
+another type as it is read (head_in_file). Products in other types (K- and I-quants, Q5_x) stay in the file until
 quantization asks for their values (FileLinear): float32 under none, int4 a slice at a time under int4.
 
 The tensors are read with plain reads at their offsets (TensorFile), not through a memory map: every page read
@@ -64,7 +64,12 @@ ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
 }
-TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+TENSOR_TYPES = (
+    *("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"),
+    *("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"),
+    *("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS"),
+    *("TQ1_0", "TQ2_0"),
+)
 FLOAT_TYPES = ("F32", "F16", "BF16")
 DAMAGED = "the file is damaged; download or export the model again"
 

@@ -6,15 +6,18 @@ files read for decoding too, in their own blocks, and the Q4_K_M one under int4)
 from __future__ import annotations
 
 import ctypes
+from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from gptkit.data.gguf_tokenizer import load_gguf_tokenizer
+from gptkit.data.gguf_tokenizer import load_gguf_tokenizer, open_gguf
 from gptkit.data.hf_tokenizer import load_hf_tokenizer
 from gptkit.infer.engine import Engine, Request
-from gptkit.weights import load
+from gptkit.weights import export_gguf, load
+from gptkit.weights.gguf_read import read_tensors
 from gptkit.weights.quantization import FileInt4Linear, Int8GroupedLinear, apply_quantization, block_products
 from helpers import with_16_bit_group_inputs
 from hf_tokenizer_dirs import VARIED, write_family
@@ -23,11 +26,30 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 from test_gguf_q4 import assert_greedy_up_to_ties  # noqa: E402
-from test_gguf_read import IDX, SHAPES, export_file, logits, tiny, transformers_model  # noqa: E402
+from test_gguf_read import (  # noqa: E402
+    IDX,
+    OTHER_SCALES,
+    SHAPES,
+    export_file,
+    logits,
+    other_encode_as,
+    tiny,
+    transformers_model,
+)
 
-# llama.cpp's file types (llama.h's LLAMA_FTYPE_MOSTLY_*) and the block type each writes for most matrices.
+# llama.cpp's file types (llama.h's LLAMA_FTYPE_MOSTLY_*) and the block type each writes for most matrices: those
+# its quantizer writes without an importance matrix.
 FILE_TYPES = {"Q8_0": 7, "Q4_0": 2, "Q4_1": 3, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+FILE_TYPES |= {"Q2_K": 10, "Q3_K_M": 12, "IQ3_M": 27, "IQ4_NL": 25, "IQ4_XS": 30, "TQ2_0": 37}
 MAIN_TYPE = {"Q8_0": "Q8_0", "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K", "Q6_K": "Q6_K"}
+MAIN_TYPE |= {
+    "Q2_K": "Q2_K",
+    "Q3_K_M": "Q3_K",
+    "IQ3_M": "IQ3_S",
+    "IQ4_NL": "IQ4_NL",
+    "IQ4_XS": "IQ4_XS",
+    "TQ2_0": "TQ2_0",
+}
 
 
 # K-quant super-blocks hold 256 weights a row: a model 256 wide (a SwiGLU MLP 512 wide, GPT-2's 1024) keeps
@@ -95,6 +117,33 @@ def assert_decodes_in_its_blocks(path: Path, floats, file_type: str) -> None:
     request = Request([5, 9, 300], 12, temperature=0)
     list(Engine(kept, decode="native").run([request]))
     assert_greedy_up_to_ties(with_16_bit_group_inputs(kept), [5, 9, 300], request.output)
+
+
+@pytest.mark.slow
+def test_the_other_quants_read_as_llama_cpp_s_own_code_dequantizes_them(
+    tmp_path, monkeypatch, llama_cpp, qwen_tokenizer
+):
+    """Each matrix of test_gguf_read's file of Q2_K, Q3_K, I-quants and ternary quants reads as llama.cpp's own C
+    dequantizes its rows (ggml's dequantize_row_*, beside the gguf package's numpy code that the reader uses)."""
+    written: dict = {}
+    monkeypatch.setattr(export_gguf, "encode_tensor", partial(other_encode_as, written))
+    path = export_file(tmp_path, tiny("llama-untied", n_layer=2, n_embd=256, mlp_hidden=256), qwen_tokenizer)
+    assert sorted(written.values()) == sorted(OTHER_SCALES)
+    ggml = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    reader, tensors = gguf.GGUFReader(path), read_tensors(open_gguf(path), path)
+    for tensor in reader.tensors:
+        if tensor.name not in written:
+            continue
+        dequantize_row = getattr(ggml, f"dequantize_row_{tensor.tensor_type.name.lower().replace('_k', '_K')}")
+        raw = np.ascontiguousarray(tensor.data).view(np.uint8)
+        values = np.empty(tensor.n_elements, np.float32)
+        dequantize_row(
+            raw.ctypes.data_as(ctypes.c_void_p),
+            values.ctypes.data_as(ctypes.c_void_p),
+            ctypes.c_int64(tensor.n_elements),
+        )
+        expected = torch.from_numpy(values.reshape(tensors.shape(tensor.name)))
+        torch.testing.assert_close(tensors[tensor.name], expected, rtol=1e-6, atol=1e-9, msg=tensor.name)
 
 
 @pytest.mark.slow

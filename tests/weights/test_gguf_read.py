@@ -38,6 +38,7 @@ gguf = pytest.importorskip("gguf")
 from test_export_gguf import tiny_bpe  # noqa: E402
 
 T = gguf.GGMLQuantizationType
+LLAMA_PARTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 ROWS = 640  # embedding rows: more than the tokenizers' ~600 tokens, so the files pad
 ROPE = dict(pos_encoding="rope", norm="rmsnorm", activation="swiglu", bias=False, n_head=4, n_kv_head=2)
 SHAPES = {  # our settings written as each of llama.cpp's architectures
@@ -236,8 +237,8 @@ def encode_as(types: dict, written: dict, name: str, tensor: torch.Tensor, outty
     array = tensor.float().numpy()
     if qtype in K_SCALES:
         data = hand_blocks(qtype, array.shape, np.random.default_rng(len(written)))
-    elif qtype == T.IQ2_XS:
-        data = np.zeros((array.shape[0], array.shape[1] // 256 * gguf.GGML_QUANT_SIZES[qtype][1]), np.uint8)
+    elif qtype == T.I32:  # integers: no weight format
+        data = np.zeros(array.shape, np.int32)
     else:
         data = gguf.quants.quantize(array, qtype)
     written[name] = (np.ascontiguousarray(data).view(np.uint8).copy(), qtype, array.shape)
@@ -260,6 +261,81 @@ def test_every_tensor_type_reads_as_its_format_defines_with_transformers_logits(
     for name, (raw, qtype, shape) in written.items():
         expected = torch.from_numpy(dequantized64(raw, qtype, shape))
         torch.testing.assert_close(tensors[name].double(), expected, rtol=1e-6, atol=1e-9, msg=name)
+    ours = load(str(path), tokenizer=False).model
+    torch.testing.assert_close(logits(ours, IDX), transformers_model(path, "llama")(IDX).logits, rtol=0, atol=1e-4)
+
+
+# The f16 scale fields of the other quantized types' blocks (offset, size of the scale; ggml-common.h's block_*),
+# set so that the weights stay below about a tenth. IQ1_M has none: its scale is the top 4 bits of each of the 4
+# 16-bit words at byte 48 (iq1m_scale_fields).
+OTHER_SCALES = {
+    T.Q2_K: ((80, 1e-3), (82, 1e-3)),
+    T.Q3_K: ((108, 1e-4),),
+    T.IQ1_S: ((0, 1e-3),),
+    T.IQ1_M: (),
+    T.IQ2_XXS: ((0, 1e-4),),
+    T.IQ2_XS: ((0, 1e-4),),
+    T.IQ2_S: ((0, 1e-4),),
+    T.IQ3_XXS: ((0, 1e-4),),
+    T.IQ3_S: ((0, 1e-4),),
+    T.IQ4_NL: ((0, 1e-4),),
+    T.IQ4_XS: ((0, 1e-5),),
+    T.TQ1_0: ((52, 2e-2),),
+    T.TQ2_0: ((64, 2e-2),),
+}
+
+
+def iq1m_scale_fields(raw: np.ndarray, scales: np.ndarray) -> None:
+    """IQ1_M blocks' float16 scales `scales` written as the format keeps them: nibble k of the scale's 16 bits in
+    the top 4 bits of the block's 16-bit word k at byte 48."""
+    bits = scales.astype(np.float16).view(np.uint16)
+    words = raw[..., 48:56].copy().view(np.uint16)
+    for k in range(4):
+        words[..., k] = (words[..., k] & 0x0FFF) | (((bits >> (4 * k)) & 0xF) << 12)
+    raw[..., 48:56] = words.view(np.uint8)
+
+
+def other_blocks(qtype, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+    """Blocks of `qtype` made of random bytes but for their scales (OTHER_SCALES): small and positive."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(shape[0], shape[1] // block, size), dtype=np.uint8)
+    if qtype == T.IQ1_M:
+        iq1m_scale_fields(raw, rng.uniform(0.5, 1.0, size=raw.shape[:2]) * 1e-3)
+    for offset, scale in OTHER_SCALES[qtype]:
+        values = rng.uniform(0.5, 1.0, size=raw.shape[:2]) * scale
+        raw[:, :, offset : offset + 2] = values.astype(np.float16)[..., None].view(np.uint8)
+    return raw.reshape(shape[0], -1)
+
+
+# One matrix of each other type in a 256-wide Llama of two layers (their blocks hold 256 weights, IQ4_NL's 32).
+OTHER_TYPES = dict(
+    zip(
+        [f"blk.{i}.{part}.weight" for i in range(2) for part in LLAMA_PARTS],
+        OTHER_SCALES,
+        strict=False,
+    )
+)
+
+
+def other_encode_as(written: dict, name: str, tensor: torch.Tensor, outtype: str):
+    """export_gguf.encode_tensor writing the matrices OTHER_TYPES names in those types (kept in `written`)."""
+    qtype = OTHER_TYPES.get(name)
+    if qtype is None:
+        return ENCODE_TENSOR(name, tensor, outtype)
+    data = other_blocks(qtype, tuple(tensor.shape), np.random.default_rng(len(written)))
+    written[name] = qtype
+    return data, qtype
+
+
+def test_the_other_k_i_and_ternary_quants_read_with_transformers_logits(tmp_path, monkeypatch, qwen_tokenizer):
+    """Q2_K, Q3_K, the I-quants and the ternary ones, one matrix each in one Llama file, give transformers' logits
+    (it dequantizes them with the same gguf package: llama.cpp's own C dequantizes them in test_gguf_llamacpp.py)."""
+    written: dict = {}
+    monkeypatch.setattr(export_gguf, "encode_tensor", partial(other_encode_as, written))
+    path = export_file(tmp_path, tiny("llama-untied", n_layer=2, n_embd=256, mlp_hidden=256), qwen_tokenizer)
+    assert sorted(written.values()) == sorted(OTHER_SCALES)
+    tensors = read_tensors(open_gguf(path), path)
+    assert all(tensors[name].abs().max() < 0.2 for name in written)  # the scales took: no junk values
     ours = load(str(path), tokenizer=False).model
     torch.testing.assert_close(logits(ours, IDX), transformers_model(path, "llama")(IDX).logits, rtol=0, atol=1e-4)
 
@@ -630,11 +706,11 @@ def test_a_context_whose_position_tables_outgrow_the_machine_is_one_line(tmp_pat
 
 
 def test_a_tensor_type_not_read_is_one_line_and_export_writes_nothing(tmp_path, monkeypatch, qwen_tokenizer, capsys):
-    monkeypatch.setattr(export_gguf, "encode_tensor", partial(encode_as, {"blk.1.ffn_down.weight": T.IQ2_XS}, {}))
+    monkeypatch.setattr(export_gguf, "encode_tensor", partial(encode_as, {"blk.1.ffn_down.weight": T.I32}, {}))
     path = export_file(tmp_path / "model", tiny("llama-untied", mlp_hidden=256), qwen_tokenizer)
-    sample_error(path, capsys, "blk.1.ffn_down.weight is stored as IQ2_XS", "Q4_K, Q5_K, Q6_K")
+    sample_error(path, capsys, "blk.1.ffn_down.weight is stored as I32", "Q4_K, Q5_K, Q6_K, IQ1_S")
     code, _, err = run_main(
         export.main, [f"--init_from={path}", "--format=hf", f"--export_dir={tmp_path / 'hf'}"], capsys
     )
-    assert_one_line_error(code, err, "IQ2_XS")
+    assert_one_line_error(code, err, "I32")
     assert not (tmp_path / "hf").exists()
