@@ -10,10 +10,13 @@ from the file: `tokenizer.ggml.pre` names one of its own pre-tokenizers, and eac
 `tokenizers` pre-tokenizer that splits text as llama.cpp's regexes for it do (what gptkit/weights/gguf_hf_tokenizer.py
 writes under the same names):
 
-    gpt-2                          ByteLevel(use_regex)
+    gpt-2 and GPT2_NAMES           ByteLevel(use_regex)
     smollm                         Digits(individual) then ByteLevel(use_regex)
-    llama-bpe, llama3, llama-v3    Split(Llama 3's regex) then ByteLevel; a piece that is a token is taken whole
-    qwen2, deepseek-r1-qwen        Split(Qwen2's regex: one digit a piece) then ByteLevel
+    llama-bpe and LLAMA3_NAMES     Split(Llama 3's regex) then ByteLevel; a piece that is a token is taken whole,
+                                   and a text opens with bos unless the file says otherwise
+    qwen2 and QWEN2_NAMES          Split(Qwen2's regex: one digit a piece) then ByteLevel
+
+(llama.cpp gives each name of a group the same regexes; the names are its own, e.g. falcon3 for Falcon 3.)
 
 "llama", SentencePiece (Llama 2, Mistral, TinyLlama): tokens with "▁" for spaces, scores, byte tokens <0xXX>, as
 the BPE with byte fallback that transformers writes for those models. Other tokenizers and pre-tokenizers are
@@ -51,12 +54,18 @@ def _sequence(*parts: dict[str, Any]) -> dict[str, Any]:
     return {"type": "Sequence", "pretokenizers": list(parts)}
 
 
+# llama.cpp's pre-tokenizer names that split text with the same regexes (llama-vocab.cpp's groups).
+GPT2_NAMES = ("gpt-2", "phi-2", "gigachat", "a.x-4.0", "mellum", "exaone4")
+GPT2_NAMES += ("jina-es", "jina-de", "jina-v2-es", "jina-v2-de")
+LLAMA3_NAMES = ("llama-bpe", "llama3", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2")
+LLAMA3_NAMES += ("jina-v5-nano",)
+QWEN2_NAMES = ("qwen2", "deepseek-r1-qwen", "megrez")
 # llama.cpp's pre-tokenizer names -> (the tokenizers pre-tokenizer, whether a piece that is a token is taken whole).
 PRE_TOKENIZERS: dict[str, tuple[dict[str, Any], bool]] = {
-    "gpt-2": (_byte_level(use_regex=True), False),
+    **dict.fromkeys(GPT2_NAMES, (_byte_level(use_regex=True), False)),
     "smollm": (_sequence({"type": "Digits", "individual_digits": True}, _byte_level(use_regex=True)), False),
-    **dict.fromkeys(("llama-bpe", "llama3", "llama-v3"), (_sequence(_split(LLAMA3_SPLIT), _byte_level(False)), True)),
-    **dict.fromkeys(("qwen2", "deepseek-r1-qwen"), (_sequence(_split(QWEN2_SPLIT), _byte_level(False)), False)),
+    **dict.fromkeys(LLAMA3_NAMES, (_sequence(_split(LLAMA3_SPLIT), _byte_level(False)), True)),
+    **dict.fromkeys(QWEN2_NAMES, (_sequence(_split(QWEN2_SPLIT), _byte_level(False)), False)),
 }
 
 # ------------------------------------------------------------------------------------------------ the file
@@ -137,14 +146,16 @@ def gguf_tokenizer_record(path: str | os.PathLike, reader: Any = None) -> dict[s
         )
     ids = {role: metadata(reader, f"tokenizer.ggml.{key}_token_id") for role, key in SPECIAL_ROLES.items()}
     ids = {role: i for role, i in ids.items() if isinstance(i, int) and 0 <= i < len(tokens)}
-    # llama.cpp opens a SentencePiece text with bos unless the file says otherwise
+    pre = metadata(reader, "tokenizer.ggml.pre", "gpt-2") if model == "gpt2" else None
+    # llama.cpp opens a SentencePiece text, and a Llama 3 group's one, with bos unless the file says otherwise
+    opens_with_bos = model == "llama" or pre in LLAMA3_NAMES
     adds = {
-        role: metadata(reader, f"tokenizer.ggml.add_{role}_token", model == "llama" and role == "bos")
+        role: metadata(reader, f"tokenizer.ggml.add_{role}_token", opens_with_bos and role == "bos")
         for role in ("bos", "eos")
     }
     ends = {role: tokens[i] for role, i in ids.items() if adds.get(role)}
     if model == "gpt2":
-        text = tokenizer_json(tokens, types, byte_level_parts(reader, tokens, path), ends)
+        text = tokenizer_json(tokens, types, byte_level_parts(pre, tokens, reader, path), ends)
     else:
         text = tokenizer_json(tokens, types, sentencepiece_parts(reader, tokens, types), ends)
     template = metadata(reader, "tokenizer.chat_template")
@@ -156,9 +167,9 @@ def gguf_tokenizer_record(path: str | os.PathLike, reader: Any = None) -> dict[s
 SPECIAL_ROLES = {"bos": "bos", "eos": "eos", "unk": "unknown", "pad": "padding"}  # role -> llama.cpp's key
 
 
-def byte_level_parts(reader: Any, tokens: list[str], path: str | os.PathLike) -> dict[str, Any]:
-    """tokenizer.json's parts for llama.cpp's byte-level BPE: the pre-tokenizer its name stands for, its merges."""
-    pre = metadata(reader, "tokenizer.ggml.pre", "gpt-2")
+def byte_level_parts(pre: str, tokens: list[str], reader: Any, path: str | os.PathLike) -> dict[str, Any]:
+    """tokenizer.json's parts for llama.cpp's byte-level BPE: the pre-tokenizer its name `pre` stands for, its
+    merges."""
     if pre not in PRE_TOKENIZERS:
         raise UserError(
             f"{path}: its pre-tokenizer (tokenizer.ggml.pre) is {pre!r}; we read {', '.join(PRE_TOKENIZERS)}"

@@ -16,7 +16,7 @@ import torch
 from gptkit.data.gguf_tokenizer import load_gguf_tokenizer, open_gguf
 from gptkit.data.hf_tokenizer import load_hf_tokenizer
 from gptkit.infer.engine import Engine, Request
-from gptkit.weights import export_gguf, load
+from gptkit.weights import export_gguf, gguf_hf_tokenizer, load
 from gptkit.weights.gguf_read import read_tensors
 from gptkit.weights.quantization import FileInt4Linear, Int8GroupedLinear, apply_quantization, block_products
 from helpers import with_16_bit_group_inputs
@@ -144,6 +144,29 @@ def test_the_other_quants_read_as_llama_cpp_s_own_code_dequantizes_them(
         )
         expected = torch.from_numpy(values.reshape(tensors.shape(tensor.name)))
         torch.testing.assert_close(tensors[tensor.name], expected, rtol=1e-6, atol=1e-9, msg=tensor.name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "family, name, opens", [("gpt2", "mellum", False), ("llama3", "falcon3", True), ("qwen2", "megrez", False)]
+)
+def test_llama_cpp_tokenizes_a_pre_tokenizer_s_other_names_as_we_read_them(
+    tmp_path, monkeypatch, llama_cpp, family, name, opens
+):
+    """A file naming its pre-tokenizer by another of llama.cpp's names for the family's regexes, and saying nothing
+    of bos: llama.cpp's ids are ours, and it opens a text with bos where our reading, written back, says so."""
+    monkeypatch.setattr(gguf_hf_tokenizer, "pre_tokenizer_name", lambda spec: name)
+    monkeypatch.setattr(gguf.GGUFWriter, "add_add_bos_token", lambda writer, value: None)
+    path = export_file(tmp_path, tiny("llama-untied"), load_hf_tokenizer(write_family(tmp_path / "source", family)))
+    ours = load_gguf_tokenizer(path)
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    opening = [ours.named_token_id("bos_token")] if opens else []
+    for text in VARIED:
+        assert llm.tokenize(text.encode(), add_bos=False, special=False) == ours.encode(text), text
+        assert llm.tokenize(text.encode(), add_bos=True, special=False) == opening + ours.encode(text), text
+    monkeypatch.undo()
+    back = export_file(tmp_path / "back", tiny("llama-untied"), ours)
+    assert bool(open_gguf(back).fields["tokenizer.ggml.add_bos_token"].contents()) is opens
 
 
 @pytest.mark.slow

@@ -355,6 +355,38 @@ def test_q8_0_rows_read_as_the_gguf_package_dequantizes_them():
 PRE_NAMES = {"gpt2": "gpt-2", "llama3": "llama-bpe", "qwen2": "qwen2", "smollm2": "smollm"}
 
 
+# Other names llama.cpp gives the pre-tokenizers of our families (llama-vocab.cpp: each group splits alike).
+OTHER_PRE_NAMES = {"gpt2": ("phi-2", "mellum"), "llama3": ("falcon3", "midm-2.0"), "qwen2": ("megrez",)}
+
+
+@pytest.mark.parametrize(
+    "family, name", [(family, name) for family, names in OTHER_PRE_NAMES.items() for name in names]
+)
+def test_a_pre_tokenizer_under_another_of_llama_cpp_s_names_reads_as_its_family(tmp_path, monkeypatch, family, name):
+    """A file naming its pre-tokenizer as llama.cpp does for other models of the family's regexes (Falcon 3's
+    falcon3 is Llama 3's) tokenizes as the tokenizer.json it was written from."""
+    monkeypatch.setattr(gguf_hf_tokenizer, "pre_tokenizer_name", lambda spec: name)
+    source = load_hf_tokenizer(write_family(tmp_path / "source", family))
+    path = export_file(tmp_path / "gguf", tiny("llama-untied"), source)
+    assert open_gguf(path).fields["tokenizer.ggml.pre"].contents() == name
+    ours = load_gguf_tokenizer(path)
+    for text in VARIED:
+        assert ours.encode(text) == source.encode(text), text
+
+
+@pytest.mark.parametrize("family, opens", [("llama3", True), ("qwen2", False)])
+def test_a_file_that_says_nothing_of_bos_opens_with_it_as_llama_cpp_decides(tmp_path, monkeypatch, family, opens):
+    """Without tokenizer.ggml.add_bos_token, llama.cpp opens a text with bos for the Llama 3 group of pre-tokenizers
+    (not for Qwen2's): the tokenizer read so says so when written back (its bos-adding post-processor)."""
+    source = load_hf_tokenizer(write_family(tmp_path / "source", family))
+    with monkeypatch.context() as patch:
+        patch.setattr(gguf.GGUFWriter, "add_add_bos_token", lambda writer, value: None)
+        path = export_file(tmp_path / "gguf", tiny("llama-untied"), source)
+    assert "tokenizer.ggml.add_bos_token" not in open_gguf(path).fields
+    back = export_file(tmp_path / "back", tiny("llama-untied"), load_gguf_tokenizer(path))
+    assert bool(open_gguf(back).fields["tokenizer.ggml.add_bos_token"].contents()) is opens
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_family_s_tokenizer_reads_back_with_its_ids_and_template(tmp_path, family):
     """The tokenizer in the file tokenizes as the tokenizer.json it was written from and as transformers' tokenizer
