@@ -22,7 +22,7 @@ from gptkit.core.errors import UserError, run_cli
 from gptkit.core.settings import parse_settings, setting
 from gptkit.data.prepare import chat_inputs, chat_prepare, discover
 from gptkit.data.prepare.settings import PrepareSettings, exclude_setting, include_setting, input_setting
-from gptkit.weights.checkpoint import source_tokenizer
+from gptkit.weights.sources import named_tokenizer
 
 
 @dataclass
@@ -34,8 +34,8 @@ class ChatSettings(PrepareSettings):
     tokenizer: str = setting(
         "gpt2",
         "gpt2, char, a tiktoken encoding, a train_tokenizer.py dir, a Hugging Face model dir (its tokenizer.json and "
-        "chat template), or a base model's data dir, checkpoint or training out_dir (its tokenizer is reused, so the "
-        "ids match the base's)",
+        "chat template) or hub name (owner/name), a .gguf file (or owner/name:TAG), or a base model's data dir, "
+        "checkpoint or training out_dir (its tokenizer is reused, so the ids match the base's)",
     )
     text_field: str = setting(
         "messages", "field (parquet column) holding each conversation's messages; else 'prompt' and 'completion'"
@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
     files = found.files
     for file in files:
         chat_inputs.file_format(file)  # refuses other files before any work
-    base = source_tokenizer(cfg.tokenizer, cfg.bpe_dir)
+    base = named_tokenizer(cfg.tokenizer, cfg.bpe_dir)
     source = discover.source_record(cfg, found, split="by conversation (keyed hash)")
     source.update(block_size=cfg.block_size, too_long=cfg.too_long, on_bad=cfg.on_bad)
     total_bytes = sum(file.size for file in files)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 from gptkit.core.errors import UserError, run_cli
 from gptkit.core.settings import parse_settings
@@ -49,6 +50,10 @@ def main(argv: list[str]) -> int:
         prog="prepare_data/corpus.py",
         description="Tokenise your own text/JSONL corpus into token files that train.py streams.",
     )
+    if "/" in cfg.tokenizer and not Path(cfg.tokenizer).exists():  # a hub model's (owner/name), fetched once
+        from gptkit.weights.sources import fetched_tokenizer_source  # imports torch: only for a hub name
+
+        cfg.tokenizer = fetched_tokenizer_source(cfg.tokenizer)
     found = discover.find_inputs(cfg.input, out_dir=cfg.out_dir, include=cfg.include, exclude=cfg.exclude)
     files = found.files
     by_position = discover.is_single_document(files)

@@ -20,7 +20,7 @@ from gptkit.core.settings import parse_settings, setting
 from gptkit.data.preferences import PreferenceWorker, preference_columns
 from gptkit.data.prepare import chat_inputs, chat_prepare, discover
 from gptkit.data.prepare.settings import PrepareSettings, exclude_setting, include_setting, input_setting
-from gptkit.weights.checkpoint import source_tokenizer
+from gptkit.weights.sources import named_tokenizer
 
 
 @dataclass
@@ -30,8 +30,9 @@ class PreferenceSettings(PrepareSettings):
     out_dir: str = setting("data/preferences", "output directory for the tokens, loss masks, offsets and meta.json")
     tokenizer: str = setting(
         "gpt2",
-        "gpt2, char, a tiktoken encoding, a train_tokenizer.py dir, or the model's data dir, checkpoint or "
-        "training out_dir (its tokenizer is reused, so the ids match the model's)",
+        "gpt2, char, a tiktoken encoding, a train_tokenizer.py dir, a Hugging Face model dir or hub name "
+        "(owner/name), a .gguf file (or owner/name:TAG), or the model's data dir, checkpoint or training out_dir (its "
+        "tokenizer is reused, so the ids match the model's)",
     )
     text_field: str = setting("chosen", "unused by preference records (their fields are prompt, chosen, rejected)")
     val_fraction: float = setting(0.05, "fraction of pairs for val")
@@ -90,7 +91,7 @@ def main(argv: list[str]) -> int:
     )
     for file in found.files:
         chat_inputs.file_format(file)  # refuses other files before any work
-    base = source_tokenizer(cfg.tokenizer, cfg.bpe_dir)
+    base = named_tokenizer(cfg.tokenizer, cfg.bpe_dir)
     source = discover.source_record(cfg, found, split="by pair (keyed hash)")
     source.update(block_size=cfg.block_size, too_long=cfg.too_long, on_bad=cfg.on_bad, pairs=True)
     total_bytes = sum(file.size for file in found.files)

@@ -28,7 +28,8 @@ from gptkit.weights.checkpoint import BEST_NAME, LATEST_NAME, remove_stale_tempo
 RUN_FILES = (LATEST_NAME, BEST_NAME, LOG_NAME, CURVES_NAME, SUMMARY_NAME)
 
 INIT_CHOICES_HELP = (
-    "scratch | resume (out_dir/ckpt.pt) | auto (resume if out_dir has a checkpoint) | gpt2* | HF dir | .gguf file | "
+    "scratch | resume (out_dir/ckpt.pt) | auto (resume if out_dir has a checkpoint) | gpt2* | HF dir or hub name "
+    "(owner/name) | .gguf file or owner/name:TAG (a hub repository's, e.g. :Q4_K_M) | "
     "a checkpoint file or out_dir to fine-tune from (its weights, a fresh optimizer)"
 )
 

@@ -497,37 +497,3 @@ def restore_training_state(
             f"checkpoint {source} has a damaged training state ({type(exc).__name__}: {exc}); "
             "resume from another checkpoint or start over"
         ) from exc
-
-
-def check_tokenizer_name(name: str) -> None:
-    """UserError unless `name`, which is no path, is 'char' or a tiktoken encoding: a mistyped run or model
-    directory is told so, with every kind of source --tokenizer takes."""
-    import tiktoken
-
-    encodings = tiktoken.list_encoding_names()
-    if name != "char" and name not in encodings:
-        raise UserError(
-            f"--tokenizer={name}: no such directory or file, and no tokenizer of that name; use 'char', a tiktoken "
-            f"encoding ({', '.join(encodings)}), a training run's out_dir, a Hugging Face model directory "
-            "(tokenizer.json), a data directory or one written by prepare_data/train_tokenizer.py"
-        )
-
-
-def source_tokenizer(name: str, bpe_dir: str | None) -> Any:
-    """The tokenizer a preparation script's --tokenizer names: a checkpoint file's or training out_dir's recorded
-    tokenizer (so fine-tuning data has exactly the model's ids), else gptkit.data.prepare.chat_prepare's reading
-    (None for 'char', a data directory's, a trained BPE directory's, a Hugging Face model's or GGUF file's own, a
-    tiktoken encoding)."""
-    from gptkit.data import tokenizer as tok
-    from gptkit.data.prepare import chat_prepare
-
-    path = Path(name)
-    if not path.exists():
-        check_tokenizer_name(name)
-    if not is_checkpoint_source(name):
-        return chat_prepare.base_tokenizer(name, bpe_dir)
-    checkpoint_path = resolve_checkpoint(path, "best")
-    record = load_checkpoint(checkpoint_path, required_keys=()).get("tokenizer")
-    if not isinstance(record, dict):
-        raise UserError(f"{checkpoint_path} records no tokenizer; pass the data directory it was trained on instead")
-    return tok.tokenizer_from_meta(record, bpe_dir=bpe_dir)

@@ -14,6 +14,7 @@ Llama and Qwen3 as scales of ones.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -70,17 +71,95 @@ def is_hub_name(name: str) -> bool:
     return re.fullmatch(r"[\w.-]+/[\w.-]+", name) is not None and not name.startswith((".", "/"))
 
 
+def hub_gguf_name(name: str) -> tuple[str, str] | None:
+    """(repository, tag) of a name of a hub repository's GGUF file, owner/name:TAG (a quantization, Q4_K_M or q8_0:
+    how llama.cpp's -hf and ollama's hf.co/ name one); None for any other name."""
+    match = re.fullmatch(r"([\w.-]+/[\w.-]+):([\w.-]+)", name)
+    return None if match is None or name.startswith((".", "/")) else (match[1], match[2])
+
+
 def hub_snapshot(name: str) -> Path:
     """The directory of a hub repository's config, weights and tokenizer files in huggingface_hub's cache, fetched
     once (HF_ENDPOINT; HF_HUB_OFFLINE=1: the cache only). GPT-2's names stand for openai-community's repositories.
-    UserError when it is neither cached nor reachable."""
+    UserError when it is neither cached nor reachable, or holds GGUF files instead (which to take is the user's
+    choice: owner/name:TAG)."""
+    repository = f"openai-community/{name}" if name in GPT2_HUB_NAMES else name
+    snapshot = fetch_snapshot(name, repository, HUB_FILES)
+    if not (snapshot / "config.json").is_file():
+        tags = gguf_tags(repository, snapshot.name)
+        if tags:
+            raise UserError(
+                f"{name} holds GGUF files, not a Hugging Face model: name one by its quantization, e.g. "
+                f"{name}:{'Q4_K_M' if 'Q4_K_M' in tags else tags[0]} (its files: {', '.join(tags)})"
+            )
+        raise UserError(f"{name}: the hub repository has no config.json, so it holds no Hugging Face model")
+    return snapshot
+
+
+def hub_gguf_file(name: str) -> Path:
+    """The GGUF file owner/name:TAG names: the one *.gguf file of the repository whose name ends in -TAG.gguf or
+    .TAG.gguf (in any case), fetched once into huggingface_hub's cache as hub_snapshot fetches. UserError when the
+    repository holds none, or several."""
+    repository, tag = hub_gguf_name(name)
+    patterns = sorted({f"*{spelling}.gguf" for spelling in (tag, tag.upper(), tag.lower())})
+    snapshot = fetch_snapshot(name, repository, patterns)
+    found = sorted(path for path in snapshot.rglob("*.gguf") if gguf_tag(path.name) == tag.upper())
+    if len(found) == 1:
+        return found[0]
+    if found:
+        names = ", ".join(str(path.relative_to(snapshot)) for path in found)
+        raise UserError(
+            f"{name}: {repository} holds several GGUF files of that tag ({names}); download the one you want"
+        )
+    tags = gguf_tags(repository, snapshot.name)
+    if tags is None:
+        raise UserError(f"{name}: no GGUF file tagged {tag} of {repository} in the cache (offline?)")
+    listed = f"its GGUF files' tags: {', '.join(tags)}" if tags else "it holds none"
+    raise UserError(f"{name}: {repository} holds no GGUF file tagged {tag} ({listed})")
+
+
+def gguf_tag(filename: str) -> str | None:
+    """The quantization a GGUF file's name ends in, upper-cased (Q4_K_M of model-Q4_K_M.gguf or model.q4_k_m.gguf);
+    None for another file, or one part of a split file (model-Q4_K_M-00001-of-00002.gguf)."""
+    if not filename.lower().endswith(".gguf") or re.search(r"-\d+-of-\d+\.gguf$", filename, re.IGNORECASE):
+        return None
+    match = re.search(r"[-.](\w+)\.gguf$", filename, re.IGNORECASE)
+    return match[1].upper() if match else None
+
+
+def gguf_tags(repository: str, revision: str) -> list[str] | None:
+    """The quantization tags of the GGUF files of a hub repository at `revision` (gguf_tag), or None when its list
+    of files cannot be read (offline)."""
+    from huggingface_hub import HfApi
+
+    try:
+        files = HfApi().list_repo_files(repository, revision=revision)  # HF_ENDPOINT as it reads now
+    except (OSError, ValueError):  # offline (huggingface_hub's errors are OSErrors): the message then says less
+        return None
+    return sorted({tag for tag in map(gguf_tag, (Path(file).name for file in files)) if tag})
+
+
+class NoMatchFilter(logging.Filter):
+    """Drops huggingface_hub's warning that no file matched a download's patterns: what the repository lacks is
+    then said in one line of ours (a GGUF repository has no config.json, a tag no file)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("No files matched")
+
+
+NO_MATCH = NoMatchFilter()
+
+
+def fetch_snapshot(name: str, repository: str, patterns: list[str]) -> Path:
+    """huggingface_hub's snapshot of `repository` (the files matching `patterns`), the one place that turns its
+    failures into a UserError naming `name`."""
     # Imported here, not at the top: huggingface_hub is slow to import and only a hub name needs it.
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
-    repository = f"openai-community/{name}" if name in GPT2_HUB_NAMES else name
+    logging.getLogger("huggingface_hub._snapshot_download").addFilter(NO_MATCH)  # once: the same filter is kept once
     try:
-        return Path(snapshot_download(repository, allow_patterns=HUB_FILES))
+        return Path(snapshot_download(repository, allow_patterns=patterns))
     except LocalEntryNotFoundError:
         raise UserError(
             f"{name}: no such directory, and no hub repository of that name in the cache (offline?)"

@@ -27,7 +27,8 @@ class ModelLocation:
     checkpoint: str = setting("best", "which checkpoint of out_dir: best (best val loss) or latest")
     init_from: str = setting(
         "resume",
-        "resume = the out_dir checkpoint; or a Hugging Face dir or hub name (owner/name), a .gguf file, or gpt2*",
+        "resume = the out_dir checkpoint; or a Hugging Face dir or hub name (owner/name), a .gguf file or a hub "
+        "repository's (owner/name:TAG, e.g. :Q4_K_M), or gpt2*",
     )
     data_dir: str = setting(
         "", "take the tokenizer from this data dir's meta.json: for checkpoints that record none (it must match one)"

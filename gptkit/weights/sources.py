@@ -1,7 +1,7 @@
 """Every way to get a model, through one door: `load(source)` reads a training run (its best or latest checkpoint),
 a checkpoint file, a LoRA run (its base with the adapters, merged or kept apart), a Hugging Face directory, a hub
-name (owner/name, or gpt2 ... gpt2-xl) or a GGUF file (or a directory holding one), and gives the model with its
-tokenizer. `source_kind` is the one place that decides which of these a source is.
+name (owner/name, or gpt2 ... gpt2-xl), a GGUF file (or a directory holding one) or a hub repository's GGUF file
+(owner/name:TAG), and gives the model with its tokenizer. `source_kind` is the one place that decides which of these a source is.
 
 The formats themselves live beside it: checkpoint.py (our files), lora.py (the adapters), hf.py (Hugging Face's
 files and the hub), gguf_read.py (llama.cpp's).
@@ -21,6 +21,7 @@ from gptkit.core.fileio import sha256_file
 from gptkit.data.gguf_tokenizer import find_gguf, gguf_tokenizer_record
 from gptkit.data.hf_tokenizer import HFTokenizer, is_hf_tokenizer_dir, read_hf_record
 from gptkit.data.meta import read_meta
+from gptkit.data.prepare import chat_prepare
 from gptkit.data.tokenizer import Tokenizer, make_tokenizer, tokenizer_from_meta
 from gptkit.model import GPT, config_from_dict
 from gptkit.weights.checkpoint import (
@@ -35,6 +36,8 @@ from gptkit.weights.checkpoint import (
 from gptkit.weights.gguf_read import read_gguf
 from gptkit.weights.hf import (
     GPT2_HUB_NAMES,
+    hub_gguf_file,
+    hub_gguf_name,
     hub_snapshot,
     is_gpt2_directory,
     is_hub_name,
@@ -77,7 +80,8 @@ class Loaded:
 def source_kind(source: str) -> str | None:
     """Which kind of source `source` is (SOURCE_KINDS), None when it names no model: a file (not a .gguf) or a
     directory with best.pt or ckpt.pt is one of our "checkpoint"s; a directory with config.json is "hf"; a .gguf file,
-    or a directory holding one, is "gguf"; a name that is no path, owner/name or gpt2*, is "hub"."""
+    or a directory holding one, is "gguf", as is owner/name:TAG (a hub repository's GGUF file); a name that is no
+    path, owner/name or gpt2*, is "hub"."""
     path = Path(source)
     if is_checkpoint_source(source):
         return "checkpoint"
@@ -87,12 +91,16 @@ def source_kind(source: str) -> str | None:
         return "gguf"
     if path.exists():
         return None
+    if hub_gguf_name(source) is not None:
+        return "gguf"
     return "hub" if source in GPT2_HUB_NAMES or is_hub_name(source) else None
 
 
 def names_a_path(source: str) -> bool:
     """Whether `source` can only be a path: a .gguf file's name, or a name with a separator that no hub name
     (owner/name) reads as."""
+    if hub_gguf_name(source) is not None:
+        return False
     return source.endswith(".gguf") or (("/" in source or os.sep in source) and not is_hub_name(source))
 
 
@@ -177,9 +185,10 @@ def load(
 
 
 def open_weights_path(source: str, kind: str) -> Path:
-    """The GGUF file, or the Hugging Face directory (a hub name's fetched into the cache), of a source."""
+    """The GGUF file, or the Hugging Face directory (a hub name's, or owner/name:TAG's file, fetched into the
+    cache), of a source."""
     if kind == "gguf":
-        return find_gguf(source)
+        return find_gguf(source) or hub_gguf_file(source)
     return hub_snapshot(source) if kind == "hub" else Path(source)
 
 
@@ -259,8 +268,8 @@ def base_reference(source: str) -> dict[str, str]:
         path = resolve_checkpoint(source, "best").resolve()
         return {"source": str(path), "sha256": sha256_file(path)}
     path = open_weights_path(source, kind)
-    if kind == "gguf":
-        return {"source": str(path.resolve()), "sha256": sha256_file(path)}
+    if kind == "gguf":  # a hub file stays a name (the cache's own path is a blob's)
+        return {"source": source if find_gguf(source) is None else str(path.resolve()), "sha256": sha256_file(path)}
     files = weight_files(path)
     if files[0].suffix == ".bin":
         read_torch_bin(files[0])  # refused here, at the start, if it cannot be read safely
@@ -381,3 +390,49 @@ def check_open_weights_tokenizer(meta: dict[str, Any], loaded: Loaded) -> None:
         raise UserError(
             f"init_from={source} needs data in GPT-2's BPE; prepare it with prepare_data/chat.py --tokenizer=gpt2"
         )
+
+
+# ----------------------------------------------------------------------------- preparation scripts' --tokenizer
+
+
+def named_tokenizer(name: str, bpe_dir: str | None) -> Tokenizer | None:
+    """The tokenizer a preparation script's --tokenizer names: None for 'char' (built from the data), a tiktoken
+    encoding, a checkpoint file's or training out_dir's recorded tokenizer (so fine-tuning data has exactly the
+    model's ids), a data directory's, a trained BPE directory's, a Hugging Face model directory's or GGUF file's
+    own, or a hub model's own (owner/name, owner/name:TAG), fetched as --init_from fetches it."""
+    name = fetched_tokenizer_source(name)
+    if not Path(name).exists() and not is_encoding_name(name):
+        raise UserError(
+            f"--tokenizer={name}: no such directory or file, and no tokenizer of that name; use 'char', a tiktoken "
+            f"encoding ({', '.join(encoding_names())}), a training run's out_dir, a Hugging Face model directory "
+            "(tokenizer.json) or hub name (owner/name), a GGUF file (or owner/name:TAG), a data directory or one "
+            "written by prepare_data/train_tokenizer.py"
+        )
+    if not is_checkpoint_source(name):
+        return chat_prepare.base_tokenizer(name, bpe_dir)
+    checkpoint_path = resolve_checkpoint(name, "best")
+    record = load_checkpoint(checkpoint_path, required_keys=()).get("tokenizer")
+    if not isinstance(record, dict):
+        raise UserError(f"{checkpoint_path} records no tokenizer; pass the data directory it was trained on instead")
+    return tokenizer_from_meta(record, bpe_dir=bpe_dir)
+
+
+def fetched_tokenizer_source(name: str) -> str:
+    """--tokenizer=`name` with a hub model's name (owner/name, or owner/name:TAG for a GGUF file) replaced by the
+    directory or file fetched for it, as --init_from fetches it; any other name as it is."""
+    if Path(name).exists() or is_encoding_name(name):
+        return name
+    kind = source_kind(name)
+    return str(open_weights_path(name, kind)) if kind in ("hub", "gguf") else name
+
+
+def encoding_names() -> list[str]:
+    """tiktoken's encodings (gpt2, cl100k_base, ...)."""
+    import tiktoken
+
+    return tiktoken.list_encoding_names()
+
+
+def is_encoding_name(name: str) -> bool:
+    """Whether --tokenizer=`name` is 'char' or a tiktoken encoding (gpt2 is tiktoken's, not the hub's)."""
+    return name == "char" or name in encoding_names()

@@ -330,18 +330,3 @@ def test_a_base_from_another_tokenizer_names_the_preparation_that_fits_the_data(
     chat = {**text, "tokenizer": {**text["tokenizer"], "chat": {}}}
     with pytest.raises(UserError, match=f"prepare_data/chat.py --tokenizer={tmp_path}$"):
         ckpt.check_base_tokenizer(base, chat, tmp_path / "best.pt")
-
-
-@pytest.mark.parametrize("name", ["out-chatt", "runs/out-base"])
-def test_a_tokenizer_source_that_names_nothing_lists_every_kind_it_may_name(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
-) -> None:
-    """prepare_data/chat.py --tokenizer=out-chatt (a mistyped run directory): the line says no such path exists and
-    names the run directories and Hugging Face directories the script also takes, not tiktoken's names alone."""
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(UserError) as raised:
-        ckpt.source_tokenizer(name, None)
-    message = str(raised.value)
-    assert f"--tokenizer={name}: no such directory or file" in message
-    assert "a training run's out_dir" in message and "a Hugging Face model directory" in message
-    assert "gpt2" in message and "char" in message

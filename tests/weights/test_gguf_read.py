@@ -5,6 +5,7 @@ block formats' definitions; the scripts taking --init_from=FILE.gguf; and the fi
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import sys
@@ -21,16 +22,29 @@ import train
 from gptkit.core.errors import UserError
 from gptkit.data.gguf_tokenizer import load_gguf_tokenizer, open_gguf
 from gptkit.data.hf_tokenizer import load_hf_tokenizer
+from gptkit.data.meta import read_meta
 from gptkit.data.tokenizer import CharTokenizer, make_tokenizer
 from gptkit.model import GPTConfig, scaled_frequencies
 from gptkit.weights import checkpoint, export_gguf, gguf_hf_tokenizer, load
 from gptkit.weights.checkpoint import load_checkpoint
 from gptkit.weights.gguf_read import q8_0_values, read_tensors
-from gptkit.weights.sources import base_reference, check_data_tokenizer
-from helpers import assert_one_line_error, assert_one_line_message, cli_args, lively_model, run_in_process, run_main
+from gptkit.weights.hf import gguf_tag
+from gptkit.weights.sources import base_reference, check_data_tokenizer, named_tokenizer
+from helpers import (
+    assert_one_line_error,
+    assert_one_line_message,
+    assert_script_error,
+    clean_env,
+    cli_args,
+    lively_model,
+    run_in_process,
+    run_main,
+    run_script,
+    serving_hub,
+)
 from hf_tokenizer_dirs import FAMILIES, VARIED, write_family, write_sentencepiece
 from prepare_data import chat as chat_script
-from prepare_data import preferences
+from prepare_data import corpus, preferences
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
@@ -624,6 +638,67 @@ def test_grpo_and_dpo_start_from_the_file_with_its_tokenizer(tmp_path, qwen_toke
         state = load_checkpoint(tmp_path / name / "ckpt.pt")
         assert state["lora"]["base"] == base_reference(str(path))
         assert load(str(tmp_path / name)).tokenizer.to_meta() == load_gguf_tokenizer(path).to_meta()
+
+
+# ------------------------------------------------------------------------------------------------ the hub
+
+
+@pytest.mark.parametrize(
+    "filename, tag",
+    [
+        ("SmolLM2-1.7B-Instruct-Q4_K_M.gguf", "Q4_K_M"),
+        ("model.q8_0.gguf", "Q8_0"),
+        ("sub/qwen2.5-0.5b-instruct-iq4_xs.GGUF", "IQ4_XS"),
+        ("model-Q4_K_M-00001-of-00002.gguf", None),  # one part of a split file
+        ("model.gguf", None),
+        ("README.md", None),
+    ],
+)
+def test_a_gguf_file_s_tag_is_the_quantization_its_name_ends_in(filename, tag):
+    assert gguf_tag(Path(filename).name) == tag
+
+
+def test_a_hub_repository_s_gguf_file_is_named_by_its_tag(tmp_path, monkeypatch, qwen_tokenizer, capsys):
+    """owner/name:TAG fetches the one GGUF file of that quantization (in any case), and only it, from HF_ENDPOINT
+    (a loopback stand-in for the hub) into the cache and samples as the file itself does; offline it is read from
+    the cache; the repository's name alone, a tag it does not hold and one not in the cache offline are one line
+    each, naming the tags there are. A LoRA base fetched so is recorded by that name."""
+    import huggingface_hub.constants
+
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    model = tiny("qwen2")
+    for outtype, name in (("q8_0", "tiny-Q8_0.gguf"), ("q4_0", "tiny.q4_0.gguf")):
+        export_file(tmp_path / outtype, model, qwen_tokenizer, outtype).rename(repository / name)
+    (repository / "README.md").write_text("a tiny model\n")
+    args = ["--start=Hi there", "--max_new_tokens=6", "--temperature=0", "--device=cpu"]
+    code, expected, err = run_main(sample.main, [f"--init_from={repository / 'tiny-Q8_0.gguf'}", *args], capsys)
+    assert code == 0, err
+    hub = {"HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_OFFLINE": "0"}
+    with serving_hub({"someone/tiny-GGUF": repository}) as (base, requested):
+        env = clean_env(**hub, HF_ENDPOINT=base)
+        online = run_script("sample.py", "--init_from=someone/tiny-GGUF:q8_0", *args, env=env)
+        assert (online.returncode, online.stdout) == (0, expected), online.stderr
+        fetched = [line.rsplit("/", 1)[1] for line in requested if line.startswith("GET /someone/tiny-GGUF/resolve/")]
+        assert fetched == ["tiny-Q8_0.gguf"]
+        untagged = run_script("sample.py", "--init_from=someone/tiny-GGUF", *args, env=env)
+        assert_script_error(untagged, "someone/tiny-GGUF holds GGUF files", "e.g. someone/tiny-GGUF:Q4_0")
+        unknown = run_script("sample.py", "--init_from=someone/tiny-GGUF:Q5_K_M", *args, env=env)
+        assert_script_error(unknown, "holds no GGUF file tagged Q5_K_M", "tags: Q4_0, Q8_0")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", hub["HF_HUB_CACHE"])  # read once, on import
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    code, out, err = run_main(sample.main, ["--init_from=someone/tiny-GGUF:Q8_0", *args], capsys)
+    assert (code, out) == (0, expected), err
+    sample_error("someone/tiny-GGUF:Q4_0", capsys, "someone/tiny-GGUF:Q4_0: no such directory", "in the cache")
+    digest = hashlib.sha256((repository / "tiny-Q8_0.gguf").read_bytes()).hexdigest()
+    assert base_reference("someone/tiny-GGUF:Q8_0") == {"source": "someone/tiny-GGUF:Q8_0", "sha256": digest}
+    own = load_gguf_tokenizer(repository / "tiny-Q8_0.gguf").to_meta()
+    assert named_tokenizer("someone/tiny-GGUF:Q8_0", None).to_meta() == own  # the preparation scripts' --tokenizer
+    (tmp_path / "notes.txt").write_text("Hi there, a note to tokenize.\n" * 40)
+    corpus_args = [f"--input={tmp_path / 'notes.txt'}", f"--out_dir={tmp_path / 'data'}", "--block_size=8"]
+    code, _, err = run_main(corpus.main, [*corpus_args, "--tokenizer=someone/tiny-GGUF:Q8_0"], capsys)
+    assert code == 0, err
+    assert read_meta(tmp_path / "data")["tokenizer"] == {key: value for key, value in own.items() if key != "chat"}
 
 
 # ------------------------------------------------------------------------------------------------ refusals

@@ -22,7 +22,7 @@ from gptkit.weights.hf import write_hf
 from gptkit.weights.lora import LoraConfig, LoraLinear, adapter_state, add_lora, lora_record
 from gptkit.weights.quantization import Int4Linear
 from gptkit.weights.source_settings import ModelLocation, ModelSource, for_inference
-from gptkit.weights.sources import base_reference, check_data_tokenizer
+from gptkit.weights.sources import base_reference, check_data_tokenizer, named_tokenizer
 from helpers import (
     HUB_COMMIT,
     assert_one_line_message,
@@ -456,3 +456,20 @@ def test_data_for_training_must_be_tokenized_as_the_source_reads_text(tmp_path):
     with pytest.raises(UserError) as error:
         check_data_tokenizer(qwen, char_meta)
     assert_one_line_message(error.value, f"needs data in its own tokenizer; prepare it with --tokenizer={directory}")
+
+
+@pytest.mark.parametrize("name", ["out-chatt", "out-base.gguf"])
+def test_a_tokenizer_source_that_names_nothing_lists_every_kind_it_may_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """prepare_data/chat.py --tokenizer=out-chatt (a mistyped run directory): the line says no such path exists and
+    names the run directories, Hugging Face directories and hub names the script also takes, not tiktoken's names
+    alone."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as raised:
+        named_tokenizer(name, None)
+    message = str(raised.value)
+    assert f"--tokenizer={name}: no such directory or file" in message
+    assert "a training run's out_dir" in message and "a Hugging Face model directory" in message
+    assert "hub name (owner/name)" in message and "owner/name:TAG" in message
+    assert "gpt2" in message and "char" in message

@@ -58,8 +58,8 @@ class PrepareSettings:
     out_dir: str = setting("data/corpus", "output directory for the token files and meta.json")
     tokenizer: str = setting(
         "gpt2",
-        "gpt2, char, any tiktoken encoding name (e.g. cl100k_base), a prepare_data/train_tokenizer.py dir, or a "
-        "Hugging Face model dir (its tokenizer.json)",
+        "gpt2, char, any tiktoken encoding name (e.g. cl100k_base), a prepare_data/train_tokenizer.py dir, a "
+        "Hugging Face model dir (its tokenizer.json) or hub name (owner/name), or a .gguf file (or owner/name:TAG)",
     )
     bpe_dir: str | None = setting(None, "directory with GPT-2's vocab.bpe + encoder.json, to work offline")
     text_field: str = setting("text", "JSONL field holding each document's text")
