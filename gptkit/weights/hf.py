@@ -108,14 +108,12 @@ def hub_gguf_file(name: str) -> Path:
         return found[0]
     if found:
         names = ", ".join(str(path.relative_to(snapshot)) for path in found)
-        raise UserError(
-            f"{name}: {repository} holds several GGUF files of that tag ({names}); download the one you want"
-        )
+        raise UserError(f"{repository} holds several GGUF files tagged {tag} ({names}); download the one you want")
     tags = gguf_tags(repository, snapshot.name)
     if tags is None:
         raise UserError(f"{name}: no GGUF file tagged {tag} of {repository} in the cache (offline?)")
     listed = f"its GGUF files' tags: {', '.join(tags)}" if tags else "it holds none"
-    raise UserError(f"{name}: {repository} holds no GGUF file tagged {tag} ({listed})")
+    raise UserError(f"{repository} holds no GGUF file tagged {tag} ({listed})")
 
 
 def gguf_tag(filename: str) -> str | None:
