@@ -20,7 +20,7 @@ from gptkit.core.devices import Runtime, autocast
 from gptkit.core.errors import UserError, run_cli
 from gptkit.core.settings import parse_settings, setting, setting_list
 from gptkit.data.chat import ChatError
-from gptkit.data.tokenizer import Tokenizer, completion_stops
+from gptkit.data.tokenizer import Tokenizer, completion_stops, no_chat_reason
 from gptkit.infer.decoding import Decoding, backend_name
 from gptkit.infer.engine import Engine, GenerationError, Request
 from gptkit.infer.next_token import sampling_problem
@@ -209,10 +209,8 @@ def chat(
     """A conversation in the terminal: each line of stdin is a user message, each reply is streamed as it is made
     and ends at the end of its turn. A message the model cannot take is one line on stderr; the talk goes on."""
     if tokenizer.chat is None:
-        raise UserError(
-            "this model has no chat template: it was not fine-tuned on conversations (prepare_data/chat.py); "
-            "use --start or --interactive"
-        )
+        none = "this model has no chat template: it was not fine-tuned on conversations (prepare_data/chat.py)"
+        raise UserError(f"{no_chat_reason(tokenizer, none)}; use --start or --interactive")
     history = opening(cfg.system)
     print(f"chat: type a message and Enter; {RESET} starts over, {EXIT} or Ctrl-D ends", file=sys.stderr, flush=True)
     for line in sys.stdin:

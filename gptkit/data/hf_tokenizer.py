@@ -208,6 +208,7 @@ class HFTokenizer:
         longest_first = sorted(self.added_tokens, key=len, reverse=True)
         self._added_texts = re.compile("|".join(map(re.escape, longest_first))) if self._dropped_bytes else None
         self._record = {key: record[key] for key in RECORD_KEYS}
+        self.chat_problem: str | None = None  # why the chat template the tokenizer came with cannot be used
         self.chat = self._template(record, where)
 
     def named_token_id(self, name: str) -> int | None:
@@ -228,10 +229,13 @@ class HFTokenizer:
             return None
         from gptkit.data.jinja_chat import JinjaChatTemplate  # here: jinja2 is slow to import; chat templates need it
 
-        try:
-            if "chat" in record:
+        if "chat" in record:
+            try:
                 return JinjaChatTemplate.from_meta(record["chat"], where)
-            stops = [self.eot_token] if self.eot_token is not None else []
+            except ChatError as exc:
+                raise UserError(f"{where}: {exc}") from None
+        stops = [self.eot_token] if self.eot_token is not None else []
+        try:
             return JinjaChatTemplate.build(
                 record["template_source"],
                 self.special_tokens_map,
@@ -239,8 +243,9 @@ class HFTokenizer:
                 self,
                 extra_stops=[*stops, *record.get("extra_stops", [])],
             )
-        except ChatError as exc:
-            raise UserError(f"{where}: {exc}") from None
+        except ChatError as exc:  # plain text still tokenizes: only what renders conversations says why not
+            self.chat_problem = f"{where}: {exc}"
+            return None
 
     def _token_bytes(self, decoder: Any) -> list[bytes | None]:
         """Each id's bytes, so that decode_bytes of ids one at a time joins to their UTF-8 (a character split across

@@ -15,6 +15,7 @@ from typing import Any
 
 from gptkit.core.errors import UserError
 from gptkit.data.chat import ChatError
+from gptkit.data.tokenizer import no_chat_reason
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,8 @@ def render(record: Any, tokenizer: Any) -> list[int]:
     chat = getattr(tokenizer, "chat", None)
     if chat is None:
         if not isinstance(prompt, str):
-            raise ChatError("message-list prompts need a chat model's tokenizer (prepare_data/chat.py)")
+            none = "message-list prompts need a chat model's tokenizer (prepare_data/chat.py)"
+            raise ChatError(no_chat_reason(tokenizer, none))
         return list(tokenizer.encode(prompt))
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     return chat.render_prompt(messages, tokenizer)

@@ -320,6 +320,13 @@ class ChatTokenizer:
 Tokenizer = CharTokenizer | TiktokenTokenizer | ChatTokenizer | HFTokenizer
 
 
+def no_chat_reason(tokenizer: Tokenizer, otherwise: str) -> str:
+    """Why `tokenizer` renders no conversations: the problem of the chat template its model came with (not valid
+    Jinja, failing on a conversation, or ending a turn with no special token), else `otherwise` (it has none)."""
+    problem = tokenizer.chat_problem if isinstance(tokenizer, HFTokenizer) else None
+    return f"{problem}, so it renders no conversations" if problem else otherwise
+
+
 def special_tokens_of(tokenizer: Tokenizer) -> dict[str, int]:
     """The special tokens' texts and ids: the end of text, and a chat template's markers (a Hugging Face
     tokenizer's: its added tokens)."""

@@ -45,7 +45,7 @@ from gptkit.core.errors import UserError
 from gptkit.core.settings import setting
 from gptkit.data.chat import ChatError
 from gptkit.data.hf_tokenizer import HFTokenizer
-from gptkit.data.tokenizer import Tokenizer, completion_stops, encode_with_special_tokens
+from gptkit.data.tokenizer import Tokenizer, completion_stops, encode_with_special_tokens, no_chat_reason
 from gptkit.infer import engine, next_token
 from gptkit.infer.decoding import Decoding
 from gptkit.infer.engine import TokenLogprob
@@ -259,7 +259,7 @@ class Service:
             elif self.tokenizer.chat is None:
                 raise APIError(
                     status=400,
-                    message="this model has no chat template; give a prompt",
+                    message=f"{no_chat_reason(self.tokenizer, 'this model has no chat template')}; give a prompt",
                     param="messages",
                     code="model_not_chat",
                 )
@@ -302,9 +302,10 @@ class Service:
         body.check()
         template = self.tokenizer.chat
         if template is None:
+            none = "this model has no chat template (it was not fine-tuned on conversations)"
             raise APIError(
                 status=400,
-                message="this model has no chat template (it was not fine-tuned on conversations); use /v1/completions",
+                message=f"{no_chat_reason(self.tokenizer, none)}; use /v1/completions",
                 param="messages",
                 code="model_not_chat",
             )

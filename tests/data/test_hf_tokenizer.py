@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 from gptkit.core.errors import UserError
@@ -18,6 +19,7 @@ from gptkit.data.chat import ChatError
 from gptkit.data.conversations import open_conversations
 from gptkit.data.hf_tokenizer import HFTokenizer, load_hf_tokenizer
 from gptkit.data.meta import META_FORMAT, META_VERSION, read_meta, validate_meta
+from gptkit.data.prepare import chat_prepare
 from gptkit.infer.textstream import TextStream
 from helpers import assert_one_line_error, assert_one_line_message, run_main
 from hf_tokenizer_dirs import (
@@ -229,11 +231,20 @@ def test_missing_or_mismatched_tokenizer_files(tmp_path: Path) -> None:
         ("{% for m in messages %}{{ m.content }}{% endfor %}", ("ends an assistant turn with no special token",)),
     ],
 )
-def test_a_template_that_fails_is_one_line(tmp_path: Path, template: str, fragments: tuple[str, ...]) -> None:
+def test_a_template_that_fails_leaves_plain_text_and_says_why_there_is_no_chat(
+    tmp_path: Path, template: str, fragments: tuple[str, ...]
+) -> None:
+    """A model whose chat template cannot render a conversation still tokenizes text as its tokenizer.json does;
+    what needs the template (here preparing chat data) says why in one line."""
     directory = write_byte_level(tmp_path / "t", template)
+    tokenizer = load_hf_tokenizer(directory)
+    assert tokenizer.chat is None
+    text = "Hello there, it's 2024!"
+    expected = Tokenizer.from_file(str(directory / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+    assert tokenizer.encode(text) == expected
     with pytest.raises(UserError) as error:
-        load_hf_tokenizer(directory)
-    assert_one_line_message(error.value, str(directory), *fragments)
+        chat_prepare.chat_tokenizer(tokenizer)
+    assert_one_line_message(error.value, str(directory), *fragments, "renders no conversations")
 
 
 def test_qwen3s_template_trains_on_every_turn_of_a_multi_turn_conversation(tmp_path: Path) -> None:

@@ -640,6 +640,23 @@ def test_grpo_and_dpo_start_from_the_file_with_its_tokenizer(tmp_path, qwen_toke
         assert load(str(tmp_path / name)).tokenizer.to_meta() == load_gguf_tokenizer(path).to_meta()
 
 
+def test_a_file_whose_chat_template_fails_samples_text_and_says_why_there_is_no_chat(
+    tmp_path, monkeypatch, qwen_tokenizer, capsys
+):
+    """A file whose chat template is not valid Jinja runs as llama.cpp runs it, its chat alone refused: sample.py
+    continues a prompt, and --chat says why in one line."""
+    write_template = gguf.GGUFWriter.add_chat_template
+    with monkeypatch.context() as patch:
+        broken = "{% for m in messages %}{{ m.content }"
+        patch.setattr(gguf.GGUFWriter, "add_chat_template", lambda writer, value: write_template(writer, broken))
+        path = export_file(tmp_path, tiny("qwen2"), qwen_tokenizer)
+    args = [f"--init_from={path}", "--max_new_tokens=3", "--device=cpu"]
+    code, out, err = run_main(sample.main, [*args, "--start=Hi there"], capsys)
+    assert code == 0 and out.startswith("Hi there"), err
+    code, _, err = run_main(sample.main, [*args, "--chat"], capsys)
+    assert_one_line_error(code, err, f"{path}: the chat template is not valid Jinja", "use --start")
+
+
 # ------------------------------------------------------------------------------------------------ the hub
 
 

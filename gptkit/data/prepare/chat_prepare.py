@@ -163,9 +163,13 @@ def chat_tokenizer(base: tok.Tokenizer) -> tok.ChatTokenizer | tok.HFTokenizer:
     Hugging Face tokenizer renders with its model's own template."""
     if isinstance(base, tok.HFTokenizer):
         if base.chat is None:
-            raise UserError(
+            none = (
                 f"the tokenizer {base.name!r} has no chat template (chat_template.jinja, or 'chat_template' in "
-                "tokenizer_config.json): use the tokenizer of the model's instruct version, or add its template"
+                "tokenizer_config.json)"
+            )
+            raise UserError(
+                f"{tok.no_chat_reason(base, none)}: use the tokenizer of the model's instruct version, or add (or mend) "
+                "its template"
             )
         return base
     return base if isinstance(base, tok.ChatTokenizer) else tok.ChatTokenizer.extending(base)
