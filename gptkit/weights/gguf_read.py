@@ -10,13 +10,14 @@ head that is missing or holds the token embedding itself is tied to it.
 
 Tensors may be of any type llama.cpp's quantizer writes for such a model (TENSOR_TYPES: float, Q4_0 to Q8_0, the K-,
 I- and ternary quants): each is dequantized to float32 with llama.cpp's `gguf` package, one at a time, into a model
-made without weights (so the float32 model is the only copy of them). A product (or the token embedding) stored as Q4_0 or Q4_1 also keeps its blocks, byte for byte, in
-Int4Linear's layout (keep_q4_blocks): int4 then runs on the file's own blocks, and a file whose every product and
-head is so stored decodes in them by default (gptkit.weights.quantization). Or, for decoding on the CPU
-(keep_int4), those matrices are never float32: each stays in the file, read as it is needed (keep_in_file), and so
-do a Q8_0 file's products (q8_0_layers) and the head beside either, in its own Q8_0 blocks or quantized to Q8_0 from
-another type as it is read (head_in_file). Products in other types (K- and I-quants, Q5_x) stay in the file until
-quantization asks for their values (FileLinear): float32 under none, int4 a slice at a time under int4.
+made without weights (so the float32 model is the only copy of them). A product (or the token embedding) stored as
+Q4_0 or Q4_1 also keeps its blocks, byte for byte, in Int4Linear's layout (keep_q4_blocks): int4 then runs on the
+file's own blocks, and a file whose every product and head is so stored decodes in them by default
+(gptkit.weights.quantization). Or, for decoding on the CPU (keep_int4), those matrices are never float32: each stays
+in the file, read as it is needed (keep_in_file), and so do a Q8_0 file's products (q8_0_layers) and the head beside
+either, in its own Q8_0 blocks or quantized to Q8_0 from another type as it is read (head_in_file). Products in other
+types (K- and I-quants, Q5_x) stay in the file until quantization asks for their values (FileLinear): float32 under
+none, int4 a slice at a time under int4.
 
 The tensors are read with plain reads at their offsets (TensorFile), not through a memory map: every page read
 through a map would count in the process's resident memory while the map lives. Any other type, another

@@ -1,7 +1,8 @@
-"""Every way to get a model, through one door: `load(source)` reads a training run (its best or latest checkpoint),
-a checkpoint file, a LoRA run (its base with the adapters, merged or kept apart), a Hugging Face directory, a hub
-name (owner/name, or gpt2 ... gpt2-xl), a GGUF file (or a directory holding one) or a hub repository's GGUF file
-(owner/name:TAG), and gives the model with its tokenizer. `source_kind` is the one place that decides which of these a source is.
+"""Every way to get a model, through one door: `load(source)` reads a training run (its best or latest checkpoint), a
+checkpoint file, a LoRA run (its base with the adapters, merged or kept apart), a Hugging Face directory, a hub name
+(owner/name, or gpt2 ... gpt2-xl), a GGUF file (or a directory holding one) or a hub repository's GGUF file
+(owner/name:TAG), and gives the model with its tokenizer. `source_kind` is the one place that decides which of these a
+source is.
 
 The formats themselves live beside it: checkpoint.py (our files), lora.py (the adapters), hf.py (Hugging Face's
 files and the hub), gguf_read.py (llama.cpp's).
