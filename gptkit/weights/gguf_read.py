@@ -448,6 +448,11 @@ class StoredMatrix:
     def columns(self) -> int:
         return self.file.tensors[self.parts[0][0]].shape[0]
 
+    @property
+    def types(self) -> set[str]:
+        """The block types its parts are stored in (Q4_K, Q6_K, F16, ...)."""
+        return {self.file.tensors[name].tensor_type.name for name, _ in self.parts}
+
     def __call__(self, start: int, stop: int) -> Int4Blocks | Int8Blocks | torch.Tensor:
         pieces, first = [], 0
         for name, heads in self.parts:

@@ -3,6 +3,7 @@ the source they give gptkit.weights.load, and the model placed for decoding as t
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,9 +13,10 @@ from gptkit.core.errors import UserError
 from gptkit.core.settings import setting
 from gptkit.model import GPT
 from gptkit.weights.checkpoint import resolve_checkpoint
+from gptkit.weights.gguf_read import FLOAT_TYPES
 from gptkit.weights.hf import GPT2_HUB_NAMES
 from gptkit.weights.lora import FrozenLinear, merge_lora
-from gptkit.weights.quantization import QUANTIZE_CHOICES, Int4Linear, Int8Linear, apply_quantization
+from gptkit.weights.quantization import QUANTIZE_CHOICES, FileLinear, Int4Linear, Int8Linear, apply_quantization
 from gptkit.weights.sources import names_a_path, source_kind, unknown_source
 
 
@@ -104,5 +106,25 @@ def for_inference(model: GPT, settings: ModelSource, device: torch.device, dtype
     if settings.block_size is not None and settings.block_size < model.config.block_size:
         model.crop_block_size(settings.block_size)
     model.to(device)  # the engine picks its decoding backend itself (gptkit.infer.decoding)
+    note = float_copy_note(model) if settings.quantize == "none" else None
+    if note:
+        print(note, file=sys.stderr, flush=True)
     apply_quantization(model, settings.quantize, dtype)
     return model
+
+
+def float_copy_note(model: GPT) -> str | None:
+    """A note for a GGUF file's products in quantized types decoding does not run on (K- and I-quants, Q5_x), which
+    --quantize=none makes float32: how large that is, and that --quantize=int4 keeps them in 4 bits. Why: a Q4_K_M
+    file, the most common, would otherwise take some seven times its size without a word."""
+    files = [module for module in model.modules() if isinstance(module, FileLinear)]
+    stored = [module for module in files if module.read.types - set(FLOAT_TYPES)]
+    if not stored:
+        return None
+    types = {kind for module in stored for kind in module.read.types} - set(FLOAT_TYPES)
+    size = sum(4 * module.out_features * module.in_features for module in stored)
+    shown = f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{size / 1e6:.1f} MB"
+    return (
+        f"note: the file's {', '.join(sorted(types))} products decode in float32 under --quantize=none ({shown}); "
+        "--quantize=int4 keeps them in 4 bits"
+    )

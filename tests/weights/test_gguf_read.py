@@ -640,6 +640,25 @@ def test_grpo_and_dpo_start_from_the_file_with_its_tokenizer(tmp_path, qwen_toke
         assert load(str(tmp_path / name)).tokenizer.to_meta() == load_gguf_tokenizer(path).to_meta()
 
 
+def test_products_in_k_quants_say_what_their_float32_copy_takes_and_how_to_keep_4_bits(
+    tmp_path, monkeypatch, qwen_tokenizer, capsys
+):
+    """Decoding a file whose products are K-quants makes them float32 under --quantize=none: sample.py says how many
+    bytes that is (rows x columns x 4 of each such product) and that int4 keeps 4 bits; under int4 it says nothing."""
+    types = {f"blk.{layer}.ffn_down.weight": T.Q4_K for layer in range(2)}
+    monkeypatch.setattr(export_gguf, "encode_tensor", partial(encode_as, types, {}))
+    path = export_file(tmp_path, tiny("llama-untied", mlp_hidden=256), qwen_tokenizer)
+    args = [f"--init_from={path}", "--start=Hi", "--max_new_tokens=2", "--device=cpu"]
+    code, _, err = run_main(sample.main, args, capsys)
+    assert code == 0, err
+    assert err.splitlines()[0] == (  # two 64 x 256 products in float32: 131,072 bytes
+        "note: the file's Q4_K products decode in float32 under --quantize=none (0.1 MB); --quantize=int4 keeps them "
+        "in 4 bits"
+    )
+    code, _, err = run_main(sample.main, [*args, "--quantize=int4"], capsys)
+    assert code == 0 and "note:" not in err, err
+
+
 def test_a_file_whose_chat_template_fails_samples_text_and_says_why_there_is_no_chat(
     tmp_path, monkeypatch, qwen_tokenizer, capsys
 ):
