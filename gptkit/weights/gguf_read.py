@@ -33,7 +33,7 @@ import re
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, partial
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -119,6 +119,7 @@ LLAMA_PRODUCTS = {
 }
 Q8_0_BLOCK = 32  # weights a Q8_0 block holds
 Q4_HEADER_BYTES = {"Q4_0": 2, "Q4_1": 4}  # ggml's block_q4_0: float16 d; block_q4_1: float16 d and m; then 16 bytes
+Q4_K_BYTES = 144  # ggml's block_q4_K: float16 d and dmin, 12 bytes of scales and mins, 128 of codes (256 weights)
 READ_BYTES = 1 << 20  # what a check or a comparison of a whole tensor reads at once
 _TENSOR_NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)")
 
@@ -294,11 +295,31 @@ class TensorFile:
         raw = torch.from_numpy(data).view(stop - start, data.shape[1] // (2 + Q8_0_BLOCK), 2 + Q8_0_BLOCK)
         return Int8Blocks(raw[..., 2:].view(torch.int8), raw[..., 0:2].view(torch.float16)[..., 0])
 
+    def q4_k_blocks(self, name: str, start: int, stop: int) -> Int4Blocks:
+        """Rows start .. stop - 1 of a Q4_K matrix as Int4Linear's blocks, its codes as they are. ggml's super-blocks
+        of 256 weights: float16 d and dmin, 12 bytes of 6-bit scales sc_j and mins m_j of 8 groups of 32, 128 bytes
+        of codes, weight = d sc_j q - dmin m_j: a group's scale d sc_j and minimum -dmin m_j (products taken in
+        float32, rounded to float16), where quantizing the values again would move codes wherever a group's do not
+        span 0 .. 15. Bytes 32 i + l of the codes hold group 2 i's weight l in their low 4 bits and group 2 i + 1's in
+        their high ones; the scales and mins pack as ggml's get_scale_min_k4 reads them (q4_k_scales)."""
+        data = torch.from_numpy(self.read(name, start, stop))
+        raw = data.view(stop - start, -1, Q4_K_BYTES)
+        d, dmin = (raw[..., at : at + 2].contiguous().view(torch.float16)[..., 0].float() for at in (0, 2))
+        check_finite({name: torch.stack([d, dmin])}, str(self.path), DAMAGED)
+        scale, mins = q4_k_scales(raw[..., 4:16])
+        codes = raw[..., 16:].reshape(*raw.shape[:2], 4, 1, 32)
+        codes = torch.cat([codes & 0x0F, codes >> 4], dim=3).reshape(stop - start, -1, 32)  # each group's 32 codes
+        packed = codes[..., :16] | (codes[..., 16:] << 4)  # Int4Linear's: weight j low, weight j + 16 high
+        minimum = (-dmin[..., None] * mins).flatten(1).half()
+        return Int4Blocks(packed, (d[..., None] * scale).flatten(1).half(), minimum)
+
     def blocks(self, name: str, start: int, stop: int) -> Int4Blocks | Int8Blocks:
-        """Rows start .. stop - 1 of a Q4_0, Q4_1 or Q8_0 matrix, its blocks as they are (q4_blocks, q8_blocks)."""
-        if self.tensors[name].tensor_type.name == "Q8_0":
+        """Rows start .. stop - 1 of a Q4_0, Q4_1, Q4_K or Q8_0 matrix as blocks (q4_blocks, q4_k_blocks,
+        q8_blocks)."""
+        kind = self.tensors[name].tensor_type.name
+        if kind == "Q8_0":
             return self.q8_blocks(name, start, stop)
-        return self.q4_blocks(name, start, stop)
+        return self.q4_k_blocks(name, start, stop) if kind == "Q4_K" else self.q4_blocks(name, start, stop)
 
     def same_data(self, a: str, b: str) -> bool:
         """Whether tensors `a` and `b` hold the same bytes."""
@@ -306,6 +327,16 @@ class TensorFile:
         if first.tensor_type != second.tensor_type or first.shape != second.shape:
             return False
         return all(np.array_equal(self.read(a, *rows), self.read(b, *rows)) for rows in self.row_ranges(a))
+
+
+def q4_k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 8 groups' 6-bit scales and mins of Q4_K super-blocks (their 12 bytes, (..., 12) uint8), as float32
+    (..., 8) each: groups 0-3 in the low 6 bits of bytes j and j + 4; groups 4-7 from byte j + 8's low (scale) and
+    high (min) 4 bits, with the top 2 bits of bytes j - 4 (scale) and j (min) above them."""
+    low, high, rest = packed[..., 0:4].int(), packed[..., 4:8].int(), packed[..., 8:12].int()
+    scale = torch.cat([low & 63, (rest & 0x0F) | ((low >> 6) << 4)], dim=-1)
+    mins = torch.cat([high & 63, (rest >> 4) | ((high >> 6) << 4)], dim=-1)
+    return scale.float(), mins.float()
 
 
 def q8_0_values(data: np.ndarray, columns: int) -> torch.Tensor:
@@ -602,8 +633,9 @@ def module_in_file(model: GPT, module: str, matrix: StoredMatrix) -> torch.nn.Mo
     if embedding:
         return FileInt4Embedding(matrix.picked, config.vocab_size, config.n_embd)
     bias = None if old.bias is None else torch.empty_like(old.bias)  # on meta: read with the other tensors
-    if matrix.values:
-        int4 = QuantizedRows(matrix, matrix.rows, matrix.columns)
+    if matrix.values:  # int4 of Q4_K parts takes their codes as they are (q4_k_blocks); of others, their values'
+        as_q4_k = matrix.types == {"Q4_K"}
+        int4 = replace(matrix, values=False) if as_q4_k else QuantizedRows(matrix, matrix.rows, matrix.columns)
         return FileLinear(matrix, old.out_features, old.in_features, bias, int4_read=int4)
     if matrix.eight_bit:
         return Int8GroupedLinear(matrix, old.out_features, old.in_features, bias)

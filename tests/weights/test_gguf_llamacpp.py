@@ -5,6 +5,7 @@ files read for decoding too, in their own blocks, and the Q4_K_M one under int4)
 
 from __future__ import annotations
 
+import copy
 import ctypes
 from functools import partial
 from pathlib import Path
@@ -17,7 +18,7 @@ from gptkit.data.gguf_tokenizer import load_gguf_tokenizer, open_gguf
 from gptkit.data.hf_tokenizer import load_hf_tokenizer
 from gptkit.infer.engine import Engine, Request
 from gptkit.weights import export_gguf, gguf_hf_tokenizer, load
-from gptkit.weights.gguf_read import read_tensors
+from gptkit.weights.gguf_read import matrix_sources, read_tensors
 from gptkit.weights.quantization import FileInt4Linear, Int8GroupedLinear, apply_quantization, block_products
 from helpers import with_16_bit_group_inputs
 from hf_tokenizer_dirs import VARIED, write_family
@@ -97,11 +98,33 @@ def test_llama_cpp_s_quantized_files_read_with_transformers_logits(tmp_path, lla
         torch.testing.assert_close(logits(ours, IDX), expected, rtol=2e-6, atol=1e-4, msg=file_type)
         if file_type in ("Q8_0", "Q4_0"):  # read for decoding: every product in its own blocks
             assert_decodes_in_its_blocks(path, ours, file_type)
-        if file_type == "Q4_K_M":  # read for decoding under int4: quantized as it is read, int4's blocks
-            int4 = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "int4")
-            reference = apply_quantization(ours, "int4")
-            for name in [*block_products(reference), "lm_head"]:
-                assert all(map(torch.equal, int4.get_submodule(name).blocks(), reference.get_submodule(name).blocks()))
+        if file_type == "Q4_K_M":  # read for decoding under int4: Q4_K's codes kept, the rest quantized as read
+            assert_int4_of_k_quants(path, ours)
+
+
+def assert_int4_of_k_quants(path: Path, floats) -> None:
+    """A Q4_K_M file under int4: its Q4_K products keep their codes and group scales, each weight the file's value
+    within float16's rounding of a scale and a minimum; the others (Q6_K, Q5_K) are the int4 blocks of their values,
+    as quantize_int4 makes them of the float32 model's."""
+    int4 = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "int4")
+    reference = apply_quantization(copy.deepcopy(floats), "int4")
+    reader = gguf.GGUFReader(path)
+    q4_k = {tensor.name for tensor in reader.tensors if tensor.tensor_type.name == "Q4_K"}
+    sources = matrix_sources(floats.config, reader.fields["general.architecture"].contents())
+    kept = 0
+    for name in [*block_products(reference), "lm_head"]:
+        blocks = int4.get_submodule(name).blocks()
+        if not q4_k.issuperset(f"{part}.weight" for part in sources.get(name, ("token_embd",))):
+            assert all(map(torch.equal, blocks, reference.get_submodule(name).blocks())), name
+            continue
+        codes, scale, minimum = (part.double() for part in blocks)
+        codes = torch.cat([codes.to(torch.uint8) & 15, codes.to(torch.uint8) >> 4], dim=-1).double()
+        values = (scale[..., None] * codes + minimum[..., None]).flatten(1)
+        weight = floats.get_submodule(name).weight.double()
+        rounding = ((15 * scale.abs() + minimum.abs())[..., None] * 2**-11).expand(*scale.shape, 32).flatten(1)
+        assert ((values[:, : weight.shape[1]] - weight).abs() <= rounding[:, : weight.shape[1]] + 1e-7).all(), name
+        kept += 1
+    assert kept > 0
 
 
 def assert_decodes_in_its_blocks(path: Path, floats, file_type: str) -> None:

@@ -29,6 +29,7 @@ from gptkit.weights import checkpoint, export_gguf, gguf_hf_tokenizer, load
 from gptkit.weights.checkpoint import load_checkpoint
 from gptkit.weights.gguf_read import q8_0_values, read_tensors
 from gptkit.weights.hf import gguf_tag
+from gptkit.weights.quantization import apply_quantization
 from gptkit.weights.sources import base_reference, check_data_tokenizer, named_tokenizer
 from helpers import (
     assert_one_line_error,
@@ -352,6 +353,26 @@ def test_the_other_k_i_and_ternary_quants_read_with_transformers_logits(tmp_path
     assert all(tensors[name].abs().max() < 0.2 for name in written)  # the scales took: no junk values
     ours = load(str(path), tokenizer=False).model
     torch.testing.assert_close(logits(ours, IDX), transformers_model(path, "llama")(IDX).logits, rtol=0, atol=1e-4)
+
+
+def test_int4_of_a_q4_k_product_keeps_its_codes_and_group_scales(tmp_path, monkeypatch, qwen_tokenizer):
+    """Under --quantize=int4 a Q4_K product's groups keep the file's codes, with scale d sc_j and minimum -dmin m_j
+    in float16: each weight within float16's rounding of those (2^-11 of each, at most 15 scales and a minimum) of
+    the float64 computation of the block format, where quantizing the values again moves the codes of groups whose
+    codes miss 0 or 15 by up to half a step."""
+    written: dict = {}
+    types = {f"blk.{layer}.ffn_down.weight": T.Q4_K for layer in range(2)}
+    monkeypatch.setattr(export_gguf, "encode_tensor", partial(encode_as, types, written))
+    path = export_file(tmp_path, tiny("llama-untied", mlp_hidden=256), qwen_tokenizer)
+    model = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "int4")
+    for layer in range(2):
+        raw, qtype, shape = written[f"blk.{layer}.ffn_down.weight"]
+        exact = torch.from_numpy(dequantized64(raw, qtype, shape)).view(shape[0], -1, 32)
+        codes, scale, minimum = model.get_submodule(f"transformer.h.{layer}.mlp.c_proj").blocks()
+        codes = torch.cat([codes & 15, codes >> 4], dim=-1).double()  # byte j: weight j low, weight j + 16 high
+        values = scale.double()[..., None] * codes + minimum.double()[..., None]
+        rounding = (15 * scale.double().abs() + minimum.double().abs())[..., None] * 2**-11
+        assert ((values - exact).abs() <= rounding).all()
 
 
 def test_q8_0_rows_read_as_the_gguf_package_dequantizes_them():
