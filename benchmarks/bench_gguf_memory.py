@@ -1,18 +1,18 @@
 """The memory and speed of sampling from a quantized GGUF file: sample.py in a process of its own, on a file of
-random Q4_0 (or Q8_0, or Q6_K) blocks of a model's shape.
+random Q4_0 (or Q8_0, Q4_K, Q6_K) blocks of a model's shape.
 
     python benchmarks/bench_gguf_memory.py [--shape=smollm2-1.7b --qtype=q4_0 --quantize=none --new_tokens=32]
         [--json_out=bench_results/gguf_memory.json]
 
-The file holds every product and the token embedding (the head, when tied) in Q4_0 (or Q8_0, Q6_K), its norms in
-F32, with export.py's metadata and a byte-level tokenizer (gptkit.weights.export_gguf). It is written tensor by
-tensor with llama.cpp's gguf package, so a model of this shape never exists in float32 here; the blocks hold random
-codes, with scales that give weights of about GPT-2's initial spread. Then `sample.py --init_from=FILE
---max_new_tokens=N --quantize=Q` runs as a child process (none: Q4_0's and Q8_0's own blocks, decoded by the native
-step where it is built, Q6_K's float32 values; int4: Q6_K's products quantized to int4 as they are read). Reported:
-the child's peak resident memory (os.wait4's ru_maxrss: the whole process, runtime and tokenizer included), the
-seconds until the prompt is echoed (the load) and until the first new token (the packing of the weights and the
-prompt), and tokens per second from the first new token to the last, as the child streams them.
+The file holds every product and the token embedding (the head, when tied) in Q4_0 (or Q8_0, Q4_K, Q6_K), its norms in
+F32, with export.py's metadata and a byte-level tokenizer (gptkit.weights.export_gguf). It is written tensor by tensor
+with llama.cpp's gguf package, so a model of this shape never exists in float32 here; the blocks hold random codes,
+with scales that give weights of about GPT-2's initial spread. Then `sample.py --init_from=FILE --max_new_tokens=N
+--quantize=Q` runs as a child process (none: Q4_0's and Q8_0's own blocks, decoded by the native step where it is
+built, the K-quants' float32 values; int4: Q4_K's products with their own codes, Q6_K's quantized to int4 as they are
+read). Reported: the child's peak resident memory (os.wait4's ru_maxrss: the whole process, runtime and tokenizer
+included), the seconds until the prompt is echoed (the load) and until the first new token (the packing of the weights
+and the prompt), and tokens per second from the first new token to the last, as the child streams them.
 """
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ SHAPES = {name: shape for name, shape in MODEL_SHAPES.items() if shape.get("pos_
 # A block's weights and bytes: Q4_0's 32 a float16 scale d, then 16 bytes of 4-bit codes (weight = d * (code - 8));
 # Q8_0's 32 int8 codes after d (weight = d * code); Q6_K's 256 their 6-bit codes, an int8 scale per 16 and d last
 # (weight = d * scale * (code - 32)).
-BLOCK_WEIGHTS = {"q4_0": 32, "q8_0": 32, "q6_k": 256}
-BLOCK_BYTES = {"q4_0": 18, "q8_0": 34, "q6_k": 210}
-# d: random codes (and Q6_K's random scales) give weights a spread of about 0.02, GPT-2's initial one
-SCALES = {"q4_0": 0.02 / 4.6, "q8_0": 0.02 / 73.3, "q6_k": 0.02 / 1370}
+BLOCK_WEIGHTS = {"q4_0": 32, "q8_0": 32, "q4_k": 256, "q6_k": 256}
+BLOCK_BYTES = {"q4_0": 18, "q8_0": 34, "q4_k": 144, "q6_k": 210}
+# d: random codes (and the K-quants' random scales) give weights a spread of about 0.02, GPT-2's initial one
+SCALES = {"q4_0": 0.02 / 4.6, "q8_0": 0.02 / 73.3, "q4_k": 0.02 / 170, "q6_k": 0.02 / 1370}
+FILE_TYPES = {"q4_k": "MOSTLY_Q4_K_S"}  # general.file_type where it is not MOSTLY_ and the type (all Q4_K: Q4_K_S's)
 
 
 @dataclass
@@ -101,6 +102,8 @@ def random_blocks(qtype: str, rows: int, columns: int, generator: np.random.Gene
         blocks[..., -2:] = scale  # Q6_K's d closes the block
     else:
         blocks[..., :2] = scale
+    if qtype == "q4_k":
+        blocks[..., 2:4] = scale  # Q4_K's dmin, beside d
     return blocks.reshape(rows, -1)
 
 
@@ -119,7 +122,7 @@ def write_blocks_file(path: Path, config: GPTConfig, qtype: str) -> None:
     writer = gguf.GGUFWriter(str(partial_path), arch=architecture)
     writer.add_name(path.stem)
     add_hyperparameters(writer, config, architecture)
-    writer.add_file_type(gguf.LlamaFileType[f"MOSTLY_{qtype.upper()}"])
+    writer.add_file_type(gguf.LlamaFileType[FILE_TYPES.get(qtype, f"MOSTLY_{qtype.upper()}")])
     add_tokenizer(writer, gguf_vocabulary(vocabulary_of(byte_tokenizer())), config.vocab_size)
     for name, shape in tensors.items():
         if len(shape) == 2:

@@ -680,9 +680,12 @@ def head_in_file(tensors: FileTensors, name: str) -> Int8GroupedLinear:
     checked for NaN and infinity here), else quantized to Q8_0 from the file's values as they are read (QuantizedRows;
     nearer the precision of the types a head comes in, Q6_K's, Q5_K's or float, than 4 bits would be)."""
     vocab, width = tensors.shape(name)
-    if tensors.file.tensors[name].tensor_type.name != "Q8_0":
+    kind = tensors.file.tensors[name].tensor_type.name
+    if kind != "Q8_0":
         values = partial(tensors.file.finite_values, name)
-        eight_bit, int4 = QuantizedRows(values, vocab, width, eight_bit=True), QuantizedRows(values, vocab, width)
+        eight_bit = QuantizedRows(values, vocab, width, eight_bit=True)
+        # int4 of a Q4_K table takes its codes as they are (q4_k_blocks); of others, their values'
+        int4 = StoredMatrix(tensors.file, ((name, 0),)) if kind == "Q4_K" else QuantizedRows(values, vocab, width)
         return Int8GroupedLinear(eight_bit, vocab, width, int4_read=int4)
     check_blocks_finite(tensors, name)
     return Int8GroupedLinear(partial(tensors.file.q8_blocks, name), vocab, width)

@@ -13,12 +13,14 @@ from gptkit.weights import load
 from gptkit.weights.quantization import FileEmbedding, FileInt4Embedding, FileInt4Linear, FileLinear, Int8GroupedLinear
 from helpers import assert_one_line_error, run_main
 
-# (shape, --qtype, --quantize): the file's own 4-bit and 8-bit blocks, and Q6_K's quantized to int4 as they are read
-# (K-quants need rows of whole 256-weight blocks: SmolLM2-1.7B's width)
-RUNS = [("smollm2-135m", "q4_0", "none"), ("smollm2-135m", "q8_0", "none"), ("smollm2-1.7b", "q6_k", "int4")]
+# (shape, --qtype, --quantize): the file's own 4-bit and 8-bit blocks, Q4_K's codes under int4 and Q6_K's quantized to
+# int4 as they are read (K-quants need rows of whole 256-weight blocks: SmolLM2-1.7B's width)
+RUNS = [("smollm2-135m", "q4_0", "none"), ("smollm2-135m", "q8_0", "none")]
+RUNS += [("smollm2-1.7b", "q4_k", "int4"), ("smollm2-1.7b", "q6_k", "int4")]
 # 32 weights of Q4_0 take 18 bytes (a float16 scale, 16 bytes of 4-bit codes), of Q8_0 34 (the scale, 32 int8 codes),
-# 256 of Q6_K 210 (6-bit codes, 16 int8 scales and the float16 scale)
-BYTES_A_WEIGHT = {"q4_0": 18 / 32, "q8_0": 34 / 32, "q6_k": 210 / 256}
+# 256 of Q4_K 144 (float16 d and dmin, 12 bytes of 6-bit scales and mins, 128 of 4-bit codes), of Q6_K 210 (6-bit
+# codes, 16 int8 scales and the float16 scale)
+BYTES_A_WEIGHT = {"q4_0": 18 / 32, "q8_0": 34 / 32, "q4_k": 144 / 256, "q6_k": 210 / 256}
 
 
 def weights_of(width: int, kv: int, hidden: int) -> int:
