@@ -3,8 +3,9 @@ run, on the same threads.
 
     python benchmarks/bench_llamacpp.py [--shapes=smollm2-135m --shapes=gpt2-124m --batch_sizes=1 --batch_sizes=8]
 
-For each shape a model with random weights is written by export.py's GGUF writer as f32, q8_0 and q4_0, and each
-file is decoded by llama-cpp-python (built from source, as the slow tests use it). The paths, each generating
+For each shape a model with random weights is written by export.py's GGUF writer as f32, q8_0, q4_0 and q4_1 (and
+by llama.cpp's quantizer from the f32 file as q4_k_m), and each file is decoded by llama-cpp-python (built from
+source, as the slow tests use it). The paths, each generating
 new_tokens after the same prompt in every row, with top-k sampling:
   ours_f32: gptkit.infer.generate with no decode argument on the float32 model (sample.py with no flag)
   ours_int8: the same on the model quantize_int8 made (sample.py --quantize=int8)
@@ -15,8 +16,10 @@ new_tokens after the same prompt in every row, with top-k sampling:
   ours_q4_1: the q4_1 file read as sample.py --init_from=FILE.gguf reads it (with --quantize none or int4 alike):
     its own blocks, with their minimums, left in the file, its head in its own q8_0 blocks
   ours_q8_0: the q8_0 file read as sample.py --init_from=FILE.gguf reads it: its own blocks left in the file
-  llamacpp_f32, llamacpp_q8_0, llamacpp_q4_0, llamacpp_q4_1: llama.cpp on the f32, q8_0, q4_0 and q4_1 files, every
-    row a sequence of one batch, each sampled by its own top-k sampler
+  ours_q4_k_m: the q4_k_m file (llama.cpp's quantizer's, from the f32 file: most matrices Q4_K, some Q6_K) as
+    sample.py --init_from=FILE.gguf --quantize=int4 reads it: the Q4_K matrices' own codes, the others quantized
+  llamacpp_f32, llamacpp_q8_0, llamacpp_q4_0, llamacpp_q4_1, llamacpp_q4_k_m: llama.cpp on the f32, q8_0, q4_0, q4_1
+    and q4_k_m files, every row a sequence of one batch, each sampled by its own top-k sampler
 Repeats go round-robin over the paths (measure.time_paths), so load from other work slows every path alike.
 tokens_per_s counts the whole run (the prompts' prefill included); generation_tokens_per_s the tokens after each
 row's first, over the run's seconds less those of a run to the first token alone (taken in the same round), as
@@ -48,8 +51,8 @@ from gptkit.weights.quantization import apply_quantization, quantize_int8
 from measure import MODEL_SHAPES, print_table, read_bandwidth, run_benchmark, time_paths
 
 SHAPES = {name: MODEL_SHAPES[name] for name in ("smollm2-135m", "gpt2-124m", "smollm2-1.7b")}  # llama.cpp holds
-PATHS = ("ours_f32", "ours_int8", "ours_int4", "ours_q4_0", "ours_q4_1", "ours_q8_0")
-PATHS += ("llamacpp_f32", "llamacpp_q8_0", "llamacpp_q4_0", "llamacpp_q4_1")
+PATHS = ("ours_f32", "ours_int8", "ours_int4", "ours_q4_0", "ours_q4_1", "ours_q8_0", "ours_q4_k_m")
+PATHS += ("llamacpp_f32", "llamacpp_q8_0", "llamacpp_q4_0", "llamacpp_q4_1", "llamacpp_q4_k_m")
 FILE_OF = {
     "ours_int4": "q4_0",
     "ours_q4_0": "q4_0",
@@ -59,6 +62,8 @@ FILE_OF = {
     "llamacpp_q8_0": "q8_0",
     "llamacpp_q4_0": "q4_0",
     "llamacpp_q4_1": "q4_1",
+    "ours_q4_k_m": "q4_k_m",
+    "llamacpp_q4_k_m": "q4_k_m",
 }
 AGAINST = {
     "ours_f32": "llamacpp_f32",
@@ -67,13 +72,16 @@ AGAINST = {
     "ours_q4_0": "llamacpp_q4_0",
     "ours_q4_1": "llamacpp_q4_1",
     "ours_q8_0": "llamacpp_q8_0",
+    "ours_q4_k_m": "llamacpp_q4_k_m",
 }
 GGUF_QUANTIZE = {
     "ours_int4": "int4",
     "ours_q4_0": "none",
     "ours_q4_1": "none",
     "ours_q8_0": "none",
+    "ours_q4_k_m": "int4",
 }  # our paths on a file: its --quantize
+QUANTIZED_BY_LLAMACPP = {"q4_k_m": 15}  # files llama.cpp's quantizer writes from the f32 file: llama.h's ftype
 
 
 @dataclass
@@ -175,13 +183,32 @@ def run_ours(model: GPT, prompt: torch.Tensor, top_k: int, new_tokens: int) -> N
 
 
 def write_files(model: GPT, shape: str, formats: set[str], directory: Path) -> dict[str, Path]:
-    """The GGUF file of `model` in each of `formats` (f32, q8_0, q4_0, q4_1), written by export.py's writer."""
+    """The GGUF file of `model` in each of `formats`: f32, q8_0, q4_0 and q4_1 written by export.py's writer, q4_k_m
+    by llama.cpp's quantizer from the f32 file."""
     files = {}
-    for outtype in sorted(formats):
+    written = formats - set(QUANTIZED_BY_LLAMACPP)
+    if written != formats:
+        written |= {"f32"}
+    for outtype in sorted(written):
         out = directory / f"{shape}-{outtype}"
         out.mkdir()
         files[outtype] = out / export_gguf(model, byte_tokenizer(), out, outtype, shape)[0]
+    for outtype in sorted(formats & set(QUANTIZED_BY_LLAMACPP)):
+        files[outtype] = directory / f"{shape}-{outtype}.gguf"
+        llama_cpp_quantize(files["f32"], files[outtype], QUANTIZED_BY_LLAMACPP[outtype])
     return files
+
+
+def llama_cpp_quantize(source: Path, target: Path, file_type: int) -> None:
+    """llama.cpp's quantizer (llama_model_quantize) writing `source` as `file_type` (llama.h's LLAMA_FTYPE_*)."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = file_type
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), ctypes.byref(params)) != 0:
+        raise RuntimeError(f"llama.cpp could not quantize {source} to {target.name}")
 
 
 def our_models(model: GPT, paths: list[str], files: dict[str, Path]) -> dict[str, GPT]:
