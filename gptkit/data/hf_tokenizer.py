@@ -244,7 +244,7 @@ class HFTokenizer:
                 extra_stops=[*stops, *record.get("extra_stops", [])],
             )
         except ChatError as exc:  # plain text still tokenizes: only what renders conversations says why not
-            self.chat_problem = f"{where}: {exc}"
+            self.chat_problem = str(exc)  # no path: a server says it to its clients
             return None
 
     def _token_bytes(self, decoder: Any) -> list[bytes | None]:

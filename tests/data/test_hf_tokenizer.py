@@ -244,7 +244,7 @@ def test_a_template_that_fails_leaves_plain_text_and_says_why_there_is_no_chat(
     assert tokenizer.encode(text) == expected
     with pytest.raises(UserError) as error:
         chat_prepare.chat_tokenizer(tokenizer)
-    assert_one_line_message(error.value, str(directory), *fragments, "renders no conversations")
+    assert_one_line_message(error.value, f"the tokenizer {tokenizer.name!r}: ", *fragments, "renders no conversations")
 
 
 def test_qwen3s_template_trains_on_every_turn_of_a_multi_turn_conversation(tmp_path: Path) -> None:

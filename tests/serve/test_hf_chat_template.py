@@ -175,3 +175,19 @@ def test_sample_prints_a_qwen3_models_reasoning_tokens(qwen3) -> None:
     written = io.StringIO()
     reply = sample.chat_reply(model, ours, MESSAGES, cfg, torch.device("cpu"), torch.float32, written.write)
     assert reply == written.getvalue() == greedy_answer(model, auto, chat_prompt, set(eos))
+
+
+def test_a_template_that_fails_serves_completions_and_says_why_chat_is_refused(tmp_path) -> None:
+    """A model whose chat template is not valid Jinja serves completions; the chat API and /tokenize of messages
+    answer 400 with the reason (and no path of the server's files), completions 200."""
+    directory = write_byte_level(tmp_path / "broken", "{% for m in messages %}{{ m.content }")
+    tokenizer = load_hf_tokenizer(directory)
+    with running_app(lively_model(tokenizer.vocab_size, block_size=32), tokenizer) as base:
+        chat = HTTP.post(f"{base}/v1/chat/completions", json={"model": "m", "messages": MESSAGES, "max_tokens": 2})
+        tokenized = HTTP.post(f"{base}/tokenize", json={"messages": MESSAGES})
+        completion = HTTP.post(f"{base}/v1/completions", json={"model": "m", "prompt": "Hi", "max_tokens": 2})
+    for refused in (chat, tokenized):
+        assert refused.status_code == 400
+        message = refused.json()["error"]["message"]
+        assert message.startswith("the chat template is not valid Jinja (line 1") and str(tmp_path) not in message
+    assert completion.status_code == 200 and len(completion.json()["choices"]) == 1

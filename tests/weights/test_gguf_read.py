@@ -694,7 +694,7 @@ def test_a_file_whose_chat_template_fails_samples_text_and_says_why_there_is_no_
     code, out, err = run_main(sample.main, [*args, "--start=Hi there"], capsys)
     assert code == 0 and out.startswith("Hi there"), err
     code, _, err = run_main(sample.main, [*args, "--chat"], capsys)
-    assert_one_line_error(code, err, f"{path}: the chat template is not valid Jinja", "use --start")
+    assert_one_line_error(code, err, "error: the chat template is not valid Jinja (line 1", "use --start")
 
 
 # ------------------------------------------------------------------------------------------------ the hub

@@ -167,9 +167,10 @@ def chat_tokenizer(base: tok.Tokenizer) -> tok.ChatTokenizer | tok.HFTokenizer:
                 f"the tokenizer {base.name!r} has no chat template (chat_template.jinja, or 'chat_template' in "
                 "tokenizer_config.json)"
             )
+            reason = tok.no_chat_reason(base, none)
+            reason = reason if reason == none else f"the tokenizer {base.name!r}: {reason}"
             raise UserError(
-                f"{tok.no_chat_reason(base, none)}: use the tokenizer of the model's instruct version, or add (or mend) "
-                "its template"
+                f"{reason}: use the tokenizer of the model's instruct version, or add (or mend) its template"
             )
         return base
     return base if isinstance(base, tok.ChatTokenizer) else tok.ChatTokenizer.extending(base)
