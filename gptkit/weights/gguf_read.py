@@ -624,7 +624,7 @@ def check_matrix_shape(matrix: StoredMatrix, shape: tuple[int, ...]) -> None:
 def module_in_file(model: GPT, module: str, matrix: StoredMatrix) -> torch.nn.Module:
     """What module `module` of `model` becomes to read `matrix` from the file: a FileInt4Embedding (the token
     embedding in Q4_0 or Q4_1), a FileInt4Linear, for Q8_0 blocks an Int8GroupedLinear, and for values a FileLinear
-    (its int4 blocks quantized from them a slice of rows at a time: QuantizedRows)."""
+    (its int4 blocks as int4_rows reads them)."""
     config, old = model.config, model.get_submodule(module)
     embedding = module == "transformer.wte"
     check_matrix_shape(
@@ -633,10 +633,8 @@ def module_in_file(model: GPT, module: str, matrix: StoredMatrix) -> torch.nn.Mo
     if embedding:
         return FileInt4Embedding(matrix.picked, config.vocab_size, config.n_embd)
     bias = None if old.bias is None else torch.empty_like(old.bias)  # on meta: read with the other tensors
-    if matrix.values:  # int4 of Q4_K parts takes their codes as they are (q4_k_blocks); of others, their values'
-        as_q4_k = matrix.types == {"Q4_K"}
-        int4 = replace(matrix, values=False) if as_q4_k else QuantizedRows(matrix, matrix.rows, matrix.columns)
-        return FileLinear(matrix, old.out_features, old.in_features, bias, int4_read=int4)
+    if matrix.values:
+        return FileLinear(matrix, old.out_features, old.in_features, bias, int4_read=int4_rows(matrix))
     if matrix.eight_bit:
         return Int8GroupedLinear(matrix, old.out_features, old.in_features, bias)
     return FileInt4Linear(matrix, old.out_features, old.in_features, bias, matrix.symmetric)
@@ -682,13 +680,20 @@ def head_in_file(tensors: FileTensors, name: str) -> Int8GroupedLinear:
     vocab, width = tensors.shape(name)
     kind = tensors.file.tensors[name].tensor_type.name
     if kind != "Q8_0":
-        values = partial(tensors.file.finite_values, name)
-        eight_bit = QuantizedRows(values, vocab, width, eight_bit=True)
-        # int4 of a Q4_K table takes its codes as they are (q4_k_blocks); of others, their values'
-        int4 = StoredMatrix(tensors.file, ((name, 0),)) if kind == "Q4_K" else QuantizedRows(values, vocab, width)
-        return Int8GroupedLinear(eight_bit, vocab, width, int4_read=int4)
+        table = StoredMatrix(tensors.file, ((name, 0),), values=True)
+        eight_bit = QuantizedRows(table, vocab, width, eight_bit=True)
+        return Int8GroupedLinear(eight_bit, vocab, width, int4_read=int4_rows(table))
     check_blocks_finite(tensors, name)
     return Int8GroupedLinear(partial(tensors.file.q8_blocks, name), vocab, width)
+
+
+def int4_rows(matrix: StoredMatrix) -> StoredMatrix | QuantizedRows:
+    """What int4 reads of a matrix the file holds in another type than Q4_0, Q4_1 and Q8_0 (a StoredMatrix of its
+    values): Q4_K's own codes, with their groups' scales and minimums (TensorFile.q4_k_blocks); any other type's
+    values quantized a slice of rows at a time (QuantizedRows)."""
+    if matrix.types == {"Q4_K"}:
+        return replace(matrix, values=False)
+    return QuantizedRows(matrix, matrix.rows, matrix.columns)
 
 
 @dataclass(frozen=True)

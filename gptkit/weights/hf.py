@@ -74,8 +74,8 @@ def is_hub_name(name: str) -> bool:
 def hub_gguf_name(name: str) -> tuple[str, str] | None:
     """(repository, tag) of a name of a hub repository's GGUF file, owner/name:TAG (a quantization, Q4_K_M or q8_0:
     how llama.cpp's -hf and ollama's hf.co/ name one); None for any other name."""
-    match = re.fullmatch(r"([\w.-]+/[\w.-]+):([\w.-]+)", name)
-    return None if match is None or name.startswith((".", "/")) else (match[1], match[2])
+    repository, colon, tag = name.rpartition(":")
+    return (repository, tag) if colon and is_hub_name(repository) and re.fullmatch(r"[\w.-]+", tag) else None
 
 
 def hub_snapshot(name: str) -> Path:

@@ -117,11 +117,13 @@ def float_copy_note(model: GPT) -> str | None:
     """A note for a GGUF file's products in quantized types decoding does not run on (K- and I-quants, Q5_x), which
     --quantize=none makes float32: how large that is, and that --quantize=int4 keeps them in 4 bits. Why: a Q4_K_M
     file, the most common, would otherwise take some seven times its size without a word."""
-    files = [module for module in model.modules() if isinstance(module, FileLinear)]
-    stored = [module for module in files if module.read.types - set(FLOAT_TYPES)]
+    quantized = {
+        module: module.read.types - set(FLOAT_TYPES) for module in model.modules() if isinstance(module, FileLinear)
+    }
+    stored = [module for module, types in quantized.items() if types]
     if not stored:
         return None
-    types = {kind for module in stored for kind in module.read.types} - set(FLOAT_TYPES)
+    types = set().union(*quantized.values())
     size = sum(4 * module.out_features * module.in_features for module in stored)
     shown = f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{size / 1e6:.1f} MB"
     return (
