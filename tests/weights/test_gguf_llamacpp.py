@@ -30,10 +30,11 @@ from test_gguf_q4 import assert_greedy_up_to_ties  # noqa: E402
 from test_gguf_read import (  # noqa: E402
     IDX,
     OTHER_SCALES,
+    OTHER_TYPES,
     SHAPES,
+    encode_as,
     export_file,
     logits,
-    other_encode_as,
     tiny,
     transformers_model,
 )
@@ -149,9 +150,9 @@ def test_the_other_quants_read_as_llama_cpp_s_own_code_dequantizes_them(
     """Each matrix of test_gguf_read's file of Q2_K, Q3_K, I-quants and ternary quants reads as llama.cpp's own C
     dequantizes its rows (ggml's dequantize_row_*, beside the gguf package's numpy code that the reader uses)."""
     written: dict = {}
-    monkeypatch.setattr(export_gguf, "encode_tensor", partial(other_encode_as, written))
+    monkeypatch.setattr(export_gguf, "encode_tensor", partial(encode_as, OTHER_TYPES, written))
     path = export_file(tmp_path, tiny("llama-untied", n_layer=2, n_embd=256, mlp_hidden=256), qwen_tokenizer)
-    assert sorted(written.values()) == sorted(OTHER_SCALES)
+    assert sorted(qtype for _, qtype, _ in written.values()) == sorted(OTHER_SCALES)
     ggml = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
     reader, tensors = gguf.GGUFReader(path), read_tensors(open_gguf(path), path)
     for tensor in reader.tensors:

@@ -217,8 +217,26 @@ def dequantized64(raw: np.ndarray, qtype, shape: tuple[int, int]) -> np.ndarray:
     return np.concatenate([block_values(qtype, block) for block in raw.reshape(-1, size)]).reshape(shape)
 
 
-# The f16 scale fields of the K-quant blocks built by hand, and the scale each gets (its values stay below one).
+# The types whose blocks are built by hand (the gguf package writes none of them): each one's f16 scale fields
+# (offset in the block, size of the scale; ggml-common.h's block_*), set so that the weights stay below about a
+# tenth. IQ1_M has none: its scale is the top 4 bits of each of the 4 16-bit words at byte 48 (iq1m_scale_fields).
 K_SCALES = {T.Q4_K: ((0, 1e-4), (2, 1e-4)), T.Q5_K: ((0, 5e-5), (2, 5e-5)), T.Q6_K: ((208, 2e-5),)}
+OTHER_SCALES = {
+    T.Q2_K: ((80, 1e-3), (82, 1e-3)),
+    T.Q3_K: ((108, 1e-4),),
+    T.IQ1_S: ((0, 1e-3),),
+    T.IQ1_M: (),
+    T.IQ2_XXS: ((0, 1e-4),),
+    T.IQ2_XS: ((0, 1e-4),),
+    T.IQ2_S: ((0, 1e-4),),
+    T.IQ3_XXS: ((0, 1e-4),),
+    T.IQ3_S: ((0, 1e-4),),
+    T.IQ4_NL: ((0, 1e-4),),
+    T.IQ4_XS: ((0, 1e-5),),
+    T.TQ1_0: ((52, 2e-2),),
+    T.TQ2_0: ((64, 2e-2),),
+}
+HAND_SCALES = K_SCALES | OTHER_SCALES
 QUANTIZED = {
     "token_embd.weight": T.F16,
     "output.weight": T.BF16,
@@ -233,12 +251,24 @@ QUANTIZED = {
 }
 
 
+def iq1m_scale_fields(raw: np.ndarray, scales: np.ndarray) -> None:
+    """IQ1_M blocks' float16 scales `scales` written as the format keeps them: nibble k of the scale's 16 bits in
+    the top 4 bits of the block's 16-bit word k at byte 48."""
+    bits = scales.astype(np.float16).view(np.uint16)
+    words = raw[..., 48:56].copy().view(np.uint16)
+    for k in range(4):
+        words[..., k] = (words[..., k] & 0x0FFF) | (((bits >> (4 * k)) & 0xF) << 12)
+    raw[..., 48:56] = words.view(np.uint8)
+
+
 def hand_blocks(qtype, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
-    """Blocks of `qtype` built byte by byte (the gguf package writes no K-quants): random quants and scales, and
-    small f16 super-block scales."""
+    """Blocks of `qtype` (one of HAND_SCALES) built byte by byte: random codes and sub-scales, and small positive
+    f16 scales."""
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(shape[0], shape[1] // block, size), dtype=np.uint8)
-    for offset, scale in K_SCALES[qtype]:
+    if qtype == T.IQ1_M:
+        iq1m_scale_fields(raw, rng.uniform(0.5, 1.0, size=raw.shape[:2]) * 1e-3)
+    for offset, scale in HAND_SCALES[qtype]:
         values = rng.uniform(0.5, 1.0, size=raw.shape[:2]) * scale
         raw[:, :, offset : offset + 2] = values.astype(np.float16)[..., None].view(np.uint8)
     return raw.reshape(shape[0], -1)
@@ -250,7 +280,7 @@ def encode_as(types: dict, written: dict, name: str, tensor: torch.Tensor, outty
     if qtype is None:
         return ENCODE_TENSOR(name, tensor, outtype)
     array = tensor.float().numpy()
-    if qtype in K_SCALES:
+    if qtype in HAND_SCALES:
         data = hand_blocks(qtype, array.shape, np.random.default_rng(len(written)))
     elif qtype == T.I32:  # integers: no weight format
         data = np.zeros(array.shape, np.int32)
@@ -280,48 +310,6 @@ def test_every_tensor_type_reads_as_its_format_defines_with_transformers_logits(
     torch.testing.assert_close(logits(ours, IDX), transformers_model(path, "llama")(IDX).logits, rtol=0, atol=1e-4)
 
 
-# The f16 scale fields of the other quantized types' blocks (offset, size of the scale; ggml-common.h's block_*),
-# set so that the weights stay below about a tenth. IQ1_M has none: its scale is the top 4 bits of each of the 4
-# 16-bit words at byte 48 (iq1m_scale_fields).
-OTHER_SCALES = {
-    T.Q2_K: ((80, 1e-3), (82, 1e-3)),
-    T.Q3_K: ((108, 1e-4),),
-    T.IQ1_S: ((0, 1e-3),),
-    T.IQ1_M: (),
-    T.IQ2_XXS: ((0, 1e-4),),
-    T.IQ2_XS: ((0, 1e-4),),
-    T.IQ2_S: ((0, 1e-4),),
-    T.IQ3_XXS: ((0, 1e-4),),
-    T.IQ3_S: ((0, 1e-4),),
-    T.IQ4_NL: ((0, 1e-4),),
-    T.IQ4_XS: ((0, 1e-5),),
-    T.TQ1_0: ((52, 2e-2),),
-    T.TQ2_0: ((64, 2e-2),),
-}
-
-
-def iq1m_scale_fields(raw: np.ndarray, scales: np.ndarray) -> None:
-    """IQ1_M blocks' float16 scales `scales` written as the format keeps them: nibble k of the scale's 16 bits in
-    the top 4 bits of the block's 16-bit word k at byte 48."""
-    bits = scales.astype(np.float16).view(np.uint16)
-    words = raw[..., 48:56].copy().view(np.uint16)
-    for k in range(4):
-        words[..., k] = (words[..., k] & 0x0FFF) | (((bits >> (4 * k)) & 0xF) << 12)
-    raw[..., 48:56] = words.view(np.uint8)
-
-
-def other_blocks(qtype, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
-    """Blocks of `qtype` made of random bytes but for their scales (OTHER_SCALES): small and positive."""
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, size=(shape[0], shape[1] // block, size), dtype=np.uint8)
-    if qtype == T.IQ1_M:
-        iq1m_scale_fields(raw, rng.uniform(0.5, 1.0, size=raw.shape[:2]) * 1e-3)
-    for offset, scale in OTHER_SCALES[qtype]:
-        values = rng.uniform(0.5, 1.0, size=raw.shape[:2]) * scale
-        raw[:, :, offset : offset + 2] = values.astype(np.float16)[..., None].view(np.uint8)
-    return raw.reshape(shape[0], -1)
-
-
 # One matrix of each other type in a 256-wide Llama of two layers (their blocks hold 256 weights, IQ4_NL's 32).
 OTHER_TYPES = dict(
     zip(
@@ -332,23 +320,13 @@ OTHER_TYPES = dict(
 )
 
 
-def other_encode_as(written: dict, name: str, tensor: torch.Tensor, outtype: str):
-    """export_gguf.encode_tensor writing the matrices OTHER_TYPES names in those types (kept in `written`)."""
-    qtype = OTHER_TYPES.get(name)
-    if qtype is None:
-        return ENCODE_TENSOR(name, tensor, outtype)
-    data = other_blocks(qtype, tuple(tensor.shape), np.random.default_rng(len(written)))
-    written[name] = qtype
-    return data, qtype
-
-
 def test_the_other_k_i_and_ternary_quants_read_with_transformers_logits(tmp_path, monkeypatch, qwen_tokenizer):
     """Q2_K, Q3_K, the I-quants and the ternary ones, one matrix each in one Llama file, give transformers' logits
     (it dequantizes them with the same gguf package: llama.cpp's own C dequantizes them in test_gguf_llamacpp.py)."""
     written: dict = {}
-    monkeypatch.setattr(export_gguf, "encode_tensor", partial(other_encode_as, written))
+    monkeypatch.setattr(export_gguf, "encode_tensor", partial(encode_as, OTHER_TYPES, written))
     path = export_file(tmp_path, tiny("llama-untied", n_layer=2, n_embd=256, mlp_hidden=256), qwen_tokenizer)
-    assert sorted(written.values()) == sorted(OTHER_SCALES)
+    assert sorted(qtype for _, qtype, _ in written.values()) == sorted(OTHER_SCALES)
     tensors = read_tensors(open_gguf(path), path)
     assert all(tensors[name].abs().max() < 0.2 for name in written)  # the scales took: no junk values
     ours = load(str(path), tokenizer=False).model
