@@ -20,7 +20,7 @@ from gptkit.core.devices import Runtime, autocast
 from gptkit.core.errors import UserError, run_cli
 from gptkit.core.settings import parse_settings, setting, setting_list
 from gptkit.data.chat import ChatError
-from gptkit.data.tokenizer import Tokenizer, completion_stops, no_chat_reason
+from gptkit.data.tokenizer import Tokenizer, completion_stops, no_chat_reason, reply_stops
 from gptkit.infer.decoding import Decoding, backend_name
 from gptkit.infer.engine import Engine, GenerationError, Request
 from gptkit.infer.next_token import sampling_problem
@@ -267,7 +267,7 @@ def chat_reply(
         raise UserError(str(exc)) from None
     if len(ids) >= block:
         raise UserError(f"the message needs {len(ids)} tokens with the template; the context holds {block - 1}")
-    return continue_ids(model, tokenizer, ids, list(template.reply_stops), cfg, device, dtype, write)[0]
+    return continue_ids(model, tokenizer, ids, reply_stops(tokenizer), cfg, device, dtype, write)[0]
 
 
 if __name__ == "__main__":

@@ -281,7 +281,13 @@ class HFTokenizer:
 
     def _check_encodable(self, text: str) -> None:
         """UserError naming the characters of `text` that encoding would drop without a trace (_bytes_without_token),
-        as the character-level tokenizer refuses a character it never saw."""
+        as the character-level tokenizer refuses a character it never saw; UserError for an unpaired surrogate (JSON
+        can spell one, \\ud800), which is no text and which the tokenizers library refuses with a TypeError."""
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise UserError("text holds an unpaired surrogate (e.g. \\ud800), which is not text") from None
         if not self._dropped_bytes:
             return
         data = text.encode("utf-8", "surrogatepass")
@@ -308,8 +314,7 @@ class HFTokenizer:
 
     def encode_with_added(self, text: str) -> list[int]:
         """Encode text in which an added token's text stands for that token (a rendered chat template)."""
-        if self._added_texts is not None:
-            self._check_encodable(self._added_texts.sub("", text))
+        self._check_encodable(text if self._added_texts is None else self._added_texts.sub("", text))
         return self._with_added.encode(text, add_special_tokens=False).ids
 
     def encode_without_added(self, text: str) -> list[int]:

@@ -347,8 +347,15 @@ def completion_stops(tokenizer: Tokenizer) -> list[int]:
     eot, template = tokenizer.eot_token, tokenizer.chat
     stops = [] if eot is None else [eot]
     if template is not None:
-        stops += [template.end_of_turn, *template.reply_stops, *_special_template_ids(tokenizer)]
+        stops += [template.end_of_turn, *reply_stops(tokenizer)]
     return list(dict.fromkeys(stops))
+
+
+def reply_stops(tokenizer: Tokenizer) -> list[int]:
+    """The tokens that end a chat reply (the tokenizer has a chat template): the template's reply stops, and every
+    special token of its template (as completion_stops: a model that writes a marker has left its turn, and a reply
+    never shows one)."""
+    return list(dict.fromkeys([*tokenizer.chat.reply_stops, *_special_template_ids(tokenizer)]))
 
 
 def _special_template_ids(tokenizer: Tokenizer) -> list[int]:

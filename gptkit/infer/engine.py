@@ -277,7 +277,9 @@ class Engine:
                 continue
             if request.seed is not None:
                 request.generator = torch.Generator(device=self.device).manual_seed(request.seed)
-            request.sampling = Sampling.of(request.temperature, request.top_k, request.top_p)
+            request.sampling = Sampling.of(
+                request.temperature, request.top_k, request.top_p, vocab_size=self.model.config.vocab_size
+            )
             same_length.setdefault(min(len(request.prompt), self.block_size), []).append(request)
         for group in same_length.values():
             self.active.extend(group)

@@ -21,6 +21,10 @@ from torch.nn import functional as F
 NUCLEUS_PREFIXES = (256, 4096)
 # Columns per block of largest_k's search inside a compiled graph (one AVX-512 vector of float32).
 TOP_K_BLOCK = 16
+# Temperatures below this choose greedily, as vLLM's do: logits / temperature would overflow float32 (a temperature
+# of 1e-38 times a logit) or round a small one to 0, and already at this one the softmax is the largest logit's alone
+# but for logits within about 1e-5 of it.
+GREEDY_BELOW = 1e-5
 
 
 @dataclass(frozen=True)
@@ -35,10 +39,15 @@ class Sampling:
     top_p: float | None = None
 
     @classmethod
-    def of(cls, temperature: float, top_k: int | None = None, top_p: float | None = None) -> Sampling:
-        """The settings in their one form: temperature 0 is greedy, and a top-p of 1 or more keeps every token."""
-        if temperature == 0:
+    def of(
+        cls, temperature: float, top_k: int | None = None, top_p: float | None = None, vocab_size: int | None = None
+    ) -> Sampling:
+        """The settings in their one form: temperature 0 (or below GREEDY_BELOW) is greedy, and a top-k of the whole
+        vocabulary (vocab_size) or more, or a top-p of 1 or more, keeps every token."""
+        if temperature < GREEDY_BELOW:
             return cls(temperature=0.0)
+        if top_k is not None and vocab_size is not None and top_k >= vocab_size:
+            top_k = None
         return cls(temperature=temperature, top_k=top_k, top_p=None if top_p is None or top_p >= 1.0 else top_p)
 
     @property
@@ -62,10 +71,13 @@ def sample_next_token(
 ) -> torch.Tensor:
     """Pick one token per row from logits (B, V): greedy at temperature 0, else sampled after top-k/top-p with one
     uniform number a row: drawn from `generator` (None: torch's global one), or given as `uniform` (B, 1) in [0, 1).
-    temperature: a number, or a 0-d tensor, never 0 (a compiled graph's input, so that a new value compiles
-    nothing)."""
+    temperature: a number (below GREEDY_BELOW: greedy), or a 0-d tensor, never below GREEDY_BELOW (a compiled
+    graph's input, so that a new value compiles nothing). The most likely token is always in a top-p nucleus, however
+    small top_p is."""
     fixed = not isinstance(temperature, torch.Tensor)
-    if fixed and temperature == 0:  # max, not argmax: the same first largest column, and in bfloat16 argmax is slower
+    if (
+        fixed and temperature < GREEDY_BELOW
+    ):  # max, not argmax: the same first largest column, and in bfloat16 argmax is slower
         return logits.max(dim=-1).indices
     logits = logits.float() if fixed and temperature == 1.0 else logits.float() / temperature
     candidates = None  # the token id of each column, once logits are narrowed and sorted
@@ -76,7 +88,9 @@ def sample_next_token(
         if candidates is None:
             probs, candidates = most_likely_holding(probs, top_p)
             logits = logits.gather(-1, candidates)
-        logits = logits.masked_fill(probs.cumsum(dim=-1) - probs >= top_p, float("-inf"))  # mass before >= p
+        outside = probs.cumsum(dim=-1) - probs >= top_p  # the mass before them reaches p
+        outside[..., 0] = False  # a top_p that float32 rounds to 0 would leave no token
+        logits = logits.masked_fill(outside, float("-inf"))
     choice = draw(F.softmax(logits, dim=-1), generator, uniform)
     return (choice if candidates is None else candidates.gather(-1, choice)).squeeze(-1)
 

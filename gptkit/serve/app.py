@@ -45,7 +45,13 @@ from gptkit.core.errors import UserError
 from gptkit.core.settings import setting
 from gptkit.data.chat import ChatError
 from gptkit.data.hf_tokenizer import HFTokenizer
-from gptkit.data.tokenizer import Tokenizer, completion_stops, encode_with_special_tokens, no_chat_reason
+from gptkit.data.tokenizer import (
+    Tokenizer,
+    completion_stops,
+    encode_with_special_tokens,
+    no_chat_reason,
+    reply_stops,
+)
 from gptkit.infer import engine, next_token
 from gptkit.infer.decoding import Decoding
 from gptkit.infer.engine import TokenLogprob
@@ -146,21 +152,38 @@ class Guard:
                 code="request_too_large",
             )
             return await answer(scope, receive, send)
-        received = 0
+        await self.app(scope, BodyReader(receive, self.max_body_bytes), send)
 
-        async def limited() -> dict:
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > self.max_body_bytes:
-                raise APIError(
-                    status=413,
-                    message=f"the request body is larger than {self.max_body_bytes} bytes",
-                    code="request_too_large",
-                )
-            return message
 
-        await self.app(scope, limited, send)
+# How long a request's body may take to arrive: a client that sends part of it and then nothing would otherwise hold
+# its connection, and a worker's read, for good.
+BODY_SECONDS = 30.0
+
+
+class BodyReader:
+    """A request's `receive` that answers 413 once its body passes max_bytes, and 408 when the body stops arriving
+    for BODY_SECONDS; after the body, it waits as long as the server does (for the client to go)."""
+
+    def __init__(self, receive: Receive, max_bytes: int) -> None:
+        self.receive, self.max_bytes = receive, max_bytes
+        self.received, self.complete = 0, False
+
+    async def __call__(self) -> dict:
+        if self.complete:
+            return await self.receive()
+        try:
+            message = await asyncio.wait_for(self.receive(), BODY_SECONDS)
+        except TimeoutError:
+            raise APIError(
+                status=408, message=f"the request body did not arrive within {BODY_SECONDS:g} s", code="timeout"
+            ) from None
+        self.complete = message["type"] != "http.request" or not message.get("more_body", False)
+        self.received += len(message.get("body", b""))
+        if self.received > self.max_bytes:
+            raise APIError(
+                status=413, message=f"the request body is larger than {self.max_bytes} bytes", code="request_too_large"
+            )
+        return message
 
 
 class JobStream(StreamingResponse):
@@ -251,6 +274,8 @@ class Service:
     async def tokenize(self, body: TokenizeRequest) -> dict[str, Any]:
         """vLLM's /tokenize: a prompt's ids, special tokens' texts read as those tokens (as Hugging Face's
         tokenizers read them), or the ids of chat messages rendered for a reply."""
+        if body.model is not None:
+            await self.get_model(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise APIError(status=400, message="give a prompt or messages", param="prompt")
         try:
@@ -268,11 +293,15 @@ class Service:
                 ids = self.tokenizer.chat.render_prompt(messages, self.tokenizer, body.add_generation_prompt)
         except (ChatError, UserError, UnicodeError) as exc:
             raise APIError(
-                status=400, message=f"cannot be tokenized: {exc}", param="messages" if body.messages else "prompt"
+                status=400,
+                message=f"cannot be tokenized: {exc}",
+                param="prompt" if body.prompt is not None else "messages",
             ) from None
         return {"count": len(ids), "max_model_len": self.block_size, "tokens": ids}
 
     async def detokenize(self, body: DetokenizeRequest) -> dict[str, str]:
+        if body.model is not None:
+            await self.get_model(body.model)
         self.check_ids(body.tokens, "tokens")
         return {"prompt": self.tokenizer.decode(body.tokens)}
 
@@ -314,7 +343,7 @@ class Service:
         except (ChatError, UserError, UnicodeError) as exc:  # a wrong role, empty content, a character never seen
             raise APIError(status=400, message=f"messages: {exc}", param="messages") from None
         ids = self.fit_context(ids)
-        jobs = self.make_jobs(body, [ids], template.reply_stops)
+        jobs = self.make_jobs(body, [ids], tuple(reply_stops(self.tokenizer)))
         self.submit(jobs)
         if body.stream:
             head = {**api.chat_completion_id(streamed=True), "model": self.name}

@@ -105,7 +105,7 @@ class SamplingRequest(BaseModel):
         outside [-100, 100]."""
         bias = {}
         for key, value in (self.logit_bias or {}).items():
-            if not key.isdigit() or int(key) >= vocab_size:
+            if not is_token_id(key, vocab_size):
                 raise APIError(
                     status=400,
                     message=f"logit_bias keys are token ids in [0, {vocab_size}), got {key!r}",
@@ -187,6 +187,12 @@ class CompletionRequest(SamplingRequest):
     @property
     def token_budget(self) -> int | None:
         return self.max_tokens
+
+
+def is_token_id(key: str, vocab_size: int) -> bool:
+    """Whether a logit_bias key is a token id of a vocabulary of vocab_size, written in ASCII digits (str.isdigit
+    takes other scripts' digits and superscripts, and int() refuses some of them and very long ones)."""
+    return key.isascii() and key.isdigit() and len(key) <= len(str(vocab_size)) and int(key) < vocab_size
 
 
 def stop_list(stop: str | list[str] | None) -> list[str]:
@@ -306,7 +312,7 @@ def validation_error(exc: RequestValidationError) -> APIError:
             status=400, message="the request body must be a JSON object, sent with Content-Type: application/json"
         )
     param = loc[0]
-    if param == "prompt" and first.get("type") != "missing":
+    if param == "prompt" and len(loc) > 1:  # the completions prompt's union (/tokenize's is a string)
         return APIError(
             status=400,
             message="prompt must be a string, a list of strings, a list of token ids, or a list of lists of token ids",

@@ -77,6 +77,17 @@ def test_ids_and_text_equal_autotokenizers(family: tuple[str, Path]) -> None:
     assert auto.decode(ours.encode(f"a {eos} b")) == f"a {eos} b"
 
 
+def test_an_unpaired_surrogate_is_refused_in_one_line(family: tuple[str, Path]) -> None:
+    """A lone surrogate (JSON's \\ud800) is no text: every encoder refuses it with a UserError, where the tokenizers
+    library raises a TypeError."""
+    _, directory = family
+    ours = load_hf_tokenizer(directory)
+    for encode in (ours.encode, ours.encode_with_added, ours.encode_without_added):
+        for text in ("\ud800", "ok \udfff then"):
+            with pytest.raises(UserError, match="unpaired surrogate"):
+                encode(text)
+
+
 def test_streaming_decode_joins_split_characters(family: tuple[str, Path]) -> None:
     name, directory = family
     ours = load_hf_tokenizer(directory)

@@ -158,6 +158,9 @@ def test_a_temperature_given_as_a_tensor_samples_as_the_number_does():
         ((0.0, 40, 0.9), Sampling(0.0, None, None)),  # greedy reads neither
         ((0, None, None), Sampling(0.0, None, None)),
         ((0.8, 40, 1.0), Sampling(0.8, 40, None)),  # a top-p of 1 keeps every token
+        ((1e-310, 40, 1e-300), Sampling(0.0, None, None)),  # so small a temperature is greedy
+        ((0.8, 60, None), Sampling(0.8, None, None)),  # a top-k of the whole vocabulary (60) keeps every token
+        ((0.8, 2**70, None), Sampling(0.8, None, None)),
         ((0.8, None, 0.95), Sampling(0.8, None, 0.95)),
         ((1.0, 5, None), Sampling(1.0, 5, None)),
     ],
@@ -165,7 +168,7 @@ def test_a_temperature_given_as_a_tensor_samples_as_the_number_does():
 def test_sampling_settings_that_choose_alike_are_equal(settings, normal):
     """Sampling.of gives settings that choose alike one form: the engine groups rows by it, and a backend samples
     inside its step only when every row's is the same."""
-    assert Sampling.of(*settings) == normal
+    assert Sampling.of(*settings, vocab_size=60) == normal
     logits = torch.randn(3, 60, generator=torch.Generator().manual_seed(1))
     uniform = torch.rand((3, 1), generator=torch.Generator().manual_seed(2))
     raw = sample_next_token(logits, *settings, uniform=uniform)
@@ -191,3 +194,24 @@ def test_largest_k_in_a_compiled_graph_is_torch_topk():
     assert torch.equal(values, torch.topk(tied, 200, dim=-1).values)
     assert torch.equal(tied.gather(1, columns), values) and all(len(set(row)) == 200 for row in columns.tolist())
     assert TOP_K_BLOCK * 4 * 200 <= 50257  # the first case above took the block search
+
+
+@pytest.mark.parametrize("temperature", [1e-310, 1e-40, 1e-6])
+def test_a_temperature_too_small_for_float32_is_greedy(temperature):
+    """logits / 1e-40 overflow float32 (and 1e-310 is 0 in it): every row still gets its largest logit's token."""
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(3)) * 30
+    uniform = torch.rand((4, 1), generator=torch.Generator().manual_seed(4))
+    expected = [int(row.argmax()) for row in logits]
+    assert sample_next_token(logits, temperature, uniform=uniform).tolist() == expected
+    assert sample_next_token(logits, temperature, top_k=5, top_p=0.5, uniform=uniform).tolist() == expected
+
+
+@pytest.mark.parametrize("top_p", [1e-300, 1e-46, 1e-9])
+def test_a_top_p_below_the_largest_probability_keeps_the_most_likely_token_alone(top_p):
+    """A nucleus always holds the most likely token, even for a top_p that float32 rounds to 0."""
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(5)) * 3
+    expected = [int(row.argmax()) for row in logits]
+    for seed in range(5):
+        uniform = torch.rand((4, 1), generator=torch.Generator().manual_seed(seed))
+        assert sample_next_token(logits, 1.0, top_p=top_p, uniform=uniform).tolist() == expected
+        assert sample_next_token(logits, 1.0, top_k=7, top_p=top_p, uniform=uniform).tolist() == expected

@@ -263,3 +263,54 @@ def test_an_error_is_built_from_named_fields_into_openais_error_body():
         APIError(404, "no such model", "model")
     with pytest.raises(TypeError):
         error_response(400, "bad", "invalid_request_error")
+
+
+def test_sampling_values_at_the_edges_of_float32_are_answered_and_spare_the_requests_beside_them(char_tokenizer):
+    """A temperature or top_p that float32 rounds to 0, and a top_k past int64, are answered 200 (greedy, the most
+    likely token, every token) while requests decoding beside them get their own text."""
+    model = lively_model(char_tokenizer.vocab_size, block_size=32)
+    greedy = {"model": "m", "prompt": "All:", "max_tokens": 12, "temperature": 0}
+    seeded = {**greedy, "temperature": 1.0, "seed": 7}
+    edges = [
+        ({**greedy, "temperature": 1e-310}, greedy),
+        ({**greedy, "temperature": 1e-40, "top_p": 0.9, "top_k": 3, "logprobs": 2}, greedy),
+        ({**seeded, "top_p": 1e-300}, greedy),  # the nucleus is the most likely token alone
+        ({**seeded, "top_k": 2**70}, seeded),
+    ]
+    with running_app(model, char_tokenizer, slots=8) as base, ThreadPoolExecutor(8) as pool:
+        url = f"{base}/v1/completions"
+        alone = {json.dumps(body): HTTP.post(url, json=body, timeout=30).json() for body in (greedy, seeded)}
+        long_ones = [pool.submit(HTTP.post, url, json={**greedy, "max_tokens": 30}, timeout=30) for _ in range(3)]
+        answers = list(pool.map(lambda pair: HTTP.post(url, json=pair[0], timeout=30), edges))
+        beside = [future.result() for future in long_ones]
+    for answer, (_, same_as) in zip(answers, edges):
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["text"] == alone[json.dumps(same_as)]["choices"][0]["text"]
+    assert all(response.status_code == 200 for response in beside)
+    assert len({response.json()["choices"][0]["text"] for response in beside}) == 1
+
+
+def test_a_body_that_stops_arriving_is_answered_408(char_tokenizer, monkeypatch):
+    """A client that sends part of its body and then nothing gets a 408 with an OpenAI error body, not a held
+    connection; the server answers the next request."""
+    import socket
+
+    from gptkit.serve import app
+
+    monkeypatch.setattr(app, "BODY_SECONDS", 0.5)
+    model = lively_model(char_tokenizer.vocab_size, block_size=32)
+    with running_app(model, char_tokenizer) as base:
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n"
+            client.sendall(head.encode() + b'{"model": "m",')
+            answer = b""
+            while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+                answer += client.recv(4096)
+        status, _, body = answer.partition(b"\r\n\r\n")
+        assert status.split()[1] == b"408"
+        assert json.loads(body)["error"]["code"] == "timeout"
+        assert (
+            HTTP.post(f"{base}/v1/completions", json={"model": "m", "prompt": "All:", "max_tokens": 2}).status_code
+            == 200
+        )

@@ -171,6 +171,9 @@ def test_a_request_alone_equals_itself_in_a_busy_batch(chat_server):
         ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 2.5}, "presence_penalty"),
         ({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"-1": 5}}, "logit_bias"),
+        ({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"\u00b2": 5}}, "logit_bias"),  # superscript 2
+        ({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"\u0661": 5}}, "logit_bias"),  # Arabic 1
+        ({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"9" * 5000: 5}}, "logit_bias"),
         ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, "tools"),
     ],
 )

@@ -191,3 +191,51 @@ def test_a_template_that_fails_serves_completions_and_says_why_chat_is_refused(t
         message = refused.json()["error"]["message"]
         assert message.startswith("the chat template is not valid Jinja (line 1") and str(tmp_path) not in message
     assert completion.status_code == 200 and len(completion.json()["choices"]) == 1
+
+
+@pytest.mark.parametrize("marker", ["<|start_header_id|>", "<|begin_of_text|>", "<|end_header_id|>"])
+def test_a_chat_reply_ends_at_a_special_token_of_the_template_and_never_shows_it(tmp_path, marker) -> None:
+    """A Llama 3 model that writes a header or begin marker in its reply has left its turn: the reply ends there
+    (not shown), as a completion ends at it, where only <|eot_id|> and the end of text are its template's stops."""
+    directory = write_llama3(tmp_path)
+    auto, ours = AutoTokenizer.from_pretrained(str(directory)), load_hf_tokenizer(directory)
+    token = auto.convert_tokens_to_ids(marker)
+    assert token in auto.all_special_ids or auto.added_tokens_decoder[token].special
+    body = {"model": "m", "messages": MESSAGES, "max_tokens": 8, "logit_bias": {str(token): 100}}
+    with running_app(lively_model(ours.vocab_size, block_size=96), ours) as base:
+        reply = HTTP.post(f"{base}/v1/chat/completions", json=body, timeout=60).json()
+        streamed = HTTP.post(f"{base}/v1/chat/completions", json={**body, "stream": True}, timeout=60)
+    choice = reply["choices"][0]
+    assert (choice["message"]["content"], choice["finish_reason"], reply["usage"]["completion_tokens"]) == (
+        "",
+        "stop",
+        1,
+    )
+    assert streamed_text(streamed, lambda chunk: chunk["delta"].get("content", "")) == ("", "stop")
+
+
+def test_an_unpaired_surrogate_is_a_400_naming_the_field(chatml: tuple[AutoTokenizer, HFTokenizer]) -> None:
+    """JSON can spell a lone surrogate (\\ud800), which is no text: the prompt or the messages holding one are refused
+    with a 400, and the server answers on."""
+    _, ours = chatml
+    lone = json.loads('"\\ud800x"')
+    requests = [
+        ("v1/completions", {"model": "m", "prompt": lone, "max_tokens": 2}, "prompt"),
+        ("v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": lone}]}, "messages"),
+        (
+            "v1/chat/completions",
+            {"model": "m", "messages": [{"role": "user", "content": lone}], "stream": True},
+            "messages",
+        ),
+        ("tokenize", {"prompt": lone}, "prompt"),
+        ("tokenize", {"messages": [{"role": "user", "content": lone}]}, "messages"),
+    ]
+    with running_app(lively_model(ours.vocab_size, block_size=96), ours) as base:
+        for path, body, param in requests:
+            sent = json.dumps(body).encode()  # json.dumps writes the surrogate as its escape
+            answer = HTTP.post(f"{base}/{path}", content=sent, headers={"Content-Type": "application/json"}, timeout=60)
+            assert answer.status_code == 400, (path, answer.text)
+            assert answer.json()["error"]["param"] == param and "surrogate" in answer.json()["error"]["message"]
+        assert (
+            HTTP.post(f"{base}/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 2}).status_code == 200
+        )

@@ -166,6 +166,7 @@ def test_best_of_answers_the_candidates_with_the_highest_mean_logprob(server):
 
 
 def test_tokenizer_endpoints_speak_vllms_format():
+    wrong_model = [("tokenize", {"prompt": "Hi"}), ("detokenize", {"tokens": [1]})]
     tokenizer = gpt2_chat_tokenizer()
     model = lively_model(tokenizer.vocab_size)
     with running_app(model, tokenizer) as base:
@@ -177,6 +178,9 @@ def test_tokenizer_endpoints_speak_vllms_format():
         chat = HTTP.post(f"{base}/tokenize", json={"messages": messages}).json()
         bad = HTTP.post(f"{base}/detokenize", json={"tokens": [tokenizer.vocab_size]})
         neither = HTTP.post(f"{base}/tokenize", json={})
+        no_messages = HTTP.post(f"{base}/tokenize", json={"messages": []})
+        not_text = HTTP.post(f"{base}/tokenize", json={"prompt": 5})
+        other_model = [HTTP.post(f"{base}/{path}", json={"model": "other", **body}) for path, body in wrong_model]
     assert info["eos_token"] == "<|endoftext|>" and info["model_max_length"] == 16
     assert "<|assistant|>" in info["chat_template"]
     hello, again = tokenizer.encode("Hello world"), tokenizer.encode("again")
@@ -185,6 +189,9 @@ def test_tokenizer_endpoints_speak_vllms_format():
     assert chat["tokens"] == tokenizer.chat.render_prompt(messages, tokenizer)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
     assert neither.status_code == 400 and neither.json()["error"]["param"] == "prompt"
+    assert no_messages.status_code == 400 and no_messages.json()["error"]["param"] == "messages"
+    assert not_text.status_code == 400 and "token ids" not in not_text.json()["error"]["message"]
+    assert [(r.status_code, r.json()["error"]["code"]) for r in other_model] == [(404, "model_not_found")] * 2
 
 
 def test_an_echoed_prompt_is_scored_whole_up_to_one_token_past_the_context(server, model, tokenizer):
