@@ -138,7 +138,7 @@ def run_generative(
     from gptkit.eval.generative import evaluate_generative
 
     reward = reward_named(cfg.reward)
-    prompts = load_prompts(cfg.prompts, tokenizer)[: cfg.limit]
+    prompts = load_prompts(cfg.prompts, tokenizer, context=model.config.block_size)[: cfg.limit]
     with autocast(device, dtype):
         result = evaluate_generative(
             model,

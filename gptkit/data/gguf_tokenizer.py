@@ -97,24 +97,53 @@ def open_gguf(path: str | os.PathLike) -> Any:
     except (ValueError, OSError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as exc:
         detail = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
         raise UserError(f"cannot read {path}: it is truncated, damaged or not a GGUF file ({detail})") from None
-    parts = metadata(reader, "split.count", 1)
+    parts = metadata(reader, "split.count", 1, kind=int)
     if parts > 1:
         raise UserError(
-            f"{path} is part {metadata(reader, 'split.no', 0) + 1} of a GGUF model split into {parts} files; we read "
+            f"{path} is part {metadata(reader, 'split.no', 0, kind=int) + 1} of a GGUF model split into {parts} files; we read "
             "one whole file: join them first (llama-gguf-split --merge FIRST_PART OUT.gguf)"
         )
     return reader
 
 
-def metadata(reader: Any, key: str, default: Any = None) -> Any:
-    """A metadata value as Python data (strings decoded, arrays as lists), or `default` when the file lacks it."""
+def metadata(
+    reader: Any,
+    key: str,
+    default: Any = None,
+    kind: type | None = None,
+    items: type | None = None,
+    per_layer: bool = False,
+) -> Any:
+    """A metadata value as Python data (strings decoded, arrays as lists), or `default` when the file lacks it.
+    kind: the type it must have (int, float: any number, str, bool, list with `items` the type of its items), else
+    UserError: a damaged file's value would fail far from here. per_layer: a list of `kind` is taken too (llama.cpp
+    may write a hyper-parameter once a layer)."""
     field = reader.fields.get(key)
     if field is None:
         return default
     try:
-        return field.contents()
+        value = field.contents()
     except UnicodeDecodeError:
         raise UserError(f"{reader.data.filename}: metadata {key} is not UTF-8 text; the file is damaged") from None
+    if per_layer and isinstance(value, list):
+        kind, items = list, kind
+    if kind is not None and not is_kind(value, kind, items):
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:40]}..."
+        wanted = f"a list of {KIND_NAMES[items]}s" if kind is list else f"a {KIND_NAMES[kind]}"
+        raise UserError(f"{reader.data.filename}: metadata {key} is {shown}, not {wanted}; the file is damaged")
+    return value
+
+
+KIND_NAMES = {int: "whole number", float: "number", str: "string", bool: "boolean"}
+
+
+def is_kind(value: Any, kind: type, items: type | None = None) -> bool:
+    """Whether a metadata value is of `kind` (see metadata); a bool is no integer or number here."""
+    if kind is list:
+        return isinstance(value, list) and all(is_kind(item, items) for item in value)
+    if isinstance(value, bool):
+        return kind is bool
+    return isinstance(value, (int, float) if kind is float else kind)
 
 
 # ------------------------------------------------------------------------------------------------ the tokenizer
@@ -130,27 +159,29 @@ def gguf_tokenizer_record(path: str | os.PathLike, reader: Any = None) -> dict[s
     """The HFTokenizer record of the file's tokenizer: the tokenizer.json built from its metadata, the named special
     tokens and the chat template (llama.cpp's end-of-turn and end-of-message ids also end a reply)."""
     reader = open_gguf(path) if reader is None else reader
-    model = metadata(reader, "tokenizer.ggml.model")
+    model = metadata(reader, "tokenizer.ggml.model", kind=str)
     if model not in ("gpt2", "llama"):
         refused = "it holds no tokenizer" if model is None else f"its tokenizer.ggml.model is {model!r}"
         raise UserError(
             f"{path}: {refused}; we read llama.cpp's byte-level BPE (gpt2: GPT-2, Llama 3, Qwen, SmolLM) and "
             "SentencePiece (llama: Llama 2, Mistral, TinyLlama) tokenizers"
         )
-    tokens = metadata(reader, "tokenizer.ggml.tokens") or []
-    types = metadata(reader, "tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
+    tokens = metadata(reader, "tokenizer.ggml.tokens", kind=list, items=str) or []
+    if not tokens:
+        raise UserError(f"{path}: tokenizer.ggml.tokens is missing or empty; the file is damaged (write it again)")
+    types = metadata(reader, "tokenizer.ggml.token_type", kind=list, items=int) or [NORMAL] * len(tokens)
     if len(types) != len(tokens):  # which tokens are control ones (a turn's end) would be guessed
         raise UserError(
             f"{path}: tokenizer.ggml.token_type holds {len(types)} types for {len(tokens)} tokens; the file is "
             "damaged (write it again)"
         )
-    ids = {role: metadata(reader, f"tokenizer.ggml.{key}_token_id") for role, key in SPECIAL_ROLES.items()}
+    ids = {role: metadata(reader, f"tokenizer.ggml.{key}_token_id", kind=int) for role, key in SPECIAL_ROLES.items()}
     ids = {role: i for role, i in ids.items() if isinstance(i, int) and 0 <= i < len(tokens)}
-    pre = metadata(reader, "tokenizer.ggml.pre", "gpt-2") if model == "gpt2" else None
+    pre = metadata(reader, "tokenizer.ggml.pre", "gpt-2", kind=str) if model == "gpt2" else None
     # llama.cpp opens a SentencePiece text, and a Llama 3 group's one, with bos unless the file says otherwise
     opens_with_bos = model == "llama" or pre in LLAMA3_NAMES
     adds = {
-        role: metadata(reader, f"tokenizer.ggml.add_{role}_token", opens_with_bos and role == "bos")
+        role: metadata(reader, f"tokenizer.ggml.add_{role}_token", opens_with_bos and role == "bos", kind=bool)
         for role in ("bos", "eos")
     }
     ends = {role: tokens[i] for role, i in ids.items() if adds.get(role)}
@@ -158,8 +189,8 @@ def gguf_tokenizer_record(path: str | os.PathLike, reader: Any = None) -> dict[s
         text = tokenizer_json(tokens, types, byte_level_parts(pre, tokens, reader, path), ends)
     else:
         text = tokenizer_json(tokens, types, sentencepiece_parts(reader, tokens, types), ends)
-    template = metadata(reader, "tokenizer.chat_template")
-    stops = [metadata(reader, f"tokenizer.ggml.{key}_token_id") for key in ("eot", "eom")]
+    template = metadata(reader, "tokenizer.chat_template", kind=str)
+    stops = [metadata(reader, f"tokenizer.ggml.{key}_token_id", kind=int) for key in ("eot", "eom")]
     special = {f"{role}_token": tokens[i] for role, i in ids.items()}
     return make_record(Path(path).name, text, special, template, [i for i in stops if isinstance(i, int)])
 
@@ -176,7 +207,7 @@ def byte_level_parts(pre: str, tokens: list[str], reader: Any, path: str | os.Pa
         )
     pre_tokenizer, ignore_merges = PRE_TOKENIZERS[pre]
     vocab = first_ids(tokens)
-    merges = usable_merges(metadata(reader, "tokenizer.ggml.merges") or [], vocab)
+    merges = usable_merges(metadata(reader, "tokenizer.ggml.merges", kind=list, items=str) or [], vocab)
     model = {"unk_token": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": ignore_merges}
     return {
         "normalizer": None,
@@ -190,13 +221,18 @@ def sentencepiece_parts(reader: Any, tokens: list[str], types: list[int]) -> dic
     """tokenizer.json's parts for llama.cpp's SentencePiece tokenizer (as transformers writes Llama 2's): spaces
     written "▁" by the normalizer, one put before each text with add_space_prefix (llama.cpp's default), byte
     fallback to the <0xXX> tokens, and merges by score (see sentencepiece_merges)."""
-    space_prefix = metadata(reader, "tokenizer.ggml.add_space_prefix", True)
+    space_prefix = metadata(reader, "tokenizer.ggml.add_space_prefix", True, kind=bool)
     replace = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}
     prepend = [{"type": "Prepend", "prepend": SPACE}] if space_prefix else []
     strip = [{"type": "Strip", "content": " ", "start": 1, "stop": 0}] if space_prefix else []
     decoders = [{"type": "Replace", "pattern": {"String": SPACE}, "content": " "}, {"type": "ByteFallback"}]
     unknown = next((token for token, kind in zip(tokens, types) if kind == UNKNOWN), None)
-    scores = metadata(reader, "tokenizer.ggml.scores") or [0.0] * len(tokens)
+    scores = metadata(reader, "tokenizer.ggml.scores", kind=list, items=float) or [0.0] * len(tokens)
+    if len(scores) != len(tokens):
+        raise UserError(
+            f"{reader.data.filename}: tokenizer.ggml.scores holds {len(scores)} scores for {len(tokens)} tokens; the "
+            "file is damaged (write it again)"
+        )
     return {
         "normalizer": {"type": "Sequence", "normalizers": [*prepend, replace]},
         "pre_tokenizer": None,

@@ -32,6 +32,7 @@ import jinja2.nodes
 import jinja2.sandbox
 import numpy as np
 
+from gptkit.core.errors import UserError
 from gptkit.data.chat import ChatError, check_messages
 
 TEMPLATE_NAME = "jinja"
@@ -174,7 +175,10 @@ class JinjaChatTemplate:
             raise ChatError(f"the chat template is not valid Jinja (line {exc.lineno}: {exc.message})") from None
         special = control_tokens(source, added_tokens)
         probe = cls(source=source, variables=dict(variables), special_tokens=special, end_of_turn=-1, reply_stops=())
-        start, end, ids = probe.turn_span(list(PROBE), 1, probe.ids_of(list(PROBE), False, tokenizer), tokenizer)
+        try:
+            start, end, ids = probe.turn_span(list(PROBE), 1, probe.ids_of(list(PROBE), False, tokenizer), tokenizer)
+        except UserError as exc:  # the template's own text (its newlines) is beyond the vocabulary
+            raise ChatError(f"the chat template's own text cannot be tokenized: {exc}") from None
         controls = set(special.values())
         ends = [token_id for token_id in ids[start:end] if token_id in controls]
         if not ends:

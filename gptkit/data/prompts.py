@@ -27,8 +27,9 @@ class Prompt:
     where: str
 
 
-def load_prompts(path: str | Path, tokenizer: Any) -> list[Prompt]:
-    """Every record of a prompt file, rendered for `tokenizer`; UserError naming file:line for a bad record."""
+def load_prompts(path: str | Path, tokenizer: Any, context: int | None = None) -> list[Prompt]:
+    """Every record of a prompt file, rendered for `tokenizer`; UserError naming file:line for a bad record, or for a
+    prompt that leaves no room for a token in a model's `context`."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -43,6 +44,11 @@ def load_prompts(path: str | Path, tokenizer: Any) -> list[Prompt]:
                 prompts.append(Prompt(ids=render(record, tokenizer), sample=record, where=where))
             except (json.JSONDecodeError, ChatError, UserError) as exc:  # UserError: text the tokenizer cannot encode
                 raise UserError(f"{where}: {exc}") from None
+            if context is not None and len(prompts[-1].ids) >= context:
+                raise UserError(
+                    f"{where}: the prompt is {len(prompts[-1].ids)} tokens, and the model's context holds {context} "
+                    "with the completion; shorten it"
+                )
     if not prompts:
         raise UserError(f"{path} holds no prompt")
     return prompts

@@ -422,8 +422,12 @@ class Grpo(PostTraining):
         stops = tuple(tokenizer.chat.reply_stops) if getattr(tokenizer, "chat", None) else (meta["eot_token"],)
         settings = {"max_new_tokens": cfg.grpo_max_new_tokens, "stop_tokens": stops}
         self.plan = GrpoPlan(
-            prompts=load_prompts(cfg.grpo_prompts, tokenizer),
-            eval_prompts=load_prompts(cfg.grpo_eval_prompts, tokenizer) if cfg.grpo_eval_prompts else [],
+            prompts=load_prompts(cfg.grpo_prompts, tokenizer, context=model.config.block_size),
+            eval_prompts=(
+                load_prompts(cfg.grpo_eval_prompts, tokenizer, context=model.config.block_size)
+                if cfg.grpo_eval_prompts
+                else []
+            ),
             sample=functools.partial(self.sample_groups, model, temperature=cfg.grpo_temperature, **settings),
             sample_greedy=functools.partial(self.sample_groups, model, temperature=0.0, **settings),
             reward=reward_named(cfg.grpo_reward),

@@ -130,7 +130,7 @@ def check_layers_present(names: Iterable[str], n_layer: int, source: str, config
     what the source calls it) gives: a count beyond them would have a model of that many layers made before any
     weight is read."""
     layers = sorted({int(match.group(1)) for name in names if (match := _LAYER_INDEX.search(name))})
-    if layers != list(range(n_layer)):
+    if len(layers) != n_layer or layers != list(range(n_layer)):  # the length first: n_layer may be 2**62
         held = f"layers {layers[0]} to {layers[-1]} ({len(layers)})" if layers else "no layer"
         raise UserError(f"{source}: {n_layer} layers in its {config_name}, but its weights hold {held}; {remedy}")
 

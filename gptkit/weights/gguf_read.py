@@ -160,6 +160,7 @@ def read_gguf(
         raise UserError(f"{path}: not a usable {arch} model ({exc})") from None
     model = model_for_weights(config, tensors.file.tensors, str(path), f"{arch}.block_count", DAMAGED)
     check_matrices_present(tensors, arch, config, path)
+    check_matrix_shapes(model, tensors, arch)
     kept = keep_in_file(model, tensors, arch, products_only=not keep_int4) if keep_int4 or products_in_file else set()
     named = HFTensors(tensors.without(kept), arch, config, path)
     model.load_state_dict(state_from_hf(named, architecture, model, Path(path)), assign=True)
@@ -180,7 +181,7 @@ def check_matrices_present(tensors: FileTensors, arch: str, config: GPTConfig, p
 
 def architecture_of(reader: Any, path: str | os.PathLike) -> str:
     """general.architecture, when it is one we read."""
-    arch = metadata(reader, "general.architecture")
+    arch = metadata(reader, "general.architecture", kind=str)
     if arch not in ARCHITECTURES:
         raise UserError(f"{path}: its architecture is {arch!r}; we read GGUF files of {', '.join(ARCHITECTURES)}")
     return arch
@@ -610,11 +611,31 @@ def keep_in_file(model: GPT, tensors: FileTensors, arch: str, products_only: boo
     return kept
 
 
+def check_matrix_shapes(model: GPT, tensors: FileTensors, arch: str) -> None:
+    """check_matrix_shape for every matrix of `model` (made without weights; the head too, the token embedding's
+    rows when tied), before any is read: in float32 (llama.cpp's row order undone, fused products joined) or left in
+    the file."""
+    config = model.config
+    sources = {**matrix_sources(config, arch), "lm_head": ("token_embd",) if config.tie_embeddings else ("output",)}
+    for module, names in sources.items():
+        old = model.get_submodule(module)
+        embedding = module == "transformer.wte"
+        shape = (old.num_embeddings, old.embedding_dim) if embedding else (old.out_features, old.in_features)
+        check_matrix_shape(matrix_of(tensors, arch, config, names), shape)
+
+
 def check_matrix_shape(matrix: StoredMatrix, shape: tuple[int, ...]) -> None:
-    """UserError when a matrix left in the file is not of the shape of the module the metadata's model has for it (a
-    damaged file's widths): such a module reads its rows as it runs, so no state dict check would see them."""
+    """UserError when a matrix of the file is not two-dimensional or not of the shape of the module the metadata's
+    model has for it (a damaged file's widths): a module left in the file reads its rows as it runs, so no state dict
+    check would see them."""
+    for name, _ in matrix.parts:
+        stored = matrix.file.tensors[name].shape
+        if len(stored) != 2:
+            raise UserError(
+                f"{matrix.file.path}: weight {name} has {len(stored)} dimensions {stored}, not 2; {DAMAGED}"
+            )
+    names = " + ".join(name for name, _ in matrix.parts)
     if (matrix.rows, matrix.columns) != shape:
-        names = " + ".join(name for name, _ in matrix.parts)
         raise UserError(
             f"{matrix.file.path}: the weights {names} are ({matrix.rows}, {matrix.columns}) where the model its "
             f"metadata describes has {shape}; {DAMAGED}"
@@ -747,10 +768,12 @@ def hf_config(reader: Any, arch: str, tensors: FileTensors, path: str | os.PathL
     """The config.json of the file's model, from its metadata and which tensors it holds (vocabulary rows, biases,
     a head of its own)."""
 
-    def value(key: str, default: Any = ...) -> Any:
-        found = uniform(metadata(reader, f"{arch}.{key}"), f"{arch}.{key}", path)
+    def value(key: str, default: Any = ..., kind: type = int) -> Any:
+        found = uniform(metadata(reader, f"{arch}.{key}", kind=kind, per_layer=True), f"{arch}.{key}", path)
         if found is None and default is ...:
             raise UserError(f"{path}: the metadata lack {arch}.{key}; the file is incomplete")
+        if kind is int and found is not None and key != "context_length":
+            check_count(f"{arch}.{key}", found, tensors, path)
         return default if found is None else found
 
     if "token_embd.weight" not in tensors:
@@ -767,7 +790,7 @@ def hf_config(reader: Any, arch: str, tensors: FileTensors, path: str | os.PathL
             "n_embd": value("embedding_length"),
             "n_layer": value("block_count"),
             "n_head": value("attention.head_count"),
-            "layer_norm_epsilon": value("attention.layer_norm_epsilon", 1e-5),
+            "layer_norm_epsilon": value("attention.layer_norm_epsilon", 1e-5, float),
             "activation_function": "gelu_new",  # llama.cpp's GPT-2 computes the tanh GELU
         }
     heads, width = value("attention.head_count"), value("embedding_length")
@@ -777,7 +800,7 @@ def hf_config(reader: Any, arch: str, tensors: FileTensors, path: str | os.PathL
             f"{path}: rotary positions turn {value('rope.dimension_count')} of each head's {head_dim} dimensions; "
             "our model turns them all"
         )
-    base = value("rope.freq_base", 10000.0)
+    base = value("rope.freq_base", 10000.0, float)
     return {
         **common,
         "max_position_embeddings": value("context_length"),
@@ -787,10 +810,20 @@ def hf_config(reader: Any, arch: str, tensors: FileTensors, path: str | os.PathL
         "hidden_size": width,
         "head_dim": head_dim,
         "intermediate_size": value("feed_forward_length"),
-        "rms_norm_eps": value("attention.layer_norm_rms_epsilon", 1e-6),
+        "rms_norm_eps": value("attention.layer_norm_rms_epsilon", 1e-6, float),
         "rope_parameters": {"rope_theta": base, **rope_scaling(reader, arch, tensors, base, head_dim, path)},
         **biases(arch, tensors),
     }
+
+
+def check_count(key: str, count: int, tensors: FileTensors, path: str | os.PathLike) -> None:
+    """UserError unless a width or count of the metadata is positive and within the file's largest dimension: a
+    damaged file's 2**62 heads would otherwise fail in making the model (the tensors' shapes are checked after)."""
+    largest = max(max(tensor.shape, default=1) for tensor in tensors.file.tensors.values())
+    if not 0 < count <= largest:
+        raise UserError(
+            f"{path}: {key} is {count}, beyond the file's tensors (their largest size: {largest}); {DAMAGED}"
+        )
 
 
 def biases(arch: str, tensors: FileTensors) -> dict[str, bool]:
@@ -813,7 +846,7 @@ def rope_scaling(
     reader: Any, arch: str, tensors: FileTensors, base: float, head_dim: int, path: str | os.PathLike
 ) -> dict[str, Any]:
     """rope_type and its parameters (config.json's keys): llama.cpp's rope.scaling keys, or rope_freqs' factors."""
-    kind = metadata(reader, f"{arch}.rope.scaling.type", "none")
+    kind = metadata(reader, f"{arch}.rope.scaling.type", "none", kind=str)
     if "rope_freqs.weight" in tensors:
         if kind != "none":
             raise UserError(f"{path}: both rope_freqs and rope scaling {kind!r}; we read one of them")
@@ -821,7 +854,10 @@ def rope_scaling(
     if kind == "none":
         return {"rope_type": "default"}
     if kind == "linear":
-        return {"rope_type": "linear", "factor": metadata(reader, f"{arch}.rope.scaling.factor", 1.0)}
+        factor = metadata(reader, f"{arch}.rope.scaling.factor", 1.0, kind=float)
+        if not 0 < factor < math.inf:
+            raise UserError(f"{path}: {arch}.rope.scaling.factor is {factor}; a scaling factor is a positive number")
+        return {"rope_type": "linear", "factor": factor}
     return {"rope_type": kind}  # refused by hf.config_args, which names what it reads
 
 
@@ -833,6 +869,8 @@ def rope_freqs_scaling(factors: torch.Tensor, base: float, head_dim: int, path: 
     factors = factors.double().flatten()
     if factors.shape != frequency.shape:
         raise UserError(f"{path}: rope_freqs holds {len(factors)} factors for {len(frequency)} rotary frequencies")
+    if not bool(((factors > 0) & factors.isfinite()).all()):
+        raise UserError(f"{path}: rope_freqs holds factors that are not positive numbers; the file is damaged")
     factor = factors.max().item()
     if torch.allclose(factors, torch.ones_like(factors)):
         return {"rope_type": "default"}

@@ -52,3 +52,11 @@ def test_prompt_file_end_to_end(tmp_path: Path, capsys):
 
     code, _, stderr = run_main(eval_script.main, [*common, "--samples=2", "--pass_k=3", "--temperature=1"], capsys)
     assert_one_line_error(code, stderr, "--pass_k=3")
+
+    long = tmp_path / "long.jsonl"
+    long.write_text(
+        json.dumps({"prompt": "Speak", "answer": "x"}) + "\n" + json.dumps({"prompt": "Speak " * 20}) + "\n"
+    )
+    args = [*common[:2], f"--prompts={long}", *common[3:]]
+    code, _, stderr = run_main(eval_script.main, args, capsys)
+    assert_one_line_error(code, stderr, f"{long}:2: the prompt is", "the model's context holds 48", "shorten it")

@@ -675,6 +675,24 @@ def test_a_file_whose_chat_template_fails_samples_text_and_says_why_there_is_no_
     assert_one_line_error(code, err, "error: the chat template is not valid Jinja (line 1", "use --start")
 
 
+def test_a_file_whose_vocabulary_cannot_spell_its_template_samples_text_and_says_why_there_is_no_chat(
+    tmp_path, monkeypatch, qwen_tokenizer, capsys
+):
+    """A vocabulary without a newline's token, under a template that writes newlines: the template is what fails,
+    not the user's text."""
+    tokens, types = gguf.GGUFWriter.add_token_list, gguf.GGUFWriter.add_token_types
+    with monkeypatch.context() as patch:
+        patch.setattr(gguf.GGUFWriter, "add_token_list", lambda writer, value: tokens(writer, value[:200]))
+        patch.setattr(gguf.GGUFWriter, "add_token_types", lambda writer, value: types(writer, value[:200]))
+        path = export_file(tmp_path, tiny("qwen2"), qwen_tokenizer)
+    assert "\n" not in load_gguf_tokenizer(path).decode(list(range(200)))
+    args = [f"--init_from={path}", "--max_new_tokens=3", "--device=cpu"]
+    code, out, err = run_main(sample.main, [*args, "--start=hi"], capsys)
+    assert code == 0 and out.startswith("hi"), err
+    code, _, err = run_main(sample.main, [*args, "--chat"], capsys)
+    assert_one_line_error(code, err, "the chat template's own text cannot be tokenized", "'\\n'")
+
+
 # ------------------------------------------------------------------------------------------------ the hub
 
 
@@ -856,3 +874,106 @@ def test_a_tensor_type_not_read_is_one_line_and_export_writes_nothing(tmp_path, 
     )
     assert_one_line_error(code, err, "I32")
     assert not (tmp_path / "hf").exists()
+
+
+def export_error(init_from: Path, tmp_path: Path, capsys, *fragments: str) -> None:
+    """export.py --format=hf on the file: one line, and no export directory."""
+    out = tmp_path / "hf-export"
+    code, _, err = run_main(export.main, [f"--init_from={init_from}", "--format=hf", f"--export_dir={out}"], capsys)
+    assert_one_line_error(code, err, *fragments)
+    assert not out.exists()
+
+
+def damaged(tmp_path: Path, monkeypatch, qwen_tokenizer, name: str, outtype: str, **patches) -> Path:
+    """A tiny untied Llama exported with GGUFWriter's methods `patches` replaced (each: name -> new method)."""
+    with monkeypatch.context() as patch:
+        for method, replacement in patches.items():
+            patch.setattr(gguf.GGUFWriter, method, replacement)
+        return export_file(tmp_path / name, tiny("llama-untied"), qwen_tokenizer, outtype)
+
+
+def reshaped(name: str, shape: tuple[int, ...]):
+    """A GGUFWriter.add_tensor that writes tensor `name` (float32) in another shape of the same values."""
+    write = gguf.GGUFWriter.add_tensor
+
+    def add_tensor(writer, tensor_name, tensor, *args, **kwargs):
+        write(writer, tensor_name, tensor.reshape(shape) if tensor_name == name else tensor, *args, **kwargs)
+
+    return add_tensor
+
+
+@pytest.mark.parametrize("outtype", ["f32", "q8_0"])
+def test_a_head_of_other_rows_than_the_vocabulary_is_one_line_in_every_path(
+    tmp_path, monkeypatch, qwen_tokenizer, capsys, outtype
+):
+    """A head left in the file (Q8_0 products decode in their blocks) is checked as a float32 one is: a row too few
+    would be read past the tensor's end."""
+    write = gguf.GGUFWriter.add_tensor
+
+    def short_head(writer, name, tensor, *args, raw_shape=None, **kwargs):
+        if name == "output.weight" and raw_shape is None:
+            tensor = tensor[:-1]
+        elif name == "output.weight":  # Q8_0 blocks: raw bytes a row, and the shape in values
+            tensor, raw_shape = tensor[:-1], (raw_shape[0] - 1, *raw_shape[1:])
+        write(writer, name, tensor, *args, raw_shape=raw_shape, **kwargs)
+
+    path = damaged(tmp_path, monkeypatch, qwen_tokenizer, "head", outtype, add_tensor=short_head)
+    expected = ("output.weight are (639, 64)", "has (640, 64)")
+    for decode in ("--decode=eager", "--decode=auto"):
+        code, _, err = run_main(sample.main, [f"--init_from={path}", "--max_new_tokens=2", decode], capsys)
+        assert_one_line_error(code, err, *expected)
+    export_error(path, tmp_path, capsys, *expected)
+
+
+def test_a_product_of_three_dimensions_or_of_another_width_is_one_line_in_every_path(
+    tmp_path, monkeypatch, qwen_tokenizer, capsys
+):
+    """The same values in three dimensions, or a query of other rows: refused before llama.cpp's row order is undone
+    (float32) or a module reads them (left in the file)."""
+    cube = damaged(
+        tmp_path, monkeypatch, qwen_tokenizer, "cube", "f32", add_tensor=reshaped("blk.0.attn_q.weight", (2, 32, 64))
+    )
+    sample_error(cube, capsys, "weight blk.0.attn_q.weight has 3 dimensions (64, 32, 2), not 2")
+    export_error(cube, tmp_path, capsys, "3 dimensions")
+    wide = damaged(
+        tmp_path, monkeypatch, qwen_tokenizer, "wide", "f32", add_tensor=reshaped("blk.0.attn_q.weight", (32, 128))
+    )
+    sample_error(wide, capsys, "blk.0.attn_q.weight + blk.0.attn_k.weight + blk.0.attn_v.weight are (96, 128)")
+    export_error(wide, tmp_path, capsys, "are (96, 128)", "has (128, 64)")
+
+
+@pytest.mark.parametrize(
+    "method, value, fragments",
+    [
+        ("add_head_count", lambda writer, count: writer.add_float32("llama.attention.head_count", 4.0), ("head_count is 4.0, not a whole number",)),
+        ("add_block_count", lambda writer, count: writer.add_uint64("llama.block_count", 2**40), ("llama.block_count is 1099511627776, beyond",)),
+        ("add_embedding_length", lambda writer, width: writer.add_uint64("llama.embedding_length", 2**62), ("embedding_length is 4611686018427387904, beyond",)),
+        ("add_feed_forward_length", lambda writer, width: writer.add_uint64("llama.feed_forward_length", 2**62), ("feed_forward_length is", "beyond")),
+        ("add_rope_freq_base", lambda writer, base: writer.add_string("llama.rope.freq_base", "1e4"), ("rope.freq_base is '1e4', not a number",)),
+        ("add_chat_template", lambda writer, template: writer.add_uint32("tokenizer.chat_template", 5), ("tokenizer.chat_template is 5, not a string",)),
+        ("add_token_merges", lambda writer, merges: writer.add_array("tokenizer.ggml.merges", [1, 2]), ("tokenizer.ggml.merges is [1, 2], not a list of strings",)),
+        ("add_tokenizer_pre", lambda writer, pre: writer.add_array("tokenizer.ggml.pre", [pre]), ("tokenizer.ggml.pre is", "not a string")),
+    ],
+)  # fmt: skip
+def test_metadata_of_the_wrong_type_or_beyond_the_tensors_is_one_line_in_every_path(
+    tmp_path, monkeypatch, qwen_tokenizer, capsys, method, value, fragments
+):
+    path = damaged(tmp_path, monkeypatch, qwen_tokenizer, "model", "f32", **{method: value})
+    sample_error(path, capsys, *fragments)
+    export_error(path, tmp_path, capsys, *fragments)
+
+
+@pytest.mark.parametrize("factor", [0.0, -2.0, float("nan")])
+def test_a_rope_scaling_factor_that_is_no_positive_number_is_one_line(
+    tmp_path, monkeypatch, qwen_tokenizer, capsys, factor
+):
+    write = gguf.GGUFWriter.add_rope_freq_base
+
+    def with_scaling(writer, base):
+        write(writer, base)
+        writer.add_string("llama.rope.scaling.type", "linear")
+        writer.add_float32("llama.rope.scaling.factor", factor)
+
+    path = damaged(tmp_path, monkeypatch, qwen_tokenizer, "model", "f32", add_rope_freq_base=with_scaling)
+    sample_error(path, capsys, f"rope.scaling.factor is {factor}; a scaling factor is a positive number")
+    export_error(path, tmp_path, capsys, "rope.scaling.factor")
