@@ -261,6 +261,9 @@ def set_up(
     data = objective.open_data()
     torch.manual_seed(cfg.seed)  # the same initialisation in every process: FSDP shards are cut from it
     model, resumed, lora = models.create_model(cfg, data.meta)
+    note = models.unused_shape_note(cfg, model.config)
+    if note and procs.master:
+        print(note, flush=True)
     reference = models.frozen_reference(cfg, data.meta, model, resumed, device) if objective.needs_reference else None
     objective.start(model=model, reference=reference, resumed=resumed, device=device, procs=procs, precision=precision)
     held.callback(objective.close)
@@ -455,6 +458,11 @@ def evaluate_and_save(run: Run, state: LoopState, at_end: bool, stop: StopReques
 def train(run: Run, state: LoopState, stop: StopRequest) -> int:
     """The loop: evaluate and save on schedule, then one optimizer step, until max_iters or a signal."""
     cfg, procs = run.cfg, run.procs
+    # Until this run's first step there is nothing to save, and timing a pass, a first evaluation or step may take
+    # minutes (or compile).
+    stop.at_once = not procs.distributed
+    if stop.signum and not procs.distributed:  # asked during set-up
+        return stop_and_save(run, state, stop, stop.signum)
     run.wrapped.train()
     # A compiled model's first step compiles, so its second tells the speed (GRPO has no batch to time before it).
     if not run.compiled and "val" in run.objective.eval_sets:
@@ -462,8 +470,6 @@ def train(run: Run, state: LoopState, stop: StopRequest) -> int:
         say_forecast(run, state, forward_s * forecast.BACKWARD_FACTOR * run.accumulation, "estimated")
     timed_step = state.start_iter + (1 if run.compiled else 0)
     state.watch.restart(state.iter_num)  # speed is measured over training time only
-    # Until this run's first step there is nothing to save, and a first evaluation or step may compile for minutes.
-    stop.at_once = not procs.distributed
     while True:
         at_end = state.iter_num >= cfg.max_iters
         resumed_here = state.iter_num == state.start_iter and cfg.init_from == "resume"  # evaluated before saving

@@ -29,6 +29,7 @@ import train
 from gptkit.core.errors import UserError
 from gptkit.core.settings import parse_settings
 from gptkit.model import GPT, GPTConfig
+from gptkit.train import loop
 from gptkit.weights import checkpoint as ckpt
 from gptkit.weights.hf import write_hf
 from helpers import (
@@ -393,6 +394,27 @@ def signal_on_call(monkeypatch: pytest.MonkeyPatch, name: str, signum: int, call
     monkeypatch.setattr(train, name, signalling)
 
 
+def test_ctrl_c_while_the_first_pass_is_timed_stops_at_once(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pass timed for the forecast comes before any step (on a large model, minutes): a signal then stops the run
+    at once, as during the first evaluation, and says nothing was trained."""
+    out_dir = tmp_path / "out"
+    timed = loop.forward_seconds
+
+    def interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return timed(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "forward_seconds", interrupted)
+    result = run_in_process(train.main, tiny_train_args(data_dir, out_dir), capsys)
+    assert result.returncode == 130, result.stderr
+    lines = result.stdout.splitlines()
+    assert "SIGINT received: stopping now (nothing trained yet to save)" in lines
+    assert lines[-1] == "stopped by SIGINT after 0 steps, before this run trained one: nothing saved"
+    assert not (out_dir / "ckpt.pt").exists()
+
+
 @needs_default_sigterm
 def test_sigterm_during_a_long_evaluation_stops_at_once_with_exit_code_143(
     data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
@@ -487,6 +509,28 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(reference: tuple, dat
         train.main([*args, "--init_from=resume"])
     assert (out_dir / "ckpt.pt").read_bytes() == before
     assert sorted(p.name for p in out_dir.iterdir()) == ["ckpt.pt", "log.jsonl"]
+
+
+def test_shape_settings_a_started_model_does_not_take_are_named(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Resuming or fine-tuning keeps the model's own shape: settings that describe another one are named in a note
+    (the same ones, as the run's own config file gives them, are not)."""
+    out_dir = tmp_path / "out"
+    assert run_in_process(train.main, tiny_train_args(data_dir, out_dir), capsys).returncode == 0
+    again = [*tiny_train_args(data_dir, out_dir, max_iters=6), "--init_from=resume"]
+    resumed = run_in_process(train.main, again, capsys)
+    assert resumed.returncode == 0 and "note:" not in resumed.stdout
+    wider = run_in_process(train.main, [*again[:-1], "--max_iters=8", "--n_layer=3", "--n_embd=32", again[-1]], capsys)
+    note = "note: the model's shape comes from init_from=resume; not used: n_layer=3 (the model's: 1), n_embd=32 (the model's: 16)"
+    assert wider.returncode == 0 and note in wider.stdout.splitlines()
+    tuned = tiny_train_args(data_dir, tmp_path / "tuned", n_layer=2)
+    fine_tuned = run_in_process(train.main, [*tuned, f"--init_from={out_dir}"], capsys)
+    assert fine_tuned.returncode == 0
+    assert (
+        f"note: the model's shape comes from init_from={out_dir}; not used: n_layer=2 (the model's: 1)"
+        in fine_tuned.stdout
+    )
 
 
 @pytest.mark.heavy  # the reference run

@@ -51,6 +51,25 @@ def create_model(cfg: Any, meta: dict) -> tuple[GPT, dict | None, dict | None]:
     return model, resumed, add_adapters(cfg, model, base_rows) if cfg.lora_rank else None
 
 
+def unused_shape_note(cfg: Any, config: GPTConfig) -> str | None:
+    """A note naming the model settings changed from their defaults (in a config file or a flag) that a model read
+    from init_from does not take: its shape is its own (dropout and a shorter block_size apply; None: nothing to
+    say). Why: a resumed or fine-tuned run would otherwise train another model than the flags describe, silently."""
+    if cfg.init_from == "scratch":
+        return None
+    own = {"dropout", "block_size", "vocab_size"}
+    fields = {f.name: f for f in dataclasses.fields(cfg)}
+    unused = [
+        f"{name}={getattr(cfg, name)!r} (the model's: {getattr(config, name)!r})"
+        for name in (f.name for f in dataclasses.fields(GPTConfig))
+        if name in fields and name not in own
+        if getattr(cfg, name) != fields[name].default and getattr(cfg, name) != getattr(config, name)
+    ]
+    if not unused:
+        return None
+    return f"note: the model's shape comes from init_from={cfg.init_from}; not used: {', '.join(unused)}"
+
+
 def resumed_checkpoint(cfg: Any, meta: dict) -> dict:
     """out_dir/ckpt.pt, checked: everything a resume needs, and the data's tokenizer."""
     path = Path(cfg.out_dir) / ckpt.LATEST_NAME

@@ -154,7 +154,7 @@ def test_failure_mid_write_leaves_the_directory_as_it_was(tmp_path: Path, monkey
 
     monkeypatch.setattr(writer.TokenFileWriter, "write", disk_full_on_third_write)
     with pytest.raises(OSError, match="No space"):
-        run_corpus([SHAKESPEARE], out, chunk_bytes=20000, shard_tokens=1000)
+        run_corpus([SHAKESPEARE], out, chunk_bytes=20000, shard_tokens=1000, overwrite=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # old dataset intact, no *.tmp left
     with pytest.raises(OSError, match="No space"):
         calls.clear()
@@ -167,7 +167,9 @@ def test_rerun_replaces_outputs_and_removes_stale_files(tmp_path: Path) -> None:
     run_corpus([SHAKESPEARE], out, chunk_bytes=20000, shard_tokens=5000)
     (out / "train.bin.tmp").write_bytes(b"left by a killed run")
     (out / ".meta.json.abc.tmp").write_text("{")
-    meta = run_corpus([SHAKESPEARE], out, chunk_bytes=20000)
+    with pytest.raises(UserError, match=r"already holds prepared data \(meta.json\); pass --overwrite=True"):
+        run_corpus([SHAKESPEARE], out, chunk_bytes=20000)
+    meta = run_corpus([SHAKESPEARE], out, chunk_bytes=20000, overwrite=True)
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]
     assert read_meta(out, check_files=True) == meta
 

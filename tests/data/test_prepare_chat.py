@@ -310,7 +310,7 @@ def test_failure_midway_leaves_the_earlier_data(tmp_path: Path, capsys: Any) -> 
     assert code == 0, err
     before = {path.name: path.read_bytes() for path in out.iterdir()}
     second = write_jsonl(tmp_path / "second.jsonl", good + good + ['{"messages": 3}'])
-    code, _, err = prepare(capsys, f"--input={second}", f"--out_dir={out}", "--chunk_bytes=1024")
+    code, _, err = prepare(capsys, f"--input={second}", f"--out_dir={out}", "--chunk_bytes=1024", "--overwrite=True")
     assert_one_line_error(code, err, f"{second}:401: ")
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before
     fresh = tmp_path / "fresh"

@@ -259,14 +259,18 @@ def test_killed_run_leaves_nothing_that_looks_complete(run_corpus: Callable, tmp
         assert run_corpus(*args, "--tokenizer=char").returncode == 0
     script = CRASH_SCRIPT.format(corpus=str(REPO / "prepare_data" / "corpus.py"))
     crashed = subprocess.run(
-        [sys.executable, "-c", script, where, *args], capture_output=True, text=True, cwd=REPO, env=clean_env()
+        [sys.executable, "-c", script, where, *args, "--overwrite=True"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=clean_env(),
     )
     assert crashed.returncode == 137, crashed.stderr
     assert not (out / "meta.json").exists()
     if where == "write":
         assert not (out / "train.bin").exists() and not (out / "val.bin").exists()
         assert any(p.name.endswith(".tmp") for p in out.iterdir())
-    rerun = run_corpus(*args)
+    rerun = run_corpus(*args)  # token files without meta.json: a run cut short, replaced without --overwrite
     assert rerun.returncode == 0, rerun.stderr
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]
     assert read_meta(out, check_files=True)["tokenizer"]["kind"] == "tiktoken"
@@ -495,3 +499,25 @@ def test_a_real_tree_python_lib_test(run_corpus: Callable, tmp_path: Path) -> No
     assert skipped["binary"] > 0 or flags  # test_importlib holds zip, wheel and egg files
     assert meta["splits"]["train"]["tokens"] > 0 and meta["splits"]["val"]["tokens"] > 0
     assert "files left out (" in result.stdout or not (binary or pycache)
+
+
+def test_earlier_data_a_run_and_other_files_are_never_replaced_silently(run_corpus: Callable, tmp_path: Path) -> None:
+    out = tmp_path / "data"
+    args = [f"--input={SHAKESPEARE}", f"--out_dir={out}", "--num_workers=1", "--tokenizer=char"]
+    assert run_corpus(*args).returncode == 0
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    again = run_corpus(*args, "--val_fraction=0.2")
+    assert_script_error(again, f"--out_dir={out} already holds prepared data (meta.json); pass --overwrite=True")
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+    assert run_corpus(*args, "--val_fraction=0.2", "--overwrite=True").returncode == 0
+    assert read_meta(out)["splits"]["val"]["tokens"] > json.loads(before["meta.json"])["splits"]["val"]["tokens"]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "ckpt.pt").write_bytes(b"weights")
+    refused = run_corpus(f"--input={SHAKESPEARE}", f"--out_dir={run}", "--overwrite=True")
+    assert_script_error(refused, "is a training run's directory")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    refused = run_corpus(f"--input={SHAKESPEARE}", f"--out_dir={tmp_path / 'notes'}")
+    assert_script_error(refused, "holds other files than prepared data")
+    assert sorted(path.name for path in (tmp_path / "notes").iterdir()) == ["todo.txt"]

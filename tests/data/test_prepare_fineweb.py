@@ -97,7 +97,7 @@ def test_download_and_tokenise_into_shards(
         assert meta["splits"][split]["documents"] == expected[split].count(enc.eot_token)
     assert len(meta["splits"]["train"]["files"]) > 1
     # A second run finds both parquet files complete in the cache and downloads nothing.
-    again = fineweb_here(*args)
+    again = fineweb_here(*args, "--overwrite=True")
     assert again.returncode == 0, again.stderr
     assert len(requested) == 2
 

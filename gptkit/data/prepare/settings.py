@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gptkit.core.errors import UserError
@@ -69,6 +70,7 @@ class PrepareSettings:
     block_size: int = setting(256, "training context length: each split must hold at least block_size + 1 tokens")
     num_workers: int = setting(default_num_workers(), "tokenising processes (1 = in the main process)")
     chunk_bytes: int = setting(DEFAULT_CHUNK_BYTES, "bytes of text per tokenisation task")
+    overwrite: bool = setting(False, "replace the data already in out_dir (its meta.json and token files)")
 
     # Only input read as bytes can be invalid UTF-8, so only corpus.py declares --on_decode_error (as a field that
     # replaces this plain class attribute); parquet text arrives decoded and fineweb.py has no such flag.
@@ -88,3 +90,23 @@ class PrepareSettings:
             raise UserError(f"--chunk_bytes must be at least {MIN_CHUNK_BYTES}")
         if self.num_workers < 0:
             raise UserError("--num_workers must be 0 or more (0 or 1 = tokenise in the main process)")
+        check_out_dir(Path(self.out_dir), self.overwrite)
+
+
+def check_out_dir(out_dir: Path, overwrite: bool) -> None:
+    """UserError unless out_dir is new, empty, or holds prepared data that --overwrite=True may replace: data a user
+    prepared earlier is never replaced silently, and a training run's directory or one of other files never."""
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise UserError(f"--out_dir={out_dir} is a file, not a directory; choose another --out_dir")
+    names = {path.name for path in out_dir.iterdir() if path.suffix != ".tmp"}  # .tmp: an interrupted run's
+    if names & {"ckpt.pt", "log.jsonl"}:
+        raise UserError(f"--out_dir={out_dir} is a training run's directory; choose another --out_dir for the data")
+    if any(name != "meta.json" and not name.endswith(".bin") for name in names):
+        raise UserError(f"--out_dir={out_dir} holds other files than prepared data; choose a new or empty --out_dir")
+    if "meta.json" in names and not overwrite:  # token files alone: a run stopped before its end, replaced
+        raise UserError(
+            f"--out_dir={out_dir} already holds prepared data (meta.json); pass --overwrite=True to replace it, or "
+            "choose another --out_dir"
+        )
