@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,7 +45,8 @@ class EvaluateSettings(ModelSource, Decoding, Runtime):
     )
     harness_tasks: str = setting("", "comma-separated lm-evaluation-harness tasks (needs: pip install lm-eval)")
     harness_include: str = setting("", "a directory of extra lm-eval task YAML files (local task definitions)")
-    json_out: str = setting("", "write the results to this JSON file")
+    json_out: str = setting("", "write the results to this JSON file (a new one: see --overwrite)")
+    overwrite: bool = setting(False, "replace the --json_out file of an earlier evaluation")
     batch_size: int = setting(16, "items (harness: requests) per forward pass", rule="positive")
     # generative tasks with verifiable answers (gptkit.eval.generative)
     prompts: str = setting("", "a JSONL file of prompts ('prompt' and the fields the reward reads) to complete")
@@ -78,6 +80,11 @@ class EvaluateSettings(ModelSource, Decoding, Runtime):
                 )
         if self.harness_include and not self.harness_tasks:
             raise UserError("--harness_include needs --harness_tasks naming the tasks to run")
+        if self.json_out and Path(self.json_out).exists() and not self.overwrite:  # checked before the evaluation
+            raise UserError(
+                f"--json_out={self.json_out} exists (an earlier evaluation's); pass --overwrite=True to replace it, or "
+                "name another file"
+            )
 
 
 def run_own_tasks(
@@ -119,7 +126,7 @@ def run_harness_tasks(
         output = harness.simple_evaluate(
             lm, tasks, cfg.harness_include or None, cfg.limit, random_seed=cfg.seed, log_samples=False
         )
-    except (KeyError, ValueError) as exc:  # lm-eval's words for an unknown task or a task it cannot load
+    except (KeyError, ValueError, FileNotFoundError) as exc:  # an unknown task, or one it cannot load (its data)
         raise UserError(f"lm-eval could not run {', '.join(tasks)}: {str(exc).strip() or type(exc).__name__}") from None
     results = {}
     for task, metrics in (output or {}).get("results", {}).items():

@@ -688,9 +688,21 @@ COMMANDS = {
     "train": (TrainBench, bench_train),
     "quality": (QualityBench, bench_quality),
 }
+SUMMARIES = {
+    "sample": "tokens/s of each decoding path at each batch size",
+    "linear": "weight-streaming GB/s of a decoding step's products on the CPU",
+    "train": "training tokens/s and wall time of a recipe",
+    "quality": "wall time and final validation loss of whole training recipes",
+}
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("--help", "-h"):
+        print(f"usage: python benchmarks/bench.py {{{','.join(COMMANDS)}}} [--key=value ...]\n")
+        for name, summary in SUMMARIES.items():
+            print(f"  {name:8} {summary}")
+        print("\n`python benchmarks/bench.py NAME --help` lists a benchmark's settings.")
+        return 0
     if not argv or argv[0] not in COMMANDS:
         raise UserError(f"name a benchmark first: python bench.py {{{','.join(COMMANDS)}}} [--key=value ...]")
     settings_class, function = COMMANDS[argv[0]]

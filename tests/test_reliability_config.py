@@ -209,6 +209,7 @@ TRAIN_BAD_VALUES = [
     (["--compile=maybe"], "--compile must be of type boolean (True/False) or None, got 'maybe'"),
     (["--n_layer"], "--n_layer needs a value, e.g. --n_layer=VALUE"),
     (["stray"], "config file stray does not exist or is not a file"),
+    (["max_iters=5"], "config file max_iters=5 does not exist; a setting is given as --max_iters=5"),
     (["--init_from=gpt3"], "gpt3 is neither a directory, a hub name (owner/name) nor one of gpt2"),
 ]
 

@@ -28,6 +28,7 @@ EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143, as shells report a process ended by SIGTERM
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # 141, as shells report `yes | head`'s yes: the reader left, no bug
 
 
 class Terminated(BaseException):
@@ -125,7 +126,8 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
     """Run `main(argv)` and exit with its return code; turn the user's failures into one line on stderr.
 
     UserError exits 2; an OSError the user can fix (USER_OS_ERRNOS: disk full, permissions, a missing path)
-    exits 2 with its reason; Ctrl-C exits 130 and SIGTERM 143, each after the program's cleanup has run. Any
+    exits 2 with its reason; Ctrl-C exits 130 and SIGTERM 143, each after the program's cleanup has run; a reader
+    that went away (`| head`) 141, quietly. Any
     other exception is a bug: it propagates, so Python prints its full traceback and exits 1 (and `python -m pdb`
     can stop at it).
     """
@@ -141,7 +143,7 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
         # The reader went away (e.g. `| head`): stop quietly, as command-line tools do.
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(EXIT_INTERNAL_ERROR)
+        sys.exit(EXIT_BROKEN_PIPE)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)

@@ -150,6 +150,8 @@ def read_config_file(path: str | Path) -> dict[str, tuple[Any, int]]:
     A module docstring is allowed.
     """
     path = Path(path)
+    if not path.is_file() and "=" in path.name:  # a setting without its dashes
+        raise UserError(f"config file {path} does not exist; a setting is given as --{path.name}")
     if not path.is_file():
         raise UserError(f"config file {path} does not exist or is not a file; check the path")
     try:

@@ -80,6 +80,21 @@ def validate_meta(meta: Any, where: str = "meta.json") -> None:
                 raise UserError(f"{where}: split {split!r} of chat data needs '{key}', a list of file names")
 
 
+# The script that writes each built-in dataset's default directory (data/<name>).
+PREPARING = {
+    "shakespeare_char": "python prepare_data/shakespeare_char.py",
+    "shakespeare": "python prepare_data/shakespeare.py",
+    "fineweb_edu": "python prepare_data/fineweb.py",
+}
+
+
+def preparing(directory: Path) -> str:
+    """The command that prepares `directory`: its built-in dataset's script, else corpus.py."""
+    if directory.name in PREPARING:
+        return PREPARING[directory.name]
+    return f"python prepare_data/corpus.py --input=YOUR_FILES --out_dir={directory}"
+
+
 def read_meta(data_dir: str | os.PathLike, check_files: bool = False) -> dict:
     """Read and validate `data_dir`/meta.json; returns the dict.
 
@@ -90,10 +105,7 @@ def read_meta(data_dir: str | os.PathLike, check_files: bool = False) -> dict:
     path = directory / META_FILENAME
     if not path.is_file():
         hint = " (the directory does not exist)" if not directory.exists() else ""
-        raise UserError(
-            f"no {META_FILENAME} in {directory}{hint}: prepare the data first, "
-            "e.g. python prepare_data/shakespeare_char.py"
-        )
+        raise UserError(f"no {META_FILENAME} in {directory}{hint}: prepare the data first, e.g. {preparing(directory)}")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # RecursionError: absurdly deep nesting

@@ -260,8 +260,8 @@ def _get_tiktoken_encoding(name: str) -> Any:
         cache = os.environ.get("TIKTOKEN_CACHE_DIR", "(TIKTOKEN_CACHE_DIR not set)")
         raise UserError(
             f"cannot load tiktoken encoding {name!r} ({type(exc).__name__}): its BPE files are not in the cache "
-            f"{cache} and could not be downloaded; set TIKTOKEN_CACHE_DIR to a directory holding them "
-            "or pass --bpe_dir (gpt2 only)"
+            f"{cache} and could not be downloaded; set TIKTOKEN_CACHE_DIR to a directory holding them (the "
+            "preparation scripts also take --bpe_dir, gpt2 only)"
         ) from exc
 
 

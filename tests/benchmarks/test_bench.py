@@ -385,3 +385,8 @@ def test_a_request_without_a_benchmark_fails_in_one_line(tmp_path: Path):
     assert result.returncode == 2
     assert "name a benchmark first" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.json").exists()
+
+
+def test_help_names_every_benchmark(capsys) -> None:
+    code, out, _ = run_main(bench.main, ["--help"], capsys)
+    assert code == 0 and all(f"  {name} " in out for name in ("sample", "linear", "train", "quality"))

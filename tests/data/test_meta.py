@@ -10,6 +10,7 @@ import pytest
 
 from gptkit.core.errors import UserError
 from gptkit.data.meta import dtype_for_vocab, read_meta, write_meta
+from helpers import assert_one_line_message
 
 
 def make_meta(**changes: object) -> dict:
@@ -91,3 +92,19 @@ def test_dtype_for_vocab() -> None:
     assert dtype_for_vocab(65536) == "uint16"
     assert dtype_for_vocab(65537) == "uint32"
     assert dtype_for_vocab(100277) == "uint32"
+
+
+@pytest.mark.parametrize(
+    "name, command",
+    [
+        ("fineweb_edu", "python prepare_data/fineweb.py"),
+        ("shakespeare_char", "python prepare_data/shakespeare_char.py"),
+        ("mine", "python prepare_data/corpus.py --input=YOUR_FILES --out_dir="),
+    ],
+)
+def test_a_missing_data_directory_names_the_script_that_prepares_it(tmp_path: Path, name: str, command: str) -> None:
+    with pytest.raises(UserError) as error:
+        read_meta(tmp_path / "data" / name)
+    assert_one_line_message(
+        error.value, f"no meta.json in {tmp_path / 'data' / name} (the directory does not exist)", command
+    )

@@ -44,6 +44,10 @@ def test_prompt_file_end_to_end(tmp_path: Path, capsys):
     assert code == 0, stdout
     result = json.loads((tmp_path / "r.json").read_text())["generative"]
     assert result["pass@1"] == pytest.approx(3 / 5) and result["n"] == 5
+    code, _, stderr = run_main(eval_script.main, args, capsys)  # an earlier evaluation's file is never replaced
+    assert_one_line_error(code, stderr, f"--json_out={tmp_path / 'r.json'} exists", "--overwrite=True")
+    assert json.loads((tmp_path / "r.json").read_text())["generative"] == result
+    assert run_main(eval_script.main, [*args, "--overwrite=True"], capsys)[0] == 0
     assert "pass@1 0.6000" in stdout.splitlines()[-1]
 
     sampled = [*common, "--reward=regex:.", "--samples=4", "--pass_k=1,4", "--temperature=1.0"]

@@ -30,6 +30,7 @@ from gptkit.eval import hellaswag
 from gptkit.model import GPTConfig
 from gptkit.train import curves
 from helpers import (
+    assert_one_line_error,
     assert_one_line_message,
     assert_script_error,
     cli_args,
@@ -535,5 +536,12 @@ def test_evaluate_script_runs_harness_tasks(trained, harness_tasks, offline_data
     assert results["lm_eval/local_mc"]["acc_norm"] == pytest.approx(results["hellaswag"]["acc_norm"])
     assert results["lm_eval/local_mc"]["n"] == 50
     assert "lm_eval/local_mc acc" in out.strip().splitlines()[-1]
-    code, _, err = run_main(eval_script.main, [*args[:-1], "--harness_tasks=no_such_task"], capsys)
+    unknown = [*(arg for arg in args if not arg.startswith("--json_out")), "--harness_tasks=no_such_task"]
+    code, _, err = run_main(eval_script.main, unknown, capsys)
     assert code == 2 and err.count("\n") == 1 and "no_such_task" in err
+    lacking = harness_tasks.parent / "lacking_tasks"
+    lacking.mkdir()
+    (lacking / "lacking.yaml").write_text(HARNESS_TASK.format(name="lacking", data=lacking / "gone.jsonl"))
+    no_data = [*unknown[:-1], "--harness_tasks=lacking", f"--harness_include={lacking}"]
+    code, _, err = run_main(eval_script.main, no_data, capsys)
+    assert_one_line_error(code, err, "lm-eval could not run lacking")
