@@ -80,6 +80,10 @@ class EvaluateSettings(ModelSource, Decoding, Runtime):
                 )
         if self.harness_include and not self.harness_tasks:
             raise UserError("--harness_include needs --harness_tasks naming the tasks to run")
+        if self.json_out and Path(self.json_out).is_dir():
+            raise UserError(f"--json_out={self.json_out} is a directory; name a file")
+        if self.json_out and self.prompts and Path(self.json_out).resolve() == Path(self.prompts).resolve():
+            raise UserError(f"--json_out={self.json_out} is the --prompts file; name another file for the results")
         if self.json_out and Path(self.json_out).exists() and not self.overwrite:  # checked before the evaluation
             raise UserError(
                 f"--json_out={self.json_out} exists (an earlier evaluation's); pass --overwrite=True to replace it, or "

@@ -54,6 +54,7 @@ class GPTConfig:
     logit_softcap: float | None = None  # logits become c * tanh(logits / c) (nanochat: 15)
 
     def __post_init__(self) -> None:
+        self.check_types()
         choices = {
             "pos_encoding": ("learned", "sinusoidal", "rope"),
             "activation": ("gelu", "gelu_tanh", "relu2", "swiglu"),
@@ -85,14 +86,75 @@ class GPTConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.qk_norm_weight and not self.qk_norm:
             raise ValueError("qk_norm_weight needs qk_norm")
-        if self.rope_scaling is not None and self.rope_scaling.get("rope_type") not in ("llama3", "linear"):
-            raise ValueError(f"rope_scaling {self.rope_scaling!r}: rope_type must be llama3 or linear")
+        if self.rope_scaling is not None:
+            check_rope_scaling(self.rope_scaling)
         if self.logit_softcap is not None and self.logit_softcap <= 0:
             raise ValueError(f"logit_softcap must be positive (or None), got {self.logit_softcap}")
         if not (self.rope_base > 0 and math.isfinite(self.rope_base)):
             raise ValueError(f"rope_base must be a positive number, got {self.rope_base}")
         if not (self.norm_eps >= 0 and math.isfinite(self.norm_eps)):  # NaN fails both
             raise ValueError(f"norm_eps must be a non-negative number, got {self.norm_eps}")
+        if self.matrix_weights() > MAX_WEIGHTS:  # before torch's size arithmetic overflows on them
+            raise ValueError(f"these sizes make a model of {self.matrix_weights():.3g} weights, which no machine holds")
+
+    def matrix_weights(self) -> int:
+        """The weights of the model's matrices (embeddings, head, every layer's products), as Python integers."""
+        attention = self.n_embd * self.head_dim * (2 * self.n_head + 2 * self.n_kv_head)
+        layer = attention + (3 if self.activation == "swiglu" else 2) * self.n_embd * self.mlp_hidden
+        return (2 * self.vocab_size + self.block_size) * self.n_embd + self.n_layer * layer
+
+    def check_types(self) -> None:
+        """ValueError for a field of the wrong type (a damaged config: 2.0 layers, "false" for a switch), before any
+        arithmetic on it fails further on."""
+        for field in fields(self):
+            value, kinds = getattr(self, field.name), FIELD_KINDS[field.type]
+            if value is None and "None" in field.type:
+                continue
+            if isinstance(value, bool) != (bool in kinds) or not isinstance(value, kinds):
+                raise ValueError(f"{field.name} must be {KIND_WORDS[field.type]}, got {value!r}")
+
+
+MAX_WEIGHTS = 2**40  # a thousand billion: far past any model a GPTConfig describes, far below torch's overflow
+
+# The types a GPTConfig field's annotation allows (None apart), and how an error names them.
+FIELD_KINDS = {
+    "int": (int,),
+    "int | None": (int,),
+    "float": (int, float),
+    "float | None": (int, float),
+    "bool": (bool,),
+    "bool | None": (bool,),
+    "str": (str,),
+    "dict | None": (dict,),
+}
+KIND_WORDS = {
+    "int": "a whole number",
+    "int | None": "a whole number or None",
+    "float": "a number",
+    "float | None": "a number or None",
+    "bool": "true or false",
+    "bool | None": "true, false or None",
+    "str": "a string",
+    "dict | None": "a dict or None",
+}
+
+
+def check_rope_scaling(scaling: dict) -> None:
+    """ValueError unless rope_scaling is linear's or Llama 3's with positive finite numbers (the frequencies are
+    divided by the factor; Llama 3 blends between its two frequency factors, which must differ)."""
+    kind = scaling.get("rope_type")
+    keys = {"linear": ("factor",), "llama3": LLAMA3_KEYS}.get(kind)
+    if keys is None:
+        raise ValueError(f"rope_scaling {scaling!r}: rope_type must be llama3 or linear")
+    for key in keys:
+        value = scaling.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise ValueError(f"rope_scaling {scaling!r}: {key} must be a positive number")
+    if kind == "llama3" and scaling["high_freq_factor"] == scaling["low_freq_factor"]:
+        raise ValueError(f"rope_scaling {scaling!r}: high_freq_factor must differ from low_freq_factor")
+
+
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 def sinusoidal_table(length: int, dim: int) -> torch.Tensor:

@@ -145,8 +145,8 @@ class TrainSettings(ObjectiveSettings, Runtime):
         "step where the cosine reaches min_lr (None: max_iters; larger: the run ends part way)",
         rule="non_negative",
     )
-    min_lr: float = setting(
-        6e-5, "learning rate at the end of the decay (usually learning_rate/10)", rule="non_negative"
+    min_lr: float | None = setting(
+        None, "learning rate at the end of the decay (None: learning_rate / 10)", rule="non_negative"
     )
     ema_decay: float = setting(
         0.0,
@@ -185,7 +185,7 @@ class TrainSettings(ObjectiveSettings, Runtime):
         return loop.Schedule.fitted(
             max_iters=self.max_iters,
             learning_rate=self.learning_rate,
-            min_lr=self.min_lr,
+            min_lr=self.learning_rate / 10 if self.min_lr is None else self.min_lr,
             warmup_iters=self.warmup_iters,
             lr_decay_iters=self.lr_decay_iters,
             decay_lr=self.decay_lr,
@@ -197,6 +197,11 @@ class TrainSettings(ObjectiveSettings, Runtime):
         (models.model_config); these are the rest."""
         if not self.out_dir:
             raise UserError("out_dir must not be empty; give a directory for the checkpoints, e.g. --out_dir=out")
+        if self.decay_lr and self.min_lr is not None and self.min_lr > self.learning_rate:
+            raise UserError(
+                f"--min_lr ({self.min_lr}) is above --learning_rate ({self.learning_rate}): the rate would rise as it "
+                "decays; give a smaller --min_lr"
+            )
         objectives.build(self).check_settings()
         if self.lora_rank:
             self.lora_config()  # its own checks

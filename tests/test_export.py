@@ -188,6 +188,9 @@ def test_never_overwrites_unasked(tmp_path, chat_checkpoint, capsys):
     assert code == 0, err
     assert (destination / "config.json").read_text() != "mine" and (destination / "notes.txt").read_text() == "mine"
     assert [p.name for p in tmp_path.iterdir()] == ["taken"]  # no staging directory left beside it
+    below_a_file = cli_args(out_dir=chat_checkpoint, export_dir=destination / "notes.txt" / "export")
+    code, _, err = run_main(export.main, below_a_file, capsys)
+    assert_one_line_error(code, err, f"{destination / 'notes.txt'} is a file, not a directory")
 
 
 def test_mistakes_are_one_line_errors_and_leave_no_directory(tmp_path, capsys):

@@ -6,6 +6,7 @@ Generation and the CPU fast path are tested in tests/infer/test_engine.py, Huggi
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -188,6 +189,36 @@ def test_invalid_configs_are_value_errors():
         with pytest.raises(ValueError, match="norm_eps must be a non-negative number"):
             GPTConfig(norm_eps=eps)
     assert GPTConfig(norm_eps=0.0).norm_eps == 0.0
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"n_layer": 2.0}, "n_layer must be a whole number, got 2.0"),
+        ({"n_embd": True}, "n_embd must be a whole number, got True"),
+        ({"mlp_hidden": 128.5}, "mlp_hidden must be a whole number or None, got 128.5"),
+        ({"tie_embeddings": "false"}, "tie_embeddings must be true or false, got 'false'"),
+        ({"rope_base": "1e4"}, "rope_base must be a number, got '1e4'"),
+        ({"rope_scaling": "linear"}, "rope_scaling must be a dict or None"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": "2"}}, "factor must be a positive number"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 0.0}}, "factor must be a positive number"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": float("nan")}}, "factor must be a positive number"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": -2.0}}, "factor must be a positive number"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "rope_type must be llama3 or linear"),
+        ({"n_embd": 2**62, "n_head": 1}, "weights, which no machine holds"),
+        ({"vocab_size": 2**40}, "weights, which no machine holds"),
+        (
+            {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+                              "original_max_position_embeddings": 8192}},
+            "high_freq_factor must differ from low_freq_factor",
+        ),
+    ],
+)  # fmt: skip
+def test_config_values_of_the_wrong_type_or_no_positive_scaling_are_value_errors(changes, message):
+    """A damaged config's values (a float layer count, a string switch, a scaling factor of 0) are refused where the
+    model is described, not where arithmetic on them fails."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        GPTConfig(pos_encoding="rope", **changes)
 
 
 def test_fused_adamw_matches_the_plain_path():

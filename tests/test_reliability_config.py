@@ -210,6 +210,9 @@ TRAIN_BAD_VALUES = [
     (["--n_layer"], "--n_layer needs a value, e.g. --n_layer=VALUE"),
     (["stray"], "config file stray does not exist or is not a file"),
     (["max_iters=5"], "config file max_iters=5 does not exist; a setting is given as --max_iters=5"),
+    (["--seed=-1"], "seed must be in [0, 2**63), got -1"),
+    (["--seed=99999999999999999999999"], "seed must be in [0, 2**63), got 9999"),
+    (["--learning_rate=1e-4", "--min_lr=1"], "--min_lr (1.0) is above --learning_rate (0.0001)"),
     (["--init_from=gpt3"], "gpt3 is neither a directory, a hub name (owner/name) nor one of gpt2"),
 ]
 

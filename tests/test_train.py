@@ -531,6 +531,9 @@ def test_shape_settings_a_started_model_does_not_take_are_named(
         f"note: the model's shape comes from init_from={out_dir}; not used: n_layer=2 (the model's: 1)"
         in fine_tuned.stdout
     )
+    longer = tiny_train_args(data_dir, tmp_path / "longer", block_size=32)  # the model attends over 16 positions
+    longer_run = run_in_process(train.main, [*longer, f"--init_from={out_dir}"], capsys)
+    assert longer_run.returncode == 0 and "not used: block_size=32 (the model's: 16)" in longer_run.stdout
 
 
 @pytest.mark.heavy  # the reference run

@@ -112,6 +112,31 @@ def test_a_missing_or_changed_base_is_one_clear_line(base: Path, tmp_path: Path,
     assert_script_error(run_in_process(sample.main, sampling, capsys), "is missing")
 
 
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (lambda record: "x", "it is no dict"),
+        (lambda record: {**record, "base": "/a/path"}, "its base is not {source, sha256} text"),
+        (lambda record: {**record, "base": {"source": record["base"]["source"]}}, "its base is not"),
+        (lambda record: {**record, "base_weights": "int3"}, "its base_weights 'int3' are none of"),
+        (lambda record: {**record, "first_new_row": "x"}, "its first_new_row 'x' is no row"),
+    ],
+)
+def test_a_damaged_lora_record_is_one_line_in_sample_and_export(
+    base: Path, tmp_path: Path, capsys, damage, problem
+) -> None:
+    assert lora_run(base, base.parent / "text", tmp_path / "out", capsys).returncode == 0
+    checkpoint = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+    checkpoint["lora"] = damage(checkpoint["lora"])
+    torch.save(checkpoint, tmp_path / "out" / "ckpt.pt")
+    (tmp_path / "out" / "best.pt").unlink(missing_ok=True)
+    expected = ("its LoRA record is damaged", problem)
+    sampling = [f"--out_dir={tmp_path / 'out'}", "--max_new_tokens=5"]
+    assert_script_error(run_in_process(sample.main, sampling, capsys), *expected)
+    exporting = [f"--out_dir={tmp_path / 'out'}", "--format=peft", f"--export_dir={tmp_path / 'peft'}"]
+    assert_script_error(run_in_process(export.main, exporting, capsys), *expected)
+
+
 def test_lora_settings_that_cannot_work_are_refused(base: Path, tmp_path: Path, capsys) -> None:
     scratch = cli_args(**RUN, **LORA, data_dir=base.parent / "text", out_dir=tmp_path / "o")
     assert_script_error(run_in_process(train.main, scratch, capsys), "LoRA adapts a trained model")

@@ -32,7 +32,9 @@ class Runtime:
         "auto (CUDA: bfloat16 or float16; else float32) | float32 | bfloat16 | float16",
         choices=("auto", *DTYPES),
     )
-    seed: int = setting(1337, "random seed: the same seed and settings give the same weights, data order and tokens")
+    seed: int = setting(
+        1337, "random seed: the same seed and settings give the same weights, data order and tokens", rule="seed"
+    )
 
     def resolve(self) -> tuple[torch.device, torch.dtype]:
         device = resolve_device(self.device)

@@ -32,6 +32,7 @@ RULES: dict[str, tuple[Any, str]] = {
     "positive_number": (lambda v: v > 0 and math.isfinite(v), "must be a positive number"),
     "non_negative": (lambda v: v >= 0, "must be >= 0"),
     "fraction": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "seed": (lambda v: 0 <= v < 2**63, "must be in [0, 2**63)"),  # what torch's generators take
 }
 
 

@@ -44,6 +44,8 @@ def load_prompts(path: str | Path, tokenizer: Any, context: int | None = None) -
                 prompts.append(Prompt(ids=render(record, tokenizer), sample=record, where=where))
             except (json.JSONDecodeError, ChatError, UserError) as exc:  # UserError: text the tokenizer cannot encode
                 raise UserError(f"{where}: {exc}") from None
+            except RecursionError:
+                raise UserError(f"{where}: not valid JSON (nested too deeply)") from None
             if context is not None and len(prompts[-1].ids) >= context:
                 raise UserError(
                     f"{where}: the prompt is {len(prompts[-1].ids)} tokens, and the model's context holds {context} "

@@ -72,12 +72,20 @@ class Reward:
                 f"the reward function {self.name} raised {type(exc).__name__}: {exc} (sample {_brief(sample)}, "
                 f"completion {completion[:60]!r})"
             ) from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(finite_or_inf(value)):
             raise UserError(
                 f"the reward function {self.name} returned {value!r}, not a finite number (sample {_brief(sample)}, "
                 f"completion {completion[:60]!r})"
             )
         return float(value)
+
+
+def finite_or_inf(value: float) -> float:
+    """value as a float, an integer past float's range as infinity (float() would raise)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 def _brief(sample: dict) -> str:
@@ -104,6 +112,8 @@ def reward_named(name: str) -> Reward:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise UserError(f"reward {name!r}: cannot import {module_name!r} ({exc}); is it on PYTHONPATH?") from None
+    except Exception as exc:  # the module itself fails as it is imported
+        raise UserError(f"reward {name!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}") from None
     function = getattr(module, function_name, None)
     if not callable(function):
         raise UserError(f"reward {name!r}: {module_name} has no function {function_name!r}")

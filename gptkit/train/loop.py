@@ -128,6 +128,11 @@ def mean_loss(
             count += targets
     wrapped.train()
     total, count = reduce_numbers([total, count], device, procs)
+    if count == 0:  # chat data whose replies all start past the window: nothing would ever train
+        raise UserError(
+            "the evaluation batches hold no token to train on (chat data: no assistant reply starts within "
+            "--block_size tokens of its conversation); give a larger --block_size or shorter conversations"
+        )
     return total / count
 
 

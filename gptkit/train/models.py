@@ -53,17 +53,18 @@ def create_model(cfg: Any, meta: dict) -> tuple[GPT, dict | None, dict | None]:
 
 def unused_shape_note(cfg: Any, config: GPTConfig) -> str | None:
     """A note naming the model settings changed from their defaults (in a config file or a flag) that a model read
-    from init_from does not take: its shape is its own (dropout and a shorter block_size apply; None: nothing to
-    say). Why: a resumed or fine-tuned run would otherwise train another model than the flags describe, silently."""
+    from init_from does not take: its shape is its own, its context too (dropout and a shorter block_size apply;
+    None: nothing to say). Why: a resumed or fine-tuned run would otherwise train another model than the flags describe, silently."""
     if cfg.init_from == "scratch":
         return None
-    own = {"dropout", "block_size", "vocab_size"}
+    own = {"dropout", "vocab_size"}
     fields = {f.name: f for f in dataclasses.fields(cfg)}
     unused = [
         f"{name}={getattr(cfg, name)!r} (the model's: {getattr(config, name)!r})"
         for name in (f.name for f in dataclasses.fields(GPTConfig))
         if name in fields and name not in own
         if getattr(cfg, name) != fields[name].default and getattr(cfg, name) != getattr(config, name)
+        if name != "block_size" or getattr(cfg, name) > config.block_size  # a shorter one crops the model
     ]
     if not unused:
         return None

@@ -217,6 +217,9 @@ def new_directory(destination: str | os.PathLike, overwrite: bool) -> Iterator[P
         raise UserError(f"{destination} exists and is not a directory; choose another --export_dir")
     if destination.is_dir() and any(destination.iterdir()) and not overwrite:
         raise UserError(f"{destination} already holds files; choose a new --export_dir or pass --overwrite")
+    above = next((parent for parent in destination.parents if parent.exists()), None)
+    if above is not None and not above.is_dir():
+        raise UserError(f"{above} is a file, not a directory; choose another --export_dir")
     destination.parent.mkdir(parents=True, exist_ok=True)
     staging = destination.parent / f".{destination.name}.partial"
     shutil.rmtree(staging, ignore_errors=True)

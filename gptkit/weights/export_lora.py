@@ -13,7 +13,7 @@ from gptkit.weights.checkpoint import save_checkpoint
 from gptkit.weights.export_hf import export_hf
 from gptkit.weights.hf import GPT2_HUB_NAMES
 from gptkit.weights.lora import LoraConfig, write_peft_adapter
-from gptkit.weights.sources import lora_base, model_of_checkpoint
+from gptkit.weights.sources import checked_lora_record, lora_base, model_of_checkpoint
 
 
 def merge_to(checkpoint: dict[str, Any], where: str, directory: Path) -> None:
@@ -31,7 +31,7 @@ def peft_to(checkpoint: dict[str, Any], where: str, directory: Path, final: Path
     to. Added rows (a chat template's markers) are in DIR/base at their starting values, and their trained values
     in the adapter (the embedding's, and an untied head's). `final`: where `directory` will be moved (the adapter
     names its base there, by its absolute path)."""
-    record = checkpoint["lora"]
+    record = checked_lora_record(checkpoint["lora"], where)
     vocab_size = checkpoint["model_args"]["vocab_size"]
     base = record["base"]["source"]
     grown = record.get("first_new_row") is not None and record["first_new_row"] < vocab_size

@@ -250,7 +250,7 @@ def config_args(hf: dict[str, Any], architecture: str) -> dict[str, Any]:
         "qk_norm_weight": architecture == "Qwen3ForCausalLM",
         "embed_norm": nanochat,
         "logit_softcap": hf.get("final_logit_softcapping", 15.0) if nanochat else None,
-        "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
+        "tie_embeddings": hf.get("tie_word_embeddings") or False,  # null: not tied; "false": refused by GPTConfig
     }
 
 
@@ -394,7 +394,7 @@ def hf_tensor(tensors: Mapping[str, torch.Tensor], name: str) -> torch.Tensor | 
     return tensors.get("model.embed_tokens.weight") if found is None and name == "lm_head.weight" else found
 
 
-def gpt2_state(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def gpt2_state(tensors: Mapping[str, torch.Tensor], where: Path) -> dict[str, torch.Tensor]:
     """GPT-2's tensors under our names: `transformer.` prefixed, Conv1D weights transposed, mask buffers dropped."""
     state = {}
     for key, value in tensors.items():
@@ -402,6 +402,8 @@ def gpt2_state(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             continue  # old causal-mask buffers, not weights
         if not key.startswith(("transformer.", "lm_head.")):
             key = "transformer." + key
+        if key.endswith(CONV1D_WEIGHTS) and value.dim() != 2:  # transposed before its shape is checked
+            raise UserError(f"{where}: {key} has shape {tuple(value.shape)}, not a matrix")
         state[key] = value.t() if key.endswith(CONV1D_WEIGHTS) else value
     state.setdefault("lm_head.weight", state.get("transformer.wte.weight"))
     return state
@@ -413,7 +415,7 @@ def state_from_hf(tensors: Mapping[str, torch.Tensor], architecture: str, model:
     reader has put in place itself keeps its own); UserError for a missing or misshapen tensor."""
     expected = {key: value for key, value in model.state_dict(keep_vars=True).items() if value.is_meta}
     if architecture == "GPT2LMHeadModel":
-        state = gpt2_state(tensors)
+        state = gpt2_state(tensors, where)
     else:
         state, first_name = {}, {}
         for key, tensor in expected.items():
@@ -444,6 +446,12 @@ def hf_entry(tensors: Mapping[str, torch.Tensor], architecture: str, model: GPT,
     missing = [name for name, part in zip(names, parts) if part is None]
     if missing:
         raise UserError(f"{where}: the weights lack {missing[0]}")
+    shape = model.get_parameter(key).shape
+    for name, part in zip(names, parts):  # a part's columns, before fusing: its rows are checked once joined
+        if part.shape[1:] != shape[1:]:
+            raise UserError(
+                f"{where}: {name} has shape {tuple(part.shape)}, expected (rows, {', '.join(map(str, shape[1:]))})"
+            )
     if architecture == "NanoChatForCausalLM" and ".attn.c_attn." in key:
         parts[:2] = [flip_rotation(part, model.config.head_dim) for part in parts[:2]]
     return torch.cat(parts) if len(parts) > 1 else parts[0]

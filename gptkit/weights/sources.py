@@ -46,7 +46,7 @@ from gptkit.weights.hf import (
     read_torch_bin,
     weight_files,
 )
-from gptkit.weights.lora import LoraConfig, add_lora, load_adapter_state, merge_lora
+from gptkit.weights.lora import BASE_WEIGHTS, LoraConfig, add_lora, load_adapter_state, merge_lora
 from gptkit.weights.quantization import int4_block_products
 
 SOURCE_KINDS = ("checkpoint", "gguf", "hf", "hub")  # what source_kind answers
@@ -229,7 +229,7 @@ def model_of_checkpoint(
 
 def model_with_adapters(checkpoint: dict[str, Any], where: str, overrides: dict[str, Any] | None) -> GPT:
     """A LoRA checkpoint's base (checked), cropped and grown to the run's shape, with the adapters in place."""
-    record = checkpoint["lora"]
+    record = checked_lora_record(checkpoint["lora"], where)
     config = LoraConfig.from_dict(record.get("config"), where)
     model = lora_base(record["base"], where, overrides, int4_products=record["base_weights"] == "int4")
     shape = checkpoint["model_args"]
@@ -240,6 +240,29 @@ def model_with_adapters(checkpoint: dict[str, Any], where: str, overrides: dict[
     add_lora(model, config, record["base_weights"], record.get("first_new_row"))
     load_adapter_state(model, checkpoint["model"], where)
     return model
+
+
+def checked_lora_record(record: Any, where: str) -> dict[str, Any]:
+    """A LoRA checkpoint's record (lora.lora_record's), else UserError: a damaged file's would fail far from here."""
+    problem = lora_record_problem(record)
+    if problem:
+        raise UserError(f"checkpoint {where}: its LoRA record is damaged ({problem}); train the adapters again")
+    return record
+
+
+def lora_record_problem(record: Any) -> str | None:
+    """What is wrong with a LoRA checkpoint's record (None: nothing)."""
+    if not isinstance(record, dict):
+        return "it is no dict"
+    base = record.get("base")
+    if not (isinstance(base, dict) and all(isinstance(base.get(key), str) for key in ("source", "sha256"))):
+        return "its base is not {source, sha256} text"
+    if record.get("base_weights") not in BASE_WEIGHTS:
+        return f"its base_weights {record.get('base_weights')!r} are none of {', '.join(BASE_WEIGHTS)}"
+    row = record.get("first_new_row")
+    if not (row is None or (type(row) is int and row >= 0)):
+        return f"its first_new_row {row!r} is no row"
+    return None
 
 
 def lora_base(

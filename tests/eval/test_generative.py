@@ -64,3 +64,10 @@ def test_prompt_file_end_to_end(tmp_path: Path, capsys):
     args = [*common[:2], f"--prompts={long}", *common[3:]]
     code, _, stderr = run_main(eval_script.main, args, capsys)
     assert_one_line_error(code, stderr, f"{long}:2: the prompt is", "the model's context holds 48", "shorten it")
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"prompt": "x", "answer": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    code, _, stderr = run_main(eval_script.main, [*common[:2], f"--prompts={deep}", *common[3:]], capsys)
+    assert_one_line_error(code, stderr, f"{deep}:1: not valid JSON (nested too deeply)")
+    for target, message in ((tmp_path, "is a directory"), (prompts, "is the --prompts file")):
+        code, _, stderr = run_main(eval_script.main, [*common, f"--json_out={target}", "--overwrite=True"], capsys)
+        assert_one_line_error(code, stderr, message)

@@ -121,19 +121,22 @@ def test_a_users_reward_function_and_its_mistakes_are_one_line(tmp_path, monkeyp
         "def broken(completion, sample):\n    return 1 / 0\n"
         "def wordy(completion, sample):\n    return 'yes'\n"
         "def nan(completion, sample):\n    return float('nan')\n"
+        "def huge(completion, sample):\n    return 10**400\n"
     )
+    (tmp_path / "failing_rewards.py").write_text("raise RuntimeError('no config file')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "my_rewards", raising=False)
     assert reward_named("my_rewards:length").score("abcde", {}) == 0.5
     with pytest.raises(UserError) as raised:
         reward_named("my_rewards:broken").score("abc", {"id": 7})
     assert_one_line_message(raised.value, "my_rewards:broken", "ZeroDivisionError", "'id': 7", "'abc'")
-    for name, what in (("my_rewards:wordy", "'yes'"), ("my_rewards:nan", "nan")):
+    for name, what in (("my_rewards:wordy", "'yes'"), ("my_rewards:nan", "nan"), ("my_rewards:huge", "1000")):
         with pytest.raises(UserError) as raised:
             reward_named(name).score("abc", {"id": 8})
         assert_one_line_message(raised.value, name, what, "not a finite number", "'id': 8")
     for name, what in (
         ("nosuchmodule_xyz:f", "cannot import"),
+        ("failing_rewards:f", "importing 'failing_rewards' raised RuntimeError: no config file"),
         ("my_rewards:missing", "no function"),
         ("what", "unknown reward"),
     ):

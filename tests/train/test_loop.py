@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from gptkit.core.distributed import Processes
+from gptkit.core.errors import UserError
 from gptkit.data import loader
 from gptkit.train import loop
 
@@ -95,6 +96,13 @@ def test_mean_loss_is_per_token_over_batches_of_different_sizes() -> None:
     loss = loop.mean_loss(module, batches, contextlib.nullcontext(), torch.device("cpu"), Processes())
     assert loss == pytest.approx((2 * 1.0 + 6 * 5.0) / 8)  # not the mean of the two batch means (3.0)
     assert module.modes == [False, False] and module.training  # evaluated in eval mode, left training
+
+
+def test_mean_loss_over_batches_without_a_target_is_one_line() -> None:
+    """Chat data whose replies all start past the window: every target is masked (-1), and no loss exists."""
+    batches = [(torch.zeros(2, 4), torch.full((2, 4), -1.0))]
+    with pytest.raises(UserError, match="the evaluation batches hold no token to train on"):
+        loop.mean_loss(MeanOfTargets(), batches, contextlib.nullcontext(), torch.device("cpu"), Processes())
 
 
 def test_stopwatch_leaves_out_what_happens_between_a_lap_and_the_restart(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,7 +18,7 @@ from gptkit.weights import load
 from gptkit.weights.hf import export_architecture, write_hf
 from gptkit.weights.lora import LoraConfig, adapter_state, add_lora, write_peft_adapter
 from gptkit.weights.source_settings import ModelSource, for_inference
-from helpers import cli_args, lively_model, make_char_data, run_in_process
+from helpers import assert_one_line_message, cli_args, lively_model, make_char_data, run_in_process
 from hf_tokenizer_dirs import write_byte_level
 
 transformers = pytest.importorskip("transformers")
@@ -221,13 +221,50 @@ def test_missing_shard_and_unholdable_dtype_are_one_line(tmp_path):
     with pytest.raises(UserError, match=f"shard {shard.name} named by model.safetensors.index.json is missing"):
         load(str(directory), tokenizer=False)
     int8 = save(hf, tmp_path / "int8")
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     tensors = load_file(int8 / "model.safetensors")
     tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"].to(torch.int8)
     save_file(tensors, int8 / "model.safetensors")
     with pytest.raises(UserError, match=r"model\.embed_tokens\.weight is stored as int8"):
         load(str(int8), tokenizer=False)
+
+
+@pytest.mark.parametrize(
+    "family, name",
+    [("llama", "model.layers.0.self_attn.k_proj.weight"), ("qwen3", "model.layers.1.mlp.up_proj.weight")],
+)
+@pytest.mark.parametrize("form", ["columns", "three dimensions"])
+def test_a_product_part_of_another_shape_is_one_line(tmp_path, family, name, form):
+    """A fused product's part is checked before the parts are joined (or GPT-2's Conv1D transposed)."""
+    from safetensors.torch import save_file
+
+    directory = save(random_hf_model(family, seed=7), tmp_path / family)
+    tensors = load_file(directory / "model.safetensors")
+    part = tensors[name]
+    tensors[name] = part[:, : part.shape[1] // 2].contiguous() if form == "columns" else part[None].contiguous()
+    save_file(tensors, directory / "model.safetensors")
+    with pytest.raises(UserError) as error:
+        load(str(directory), tokenizer=False)
+    assert_one_line_message(error.value, str(directory), "has shape")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"num_hidden_layers": 2.0}, "n_layer must be a whole number, got 2.0"),
+        ({"tie_word_embeddings": "false"}, "tie_embeddings must be true or false, got 'false'"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 0.0}}, "factor must be a positive number"),
+        ({"hidden_size": 2**62}, "which no machine holds"),
+    ],
+)
+def test_config_values_of_the_wrong_type_or_size_are_one_line(tmp_path, change, message):
+    directory = save(random_hf_model("llama", seed=8), tmp_path / "llama")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(UserError) as error:
+        load(str(directory), tokenizer=False)
+    assert_one_line_message(error.value, "config.json", message)
 
 
 def test_hub_names_come_from_the_local_cache_offline(tmp_path, monkeypatch):

@@ -220,6 +220,10 @@ class Worker:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise UserError(f"{source}:{line_number}: not valid JSON ({exc.msg}); fix or remove the line") from None
+        except RecursionError:
+            raise UserError(
+                f"{source}:{line_number}: not valid JSON (nested too deeply); fix or remove the line"
+            ) from None
         text = record.get(self.job.text_field) if isinstance(record, dict) else None
         if not isinstance(text, str):
             raise UserError(_no_text_field(f"{source}:{line_number}", record, self.job.text_field))
