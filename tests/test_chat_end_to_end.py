@@ -91,6 +91,7 @@ def test_fine_tuning_teaches_a_skill_the_base_model_lacks(tmp_path: Path, capsys
             eval_interval=60,
             learning_rate=3e-3,
             warmup_iters=5,
+            min_lr=6e-5,
         ),
         capsys,
     )

@@ -446,8 +446,9 @@ def hf_entry(tensors: Mapping[str, torch.Tensor], architecture: str, model: GPT,
     missing = [name for name, part in zip(names, parts) if part is None]
     if missing:
         raise UserError(f"{where}: the weights lack {missing[0]}")
-    shape = model.get_parameter(key).shape
-    for name, part in zip(names, parts):  # a part's columns, before fusing: its rows are checked once joined
+    owner, _, attribute = key.rpartition(".")
+    shape = getattr(model.get_submodule(owner), attribute).shape
+    for name, part in zip(names, parts if len(parts) > 1 else []):  # before fusing: the rows are checked joined
         if part.shape[1:] != shape[1:]:
             raise UserError(
                 f"{where}: {name} has shape {tuple(part.shape)}, expected (rows, {', '.join(map(str, shape[1:]))})"
