@@ -150,6 +150,7 @@ def run_generative(
 
     reward = reward_named(cfg.reward)
     prompts = load_prompts(cfg.prompts, tokenizer, context=model.config.block_size)[: cfg.limit]
+    reward.check_answers(prompts)
     with autocast(device, dtype):
         result = evaluate_generative(
             model,

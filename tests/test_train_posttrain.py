@@ -161,7 +161,8 @@ def test_the_cpu_recipes_train_from_a_small_chat_model(task: Path, tmp_path: Pat
         "eval_interval": 2,
         "curves": False,
     }
-    given.update({"data_dir": task / "prefs"} if recipe == "dpo_cpu.py" else {"grpo_prompts": task / "prompts.jsonl"})
+    grpo = {"grpo_prompts": task / "prompts.jsonl", "grpo_reward": "exact"}  # the task's answers are words
+    given.update({"data_dir": task / "prefs"} if recipe == "dpo_cpu.py" else grpo)
     code, stdout, stderr = run_main(train.main, [str(REPO / "config" / recipe), *cli_args(**given)], capsys)
     assert code == 0, stderr
     assert "8 preference pairs per step" in stdout if recipe == "dpo_cpu.py" else "4 prompts x 8 completions" in stdout

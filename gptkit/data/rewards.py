@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +59,23 @@ class Reward:
 
     name: str
     function: RewardFunction
+
+    def check_answers(self, prompts: Sequence[Any]) -> None:
+        """UserError naming file:line of the first prompt record (Prompt: .where, .sample) that a built-in reward
+        cannot score: `exact` and `number` need an `answer`, and `number` one that is a number. Checked as the
+        prompts are read, rather than at the first completion (or never: a word never equals a number)."""
+        if self.name not in ("exact", "number"):
+            return
+        for prompt in prompts:
+            if "answer" not in prompt.sample:
+                raise UserError(
+                    f"{prompt.where}: the reward {self.name!r} compares with an 'answer' field, which the record lacks"
+                )
+            if self.name == "number" and _as_number(prompt.sample["answer"]) is None:
+                raise UserError(
+                    f"{prompt.where}: the answer {prompt.sample['answer']!r} is not a number, which the reward 'number' "
+                    "compares with; use --reward=exact for text answers"
+                )
 
     def score(self, completion: str, sample: dict) -> float:
         """The reward of one completion; UserError naming the function and the sample when it raises or returns

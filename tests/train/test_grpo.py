@@ -115,6 +115,24 @@ def test_built_in_rewards():
     assert reward_named(r"regex:^\d+$").score("12a", {}) == 0.0
 
 
+def test_built_in_rewards_check_the_answers_of_the_records_as_they_are_read():
+    """`exact` and `number` need an answer (and `number` a numeric one): the first record without one is named by its
+    file and line before any completion is made; other rewards read what they like."""
+    prompts = [Prompt(ids=[1], sample={"prompt": "a", "answer": "12"}, where="p.jsonl:1")]
+    reward_named("number").check_answers(prompts)
+    words = [*prompts, Prompt(ids=[1], sample={"prompt": "b", "answer": "king"}, where="p.jsonl:2")]
+    reward_named("exact").check_answers(words)
+    with pytest.raises(UserError) as raised:
+        reward_named("number").check_answers(words)
+    assert_one_line_message(raised.value, "p.jsonl:2: the answer 'king' is not a number", "--reward=exact")
+    lacking = [*prompts, Prompt(ids=[1], sample={"prompt": "c"}, where="p.jsonl:3")]
+    for name in ("exact", "number"):
+        with pytest.raises(UserError) as raised:
+            reward_named(name).check_answers(lacking)
+        assert_one_line_message(raised.value, f"p.jsonl:3: the reward '{name}' compares with an 'answer' field")
+    reward_named("regex:x").check_answers(lacking)
+
+
 def test_a_users_reward_function_and_its_mistakes_are_one_line(tmp_path, monkeypatch):
     (tmp_path / "my_rewards.py").write_text(
         "def length(completion, sample):\n    return len(completion) / 10\n"
