@@ -373,6 +373,13 @@ def damage_checkpoint(path: Path, how: str, marker: Path) -> None:
     elif how == "optimizer_of_another_shape":
         weights, model_args = other_model_state(good, n_embd=32)
         torch.save({**good, "model": weights, "model_args": model_args}, path)
+    elif how == "integer_weights":  # an int copy of the embedding would read as zeros
+        model = {**good["model"], "transformer.wte.weight": good["model"]["transformer.wte.weight"].to(torch.int32)}
+        torch.save({**good, "model": model}, path)
+    elif how == "float_model_args":
+        torch.save(
+            {**good, "model_args": {**good["model_args"], "n_layer": float(good["model_args"]["n_layer"])}}, path
+        )
     elif how == "impossible_model_args":
         torch.save({**good, "model_args": {**good["model_args"], "n_layer": 0}}, path)
     elif how == "damaged_training_state":
@@ -392,6 +399,8 @@ DAMAGES = [
     ("weights_of_another_shape", "transformer.wte.weight has shape", "but model_args give"),
     ("optimizer_of_another_shape", "optimizer state exp_avg has shape", None),
     ("impossible_model_args", "invalid model_args (n_layer must be a positive integer", "invalid model_args"),
+    ("integer_weights", "transformer.wte.weight is stored as torch.int32, not floats", "not floats"),
+    ("float_model_args", "invalid model_args (n_layer must be a whole number", "invalid model_args"),
     ("damaged_training_state", "has a damaged training state", None),
     ("malicious_pickle_in_zip", "asks to run code on load (posix.mkdir), which is refused", "which is refused"),
     ("malicious_raw_pickle", "asks to run code on load (posix.mkdir), which is refused", "which is refused"),

@@ -293,6 +293,10 @@ def checked_weights(
                 f"checkpoint {source}: {key} has shape {tuple(state_dict[key].shape)} but model_args give "
                 f"{tuple(tensor.shape)}; the file is inconsistent"
             )
+        if tensor.is_floating_point() and not state_dict[key].is_floating_point():  # an int copy reads as ~zeros
+            raise UserError(
+                f"checkpoint {source}: {key} is stored as {state_dict[key].dtype}, not floats; the file is damaged"
+            )
     return state_dict
 
 
@@ -491,7 +495,10 @@ def restore_training_state(
             sampler.load_state_dict(checkpoint["sampler"])
         if "rng" in checkpoint:
             restore_rng_state(checkpoint["rng"])
-        return int(checkpoint["iter_num"]), float(checkpoint["best_val_loss"])
+        iter_num = checkpoint["iter_num"]
+        if isinstance(iter_num, bool) or not isinstance(iter_num, int) or iter_num < 0:
+            raise ValueError(f"iter_num is {checkpoint['iter_num']!r}, not a step")
+        return checkpoint["iter_num"], float(checkpoint["best_val_loss"])
     except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as exc:
         raise UserError(
             f"checkpoint {source} has a damaged training state ({type(exc).__name__}: {exc}); "

@@ -273,8 +273,9 @@ def test_training_state_is_restored_and_a_damaged_one_is_a_user_error(tmp_path: 
     assert ckpt.restore_training_state(saved, "x.pt", model, optimizer, scaler, sampler) == (3, 2.5)
     assert sampler.position == 7 and torch.equal(torch.rand(2), expected_draw)
     assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"], saved["optimizer"]["state"][0]["exp_avg"])
-    with pytest.raises(UserError, match=r"checkpoint x\.pt has a damaged training state \(ValueError"):
-        ckpt.restore_training_state({**saved, "iter_num": "ten"}, "x.pt", *parts())
+    for iter_num in ("ten", -5, 2.5, True):  # -5 would restart the warmup and write over the run
+        with pytest.raises(UserError, match=r"checkpoint x\.pt has a damaged training state \(ValueError"):
+            ckpt.restore_training_state({**saved, "iter_num": iter_num}, "x.pt", *parts())
     with pytest.raises(UserError, match=r"x\.pt: the optimizer state belongs to another model or optimizer"):
         ckpt.restore_training_state({**saved, "optimizer": {"state": {}, "param_groups": []}}, "x.pt", *parts())
 
