@@ -277,12 +277,13 @@ def set_up(
     optimizer = optim.build_optimizer(cfg, model, device)
     average = ema.for_training(model, cfg.ema_decay, cfg.ema_start, resumed)
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
-    iter_num, best_val_loss = 0, math.inf
+    iter_num, best_val_loss, evaluated = 0, math.inf, True
     if resumed is not None:
         latest = str(Path(cfg.out_dir) / ckpt.LATEST_NAME)
         iter_num, best_val_loss = ckpt.restore_training_state(
             resumed, latest, model, optimizer, scaler, objective.sampler
         )
+        evaluated = resumed.get("evaluated", True) is not False  # saved by a stop: its step not evaluated yet
         del resumed  # free the CPU copy of the weights
     wandb = {"project": cfg.wandb_project, "name": cfg.wandb_run_name, "config": settings_to_dict(cfg)}
     log, replaced = rundir.open_run_log(
@@ -320,7 +321,7 @@ def set_up(
         peak_flops=cfg.peak_flops or peak_flops_for_device(device, dtype),
     )
     say_start(run, str(data.directory), str(dtype).removeprefix("torch."), replaced, iter_num, best_val_loss)
-    return run, LoopState.begin(iter_num, best_val_loss, device)
+    return run, dataclasses.replace(LoopState.begin(iter_num, best_val_loss, device), start_evaluated=evaluated)
 
 
 def say_start(run: Run, data_dir: str, dtype: str, replaced: list[str], iter_num: int, best_val_loss: float) -> None:
@@ -414,8 +415,10 @@ def evaluate_full_split(run: Run) -> float:
     return loss
 
 
-def save(run: Run, state: LoopState, best: bool) -> str:
-    """Save ckpt.pt (and best.pt when `best`); every process takes part. Returns the note for the log line."""
+def save(run: Run, state: LoopState, best: bool, evaluated: bool = True) -> str:
+    """Save ckpt.pt (and best.pt when `best`); every process takes part. Returns the note for the log line.
+    evaluated: whether this step's evaluation (when one is due) was done; a run resumed from a checkpoint saved
+    without it does it first, as the run would have gone on."""
     model_state, optimizer_state = ckpt.gather_training_state(run.model, run.optimizer)
     if run.procs.master:
         checkpoint = ckpt.training_checkpoint(
@@ -430,6 +433,7 @@ def save(run: Run, state: LoopState, best: bool) -> str:
             meta=run.meta,
         )
         checkpoint.update(run.objective.checkpoint_entries())  # DPO and GRPO: where a resume finds the reference
+        checkpoint["evaluated"] = evaluated
         ckpt.save_training_checkpoint(run.cfg.out_dir, checkpoint, best)
     return runlog.saved_note(run.latest_path, Path(run.cfg.out_dir) / ckpt.BEST_NAME if best else None)
 
@@ -477,7 +481,8 @@ def train(run: Run, state: LoopState, stop: StopRequest) -> int:
     state.watch.restart(state.iter_num)  # speed is measured over training time only
     while True:
         at_end = state.iter_num >= cfg.max_iters
-        resumed_here = state.iter_num == state.start_iter and cfg.init_from == "resume"  # evaluated before saving
+        # a resumed run's first step was evaluated before it was saved, unless a stop saved it
+        resumed_here = state.iter_num == state.start_iter and cfg.init_from == "resume" and state.start_evaluated
         if (state.iter_num % cfg.eval_interval == 0 or at_end) and not resumed_here:
             evaluate_and_save(run, state, at_end, stop)
         if stop.signum and not procs.distributed:  # e.g. during set-up or the evaluation: no step first
@@ -521,7 +526,7 @@ def stop_and_save(run: Run, state: LoopState, stop: StopRequest, signum: int) ->
     yet), say how to continue, and return the signal's conventional exit code (130 after Ctrl-C, 143 after
     SIGTERM). Under torchrun every worker returns 0: torchrun reports a worker's other code as a job failure."""
     loop.check_finite(state.first_bad_iter, run.device, run.procs, run.latest_path)
-    saved = save(run, state, best=False) if state.iter_num > state.start_iter else None
+    saved = save(run, state, best=False, evaluated=False) if state.iter_num > state.start_iter else None
     run.log.say(runlog.stopped_line(stop.signal_name, state.iter_num, saved))
     run.log.close()
     return 0 if run.procs.distributed else signals.exit_code(signum)

@@ -416,6 +416,30 @@ def test_ctrl_c_while_the_first_pass_is_timed_stops_at_once(
 
 
 @needs_default_sigterm
+def test_a_run_stopped_during_an_evaluation_does_it_when_it_resumes(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM as the step-2 evaluation starts: the run saves step 2 unevaluated, and the resumed run evaluates it
+    first, so its evaluations and best.pt are an uninterrupted run's."""
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert run_in_process(train.main, tiny_train_args(data_dir, whole), capsys).returncode == 0
+    with monkeypatch.context() as patch:
+        signal_on_call(patch, "evaluate", signal.SIGTERM, call=2)
+        assert run_in_process(train.main, tiny_train_args(data_dir, cut), capsys).returncode == 143
+    assert ckpt.load_checkpoint(cut / "ckpt.pt")["evaluated"] is False
+    resumed = run_in_process(train.main, [*tiny_train_args(data_dir, cut), "--init_from=resume"], capsys)
+    assert resumed.returncode == 0, resumed.stderr
+
+    def evaluations(out_dir: Path) -> list[tuple[int, float]]:
+        records = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
+        return [(r["iter"], r["val/loss"]) for r in records if "val/loss" in r]
+
+    assert evaluations(cut) == evaluations(whole)  # steps 0, 2 and 4, with the same losses
+    best_step = ckpt.load_checkpoint(whole / "best.pt")["iter_num"]
+    assert ckpt.load_checkpoint(cut / "best.pt")["iter_num"] == best_step
+
+
+@needs_default_sigterm
 def test_sigterm_during_a_long_evaluation_stops_at_once_with_exit_code_143(
     data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -194,6 +194,7 @@ class LoopState:
     last_log_iter: int  # the loss of a log line is averaged over the steps since the previous one
     watch: Stopwatch = dataclasses.field(default_factory=Stopwatch)
     last_eval: dict | None = None  # the latest evaluation result
+    start_evaluated: bool = True  # whether the step it starts at was evaluated (a resumed run's, before it was saved)
     curves_drawn_at: float = dataclasses.field(default_factory=time.monotonic)  # curves.png's last refresh (or start)
 
     @classmethod
