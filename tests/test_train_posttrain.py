@@ -99,6 +99,13 @@ def test_dpo_resumes_exactly_and_the_reference_stays_the_start(task: Path, tmp_p
     a, b = (ckpt.load_checkpoint(tmp_path / name / "ckpt.pt") for name in ("a", "b"))
     assert b["reference"] == str(task / "base")
     assert all(torch.equal(a["model"][key], b["model"][key]) for key in a["model"])
+    # The same run resumed without its objective: the next-token loss would train the rejected replies too.
+    lm = [arg for arg in dpo_args(task, tmp_path / "b", max_iters=6, init_from="resume") if arg != "--objective=dpo"]
+    code, _, err = run_main(train.main, lm, capsys)
+    assert_one_line_error(code, err, "holds preference pairs", "--objective=dpo")
+    grpo = grpo_args(task, tmp_path / "b", max_iters=6, init_from="resume", grpo_reward="exact")
+    code, _, err = run_main(train.main, grpo, capsys)
+    assert_one_line_error(code, err, "was trained with --objective=dpo; resume it with --objective=dpo")
 
 
 @pytest.mark.heavy

@@ -76,6 +76,9 @@ def resumed_checkpoint(cfg: Any, meta: dict) -> dict:
     path = Path(cfg.out_dir) / ckpt.LATEST_NAME
     checkpoint = ckpt.load_checkpoint(path, required_keys=ckpt.RESUME_KEYS)
     ckpt.check_same_tokenizer(checkpoint, meta, path)
+    recorded = checkpoint.get("config", {}).get("objective") if isinstance(checkpoint.get("config"), dict) else None
+    if recorded is not None and recorded != cfg.objective:  # another loss on the same weights and optimizer state
+        raise UserError(f"{path} was trained with --objective={recorded}; resume it with --objective={recorded}")
     return checkpoint
 
 

@@ -40,7 +40,7 @@ from gptkit.core.signals import StopRequest
 from gptkit.data import loader
 from gptkit.data.conversations import is_chat_data
 from gptkit.data.meta import META_FILENAME, read_meta
-from gptkit.data.preferences import PairBatches, PairEpoch, open_pairs
+from gptkit.data.preferences import PairBatches, PairEpoch, is_preference_data, open_pairs
 from gptkit.data.prompts import Prompt, load_prompts
 from gptkit.data.rewards import BUILT_IN, Reward, reward_named
 from gptkit.data.tokenizer import tokenizer_from_meta
@@ -218,6 +218,11 @@ class Lm(Objective):
     def open_data(self) -> TrainingData:
         directory = token_data_dir(self.cfg)
         meta = read_meta(directory)
+        if is_preference_data(meta):  # as chat data, both replies of every pair would train
+            raise UserError(
+                f"{directory} holds preference pairs, which the next-token loss would train the rejected replies on "
+                "too; give --objective=dpo, or chat data (prepare_data/chat.py)"
+            )
         self.data = TrainingData(directory=directory, meta=meta, splits=batches.open_splits(directory, meta))
         return self.data
 
