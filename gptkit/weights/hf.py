@@ -316,7 +316,13 @@ class StoredTensors(Mapping):
                 self.handles[path] = safe_open(path, framework="pt")
             except (SafetensorError, OSError, RuntimeError) as exc:
                 raise UserError(f"cannot read weights {path}: {str(exc).splitlines()[0][:160]}") from None
-            self.file_of.update(dict.fromkeys(self.handles[path].keys(), path))
+            names = self.handles[path].keys()  # a safetensors handle, not a dict: it is not iterable itself
+            twice = next((name for name in names if name in self.file_of), None)
+            if twice is not None:  # which copy transformers reads depends on the index: neither is taken here
+                raise UserError(
+                    f"{directory}: tensor {twice} is in both {self.file_of[twice].name} and {path.name}; {DAMAGED}"
+                )
+            self.file_of.update(dict.fromkeys(names, path))
 
     def __getitem__(self, name: str) -> torch.Tensor:
         path = self.file_of[name]

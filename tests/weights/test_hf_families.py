@@ -228,6 +228,14 @@ def test_missing_shard_and_unholdable_dtype_are_one_line(tmp_path):
     save_file(tensors, int8 / "model.safetensors")
     with pytest.raises(UserError, match=r"model\.embed_tokens\.weight is stored as int8"):
         load(str(int8), tokenizer=False)
+    twice = save(hf, tmp_path / "twice", max_shard_size="100KB")
+    first, second = sorted(twice.glob("model-*.safetensors"))[:2]
+    extra, earlier = load_file(second), load_file(first)
+    some = next(iter(earlier))
+    extra[some] = torch.zeros_like(earlier[some])  # a second, different copy of one of the first shard's tensors
+    save_file(extra, second)
+    with pytest.raises(UserError, match=f"tensor {some} is in both {first.name} and {second.name}"):
+        load(str(twice), tokenizer=False)
 
 
 @pytest.mark.parametrize(
