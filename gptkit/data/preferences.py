@@ -52,6 +52,10 @@ def preference_of(record: Any) -> tuple[list[dict], list[dict], list[dict]]:
             reason="no chosen or rejected",
         )
     prompt, chosen, rejected = record.get("prompt"), record["chosen"], record["rejected"]
+    if chosen == rejected:  # nothing to prefer: its loss is constant and its gradient zero
+        raise ChatError("'chosen' and 'rejected' are the same reply", reason="chosen equals rejected")
+    if prompt is None and isinstance(chosen, str) and isinstance(rejected, str):
+        raise ChatError("text candidates need a 'prompt' field (text) they answer", reason="not a record")
     if all(isinstance(value, str) for value in (prompt, chosen, rejected)):
         user = [{"role": "user", "content": prompt}]
         return user, [*user, _reply(chosen)], [*user, _reply(rejected)]
@@ -62,6 +66,8 @@ def preference_of(record: Any) -> tuple[list[dict], list[dict], list[dict]]:
         shared = 0
         while shared < min(len(chosen), len(rejected)) - 1 and chosen[shared] == rejected[shared]:
             shared += 1
+        if shared == 0:  # the replies answer different conversations: no preference between them
+            raise ChatError("'chosen' and 'rejected' share no first message (the prompt)", reason="no shared prompt")
         return chosen[:shared], chosen, rejected
     prompt = _as_messages(prompt)
     if not isinstance(prompt, list):

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from gptkit.data.preferences import PairBatches, PairEpoch, open_pairs
 from helpers import gpt2_chat_tokenizer, run_main
@@ -72,6 +73,28 @@ def test_a_record_without_chosen_is_one_line_naming_file_and_line(tmp_path, caps
     assert code == 2
     assert len(stderr.strip().splitlines()) == 1
     assert "pairs.jsonl:2" in stderr and "'chosen'" in stderr
+    assert not (out / "meta.json").exists()
+
+
+@pytest.mark.parametrize(
+    "record, message",
+    [
+        ({"prompt": "a", "chosen": "same", "rejected": "same"}, "'chosen' and 'rejected' are the same reply"),
+        ({"chosen": "x", "rejected": "y"}, "text candidates need a 'prompt' field"),
+        (
+            {
+                "chosen": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "x"}],
+                "rejected": [{"role": "user", "content": "b"}, {"role": "assistant", "content": "y"}],
+            },
+            "share no first message (the prompt)",
+        ),
+    ],
+)
+def test_a_pair_with_nothing_to_prefer_is_one_line(tmp_path, capsys, record, message):
+    """The same reply twice, or replies to different prompts: DPO's loss would learn nothing, or the wrong thing."""
+    code, _, stderr, out = prepare(tmp_path, [{"prompt": "a", "chosen": "b", "rejected": "c"}, record], capsys)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1
+    assert "pairs.jsonl:2" in stderr and message in stderr
     assert not (out / "meta.json").exists()
 
 
