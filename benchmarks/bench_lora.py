@@ -272,12 +272,18 @@ def bench_quality(cfg: LoraBench) -> list[dict]:
     root.mkdir(parents=True, exist_ok=True)
     held_out, trained = task_words()
     write_task_data(root, held_out, trained)
-    text = ["--tokenizer=char", f"--input={root / 'base.txt'}", f"--out_dir={root / 'text'}", "--block_size=64"]
+    text = [
+        "--tokenizer=char",
+        f"--input={root / 'base.txt'}",
+        f"--out_dir={root / 'text'}",
+        "--block_size=64",
+        "--overwrite=True",  # a run in the same work directory replaces the last one's data
+    ]
     script("prepare_data/corpus.py", *text)
     base = [f"--data_dir={root / 'text'}", f"--out_dir={root / 'base'}", "--overwrite=True"]
     script("train.py", *TASK_RUN, *BASE_SHAPE, *BASE_RUN, *BASE_LR, *base)
     chat = ["prepare_data/chat.py", f"--input={root / 'chat.jsonl'}", f"--tokenizer={root / 'base'}"]
-    script(*chat, f"--out_dir={root / 'chat'}", "--block_size=32")
+    script(*chat, f"--out_dir={root / 'chat'}", "--block_size=32", "--overwrite=True")
     # The base as both fine-tunes start: the chat markers' new rows added, as train.py adds them.
     model = load(str(root / "base")).model
     tokenizer = tokenizer_from_meta(read_meta(root / "chat")["tokenizer"])

@@ -136,7 +136,13 @@ def common(cfg: PosttrainBench, out_dir: Path, iters: int) -> list[str]:
 
 def sft(cfg: PosttrainBench, root: Path) -> Path:
     data, out = root / "sft_data", root / "sft"
-    run("prepare_data/chat.py", f"--input={root / 'sft.jsonl'}", f"--out_dir={data}", "--tokenizer=char")
+    run(
+        "prepare_data/chat.py",
+        f"--input={root / 'sft.jsonl'}",
+        f"--out_dir={data}",
+        "--tokenizer=char",
+        "--overwrite=True",
+    )
     run(
         "train.py",
         *common(cfg, out, cfg.sft_iters),
@@ -176,7 +182,13 @@ def grpo(cfg: PosttrainBench, root: Path, base: Path) -> tuple[Path, float]:
 
 def dpo(cfg: PosttrainBench, root: Path, base: Path) -> dict:
     data, out = root / "prefs", root / "dpo"
-    run("prepare_data/preferences.py", f"--input={root / 'pairs.jsonl'}", f"--tokenizer={base}", f"--out_dir={data}")
+    run(
+        "prepare_data/preferences.py",
+        f"--input={root / 'pairs.jsonl'}",
+        f"--tokenizer={base}",
+        f"--out_dir={data}",
+        "--overwrite=True",
+    )
     run(
         "train.py",
         *common(cfg, out, cfg.dpo_iters),

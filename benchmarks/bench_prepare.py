@@ -176,6 +176,7 @@ def corpus_command(input_path: Path, out_dir: Path, workers: int) -> list[str]:
         f"--out_dir={out_dir}",
         "--tokenizer=gpt2",
         f"--num_workers={workers}",
+        "--overwrite=True",  # each repeat replaces the last one's data
     ]
 
 

@@ -179,6 +179,7 @@ def prepare(train_dir: Path, tokenizer: str, data_dir: Path, cfg: TokenizerBench
         f"--val_fraction={cfg.val_fraction}",
         f"--block_size={cfg.block_size}",
         "--on_decode_error=skip",
+        "--overwrite=True",  # a run in the same work directory replaces the last one's data
     ]
     run_measured(command, work / "corpus.log")
     return json.loads((data_dir / "meta.json").read_text())["splits"]["val"]
