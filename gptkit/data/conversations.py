@@ -58,6 +58,8 @@ def open_conversations(data_dir: str | os.PathLike, split: str, meta: dict | Non
         raise UserError(
             f"{directory}: split {split!r} has {len(tokens)} tokens but {len(side['mask'])} mask values; prepare it again"
         )
+    if len(tokens) and side["mask"].read_windows([0], len(tokens))[0].max() > 1:  # 2 would weigh a token twice
+        raise UserError(f"{directory}: split {split!r} has loss-mask values other than 0 and 1; prepare it again")
     starts = (
         side["conversations"].read_windows([0], len(side["conversations"]))[0]
         if len(side["conversations"])

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gptkit.core.errors import UserError
 from gptkit.data.conversations import open_conversations
 from gptkit.data.packing import PackedBatches, PackedEpoch, masked_targets, pack_rows
 from gptkit.data.prepare.writer import DatasetWriter
@@ -101,3 +102,13 @@ def test_the_full_epoch_counts_each_trained_token_once(split) -> None:
     targets = sum(int((y >= 0).sum()) for _, y in epoch)
     everything = sum(int(split.conversation(i)[1].sum()) for i in range(len(split)))
     assert targets == everything
+
+
+def test_a_loss_mask_of_other_values_than_0_and_1_is_one_line(tmp_path: Path) -> None:
+    """A mask value of 2 would weigh its token twice (and halve the loss's scale): the data is damaged."""
+    write_chat_data(tmp_path)
+    mask = np.fromfile(tmp_path / "train.mask.bin", dtype=np.uint8)
+    (mask * 2).astype(np.uint8).tofile(tmp_path / "train.mask.bin")
+    with pytest.raises(UserError, match="split 'train' has loss-mask values other than 0 and 1; prepare it again"):
+        open_conversations(tmp_path, "train")
+    open_conversations(tmp_path, "val")  # the other split is intact
