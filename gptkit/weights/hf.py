@@ -394,6 +394,19 @@ def hf_names(key: str, architecture: str) -> list[str]:
     return [f"{TOP_LEVEL[module]}.{kind}"]
 
 
+def holds_its_own_head(tensors: Mapping[str, torch.Tensor], architecture: str) -> bool:
+    """Whether the weights hold a head that is not the token embedding, where config.json ties them: transformers
+    then keeps the two apart (and says so), and so does the model built here."""
+    if architecture == "GPT2LMHeadModel":  # GPT-2's files name it with or without the prefix
+        embedding = "transformer.wte.weight" if "transformer.wte.weight" in tensors else "wte.weight"
+    else:
+        embedding = "model.embed_tokens.weight"
+    if "lm_head.weight" not in tensors or embedding not in tensors:
+        return False
+    head, table = tensors["lm_head.weight"], tensors[embedding]
+    return head.shape != table.shape or not torch.equal(head, table)
+
+
 def hf_tensor(tensors: Mapping[str, torch.Tensor], name: str) -> torch.Tensor | None:
     """A Llama-family tensor by name; a missing head is the token embedding (tied)."""
     found = tensors.get(name)
@@ -485,6 +498,8 @@ def read_hf_model(directory: Path, overrides: dict[str, Any] | None = None, int4
         except (TypeError, ValueError) as exc:
             raise UserError(f"{directory}: {exc}") from None
     tensors = read_tensors(directory)
+    if config.tie_embeddings and holds_its_own_head(tensors, architecture):
+        config = GPTConfig(**{**vars(config), "tie_embeddings": False})
     model = model_for_weights(config, tensors, str(directory), "config.json", DAMAGED)
     if int4_products and architecture != "GPT2LMHeadModel":  # each product read when it is quantized
         int4_block_products(model, partial(hf_product, tensors, architecture, model, directory))

@@ -275,6 +275,25 @@ def test_config_values_of_the_wrong_type_or_size_are_one_line(tmp_path, change, 
     assert_one_line_message(error.value, "config.json", message)
 
 
+def test_a_config_that_ties_a_head_its_weights_hold_apart_loads_it_apart_as_transformers_does(tmp_path):
+    """config.json says tie_word_embeddings, yet model.safetensors holds an lm_head of its own: transformers keeps
+    the two apart (with a warning), so the logits are those of the stored head."""
+    hf = random_hf_model("llama", seed=9)
+    hf.config.tie_word_embeddings = False
+    untied = transformers.LlamaForCausalLM(hf.config).eval()
+    untied.load_state_dict({**hf.state_dict(), "lm_head.weight": torch.randn_like(hf.lm_head.weight) * 0.08})
+    directory = save(untied, tmp_path / "llama")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    theirs = transformers.LlamaForCausalLM.from_pretrained(directory).eval()
+    ours = load(str(directory), tokenizer=False).model.eval()
+    idx = torch.randint(0, SMALL["vocab_size"], (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = theirs(idx).logits
+    assert not ours.config.tie_embeddings
+    assert torch.allclose(all_logits(ours, idx), expected, atol=1e-4)
+
+
 def test_hub_names_come_from_the_local_cache_offline(tmp_path, monkeypatch):
     """HF_HUB_OFFLINE=1: a hub name resolves from huggingface_hub's cache, and a name not cached is one line."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
