@@ -273,18 +273,21 @@ def lora_base(
     source = reference["source"]
     if source_kind(source) is None:
         raise UserError(f"{where}: its base {source} is missing; put the base model back there (the adapters need it)")
-    found = base_reference(source)["sha256"]
-    if found != reference["sha256"]:
-        raise UserError(
-            f"{where}: its base {source} has changed since the adapters were trained (sha256 {found[:12]}..., expected "
-            f"{reference['sha256'][:12]}...); use the base they were trained on"
-        )
+    found = base_reference(source)
+    for key in ("sha256", "config_sha256"):  # config_sha256: only in records written since it was added
+        if key in reference and found.get(key) != reference[key]:
+            what = "weights" if key == "sha256" else "config.json"
+            raise UserError(
+                f"{where}: its base {source} has changed since the adapters were trained (its {what}: sha256 "
+                f"{str(found.get(key))[:12]}..., expected {reference[key][:12]}...); use the base they were trained on"
+            )
     return load(source, overrides=overrides, tokenizer=False, int4_products=int4_products).model
 
 
 def base_reference(source: str) -> dict[str, str]:
     """{"source", "sha256"} of the base a LoRA run starts from: the checkpoint file (a run's best), the GGUF file, or
-    the Hugging Face weights files (a hub name stays a name)."""
+    the Hugging Face weights files (a hub name stays a name), and for the last "config_sha256", its config.json's
+    (rope base, norm epsilon, ... that the weights' digest does not cover)."""
     kind = source_kind(source)
     if kind is None:
         raise unknown_source(source)
@@ -298,7 +301,8 @@ def base_reference(source: str) -> dict[str, str]:
     if files[0].suffix == ".bin":
         read_torch_bin(files[0])  # refused here, at the start, if it cannot be read safely
     digest = ",".join(sha256_file(file) for file in files)
-    return {"source": source if kind == "hub" else str(path.resolve()), "sha256": digest}
+    reference = {"source": source if kind == "hub" else str(path.resolve()), "sha256": digest}
+    return {**reference, "config_sha256": sha256_file(path / "config.json")}
 
 
 # ----------------------------------------------------------------------------- tokenizers

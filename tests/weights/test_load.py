@@ -22,7 +22,7 @@ from gptkit.weights.hf import write_hf
 from gptkit.weights.lora import LoraConfig, LoraLinear, adapter_state, add_lora, lora_record
 from gptkit.weights.quantization import Int4Linear
 from gptkit.weights.source_settings import ModelLocation, ModelSource, for_inference
-from gptkit.weights.sources import base_reference, check_data_tokenizer, named_tokenizer
+from gptkit.weights.sources import base_reference, check_data_tokenizer, lora_base, named_tokenizer
 from helpers import (
     HUB_COMMIT,
     assert_one_line_message,
@@ -213,6 +213,20 @@ def test_a_lora_run_whose_base_changed_or_went_is_one_line(tmp_path):
     with pytest.raises(UserError) as error:
         load(str(directory))
     assert_one_line_message(error.value, "is missing; put the base model back there")
+
+
+def test_a_lora_base_directory_whose_config_changed_is_one_line(tmp_path):
+    """A Hugging Face base's config.json (its rope base, norm epsilon) changes the model as its weights do."""
+    _, directory = qwen2_directory(tmp_path / "qwen2")
+    reference = base_reference(str(directory))
+    config = json.loads((directory / "config.json").read_text())
+    assert lora_base(reference, "run").config.norm_eps == config["rms_norm_eps"] != 0.5
+    (directory / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 0.5}))
+    with pytest.raises(UserError) as error:
+        lora_base(reference, "run")
+    assert_one_line_message(error.value, f"run: its base {directory} has changed", "its config.json")
+    del reference["config_sha256"]  # a record written before config.json was recorded: its weights alone checked
+    assert lora_base(reference, "run").config.norm_eps == 0.5
 
 
 def test_a_tied_head_loads_as_the_embedding_s_own_matrix(tmp_path):
