@@ -321,7 +321,7 @@ def set_up(
         peak_flops=cfg.peak_flops or peak_flops_for_device(device, dtype),
     )
     say_start(run, str(data.directory), str(dtype).removeprefix("torch."), replaced, iter_num, best_val_loss)
-    return run, dataclasses.replace(LoopState.begin(iter_num, best_val_loss, device), start_evaluated=evaluated)
+    return run, LoopState.begin(iter_num, best_val_loss, device, start_evaluated=evaluated)
 
 
 def say_start(run: Run, data_dir: str, dtype: str, replaced: list[str], iter_num: int, best_val_loss: float) -> None:
@@ -485,7 +485,7 @@ def train(run: Run, state: LoopState, stop: StopRequest) -> int:
         resumed_here = state.iter_num == state.start_iter and cfg.init_from == "resume" and state.start_evaluated
         if (state.iter_num % cfg.eval_interval == 0 or at_end) and not resumed_here:
             evaluate_and_save(run, state, at_end, stop)
-        if stop.signum and not procs.distributed:  # e.g. during set-up or the evaluation: no step first
+        if stop.signum and not procs.distributed:  # e.g. during the evaluation: no step first
             return stop_and_save(run, state, stop, stop.signum)
         if at_end:
             return finish(run, state)

@@ -283,18 +283,16 @@ class HFTokenizer:
         """UserError naming the characters of `text` that encoding would drop without a trace (_bytes_without_token),
         as the character-level tokenizer refuses a character it never saw; UserError for an unpaired surrogate (JSON
         can spell one, \\ud800), which is no text and which the tokenizers library refuses with a TypeError."""
-        if not text.isascii():
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                raise UserError("text holds an unpaired surrogate (e.g. \\ud800), which is not text") from None
-        if not self._dropped_bytes:
+        if not self._dropped_bytes and text.isascii():  # nothing to check: no surrogate, every byte a token
             return
-        data = text.encode("utf-8", "surrogatepass")
-        if len(data.translate(None, self._dropped_bytes)) == len(data):
+        try:
+            data = text.encode("utf-8")  # once: the bytes the vocabulary is checked against too
+        except UnicodeEncodeError:
+            raise UserError("text holds an unpaired surrogate (e.g. \\ud800), which is not text") from None
+        if not self._dropped_bytes or len(data.translate(None, self._dropped_bytes)) == len(data):
             return
         dropped = set(self._dropped_bytes)
-        unknown = sorted(char for char in set(text) if not dropped.isdisjoint(char.encode("utf-8", "surrogatepass")))
+        unknown = sorted(char for char in set(text) if not dropped.isdisjoint(char.encode("utf-8")))
         shown = ", ".join(repr(char) for char in unknown[:20])
         more = f" and {len(unknown) - 20} more" if len(unknown) > 20 else ""
         raise UserError(

@@ -67,14 +67,14 @@ class Reward:
         if self.name not in ("exact", "number"):
             return
         for prompt in prompts:
-            if "answer" not in prompt.sample:
+            try:
+                answer = _answer(prompt.sample, self.name)
+            except UserError as exc:
+                raise UserError(f"{prompt.where}: {exc}") from None
+            if self.name == "number" and _as_number(answer) is None:
                 raise UserError(
-                    f"{prompt.where}: the reward {self.name!r} compares with an 'answer' field, which the record lacks"
-                )
-            if self.name == "number" and _as_number(prompt.sample["answer"]) is None:
-                raise UserError(
-                    f"{prompt.where}: the answer {prompt.sample['answer']!r} is not a number, which the reward 'number' "
-                    "compares with; use --reward=exact for text answers"
+                    f"{prompt.where}: the answer {answer!r} is not a number, which the reward 'number' compares with; "
+                    "use --reward=exact for text answers"
                 )
 
     def score(self, completion: str, sample: dict) -> float:

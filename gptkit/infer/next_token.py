@@ -75,9 +75,8 @@ def sample_next_token(
     graph's input, so that a new value compiles nothing). The most likely token is always in a top-p nucleus, however
     small top_p is."""
     fixed = not isinstance(temperature, torch.Tensor)
-    if (
-        fixed and temperature < GREEDY_BELOW
-    ):  # max, not argmax: the same first largest column, and in bfloat16 argmax is slower
+    # max, not argmax: the same first largest column, and in bfloat16 argmax is slower
+    if fixed and temperature < GREEDY_BELOW:
         return logits.max(dim=-1).indices
     logits = logits.float() if fixed and temperature == 1.0 else logits.float() / temperature
     candidates = None  # the token id of each column, once logits are narrowed and sorted

@@ -198,8 +198,11 @@ class LoopState:
     curves_drawn_at: float = dataclasses.field(default_factory=time.monotonic)  # curves.png's last refresh (or start)
 
     @classmethod
-    def begin(cls, iter_num: int, best_val_loss: float, device: torch.device) -> LoopState:
-        """The state of a run that starts at step `iter_num` (0, or a resumed checkpoint's)."""
+    def begin(
+        cls, iter_num: int, best_val_loss: float, device: torch.device, start_evaluated: bool = True
+    ) -> LoopState:
+        """The state of a run that starts at step `iter_num` (0, or a resumed checkpoint's, evaluated before it was
+        saved unless `start_evaluated` is False)."""
         return cls(
             iter_num=iter_num,
             best_val_loss=best_val_loss,
@@ -207,6 +210,7 @@ class LoopState:
             loss_sum=torch.zeros((), device=device),
             first_bad_iter=torch.full((), -1, dtype=torch.int64, device=device),
             last_log_iter=iter_num,
+            start_evaluated=start_evaluated,
         )
 
 

@@ -54,7 +54,8 @@ def create_model(cfg: Any, meta: dict) -> tuple[GPT, dict | None, dict | None]:
 def unused_shape_note(cfg: Any, config: GPTConfig) -> str | None:
     """A note naming the model settings changed from their defaults (in a config file or a flag) that a model read
     from init_from does not take: its shape is its own, its context too (dropout and a shorter block_size apply;
-    None: nothing to say). Why: a resumed or fine-tuned run would otherwise train another model than the flags describe, silently."""
+    None: nothing to say). Why: a resumed or fine-tuned run would otherwise train another model than the flags
+    describe, silently."""
     if cfg.init_from == "scratch":
         return None
     own = {"dropout", "vocab_size"}
@@ -76,7 +77,8 @@ def resumed_checkpoint(cfg: Any, meta: dict) -> dict:
     path = Path(cfg.out_dir) / ckpt.LATEST_NAME
     checkpoint = ckpt.load_checkpoint(path, required_keys=ckpt.RESUME_KEYS)
     ckpt.check_same_tokenizer(checkpoint, meta, path)
-    recorded = checkpoint.get("config", {}).get("objective") if isinstance(checkpoint.get("config"), dict) else None
+    settings = checkpoint.get("config")  # the run's settings (settings_to_dict)
+    recorded = settings.get("objective") if isinstance(settings, dict) else None
     if recorded is not None and recorded != cfg.objective:  # another loss on the same weights and optimizer state
         raise UserError(f"{path} was trained with --objective={recorded}; resume it with --objective={recorded}")
     return checkpoint

@@ -497,8 +497,8 @@ def restore_training_state(
             restore_rng_state(checkpoint["rng"])
         iter_num = checkpoint["iter_num"]
         if isinstance(iter_num, bool) or not isinstance(iter_num, int) or iter_num < 0:
-            raise ValueError(f"iter_num is {checkpoint['iter_num']!r}, not a step")
-        return checkpoint["iter_num"], float(checkpoint["best_val_loss"])
+            raise ValueError(f"iter_num is {iter_num!r}, not a step")
+        return iter_num, float(checkpoint["best_val_loss"])
     except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as exc:
         raise UserError(
             f"checkpoint {source} has a damaged training state ({type(exc).__name__}: {exc}); "

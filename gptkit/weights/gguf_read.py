@@ -634,8 +634,8 @@ def check_matrix_shape(matrix: StoredMatrix, shape: tuple[int, ...]) -> None:
             raise UserError(
                 f"{matrix.file.path}: weight {name} has {len(stored)} dimensions {stored}, not 2; {DAMAGED}"
             )
-    names = " + ".join(name for name, _ in matrix.parts)
     if (matrix.rows, matrix.columns) != shape:
+        names = " + ".join(name for name, _ in matrix.parts)
         raise UserError(
             f"{matrix.file.path}: the weights {names} are ({matrix.rows}, {matrix.columns}) where the model its "
             f"metadata describes has {shape}; {DAMAGED}"
