@@ -170,7 +170,7 @@ def test_to_device_and_bits_per_byte() -> None:
     assert loader.bits_per_byte(math.log(2), {"tokens": 100, "text_bytes": 400}) == pytest.approx(0.25)
     assert loader.bits_per_byte(1.0, {"tokens": 100, "text_bytes": 0}) is None
     assert loader.data_dir_for("shakespeare_char", None) == Path("data/shakespeare_char")
-    assert loader.data_dir_for("ignored", "/tmp/x") == Path("/tmp/x")
+    assert loader.data_dir_for("ignored", "/srv/corpora/mine") == Path("/srv/corpora/mine")
 
 
 class RecordingSampler(loader.BatchSampler):
