@@ -53,6 +53,22 @@ def is_hf_tokenizer_dir(directory: str | os.PathLike) -> bool:
         return f'"format": "{bpe.FORMAT}"'.encode() not in file.read(200)  # a trained BPE's metadata opens so
 
 
+# sha256 of GPT-2's vocabulary: its tokens' texts in id order, one a line, as tokenizer.json spells them (computed from
+# tiktoken's GPT-2 files). A GPT-2 directory whose tokenizer.json holds it is tokenized with tiktoken's GPT-2 BPE.
+GPT2_VOCABULARY_SHA256 = "e35a33a0b2250c932ffdafc4c3a3552aef0cc7af7a11e9ebfddf1d2a6517371f"
+
+
+def holds_gpt2_vocabulary(directory: str | os.PathLike) -> bool:
+    """Whether `directory`'s tokenizer.json is a BPE over exactly GPT-2's vocabulary (a GPT-2 checkpoint's own, as
+    the hub's gpt2 ... gpt2-xl and distilgpt2 ship it), not another vocabulary in GPT-2's architecture."""
+    model = _read_json(Path(directory) / TOKENIZER_FILE).get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) and model.get("type") == "BPE" else None
+    if not isinstance(vocab, dict) or len(vocab) != 50257 or not all(type(i) is int for i in vocab.values()):
+        return False
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    return bpe.sha256_text("\n".join(tokens)) == GPT2_VOCABULARY_SHA256
+
+
 def load_hf_tokenizer(directory: str | os.PathLike) -> HFTokenizer:
     """The tokenizer of a Hugging Face model directory: tokenizer.json, the named special tokens of
     tokenizer_config.json and the chat template (chat_template.jinja, else tokenizer_config.json's

@@ -20,7 +20,7 @@ import torch
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import sha256_file
 from gptkit.data.gguf_tokenizer import find_gguf, gguf_tokenizer_record
-from gptkit.data.hf_tokenizer import HFTokenizer, is_hf_tokenizer_dir, read_hf_record
+from gptkit.data.hf_tokenizer import HFTokenizer, holds_gpt2_vocabulary, is_hf_tokenizer_dir, read_hf_record
 from gptkit.data.meta import read_meta
 from gptkit.data.prepare import chat_prepare
 from gptkit.data.tokenizer import Tokenizer, make_tokenizer, tokenizer_from_meta
@@ -354,10 +354,11 @@ def own_tokenizer_record(loaded: Loaded) -> dict[str, Any] | None:
 
 def tokenizer_record_at(kind: str, path: Path) -> dict[str, Any] | None:
     """The HFTokenizer record of the tokenizer open weights of `kind` at `path` hold: a GGUF file's, or the Llama
-    family's tokenizer.json; None for GPT-2 (its BPE is tiktoken's) and for a directory without one."""
+    family's tokenizer.json, a GPT-2 directory's of another vocabulary than GPT-2's; None for GPT-2's own (its BPE is
+    tiktoken's, which data prepared with --tokenizer=gpt2 holds) and for a directory without one."""
     if kind == "gguf":
         return gguf_tokenizer_record(path)
-    if is_gpt2_directory(path) or not is_hf_tokenizer_dir(path):
+    if not is_hf_tokenizer_dir(path) or (is_gpt2_directory(path) and holds_gpt2_vocabulary(path)):
         return None
     return read_hf_record(path)
 

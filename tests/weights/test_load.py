@@ -26,6 +26,7 @@ from gptkit.weights.sources import base_reference, check_data_tokenizer, lora_ba
 from helpers import (
     HUB_COMMIT,
     assert_one_line_message,
+    copy_gpt2_bpe_files,
     lively_model,
     make_char_data,
     offline_hub_cache,
@@ -344,6 +345,44 @@ def test_a_data_dir_gives_the_tokenizer_a_checkpoint_does_not_record(tmp_path):
     with pytest.raises(UserError) as error:
         load(str(tmp_path / "run"))
     assert_one_line_message(error.value, "records no tokenizer; pass --data_dir=DIR")
+
+
+def test_a_gpt2_directory_of_another_vocabulary_reads_its_own_tokenizer_and_template(tmp_path):
+    """A GPT-2-architecture model with a vocabulary of its own (a GPT-2 trained for another language) is tokenized
+    with its tokenizer.json, as transformers' AutoTokenizer reads it, and chats in its own template."""
+    from tokenizers import Tokenizer
+
+    directory = write_byte_level(tmp_path / "gpt2-other")
+    vocab_size = Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab_size()
+    assert write_hf(lively_model(vocab_size, seed=2, bias=True), directory) == "GPT2LMHeadModel"
+    text = "Hello, world: ünïcode and 12345\n"
+    loaded = load(str(directory))
+    expected = transformers.AutoTokenizer.from_pretrained(str(directory)).encode(text, add_special_tokens=False)
+    assert loaded.tokenizer.encode(text) == expected
+    assert loaded.tokenizer.chat is not None and loaded.tokenizer.to_meta()["kind"] == "hf"
+
+
+def test_a_gpt2_directory_holding_gpt2_s_own_tokenizer_json_reads_gpt2_s_bpe(tmp_path):
+    """transformers' GPT-2 tokenizer.json, written from OpenAI's encoder.json and vocab.bpe, is GPT-2's vocabulary:
+    the directory is tokenized with tiktoken's GPT-2 BPE (what data prepared with --tokenizer=gpt2 holds); one token
+    spelled otherwise makes it another vocabulary."""
+    import tiktoken
+
+    from gptkit.data.hf_tokenizer import holds_gpt2_vocabulary
+
+    files = copy_gpt2_bpe_files(tmp_path / "bpe")
+    fast = transformers.GPT2TokenizerFast(vocab=str(files / "encoder.json"), merges=str(files / "vocab.bpe"))
+    directory = tmp_path / "gpt2"
+    fast.save_pretrained(str(directory))
+    assert write_hf(lively_model(50257, seed=3, bias=True, n_embd=16), directory) == "GPT2LMHeadModel"
+    loaded = load(str(directory))
+    text = "Hello, world: ünïcode and 12345\n"
+    assert loaded.tokenizer.to_meta() == {"kind": "tiktoken", "encoding": "gpt2"}
+    assert loaded.tokenizer.encode(text) == tiktoken.get_encoding("gpt2").encode_ordinary(text)
+    parsed = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
+    parsed["model"]["vocab"]["Ġworld!"] = parsed["model"]["vocab"].pop("Ġworld")
+    (directory / "tokenizer.json").write_text(json.dumps(parsed), encoding="utf-8")
+    assert not holds_gpt2_vocabulary(directory)
 
 
 # ----------------------------------------------------------------------------- mistakes
