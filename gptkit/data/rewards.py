@@ -4,7 +4,8 @@ Built-in verifiable rewards (1.0 right, 0.0 wrong), each reading the record's `a
 
 - `exact`: the completion, stripped of surrounding white space, equals str(answer) stripped;
 - `number`: the last number in the completion equals the answer as a number (commas in numbers are ignored);
-- `regex:PATTERN`: the pattern matches somewhere in the completion (Python's re.search).
+- `regex:PATTERN`: the pattern matches somewhere in the completion (Python's re syntax and re.search; searched with
+  the `regex` package, whose time limit stops a pattern that backtracks without end on some completion).
 
 Any other name `module:function` is a reward the user wrote: the module is imported normally (it must be on the
 Python path) and called as function(completion: str, sample: dict) -> number, `sample` being the prompt's record.
@@ -13,6 +14,7 @@ A completion "passes" when its reward is above 0.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import re
@@ -20,9 +22,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import regex
+
 from gptkit.core.errors import UserError
 
 BUILT_IN = ("exact", "number", "regex:PATTERN")
+REGEX_SECONDS = 2.0  # far past any pattern that does not backtrack without end, on any completion
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 
 RewardFunction = Callable[[str, dict], Any]
@@ -110,6 +115,18 @@ def _brief(sample: dict) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+def pattern_found(pattern: regex.Pattern, completion: str, sample: dict) -> float:
+    """The `regex:` reward: 1.0 where `pattern` matches somewhere in the completion; UserError where the search runs
+    past REGEX_SECONDS (nested repeats such as (a|aa)+ backtrack without end on some texts)."""
+    try:
+        return float(pattern.search(completion, timeout=REGEX_SECONDS) is not None)
+    except TimeoutError:
+        raise UserError(
+            f"reward 'regex:{pattern.pattern}' searched completion {completion[:60]!r} for more than {REGEX_SECONDS:g} "
+            "s: the pattern backtracks without end; write it without a repeat inside a repeat"
+        ) from None
+
+
 def reward_named(name: str) -> Reward:
     """The reward `name` stands for (see the module docstring); UserError for one that cannot be found."""
     if name == "exact":
@@ -118,10 +135,10 @@ def reward_named(name: str) -> Reward:
         return Reward(name, last_number)
     if name.startswith("regex:"):
         try:
-            pattern = re.compile(name.removeprefix("regex:"))
-        except re.error as exc:
+            pattern = regex.compile(name.removeprefix("regex:"))
+        except regex.error as exc:
             raise UserError(f"reward {name!r}: not a valid regular expression ({exc})") from None
-        return Reward(name, lambda completion, sample: float(pattern.search(completion) is not None))
+        return Reward(name, functools.partial(pattern_found, pattern))
     module_name, _, function_name = name.partition(":")
     if not module_name or not function_name:
         raise UserError(f"unknown reward {name!r}: use {', '.join(BUILT_IN)} or module:function")

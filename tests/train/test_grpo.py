@@ -115,6 +115,16 @@ def test_built_in_rewards():
     assert reward_named(r"regex:^\d+$").score("12a", {}) == 0.0
 
 
+def test_a_regex_reward_that_backtracks_without_end_stops_in_one_line():
+    """(a|aa)+$ tries every split of a run of a's before a final '!': 2^40-odd ways, hours for re.search; the reward
+    stops it and names the pattern (the run would otherwise hang at its first such completion)."""
+    reward = reward_named("regex:(a|aa)+$")
+    assert reward.score("aaaa", {}) == 1.0
+    with pytest.raises(UserError) as raised:
+        reward.score("a" * 60 + "!", {})
+    assert_one_line_message(raised.value, "reward 'regex:(a|aa)+$' searched completion 'aaaa", "backtracks without end")
+
+
 def test_built_in_rewards_check_the_answers_of_the_records_as_they_are_read():
     """`exact` and `number` need an answer (and `number` a numeric one): the first record without one is named by its
     file and line before any completion is made; other rewards read what they like."""
