@@ -266,9 +266,9 @@ def set_up(
     data = objective.open_data()
     torch.manual_seed(cfg.seed)  # the same initialisation in every process: FSDP shards are cut from it
     model, resumed, lora = models.create_model(cfg, data.meta)
-    note = models.unused_shape_note(cfg, model.config)
-    if note and procs.master:
-        print(note, flush=True)
+    for note in (objective.unused_settings_note(), models.unused_shape_note(cfg, model.config)):
+        if note and procs.master:
+            print(note, flush=True)
     reference = models.frozen_reference(cfg, data.meta, model, resumed, device) if objective.needs_reference else None
     objective.start(model=model, reference=reference, resumed=resumed, device=device, procs=procs, precision=precision)
     held.callback(objective.close)

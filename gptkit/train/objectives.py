@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Sequence
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,8 @@ class Objective:
     """
 
     kind = ""  # its CPU recipe, a key of gptkit.train.forecast.CPU_RECIPES
+    # The settings it never reads (a name, or a prefix ending in "_"): other objectives', GRPO's token data.
+    unused_settings: tuple[str, ...] = ("dpo_", "grpo_")
     needs_reference = False  # whether start() takes the frozen starting model (gptkit.train.models)
 
     def __init__(self, settings: ObjectiveSettings) -> None:
@@ -133,6 +136,20 @@ class Objective:
 
     def check_settings(self) -> None:
         """UserError for settings this objective cannot work with, before anything is loaded."""
+
+    def unused_settings_note(self) -> str | None:
+        """A note naming the settings changed from their defaults that this objective does not read (None: none).
+        Why: --data_dir given to a GRPO run, or --dpo_beta to a next-token one, would otherwise do nothing, silently."""
+        unused = [
+            f"--{field.name}={getattr(self.cfg, field.name)!r}"
+            for field in dataclasses.fields(self.cfg)
+            if any(
+                field.name == name or (name.endswith("_") and field.name.startswith(name))
+                for name in self.unused_settings
+            )
+            if getattr(self.cfg, field.name) != field.default
+        ]
+        return f"note: --objective={self.cfg.objective} does not use {', '.join(unused)}" if unused else None
 
     def step_size(self, rows: int, block_size: int) -> str:
         """What one optimizer step processes, in the objective's own unit; `rows`: batch_size x micro-batches."""
@@ -309,6 +326,7 @@ class Dpo(PostTraining):
 
     kind = "dpo"
     needs_reference = True
+    unused_settings = ("grpo_",)
 
     def step_size(self, rows: int, block_size: int) -> str:
         return f"{rows:,} preference pairs per step (two rows of up to {block_size:,} tokens each)"
@@ -383,6 +401,7 @@ class Grpo(PostTraining):
     Its data are prompts, in the starting model's tokenizer; its sampler says which prompts each micro-batch takes."""
 
     kind = "grpo"
+    unused_settings = ("dpo_", "data_dir", "dataset")
 
     def __init__(self, settings: ObjectiveSettings, sample_groups: Callable[..., list[list[int]]] | None) -> None:
         super().__init__(settings)

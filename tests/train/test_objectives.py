@@ -41,6 +41,22 @@ def test_each_objective_states_its_step_in_its_own_unit() -> None:
     assert grpo == "32 prompts x 6 completions per step (up to 48 new tokens each)"
 
 
+def test_each_objective_names_the_settings_given_that_it_does_not_read() -> None:
+    """A setting of another objective (or token data given to GRPO, which reads prompts) changed from its default is
+    named in a note; one left at its default, or one the objective reads, is not."""
+    notes = {
+        "lm": settings(dpo_beta=0.5, grpo_reward="exact", grpo_group_size=8, data_dir="data/x"),
+        "dpo": settings(objective="dpo", dpo_beta=0.5, grpo_kl_beta=0.1, data_dir="data/x"),
+        "grpo": settings(objective="grpo", data_dir="data/x", dataset="shakespeare", grpo_reward="exact"),
+    }
+    assert {name: objectives.build(cfg).unused_settings_note() for name, cfg in notes.items()} == {
+        "lm": "note: --objective=lm does not use --dpo_beta=0.5, --grpo_reward='exact'",
+        "dpo": "note: --objective=dpo does not use --grpo_kl_beta=0.1",
+        "grpo": "note: --objective=grpo does not use --dataset='shakespeare', --data_dir='data/x'",
+    }
+    assert objectives.build(settings(objective="dpo", dpo_beta=0.5)).unused_settings_note() is None
+
+
 def settings(**given: object) -> train.TrainSettings:
     """Training settings for an objective on its own: 2 micro-batches a step of 3 rows of 8 tokens."""
     return train.TrainSettings(
