@@ -8,6 +8,7 @@ python plot.py out-a out-b --out=compare.png                         # runs over
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from gptkit.core.errors import UserError, run_cli
 from gptkit.core.settings import parse_settings, setting, setting_list
@@ -19,12 +20,19 @@ DESCRIPTION = "Draw the training curves of one or more runs (their out_dir/log.j
 @dataclass
 class PlotSettings:
     out_dirs: list[str] = setting_list([], "training output directories (log.jsonl); also given as plain arguments")
-    out: str = setting("", f"the PNG to write (empty: OUT_DIR/{CURVES_NAME} of the first run)")
+    out: str = setting("", f"the PNG to write, a new file (empty: OUT_DIR/{CURVES_NAME} of the first run, redrawn)")
     title: str = setting("", "the figure's title (empty: the runs' names)")
+    overwrite: bool = setting(False, "replace an existing --out file")
 
     def validate(self) -> None:
         if not self.out_dirs:
             raise UserError("give the out_dir of at least one training run, e.g. python plot.py out-shakespeare-char")
+        if self.out and Path(self.out).is_dir():
+            raise UserError(f"--out={self.out} is a directory; name a PNG file")
+        # A run's own curves.png is train.py's drawing of its log, redrawn at every evaluation; another file may be
+        # the user's.
+        if self.out and Path(self.out).exists() and not self.overwrite:
+            raise UserError(f"--out={self.out} exists; pass --overwrite=True to replace it, or name a new file")
 
 
 def main(argv: list[str]) -> int:

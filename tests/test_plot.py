@@ -36,6 +36,19 @@ def test_runs_are_plain_arguments_and_flags_take_either_form(tmp_path: Path, cap
     both = tmp_path / "both.png"
     code, out, _ = run_main(plot.main, [str(a), "--out", str(both), str(b), "--title=two runs"], capsys)
     assert code == 0 and out.strip() == f"wrote {both}" and is_png(both)
+    assert run_main(plot.main, [str(a)], capsys)[0] == 0  # the run's own drawing is redrawn
+
+
+def test_an_existing_out_file_is_kept_unless_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    a = write_log(tmp_path / "a")
+    mine = tmp_path / "mine.png"
+    mine.write_bytes(b"a drawing of the user's")
+    code, _, err = run_main(plot.main, [str(a), f"--out={mine}"], capsys)
+    assert_one_line_error(code, err, f"--out={mine} exists; pass --overwrite=True")
+    assert mine.read_bytes() == b"a drawing of the user's"
+    code, _, err = run_main(plot.main, [str(a), f"--out={tmp_path}"], capsys)
+    assert_one_line_error(code, err, f"--out={tmp_path} is a directory")
+    assert run_main(plot.main, [str(a), f"--out={mine}", "--overwrite=True"], capsys)[0] == 0 and is_png(mine)
 
 
 def test_a_mistyped_setting_is_one_line_that_names_the_right_one(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -52,4 +65,4 @@ def test_help_has_a_whole_description_and_every_key(capsys: pytest.CaptureFixtur
     lines = out.splitlines()
     assert code == 0 and lines[0] == "usage: python plot.py OUT_DIRS ... [--key=value ...]"
     assert lines[2] == plot.DESCRIPTION and lines[2].endswith(".")
-    assert all(f"--{key}  " in out for key in ("out_dirs", "out", "title"))
+    assert all(f"--{key}  " in out for key in ("out_dirs", "out", "title", "overwrite"))
