@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -87,8 +88,16 @@ STEP_COMPILE_OPTIONS = {"fx_graph_cache": False, "guard_filter_fn": model_identi
 STEP_GRAPH_LIMIT = 64
 
 # CPU: max-autotune lets inductor pick its own matrix-vector kernels (they need frozen weights: see decode_step),
-# and cpp_wrapper saves the Python call of each kernel.
-CPU_COMPILE_OPTIONS = {**STEP_COMPILE_OPTIONS, "max_autotune": True, "cpp_wrapper": True}
+# and cpp_wrapper saves the Python call of each kernel. Its tables of timed choices (tens of lines a model) and a
+# deprecation warning of its own code are not the user's to read.
+warnings.filterwarnings("ignore", message="TypedStorage is deprecated", module=r"torch\._inductor\.select_algorithm")
+CPU_COMPILE_OPTIONS = {
+    **STEP_COMPILE_OPTIONS,
+    "max_autotune": True,
+    "cpp_wrapper": True,
+    "autotune_num_choices_displayed": 0,
+    "max_autotune_report_choices_stats": False,
+}
 
 # CUDA: at batch 1 each of a step's ~150 kernels is too small to keep the GPU busy, so launching them sets the step's
 # pace (docs/benchmarks.md); inductor's CUDA graphs launch the whole step at once. A graph replays fixed shapes and
