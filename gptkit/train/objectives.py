@@ -25,9 +25,9 @@ The three:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
