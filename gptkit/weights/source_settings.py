@@ -107,9 +107,9 @@ def for_inference(model: GPT, settings: ModelSource, device: torch.device, dtype
         model.crop_block_size(settings.block_size)
     model.to(device)  # the engine picks its decoding backend itself (gptkit.infer.decoding)
     note = float_copy_note(model) if settings.quantize == "none" else None
-    if note:
-        print(note, file=sys.stderr, flush=True)
     apply_quantization(model, settings.quantize, dtype)
+    if note:  # after the products are read: a damaged file's error stays one line
+        print(note, file=sys.stderr, flush=True)
     return model
 
 
