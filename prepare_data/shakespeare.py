@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
     )
     text, provenance = read_tiny_shakespeare(cfg)
     tokenizer = TiktokenTokenizer("gpt2", bpe_dir=cfg.bpe_dir)
-    write_split_text(cfg.out_dir, tokenizer, text, {**provenance, "bpe_dir": cfg.bpe_dir})
+    write_split_text(cfg, tokenizer, text, {**provenance, "bpe_dir": cfg.bpe_dir})
     return 0
 
 

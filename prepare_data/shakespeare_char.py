@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
         description="Tiny Shakespeare, character level, split 90/10 as nanoGPT does.",
     )
     text, provenance = read_tiny_shakespeare(cfg)
-    write_split_text(cfg.out_dir, CharTokenizer.from_text(text), text, provenance)
+    write_split_text(cfg, CharTokenizer.from_text(text), text, provenance)
     return 0
 
 

@@ -138,3 +138,32 @@ def test_other_text_needs_sha256_none(tmp_path: Path, prepare_here: Callable[...
     assert meta["splits"]["train"]["tokens"] == int(len(other.read_text()) * 0.9)
     missing = prepare_here("shakespeare_char.py", f"--source={tmp_path / 'missing.txt'}", f"--out_dir={tmp_path / 'x'}")
     assert_script_error(missing, "does not exist")
+
+
+def test_earlier_data_is_replaced_only_by_the_same_preparation_or_with_overwrite(
+    tmp_path: Path, prepare_here: Callable[..., subprocess.CompletedProcess]
+) -> None:
+    """Running a Shakespeare script again over its own data writes the same files (make demo does so every time);
+    another preparation's data needs --overwrite=True, and a training run's directory or one of other files is
+    refused before anything is read."""
+    corpus, other = canonical_shakespeare(), tmp_path / "other.txt"
+    other.write_text("To be, or not to be, that is the question.\n" * 40)
+    out = tmp_path / "sc"
+    assert prepare_here("shakespeare_char.py", f"--source={corpus}", f"--out_dir={out}").returncode == 0
+    first = (out / "train.bin").read_bytes()
+    again = prepare_here("shakespeare_char.py", f"--source={corpus}", f"--out_dir={out}")
+    assert again.returncode == 0, again.stderr
+    assert (out / "train.bin").read_bytes() == first
+    for args in ([f"--source={other}", "--sha256=None"], []):  # another text, another tokenizer
+        script = "shakespeare_char.py" if args else "shakespeare.py"
+        refused = prepare_here(script, f"--source={corpus}", *args, f"--out_dir={out}")
+        assert_script_error(refused, "already holds prepared data (meta.json); pass --overwrite=True")
+        assert (out / "train.bin").read_bytes() == first
+    replaced = prepare_here("shakespeare.py", f"--source={corpus}", f"--out_dir={out}", "--overwrite=True")
+    assert replaced.returncode == 0 and read_meta(out)["tokenizer"] == {"kind": "tiktoken", "encoding": "gpt2"}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "ckpt.pt").write_bytes(b"weights")
+    refused = prepare_here("shakespeare_char.py", "--source=https://127.0.0.1:9/none.txt", f"--out_dir={run}")
+    assert_script_error(refused, f"--out_dir={run} is a training run's directory")
+    assert sorted(path.name for path in run.iterdir()) == ["ckpt.pt"]

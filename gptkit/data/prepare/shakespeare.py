@@ -5,14 +5,18 @@ prepare_data/shakespeare_char.py (characters) and prepare_data/shakespeare.py (G
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from gptkit.core import download
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import sha256_file
 from gptkit.core.settings import setting
+from gptkit.data.meta import META_FILENAME
 from gptkit.data.prepare.driver import summary_line
+from gptkit.data.prepare.settings import check_out_dir
 from gptkit.data.prepare.writer import write_dataset
 from gptkit.data.tokenizer import Tokenizer
 
@@ -30,9 +34,12 @@ class ShakespeareSettings:
     cache_dir: str | None = setting(None, "download cache; default $GPT_TOOLKIT_CACHE or ~/.cache/gpt-toolkit")
     retries: int = setting(5, "download retries after the first attempt")
     read_timeout: float = setting(60.0, "seconds without data before a download attempt is abandoned")
+    overwrite: bool = setting(False, "replace other prepared data in out_dir (this same preparation is always redone)")
 
     def validate(self) -> None:
         download.policy_from_settings(self.retries, self.read_timeout)  # refuses impossible values before any work
+        # Before the download: a training run's directory or one of other files is refused whatever it would hold.
+        check_out_dir(Path(self.out_dir), overwrite=True)
 
 
 def read_tiny_shakespeare(cfg: ShakespeareSettings) -> tuple[str, dict]:
@@ -56,11 +63,29 @@ def split_text(text: str) -> tuple[str, str]:
     return text[:cut], text[cut:]
 
 
-def write_split_text(out_dir: str, tokenizer: Tokenizer, text: str, provenance: dict) -> None:
-    """Tokenise nanoGPT's train/val split of `text` (one document each), write the data set and print a summary."""
+def write_split_text(cfg: ShakespeareSettings, tokenizer: Tokenizer, text: str, provenance: dict) -> None:
+    """Tokenise nanoGPT's train/val split of `text` (one document each) into cfg.out_dir, write the data set and print
+    a summary. Data prepared there earlier is replaced only with --overwrite=True, or when it is this same
+    preparation (the same text and tokenizer: the same files again, as `make demo` asks every time)."""
+    out_dir = Path(cfg.out_dir)
+    check_out_dir(out_dir, cfg.overwrite or is_same_preparation(out_dir, tokenizer, provenance))
     splits = {
         name: (tokenizer.encode_array(part), len(part.encode("utf-8")), 1)
         for name, part in zip(("train", "val"), split_text(text))
     }
     meta = write_dataset(out_dir, tokenizer, splits, provenance)
     print(summary_line(meta, out_dir, 0.0, 0))
+
+
+def is_same_preparation(out_dir: Path, tokenizer: Tokenizer, provenance: dict) -> bool:
+    """Whether out_dir's meta.json records the text of `provenance` (its sha256) in `tokenizer`."""
+    try:
+        meta = json.loads((out_dir / META_FILENAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    source = meta.get("source") if isinstance(meta, dict) else None
+    return (
+        isinstance(source, dict)
+        and source.get("sha256") == provenance["sha256"]
+        and meta.get("tokenizer") == tokenizer.to_meta()
+    )
