@@ -22,6 +22,7 @@ from gptkit.core.errors import UserError, run_cli
 from gptkit.core.settings import parse_settings, setting
 from gptkit.data import bpe
 from gptkit.data import tokenizer as tok
+from gptkit.data.hf_tokenizer import is_hf_tokenizer_dir
 from gptkit.data.prepare import discover
 from gptkit.data.prepare.settings import (
     PrepareSettings,
@@ -30,7 +31,13 @@ from gptkit.data.prepare.settings import (
     include_setting,
     input_setting,
 )
-from gptkit.data.prepare.tokenizer_training import MIN_VOCAB_SIZE, TrainingJob, TrainingResult, train_in_child
+from gptkit.data.prepare.tokenizer_training import (
+    MAX_VOCAB_SIZE,
+    MIN_VOCAB_SIZE,
+    TrainingJob,
+    TrainingResult,
+    train_in_child,
+)
 
 DEFAULT_CHUNK_BYTES = 1 << 16  # pieces the trainer counts in parallel; it buffers 256 of them
 
@@ -45,7 +52,7 @@ class TokenizerSettings:
     text_field: str = setting("text", "JSONL field holding each document's text")
     on_decode_error: str = decode_error_setting()
     out_dir: str = setting("data/tokenizer", "directory to write the tokenizer to (pass it as corpus.py --tokenizer)")
-    vocab_size: int = setting(32768, f"tokens in all, end-of-text included (at least {MIN_VOCAB_SIZE})")
+    vocab_size: int = setting(32768, f"tokens in all, end-of-text included ({MIN_VOCAB_SIZE} to {MAX_VOCAB_SIZE:,})")
     min_frequency: int = setting(2, "merge only pairs seen at least this many times", rule="non_negative")
     max_chars: int | None = setting(
         None, "train on the first this many characters only (None: all); memory grows with the distinct words seen"
@@ -65,6 +72,11 @@ class TokenizerSettings:
             raise UserError("no input given: pass --input=FILE, a directory or a glob (repeat for more)")
         if self.vocab_size < MIN_VOCAB_SIZE:
             raise UserError(f"--vocab_size must be at least {MIN_VOCAB_SIZE} (256 bytes + end-of-text)")
+        if self.vocab_size > MAX_VOCAB_SIZE:
+            raise UserError(
+                f"--vocab_size must be at most {MAX_VOCAB_SIZE:,} (the largest tokenizers in use hold a few hundred "
+                "thousand tokens)"
+            )
         if self.max_chars is not None and self.max_chars < 1:
             raise UserError("--max_chars must be a positive number of characters, or None for the whole corpus")
         if self.chunk_bytes < 256:
@@ -77,12 +89,14 @@ def check_out_dir(out_dir: Path, overwrite: bool) -> None:
         return
     if not out_dir.is_dir():
         raise UserError(f"--out_dir {out_dir} is a file, not a directory; choose another --out_dir")
-    if bpe.holds_tokenizer(out_dir):
-        if not overwrite:
-            raise UserError(f"{out_dir} already holds a tokenizer; pass --overwrite=True to replace it")
-        return
-    if any(not (p.name.startswith(".") and p.name.endswith(".tmp")) for p in out_dir.iterdir()):
-        raise UserError(f"{out_dir} is not empty and holds no tokenizer; choose a new or empty --out_dir")
+    if is_hf_tokenizer_dir(out_dir):
+        raise UserError(f"{out_dir} holds a Hugging Face model's tokenizer.json; choose a new or empty --out_dir")
+    own = {bpe.META_FILENAME, bpe.RANKS_FILENAME}
+    if any(p.name not in own and not (p.name.startswith(".") and p.name.endswith(".tmp")) for p in out_dir.iterdir()):
+        what = "other files than a tokenizer" if bpe.holds_tokenizer(out_dir) else "files and no tokenizer"
+        raise UserError(f"{out_dir} holds {what}; choose a new or empty --out_dir")
+    if bpe.holds_tokenizer(out_dir) and not overwrite:
+        raise UserError(f"{out_dir} already holds a tokenizer; pass --overwrite=True to replace it")
 
 
 def training_record(cfg: TokenizerSettings, found: discover.FoundInputs, result: TrainingResult) -> dict:

@@ -41,6 +41,7 @@ from helpers import (
     stdlib_sources,
     tiny_train_args,
 )
+from hf_tokenizer_dirs import write_byte_level
 from prepare_data import corpus, train_tokenizer
 
 TRAIN_TOKENIZER = "prepare_data/train_tokenizer.py"
@@ -310,12 +311,17 @@ def test_corpus_py_reports_a_damaged_tokenizer_dir_in_one_line(
 def test_bad_settings_and_foreign_out_dirs_are_refused(tmp_path: Path, corpus_tree: Path, capsys) -> None:
     """train_tokenizer.py's main in this process (the pipeline test above runs the script as a process)."""
     (tmp_path / "notes.txt").write_text("mine")
+    model = write_byte_level(tmp_path / "model")  # a Hugging Face model's directory: tokenizer.json and its config
+    files = {path.name: path.read_bytes() for path in model.iterdir()}
     cases = [
         (cli_args(input=corpus_tree, vocab_size=100, out_dir=tmp_path / "t"), "at least 257"),
+        (cli_args(input=corpus_tree, vocab_size=2**32, out_dir=tmp_path / "t"), "at most 16,777,216"),
         (cli_args(out_dir=tmp_path / "t"), "no input given"),
-        (cli_args(input=corpus_tree, out_dir=tmp_path), "not empty and holds no tokenizer"),
+        (cli_args(input=corpus_tree, out_dir=tmp_path), "holds files and no tokenizer"),
         (cli_args(input=tmp_path / "missing", out_dir=tmp_path / "t"), "does not exist"),
+        (cli_args(input=corpus_tree, out_dir=model, overwrite=True), "holds a Hugging Face model's tokenizer.json"),
     ]
     for args, fragment in cases:
         assert_script_error(run_in_process(train_tokenizer.main, args, capsys), fragment)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "notes.txt"]
+    assert {path.name: path.read_bytes() for path in model.iterdir()} == files

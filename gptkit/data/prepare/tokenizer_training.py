@@ -37,6 +37,9 @@ from gptkit.data.prepare.workers import Job, Worker, end_with_parent
 
 CHECK_CHARS = 500_000  # held-out characters on which tiktoken's encoding is compared with the trainer's
 MIN_VOCAB_SIZE = 257  # the 256 single bytes and the end-of-text token
+# The trainer allocates for the vocabulary asked before it reads a byte (2^32 asked for hundreds of GB); the largest
+# vocabularies in use hold a few hundred thousand tokens.
+MAX_VOCAB_SIZE = 2**24
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
