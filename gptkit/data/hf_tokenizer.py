@@ -13,6 +13,7 @@ tokens and the chat template, so a run never depends on the directory it came fr
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import re
@@ -326,6 +327,23 @@ class HFTokenizer:
         """As encode, to a numpy array (uint32)."""
         return np.asarray(self.encode(text), dtype=np.uint32)
 
+    def encode_continuation_array(self, text: str) -> np.ndarray:
+        """As encode_array, for text that continues a document (a piece after a cut in a long one): without the
+        space a SentencePiece-style tokenizer (Llama 2, TinyLlama) or one with add_prefix_space puts before a
+        text's start, which whole-document encoding puts at the document's start only."""
+        self._check_encodable(text)
+        return np.asarray(self._continuing.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
+
+    @functools.cached_property
+    def _continuing(self) -> tokenizers.Tokenizer:
+        parsed = json.loads(self._record["tokenizer_json"])
+        parsed["normalizer"], parsed["pre_tokenizer"] = map(
+            _without_prefix, (parsed.get("normalizer"), parsed.get("pre_tokenizer"))
+        )
+        backend = _parse(json.dumps(parsed), self.name)
+        backend.encode_special_tokens = True
+        return backend
+
     def encode_with_added(self, text: str) -> list[int]:
         """Encode text in which an added token's text stands for that token (a rendered chat template)."""
         self._check_encodable(text if self._added_texts is None else self._added_texts.sub("", text))
@@ -380,6 +398,23 @@ def _parse(text: str, where: str) -> tokenizers.Tokenizer:
         return tokenizers.Tokenizer.from_str(text)
     except Exception as exc:  # the Rust parser raises plain Exception with serde's message
         raise UserError(f"{where}: {TOKENIZER_FILE} is not a Hugging Face tokenizer ({exc})") from None
+
+
+def _without_prefix(component: Any) -> Any:
+    """A tokenizer.json normalizer or pre-tokenizer without the space it puts before a text's start: Prepend dropped,
+    Metaspace's prepend_scheme "never", add_prefix_space off (ByteLevel's, an older Metaspace's)."""
+    if not isinstance(component, dict) or component.get("type") == "Prepend":
+        return None if isinstance(component, dict) else component
+    if component.get("type") == "Sequence":
+        key = "normalizers" if "normalizers" in component else "pretokenizers"
+        parts = [_without_prefix(part) for part in component.get(key) or []]
+        return {**component, key: [part for part in parts if part is not None]}
+    changed = dict(component)
+    if "prepend_scheme" in changed:
+        changed["prepend_scheme"] = "never"
+    if "add_prefix_space" in changed:
+        changed["add_prefix_space"] = False
+    return changed
 
 
 def _component_kinds(component: Any) -> set[str]:

@@ -32,7 +32,7 @@ def load_prompts(path: str | Path, tokenizer: Any, context: int | None = None) -
     prompt that leaves no room for a token in a model's `context`."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()  # -sig: a byte-order mark is no text
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read the prompt file {path} ({exc})") from None
     prompts = []

@@ -353,7 +353,7 @@ def test_work_items_are_bounded_and_keep_every_record_in_order(tmp_path: Path) -
     records = [{"messages": conversation(i)} for i in range(400)]
     jsonl = write_jsonl(tmp_path / "a.jsonl", records)
     parquet = write_parquet(tmp_path / "b.parquet", records)
-    files = discover.find_inputs([str(jsonl), str(parquet)]).files
+    files = discover.find_inputs([str(jsonl), str(parquet)], binary_suffixes=(chat_inputs.PARQUET_SUFFIX,)).files
     items = list(chat_inputs.chat_items(files, 4096, "messages"))
     longest_line = max(len(json.dumps(r)) + 1 for r in records)
     lines = [i for i in items if isinstance(i, JsonlLines)]

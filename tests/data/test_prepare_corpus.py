@@ -439,7 +439,11 @@ def test_a_binary_file_named_on_its_own_is_an_error_not_skipped(
 ) -> None:
     pyc = next((messy_tree / "src/pkg/__pycache__").iterdir())
     result = run_corpus(f"--input={pyc}", f"--input={messy_tree / 'README.md'}", f"--out_dir={tmp_path / 'o'}")
-    assert_script_error(result, f"{pyc} is not valid UTF-8 at byte offset", "--on_decode_error=skip")
+    assert_script_error(result, f"--input={pyc} is a binary file, not text or JSONL")
+    tokens = tmp_path / "train.bin"  # a token file: NUL bytes, the rest valid UTF-8 (it was read as text)
+    np.arange(300, dtype=np.uint16).tofile(tokens)
+    result = run_corpus(f"--input={tokens}", f"--out_dir={tmp_path / 'o'}", "--tokenizer=char")
+    assert_script_error(result, f"--input={tokens} is a binary file")
     assert_nothing_written(tmp_path / "o")
 
 
@@ -521,3 +525,50 @@ def test_earlier_data_a_run_and_other_files_are_never_replaced_silently(run_corp
     refused = run_corpus(f"--input={SHAKESPEARE}", f"--out_dir={tmp_path / 'notes'}")
     assert_script_error(refused, "holds other files than prepared data")
     assert sorted(path.name for path in (tmp_path / "notes").iterdir()) == ["todo.txt"]
+
+
+def tokens_of(out: Path) -> list[int]:
+    meta = read_meta(out, check_files=True)
+    dtype = np.dtype(meta["dtype"])
+    files = [out / name for split in ("train", "val") for name in meta["splits"][split]["files"]]
+    return np.concatenate([np.fromfile(path, dtype=dtype) for path in files]).tolist()
+
+
+def test_a_long_document_cut_into_pieces_has_a_sentencepiece_tokenizers_whole_document_ids(
+    run_corpus: Callable, tmp_path: Path
+) -> None:
+    """Llama 2's tokenizer puts a space before a text's start: a piece after a cut continues its document and gets
+    none, so the pieces' ids are transformers' AutoTokenizer's for the whole document (one end-of-text before it)."""
+    from transformers import AutoTokenizer
+
+    from hf_tokenizer_dirs import write_sentencepiece
+
+    directory = write_sentencepiece(tmp_path / "llama2", prepend_scheme="first")
+    text = SHAKESPEARE.read_text(encoding="utf-8")[:60_000]
+    (tmp_path / "play.txt").write_text(text, encoding="utf-8")
+    out = tmp_path / "out"
+    args = [f"--input={tmp_path / 'play.txt'}", f"--tokenizer={directory}", f"--out_dir={out}", "--chunk_bytes=4096"]
+    result = run_corpus(*args, "--val_fraction=0.5")
+    assert result.returncode == 0, result.stderr
+    expected = AutoTokenizer.from_pretrained(str(directory)).encode(text, add_special_tokens=False)
+    assert tokens_of(out)[1:] == expected  # train's pieces, then val's, cut in the middle of the document
+
+
+def test_a_byte_order_mark_opening_a_file_is_no_text(run_corpus: Callable, tmp_path: Path) -> None:
+    """A UTF-8 byte-order mark opening a text or JSONL file is left out (as Python's utf-8-sig reads it): the ids are
+    tiktoken's of the texts alone."""
+    encoding = tiktoken.get_encoding("gpt2")
+    body = "hear me\u00a0\nspeak, " * 800
+    (tmp_path / "a.txt").write_bytes(b"\xef\xbb\xbf" + body.encode())
+    result = run_corpus(
+        f"--input={tmp_path / 'a.txt'}", f"--out_dir={tmp_path / 'a'}", "--chunk_bytes=512", "--block_size=8"
+    )
+    assert result.returncode == 0, result.stderr
+    assert tokens_of(tmp_path / "a") == [encoding.eot_token, *encoding.encode_ordinary(body)]
+    records = [f"Record {i}: hear me speak." for i in range(60)]
+    lines = "".join(json.dumps({"text": record}) + "\n" for record in records)
+    (tmp_path / "b.jsonl").write_bytes(b"\xef\xbb\xbf" + lines.encode())
+    result = run_corpus(f"--input={tmp_path / 'b.jsonl'}", f"--out_dir={tmp_path / 'b'}", "--block_size=8")
+    assert result.returncode == 0, result.stderr
+    expected = [token for record in records for token in [encoding.eot_token, *encoding.encode_ordinary(record)]]
+    assert sorted(tokens_of(tmp_path / "b")) == sorted(expected)

@@ -76,10 +76,14 @@ def test_globs_skip_like_walks_and_count_each_file_once(tmp_path: Path) -> None:
         found = discover.find_inputs([f"{tmp_path}/{pattern}"])
         assert [f.path.name for f in found.files] == ["m.py"], pattern
         assert (found.skipped["__pycache__"], found.skipped["binary"]) == (1, 1), pattern
-    # Named on its own a file is read, and no longer counted as skipped by the walk that also found it.
-    found = discover.find_inputs([str(tmp_path / "d"), str(tmp_path / "d" / "img.txt")], include=["*.md"])
-    assert [f.path.name for f in found.files] == ["img.txt"] and found.skipped["excluded"] == 1  # m.py
-    assert found.skipped["binary"] == 0
+    # Named on its own a file is read, and no longer counted as skipped by the walk that also found it; a binary one
+    # named so is an error, not read as text.
+    (tmp_path / "d" / "notes.txt").write_text("mine\n")
+    found = discover.find_inputs([str(tmp_path / "d"), str(tmp_path / "d" / "notes.txt")], include=["*.md"])
+    assert [f.path.name for f in found.files] == ["notes.txt"] and found.skipped["excluded"] == 2  # m.py, img.txt
+    with pytest.raises(UserError, match=r"--input=.*img.txt is a binary file, not text or JSONL; name text files"):
+        discover.find_inputs([str(tmp_path / "d" / "img.txt")])
+    (tmp_path / "d" / "notes.txt").unlink()
     with pytest.raises(UserError, match=r"no input files found in .* \(files left out: 1 binary, 1 __pycache__"):
         discover.find_inputs([str(tmp_path / "d")], exclude=["m.py"])
     with pytest.raises(UserError, match="is not a valid glob"):

@@ -23,6 +23,15 @@ def test_find_cut_prefers_single_newline_between_words() -> None:
     assert cut == 6 and text.encode()[:cut].decode() == "ééé"
 
 
+def test_a_unicode_space_beside_a_newline_is_white_space_as_gpt2_s_pre_tokeniser_reads_it() -> None:
+    # The newline follows a (no-break) space, so it is no newline between words: the cut falls before a space.
+    for space in ("\u00a0", "\u3000"):
+        buffer = f"ab cd gamma{space}\ndelta epsilon".encode()
+        assert buffer[: inputs.find_cut(buffer, len(buffer))] == f"ab cd gamma{space}\ndelta".encode()
+    buffer = "ab cd gamma\n\u2003delta epsilon".encode()  # and one that follows it
+    assert buffer[: inputs.find_cut(buffer, len(buffer))] == "ab cd gamma\n\u2003delta".encode()
+
+
 def test_find_cut_in_whitespace_heavy_text_still_cuts_after_a_newline() -> None:
     # More rejected candidates than the search looks at: the cut falls through to "after any newline".
     buffer = b"ab\n\n" * 100_000

@@ -15,6 +15,7 @@ messages. Problems are ChatErrors whose `reason` counts them when --on_bad=skip 
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -146,6 +147,8 @@ def records(item: ChatItem) -> Iterator[Record]:
             yield Record(where=f"{item.source} row {row}", key=row, value=value)
         return
     for line_number, raw in enumerate(item.data.split(b"\n"), start=item.first_line):
+        if line_number == 1:
+            raw = raw.removeprefix(codecs.BOM_UTF8)  # a file's mark, not its first record's
         if raw.strip():
             yield Record(where=f"{item.source}:{line_number}", key=line_number, value=_parse_line(raw))
 

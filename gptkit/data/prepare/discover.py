@@ -150,11 +150,20 @@ class _Finder:
         if candidate.is_dir():
             self._walk(candidate, candidate)
         elif candidate.is_file():
+            self._check_named_file(candidate)
             self.paths.append(candidate)
         elif glob.has_magic(pattern):
             self._glob(pattern)
         else:
             raise _not_a_file(pattern, candidate)
+
+    def _check_named_file(self, path: Path) -> None:
+        """UserError for a file named on purpose that holds no text: a walk leaves such a file out, but a named one
+        would be read as text (a token file's bytes are mostly valid UTF-8)."""
+        if path.name.lower().endswith(self.binary_suffixes) or not looks_binary(path):
+            return
+        hint = " (parquet: prepare_data/chat.py and fineweb.py read it)" if path.suffix.lower() == ".parquet" else ""
+        raise UserError(f"--input={path} is a binary file, not text or JSONL{hint}; name text files")
 
     def _is_output(self, path: Path) -> bool:  # left out silently: what the run writes is no input
         return self.out_dir is not None and Path(os.path.realpath(path)).is_relative_to(self.out_dir)  # no loop error

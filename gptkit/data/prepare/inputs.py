@@ -40,16 +40,37 @@ _MAX_CUT_CANDIDATES = 10_000
 
 
 def _last_separator_between_words(buffer: bytes, separator: bytes, floor: int, limit: int) -> int:
-    """Index of the last single `separator` byte in [floor, limit) with a non-space byte on each side, or -1."""
+    """Index of the last single `separator` byte in [floor, limit) with a non-space character on each side, or -1."""
     position = buffer.rfind(separator, floor, limit)
     for _ in range(_MAX_CUT_CANDIDATES):  # bounded: whitespace-heavy text falls through to the next rule
         if position <= 0:
             return -1
         inside = position + 1 < len(buffer)
-        if inside and buffer[position - 1] not in _ASCII_SPACE and buffer[position + 1] not in _ASCII_SPACE:
+        if inside and not _is_space_ending_at(buffer, position) and not _is_space_starting_at(buffer, position + 1):
             return position
         position = buffer.rfind(separator, floor, position)
     return -1
+
+
+def _is_space_ending_at(buffer: bytes, end: int) -> bool:
+    """Whether the character just before buffer[end] is white space: an ASCII one, or one of Unicode's (a no-break
+    space before a newline, common in text taken from HTML, is white space to GPT-2's pre-tokeniser too)."""
+    if buffer[end - 1] < 0x80:
+        return buffer[end - 1] in _ASCII_SPACE
+    start = end - 1
+    while start > max(0, end - 4) and buffer[start] & 0xC0 == 0x80:  # back to the character's first byte
+        start -= 1
+    return buffer[start:end].decode("utf-8", errors="replace").isspace()
+
+
+def _is_space_starting_at(buffer: bytes, start: int) -> bool:
+    """Whether the character at buffer[start] is white space (as _is_space_ending_at)."""
+    if buffer[start] < 0x80:
+        return buffer[start] in _ASCII_SPACE
+    end = start + 1
+    while end < min(len(buffer), start + 4) and buffer[end] & 0xC0 == 0x80:
+        end += 1
+    return buffer[start:end].decode("utf-8", errors="replace").isspace()
 
 
 def find_cut(buffer: bytes, limit: int) -> int:

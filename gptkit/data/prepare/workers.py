@@ -6,6 +6,7 @@ item order, so the output is the same for any number of workers.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import ctypes
 import json
@@ -23,6 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from gptkit.core.errors import UserError
+from gptkit.data.hf_tokenizer import HFTokenizer
 from gptkit.data.prepare.items import (
     SPLITS,
     Documents,
@@ -152,7 +154,9 @@ class Worker:
     def _encode(self, text: str, starts_document: bool) -> np.ndarray:
         tokenizer = self.job.tokenizer
         assert tokenizer is not None
-        ids = tokenizer.encode_array(text)
+        # A piece after a cut continues its document: no prefix space where a SentencePiece-style tokenizer adds one.
+        continues = not starts_document and isinstance(tokenizer, HFTokenizer)
+        ids = tokenizer.encode_continuation_array(text) if continues else tokenizer.encode_array(text)
         separator = 1 if starts_document and tokenizer.eot_token is not None else 0
         out = np.empty(len(ids) + separator, dtype=self.dtype)
         if separator:
@@ -183,13 +187,18 @@ class Worker:
                 raise TypeError(f"not a work item: {item!r}")
 
     def _decode_piece(self, item: TextPiece) -> tuple[str, int]:
+        skipped = (
+            len(codecs.BOM_UTF8) if item.offset == 0 and item.data.startswith(codecs.BOM_UTF8) else 0
+        )  # a file's mark, not its text
+        data = item.data[skipped:]
         try:
-            return item.data.decode("utf-8"), len(item.data)
+            return data.decode("utf-8"), len(data)
         except UnicodeDecodeError as exc:
             if self.job.on_decode_error != "replace":
                 # "skip" files were checked by the reader; failing here means the file changed meanwhile.
-                raise UserError(_not_utf8(item.source, _at_offset(item.source, item.offset + exc.start))) from None
-            text = item.data.decode("utf-8", errors="replace")
+                where = _at_offset(item.source, item.offset + skipped + exc.start)
+                raise UserError(_not_utf8(item.source, where)) from None
+            text = data.decode("utf-8", errors="replace")
             return text, len(text.encode("utf-8"))
 
     def _jsonl_texts(self, item: JsonlLines, result: ItemResult) -> Iterator[_Text]:
@@ -207,6 +216,8 @@ class Worker:
     def _jsonl_text(self, item: JsonlLines, raw: bytes, line_number: int, line_offset: int) -> str | None:
         """The text field of one JSONL line; None when --on_decode_error=skip leaves the line out."""
         policy, source = self.job.on_decode_error, item.source
+        if line_offset == 0 and raw.startswith(codecs.BOM_UTF8):  # a file's mark, not its first record's
+            raw, line_offset = raw[len(codecs.BOM_UTF8) :], len(codecs.BOM_UTF8)
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
