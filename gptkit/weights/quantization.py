@@ -2,13 +2,10 @@
 
 int8 (a quarter of float32's bytes): every nn.Linear (the output head included) becomes an Int8Linear, its weight
 stored as int8 with one scale per output row (symmetric, so no zero point), the activations left in floating point.
-Both of its kernels are PyTorch's own:
-- eager: the x86/fbgemm dynamic int8 product (torch.ops.quantized.linear_dynamic), the fastest eager kernel on
-  the machines measured;
-- under torch.compile (gptkit.infer.compiled): aten._weight_int8pack_mm, which inductor lowers to its C++
-  weight-only-int8 GEMM template (bfloat16 activations, int8 weights widened in registers). Product for product it
-  is no faster than fbgemm, but in the compiled step (one graph, no per-call costs) a token takes far less time;
-  docs/benchmarks.md has the figures.
+Its eager pass multiplies the inputs by the dequantized weight (as int4's does); under torch.compile
+(gptkit.infer.compiled) it is aten._weight_int8pack_mm, which inductor lowers to its C++ weight-only-int8 GEMM
+template (bfloat16 activations, int8 weights widened in registers): in the compiled step (one graph, no per-call
+costs) a token takes far less time; docs/benchmarks.md has the figures.
 The native step (gptkit.infer.native, --decode=native) reads the same int8 weights and scales with kernels of its
 own (each product's input rounded to 16-bit integers). The embeddings stay float32: a lookup reads one row.
 
@@ -31,7 +28,6 @@ any other quantized type stays in the file as well (FileEmbedding).
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
@@ -48,9 +44,24 @@ INT4_MAX = 15  # int4 codes are 0 .. 15
 ROWS_AT_ONCE = 4096  # rows quantized together (bounds the temporary float32 copies of a large head)
 
 
-class Int8Linear(nn.Module):
+class DequantizedLinear(nn.Module):
+    """A Linear whose weight is stored otherwise (blocks, or a file) and made float32 for each pass: y = x Wᵀ + b with
+    W = dequantized_weight(), in the input's dtype. The eager pass of Int4Linear, Int8GroupedLinear and FileLinear."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.dequantized_weight().to(x.dtype), bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Int8Linear(DequantizedLinear):
     """y = x Wᵀ + b with W stored as int8 (`weight_int8`, (out, in)) times one scale per output row (`scale`, in
-    bfloat16: the compiled kernel's dtype; the eager kernel reads the same values).
+    bfloat16: the compiled kernel's dtype). An eager pass multiplies the float inputs by the dequantized weight, as
+    Int4Linear's does: each row's result is its own, whatever rows are beside it (a kernel that rounds the inputs to
+    8 bits with one scale for the whole batch made a request's tokens depend on the others'), and it is the native
+    step's arithmetic up to its 16-bit rounding of the inputs.
 
     For inference only (no gradients flow to the int8 weight). Made from an nn.Linear by `from_linear`.
     """
@@ -61,7 +72,6 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_int8", weight_int8)
         self.register_buffer("scale", scale)
         self.register_buffer("bias", bias)
-        self._packed = None  # fbgemm's prepacked copy of the weight, made at the first eager call
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int8Linear:
@@ -71,12 +81,14 @@ class Int8Linear(nn.Module):
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
         return cls(weight_int8, scale, bias)
 
+    def dequantized_weight(self) -> torch.Tensor:
+        """The (out, in) float32 weight: each row's int8 codes times its scale."""
+        return self.weight_int8.float().mul_(self.scale.float()[:, None])
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
             return self._compiled_forward(x)
-        # reduce_range: activations in 7 bits, as PyTorch's own dynamic Linear does on x86, so that fbgemm's AVX2
-        # int8 products cannot saturate their 16-bit intermediate sums
-        return torch.ops.quantized.linear_dynamic(x.float(), self._packed_weight(), reduce_range=True).to(x.dtype)
+        return super().forward(x)
 
     def _compiled_forward(self, x: torch.Tensor) -> torch.Tensor:
         # The op inductor lowers to its weight-only int8 GEMM: bfloat16 input and scales, int8 (out, in) weight
@@ -84,18 +96,6 @@ class Int8Linear(nn.Module):
         y = torch._weight_int8pack_mm(rows, self.weight_int8, self.scale).to(x.dtype)
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias.to(x.dtype)
-
-    def _packed_weight(self) -> torch.ScriptObject:
-        if self._packed is None:
-            scales, zero_points = self.scale.double(), torch.zeros(self.out_features, dtype=torch.int64)
-            with warnings.catch_warnings():  # torch marks quantized tensors deprecated; its eager int8 kernels need one
-                warnings.simplefilter("ignore")
-                qweight = torch._make_per_channel_quantized_tensor(self.weight_int8, scales, zero_points, 0)
-            self._packed = torch.ops.quantized.linear_prepack(qweight, self.bias)
-        return self._packed
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
 class Int4Blocks(NamedTuple):
@@ -117,18 +117,6 @@ class Int4Blocks(NamedTuple):
         # in place: one float32 matrix at a time, not three (LoRA widens every product's weight this way each step)
         groups = codes.mul_(self.scale.float()[..., None]).add_(self.minimum.float()[..., None])
         return groups.reshape(self.codes.shape[0], -1)[:, :in_features]
-
-
-class DequantizedLinear(nn.Module):
-    """A Linear whose weight is stored otherwise (blocks, or a file) and made float32 for each pass: y = x Wᵀ + b with
-    W = dequantized_weight(), in the input's dtype. The eager pass of Int4Linear, Int8GroupedLinear and FileLinear."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        return F.linear(x, self.dequantized_weight().to(x.dtype), bias)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
 class Int4Linear(DequantizedLinear):
@@ -538,11 +526,6 @@ def quantize_int8(model: nn.Module) -> nn.Module:
             f"int8 quantization needs a float32 model on the CPU, got {found}; use --device=cpu "
             "--dtype=float32 or drop --quantize"
         )
-    engines = torch.backends.quantized.supported_engines
-    engine = next((name for name in ("x86", "fbgemm", "qnnpack") if name in engines), None)
-    if engine is None:
-        raise UserError(f"this PyTorch build has no int8 CPU kernels (engines: {engines}); drop --quantize")
-    torch.backends.quantized.engine = engine
     # A tied head is converted from its own (shared) weight: the tie is cut and the embedding stays float32.
     return replace_linears(model, Int8Linear.from_linear).eval()
 
