@@ -438,14 +438,15 @@ def save(run: Run, state: LoopState, best: bool, evaluated: bool = True) -> str:
     return runlog.saved_note(run.latest_path, Path(run.cfg.out_dir) / ckpt.BEST_NAME if best else None)
 
 
-def evaluate_and_save(run: Run, state: LoopState, at_end: bool, stop: StopRequest) -> None:
+def evaluate_and_save(run: Run, state: LoopState, at_end: bool, stop: StopRequest) -> str | None:
     """Evaluate; save when the val loss improved (as best.pt too), when always_save_checkpoint, or at the end.
-    An evaluation cut short by a stop request is dropped: the loop then stops and saves."""
+    Returns the saved note ("" when nothing was saved), or None for an evaluation cut short by a stop request,
+    which is dropped: the loop then stops and saves."""
     state.watch.lap()  # evaluation time is not training time
     loop.check_finite(state.first_bad_iter, run.device, run.procs, run.latest_path)
     result = evaluate(run, state.iter_num, stop)
     if result is None:
-        return
+        return None
     improved = result["val/loss"] is not None and result["val/loss"] < state.best_val_loss
     state.best_val_loss = min(state.best_val_loss, result["val/loss"] or math.inf)
     saved = ""
@@ -459,6 +460,7 @@ def evaluate_and_save(run: Run, state: LoopState, at_end: bool, stop: StopReques
     state.curves_drawn_at = curves.refresh_curves(run.cfg.out_dir, enabled, state.curves_drawn_at, at_end)
     state.last_eval = result
     state.watch.restart(state.iter_num)
+    return saved
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -467,11 +469,6 @@ def evaluate_and_save(run: Run, state: LoopState, at_end: bool, stop: StopReques
 def train(run: Run, state: LoopState, stop: StopRequest) -> int:
     """The loop: evaluate and save on schedule, then one optimizer step, until max_iters or a signal."""
     cfg, procs = run.cfg, run.procs
-    # Until this run's first step there is nothing to save, and timing a pass, a first evaluation or step may take
-    # minutes (or compile).
-    stop.at_once = not procs.distributed
-    if stop.signum and not procs.distributed:  # asked during set-up
-        return stop_and_save(run, state, stop, stop.signum)
     run.wrapped.train()
     # A compiled model's first step compiles, so its second tells the speed (GRPO has no batch to time before it).
     if not run.compiled and "val" in run.objective.eval_sets:
@@ -483,10 +480,13 @@ def train(run: Run, state: LoopState, stop: StopRequest) -> int:
         at_end = state.iter_num >= cfg.max_iters
         # a resumed run's first step was evaluated before it was saved, unless a stop saved it
         resumed_here = state.iter_num == state.start_iter and cfg.init_from == "resume" and state.start_evaluated
+        if resumed_here and at_end:  # a finished run started again (--init_from=auto): its results stand
+            return nothing_left(run, state)
+        evaluation = None
         if (state.iter_num % cfg.eval_interval == 0 or at_end) and not resumed_here:
-            evaluate_and_save(run, state, at_end, stop)
+            evaluation = evaluate_and_save(run, state, at_end, stop)
         if stop.signum and not procs.distributed:  # e.g. during the evaluation: no step first
-            return stop_and_save(run, state, stop, stop.signum)
+            return stop_and_save(run, state, stop, stop.signum, evaluation)
         if at_end:
             return finish(run, state)
         started = time.perf_counter()
@@ -521,15 +521,25 @@ def say_forecast(run: Run, state: LoopState, step_s: float, measured: str) -> No
         run.log.say(forecast.forecast_line(expected, measured, hint))
 
 
-def stop_and_save(run: Run, state: LoopState, stop: StopRequest, signum: int) -> int:
+def stop_and_save(run: Run, state: LoopState, stop: StopRequest, signum: int, evaluation: str | None = None) -> int:
     """After signal `signum` (SIGINT/SIGTERM, in any process): save ckpt.pt (unless this run has trained no step
-    yet), say how to continue, and return the signal's conventional exit code (130 after Ctrl-C, 143 after
-    SIGTERM). Under torchrun every worker returns 0: torchrun reports a worker's other code as a job failure."""
+    yet, or this step's evaluation has just saved it: `evaluation`, evaluate_and_save's note), say how to continue,
+    and return the signal's conventional exit code (130 after Ctrl-C, 143 after SIGTERM). Under torchrun every
+    worker returns 0: torchrun reports a worker's other code as a job failure."""
     loop.check_finite(state.first_bad_iter, run.device, run.procs, run.latest_path)
-    saved = save(run, state, best=False, evaluated=False) if state.iter_num > state.start_iter else None
+    saved = evaluation or None
+    if saved is None and state.iter_num > state.start_iter:
+        saved = save(run, state, best=False, evaluated=evaluation is not None)
     run.log.say(runlog.stopped_line(stop.signal_name, state.iter_num, saved))
     run.log.close()
     return 0 if run.procs.distributed else signals.exit_code(signum)
+
+
+def nothing_left(run: Run, state: LoopState) -> int:
+    """A run resumed at or past max_iters: nothing to train, and its summary.json and checkpoints stay as they are."""
+    run.log.say(runlog.nothing_left_line(state.iter_num, run.cfg.max_iters, run.latest_path))
+    run.log.close()
+    return 0
 
 
 def finish(run: Run, state: LoopState) -> int:
@@ -595,15 +605,20 @@ def run_until_done_or_stopped(
     """Set up, then train (or evaluate); returns the exit code. A stop asked for is a clean stop, whatever it
     cut short: a terminal's Ctrl-C also reaches the compilers torch.compile runs, and their failure is then one
     line, not a traceback."""
+    run = None
+    # Until this run's first step there is nothing to save, and loading a model, timing a pass, a first evaluation or
+    # step may take minutes (or compile): a signal stops at once.
+    stop.at_once = not procs.distributed
     try:
         run, state = set_up(cfg, procs, device, held)
         run.config_files = config_files
         return evaluate_only(run, state) if cfg.eval_only else train(run, state, stop)
     except KeyboardInterrupt:
-        if not stop.at_once:  # a second Ctrl-C, or one during set-up (at_once is set once `train` runs)
+        if not stop.at_once or not stop.signum:  # a second Ctrl-C
             raise
-        run.log.say(runlog.stopped_line(stop.signal_name, state.iter_num, None))
-        run.log.close()
+        if run is not None:
+            run.log.say(runlog.stopped_line(stop.signal_name, state.iter_num, None))
+            run.log.close()
         return signals.exit_code(stop.signum)
     except Exception as exc:
         if not stop.signum or isinstance(exc, UserError):

@@ -488,6 +488,11 @@ def test_rerunning_a_scratch_command_is_refused_and_the_earlier_run_kept(
     more = run_in_process(train.main, [*args, "--init_from=auto", "--max_iters=6", "--lr_decay_iters=6"], capsys)
     assert more.returncode == 0, more.stderr
     assert ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == 6  # auto resumed the earlier run
+    finished = snapshot(out_dir)
+    again = run_in_process(train.main, [*args, "--init_from=auto", "--max_iters=6", "--lr_decay_iters=6"], capsys)
+    assert again.returncode == 0, again.stderr
+    assert "is at step 6 of max_iters=6: nothing left to train" in again.stdout
+    assert snapshot(out_dir) == finished  # its summary.json and checkpoints stand
     fresh = run_in_process(train.main, [*args, "--max_iters=2", "--overwrite=True"], capsys)
     assert fresh.returncode == 0, fresh.stderr
     assert ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == 2  # replaced, as asked
@@ -522,7 +527,9 @@ def test_a_lone_best_checkpoint_is_not_removed_by_init_from_auto(
     (out_dir / "ckpt.pt").unlink()
     before = snapshot(out_dir)
     again = run_in_process(train.main, tiny_train_args(data_dir, out_dir, init_from="auto"), capsys)
-    assert_one_line_error(again.returncode, again.stderr, str(out_dir / "best.pt"), "--overwrite=True")
+    message = f"fine-tune from it with --init_from={out_dir / 'best.pt'} and another --out_dir"
+    assert_one_line_error(again.returncode, again.stderr, str(out_dir / "best.pt"), message, "--overwrite=True")
+    assert "--init_from=resume" not in again.stderr  # there is no ckpt.pt to resume
     assert snapshot(out_dir) == before
 
 

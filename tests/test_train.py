@@ -29,7 +29,7 @@ import train
 from gptkit.core.errors import UserError
 from gptkit.core.settings import parse_settings
 from gptkit.model import GPT, GPTConfig
-from gptkit.train import loop
+from gptkit.train import loop, models
 from gptkit.weights import checkpoint as ckpt
 from gptkit.weights.hf import write_hf
 from helpers import (
@@ -413,6 +413,69 @@ def test_ctrl_c_while_the_first_pass_is_timed_stops_at_once(
     assert "SIGINT received: stopping now (nothing trained yet to save)" in lines
     assert lines[-1] == "stopped by SIGINT after 0 steps, before this run trained one: nothing saved"
     assert not (out_dir / "ckpt.pt").exists()
+
+
+def test_ctrl_c_during_set_up_stops_at_once(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading the model (of a large one, minutes) comes before any step: a signal then stops the run at once."""
+    out_dir = tmp_path / "out"
+    create, calls = models.create_model, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        os.kill(os.getpid(), signal.SIGINT)
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(models, "create_model", interrupted)
+    result = run_in_process(train.main, tiny_train_args(data_dir, out_dir), capsys)
+    assert result.returncode == 130, result.stderr
+    assert result.stdout.splitlines()[-1] == "SIGINT received: stopping now (nothing trained yet to save)"
+    assert calls == [1] and not (out_dir / "ckpt.pt").exists()
+
+
+def test_ctrl_c_saves_when_it_also_ended_the_reader_of_the_runs_output(data_dir: Path, tmp_path: Path) -> None:
+    """`train.py ... | tee log` and a Ctrl-C: the terminal's signal ends tee too, and the run's next line meets a
+    closed pipe; the run still finishes its step, saves and exits 130."""
+    out_dir = tmp_path / "out"
+    process = start_train(tiny_train_args(data_dir, out_dir, max_iters=10**6, eval_interval=10**6, log_interval=1))
+    try:
+        wait_for_line(process, "iter 2:")
+        process.stdout.close()  # the reader has gone
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] >= 2
+
+
+@needs_default_sigterm
+def test_a_stop_while_an_evaluation_saves_saves_once_and_the_resumed_run_does_not_evaluate_again(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM while step 2's evaluation writes its checkpoint: that checkpoint is the stop's (evaluated), not written
+    a second time, and the resumed run goes on to step 4 with one evaluation of step 2 in its log."""
+    out_dir = tmp_path / "out"
+    save, saves = train.save, []
+
+    def signalling(*args, **kwargs):
+        saves.append(kwargs)
+        if len(saves) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return save(*args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(train, "save", signalling)
+        assert run_in_process(train.main, tiny_train_args(data_dir, out_dir), capsys).returncode == 143
+    assert len(saves) == 1 and ckpt.load_checkpoint(out_dir / "ckpt.pt")["evaluated"] is not False
+    resumed = run_in_process(train.main, [*tiny_train_args(data_dir, out_dir), "--init_from=resume"], capsys)
+    assert resumed.returncode == 0, resumed.stderr
+    records = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
+    assert [r["iter"] for r in records if "val/loss" in r] == [0, 2, 4]
 
 
 @needs_default_sigterm

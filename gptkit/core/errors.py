@@ -93,6 +93,22 @@ USER_OS_ERRNOS = frozenset(
 )
 
 
+def silence_stdout() -> None:
+    """Point stdout at the null device: its reader has gone, and later lines are to go nowhere, not to raise."""
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def say_unless_unread(text: str) -> None:
+    """Print one line at once; where stdout's reader has gone (`train.py | tee log` and a Ctrl-C, which ends tee
+    too), this and later lines go nowhere instead of raising, so that what the line reports (a stop, a save) still
+    happens."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        silence_stdout()
+
+
 def _one_line(message: object) -> str:
     return " ".join(str(message).split())
 
@@ -140,8 +156,7 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
         sys.exit(EXIT_USER_ERROR)
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): stop quietly, as command-line tools do.
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        silence_stdout()
         sys.exit(EXIT_BROKEN_PIPE)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -7,6 +7,8 @@ import signal
 import threading
 from typing import Any
 
+from gptkit.core.errors import say_unless_unread
+
 
 class StopRequest:
     """While active, SIGINT and SIGTERM ask the training loop to stop after the current step and save.
@@ -43,9 +45,9 @@ class StopRequest:
             return
         self.signal_name, self.signum = signal.Signals(signum).name, signum
         if self.at_once:
-            print(f"{self.signal_name} received: stopping now (nothing trained yet to save)", flush=True)
+            say_unless_unread(f"{self.signal_name} received: stopping now (nothing trained yet to save)")
             raise KeyboardInterrupt
-        print(f"{self.signal_name} received: finishing this step, then saving a checkpoint", flush=True)
+        say_unless_unread(f"{self.signal_name} received: finishing this step, then saving a checkpoint")
 
 
 def exit_code(signum: int) -> int:

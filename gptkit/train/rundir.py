@@ -42,9 +42,14 @@ def resolve_init_from(init_from: str, out_dir: str | os.PathLike, overwrite: boo
     if init_from == "auto" and (directory / LATEST_NAME).exists():
         return "resume"
     if init_from != "resume" and existing and not overwrite:  # auto over a lone best.pt too: it would be removed
+        ways = (
+            "continue it with --init_from=resume (or auto)"
+            if (directory / LATEST_NAME).exists()  # a lone best.pt has no optimizer state to resume: fine-tune from it
+            else f"fine-tune from it with --init_from={existing[0]} and another --out_dir"
+        )
         raise UserError(
-            f"{existing[0]} holds an earlier run that init_from={init_from} would replace; continue it with "
-            "--init_from=resume (or auto), write elsewhere with another --out_dir, or replace it with --overwrite=True"
+            f"{existing[0]} holds an earlier run that init_from={init_from} would replace; {ways}, write elsewhere "
+            "with another --out_dir, or replace it with --overwrite=True"
         )
     return "scratch" if init_from == "auto" else init_from
 

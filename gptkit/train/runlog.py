@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gptkit.core.errors import UserError
+from gptkit.core.errors import UserError, say_unless_unread
 
 LOG_NAME = "log.jsonl"
 SUMMARY_NAME = "summary.json"  # a finished run's figures, for scripts and benchmarks
@@ -40,9 +40,10 @@ class RunLog:
         self.file = open(out_dir / LOG_NAME, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole run
 
     def say(self, text: str) -> None:
-        """Print one line (rank 0 only), at once: runs are watched live and may be killed any time."""
+        """Print one line (rank 0 only), at once: runs are watched live and may be killed any time. A run whose
+        output pipe closes goes on (and saves when stopped) without its lines."""
         if self.master:
-            print(text, flush=True)
+            say_unless_unread(text)
 
     def record(self, entry: dict[str, Any]) -> None:
         """Append `entry` (which has "iter") to log.jsonl and log it to wandb at step entry["iter"]."""
@@ -165,6 +166,14 @@ def stopped_line(signal_name: str | None, steps: int, saved: str | None) -> str:
     if saved is None:
         return f"stopped by {who} after {steps} steps, before this run trained one: nothing saved"
     return f"stopped by {who} after {steps} steps{saved}; continue with --init_from=resume"
+
+
+def nothing_left_line(steps: int, max_iters: int, checkpoint: Path) -> str:
+    """A run resumed with no step left to train."""
+    return (
+        f"{checkpoint} is at step {steps} of max_iters={max_iters}: nothing left to train, its results stand; "
+        "raise --max_iters to train on"
+    )
 
 
 def cut_short_line(signal_name: str | None, failure: str) -> str:
