@@ -29,6 +29,8 @@ class PlotSettings:
             raise UserError("give the out_dir of at least one training run, e.g. python plot.py out-shakespeare-char")
         if self.out and Path(self.out).is_dir():
             raise UserError(f"--out={self.out} is a directory; name a PNG file")
+        if self.out and Path(self.out).suffix.lower() != ".png":
+            raise UserError(f"--out={self.out}: the drawing is a PNG; name a file ending in .png")
         # A run's own curves.png is train.py's drawing of its log, redrawn at every evaluation; another file may be
         # the user's.
         if self.out and Path(self.out).exists() and not self.overwrite:

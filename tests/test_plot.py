@@ -48,6 +48,9 @@ def test_an_existing_out_file_is_kept_unless_overwrite(tmp_path: Path, capsys: p
     assert mine.read_bytes() == b"a drawing of the user's"
     code, _, err = run_main(plot.main, [str(a), f"--out={tmp_path}"], capsys)
     assert_one_line_error(code, err, f"--out={tmp_path} is a directory")
+    code, _, err = run_main(plot.main, [str(a), f"--out={tmp_path / 'curves.txt'}"], capsys)
+    assert_one_line_error(code, err, "the drawing is a PNG; name a file ending in .png")
+    assert not (tmp_path / "curves.txt").exists()
     assert run_main(plot.main, [str(a), f"--out={mine}", "--overwrite=True"], capsys)[0] == 0 and is_png(mine)
 
 
