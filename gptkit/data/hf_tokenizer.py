@@ -59,12 +59,20 @@ def is_hf_tokenizer_dir(directory: str | os.PathLike) -> bool:
 GPT2_VOCABULARY_SHA256 = "e35a33a0b2250c932ffdafc4c3a3552aef0cc7af7a11e9ebfddf1d2a6517371f"
 
 
-def holds_gpt2_vocabulary(directory: str | os.PathLike) -> bool:
-    """Whether `directory`'s tokenizer.json is a BPE over exactly GPT-2's vocabulary (a GPT-2 checkpoint's own, as
-    the hub's gpt2 ... gpt2-xl and distilgpt2 ship it), not another vocabulary in GPT-2's architecture."""
-    model = _read_json(Path(directory) / TOKENIZER_FILE).get("model")
+def is_gpt2_bpe(record: dict[str, Any]) -> bool:
+    """Whether a tokenizer record (read_hf_record's) is GPT-2's BPE and nothing more: exactly GPT-2's vocabulary (a
+    GPT-2 checkpoint's own, as the hub's gpt2 ... gpt2-xl and distilgpt2 ship it), no token added but its
+    <|endoftext|>, no chat template. Another vocabulary in GPT-2's architecture, or GPT-2's with chat markers or a
+    template (a chat fine-tune's export), is not."""
+    if record.get("template_source") is not None:
+        return False
+    parsed = json.loads(record["tokenizer_json"])
+    added = {token.get("content") for token in parsed.get("added_tokens") or [] if isinstance(token, dict)}
+    model = parsed.get("model")
     vocab = model.get("vocab") if isinstance(model, dict) and model.get("type") == "BPE" else None
-    if not isinstance(vocab, dict) or len(vocab) != 50257 or not all(type(i) is int for i in vocab.values()):
+    if not isinstance(vocab, dict) or len(vocab) != 50257 or not added <= {"<|endoftext|>"}:
+        return False
+    if not all(type(token_id) is int for token_id in vocab.values()):
         return False
     tokens = sorted(vocab, key=vocab.__getitem__)
     return bpe.sha256_text("\n".join(tokens)) == GPT2_VOCABULARY_SHA256

@@ -20,7 +20,7 @@ import torch
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import sha256_file
 from gptkit.data.gguf_tokenizer import find_gguf, gguf_tokenizer_record
-from gptkit.data.hf_tokenizer import HFTokenizer, holds_gpt2_vocabulary, is_hf_tokenizer_dir, read_hf_record
+from gptkit.data.hf_tokenizer import HFTokenizer, is_gpt2_bpe, is_hf_tokenizer_dir, read_hf_record
 from gptkit.data.meta import read_meta
 from gptkit.data.prepare import chat_prepare
 from gptkit.data.tokenizer import Tokenizer, make_tokenizer, tokenizer_from_meta
@@ -358,9 +358,10 @@ def tokenizer_record_at(kind: str, path: Path) -> dict[str, Any] | None:
     tiktoken's, which data prepared with --tokenizer=gpt2 holds) and for a directory without one."""
     if kind == "gguf":
         return gguf_tokenizer_record(path)
-    if not is_hf_tokenizer_dir(path) or (is_gpt2_directory(path) and holds_gpt2_vocabulary(path)):
+    if not is_hf_tokenizer_dir(path):
         return None
-    return read_hf_record(path)
+    record = read_hf_record(path)
+    return None if is_gpt2_directory(path) and is_gpt2_bpe(record) else record
 
 
 def open_weights_meta(source: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from helpers import (
     HUB_COMMIT,
     assert_one_line_message,
     copy_gpt2_bpe_files,
+    gpt2_chat_tokenizer,
     lively_model,
     make_char_data,
     offline_hub_cache,
@@ -368,7 +369,7 @@ def test_a_gpt2_directory_holding_gpt2_s_own_tokenizer_json_reads_gpt2_s_bpe(tmp
     spelled otherwise makes it another vocabulary."""
     import tiktoken
 
-    from gptkit.data.hf_tokenizer import holds_gpt2_vocabulary
+    from gptkit.data.hf_tokenizer import is_gpt2_bpe, read_hf_record
 
     files = copy_gpt2_bpe_files(tmp_path / "bpe")
     fast = transformers.GPT2TokenizerFast(vocab=str(files / "encoder.json"), merges=str(files / "vocab.bpe"))
@@ -379,10 +380,26 @@ def test_a_gpt2_directory_holding_gpt2_s_own_tokenizer_json_reads_gpt2_s_bpe(tmp
     text = "Hello, world: ünïcode and 12345\n"
     assert loaded.tokenizer.to_meta() == {"kind": "tiktoken", "encoding": "gpt2"}
     assert loaded.tokenizer.encode(text) == tiktoken.get_encoding("gpt2").encode_ordinary(text)
-    parsed = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
+    record = read_hf_record(directory)
+    assert is_gpt2_bpe(record)
+    parsed = json.loads(record["tokenizer_json"])
     parsed["model"]["vocab"]["Ġworld!"] = parsed["model"]["vocab"].pop("Ġworld")
-    (directory / "tokenizer.json").write_text(json.dumps(parsed), encoding="utf-8")
-    assert not holds_gpt2_vocabulary(directory)
+    assert not is_gpt2_bpe({**record, "tokenizer_json": json.dumps(parsed)})  # one token spelled otherwise
+    assert not is_gpt2_bpe({**record, "template_source": "{{ messages[0]['content'] }}"})  # a chat fine-tune's
+
+
+def test_a_gpt2_chat_runs_hugging_face_export_reads_back_with_its_markers_and_template(tmp_path):
+    """A GPT-2-shaped run on chat data in GPT-2's BPE, exported with --format=hf and read back from the directory:
+    the tokenizer is the run's own (GPT-2's vocabulary and the chat markers), the conversation's ids the run's."""
+    from gptkit.weights.export_hf import export_hf
+
+    chat = gpt2_chat_tokenizer()
+    (tmp_path / "hf").mkdir()
+    export_hf(lively_model(chat.vocab_size, seed=4, bias=True), chat, tmp_path / "hf")
+    ours = load(str(tmp_path / "hf")).tokenizer
+    conversation = [{"role": "user", "content": "Hello there"}]
+    assert ours.chat is not None
+    assert ours.chat.render_prompt(conversation, ours) == chat.chat.render_prompt(conversation, chat)
 
 
 # ----------------------------------------------------------------------------- mistakes
