@@ -60,6 +60,10 @@ class ExportSettings(ModelLocation):
             raise UserError("--export_dir is required: the new directory to write the export into")
         if self.format in LORA_FORMATS and self.init_from != "resume":
             raise UserError(f"--format={self.format} exports a LoRA run: give its --out_dir (with --init_from=resume)")
+        if self.init_from == "resume" and Path(self.export_dir).resolve() == Path(self.out_dir).resolve():
+            raise UserError(f"--export_dir={self.export_dir} is the run's own directory; name a new one for the export")
+        if self.name and (self.name in (".", "..") or any(char in self.name for char in "/\\")):
+            raise UserError(f"--name={self.name!r} names the GGUF file, not a path: give it without '/', '\\' or '..'")
 
 
 def load_source(cfg: ExportSettings) -> tuple[GPT, Tokenizer]:
@@ -90,7 +94,9 @@ def model_name(cfg: ExportSettings) -> str:
     GGUF file's name without .gguf."""
     if cfg.init_from != "resume":
         source = Path(cfg.init_from)
-        return source.resolve().name if source.is_dir() else source.stem if source.is_file() else cfg.init_from
+        if source.is_dir() or source.is_file():
+            return source.resolve().name if source.is_dir() else source.stem
+        return cfg.init_from.split(":")[0].rsplit("/", 1)[-1]  # a hub name (owner/name, owner/name:TAG): its name
     source = Path(cfg.out_dir).resolve()
     return source.parent.name if source.is_file() else source.name
 

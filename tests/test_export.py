@@ -188,6 +188,12 @@ def test_never_overwrites_unasked(tmp_path, chat_checkpoint, capsys):
     assert code == 0, err
     assert (destination / "config.json").read_text() != "mine" and (destination / "notes.txt").read_text() == "mine"
     assert [p.name for p in tmp_path.iterdir()] == ["taken"]  # no staging directory left beside it
+    (tmp_path / ".taken.partial").write_text("a file of the user's, named as a staging folder once was")
+    code, _, err = run_main(
+        export.main, [*cli_args(out_dir=chat_checkpoint, export_dir=destination), "--overwrite"], capsys
+    )
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".taken.partial", "taken"]
     below_a_file = cli_args(out_dir=chat_checkpoint, export_dir=destination / "notes.txt" / "export")
     code, _, err = run_main(export.main, below_a_file, capsys)
     assert_one_line_error(code, err, f"{destination / 'notes.txt'} is a file, not a directory")
@@ -204,6 +210,8 @@ def test_mistakes_are_one_line_errors_and_leave_no_directory(tmp_path, capsys):
         (cli_args(out_dir=char, format="onnx", export_dir=tmp_path / "x"), ["onnx"]),
         (cli_args(out_dir=char, format="peft", export_dir=tmp_path / "x"), ["is not a LoRA run's checkpoint"]),
         (cli_args(init_from="gpt2", format="merged", export_dir=tmp_path / "x"), ["exports a LoRA run"]),
+        (cli_args(out_dir=char, format="gguf", export_dir=tmp_path / "x", name="../../keep"), ["names the GGUF file"]),
+        (cli_args(out_dir=char.parent, export_dir=char.parent, overwrite=True), ["is the run's own directory"]),
     ]
     for args, fragments in cases:
         code, _, err = run_main(export.main, args, capsys)
@@ -227,3 +235,9 @@ def test_help_names_the_script_and_every_format(capsys):
     code, out, _ = run_main(export.main, ["--help"], capsys)
     assert code == 0 and out.startswith("usage: python export.py [--key=value ...]\n")
     assert all(f"{name}:" in out for name in export.FORMATS)
+
+
+def test_a_hub_models_gguf_file_is_named_by_the_models_name() -> None:
+    """The file name of --format=gguf from owner/name (or owner/name:TAG) is the name alone, not a path."""
+    for source in ("testowner/tiny-llama", "testowner/tiny-llama:Q4_K_M"):
+        assert export.model_name(export.ExportSettings(init_from=source, export_dir="x", format="gguf")) == "tiny-llama"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -221,9 +222,8 @@ def new_directory(destination: str | os.PathLike, overwrite: bool) -> Iterator[P
     if above is not None and not above.is_dir():
         raise UserError(f"{above} is a file, not a directory; choose another --export_dir")
     destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = destination.parent / f".{destination.name}.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
+    # A name of its own: never a folder of the user's, nor another export's to the same place at the same time.
+    staging = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.", suffix=".partial"))
     try:
         yield staging
         destination.mkdir(exist_ok=True)
