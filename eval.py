@@ -12,6 +12,7 @@ The last line on stdout is the summary of every task; --json_out writes {"hellas
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from gptkit.core.settings import parse_settings, setting
 from gptkit.data.tokenizer import Tokenizer
 from gptkit.eval import hellaswag
 from gptkit.infer.decoding import Decoding
+from gptkit.infer.next_token import sampling_problem
 from gptkit.model import GPT
 from gptkit.weights import load
 from gptkit.weights.source_settings import ModelSource, for_inference, keeps_int4_in_file
@@ -74,6 +76,9 @@ class EvaluateSettings(ModelSource, Decoding, Runtime):
             raise UserError("nothing to evaluate: give --tasks=hellaswag, --harness_tasks=... and/or --prompts=FILE")
         if self.prompts:
             self.pass_ks()
+            problem = sampling_problem(self.temperature, None, None)
+            if problem is not None:
+                raise UserError(f"--{problem}")
             if self.samples > 1 and self.temperature == 0:
                 raise UserError(
                     "--samples above 1 with --temperature=0 repeats one greedy completion; sample with a temperature"
@@ -82,13 +87,26 @@ class EvaluateSettings(ModelSource, Decoding, Runtime):
             raise UserError("--harness_include needs --harness_tasks naming the tasks to run")
         if self.json_out and Path(self.json_out).is_dir():
             raise UserError(f"--json_out={self.json_out} is a directory; name a file")
-        if self.json_out and self.prompts and Path(self.json_out).resolve() == Path(self.prompts).resolve():
-            raise UserError(f"--json_out={self.json_out} is the --prompts file; name another file for the results")
+        if self.json_out:
+            check_writable_parent(Path(self.json_out))
+        for name, given in (("prompts", self.prompts), ("hellaswag_path", self.hellaswag_path)):
+            if self.json_out and given and Path(self.json_out).resolve() == Path(given).resolve():
+                raise UserError(f"--json_out={self.json_out} is the --{name} file; name another file for the results")
         if self.json_out and Path(self.json_out).exists() and not self.overwrite:  # checked before the evaluation
             raise UserError(
                 f"--json_out={self.json_out} exists (an earlier evaluation's); pass --overwrite=True to replace it, or "
                 "name another file"
             )
+
+
+def check_writable_parent(path: Path) -> None:
+    """UserError unless `path`'s directory exists as a writable directory or can be made: checked before an
+    evaluation of hours, whose results would otherwise be lost at the end."""
+    above = next((parent for parent in path.parents if parent.exists()), Path("."))
+    if not above.is_dir():
+        raise UserError(f"--json_out={path}: {above} is a file, not a directory; name another file")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise UserError(f"--json_out={path}: {above} is not writable; name another file")
 
 
 def run_own_tasks(
@@ -130,7 +148,7 @@ def run_harness_tasks(
         output = harness.simple_evaluate(
             lm, tasks, cfg.harness_include or None, cfg.limit, random_seed=cfg.seed, log_samples=False
         )
-    except (KeyError, ValueError, FileNotFoundError) as exc:  # an unknown task, or one it cannot load (its data)
+    except (KeyError, ValueError, OSError) as exc:  # an unknown task, or one whose data it cannot load (offline too)
         raise UserError(f"lm-eval could not run {', '.join(tasks)}: {str(exc).strip() or type(exc).__name__}") from None
     results = {}
     for task, metrics in (output or {}).get("results", {}).items():

@@ -32,7 +32,9 @@ def load_prompts(path: str | Path, tokenizer: Any, context: int | None = None) -
     prompt that leaves no room for a token in a model's `context`."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()  # -sig: a byte-order mark is no text
+        # -sig: a byte-order mark is no text; lines end at "\n" alone (JSON strings may hold U+2028, which
+        # splitlines would end a line at)
+        lines = path.read_text(encoding="utf-8-sig").split("\n")
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read the prompt file {path} ({exc})") from None
     prompts = []

@@ -78,7 +78,7 @@ def read_items(path: str | os.PathLike) -> list[Item]:
     """The items of a HellaSwag-format JSONL file (one object per line; blank lines are skipped)."""
     items = []
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8-sig") as handle:  # -sig: a byte-order mark is no text
             for number, line in enumerate(handle, 1):
                 if not line.strip():
                     continue

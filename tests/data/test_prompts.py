@@ -35,3 +35,15 @@ def test_a_prompt_the_tokenizer_cannot_encode_names_its_file_and_line(tmp_path: 
         load_prompts(path, tokenizer)
     message = str(raised.value)
     assert message.startswith(f"{path}:2: ") and "'+'" in message and "\n" not in message
+
+
+def test_a_prompt_file_as_editors_write_it_reads_as_its_records(tmp_path: Path) -> None:
+    """A byte-order mark, CRLF line ends and a U+2028 inside a string (JSON needs no escape for it): the records."""
+    tokenizer = CharTokenizer.from_text("ab\u2028")
+    records = [{"prompt": "a\u2028b", "answer": "1"}, {"prompt": "ba", "answer": "2"}]
+    text = "\r\n".join(json.dumps(record, ensure_ascii=False) for record in records) + "\r\n"
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    prompts = load_prompts(path, tokenizer)
+    assert [p.sample for p in prompts] == records
+    assert [p.ids for p in prompts] == [tokenizer.encode("a\u2028b"), tokenizer.encode("ba")]

@@ -68,6 +68,12 @@ def test_prompt_file_end_to_end(tmp_path: Path, capsys):
     deep.write_text('{"prompt": "x", "answer": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
     code, _, stderr = run_main(eval_script.main, [*common[:2], f"--prompts={deep}", *common[3:]], capsys)
     assert_one_line_error(code, stderr, f"{deep}:1: not valid JSON (nested too deeply)")
-    for target, message in ((tmp_path, "is a directory"), (prompts, "is the --prompts file")):
+    for target, message in (
+        (tmp_path, "is a directory"),
+        (prompts, "is the --prompts file"),
+        (prompts / "r.json", f"{prompts} is a file, not a directory"),  # before the evaluation, not after it
+    ):
         code, _, stderr = run_main(eval_script.main, [*common, f"--json_out={target}", "--overwrite=True"], capsys)
         assert_one_line_error(code, stderr, message)
+    code, _, stderr = run_main(eval_script.main, [*common, "--temperature=inf"], capsys)
+    assert_one_line_error(code, stderr, "--temperature must be a finite number >= 0, got inf")

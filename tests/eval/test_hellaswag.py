@@ -33,6 +33,7 @@ from helpers import (
     assert_one_line_error,
     assert_one_line_message,
     assert_script_error,
+    clean_env,
     cli_args,
     items_from_text,
     make_char_data,
@@ -545,3 +546,17 @@ def test_evaluate_script_runs_harness_tasks(trained, harness_tasks, offline_data
     no_data = [*unknown[:-1], "--harness_tasks=lacking", f"--harness_include={lacking}"]
     code, _, err = run_main(eval_script.main, no_data, capsys)
     assert_one_line_error(code, err, "lm-eval could not run lacking")
+    # A task whose data lives on the hub, offline (the README's lambada_openai on a machine without the network).
+    (lacking / "hub.yaml").write_text(
+        HARNESS_TASK.format(name="hub", data="x").replace("dataset_path: json", "dataset_path: gptkit-tests/absent")
+    )
+    offline = run_script(
+        "eval.py",
+        *no_data[:-2],
+        "--harness_tasks=hub",
+        f"--harness_include={lacking}",
+        env=clean_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"),
+    )
+    last = offline.stderr.strip().splitlines()[-1]  # lm-eval logs its own notes on the task's metrics first
+    assert offline.returncode == 2 and last.startswith("error: lm-eval could not run hub"), offline.stderr
+    assert "Traceback" not in offline.stderr
