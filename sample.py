@@ -1,7 +1,7 @@
 """Generate text from a trained checkpoint or from GPT-2: settings → checkpoint → tokenizer → model → text.
 
 python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --max_new_tokens=300
-python sample.py --init_from=gpt2 --start="FILE:prompt.txt" --top_p=0.9 --stop="\\n\\n"
+python sample.py --init_from=gpt2 --start="FILE:prompt.txt" --top_p=0.9 --stop=$'\\n\\n'   # bash's $'...': a blank line
 python sample.py --out_dir=out --interactive          # one prompt per line from stdin, until EOF
 python sample.py --init_from=gpt2 --decode=eager      # a backend of your choice (default auto: the fastest here)
 python sample.py --out_dir=out-chat --chat --system="Answer briefly."   # talk with a chat fine-tuned model
@@ -75,7 +75,7 @@ def read_prompt(start: str) -> str:
     if start.startswith("FILE:"):
         path = Path(start[len("FILE:") :])
         try:
-            return path.read_text(encoding="utf-8")
+            return path.read_text(encoding="utf-8-sig")  # -sig: a byte-order mark is no text
         except FileNotFoundError:
             raise UserError(f"prompt file {path} does not exist") from None
         except UnicodeDecodeError as exc:
@@ -170,7 +170,7 @@ def main(argv: list[str]) -> int:
         write("\n")
         return 0
     for line in sys.stdin:
-        prompt = line.rstrip("\n")
+        prompt = line.rstrip("\r\n")  # a terminal's or a CRLF file's line end
         if not prompt:
             continue  # an empty line asks for nothing
         try:
@@ -214,7 +214,7 @@ def chat(
     history = opening(cfg.system)
     print(f"chat: type a message and Enter; {RESET} starts over, {EXIT} or Ctrl-D ends", file=sys.stderr, flush=True)
     for line in sys.stdin:
-        text = line.rstrip("\n")
+        text = line.rstrip("\r\n")  # a terminal's or a CRLF file's line end
         if text.strip() == EXIT:
             break
         if text.strip() == RESET:
@@ -223,16 +223,15 @@ def chat(
             continue
         if not text.strip():
             continue
+        asked = [*history, {"role": "user", "content": text}]
         try:
-            reply = chat_reply(
-                model, tokenizer, [*history, {"role": "user", "content": text}], cfg, device, dtype, write
-            )
+            reply = chat_reply(model, tokenizer, asked, cfg, device, dtype, write)
         except UserError as exc:  # e.g. a character the model never saw: this message is dropped, the talk goes on
             if isinstance(exc, GenerationError):  # the reply had begun: end its line
                 write("\n")
             print(f"error: {exc}; type another message", file=sys.stderr, flush=True)
             continue
-        history.append({"role": "user", "content": text})
+        history = asked  # less the oldest turns chat_reply left out: they are not told of again
         if reply:  # an empty reply (an immediate end of turn) is no message
             history.append({"role": "assistant", "content": reply})
         write("\n")
@@ -254,9 +253,9 @@ def chat_reply(
     write: Callable[[str], None],
 ) -> str:
     """The assistant's next reply to `messages`, streamed through `write`. When the conversation has outgrown the
-    context, its oldest turns (after the system message) are left out of the prompt, and the user is told so."""
+    context, its oldest turns (after the system message) are left out of the prompt and removed from `messages` (in
+    place), and the user is told so."""
     template, block = tokenizer.chat, model.config.block_size
-    messages = list(messages)
     try:
         ids = template.render_prompt(messages, tokenizer)
         while len(ids) >= block and len(messages) > 1 + (messages[0]["role"] == "system"):

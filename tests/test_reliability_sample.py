@@ -141,6 +141,21 @@ def test_interactive_skips_empty_lines_and_goes_on_after_an_unknown_character(
     assert len(answers) == 3 and answers[0].startswith("To") and answers[1].startswith("be") and answers[2] == ""
 
 
+def test_crlf_lines_and_a_byte_order_mark_are_no_prompt_text(
+    out_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """--interactive lines ended by CRLF (a Windows file piped in) and a --start=FILE: with a byte-order mark: the
+    character model's prompts are the text alone, neither '\\r' nor U+FEFF, which it has never seen."""
+    code, stdout, stderr = cli([f"--out_dir={out_dir}", "--interactive", "--max_new_tokens=3"], capsys, "To\r\nbe\r\n")
+    assert code == 0 and stderr == "", stderr
+    answers = stdout.split(sample.SEPARATOR)
+    assert answers[0].startswith("To") and answers[1].startswith("be")
+    path = tmp_path / "prompt.txt"
+    path.write_bytes(b"\xef\xbb\xbfTo be")
+    code, stdout, stderr = cli([f"--out_dir={out_dir}", f"--start=FILE:{path}", "--max_new_tokens=3"], capsys)
+    assert code == 0 and stdout.startswith("To be"), stderr
+
+
 @pytest.fixture
 def overflowing_dir(tmp_path: Path) -> Path:
     """A checkpoint with finite weights whose logits overflow to infinity after a ',' (helpers.overflowing_model)."""

@@ -87,6 +87,22 @@ def test_sample_chat_streams_the_reply_up_to_the_end_of_turn(chatml: tuple[AutoT
     assert expected_reply(model, ours, prompt, 12)[1] == "stop" and reply
 
 
+def test_a_chat_that_outgrows_the_context_leaves_each_oldest_turn_out_once(
+    chatml: tuple[AutoTokenizer, HFTokenizer], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """sample.py --chat over many messages: a turn left out of the prompt is gone from the conversation, so each
+    note on stderr stands for a turn newly left out, never for one left out before."""
+    _, ours = chatml
+    model = lively_model(ours.vocab_size, block_size=64, seed=1)
+    cfg = sample.SampleSettings(temperature=0.0, max_new_tokens=4)
+    monkeypatch.setattr("sys.stdin", io.StringIO("".join(f"message number {i}\r\n" for i in range(12))))
+    assert sample.chat(model, ours, cfg, torch.device("cpu"), torch.float32, io.StringIO().write) == 0
+    notes = capsys.readouterr().err.count("its oldest turn is left out")
+    # Each message with its reply and the template's markers takes well over a tenth of 64 tokens: some turns are
+    # left out, and no more notes than there were turns to leave out (11 messages before the last, and replies).
+    assert 0 < notes <= 22
+
+
 # ----------------------------------------------------------------------------- Qwen3's reasoning tokens are text
 
 QWEN3_SHAPE = dict(block_size=96, n_head=4, n_kv_head=2, head_dim=16, mlp_hidden=64, bias=False)
