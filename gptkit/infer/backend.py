@@ -52,6 +52,13 @@ class Backend(Protocol):
         ...
 
 
+def weight_versions(model: nn.Module) -> tuple[tuple[int, int], ...]:
+    """Where each of `model`'s parameters and buffers lies and its in-place version counter: a copy made for decoding
+    (packed, transposed) is stale once an optimizer or a load writes a weight, or `.data` (to(), float()) replaces
+    one, which keeps the counter."""
+    return tuple((t.data_ptr(), t._version) for t in (*model.parameters(), *model.buffers()))
+
+
 def compute_dtype(model: nn.Module) -> torch.dtype:
     """The dtype a pass of `model` computes in, and so the dtype its keys come out as: autocast's (where it is on for
     the model's device), else the weights'."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -264,6 +265,9 @@ class Engine:
                 raise ValueError("this request has already been added")
             if any(not 0 <= token < vocab_size for token in request.logit_bias):
                 raise ValueError(f"logit_bias names a token outside the model's vocabulary of {vocab_size}")
+            # Checked before any request joins: a token past the table would fail every later step of the batch.
+            if any(not isinstance(token, numbers.Integral) or not 0 <= token < vocab_size for token in request.prompt):
+                raise ValueError(f"a prompt holds a token that is no id of the model's vocabulary of {vocab_size}")
             reach = min(len(request.prompt), self.block_size) + request.max_new_tokens
             if self.cache.capacity < self.block_size and reach > self.cache.capacity:
                 raise ValueError(f"a request reaching {reach} positions, past the engine's {self.cache.capacity}")
@@ -495,6 +499,10 @@ def generate_stream(
     All rows share `generator` and the settings. A row that has made a stop token repeats it; the stream ends
     early once every row has stopped. See Engine for the cache, the sliding window and `decode`.
     """
+    if idx.dim() != 2 or idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
+        raise ValueError(
+            f"idx must be a (batch, tokens) tensor of token ids, got {idx.dtype} of shape {tuple(idx.shape)}"
+        )
     requests = [
         Request(
             prompt=row,

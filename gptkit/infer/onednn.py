@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from gptkit.infer.backend import EagerBackend
+from gptkit.infer.backend import EagerBackend, weight_versions
 
 
 @functools.cache
@@ -86,13 +86,9 @@ def suits_fast_path(model: nn.Module) -> bool:
 
 # Each model's decoding copy and the version counters of the weights it was made from; a model that is garbage
 # collected takes its copy with it.
-DECODING_COPIES: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[int, ...], nn.Module]] = weakref.WeakKeyDictionary()
-
-
-def weight_versions(model: nn.Module) -> tuple[int, ...]:
-    """The in-place version counters of `model`'s parameters and buffers: they change when an optimizer or a load
-    writes a weight."""
-    return tuple(t._version for t in (*model.parameters(), *model.buffers()))
+DECODING_COPIES: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[tuple[int, int], ...], nn.Module]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def decoding_copy(model: nn.Module) -> nn.Module:

@@ -720,6 +720,27 @@ def test_bad_logit_rules_are_refused():
         engine.add(Request([1, 2], 3, logprobs=-1))
 
 
+@pytest.mark.parametrize("decode", ["eager", "native"])
+def test_a_prompt_token_outside_the_vocabulary_is_refused_before_it_joins(decode: str):
+    """A bad id first or last in a prompt: the request never joins (all or none), and the request beside it finishes
+    as it would alone."""
+    model = lively_model()
+    engine = Engine(model, slots=2, decode=decode)
+    good = Request([1, 2], 3, temperature=0.0)
+    engine.add(good)
+    for prompt in ([1, VOCAB], [VOCAB, 1], [-1, 1], [1.5, 1]):
+        with pytest.raises(ValueError, match="no id of the model's vocabulary"):
+            engine.add(Request(prompt, 3, temperature=0.0))
+        assert engine.active == [good]
+    list(engine.run([]))
+    alone = Request([1, 2], 3, temperature=0.0)
+    list(Engine(model, slots=1, decode=decode).run([alone]))
+    assert good.output == alone.output and good.finish_reason == "length"
+    for idx in (torch.tensor([1, 2]), torch.tensor([[1.0, 2.0]])):
+        with pytest.raises(ValueError, match=r"idx must be a \(batch, tokens\) tensor of token ids"):
+            generate(model, idx, 2)
+
+
 # ----------------------------------------------------------------------------------------------- non-finite logits
 
 OVERFLOWING = 5  # the token after which overflowing_model's logits overflow

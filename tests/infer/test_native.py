@@ -560,7 +560,8 @@ def test_a_step_lets_other_python_threads_run():
 
 
 def test_the_packed_weights_follow_a_changed_model():
-    """One packed copy per model and dtype, made again after a weight changes in place (load_state_dict)."""
+    """One packed copy per model and dtype, made again after a weight changes in place (load_state_dict) or is
+    replaced."""
     model, other = lively_model(seed=1), lively_model(seed=2)
     first = NativeStep.for_model(model, torch.float32)
     assert NativeStep.for_model(model, torch.float32) is first
@@ -570,6 +571,13 @@ def test_the_packed_weights_follow_a_changed_model():
     request = Request([1, 2, 3], 12, temperature=0)
     list(Engine(model, decode="native").run([request]))
     assert request.output == reference_greedy(plain_copy(other), [1, 2, 3], 12)
+    # A weight's tensor replaced whole (.data =, as Module.to and float() do), its version counter kept.
+    third = lively_model(seed=3)
+    for mine, theirs in zip(model.parameters(), third.parameters()):
+        mine.data = theirs.data.clone()
+    request = Request([1, 2, 3], 12, temperature=0)
+    list(Engine(model, decode="native").run([request]))
+    assert request.output == reference_greedy(plain_copy(third), [1, 2, 3], 12)
 
 
 def test_bfloat16_autocast_packs_bfloat16_weights():

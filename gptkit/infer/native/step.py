@@ -20,7 +20,8 @@ requests admitted together, of one length, in one pass) up to PREFILL_LIMITS' to
 Caveat: the step reads a packed copy of the weights (their memory twice over, but for int4 products left in a GGUF
 file, FileInt4Linear, of which the model holds nothing: gptkit.infer.native.packing), made
 once per model and remade when a parameter or buffer (int8 weights are buffers) is changed in place (an optimizer
-step, a load_state_dict), which `NativeStep.for_model` notices by their version counters.
+step, a load_state_dict, a `.data` replaced), which `NativeStep.for_model` notices by their version counters and
+addresses (gptkit.infer.backend.weight_versions).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 import torch.nn as nn
 
 from gptkit.core.errors import UserError
-from gptkit.infer.backend import EagerBackend
+from gptkit.infer.backend import EagerBackend, weight_versions
 from gptkit.infer.memory import huge_page_zeros
 from gptkit.infer.native import build
 from gptkit.infer.native.packing import (
@@ -159,7 +160,7 @@ class NativeStep:
         q_norm = getattr(model.transformer.h[0].attn, "q_norm", None)
         qk_eps = q_norm.eps if q_norm is not None and q_norm.eps is not None else torch.finfo(torch.float32).eps
         self.constants = [transformer.ln_f.eps, qk_eps, config.logit_softcap or 0.0]
-        self.versions = self._versions(model)
+        self.versions = weight_versions(model)
         self.kernel = build.extension().decode_step
         self.rows_kernel = build.extension().decode_rows
         self.prefill_kernel = build.extension().prefill
@@ -203,17 +204,11 @@ class NativeStep:
         table = model.transformer.wpe.weight if config.pos_encoding == "learned" else model.pos_table
         return table.detach().float().contiguous()
 
-    @staticmethod
-    def _versions(model: nn.Module) -> tuple[int, ...]:
-        """The parameters' and buffers' (int8 weights') in-place version counters: they change when an optimizer or
-        a load writes a weight."""
-        return tuple(t._version for t in (*model.parameters(), *model.buffers()))
-
     @classmethod
     def for_model(cls, model: nn.Module, dtype: torch.dtype) -> NativeStep:
         """The step for `model` in `dtype`: packed once, and again only after its weights changed."""
         steps = PACKED_STEPS.setdefault(model, {})
-        if dtype in steps and steps[dtype].versions == cls._versions(model):
+        if dtype in steps and steps[dtype].versions == weight_versions(model):
             return steps[dtype]
         steps.pop(dtype, None)  # a stale copy goes first: never two packed copies at once
         steps[dtype] = cls(model, dtype)
