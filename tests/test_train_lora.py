@@ -184,6 +184,24 @@ def test_peft_runs_our_adapters_on_the_exported_base(base: Path, tmp_path: Path,
             assert (theirs(ids).logits - expected).abs().max() > 1e-2
 
 
+@pytest.mark.parametrize("base_weights", ["int8", "int4"])
+def test_peft_runs_a_quantized_base_runs_adapters_to_its_logits(
+    base: Path, tmp_path: Path, capsys, base_weights
+) -> None:
+    """QLoRA's adapters trained against the base's int8 or int4 values: the base written beside them for PEFT holds
+    those values, so PEFT gives the run's logits (the float base would be off by the quantization's error)."""
+    peft = pytest.importorskip("peft")
+    held = {"learning_rate": 3e-2, "lora_base_weights": base_weights}
+    assert lora_run(base, base.parent / "text", tmp_path / "out", capsys, **held).returncode == 0
+    peft_args = ["--format=peft", f"--out_dir={tmp_path / 'out'}", f"--export_dir={tmp_path / 'adapter'}"]
+    assert run_main(export.main, peft_args, capsys)[0] == 0
+    loaded = load(str(tmp_path / "out"))
+    ids = torch.tensor([loaded.tokenizer.encode("abc hgf eddcba gh")])
+    theirs = peft.AutoPeftModelForCausalLM.from_pretrained(tmp_path / "adapter", dtype=torch.float32).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(ids).logits, loaded.model(ids, ids)[0], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.heavy
 def test_peft_runs_a_chat_lora_run_with_its_new_token_rows(base: Path, tmp_path: Path, capsys) -> None:
     """A LoRA run on chat data also trains the template's marker rows; PEFT gets them as trainable_token_indices

@@ -6,13 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import nn
+
 from gptkit.core.errors import UserError
 from gptkit.data.tokenizer import tokenizer_from_meta
-from gptkit.model import config_from_dict, config_to_dict
+from gptkit.model import GPT, config_from_dict, config_to_dict
 from gptkit.weights.checkpoint import save_checkpoint
 from gptkit.weights.export_hf import export_hf
 from gptkit.weights.hf import GPT2_HUB_NAMES
-from gptkit.weights.lora import LoraConfig, write_peft_adapter
+from gptkit.weights.lora import FrozenLinear, LoraConfig, write_peft_adapter
+from gptkit.weights.quantization import block_products
 from gptkit.weights.sources import checked_lora_record, lora_base, model_of_checkpoint
 
 
@@ -38,10 +42,12 @@ def peft_to(checkpoint: dict[str, Any], where: str, directory: Path, final: Path
     model_config = config_from_dict(checkpoint["model_args"])
     if (grown or base not in GPT2_HUB_NAMES) and not checkpoint.get("tokenizer"):
         raise UserError(f"{where} records no tokenizer, which the base's Hugging Face directory needs")
+    held = record["base_weights"]
     directory.mkdir(parents=True, exist_ok=True)
-    if grown or base not in GPT2_HUB_NAMES:
-        # Any base export.py takes (no biases: zero ones; an untied head), with the tokenizer the run trained on.
-        model = lora_base(record["base"], where)
+    if grown or base not in GPT2_HUB_NAMES or held != "float32":
+        # Any base export.py takes (no biases: zero ones; an untied head), with the tokenizer the run trained on,
+        # holding the values the run's frozen base held (its int4 blocks as the run read them).
+        model = held_base(lora_base(record["base"], where, int4_products=held == "int4"), held)
         if vocab_size > model.config.vocab_size:
             model.grow_vocabulary(vocab_size)  # the rows the run added, as it started them
         export_hf(model, tokenizer_from_meta(checkpoint["tokenizer"]), directory / "base")
@@ -49,3 +55,21 @@ def peft_to(checkpoint: dict[str, Any], where: str, directory: Path, final: Path
     config = LoraConfig.from_dict(record["config"], where)
     rows = record.get("first_new_row") if grown else None
     write_peft_adapter(directory, checkpoint["model"], config, base, rows, model_config=model_config)
+
+
+def held_base(model: GPT, base_weights: str) -> GPT:
+    """`model` (in place; returned) with each product of its blocks a float32 Linear of the values a LoRA run's frozen
+    base held under `base_weights` (bfloat16, int8 and int4 round the float32 ones): the base its adapters trained
+    against, so that PEFT gives the run's logits."""
+    for name in block_products(model):
+        parent_name, _, child = name.rpartition(".")
+        product = model.get_submodule(name)
+        if base_weights == "float32" and isinstance(product, nn.Linear):
+            continue
+        frozen = FrozenLinear(product, base_weights)
+        linear = nn.Linear(frozen.in_features, frozen.out_features, bias=frozen.bias is not None)
+        linear.weight = nn.Parameter(frozen.base_weight(torch.float32), requires_grad=False)
+        if frozen.bias is not None:
+            linear.bias = nn.Parameter(frozen.bias.detach().float(), requires_grad=False)
+        setattr(model.get_submodule(parent_name), child, linear)
+    return model
