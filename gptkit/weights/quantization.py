@@ -2,10 +2,13 @@
 
 int8 (a quarter of float32's bytes): every nn.Linear (the output head included) becomes an Int8Linear, its weight
 stored as int8 with one scale per output row (symmetric, so no zero point), the activations left in floating point.
-Its eager pass multiplies the inputs by the dequantized weight (as int4's does); under torch.compile
-(gptkit.infer.compiled) it is aten._weight_int8pack_mm, which inductor lowers to its C++ weight-only-int8 GEMM
-template (bfloat16 activations, int8 weights widened in registers): in the compiled step (one graph, no per-call
-costs) a token takes far less time; docs/benchmarks.md has the figures.
+Both of its kernels are PyTorch's own:
+- eager: the x86/fbgemm dynamic int8 product (torch.ops.quantized.linear_dynamic), the fastest eager kernel on
+  the machines measured, each row of its input bounded so that it is rounded on its own (Int8Linear);
+- under torch.compile (gptkit.infer.compiled): aten._weight_int8pack_mm, which inductor lowers to its C++
+  weight-only-int8 GEMM template (bfloat16 activations, int8 weights widened in registers). Product for product it
+  is no faster than fbgemm, but in the compiled step (one graph, no per-call costs) a token takes far less time;
+  docs/benchmarks.md has the figures.
 The native step (gptkit.infer.native, --decode=native) reads the same int8 weights and scales with kernels of its
 own (each product's input rounded to 16-bit integers). The embeddings stay float32: a lookup reads one row.
 
@@ -28,6 +31,7 @@ any other quantized type stays in the file as well (FileEmbedding).
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
@@ -58,10 +62,15 @@ class DequantizedLinear(nn.Module):
 
 class Int8Linear(DequantizedLinear):
     """y = x Wᵀ + b with W stored as int8 (`weight_int8`, (out, in)) times one scale per output row (`scale`, in
-    bfloat16: the compiled kernel's dtype). An eager pass multiplies the float inputs by the dequantized weight, as
-    Int4Linear's does: each row's result is its own, whatever rows are beside it (a kernel that rounds the inputs to
-    8 bits with one scale for the whole batch made a request's tokens depend on the others'), and it is the native
-    step's arithmetic up to its 16-bit rounding of the inputs.
+    bfloat16: the compiled kernel's dtype; the eager kernel reads the same values).
+
+    Its eager pass is fbgemm's dynamic int8 product (torch.ops.quantized.linear_dynamic), the fastest eager kernel
+    on the machines measured, which rounds its input to 7 bits with one scale and zero point for the whole input.
+    So that a row's result is its own, whatever rows are beside it (a request's tokens must not depend on the
+    others in its batch), each row's range (from its least to its largest value, 0 included, as the kernel's own
+    range is) is mapped onto [-1, 1] and the row given two more values, -1 and +1, against two zero columns of the
+    weight: every input then spans exactly [-1, 1], whatever its rows, each row is rounded in steps of its own range,
+    and the row's result is mapped back (W x = half W x' + middle W 1).
 
     For inference only (no gradients flow to the int8 weight). Made from an nn.Linear by `from_linear`.
     """
@@ -72,6 +81,8 @@ class Int8Linear(DequantizedLinear):
         self.register_buffer("weight_int8", weight_int8)
         self.register_buffer("scale", scale)
         self.register_buffer("bias", bias)
+        self._packed = None  # fbgemm's prepacked copy of the weight and its two zero columns, made at the first call
+        self._sums = None  # each output's sum of its weights (dequantized), made at the first call
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int8Linear:
@@ -88,7 +99,31 @@ class Int8Linear(DequantizedLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
             return self._compiled_forward(x)
-        return super().forward(x)
+        rows = x.reshape(-1, self.in_features).float()
+        low, high = rows.amin(dim=1, keepdim=True).clamp_max(0), rows.amax(dim=1, keepdim=True).clamp_min(0)
+        middle, half = (high + low) / 2, ((high - low) / 2).clamp_min(torch.finfo(torch.float32).tiny)
+        bounds = torch.tensor([[-1.0, 1.0]]).expand(rows.shape[0], 2)
+        # each row's own range as [-1, 1] (clamped: rounding could reach past it, and so past the other rows')
+        spanned = torch.cat([((rows - middle) / half).clamp_(-1.0, 1.0), bounds], dim=1)
+        y = torch.ops.quantized.linear_dynamic(spanned, self._packed_weight(), True).mul_(half)
+        y = y.add_(middle * self._row_sums())  # W x = half W x' + middle W 1
+        y = y if self.bias is None else y.add_(self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def _row_sums(self) -> torch.Tensor:
+        if self._sums is None:
+            self._sums = self.weight_int8.float().sum(dim=1).mul_(self.scale.float())[None]
+        return self._sums
+
+    def _packed_weight(self) -> torch.ScriptObject:
+        if self._packed is None:
+            widened = torch.cat([self.weight_int8, self.weight_int8.new_zeros(self.out_features, 2)], dim=1)
+            scales, zero_points = self.scale.double(), torch.zeros(self.out_features, dtype=torch.int64)
+            with warnings.catch_warnings():  # torch marks quantized tensors deprecated; its eager int8 kernels need one
+                warnings.simplefilter("ignore")
+                qweight = torch._make_per_channel_quantized_tensor(widened, scales, zero_points, 0)
+            self._packed = torch.ops.quantized.linear_prepack(qweight, None)
+        return self._packed
 
     def _compiled_forward(self, x: torch.Tensor) -> torch.Tensor:
         # The op inductor lowers to its weight-only int8 GEMM: bfloat16 input and scales, int8 (out, in) weight
@@ -526,6 +561,11 @@ def quantize_int8(model: nn.Module) -> nn.Module:
             f"int8 quantization needs a float32 model on the CPU, got {found}; use --device=cpu "
             "--dtype=float32 or drop --quantize"
         )
+    engines = torch.backends.quantized.supported_engines
+    engine = next((name for name in ("x86", "fbgemm", "qnnpack") if name in engines), None)
+    if engine is None:
+        raise UserError(f"this PyTorch build has no int8 CPU kernels (engines: {engines}); drop --quantize")
+    torch.backends.quantized.engine = engine
     # A tied head is converted from its own (shared) weight: the tie is cut and the embedding stays float32.
     return replace_linears(model, Int8Linear.from_linear).eval()
 

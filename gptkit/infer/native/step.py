@@ -87,11 +87,12 @@ def native_problem(model: nn.Module, dtype: torch.dtype) -> str | None:
 
 
 # The most prompt tokens (filled in one pass) the engine gives the native prefill, by weights; longer ones take the
-# eager pass, whose GEMM library (MKL) passes the native pass's products as prompts grow. bfloat16 prompts of any
-# length: PyTorch's eager bfloat16 products are slow on a CPU without bfloat16 instructions. int8, int4 and Q8_0
-# prompts of any length: the eager pass dequantizes every weight at each call. AVX-512's 32-row float32 panels keep the native pass the faster for
+# eager pass, whose GEMM libraries (MKL; fbgemm's int8 products with 7-bit activations, against the native pass's
+# 16-bit ones) pass the native pass's products as prompts grow. bfloat16 prompts of any length: PyTorch's eager
+# bfloat16 products are slow on a CPU without bfloat16 instructions. int4 and Q8_0 prompts of any length: the eager
+# pass dequantizes every weight at each call. AVX-512's 32-row float32 panels keep the native pass the faster for
 # longer prompts (PREFILL_LIMITS_AVX512). The limits were measured (docs/benchmarks.md, how the native step was tuned).
-PREFILL_LIMITS = {"float32": 64, "bfloat16": None, "int8": None, "int4": None, "q8_0": None}
+PREFILL_LIMITS = {"float32": 64, "bfloat16": None, "int8": 32, "int4": None, "q8_0": None}
 PREFILL_LIMITS_AVX512 = {**PREFILL_LIMITS, "float32": 256}
 PACKED_WEIGHTS = 1 << 18  # an int4 product's weights packed at once (whole panels' rows): bounds the temporaries
 
