@@ -22,7 +22,6 @@ from gptkit.core.errors import UserError, run_cli
 from gptkit.core.settings import parse_settings, setting
 from gptkit.data.prepare import chat_inputs, chat_prepare, discover
 from gptkit.data.prepare.settings import PrepareSettings, exclude_setting, include_setting, input_setting
-from gptkit.weights.sources import named_tokenizer
 
 
 @dataclass
@@ -82,6 +81,9 @@ def main(argv: list[str]) -> int:
     files = found.files
     for file in files:
         chat_inputs.file_format(file)  # refuses other files before any work
+    # Imported here: it imports torch (seconds), which a Ctrl-C then stops as run_cli has it stop, in one line.
+    from gptkit.weights.sources import named_tokenizer
+
     base = named_tokenizer(cfg.tokenizer, cfg.bpe_dir)
     source = discover.source_record(cfg, found, split="by conversation (keyed hash)")
     source.update(block_size=cfg.block_size, too_long=cfg.too_long, on_bad=cfg.on_bad)

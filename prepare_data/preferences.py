@@ -20,7 +20,6 @@ from gptkit.core.settings import parse_settings, setting
 from gptkit.data.preferences import PreferenceWorker, preference_columns
 from gptkit.data.prepare import chat_inputs, chat_prepare, discover
 from gptkit.data.prepare.settings import PrepareSettings, exclude_setting, include_setting, input_setting
-from gptkit.weights.sources import named_tokenizer
 
 
 @dataclass
@@ -91,6 +90,9 @@ def main(argv: list[str]) -> int:
     )
     for file in found.files:
         chat_inputs.file_format(file)  # refuses other files before any work
+    # Imported here: it imports torch (seconds), which a Ctrl-C then stops as run_cli has it stop, in one line.
+    from gptkit.weights.sources import named_tokenizer
+
     base = named_tokenizer(cfg.tokenizer, cfg.bpe_dir)
     source = discover.source_record(cfg, found, split="by pair (keyed hash)")
     source.update(block_size=cfg.block_size, too_long=cfg.too_long, on_bad=cfg.on_bad, pairs=True)

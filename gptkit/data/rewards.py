@@ -46,10 +46,13 @@ def last_number(completion: str, sample: dict) -> float:
 
 
 def _as_number(value: Any) -> float | None:
+    """The number `value` spells (commas ignored); None for none, or for NaN and infinity, which no completion's
+    number can equal."""
     try:
-        return float(str(value).replace(",", ""))
+        number = float(str(value).replace(",", ""))
     except ValueError:
         return None
+    return number if math.isfinite(number) else None
 
 
 def _answer(sample: dict, reward: str) -> Any:

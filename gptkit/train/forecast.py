@@ -51,7 +51,9 @@ def evaluations_left(iter_num: int, max_iters: int, eval_interval: int, resumed:
 
 
 def duration(seconds: float) -> str:
-    """A duration in the unit a person reads best: 45 s, 12.5 min, 3.2 h, 4.1 days."""
+    """A duration in the unit a person reads best: 0.3 s, 45 s, 12.5 min, 3.2 h, 4.1 days."""
+    if seconds < 9.95:
+        return f"{seconds:.1f} s" if seconds >= 0.05 else f"{seconds * 1000:.0f} ms"
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 90 * 60:

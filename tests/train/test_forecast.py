@@ -25,7 +25,10 @@ def test_evaluations_left_counts_what_the_loop_evaluates(
 
 
 def test_durations_read_in_the_unit_that_fits() -> None:
-    assert [forecast.duration(s) for s in (45, 750, 3 * 3600 + 720, 5 * 86400)] == [
+    assert [forecast.duration(s) for s in (0.004, 0.3, 9.96, 45, 750, 3 * 3600 + 720, 5 * 86400)] == [
+        "4 ms",  # a short evaluation is never "0 s"
+        "0.3 s",
+        "10 s",
         "45 s",
         "12.5 min",
         "3.2 h",

@@ -160,7 +160,13 @@ class _Finder:
     def _check_named_file(self, path: Path) -> None:
         """UserError for a file named on purpose that holds no text: a walk leaves such a file out, but a named one
         would be read as text (a token file's bytes are mostly valid UTF-8)."""
-        if path.name.lower().endswith(self.binary_suffixes) or not looks_binary(path):
+        if path.name.lower().endswith(self.binary_suffixes):
+            return
+        try:
+            binary = looks_binary(path)
+        except OSError:  # reading it says what is wrong, naming it
+            return
+        if not binary:
             return
         hint = " (parquet: prepare_data/chat.py and fineweb.py read it)" if path.suffix.lower() == ".parquet" else ""
         raise UserError(f"--input={path} is a binary file, not text or JSONL{hint}; name text files")
