@@ -156,6 +156,13 @@ def test_crlf_lines_and_a_byte_order_mark_are_no_prompt_text(
     assert code == 0 and stdout.startswith("To be"), stderr
 
 
+def test_a_block_size_past_the_models_context_is_one_line(out_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    """--block_size crops a model's context; one past it would be ignored without a word."""
+    code, stdout, stderr = cli([f"--out_dir={out_dir}", "--block_size=100000", "--max_new_tokens=2"], capsys)
+    assert_one_line_error(code, stderr, "--block_size=100000 is past the model's context of")
+    assert stdout == ""
+
+
 @pytest.fixture
 def overflowing_dir(tmp_path: Path) -> Path:
     """A checkpoint with finite weights whose logits overflow to infinity after a ',' (helpers.overflowing_model)."""

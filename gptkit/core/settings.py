@@ -54,9 +54,9 @@ def check_rules(instance: Any) -> None:
         if value is None:
             continue
         if rule is not None and not RULES[rule][0](value):
-            raise UserError(f"{field.name} {RULES[rule][1]}, got {value}")
+            raise UserError(f"--{field.name} {RULES[rule][1]}, got {value}")
         if choices and value not in choices:
-            raise UserError(f"{field.name}={value!r} is not one of {', '.join(choices)}")
+            raise UserError(f"--{field.name}={value!r} is not one of {', '.join(choices)}")
 
 
 def _field_types(cls: type) -> dict[str, Any]:

@@ -103,6 +103,11 @@ def for_inference(model: GPT, settings: ModelSource, device: torch.device, dtype
     quantize says so. `dtype` is the compute dtype the script runs under (int8 needs float32)."""
     if any(isinstance(module, FrozenLinear) for module in model.modules()):
         merge_lora(model, MERGED_PRODUCT.get(settings.quantize))  # each product quantized as it is merged
+    if settings.block_size is not None and settings.block_size > model.config.block_size:
+        raise UserError(
+            f"--block_size={settings.block_size} is past the model's context of {model.config.block_size} tokens; "
+            "it can only shorten it"
+        )
     if settings.block_size is not None and settings.block_size < model.config.block_size:
         model.crop_block_size(settings.block_size)
     model.to(device)  # the engine picks its decoding backend itself (gptkit.infer.decoding)
