@@ -165,7 +165,7 @@ def _attempt(session: requests.Session, url: str, part: Path, policy: DownloadPo
     except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
         if _is_name_resolution_failure(exc):  # no DNS (offline machine): retrying would only wait
             host = urlsplit(url).hostname
-            raise UserError(f"cannot download {url}: host {host} not found (no network?); check the URL") from exc
+            raise UserError(f"cannot download {url}: host {host} not found (no network, or a mistyped URL)") from exc
         raise _RetryableError(_describe(exc)) from exc
     except (requests.exceptions.ChunkedEncodingError, urllib3.exceptions.HTTPError) as exc:
         raise _RetryableError(_describe(exc)) from exc

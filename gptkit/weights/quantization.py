@@ -48,6 +48,9 @@ INT4_MAX = 15  # int4 codes are 0 .. 15
 ROWS_AT_ONCE = 4096  # rows quantized together (bounds the temporary float32 copies of a large head)
 
 
+ROW_BOUNDS = torch.tensor([-1.0, 1.0])  # the two values Int8Linear's eager pass gives every row of its input
+
+
 class DequantizedLinear(nn.Module):
     """A Linear whose weight is stored otherwise (blocks, or a file) and made float32 for each pass: y = x Wᵀ + b with
     W = dequantized_weight(), in the input's dtype. The eager pass of Int4Linear, Int8GroupedLinear and FileLinear."""
@@ -100,13 +103,15 @@ class Int8Linear(DequantizedLinear):
         if torch.compiler.is_compiling():
             return self._compiled_forward(x)
         rows = x.reshape(-1, self.in_features).float()
-        low, high = rows.amin(dim=1, keepdim=True).clamp_max(0), rows.amax(dim=1, keepdim=True).clamp_min(0)
-        middle, half = (high + low) / 2, ((high - low) / 2).clamp_min(torch.finfo(torch.float32).tiny)
-        bounds = torch.tensor([[-1.0, 1.0]]).expand(rows.shape[0], 2)
+        low, high = torch.aminmax(rows, dim=1, keepdim=True)
+        low, high = low.clamp_max_(0), high.clamp_min_(0)
+        middle, half = (high + low).mul_(0.5), (high - low).mul_(0.5).clamp_min_(torch.finfo(torch.float32).tiny)
         # each row's own range as [-1, 1] (clamped: rounding could reach past it, and so past the other rows')
-        spanned = torch.cat([((rows - middle) / half).clamp_(-1.0, 1.0), bounds], dim=1)
-        y = torch.ops.quantized.linear_dynamic(spanned, self._packed_weight(), True).mul_(half)
-        y = y.add_(middle * self._row_sums())  # W x = half W x' + middle W 1
+        spanned = rows.new_empty(rows.shape[0], self.in_features + 2)
+        torch.sub(rows, middle, out=spanned[:, : self.in_features]).div_(half).clamp_(-1.0, 1.0)
+        spanned[:, self.in_features :] = ROW_BOUNDS
+        y = torch.ops.quantized.linear_dynamic(spanned, self._packed_weight(), True)
+        y = y.mul_(half).addcmul_(middle, self._row_sums())  # W x = half W x' + middle W 1
         y = y if self.bias is None else y.add_(self.bias)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
