@@ -51,19 +51,7 @@ ROWS_AT_ONCE = 4096  # rows quantized together (bounds the temporary float32 cop
 ROW_BOUNDS = torch.tensor([-1.0, 1.0])  # the two values Int8Linear's eager pass gives every row of its input
 
 
-class DequantizedLinear(nn.Module):
-    """A Linear whose weight is stored otherwise (blocks, or a file) and made float32 for each pass: y = x Wᵀ + b with
-    W = dequantized_weight(), in the input's dtype. The eager pass of Int4Linear, Int8GroupedLinear and FileLinear."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        return F.linear(x, self.dequantized_weight().to(x.dtype), bias)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-
-
-class Int8Linear(DequantizedLinear):
+class Int8Linear(nn.Module):
     """y = x Wᵀ + b with W stored as int8 (`weight_int8`, (out, in)) times one scale per output row (`scale`, in
     bfloat16: the compiled kernel's dtype; the eager kernel reads the same values).
 
@@ -95,10 +83,6 @@ class Int8Linear(DequantizedLinear):
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
         return cls(weight_int8, scale, bias)
 
-    def dequantized_weight(self) -> torch.Tensor:
-        """The (out, in) float32 weight: each row's int8 codes times its scale."""
-        return self.weight_int8.float().mul_(self.scale.float()[:, None])
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
             return self._compiled_forward(x)
@@ -110,10 +94,19 @@ class Int8Linear(DequantizedLinear):
         spanned = rows.new_empty(rows.shape[0], self.in_features + 2)
         torch.sub(rows, middle, out=spanned[:, : self.in_features]).div_(half).clamp_(-1.0, 1.0)
         spanned[:, self.in_features :] = ROW_BOUNDS
-        y = torch.ops.quantized.linear_dynamic(spanned, self._packed_weight(), True)
+        # reduce_range: activations in 7 bits, as PyTorch's own dynamic Linear does on x86, so that fbgemm's AVX2
+        # int8 products cannot saturate their 16-bit intermediate sums
+        y = torch.ops.quantized.linear_dynamic(spanned, self._packed_weight(), reduce_range=True)
         y = y.mul_(half).addcmul_(middle, self._row_sums())  # W x = half W x' + middle W 1
         y = y if self.bias is None else y.add_(self.bias)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def _compiled_forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The op inductor lowers to its weight-only int8 GEMM: bfloat16 input and scales, int8 (out, in) weight
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        y = torch._weight_int8pack_mm(rows, self.weight_int8, self.scale).to(x.dtype)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias.to(x.dtype)
 
     def _row_sums(self) -> torch.Tensor:
         if self._sums is None:
@@ -130,12 +123,8 @@ class Int8Linear(DequantizedLinear):
             self._packed = torch.ops.quantized.linear_prepack(qweight, None)
         return self._packed
 
-    def _compiled_forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The op inductor lowers to its weight-only int8 GEMM: bfloat16 input and scales, int8 (out, in) weight
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = torch._weight_int8pack_mm(rows, self.weight_int8, self.scale).to(x.dtype)
-        y = y.reshape(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias.to(x.dtype)
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
 class Int4Blocks(NamedTuple):
@@ -157,6 +146,18 @@ class Int4Blocks(NamedTuple):
         # in place: one float32 matrix at a time, not three (LoRA widens every product's weight this way each step)
         groups = codes.mul_(self.scale.float()[..., None]).add_(self.minimum.float()[..., None])
         return groups.reshape(self.codes.shape[0], -1)[:, :in_features]
+
+
+class DequantizedLinear(nn.Module):
+    """A Linear whose weight is stored otherwise (blocks, or a file) and made float32 for each pass: y = x Wᵀ + b with
+    W = dequantized_weight(), in the input's dtype. The eager pass of Int4Linear, Int8GroupedLinear and FileLinear."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.dequantized_weight().to(x.dtype), bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
 class Int4Linear(DequantizedLinear):
