@@ -91,11 +91,11 @@ def check_out_dir(out_dir: Path, overwrite: bool) -> None:
         raise UserError(f"--out_dir {out_dir} is a file, not a directory; choose another --out_dir")
     if is_hf_tokenizer_dir(out_dir):
         raise UserError(f"{out_dir} holds a Hugging Face model's tokenizer.json; choose a new or empty --out_dir")
-    own = {bpe.META_FILENAME, bpe.RANKS_FILENAME}
+    own, holds_one = {bpe.META_FILENAME, bpe.RANKS_FILENAME}, bpe.holds_tokenizer(out_dir)
     if any(p.name not in own and not (p.name.startswith(".") and p.name.endswith(".tmp")) for p in out_dir.iterdir()):
-        what = "other files than a tokenizer" if bpe.holds_tokenizer(out_dir) else "files and no tokenizer"
+        what = "other files than a tokenizer" if holds_one else "files and no tokenizer"
         raise UserError(f"{out_dir} holds {what}; choose a new or empty --out_dir")
-    if bpe.holds_tokenizer(out_dir) and not overwrite:
+    if holds_one and not overwrite:
         raise UserError(f"{out_dir} already holds a tokenizer; pass --overwrite=True to replace it")
 
 

@@ -15,7 +15,6 @@ messages. Problems are ChatErrors whose `reason` counts them when --on_bad=skip 
 
 from __future__ import annotations
 
-import codecs
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from gptkit.core.errors import UserError
 from gptkit.data.chat import ChatError
 from gptkit.data.prepare.discover import JSONL_SUFFIXES, InputFile
 from gptkit.data.prepare.inputs import jsonl_file_items
-from gptkit.data.prepare.items import JsonlLines
+from gptkit.data.prepare.items import JsonlLines, without_byte_order_mark
 
 PARQUET_SUFFIX = ".parquet"
 PARQUET_BATCH_ROWS = 64  # rows read at once; an item gathers batches up to --chunk_bytes
@@ -147,8 +146,7 @@ def records(item: ChatItem) -> Iterator[Record]:
             yield Record(where=f"{item.source} row {row}", key=row, value=value)
         return
     for line_number, raw in enumerate(item.data.split(b"\n"), start=item.first_line):
-        if line_number == 1:
-            raw = raw.removeprefix(codecs.BOM_UTF8)  # a file's mark, not its first record's
+        raw = without_byte_order_mark(raw, at_file_start=line_number == 1)
         if raw.strip():
             yield Record(where=f"{item.source}:{line_number}", key=line_number, value=_parse_line(raw))
 

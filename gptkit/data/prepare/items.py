@@ -7,6 +7,7 @@ for, so progress reaches 100% exactly.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 from dataclasses import dataclass
 
@@ -66,3 +67,8 @@ def is_val_document(seed: int, val_fraction: float, *key: int) -> bool:
     """
     digest = hashlib.blake2b(repr((seed, *key)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") < val_fraction * 2.0**64
+
+
+def without_byte_order_mark(data: bytes, at_file_start: bool) -> bytes:
+    """`data` less the UTF-8 byte-order mark that opens it where it opens a file: the file's mark, not its text."""
+    return data.removeprefix(codecs.BOM_UTF8) if at_file_start else data

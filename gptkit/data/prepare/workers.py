@@ -6,7 +6,6 @@ item order, so the output is the same for any number of workers.
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import ctypes
 import json
@@ -33,6 +32,7 @@ from gptkit.data.prepare.items import (
     TextPiece,
     WorkItem,
     is_val_document,
+    without_byte_order_mark,
 )
 from gptkit.data.tokenizer import Tokenizer
 
@@ -187,10 +187,8 @@ class Worker:
                 raise TypeError(f"not a work item: {item!r}")
 
     def _decode_piece(self, item: TextPiece) -> tuple[str, int]:
-        skipped = (
-            len(codecs.BOM_UTF8) if item.offset == 0 and item.data.startswith(codecs.BOM_UTF8) else 0
-        )  # a file's mark, not its text
-        data = item.data[skipped:]
+        data = without_byte_order_mark(item.data, at_file_start=item.offset == 0)
+        skipped = len(item.data) - len(data)
         try:
             return data.decode("utf-8"), len(data)
         except UnicodeDecodeError as exc:
@@ -216,8 +214,8 @@ class Worker:
     def _jsonl_text(self, item: JsonlLines, raw: bytes, line_number: int, line_offset: int) -> str | None:
         """The text field of one JSONL line; None when --on_decode_error=skip leaves the line out."""
         policy, source = self.job.on_decode_error, item.source
-        if line_offset == 0 and raw.startswith(codecs.BOM_UTF8):  # a file's mark, not its first record's
-            raw, line_offset = raw[len(codecs.BOM_UTF8) :], len(codecs.BOM_UTF8)
+        stripped = without_byte_order_mark(raw, at_file_start=line_offset == 0)
+        raw, line_offset = stripped, line_offset + len(raw) - len(stripped)
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
