@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from gptkit.core.errors import UserError
@@ -66,10 +65,5 @@ def held_base(model: GPT, base_weights: str) -> GPT:
         product = model.get_submodule(name)
         if base_weights == "float32" and isinstance(product, nn.Linear):
             continue
-        frozen = FrozenLinear(product, base_weights)
-        linear = nn.Linear(frozen.in_features, frozen.out_features, bias=frozen.bias is not None)
-        linear.weight = nn.Parameter(frozen.base_weight(torch.float32), requires_grad=False)
-        if frozen.bias is not None:
-            linear.bias = nn.Parameter(frozen.bias.detach().float(), requires_grad=False)
-        setattr(model.get_submodule(parent_name), child, linear)
+        setattr(model.get_submodule(parent_name), child, FrozenLinear(product, base_weights).merged())
     return model
