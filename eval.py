@@ -22,6 +22,7 @@ import torch
 
 from gptkit.core.devices import Runtime, autocast
 from gptkit.core.errors import UserError, run_cli
+from gptkit.core.fileio import existing_ancestor
 from gptkit.core.settings import parse_settings, setting
 from gptkit.data.tokenizer import Tokenizer
 from gptkit.eval import hellaswag
@@ -102,7 +103,7 @@ class EvaluateSettings(ModelSource, Decoding, Runtime):
 def check_writable_parent(path: Path) -> None:
     """UserError unless `path`'s directory exists as a writable directory or can be made: checked before an
     evaluation of hours, whose results would otherwise be lost at the end."""
-    above = next((parent for parent in path.parents if parent.exists()), Path("."))
+    above = existing_ancestor(path)
     if not above.is_dir():
         raise UserError(f"--json_out={path}: {above} is a file, not a directory; name another file")
     if not os.access(above, os.W_OK | os.X_OK):

@@ -79,6 +79,12 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
         handle.write("\n")
 
 
+def existing_ancestor(path: str | os.PathLike) -> Path:
+    """The nearest folder above `path` that exists (the current one for a relative path with none): where a file
+    written at `path` would have its directories made, or be refused for a file standing in their way."""
+    return next((parent for parent in Path(path).parents if parent.exists()), Path("."))
+
+
 def sha256_file(path: str | os.PathLike, block_bytes: int = 1 << 20) -> str:
     """Hex sha256 of the file at `path`, read in blocks so memory stays small whatever the file's size."""
     return _digest_file(hashlib.sha256(), path, block_bytes)

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from gptkit.core.errors import UserError
+from gptkit.core.fileio import existing_ancestor
 from gptkit.data import bpe
 from gptkit.data.chat import ChatTemplate
 from gptkit.data.tokenizer import (
@@ -218,8 +219,8 @@ def new_directory(destination: str | os.PathLike, overwrite: bool) -> Iterator[P
         raise UserError(f"{destination} exists and is not a directory; choose another --export_dir")
     if destination.is_dir() and any(destination.iterdir()) and not overwrite:
         raise UserError(f"{destination} already holds files; choose a new --export_dir or pass --overwrite")
-    above = next((parent for parent in destination.parents if parent.exists()), None)
-    if above is not None and not above.is_dir():
+    above = existing_ancestor(destination)
+    if not above.is_dir():
         raise UserError(f"{above} is a file, not a directory; choose another --export_dir")
     destination.parent.mkdir(parents=True, exist_ok=True)
     # A name of its own: never a folder of the user's, nor another export's to the same place at the same time.
