@@ -7,7 +7,8 @@ A plain text file is one document and a JSONL line is one; documents are separat
 go wholly to train or val (keyed hash of --seed and the document's position). A single text file on its own is
 split by position instead: its first 1 - val_fraction of bytes train, the rest val. The corpus is streamed, so
 its size is bounded by the disk, not by memory. Directories and globs leave out binary files, __pycache__,
-version-control and hidden folders, and what --include/--exclude say; the summary line and meta.json count them.
+version-control and hidden folders, folders of model files (prepared data, training runs, model weights), and
+what --include/--exclude say; the summary line and meta.json count them.
 """
 
 from __future__ import annotations

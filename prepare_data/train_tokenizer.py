@@ -6,7 +6,7 @@
     python prepare_data/corpus.py --input=src/ --tokenizer=data/tok_src --out_dir=data/src
 
 Inputs are read as corpus.py reads them (files, directories, globs, JSONL, .gz; binary files, __pycache__,
-version-control and hidden folders left out). The split is GPT-4's; every byte is a token, so any text
+version-control and hidden folders, and folders of model files left out). The split is GPT-4's; every byte is a token, so any text
 round-trips; the end-of-text token comes after the trained ones. The documents corpus.py puts in val with the same
 --val_fraction and --seed are left out of training. The output directory holds tokenizer.tiktoken (tiktoken's
 ranks format) and tokenizer.json (pattern, special tokens, sha256 of the ranks, how it was trained); corpus.py

@@ -340,7 +340,8 @@ TEXT_FILES = [  # what a walk of messy_tree reads, in its order
     "src/pkg/mod.py",
     "src/pkg/util.py",
 ]
-SKIPPED = {"binary": 3, "__pycache__": 2, "version control": 3, "hidden": 1, "excluded": 0, "not a regular file": 0}
+SKIPPED = {"binary": 3, "__pycache__": 2, "version control": 3, "hidden": 1, "model files": 0, "excluded": 0}
+SKIPPED["not a regular file"] = 0
 
 
 @pytest.fixture
@@ -432,6 +433,30 @@ def test_include_and_exclude_choose_what_a_walk_reads(
     assert meta["source"]["files"] == len(read) and meta["source"]["skipped_files"] == {**SKIPPED, **changed}
     assert meta["source"]["include"] + meta["source"]["exclude"] == [f.split("=", 1)[1] for f in flags]
     assert f"{changed['excluded']} excluded" in result.stdout
+
+
+def test_a_walk_of_a_project_leaves_out_prepared_data_runs_and_model_folders(
+    run_corpus: Callable, tmp_path: Path, paragraphs: list[str]
+) -> None:
+    project = tmp_path / "project"
+    (project / "notes").mkdir(parents=True)
+    (project / "notes/story.txt").write_text("\n\n".join(paragraphs[:40]) + "\n")
+    folders = {  # what this toolkit and the model hubs write: JSON and logs beside the weights or tokens
+        "data/char": {"meta.json": '{"vocab_size": 65}', "train.bin": "tokens"},
+        "out/run": {"ckpt.pt": "weights", "log.jsonl": '{"iter": 0}\n', "config.json": "{}"},
+        "exports/tiny": {"config.json": "{}", "tokenizer.json": '{"model": {}}', "model.safetensors": "weights"},
+        "exports/tiny/nested": {"notes.txt": "under a model's folder: left out with it"},
+    }
+    for folder, files in folders.items():
+        (project / folder).mkdir(parents=True)
+        for name, text in files.items():
+            (project / folder / name).write_text(text)
+    result, meta, bins = prepared(run_corpus, tmp_path / "fresh", f"--input={project}")
+    expected = copy_only(project, ["notes/story.txt"], tmp_path / "text_only")
+    _, _, expected_bins = prepared(run_corpus, tmp_path / "expected", f"--input={expected}")
+    assert bins == expected_bins
+    assert meta["source"]["files"] == 1 and meta["source"]["skipped_files"]["model files"] == 9
+    assert "; 9 files left out (9 model files);" in result.stdout
 
 
 def test_a_binary_file_named_on_its_own_is_an_error_not_skipped(

@@ -1,7 +1,8 @@
 """Finding the input files of a corpus: walking directories and expanding globs, in sorted order.
 
 What directories and globs find is left out when it is binary (a NUL byte in the first 8 KiB, as git decides),
-in __pycache__ or a version-control folder, hidden, not a regular file (a FIFO would block), or excluded by
+in __pycache__ or a version-control folder, hidden, in a folder of model files (a prepared dataset, a training run
+or a model's weights: their JSON is no corpus text), not a regular file (a FIFO would block), or excluded by
 --include/--exclude; the files left out are counted by reason. A file named on its own is always read.
 """
 
@@ -51,7 +52,8 @@ def _describe_input(path: Path, index: int) -> InputFile:
 BINARY_SNIFF_BYTES = 8192  # git and ripgrep call a file binary when its first 8 KiB hold a NUL byte
 VERSION_CONTROL_DIRS = frozenset({".git", ".hg", ".svn", ".bzr"})
 # Why a file found by walking a directory or expanding a glob was left out (meta.json's source.skipped_files).
-SKIP_REASONS = ("binary", "__pycache__", "version control", "hidden", "excluded", "not a regular file")
+SKIP_REASONS = ("binary", "__pycache__", "version control", "hidden", "model files", "excluded", "not a regular file")
+WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".pt", ".pth")
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,21 @@ def _folder_reason(relative: PurePosixPath, path_filter: PathFilter) -> str | No
     if name.startswith("."):  # .venv, .tox, .idea, .cache: tools' folders, never corpus text
         return "hidden"
     return "excluded" if path_filter.excludes_folder(relative) else None
+
+
+def holds_model_files(folder: Path) -> bool:
+    """Whether `folder` is one this toolkit (or a model hub) writes: prepared data (meta.json beside token files), a
+    training run (ckpt.pt, log.jsonl) or a model's weights beside their config.json and tokenizer.json. Why: a walk
+    of a project's folder (--input=.) would otherwise read their JSON as corpus text."""
+    try:
+        names = [entry.name for entry in os.scandir(folder)]
+    except OSError:  # the walk itself reports a folder it cannot list
+        return False
+    if "ckpt.pt" in names or "log.jsonl" in names:
+        return True
+    if "meta.json" in names and any(name.endswith(".bin") for name in names):
+        return True
+    return any(name.endswith(WEIGHT_SUFFIXES) for name in names) and "config.json" in names
 
 
 def looks_binary(path: Path) -> bool:
@@ -192,6 +209,10 @@ class _Finder:
         for root, dirs, files in os.walk(top, onerror=_raise):
             here = Path(root)
             kept = []
+            if holds_model_files(here):
+                self._skip_folder(here, "model files")
+                dirs[:] = []
+                continue
             for name in sorted(dirs):
                 folder = here / name
                 if folder.is_symlink() or self._is_output(folder):
