@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from gptkit.core.errors import UserError, run_cli
-from gptkit.core.settings import parse_settings, setting
+from gptkit.core.settings import fixed, parse_settings, setting
 from gptkit.data.preferences import PreferenceWorker, preference_columns
 from gptkit.data.prepare import chat_inputs, chat_prepare, discover
 from gptkit.data.prepare.settings import PrepareSettings, exclude_setting, include_setting, input_setting
@@ -33,7 +33,7 @@ class PreferenceSettings(PrepareSettings):
         "(owner/name), a .gguf file (or owner/name:TAG), or the model's data dir, checkpoint or training out_dir (its "
         "tokenizer is reused, so the ids match the model's)",
     )
-    text_field: str = setting("chosen", "unused by preference records (their fields are prompt, chosen, rejected)")
+    text_field: str | None = fixed(None, "preference records name their fields: prompt, chosen, rejected")
     val_fraction: float = setting(0.05, "fraction of pairs for val")
     block_size: int = setting(1024, "the context the data is for: longer pairs are cut or dropped (--too_long)")
     input: list[str] = input_setting()

@@ -47,6 +47,16 @@ def setting(default: Any, help: str, rule: str | None = None, choices: Sequence[
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def fixed(default: Any, why: str) -> Any:
+    """Re-declare a shared settings field that this script does not take: it keeps `default`, has no key and is not
+    in --help (`why` says why, for the reader). E.g. the preference script's records name their own fields."""
+    return dataclasses.field(default=default, metadata={"help": why, "fixed": True})
+
+
+def _takes_key(field: dataclasses.Field) -> bool:
+    return not field.name.startswith("_") and not field.metadata.get("fixed", False)
+
+
 def check_rules(instance: Any) -> None:
     """UserError for the first field whose value breaks its declared rule or choices."""
     for field in dataclasses.fields(instance):
@@ -193,9 +203,7 @@ def format_help(cls: type, prog: str, description: str, config_files: bool, posi
     usage = f"usage: python {prog} {words}[--key=value ...]"
     lines = [usage, "", description, "", "settings (key, type, default: meaning):"]
     types_by_name = _field_types(cls)
-    for field in dataclasses.fields(cls):
-        if field.name.startswith("_"):
-            continue
+    for field in filter(_takes_key, dataclasses.fields(cls)):
         default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
         lines.append(f"  --{field.name}  ({_type_name(types_by_name[field.name])}, default {default!r})")
         lines.append(f"      {field.metadata.get('help', '')}")
@@ -233,7 +241,7 @@ def parse_settings(
         print(format_help(cls, prog, description, config_files, positional))
         sys.exit(0)
     types_by_name = _field_types(cls)
-    known = {f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")}
+    known = {f.name for f in dataclasses.fields(cls) if _takes_key(f)}
     values: dict[str, Any] = {}
     cli_lists: dict[str, list[Any]] = {}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gptkit.core.errors import UserError
-from gptkit.core.settings import parse_settings, setting
+from gptkit.core.settings import fixed, parse_settings, setting
 
 
 @dataclass
@@ -46,3 +46,23 @@ def test_unknown_key_in_a_config_file_is_suggested_as_the_file_spells_keys(tmp_p
         parse([str(config)])
     hint = "did you mean 'learning_rate'? run with --help to list the settings"
     assert str(error.value) == f"{config}:2: unknown setting 'learningrate'; {hint}"
+
+
+@dataclass
+class Fixed(Demo):
+    min_lr: float = fixed(0.0, "this script decays to zero")
+
+
+def test_a_fixed_field_keeps_its_value_and_takes_no_key(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    cfg = parse_settings(Fixed, ["--max_iters=3"], prog="fixed", description="")
+    assert (cfg.learning_rate, cfg.min_lr, cfg.max_iters) == (1e-3, 0.0, 3)
+    with pytest.raises(UserError, match="^unknown setting 'min_lr'; run with --help"):
+        parse_settings(Fixed, ["--min_lr=1e-5"], prog="fixed", description="")
+    config = tmp_path / "c.py"
+    config.write_text("min_lr = 1e-5\n")
+    with pytest.raises(UserError, match=f"^{config}:1: unknown setting 'min_lr'"):
+        parse_settings(Fixed, [str(config)], prog="fixed", description="", config_files=True)
+    with pytest.raises(SystemExit):
+        parse_settings(Fixed, ["--help"], prog="fixed", description="")
+    listed = capsys.readouterr().out
+    assert "--learning_rate" in listed and "--max_iters" in listed and "min_lr" not in listed

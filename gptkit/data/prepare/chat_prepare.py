@@ -42,7 +42,7 @@ class ChatJob:
     """What every worker does with its items; `tokenizer` None only collects characters (--tokenizer=char)."""
 
     tokenizer: tok.ChatTokenizer | tok.HFTokenizer | None
-    field: str
+    field: str | None  # the messages field; None where records name their own (preference pairs)
     seed: int
     val_fraction: float
     block_size: int

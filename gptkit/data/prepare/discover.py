@@ -344,5 +344,5 @@ def source_record(cfg: Any, found: FoundInputs, split: str) -> dict[str, Any]:
         "split": split,
         "val_fraction": cfg.val_fraction,
         "seed": cfg.seed,
-        "text_field": cfg.text_field,
+        **({"text_field": cfg.text_field} if cfg.text_field is not None else {}),  # None: the records name theirs
     }
