@@ -1,8 +1,8 @@
 """gptkit.core.settings: typos in setting names are answered with the closest known key."""
 
 from __future__ import annotations
-import re
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
