@@ -245,6 +245,21 @@ def test_model_settings_are_refused_before_the_data_is_read(flags: list[str], me
     assert sorted(tmp_path.iterdir()) == []
 
 
+def test_a_bad_value_from_a_config_file_names_its_line(
+    char_data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    config = tmp_path / "run.py"
+    config.write_text("# a run's settings\nmax_iters = 5\ndropout = 2.0\nmin_lr = 1.0\n")
+    args = [*tiny_train_args(char_data_dir, tmp_path / "out"), str(config)]
+    code, _, stderr = run_main(train.main, args, capsys)
+    assert_one_line_error(code, stderr, f"error: {config}:4: --min_lr (1.0) is above --learning_rate")
+    code, _, stderr = run_main(train.main, [*args, "--min_lr=1e-5"], capsys)
+    assert_one_line_error(code, stderr, f"error: {config}:3: --dropout must be in [0, 1), got 2.0")
+    code, _, stderr = run_main(train.main, [*args, "--dropout=0.0", "--min_lr=2.0"], capsys)
+    assert_one_line_error(code, stderr, "error: --min_lr (2.0) is above --learning_rate")
+    assert sorted(tmp_path.iterdir()) == [config]
+
+
 # Not repeated here (tests/test_sample.py::test_bad_settings_are_one_clear_error): max_new_tokens=0, top_p=1.5,
 # top_p=0, an empty prompt, top_k=0, temperature=-1.
 SAMPLE_BAD_VALUES = [

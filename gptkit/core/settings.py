@@ -13,6 +13,7 @@ import ast
 import dataclasses
 import difflib
 import math
+import re
 import sys
 import types
 import typing
@@ -243,6 +244,7 @@ def parse_settings(
     types_by_name = _field_types(cls)
     known = {f.name for f in dataclasses.fields(cls) if _takes_key(f)}
     values: dict[str, Any] = {}
+    origins: dict[str, str] = {}  # key: the config file line its value comes from
     cli_lists: dict[str, list[Any]] = {}
 
     index = 0
@@ -260,6 +262,7 @@ def parse_settings(
                 if key not in known:
                     raise unknown_setting(key, known, where)
                 values[key] = _coerce(key, value, types_by_name[key], where)
+                origins[key] = where
             continue
         key, has_value, text = arg[2:].partition("=")
         if key not in known:
@@ -276,17 +279,30 @@ def parse_settings(
             else:
                 raise UserError(f"--{key} needs a value, e.g. --{key}=VALUE")
         value = _parse_cli_value(key, text, annotation)
+        origins.pop(key, None)
         if typing.get_origin(_unwrap_optional(annotation)[0]) is list and value is not None:
             cli_lists.setdefault(key, []).extend(value)  # repeated flags add to the list
         else:
             values[key] = value
     values.update(cli_lists)
     instance = cls(**values)
-    check_rules(instance)
-    validate = getattr(instance, "validate", None)
-    if callable(validate):
-        validate()
+    try:
+        check_rules(instance)
+        validate = getattr(instance, "validate", None)
+        if callable(validate):
+            validate()
+    except UserError as error:
+        raise _with_origin(error, origins) from None
     return instance
+
+
+def _with_origin(error: UserError, origins: dict[str, str]) -> UserError:
+    """The error, led by the config file line of the first setting it names (--key) whose value came from one."""
+    message = str(error)
+    for key in re.findall(r"--(\w+)", message):
+        if key in origins:
+            return UserError(f"{origins[key]}{message}")
+    return error
 
 
 def settings_to_dict(instance: Any) -> dict[str, Any]:

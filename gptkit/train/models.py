@@ -10,6 +10,7 @@ starting model DPO and GRPO compare with.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,10 @@ def model_config(settings: Any, vocab_size: int = GPTConfig.vocab_size) -> GPTCo
     try:
         return GPTConfig(**options, vocab_size=vocab_size)
     except ValueError as exc:
-        raise UserError(str(exc)) from exc
+        message = str(exc)  # GPTConfig names its fields; here each is a setting, written as one (--dropout)
+        first_word = re.match(r"\w+", message)
+        setting_named = first_word is not None and first_word.group() in options
+        raise UserError(f"--{message}" if setting_named else message) from exc
 
 
 def create_model(cfg: Any, meta: dict) -> tuple[GPT, dict | None, dict | None]:

@@ -67,3 +67,28 @@ def test_a_fixed_field_keeps_its_value_and_takes_no_key(tmp_path: Path, capsys: 
         parse_settings(Fixed, ["--help"], prog="fixed", description="")
     listed = capsys.readouterr().out
     assert "--learning_rate" in listed and "--max_iters" in listed and "min_lr" not in listed
+
+
+@dataclass
+class Ruled:
+    max_iters: int = setting(10, "steps", rule="positive")
+    warmup_iters: int = setting(0, "warm-up steps")
+
+    def validate(self) -> None:
+        if self.warmup_iters > self.max_iters:
+            raise UserError(f"--warmup_iters ({self.warmup_iters}) must not exceed --max_iters ({self.max_iters})")
+
+
+def test_a_bad_value_from_a_config_file_names_the_file_and_line(tmp_path: Path) -> None:
+    config = tmp_path / "run.py"
+    config.write_text("# a run\nwarmup_iters = 5\nmax_iters = 0\n")
+    cases = [
+        ([str(config)], f"{config}:3: --max_iters must be a positive integer, got 0"),
+        ([str(config), "--max_iters=2"], f"{config}:2: --warmup_iters (5) must not exceed --max_iters (2)"),
+        ([str(config), "--max_iters=2", "--warmup_iters=3"], "--warmup_iters (3) must not exceed --max_iters (2)"),
+        (["--max_iters=-1"], "--max_iters must be a positive integer, got -1"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(UserError) as error:
+            parse_settings(Ruled, argv, prog="ruled", description="", config_files=True)
+        assert str(error.value) == message, argv
