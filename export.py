@@ -13,6 +13,7 @@ gptkit/weights/hf.py export_architecture and gptkit/weights/export_common.py for
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,13 +90,17 @@ def export_lora_run(cfg: ExportSettings, staging: Path, destination: Path) -> li
     return sorted(entry.name for entry in staging.iterdir())
 
 
+# A GGUF file's name ends with its type (model-Q4_K_M.gguf, model.f16.gguf): the exported file's names its own.
+FILE_TYPE_ENDING = re.compile(r"[-.](f32|f16|bf16|q\d+(_[0-9a-z]+)*|iq\d+(_[0-9a-z]+)*|tq\d_\d)$", re.IGNORECASE)
+
+
 def model_name(cfg: ExportSettings) -> str:
     """The model's name: its run directory's (as serve.py names it), the Hugging Face directory or hub name, or the
-    GGUF file's name without .gguf."""
+    GGUF file's name without its type and .gguf."""
     if cfg.init_from != "resume":
         source = Path(cfg.init_from)
         if source.is_dir() or source.is_file():
-            return source.resolve().name if source.is_dir() else source.stem
+            return source.resolve().name if source.is_dir() else FILE_TYPE_ENDING.sub("", source.stem) or source.stem
         return cfg.init_from.split(":")[0].rsplit("/", 1)[-1]  # a hub name (owner/name, owner/name:TAG): its name
     source = Path(cfg.out_dir).resolve()
     return source.parent.name if source.is_file() else source.name

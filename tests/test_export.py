@@ -241,3 +241,21 @@ def test_a_hub_models_gguf_file_is_named_by_the_models_name() -> None:
     """The file name of --format=gguf from owner/name (or owner/name:TAG) is the name alone, not a path."""
     for source in ("testowner/tiny-llama", "testowner/tiny-llama:Q4_K_M"):
         assert export.model_name(export.ExportSettings(init_from=source, export_dir="x", format="gguf")) == "tiny-llama"
+
+
+def test_a_gguf_files_name_loses_its_type_for_the_exports(tmp_path: Path) -> None:
+    """model-q4_0.gguf exported to q8_0 is model-q8_0.gguf, not model-q4_0-q8_0.gguf."""
+    names = {
+        "SmolLM2-135M-Instruct-Q4_K_M.gguf": "SmolLM2-135M-Instruct",
+        "tiny-q4_0.gguf": "tiny",
+        "tiny.f16.gguf": "tiny",
+        "tiny-IQ2_XS.gguf": "tiny",
+        "Qwen3-0.6B-BF16.gguf": "Qwen3-0.6B",
+        "gpt2-q8.gguf": "gpt2",
+        "v1-2.gguf": "v1-2",  # no type: the name as it is
+        "q4_0.gguf": "q4_0",  # nothing but a type: kept
+    }
+    for file_name, expected in names.items():
+        (tmp_path / file_name).write_bytes(b"GGUF")
+        cfg = export.ExportSettings(init_from=str(tmp_path / file_name), export_dir="x", format="gguf")
+        assert export.model_name(cfg) == expected, file_name
