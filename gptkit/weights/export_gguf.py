@@ -31,10 +31,16 @@ from gptkit.core.errors import UserError
 from gptkit.data import bpe
 from gptkit.data.chat import END_OF_TURN, ROLE_MARKERS
 from gptkit.data.hf_tokenizer import HFTokenizer
-from gptkit.data.tokenizer import Tokenizer, gpt2_unicode_to_byte
+from gptkit.data.tokenizer import Tokenizer
 from gptkit.model import GPT, GPTConfig, scaled_frequencies
 from gptkit.weights.export_common import Vocabulary, gpt2_tensors, vocabulary_chat_template, vocabulary_of
-from gptkit.weights.gguf_hf_tokenizer import UNREACHABLE_MERGE, add_hf_tokenizer, gguf_tokenizer, hf_modelfile
+from gptkit.weights.gguf_hf_tokenizer import (
+    UNREACHABLE_MERGE,
+    add_hf_tokenizer,
+    byte_level_character,
+    gguf_tokenizer,
+    hf_modelfile,
+)
 from gptkit.weights.gguf_read import matrix_sources
 from gptkit.weights.quantization import GROUP, Int4Blocks, dequantized_copy, stored_int4
 
@@ -329,14 +335,7 @@ def gguf_vocabulary(vocabulary: Vocabulary) -> Vocabulary:
     if not vocabulary.is_char:
         return vocabulary
     special = set(vocabulary.special.values())
-    wide = [t for i, t in enumerate(vocabulary.tokens) if i not in special and len(t.encode("utf-8")) != 1]
-    if wide:
-        raise UserError(
-            f"cannot export this character vocabulary to GGUF: {wide[0]!r} is more than one byte in UTF-8, and "
-            "llama.cpp's byte-level BPE looks text up byte by byte; use --format=hf, or train on a BPE tokenizer"
-        )
-    to_char = {byte: char for char, byte in gpt2_unicode_to_byte().items()}
-    tokens = [t if i in special else to_char[t.encode("utf-8")[0]] for i, t in enumerate(vocabulary.tokens)]
+    tokens = [t if i in special else byte_level_character(t) for i, t in enumerate(vocabulary.tokens)]
     return replace(vocabulary, tokens=tokens, merges=[])
 
 

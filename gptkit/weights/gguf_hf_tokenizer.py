@@ -1,5 +1,6 @@
 """A Hugging Face tokenizer (tokenizer.json) as GGUF metadata: a byte-level BPE as llama.cpp's "gpt2" tokenizer, a
-SentencePiece-style BPE (byte fallback, "▁" for spaces: Llama 2, Mistral) as its "llama" one.
+SentencePiece-style BPE (byte fallback, "▁" for spaces: Llama 2, Mistral) as its "llama" one, and a table of
+one-byte characters (a character-level model's export) as a "gpt2" BPE without merges.
 
 llama.cpp does not read tokenizer.json's pre-tokenizer: it picks one of its own by the name in `tokenizer.ggml.pre`,
 each a fixed list of regexes. Its converter names the pre-tokenizer by hashing a test text's tokens, which needs the
@@ -22,12 +23,16 @@ from typing import Any
 from gptkit.core.errors import UserError
 from gptkit.data import bpe
 from gptkit.data.hf_tokenizer import HFTokenizer
+from gptkit.data.tokenizer import gpt2_unicode_to_byte
 
 SPACE = "\u2581"  # SentencePiece's space
 # llama.cpp reads the merges key of every byte-level BPE and the gguf writer stores no empty list: a table without
 # merges gets this one rule, which joins two pieces no rule makes and so never applies.
 UNREACHABLE_MERGE = ("\u0120\u0120", "\u0120\u0120")
+# The pre-tokenizer of a character table's tokenizer.json (export_hf.build_tokenizer): every character alone.
+CHARACTER_SPLIT = {"type": "Split", "pattern": {"Regex": "[\\s\\S]"}, "behavior": "Isolated", "invert": False}
 BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
+BYTE_STAND_INS = {byte: char for char, byte in gpt2_unicode_to_byte().items()}  # byte-level BPE's printable bytes
 _CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
 _CONTRACTIONS_SPELLED = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"  # llama.cpp's spelling
 _LETTERS_DIGITS = r"|[^\r\n\p{L}\p{N}]?\p{L}+|"
@@ -133,6 +138,8 @@ def gguf_tokenizer(tokenizer: HFTokenizer, rows: int) -> GGUFTokenizer:
         kind, pre, add_space_prefix = "gpt2", pre_tokenizer_name(spec), None
     elif model.get("type") == "BPE" and model.get("byte_fallback"):
         kind, pre, add_space_prefix = "llama", None, sentencepiece_space_prefix(spec, list(model.get("vocab") or {}))
+    elif model.get("type") == "WordLevel" and spec.get("pre_tokenizer") == CHARACTER_SPLIT:
+        kind, pre, add_space_prefix = "gpt2", "gpt-2", None
     else:
         raise UserError(
             f"cannot export this tokenizer to GGUF: export writes byte-level BPE tokenizers (GPT-2, Llama 3, Qwen, "
@@ -141,7 +148,7 @@ def gguf_tokenizer(tokenizer: HFTokenizer, rows: int) -> GGUFTokenizer:
         )
     if tokenizer.vocab_size > rows:
         raise UserError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {rows} rows")
-    vocab = _vocab(spec)
+    vocab = _vocab(spec) if model.get("type") != "WordLevel" else _byte_level_characters(spec)
     by_id = {token_id: text for text, token_id in vocab.items()}
     missing = [i for i in range(tokenizer.vocab_size) if i not in by_id]
     if missing:
@@ -272,6 +279,26 @@ def _vocab(spec: dict[str, Any]) -> dict[str, int]:
     for added in spec.get("added_tokens") or []:
         vocab[added["content"]] = added["id"]
     return vocab
+
+
+def _byte_level_characters(spec: dict[str, Any]) -> dict[str, int]:
+    """A character table's vocabulary as a byte-level BPE's (byte_level_character); added tokens as they are."""
+    added = {token["content"]: token["id"] for token in spec.get("added_tokens") or []}
+    table = spec["model"]["vocab"].items()
+    return {byte_level_character(text): token_id for text, token_id in table if text not in added} | added
+
+
+def byte_level_character(character: str) -> str:
+    """A character table's character (one byte in UTF-8) as the printable stand-in byte-level BPE writes for its
+    byte, so that llama.cpp, looking text up byte by byte, finds the table's id; UserError for a character of more
+    bytes, which no byte lookup finds."""
+    encoded = character.encode("utf-8")
+    if len(encoded) != 1:
+        raise UserError(
+            f"cannot export this character vocabulary to GGUF: {character!r} is more than one byte in UTF-8, and "
+            "llama.cpp's byte-level BPE looks text up byte by byte; use --format=hf, or train on a BPE tokenizer"
+        )
+    return BYTE_STAND_INS[encoded[0]]
 
 
 def _post_processor_ends(processor: Any) -> tuple[str | None, str | None]:

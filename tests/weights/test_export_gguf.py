@@ -14,7 +14,9 @@ from gptkit.data import bpe
 from gptkit.data import tokenizer as tok
 from gptkit.data.chat import END_OF_TURN
 from gptkit.data.gguf_tokenizer import load_gguf_tokenizer
+from gptkit.data.hf_tokenizer import HFTokenizer, read_hf_record
 from gptkit.weights.export_gguf import export_gguf, gguf_tensors
+from gptkit.weights.export_hf import export_hf
 from helpers import gpt2_chat_tokenizer, greedy_llama_cpp, lively_model, reference_greedy
 from hf_tokenizer_dirs import VARIED
 
@@ -25,7 +27,7 @@ CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "co
 
 def export(tmp_path: Path, model, tokenizer, outtype: str = "f32") -> Path:
     directory = tmp_path / f"gguf-{outtype}"
-    directory.mkdir(exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True)
     files = export_gguf(model, tokenizer, directory, outtype, "tiny")
     assert files == [f"tiny-{outtype}.gguf", "Modelfile"]
     return directory / files[0]
@@ -303,6 +305,24 @@ def test_a_table_of_one_byte_characters_is_a_byte_level_bpe_without_merges(tmp_p
     ]
     (merge,) = field(reader, "tokenizer.ggml.merges")  # one rule whose pieces are no token: it never applies
     assert all(piece not in field(reader, "tokenizer.ggml.tokens") for piece in merge.split(" "))
+
+
+def test_a_character_models_hugging_face_export_writes_the_same_gguf_tokenizer(tmp_path):
+    """The character table from its tokenizer.json (export.py --init_from=HF_DIR --format=gguf) is written as from
+    the run itself: the same tokens, types and merges, so llama.cpp looks up the same ids."""
+    tokenizer = tok.CharTokenizer("\n !abcz", eot=True)
+    model = lively_model(vocab_size=12, **QWEN3_DEMO)
+    direct = gguf.GGUFReader(export(tmp_path / "direct", model, tokenizer))
+    export_hf(model, tokenizer, tmp_path / "hf")
+    from_hf = HFTokenizer(read_hf_record(tmp_path / "hf"), where="hf")
+    assert from_hf.encode("abc z!\n") == tokenizer.encode("abc z!\n")
+    through_hf = gguf.GGUFReader(export(tmp_path / "through_hf", model, from_hf))
+    for key in ("tokens", "token_type", "merges", "model", "pre", "eos_token_id"):
+        assert field(through_hf, f"tokenizer.ggml.{key}") == field(direct, f"tokenizer.ggml.{key}"), key
+    wide = tmp_path / "wide"
+    export_hf(model, tok.CharTokenizer("abcé", eot=True), wide)
+    with pytest.raises(UserError, match="'é' is more than one byte in UTF-8"):
+        export(tmp_path / "refused", model, HFTokenizer(read_hf_record(wide), where="wide"))
 
 
 @pytest.mark.parametrize(
