@@ -286,10 +286,27 @@ def test_other_bad_http_gets_4xx_and_the_server_stays_up(served):
     assert HTTP.get(f"{base}/nowhere").json()["error"]["code"] == "not_found"
     chunked = post(base, (b"x" * 1000 for _ in range(MAX_BODY // 1000 + 1)))  # no Content-Length: the bytes are counted
     assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "request_too_large"
-    with socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])), timeout=5) as raw:
-        raw.sendall(b"THIS IS NOT HTTP\r\n\r\n")
-        assert raw.recv(100).startswith(b"HTTP/1.1 400")
+    malformed = [
+        b"THIS IS NOT HTTP\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 12abc\r\n\r\n{}",
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+        b"GET /health HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
+    ]
+    for request in malformed:
+        with socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])), timeout=5) as raw:
+            raw.sendall(request)
+            head, _, body = read_until_closed(raw).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head.lower(), head
+        error = json.loads(body)["error"]
+        assert error["type"] == "invalid_request_error" and error["message"].startswith("malformed HTTP request")
     assert get_json(f"{base}/health")["status"] == "ok"
+
+
+def read_until_closed(connection: socket.socket) -> bytes:
+    received = b""
+    while chunk := connection.recv(4096):
+        received += chunk
+    return received
 
 
 def test_a_public_address_without_a_key_is_refused(capsys, tmp_path):

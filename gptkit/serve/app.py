@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import hmac
 import ipaddress
+import json
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+import h11
 import torch
 import uvicorn
 from fastapi import FastAPI, Request
@@ -39,6 +41,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gptkit.core.devices import Runtime
 from gptkit.core.errors import UserError
@@ -697,9 +700,27 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+class JSONErrorProtocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, but a request it cannot parse (a header that is no header, a Content-Length that
+    is no number) is answered with the JSON error body every other bad request gets, not uvicorn's plain text."""
+
+    def send_400_response(self, msg: str) -> None:
+        body = json.dumps(api.error_body(f"malformed HTTP request: {msg}", "invalid_request_error")).encode()
+        length = str(len(body)).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", length), (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers), h11.Data(data=body), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
+
+
 def serve(app: FastAPI, sock: socket.socket, access_log: bool = True) -> None:
     """Run uvicorn on `sock` until Ctrl-C or SIGTERM (open streams get 3 s to finish)."""
     config = uvicorn.Config(
-        app, log_level="info", access_log=access_log, timeout_graceful_shutdown=3, timeout_keep_alive=5
+        app,
+        http=JSONErrorProtocol,
+        log_level="info",
+        access_log=access_log,
+        timeout_graceful_shutdown=3,
+        timeout_keep_alive=5,
     )
     uvicorn.Server(config).run(sockets=[sock])

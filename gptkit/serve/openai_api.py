@@ -64,8 +64,12 @@ def error_response(
     code: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(error_body(message, kind, param, code), status_code=status, headers=headers)
+
+
+def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object, the body of every answer to a bad request."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 class StreamOptions(BaseModel):
