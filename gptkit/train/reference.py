@@ -39,7 +39,7 @@ class Reference:
             self.model = model
             # The added rows start as the mean of the base's rows (GPT.grow_vocabulary): computed, not copied, so a
             # resumed run's reference has them as they started, not as the checkpoint left them.
-            self.grown = [(module.extra, _starting_rows(module)) for module in _grown(model)]
+            self.grown = [(module, _starting_rows(module)) for module in _grown(model)]
         else:
             self.model = copy.deepcopy(model).requires_grad_(False).eval()
             self.grown = []
@@ -56,20 +56,19 @@ class Reference:
             yield
             return
         scales = [module.scale for module in self.adapters]
-        current = [(extra, extra.detach().clone()) for extra, _ in self.grown]
         training = self.model.training
         try:
             self.model.eval()
             for module in self.adapters:
                 module.scale = 0.0
-            for extra, start in self.grown:
-                extra.copy_(start)
+            for module, start in self.grown:
+                module.stand_in = start
             yield
         finally:
             for module, scale in zip(self.adapters, scales):
                 module.scale = scale
-            for extra, now in current:
-                extra.copy_(now)
+            for module, _ in self.grown:
+                module.stand_in = None
             self.model.train(training)
 
 

@@ -210,6 +210,9 @@ class GrownVocabulary(nn.Module):
         super().__init__()
         self.base = nn.Parameter(weight.detach()[:first_new_row].clone(), requires_grad=False)
         self.extra = nn.Parameter(weight.detach()[first_new_row:].clone())
+        # While set, the rows a pass reads instead of `extra` (DPO's and GRPO's reference: the rows as they started).
+        # Why not a copy into `extra`: the policy's pass may have saved it for its backward pass.
+        self.stand_in: torch.Tensor | None = None
 
     @property
     def weight(self) -> torch.Tensor:
@@ -217,12 +220,13 @@ class GrownVocabulary(nn.Module):
         return torch.cat([self.base, self.extra])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        extra = self.extra if self.stand_in is None else self.stand_in
         if not x.is_floating_point():  # token ids: the embedding lookup, each id from the part that holds its row
             rows = self.base.shape[0]
             old = F.embedding(x.clamp(max=rows - 1), self.base)
-            new = F.embedding((x - rows).clamp(min=0), self.extra)
+            new = F.embedding((x - rows).clamp(min=0), extra)
             return torch.where((x < rows)[..., None], old, new)
-        return torch.cat([F.linear(x, self.base), F.linear(x, self.extra)], dim=-1)  # the head's logits
+        return torch.cat([F.linear(x, self.base), F.linear(x, extra)], dim=-1)  # the head's logits
 
 
 def _targeted(model: nn.Module, targets: str) -> list[str]:

@@ -130,6 +130,29 @@ def test_lora_reference_puts_grown_token_rows_back_as_they_started_even_after_a_
     assert torch.equal(model.lm_head.extra.detach(), moved)  # the trained rows are back after the pass
 
 
+def test_a_lora_step_with_grown_rows_takes_the_gradient_of_its_own_pass():
+    """The policy's pass first, then the reference's (pair_batch_scores' order): the reference reads the grown rows
+    as they started without writing into the ones the policy's backward pass reads. The gradient equals that of a
+    loss made from the same reference values given as constants."""
+    x, y = pair_batch()
+    x[0, 2], y[1, 6] = 24, 25
+    model = tiny_model()
+    model.grow_vocabulary(27)
+    add_lora(model, LoraConfig(rank=2, alpha=4.0, dropout=0.0, targets="all"), "float32", first_new_row=23)
+    with torch.no_grad():
+        model.lm_head.extra.add_(torch.randn_like(model.lm_head.extra))  # trained away from the start
+    reference = Reference(model)
+    pair_batch_scores(model, reference, x, y, beta=0.1).losses.sum().backward()
+    through_reference = model.lm_head.extra.grad.clone()
+    model.zero_grad()
+    fixed = reference.token_logprobs(x, y).sum(dim=1)
+    policy = -model(x, y, reduction="none")[1].view(y.shape).sum(dim=1)
+    half = len(y) // 2
+    dpo_scores(policy[:half], policy[half:], fixed[:half], fixed[half:], 0.1).losses.sum().backward()
+    assert through_reference.abs().sum() > 0
+    assert torch.allclose(through_reference, model.lm_head.extra.grad, atol=1e-7)
+
+
 def float64_sequence_logprobs_of(model: GPT, x: torch.Tensor, y: torch.Tensor) -> list[float]:
     double = GPT(model.config)
     double.load_state_dict(model.state_dict())
