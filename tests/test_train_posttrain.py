@@ -4,8 +4,10 @@ input is one line."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+import shutil
 import sys
 from pathlib import Path
 
@@ -97,7 +99,8 @@ def test_dpo_resumes_exactly_and_the_reference_stays_the_start(task: Path, tmp_p
     resumed = dpo_args(task, tmp_path / "b", max_iters=4, eval_interval=2, init_from="resume")
     assert run_main(train.main, resumed, capsys)[0] == 0
     a, b = (ckpt.load_checkpoint(tmp_path / name / "ckpt.pt") for name in ("a", "b"))
-    assert b["reference"] == str(task / "base")
+    start = task / "base" / "ckpt.pt"  # recorded with its digest: a resume compares with the start as it was
+    assert b["reference"] == {"source": str(start.resolve()), "sha256": hashlib.sha256(start.read_bytes()).hexdigest()}
     assert all(torch.equal(a["model"][key], b["model"][key]) for key in a["model"])
     # The same run resumed without its objective: the next-token loss would train the rejected replies too.
     lm = [arg for arg in dpo_args(task, tmp_path / "b", max_iters=6, init_from="resume") if arg != "--objective=dpo"]
@@ -115,6 +118,24 @@ def test_dpo_with_lora(task: Path, tmp_path: Path, capsys) -> None:
     assert code == 0, stderr
     evaluations = [e for e in log_entries(tmp_path / "lora") if "val/accuracy" in e]
     assert evaluations[0]["val/accuracy"] == 0.5 and evaluations[-1]["val/accuracy"] > 0.6
+
+
+@pytest.mark.heavy
+def test_a_dpo_run_whose_starting_model_changed_is_not_resumed(task: Path, tmp_path: Path, capsys) -> None:
+    """The starting model's path trained further (or replaced) since: a resume would compare with another model."""
+    (tmp_path / "start").mkdir()
+    shutil.copy(task / "base" / "ckpt.pt", tmp_path / "start" / "ckpt.pt")
+    first = dpo_args(task, tmp_path / "dpo", max_iters=2, eval_interval=2, init_from=tmp_path / "start")
+    assert run_main(train.main, first, capsys)[0] == 0
+    moved = ckpt.load_checkpoint(tmp_path / "start" / "ckpt.pt")
+    moved["model"] = {name: value + 0.01 for name, value in moved["model"].items()}
+    ckpt.save_checkpoint(tmp_path / "start" / "ckpt.pt", moved)
+    resumed = dpo_args(task, tmp_path / "dpo", max_iters=4, eval_interval=2, init_from="resume")
+    code, _, err = run_main(train.main, resumed, capsys)
+    assert_one_line_error(code, err, "the starting model", "has changed since this run started")
+    (tmp_path / "start" / "ckpt.pt").unlink()
+    code, _, err = run_main(train.main, resumed, capsys)
+    assert_one_line_error(code, err, "the starting model", "is missing; resume with the model this run started from")
 
 
 def grpo_args(task: Path, out: Path, **extra: object) -> list[str]:

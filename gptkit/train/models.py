@@ -24,7 +24,7 @@ from gptkit.train import ema
 from gptkit.train.reference import Reference, starting_point
 from gptkit.weights import checkpoint as ckpt
 from gptkit.weights.lora import adapter_state, add_lora, lora_record
-from gptkit.weights.sources import base_reference, check_data_tokenizer, load, model_of_checkpoint
+from gptkit.weights.sources import base_reference, check_data_tokenizer, load, model_of_checkpoint, unchanged_source
 
 
 def model_config(settings: Any, vocab_size: int = GPTConfig.vocab_size) -> GPTConfig:
@@ -137,6 +137,10 @@ def frozen_reference(cfg: Any, meta: dict, model: GPT, resumed: dict | None, dev
     if cfg.lora_rank or resumed is None:
         return Reference(model)
     source = starting_point(cfg.init_from, resumed)
+    if isinstance(resumed.get("reference"), dict):  # else a checkpoint written before digests: its source alone
+        where = Path(cfg.out_dir) / ckpt.LATEST_NAME
+        remedy = "resume with the model this run started from, or start a new run"
+        source = unchanged_source(resumed["reference"], f"{where}: the starting model", "this run started", remedy)
     start, _, _ = create_model(dataclasses.replace(cfg, init_from=source, lora_rank=0), meta)
     return Reference(start.to(device))
 

@@ -47,9 +47,9 @@ from gptkit.data.rewards import BUILT_IN, Reward, reward_named
 from gptkit.data.tokenizer import tokenizer_from_meta
 from gptkit.model import GPT
 from gptkit.train import batches, dpo, grpo, loop
-from gptkit.train.reference import Reference, starting_point, token_logprobs
+from gptkit.train.reference import Reference, token_logprobs
 from gptkit.weights import checkpoint as ckpt
-from gptkit.weights.sources import open_weights_meta
+from gptkit.weights.sources import base_reference, open_weights_meta
 
 OBJECTIVES = ("lm", "dpo", "grpo")
 NO_LOSS = {"train/loss": None, "val/loss": None, "val/bpb": None}  # an evaluation's standard figures, not measured
@@ -315,10 +315,12 @@ class PostTraining(Objective):
     def start(self, *, reference: Reference | None, resumed: dict | None, **run: Any) -> None:
         super().start(reference=reference, resumed=resumed, **run)
         self.reference = reference
-        self.reference_source = starting_point(self.cfg.init_from, resumed)
+        # Where the starting model is, with its weights' digest: a resume compares with it as it was (models.
+        # frozen_reference checks the digest), not with a model since trained further at the same path.
+        self.reference_record = resumed.get("reference") if resumed else base_reference(self.cfg.init_from)
 
     def checkpoint_entries(self) -> dict[str, Any]:
-        return {"reference": self.reference_source}
+        return {"reference": self.reference_record}
 
 
 class Dpo(PostTraining):

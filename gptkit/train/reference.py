@@ -20,7 +20,8 @@ from gptkit.weights.lora import GrownVocabulary, LoraLinear
 def starting_point(init_from: str, resumed: dict | None) -> str:
     """Where a run's starting model comes from: init_from, or for a resumed run (`resumed`, its checkpoint) the
     source that checkpoint records, so the reference stays the start, not the resume."""
-    return resumed.get("reference", init_from) if resumed is not None else init_from
+    record = resumed.get("reference", init_from) if resumed is not None else init_from
+    return record["source"] if isinstance(record, dict) else record  # a string: a checkpoint written before digests
 
 
 def token_logprobs(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

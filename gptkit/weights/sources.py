@@ -270,18 +270,26 @@ def lora_base(
 ) -> GPT:
     """The base model a LoRA checkpoint names (a LoRA base merged), after checking that its weights are the ones
     the adapters were trained on; int4_products as load's (an int4 base's products)."""
+    remedy = "put the base they were trained on back there"
+    source = unchanged_source(reference, f"{where}: its base", "the adapters were trained", remedy)
+    return load(source, overrides=overrides, tokenizer=False, int4_products=int4_products).model
+
+
+def unchanged_source(reference: dict[str, str], whose: str, since: str, remedy: str) -> str:
+    """The source a base_reference record names, after checking that it is there with the weights (and config.json)
+    it had; else UserError: "{whose} {source} is missing" or "has changed since {since}", then `remedy`."""
     source = reference["source"]
     if source_kind(source) is None:
-        raise UserError(f"{where}: its base {source} is missing; put the base model back there (the adapters need it)")
+        raise UserError(f"{whose} {source} is missing; {remedy}")
     found = base_reference(source)
     for key in ("sha256", "config_sha256"):  # config_sha256: only in records written since it was added
         if key in reference and found.get(key) != reference[key]:
             what = "weights" if key == "sha256" else "config.json"
             raise UserError(
-                f"{where}: its base {source} has changed since the adapters were trained (its {what}: sha256 "
-                f"{str(found.get(key))[:12]}..., expected {reference[key][:12]}...); use the base they were trained on"
+                f"{whose} {source} has changed since {since} (its {what}: sha256 {str(found.get(key))[:12]}..., "
+                f"expected {reference[key][:12]}...); {remedy}"
             )
-    return load(source, overrides=overrides, tokenizer=False, int4_products=int4_products).model
+    return source
 
 
 def base_reference(source: str) -> dict[str, str]:

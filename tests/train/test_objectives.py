@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -198,7 +199,9 @@ def test_a_resumed_objective_reads_the_next_batches_and_keeps_the_starting_refer
         saved = {"sampler": running.sampler.state_dict(), **running.checkpoint_entries()}
         running.prepare_step(range(4, 6), range(4, 6))
         expected = [running.batch(micro) for micro in range(2)]
-    assert running.checkpoint_entries() == {"reference": str(base / "base")}
+    start = base / "base" / "ckpt.pt"
+    recorded = {"source": str(start.resolve()), "sha256": hashlib.sha256(start.read_bytes()).hexdigest()}
+    assert running.checkpoint_entries() == {"reference": recorded}
     resumed = objectives.build(dpo_settings(base, init_from="resume"))
     resumed.open_data()
     with started(resumed, model, reference=Reference(model), resumed=saved):
@@ -208,7 +211,7 @@ def test_a_resumed_objective_reads_the_next_batches_and_keeps_the_starting_refer
         batches = [resumed.batch(micro) for micro in range(2)]
     assert position == 4
     assert all(torch.equal(a, b) for pair in zip(expected, batches) for a, b in zip(*pair))
-    assert resumed.checkpoint_entries() == {"reference": str(base / "base")}
+    assert resumed.checkpoint_entries() == {"reference": recorded}
 
 
 def scripted_sampler(tokenizer):

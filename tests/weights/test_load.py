@@ -214,7 +214,7 @@ def test_a_lora_run_whose_base_changed_or_went_is_one_line(tmp_path):
     (tmp_path / "base" / "ckpt.pt").unlink()
     with pytest.raises(UserError) as error:
         load(str(directory))
-    assert_one_line_message(error.value, "is missing; put the base model back there")
+    assert_one_line_message(error.value, "is missing; put the base they were trained on back there")
 
 
 def test_a_lora_base_directory_whose_config_changed_is_one_line(tmp_path):
