@@ -41,6 +41,11 @@ def resolve_init_from(init_from: str, out_dir: str | os.PathLike, overwrite: boo
     existing = [directory / name for name in (LATEST_NAME, BEST_NAME) if (directory / name).exists()]
     if init_from == "auto" and (directory / LATEST_NAME).exists():
         return "resume"
+    if existing and init_from not in ("resume", "auto") and _is_inside(Path(init_from), directory):
+        raise UserError(
+            f"--init_from={init_from} is in --out_dir={out_dir}, whose checkpoints a new run replaces (the model it "
+            "starts from among them); write the new run to another --out_dir"
+        )
     if init_from != "resume" and existing and not overwrite:  # auto over a lone best.pt too: it would be removed
         ways = (
             "continue it with --init_from=resume (or auto)"
@@ -52,6 +57,11 @@ def resolve_init_from(init_from: str, out_dir: str | os.PathLike, overwrite: boo
             "with another --out_dir, or replace it with --overwrite=True"
         )
     return "scratch" if init_from == "auto" else init_from
+
+
+def _is_inside(path: Path, directory: Path) -> bool:
+    """Whether `path` (a file or folder that exists) is `directory` or lies in it."""
+    return path.exists() and path.resolve().is_relative_to(directory.resolve())
 
 
 def remove_earlier_run(out_dir: str | os.PathLike) -> list[str]:

@@ -82,3 +82,15 @@ def test_a_fresh_start_over_an_earlier_run_is_refused(tmp_path: Path, name: str,
     # A lone best.pt holds no optimizer state to resume: the way on is to fine-tune from it.
     on = "--init_from=resume" if name == "ckpt.pt" else f"--init_from={tmp_path / name} and another --out_dir"
     assert all(way in message for way in (on, "another --out_dir", "--overwrite=True"))
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_new_run_starting_from_its_own_out_dir_is_refused_even_with_overwrite(tmp_path: Path, overwrite: bool):
+    """--overwrite deletes the earlier run's checkpoints: when the new run starts from them, its starting model."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "best.pt").write_bytes(b"x")
+    for init_from in (run, run / "best.pt", tmp_path / "run" / ".." / "run"):
+        with pytest.raises(UserError, match="is in --out_dir=.*write the new run to another --out_dir"):
+            resolve_init_from(str(init_from), run, overwrite)
+    assert resolve_init_from(str(run / "best.pt"), tmp_path / "elsewhere", overwrite) == str(run / "best.pt")
