@@ -73,6 +73,30 @@ def test_a_lora_run_resumes_exactly(base: Path, tmp_path: Path, capsys, base_wei
     assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
 
 
+def test_a_resume_trains_the_runs_own_adapters_and_refuses_other_lora_settings(
+    base: Path, tmp_path: Path, capsys
+) -> None:
+    text, out = base.parent / "text", tmp_path / "run"
+    assert lora_run(base, text, out, capsys, max_iters=2).returncode == 0
+    plain = cli_args(**{**RUN, "max_iters": 4, "init_from": "resume", "data_dir": text, "out_dir": out})
+    for flags, named in [
+        (["--lora_rank=8"], "--lora_rank=8 (the run's: 4)"),
+        (["--lora_targets=mlp", "--lora_alpha=2.0"], "--lora_alpha=2.0 (the run's: 8.0), --lora_targets='mlp' (the"),
+    ]:
+        refused = run_in_process(train.main, [*plain, *flags], capsys)
+        assert_script_error(refused, f"{out / 'ckpt.pt'} trains adapters of other settings: {named}")
+    resumed = run_in_process(train.main, plain, capsys)  # no LoRA flag: the run's adapters, named as they are
+    assert resumed.returncode == 0, resumed.stderr
+    assert "LoRA rank 4 on all: " in resumed.stdout
+    assert ckpt.load_checkpoint(out / "ckpt.pt")["config"]["lora_rank"] == 4
+    full = tmp_path / "full"
+    args = cli_args(**{**RUN, "max_iters": 2, "init_from": base, "data_dir": text, "out_dir": full})
+    assert run_in_process(train.main, args, capsys).returncode == 0
+    onto_full = cli_args(**{**RUN, "max_iters": 4, "init_from": "resume", "data_dir": text, "out_dir": full})
+    refused = run_in_process(train.main, [*onto_full, "--lora_rank=4"], capsys)
+    assert_script_error(refused, f"{full / 'ckpt.pt'} trained every weight", "leave out --lora_rank")
+
+
 def test_on_chat_data_the_new_token_rows_train_with_the_adapters(base: Path, tmp_path: Path, capsys) -> None:
     result = lora_run(base, base.parent / "chat", tmp_path / "out", capsys)
     assert result.returncode == 0, result.stderr

@@ -24,7 +24,14 @@ from gptkit.train import ema
 from gptkit.train.reference import Reference, starting_point
 from gptkit.weights import checkpoint as ckpt
 from gptkit.weights.lora import adapter_state, add_lora, lora_record
-from gptkit.weights.sources import base_reference, check_data_tokenizer, load, model_of_checkpoint, unchanged_source
+from gptkit.weights.sources import (
+    base_reference,
+    check_data_tokenizer,
+    checked_lora_record,
+    load,
+    model_of_checkpoint,
+    unchanged_source,
+)
 
 
 def model_config(settings: Any, vocab_size: int = GPTConfig.vocab_size) -> GPTConfig:
@@ -85,7 +92,37 @@ def resumed_checkpoint(cfg: Any, meta: dict) -> dict:
     recorded = settings.get("objective") if isinstance(settings, dict) else None
     if recorded is not None and recorded != cfg.objective:  # another loss on the same weights and optimizer state
         raise UserError(f"{path} was trained with --objective={recorded}; resume it with --objective={recorded}")
+    take_lora_settings(cfg, checkpoint.get("lora"), path)
     return checkpoint
+
+
+LORA_SETTINGS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "lora_base_weights")
+
+
+def take_lora_settings(cfg: Any, record: dict | None, path: Path) -> None:
+    """A resumed run trains what its checkpoint holds: a LoRA run's settings become cfg's (its log line, saved
+    settings and reference are then the run's), and LoRA settings given otherwise are refused in one line, as is any
+    for a run that trained every weight. Why: the adapters of the checkpoint's rank and targets train whatever the
+    flags say."""
+    defaults = {field.name: field.default for field in dataclasses.fields(cfg)}
+    given = {name: getattr(cfg, name) for name in LORA_SETTINGS if getattr(cfg, name) != defaults[name]}
+    if record is None:
+        if given:
+            flags = ", ".join(f"--{name}" for name in given)
+            raise UserError(
+                f"{path} trained every weight, and a resume trains what it holds: leave out {flags}, or put adapters "
+                f"on its model in a new run (--init_from={path.parent} --out_dir=ANOTHER)"
+            )
+        return
+    config = checked_lora_record(record, str(path))["config"]
+    runs = {f"lora_{key}": value for key, value in config.items()} | {"lora_base_weights": record["base_weights"]}
+    changed = [
+        f"--{name}={value!r} (the run's: {runs[name]!r})" for name, value in given.items() if value != runs[name]
+    ]
+    if changed:
+        raise UserError(f"{path} trains adapters of other settings: {', '.join(changed)}; leave those flags out")
+    for name, value in runs.items():
+        setattr(cfg, name, value)
 
 
 def starting_model(cfg: Any, meta: dict, resumed: dict | None) -> GPT:
