@@ -266,7 +266,8 @@ def set_up(
     data = objective.open_data()
     torch.manual_seed(cfg.seed)  # the same initialisation in every process: FSDP shards are cut from it
     model, resumed, lora = models.create_model(cfg, data.meta)
-    for note in (objective.unused_settings_note(), models.unused_shape_note(cfg, model.config)):
+    notes = objective.unused_settings_note(), models.unused_shape_note(cfg, model.config)
+    for note in (*notes, models.changed_settings_note(cfg, resumed)):
         if note and procs.master:
             print(note, flush=True)
     reference = models.frozen_reference(cfg, data.meta, model, resumed, device) if objective.needs_reference else None

@@ -611,6 +611,11 @@ def test_shape_settings_a_started_model_does_not_take_are_named(
     wider = run_in_process(train.main, [*again[:-1], "--max_iters=8", "--n_layer=3", "--n_embd=32", again[-1]], capsys)
     note = "note: the model's shape comes from init_from=resume; not used: n_layer=3 (the model's: 1), n_embd=32 (the model's: 16)"
     assert wider.returncode == 0 and note in wider.stdout.splitlines()
+    changed = run_in_process(
+        train.main, [*again[:-1], "--max_iters=9", "--batch_size=3", "--seed=5", again[-1]], capsys
+    )
+    note = "note: resumed with settings other than the run's: seed 1337 -> 5, batch_size 2 -> 3"
+    assert changed.returncode == 0 and note in changed.stdout.splitlines()
     tuned = tiny_train_args(data_dir, tmp_path / "tuned", n_layer=2)
     fine_tuned = run_in_process(train.main, [*tuned, f"--init_from={out_dir}"], capsys)
     assert fine_tuned.returncode == 0

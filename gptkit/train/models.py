@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from gptkit.core.errors import UserError
+from gptkit.core.settings import settings_to_dict
 from gptkit.data.conversations import is_chat_data
 from gptkit.data.tokenizer import padded_vocab_size
 from gptkit.model import GPT, GPTConfig
@@ -60,6 +61,26 @@ def create_model(cfg: Any, meta: dict) -> tuple[GPT, dict | None, dict | None]:
     base_rows = model.config.vocab_size
     fit_to_data(cfg, model, meta)
     return model, resumed, add_adapters(cfg, model, base_rows) if cfg.lora_rank else None
+
+
+# What a resume changes by its nature: the run is continued (init_from), longer (max_iters), or only evaluated.
+RESUME_SETTINGS = frozenset({"init_from", "max_iters", "eval_only", "overwrite"})
+
+
+def changed_settings_note(cfg: Any, resumed: dict | None) -> str | None:
+    """For a resumed run, a note naming the settings that differ from those its checkpoint was saved with (None:
+    none, or not a resume). Why: the data, the loss's scale (dpo_beta) or the batch change what the run trains and
+    what its best val loss compares, and a resume takes them silently otherwise."""
+    saved = resumed.get("config") if resumed is not None else None
+    if not isinstance(saved, dict):
+        return None
+    shape = {field.name for field in dataclasses.fields(GPTConfig)} - {"dropout"}  # the model's own (unused_shape_note)
+    changed = [
+        f"{name} {saved[name]!r} -> {value!r}"
+        for name, value in settings_to_dict(cfg).items()
+        if name in saved and name not in RESUME_SETTINGS | shape and saved[name] != value
+    ]
+    return f"note: resumed with settings other than the run's: {', '.join(changed)}" if changed else None
 
 
 def unused_shape_note(cfg: Any, config: GPTConfig) -> str | None:
