@@ -18,6 +18,7 @@ import torch
 
 from gptkit.core.devices import Runtime, autocast
 from gptkit.core.errors import UserError, run_cli
+from gptkit.core.fileio import read_utf8_text
 from gptkit.core.settings import parse_settings, setting, setting_list
 from gptkit.data.chat import ChatError
 from gptkit.data.tokenizer import Tokenizer, completion_stops, no_chat_reason, reply_stops
@@ -75,11 +76,9 @@ def read_prompt(start: str) -> str:
     if start.startswith("FILE:"):
         path = Path(start[len("FILE:") :])
         try:
-            return path.read_text(encoding="utf-8-sig")  # -sig: a byte-order mark is no text
+            return read_utf8_text(path)
         except FileNotFoundError:
             raise UserError(f"prompt file {path} does not exist") from None
-        except UnicodeDecodeError as exc:
-            raise UserError(f"prompt file {path} is not UTF-8 text (byte {exc.start})") from None
     return start
 
 

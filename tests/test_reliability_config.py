@@ -112,7 +112,7 @@ def test_a_plain_recipe_with_docstring_comments_and_literals_is_accepted(tmp_pat
         (b"n_layer = 1\x00\n", "null bytes"),  # a SyntaxError or a ValueError, by Python version
         (b"n_layer = " + b"-" * 200_000 + b"1\n", "not a config file (null bytes or too deeply nested)"),
         (b"n_layer = " + b"[" * 5_000 + b"]" * 5_000 + b"\n", "not valid Python syntax"),
-        (b'out_dir = "\xff"\n', "is not UTF-8 text"),
+        (b'n_layer = 2\nout_dir = "\xff"\n', ":2: not UTF-8 text (byte 0xff)"),
         (b"n_layer = 4 +\n", ":1: not valid Python syntax"),
         (b"n_layer = 12.0\n", "n_layer must be of type integer, got 12.0"),
         (b'batch_size = "12"\n', "batch_size must be of type integer, got '12'"),

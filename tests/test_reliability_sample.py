@@ -85,7 +85,7 @@ def test_the_tiny_checkpoint_samples(out_dir: Path, capsys: pytest.CaptureFixtur
     [
         (b"", "the prompt is empty"),
         ("Zürich ☃".encode(), "4 character(s) not in the character vocabulary: 'Z', 'c', 'ü', '☃'"),
-        (b"\xff\xfe bad", "is not UTF-8 text (byte 0)"),
+        (b"To be\nor \xff not", "prompt.txt:2: not UTF-8 text (byte 0xff); save the file as UTF-8"),
         (None, "error: prompt file {path} does not exist"),
     ],
     ids=["empty", "out_of_vocabulary", "not_utf8", "missing"],

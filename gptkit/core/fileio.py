@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from gptkit.core.errors import UserError
+
 
 def _fsync_directory(directory: Path) -> None:
     # Makes the rename itself durable; not every platform/filesystem allows opening a directory.
@@ -77,6 +79,19 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     with atomic_open(path, "w") as handle:
         json.dump(obj, handle, indent=2, ensure_ascii=False)
         handle.write("\n")
+
+
+def read_utf8_text(path: str | os.PathLike) -> str:
+    """The text of the file at `path` (a byte-order mark opening it is no text); UserError naming the line of bytes
+    that are no UTF-8. OSError as reading raises it, for the caller to word."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = exc.object.count(b"\n", 0, exc.start) + 1
+        raise UserError(
+            f"{path}:{line}: not UTF-8 text (byte {exc.object[exc.start]:#04x}); save the file as UTF-8"
+        ) from None
 
 
 def existing_ancestor(path: str | os.PathLike) -> Path:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gptkit.core.errors import UserError
+from gptkit.core.fileio import read_utf8_text
 
 T = TypeVar("T")
 
@@ -166,10 +167,7 @@ def read_config_file(path: str | Path) -> dict[str, tuple[Any, int]]:
         raise UserError(f"config file {path} does not exist; a setting is given as --{path.name}")
     if not path.is_file():
         raise UserError(f"config file {path} does not exist or is not a file; check the path")
-    try:
-        source = path.read_text(encoding="utf-8-sig")  # -sig: editors on Windows may start the file with a BOM
-    except UnicodeDecodeError:
-        raise UserError(f"config file {path} is not UTF-8 text") from None
+    source = read_utf8_text(path)  # editors on Windows may start the file with a byte-order mark: no text
     try:
         tree = ast.parse(source, filename=str(path))
     except SyntaxError as exc:

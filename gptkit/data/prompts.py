@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gptkit.core.errors import UserError
+from gptkit.core.fileio import read_utf8_text
 from gptkit.data.chat import ChatError
 from gptkit.data.tokenizer import no_chat_reason
 
@@ -32,10 +33,9 @@ def load_prompts(path: str | Path, tokenizer: Any, context: int | None = None) -
     prompt that leaves no room for a token in a model's `context`."""
     path = Path(path)
     try:
-        # -sig: a byte-order mark is no text; lines end at "\n" alone (JSON strings may hold U+2028, which
-        # splitlines would end a line at)
-        lines = path.read_text(encoding="utf-8-sig").split("\n")
-    except (OSError, UnicodeDecodeError) as exc:
+        # lines end at "\n" alone (JSON strings may hold U+2028, which splitlines would end a line at)
+        lines = read_utf8_text(path).split("\n")
+    except OSError as exc:
         raise UserError(f"cannot read the prompt file {path} ({exc})") from None
     prompts = []
     for number, line in enumerate(lines, start=1):

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from gptkit.core.distributed import Processes, reduce_numbers
 from gptkit.core.errors import UserError
-from gptkit.core.fileio import atomic_write_json, git_blob_sha1
+from gptkit.core.fileio import atomic_write_json, git_blob_sha1, read_utf8_text
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 HELLASWAG_VAL_ITEMS = 10_042  # the canonical validation file's items: a shorter download is incomplete
@@ -78,19 +78,17 @@ def read_items(path: str | os.PathLike) -> list[Item]:
     """The items of a HellaSwag-format JSONL file (one object per line; blank lines are skipped)."""
     items = []
     try:
-        with open(path, encoding="utf-8-sig") as handle:  # -sig: a byte-order mark is no text
-            for number, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise UserError(f"{path} line {number} is not valid JSON ({exc.msg}); give a JSONL file") from None
-                items.append(item_from_record(record, f"{path} line {number}"))
+        text = read_utf8_text(path)
     except FileNotFoundError:
         raise UserError(f"{path} does not exist; give a HellaSwag JSONL file or URL") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path} is not UTF-8 text (byte {exc.start}); give a HellaSwag JSONL file") from None
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path} line {number} is not valid JSON ({exc.msg}); give a JSONL file") from None
+        items.append(item_from_record(record, f"{path} line {number}"))
     if not items:
         raise UserError(f"{path} holds no items; give a HellaSwag JSONL file")
     return items

@@ -47,3 +47,12 @@ def test_a_prompt_file_as_editors_write_it_reads_as_its_records(tmp_path: Path) 
     prompts = load_prompts(path, tokenizer)
     assert [p.sample for p in prompts] == records
     assert [p.ids for p in prompts] == [tokenizer.encode("a\u2028b"), tokenizer.encode("ba")]
+
+
+def test_bytes_that_are_no_utf8_name_their_line(tmp_path: Path) -> None:
+    """Line 3 holds a Latin-1 é (0xe9); with a byte-order mark before line 1, the line counted is still 3."""
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"prompt": "ab"}\n\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(UserError) as raised:
+        load_prompts(path, CharTokenizer.from_text("abcf"))
+    assert str(raised.value) == f"{path}:3: not UTF-8 text (byte 0xe9); save the file as UTF-8"
