@@ -72,6 +72,8 @@ def preference_of(record: Any) -> tuple[list[dict], list[dict], list[dict]]:
     prompt = _as_messages(prompt)
     if not isinstance(prompt, list):
         raise ChatError("'prompt' must be text when the candidates are text, else a message list", "not a record")
+    if not prompt:  # as an implicit prompt sharing no message: the replies answer nothing
+        raise ChatError("'prompt' holds no message: give the conversation both replies answer", "no shared prompt")
     return prompt, prompt + chosen, prompt + rejected
 
 

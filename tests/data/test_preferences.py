@@ -88,6 +88,14 @@ def test_a_record_without_chosen_is_one_line_naming_file_and_line(tmp_path, caps
             },
             "share no first message (the prompt)",
         ),
+        (
+            {
+                "prompt": [],
+                "chosen": [{"role": "assistant", "content": "x"}],
+                "rejected": [{"role": "assistant", "content": "y"}],
+            },
+            "'prompt' holds no message",
+        ),
     ],
 )
 def test_a_pair_with_nothing_to_prefer_is_one_line(tmp_path, capsys, record, message):
