@@ -192,6 +192,8 @@ def read_config_file(path: str | Path) -> dict[str, tuple[Any, int]]:
                 f"{path}:{node.lineno}: {name} must be a literal (number, string, bool, None, list); "
                 "expressions and calls are not allowed"
             ) from None
+        if name in values:
+            raise UserError(f"{path}:{node.lineno}: {name} is set twice (first at line {values[name][1]}); keep one")
         values[name] = (value, node.lineno)
     return values
 
@@ -209,7 +211,7 @@ def format_help(cls: type, prog: str, description: str, config_files: bool, posi
     if config_files:
         lines.append("")
         lines.append("Config files hold `name = literal` lines with the same keys; they are read, never executed.")
-        lines.append("Later files and then command-line flags override earlier values.")
+        lines.append("Later files override earlier ones, and command-line flags override files wherever they stand.")
     return "\n".join(lines)
 
 
@@ -241,8 +243,9 @@ def parse_settings(
         sys.exit(0)
     types_by_name = _field_types(cls)
     known = {f.name for f in dataclasses.fields(cls) if _takes_key(f)}
-    values: dict[str, Any] = {}
+    from_files: dict[str, Any] = {}  # later files override earlier ones; flags override files, wherever they stand
     origins: dict[str, str] = {}  # key: the config file line its value comes from
+    values: dict[str, Any] = {}
     cli_lists: dict[str, list[Any]] = {}
 
     index = 0
@@ -259,7 +262,7 @@ def parse_settings(
                 where = f"{arg}:{line}: "
                 if key not in known:
                     raise unknown_setting(key, known, where)
-                values[key] = _coerce(key, value, types_by_name[key], where)
+                from_files[key] = _coerce(key, value, types_by_name[key], where)
                 origins[key] = where
             continue
         key, has_value, text = arg[2:].partition("=")
@@ -269,7 +272,8 @@ def parse_settings(
         if not has_value:
             is_flag = _unwrap_optional(annotation)[0] is bool
             next_is_value = index < len(argv) and not argv[index].startswith("--")
-            if is_flag and not (next_is_value and argv[index].lower() in _TRUE_WORDS | _FALSE_WORDS):
+            words = _TRUE_WORDS | _FALSE_WORDS | ({"none"} if _unwrap_optional(annotation)[1] else set())
+            if is_flag and not (next_is_value and argv[index].lower() in words):
                 text = "true"
             elif next_is_value:
                 text = argv[index]
@@ -277,13 +281,13 @@ def parse_settings(
             else:
                 raise UserError(f"--{key} needs a value, e.g. --{key}=VALUE")
         value = _parse_cli_value(key, text, annotation)
-        origins.pop(key, None)
         if typing.get_origin(_unwrap_optional(annotation)[0]) is list and value is not None:
             cli_lists.setdefault(key, []).extend(value)  # repeated flags add to the list
         else:
             values[key] = value
     values.update(cli_lists)
-    instance = cls(**values)
+    origins = {key: where for key, where in origins.items() if key not in values}
+    instance = cls(**{**from_files, **values})
     try:
         check_rules(instance)
         validate = getattr(instance, "validate", None)

@@ -92,3 +92,30 @@ def test_a_bad_value_from_a_config_file_names_the_file_and_line(tmp_path: Path) 
         with pytest.raises(UserError) as error:
             parse_settings(Ruled, argv, prog="ruled", description="", config_files=True)
         assert str(error.value) == message, argv
+
+
+@dataclass
+class Switches:
+    max_iters: int = setting(10, "steps")
+    compile: bool | None = setting(None, "compile the model (None: where it is faster)")
+
+
+def test_flags_override_config_files_wherever_they_stand(tmp_path: Path) -> None:
+    first, second = tmp_path / "a.py", tmp_path / "b.py"
+    first.write_text("max_iters = 100\ncompile = True\n")
+    second.write_text("max_iters = 200\n")
+    for argv in (["--max_iters=3", str(first), str(second)], [str(first), "--max_iters=3", str(second)]):
+        cfg = parse_settings(Switches, argv, prog="s", description="", config_files=True)
+        assert (cfg.max_iters, cfg.compile) == (3, True), argv
+    cfg = parse_settings(Switches, [str(first), str(second)], prog="s", description="", config_files=True)
+    assert cfg.max_iters == 200  # the later file
+    cfg = parse_settings(Switches, [str(first), "--compile", "None"], prog="s", description="", config_files=True)
+    assert cfg.compile is None
+
+
+def test_a_key_set_twice_in_one_config_file_is_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "c.py"
+    config.write_text("max_iters = 4\n# later\nmax_iters = 8\n")
+    with pytest.raises(UserError) as error:
+        parse_settings(Switches, [str(config)], prog="s", description="", config_files=True)
+    assert str(error.value) == f"{config}:3: max_iters is set twice (first at line 1); keep one"
