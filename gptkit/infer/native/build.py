@@ -68,6 +68,7 @@ def build_directory(sources: Path = CSRC) -> Path:
         str(Path(torch.__file__).parent),  # its headers and libraries, named in the build's commands
         sysconfig.get_path("include", scheme="posix_prefix") or "",
         cpu_flags(),
+        ninja_binary() or "",  # ninjas of other versions log commands apart: each would rebuild the other's build
     ]
     digest = hashlib.sha256()
     for path in source_files(sources):
@@ -77,6 +78,18 @@ def build_directory(sources: Path = CSRC) -> Path:
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     python = f"py{sys.version_info.major}{sys.version_info.minor}"
     return Path(root) / f"{MODULE}_torch{torch.__version__}_{python}_{digest.hexdigest()[:16]}"
+
+
+def ninja_binary() -> str | None:
+    """The ninja that builds: the pip package's (a requirement) wherever PATH points, else the system's. Why the
+    package's first: `make` and an unactivated venv find the system's on PATH, an activated one the package's, and
+    each would rebuild what the other built."""
+    try:
+        import ninja
+
+        return str(Path(ninja.BIN_DIR) / "ninja")
+    except ImportError:
+        return shutil.which("ninja")
 
 
 def library_in(directory: Path) -> Path:
@@ -150,11 +163,9 @@ def extension():
     missing when it cannot be built."""
     from torch.utils import cpp_extension
 
-    if shutil.which("ninja") is None:  # the pip package's binary sits outside PATH in a venv that is not activated
-        with contextlib.suppress(ImportError):
-            import ninja
-
-            os.environ["PATH"] = os.pathsep.join((ninja.BIN_DIR, os.environ.get("PATH", "")))
+    ninja = ninja_binary()
+    if ninja is not None:  # first on PATH, where torch's build looks for it
+        os.environ["PATH"] = os.pathsep.join((str(Path(ninja).parent), os.environ.get("PATH", "")))
     directory = build_directory()
     try:
         directory.mkdir(parents=True, exist_ok=True)
