@@ -3,7 +3,8 @@
     python train.py config/eval_gpt2.py
     python train.py config/eval_gpt2.py --init_from=gpt2-medium
 
-Prints the loss over eval_iters random batches per split, then the exact loss over the whole val split.
+Prints the loss over eval_iters random batches per split (--eval_full_split=True adds the exact loss over the
+whole val split).
 """
 
 eval_only = True

@@ -7,7 +7,8 @@ The starting model is a small chat run (config/finetune_chat_cpu.py) or any chec
 
     python train.py config/grpo_cpu.py --init_from=out-chat --out_dir=out-rl --grpo_prompts=train.jsonl \
         --grpo_eval_prompts=held_out.jsonl --grpo_reward=number
-    python eval.py --out_dir=out-rl --tasks= --prompts=held_out.jsonl --reward=number --samples=8 --pass_k=1,8
+    python eval.py --out_dir=out-rl --tasks= --prompts=held_out.jsonl --reward=number --samples=8 --temperature=1 \
+        --pass_k=1,8
 """
 
 objective = "grpo"
