@@ -63,6 +63,9 @@ class ExportSettings(ModelLocation):
             raise UserError(f"--format={self.format} exports a LoRA run: give its --out_dir (with --init_from=resume)")
         if self.init_from == "resume" and Path(self.export_dir).resolve() == Path(self.out_dir).resolve():
             raise UserError(f"--export_dir={self.export_dir} is the run's own directory; name a new one for the export")
+        if self.format != "gguf" and (self.outtype != "f16" or self.name):
+            flag = "--outtype" if self.outtype != "f16" else "--name"
+            raise UserError(f"{flag} is for --format=gguf; --format={self.format} takes neither --outtype nor --name")
         if self.name and (self.name in (".", "..") or any(char in self.name for char in "/\\")):
             raise UserError(f"--name={self.name!r} names the GGUF file, not a path: give it without '/', '\\' or '..'")
 

@@ -69,6 +69,8 @@ class SampleSettings(ModelSource, Decoding, Runtime):
             raise UserError("--stop needs a non-empty string")
         if self.chat and (self.num_samples != 1 or self.interactive):
             raise UserError("--chat answers one message at a time; drop --num_samples and --interactive")
+        if self.system and not self.chat:
+            raise UserError("--system opens a --chat conversation; add --chat, or put the text in --start")
 
 
 def read_prompt(start: str) -> str:

@@ -212,6 +212,8 @@ def test_mistakes_are_one_line_errors_and_leave_no_directory(tmp_path, capsys):
         (cli_args(init_from="gpt2", format="merged", export_dir=tmp_path / "x"), ["exports a LoRA run"]),
         (cli_args(out_dir=char, format="gguf", export_dir=tmp_path / "x", name="../../keep"), ["names the GGUF file"]),
         (cli_args(out_dir=char.parent, export_dir=char.parent, overwrite=True), ["is the run's own directory"]),
+        (cli_args(out_dir=char, export_dir=tmp_path / "x", outtype="q4_0"), ["--outtype is for --format=gguf"]),
+        (cli_args(out_dir=char, export_dir=tmp_path / "x", name="tiny"), ["--name is for --format=gguf"]),
     ]
     for args, fragments in cases:
         code, _, err = run_main(export.main, args, capsys)

@@ -191,6 +191,7 @@ def test_out_of_vocabulary_characters_are_one_clear_error(trained_char_checkpoin
         ("--start=", "prompt is empty"),
         ("--top_k=0", "top_k"),
         ("--temperature=-1", "temperature"),
+        ("--system=Be_brief.", "--system opens a --chat conversation"),
     ],
 )
 def test_bad_settings_are_one_clear_error(trained_char_checkpoint, flag, message, capsys):
