@@ -117,7 +117,7 @@ class TrainSettings(ObjectiveSettings, Runtime):
         "attention", "LoRA: which Linear layers of each block get adapters", choices=tuple(TARGETS)
     )
     lora_base_weights: str = setting(
-        "float32", "LoRA: how the frozen base is held (bfloat16, int8 or int4: less memory)", choices=BASE_WEIGHTS
+        "float32", "LoRA: how the frozen base is held, in less memory than float32 by the others", choices=BASE_WEIGHTS
     )
     # optimizer and learning-rate schedule
     optimizer: str = setting(

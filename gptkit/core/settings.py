@@ -207,7 +207,10 @@ def format_help(cls: type, prog: str, description: str, config_files: bool, posi
     for field in filter(_takes_key, dataclasses.fields(cls)):
         default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
         lines.append(f"  --{field.name}  ({_type_name(types_by_name[field.name])}, default {default!r})")
-        lines.append(f"      {field.metadata.get('help', '')}")
+        meaning, choices = field.metadata.get("help", ""), field.metadata.get("choices", ())
+        if choices and not all(choice in meaning for choice in choices):  # the values it takes, where not said
+            meaning += f" (one of: {', '.join(choices)})"
+        lines.append(f"      {meaning}")
     if config_files:
         lines.append("")
         lines.append("Config files hold `name = literal` lines with the same keys; they are read, never executed.")

@@ -68,10 +68,11 @@ class Reward:
     name: str
     function: RewardFunction
 
-    def check_answers(self, prompts: Sequence[Any]) -> None:
+    def check_answers(self, prompts: Sequence[Any], setting: str = "--reward") -> None:
         """UserError naming file:line of the first prompt record (Prompt: .where, .sample) that a built-in reward
         cannot score: `exact` and `number` need an `answer`, and `number` one that is a number. Checked as the
-        prompts are read, rather than at the first completion (or never: a word never equals a number)."""
+        prompts are read, rather than at the first completion (or never: a word never equals a number). `setting`:
+        the flag that chose the reward, which the error names."""
         if self.name not in ("exact", "number"):
             return
         for prompt in prompts:
@@ -82,7 +83,7 @@ class Reward:
             if self.name == "number" and _as_number(answer) is None:
                 raise UserError(
                     f"{prompt.where}: the answer {answer!r} is not a number, which the reward 'number' compares with; "
-                    "use --reward=exact for text answers"
+                    f"use {setting}=exact for text answers"
                 )
 
     def score(self, completion: str, sample: dict) -> float:

@@ -462,7 +462,7 @@ class Grpo(PostTraining):
             kl_beta=cfg.grpo_kl_beta,
             seed=cfg.seed,
         )
-        self.plan.reward.check_answers([*self.plan.prompts, *self.plan.eval_prompts])
+        self.plan.reward.check_answers([*self.plan.prompts, *self.plan.eval_prompts], setting="--grpo_reward")
         self.sampler = grpo.PromptOrder(len(self.plan.prompts), cfg.batch_size, cfg.seed)
 
     def prepare_step(self, step: range, mine: range) -> None:

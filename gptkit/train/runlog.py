@@ -143,7 +143,8 @@ def full_split_line(tokens: int, loss: float, bpb: float | None) -> str:
 
 def resumed_line(steps: int, checkpoint: Path, best_val_loss: float) -> str:
     """A resumed run: where it continues from."""
-    return f"resumed from step {steps} of {checkpoint} (best val loss {best_val_loss:.4f})"
+    best = f" (best val loss {best_val_loss:.4f})" if math.isfinite(best_val_loss) else ""  # GRPO has no loss
+    return f"resumed from step {steps} of {checkpoint}{best}"
 
 
 def replaced_line(out_dir: Path, names: list[str]) -> str:

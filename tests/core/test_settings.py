@@ -119,3 +119,17 @@ def test_a_key_set_twice_in_one_config_file_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(UserError) as error:
         parse_settings(Switches, [str(config)], prog="s", description="", config_files=True)
     assert str(error.value) == f"{config}:3: max_iters is set twice (first at line 1); keep one"
+
+
+@dataclass
+class Chosen:
+    targets: str = setting("attention", "which layers get adapters", choices=("attention", "mlp", "all"))
+    mode: str = setting("a", "a | b: how", choices=("a", "b"))
+
+
+def test_help_lists_the_values_a_choice_takes_where_its_meaning_does_not(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        parse_settings(Chosen, ["--help"], prog="c", description="")
+    lines = capsys.readouterr().out.splitlines()
+    assert "      which layers get adapters (one of: attention, mlp, all)" in lines
+    assert "      a | b: how" in lines

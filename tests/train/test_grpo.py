@@ -135,6 +135,9 @@ def test_built_in_rewards_check_the_answers_of_the_records_as_they_are_read():
     with pytest.raises(UserError) as raised:
         reward_named("number").check_answers(words)
     assert_one_line_message(raised.value, "p.jsonl:2: the answer 'king' is not a number", "--reward=exact")
+    with pytest.raises(UserError) as raised:  # train.py names its own flag
+        reward_named("number").check_answers(words, setting="--grpo_reward")
+    assert_one_line_message(raised.value, "use --grpo_reward=exact for text answers")
     for answer in (float("nan"), "inf"):  # JSON's NaN, a word float() reads: no completion's number equals them
         unreachable = [Prompt(ids=[1], sample={"prompt": "d", "answer": answer}, where="p.jsonl:4")]
         with pytest.raises(UserError, match="is not a number"):

@@ -4,6 +4,7 @@ and the optional wandb run."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 import types
 from pathlib import Path
@@ -55,6 +56,7 @@ def test_lines_keep_their_formats() -> None:
         runlog.resumed_line(150, Path("o/ckpt.pt"), 1.23456)
         == "resumed from step 150 of o/ckpt.pt (best val loss 1.2346)"
     )
+    assert runlog.resumed_line(8, Path("o/ckpt.pt"), math.inf) == "resumed from step 8 of o/ckpt.pt"  # GRPO: no loss
     assert runlog.replaced_line(Path("o"), ["ckpt.pt", "log.jsonl"]) == (
         "replaced the earlier run in o: removed ckpt.pt, log.jsonl"
     )
