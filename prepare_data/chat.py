@@ -6,7 +6,8 @@
 A record (JSONL line or parquet row) is {"messages": [{"role", "content"}, ...]} or {"prompt", "completion"},
 as text (a user turn and the reply) or as message lists (TRL's conversational form: only the completion is
 trained on). Each conversation is rendered with the chat template (gptkit.data.chat): the loss mask covers every
-assistant turn. Conversations go wholly to train or val (keyed hash of --seed and their file and line).
+assistant turn. Conversations go wholly to train or val (keyed hash of --seed and their turns: a conversation
+given twice goes to one split).
 
 --tokenizer may name the base model's data directory, checkpoint or training out_dir, so the chat data has
 exactly the base's ids; --tokenizer=char builds a character table from the conversations; a Hugging Face model's
@@ -85,7 +86,7 @@ def main(argv: list[str]) -> int:
     from gptkit.weights.sources import named_tokenizer
 
     base = named_tokenizer(cfg.tokenizer, cfg.bpe_dir)
-    source = discover.source_record(cfg, found, split="by conversation (keyed hash)")
+    source = discover.source_record(cfg, found, split="by conversation (keyed hash of its turns)")
     source.update(block_size=cfg.block_size, too_long=cfg.too_long, on_bad=cfg.on_bad)
     total_bytes = sum(file.size for file in files)
     make_items = partial(chat_inputs.chat_items, files, cfg.chunk_bytes, cfg.text_field)

@@ -6,8 +6,8 @@
 A record is {"prompt", "chosen", "rejected"} as text (a user turn and two replies) or as message lists, or
 {"chosen", "rejected"} as whole conversations (their shared first messages are the prompt). Both candidates are
 rendered with the chat template (gptkit.data.chat); the loss mask covers the candidate replies only. A pair goes
-wholly to train or val (keyed hash of --seed and its file and line). --tokenizer names the model's data directory,
-checkpoint or training out_dir, so the ids are the model's.
+wholly to train or val with every pair of the same prompt (keyed hash of --seed and the prompt's turns).
+--tokenizer names the model's data directory, checkpoint or training out_dir, so the ids are the model's.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
     from gptkit.weights.sources import named_tokenizer
 
     base = named_tokenizer(cfg.tokenizer, cfg.bpe_dir)
-    source = discover.source_record(cfg, found, split="by pair (keyed hash)")
+    source = discover.source_record(cfg, found, split="by prompt (keyed hash of its turns)")
     source.update(block_size=cfg.block_size, too_long=cfg.too_long, on_bad=cfg.on_bad, pairs=True)
     total_bytes = sum(file.size for file in found.files)
     make_items = partial(chat_inputs.chat_items, found.files, cfg.chunk_bytes, cfg.text_field, preference_columns)

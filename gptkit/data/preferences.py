@@ -27,7 +27,7 @@ from gptkit.data.meta import read_meta
 from gptkit.data.packing import PAD_ID, masked_targets
 from gptkit.data.prepare.chat_inputs import _as_messages
 from gptkit.data.prepare.chat_prepare import LONGER_THAN_BLOCK, NO_ASSISTANT_LEFT, ChatResult, ChatWorker, Rendered
-from gptkit.data.prepare.items import is_val_document
+from gptkit.data.prepare.items import conversation_key, is_val_document
 
 CANDIDATES = ("chosen", "rejected")
 
@@ -98,7 +98,7 @@ class PreferenceWorker(ChatWorker):
     """ChatWorker for preference records: each record gives two rendered conversations, chosen then rejected, in
     the same split; their masks cover the candidates' assistant turns only. A pair is cut or dropped as a whole."""
 
-    def _add(self, record: Any, key: int, file_index: int, result: ChatResult) -> None:
+    def _add(self, record: Any, result: ChatResult) -> None:
         job = self.job
         prompt, *candidates = preference_of(record)
         for messages in candidates:
@@ -124,7 +124,8 @@ class PreferenceWorker(ChatWorker):
                 result.dropped[NO_ASSISTANT_LEFT] += 1
                 return
             result.cut += 1
-        split = "val" if is_val_document(job.seed, job.val_fraction, file_index, key) else "train"
+        # Keyed by the prompt: every pair answering one prompt goes to one split.
+        split = "val" if is_val_document(job.seed, job.val_fraction, conversation_key(prompt)) else "train"
         for ids, mask, size in rendered:
             result.conversations.append(Rendered(split=split, ids=ids, mask=mask, text_bytes=size))
 

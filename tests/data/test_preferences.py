@@ -36,20 +36,25 @@ def expected(prompt: list[dict], reply: list[dict]) -> tuple[np.ndarray, np.ndar
 
 
 def test_text_and_message_forms_render_pairs_with_masks_on_the_replies(tmp_path, capsys):
-    user = [{"role": "user", "content": "What is two plus two?"}]
+    """Each form for each of four prompts; every pair of a prompt goes to the same split."""
 
     def reply(text: str) -> list[dict]:
         return [{"role": "assistant", "content": text}]
 
-    records = [
-        {"prompt": "What is two plus two?", "chosen": "four", "rejected": "five"},
-        {"prompt": user, "chosen": reply("4"), "rejected": reply("22")},
-        {"chosen": user + reply("quatre"), "rejected": user + reply("fish")},
-    ] * 4
+    records, prompt_of, rejected_of = [], {}, {}
+    for k, question in enumerate(["What is two plus two?", "What is 2 + 2?", "Two plus two is?", "Add two and two."]):
+        user = [{"role": "user", "content": question}]
+        four, five, quatre, fish = f"four{k}", f"five{k}", f"quatre{k}", f"fish{k}"
+        records += [
+            {"prompt": question, "chosen": four, "rejected": five},
+            {"prompt": user, "chosen": reply(f"4{k}"), "rejected": reply(f"22{k}")},
+            {"chosen": user + reply(quatre), "rejected": user + reply(fish)},
+        ]
+        rejected_of |= {four: five, f"4{k}": f"22{k}", quatre: fish}
+        prompt_of |= dict.fromkeys((four, f"4{k}", quatre), question)
     code, stdout, _, out = prepare(tmp_path, records, capsys)
     assert code == 0 and "pairs" in stdout
-    rejected_of = {"four": "five", "4": "22", "quatre": "fish"}
-    seen = []
+    seen: dict[str, list[str]] = {"train": [], "val": []}
     for split in ("train", "val"):
         pairs = open_pairs(out, split)
         for p in range(len(pairs) // 2):
@@ -57,14 +62,17 @@ def test_text_and_message_forms_render_pairs_with_masks_on_the_replies(tmp_path,
             rejected_ids, rejected_mask = pairs.conversation(2 * p + 1)
             scored = [int(t) for t, m in zip(chosen_ids, chosen_mask) if m][:-1]  # the scored reply
             text = gpt2_chat_tokenizer().decode(scored)
+            user = [{"role": "user", "content": prompt_of[text]}]
             want_ids, want_mask = expected(user, reply(text))
             np.testing.assert_array_equal(chosen_ids, want_ids)
             np.testing.assert_array_equal(chosen_mask, want_mask)
             want_ids, want_mask = expected(user, reply(rejected_of[text]))
             np.testing.assert_array_equal(rejected_ids, want_ids)
             np.testing.assert_array_equal(rejected_mask, want_mask)
-            seen.append(text)
-    assert sorted(seen) == sorted(["four", "4", "quatre"] * 4)
+            seen[split].append(text)
+    assert sorted(seen["train"] + seen["val"]) == sorted(rejected_of)
+    for split, texts in seen.items():  # a prompt's three pairs are together
+        assert len({prompt_of[text] for text in texts}) * 3 == len(texts), split
 
 
 def test_a_record_without_chosen_is_one_line_naming_file_and_line(tmp_path, capsys):

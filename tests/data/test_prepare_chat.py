@@ -4,6 +4,7 @@ conversations, the train/val assignment, cut and drop, bad input, tokenizer reus
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import signal
 import sys
@@ -77,6 +78,14 @@ def rendered(messages: list[dict[str, str]], tokenizer: tok.ChatTokenizer | None
     return ids.tolist(), mask.tolist()
 
 
+def turns_key(messages: list[dict]) -> int:
+    """The split key of a conversation, computed here on its own: blake2b (8 bytes, little-endian) of the JSON list
+    of [role, content] pairs, non-ASCII kept."""
+    pairs = [[message["role"], message["content"]] for message in messages]
+    digest = hashlib.blake2b(json.dumps(pairs, ensure_ascii=False).encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
 def test_jsonl_conversations_read_back_exactly(tmp_path: Path, capsys: Any) -> None:
     records = [{"messages": conversation(i, turns=1 + i % 3)} for i in range(60)]
     source = write_jsonl(tmp_path / "chats.jsonl", [*records[:30], "", *records[30:]])  # a blank line is no record
@@ -84,9 +93,9 @@ def test_jsonl_conversations_read_back_exactly(tmp_path: Path, capsys: Any) -> N
     code, stdout, err = prepare(capsys, f"--input={source}", f"--out_dir={out}", "--block_size=1024", "--seed=5")
     assert code == 0, err
     expected: dict[str, list] = {"train": [], "val": []}
-    for line, record in enumerate([*records[:30], None, *records[30:]], start=1):
-        if record is not None:
-            expected["val" if is_val_document(5, 0.05, 0, line) else "train"].append(rendered(record["messages"]))
+    for record in records:
+        split = "val" if is_val_document(5, 0.05, turns_key(record["messages"])) else "train"
+        expected[split].append(rendered(record["messages"]))
     got = read_back(out)
     assert got == expected and len(got["val"]) > 0
     assert sorted(got["train"] + got["val"]) == sorted(rendered(r["messages"]) for r in records)  # complete
@@ -127,23 +136,18 @@ def test_gz_parquet_and_prompt_completion_in_a_directory(tmp_path: Path, capsys:
     assert code == 0, err
     expected: dict[str, list] = {"train": [], "val": []}
 
-    def add(file_index: int, key: int, ids_mask: tuple[list[int], list[int]]) -> None:
-        expected["val" if is_val_document(1337, 0.2, file_index, key) else "train"].append(ids_mask)
+    def add(messages: list[dict], ids_mask: tuple[list[int], list[int]]) -> None:
+        expected["val" if is_val_document(1337, 0.2, turns_key(messages)) else "train"].append(ids_mask)
 
-    for line, messages in enumerate(gz, start=1):
-        add(0, line, rendered(messages))
-    for row, messages in enumerate(parquet, start=1):
-        add(1, row, rendered([{"role": m["role"], "content": m["content"]} for m in messages]))
+    for messages in gz:
+        add(messages, rendered(messages))
+    for messages in parquet:
+        add(messages, rendered([{"role": m["role"], "content": m["content"]} for m in messages]))
     enc = gpt2_chat_tokenizer().base
-    for line, pair in enumerate(pairs, start=1):
+    for pair in pairs:
         if isinstance(pair["prompt"], str):
-            add(
-                2,
-                line,
-                rendered(
-                    [{"role": "user", "content": pair["prompt"]}, {"role": "assistant", "content": pair["completion"]}]
-                ),
-            )
+            turns = [{"role": "user", "content": pair["prompt"]}, {"role": "assistant", "content": pair["completion"]}]
+            add(turns, rendered(turns))
             continue
         word = pair["completion"][0]["content"]
         # By hand: eot, then marker + content + end per turn; only the completion's content and end are trained.
@@ -152,7 +156,7 @@ def test_gz_parquet_and_prompt_completion_in_a_directory(tmp_path: Path, capsys:
             marker = {"user": 50258, "assistant": 50259}[message["role"]]
             ids += [marker, *enc.encode(message["content"]), 50260]
         trained = len(enc.encode(word)) + 1
-        add(2, line, (ids, [0] * (len(ids) - trained) + [1] * trained))
+        add([*pair["prompt"], *pair["completion"]], (ids, [0] * (len(ids) - trained) + [1] * trained))
     assert read_back(out) == expected
     meta = read_meta(out)
     assert meta["source"]["files"] == 3 and meta["source"]["skipped_files"]["hidden"] == 1
@@ -181,27 +185,30 @@ def test_char_table_from_the_conversations_same_for_any_worker_count(tmp_path: P
 
 def test_cut_and_drop(tmp_path: Path, capsys: Any) -> None:
     long_answer = " ".join(WORDS * 3)
-    records = [
-        {"messages": conversation(1, turns=1)},  # fits in 41 tokens
-        {"messages": [{"role": "user", "content": "Tell me."}, {"role": "assistant", "content": long_answer}]},
-        {"messages": [{"role": "user", "content": long_answer}, {"role": "assistant", "content": "Yes."}]},
+    variants = [  # four of each kind, each its own conversation
+        [
+            {"messages": conversation(k, turns=1)},  # fits in 41 tokens
+            {"messages": [{"role": "user", "content": f"Tell me {k}."}, {"role": "assistant", "content": long_answer}]},
+            {"messages": [{"role": "user", "content": f"{k} {long_answer}"}, {"role": "assistant", "content": "Yes."}]},
+        ]
+        for k in range(4)
     ]
-    source = write_jsonl(tmp_path / "c.jsonl", records * 4)
-    full = [rendered(r["messages"]) for r in records]
-    assert len(full[0][0]) <= 41 < min(len(full[1][0]), len(full[2][0]))
-    assert sum(full[2][1][:41]) == 0  # the third's reply starts after the block: nothing left to learn once cut
-    common = [f"--input={source}", "--block_size=40", "--val_fraction=0.3", "--seed=2"]
+    source = write_jsonl(tmp_path / "c.jsonl", [record for variant in variants for record in variant])
+    full = [[rendered(r["messages"]) for r in variant] for variant in variants]
+    assert all(len(f[0][0]) <= 41 < min(len(f[1][0]), len(f[2][0])) for f in full)
+    assert all(sum(f[2][1][:41]) == 0 for f in full)  # the third's reply starts after the block: nothing to learn
+    common = [f"--input={source}", "--block_size=40", "--val_fraction=0.3", "--seed=1"]  # both splits, dropped or not
     code, stdout, err = prepare(capsys, *common, f"--out_dir={tmp_path / 'cut'}")
     assert code == 0, err
     got = read_back(tmp_path / "cut")
-    assert sorted(got["train"] + got["val"]) == sorted([full[0], (full[1][0][:41], full[1][1][:41])] * 4)
+    assert sorted(got["train"] + got["val"]) == sorted(x for f in full for x in (f[0], (f[1][0][:41], f[1][1][:41])))
     source_meta = read_meta(tmp_path / "cut")["source"]
     assert source_meta["cut"] == 4 and source_meta["dropped"] == {"no assistant token in the first block_size + 1": 4}
     assert "4 conversations cut to block_size + 1; 4 conversations dropped (4 no assistant token" in stdout
     code, stdout, err = prepare(capsys, *common, f"--out_dir={tmp_path / 'drop'}", "--too_long=drop")
     assert code == 0, err
     got = read_back(tmp_path / "drop")
-    assert sorted(got["train"] + got["val"]) == [full[0]] * 4
+    assert sorted(got["train"] + got["val"]) == sorted(f[0] for f in full)
     source_meta = read_meta(tmp_path / "drop")["source"]
     assert source_meta["cut"] == 0 and source_meta["dropped"] == {"longer than block_size + 1": 8}
 
@@ -230,7 +237,8 @@ def test_bad_record_one_line_with_file_and_line(tmp_path: Path, capsys: Any, rea
 
 
 def test_on_bad_skip_counts_each_reason(tmp_path: Path, capsys: Any) -> None:
-    records = [GOOD_LINE] * 20 + [BAD_LINES[r][0] for r in sorted(BAD_LINES)] + [BAD_LINES["wrong role"][0]]
+    goods = [{"messages": [{"role": "user", "content": f"hi {i}"}, GOOD_LINE["messages"][1]]} for i in range(20)]
+    records = goods + [BAD_LINES[r][0] for r in sorted(BAD_LINES)] + [BAD_LINES["wrong role"][0]]
     source = write_jsonl(tmp_path / "c.jsonl", records)
     out = tmp_path / "out"
     code, stdout, err = prepare(capsys, f"--input={source}", f"--out_dir={out}", "--block_size=32", "--on_bad=skip")
@@ -256,8 +264,11 @@ def test_reused_tokenizer_gives_the_base_ids(tmp_path: Path, capsys: Any) -> Non
     base_dir = tmp_path / "base"
     base_meta = make_char_data(base_dir, text="hello world, how are you? fine.\n" * 20)
     base = tok.tokenizer_from_meta(base_meta["tokenizer"])
-    messages = [{"role": "user", "content": "how are you?"}, {"role": "assistant", "content": "fine, hello."}]
-    source = write_jsonl(tmp_path / "c.jsonl", [{"messages": messages}] * 12)
+    questions = ["how are you?" + "?" * k for k in range(12)]  # twelve conversations
+    seed = "--seed=2"  # one of them in val (of 0.05)
+    chats = [[{"role": "user", "content": q}, {"role": "assistant", "content": "fine, hello."}] for q in questions]
+    messages = chats[0]
+    source = write_jsonl(tmp_path / "c.jsonl", [{"messages": chat} for chat in chats])
     # A training out_dir: its checkpoint records the data's tokenizer (gptkit.weights.checkpoint.tokenizer_record).
     import torch
 
@@ -268,19 +279,19 @@ def test_reused_tokenizer_gives_the_base_ids(tmp_path: Path, capsys: Any) -> Non
     torch.save({"model": {}, "model_args": {}, "tokenizer": tokenizer_record(base_meta)}, run_dir / "ckpt.pt")
     # No end-of-text token in this base (as shakespeare_char's): nothing opens a conversation.
     assert base.eot_token is None
-    expected_ids = [base.vocab_size + 1, *base.encode("how are you?"), base.vocab_size + 3]
-    expected_ids += [base.vocab_size + 2, *base.encode("fine, hello."), base.vocab_size + 3]
+    answer = [base.vocab_size + 2, *base.encode("fine, hello."), base.vocab_size + 3]
+    expected_ids = sorted([base.vocab_size + 1, *base.encode(q), base.vocab_size + 3, *answer] for q in questions)
     for name, tokenizer in (("data", base_dir), ("dir", run_dir), ("file", run_dir / "ckpt.pt")):
         out = tmp_path / f"out-{name}"
         code, _, err = prepare(
-            capsys, f"--input={source}", f"--out_dir={out}", f"--tokenizer={tokenizer}", "--block_size=1024"
+            capsys, f"--input={source}", f"--out_dir={out}", f"--tokenizer={tokenizer}", "--block_size=1024", seed
         )
         assert code == 0, err
         meta = read_meta(out)
         assert {k: v for k, v in meta["tokenizer"].items() if k != "chat"} == base_meta["tokenizer"]
         assert meta["vocab_size"] == base.vocab_size + 4
         got = read_back(out)
-        assert all(ids == expected_ids for ids, _ in got["train"] + got["val"])
+        assert sorted(ids for ids, _ in got["train"] + got["val"]) == expected_ids
     # Chat data as the base: its template is kept as it is.
     code, _, err = prepare(
         capsys,
@@ -288,6 +299,7 @@ def test_reused_tokenizer_gives_the_base_ids(tmp_path: Path, capsys: Any) -> Non
         f"--out_dir={tmp_path / 'again'}",
         f"--tokenizer={tmp_path / 'out-data'}",
         "--block_size=1024",
+        seed,
     )
     assert code == 0, err
     assert read_meta(tmp_path / "again")["tokenizer"] == read_meta(tmp_path / "out-data")["tokenizer"]
@@ -360,8 +372,8 @@ def test_work_items_are_bounded_and_keep_every_record_in_order(tmp_path: Path) -
     rows = [i for i in items if isinstance(i, chat_inputs.ParquetRows)]
     assert len(lines) > 10 and all(len(i.data) <= 4096 + longest_line for i in lines)
     assert len(rows) > 3 and all(len(i.rows) <= 4096 // 100 + chat_inputs.PARQUET_BATCH_ROWS for i in rows)
-    keys = [(r.where.split(":")[0].split(" ")[0], r.key) for item in items for r in chat_inputs.records(item)]
-    assert keys == [(str(jsonl), k) for k in range(1, 401)] + [(str(parquet), k) for k in range(1, 401)]
+    places = [r.where for item in items for r in chat_inputs.records(item)]
+    assert places == [f"{jsonl}:{k}" for k in range(1, 401)] + [f"{parquet} row {k}" for k in range(1, 401)]
     assert sum(i.input_bytes for i in items) == jsonl.stat().st_size + parquet.stat().st_size
 
 
@@ -377,3 +389,16 @@ def test_sigterm_mid_run_ends_the_workers_and_leaves_nothing(tmp_path: Path, mon
     result, workers = signal_mid_run([*command, "--num_workers=2"], out, signal.SIGTERM, workers=2)
     assert (result.returncode, result.stderr, result.stdout) == (143, "terminated by SIGTERM\n", "")
     assert alive(workers) == [] and not out.exists()
+
+
+def test_a_conversation_given_twice_goes_to_one_split(tmp_path: Path, capsys: Any) -> None:
+    """Datasets repeat records: were the copies split apart, val would measure what train learned by heart."""
+    distinct = [{"messages": conversation(i)} for i in range(30)]
+    source = write_jsonl(tmp_path / "c.jsonl", distinct + distinct[:10] * 3)  # ten of them four times
+    out = tmp_path / "out"
+    code, _, err = prepare(capsys, f"--input={source}", f"--out_dir={out}", "--val_fraction=0.3")
+    assert code == 0, err
+    got = read_back(out)
+    train, val = set(map(str, got["train"])), set(map(str, got["val"]))
+    assert train and val and not train & val
+    assert len(got["train"]) + len(got["val"]) == 60

@@ -9,7 +9,7 @@ A record is one JSONL line or one parquet row, in one of these forms:
   completion is trained on, as TRL does.
 
 Readers cut the files into items (whole JSONL lines, as corpus.py does; groups of parquet rows read a batch at a
-time); `records` turns an item back into (where, key, record) triples, and `conversation_of` a record into
+time); `records` turns an item back into (where, record) pairs, and `conversation_of` a record into
 messages. Problems are ChatErrors whose `reason` counts them when --on_bad=skip leaves them out.
 """
 
@@ -47,10 +47,9 @@ ColumnChoice = Callable[[list[str], str, str], list[str]]  # (a file's columns, 
 
 @dataclass(frozen=True)
 class Record:
-    """One conversation's record: `where` names it in messages (file:line), `key` assigns it to a split."""
+    """One conversation's record: `where` names it in messages (file:line)."""
 
     where: str
-    key: int
     value: Any  # the parsed record, or a ChatError when the line could not be read
 
 
@@ -143,12 +142,12 @@ def records(item: ChatItem) -> Iterator[Record]:
     """The item's records in order: JSONL lines (blank ones left out) parsed, parquet rows as they are."""
     if isinstance(item, ParquetRows):
         for row, value in enumerate(item.rows, start=item.first_row + 1):  # 1-based, as lines are
-            yield Record(where=f"{item.source} row {row}", key=row, value=value)
+            yield Record(where=f"{item.source} row {row}", value=value)
         return
     for line_number, raw in enumerate(item.data.split(b"\n"), start=item.first_line):
         raw = without_byte_order_mark(raw, at_file_start=line_number == 1)
         if raw.strip():
-            yield Record(where=f"{item.source}:{line_number}", key=line_number, value=_parse_line(raw))
+            yield Record(where=f"{item.source}:{line_number}", value=_parse_line(raw))
 
 
 def _parse_line(raw: bytes) -> Any:

@@ -25,7 +25,7 @@ from gptkit.data.meta import META_FILENAME, dtype_for_vocab, read_meta
 from gptkit.data.prepare.chat_inputs import ChatItem, conversation_of, records
 from gptkit.data.prepare.discover import describe_skipped
 from gptkit.data.prepare.driver import Progress
-from gptkit.data.prepare.items import SPLITS, is_val_document
+from gptkit.data.prepare.items import SPLITS, conversation_key, is_val_document
 from gptkit.data.prepare.workers import run_items
 from gptkit.data.prepare.writer import DatasetWriter
 
@@ -91,14 +91,14 @@ class ChatWorker:
         result = ChatResult(input_bytes=item.input_bytes, chars=set() if self.job.tokenizer is None else None)
         for record in records(item):
             try:
-                self._add(record.value, record.key, item.file_index, result)
+                self._add(record.value, result)
             except (ChatError, UserError) as exc:  # UserError: a character outside a reused character table
                 if self.job.on_bad == "error":
                     raise bad_input(record.where, exc) from None
                 result.skipped[exc.reason if isinstance(exc, ChatError) else "character not in the table"] += 1
         return result
 
-    def _add(self, record: Any, key: int, file_index: int, result: ChatResult) -> None:
+    def _add(self, record: Any, result: ChatResult) -> None:
         job = self.job
         messages, prompt = conversation_of(record, job.field)
         check_conversation(messages)
@@ -121,7 +121,7 @@ class ChatWorker:
                 result.dropped[NO_ASSISTANT_LEFT] += 1
                 return
             result.cut += 1
-        split = "val" if is_val_document(job.seed, job.val_fraction, file_index, key) else "train"
+        split = "val" if is_val_document(job.seed, job.val_fraction, conversation_key(messages)) else "train"
         result.conversations.append(Rendered(split=split, ids=ids, mask=mask, text_bytes=text_bytes))
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import json
 from dataclasses import dataclass
+from typing import Any
 
 SPLITS = ("train", "val")
 
@@ -67,6 +69,14 @@ def is_val_document(seed: int, val_fraction: float, *key: int) -> bool:
     """
     digest = hashlib.blake2b(repr((seed, *key)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") < val_fraction * 2.0**64
+
+
+def conversation_key(messages: list[dict[str, Any]]) -> int:
+    """A conversation's key for is_val_document: a hash of its turns' roles and texts. Why its content, not its
+    place in the files: a conversation given twice (datasets repeat records) goes to one split, never to train and
+    val at once, whatever files and lines hold it."""
+    turns = json.dumps([[message.get("role"), message.get("content")] for message in messages], ensure_ascii=False)
+    return int.from_bytes(hashlib.blake2b(turns.encode("utf-8"), digest_size=8).digest(), "little")
 
 
 def without_byte_order_mark(data: bytes, at_file_start: bool) -> bytes:
