@@ -26,7 +26,14 @@ from gptkit.data.conversations import ConversationSplit, open_conversations
 from gptkit.data.meta import read_meta
 from gptkit.data.packing import PAD_ID, masked_targets
 from gptkit.data.prepare.chat_inputs import _as_messages
-from gptkit.data.prepare.chat_prepare import LONGER_THAN_BLOCK, NO_ASSISTANT_LEFT, ChatResult, ChatWorker, Rendered
+from gptkit.data.prepare.chat_prepare import (
+    LONGER_THAN_BLOCK,
+    NO_ASSISTANT_LEFT,
+    ChatResult,
+    ChatWorker,
+    Rendered,
+    check_size,
+)
 from gptkit.data.prepare.items import conversation_key, is_val_document
 
 CANDIDATES = ("chosen", "rejected")
@@ -101,6 +108,9 @@ class PreferenceWorker(ChatWorker):
     def _add(self, record: Any, result: ChatResult) -> None:
         job = self.job
         prompt, *candidates = preference_of(record)
+        for messages in candidates:  # what render would take the tokenizer's memory for
+            texts = [m["content"] for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str)]
+            check_size(sum(len(text.encode("utf-8", "replace")) for text in texts))
         for messages in candidates:
             if not any(m.get("role") == "assistant" for m in messages[len(prompt) :] if isinstance(m, dict)):
                 raise ChatError("a candidate reply has no assistant turn", reason="no assistant turn")

@@ -402,3 +402,15 @@ def test_a_conversation_given_twice_goes_to_one_split(tmp_path: Path, capsys: An
     train, val = set(map(str, got["train"])), set(map(str, got["val"]))
     assert train and val and not train & val
     assert len(got["train"]) + len(got["val"]) == 60
+
+
+def test_a_conversation_past_16_mib_of_text_is_bad_input_not_a_memory_blow_up(tmp_path: Path, capsys: Any) -> None:
+    """Its tokenization would take memory in proportion (a 300 MB reply asked for 9.6 GB): refused before."""
+    huge = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a " * (2**23 + 9)}]}
+    good = [{"messages": conversation(i)} for i in range(30)]
+    source = write_jsonl(tmp_path / "c.jsonl", [*good[:3], huge, *good[3:]])
+    code, _, err = prepare(capsys, f"--input={source}", f"--out_dir={tmp_path / 'out'}")
+    assert_one_line_error(code, err, f"{source}:4: the conversation holds 16 MiB of text, past the 16 MiB")
+    code, stdout, err = prepare(capsys, f"--input={source}", f"--out_dir={tmp_path / 'out'}", "--on_bad=skip")
+    assert code == 0, err
+    assert "1 conversation skipped (1 over 16 MiB of text)" in stdout

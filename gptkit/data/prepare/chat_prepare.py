@@ -33,6 +33,9 @@ TOO_LONG_POLICIES = ("cut", "drop")
 ON_BAD_POLICIES = ("error", "skip")
 NO_ASSISTANT_LEFT = "no assistant token in the first block_size + 1"
 LONGER_THAN_BLOCK = "longer than block_size + 1"
+# The most text one conversation may hold: about 4 million tokens, past any model's context. Why a bound: the
+# tokenizer takes memory in proportion to the text it encodes (a 300 MB reply asked for 9.6 GB and aborted).
+MAX_CONVERSATION_BYTES = 16 * 2**20
 
 MakeItems = Callable[[], Iterable[ChatItem]]
 
@@ -103,6 +106,7 @@ class ChatWorker:
         messages, prompt = conversation_of(record, job.field)
         check_conversation(messages)
         text_bytes = _utf8_bytes(messages)
+        check_size(text_bytes)
         if job.tokenizer is None:
             for message in messages:
                 result.chars.update(message["content"])
@@ -131,6 +135,16 @@ def check_conversation(messages: Any) -> None:
     if not any(m["role"] == "assistant" for m in messages):
         raise ChatError(
             "the conversation has no assistant turn: there is nothing to learn from it", reason="no assistant turn"
+        )
+
+
+def check_size(text_bytes: int) -> None:
+    """ChatError for a conversation past MAX_CONVERSATION_BYTES (of its turns' text)."""
+    if text_bytes > MAX_CONVERSATION_BYTES:
+        raise ChatError(
+            f"the conversation holds {text_bytes / 2**20:.0f} MiB of text, past the {MAX_CONVERSATION_BYTES // 2**20} "
+            "MiB a conversation may hold (millions of tokens more than any context); shorten or leave it out",
+            reason="over 16 MiB of text",
         )
 
 
