@@ -620,7 +620,9 @@ def test_grpo_and_dpo_start_from_the_file_with_its_tokenizer(tmp_path, qwen_toke
         "".join(json.dumps({"prompt": f"{i}?", "chosen": f"{i}", "rejected": "no"}) + "\n" for i in range(8))
     )
     code, _, err = run_main(
-        preferences.main, [f"--input={pairs}", f"--out_dir={tmp_path / 'prefs'}", f"--tokenizer={path}"], capsys
+        preferences.main,
+        [f"--input={pairs}", f"--out_dir={tmp_path / 'prefs'}", f"--tokenizer={path}", "--val_fraction=0.25"],
+        capsys,
     )
     assert code == 0, err
     lora = dict(lora_rank=4, lora_base_weights="int4")
