@@ -485,6 +485,9 @@ class StoredMatrix:
         """The block types its parts are stored in (Q4_K, Q6_K, F16, ...)."""
         return {self.file.tensors[name].tensor_type.name for name, _ in self.parts}
 
+    # Read as the forward pass needs the rows, maybe under the CPU's autocast (--dtype=bfloat16), which refuses
+    # float16 operands in ops such as torch.cat: the blocks' scales are float16. Reading is no product: no autocast.
+    @torch.autocast("cpu", enabled=False)
     def __call__(self, start: int, stop: int) -> Int4Blocks | Int8Blocks | torch.Tensor:
         pieces, first = [], 0
         for name, heads in self.parts:
@@ -508,6 +511,7 @@ class StoredMatrix:
     def _read(self, name: str, low: int, high: int) -> Int4Blocks | Int8Blocks | torch.Tensor:
         return self.file.finite_values(name, low, high) if self.values else self.file.blocks(name, low, high)
 
+    @torch.autocast("cpu", enabled=False)
     def picked(self, rows: list[int]) -> Int4Blocks | Int8Blocks:
         """The blocks of `rows`, in that order (a lookup's)."""
         return joined([self(row, row + 1) for row in rows] or [self(0, 0)])
@@ -731,6 +735,7 @@ class QuantizedRows:
     columns: int
     eight_bit: bool = False
 
+    @torch.autocast("cpu", enabled=False)  # as StoredMatrix's reading
     def __call__(self, start: int, stop: int) -> Int4Blocks | Int8Blocks:
         if start == 0 and stop == self.rows:
             return self.whole

@@ -544,6 +544,24 @@ def test_sample_py_prints_transformers_greedy_text_from_the_file_and_its_directo
         assert result.stdout.replace("\ufffd", "") == expected.replace("\ufffd", "")
 
 
+@pytest.mark.parametrize(
+    ("outtype", "quantize"), [("q4_0", "none"), ("q4_1", "int4"), ("q8_0", "none"), ("f32", "int4")]
+)
+def test_a_file_read_as_it_is_stored_runs_under_bfloat16_autocast(tmp_path, qwen_tokenizer, capsys, outtype, quantize):
+    """sample.py --dtype=bfloat16 on the CPU runs the products under autocast, while the blocks read from the file
+    are float16: their reading must not meet the autocast (torch.cat refuses float16 there)."""
+    path = export_file(tmp_path / "model", tiny("qwen2"), qwen_tokenizer, outtype)
+    model = apply_quantization(load(str(path), tokenizer=False, int4_products=True).model.eval(), quantize)
+    want = logits(model, IDX)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = logits(model, IDX).float()
+    torch.testing.assert_close(got, want, rtol=0, atol=0.1 * want.abs().max().item())  # bfloat16's 8 bits
+    args = cli_args(init_from=path, start="def f", max_new_tokens=6, temperature=0, quantize=quantize)
+    for decode in ("eager", "auto"):  # auto: eager, as the native int4 step computes in float32 only
+        result = run_in_process(sample.main, [*args, "--dtype=bfloat16", "--device=cpu", f"--decode={decode}"], capsys)
+        assert result.returncode == 0, result.stderr
+
+
 def test_sample_py_chat_renders_the_file_s_template(tmp_path, qwen_tokenizer, capsys):
     path = export_file(tmp_path, tiny("qwen2", block_size=64), qwen_tokenizer)
     auto = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
