@@ -7,7 +7,7 @@ taken for a number, nor a float for an integer); every error, whatever raised it
 
 from __future__ import annotations
 
-import itertools
+import codecs
 import json
 import time
 import uuid
@@ -367,7 +367,7 @@ def completion_logprobs(entries: list[TokenLogprob], tokenizer: Tokenizer, offse
     """The completions API's logprobs object for these tokens; text_offset counts characters of the choice's
     text from `offset` (where the tokens before these ended)."""
     tokens = [token_text(tokenizer, entry.token) for entry in entries]
-    offsets = list(itertools.accumulate((len(token) for token in tokens), initial=offset))[:-1]  # where each starts
+    offsets = token_offsets(tokenizer, [entry.token for entry in entries], offset)
     top = [
         None if entry.logprob is None else {token_text(tokenizer, t): value for t, value in entry.top}
         for entry in entries
@@ -378,6 +378,18 @@ def completion_logprobs(entries: list[TokenLogprob], tokenizer: Tokenizer, offse
         "top_logprobs": top,
         "text_offset": offsets,
     }
+
+
+def token_offsets(tokenizer: Tokenizer, tokens: list[int], offset: int) -> list[int]:
+    """Where each token starts in the choice's text, in characters from `offset`: the tokens' bytes decoded one
+    token after another, as the text is, so that a token starting inside a character (one whose bytes other tokens
+    hold too) starts at that character, and bytes that are no UTF-8 count as the one U+FFFD each shows as."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    starts = []
+    for token in tokens:
+        starts.append(offset)
+        offset += len(decoder.decode(tokenizer.decode_bytes([token])))
+    return starts
 
 
 def chat_logprobs(entries: list[TokenLogprob], tokenizer: Tokenizer) -> dict[str, list]:

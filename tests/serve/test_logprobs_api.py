@@ -209,3 +209,21 @@ def test_an_echoed_prompt_is_scored_whole_up_to_one_token_past_the_context(serve
     )
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
     assert "max_length=34" in refused.json()["error"]["message"]
+
+
+def test_text_offsets_count_characters_of_the_text_when_tokens_split_them():
+    """GPT-2 spells 🙂 in two tokens of two bytes each, and has a token of the lone byte 0xa9 (no UTF-8 alone): each
+    token starts at the character holding its first byte, in the text as decoded ("a🙂b", "x\\ufffdy")."""
+    from gptkit.infer.engine import TokenLogprob
+    from gptkit.serve.openai_api import completion_logprobs
+
+    gpt2 = TiktokenTokenizer("gpt2")
+    split = gpt2.encode("a🙂b")
+    assert [len(gpt2.decode_bytes([t])) for t in split] == [1, 2, 2, 1]
+    logprobs = completion_logprobs([TokenLogprob(t, -1.0) for t in split], gpt2, offset=5)
+    assert logprobs["text_offset"] == [5, 6, 6, 7]
+    assert logprobs["tokens"][1] == "bytes:\\xf0\\x9f"
+    lone = next(t for t in range(50257) if gpt2.decode_bytes([t]) == b"\xa9")
+    tokens = [gpt2.encode("x")[0], lone, gpt2.encode("y")[0]]
+    assert gpt2.decode_bytes(tokens).decode("utf-8", "replace") == "x\ufffdy"
+    assert completion_logprobs([TokenLogprob(t, -1.0) for t in tokens], gpt2, 0)["text_offset"] == [0, 1, 2]
