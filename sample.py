@@ -21,7 +21,7 @@ from gptkit.core.errors import UserError, run_cli
 from gptkit.core.fileio import read_utf8_text
 from gptkit.core.settings import parse_settings, setting, setting_list
 from gptkit.data.chat import ChatError
-from gptkit.data.tokenizer import Tokenizer, completion_stops, no_chat_reason, reply_stops
+from gptkit.data.tokenizer import Tokenizer, completion_stops, no_chat_reason, prompt_opening, reply_stops
 from gptkit.infer.decoding import Decoding, backend_name
 from gptkit.infer.engine import Engine, GenerationError, Request
 from gptkit.infer.next_token import sampling_problem
@@ -101,6 +101,7 @@ def generate_samples(
     if not ids:  # no text, or text the tokenizer makes no tokens of (whitespace a word-level one drops)
         what = "is empty" if prompt == "" else f"{prompt!r} gives no tokens"
         raise UserError(f'the prompt {what}; give some text with --start (e.g. --start="\\n")')
+    ids = prompt_opening(tokenizer) + ids
     block = model.config.block_size
     if len(ids) > block:
         print(

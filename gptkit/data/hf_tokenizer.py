@@ -235,6 +235,15 @@ class HFTokenizer:
         self._record = {key: record[key] for key in RECORD_KEYS}
         self.chat_problem: str | None = None  # why the chat template the tokenizer came with cannot be used
         self.chat = self._template(record, where)
+        self.prompt_opening = self._opening()
+
+    def _opening(self) -> list[int]:
+        """The ids the tokenizer's post-processor puts before a text (Llama's bos), as transformers' tokenizer and
+        llama.cpp (add_bos) open a prompt with them; [] for one that puts none (GPT-2, Qwen, SmolLM2)."""
+        text = self._plain.encode("a", add_special_tokens=False).ids
+        whole = self._plain.encode("a", add_special_tokens=True).ids
+        starts = [i for i in range(len(whole) - len(text) + 1) if whole[i : i + len(text)] == text]
+        return whole[: starts[0]] if starts else []
 
     def named_token_id(self, name: str) -> int | None:
         """The id of the token tokenizer_config.json names `name` (bos_token, pad_token, ...), None when it names none."""

@@ -16,7 +16,7 @@ from typing import Any
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import read_utf8_text
 from gptkit.data.chat import ChatError
-from gptkit.data.tokenizer import no_chat_reason
+from gptkit.data.tokenizer import no_chat_reason, prompt_opening
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def render(record: Any, tokenizer: Any) -> list[int]:
         if not isinstance(prompt, str):
             none = "message-list prompts need a chat model's tokenizer (prepare_data/chat.py)"
             raise ChatError(no_chat_reason(tokenizer, none))
-        return list(tokenizer.encode(prompt))
+        return prompt_opening(tokenizer) + list(tokenizer.encode(prompt))
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     return chat.render_prompt(messages, tokenizer)
 

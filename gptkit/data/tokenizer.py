@@ -327,6 +327,12 @@ def no_chat_reason(tokenizer: Tokenizer, otherwise: str) -> str:
     return f"{problem}, so it renders no conversations" if problem else otherwise
 
 
+def prompt_opening(tokenizer: Tokenizer) -> list[int]:
+    """The ids a plain prompt (no chat template) opens with, before its text's: a Hugging Face or GGUF Llama's bos
+    (its model was trained so, and transformers and llama.cpp prompt it so); none for our own tokenizers."""
+    return list(tokenizer.prompt_opening) if isinstance(tokenizer, HFTokenizer) else []
+
+
 def special_tokens_of(tokenizer: Tokenizer) -> dict[str, int]:
     """The special tokens' texts and ids: the end of text, and a chat template's markers (a Hugging Face
     tokenizer's: its added tokens)."""

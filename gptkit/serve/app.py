@@ -53,6 +53,7 @@ from gptkit.data.tokenizer import (
     completion_stops,
     encode_with_special_tokens,
     no_chat_reason,
+    prompt_opening,
     reply_stops,
 )
 from gptkit.infer import engine, next_token
@@ -381,7 +382,8 @@ class Service:
         eot = self.tokenizer.eot_token
         if isinstance(prompt, str):
             try:
-                ids = self.tokenizer.encode(prompt) if prompt else ([] if eot is None else [eot])
+                opening = prompt_opening(self.tokenizer)  # a Llama's bos, as transformers and llama.cpp prompt it
+                ids = opening + self.tokenizer.encode(prompt) if prompt else (opening or ([] if eot is None else [eot]))
             except (UserError, ValueError, UnicodeError) as exc:  # e.g. a character a char-level model never saw
                 raise APIError(status=400, message=f"prompt cannot be encoded: {exc}", param="prompt") from None
         else:

@@ -13,6 +13,7 @@ import pytest
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
+import hf_tokenizer_dirs
 from gptkit.core.errors import UserError
 from gptkit.data import tokenizer as tok
 from gptkit.data.chat import ChatError
@@ -75,6 +76,17 @@ def test_ids_and_text_equal_autotokenizers(family: tuple[str, Path]) -> None:
     eos = auto.eos_token
     assert auto.convert_tokens_to_ids(eos) not in ours.encode(f"a {eos} b")
     assert auto.decode(ours.encode(f"a {eos} b")) == f"a {eos} b"
+
+
+@pytest.mark.parametrize("name", hf_tokenizer_dirs.FAMILIES)
+def test_a_plain_prompt_opens_as_the_autotokenizer_opens_a_text(name: str, tmp_path: Path) -> None:
+    """Llama 3's tokenizer puts <|begin_of_text|> before a text (transformers' default, llama.cpp's add_bos); GPT-2's,
+    Qwen2's and SmolLM2's put nothing: a plain prompt's ids are transformers' own."""
+    directory = hf_tokenizer_dirs.write_family(tmp_path / name, name)
+    auto, ours = AutoTokenizer.from_pretrained(str(directory)), load_hf_tokenizer(directory)
+    for text in TEXTS:
+        assert tok.prompt_opening(ours) + ours.encode(text) == auto(text)["input_ids"], text
+    assert tok.prompt_opening(ours) == ([auto.bos_token_id] if name == "llama3" else [])
 
 
 def test_an_unpaired_surrogate_is_refused_in_one_line(family: tuple[str, Path]) -> None:

@@ -544,6 +544,24 @@ def test_sample_py_prints_transformers_greedy_text_from_the_file_and_its_directo
         assert result.stdout.replace("\ufffd", "") == expected.replace("\ufffd", "")
 
 
+def test_a_llama_3_file_s_plain_prompt_opens_with_bos_as_transformers_and_llama_cpp_prompt_it(tmp_path, capsys):
+    """The file says add_bos_token (Llama 3's tokenizer puts <|begin_of_text|> before a text): sample.py's greedy
+    text is transformers' from the ids its tokenizer gives the prompt, bos first."""
+    llama3 = load_hf_tokenizer(write_family(tmp_path / "tokenizer", "llama3"))
+    path = export_file(tmp_path / "model", tiny("llama-untied"), llama3)
+    auto = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    start = "def square(x):"
+    ids = auto(start)["input_ids"]
+    assert ids[0] == auto.bos_token_id and ids[1:] == llama3.encode(start)
+    model = transformers_model(path, "llama-untied")
+    idx = torch.tensor([ids])
+    out = model.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=12, do_sample=False)[0, len(ids) :]
+    args = cli_args(init_from=path, start=start, max_new_tokens=12, temperature=0, stop_at_eot=False)
+    result = run_in_process(sample.main, [*args, "--stream=False", "--device=cpu", "--decode=eager"], capsys)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.replace("\ufffd", "") == (start + auto.decode(out) + "\n").replace("\ufffd", "")
+
+
 @pytest.mark.parametrize(
     ("outtype", "quantize"), [("q4_0", "none"), ("q4_1", "int4"), ("q8_0", "none"), ("f32", "int4")]
 )
