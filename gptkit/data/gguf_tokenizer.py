@@ -30,7 +30,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gptkit.core.errors import UserError
+from gptkit.core.errors import UserError, describe_os_error
 from gptkit.data.hf_tokenizer import HFTokenizer, make_record
 
 SUFFIX = ".gguf"
@@ -94,6 +94,8 @@ def open_gguf(path: str | os.PathLike) -> Any:
 
     try:
         reader = OnePassGGUFReader(path)
+    except (PermissionError, IsADirectoryError) as exc:  # the file is not the problem: its access is
+        raise UserError(f"cannot read {path}: {describe_os_error(exc)}") from None
     except (ValueError, OSError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as exc:
         detail = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
         raise UserError(f"cannot read {path}: it is truncated, damaged or not a GGUF file ({detail})") from None

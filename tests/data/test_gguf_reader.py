@@ -130,3 +130,19 @@ def test_a_string_or_array_claiming_more_than_the_file_holds_is_refused_at_once(
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match=r"an array of 4611686018427387904 strings .* is cut short"):
         OnePassGGUFReader(path)
+
+
+def test_a_file_that_cannot_be_opened_says_why_not_that_it_is_damaged(tmp_path: Path) -> None:
+    """A file without read permission (root reads any, so its refusal is made here as the kernel makes it)."""
+    path, _ = array_file(tmp_path, ["one"])
+
+    def refused(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(OnePassGGUFReader, "__init__", refused)
+        with pytest.raises(UserError) as raised:
+            open_gguf(path)
+    assert str(raised.value) == (
+        f"cannot read {path}: Permission denied ({path}); check the permissions or choose another path"
+    )
