@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from gptkit.core.distributed import Processes, reduce_numbers
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import atomic_write_json, git_blob_sha1, read_utf8_text
-from gptkit.data.tokenizer import prompt_opening
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 HELLASWAG_VAL_ITEMS = 10_042  # the canonical validation file's items: a shorter download is incomplete
@@ -133,7 +132,7 @@ def encode_item(tokenizer: Any, item: Item, max_tokens: int) -> list[tuple[list[
     `max_tokens` tokens (the context's start goes first; an ending longer than the window loses its end).
     None when the tokenizer cannot encode the item (a character-level vocabulary without one of its characters)."""
     try:
-        context = prompt_opening(tokenizer) + tokenizer.encode(item.context)
+        context = tokenizer.encode(item.context)  # no bos, as the harness's scorer (and build-nanogpt's) scores it
         endings = [tokenizer.encode(" " + ending) for ending in item.endings]
     except UserError:
         return None
