@@ -312,9 +312,12 @@ class Service:
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         await self.get_model(body.model)
         body.check()
-        prompts = [await run_in_threadpool(self.encode, prompt) for prompt in self.prompt_list(body)]
+        given = self.prompt_list(body)
+        prompts = [await run_in_threadpool(self.encode, prompt) for prompt in given]
         prompts = [self.fit_echo(ids) if body.echo else self.fit_context(ids) for ids in prompts]
-        jobs = self.make_jobs(body, prompts, self.completion_stops())
+        # The bos a text prompt opens with (encode) is not the client's: an echo neither shows nor scores it.
+        unshown = [len(prompt_opening(self.tokenizer)) if isinstance(prompt, str) else 0 for prompt in given]
+        jobs = self.make_jobs(body, prompts, self.completion_stops(), unshown)
         self.submit(jobs)
         head = {**api.completion_id(), "model": self.name}
         prompt_tokens = sum(len(ids) for ids in prompts)
@@ -431,11 +434,15 @@ class Service:
         return ids
 
     def make_jobs(
-        self, body: CompletionRequest | ChatCompletionRequest, prompts: list[list[int]], stop_tokens: tuple[int, ...]
+        self,
+        body: CompletionRequest | ChatCompletionRequest,
+        prompts: list[list[int]],
+        stop_tokens: tuple[int, ...],
+        unshown: list[int] | None = None,
     ) -> list[Job]:
         """One job per choice: prompt i's j-th choice has index i * n + j and, with a seed, seed + j (n: best_of
         when it asks for more). Each ends at one of `stop_tokens` (end of text; a chat's end of turn), at a stop
-        string, or at its token budget."""
+        string, or at its token budget. An echo leaves out prompt i's first unshown[i] tokens."""
         n = body.candidates
         if n * len(prompts) > self.cfg.max_n:
             raise APIError(
@@ -453,7 +460,11 @@ class Service:
                 seed = None if body.seed is None else (body.seed + j) % (api.SEED_RANGE[1] + 1)
                 request = engine.Request(prompt=ids, stop_tokens=stop_tokens, seed=seed, **settings)
                 stream = TextStream(self.tokenizer, stops, stop_tokens)
-                echoed = {"echo": self.tokenizer.decode(ids), "score_prompt": body.logprob_count} if echo else {}
+                hidden = unshown[i] if unshown else 0
+                echoed = {}
+                if echo:
+                    echoed = {"echo": self.tokenizer.decode(ids[hidden:]), "score_prompt": body.logprob_count}
+                    echoed["unshown"] = hidden
                 jobs.append(Job(request, stream, events, loop, index=i * n + j, **echoed))
         return jobs
 
@@ -501,14 +512,14 @@ class Service:
             yield merged
 
     def logprobs_object(
-        self, body: CompletionRequest | ChatCompletionRequest, entries: list[TokenLogprob], offset: int
+        self, body: CompletionRequest | ChatCompletionRequest, entries: list[TokenLogprob], offsets: api.TextOffsets
     ) -> dict | None:
         """The logprobs of a choice (or of a chunk's new tokens) in the API's format; None when not asked for."""
         if body.logprob_count is None:
             return None
         if isinstance(body, ChatCompletionRequest):
             return api.chat_logprobs(entries, self.tokenizer)
-        return api.completion_logprobs(entries, self.tokenizer, offset)
+        return api.completion_logprobs(entries, self.tokenizer, offsets)
 
     async def stream(
         self,
@@ -522,7 +533,7 @@ class Service:
         `make_choice`: text, or a chat delta after a first chunk naming the role), then `[DONE]`."""
         options = body.stream_options
         every_chunk = bool(options and options.continuous_usage_stats)
-        offsets = [0] * len(jobs)  # where each choice's next token starts in its text (logprobs' text_offset)
+        offsets = [api.TextOffsets() for _ in jobs]  # where each choice's next token starts in its text
 
         def counts() -> dict[str, int]:
             return api.usage(prompt_tokens, sum(job.completion_tokens for job in jobs))
@@ -538,8 +549,6 @@ class Service:
                         yield api.sse({"error": {"message": text, "type": kind, "param": None, "code": None}})
                         continue
                     logprobs = self.logprobs_object(body, entries, offsets[index])
-                    if logprobs is not None and "tokens" in logprobs:  # the completions format: offsets go on
-                        offsets[index] += sum(len(token) for token in logprobs["tokens"])
                     for choice in stream_choices(make_choice, index, text, reason, logprobs):
                         chunk = {**head, "choices": [choice]}
                         yield api.sse({**chunk, "usage": counts()} if every_chunk else chunk)
@@ -585,7 +594,7 @@ class Service:
             raise APIError(status=jobs[index].error_status, message=errors[index])
         choices = []
         for number, index in enumerate(best_choices(jobs, body)):
-            logprobs = self.logprobs_object(body, entries[index], 0)
+            logprobs = self.logprobs_object(body, entries[index], api.TextOffsets())
             choices.append(make_choice(number, texts[index], reasons[index], logprobs))
         completion_tokens = sum(job.completion_tokens for job in jobs)
         return JSONResponse({**head, "choices": choices, "usage": api.usage(prompt_tokens, completion_tokens)})

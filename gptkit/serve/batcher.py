@@ -57,6 +57,7 @@ class Job:
     index: int = 0
     echo: str = ""
     score_prompt: int | None = None
+    unshown: int = 0  # the prompt's first tokens an echo neither shows nor scores (the bos the server put first)
     finish_reason: str | None = None
     error_status: int = 500  # a failure of the server's own, unless the model could not continue this job
     cancelled: bool = field(default=False, repr=False)
@@ -263,7 +264,7 @@ class Batcher:
                     job.error_status = REFUSED_STATUS
                     self._finish(job, "error", str(scores[key]))
                     continue
-                job.post(job.echo, None, scores[key])
+                job.post(job.echo, None, scores[key][job.unshown :])
             elif job.echo:
                 job.post(job.echo, None)
             going.append(job)

@@ -363,33 +363,38 @@ def token_text(tokenizer: Tokenizer, token: int) -> str:
         return "bytes:" + "".join(f"\\x{byte:02x}" for byte in piece)
 
 
-def completion_logprobs(entries: list[TokenLogprob], tokenizer: Tokenizer, offset: int) -> dict[str, list]:
-    """The completions API's logprobs object for these tokens; text_offset counts characters of the choice's
-    text from `offset` (where the tokens before these ended)."""
-    tokens = [token_text(tokenizer, entry.token) for entry in entries]
-    offsets = token_offsets(tokenizer, [entry.token for entry in entries], offset)
+def completion_logprobs(entries: list[TokenLogprob], tokenizer: Tokenizer, offsets: TextOffsets) -> dict[str, list]:
+    """The completions API's logprobs object for these tokens; text_offset from `offsets`, which goes on past them
+    (a streamed choice's next chunk continues where these end)."""
     top = [
         None if entry.logprob is None else {token_text(tokenizer, t): value for t, value in entry.top}
         for entry in entries
     ]
     return {
-        "tokens": tokens,
+        "tokens": [token_text(tokenizer, entry.token) for entry in entries],
         "token_logprobs": [entry.logprob for entry in entries],
         "top_logprobs": top,
-        "text_offset": offsets,
+        "text_offset": offsets.starts(tokenizer, [entry.token for entry in entries]),
     }
 
 
-def token_offsets(tokenizer: Tokenizer, tokens: list[int], offset: int) -> list[int]:
-    """Where each token starts in the choice's text, in characters from `offset`: the tokens' bytes decoded one
-    token after another, as the text is, so that a token starting inside a character (one whose bytes other tokens
-    hold too) starts at that character, and bytes that are no UTF-8 count as the one U+FFFD each shows as."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    starts = []
-    for token in tokens:
-        starts.append(offset)
-        offset += len(decoder.decode(tokenizer.decode_bytes([token])))
-    return starts
+class TextOffsets:
+    """Where a choice's tokens start in its text, in characters (the completions API's text_offset), token after
+    token: their bytes decoded one token after another, as the text is, so that a token starting inside a character
+    (one whose bytes other tokens hold too) starts at that character, and bytes that are no UTF-8 count as the one
+    U+FFFD each shows as."""
+
+    def __init__(self) -> None:
+        self.position = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def starts(self, tokenizer: Tokenizer, tokens: list[int]) -> list[int]:
+        """Where each of `tokens` starts, the text so far going on by them."""
+        starts = []
+        for token in tokens:
+            starts.append(self.position)
+            self.position += len(self._decoder.decode(tokenizer.decode_bytes([token])))
+        return starts
 
 
 def chat_logprobs(entries: list[TokenLogprob], tokenizer: Tokenizer) -> dict[str, list]:

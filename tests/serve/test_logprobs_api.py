@@ -213,17 +213,46 @@ def test_an_echoed_prompt_is_scored_whole_up_to_one_token_past_the_context(serve
 
 def test_text_offsets_count_characters_of_the_text_when_tokens_split_them():
     """GPT-2 spells 🙂 in two tokens of two bytes each, and has a token of the lone byte 0xa9 (no UTF-8 alone): each
-    token starts at the character holding its first byte, in the text as decoded ("a🙂b", "x\\ufffdy")."""
+    token starts at the character holding its first byte, in the text as decoded ("a🙂b", "x\ufffdy"), also when a
+    character's tokens come in two streamed chunks."""
     from gptkit.infer.engine import TokenLogprob
-    from gptkit.serve.openai_api import completion_logprobs
+    from gptkit.serve.openai_api import TextOffsets, completion_logprobs
 
     gpt2 = TiktokenTokenizer("gpt2")
     split = gpt2.encode("a🙂b")
     assert [len(gpt2.decode_bytes([t])) for t in split] == [1, 2, 2, 1]
-    logprobs = completion_logprobs([TokenLogprob(t, -1.0) for t in split], gpt2, offset=5)
-    assert logprobs["text_offset"] == [5, 6, 6, 7]
+    logprobs = completion_logprobs([TokenLogprob(t, -1.0) for t in split], gpt2, TextOffsets())
+    assert logprobs["text_offset"] == [0, 1, 1, 2]
     assert logprobs["tokens"][1] == "bytes:\\xf0\\x9f"
+    streamed = TextOffsets()
+    chunks = [
+        completion_logprobs([TokenLogprob(t, -1.0) for t in part], gpt2, streamed) for part in (split[:2], split[2:])
+    ]
+    assert [chunk["text_offset"] for chunk in chunks] == [[0, 1], [1, 2]]
     lone = next(t for t in range(50257) if gpt2.decode_bytes([t]) == b"\xa9")
     tokens = [gpt2.encode("x")[0], lone, gpt2.encode("y")[0]]
     assert gpt2.decode_bytes(tokens).decode("utf-8", "replace") == "x\ufffdy"
-    assert completion_logprobs([TokenLogprob(t, -1.0) for t in tokens], gpt2, 0)["text_offset"] == [0, 1, 2]
+    made = completion_logprobs([TokenLogprob(t, -1.0) for t in tokens], gpt2, TextOffsets())
+    assert made["text_offset"] == [0, 1, 2]
+
+
+def test_an_echo_shows_the_prompt_as_sent_though_a_llama_tokenizer_opens_it_with_bos(tmp_path):
+    """The server puts Llama 3's <|begin_of_text|> before a text prompt (as transformers and llama.cpp do); an echo
+    shows and scores the client's prompt alone, its first token given the bos, as a float64 pass computes it."""
+    import hf_tokenizer_dirs
+    from gptkit.data.hf_tokenizer import load_hf_tokenizer
+    from gptkit.data.tokenizer import prompt_opening
+
+    llama3 = load_hf_tokenizer(hf_tokenizer_dirs.write_family(tmp_path / "llama3", "llama3"))
+    (bos,) = prompt_opening(llama3)
+    model = lively_model(llama3.vocab_size, block_size=32)
+    prompt = "hello world"
+    with running_app(model, llama3, slots=2) as base:
+        choice = complete(base, prompt=prompt, max_tokens=0, echo=True, logprobs=0)["choices"][0]
+    ids = llama3.encode(prompt)
+    assert choice["text"] == prompt
+    assert choice["logprobs"]["tokens"] == [llama3.decode([t]) for t in ids]
+    expected = float64_logprobs(model, [bos, *ids])
+    want = [float(expected[i, t]) for i, t in enumerate(ids)]  # row i predicts token i + 1 of [bos, *ids]
+    assert choice["logprobs"]["token_logprobs"] == pytest.approx(want, abs=1e-5)
+    assert choice["logprobs"]["text_offset"][0] == 0
