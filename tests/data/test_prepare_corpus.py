@@ -25,6 +25,7 @@ import tiktoken
 
 from gptkit.data import tokenizer as tok
 from gptkit.data.meta import read_meta
+from gptkit.data.prepare import discover
 from gptkit.data.prepare.items import is_val_document
 from helpers import (
     REPO,
@@ -441,22 +442,31 @@ def test_a_walk_of_a_project_leaves_out_prepared_data_runs_and_model_folders(
     project = tmp_path / "project"
     (project / "notes").mkdir(parents=True)
     (project / "notes/story.txt").write_text("\n\n".join(paragraphs[:40]) + "\n")
+    chat_log = "".join(json.dumps({"text": p}) + "\n" for p in paragraphs[40:60])
+    (project / "chatlogs").mkdir()
+    (project / "chatlogs/log.jsonl").write_text(chat_log)  # a corpus that a run's log.jsonl is named like
     folders = {  # what this toolkit and the model hubs write: JSON and logs beside the weights or tokens
         "data/char": {"meta.json": '{"vocab_size": 65}', "train.bin": "tokens"},
         "out/run": {"ckpt.pt": "weights", "log.jsonl": '{"iter": 0}\n', "config.json": "{}"},
         "exports/tiny": {"config.json": "{}", "tokenizer.json": '{"model": {}}', "model.safetensors": "weights"},
         "exports/tiny/nested": {"notes.txt": "under a model's folder: left out with it"},
+        "exports/old": {"config.json": "{}", "pytorch_model.bin": "weights"},
     }
     for folder, files in folders.items():
         (project / folder).mkdir(parents=True)
         for name, text in files.items():
             (project / folder / name).write_text(text)
     result, meta, bins = prepared(run_corpus, tmp_path / "fresh", f"--input={project}")
-    expected = copy_only(project, ["notes/story.txt"], tmp_path / "text_only")
+    expected = copy_only(project, ["chatlogs/log.jsonl", "notes/story.txt"], tmp_path / "text_only")
     _, _, expected_bins = prepared(run_corpus, tmp_path / "expected", f"--input={expected}")
     assert bins == expected_bins
-    assert meta["source"]["files"] == 1 and meta["source"]["skipped_files"]["model files"] == 9
-    assert "; 9 files left out (9 model files);" in result.stdout
+    assert meta["source"]["files"] == 2 and meta["source"]["skipped_files"]["model files"] == 11
+    assert "; 11 files left out (11 model files);" in result.stdout
+    # A folder named on its own is read, whatever it holds; one a glob matches is a walk's.
+    named = discover.find_inputs([str(project / "out/run")])
+    assert sorted(file.path.name for file in named.files) == ["ckpt.pt", "config.json", "log.jsonl"]
+    globbed = discover.find_inputs([str(project / "*")])
+    assert sorted(file.path.name for file in globbed.files) == ["log.jsonl", "story.txt"]
 
 
 def test_a_binary_file_named_on_its_own_is_an_error_not_skipped(

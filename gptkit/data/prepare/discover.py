@@ -12,6 +12,7 @@ import errno
 import glob
 import gzip
 import os
+import re
 import stat
 import zlib
 from collections.abc import Sequence
@@ -54,6 +55,7 @@ VERSION_CONTROL_DIRS = frozenset({".git", ".hg", ".svn", ".bzr"})
 # Why a file found by walking a directory or expanding a glob was left out (meta.json's source.skipped_files).
 SKIP_REASONS = ("binary", "__pycache__", "version control", "hidden", "model files", "excluded", "not a regular file")
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".pt", ".pth")
+TOKEN_FILE = re.compile(r"(train|val)(_\d+)?\.bin")  # a prepared split's token file (prepare/writer.py)
 
 
 @dataclass(frozen=True)
@@ -90,18 +92,19 @@ def _folder_reason(relative: PurePosixPath, path_filter: PathFilter) -> str | No
 
 
 def holds_model_files(folder: Path) -> bool:
-    """Whether `folder` is one this toolkit (or a model hub) writes: prepared data (meta.json beside token files), a
-    training run (ckpt.pt, log.jsonl) or a model's weights beside their config.json and tokenizer.json. Why: a walk
-    of a project's folder (--input=.) would otherwise read their JSON as corpus text."""
+    """Whether `folder` is one this toolkit (or a model hub) writes: prepared data (meta.json beside train.bin or
+    val.bin, or their shards), a training run (ckpt.pt or best.pt) or a model's weights beside their config.json.
+    Why: a walk of a project's folder (--input=.) would otherwise read their JSON as corpus text."""
     try:
         names = [entry.name for entry in os.scandir(folder)]
     except OSError:  # the walk itself reports a folder it cannot list
         return False
-    if "ckpt.pt" in names or "log.jsonl" in names:
+    if "ckpt.pt" in names or "best.pt" in names:
         return True
-    if "meta.json" in names and any(name.endswith(".bin") for name in names):
+    if "meta.json" in names and any(TOKEN_FILE.fullmatch(name) for name in names):
         return True
-    return any(name.endswith(WEIGHT_SUFFIXES) for name in names) and "config.json" in names
+    weights = any(name.endswith(WEIGHT_SUFFIXES) or name.startswith("pytorch_model") for name in names)
+    return weights and "config.json" in names
 
 
 def looks_binary(path: Path) -> bool:
@@ -165,7 +168,7 @@ class _Finder:
         """One --input: a directory (walked), a file (always read: named on purpose), or a glob."""
         candidate = Path(pattern).expanduser()
         if candidate.is_dir():
-            self._walk(candidate, candidate)
+            self._walk(candidate, candidate, named=True)
         elif candidate.is_file():
             self._check_named_file(candidate)
             self.paths.append(candidate)
@@ -202,14 +205,15 @@ class _Finder:
         for root, _, files in os.walk(os.path.realpath(folder)):  # the same keys as _consider's, one realpath
             self.skipped[reason].update(os.path.join(root, name) for name in files)
 
-    def _walk(self, top: Path, base: Path) -> None:
-        """Every file under `top`, sorted; links to folders are not followed (so no link loop), as in git."""
+    def _walk(self, top: Path, base: Path, named: bool = False) -> None:
+        """Every file under `top`, sorted; links to folders are not followed (so no link loop), as in git. A folder
+        of model files is left out, but `top` when it was `named` on its own (--input=FOLDER: read on purpose)."""
         if self._is_output(top):
             return
         for root, dirs, files in os.walk(top, onerror=_raise):
             here = Path(root)
             kept = []
-            if holds_model_files(here):
+            if not (named and here == top) and holds_model_files(here):
                 self._skip_folder(here, "model files")
                 dirs[:] = []
                 continue
