@@ -41,10 +41,10 @@ def resolve_init_from(init_from: str, out_dir: str | os.PathLike, overwrite: boo
     existing = [directory / name for name in (LATEST_NAME, BEST_NAME) if (directory / name).exists()]
     if init_from == "auto" and (directory / LATEST_NAME).exists():
         return "resume"
-    if existing and init_from not in ("resume", "auto") and _is_inside(Path(init_from), directory):
+    if existing and init_from not in ("resume", "auto") and _is_replaced(Path(init_from), directory):
         raise UserError(
-            f"--init_from={init_from} is in --out_dir={out_dir}, whose checkpoints a new run replaces (the model it "
-            "starts from among them); write the new run to another --out_dir"
+            f"--init_from={init_from} is the run in --out_dir={out_dir}, whose checkpoints a new run replaces (the "
+            "model it starts from among them); write the new run to another --out_dir"
         )
     if init_from != "resume" and existing and not overwrite:  # auto over a lone best.pt too: it would be removed
         ways = (
@@ -59,9 +59,13 @@ def resolve_init_from(init_from: str, out_dir: str | os.PathLike, overwrite: boo
     return "scratch" if init_from == "auto" else init_from
 
 
-def _is_inside(path: Path, directory: Path) -> bool:
-    """Whether `path` (a file or folder that exists) is `directory` or lies in it."""
-    return path.exists() and path.resolve().is_relative_to(directory.resolve())
+def _is_replaced(path: Path, directory: Path) -> bool:
+    """Whether `path` (a run's folder or file that exists) is `directory` itself, whose checkpoint a model source
+    names, or one of the files a new run there replaces (RUN_FILES)."""
+    if not path.exists():
+        return False
+    target, folder = path.resolve(), directory.resolve()
+    return target == folder or (target.parent == folder and target.name in RUN_FILES)
 
 
 def remove_earlier_run(out_dir: str | os.PathLike) -> list[str]:

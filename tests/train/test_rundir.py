@@ -91,6 +91,10 @@ def test_a_new_run_starting_from_its_own_out_dir_is_refused_even_with_overwrite(
     run.mkdir()
     (run / "best.pt").write_bytes(b"x")
     for init_from in (run, run / "best.pt", tmp_path / "run" / ".." / "run"):
-        with pytest.raises(UserError, match=r"is in --out_dir=.*write the new run to another --out_dir"):
+        with pytest.raises(UserError, match=r"is the run in --out_dir=.*write the new run to another --out_dir"):
             resolve_init_from(str(init_from), run, overwrite)
     assert resolve_init_from(str(run / "best.pt"), tmp_path / "elsewhere", overwrite) == str(run / "best.pt")
+    (run / "hf").mkdir()  # an export kept in the run's folder: a new run there removes only the run's own files
+    (run / "hf" / "config.json").write_text("{}")
+    if overwrite:
+        assert resolve_init_from(str(run / "hf"), run, overwrite) == str(run / "hf")
