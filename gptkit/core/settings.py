@@ -133,7 +133,7 @@ _FALSE_WORDS = {"false", "0", "no", "off"}
 def _parse_cli_value(key: str, text: str, annotation: Any) -> Any:
     """Turn the text after `--key=` into a value of the field's type."""
     inner, optional = _unwrap_optional(annotation)
-    if optional and text in ("None", "none"):
+    if optional and text.lower() == "none":  # as the switches' words, in any case
         return None
     if typing.get_origin(inner) is list:
         (item_type,) = typing.get_args(inner)
