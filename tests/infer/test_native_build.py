@@ -78,6 +78,19 @@ def test_other_compile_flags_or_another_compiler_have_another_build_directory(ex
     assert len({here, other_flags, other_compiler}) == 3
 
 
+def test_the_pip_packages_ninja_builds_wherever_path_points_and_another_ninja_has_another_directory(
+    extensions_root, monkeypatch
+):
+    """`make` (no venv on PATH) and an activated venv found different ninjas, which log commands apart: each rebuilt
+    the other's build. The pip package's ninja (a requirement) is taken whatever PATH holds first."""
+    ninja = pytest.importorskip("ninja")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert native.ninja_binary() == str(Path(ninja.BIN_DIR) / "ninja")
+    here = native.build_directory()
+    monkeypatch.setattr(native, "ninja_binary", lambda: "/usr/bin/ninja")
+    assert native.build_directory() != here
+
+
 def test_is_built_means_a_build_of_this_source_and_each_source_finds_its_own_again(tmp_path, extensions_root):
     """Two checkouts of different sources: each one's build is found by it alone, and building the second leaves the
     first's in place (switching back finds it)."""
