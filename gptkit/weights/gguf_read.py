@@ -416,6 +416,16 @@ class HFTensors(Mapping):
     def __contains__(self, key: object) -> bool:
         return key in self.sources  # Mapping's own would read the tensor
 
+    def file_name(self, name: str) -> str:
+        """llama.cpp's name for the Hugging Face tensor `name` (model.norm.weight: output_norm.weight), as an error
+        about the file should say it; `name` itself where none maps to it."""
+        stem, _, kind = name.rpartition(".")
+        for theirs, ours in (GPT2_NAMES if self.arch == "gpt2" else LLAMA_NAMES).items():
+            found = re.fullmatch(re.escape(ours).replace(re.escape("{i}"), r"(\d+)"), stem)
+            if found:
+                return f"{theirs.format(i=found.group(1)) if found.groups() else theirs}.{kind}"
+        return name
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.sources)
 

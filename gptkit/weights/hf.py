@@ -457,6 +457,13 @@ def fitted(key: str, value: torch.Tensor, shape: torch.Size, where: Path) -> tor
     return value
 
 
+def source_name(tensors: Mapping[str, torch.Tensor], name: str) -> str:
+    """What the weights' own files call the Hugging Face tensor `name`: a GGUF file's mapping (gguf_read.HFTensors)
+    names it as llama.cpp does."""
+    file_name = getattr(tensors, "file_name", None)
+    return file_name(name) if file_name is not None else name
+
+
 def hf_entry(tensors: Mapping[str, torch.Tensor], architecture: str, model: GPT, key: str, where: Path) -> torch.Tensor:
     """Our state dict entry `key` of a Llama-family model from its Hugging Face tensors (fused where we fuse them);
     UserError for a missing one."""
@@ -464,7 +471,7 @@ def hf_entry(tensors: Mapping[str, torch.Tensor], architecture: str, model: GPT,
     parts = [hf_tensor(tensors, name) for name in names]
     missing = [name for name, part in zip(names, parts) if part is None]
     if missing:
-        raise UserError(f"{where}: the weights lack {missing[0]}")
+        raise UserError(f"{where}: the weights lack {source_name(tensors, missing[0])}")
     owner, _, attribute = key.rpartition(".")
     shape = getattr(model.get_submodule(owner), attribute).shape
     for name, part in zip(names, parts if len(parts) > 1 else []):  # before fusing: the rows are checked joined

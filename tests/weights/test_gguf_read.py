@@ -852,6 +852,15 @@ def test_a_block_count_beyond_the_blocks_held_and_a_missing_matrix_are_one_line(
         lacking = export_file(tmp_path / "lacking", model, qwen_tokenizer)
     sample_error(lacking, capsys, "tensor blk.1.attn_q.weight is missing (1 of the model's matrices)", "damaged")
 
+    def without_norm(writer, name, *args, **kwargs):
+        if name != "output_norm.weight":
+            write_tensor(writer, name, *args, **kwargs)
+
+    with monkeypatch.context() as patch:  # a vector, not a matrix: named as the file names it, not as transformers
+        patch.setattr(gguf.GGUFWriter, "add_tensor", without_norm)
+        normless = export_file(tmp_path / "normless", model, qwen_tokenizer)
+    sample_error(normless, capsys, "the weights lack output_norm.weight")
+
 
 def test_a_matrix_left_in_the_file_in_another_shape_than_the_metadata_s_is_one_line(
     tmp_path, monkeypatch, qwen_tokenizer, capsys
