@@ -91,14 +91,10 @@ def _folder_reason(relative: PurePosixPath, path_filter: PathFilter) -> str | No
     return "excluded" if path_filter.excludes_folder(relative) else None
 
 
-def holds_model_files(folder: Path) -> bool:
-    """Whether `folder` is one this toolkit (or a model hub) writes: prepared data (meta.json beside train.bin or
-    val.bin, or their shards), a training run (ckpt.pt or best.pt) or a model's weights beside their config.json.
-    Why: a walk of a project's folder (--input=.) would otherwise read their JSON as corpus text."""
-    try:
-        names = [entry.name for entry in os.scandir(folder)]
-    except OSError:  # the walk itself reports a folder it cannot list
-        return False
+def holds_model_files(names: Sequence[str]) -> bool:
+    """Whether a folder holding files `names` is one this toolkit (or a model hub) writes: prepared data (meta.json
+    beside train.bin or val.bin, or their shards), a training run (ckpt.pt or best.pt) or a model's weights beside
+    their config.json. Why: a walk of a project's folder (--input=.) would otherwise read their JSON as corpus text."""
     if "ckpt.pt" in names or "best.pt" in names:
         return True
     if "meta.json" in names and any(TOKEN_FILE.fullmatch(name) for name in names):
@@ -213,7 +209,7 @@ class _Finder:
         for root, dirs, files in os.walk(top, onerror=_raise):
             here = Path(root)
             kept = []
-            if not (named and here == top) and holds_model_files(here):
+            if not (named and here == top) and holds_model_files(files):
                 self._skip_folder(here, "model files")
                 dirs[:] = []
                 continue
