@@ -271,7 +271,9 @@ def set_up(
         if note and procs.master:
             print(note, flush=True)
     reference = models.frozen_reference(cfg, data.meta, model, resumed, device) if objective.needs_reference else None
-    objective.start(model=model, reference=reference, resumed=resumed, device=device, procs=procs, precision=precision)
+    objective.start(
+        model=model, reference=reference, resumed=resumed, device=device, procs=procs, precision=precision, lora=lora
+    )
     held.callback(objective.close)
     tune_for_training(device, cfg.cpu_threads)  # after initialising: a seed gives the weights it always gave
     wrapped = distributed.parallelize(model, procs, device, cfg.parallel, cfg.compile)

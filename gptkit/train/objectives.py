@@ -168,10 +168,11 @@ class Objective:
         device: torch.device,
         procs: Processes,
         precision: contextlib.AbstractContextManager,
+        lora: dict | None = None,
     ) -> None:
         """Ready to train `model` (unwrapped): the sampler and evaluation batches. `reference` is the frozen starting
         model (when needs_reference), `resumed` the checkpoint a resumed run continues, `precision` the autocast
-        context the objective's forward passes run in."""
+        context the objective's forward passes run in, `lora` a LoRA run's record (lora.lora_record: its base)."""
         self.device, self.procs, self.precision = device, procs, precision
         self.accumulation = self.cfg.gradient_accumulation_steps // procs.world_size  # micro-batches per process
         self.block_size = model.config.block_size
@@ -312,12 +313,16 @@ class PostTraining(Objective):
                 f"--objective={self.kind} has no whole-split loss; --eval_full_split is for next-token runs"
             )
 
-    def start(self, *, reference: Reference | None, resumed: dict | None, **run: Any) -> None:
-        super().start(reference=reference, resumed=resumed, **run)
+    def start(self, *, reference: Reference | None, resumed: dict | None, lora: dict | None = None, **run: Any) -> None:
+        super().start(reference=reference, resumed=resumed, lora=lora, **run)
         self.reference = reference
         # Where the starting model is, with its weights' digest: a resume compares with it as it was (models.
-        # frozen_reference checks the digest), not with a model since trained further at the same path.
-        self.reference_record = resumed.get("reference") if resumed else base_reference(self.cfg.init_from)
+        # frozen_reference checks the digest), not with a model since trained further at the same path. A LoRA
+        # run's base is that model, its digest taken already (hashing gigabytes twice at the start is no use).
+        if resumed:
+            self.reference_record = resumed.get("reference")
+        else:
+            self.reference_record = lora["base"] if lora else base_reference(self.cfg.init_from)
 
     def checkpoint_entries(self) -> dict[str, Any]:
         return {"reference": self.reference_record}
