@@ -108,9 +108,9 @@ class PreferenceWorker(ChatWorker):
     def _add(self, record: Any, result: ChatResult) -> None:
         job = self.job
         prompt, *candidates = preference_of(record)
-        for messages in candidates:  # what render would take the tokenizer's memory for
-            texts = [m["content"] for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str)]
-            check_size(sum(len(text.encode("utf-8", "replace")) for text in texts))
+        sizes = [_text_bytes(messages) for messages in candidates]  # what render would take the tokenizer's memory for
+        for size in sizes:
+            check_size(size)
         for messages in candidates:
             if not any(m.get("role") == "assistant" for m in messages[len(prompt) :] if isinstance(m, dict)):
                 raise ChatError("a candidate reply has no assistant turn", reason="no assistant turn")
@@ -119,11 +119,11 @@ class PreferenceWorker(ChatWorker):
                 result.chars.update(c for m in messages for c in m["content"])
             return
         rendered = []
-        for messages in candidates:
+        for messages, size in zip(candidates, sizes):
             ids, mask = job.tokenizer.chat.render(messages, job.tokenizer)
             if prompt:
                 mask[: len(job.tokenizer.chat.render_prompt(prompt, job.tokenizer)) - 1] = 0
-            rendered.append((ids, mask, sum(len(m["content"].encode("utf-8")) for m in messages)))
+            rendered.append((ids, mask, size))
         limit = job.block_size + 1
         if any(len(ids) > limit for ids, _, _ in rendered):
             if job.too_long == "drop":
@@ -138,6 +138,12 @@ class PreferenceWorker(ChatWorker):
         split = "val" if is_val_document(job.seed, job.val_fraction, conversation_key(prompt)) else "train"
         for ids, mask, size in rendered:
             result.conversations.append(Rendered(split=split, ids=ids, mask=mask, text_bytes=size))
+
+
+def _text_bytes(messages: list[Any]) -> int:
+    """The UTF-8 bytes of a candidate's texts, read before its messages are checked (rendering checks them)."""
+    texts = [m["content"] for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str)]
+    return sum(len(text.encode("utf-8", "replace")) for text in texts)
 
 
 # ------------------------------------------------------------------------------------------- reading pairs
