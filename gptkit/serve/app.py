@@ -546,7 +546,7 @@ class Service:
                 for index, (text, reason, entries) in sorted(merged.items()):
                     if reason == "error":
                         kind = "invalid_request_error" if jobs[index].error_status < 500 else "server_error"
-                        yield api.sse({"error": {"message": text, "type": kind, "param": None, "code": None}})
+                        yield api.sse(api.error_body(text, kind))
                         continue
                     logprobs = self.logprobs_object(body, entries, offsets[index])
                     for choice in stream_choices(make_choice, index, text, reason, logprobs):
