@@ -35,17 +35,13 @@ from gptkit.weights.source_settings import ModelSource, for_inference, keeps_int
 SUMMARY_FIGURES = ("acc", "acc_norm", "perplexity", "word_perplexity", "exact_match")  # shown in the summary line
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EvaluateSettings(ModelSource, Decoding, Runtime):
     tasks: str = setting(
         "hellaswag", f"comma-separated tasks of our own scorer ({', '.join(hellaswag.TASKS)}); empty for none"
     )
     limit: int | None = setting(None, "evaluate only the first N items of each task (None: all)", rule="positive")
-    hellaswag_path: str = setting(
-        "",
-        "HellaSwag JSONL file or URL (ctx, endings, label); empty: the canonical "
-        "validation set, downloaded once into the cache",
-    )
+    hellaswag_path: str = hellaswag.path_setting()
     harness_tasks: str = setting("", "comma-separated lm-evaluation-harness tasks (needs: pip install lm-eval)")
     harness_include: str = setting("", "a directory of extra lm-eval task YAML files (local task definitions)")
     json_out: str = setting("", "write the results to this JSON file (a new one: see --overwrite)")

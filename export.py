@@ -33,7 +33,7 @@ FORMATS = ("hf", "gguf", "merged", "peft")
 LORA_FORMATS = ("merged", "peft")  # what a LoRA run's checkpoint exports to beside the model formats
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ExportSettings(ModelLocation):
     format: str = setting(
         "hf",

@@ -25,7 +25,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GPTConfig:
     block_size: int = 1024  # longest context the model attends over
     vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for faster matmuls

@@ -17,7 +17,7 @@ from gptkit.train.curves import CURVES_NAME, plot_runs
 DESCRIPTION = "Draw the training curves of one or more runs (their out_dir/log.jsonl) into one PNG."
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PlotSettings:
     out_dirs: list[str] = setting_list([], "training output directories (log.jsonl); also given as plain arguments")
     out: str = setting("", f"the PNG to write, a new file (empty: OUT_DIR/{CURVES_NAME} of the first run, redrawn)")

@@ -34,11 +34,11 @@ SEPARATOR = "\n" + "-" * 40 + "\n"
 RESET, EXIT = "/reset", "/exit"  # the chat's two commands
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SampleSettings(ModelSource, Decoding, Runtime):
     start: str = setting("\n", "the prompt; FILE:path reads it from a file")
-    num_samples: int = setting(1, "how many samples, generated together as one batch")
-    max_new_tokens: int = setting(500, "tokens to generate per sample")
+    num_samples: int = setting(1, "how many samples, generated together as one batch", rule="positive")
+    max_new_tokens: int = setting(500, "tokens to generate per sample", rule="positive")
     temperature: float = setting(0.8, "sampling temperature; 0 = greedy (always the most likely token)")
     top_k: int | None = setting(200, "sample only among the k most likely tokens (None = all)")
     top_p: float | None = setting(None, "sample only among the most likely tokens whose probability reaches p")
@@ -58,10 +58,6 @@ class SampleSettings(ModelSource, Decoding, Runtime):
 
     def validate(self) -> None:
         super().validate()
-        if self.max_new_tokens <= 0:
-            raise UserError(f"--max_new_tokens must be positive, got {self.max_new_tokens}")
-        if self.num_samples <= 0:
-            raise UserError(f"--num_samples must be positive, got {self.num_samples}")
         problem = sampling_problem(self.temperature, self.top_k, self.top_p)
         if problem:
             raise UserError(f"--{problem}")
@@ -129,7 +125,15 @@ def continue_ids(
     is streamed through `write` when given."""
     generator = torch.Generator(device=device).manual_seed(cfg.seed)  # one for the batch: the samples differ
     requests = [
-        Request(ids, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, stop_tokens, generator=generator)
+        Request(
+            prompt=ids,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            top_p=cfg.top_p,
+            stop_tokens=stop_tokens,
+            generator=generator,
+        )
         for _ in range(cfg.num_samples)
     ]
     streams = [TextStream(tokenizer, cfg.stop, stop_tokens) for _ in requests]

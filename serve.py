@@ -46,8 +46,6 @@ def main(argv: list[str]) -> int:
         description="Serve a model: an OpenAI-compatible HTTP API and a playground page.",
     )
     torch.manual_seed(cfg.seed)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     device, dtype = cfg.resolve()
     sock = listen(cfg.host, cfg.port)  # before the model loads: a taken port fails at once
     try:

@@ -57,7 +57,7 @@ from gptkit.weights.lora import BASE_WEIGHTS, TARGETS, LoraConfig
 # ----------------------------------------------------------------------------- settings
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class TrainSettings(ObjectiveSettings, Runtime):
     # output, evaluation and checkpoints
     out_dir: str = setting("out", "directory for checkpoints (ckpt.pt latest, best.pt best val loss) and log.jsonl")
@@ -76,7 +76,7 @@ class TrainSettings(ObjectiveSettings, Runtime):
     eval_tasks: str = setting("", "also evaluate these tasks (comma-separated: hellaswag), see eval.py")
     eval_tasks_interval: int | None = setting(None, "eval_tasks only at steps divisible by this", rule="positive")
     eval_tasks_limit: int | None = setting(None, "eval_tasks: the first N items of each task", rule="positive")
-    hellaswag_path: str = setting("", "eval_tasks: HellaSwag JSONL file or URL (empty: the canonical val set, cached)")
+    hellaswag_path: str = hellaswag.path_setting()
     curves: bool = setting(True, "draw out_dir/curves.png of log.jsonl at the end and at evaluations 30 s apart")
     init_from: str = setting("scratch", INIT_CHOICES_HELP)
     overwrite: bool = setting(False, "start afresh even where out_dir holds an earlier run's checkpoint, replacing it")
@@ -157,9 +157,6 @@ class TrainSettings(ObjectiveSettings, Runtime):
     ema_start: int = setting(0, "ema_decay: average the weights from this step on", rule="non_negative")
     # system
     compile: bool | None = setting(None, "torch.compile the model (None: on for CUDA, off otherwise)")
-    cpu_threads: int | None = setting(
-        None, "torch CPU threads (None: torch's default; fewer on a busy machine)", rule="positive"
-    )
     backend: str = setting(
         "auto",
         "torch.distributed backend under torchrun: auto (nccl on CUDA, gloo) | nccl | gloo",
@@ -282,11 +279,7 @@ def set_up(
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and dtype == torch.float16)
     iter_num, best_val_loss, evaluated = 0, math.inf, True
     if resumed is not None:
-        latest = str(Path(cfg.out_dir) / ckpt.LATEST_NAME)
-        iter_num, best_val_loss = ckpt.restore_training_state(
-            resumed, latest, model, optimizer, scaler, objective.sampler
-        )
-        evaluated = resumed.get("evaluated", True) is not False  # saved by a stop: its step not evaluated yet
+        iter_num, best_val_loss, evaluated = restore(cfg, resumed, model, optimizer, scaler, objective)
         del resumed  # free the CPU copy of the weights
     wandb = {"project": cfg.wandb_project, "name": cfg.wandb_run_name, "config": settings_to_dict(cfg)}
     log, replaced = rundir.open_run_log(
@@ -312,19 +305,34 @@ def set_up(
         average=average,
         scaler=scaler,
         tasks=hellaswag.TrainingTasks(
-            cfg.eval_tasks,
-            cfg.eval_tasks_interval,
-            cfg.eval_tasks_limit,
-            cfg.hellaswag_path,
-            data.meta["tokenizer"],
-            cfg.batch_size,
-            procs,
+            tasks=cfg.eval_tasks,
+            interval=cfg.eval_tasks_interval,
+            limit=cfg.eval_tasks_limit,
+            hellaswag_path=cfg.hellaswag_path,
+            tokenizer_meta=data.meta["tokenizer"],
+            batch_size=cfg.batch_size,
+            procs=procs,
         ),
         log=log,
         peak_flops=cfg.peak_flops or peak_flops_for_device(device, dtype),
     )
     say_start(run, str(data.directory), str(dtype).removeprefix("torch."), replaced, iter_num, best_val_loss)
     return run, LoopState.begin(iter_num, best_val_loss, device, start_evaluated=evaluated)
+
+
+def restore(
+    cfg: TrainSettings,
+    resumed: dict,
+    model: GPT,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    objective: Objective,
+) -> tuple[int, float, bool]:
+    """The optimizer's, scaler's and data order's state put back from the checkpoint; its step, best val loss, and
+    whether that step was evaluated (a checkpoint saved by a stop was not)."""
+    latest = str(Path(cfg.out_dir) / ckpt.LATEST_NAME)
+    iter_num, best_val_loss = ckpt.restore_training_state(resumed, latest, model, optimizer, scaler, objective.sampler)
+    return iter_num, best_val_loss, resumed.get("evaluated", True) is not False
 
 
 def say_start(run: Run, data_dir: str, dtype: str, replaced: list[str], iter_num: int, best_val_loss: float) -> None:
@@ -590,8 +598,8 @@ def main(argv: list[str]) -> int:
     try:
         with contextlib.ExitStack() as held, StopRequest(force_on_repeat=not procs.distributed) as stop:
             config_files = tuple(arg for arg in argv if not arg.startswith("--"))
-            code = run_until_done_or_stopped(cfg, procs, device, held, stop, config_files)
-        finished = True
+            code, whole = run_until_done_or_stopped(cfg, procs, device, held, stop, config_files)
+        finished = whole  # after the run's files are closed
         return code
     finally:
         distributed.teardown(procs, finished)  # under torchrun: every process leaves the group together
@@ -604,10 +612,12 @@ def run_until_done_or_stopped(
     held: contextlib.ExitStack,
     stop: StopRequest,
     config_files: tuple[str, ...],
-) -> int:
-    """Set up, then train (or evaluate); returns the exit code. A stop asked for is a clean stop, whatever it
-    cut short: a terminal's Ctrl-C also reaches the compilers torch.compile runs, and their failure is then one
-    line, not a traceback."""
+) -> tuple[int, bool]:
+    """Set up, then train (or evaluate); returns the exit code and whether the run's work ended whole (under
+    torchrun: every process is still there to leave the group together). A stop asked for is a clean stop,
+    whatever it cut short: a terminal's Ctrl-C also reaches the compilers torch.compile runs, and a process
+    torchrun stops because another one died is in a collective that fails; each is then one line, not a
+    traceback."""
     run = None
     # Until this run's first step there is nothing to save, and loading a model, timing a pass, a first evaluation or
     # step may take minutes (or compile): a signal stops at once.
@@ -615,19 +625,19 @@ def run_until_done_or_stopped(
     try:
         run, state = set_up(cfg, procs, device, held)
         run.config_files = config_files
-        return evaluate_only(run, state) if cfg.eval_only else train(run, state, stop)
+        return (evaluate_only(run, state) if cfg.eval_only else train(run, state, stop)), True
     except KeyboardInterrupt:
         if not stop.at_once or not stop.signum:  # a second Ctrl-C
             raise
         if run is not None:
             run.log.say(runlog.stopped_line(stop.signal_name, state.iter_num, None))
             run.log.close()
-        return signals.exit_code(stop.signum)
+        return signals.exit_code(stop.signum), True
     except Exception as exc:
         if not stop.signum or isinstance(exc, UserError):
             raise
         print(runlog.cut_short_line(stop.signal_name, type(exc).__name__), flush=True)
-        return signals.exit_code(stop.signum)
+        return signals.exit_code(stop.signum), False
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ from measure import MODEL_SHAPES, print_table, read_bandwidth, run_benchmark, ti
 # (the bound's read speed comes from one sum over a single buffer of bandwidth_mb, which can read faster: see
 # docs/benchmarks.md).
 # native_read: no decoding; per token, one plain sum over the buffer the float32 native step packed its matrices
-# into, the very memory the native path reads. Where a buffer lies moved its speed by ~12% on a VM
+# into, the very memory the native path reads. Where a buffer lies moved its speed on a VM
 # (docs/benchmarks.md), so this is the native path's own ceiling at that moment. (No bfloat16 twin: torch's bfloat16
 # sum is slower than the native bfloat16 step itself.)
 SAMPLE_PATHS = (
@@ -98,7 +98,7 @@ DECODE_OF_PATH = {
 }
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SampleBench:
     model: str = setting(
         "gpt2-124m",
@@ -283,7 +283,7 @@ def one_thread_flop_s(config: GPTConfig, batch: int, repeats: int) -> float:
         best = float("inf")
         for attempt in range(repeats + 1):  # the first one warms up
             start = time.perf_counter()
-            F.linear(x, weight)  # as the model multiplies (torch.mm of one row by a transposed weight was 1000x slower)
+            F.linear(x, weight)  # as the model multiplies (torch.mm of one row by a transposed weight is far slower)
             if attempt:
                 best = min(best, time.perf_counter() - start)
         total_seconds += best * out_features / rows * count
@@ -410,7 +410,7 @@ def print_read_speeds(rows: list[dict], megabytes: int) -> None:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LinearBench:
     batch_sizes: list[int] = setting_list([1, 8], "rows per product: sequences decoded at once (repeat the flag)")
     repeats: int = setting(5, "passes over every weight copy; the median pass is reported")
@@ -522,7 +522,7 @@ def hf_state_from(model: GPT) -> dict[str, torch.Tensor]:
 
 
 # ----------------------------------------------------------------------------------------------- training
-@dataclass
+@dataclass(kw_only=True)
 class TrainBench:
     config: str = setting("config/train_shakespeare_char_cpu.py", "training recipe to measure")
     iters: int = setting(30, "training iterations per run (the first few are warm-up)")
@@ -581,7 +581,7 @@ def bench_train(cfg: TrainBench) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------------------- time to quality
-@dataclass
+@dataclass(kw_only=True)
 class QualityBench:
     config: list[str] = setting_list(["config/train_shakespeare_char_cpu.py"], "recipes to run (repeat the flag)")
     runs: int = setting(3, "runs per recipe; medians are reported")

@@ -31,7 +31,7 @@ from measure import print_table, run_benchmark
 REPO = Path(__file__).resolve().parent.parent
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ChatBench:
     conversations: int = setting(2000, "synthetic conversations in the train split", rule="positive")
     iters: int = setting(12, "training steps per run", rule="positive")

@@ -58,7 +58,7 @@ os._exit(0)  # nothing left to save: skips torch's shutdown, which takes longer 
 SPIN = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nprint(flush=True)\nwhile time.monotonic() < end: pass\n"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ThreadsBench:
     smoke: bool = setting(False, "a 1-layer, 32-wide model and 3 steps: checks the script itself")
     n_layer: int = setting(4, "the model's layers", rule="positive")

@@ -48,7 +48,7 @@ SCALES = {"q4_0": 0.02 / 4.6, "q8_0": 0.02 / 73.3, "q4_k": 0.02 / 170, "q6_k": 0
 FILE_TYPES = {"q4_k": "MOSTLY_Q4_K_S"}  # general.file_type where it is not MOSTLY_ and the type (all Q4_K: Q4_K_S's)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GGUFMemoryBench:
     shape: str = setting("smollm2-1.7b", "the model's shape (random blocks)", choices=tuple(SHAPES))
     qtype: str = setting("q4_0", "the matrices' GGUF type", choices=tuple(BLOCK_BYTES))

@@ -36,7 +36,7 @@ from measure import GPT2_124M, SMOKE_MODEL, machine_description, print_table, sy
 REPO = Path(__file__).resolve().parent.parent
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GpuBench:
     device: str = setting("cuda", "device to measure (cpu only makes sense with --smoke=True)")
     smoke: bool = setting(False, "tiny model and few steps: checks the benchmark itself on any device (CI)")

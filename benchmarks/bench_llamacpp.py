@@ -84,7 +84,7 @@ GGUF_QUANTIZE = {
 QUANTIZED_BY_LLAMACPP = {"q4_k_m": 15}  # files llama.cpp's quantizer writes from the f32 file: llama.h's ftype
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LlamaCppBench:
     shapes: list[str] = setting_list(["smollm2-135m", "gpt2-124m"], f"model shapes: {', '.join(SHAPES)}")
     paths: list[str] = setting_list(list(PATHS), f"which decoders: {', '.join(PATHS)}")

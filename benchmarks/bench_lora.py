@@ -53,7 +53,7 @@ MODES = {
 BASE_MODES = ["LoRA all, bfloat16 base", "LoRA all, int8 base", "LoRA all, int4 base (QLoRA)"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LoraBench:
     batch_size: int = setting(2, "sequences per step", rule="positive")
     block_size: int = setting(256, "tokens per sequence", rule="positive")

@@ -44,7 +44,7 @@ LETTERS = "abcdefgh"
 MODEL = ["--n_layer=2", "--n_head=4", "--n_embd=64", "--block_size=32", "--dropout=0.0"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PosttrainBench:
     sft_iters: int = setting(800, "SFT steps (32 conversations each)", rule="positive")
     suffix_share: float = setting(0.7, "share of SFT replies that end in a full stop", rule="fraction")

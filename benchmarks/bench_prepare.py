@@ -43,7 +43,7 @@ DEFAULT_SOURCE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 PIECE_BYTES = 1 << 20
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BenchSettings:
     input: str | None = setting(None, "text file to tokenise; default: generate one from tiny Shakespeare")
     size_mb: int = setting(200, "size of the generated corpus in MB (without --input)")
@@ -97,7 +97,7 @@ def encode_baseline(input_path: str, output_path: str) -> None:
     print(json.dumps({"tokens": tokens}))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Run:
     seconds: float
     cpu_seconds: float
@@ -164,7 +164,13 @@ def run_measured(command: list[str], log_path: Path) -> Run:
         raise UserError(
             f"benchmark command failed ({process.returncode}): {' '.join(command)}: {output.strip()[-300:]}"
         )
-    return Run(seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024, peak_tree, output)
+    return Run(
+        seconds=seconds,
+        cpu_seconds=usage.ru_utime + usage.ru_stime,
+        max_rss_bytes=usage.ru_maxrss * 1024,
+        tree_rss_bytes=peak_tree,
+        stdout=output,
+    )
 
 
 def corpus_command(input_path: Path, out_dir: Path, workers: int) -> list[str]:

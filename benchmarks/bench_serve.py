@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 PROMPT = "The history of the city begins with a small settlement on the river, where traders met"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ServeBench:
     clients: int = setting(16, "concurrent clients (and the server's slots)", rule="positive")
     new_tokens: int = setting(128, "tokens each client asks for", rule="positive")
@@ -54,7 +54,7 @@ class ServeBench:
     n_embd: int = setting(768, "model shape: width (768)", rule="positive")
     block_size: int = setting(1024, "model shape: context (1024)", rule="positive")
     device: str = setting("cpu", "the server's --device")
-    threads: int = setting(0, "the server's --threads (0 = torch's default: one per core)", rule="non_negative")
+    threads: int = setting(0, "the server's --cpu_threads (0 = torch's default: one per core)", rule="non_negative")
     work_dir: str = setting("bench_results/serve_model", "where the model's checkpoint and the server log go")
     json_out: str = setting("bench_results/serve.json", "where to write the JSON results ('' = nowhere)")
     chat: bool = setting(False, "chat clients (/v1/chat/completions) and a model with the chat template's tokens")
@@ -99,7 +99,7 @@ def running_server(cfg: ServeBench, out_dir: Path) -> Iterator[int]:
         f"--out_dir={out_dir}",
         f"--port={port}",
         f"--device={cfg.device}",
-        f"--threads={cfg.threads}",
+        *([f"--cpu_threads={cfg.threads}"] if cfg.threads else []),
         f"--slots={cfg.clients}",
         "--model_name=bench",
         "--access_log=False",

@@ -43,7 +43,7 @@ REGION_EVENT = "Torch-Compiled Region"  # dynamo's frame: guards, then the graph
 GUARDS_EVENT = "TorchDynamo Cache Lookup"  # recorded outside the region's record
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepBench:
     dtype: str = setting("float32", "weights of the step", choices=tuple(WEIGHT_BYTES))
     tokens: int = setting(64, "tokens decoded under the profiler (and again without it)", rule="positive")

@@ -38,13 +38,13 @@ from gptkit.core.errors import UserError, run_cli
 from gptkit.core.fileio import atomic_write_json
 from gptkit.core.settings import parse_settings, setting, setting_list
 from gptkit.data import tokenizer as tok
-from measure import cpu_name
+from measure import cpu_name, recorded_settings
 
 REPO = Path(__file__).resolve().parent.parent
 STDLIB = Path(os.__file__).parent
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TokenizerBench:
     stdlib: str = setting(str(STDLIB), "the standard library folder whose *.py files are the corpus")
     train_mb: float = setting(30.0, "at most this many MB of sources to train on (the rest is not used)")
@@ -97,11 +97,15 @@ def build_corpus(cfg: TokenizerBench, work: Path) -> tuple[Path, list[Path], int
     return train_dir, held_out, total
 
 
+def tokenizer_dir(work: Path, vocab_size: int) -> Path:
+    return work / f"tok_{vocab_size}"
+
+
 def train_tokenizers(cfg: TokenizerBench, train_dir: Path, work: Path) -> list[dict]:
     """train_tokenizer.py once per vocabulary size: time, throughput and peak memory."""
     rows = []
     for vocab_size in cfg.vocab_sizes:
-        out_dir = work / f"tok_{vocab_size}"
+        out_dir = tokenizer_dir(work, vocab_size)
         command = [
             sys.executable,
             str(REPO / "prepare_data" / "train_tokenizer.py"),
@@ -117,7 +121,6 @@ def train_tokenizers(cfg: TokenizerBench, train_dir: Path, work: Path) -> list[d
         rows.append(
             {
                 "vocab_size": vocab_size,
-                "dir": str(out_dir),
                 "input_mb": round(training["input_bytes"] / 1e6, 2),
                 "trained_text_mb": round(training["text_bytes"] / 1e6, 2),
                 "wall_s": round(run.seconds, 2),
@@ -224,10 +227,10 @@ def train_model(
     return json.loads((out_dir / "summary.json").read_text())
 
 
-def what_it_buys(cfg: TokenizerBench, train_dir: Path, tokenizer_dir: str, work: Path) -> list[dict]:
+def what_it_buys(cfg: TokenizerBench, train_dir: Path, trained_dir: str, work: Path) -> list[dict]:
     """The same model for the same wall time with GPT-2 and with the trained tokenizer: val bits per byte."""
     rows = []
-    for name, tokenizer in (("gpt2", "gpt2"), (f"trained {cfg.model_vocab}", tokenizer_dir)):
+    for name, tokenizer in (("gpt2", "gpt2"), (f"trained {cfg.model_vocab}", trained_dir)):
         data_dir, out_dir = work / f"data_{len(rows)}", work / f"out_{len(rows)}"
         val = prepare(train_dir, tokenizer, data_dir, cfg, work)
         iters = cfg.iters
@@ -289,16 +292,19 @@ def main(argv: list[str]) -> int:
             "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%d"),
         },
-        "settings": {k: v for k, v in vars(cfg).items() if k not in ("json_out", "tmp_dir")},
+        "settings": recorded_settings(cfg),
     }
     with tempfile.TemporaryDirectory(prefix="bench_tokenizer_", dir=cfg.tmp_dir) as tmp:
         work = Path(tmp)
         train_dir, held_out, train_bytes = build_corpus(cfg, work)
         result["corpus"] = {"train_mb": round(train_bytes / 1e6, 2), "held_out_files": len(held_out)}
         result["training"] = train_tokenizers(cfg, train_dir, work)
-        trained = {f"trained {row['vocab_size']}": tok.make_tokenizer(row["dir"]) for row in result["training"]}
+        trained = {
+            f"trained {row['vocab_size']}": tok.make_tokenizer(str(tokenizer_dir(work, row["vocab_size"])))
+            for row in result["training"]
+        }
         result["compression"] = compression(held_out, {**reference_tokenizers(), **trained})
-        result["model"] = what_it_buys(cfg, train_dir, str(work / f"tok_{cfg.model_vocab}"), work)
+        result["model"] = what_it_buys(cfg, train_dir, str(tokenizer_dir(work, cfg.model_vocab)), work)
     print_tables(result)
     if cfg.json_out:
         atomic_write_json(cfg.json_out, result)

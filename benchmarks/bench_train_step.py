@@ -41,7 +41,7 @@ GROUPS = (
 OTHER = "other kernels (copies, casts, reductions)"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainStepBench:
     device: str = setting("cuda", "device to profile (cpu only makes sense with --smoke=True)")
     smoke: bool = setting(False, "a tiny model and batch: checks the script itself on any device (CI)")

@@ -101,11 +101,19 @@ def print_table(rows: list[dict], columns: list[str]) -> None:
         print("  ".join(str(row.get(c, "")).ljust(w) for c, w in zip(columns, widths)))
 
 
+# Where a run kept its files on the measuring machine: not what was measured, so a result file leaves them out.
+PLACES = ("json_out", "work_dir", "tmp_dir", "nanogpt_dir")
+
+
+def recorded_settings(settings: object) -> dict:
+    """The settings a result file records: every one but the places files were kept."""
+    return {key: value for key, value in vars(settings).items() if key not in PLACES}
+
+
 def write_results(path: str, kind: str, settings: object, rows: list[dict]) -> None:
     if path:
-        atomic_write_json(
-            path, {"benchmark": kind, "settings": vars(settings), "machine": machine_description(), "results": rows}
-        )
+        record = {"benchmark": kind, "settings": recorded_settings(settings), "machine": machine_description()}
+        atomic_write_json(path, {**record, "results": rows})
         print(f"wrote {path}")
 
 
@@ -128,7 +136,7 @@ def read_bandwidth(device: torch.device, megabytes: int, repeats: int = 5) -> fl
     On the CPU, where the native step is built, the sum is its stream_sum over a buffer on 2 MB pages: every thread
     (one a core) streams a share with the vector loads and prefetches the step reads its packed weights with (also on
     2 MB pages), so a step's "of the bound" compares it with what the same cores can read. Without the build it is
-    PyTorch's sum over its own allocation, which read 15-20% slower than that on a 2-core VM (docs/benchmarks.md).
+    PyTorch's sum over its own allocation, which read slower than that on a 2-core VM (docs/benchmarks.md).
     """
     if device.type == "cpu" and native.is_built():
         buffer, add_up = native.huge_page_zeros(megabytes * 2**20 // 4, torch.float32), native.extension().stream_sum

@@ -16,7 +16,7 @@ out_dir = "out-shakespeare-char-cpu"
 eval_interval = 250
 eval_iters = 20
 log_interval = 50
-eval_full_split = True  # the exact val loss at the end (~1 s here)
+eval_full_split = True  # the exact val loss at the end
 
 dataset = "shakespeare_char"
 gradient_accumulation_steps = 1
@@ -43,5 +43,5 @@ beta2 = 0.99
 warmup_iters = 30
 
 device = "cpu"
-dtype = "float32"  # portable; bfloat16 is ~20% faster on CPUs with AVX512-BF16 or AMX
-compile = False  # noqa: A001 - nanoGPT's key; compiling (~20 s here) costs more than it saves on a run this short
+dtype = "float32"  # portable; bfloat16 is faster only on CPUs with AVX512-BF16 or AMX
+compile = False  # noqa: A001 - nanoGPT's key; compiling costs more than it saves on a run this short

@@ -20,7 +20,7 @@ eval_interval = 640  # evaluate at the start and the end only
 eval_iters = 5
 log_interval = 50
 eval_full_split = True
-curves = False  # drawing curves.png costs ~1.5 s
+curves = False  # drawing curves.png costs time the recipe is scored by
 always_save_checkpoint = False
 
 dataset = "shakespeare_char"

@@ -25,7 +25,7 @@ from gptkit.data.prepare import chat_inputs, chat_prepare, discover
 from gptkit.data.prepare.settings import PrepareSettings, exclude_setting, include_setting, input_setting
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ChatSettings(PrepareSettings):
     """The shared preparation settings, where chat data needs other defaults, plus the inputs and policies."""
 

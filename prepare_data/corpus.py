@@ -29,7 +29,7 @@ from gptkit.data.prepare.settings import (
 )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CorpusSettings(PrepareSettings):
     """The shared preparation settings (their defaults are this script's) plus the inputs and the UTF-8 policy."""
 

@@ -18,23 +18,24 @@ from pathlib import Path
 from typing import Any
 
 from gptkit.core import download
+from gptkit.core.download import DownloadSettings
 from gptkit.core.errors import UserError, run_cli
 from gptkit.core.settings import parse_settings, setting
 from gptkit.data.prepare import driver
 from gptkit.data.prepare.items import Documents
+from gptkit.data.prepare.parquet import covered_bytes, import_parquet
 from gptkit.data.prepare.settings import PrepareSettings
 
 DEFAULT_BASE_URL = "https://huggingface.co/datasets/HuggingFaceFW/fineweb-edu/resolve/main/sample/10BT"
 ROWS_PER_BATCH = 1024
 
 
-@dataclass
-class FinewebSettings(PrepareSettings):
+@dataclass(kw_only=True)
+class FinewebSettings(DownloadSettings, PrepareSettings):
     """The shared preparation settings, where FineWeb needs other defaults, plus the download settings."""
 
     # Shared settings re-declared for another default or help text (they keep their place in --help).
     out_dir: str = setting("data/fineweb_edu", "output directory for the token shards and meta.json")
-    tokenizer: str = setting("gpt2", "gpt2, char, any tiktoken encoding name, or a train_tokenizer.py directory")
     text_field: str = setting("text", "parquet column holding each document's text")
     val_fraction: float = setting(0.001, "fraction of documents for val")
     shard_tokens: int | None = setting(100_000_000, "tokens per output shard; None writes one file per split")
@@ -42,26 +43,12 @@ class FinewebSettings(PrepareSettings):
     # This script's own.
     shards: int = setting(1, "how many parquet files of sample-10BT to use (000_00000.parquet, 001_00000.parquet...)")
     base_url: str = setting(DEFAULT_BASE_URL, "URL of the folder holding the parquet files")
-    cache_dir: str | None = setting(None, "download cache; default $GPT_TOOLKIT_CACHE or ~/.cache/gpt-toolkit")
-    retries: int = setting(5, "download retries per file after the first attempt")
-    read_timeout: float = setting(60.0, "seconds without data before a download attempt is abandoned")
 
     def validate(self) -> None:
         super().validate()
         if self.shards < 1:
             raise UserError("--shards must be at least 1")
-        download.policy_from_settings(self.retries, self.read_timeout)  # refuses impossible values before any work
-
-
-def import_parquet() -> Any:
-    """pyarrow.parquet, or a UserError saying how to install it."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise UserError(
-            "fineweb.py reads parquet files with pyarrow, which is not installed: pip install pyarrow"
-        ) from None
-    return pq
+        self.download_policy()  # refuses impossible values before any work
 
 
 def shard_names(count: int) -> list[str]:
@@ -71,7 +58,7 @@ def shard_names(count: int) -> list[str]:
 
 def fetch_shards(cfg: FinewebSettings, pq: Any) -> list[Path]:
     """Download (or find in the cache) each parquet file; a file that does not open as parquet is removed."""
-    policy = download.policy_from_settings(cfg.retries, cfg.read_timeout)
+    policy = cfg.download_policy()
     paths = []
     for name in shard_names(cfg.shards):
         url = f"{cfg.base_url.rstrip('/')}/{name}"
@@ -120,8 +107,7 @@ def parquet_items(paths: list[Path], text_field: str, chunk_bytes: int, pq: Any)
 def _documents(
     file_index: int, texts: list[str], first_row: int, end_row: int, rows_total: int, disk_bytes: int
 ) -> Documents:
-    # Progress counts the file's bytes in proportion to the rows covered.
-    covered = disk_bytes * end_row // rows_total - disk_bytes * first_row // rows_total
+    covered = covered_bytes(disk_bytes, first_row, end_row, rows_total)
     return Documents(file_index=file_index, texts=texts, first_row=first_row, input_bytes=covered)
 
 

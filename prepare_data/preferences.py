@@ -22,7 +22,7 @@ from gptkit.data.prepare import chat_inputs, chat_prepare, discover
 from gptkit.data.prepare.settings import PrepareSettings, exclude_setting, include_setting, input_setting
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PreferenceSettings(PrepareSettings):
     """The shared preparation settings with the defaults preference data needs, plus the inputs and policies."""
 

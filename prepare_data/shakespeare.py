@@ -13,14 +13,15 @@ from dataclasses import dataclass
 
 from gptkit.core.errors import run_cli
 from gptkit.core.settings import parse_settings, setting
+from gptkit.data.prepare.settings import bpe_dir_setting
 from gptkit.data.prepare.shakespeare import ShakespeareSettings, read_tiny_shakespeare, write_split_text
 from gptkit.data.tokenizer import TiktokenTokenizer
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ShakespeareBpeSettings(ShakespeareSettings):
     out_dir: str = setting("data/shakespeare", "output directory for train.bin, val.bin and meta.json")
-    bpe_dir: str | None = setting(None, "directory with GPT-2's vocab.bpe + encoder.json, to work offline")
+    bpe_dir: str | None = bpe_dir_setting()
 
 
 def main(argv: list[str]) -> int:

@@ -42,7 +42,7 @@ from gptkit.data.prepare.tokenizer_training import (
 DEFAULT_CHUNK_BYTES = 1 << 16  # pieces the trainer counts in parallel; it buffers 256 of them
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TokenizerSettings:
     """Inputs as corpus.py takes them, the vocabulary, and where the tokenizer goes."""
 
@@ -158,7 +158,13 @@ def main(argv: list[str]) -> int:
         text_field=cfg.text_field, val_fraction=cfg.val_fraction, seed=cfg.seed, chunk_bytes=cfg.chunk_bytes
     )
     read.on_decode_error = cfg.on_decode_error
-    job = TrainingJob(found.files, read, cfg.vocab_size, cfg.min_frequency, cfg.max_chars)
+    job = TrainingJob(
+        files=found.files,
+        read=read,
+        vocab_size=cfg.vocab_size,
+        min_frequency=cfg.min_frequency,
+        max_chars=cfg.max_chars,
+    )
     result = train_in_child(job)
     check_out_dir(out_dir, cfg.overwrite)  # nobody wrote a tokenizer there meanwhile
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -878,7 +878,7 @@ def items_from_text(
         endings = [text[s : s + ending_chars] for s in [start, *others]]
         label = rng.randrange(len(endings))
         endings[0], endings[label] = endings[label], endings[0]
-        items.append(Item(text[start - 1 - context_chars : start - 1], tuple(endings), label))
+        items.append(Item(context=text[start - 1 - context_chars : start - 1], endings=tuple(endings), label=label))
     return items
 
 

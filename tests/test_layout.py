@@ -61,14 +61,19 @@ def project_files(root: Path) -> list[Path]:
 
 
 def imported_modules(path: Path) -> set[str]:
-    """Every module an import statement in `path` names (absolute imports; the package uses no relative ones)."""
+    """Every module an import statement or an `importlib.import_module("...")` call in `path` names; a relative
+    import is named with its leading dots, which no layer allows (the package writes imports whole)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            names.add("." * node.level + (node.module or ""))
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names)  # `from gptkit import data`
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("importlib.import_module", "import_module"):
+            names.update(arg.value for arg in node.args[:1] if isinstance(arg, ast.Constant))
     return names
 
 
@@ -83,7 +88,8 @@ def part_of(name: str) -> str | None:
 def upward_imports(root: Path, may_import: dict[str, set[str]]) -> list[str]:
     """'importer -> imported' for each import the layers forbid (of a higher or sideways part, or of a script),
     and 'unplaced part X' for a subpackage missing from the layers."""
-    scripts = {Path(name).stem for name in ROOT_SCRIPTS} | set(SCRIPT_DIRS) | {"bench", "measure"}
+    scripts = {Path(name).stem for name in ROOT_SCRIPTS} | set(SCRIPT_DIRS)
+    scripts |= {path.stem for directory in SCRIPT_DIRS for path in (root / directory).glob("*.py")}
     problems = []
     for path in package_files(root):
         name = module_name(path, root)
@@ -94,7 +100,7 @@ def upward_imports(root: Path, may_import: dict[str, set[str]]) -> list[str]:
         for imported in imported_modules(path):
             target = part_of(imported)
             forbidden = target not in (None, "gptkit", part) and target not in may_import[part]
-            if forbidden or imported.split(".")[0] in scripts:
+            if forbidden or imported.startswith(".") or imported.split(".")[0] in scripts:
                 problems.append(f"{name} -> {imported}")
     return sorted(set(problems))
 
@@ -112,7 +118,10 @@ def test_the_checker_finds_upward_and_sideways_imports(tmp_path: Path) -> None:
     (tmp_path / "gptkit" / "core" / "errors.py").write_text("from gptkit.data import loader\nimport train\n")
     (tmp_path / "gptkit" / "data" / "loader.py").write_text("from gptkit.core.errors import UserError\n")
     (tmp_path / "gptkit" / "train" / "loop.py").write_text("from gptkit.infer import engine\n")
-    (tmp_path / "gptkit" / "infer" / "engine.py").write_text("from gptkit.data.loader import x\n")
+    (tmp_path / "gptkit" / "infer" / "engine.py").write_text("from gptkit.data.loader import x\nfrom . import y\n")
+    (tmp_path / "gptkit" / "data" / "reader.py").write_text("import importlib\nimportlib.import_module('bench_x')\n")
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "bench_x.py").write_text("")
     problems = upward_imports(
         tmp_path,
         {key: MAY_IMPORT[key] for key in ("gptkit", "gptkit.core", "gptkit.data", "gptkit.train", "gptkit.infer")},
@@ -121,6 +130,8 @@ def test_the_checker_finds_upward_and_sideways_imports(tmp_path: Path) -> None:
         "gptkit.core.errors -> gptkit.data",
         "gptkit.core.errors -> gptkit.data.loader",
         "gptkit.core.errors -> train",
+        "gptkit.data.reader -> bench_x",
+        "gptkit.infer.engine -> .",
         "gptkit.train.loop -> gptkit.infer",
         "gptkit.train.loop -> gptkit.infer.engine",
         "unplaced part gptkit.extra: add it to MAY_IMPORT",
@@ -231,3 +242,17 @@ def test_no_root_script_shadows_an_installed_distribution() -> None:
     installed = set(importlib.metadata.packages_distributions()) - {"gptkit"}
     stems = {Path(name).stem for name in ROOT_SCRIPTS} | set(SCRIPT_DIRS)
     assert stems & installed == set()
+
+
+def test_every_dataclass_is_built_with_keywords() -> None:
+    """A dataclass of several fields built by position breaks silently when two fields of one type swap; kw_only
+    makes Python refuse it."""
+    positional = []
+    for path in project_files(REPO) + sorted((REPO / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                for decorator in node.decorator_list:
+                    text = ast.unparse(decorator)
+                    if text.split("(")[0] in ("dataclass", "dataclasses.dataclass") and "kw_only=True" not in text:
+                        positional.append(f"{path.relative_to(REPO)}: {node.name}")
+    assert positional == []

@@ -263,8 +263,8 @@ def test_a_bad_value_from_a_config_file_names_its_line(
 # Not repeated here (tests/test_sample.py::test_bad_settings_are_one_clear_error): max_new_tokens=0, top_p=1.5,
 # top_p=0, an empty prompt, top_k=0, temperature=-1.
 SAMPLE_BAD_VALUES = [
-    (["--max_new_tokens=-5"], "--max_new_tokens must be positive, got -5"),
-    (["--num_samples=0"], "--num_samples must be positive, got 0"),
+    (["--max_new_tokens=-5"], "--max_new_tokens must be a positive integer, got -5"),
+    (["--num_samples=0"], "--num_samples must be a positive integer, got 0"),
     (["--top_p=-0.1"], "--top_p must be in (0, 1], got -0.1"),
     (["--top_p=nan"], "--top_p must be in (0, 1], got nan"),
     (["--top_k=-3"], "--top_k must be a positive integer or None, got -3"),

@@ -194,8 +194,7 @@ def test_a_closed_stream_frees_its_slot_and_stops_costing_compute(served):
     base = served[0]
     streams = LongStreams(base, 1)
     steps_while_open = get_json(f"{base}/health")["steps"]
-    time.sleep(0.2)
-    assert get_json(f"{base}/health")["steps"] > steps_while_open  # it is decoding
+    wait_for(lambda: get_json(f"{base}/health")["steps"] > steps_while_open, what="the stream to decode")
     streams.close()
     wait_for(lambda: get_json(f"{base}/health")["active"] == 0, what="the slot to be freed")
     steps = get_json(f"{base}/health")["steps"]

@@ -710,6 +710,23 @@ def test_muon_optimizer_trains_and_resumes(data_dir: Path, tmp_path: Path) -> No
     assert ckpt.load_checkpoint(out_dir / "ckpt.pt")["iter_num"] == 14
 
 
+def test_a_resumed_run_takes_the_optimizer_settings_it_is_given(data_dir: Path, tmp_path: Path) -> None:
+    """Loading the optimizer's state brings back its moments, not the saved run's betas, weight decay or Muon rate:
+    those given to the resumed run apply, as its note and its checkpoint's config say."""
+    out_dir = tmp_path / "out"
+    args = [*tiny_train_args(data_dir, out_dir, **RUN), *cli_args(optimizer="muon", muon_lr=0.02, max_iters=4)]
+    assert train.main(args) == 0
+    changed = cli_args(max_iters=6, init_from="resume", muon_lr=0.001, muon_momentum=0.9, weight_decay=0.0, beta2=0.5)
+    assert train.main([*args, *changed]) == 0
+    state = ckpt.load_checkpoint(out_dir / "ckpt.pt")
+    groups = state["optimizer"]["param_groups"]
+    muon = [group for group in groups if group.get("muon")]
+    adam = [group for group in groups if not group.get("muon")]
+    assert [(group["lr_scale"], group["momentum"]) for group in muon] == [(pytest.approx(0.001 / 3e-3), 0.9)]
+    assert adam and all(group["betas"][1] == 0.5 and group["weight_decay"] == 0.0 for group in adam)
+    assert (state["config"]["muon_lr"], state["config"]["beta2"]) == (0.001, 0.5)
+
+
 def test_mfu_uses_a_peak_the_caller_gives(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """On a device with no known peak, --peak_flops turns 'mfu n/a' into a figure consistent with ms/iter."""
     args = [*tiny_train_args(data_dir, tmp_path / "out", **RUN), "--max_iters=4", "--log_interval=1"]

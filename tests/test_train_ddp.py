@@ -9,6 +9,7 @@ import datetime
 import io
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -328,3 +329,41 @@ def test_a_job_with_a_killed_worker_ends_relaunched_or_restarted_with_the_uninte
     for key in ("model", "trained_model"):  # the average and the weights it averages
         for name, tensor in expected[key].items():
             assert torch.equal(restarted[key][name], tensor), f"{key} {name}"
+
+
+def test_a_mistake_rank_0_alone_meets_is_its_one_line_and_rank_1_stops_in_one_line(tmp_path: Path) -> None:
+    """Rank 0 cannot write its checkpoint (a file size limit: a mistake only rank 0 meets, as a full disk or a taken
+    out_dir): its line says why; rank 1, whose next collective then fails, says in one line that it stops for
+    another process, with no traceback, and neither waits for the other."""
+    make_char_data(tmp_path / "data")
+    args = [str(arg) for arg in tiny_train_args(tmp_path / "data", tmp_path / "out", **RUN)]
+    rendezvous = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(REPO / "train.py"), *args],
+            cwd=REPO,
+            env=clean_env(RANK=str(rank), LOCAL_RANK=str(rank), **rendezvous),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=limit_file_size if rank == 0 else None,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        errors = [rank.communicate(timeout=300)[1] for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    best = tmp_path / "out" / "best.pt"
+    assert (ranks[0].returncode, errors[0]) == (
+        2,
+        f"error: cannot write checkpoint {best}: File too large; the file was left as it was\n",
+    )
+    line = "error: rank 1 stops: another process of this run has stopped (its message says why)\n"
+    assert (ranks[1].returncode, errors[1]) == (1, line)
+
+
+def limit_file_size() -> None:
+    """No file over 64 KB: the run's log fits, a checkpoint does not (Python ignores SIGXFSZ, so a write fails)."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))

@@ -89,7 +89,7 @@ def held_out() -> list[str]:
 def trained() -> tuple:
     """(result, Hugging Face trainer, BpeTokenizer) of a 1,000-token BPE on ~470 KB of stdlib sources."""
     found = discover.find_inputs([str(path) for path in stdlib_sources(max_bytes=400_000)])
-    job = TrainingJob(found.files, PrepareSettings(chunk_bytes=1 << 16), VOCAB_SIZE)
+    job = TrainingJob(files=found.files, read=PrepareSettings(chunk_bytes=1 << 16), vocab_size=VOCAB_SIZE)
     result, hf = train_bpe(job)
     record = bpe.make_record(
         "stdlib", job.pattern, {tok.END_OF_TEXT: len(result.ranks)}, bpe.ranks_to_text(result.ranks)
@@ -145,9 +145,11 @@ def test_the_ranks_file_is_tiktokens_own_format(trained: tuple, tmp_path: Path) 
 
 def test_training_is_deterministic_and_honours_max_chars(trained: tuple) -> None:
     found = discover.find_inputs([str(path) for path in stdlib_sources(max_bytes=400_000)])
-    job = TrainingJob(found.files, PrepareSettings(chunk_bytes=1 << 16), VOCAB_SIZE)
+    job = TrainingJob(files=found.files, read=PrepareSettings(chunk_bytes=1 << 16), vocab_size=VOCAB_SIZE)
     assert train_bpe(job)[0].ranks == trained[0].ranks
-    sample, _ = train_bpe(TrainingJob(found.files, PrepareSettings(chunk_bytes=4096), 300, max_chars=20_000))
+    sample, _ = train_bpe(
+        TrainingJob(files=found.files, read=PrepareSettings(chunk_bytes=4096), vocab_size=300, max_chars=20_000)
+    )
     assert sample.chars == 20_000 and len(sample.ranks) == 299
 
 
@@ -156,11 +158,13 @@ def test_jsonl_gz_inputs_train_on_their_text_field(tmp_path: Path) -> None:
     lines = [json.dumps({"content": p.read_text(encoding="utf-8"), "id": i}) for i, p in enumerate(stdlib_sources())]
     path.write_bytes(gzip.compress("\n".join(lines[:40]).encode()))
     found = discover.find_inputs([str(path)])
-    result, _ = train_bpe(TrainingJob(found.files, PrepareSettings(text_field="content", val_fraction=0.2), 400))
+    result, _ = train_bpe(
+        TrainingJob(files=found.files, read=PrepareSettings(text_field="content", val_fraction=0.2), vocab_size=400)
+    )
     assert len(result.ranks) == 399 and result.val_chars_left_out > 0 and result.check_mismatches == 0
     assert any(b"def" in token for token in result.ranks)
     with pytest.raises(UserError, match="no string field 'text'"):
-        train_bpe(TrainingJob(found.files, PrepareSettings(), 400))
+        train_bpe(TrainingJob(files=found.files, read=PrepareSettings(), vocab_size=400))
 
 
 # ----------------------------------------------------------------------------- the script, end to end

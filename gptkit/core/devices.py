@@ -21,10 +21,10 @@ T = TypeVar("T")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Runtime:
-    """Where and in what precision a script computes, and its seed: declared once for every script (their settings
-    classes extend it). resolve() gives the torch device and dtype."""
+    """Where, on how many CPU threads and in what precision a script computes, and its seed: declared once for every
+    script (their settings classes extend it). resolve() sets the threads and gives the torch device and dtype."""
 
     device: str = setting("auto", "auto (cuda → mps → cpu) | cpu | cuda | cuda:N | mps")
     dtype: str = setting(
@@ -35,8 +35,13 @@ class Runtime:
     seed: int = setting(
         1337, "random seed: the same seed and settings give the same weights, data order and tokens", rule="seed"
     )
+    cpu_threads: int | None = setting(
+        None, "torch's CPU threads (None: torch's default, one per core; fewer on a busy machine)", rule="positive"
+    )
 
     def resolve(self) -> tuple[torch.device, torch.dtype]:
+        if self.cpu_threads:
+            torch.set_num_threads(self.cpu_threads)
         device = resolve_device(self.device)
         return device, resolve_dtype(self.dtype, device)
 
@@ -114,8 +119,8 @@ def tune_for_training(device: torch.device, cpu_threads: int | None) -> None:
     if cpu_threads:
         torch.set_num_threads(cpu_threads)
     if device.type == "cpu":
-        # Optimizer states and gradients of small models reach subnormal floats; x86 CPUs compute those up to
-        # 100x slower (Muon's step measured 10x slower here). Flushing them to zero changes nothing visible.
+        # Optimizer states and gradients of small models reach subnormal floats; x86 CPUs compute those many
+        # times slower (Muon's step too). Flushing them to zero changes nothing visible.
         torch.set_flush_denormal(True)
         keep_freed_memory()
     if device.type == "cuda":

@@ -19,7 +19,7 @@ from gptkit.core.devices import resolve_device
 from gptkit.core.errors import UserError
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Processes:
     """Where this process stands in a (possibly single-process) run."""
 
@@ -53,17 +53,22 @@ def start_processes(requested_device: str, backend: str, accumulation_steps: int
     """
     if "RANK" not in os.environ:
         return Processes(), pick_device(requested_device, 0)
-    procs = Processes(int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
+    procs = Processes(
+        rank=int(os.environ["RANK"]), local_rank=int(os.environ["LOCAL_RANK"]), world_size=int(os.environ["WORLD_SIZE"])
+    )
     device = pick_device(requested_device, procs.local_rank)
     if accumulation_steps % procs.world_size:
+        fits = -(-accumulation_steps // procs.world_size) * procs.world_size
         raise UserError(
-            f"gradient_accumulation_steps ({accumulation_steps}) must be divisible by the number "
-            f"of processes ({procs.world_size})"
+            f"gradient_accumulation_steps ({accumulation_steps}) must be divisible by the number of processes "
+            f"({procs.world_size}); e.g. --gradient_accumulation_steps={fits}"
         )
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl" and (device.type != "cuda" or not torch.distributed.is_nccl_available()):
+        raise UserError(f"--backend=nccl needs CUDA GPUs and a torch built with NCCL, not {device}; use --backend=gloo")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     torch.distributed.init_process_group(
         backend=backend, store=attempt_store(procs), rank=procs.rank, world_size=procs.world_size
     )

@@ -22,12 +22,13 @@ import urllib3
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import sha256_file
 from gptkit.core.progress import byte_progress_bar
+from gptkit.core.settings import setting
 
 CACHE_ENV = "GPT_TOOLKIT_CACHE"
 PART_SUFFIX = ".part"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DownloadPolicy:
     """How hard to try: timeouts in seconds, retries after the first attempt, backoff doubling from `backoff`."""
 
@@ -37,6 +38,18 @@ class DownloadPolicy:
     backoff: float = 1.0
     max_backoff: float = 30.0
     block_bytes: int = 1 << 20
+
+
+@dataclass(kw_only=True)
+class DownloadSettings:
+    """The download settings of every script that downloads (their settings classes extend it)."""
+
+    cache_dir: str | None = setting(None, "download cache; default $GPT_TOOLKIT_CACHE or ~/.cache/gpt-toolkit")
+    retries: int = setting(5, "download retries per file after the first attempt")
+    read_timeout: float = setting(60.0, "seconds without data before a download attempt is abandoned")
+
+    def download_policy(self) -> DownloadPolicy:
+        return policy_from_settings(self.retries, self.read_timeout)
 
 
 def policy_from_settings(retries: int, read_timeout: float) -> DownloadPolicy:

@@ -169,4 +169,22 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
             raise
         print(f"error: {_one_line(describe_os_error(exc))}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
+    except RuntimeError as exc:
+        if not lost_a_peer(exc):
+            raise
+        rank = os.environ.get("RANK", "?")
+        print(
+            f"error: rank {rank} stops: another process of this run has stopped (its message says why)", file=sys.stderr
+        )
+        sys.exit(EXIT_INTERNAL_ERROR)
     sys.exit(code or 0)
+
+
+# What a collective raises when a process it waits on has gone: gloo's and the TCP store's words.
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer")
+
+
+def lost_a_peer(exc: RuntimeError) -> bool:
+    """Whether `exc` is a collective of a torchrun run failing because another of its processes is gone: that
+    process printed the cause (a user's mistake, or a bug with its traceback), so this one's traceback is noise."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and any(words in str(exc) for words in PEER_LOST)

@@ -244,61 +244,83 @@ def parse_settings(
     if "--help" in argv or "-h" in argv:
         print(format_help(cls, prog, description, config_files, positional))
         sys.exit(0)
-    types_by_name = _field_types(cls)
-    known = {f.name for f in dataclasses.fields(cls) if _takes_key(f)}
-    from_files: dict[str, Any] = {}  # later files override earlier ones; flags override files, wherever they stand
-    origins: dict[str, str] = {}  # key: the config file line its value comes from
-    values: dict[str, Any] = {}
-    cli_lists: dict[str, list[Any]] = {}
-
+    given = _Given(types=_field_types(cls), known={f.name for f in dataclasses.fields(cls) if _takes_key(f)})
     index = 0
     while index < len(argv):
         arg = argv[index]
         index += 1
         if not arg.startswith("--") and positional and not config_files:
-            cli_lists.setdefault(positional, []).append(arg)
-            continue
-        if not arg.startswith("--"):
+            given.flag_lists.setdefault(positional, []).append(arg)
+        elif not arg.startswith("--"):
             if not config_files:
                 raise UserError(f"unexpected argument {arg!r}; settings are given as --key=value (see --help)")
-            for key, (value, line) in read_config_file(arg).items():
-                where = f"{arg}:{line}: "
-                if key not in known:
-                    raise unknown_setting(key, known, where)
-                from_files[key] = _coerce(key, value, types_by_name[key], where)
-                origins[key] = where
-            continue
-        key, has_value, text = arg[2:].partition("=")
-        if key not in known:
-            raise unknown_setting(key, known, "")
-        annotation = types_by_name[key]
-        if not has_value:
-            is_flag = _unwrap_optional(annotation)[0] is bool
-            next_is_value = index < len(argv) and not argv[index].startswith("--")
-            words = _TRUE_WORDS | _FALSE_WORDS | ({"none"} if _unwrap_optional(annotation)[1] else set())
-            if is_flag and not (next_is_value and argv[index].lower() in words):
-                text = "true"
-            elif next_is_value:
-                text = argv[index]
-                index += 1
-            else:
-                raise UserError(f"--{key} needs a value, e.g. --{key}=VALUE")
-        value = _parse_cli_value(key, text, annotation)
-        if typing.get_origin(_unwrap_optional(annotation)[0]) is list and value is not None:
-            cli_lists.setdefault(key, []).extend(value)  # repeated flags add to the list
+            given.add_file(arg)
         else:
-            values[key] = value
-    values.update(cli_lists)
-    origins = {key: where for key, where in origins.items() if key not in values}
-    instance = cls(**{**from_files, **values})
+            key, has_value, text = arg[2:].partition("=")
+            if key not in given.known:
+                raise unknown_setting(key, given.known, "")
+            if not has_value:
+                text, index = _value_after(key, given.types[key], argv, index)
+            given.add_flag(key, text)
+    instance = cls(**given.values())
     try:
         check_rules(instance)
         validate = getattr(instance, "validate", None)
         if callable(validate):
             validate()
     except UserError as error:
-        raise _with_origin(error, origins) from None
+        raise _with_origin(error, given.file_origins()) from None
     return instance
+
+
+@dataclasses.dataclass(kw_only=True)
+class _Given:
+    """What config files and flags gave, by key: later files override earlier ones, and flags override files
+    wherever they stand; a list setting's repeated flags add up."""
+
+    types: dict[str, Any]
+    known: set[str]
+    from_files: dict[str, Any] = dataclasses.field(default_factory=dict)
+    origins: dict[str, str] = dataclasses.field(default_factory=dict)  # key: the config file line its value came from
+    flags: dict[str, Any] = dataclasses.field(default_factory=dict)
+    flag_lists: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
+
+    def add_file(self, path: str) -> None:
+        for key, (value, line) in read_config_file(path).items():
+            where = f"{path}:{line}: "
+            if key not in self.known:
+                raise unknown_setting(key, self.known, where)
+            self.from_files[key] = _coerce(key, value, self.types[key], where)
+            self.origins[key] = where
+
+    def add_flag(self, key: str, text: str) -> None:
+        annotation = self.types[key]
+        value = _parse_cli_value(key, text, annotation)
+        if typing.get_origin(_unwrap_optional(annotation)[0]) is list and value is not None:
+            self.flag_lists.setdefault(key, []).extend(value)
+        else:
+            self.flags[key] = value
+
+    def values(self) -> dict[str, Any]:
+        return {**self.from_files, **self.flags, **self.flag_lists}
+
+    def file_origins(self) -> dict[str, str]:
+        """The config file line of each key whose value a flag did not replace."""
+        flagged = self.flags.keys() | self.flag_lists.keys()
+        return {key: where for key, where in self.origins.items() if key not in flagged}
+
+
+def _value_after(key: str, annotation: Any, argv: Sequence[str], index: int) -> tuple[str, int]:
+    """The text of `--key` given without `=`, and the index of the argument after it: the next argument, or "true"
+    for a bool flag not followed by a bool word (--compile, --compile False)."""
+    is_flag = _unwrap_optional(annotation)[0] is bool
+    next_is_value = index < len(argv) and not argv[index].startswith("--")
+    words = _TRUE_WORDS | _FALSE_WORDS | ({"none"} if _unwrap_optional(annotation)[1] else set())
+    if is_flag and not (next_is_value and argv[index].lower() in words):
+        return "true", index
+    if next_is_value:
+        return argv[index], index + 1
+    raise UserError(f"--{key} needs a value, e.g. --{key}=VALUE")
 
 
 def _with_origin(error: UserError, origins: dict[str, str]) -> UserError:

@@ -24,7 +24,7 @@ def is_chat_data(meta: dict) -> bool:
     return "chat" in meta["tokenizer"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ConversationSplit:
     """One split of chat data: the token stream, its loss mask (a stream of the same length) and where each
     conversation starts."""
@@ -87,4 +87,4 @@ def _open_side(directory: Path, meta: dict, split: str, name: str) -> TokenStrea
             raise UserError(f"{path} is not a whole number of {SIDE_STREAMS[name]} values; prepare the data again")
         paths.append(path)
         lengths.append(size // dtype.itemsize)
-    return TokenStream(f"{split}.{name}", tuple(paths), tuple(lengths), dtype)
+    return TokenStream(name=f"{split}.{name}", paths=tuple(paths), lengths=tuple(lengths), dtype=dtype)

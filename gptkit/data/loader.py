@@ -35,7 +35,7 @@ PURPOSE_EVAL_TRAIN = 1
 PURPOSE_EVAL_VAL = 2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TokenStream:
     """One split of a data directory as a single stream of token ids across its files."""
 
@@ -121,7 +121,9 @@ def open_split(data_dir: str | os.PathLike, split: str, meta: dict | None = None
             raise UserError(f"{path} is {size} bytes, not a whole number of {meta['dtype']} tokens; prepare again")
         paths.append(path)
         lengths.append(size // dtype.itemsize)
-    stream = TokenStream(split, tuple(paths), tuple(lengths), dtype, meta["vocab_size"])
+    stream = TokenStream(
+        name=split, paths=tuple(paths), lengths=tuple(lengths), dtype=dtype, vocab_size=meta["vocab_size"]
+    )
     if len(stream) != info["tokens"]:
         raise UserError(
             f"{directory}: split {split!r} files hold {len(stream)} tokens but meta.json says {info['tokens']}; "

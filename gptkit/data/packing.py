@@ -27,7 +27,7 @@ BEST_FIT_WINDOW = 256  # upcoming conversations the packer chooses from
 PAD_ID = 0  # any id will do: padding is never a target, and causal attention never lets it reach a real one
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RowPlan:
     """One epoch's rows: row r holds conversations order[bounds[r]:bounds[r+1]]; counted[r] targets are trained."""
 

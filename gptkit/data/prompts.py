@@ -19,7 +19,7 @@ from gptkit.data.chat import ChatError
 from gptkit.data.tokenizer import no_chat_reason, prompt_opening
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Prompt:
     """One prompt: its token ids, its record (what rewards read) and where it came from (file:line)."""
 

@@ -61,7 +61,7 @@ def _answer(sample: dict, reward: str) -> Any:
     return sample["answer"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Reward:
     """A named reward function; `score` checks what it returns."""
 
@@ -134,15 +134,15 @@ def pattern_found(pattern: regex.Pattern, completion: str, sample: dict) -> floa
 def reward_named(name: str) -> Reward:
     """The reward `name` stands for (see the module docstring); UserError for one that cannot be found."""
     if name == "exact":
-        return Reward(name, exact_match)
+        return Reward(name=name, function=exact_match)
     if name == "number":
-        return Reward(name, last_number)
+        return Reward(name=name, function=last_number)
     if name.startswith("regex:"):
         try:
             pattern = regex.compile(name.removeprefix("regex:"))
         except regex.error as exc:
             raise UserError(f"reward {name!r}: not a valid regular expression ({exc})") from None
-        return Reward(name, functools.partial(pattern_found, pattern))
+        return Reward(name=name, function=functools.partial(pattern_found, pattern))
     module_name, _, function_name = name.partition(":")
     if not module_name or not function_name:
         raise UserError(f"unknown reward {name!r}: use {', '.join(BUILT_IN)} or module:function")
@@ -155,4 +155,4 @@ def reward_named(name: str) -> Reward:
     function = getattr(module, function_name, None)
     if not callable(function):
         raise UserError(f"reward {name!r}: {module_name} has no function {function_name!r}")
-    return Reward(name, function)
+    return Reward(name=name, function=function)

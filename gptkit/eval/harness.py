@@ -134,9 +134,9 @@ class GPTKitLM(TemplateLM):
             prompt = self.tok_encode(context) or ([eot] if eot is not None else self.tok_encode(" "))
             engine_requests.append(
                 Request(
-                    prompt,
-                    int(options.get("max_gen_toks", self.max_gen_toks)),
-                    float(options.get("temperature", 1.0)) if sampling else 0.0,
+                    prompt=prompt,
+                    max_new_tokens=int(options.get("max_gen_toks", self.max_gen_toks)),
+                    temperature=float(options.get("temperature", 1.0)) if sampling else 0.0,
                     stop_tokens=[eot] if eot is not None else [],
                     seed=0,
                 )

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from gptkit.core.distributed import Processes, reduce_numbers
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import atomic_write_json, git_blob_sha1, read_utf8_text
+from gptkit.core.settings import setting
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 HELLASWAG_VAL_ITEMS = 10_042  # the canonical validation file's items: a shorter download is incomplete
@@ -37,7 +38,7 @@ TASKS = ("hellaswag",)
 PAD_MULTIPLE = 32  # padded row lengths are rounded up to this: few distinct shapes for torch.compile
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Item:
     """One multiple-choice item: the context, its candidate endings, and the index of the right one."""
 
@@ -71,7 +72,7 @@ def item_from_record(record: Any, where: str) -> Item:
         label = int(label)
     if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < len(endings):
         raise UserError(f"{where}: label must be the index of the right ending (0 to {len(endings) - 1})")
-    return Item(context, tuple(endings), label)
+    return Item(context=context, endings=tuple(endings), label=label)
 
 
 def read_items(path: str | os.PathLike) -> list[Item]:
@@ -171,7 +172,7 @@ def score_rows(
     return losses.sum(1).cpu(), scored.sum(1).cpu(), greedy.all(1).cpu()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Counts:
     """The tallies of one task: items scored, right by summed loss, right by mean loss, skipped (unencodable)."""
 
@@ -238,7 +239,8 @@ def score_items(
         if on_batch is not None:
             on_batch(len(batch))
     model.train(was_training)
-    return Counts(*(int(v) for v in reduce_numbers(counts.as_list(), device, procs)))
+    n, correct, correct_norm, skipped = (int(v) for v in reduce_numbers(counts.as_list(), device, procs))
+    return Counts(n=n, correct=correct, correct_norm=correct_norm, skipped=skipped)
 
 
 def evaluate_tasks(
@@ -257,6 +259,13 @@ def evaluate_tasks(
         counts = score_items(model, tokenizer, items, device, batch_size, procs, precision, on_batch)
         results[task] = counts.result()
     return results
+
+
+def path_setting() -> Any:
+    """--hellaswag_path, as eval.py and train.py (its eval_tasks) take it."""
+    return setting(
+        "", "HellaSwag JSONL file or URL (ctx, endings, label); empty: the canonical validation set, downloaded once"
+    )
 
 
 def load_task_items(tasks: Sequence[str], hellaswag_path: str = "", limit: int | None = None) -> dict[str, list[Item]]:
@@ -297,6 +306,7 @@ class TrainingTasks:
 
     def __init__(
         self,
+        *,
         tasks: str,
         interval: int | None,
         limit: int | None,

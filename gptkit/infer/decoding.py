@@ -25,7 +25,7 @@ DECODE_CHOICES = ("auto", "eager", "compiled", "native")
 BACKENDS = ("eager", "onednn", "compiled", "native")  # what a choice can be: auto's answers include onednn
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Decoding:
     """The decoding settings of every script that generates (sample.py, serve.py, eval.py); their settings classes
     extend it, and gptkit.infer.generate takes the same value."""
@@ -49,7 +49,7 @@ def auto_choice(device_type: str, compute: str, rows: int, native_ready: bool, o
     - CPU: the native step, one row or several (near the memory-read bound at one row; with several rows each float32
       weight is read once for up to 12 of them, 6 with AVX2).
     - CPU without it: plain eager at one row, where oneDNN loses to it; for more rows in float32, oneDNN on transposed
-      weights. Never compiled on the CPU: it is no faster than oneDNN with several rows, and its minute of compiling
+      weights. Never compiled on the CPU: it is no faster than oneDNN with several rows, and its time compiling
       outlasts a sample.
     - Other devices: eager.
     """

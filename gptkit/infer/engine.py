@@ -144,7 +144,7 @@ class KVCache:
         self.lengths[target] = length
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TokenLogprob:
     """A token's log-probability under the model (the raw distribution, before temperature, penalties or bias;
     None for a prompt's first token, which nothing precedes) and the `top` most likely tokens at its place as
@@ -159,7 +159,7 @@ class GenerationError(UserError):
     """The model cannot continue a request: its logits came out NaN or infinite."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class Request:
     """One prompt to continue. The engine appends the tokens it makes to `output` and sets `finish_reason`
     ("stop": a stop token was made, and is the last of output; "length": max_new_tokens made; "removed"; "error":
@@ -480,7 +480,10 @@ def token_logprobs(logits: torch.Tensor, chosen: torch.Tensor, top: int) -> list
     picked = logprobs.gather(1, chosen[:, None])[:, 0].tolist()
     best_values, best_columns = logprobs.topk(top, dim=-1) if top else (logprobs[:, :0], chosen[:, None][:, :0])
     rows = zip(chosen.tolist(), picked, best_columns.tolist(), best_values.tolist())
-    return [TokenLogprob(token, value, list(zip(columns, values))) for token, value, columns, values in rows]
+    return [
+        TokenLogprob(token=token, logprob=value, top=list(zip(columns, values)))
+        for token, value, columns, values in rows
+    ]
 
 
 def generate_stream(

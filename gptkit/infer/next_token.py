@@ -27,7 +27,7 @@ TOP_K_BLOCK = 16
 GREEDY_BELOW = 1e-5
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Sampling:
     """How a request chooses its tokens, in one form for settings that choose alike (Sampling.of): greedy has no top-k
     or top-p, and a top-p of 1 is none. So equal settings sample alike: the engine samples the rows of equal settings

@@ -74,14 +74,13 @@ from gptkit.serve.openai_api import (
 from gptkit.weights.source_settings import ModelSource
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ServeSettings(ModelSource, Decoding, Runtime):
     model_name: str = setting("", "the model id clients send ('' = the out_dir's name, or init_from)")
     host: str = setting("127.0.0.1", "address to listen on (127.0.0.1: this machine only)")
     port: int = setting(8000, "port to listen on (0 = any free port; the URL is printed)", rule="non_negative")
     api_key: str = setting("", "require `Authorization: Bearer KEY` on every /v1 request ('' = no key)")
     allow_public_without_key: bool = setting(False, "allow a non-loopback --host without --api_key")
-    threads: int = setting(0, "CPU threads for decoding (0 = torch's default: one per core)", rule="non_negative")
     slots: int = setting(16, "requests decoded together, one batch per step", rule="positive")
     max_queue: int = setting(64, "requests waiting for a slot; more get 429 with Retry-After", rule="non_negative")
     retry_after: int = setting(1, "seconds a 429 answer asks the client to wait (Retry-After)", rule="positive")
@@ -465,7 +464,7 @@ class Service:
                 if echo:
                     echoed = {"echo": self.tokenizer.decode(ids[hidden:]), "score_prompt": body.logprob_count}
                     echoed["unshown"] = hidden
-                jobs.append(Job(request, stream, events, loop, index=i * n + j, **echoed))
+                jobs.append(Job(request=request, stream=stream, events=events, loop=loop, index=i * n + j, **echoed))
         return jobs
 
     def request_settings(self, body: CompletionRequest | ChatCompletionRequest) -> dict[str, Any]:

@@ -38,7 +38,7 @@ class ServerBusyError(Exception):
     """Every slot is busy and the queue is full: try again later."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class Job:
     """One choice of one HTTP request: the engine's Request, its text stream, and where its events go.
 

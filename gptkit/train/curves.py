@@ -38,7 +38,7 @@ FIXED_PANELS = (
 )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunCurves:
     """One run's series: {metric: {iter: (value, tokens or None, seconds since the first entry or None)}}."""
 
@@ -69,7 +69,7 @@ def read_log(path: Path) -> list[dict[str, Any]]:
 def run_curves(entries: list[dict[str, Any]], label: str) -> RunCurves:
     """The series of one run's entries. Training lines (with "lr") give train/loss and lr, evaluations (with
     "val/loss") the rest; after a resume a step logged twice keeps its later entry."""
-    curves = RunCurves(label)
+    curves = RunCurves(label=label)
     start = next((e["time"] for e in entries if isinstance(e.get("time"), (int, float))), None)
     for entry in entries:
         evaluation = "val/loss" in entry

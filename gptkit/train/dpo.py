@@ -22,7 +22,7 @@ from gptkit.core.distributed import Processes, reduce_numbers
 from gptkit.train.reference import Reference, token_logprobs
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PairScores:
     """Per pair: the DPO loss and the implicit rewards of the chosen and the rejected reply."""
 

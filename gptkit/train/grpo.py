@@ -56,7 +56,7 @@ def token_losses(
     return losses * scored, kl.detach() * scored
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Rollouts:
     """One micro-batch of rollouts: rows prompt + completion as (x, y) with y -1 outside the completions, each
     row's advantage, and the figures that are logged."""

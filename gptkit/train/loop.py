@@ -164,7 +164,7 @@ def synchronized_seconds(started: float, device: torch.device) -> float:
     return time.perf_counter() - started
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Stopwatch:
     """Training time, in laps: what happens between a lap and the next restart (evaluation, saving) is left out."""
 
@@ -182,7 +182,7 @@ class Stopwatch:
         return elapsed
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class LoopState:
     """The numbers the training loop changes as it goes. The loop's functions take it and update it."""
 

@@ -18,8 +18,8 @@ NEWTON_SCHULZ_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
 def fast_matmul_dtype(device: torch.device) -> torch.dtype:
-    """bfloat16 where matrix products in it are native and fast (CUDA; CPUs with AVX512-BF16 or AMX, measured
-    4x float32's rate here), else float32."""
+    """bfloat16 where matrix products in it are native and fast (CUDA; CPUs with AVX512-BF16 or AMX,
+    several times float32's rate), else float32."""
     if device.type == "cuda":
         return torch.bfloat16
     if device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported():

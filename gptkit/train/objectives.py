@@ -55,7 +55,7 @@ OBJECTIVES = ("lm", "dpo", "grpo")
 NO_LOSS = {"train/loss": None, "val/loss": None, "val/bpb": None}  # an evaluation's standard figures, not measured
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ObjectiveSettings:
     """--objective and the settings of each objective (train.py's settings extend this class)."""
 

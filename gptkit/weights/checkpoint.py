@@ -399,9 +399,12 @@ def gather_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimiz
     return model_state, optimizer_state
 
 
-def check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, source: str) -> None:
+def check_optimizer_state(
+    optimizer: torch.optim.Optimizer, state: Any, source: str, trained_with: str | None = None
+) -> None:
     """UserError unless `state` (single-process layout) fits `optimizer`: same groups, and every per-parameter
-    tensor shaped like its parameter. torch itself would only fail at the first step, with a shape error."""
+    tensor shaped like its parameter. torch itself would only fail at the first step, with a shape error.
+    trained_with: the checkpoint's --optimizer, which the message names."""
     try:
         saved_groups = [list(group["params"]) for group in state["param_groups"]]
         per_parameter = state["state"]
@@ -409,7 +412,8 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, source: 
     except (KeyError, TypeError) as exc:
         raise UserError(f"checkpoint {source}: the optimizer state is damaged ({type(exc).__name__}: {exc})") from exc
     if not fits:
-        raise UserError(f"checkpoint {source}: the optimizer state belongs to another model or optimizer")
+        hint = f"; it was trained with --optimizer={trained_with}: resume with that" if trained_with else ""
+        raise UserError(f"checkpoint {source}: the optimizer state belongs to another model or optimizer{hint}")
     for saved, group in zip(saved_groups, optimizer.param_groups):
         for saved_id, parameter in zip(saved, group["params"]):
             for name, value in per_parameter.get(saved_id, {}).items():
@@ -421,15 +425,20 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, source: 
 
 
 def restore_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """Load a saved optimizer state (single-process layout) into `optimizer`, also when `model` is FSDP-sharded."""
-    if not is_fsdp(model):
-        optimizer.load_state_dict(state)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    """Load a saved optimizer state (single-process layout) into `optimizer`, also when `model` is FSDP-sharded.
+    The moments and step counts come back; the hyper-parameters (betas, weight decay, Muon's rate and momentum...)
+    stay those `optimizer` was built with, the run's settings, as the checkpoint's config records them."""
+    settings = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+    if is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    names = dict(enumerate(_parameter_names(model, optimizer)))
-    options = StateDictOptions(full_state_dict=True)  # every process holds the full state: each keeps its shard
-    set_optimizer_state_dict(model, optimizer, _rekey_optimizer_state(state, names), options=options)
+        names = dict(enumerate(_parameter_names(model, optimizer)))
+        options = StateDictOptions(full_state_dict=True)  # every process holds the full state: each keeps its shard
+        set_optimizer_state_dict(model, optimizer, _rekey_optimizer_state(state, names), options=options)
+    else:
+        optimizer.load_state_dict(state)
+    for group, built in zip(optimizer.param_groups, settings):
+        group.update(built)
 
 
 def training_checkpoint(
@@ -486,7 +495,9 @@ def restore_training_state(
 ) -> tuple[int, float]:
     """Continue from `checkpoint`: optimizer, loss scaler, data position and RNG states; returns (iter_num,
     best_val_loss). A damaged or foreign training state is a UserError naming the file, never a crash mid-run."""
-    check_optimizer_state(optimizer, checkpoint["optimizer"], source)
+    config = checkpoint.get("config")
+    trained_with = config.get("optimizer") if isinstance(config, dict) else None
+    check_optimizer_state(optimizer, checkpoint["optimizer"], source, trained_with)
     try:
         restore_optimizer_state(model, optimizer, checkpoint["optimizer"])
         if checkpoint.get("scaler"):

@@ -124,24 +124,19 @@ READ_BYTES = 1 << 20  # what a check or a comparison of a whole tensor reads at 
 _TENSOR_NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)")
 
 
-def read_gguf_model(path: str | os.PathLike, overrides: dict[str, Any] | None = None, keep_int4: bool = False) -> GPT:
-    """The model of a GGUF file as our GPT (float32, on CPU); `overrides` may change what does not change shapes
-    (dropout, block_size downwards). keep_int4: the Q4_0 and Q4_1 matrices stay in the file, read as they are needed
-    (keep_in_file), never float32: for decoding on the CPU, not for training. UserError (one line) for what is not
-    read (module docstring)."""
-    return read_gguf(path, overrides, keep_int4)[0]
-
-
 def read_gguf(
     path: str | os.PathLike,
     overrides: dict[str, Any] | None = None,
     keep_int4: bool = False,
     products_in_file: bool = False,
 ) -> tuple[GPT, dict[str, Any] | None]:
-    """read_gguf_model's model and the file's tokenizer record (gguf_tokenizer_record; None where the file holds no
-    tokenizer we read) from one read of its metadata: gguf's reader takes seconds over a large vocabulary's.
-    products_in_file: as keep_int4, but for the products alone (the token embedding and the head are read as
-    usual): QLoRA's base, whose products add_lora holds as these blocks (gptkit.weights.lora), never float32."""
+    """The model of a GGUF file as our GPT (float32, on CPU) and the file's tokenizer record (gguf_tokenizer_record;
+    None where the file holds no tokenizer we read), from one read of its metadata: gguf's reader takes seconds over a
+    large vocabulary's. `overrides` may change what does not change shapes (dropout, block_size downwards).
+    keep_int4: the Q4_0 and Q4_1 matrices stay in the file, read as they are needed (keep_in_file), never float32: for
+    decoding on the CPU, not for training. products_in_file: as keep_int4, but for the products alone (the token embedding and the head are read as
+    usual): QLoRA's base, whose products add_lora holds as these blocks (gptkit.weights.lora), never float32.
+    UserError (one line) for what is not read (module docstring)."""
     reader = open_gguf(path)
     try:
         tokenizer = gguf_tokenizer_record(path, reader)
@@ -203,7 +198,14 @@ class StoredTensor(NamedTuple):
     @classmethod
     def of(cls, tensor: Any) -> StoredTensor:
         shape = tuple(int(size) for size in tensor.shape)
-        return cls(tensor.tensor_type, shape, tensor.n_bytes, tensor.data_offset, tensor.data.dtype, tensor.data.shape)
+        return cls(
+            tensor_type=tensor.tensor_type,
+            shape=shape,
+            n_bytes=tensor.n_bytes,
+            data_offset=tensor.data_offset,
+            dtype=tensor.data.dtype,
+            data_shape=tensor.data.shape,
+        )
 
 
 class TensorFile:
@@ -460,7 +462,7 @@ def matrix_sources(config: GPTConfig, arch: str) -> dict[str, tuple[str, ...]]:
     return sources
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StoredMatrix:
     """One of our matrices as the file stores it in Q4_0 and Q4_1 blocks, or in Q8_0 blocks: the file's weights it is
     made of, one after another (a fused product's parts), each with the heads whose rows llama.cpp reordered (Llama's
@@ -560,7 +562,7 @@ def matrix_of(
     `values`, of their float32 values."""
     weights = [f"{name}.weight" for name in names]
     parts = tuple((weight, reordered_heads(weight, arch, config)) for weight in weights)
-    return StoredMatrix(tensors.file, parts, values)
+    return StoredMatrix(file=tensors.file, parts=parts, values=values)
 
 
 def reordered_heads(name: str, arch: str, config: GPTConfig) -> int:
@@ -700,7 +702,9 @@ def keep_embedding_in_file(model: GPT, tensors: FileTensors, products_in_file: b
     if config.tie_embeddings and products_in_file:
         model.lm_head = head_in_file(tensors, name)
     elif config.tie_embeddings:
-        model.lm_head = module_in_file(model, "lm_head", StoredMatrix(tensors.file, ((name, 0),), values=True))
+        model.lm_head = module_in_file(
+            model, "lm_head", StoredMatrix(file=tensors.file, parts=((name, 0),), values=True)
+        )
     else:
         for rows in tensors.file.row_ranges(name):
             tensors.file.finite_values(name, *rows)
@@ -715,8 +719,8 @@ def head_in_file(tensors: FileTensors, name: str) -> Int8GroupedLinear:
     vocab, width = tensors.shape(name)
     kind = tensors.file.tensors[name].tensor_type.name
     if kind != "Q8_0":
-        table = StoredMatrix(tensors.file, ((name, 0),), values=True)
-        eight_bit = QuantizedRows(table, vocab, width, eight_bit=True)
+        table = StoredMatrix(file=tensors.file, parts=((name, 0),), values=True)
+        eight_bit = QuantizedRows(values=table, rows=vocab, columns=width, eight_bit=True)
         return Int8GroupedLinear(eight_bit, vocab, width, int4_read=int4_rows(table))
     check_blocks_finite(tensors, name)
     return Int8GroupedLinear(partial(tensors.file.q8_blocks, name), vocab, width)
@@ -728,10 +732,10 @@ def int4_rows(matrix: StoredMatrix) -> StoredMatrix | QuantizedRows:
     values quantized a slice of rows at a time (QuantizedRows)."""
     if matrix.types == {"Q4_K"}:
         return replace(matrix, values=False)
-    return QuantizedRows(matrix, matrix.rows, matrix.columns)
+    return QuantizedRows(values=matrix, rows=matrix.rows, columns=matrix.columns)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QuantizedRows:
     """A matrix the file stores in another type than Q4_0 or Q4_1, as int4 blocks (or Q8_0's, eight_bit): called with
     (start, stop) as a StoredMatrix is, the blocks of those rows quantized from their values (`values(start, stop)`:

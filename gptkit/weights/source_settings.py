@@ -20,7 +20,7 @@ from gptkit.weights.quantization import QUANTIZE_CHOICES, FileLinear, Int4Linear
 from gptkit.weights.sources import names_a_path, source_kind, unknown_source
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ModelLocation:
     """Which trained model a script takes (export.py, and through ModelSource the scripts that run one). Settings
     classes extend it (and call its validate)."""
@@ -64,7 +64,7 @@ class ModelLocation:
         return self.init_from
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ModelSource(ModelLocation):
     """The settings of the scripts that run a trained model (sample.py, eval.py, serve.py): which model, and how
     its weights are stored."""

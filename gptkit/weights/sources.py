@@ -170,19 +170,25 @@ def load(
         gguf_tokenizer=gguf_tokenizer,
     )
     text_tokenizer = source_tokenizer(read, data_dir) if tokenizer else None
-    if text_tokenizer is not None and text_tokenizer.vocab_size > model.config.vocab_size:
-        tokens, rows = text_tokenizer.vocab_size, model.config.vocab_size
-        if data_dir:
-            raise UserError(
-                f"{data_dir}'s tokenizer has {tokens} tokens but the model only {rows}; pass the --data_dir the "
-                "model was trained on"
-            )
-        raise UserError(
-            f"{source}: its tokenizer has {tokens} tokens but its model only {rows}: the two do not belong together"
-        )
+    if text_tokenizer is not None:
+        check_vocabulary_fits(text_tokenizer.vocab_size, model.config.vocab_size, source, data_dir)
     if dtype != "float32":  # every reader gives float32 weights; a cast to it would also widen int4 blocks' scales
         model = model.to(DTYPES[dtype])
     return replace(read, model=model.eval(), tokenizer=text_tokenizer)
+
+
+def check_vocabulary_fits(tokens: int, rows: int, source: str, data_dir: str) -> None:
+    """UserError when the tokenizer has more tokens than the model has embedding rows."""
+    if tokens <= rows:
+        return
+    if data_dir:
+        raise UserError(
+            f"{data_dir}'s tokenizer has {tokens} tokens but the model only {rows}; pass the --data_dir the model was "
+            "trained on"
+        )
+    raise UserError(
+        f"{source}: its tokenizer has {tokens} tokens but its model only {rows}: the two do not belong together"
+    )
 
 
 def open_weights_path(source: str, kind: str) -> Path:

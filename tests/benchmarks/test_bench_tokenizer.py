@@ -34,7 +34,9 @@ def measured_in_process(command: list[str], log_path: Path) -> bench_prepare.Run
     seconds, output = time.perf_counter() - started, log_path.read_text()
     assert code == 0, output
     rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return bench_prepare.Run(seconds, seconds, rss_bytes, 0, output)
+    return bench_prepare.Run(
+        seconds=seconds, cpu_seconds=seconds, max_rss_bytes=rss_bytes, tree_rss_bytes=0, stdout=output
+    )
 
 
 @pytest.mark.heavy  # train.py and corpus.py in this process

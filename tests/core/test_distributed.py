@@ -40,7 +40,7 @@ def no_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_without_torchrun_one_process_does_everything(no_torchrun: None) -> None:
     procs, device = start_processes("cpu", "auto", accumulation_steps=3)  # any accumulation works alone
-    assert procs == Processes(0, 0, 1) and procs.master and not procs.distributed
+    assert procs == Processes(rank=0, local_rank=0, world_size=1) and procs.master and not procs.distributed
     assert device == torch.device("cpu")
     assert reduce_numbers([1.5, 2.0], device, procs) == [1.5, 2.0]
     teardown(procs, finished=True)  # nothing to leave
@@ -50,9 +50,19 @@ def test_accumulation_must_divide_among_processes(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "3")
-    with pytest.raises(UserError, match=r"gradient_accumulation_steps \(4\) must be divisible .* \(3\)"):
+    with pytest.raises(
+        UserError, match=r"steps \(4\) must be divisible .* \(3\); e.g. --gradient_accumulation_steps=6$"
+    ):
         start_processes("cpu", "auto", accumulation_steps=4)
     assert not torch.distributed.is_initialized()  # refused before joining a group
+
+
+def test_nccl_on_the_cpu_is_one_line_before_joining_a_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2")):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UserError, match=r"^--backend=nccl needs CUDA GPUs and a torch built with NCCL, not cpu; use"):
+        start_processes("cpu", "nccl", accumulation_steps=2)
+    assert not torch.distributed.is_initialized()
 
 
 def test_pick_device_checks_the_name() -> None:

@@ -12,7 +12,7 @@ from gptkit.core.errors import UserError
 from gptkit.core.settings import fixed, parse_settings, setting
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Demo:
     learning_rate: float = setting(1e-3, "peak learning rate")
     min_lr: float = setting(1e-4, "final learning rate")
@@ -49,7 +49,7 @@ def test_unknown_key_in_a_config_file_is_suggested_as_the_file_spells_keys(tmp_p
     assert str(error.value) == f"{config}:2: unknown setting 'learningrate'; {hint}"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Fixed(Demo):
     min_lr: float = fixed(0.0, "this script decays to zero")
 
@@ -69,7 +69,7 @@ def test_a_fixed_field_keeps_its_value_and_takes_no_key(tmp_path: Path, capsys: 
     assert "--learning_rate" in listed and "--max_iters" in listed and "min_lr" not in listed
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Ruled:
     max_iters: int = setting(10, "steps", rule="positive")
     warmup_iters: int = setting(0, "warm-up steps")
@@ -94,7 +94,7 @@ def test_a_bad_value_from_a_config_file_names_the_file_and_line(tmp_path: Path) 
         assert str(error.value) == message, argv
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Switches:
     max_iters: int = setting(10, "steps")
     compile: bool | None = setting(None, "compile the model (None: where it is faster)")
@@ -121,7 +121,7 @@ def test_a_key_set_twice_in_one_config_file_is_one_line(tmp_path: Path) -> None:
     assert str(error.value) == f"{config}:3: max_iters is set twice (first at line 1); keep one"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Chosen:
     targets: str = setting("attention", "which layers get adapters", choices=("attention", "mlp", "all"))
     mode: str = setting("a", "a | b: how", choices=("a", "b"))

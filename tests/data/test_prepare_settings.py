@@ -69,7 +69,7 @@ def test_fineweb_settings_change_only_defaults_and_add_the_download_settings() -
     assert set(shared) < set(own) and "on_decode_error" not in own  # parquet text is never invalid UTF-8
     assert sorted(set(own) - set(shared)) == ["base_url", "cache_dir", "read_timeout", "retries", "shards"]
     changed = {name for name in shared if own[name] != shared[name]}
-    assert changed == {"out_dir", "tokenizer", "text_field", "val_fraction", "shard_tokens", "block_size"}
+    assert changed == {"out_dir", "text_field", "val_fraction", "shard_tokens", "block_size"}
     assert (own["val_fraction"][0], own["shard_tokens"][0], own["block_size"][0]) == (0.001, 100_000_000, 1024)
     cfg = parse_settings(fineweb, [], prog="fineweb.py", description="")
     assert cfg.on_decode_error == "error"  # the strict policy, without a flag

@@ -21,7 +21,9 @@ EOT = CHARS.eot_token
 
 
 def worker(tokenizer: tok.Tokenizer | None = CHARS, policy: str = "error", seed: int = 0) -> Worker:
-    job = Job(tokenizer, "uint16", seed=seed, val_fraction=0.5, on_decode_error=policy, text_field="text")
+    job = Job(
+        tokenizer=tokenizer, dtype="uint16", seed=seed, val_fraction=0.5, on_decode_error=policy, text_field="text"
+    )
     return Worker(job)
 
 
@@ -129,7 +131,7 @@ def test_without_a_tokenizer_a_worker_collects_characters() -> None:
 
 
 def test_two_processes_give_the_results_of_one_in_order() -> None:
-    job = Job(CHARS, "uint16", seed=0, val_fraction=0.5, on_decode_error="error", text_field="text")
+    job = Job(tokenizer=CHARS, dtype="uint16", seed=0, val_fraction=0.5, on_decode_error="error", text_field="text")
     items = [lines(b"".join(b'{"text": "%s"}\n' % (b"ab" * (i % 7 + 1)) for i in range(n))) for n in range(1, 30)]
     one = [{s: p.ids.tolist() for s, p in r.parts.items()} for r in run_items(items, job, num_workers=1)]
     two = [{s: p.ids.tolist() for s, p in r.parts.items()} for r in run_items(items, job, num_workers=2)]
@@ -140,7 +142,7 @@ def test_two_processes_give_the_results_of_one_in_order() -> None:
 def test_a_job_survives_pickling_for_platforms_without_fork(kind: str) -> None:
     # Where workers are spawned instead of forked, each receives the Job (and its built tokenizer) pickled.
     tokenizer = CHARS if kind == "char" else tok.TiktokenTokenizer("gpt2")
-    job = Job(tokenizer, "uint16", seed=0, val_fraction=0.5, on_decode_error="error", text_field="text")
+    job = Job(tokenizer=tokenizer, dtype="uint16", seed=0, val_fraction=0.5, on_decode_error="error", text_field="text")
     item = piece(b"abba cab")
     copy = pickle.loads(pickle.dumps(job))
     assert Worker(copy).run(item).parts["val"].ids.tolist() == Worker(job).run(item).parts["val"].ids.tolist()
@@ -170,7 +172,7 @@ def masks_once_initialised(pid: int, signals: int, timeout: float = 10.0) -> dic
 def test_pool_workers_leave_ctrl_c_and_sigterm_to_the_main_process() -> None:
     # They go to the whole process group: the main process unwinds and shuts the pool down, the workers finish the
     # item at hand. The main process keeps both signals unblocked, so it still receives them.
-    job = Job(CHARS, "uint16", seed=0, val_fraction=0.5, on_decode_error="error", text_field="text")
+    job = Job(tokenizer=CHARS, dtype="uint16", seed=0, val_fraction=0.5, on_decode_error="error", text_field="text")
     before = {child.pid for child in psutil.Process().children()}
     results = run_items(iter([lines(b'{"text": "ab"}\n')] * 20), job, num_workers=2)
     try:

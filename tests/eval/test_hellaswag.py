@@ -140,7 +140,7 @@ def test_scorer_matches_hand_computed_losses() -> None:
     model = StubModel([-raw[c] - log_z for c in " abcx"])
     loss = {c: raw[c] + log_z for c in raw}
     # Ending "aaaa": sum = 5 chars (with the space) ... each ending scored over " " + ending.
-    item = hellaswag.Item("x", ("aaaa", "b", "cc", "bb"), label=1)
+    item = hellaswag.Item(context="x", endings=("aaaa", "b", "cc", "bb"), label=1)
     sums = [loss[" "] + sum(loss[c] for c in e) for e in item.endings]
     means = [s / (len(e) + 1) for s, e in zip(sums, item.endings)]
     assert (min(range(4), key=sums.__getitem__), min(range(4), key=means.__getitem__)) == (1, 0)  # they differ
@@ -151,7 +151,11 @@ def test_scorer_matches_hand_computed_losses() -> None:
     assert got_sums.tolist() == pytest.approx(sums, rel=1e-5)
     assert got_counts.tolist() == [5, 2, 3, 3]
     # Batched with other items (padding) and in batches of 1: the same counts.
-    many = [item, hellaswag.Item("ab", ("c", "x"), label=1), hellaswag.Item("q", ("a", "b"), label=0)]
+    many = [
+        item,
+        hellaswag.Item(context="ab", endings=("c", "x"), label=1),
+        hellaswag.Item(context="q", endings=("a", "b"), label=0),
+    ]
     for batch_size in (1, 2, 16):
         counts = hellaswag.score_items(model, tok, many, torch.device("cpu"), batch_size=batch_size)
         assert (counts.n, counts.correct, counts.correct_norm, counts.skipped) == (2, 2, 1, 1)  # "q" is unknown
@@ -159,7 +163,7 @@ def test_scorer_matches_hand_computed_losses() -> None:
 
 def test_long_items_keep_the_end_of_the_context() -> None:
     tok = CharTokenizer(list(" ab"))
-    rows = hellaswag.encode_item(tok, hellaswag.Item("ab" * 20, ("a" * 30, "b"), 0), max_tokens=9)
+    rows = hellaswag.encode_item(tok, hellaswag.Item(context="ab" * 20, endings=("a" * 30, "b"), label=0), max_tokens=9)
     assert [len(tokens) for tokens, _ in rows] == [9, 9]
     assert [start for _, start in rows] == [1, 7]  # one context token before the cut ending; the whole " b"
     assert rows[1][0] == tok.encode(("ab" * 20)[-7:] + " b")
@@ -169,8 +173,8 @@ def test_long_items_keep_the_end_of_the_context() -> None:
 
 
 def test_items_files_and_their_mistakes(tmp_path: Path) -> None:
-    good = write_items(tmp_path / "good.jsonl", [hellaswag.Item("ctx", ("a", "b", "c", "d"), 2)])
-    assert hellaswag.read_items(good) == [hellaswag.Item("ctx", ("a", "b", "c", "d"), 2)]
+    good = write_items(tmp_path / "good.jsonl", [hellaswag.Item(context="ctx", endings=("a", "b", "c", "d"), label=2)])
+    assert hellaswag.read_items(good) == [hellaswag.Item(context="ctx", endings=("a", "b", "c", "d"), label=2)]
     cases = {
         "not json": "line 1 is not valid JSON",
         '{"ctx": "c", "endings": ["a", "b"]}': "missing field 'label'",

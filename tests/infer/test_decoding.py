@@ -118,12 +118,12 @@ def requests_of_every_kind() -> list[Request]:
     from the top 5, one with a penalty (sampled from its changed logits) and one asking for log-probabilities."""
     prompts = [torch.randint(0, 37, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (3, 9, 20)]
     return [
-        Request(prompts[0], 12, temperature=0),
-        Request(prompts[1], 12, temperature=0.8, top_k=5, seed=1),
-        Request(prompts[2], 12, temperature=0),  # 20 + 12 passes block 24: the row slides
-        Request(prompts[0], 12, temperature=1.0, seed=2),
-        Request(prompts[1], 12, temperature=0.9, seed=3, frequency_penalty=0.5),
-        Request(prompts[2], 12, temperature=0, logprobs=2),
+        Request(prompt=prompts[0], max_new_tokens=12, temperature=0),
+        Request(prompt=prompts[1], max_new_tokens=12, temperature=0.8, top_k=5, seed=1),
+        Request(prompt=prompts[2], max_new_tokens=12, temperature=0),  # 20 + 12 passes block 24: the row slides
+        Request(prompt=prompts[0], max_new_tokens=12, temperature=1.0, seed=2),
+        Request(prompt=prompts[1], max_new_tokens=12, temperature=0.9, seed=3, frequency_penalty=0.5),
+        Request(prompt=prompts[2], max_new_tokens=12, temperature=0, logprobs=2),
     ]
 
 

@@ -108,7 +108,7 @@ def test_different_length_batch_gives_each_row_its_alone_greedy_tokens(attention
     model = lively_model(attention=attention, pos_encoding=pos_encoding)
     reference = plain_copy(model)
     prompts = prompts_of(3, 9, 14)
-    requests = [Request(prompt, 40, temperature=0) for prompt in prompts]
+    requests = [Request(prompt=prompt, max_new_tokens=40, temperature=0) for prompt in prompts]
     engine = Engine(model, slots=3)
     steps = list(engine.run(requests))
     assert len(steps) == 40 and [len(step) for step in steps] == [3] * 40
@@ -128,7 +128,9 @@ def test_the_head_runs_once_per_made_token(onednn):
     engine = Engine(model, slots=1, decode="eager")
     head_rows = []
     model.lm_head.register_forward_hook(lambda module, inputs, output: head_rows.append(inputs[0].shape[:2].numel()))
-    request = Request(prompt, 12, temperature=0)  # 10 + 12 tokens pass block_size 16: the window slides once
+    request = Request(
+        prompt=prompt, max_new_tokens=12, temperature=0
+    )  # 10 + 12 tokens pass block_size 16: the window slides once
     list(engine.run([request]))
     assert request.output == reference_greedy(plain_copy(model), prompt, 12)
     assert head_rows == [1] * 12
@@ -140,7 +142,9 @@ def test_seeded_requests_draw_the_same_tokens_alone_and_batched():
     settings = [dict(temperature=0.9, top_k=10), dict(temperature=1.2, top_p=0.9), dict(temperature=0.7)]
 
     def requests() -> list[Request]:
-        return [Request(p, 30, seed=100 + i, **s) for i, (p, s) in enumerate(zip(prompts, settings))]
+        return [
+            Request(prompt=p, max_new_tokens=30, seed=100 + i, **s) for i, (p, s) in enumerate(zip(prompts, settings))
+        ]
 
     alone = [run_alone(model, request) for request in requests()]
     batched = requests()
@@ -149,7 +153,7 @@ def test_seeded_requests_draw_the_same_tokens_alone_and_batched():
     assert [request.output for request in batched] == alone
     again = requests()[0]
     assert run_alone(model, again) == alone[0]
-    assert run_alone(model, Request(prompts[0], 30, seed=7, **settings[0])) != alone[0]
+    assert run_alone(model, Request(prompt=prompts[0], max_new_tokens=30, seed=7, **settings[0])) != alone[0]
 
 
 def test_a_stop_token_ends_one_row_while_the_others_go_on():
@@ -160,7 +164,7 @@ def test_a_stop_token_ends_one_row_while_the_others_go_on():
     stop = next(token for token in free[0][3:] if all(token not in tokens for tokens in free[1:]))
     first = free[0].index(stop)  # row 0 stops there; rows 1 and 2 never make the token
     assert first < 15
-    requests = [Request(prompt, 20, temperature=0, stop_tokens=[stop]) for prompt in prompts]
+    requests = [Request(prompt=prompt, max_new_tokens=20, temperature=0, stop_tokens=[stop]) for prompt in prompts]
     steps = list(Engine(model, slots=3).run(requests))
     assert requests[0].output == free[0][: first + 1] and requests[0].finish_reason == "stop"
     assert [r.output for r in requests[1:]] == free[1:]
@@ -170,7 +174,7 @@ def test_a_stop_token_ends_one_row_while_the_others_go_on():
 def test_requests_join_and_leave_a_running_batch():
     model = lively_model(seed=3)
     reference = plain_copy(model)
-    a, b, c = (Request(p, 30, temperature=0) for p in prompts_of(5, 12, 2))
+    a, b, c = (Request(prompt=p, max_new_tokens=30, temperature=0) for p in prompts_of(5, 12, 2))
     engine = Engine(model, slots=3)
     engine.add(a)
     engine.add(b)
@@ -191,7 +195,9 @@ def test_requests_join_and_leave_a_running_batch():
 def test_run_queues_more_requests_than_slots():
     model = lively_model(seed=4)
     reference = plain_copy(model)
-    requests = [Request(p, n, temperature=0) for p, n in zip(prompts_of(3, 6, 9, 4), (5, 12, 7, 3))]
+    requests = [
+        Request(prompt=p, max_new_tokens=n, temperature=0) for p, n in zip(prompts_of(3, 6, 9, 4), (5, 12, 7, 3))
+    ]
     for step in Engine(model, slots=2).run(requests):
         assert len(step) <= 2
     assert [r.output for r in requests] == [reference_greedy(reference, r.prompt, r.max_new_tokens) for r in requests]
@@ -200,19 +206,19 @@ def test_run_queues_more_requests_than_slots():
 def test_engine_refuses_bad_requests_and_a_full_batch():
     engine = Engine(lively_model(), slots=1)
     for bad in (
-        Request([], 3),
-        Request([1], -1),
-        Request([1], 3, temperature=-1.0),
-        Request([1], 3, top_k=0),
-        Request([1], 3, top_p=1.5),
-        Request([1], 3, seed=1, generator=torch.Generator()),
+        Request(prompt=[], max_new_tokens=3),
+        Request(prompt=[1], max_new_tokens=-1),
+        Request(prompt=[1], max_new_tokens=3, temperature=-1.0),
+        Request(prompt=[1], max_new_tokens=3, top_k=0),
+        Request(prompt=[1], max_new_tokens=3, top_p=1.5),
+        Request(prompt=[1], max_new_tokens=3, seed=1, generator=torch.Generator()),
     ):
         with pytest.raises(ValueError):
             engine.add(bad)
-    engine.add(Request([1, 2], 3))
+    engine.add(Request(prompt=[1, 2], max_new_tokens=3))
     with pytest.raises(RuntimeError, match="slots are busy"):
-        engine.add(Request([1], 3))
-    nothing = Request([1], 0)
+        engine.add(Request(prompt=[1], max_new_tokens=3))
+    nothing = Request(prompt=[1], max_new_tokens=0)
     engine.add(nothing)  # nothing to make: finished at once, no row taken
     assert nothing.finish_reason == "length" and len(engine.active) == 1
 
@@ -236,11 +242,11 @@ def test_an_engine_told_how_far_its_rows_go_holds_that_many_positions(decode):
     engine = Engine(model, slots=2, decode=decode, positions=9)
     assert engine.cache.capacity == 9
     prompt = prompts_of(5)[0]
-    request = Request(prompt, 4, temperature=0)
+    request = Request(prompt=prompt, max_new_tokens=4, temperature=0)
     list(engine.run([request]))
     assert request.output == reference_greedy(plain_copy(model), prompt, 4)
     with pytest.raises(ValueError, match="reaching 10 positions, past the engine's 9"):
-        engine.add(Request(prompt, 5, temperature=0))
+        engine.add(Request(prompt=prompt, max_new_tokens=5, temperature=0))
     assert Engine(model, slots=2, decode=decode, positions=20).cache.capacity == 16
 
 
@@ -392,7 +398,7 @@ def unique_graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class CompiledGreedyRun:
     model: GPT
     reference: GPT  # the same weights in a plain model, copied before the run
@@ -408,7 +414,7 @@ def compiled_greedy() -> CompiledGreedyRun:
     greedy) where their checks allow it."""
     model = lively_model(**STEP_MODEL)
     reference = plain_copy(model)
-    requests = [Request(prompt, 30, temperature=0) for prompt in prompts_of(1, 9, 26)]
+    requests = [Request(prompt=prompt, max_new_tokens=30, temperature=0) for prompt in prompts_of(1, 9, 26)]
     graphs_before = unique_graphs()
     step_sizes = [len(step) for step in Engine(model, slots=4, decode="compiled").run(requests)]
     new_graphs = unique_graphs() - graphs_before
@@ -458,7 +464,7 @@ def test_each_model_gets_a_graph_of_its_own_told_apart_by_one_weights_identity(m
 
 def greedy_compiled_outputs(model: GPT, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
     """Each prompt's greedy tokens from a compiled engine of 4 slots (so a step of 4 rows: compiled_greedy's batch)."""
-    requests = [Request(prompt, new_tokens, temperature=0) for prompt in prompts]
+    requests = [Request(prompt=prompt, max_new_tokens=new_tokens, temperature=0) for prompt in prompts]
     list(Engine(model, slots=4, decode="compiled").run(requests))
     return [request.output for request in requests]
 
@@ -487,11 +493,11 @@ def test_compiled_steps_sample_the_tokens_of_eager_steps(compiled_greedy):
             shared = torch.Generator().manual_seed(4)
             requests = [
                 Request(
-                    prompt,
-                    20,
-                    temperature,
-                    top_k,
-                    top_p,
+                    prompt=prompt,
+                    max_new_tokens=20,
+                    temperature=temperature,
+                    top_k=top_k,
+                    top_p=top_p,
                     seed=row if draws == "seeds" else None,
                     generator=shared if draws == "shared" else None,
                 )
@@ -513,7 +519,7 @@ def test_compiled_rows_of_different_settings_each_sample_as_eager_rows_do(monkey
     outputs = {}
     for decode in ("compiled", "eager"):
         requests = [
-            Request(prompt, 20, temperature, top_k, None, seed=row)
+            Request(prompt=prompt, max_new_tokens=20, temperature=temperature, top_k=top_k, top_p=None, seed=row)
             for row, (prompt, (temperature, top_k)) in enumerate(zip(prompts, settings))
         ]
         list(Engine(plain_copy(model), slots=3, decode=decode).run(requests))
@@ -532,7 +538,7 @@ def test_the_compiled_step_holds_more_graphs_than_dynamos_default_limit(monkeypa
     graphs_before = unique_graphs()
     for seed in range(9):  # the ninth graph is one past the default
         model = lively_model(seed=seed, n_layer=1)
-        request = Request(prompt, 3, temperature=0)
+        request = Request(prompt=prompt, max_new_tokens=3, temperature=0)
         list(Engine(model, decode="compiled").run([request]))
         assert request.output == reference_greedy(plain_copy(model), prompt, 3)
     assert unique_graphs() - graphs_before == 9
@@ -600,7 +606,7 @@ def test_the_compiled_step_leaves_the_models_attention_alone(monkeypatch):
     step_with_dynamos_eager_backend(monkeypatch)
     model = lively_model(attention="sdpa")
     prompt = prompts_of(5)[0]
-    request = Request(prompt, 6, temperature=0)
+    request = Request(prompt=prompt, max_new_tokens=6, temperature=0)
     list(Engine(model, decode="compiled").run([request]))
     assert request.output == reference_greedy(plain_copy(model), prompt, 6)
     assert {block.attn.path for block in model.transformer.h} == {"sdpa"}
@@ -609,7 +615,7 @@ def test_the_compiled_step_leaves_the_models_attention_alone(monkeypatch):
     assert all(a is b for a, b in zip(twin.parameters(), model.parameters()))
     with torch.no_grad():
         model.lm_head.weight.mul_(-1)  # in place: the twin must see it
-    request = Request(prompt, 6, temperature=0)
+    request = Request(prompt=prompt, max_new_tokens=6, temperature=0)
     list(Engine(model, decode="compiled").run([request]))
     assert request.output == reference_greedy(plain_copy(model), prompt, 6)
 
@@ -662,15 +668,15 @@ def test_penalties_bias_and_logprobs_follow_openais_rule(decode, monkeypatch):
     rules = {"presence": 0.4, "frequency": 0.9, "bias": {3: 2.0, 7: -100.0}}
     expected, logprobs, tops = reference_with_rules(reference, prompt, 9, **rules)
     request = Request(
-        prompt,
-        9,
+        prompt=prompt,
+        max_new_tokens=9,
         temperature=0,
         presence_penalty=0.4,
         frequency_penalty=0.9,
         logit_bias={3: 2.0, 7: -100.0},
         logprobs=3,
     )
-    plain = Request(plain_prompt, 9, temperature=0)
+    plain = Request(prompt=plain_prompt, max_new_tokens=9, temperature=0)
     batch = [request] if decode == "native" else [request, plain]  # the native step runs one row
     for _ in Engine(model, slots=len(batch), decode=decode).run(batch):
         pass
@@ -686,8 +692,14 @@ def test_penalties_bias_and_logprobs_follow_openais_rule(decode, monkeypatch):
 
 def test_a_large_bias_forces_a_token_and_sampling_draws_from_the_changed_logits():
     model = lively_model()
-    forced = Request(prompts_of(4)[0], 6, temperature=1.0, seed=5, logit_bias={11: 100.0})
-    banned = Request(prompts_of(4)[0], 40, temperature=1.0, seed=5, logit_bias={t: -100.0 for t in range(0, VOCAB, 2)})
+    forced = Request(prompt=prompts_of(4)[0], max_new_tokens=6, temperature=1.0, seed=5, logit_bias={11: 100.0})
+    banned = Request(
+        prompt=prompts_of(4)[0],
+        max_new_tokens=40,
+        temperature=1.0,
+        seed=5,
+        logit_bias={t: -100.0 for t in range(0, VOCAB, 2)},
+    )
     for _ in Engine(model, slots=2).run([forced, banned]):
         pass
     assert forced.output == [11] * 6
@@ -713,11 +725,11 @@ def test_bad_logit_rules_are_refused():
     model = lively_model()
     engine = Engine(model, slots=1)
     with pytest.raises(ValueError, match="outside the model's vocabulary"):
-        engine.add(Request([1, 2], 3, logit_bias={VOCAB + 30: 1.0}))
+        engine.add(Request(prompt=[1, 2], max_new_tokens=3, logit_bias={VOCAB + 30: 1.0}))
     with pytest.raises(ValueError, match="finite"):
-        engine.add(Request([1, 2], 3, presence_penalty=float("nan")))
+        engine.add(Request(prompt=[1, 2], max_new_tokens=3, presence_penalty=float("nan")))
     with pytest.raises(ValueError, match="logprobs"):
-        engine.add(Request([1, 2], 3, logprobs=-1))
+        engine.add(Request(prompt=[1, 2], max_new_tokens=3, logprobs=-1))
 
 
 @pytest.mark.parametrize("decode", ["eager", "native"])
@@ -726,14 +738,14 @@ def test_a_prompt_token_outside_the_vocabulary_is_refused_before_it_joins(decode
     as it would alone."""
     model = lively_model()
     engine = Engine(model, slots=2, decode=decode)
-    good = Request([1, 2], 3, temperature=0.0)
+    good = Request(prompt=[1, 2], max_new_tokens=3, temperature=0.0)
     engine.add(good)
     for prompt in ([1, VOCAB], [VOCAB, 1], [-1, 1], [1.5, 1]):
         with pytest.raises(ValueError, match="no id of the model's vocabulary"):
-            engine.add(Request(prompt, 3, temperature=0.0))
+            engine.add(Request(prompt=prompt, max_new_tokens=3, temperature=0.0))
         assert engine.active == [good]
     list(engine.run([]))
-    alone = Request([1, 2], 3, temperature=0.0)
+    alone = Request(prompt=[1, 2], max_new_tokens=3, temperature=0.0)
     list(Engine(model, slots=1, decode=decode).run([alone]))
     assert good.output == alone.output and good.finish_reason == "length"
     for idx in (torch.tensor([1, 2]), torch.tensor([[1.0, 2.0]])):
@@ -755,9 +767,9 @@ def test_a_request_whose_logits_overflow_ends_with_an_error_and_its_batch_goes_o
     model = overflowing_model(VOCAB, OVERFLOWING)
     reference = plain_copy(model)
     greedy_prompt, sampled_prompt = [14, 14, 6, 3], [1, 35, 34, 14, 33]
-    failing = Request([30, 6, 28, OVERFLOWING], 6, temperature=0)
-    greedy = Request(greedy_prompt, 6, temperature=0, logprobs=2)
-    sampled = Request(sampled_prompt, 6, temperature=0.8, seed=3)
+    failing = Request(prompt=[30, 6, 28, OVERFLOWING], max_new_tokens=6, temperature=0)
+    greedy = Request(prompt=greedy_prompt, max_new_tokens=6, temperature=0, logprobs=2)
+    sampled = Request(prompt=sampled_prompt, max_new_tokens=6, temperature=0.8, seed=3)
     engine = Engine(model, slots=3, decode=decode)
     engine.add_many([failing, greedy, sampled])
     made = []
@@ -768,11 +780,15 @@ def test_a_request_whose_logits_overflow_ends_with_an_error_and_its_batch_goes_o
     expected = reference_greedy(reference, greedy_prompt, 6)
     assert OVERFLOWING not in expected  # it would end this request too
     assert greedy.output == expected and greedy.finish_reason == "length" and len(greedy.token_logprobs) == 6
-    alone = Request(sampled_prompt, 6, temperature=0.8, seed=3)
+    alone = Request(prompt=sampled_prompt, max_new_tokens=6, temperature=0.8, seed=3)
     list(Engine(model, slots=1, decode=decode).run([alone]))
     assert sampled.output == alone.output and len(alone.output) == 6
     with pytest.raises(GenerationError, match="NaN or infinite"):
-        list(Engine(model, slots=2, decode=decode).run([Request(greedy_prompt, 6), Request([2, OVERFLOWING], 3)]))
+        list(
+            Engine(model, slots=2, decode=decode).run(
+                [Request(prompt=greedy_prompt, max_new_tokens=6), Request(prompt=[2, OVERFLOWING], max_new_tokens=3)]
+            )
+        )
 
 
 def test_a_row_left_with_nan_keys_and_values_serves_the_next_requests_cleanly():
@@ -783,9 +799,9 @@ def test_a_row_left_with_nan_keys_and_values_serves_the_next_requests_cleanly():
     with torch.no_grad():
         model.transformer.wte.weight[OVERFLOWING] = 1e20
     reference = plain_copy(model)
-    failing = Request([1, 2, 3, OVERFLOWING, 6, 7, 8, 9, 10], 8, temperature=0)
-    moved = Request([30, 6, 28, 14], 8, temperature=0)
-    later = Request([14, 6, 3, 1, 35, 34], 8, temperature=0)
+    failing = Request(prompt=[1, 2, 3, OVERFLOWING, 6, 7, 8, 9, 10], max_new_tokens=8, temperature=0)
+    moved = Request(prompt=[30, 6, 28, 14], max_new_tokens=8, temperature=0)
+    later = Request(prompt=[14, 6, 3, 1, 35, 34], max_new_tokens=8, temperature=0)
     engine = Engine(model, slots=2, decode="eager")
     engine.add_many([failing, moved])
     assert engine.step() == [(moved, moved.output[0])] and engine.active == [moved]
@@ -807,7 +823,7 @@ def test_a_native_step_whose_every_logit_is_nan_ends_the_request_without_a_token
     model = lively_model()
     with torch.no_grad():
         model.transformer.ln_f.weight.fill_(float("nan"))
-    request = Request([1, 2, 3], 4, temperature=temperature, top_k=5, seed=1)
+    request = Request(prompt=[1, 2, 3], max_new_tokens=4, temperature=temperature, top_k=5, seed=1)
     engine = Engine(model, slots=1, decode="native")
     engine.add(request)
     while engine.active:

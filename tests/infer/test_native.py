@@ -170,7 +170,7 @@ def test_an_int8_model_in_the_engine_gets_the_reference_greedy_tokens(monkeypatc
     original = lively_model(block_size=16, seed=8)
     model = quantize_int8(plain_copy(original))
     prompt = [4, 9, 1, 30, 2, 2, 17, 5, 11]
-    request = Request(prompt, 23, temperature=0)
+    request = Request(prompt=prompt, max_new_tokens=23, temperature=0)
     engine = Engine(model, decode="native")
     assert engine.backend.name == "native"
     assert engine.backend.step.weights == "int8" and engine.backend.step.dtype == torch.float32
@@ -190,7 +190,7 @@ def test_requests_admitted_together_fill_their_prompts_in_one_prefill(monkeypatc
         for n, seed in lengths_and_seeds
     ]
     calls = count_calls(monkeypatch, NativeStep, "prefill")
-    requests = [Request(prompt, 6, temperature=0) for prompt in prompts]
+    requests = [Request(prompt=prompt, max_new_tokens=6, temperature=0) for prompt in prompts]
     list(Engine(model, slots=3, decode="native").run(requests))
     assert len(calls) == 2
     for request, prompt in zip(requests, prompts):
@@ -205,7 +205,7 @@ def test_a_float32_prompt_past_the_prefill_limit_is_filled_eagerly(monkeypatch, 
     model = lively_model(block_size=limit + 8)
     prompt = torch.randint(0, 37, (limit + past_limit,), generator=torch.Generator().manual_seed(3)).tolist()
     calls = count_calls(monkeypatch, NativeStep, "prefill")
-    request = Request(prompt, 5, temperature=0)
+    request = Request(prompt=prompt, max_new_tokens=5, temperature=0)
     list(Engine(model, decode="native").run([request]))
     assert request.output == reference_greedy(plain_copy(model), prompt, 5)
     assert len(calls) == prefills
@@ -331,7 +331,7 @@ def test_the_engine_gives_each_request_its_reference_greedy_tokens(pos_encoding)
     reference = plain_copy(model)
     for length in (1, 9, 26):
         prompt = torch.randint(0, 37, (length,), generator=torch.Generator().manual_seed(length)).tolist()
-        request = Request(prompt, 30, temperature=0)
+        request = Request(prompt=prompt, max_new_tokens=30, temperature=0)
         list(Engine(model, decode="native").run([request]))
         assert request.output == reference_greedy(reference, prompt, 30)
 
@@ -346,7 +346,9 @@ def test_seeded_sampling_draws_the_eager_engines_tokens(temperature, top_k, top_
     model = lively_model(block_size=24)
     outputs = {}
     for native in (True, False):
-        request = Request([3, 1, 4, 1, 5], 40, temperature, top_k, top_p, seed=11)
+        request = Request(
+            prompt=[3, 1, 4, 1, 5], max_new_tokens=40, temperature=temperature, top_k=top_k, top_p=top_p, seed=11
+        )
         list(Engine(model if native else plain_copy(model), decode="native" if native else "eager").run([request]))
         outputs[native] = request.output
     assert outputs[True] == outputs[False]
@@ -462,7 +464,7 @@ def test_requests_joining_and_leaving_get_their_reference_greedy_tokens(monkeypa
     budgets = (30, 5, 12, 26, 3, 18, 9, 22, 14, 6)
     stop_tokens = {row: (reference_greedy(reference, prompts[row], 4)[-1],) for row in (3, 7)}  # stop early
     requests = [
-        Request(prompt, budget, temperature=0, stop_tokens=stop_tokens.get(row, ()))
+        Request(prompt=prompt, max_new_tokens=budget, temperature=0, stop_tokens=stop_tokens.get(row, ()))
         for row, (prompt, budget) in enumerate(zip(prompts, budgets))
     ]
     engine = Engine(model, slots=6, decode="native")
@@ -476,7 +478,9 @@ def test_requests_joining_and_leaving_get_their_reference_greedy_tokens(monkeypa
 
 def greedy_outputs(model, prompts: list[list[int]], budgets: list[int], slots: int) -> list[list[int]]:
     """The greedy tokens the native engine with `slots` slots gives each prompt (its budget of new tokens)."""
-    requests = [Request(prompt, budget, temperature=0) for prompt, budget in zip(prompts, budgets)]
+    requests = [
+        Request(prompt=prompt, max_new_tokens=budget, temperature=0) for prompt, budget in zip(prompts, budgets)
+    ]
     list(Engine(model, slots=slots, decode="native").run(requests))
     return [request.output for request in requests]
 
@@ -517,7 +521,9 @@ def test_seeded_rows_sampled_in_one_step_draw_the_eager_engines_tokens():
         outputs = {}
         for native in (True, False):
             requests = [
-                Request([3, 1, 4, 1 + row, 5], 30, temperature, top_k, seed=11 + row)
+                Request(
+                    prompt=[3, 1, 4, 1 + row, 5], max_new_tokens=30, temperature=temperature, top_k=top_k, seed=11 + row
+                )
                 for row, (temperature, top_k) in enumerate(settings)
             ]
             engine = Engine(model if native else plain_copy(model), slots=4, decode="native" if native else "eager")
@@ -568,14 +574,14 @@ def test_the_packed_weights_follow_a_changed_model():
     assert NativeStep.for_model(model, torch.bfloat16) is not first
     model.load_state_dict(other.state_dict())
     assert NativeStep.for_model(model, torch.float32) is not first
-    request = Request([1, 2, 3], 12, temperature=0)
+    request = Request(prompt=[1, 2, 3], max_new_tokens=12, temperature=0)
     list(Engine(model, decode="native").run([request]))
     assert request.output == reference_greedy(plain_copy(other), [1, 2, 3], 12)
     # A weight's tensor replaced whole (.data =, as Module.to and float() do), its version counter kept.
     third = lively_model(seed=3)
     for mine, theirs in zip(model.parameters(), third.parameters()):
         mine.data = theirs.data.clone()
-    request = Request([1, 2, 3], 12, temperature=0)
+    request = Request(prompt=[1, 2, 3], max_new_tokens=12, temperature=0)
     list(Engine(model, decode="native").run([request]))
     assert request.output == reference_greedy(plain_copy(third), [1, 2, 3], 12)
 
@@ -587,7 +593,7 @@ def test_bfloat16_autocast_packs_bfloat16_weights():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         engine = Engine(model, decode="native")
         assert engine.backend.step.dtype == torch.bfloat16
-        request = Request([2, 7, 1, 8], 4, temperature=0)
+        request = Request(prompt=[2, 7, 1, 8], max_new_tokens=4, temperature=0)
         engine.add(request)
         engine.step()
         assert engine.cache.keys[0].dtype == torch.bfloat16
@@ -638,7 +644,7 @@ def test_without_a_build_auto_decodes_eagerly_and_native_says_why_in_one_line(mo
     native_decoding.extension.cache_clear()
     try:
         model = lively_model()
-        request = Request([5, 3, 2], 10, temperature=0)
+        request = Request(prompt=[5, 3, 2], max_new_tokens=10, temperature=0)
         engine = Engine(model)
         list(engine.run([request]))
         assert engine.backend.name == "eager" and request.output == reference_greedy(plain_copy(model), [5, 3, 2], 10)
@@ -658,7 +664,7 @@ def test_any_thread_count_gives_the_reference_tokens(threads):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        request = Request([5, 3, 9], 30, temperature=0)
+        request = Request(prompt=[5, 3, 9], max_new_tokens=30, temperature=0)
         list(Engine(model, decode="native").run([request]))
     finally:
         torch.set_num_threads(before)

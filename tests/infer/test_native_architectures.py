@@ -210,12 +210,14 @@ def test_the_engine_gives_each_request_the_greedy_tokens_of_generate(monkeypatch
     model, _, reference, _ = weights_and_reference(name, weights, block_size=40)
     for length in (1, 9, 30):
         prompt = prompt_of(length, seed=length)
-        request = Request(prompt, 20, temperature=0)
+        request = Request(prompt=prompt, max_new_tokens=20, temperature=0)
         list(Engine(model, decode="native").run([request]))
         assert request.output == reference_greedy(reference, prompt, 20)
     prompts = [prompt_of(length, seed=length) for length in (1, 9, 20, 4, 13, 2, 7, 16, 5, 3)]
     budgets = (24, 5, 12, 20, 3, 18, 9, 22, 14, 6)
-    requests = [Request(prompt, budget, temperature=0) for prompt, budget in zip(prompts, budgets)]
+    requests = [
+        Request(prompt=prompt, max_new_tokens=budget, temperature=0) for prompt, budget in zip(prompts, budgets)
+    ]
     row_steps = count_calls(monkeypatch, NativeStep, "step_rows")
     list(Engine(model, slots=4, decode="native").run(requests))
     assert len(row_steps) > 10
@@ -237,9 +239,11 @@ def test_threads_sharing_key_and_value_heads_give_the_reference_tokens(monkeypat
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        request = Request([5, 3, 9], 25, temperature=0)
+        request = Request(prompt=[5, 3, 9], max_new_tokens=25, temperature=0)
         list(Engine(model, decode="native").run([request]))
-        requests = [Request(prompt_of(length, seed=length), 12, temperature=0) for length in (2, 7, 11)]
+        requests = [
+            Request(prompt=prompt_of(length, seed=length), max_new_tokens=12, temperature=0) for length in (2, 7, 11)
+        ]
         list(Engine(model, slots=3, decode="native").run(requests))
     finally:
         torch.set_num_threads(before)

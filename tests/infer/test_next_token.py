@@ -155,14 +155,17 @@ def test_a_temperature_given_as_a_tensor_samples_as_the_number_does():
 @pytest.mark.parametrize(
     ("settings", "normal"),
     [
-        ((0.0, 40, 0.9), Sampling(0.0, None, None)),  # greedy reads neither
-        ((0, None, None), Sampling(0.0, None, None)),
-        ((0.8, 40, 1.0), Sampling(0.8, 40, None)),  # a top-p of 1 keeps every token
-        ((1e-310, 40, 1e-300), Sampling(0.0, None, None)),  # so small a temperature is greedy
-        ((0.8, 60, None), Sampling(0.8, None, None)),  # a top-k of the whole vocabulary (60) keeps every token
-        ((0.8, 2**70, None), Sampling(0.8, None, None)),
-        ((0.8, None, 0.95), Sampling(0.8, None, 0.95)),
-        ((1.0, 5, None), Sampling(1.0, 5, None)),
+        ((0.0, 40, 0.9), Sampling(temperature=0.0, top_k=None, top_p=None)),  # greedy reads neither
+        ((0, None, None), Sampling(temperature=0.0, top_k=None, top_p=None)),
+        ((0.8, 40, 1.0), Sampling(temperature=0.8, top_k=40, top_p=None)),  # a top-p of 1 keeps every token
+        ((1e-310, 40, 1e-300), Sampling(temperature=0.0, top_k=None, top_p=None)),  # so small a temperature is greedy
+        (
+            (0.8, 60, None),
+            Sampling(temperature=0.8, top_k=None, top_p=None),
+        ),  # a top-k of the whole vocabulary (60) keeps every token
+        ((0.8, 2**70, None), Sampling(temperature=0.8, top_k=None, top_p=None)),
+        ((0.8, None, 0.95), Sampling(temperature=0.8, top_k=None, top_p=0.95)),
+        ((1.0, 5, None), Sampling(temperature=1.0, top_k=5, top_p=None)),
     ],
 )
 def test_sampling_settings_that_choose_alike_are_equal(settings, normal):

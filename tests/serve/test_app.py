@@ -187,13 +187,13 @@ def test_add_many_prefills_equal_prompts_together_with_the_same_tokens():
     alone = []
     for prompt in prompts:
         engine = Engine(model, slots=1, decode="eager")  # eager: every prompt fill is a pass of the model
-        request = Request(prompt, 12, temperature=0)
+        request = Request(prompt=prompt, max_new_tokens=12, temperature=0)
         engine.add(request)
         while engine.active:
             engine.step()
         alone.append(request.output)
     engine = Engine(model, slots=4, decode="eager")
-    requests = [Request(prompt, 12, temperature=0) for prompt in prompts]
+    requests = [Request(prompt=prompt, max_new_tokens=12, temperature=0) for prompt in prompts]
     passes = []
     # every pass over tokens, with logits or without (a prompt fill), starts at the token embedding
     handle = model.transformer.wte.register_forward_pre_hook(lambda module, args: passes.append(args[0].shape))
@@ -206,8 +206,8 @@ def test_add_many_prefills_equal_prompts_together_with_the_same_tokens():
         engine.step()
     assert [r.output for r in requests] == alone
     with pytest.raises(RuntimeError, match="slots are busy"):
-        Engine(model, slots=1).add_many([Request([1], 2), Request([2], 2)])
-    finished = Request([1], 0)
+        Engine(model, slots=1).add_many([Request(prompt=[1], max_new_tokens=2), Request(prompt=[2], max_new_tokens=2)])
+    finished = Request(prompt=[1], max_new_tokens=0)
     Engine(model, slots=1).add_many([finished])
     assert finished.finish_reason == "length" and finished.output == []
 

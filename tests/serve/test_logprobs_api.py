@@ -221,18 +221,19 @@ def test_text_offsets_count_characters_of_the_text_when_tokens_split_them():
     gpt2 = TiktokenTokenizer("gpt2")
     split = gpt2.encode("a🙂b")
     assert [len(gpt2.decode_bytes([t])) for t in split] == [1, 2, 2, 1]
-    logprobs = completion_logprobs([TokenLogprob(t, -1.0) for t in split], gpt2, TextOffsets())
+    logprobs = completion_logprobs([TokenLogprob(token=t, logprob=-1.0) for t in split], gpt2, TextOffsets())
     assert logprobs["text_offset"] == [0, 1, 1, 2]
     assert logprobs["tokens"][1] == "bytes:\\xf0\\x9f"
     streamed = TextOffsets()
     chunks = [
-        completion_logprobs([TokenLogprob(t, -1.0) for t in part], gpt2, streamed) for part in (split[:2], split[2:])
+        completion_logprobs([TokenLogprob(token=t, logprob=-1.0) for t in part], gpt2, streamed)
+        for part in (split[:2], split[2:])
     ]
     assert [chunk["text_offset"] for chunk in chunks] == [[0, 1], [1, 2]]
     lone = next(t for t in range(50257) if gpt2.decode_bytes([t]) == b"\xa9")
     tokens = [gpt2.encode("x")[0], lone, gpt2.encode("y")[0]]
     assert gpt2.decode_bytes(tokens).decode("utf-8", "replace") == "x\ufffdy"
-    made = completion_logprobs([TokenLogprob(t, -1.0) for t in tokens], gpt2, TextOffsets())
+    made = completion_logprobs([TokenLogprob(token=t, logprob=-1.0) for t in tokens], gpt2, TextOffsets())
     assert made["text_offset"] == [0, 1, 2]
 
 

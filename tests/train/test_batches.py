@@ -23,7 +23,9 @@ class MeanOfTargets(torch.nn.Module):
 
 def test_a_text_micro_batch_counts_for_its_share_of_the_step(tmp_path: Path) -> None:
     (np.arange(200) % 50).astype(np.uint16).tofile(tmp_path / "train.bin")
-    stream = loader.TokenStream("train", (tmp_path / "train.bin",), (200,), np.dtype(np.uint16))
+    stream = loader.TokenStream(
+        name="train", paths=(tmp_path / "train.bin",), lengths=(200,), dtype=np.dtype(np.uint16)
+    )
     sampler = batches.make_sampler(stream, 2, 8, seed=1, purpose=loader.PURPOSE_TRAIN)
     assert isinstance(sampler, loader.BatchSampler)
     assert batches.step_target_count(sampler, position=0, micro_batches=4) is None  # text: no count needed

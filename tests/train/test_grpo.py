@@ -80,7 +80,10 @@ class Letters:
 
 
 def test_rollouts_score_each_completion_with_its_prompts_record():
-    prompts = [Prompt(ids=[1, 2], sample={"answer": "ab"}, where="p:1"), Prompt([3], {"answer": "c"}, "p:2")]
+    prompts = [
+        Prompt(ids=[1, 2], sample={"answer": "ab"}, where="p:1"),
+        Prompt(ids=[3], sample={"answer": "c"}, where="p:2"),
+    ]
     made = {0: [[0, 1, 26], [0, 0, 26], [2, 26], [0, 1]], 1: [[2], [2, 2], [2, 26, 5], [1]]}
 
     def sample(ids: list[list[int]], group: int, seed: int) -> list[list[int]]:

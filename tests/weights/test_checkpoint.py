@@ -248,7 +248,7 @@ def test_training_state_is_restored_and_a_damaged_one_is_a_user_error(tmp_path: 
     from gptkit.data.loader import BatchSampler, TokenStream
 
     (np.arange(100) % 40).astype(np.uint16).tofile(tmp_path / "train.bin")
-    stream = TokenStream("train", (tmp_path / "train.bin",), (100,), np.dtype(np.uint16))
+    stream = TokenStream(name="train", paths=(tmp_path / "train.bin",), lengths=(100,), dtype=np.dtype(np.uint16))
 
     def parts() -> tuple:
         model = GPT(TINY)
@@ -278,6 +278,9 @@ def test_training_state_is_restored_and_a_damaged_one_is_a_user_error(tmp_path: 
             ckpt.restore_training_state({**saved, "iter_num": iter_num}, "x.pt", *parts())
     with pytest.raises(UserError, match=r"x\.pt: the optimizer state belongs to another model or optimizer"):
         ckpt.restore_training_state({**saved, "optimizer": {"state": {}, "param_groups": []}}, "x.pt", *parts())
+    other = {**saved, "optimizer": {"state": {}, "param_groups": []}, "config": {"optimizer": "muon"}}
+    with pytest.raises(UserError, match=r"optimizer; it was trained with --optimizer=muon: resume with that$"):
+        ckpt.restore_training_state(other, "x.pt", *parts())
 
 
 def test_a_written_training_checkpoint_is_read_back_by_this_module(tmp_path: Path) -> None:

@@ -380,7 +380,7 @@ def test_llama_cpp_tokenizes_a_trained_bpe_as_we_do(tmp_path, request):
     from helpers import stdlib_sources
 
     found = discover.find_inputs([str(path) for path in stdlib_sources(max_bytes=150_000)])
-    job = TrainingJob(found.files, PrepareSettings(chunk_bytes=1 << 16), 600)
+    job = TrainingJob(files=found.files, read=PrepareSettings(chunk_bytes=1 << 16), vocab_size=600)
     ranks = train_bpe(job)[0].ranks
     tokenizer = tok.BpeTokenizer(
         bpe.make_record("t", job.pattern, {tok.END_OF_TEXT: len(ranks)}, bpe.ranks_to_text(ranks))

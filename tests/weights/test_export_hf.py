@@ -45,7 +45,7 @@ CONVERSATIONS = [
 def trained_bpe() -> tok.BpeTokenizer:
     """A 600-token byte-level BPE trained here on standard-library sources (GPT-4's split pattern)."""
     found = discover.find_inputs([str(path) for path in stdlib_sources(max_bytes=150_000)])
-    job = TrainingJob(found.files, PrepareSettings(chunk_bytes=1 << 16), 600)
+    job = TrainingJob(files=found.files, read=PrepareSettings(chunk_bytes=1 << 16), vocab_size=600)
     result, _ = train_bpe(job)
     special = {tok.END_OF_TEXT: len(result.ranks)}
     return tok.BpeTokenizer(bpe.make_record("stdlib", job.pattern, special, bpe.ranks_to_text(result.ranks)))

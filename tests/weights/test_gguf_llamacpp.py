@@ -138,7 +138,7 @@ def assert_decodes_in_its_blocks(path: Path, floats, file_type: str) -> None:
     assert isinstance(kept.lm_head, Int8GroupedLinear)
     if file_type == "Q8_0":
         assert torch.equal(logits(kept, IDX), logits(floats, IDX))
-    request = Request([5, 9, 300], 12, temperature=0)
+    request = Request(prompt=[5, 9, 300], max_new_tokens=12, temperature=0)
     list(Engine(kept, decode="native").run([request]))
     assert_greedy_up_to_ties(with_16_bit_group_inputs(kept), [5, 9, 300], request.output)
 

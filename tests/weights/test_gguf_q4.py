@@ -235,11 +235,11 @@ def test_the_native_int4_step_decodes_a_q4_file_as_the_eager_pass(
     model = apply_quantization(load(str(path), tokenizer=False, keep_int4=keep_int4).model, "none")
     reference = with_16_bit_group_inputs(apply_quantization(load(str(path), tokenizer=False).model, "none"))
     for prompt in ([5, 9, 300], list(range(100, 117))):
-        request = Request(prompt, 12, temperature=0)
+        request = Request(prompt=prompt, max_new_tokens=12, temperature=0)
         list(Engine(model, decode="native").run([request]))
         assert len(request.output) == 12
         assert_greedy_up_to_ties(reference, prompt, request.output)
-    requests = [Request(prompt, 12, temperature=0) for prompt in ([7, 8, 9], [40, 41, 42])]
+    requests = [Request(prompt=prompt, max_new_tokens=12, temperature=0) for prompt in ([7, 8, 9], [40, 41, 42])]
     list(Engine(model, slots=2, decode="native").run(requests))
     for request in requests:
         assert len(request.output) == 12
@@ -278,7 +278,7 @@ def test_q4_0_blocks_are_packed_without_minimums_and_a_file_mixing_q4_1_in_with_
         read = apply_quantization(load(str(path), tokenizer=False, keep_int4=keep_int4).model, "none")
         assert NativeStep.for_model(read, torch.float32).matrices.numel() == panel_bytes(read, record, head_record)
         reference = with_16_bit_group_inputs(read)  # a copy of the same blocks, run eagerly
-        request = Request([5, 9, 300], 12, temperature=0)
+        request = Request(prompt=[5, 9, 300], max_new_tokens=12, temperature=0)
         list(Engine(read, decode="native").run([request]))
         assert_greedy_up_to_ties(reference, [5, 9, 300], request.output)
 
@@ -334,7 +334,7 @@ def test_a_q8_0_file_read_for_decoding_decodes_in_its_own_blocks(tmp_path, monke
     assert float_matrices(model) <= {"rope_cos", "rope_sin", "transformer.wpe.weight"}
     assert torch.equal(logits(model, IDX), logits(load(str(path), tokenizer=False).model, IDX))
     assert NativeStep.for_model(model, torch.float32).weights == "q8_0"
-    request = Request([5, 9, 300], 12, temperature=0)
+    request = Request(prompt=[5, 9, 300], max_new_tokens=12, temperature=0)
     list(Engine(model, decode="native").run([request]))
     assert_greedy_up_to_ties(with_16_bit_group_inputs(model), [5, 9, 300], request.output)
 
@@ -355,7 +355,7 @@ def test_q8_0_products_beside_a_head_of_another_type_decode_with_it_quantized_to
     expected = gguf_q8_0(floats.lm_head.weight)
     assert all(map(torch.equal, kept.lm_head.blocks(), expected))
     assert torch.equal(logits(kept, IDX), logits(with_head_of(floats, expected), IDX))
-    request = Request([5, 9, 300], 12, temperature=0)
+    request = Request(prompt=[5, 9, 300], max_new_tokens=12, temperature=0)
     list(Engine(kept, decode="native").run([request]))
     assert_greedy_up_to_ties(with_16_bit_group_inputs(kept), [5, 9, 300], request.output)
 
@@ -432,7 +432,7 @@ def test_a_q8_0_head_beside_q4_products_decodes_in_its_own_8_bits(tmp_path, monk
     assert all(isinstance(product, FileInt4Linear) for product in products_of(kept).values())
     assert float_matrices(kept) <= {"rope_cos", "rope_sin", "transformer.wpe.weight"}
     assert torch.equal(logits(kept, IDX), logits(floats, IDX))
-    request = Request([5, 9, 300], 12, temperature=0)
+    request = Request(prompt=[5, 9, 300], max_new_tokens=12, temperature=0)
     list(Engine(kept, decode="native").run([request]))
     assert_greedy_up_to_ties(with_16_bit_group_inputs(kept), [5, 9, 300], request.output)
     int4 = apply_quantization(load(str(path), tokenizer=False, keep_int4=True).model, "int4")

@@ -83,7 +83,7 @@ def test_engine_batch_of_different_lengths_matches_hf_alone(tmp_path):
     hf, directory = random_hf_gpt2(tmp_path, seed=4)
     ours = load(str(directory), tokenizer=False).model
     prompts = [torch.randint(0, 101, (n,)).tolist() for n in (3, 8, 13)]
-    requests = [Request(prompt, 15, temperature=0) for prompt in prompts]
+    requests = [Request(prompt=prompt, max_new_tokens=15, temperature=0) for prompt in prompts]
     for _ in Engine(ours, slots=3).run(requests):
         pass
     for prompt, request in zip(prompts, requests):

@@ -177,7 +177,7 @@ def assert_int8_engine_follows_eager_int8(model: GPT, data_dir: Path, window: in
     and of float32: 24 tokens after the val split's window `window` (24 tokens)."""
     quantized = quantize_int8(copy_of(model))
     prompt = loader.open_split(data_dir, "val").read_windows([window], 24)[0].astype("int64").tolist()
-    requests = [Request(prompt, 24, temperature=0)]
+    requests = [Request(prompt=prompt, max_new_tokens=24, temperature=0)]
     assert len(list(Engine(quantized, **engine_options).run(requests))) == 24
     with torch.inference_mode():
         eager = generate(quantized, torch.tensor([prompt]), 24, temperature=0.0, decode="eager")
@@ -219,7 +219,7 @@ def test_compiled_bfloat16_decoding_follows_eager_bfloat16(trained: tuple[GPT, P
             eager = generate(model, torch.tensor([prompt]), 24, temperature=0.0, decode="eager")
             eager = eager[0, len(prompt) :].tolist()
             assert_same_logits(compiled_step_logits(compiled_model, prompt), eager_logits)
-            request = Request(prompt, 24, temperature=0)
+            request = Request(prompt=prompt, max_new_tokens=24, temperature=0)
             assert len(list(Engine(compiled_model, decode="compiled").run([request]))) == 24
             assert_same_logits(compiled_step_logits(other, prompt), other(torch.tensor([prompt]))[0][0, -1])
     assert request.output == eager == fp32

@@ -25,12 +25,13 @@ from gptkit.data.chat import ChatError
 from gptkit.data.prepare.discover import JSONL_SUFFIXES, InputFile
 from gptkit.data.prepare.inputs import jsonl_file_items
 from gptkit.data.prepare.items import JsonlLines, without_byte_order_mark
+from gptkit.data.prepare.parquet import covered_bytes, import_parquet
 
 PARQUET_SUFFIX = ".parquet"
 PARQUET_BATCH_ROWS = 64  # rows read at once; an item gathers batches up to --chunk_bytes
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ParquetRows:
     """Rows of one parquet file as Python objects, keyed by their row number from `first_row`."""
 
@@ -45,7 +46,7 @@ ChatItem = JsonlLines | ParquetRows
 ColumnChoice = Callable[[list[str], str, str], list[str]]  # (a file's columns, the field, its name) -> columns to read
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Record:
     """One conversation's record: `where` names it in messages (file:line)."""
 
@@ -78,15 +79,6 @@ def chat_items(
         else:
             pq = pq or import_parquet()
             yield from parquet_items(file, chunk_bytes, field, pq, columns or _parquet_columns)
-
-
-def import_parquet() -> Any:
-    """pyarrow.parquet, or a UserError saying how to install it."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise UserError("reading parquet files needs pyarrow, which is not installed: pip install pyarrow") from None
-    return pq
 
 
 def _parquet_columns(names: list[str], field: str, source: str) -> list[str]:
@@ -129,10 +121,7 @@ def parquet_items(
 def _rows_item(
     file: InputFile, rows: list[dict[str, Any]], first_row: int, end_row: int, rows_total: int, disk_bytes: int
 ) -> ParquetRows:
-    # Progress counts the file's bytes in proportion to the rows covered.
-    covered = disk_bytes * end_row // rows_total - disk_bytes * first_row // rows_total
-    if end_row >= rows_total:
-        covered = disk_bytes - disk_bytes * first_row // rows_total
+    covered = covered_bytes(disk_bytes, first_row, end_row, rows_total)
     return ParquetRows(
         source=str(file.path), file_index=file.index, rows=rows, first_row=first_row, input_bytes=covered
     )

@@ -34,7 +34,7 @@ ON_BAD_POLICIES = ("error", "skip")
 NO_ASSISTANT_LEFT = "no assistant token in the first block_size + 1"
 LONGER_THAN_BLOCK = "longer than block_size + 1"
 # The most text one conversation may hold: about 4 million tokens, past any model's context. Why a bound: the
-# tokenizer takes memory in proportion to the text it encodes (a 300 MB reply asked for 9.6 GB and aborted).
+# tokenizer takes memory in proportion to the text it encodes (a reply of hundreds of MB asks for tens of GB).
 MAX_CONVERSATION_BYTES = 16 * 2**20
 
 MakeItems = Callable[[], Iterable[ChatItem]]
@@ -53,7 +53,7 @@ class ChatJob:
     on_bad: str
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Rendered:
     """One conversation ready to write."""
 
@@ -63,7 +63,7 @@ class Rendered:
     text_bytes: int
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ChatResult:
     """What a worker hands back for one item."""
 
@@ -193,7 +193,7 @@ def chat_tokenizer(base: tok.Tokenizer) -> tok.ChatTokenizer | tok.HFTokenizer:
 # ------------------------------------------------------------------------------------------- the run
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Counts:
     """What the run left out or changed."""
 

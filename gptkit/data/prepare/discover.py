@@ -26,7 +26,7 @@ from gptkit.core.errors import UserError, describe_os_error
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class InputFile:
     """One input file: its path, position in the input list, format ("text"/"jsonl") and gzip flag."""
 
@@ -58,7 +58,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".pt", ".pth")
 TOKEN_FILE = re.compile(r"(train|val)(_\d+)?\.bin")  # a prepared split's token file (prepare/writer.py)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PathFilter:
     """--include / --exclude globs, matched against the path relative to the directory given (for a glob: the
     folder before its first wildcard) and against the name alone."""
@@ -274,7 +274,7 @@ def describe_skipped(skipped: dict[str, int]) -> str:
     return ", ".join(f"{count:,} {reason}" for reason, count in skipped.items() if count)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FoundInputs:
     """The input files in order; the files that directories and globs left out, counted by each SKIP_REASON."""
 
@@ -301,7 +301,7 @@ def find_inputs(
     if not all(pattern.strip() for pattern in patterns):  # e.g. --input=$UNSET_VARIABLE: not the current directory
         raise UserError("an --input is empty: name a file, a directory or a glob (e.g. --input=. for this directory)")
     excluded = Path(out_dir).resolve() if out_dir is not None else None
-    finder = _Finder(PathFilter(tuple(include), tuple(exclude)), excluded, tuple(binary_suffixes))
+    finder = _Finder(PathFilter(include=tuple(include), exclude=tuple(exclude)), excluded, tuple(binary_suffixes))
     for pattern in patterns:
         finder.add(pattern)
     unique: dict[Path, Path] = {}
@@ -314,7 +314,9 @@ def find_inputs(
     if not unique:
         left_out = f" (files left out: {describe_skipped(skipped)})" if any(skipped.values()) else ""
         raise UserError(f"no input files found in {', '.join(patterns)}{left_out}")
-    return FoundInputs([_describe_input(path, index) for index, path in enumerate(unique.values())], skipped)
+    return FoundInputs(
+        files=[_describe_input(path, index) for index, path in enumerate(unique.values())], skipped=skipped
+    )
 
 
 def is_single_document(files: Sequence[InputFile]) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 SPLITS = ("train", "val")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TextPiece:
     """A piece of one plain-text document, in the split the reader chose (a text file is one document)."""
 
@@ -29,7 +29,7 @@ class TextPiece:
     input_bytes: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class JsonlLines:
     """Whole JSONL lines of one file; each non-blank line is a document keyed by its 1-based line number."""
 
@@ -41,7 +41,7 @@ class JsonlLines:
     input_bytes: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Documents:
     """Decoded documents (parquet rows) keyed by their row number from `first_row`; empty ones are left out."""
 
@@ -51,7 +51,7 @@ class Documents:
     input_bytes: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SkippedDocument:
     """A document the reader left out whole (invalid UTF-8 with --on_decode_error=skip)."""
 

@@ -37,6 +37,11 @@ def exclude_setting() -> Any:
     return setting_list([], "in directories and globs, leave out files and folders matching this glob; repeatable")
 
 
+def bpe_dir_setting() -> Any:
+    """--bpe_dir, as every script that may build GPT-2's BPE takes it."""
+    return setting(None, "directory with GPT-2's vocab.bpe + encoder.json, to work offline")
+
+
 def decode_error_setting() -> Any:
     """--on_decode_error, for the scripts that read bytes (parquet text arrives decoded)."""
     return setting(
@@ -52,7 +57,7 @@ def default_num_workers() -> int:
         return os.cpu_count() or 1
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PrepareSettings:
     """How a corpus is split, tokenised and written; `validate` refuses impossible values with one line."""
 
@@ -62,7 +67,7 @@ class PrepareSettings:
         "gpt2, char, any tiktoken encoding name (e.g. cl100k_base), a prepare_data/train_tokenizer.py dir, a "
         "Hugging Face model dir (its tokenizer.json) or hub name (owner/name), or a .gguf file (or owner/name:TAG)",
     )
-    bpe_dir: str | None = setting(None, "directory with GPT-2's vocab.bpe + encoder.json, to work offline")
+    bpe_dir: str | None = bpe_dir_setting()
     text_field: str = setting("text", "JSONL field holding each document's text")
     val_fraction: float = setting(0.05, "fraction of documents (or of a single document's text) for val")
     seed: int = setting(1337, "seed of the train/val assignment")

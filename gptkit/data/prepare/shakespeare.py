@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptkit.core import download
+from gptkit.core.download import DownloadSettings
 from gptkit.core.errors import UserError
 from gptkit.core.fileio import sha256_file
 from gptkit.core.settings import setting
@@ -26,18 +27,15 @@ SOURCE_ENV = "TINYSHAKESPEARE"
 TRAIN_FRACTION = 0.9
 
 
-@dataclass
-class ShakespeareSettings:
+@dataclass(kw_only=True)
+class ShakespeareSettings(DownloadSettings):
     source: str | None = setting(None, f"URL or local path of the text; default ${SOURCE_ENV}, else the char-rnn URL")
     out_dir: str = setting("data/shakespeare_char", "output directory for train.bin, val.bin and meta.json")
     sha256: str | None = setting(TINY_SHAKESPEARE_SHA256, "expected sha256 of the text; None accepts any text")
-    cache_dir: str | None = setting(None, "download cache; default $GPT_TOOLKIT_CACHE or ~/.cache/gpt-toolkit")
-    retries: int = setting(5, "download retries after the first attempt")
-    read_timeout: float = setting(60.0, "seconds without data before a download attempt is abandoned")
     overwrite: bool = setting(False, "replace other prepared data in out_dir (this same preparation is always redone)")
 
     def validate(self) -> None:
-        download.policy_from_settings(self.retries, self.read_timeout)  # refuses impossible values before any work
+        self.download_policy()  # refuses impossible values before any work
         # Before the download: a training run's directory or one of other files is refused whatever it would hold.
         check_out_dir(Path(self.out_dir), overwrite=True)
 
@@ -45,8 +43,7 @@ class ShakespeareSettings:
 def read_tiny_shakespeare(cfg: ShakespeareSettings) -> tuple[str, dict]:
     """The corpus text (from --source, $TINYSHAKESPEARE or the canonical URL) and its provenance for meta.json."""
     source = cfg.source or os.environ.get(SOURCE_ENV) or TINY_SHAKESPEARE_URL
-    policy = download.policy_from_settings(cfg.retries, cfg.read_timeout)
-    path = download.resolve_source(source, sha256=cfg.sha256, cache_dir=cfg.cache_dir, policy=policy)
+    path = download.resolve_source(source, sha256=cfg.sha256, cache_dir=cfg.cache_dir, policy=cfg.download_policy())
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

@@ -43,7 +43,7 @@ MAX_VOCAB_SIZE = 2**24
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainingJob:
     """What to train on and how: `read` carries corpus.py's reading settings (chunk_bytes, text_field,
     on_decode_error) and its split (val_fraction, seed); `vocab_size` counts the end-of-text token."""
@@ -56,7 +56,7 @@ class TrainingJob:
     pattern: str = bpe.GPT4_PATTERN
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainingResult:
     """The trained ranks (token bytes -> rank) and what the training saw."""
 
@@ -130,7 +130,16 @@ class _Reader:
     def texts(self) -> Iterator[str]:
         job, result = self.job, self.result
         read = job.read
-        worker = Worker(Job(None, "uint32", read.seed, read.val_fraction, read.on_decode_error, read.text_field))
+        worker = Worker(
+            Job(
+                tokenizer=None,
+                dtype="uint32",
+                seed=read.seed,
+                val_fraction=read.val_fraction,
+                on_decode_error=read.on_decode_error,
+                text_field=read.text_field,
+            )
+        )
         bar = byte_progress_bar("reading", sum(file.size for file in job.files) or None, smoothing=0.1)
         try:
             for item in corpus_items(job.files, read):

@@ -103,7 +103,7 @@ class TokenFileWriter:
             self.temp_path(name).unlink(missing_ok=True)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SplitStats:
     """Per-split counters kept next to the token files."""
 

@@ -131,25 +131,10 @@ class NativeStep:
             kinds = [self.layer_panels] * (len(products) - 1) + [self.head_panels]
             self.matrices, self.scales = self._grouped_matrices(products, kinds), torch.empty(0)
         else:
-            matrices, scales = zip(*map(weight_and_scale, products))
-            int8 = self.weights == "int8"
-            # float32 matrices in the panels the step reads (float32_blocks; none in a build without vectors)
-            blocks = [] if int8 or dtype != torch.float32 else build.extension().float32_blocks()
-            self.panel_rows = blocks[0] if blocks else 0
-            self.matrices = packed(matrices, [m.numel() for m in matrices], torch.int8 if int8 else dtype, blocks)
-            self.scales = packed(scales, [m.shape[0] for m in matrices], torch.float32) if int8 else torch.empty(0)
+            self._pack_plain(products, dtype)
         self.vectors = packed(vectors, vector_sizes(config), torch.float32)
-        # a tied head's rows are the token embeddings, unless panels interleave them: then the model's own table (an
-        # int8 or int4 head has weights of its own: the quantizers untie it); a table left in a file: None, its rows
-        # are read at each call (_embeddings)
-        head = getattr(model.lm_head, "weight", None)
         self.file_embedding = transformer.wte if isinstance(transformer.wte, FileEmbedding) else None
-        if self.file_embedding is not None:
-            self.embedding = None
-        elif transformer.wte.weight is head and not self.panel_rows:
-            self.embedding = self.matrices[-head.numel() :].view_as(head)
-        else:
-            self.embedding = transformer.wte.weight.detach().to(dtype).contiguous()
+        self.embedding = self._embedding_table(model, dtype)
         self.positions = self._position_table(model)
         flags = [config.norm == "rmsnorm", config.qk_norm, config.pos_encoding == "rope", config.embed_norm]
         flags += [self.layer_panels, self.head_panels]
@@ -165,6 +150,27 @@ class NativeStep:
         self.kernel = build.extension().decode_step
         self.rows_kernel = build.extension().decode_rows
         self.prefill_kernel = build.extension().prefill
+
+    def _pack_plain(self, products: Sequence[nn.Module], dtype: torch.dtype) -> None:
+        """The float or int8 products' weights (and int8's row scales) packed one after another; float32 ones in
+        the panels the step reads (float32_blocks; none in a build without vectors)."""
+        matrices, scales = zip(*map(weight_and_scale, products))
+        int8 = self.weights == "int8"
+        blocks = [] if int8 or dtype != torch.float32 else build.extension().float32_blocks()
+        self.panel_rows = blocks[0] if blocks else 0
+        self.matrices = packed(matrices, [m.numel() for m in matrices], torch.int8 if int8 else dtype, blocks)
+        self.scales = packed(scales, [m.shape[0] for m in matrices], torch.float32) if int8 else torch.empty(0)
+
+    def _embedding_table(self, model: nn.Module, dtype: torch.dtype) -> torch.Tensor | None:
+        """A tied head's rows are the token embeddings, unless panels interleave them: then the model's own table
+        (an int8 or int4 head has weights of its own: the quantizers untie it); a table left in a file: None, its
+        rows are read at each call (_embeddings)."""
+        head, table = getattr(model.lm_head, "weight", None), model.transformer.wte
+        if self.file_embedding is not None:
+            return None
+        if table.weight is head and not self.panel_rows:
+            return self.matrices[-head.numel() :].view_as(head)
+        return table.weight.detach().to(dtype).contiguous()
 
     @staticmethod
     def _grouped_matrices(products: Sequence[nn.Module], kinds: Sequence[int]) -> torch.Tensor:

@@ -52,7 +52,7 @@ void product_tokens(const Matrix<W>& m, int64_t first, int64_t last, const Produ
 #endif
   for (int64_t row = first; row < last; row += ROWS) {
     const W* ws[ROWS];
-    for (int64_t r = 0; r < ROWS; ++r)  // past the last row or input: the last again (computed, not kept)
+    for (int64_t r = 0; r < ROWS; ++r)  // past the last row or input: the last again (computed, then dropped)
       ws[r] = m.values + std::min(row + r, last - 1) * n;
     for (int64_t token = 0; token < count; token += TOKENS) {
       decltype(block_input(in, 0, 0)) xs[TOKENS];  // float32 or 16-bit integer rows
