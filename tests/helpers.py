@@ -451,12 +451,18 @@ def copy_gpt2_bpe_files(destination: Path) -> Path:
 
 
 def signal_mid_run(
-    command: list[str], out_dir: Path, signum: int, workers: int, group: bool = False, timeout: float = 120
+    command: list[str],
+    out_dir: Path,
+    signum: int,
+    workers: int,
+    group: bool = False,
+    timeout: float = 120,
+    times: int = 1,
 ) -> tuple[subprocess.CompletedProcess, list[int]]:
     """Start `command` (a data preparation run writing to `out_dir`) from the repository root, wait until it has
     started `workers` processes and writes a token file (a non-empty *.tmp in out_dir), then send it `signum`: to
-    the process alone, or with `group` to its whole process group as a terminal's Ctrl-C and `timeout` do.
-    Returns the finished process (text stdout and stderr) and the pids of the processes it had started."""
+    the process alone, or with `group` to its whole process group as a terminal's Ctrl-C and `timeout` do; `times`
+    signals 20 ms apart, as an impatient user's Ctrl-Cs. Returns the finished process (text stdout and stderr) and the pids of the processes it had started."""
     import signal
     import time
 
@@ -486,10 +492,12 @@ def signal_mid_run(
             assert time.monotonic() < deadline, "the run never got going"
             time.sleep(0.05)
             children = psutil.Process(process.pid).children(recursive=True)
-        if group:
-            os.killpg(process.pid, signum)
-        else:
-            process.send_signal(signum)
+        for _ in range(times):
+            if group:
+                os.killpg(process.pid, signum)
+            else:
+                process.send_signal(signum)
+            time.sleep(0.02)
         stdout, stderr = process.communicate(timeout=timeout)
     finally:
         if process.poll() is None:  # the test failed: leave nothing running

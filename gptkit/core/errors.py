@@ -144,7 +144,8 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
     UserError exits 2; an OSError the user can fix (USER_OS_ERRNOS: disk full, permissions, a missing path)
     exits 2 with its reason; Ctrl-C exits 130 and SIGTERM 143, each after the program's cleanup has run; a reader
     that went away (`| head`) 141, quietly. Any other exception is a bug: it propagates, so Python prints its full
-    traceback and exits 1 (and `python -m pdb` can stop at it).
+    traceback and exits 1 (and `python -m pdb` can stop at it). With `argv` None the process is the script's own:
+    once a Ctrl-C has stopped it, a further one ends its exit at once, quietly, not in a finalizer's traceback.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     freeze_what_the_imports_made()
@@ -159,6 +160,8 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
         silence_stdout()
         sys.exit(EXIT_BROKEN_PIPE)
     except KeyboardInterrupt:
+        if argv is None:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
         print("interrupted", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
     except Terminated:

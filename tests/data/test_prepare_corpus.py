@@ -318,6 +318,18 @@ def test_a_stop_signal_mid_run_ends_the_workers_and_leaves_nothing(
     assert not out.exists()  # the run created it: no *.tmp, no train.bin / val.bin / meta.json
 
 
+def test_two_quick_ctrl_cs_end_the_run_as_one_does(tmp_path: Path, big_corpus: Path) -> None:
+    """The second Ctrl-C arrives while the workers are being stopped, where it waits until they have left (cut
+    short, the stop left them waiting for work and the exit waiting on them forever), or on the way out, where it
+    ends the process at once (as the signal's own action: -2 here, 130 in a shell)."""
+    out = tmp_path / "out"
+    command = [sys.executable, str(REPO / CORPUS), f"--input={big_corpus}", f"--out_dir={out}", "--num_workers=2"]
+    result, workers = signal_mid_run(command, out, signal.SIGINT, workers=2, group=True, timeout=60, times=2)
+    assert result.returncode in (130, -signal.SIGINT)
+    assert (result.stderr, result.stdout) == ("interrupted\n", "")
+    assert alive(workers) == [] and not out.exists()
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers end with a killed parent only on Linux")
 def test_kill_9_mid_run_still_ends_the_workers(tmp_path: Path, big_corpus: Path) -> None:
     out = tmp_path / "out"

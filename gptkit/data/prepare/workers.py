@@ -300,11 +300,21 @@ def _submit(pool: ProcessPoolExecutor, item: WorkItem, first: bool) -> Future:
     main process receives its own copy on unblocking. The pool's helper threads, started here too, keep the
     mask, so stop signals reach only the main thread, which handles them.
     """
-    if not first or not hasattr(signal, "pthread_sigmask"):
+    if not first:
         return pool.submit(_run_item, item)
+    with stop_signals_held():
+        return pool.submit(_run_item, item)
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait (blocked in this thread) until the block ends, then arrive."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
-        return pool.submit(_run_item, item)
+        yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
@@ -343,4 +353,7 @@ def run_items(
             "a tokenising worker process died (out of memory?); try fewer --num_workers or a smaller --chunk_bytes"
         ) from None
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        # A second Ctrl-C waits until the workers have left: cut short, the shutdown leaves them waiting for work
+        # that never comes, and the interpreter's exit waits on them forever.
+        with stop_signals_held():
+            pool.shutdown(wait=True, cancel_futures=True)
