@@ -5,6 +5,7 @@ The line formats live here, one function each, so that train.py says what it rep
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -15,6 +16,7 @@ from typing import Any
 from gptkit.core.errors import UserError, say_unless_unread
 
 LOG_NAME = "log.jsonl"
+READ_BACK = 1 << 16  # bytes read at a time looking back for the last line's end
 SUMMARY_NAME = "summary.json"  # a finished run's figures, for scripts and benchmarks
 
 
@@ -37,7 +39,9 @@ class RunLog:
         out_dir.mkdir(parents=True, exist_ok=True)
         if wandb is not None:
             self.wandb_run = start_wandb(**wandb, directory=os.environ.get("WANDB_DIR", str(out_dir)))
-        self.file = open(out_dir / LOG_NAME, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole run
+        self.path = out_dir / LOG_NAME
+        cut_to_whole_lines(self.path)
+        self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole run
 
     def say(self, text: str) -> None:
         """Print one line (rank 0 only), at once: runs are watched live and may be killed any time. A run whose
@@ -50,8 +54,11 @@ class RunLog:
         if self.tokens_per_iter is not None:  # the x axes of gptkit.train.curves's tokens and wall-time curves
             entry = {**entry, "tokens": entry["iter"] * self.tokens_per_iter, "time": round(time.time(), 3)}
         if self.file is not None:
-            self.file.write(json.dumps(entry) + "\n")
-            self.file.flush()
+            try:
+                self.file.write(json.dumps(entry) + "\n")
+                self.file.flush()
+            except OSError as exc:  # a full disk: said of this file (the next run drops what was half written)
+                raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
         if self.wandb_run is not None:
             self.wandb_run.log({k: v for k, v in entry.items() if k != "iter" and v is not None}, step=entry["iter"])
 
@@ -62,6 +69,23 @@ class RunLog:
         if self.wandb_run is not None:
             self.wandb_run.finish()
             self.wandb_run = None
+
+
+def cut_to_whole_lines(path: Path) -> None:
+    """Drop a last record cut short (a full disk, a kill mid-write), so that what is appended starts a line."""
+    with contextlib.suppress(FileNotFoundError), open(path, "r+b") as log:
+        size = log.seek(0, os.SEEK_END)
+        end = size
+        while end > 0:
+            start = max(0, end - READ_BACK)
+            log.seek(start)
+            newline = log.read(end - start).rfind(b"\n")
+            if newline >= 0:
+                end = start + newline + 1
+                break
+            end = start
+        if end < size:
+            log.truncate(end)
 
 
 def start_wandb(project: str, name: str | None, config: dict[str, Any], directory: str) -> Any:

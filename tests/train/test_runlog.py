@@ -81,6 +81,21 @@ def test_rank_0_prints_and_appends_to_log_jsonl(tmp_path: Path, capsys: pytest.C
     assert entries == [EVAL, {"iter": 11, "train/loss": 4.0, "lr": 1e-3, "mfu": None, "tokens_per_s": 10.0}]
 
 
+@pytest.mark.parametrize("cut", ['{"iter": 12, "train/lo', "{", '{"iter": 12, "text": "' + "x" * 70_000])
+def test_a_resumed_run_drops_a_record_cut_short_before_it_appends(tmp_path: Path, cut: str) -> None:
+    """A full disk or a kill left half a line: the resumed run's first record starts a line of its own."""
+    first = {"iter": 11, "train/loss": 4.0}
+    (tmp_path / "log.jsonl").write_text(json.dumps(EVAL) + "\n" + json.dumps(first) + "\n" + cut)
+    log = RunLog(master=True, out_dir=tmp_path)
+    log.record({"iter": 12, "train/loss": 3.5})
+    log.close()
+    lines = (tmp_path / "log.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [EVAL, first, {"iter": 12, "train/loss": 3.5}]
+    (tmp_path / "log.jsonl").write_text(cut)  # no whole line at all
+    RunLog(master=True, out_dir=tmp_path).close()
+    assert (tmp_path / "log.jsonl").read_bytes() == b""
+
+
 def test_other_ranks_and_evaluation_runs_write_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     for log in (RunLog(master=False, out_dir=tmp_path / "a"), RunLog(master=True, out_dir=None)):
         log.record(EVAL)
