@@ -4,7 +4,11 @@ tokens, a run exported to GGUF; a new directory every time unless --overwrite; e
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import resource
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -20,6 +24,7 @@ from helpers import (
     REPO,
     assert_one_line_error,
     assert_script_error,
+    clean_env,
     cli_args,
     gpt2_chat_tokenizer,
     greedy_llama_cpp,
@@ -231,6 +236,20 @@ def test_the_script_runs_as_a_user_runs_it(tmp_path, capsys):
     assert hf.encode("cab\n") == [2, 0, 1, 3]
     failed = run_in_process(export.main, cli_args(out_dir=char.parent, export_dir=tmp_path / "hf"), capsys)
     assert_script_error(failed, "already holds files")
+
+
+def test_a_gguf_file_cut_short_by_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
+    """numpy says a short write without an errno; the user reads the full disk it is. A file size limit stands in
+    for the full disk (Python ignores SIGXFSZ, so the write comes up short)."""
+    char = write_checkpoint(tmp_path / "char" / "ckpt.pt", tok.CharTokenizer("abc\n", eot=True), n_embd=64)
+    command = [sys.executable, str(REPO / "export.py"), f"--out_dir={char.parent}", "--format=gguf"]
+    command.append(f"--export_dir={tmp_path / 'gguf'}")
+    limit = functools.partial(resource.setrlimit, resource.RLIMIT_FSIZE, (1 << 14, 1 << 14))
+    result = subprocess.run(command, cwd=REPO, env=clean_env(), capture_output=True, text=True, preexec_fn=limit)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: No space left on device (the GGUF file was cut short: ")
+    assert result.stderr.endswith("); free some disk space or choose another output directory\n")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["char"]
 
 
 def test_help_names_the_script_and_every_format(capsys):

@@ -13,6 +13,7 @@ ever see a GPT and its tokenizer."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -208,7 +209,7 @@ def vocabulary_chat_template(vocabulary: Vocabulary) -> str:
 
 @contextmanager
 def new_directory(destination: str | os.PathLike, overwrite: bool) -> Iterator[Path]:
-    """A temporary directory beside `destination` to write into; on success its files move into `destination`.
+    """A temporary directory in or beside `destination` to write into; on success its files move into `destination`.
 
     Never overwrites unasked: a `destination` that holds anything is a UserError unless `overwrite`, which replaces
     the files and folders of the same names (a folder whole, as PEFT's base/) and leaves the others. A failure
@@ -217,14 +218,26 @@ def new_directory(destination: str | os.PathLike, overwrite: bool) -> Iterator[P
     destination = Path(destination)
     if destination.exists() and not destination.is_dir():
         raise UserError(f"{destination} exists and is not a directory; choose another --export_dir")
-    if destination.is_dir() and any(destination.iterdir()) and not overwrite:
+    left_by_a_killed_export = re.compile(rf"\.{re.escape(destination.name)}\..*\.partial")
+    held = (
+        [path for path in destination.iterdir() if not left_by_a_killed_export.fullmatch(path.name)]
+        if destination.is_dir()
+        else []
+    )
+    if held and not overwrite:
         raise UserError(f"{destination} already holds files; choose a new --export_dir or pass --overwrite")
     above = existing_ancestor(destination)
     if not above.is_dir():
         raise UserError(f"{above} is a file, not a directory; choose another --export_dir")
     destination.parent.mkdir(parents=True, exist_ok=True)
     # A name of its own: never a folder of the user's, nor another export's to the same place at the same time.
-    staging = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.", suffix=".partial"))
+    # Inside an existing destination (which may be a mount point: another file system than its parent's) or beside
+    # a new one, so that the files move in by renaming.
+    place = destination if destination.is_dir() else destination.parent
+    try:
+        staging = Path(tempfile.mkdtemp(dir=place, prefix=f".{destination.name}.", suffix=".partial"))
+    except OSError as exc:  # said of the folder the user named, not of a temporary name
+        raise OSError(exc.errno, exc.strerror, str(place)) from exc
     try:
         yield staging
         destination.mkdir(exist_ok=True)

@@ -19,6 +19,7 @@ every block is one, else as Q4_1.
 
 from __future__ import annotations
 
+import errno
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -226,16 +227,28 @@ def export_gguf(model: GPT, tokenizer: Tokenizer, directory: Path, outtype: str,
         else:  # the head in 8 bits under q4_0 and q4_1 (llama.cpp keeps it in 6, which gguf-py cannot write)
             data, qtype = encode_tensor(key, tensor, "q8_0" if key == head and outtype in Q4_OUTTYPES else outtype)
         writer.add_tensor(key, data, raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_gguf_file(writer)
     if hf_tokenizer is not None:
         text = hf_modelfile(filename, hf_tokenizer, config.block_size)
     else:
         text = modelfile(filename, vocabulary, config.block_size)
     (directory / "Modelfile").write_text(text, encoding="utf-8")
     return [filename, "Modelfile"]
+
+
+def write_gguf_file(writer: Any) -> None:
+    """The writer's header, metadata and tensors into its file. numpy reports a short write (a full disk) as an
+    OSError without an errno, which would read as a bug: it is said as the full disk it is."""
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    except OSError as exc:
+        if exc.errno is not None:
+            raise
+        raise OSError(errno.ENOSPC, f"No space left on device (the GGUF file was cut short: {exc})") from exc
+    finally:
+        writer.close()
 
 
 def add_hyperparameters(writer: Any, config: GPTConfig, architecture: str) -> None:

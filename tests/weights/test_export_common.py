@@ -1,7 +1,8 @@
-"""new_directory: an export written beside its destination and moved in, replacing only when asked."""
+"""new_directory: an export written in or beside its destination and moved in, replacing only when asked."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,30 @@ def test_a_failed_export_leaves_the_earlier_one_as_it_was(tmp_path):
         raise RuntimeError("conversion failed")
     assert tree(destination) == {"adapter_config.json": "old", "base/config.json": "old"}
     assert sorted(path.name for path in tmp_path.iterdir()) == ["adapter"]
+
+
+SHARED_MEMORY = Path("/dev/shm")
+
+
+@pytest.mark.skipif(
+    not SHARED_MEMORY.is_dir() or SHARED_MEMORY.stat().st_dev == Path(__file__).stat().st_dev,
+    reason="needs a second file system (/dev/shm) to export onto",
+)
+def test_an_export_into_a_folder_of_another_file_system_moves_in(tmp_path):
+    """A mount point (a container's volume, a mounted disk) as the export directory: its parent is another file
+    system, so the files are written inside it, where renaming works, and nothing else is left there."""
+    with tempfile.TemporaryDirectory(dir=SHARED_MEMORY) as mounted:
+        destination = tmp_path / "volume"
+        destination.symlink_to(mounted, target_is_directory=True)
+        with new_directory(destination, overwrite=False) as staging:
+            write_tree(staging, {"config.json": "{}", "base/model.safetensors": "weights"})
+        assert tree(Path(mounted)) == {"config.json": "{}", "base/model.safetensors": "weights"}
+        assert sorted(path.name for path in Path(mounted).iterdir()) == ["base", "config.json"]
+
+
+def test_what_a_killed_export_left_does_not_count_as_the_users_files(tmp_path):
+    destination = tmp_path / "out"
+    write_tree(destination, {".out.k3j2.partial/config.json": "half"})
+    with new_directory(destination, overwrite=False) as staging:
+        write_tree(staging, {"config.json": "{}"})
+    assert tree(destination)["config.json"] == "{}"
