@@ -4,6 +4,7 @@ compression against GPT-2, the whole path to sampling from a checkpoint alone, a
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
@@ -18,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 import tiktoken
+import tiktoken.load
 
 import sample
 import train
@@ -141,6 +143,22 @@ def test_the_ranks_file_is_tiktokens_own_format(trained: tuple, tmp_path: Path) 
     assert meta["ranks_sha256"] == sha256_file(tmp_path / bpe.RANKS_FILENAME)
     loaded = tok.make_tokenizer(str(tmp_path))
     assert isinstance(loaded, tok.BpeTokenizer) and loaded.to_meta() == tokenizer.to_meta() | {"name": "x"}
+
+
+def test_a_write_that_fails_leaves_the_earlier_tokenizer_whole(
+    trained: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--overwrite=True on a full disk: the new files are written out before either replaces the old ones."""
+    result = trained[0]
+    bpe.write_tokenizer_dir(tmp_path, result.ranks, bpe.GPT4_PATTERN, {tok.END_OF_TEXT: 999}, "x", {})
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(bpe, "atomic_write_json", lambda path, obj: (_ for _ in ()).throw(full))
+    smaller = dict(list(result.ranks.items())[:300])
+    with pytest.raises(OSError, match="No space left"):
+        bpe.write_tokenizer_dir(tmp_path, smaller, bpe.GPT4_PATTERN, {tok.END_OF_TEXT: 300}, "y", {})
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+    assert tok.make_tokenizer(str(tmp_path)).vocab_size == 1000
 
 
 def test_training_is_deterministic_and_honours_max_chars(trained: tuple) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gptkit.core.errors import UserError
-from gptkit.core.fileio import atomic_write_bytes, atomic_write_json
+from gptkit.core.fileio import atomic_open, atomic_write_json
 
 FORMAT = "gptkit-bpe"
 VERSION = 1
@@ -164,7 +164,7 @@ def write_tokenizer_dir(
     name: str,
     training: dict[str, Any],
 ) -> dict[str, Any]:
-    """Write the ranks file, then tokenizer.json (each atomically); returns the metadata written."""
+    """Write the ranks file and tokenizer.json (each atomically); returns the metadata written."""
     directory = Path(directory)
     ranks_text = ranks_to_text(ranks)
     meta = {
@@ -178,10 +178,12 @@ def write_tokenizer_dir(
         "ranks_sha256": sha256_text(ranks_text),
         "training": training,
     }
-    # Without tokenizer.json the directory is no tokenizer: written last, so an interrupted run leaves none.
-    (directory / META_FILENAME).unlink(missing_ok=True)
-    atomic_write_bytes(directory / RANKS_FILENAME, ranks_text.encode("ascii"))
-    atomic_write_json(directory / META_FILENAME, meta)
+    # Both files are written out whole before either replaces an earlier one, so a failure (a full disk, a signal)
+    # leaves an earlier tokenizer as it was; the ranks' sha256 in tokenizer.json tells the two renames apart.
+    with atomic_open(directory / RANKS_FILENAME, "wb") as ranks_file:
+        ranks_file.write(ranks_text.encode("ascii"))
+        ranks_file.flush()
+        atomic_write_json(directory / META_FILENAME, meta)
     return meta
 
 
