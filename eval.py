@@ -12,7 +12,6 @@ The last line on stdout is the summary of every task; --json_out writes {"hellas
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ import torch
 
 from gptkit.core.devices import Runtime, autocast
 from gptkit.core.errors import UserError, run_cli
-from gptkit.core.fileio import existing_ancestor
+from gptkit.core.fileio import check_writable_parent
 from gptkit.core.settings import parse_settings, setting
 from gptkit.data.tokenizer import Tokenizer
 from gptkit.eval import hellaswag
@@ -85,7 +84,7 @@ class EvaluateSettings(ModelSource, Decoding, Runtime):
         if self.json_out and Path(self.json_out).is_dir():
             raise UserError(f"--json_out={self.json_out} is a directory; name a file")
         if self.json_out:
-            check_writable_parent(Path(self.json_out))
+            check_writable_parent(Path(self.json_out), "--json_out")
         for name, given in (("prompts", self.prompts), ("hellaswag_path", self.hellaswag_path)):
             if self.json_out and given and Path(self.json_out).resolve() == Path(given).resolve():
                 raise UserError(f"--json_out={self.json_out} is the --{name} file; name another file for the results")
@@ -94,16 +93,6 @@ class EvaluateSettings(ModelSource, Decoding, Runtime):
                 f"--json_out={self.json_out} exists (an earlier evaluation's); pass --overwrite=True to replace it, or "
                 "name another file"
             )
-
-
-def check_writable_parent(path: Path) -> None:
-    """UserError unless `path`'s directory exists as a writable directory or can be made: checked before an
-    evaluation of hours, whose results would otherwise be lost at the end."""
-    above = existing_ancestor(path)
-    if not above.is_dir():
-        raise UserError(f"--json_out={path}: {above} is a file, not a directory; name another file")
-    if not os.access(above, os.W_OK | os.X_OK):
-        raise UserError(f"--json_out={path}: {above} is not writable; name another file")
 
 
 def run_own_tasks(

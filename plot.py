@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptkit.core.errors import UserError, run_cli
+from gptkit.core.fileio import check_writable_parent
 from gptkit.core.settings import parse_settings, setting, setting_list
 from gptkit.train.curves import CURVES_NAME, plot_runs
 
@@ -31,6 +32,8 @@ class PlotSettings:
             raise UserError(f"--out={self.out} is a directory; name a PNG file")
         if self.out and Path(self.out).suffix.lower() != ".png":
             raise UserError(f"--out={self.out}: the drawing is a PNG; name a file ending in .png")
+        if self.out:
+            check_writable_parent(Path(self.out), "--out")
         # A run's own curves.png is train.py's drawing of its log, redrawn at every evaluation; another file may be
         # the user's.
         if self.out and Path(self.out).exists() and not self.overwrite:

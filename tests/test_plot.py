@@ -51,6 +51,8 @@ def test_an_existing_out_file_is_kept_unless_overwrite(tmp_path: Path, capsys: p
     code, _, err = run_main(plot.main, [str(a), f"--out={tmp_path / 'curves.txt'}"], capsys)
     assert_one_line_error(code, err, "the drawing is a PNG; name a file ending in .png")
     assert not (tmp_path / "curves.txt").exists()
+    code, _, err = run_main(plot.main, [str(a), f"--out={mine / 'c.png'}"], capsys)
+    assert_one_line_error(code, err, f"--out={mine / 'c.png'}: {mine} is a file, not a directory")
     assert run_main(plot.main, [str(a), f"--out={mine}", "--overwrite=True"], capsys)[0] == 0 and is_png(mine)
 
 

@@ -100,6 +100,16 @@ def existing_ancestor(path: str | os.PathLike) -> Path:
     return next((parent for parent in Path(path).parents if parent.exists()), Path("."))
 
 
+def check_writable_parent(path: Path, flag: str) -> None:
+    """UserError unless `path`'s directory exists as a writable directory or can be made: checked before the work
+    whose result would be lost at the end. `flag` names the setting that gave the path (--json_out)."""
+    above = existing_ancestor(path)
+    if not above.is_dir():
+        raise UserError(f"{flag}={path}: {above} is a file, not a directory; name another file")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise UserError(f"{flag}={path}: {above} is not writable; name another file")
+
+
 def sha256_file(path: str | os.PathLike, block_bytes: int = 1 << 20) -> str:
     """Hex sha256 of the file at `path`, read in blocks so memory stays small whatever the file's size."""
     return _digest_file(hashlib.sha256(), path, block_bytes)
