@@ -358,7 +358,7 @@ def test_a_mistake_rank_0_alone_meets_is_its_one_line_and_rank_1_stops_in_one_li
     best = tmp_path / "out" / "best.pt"
     assert (ranks[0].returncode, errors[0]) == (
         2,
-        f"error: cannot write checkpoint {best}: File too large; the file was left as it was\n",
+        f"error: cannot write checkpoint {best}: File too large\n",
     )
     line = "error: rank 1 stops: another process of this run has stopped (its message says why)\n"
     assert (ranks[1].returncode, errors[1]) == (1, line)

@@ -51,7 +51,10 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", suffix: str = ".tmp")
         raise ValueError("atomic_open only writes")
     destination = Path(path)
     destination.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=suffix, dir=destination.parent)
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=suffix, dir=destination.parent)
+    except OSError as exc:
+        raise _said_of(exc, destination) from exc
     tmp_path = Path(tmp_name)
     try:
         os.chmod(tmp_path, 0o666 & ~_current_umask())  # mkstemp creates 0600; use what open() would give
@@ -61,11 +64,18 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", suffix: str = ".tmp")
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_path, destination)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
+        if isinstance(exc, OSError) and exc.filename in (None, tmp_name):
+            raise _said_of(exc, destination) from exc
         raise
     _fsync_directory(destination.parent)
+
+
+def _said_of(exc: OSError, destination: Path) -> OSError:
+    """The error of a write, naming the file the user knows, not its temporary twin."""
+    return OSError(exc.errno, exc.strerror or str(exc), str(destination))
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

@@ -52,9 +52,9 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None
         os_error = exc if isinstance(exc, OSError) else exc.__context__
         if not isinstance(os_error, OSError):
             raise
-        raise UserError(
-            f"cannot write checkpoint {path}: {describe_os_error(os_error)}; the file was left as it was"
-        ) from exc
+        unnamed = OSError(os_error.errno, os_error.strerror)  # the message names the file itself
+        left = "; the earlier file was left as it was" if Path(path).exists() else ""
+        raise UserError(f"cannot write checkpoint {path}: {describe_os_error(unnamed)}{left}") from exc
 
 
 def load_checkpoint(
