@@ -24,7 +24,7 @@ from gptkit.data.chat import ChatError, check_messages
 from gptkit.data.meta import META_FILENAME, dtype_for_vocab, read_meta
 from gptkit.data.prepare.chat_inputs import ChatItem, conversation_of, records
 from gptkit.data.prepare.discover import describe_skipped
-from gptkit.data.prepare.driver import Progress
+from gptkit.data.prepare.driver import Progress, count_of
 from gptkit.data.prepare.items import SPLITS, conversation_key, is_val_document
 from gptkit.data.prepare.workers import run_items
 from gptkit.data.prepare.writer import DatasetWriter
@@ -293,10 +293,6 @@ def prepare_chat(
     return meta, seconds
 
 
-def _count(number: int, noun: str) -> str:
-    return f"{number:,} {noun}{'' if number == 1 else 's'}"
-
-
 def _reasons(counts: dict[str, int]) -> str:
     return ", ".join(f"{count:,} {reason}" for reason, count in sorted(counts.items()) if count)
 
@@ -307,21 +303,21 @@ def summary_line(meta: dict[str, Any], out_dir: str | os.PathLike, seconds: floa
     for split in SPLITS:
         info = meta["splits"][split]
         parts.append(
-            f"{split} {_count(info['documents'], 'conversation')} / {_count(info['tokens'], 'token')} "
+            f"{split} {count_of(info['documents'], 'conversation')} / {count_of(info['tokens'], 'token')} "
             f"({info['assistant_tokens']:,} assistant)"
         )
     source = meta["source"]
     files = sum(len(info["files"]) + 2 for info in meta["splits"].values()) + 1
     line = f"wrote {files} files to {out_dir} ({meta['dtype']}, vocab {meta['vocab_size']:,}): {'; '.join(parts)}"
     if source["cut"]:
-        line += f"; {_count(source['cut'], 'conversation')} cut to block_size + 1"
+        line += f"; {count_of(source['cut'], 'conversation')} cut to block_size + 1"
     if any(source["dropped"].values()):
-        line += f"; {_count(sum(source['dropped'].values()), 'conversation')} dropped ({_reasons(source['dropped'])})"
+        line += f"; {count_of(sum(source['dropped'].values()), 'conversation')} dropped ({_reasons(source['dropped'])})"
     if any(source["skipped"].values()):
-        line += f"; {_count(sum(source['skipped'].values()), 'conversation')} skipped ({_reasons(source['skipped'])})"
+        line += f"; {count_of(sum(source['skipped'].values()), 'conversation')} skipped ({_reasons(source['skipped'])})"
     skipped_files = source.get("skipped_files", {})
     if any(skipped_files.values()):
-        line += f"; {_count(sum(skipped_files.values()), 'file')} left out ({describe_skipped(skipped_files)})"
+        line += f"; {count_of(sum(skipped_files.values()), 'file')} left out ({describe_skipped(skipped_files)})"
     if seconds > 0:
         line += f"; {input_bytes / 1e6:.1f} MB in {seconds:.1f} s"
     return line

@@ -129,7 +129,8 @@ def prepare(
     return meta, seconds
 
 
-def _count(number: int, noun: str) -> str:
+def count_of(number: int, noun: str) -> str:
+    """'1 document', '2,000 documents'."""
     return f"{number:,} {noun}{'' if number == 1 else 's'}"
 
 
@@ -140,8 +141,8 @@ def summary_line(meta: dict[str, Any], out_dir: str | os.PathLike, seconds: floa
     for split, info in meta["splits"].items():
         files += len(info["files"])
         parts.append(
-            f"{split} {_count(info['tokens'], 'token')} / {_count(info['documents'], 'document')} / "
-            f"{_count(len(info['files']), 'file')}"
+            f"{split} {count_of(info['tokens'], 'token')} / {count_of(info['documents'], 'document')} / "
+            f"{count_of(len(info['files']), 'file')}"
         )
     tokens = sum(info["tokens"] for info in meta["splits"].values())
     skipped = meta.get("source", {}).get("skipped_documents", 0)
@@ -149,9 +150,9 @@ def summary_line(meta: dict[str, Any], out_dir: str | os.PathLike, seconds: floa
     rate = f"{input_bytes / 1e6 / seconds:.1f} MB/s, {tokens / 1e6 / seconds:.2f}M tokens/s" if seconds > 0 else ""
     return (
         f"wrote {files + 1} files to {out_dir} ({meta['dtype']}, vocab {meta['vocab_size']:,}): {'; '.join(parts)}"
-        + (f"; {_count(skipped, 'document')} skipped" if skipped else "")
+        + (f"; {count_of(skipped, 'document')} skipped" if skipped else "")
         + (
-            f"; {_count(sum(skipped_files.values()), 'file')} left out ({describe_skipped(skipped_files)})"
+            f"; {count_of(sum(skipped_files.values()), 'file')} left out ({describe_skipped(skipped_files)})"
             if any(skipped_files.values())
             else ""
         )
