@@ -329,8 +329,14 @@ def restore(
     objective: Objective,
 ) -> tuple[int, float, bool]:
     """The optimizer's, scaler's and data order's state put back from the checkpoint; its step, best val loss, and
-    whether that step was evaluated (a checkpoint saved by a stop was not)."""
+    whether that step was evaluated (a checkpoint saved by a stop was not). --eval_only trains nothing: the step
+    alone, whatever optimizer the run had."""
     latest = str(Path(cfg.out_dir) / ckpt.LATEST_NAME)
+    if cfg.eval_only:
+        try:
+            return ckpt.checkpoint_step(resumed), math.inf, True
+        except (KeyError, ValueError) as exc:
+            raise ckpt.damaged_training_state(latest, exc) from exc
     iter_num, best_val_loss = ckpt.restore_training_state(resumed, latest, model, optimizer, scaler, objective.sampler)
     return iter_num, best_val_loss, resumed.get("evaluated", True) is not False
 

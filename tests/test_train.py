@@ -656,6 +656,9 @@ def test_eval_only_reports_estimate_and_whole_split_and_writes_nothing(
     last_eval = json.loads((reference[0] / "log.jsonl").read_text().splitlines()[-1])
     assert full_loss == pytest.approx(last_eval["val/loss"], abs=0.15)  # the estimate is close to the exact value
     assert sorted(p.name for p in out_dir.iterdir()) == ["ckpt.pt"]
+    other = "muon" if ckpt.load_checkpoint(out_dir / "ckpt.pt")["config"]["optimizer"] == "adamw" else "adamw"
+    assert train.main([*args, "--eval_only", f"--optimizer={other}"]) == 0  # nothing trains: any optimizer
+    assert capsys.readouterr().out.splitlines()[-1] == lines[-2]
 
 
 # ----------------------------------------------------------------------------- fine-tuning and wandb

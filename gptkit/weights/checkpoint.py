@@ -506,12 +506,21 @@ def restore_training_state(
             sampler.load_state_dict(checkpoint["sampler"])
         if "rng" in checkpoint:
             restore_rng_state(checkpoint["rng"])
-        iter_num = checkpoint["iter_num"]
-        if isinstance(iter_num, bool) or not isinstance(iter_num, int) or iter_num < 0:
-            raise ValueError(f"iter_num is {iter_num!r}, not a step")
-        return iter_num, float(checkpoint["best_val_loss"])
+        return checkpoint_step(checkpoint), float(checkpoint["best_val_loss"])
     except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as exc:
-        raise UserError(
-            f"checkpoint {source} has a damaged training state ({type(exc).__name__}: {exc}); "
-            "resume from another checkpoint or start over"
-        ) from exc
+        raise damaged_training_state(source, exc) from exc
+
+
+def checkpoint_step(checkpoint: dict) -> int:
+    """The step a training checkpoint was saved at; ValueError (or KeyError) for anything else."""
+    iter_num = checkpoint["iter_num"]
+    if isinstance(iter_num, bool) or not isinstance(iter_num, int) or iter_num < 0:
+        raise ValueError(f"iter_num is {iter_num!r}, not a step")
+    return iter_num
+
+
+def damaged_training_state(source: str, exc: Exception) -> UserError:
+    return UserError(
+        f"checkpoint {source} has a damaged training state ({type(exc).__name__}: {exc}); resume from another "
+        "checkpoint or start over"
+    )
