@@ -458,8 +458,11 @@ class GPT(nn.Module):
         self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None, generator=None
     ) -> torch.Tensor:
         """Append max_new_tokens sampled tokens to idx (B, T), with a full forward pass per token and no cache: the
-        plain reference that gptkit.infer's fast paths must match. temperature 0 is greedy. When the context outgrows
-        block_size the window restarts from its last 3/4, as the engine's KV cache does, so both give equal tokens."""
+        plain reference whose greedy tokens (temperature 0) gptkit.infer's fast paths must match (they draw sampled
+        ones in their own way). When the context outgrows block_size the window restarts from its last 3/4, as the
+        engine's KV cache does, so both give equal tokens."""
+        if max_new_tokens < 0 or not temperature >= 0 or (top_k is not None and top_k < 1):
+            raise ValueError(f"generate: {max_new_tokens=} and {temperature=} must be >= 0, {top_k=} None or >= 1")
         block = self.config.block_size
         start = max(0, idx.size(1) - block)
         for _ in range(max_new_tokens):

@@ -76,7 +76,7 @@ class TrainSettings(ObjectiveSettings, Runtime):
     eval_tasks: str = setting("", "also evaluate these tasks (comma-separated: hellaswag), see eval.py")
     eval_tasks_interval: int | None = setting(None, "eval_tasks only at steps divisible by this", rule="positive")
     eval_tasks_limit: int | None = setting(None, "eval_tasks: the first N items of each task", rule="positive")
-    hellaswag_path: str = hellaswag.path_setting()
+    hellaswag_path: str = hellaswag.path_setting(used_by="eval_tasks: ")
     curves: bool = setting(True, "draw out_dir/curves.png of log.jsonl at the end and at evaluations 30 s apart")
     init_from: str = setting("scratch", INIT_CHOICES_HELP)
     overwrite: bool = setting(False, "start afresh even where out_dir holds an earlier run's checkpoint, replacing it")
@@ -337,7 +337,8 @@ def restore(
             return ckpt.checkpoint_step(resumed), math.inf, True
         except (KeyError, ValueError) as exc:
             raise ckpt.damaged_training_state(latest, exc) from exc
-    iter_num, best_val_loss = ckpt.restore_training_state(resumed, latest, model, optimizer, scaler, objective.sampler)
+    parts = (model, optimizer, scaler, objective.sampler)
+    iter_num, best_val_loss = ckpt.restore_training_state(resumed, latest, *parts, optimizer_name=cfg.optimizer)
     return iter_num, best_val_loss, resumed.get("evaluated", True) is not False
 
 

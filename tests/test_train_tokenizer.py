@@ -145,15 +145,24 @@ def test_the_ranks_file_is_tiktokens_own_format(trained: tuple, tmp_path: Path) 
     assert isinstance(loaded, tok.BpeTokenizer) and loaded.to_meta() == tokenizer.to_meta() | {"name": "x"}
 
 
+@pytest.mark.parametrize("failing", [1, 2], ids=["tokenizer.json", "ranks"])
 def test_a_write_that_fails_leaves_the_earlier_tokenizer_whole(
-    trained: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    trained: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: int
 ) -> None:
-    """--overwrite=True on a full disk: the new files are written out before either replaces the old ones."""
+    """--overwrite=True on a full disk, found when either new file is synced: neither replaces the old ones."""
     result = trained[0]
     bpe.write_tokenizer_dir(tmp_path, result.ranks, bpe.GPT4_PATTERN, {tok.END_OF_TEXT: 999}, "x", {})
     before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
-    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(bpe, "atomic_write_json", lambda path, obj: (_ for _ in ()).throw(full))
+    calls = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == failing:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
     smaller = dict(list(result.ranks.items())[:300])
     with pytest.raises(OSError, match="No space left"):
         bpe.write_tokenizer_dir(tmp_path, smaller, bpe.GPT4_PATTERN, {tok.END_OF_TEXT: 300}, "y", {})

@@ -64,7 +64,7 @@ def start_processes(requested_device: str, backend: str, accumulation_steps: int
             f"({procs.world_size}); e.g. --gradient_accumulation_steps={fits}"
         )
     if backend == "auto":
-        backend = "nccl" if device.type == "cuda" else "gloo"
+        backend = "nccl" if device.type == "cuda" and torch.distributed.is_nccl_available() else "gloo"
     if backend == "nccl" and (device.type != "cuda" or not torch.distributed.is_nccl_available()):
         raise UserError(f"--backend=nccl needs CUDA GPUs and a torch built with NCCL, not {device}; use --backend=gloo")
     if device.type == "cuda":

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gptkit.core.errors import UserError
-from gptkit.core.fileio import atomic_open, atomic_write_json
+from gptkit.core.fileio import atomic_open
 
 FORMAT = "gptkit-bpe"
 VERSION = 1
@@ -178,12 +178,16 @@ def write_tokenizer_dir(
         "ranks_sha256": sha256_text(ranks_text),
         "training": training,
     }
-    # Both files are written out whole before either replaces an earlier one, so a failure (a full disk, a signal)
-    # leaves an earlier tokenizer as it was; the ranks' sha256 in tokenizer.json tells the two renames apart.
-    with atomic_open(directory / RANKS_FILENAME, "wb") as ranks_file:
-        ranks_file.write(ranks_text.encode("ascii"))
-        ranks_file.flush()
-        atomic_write_json(directory / META_FILENAME, meta)
+    # Both files are written out whole (and synced) before either replaces an earlier one, so a failure while
+    # writing (a full disk, a signal) leaves an earlier tokenizer as it was. Only a crash between the two renames
+    # leaves a mix, which the ranks' sha256 in tokenizer.json tells apart.
+    with atomic_open(directory / META_FILENAME, "w") as meta_file:
+        json.dump(meta, meta_file, indent=2, ensure_ascii=False)
+        meta_file.write("\n")
+        meta_file.flush()
+        os.fsync(meta_file.fileno())
+        with atomic_open(directory / RANKS_FILENAME, "wb") as ranks_file:
+            ranks_file.write(ranks_text.encode("ascii"))
     return meta
 
 

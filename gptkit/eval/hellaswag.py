@@ -261,10 +261,12 @@ def evaluate_tasks(
     return results
 
 
-def path_setting() -> Any:
-    """--hellaswag_path, as eval.py and train.py (its eval_tasks) take it."""
+def path_setting(used_by: str = "") -> Any:
+    """--hellaswag_path, as eval.py and train.py (`used_by`: its eval_tasks) take it."""
     return setting(
-        "", "HellaSwag JSONL file or URL (ctx, endings, label); empty: the canonical validation set, downloaded once"
+        "",
+        f"{used_by}HellaSwag JSONL file or URL (ctx, endings, label); empty: the canonical validation set, downloaded "
+        "once",
     )
 
 

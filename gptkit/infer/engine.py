@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import copy
 import math
-import numbers
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ from gptkit.core.errors import UserError
 from gptkit.infer.backend import compute_dtype
 from gptkit.infer.decoding import make_backend
 from gptkit.infer.memory import huge_page_zeros
-from gptkit.infer.next_token import Sampling, sampling_problem
+from gptkit.infer.next_token import Sampling, is_whole_number, sampling_problem
 
 
 class KVCache:
@@ -198,10 +197,13 @@ class Request:
         return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias) or self.logprobs is not None
 
     def validate(self) -> None:
+        for name, tokens in (("prompt", self.prompt), ("stop_tokens", self.stop_tokens)):
+            if not isinstance(tokens, (list, tuple)) or not all(is_whole_number(token) for token in tokens):
+                raise ValueError(f"a request's {name} is a list of token ids (whole numbers), got {type(tokens)}")
         if not self.prompt:
             raise ValueError("a request needs a prompt of at least one token")
-        if self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if not is_whole_number(self.max_new_tokens) or self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be a whole number >= 0, got {self.max_new_tokens!r}")
         problem = sampling_problem(self.temperature, self.top_k, self.top_p)
         if problem:
             raise ValueError(problem)
@@ -210,8 +212,8 @@ class Request:
         numbers = [self.presence_penalty, self.frequency_penalty, *self.logit_bias.values()]
         if not all(math.isfinite(number) for number in numbers):
             raise ValueError("penalties and logit biases must be finite numbers")
-        if self.logprobs is not None and self.logprobs < 0:
-            raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
+        if self.logprobs is not None and (not is_whole_number(self.logprobs) or self.logprobs < 0):
+            raise ValueError(f"logprobs must be a whole number >= 0, got {self.logprobs!r}")
 
     def last_token(self) -> int:
         """The token the next step feeds: the last one made, or the prompt's last."""
@@ -229,7 +231,9 @@ class Engine:
     (onednn.decoding_copy: the same values). `positions`: the
     most positions a row will reach (a prompt and its new tokens), where the caller knows it ahead (generate): the
     cache then holds that many rather than block_size (less memory to fill, except for a compiled step, whose graphs
-    are made for block_size), and a request that would pass it is refused.
+    are made for block_size), and a request that would pass it is refused. The backend packs or copies the weights
+    as they are when the engine is made: after they change (a training step, load_state_dict), make a new engine
+    (generate makes one a call).
     """
 
     def __init__(self, model: nn.Module, slots: int = 1, decode: str = "auto", positions: int | None = None) -> None:
@@ -265,8 +269,10 @@ class Engine:
                 raise ValueError("this request has already been added")
             if any(not 0 <= token < vocab_size for token in request.logit_bias):
                 raise ValueError(f"logit_bias names a token outside the model's vocabulary of {vocab_size}")
+            if request.logprobs is not None and request.logprobs > vocab_size:
+                raise ValueError(f"logprobs asks for {request.logprobs} alternatives of a vocabulary of {vocab_size}")
             # Checked before any request joins: a token past the table would fail every later step of the batch.
-            if any(not isinstance(token, numbers.Integral) or not 0 <= token < vocab_size for token in request.prompt):
+            if any(not 0 <= token < vocab_size for token in request.prompt):
                 raise ValueError(f"a prompt holds a token that is no id of the model's vocabulary of {vocab_size}")
             reach = min(len(request.prompt), self.block_size) + request.max_new_tokens
             if self.cache.capacity < self.block_size and reach > self.cache.capacity:
@@ -500,12 +506,16 @@ def generate_stream(
     """Yield the next token of every row of idx (B, T) as a (B,) tensor, up to max_new_tokens steps.
 
     All rows share `generator` and the settings. A row that has made a stop token repeats it; the stream ends
-    early once every row has stopped. See Engine for the cache, the sliding window and `decode`.
+    early once every row has stopped. See Engine for the cache, the sliding window and `decode`. The model decodes
+    in eval mode (no dropout), its own mode restored when the stream ends. ValueError for a mistake in the
+    arguments, at the call.
     """
-    if idx.dim() != 2 or idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
+    if idx.dim() != 2 or idx.dtype not in (torch.int32, torch.int64) or not idx.size(0):
         raise ValueError(
-            f"idx must be a (batch, tokens) tensor of token ids, got {idx.dtype} of shape {tuple(idx.shape)}"
+            f"idx must be a (batch, tokens) tensor of int64 or int32 token ids, with a row or more, got {idx.dtype} "
+            f"of shape {tuple(idx.shape)}"
         )
+    stop_tokens = [] if stop_tokens is None else [int(token) for token in stop_tokens]
     requests = [
         Request(
             prompt=row,
@@ -513,14 +523,26 @@ def generate_stream(
             temperature=temperature,
             top_k=top_k,
             top_p=top_p,
-            stop_tokens=tuple(stop_tokens or ()),
+            stop_tokens=stop_tokens,
             generator=generator,
         )
         for row in idx.tolist()
     ]
-    engine = Engine(model, slots=len(requests), decode=decode, positions=idx.size(1) + max_new_tokens)
-    for _ in engine.run(requests):
-        yield torch.tensor([request.output[-1] for request in requests], dtype=idx.dtype, device=idx.device)
+    for request in requests:
+        request.validate()  # here, not at the first token: the caller's mistake is said where it was made
+    return _stream(model, requests, idx, decode)
+
+
+def _stream(model: nn.Module, requests: list[Request], idx: torch.Tensor, decode: str) -> Iterator[torch.Tensor]:
+    was_training = model.training
+    model.eval()  # decoding: no dropout, as every backend computes; the caller's mode comes back at the end
+    try:
+        positions = idx.size(1) + requests[0].max_new_tokens
+        engine = Engine(model, slots=len(requests), decode=decode, positions=positions)
+        for _ in engine.run(requests):
+            yield torch.tensor([request.output[-1] for request in requests], dtype=idx.dtype, device=idx.device)
+    finally:
+        model.train(was_training)
 
 
 def generate(

@@ -2,7 +2,7 @@
 
 sample_next_token is the rule, written once for every Python path: the engine's own sampling and the compiled step's
 graph (gptkit.infer.compiled) call it; the native step's C++ (gptkit/infer/native/csrc/sampling.h) follows it, and
-model.py's plain `generate` is the reference it matches. A step's draw takes one uniform number a row (inverse
+model.py's plain `generate` is the reference its greedy choice matches (it samples by its own draw). A step's draw takes one uniform number a row (inverse
 transform sampling), from the row's generator or given by the caller: a backend that samples inside its step gets
 numbers the engine draws beforehand, so a seeded request makes the same tokens whichever backend runs it. In a
 compiled graph, top-k searches a large vocabulary by blocks (largest_k).
@@ -11,6 +11,7 @@ compiled graph, top-k searches a large vocabulary by blocks (largest_k).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -146,12 +147,17 @@ def draw(
     return torch.minimum(column, torch.searchsorted(cdf, total))
 
 
+def is_whole_number(value: object) -> bool:
+    """An int (numpy's too), not a bool nor a float that happens to be whole: a count of tokens."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def sampling_problem(temperature: float, top_k: int | None, top_p: float | None) -> str | None:
     """What is wrong with these sampling settings (None: nothing); the one place their rules live."""
     if not 0 <= temperature < math.inf:
         return f"temperature must be a finite number >= 0, got {temperature}"
-    if top_k is not None and top_k <= 0:
-        return f"top_k must be a positive integer or None, got {top_k}"
+    if top_k is not None and (not is_whole_number(top_k) or top_k <= 0):
+        return f"top_k must be a positive integer or None, got {top_k!r}"
     if top_p is not None and not 0.0 < top_p <= 1.0:
         return f"top_p must be in (0, 1], got {top_p}"
     return None

@@ -85,7 +85,20 @@ def cut_to_whole_lines(path: Path) -> None:
                 break
             end = start
         if end < size:
-            log.truncate(end)
+            log.seek(end)
+            last = log.read()
+            if _is_json(last):  # a whole record whose newline the cut took: kept
+                log.write(b"\n")
+            else:
+                log.truncate(end)
+
+
+def _is_json(data: bytes) -> bool:
+    try:
+        json.loads(data)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError
+        return False
+    return True
 
 
 def start_wandb(project: str, name: str | None, config: dict[str, Any], directory: str) -> Any:

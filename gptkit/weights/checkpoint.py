@@ -400,11 +400,11 @@ def gather_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimiz
 
 
 def check_optimizer_state(
-    optimizer: torch.optim.Optimizer, state: Any, source: str, trained_with: str | None = None
+    optimizer: torch.optim.Optimizer, state: Any, source: str, trained_with: str | None = None, asked: str | None = None
 ) -> None:
     """UserError unless `state` (single-process layout) fits `optimizer`: same groups, and every per-parameter
     tensor shaped like its parameter. torch itself would only fail at the first step, with a shape error.
-    trained_with: the checkpoint's --optimizer, which the message names."""
+    trained_with: the checkpoint's --optimizer, which the message names where it is not the `asked` one."""
     try:
         saved_groups = [list(group["params"]) for group in state["param_groups"]]
         per_parameter = state["state"]
@@ -412,7 +412,8 @@ def check_optimizer_state(
     except (KeyError, TypeError) as exc:
         raise UserError(f"checkpoint {source}: the optimizer state is damaged ({type(exc).__name__}: {exc})") from exc
     if not fits:
-        hint = f"; it was trained with --optimizer={trained_with}: resume with that" if trained_with else ""
+        named = trained_with is not None and trained_with != asked
+        hint = f"; it was trained with --optimizer={trained_with}: resume with that" if named else ""
         raise UserError(f"checkpoint {source}: the optimizer state belongs to another model or optimizer{hint}")
     for saved, group in zip(saved_groups, optimizer.param_groups):
         for saved_id, parameter in zip(saved, group["params"]):
@@ -492,12 +493,13 @@ def restore_training_state(
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler,
     sampler: BatchSampler,
+    optimizer_name: str | None = None,
 ) -> tuple[int, float]:
     """Continue from `checkpoint`: optimizer, loss scaler, data position and RNG states; returns (iter_num,
     best_val_loss). A damaged or foreign training state is a UserError naming the file, never a crash mid-run."""
     config = checkpoint.get("config")
     trained_with = config.get("optimizer") if isinstance(config, dict) else None
-    check_optimizer_state(optimizer, checkpoint["optimizer"], source, trained_with)
+    check_optimizer_state(optimizer, checkpoint["optimizer"], source, trained_with, optimizer_name)
     try:
         restore_optimizer_state(model, optimizer, checkpoint["optimizer"])
         if checkpoint.get("scaler"):

@@ -216,6 +216,8 @@ def new_directory(destination: str | os.PathLike, overwrite: bool) -> Iterator[P
     leaves `destination` as it was.
     """
     destination = Path(destination)
+    if destination.is_symlink() and not destination.exists():
+        raise UserError(f"{destination} is a link to nothing ({os.readlink(destination)}); choose another --export_dir")
     if destination.exists() and not destination.is_dir():
         raise UserError(f"{destination} exists and is not a directory; choose another --export_dir")
     left_by_a_killed_export = re.compile(rf"\.{re.escape(destination.name)}\..*\.partial")

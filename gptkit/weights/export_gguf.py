@@ -19,7 +19,6 @@ every block is one, else as Q4_1.
 
 from __future__ import annotations
 
-import errno
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -237,8 +236,8 @@ def export_gguf(model: GPT, tokenizer: Tokenizer, directory: Path, outtype: str,
 
 
 def write_gguf_file(writer: Any) -> None:
-    """The writer's header, metadata and tensors into its file. numpy reports a short write (a full disk) as an
-    OSError without an errno, which would read as a bug: it is said as the full disk it is."""
+    """The writer's header, metadata and tensors into its file. numpy reports a short write (a full disk, a file
+    size limit) as an OSError without an errno, which would read as a bug: it is said as the user's to mend."""
     try:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
@@ -246,7 +245,10 @@ def write_gguf_file(writer: Any) -> None:
     except OSError as exc:
         if exc.errno is not None:
             raise
-        raise OSError(errno.ENOSPC, f"No space left on device (the GGUF file was cut short: {exc})") from exc
+        raise UserError(
+            f"the GGUF file was cut short ({exc}): the disk is full or a file size limit was reached; free some "
+            "space or choose another --export_dir"
+        ) from exc
     finally:
         writer.close()
 

@@ -11,7 +11,7 @@ files and the hub), gguf_read.py (llama.cpp's).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from gptkit.data.hf_tokenizer import HFTokenizer, is_gpt2_bpe, is_hf_tokenizer_d
 from gptkit.data.meta import read_meta
 from gptkit.data.prepare import chat_prepare
 from gptkit.data.tokenizer import Tokenizer, make_tokenizer, tokenizer_from_meta
-from gptkit.model import GPT, config_from_dict
+from gptkit.model import GPT, GPTConfig, config_from_dict
 from gptkit.weights.checkpoint import (
     check_base_tokenizer,
     checked_weights,
@@ -146,6 +146,7 @@ def load(
     """
     if dtype not in DTYPES:
         raise UserError(f"dtype {dtype!r}: models load as {' or '.join(DTYPES)}")
+    check_overrides(overrides)
     kind = source_kind(source)
     if kind is None:
         raise unknown_source(source)
@@ -175,6 +176,49 @@ def load(
     if dtype != "float32":  # every reader gives float32 weights; a cast to it would also widen int4 blocks' scales
         model = model.to(DTYPES[dtype])
     return replace(read, model=model.eval(), tokenizer=text_tokenizer)
+
+
+# The model settings that fix the weights' shapes or meaning: an override of one would not fit the file's weights.
+SHAPE_SETTINGS = frozenset(
+    [
+        "vocab_size",
+        "n_layer",
+        "n_head",
+        "n_kv_head",
+        "n_embd",
+        "head_dim",
+        "mlp_hidden",
+        "bias",
+        "qkv_bias",
+        "tie_embeddings",
+        "norm",
+        "norm_weight",
+        "qk_norm",
+        "qk_norm_weight",
+        "activation",
+        "pos_encoding",
+        "embed_norm",
+    ]
+)
+
+
+def check_overrides(overrides: Any) -> None:
+    """UserError, naming the override, for one a model cannot take: not a dict, a key no model setting has, a
+    setting the weights' shapes follow, or a value the model refuses (dropout 2)."""
+    if overrides is None:
+        return
+    if not isinstance(overrides, dict):
+        raise UserError(f"overrides is a dict of model settings, e.g. {{'dropout': 0.1}}, not {type(overrides)}")
+    unknown = sorted(set(overrides) - {field.name for field in fields(GPTConfig)})
+    if unknown:
+        raise UserError(f"overrides: {', '.join(map(str, unknown))} is no model setting (GPTConfig's fields)")
+    fixed = sorted(set(overrides) & SHAPE_SETTINGS)
+    if fixed:
+        raise UserError(f"overrides: {', '.join(fixed)} follows the weights' shapes; only settings that keep them")
+    try:
+        GPTConfig(**overrides)
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"overrides: {exc}") from None
 
 
 def check_vocabulary_fits(tokens: int, rows: int, source: str, data_dir: str) -> None:

@@ -329,6 +329,17 @@ def test_the_default_generate_call_never_changes_the_callers_model(monkeypatch, 
         assert out[row, 4:].tolist() == reference_greedy(plain_copy(model), prompt[row].tolist(), 6)
 
 
+@pytest.mark.parametrize("decode", ["eager", "native"])
+def test_a_model_in_training_mode_decodes_without_dropout_and_stays_in_it(decode: str):
+    """A fresh GPT is in training mode: generate decodes it as in eval mode (every backend the same greedy tokens,
+    none with dropout's noise) and gives it back in training mode."""
+    model = lively_model(seed=3, dropout=0.5).train()
+    prompt = torch.tensor(prompts_of(4))
+    out = generate(model, prompt, 8, temperature=0, decode=decode)
+    assert model.training and all(module.training for module in model.modules())
+    assert out[0, 4:].tolist() == reference_greedy(plain_copy(model).eval(), prompt[0].tolist(), 8)
+
+
 def test_the_decoding_copy_follows_a_changed_model(monkeypatch):
     """The oneDNN copy (decode=auto's rows where the native step is not built) is made once per model and again
     after a weight changes in place (an optimizer step): the next generate decodes with the new weights."""
@@ -728,8 +739,14 @@ def test_bad_logit_rules_are_refused():
         engine.add(Request(prompt=[1, 2], max_new_tokens=3, logit_bias={VOCAB + 30: 1.0}))
     with pytest.raises(ValueError, match="finite"):
         engine.add(Request(prompt=[1, 2], max_new_tokens=3, presence_penalty=float("nan")))
-    with pytest.raises(ValueError, match="logprobs"):
-        engine.add(Request(prompt=[1, 2], max_new_tokens=3, logprobs=-1))
+    for logprobs in (-1, True, 2.0, VOCAB + 1):
+        with pytest.raises(ValueError, match="logprobs"):
+            engine.add(Request(prompt=[1, 2], max_new_tokens=3, logprobs=logprobs))
+    for wrong in ({"max_new_tokens": 3.0}, {"max_new_tokens": 3, "top_k": 2.5}, {"max_new_tokens": 3, "top_k": True}):
+        with pytest.raises(ValueError, match=r"max_new_tokens must be a whole number|top_k must be a positive integer"):
+            engine.add(Request(prompt=[1, 2], **wrong))
+    with pytest.raises(ValueError, match="stop_tokens is a list of token ids"):
+        engine.add(Request(prompt=[1, 2], max_new_tokens=3, stop_tokens=torch.tensor([1])))
 
 
 @pytest.mark.parametrize("decode", ["eager", "native"])
@@ -740,17 +757,19 @@ def test_a_prompt_token_outside_the_vocabulary_is_refused_before_it_joins(decode
     engine = Engine(model, slots=2, decode=decode)
     good = Request(prompt=[1, 2], max_new_tokens=3, temperature=0.0)
     engine.add(good)
-    for prompt in ([1, VOCAB], [VOCAB, 1], [-1, 1], [1.5, 1]):
-        with pytest.raises(ValueError, match="no id of the model's vocabulary"):
+    for prompt in ([1, VOCAB], [VOCAB, 1], [-1, 1], [1.5, 1], [True, 1], torch.tensor([1, 2])):
+        with pytest.raises(ValueError, match=r"no id of the model's vocabulary|prompt is a list of token ids"):
             engine.add(Request(prompt=prompt, max_new_tokens=3, temperature=0.0))
         assert engine.active == [good]
     list(engine.run([]))
     alone = Request(prompt=[1, 2], max_new_tokens=3, temperature=0.0)
     list(Engine(model, slots=1, decode=decode).run([alone]))
     assert good.output == alone.output and good.finish_reason == "length"
-    for idx in (torch.tensor([1, 2]), torch.tensor([[1.0, 2.0]])):
-        with pytest.raises(ValueError, match=r"idx must be a \(batch, tokens\) tensor of token ids"):
+    for idx in (torch.tensor([1, 2]), torch.tensor([[1.0, 2.0]]), torch.tensor([[1, 2]], dtype=torch.uint8)):
+        with pytest.raises(ValueError, match=r"idx must be a \(batch, tokens\) tensor of int64 or int32 token ids"):
             generate(model, idx, 2)
+    with pytest.raises(ValueError, match="max_new_tokens must be a whole number"):
+        generate(model, torch.tensor([[1, 2]]), 2.0)  # said at the call, before any decoding
 
 
 # ----------------------------------------------------------------------------------------------- non-finite logits

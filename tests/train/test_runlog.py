@@ -96,6 +96,15 @@ def test_a_resumed_run_drops_a_record_cut_short_before_it_appends(tmp_path: Path
     assert (tmp_path / "log.jsonl").read_bytes() == b""
 
 
+def test_a_whole_last_record_without_its_newline_is_kept(tmp_path: Path) -> None:
+    (tmp_path / "log.jsonl").write_text(json.dumps(EVAL) + "\n" + json.dumps({"iter": 11, "train/loss": 4.0}))
+    log = RunLog(master=True, out_dir=tmp_path)
+    log.record({"iter": 12, "train/loss": 3.5})
+    log.close()
+    lines = (tmp_path / "log.jsonl").read_text().splitlines()
+    assert [json.loads(line)["iter"] for line in lines] == [EVAL["iter"], 11, 12]
+
+
 def test_other_ranks_and_evaluation_runs_write_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     for log in (RunLog(master=False, out_dir=tmp_path / "a"), RunLog(master=True, out_dir=None)):
         log.record(EVAL)

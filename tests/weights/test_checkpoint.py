@@ -281,6 +281,8 @@ def test_training_state_is_restored_and_a_damaged_one_is_a_user_error(tmp_path: 
     other = {**saved, "optimizer": {"state": {}, "param_groups": []}, "config": {"optimizer": "muon"}}
     with pytest.raises(UserError, match=r"optimizer; it was trained with --optimizer=muon: resume with that$"):
         ckpt.restore_training_state(other, "x.pt", *parts())
+    with pytest.raises(UserError, match=r"belongs to another model or optimizer$"):  # the same optimizer: no hint
+        ckpt.restore_training_state(other, "x.pt", *parts(), optimizer_name="muon")
 
 
 def test_a_written_training_checkpoint_is_read_back_by_this_module(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gptkit.core.errors import UserError
 from gptkit.weights.export_common import new_directory
 
 
@@ -73,3 +74,11 @@ def test_what_a_killed_export_left_does_not_count_as_the_users_files(tmp_path):
     with new_directory(destination, overwrite=False) as staging:
         write_tree(staging, {"config.json": "{}"})
     assert tree(destination)["config.json"] == "{}"
+
+
+def test_a_link_to_nothing_is_one_line_before_any_work(tmp_path):
+    destination = tmp_path / "out"
+    destination.symlink_to(tmp_path / "gone")
+    refused = pytest.raises(UserError, match=r"out is a link to nothing \(.*gone\); choose another --export_dir$")
+    with refused, new_directory(destination, overwrite=False):
+        raise AssertionError("the export ran")

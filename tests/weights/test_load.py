@@ -417,6 +417,13 @@ def bad_sources(root: Path) -> dict[str, tuple[dict, str]]:
         "dtype": ({"source": str(root / "run"), "dtype": "float16"}, "models load as float32 or bfloat16"),
         "not a checkpoint": ({"source": str(root / "notes.txt")}, "cannot load checkpoint"),
         "not cached": ({"source": "someone/not-cached"}, "no hub repository of that name in the cache (offline?)"),
+        "override of a shape": (
+            {"source": str(root / "run"), "overrides": {"n_layer": 3}},
+            "overrides: n_layer follows the weights' shapes",
+        ),
+        "unknown override": ({"source": str(root / "run"), "overrides": {"bogus": 1}}, "overrides: bogus is no model"),
+        "bad override": ({"source": str(root / "run"), "overrides": {"dropout": 2.0}}, "overrides: dropout must be in"),
+        "overrides not a dict": ({"source": str(root / "run"), "overrides": ["dropout"]}, "overrides is a dict"),
         "vocabulary": (
             {"source": str(root / "small")},
             f"{root / 'small'}: its tokenizer has {CHARS.vocab_size} tokens but its model only 10",
