@@ -198,8 +198,13 @@ class Request:
 
     def validate(self) -> None:
         for name, tokens in (("prompt", self.prompt), ("stop_tokens", self.stop_tokens)):
-            if not isinstance(tokens, (list, tuple)) or not all(is_whole_number(token) for token in tokens):
-                raise ValueError(f"a request's {name} is a list of token ids (whole numbers), got {type(tokens)}")
+            wrong = (
+                [token for token in tokens if not is_whole_number(token)]
+                if isinstance(tokens, (list, tuple))
+                else [tokens]
+            )
+            if wrong:
+                raise ValueError(f"a request's {name} is a list of token ids (whole numbers), not of {wrong[0]!r}")
         if not self.prompt:
             raise ValueError("a request needs a prompt of at least one token")
         if not is_whole_number(self.max_new_tokens) or self.max_new_tokens < 0:
@@ -269,6 +274,8 @@ class Engine:
                 raise ValueError("this request has already been added")
             if any(not 0 <= token < vocab_size for token in request.logit_bias):
                 raise ValueError(f"logit_bias names a token outside the model's vocabulary of {vocab_size}")
+            if any(not 0 <= token < vocab_size for token in request.stop_tokens):
+                raise ValueError(f"stop_tokens holds a token outside the model's vocabulary of {vocab_size}")
             if request.logprobs is not None and request.logprobs > vocab_size:
                 raise ValueError(f"logprobs asks for {request.logprobs} alternatives of a vocabulary of {vocab_size}")
             # Checked before any request joins: a token past the table would fail every later step of the batch.
@@ -507,15 +514,15 @@ def generate_stream(
 
     All rows share `generator` and the settings. A row that has made a stop token repeats it; the stream ends
     early once every row has stopped. See Engine for the cache, the sliding window and `decode`. The model decodes
-    in eval mode (no dropout), its own mode restored when the stream ends. ValueError for a mistake in the
-    arguments, at the call.
+    in eval mode (no dropout), its own mode restored when the stream ends or is closed (a stream left unfinished
+    keeps it in eval mode until then). ValueError for a mistake in the arguments, at the call.
     """
     if idx.dim() != 2 or idx.dtype not in (torch.int32, torch.int64) or not idx.size(0):
         raise ValueError(
             f"idx must be a (batch, tokens) tensor of int64 or int32 token ids, with a row or more, got {idx.dtype} "
             f"of shape {tuple(idx.shape)}"
         )
-    stop_tokens = [] if stop_tokens is None else [int(token) for token in stop_tokens]
+    stop_tokens = () if stop_tokens is None else stop_tokens  # a list or tuple of ids: Request.validate says so
     requests = [
         Request(
             prompt=row,

@@ -481,6 +481,12 @@ class Service:
         problem = next_token.sampling_problem(temperature, body.top_k, body.top_p)
         if problem:
             raise APIError(status=400, message=problem, param=problem.split()[0])
+        count, vocab_size = body.logprob_count, self.tokenizer.vocab_size
+        if count is not None and count > vocab_size:
+            param = "top_logprobs" if isinstance(body, ChatCompletionRequest) else "logprobs"
+            raise APIError(
+                status=400, message=f"{param} is {count}; the vocabulary has {vocab_size} tokens", param=param
+            )
         # best_of ranks its candidates by their tokens' log-probabilities, asked for or not
         ranked = body.candidates > (body.n or 1)
         return {

@@ -250,7 +250,7 @@ class Batcher:
     def _echo(self, jobs: list[Job]) -> list[Job]:
         """Post each echoing job's prompt text, with its tokens scored when asked (once per distinct prompt); a job
         whose prompt the model cannot score (non-finite logits) ends with an error. Returns the jobs that go on."""
-        scores: dict[tuple, list[TokenLogprob] | GenerationError] = {}
+        scores: dict[tuple, list[TokenLogprob] | Exception] = {}
         going = []
         for job in jobs:
             if job.score_prompt is not None:
@@ -258,11 +258,15 @@ class Batcher:
                 if key not in scores:
                     try:
                         scores[key] = self.engine.prompt_logprobs(job.request.prompt, job.score_prompt)
-                    except GenerationError as exc:
+                    except Exception as exc:  # this job ends with it; the others go on (a bug's is a 500)
                         scores[key] = exc
-                if isinstance(scores[key], GenerationError):
+                failure = scores[key]
+                if isinstance(failure, GenerationError):
                     job.error_status = REFUSED_STATUS
-                    self._finish(job, "error", str(scores[key]))
+                    self._finish(job, "error", str(failure))
+                    continue
+                if isinstance(failure, Exception):
+                    self._finish(job, "error", f"could not score this prompt: {type(failure).__name__}: {failure}")
                     continue
                 job.post(job.echo, None, scores[key][job.unshown :])
             elif job.echo:

@@ -770,6 +770,11 @@ def test_a_prompt_token_outside_the_vocabulary_is_refused_before_it_joins(decode
             generate(model, idx, 2)
     with pytest.raises(ValueError, match="max_new_tokens must be a whole number"):
         generate(model, torch.tensor([[1, 2]]), 2.0)  # said at the call, before any decoding
+    for stop_tokens in ([1.7], [True], "12", 5):
+        with pytest.raises(ValueError, match="stop_tokens is a list of token ids"):
+            generate(model, torch.tensor([[1, 2]]), 2, stop_tokens=stop_tokens)
+    with pytest.raises(ValueError, match="stop_tokens holds a token outside the model's vocabulary"):
+        generate(model, torch.tensor([[1, 2]]), 2, stop_tokens=[-1])
 
 
 # ----------------------------------------------------------------------------------------------- non-finite logits

@@ -257,3 +257,20 @@ def test_an_echo_shows_the_prompt_as_sent_though_a_llama_tokenizer_opens_it_with
     want = [float(expected[i, t]) for i, t in enumerate(ids)]  # row i predicts token i + 1 of [bos, *ids]
     assert choice["logprobs"]["token_logprobs"] == pytest.approx(want, abs=1e-5)
     assert choice["logprobs"]["text_offset"][0] == 0
+
+
+def test_more_alternatives_than_the_vocabulary_is_a_400():
+    """A 5-token vocabulary: 20 alternatives asked (echoed or made) is the client's mistake, said before any work;
+    the echoed case never answered at all."""
+    small = CharTokenizer.from_text("abc\n", eot=True)
+    with running_app(lively_model(small.vocab_size, block_size=16), small, slots=2) as base:
+        asked = [
+            ("completions", {"prompt": "ab", "max_tokens": 0, "echo": True, "logprobs": 20}, "logprobs"),
+            ("completions", {"prompt": "ab", "max_tokens": 2, "logprobs": 20}, "logprobs"),
+        ]
+        for path, body, param in asked:
+            answer = HTTP.post(f"{base}/v1/{path}", json={"model": "m", **body}, timeout=30)
+            assert answer.status_code == 400, answer.text
+            error = answer.json()["error"]
+            assert (error["param"], error["message"]) == (param, f"{param} is 20; the vocabulary has 5 tokens")
+        assert complete(base, prompt="ab", max_tokens=1, logprobs=5)["choices"][0]["logprobs"] is not None
