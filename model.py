@@ -461,7 +461,8 @@ class GPT(nn.Module):
         plain reference whose greedy tokens (temperature 0) gptkit.infer's fast paths must match (they draw sampled
         ones in their own way). When the context outgrows block_size the window restarts from its last 3/4, as the
         engine's KV cache does, so both give equal tokens."""
-        if max_new_tokens < 0 or not temperature >= 0 or (top_k is not None and top_k < 1):
+        counts_fit = isinstance(max_new_tokens, int) and (top_k is None or (isinstance(top_k, int) and top_k >= 1))
+        if not counts_fit or max_new_tokens < 0 or not temperature >= 0:
             raise ValueError(f"generate: {max_new_tokens=} and {temperature=} must be >= 0, {top_k=} None or >= 1")
         block = self.config.block_size
         start = max(0, idx.size(1) - block)

@@ -271,3 +271,13 @@ def test_grown_token_rows_start_at_the_mean_and_stay_tied() -> None:
     for row in range(10, 14):
         torch.testing.assert_close(weight[row], old.double().mean(dim=0).float())
     torch.testing.assert_close(model(x, x)[0][..., :10], before)  # the old tokens' logits are unchanged
+
+
+def test_the_plain_generate_refuses_what_it_cannot_sample_with():
+    model = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=16)).eval()
+    idx = torch.tensor([[1, 2]])
+    wrongs = [{"max_new_tokens": -3}, {"max_new_tokens": 2.0}, {"temperature": -1.0}, {"temperature": math.nan}]
+    for wrong in [*wrongs, {"top_k": 0}, {"top_k": 1.5}]:
+        with pytest.raises(ValueError, match=r"^generate: max_new_tokens="):
+            model.generate(idx, **{"max_new_tokens": 2, **wrong})
+    assert model.generate(idx, 3, temperature=0).shape == (1, 5)
