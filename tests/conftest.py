@@ -200,7 +200,7 @@ def _seed_everything_one_thread():
 
 @pytest.fixture(scope="session")
 def char_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A char-level data directory of tiny Shakespeare's first 20,000 characters, shared by the whole session
+    """A char-level data directory of tiny Shakespeare's first 20,000 characters, shared by the whole test run
     (tests that change their data make their own with helpers.make_char_data)."""
     from helpers import make_char_data, sample_text
 

@@ -139,7 +139,7 @@ def _body_blocks(response: requests.Response, block_bytes: int) -> Iterator[byte
         yield block
 
 
-def _attempt(session: requests.Session, url: str, part: Path, policy: DownloadPolicy, progress) -> None:
+def _attempt(client: requests.Session, url: str, part: Path, policy: DownloadPolicy, progress) -> None:
     """One GET into `part`, resuming from its current size. Raises _RetryableError or UserError."""
     have = part.stat().st_size if part.exists() else 0
     # identity: a compressed transfer would make byte offsets for Range meaningless.
@@ -147,7 +147,7 @@ def _attempt(session: requests.Session, url: str, part: Path, policy: DownloadPo
     if have:
         headers["Range"] = f"bytes={have}-"
     try:
-        with session.get(
+        with client.get(
             url, headers=headers, stream=True, timeout=(policy.connect_timeout, policy.read_timeout)
         ) as response:
             status = response.status_code
@@ -201,7 +201,7 @@ def download(
     destination: str | os.PathLike,
     sha256: str | None = None,
     policy: DownloadPolicy | None = None,
-    session: requests.Session | None = None,
+    client: requests.Session | None = None,
 ) -> Path:
     """Download `url` to `destination` (atomic); returns the destination path.
 
@@ -214,13 +214,13 @@ def download(
     destination = Path(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
     part = destination.with_name(destination.name + PART_SUFFIX)
-    own_session = session is None
-    session = session or requests.Session()
+    own_client = client is None
+    client = client or requests.Session()
     progress = _progress_bar(url)
     try:
         for attempt in range(policy.retries + 1):
             try:
-                _attempt(session, url, part, policy, progress)
+                _attempt(client, url, part, policy, progress)
                 break
             except _RetryableError as exc:
                 if attempt == policy.retries:
@@ -235,8 +235,8 @@ def download(
     finally:
         if progress is not None:
             progress.close()
-        if own_session:
-            session.close()
+        if own_client:
+            client.close()
     if sha256 is not None:
         actual = sha256_file(part)
         if actual != sha256:

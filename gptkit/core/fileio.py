@@ -54,7 +54,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", suffix: str = ".tmp")
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=suffix, dir=destination.parent)
     except OSError as exc:
-        raise _said_of(exc, destination) from exc
+        raise named_os_error(exc, destination) from exc
     tmp_path = Path(tmp_name)
     try:
         os.chmod(tmp_path, 0o666 & ~_current_umask())  # mkstemp creates 0600; use what open() would give
@@ -68,14 +68,15 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", suffix: str = ".tmp")
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         if isinstance(exc, OSError) and exc.filename in (None, tmp_name):
-            raise _said_of(exc, destination) from exc
+            raise named_os_error(exc, destination) from exc
         raise
     _fsync_directory(destination.parent)
 
 
-def _said_of(exc: OSError, destination: Path) -> OSError:
-    """The error of a write, naming the file the user knows, not its temporary twin."""
-    return OSError(exc.errno, exc.strerror or str(exc), str(destination))
+def named_os_error(exc: OSError, path: str | os.PathLike) -> OSError:
+    """`exc` said of `path`, the file or folder the user knows (not a temporary twin, or no name at all), as
+    run_cli reports it."""
+    return OSError(exc.errno, exc.strerror or str(exc), str(path))
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

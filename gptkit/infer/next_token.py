@@ -2,10 +2,10 @@
 
 sample_next_token is the rule, written once for every Python path: the engine's own sampling and the compiled step's
 graph (gptkit.infer.compiled) call it; the native step's C++ (gptkit/infer/native/csrc/sampling.h) follows it, and
-model.py's plain `generate` is the reference its greedy choice matches (it samples by its own draw). A step's draw takes one uniform number a row (inverse
-transform sampling), from the row's generator or given by the caller: a backend that samples inside its step gets
-numbers the engine draws beforehand, so a seeded request makes the same tokens whichever backend runs it. In a
-compiled graph, top-k searches a large vocabulary by blocks (largest_k).
+model.py's plain `generate` is the reference its greedy choice matches (it samples by its own draw). A step's draw
+takes one uniform number a row (inverse transform sampling), from the row's generator or given by the caller: a
+backend that samples inside its step gets numbers the engine draws beforehand, so a seeded request makes the same
+tokens whichever backend runs it. In a compiled graph, top-k searches a large vocabulary by blocks (largest_k).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gptkit.core.errors import UserError, say_unless_unread
+from gptkit.core.fileio import named_os_error
 
 LOG_NAME = "log.jsonl"
 READ_BACK = 1 << 16  # bytes read at a time looking back for the last line's end
@@ -58,7 +59,7 @@ class RunLog:
                 self.file.write(json.dumps(entry) + "\n")
                 self.file.flush()
             except OSError as exc:  # a full disk: said of this file (the next run drops what was half written)
-                raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
+                raise named_os_error(exc, self.path) from exc
         if self.wandb_run is not None:
             self.wandb_run.log({k: v for k, v in entry.items() if k != "iter" and v is not None}, step=entry["iter"])
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from gptkit.core.errors import UserError
-from gptkit.core.fileio import existing_ancestor
+from gptkit.core.fileio import existing_ancestor, named_os_error
 from gptkit.data import bpe
 from gptkit.data.chat import ChatTemplate
 from gptkit.data.tokenizer import (
@@ -220,7 +220,8 @@ def new_directory(destination: str | os.PathLike, overwrite: bool) -> Iterator[P
         raise UserError(f"{destination} is a link to nothing ({os.readlink(destination)}); choose another --export_dir")
     if destination.exists() and not destination.is_dir():
         raise UserError(f"{destination} exists and is not a directory; choose another --export_dir")
-    left_by_a_killed_export = re.compile(rf"\.{re.escape(destination.name)}\..*\.partial")
+    prefix, suffix = f".{destination.name}.", ".partial"  # the staging folder's name, around mkdtemp's letters
+    left_by_a_killed_export = re.compile(f"{re.escape(prefix)}.*{re.escape(suffix)}")
     held = (
         [path for path in destination.iterdir() if not left_by_a_killed_export.fullmatch(path.name)]
         if destination.is_dir()
@@ -237,9 +238,9 @@ def new_directory(destination: str | os.PathLike, overwrite: bool) -> Iterator[P
     # a new one, so that the files move in by renaming.
     place = destination if destination.is_dir() else destination.parent
     try:
-        staging = Path(tempfile.mkdtemp(dir=place, prefix=f".{destination.name}.", suffix=".partial"))
+        staging = Path(tempfile.mkdtemp(dir=place, prefix=prefix, suffix=suffix))
     except OSError as exc:  # said of the folder the user named, not of a temporary name
-        raise OSError(exc.errno, exc.strerror, str(place)) from exc
+        raise named_os_error(exc, place) from exc
     try:
         yield staging
         destination.mkdir(exist_ok=True)
