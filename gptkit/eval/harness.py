@@ -31,7 +31,8 @@ except ImportError as exc:  # raised as one line by the scripts
     raise ImportError("the lm-evaluation-harness is not installed: pip install lm-eval") from exc
 
 from gptkit.core.devices import autocast
-from gptkit.data.tokenizer import Tokenizer
+from gptkit.data.hf_tokenizer import HFTokenizer
+from gptkit.data.tokenizer import Tokenizer, prompt_opening
 from gptkit.eval.hellaswag import score_rows
 from gptkit.infer.engine import Engine, Request
 from gptkit.infer.textstream import TextStream
@@ -68,11 +69,22 @@ class GPTKitLM(TemplateLM):
         return NO_PREFIX if eot is None else eot
 
     @property
+    def prefix_token_id(self) -> int:
+        """What an empty context and a text's first window condition on: the tokenizer's bos where it names one,
+        else the end of text (as the harness's Hugging Face model does)."""
+        tokenizer = self.gpt_tokenizer
+        bos = tokenizer.named_token_id("bos_token") if isinstance(tokenizer, HFTokenizer) else None
+        return self.eot_token_id if bos is None else bos
+
+    @property
     def max_length(self) -> int:
         return self.block_size
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
-        return self.gpt_tokenizer.encode(string)
+        """The text's tokens, opened as the tokenizer opens a text (a Llama's bos) unless add_special_tokens is
+        False: the harness's Hugging Face model encodes so, and the model was trained so."""
+        opening = [] if add_special_tokens is False else prompt_opening(self.gpt_tokenizer)
+        return opening + self.gpt_tokenizer.encode(string)
 
     def tok_decode(self, tokens: Sequence[int], **kwargs: Any) -> str:
         return self.gpt_tokenizer.decode(tokens)
@@ -112,7 +124,7 @@ class GPTKitLM(TemplateLM):
         results = []
         for (text,) in (request.args for request in requests):
             tokens = self.tok_encode(text)
-            prefix = self.eot_token_id
+            prefix = self.prefix_token_id
             if prefix == NO_PREFIX:  # nothing to condition the first token on: it stays unscored
                 prefix, tokens = (tokens[0], tokens[1:]) if tokens else (0, [])
             windows = [

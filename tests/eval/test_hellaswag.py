@@ -503,6 +503,49 @@ def test_harness_generation_and_rolling_loglikelihood(trained, harness_tasks) ->
 
 
 @pytest.mark.heavy
+def test_harness_scores_a_llama_as_the_harness_s_own_hugging_face_model(tmp_path: Path) -> None:
+    """A Llama 3-shaped model whose tokenizer opens a text with <|begin_of_text|>, written as a Hugging Face
+    directory: the adapter's log-likelihoods of context and continuation pairs, of a continuation with no context
+    and of whole texts (in one window and in several) equal those of the harness's own `hf` model on the same
+    directory (transformers' forward), and its generation prompts open with the bos as transformers' do."""
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("transformers")
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    import hf_tokenizer_dirs
+    from gptkit.data.hf_tokenizer import load_hf_tokenizer
+    from gptkit.eval import harness
+    from gptkit.weights import load
+    from gptkit.weights.hf import write_hf
+    from helpers import lively_model
+
+    directory = hf_tokenizer_dirs.write_family(tmp_path / "llama3", "llama3")
+    tokenizer = load_hf_tokenizer(directory)
+    llama = dict(norm="rmsnorm", pos_encoding="rope", activation="swiglu", bias=False, n_kv_head=1, mlp_hidden=48)
+    model = lively_model(tokenizer.vocab_size, block_size=24, **llama)
+    bos = tokenizer.named_token_id("bos_token")
+    write_hf(model, directory, bos=bos, eos=tokenizer.eot_token)
+    loaded = load(str(directory))
+    ours = harness.GPTKitLM(loaded.model, loaded.tokenizer, "cpu", batch_size=4)
+    theirs = HFLM(pretrained=str(directory), device="cpu", dtype="float32", batch_size=4)
+    text = hf_tokenizer_dirs.FAMILY_CORPUS[0]
+
+    def requests(kind: str, arguments: list[tuple]) -> list[Instance]:
+        return [Instance(request_type=kind, doc={}, arguments=args, idx=i) for i, args in enumerate(arguments)]
+
+    pairs = requests("loglikelihood", [("It's 2024:", " I'LL pay"), ("", "apples, we've"), ("x =", " [1, 22]")])
+    texts = requests("loglikelihood_rolling", [("we've 42 pears",), (text,)])  # the second: several windows
+    assert len(ours.tok_encode(text)) > 2 * ours.max_length
+    assert ours.tok_encode("pears")[0] == bos and ours.tok_encode("pears", add_special_tokens=False)[0] != bos
+    for mine, reference in zip(ours.loglikelihood(pairs), theirs.loglikelihood(pairs)):
+        assert mine[0] == pytest.approx(reference[0], abs=1e-4) and mine[1] == reference[1]
+    assert ours.loglikelihood_rolling(texts) == pytest.approx(theirs.loglikelihood_rolling(texts), abs=1e-4)
+    assert ours.prefix_token_id == theirs.prefix_token_id == bos
+    assert ours.tok_encode("x = 1") == theirs.tok_encode("x = 1")
+
+
+@pytest.mark.heavy
 def test_lm_eval_scores_the_served_model_as_evaluate_py_does(trained, harness_tasks, offline_datasets) -> None:
     """lm-eval's own `local-completions` model, pointed at the server (tokenizing through its /tokenize, scoring
     with echo and logprobs), gets the accuracies the in-process adapter gets on the same checkpoint and items."""
