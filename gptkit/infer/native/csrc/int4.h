@@ -262,14 +262,20 @@ struct ProductInput<Int4Symmetric> : ProductInput<Int4> {};
 template <>
 struct ProductInput<Int8Grouped> : ProductInput<Int4> {};
 
-// Which records a pass over an int4 panel asks the L2 cache for (grouped_panel_dots), as float32 panels do (Prefetch):
-// one pass, the record INT4_AHEAD bytes on from each it reads; several passes over a panel, the later ones reading it
-// from the cache, take turns asking for the next panel's records (`from` on).
+// Which records a pass over an int4 panel asks the caches for (grouped_panel_dots): one pass, the record INT4_AHEAD
+// bytes on from each it reads, into the L1 cache with AVX-512 (it reads them next) and the L2 with AVX2; several
+// passes over a panel, the later ones reading it from the cache, take turns asking the L2 for the next panel's
+// records (`from` on). Why so far, and the L1 with AVX-512: more lines in flight, which a one-row step needs to read
+// at the memory's higher speeds (measured on a Zen 5 and a Zen 4: docs/benchmarks.md).
 struct RecordPrefetch {
   const uint8_t* from;
   int64_t turn = 0, turns = 1;
 };
+#if defined(__AVX512F__)
+constexpr int64_t INT4_AHEAD = 6144;
+#else
 constexpr int64_t INT4_AHEAD = 4096;
+#endif
 
 #if defined(GPTKIT_VECTORS)
 // The most inputs one pass over a grouped panel multiplies: int32 sums (the group's: two for int4's low and high
@@ -415,12 +421,18 @@ inline void int8_group_dots(const uint8_t* record, const GroupedInputs& in, int6
   }
 }
 
-// Asks the L2 cache for the lines of the int4 record (of W) at `at`.
-template <typename W>
+// Asks the cache `hint` names (_MM_HINT_T0: the L1, T1: the L2) for the lines of the int4 record (of W) at `at`.
+using CacheHint = decltype(_MM_HINT_T0);
+template <typename W, CacheHint hint>
 inline void prefetch_record(const uint8_t* at) {
   const char* lines = reinterpret_cast<const char*>(at);
-  for (int64_t line = 0; line < GROUPED_RECORD<W>; line += 64) _mm_prefetch(lines + line, _MM_HINT_T1);
+  for (int64_t line = 0; line < GROUPED_RECORD<W>; line += 64) _mm_prefetch(lines + line, hint);
 }
+#if defined(__AVX512F__)
+constexpr CacheHint ONE_PASS_HINT = _MM_HINT_T0;  // see RecordPrefetch
+#else
+constexpr CacheHint ONE_PASS_HINT = _MM_HINT_T1;
+#endif
 
 // out[t * INT4_PANEL + r] = row r of an int4 panel (`groups` records from `panel`) times input t (in: as
 // ProductInput<Int4> takes them), for t < T. Per group, the codes meet each input's integers in an int32 sum of the
@@ -439,9 +451,11 @@ void grouped_panel_dots(const uint8_t* panel, int64_t groups, const GroupedInput
   int64_t wait = prefetch.turn;  // records until this pass's next one to ask for
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* record = panel + g * GROUPED_RECORD<W>;
-    if (wait-- == 0) {
+    if (prefetch.turns == 1) {
+      prefetch_record<W, ONE_PASS_HINT>(prefetch.from + g * GROUPED_RECORD<W>);
+    } else if (wait-- == 0) {
       wait = prefetch.turns - 1;
-      prefetch_record<W>(prefetch.from + g * GROUPED_RECORD<W>);
+      prefetch_record<W, _MM_HINT_T1>(prefetch.from + g * GROUPED_RECORD<W>);
     }
     Ints dots[T];
     if constexpr (std::is_same_v<W, Int8Grouped>)
