@@ -434,6 +434,15 @@ class GPT(nn.Module):
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
         self._build_position_tables(block_size)
 
+    def grow_block_size(self, block_size: int) -> None:
+        """Lengthen the context of computed positions (rope, sinusoidal): learned ones have no rows past their own."""
+        if self.config.pos_encoding == "learned" or block_size < self.config.block_size:
+            raise ValueError(
+                f"cannot grow {self.config.pos_encoding} positions from {self.config.block_size} to {block_size}"
+            )
+        self.config.block_size = block_size
+        self._build_position_tables(block_size)
+
     def grow_vocabulary(self, vocab_size: int) -> None:
         """Add token rows up to vocab_size (e.g. a chat template's special tokens). Each new row starts at the mean
         of the existing ones: an average token, so the first steps see no outlier logits or inputs."""

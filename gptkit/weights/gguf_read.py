@@ -132,7 +132,7 @@ def read_gguf(
 ) -> tuple[GPT, dict[str, Any] | None]:
     """The model of a GGUF file as our GPT (float32, on CPU) and the file's tokenizer record (gguf_tokenizer_record;
     None where the file holds no tokenizer we read), from one read of its metadata: gguf's reader takes seconds over a
-    large vocabulary's. `overrides` may change what does not change shapes (dropout, block_size downwards).
+    large vocabulary's. `overrides` may change what does not change shapes (dropout; load sets block_size).
     keep_int4: the Q4_0 and Q4_1 matrices stay in the file, read as they are needed (keep_in_file), never float32: for
     decoding on the CPU, not for training. products_in_file: as keep_int4, but for the products alone (the token embedding and the head are read as
     usual): QLoRA's base, whose products add_lora holds as these blocks (gptkit.weights.lora), never float32.

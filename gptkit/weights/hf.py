@@ -496,7 +496,7 @@ def hf_product(
 
 def read_hf_model(directory: Path, overrides: dict[str, Any] | None = None, int4_products: bool = False) -> GPT:
     """The model of a Hugging Face directory of one of ARCHITECTURES as our GPT (float32, on CPU). `overrides` may
-    change what does not change shapes (dropout, block_size downwards). int4_products: the blocks' products as
+    change what does not change shapes (dropout; load sets block_size). int4_products: the blocks' products as
     Int4Linear blocks quantized from the stored weights, never float32 (QLoRA's base)."""
     architecture, config = read_config(directory)
     if overrides:

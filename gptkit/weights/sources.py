@@ -135,7 +135,8 @@ def load(
     data_dir: take the tokenizer from this data directory's meta.json, for a model that carries none (a
       checkpoint's own or a model's tokenizer.json wins, and a data directory with another one is refused).
     merge: a LoRA run's adapters folded into plain weights (False: kept apart, to train on).
-    overrides: model settings that do not change shapes, e.g. {"dropout": 0.1}.
+    overrides: model settings that do not change shapes, e.g. {"dropout": 0.1}; block_size crops the context, or
+      lengthens it where positions are computed (rope, sinusoidal).
     dtype: the weights' dtype, float32 or bfloat16. tokenizer: False reads the model only.
     keep_int4: a GGUF file's Q4_0 and Q4_1 matrices stay in the file, read as they are needed, never float32
       (gguf_read.keep_in_file): for decoding on the CPU, not for training.
@@ -147,6 +148,8 @@ def load(
     if dtype not in DTYPES:
         raise UserError(f"dtype {dtype!r}: models load as {' or '.join(DTYPES)}")
     check_overrides(overrides)
+    context = (overrides or {}).get("block_size")  # set on the model made, whose positions the file fixes
+    overrides = {key: value for key, value in (overrides or {}).items() if key != "block_size"}
     kind = source_kind(source)
     if kind is None:
         raise unknown_source(source)
@@ -161,6 +164,8 @@ def load(
     else:
         path = open_weights_path(source, kind)
         model = read_hf_model(path, overrides, int4_products)
+    if context is not None:
+        fit_context(model, context, str(path))
     read = Loaded(
         model=model,
         tokenizer=None,
@@ -219,6 +224,21 @@ def check_overrides(overrides: Any) -> None:
         GPTConfig(**overrides)
     except (ValueError, TypeError) as exc:
         raise UserError(f"overrides: {exc}") from None
+
+
+def fit_context(model: GPT, block_size: int, source: str) -> None:
+    """The model's context set to `block_size` positions: cropped, or lengthened where its positions are computed;
+    UserError past the rows of learned positions."""
+    held = model.config.block_size
+    if block_size <= held:
+        model.crop_block_size(block_size)
+    elif model.config.pos_encoding == "learned":
+        raise UserError(
+            f"overrides: block_size {block_size} is past the {held} positions {source} learned (its position "
+            f"embedding's rows); give at most {held}"
+        )
+    else:
+        model.grow_block_size(block_size)
 
 
 def check_vocabulary_fits(tokens: int, rows: int, source: str, data_dir: str) -> None:

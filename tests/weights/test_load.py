@@ -339,6 +339,27 @@ def test_overrides_dtype_and_no_tokenizer_apply_to_every_kind(tmp_path):
         assert {param.dtype for param in loaded.model.parameters()} == {torch.bfloat16}
 
 
+def test_a_block_size_override_crops_every_kind_and_lengthens_only_computed_positions(tmp_path):
+    model = lively_model(CHARS.vocab_size, seed=3)  # learned positions, 16 of them
+    save_run(tmp_path / "run" / "ckpt.pt", model)
+    gguf_dir = tmp_path / "gguf"
+    gguf_dir.mkdir()
+    export_gguf(model, CHARS, gguf_dir, "f32", "tiny")
+    for source in (tmp_path / "run", gguf_dir):
+        cropped = load(str(source), overrides={"block_size": 12}, tokenizer=False).model
+        assert cropped.config.block_size == 12 and cropped.transformer.wpe.weight.shape == (12, 32)
+        torch.testing.assert_close(logits(cropped), logits(model), rtol=0, atol=1e-5)  # IDX: 12 positions
+        with pytest.raises(UserError) as error:
+            load(str(source), overrides={"block_size": 17}, tokenizer=False)
+        assert_one_line_message(error.value, "overrides: block_size 17 is past the 16 positions")
+        assert "give at most 16" in str(error.value)
+    hf, directory = qwen2_directory(tmp_path / "qwen2")  # rotary positions, 32 in its config
+    longer = load(str(directory), overrides={"block_size": 48}, tokenizer=False).model
+    idx = torch.randint(0, 704, (1, 40), generator=torch.Generator().manual_seed(4))
+    assert longer.config.block_size == 48
+    torch.testing.assert_close(logits(longer, idx), hf(idx).logits, rtol=0, atol=1e-4)
+
+
 def test_a_data_dir_gives_the_tokenizer_a_checkpoint_does_not_record(tmp_path):
     save_run(tmp_path / "run" / "ckpt.pt", lively_model(CHARS.vocab_size), tokenizer=None)
     make_char_data(tmp_path / "data", TEXT)
@@ -363,6 +384,7 @@ def test_a_gpt2_directory_of_another_vocabulary_reads_its_own_tokenizer_and_temp
     assert loaded.tokenizer.chat is not None and loaded.tokenizer.to_meta()["kind"] == "hf"
 
 
+@pytest.mark.gpt2_bpe
 def test_a_gpt2_directory_holding_gpt2_s_own_tokenizer_json_reads_gpt2_s_bpe(tmp_path):
     """transformers' GPT-2 tokenizer.json, written from OpenAI's encoder.json and vocab.bpe, is GPT-2's vocabulary:
     the directory is tokenized with tiktoken's GPT-2 BPE (what data prepared with --tokenizer=gpt2 holds); one token
@@ -388,6 +410,7 @@ def test_a_gpt2_directory_holding_gpt2_s_own_tokenizer_json_reads_gpt2_s_bpe(tmp
     assert not is_gpt2_bpe({**record, "template_source": "{{ messages[0]['content'] }}"})  # a chat fine-tune's
 
 
+@pytest.mark.gpt2_bpe
 def test_a_gpt2_chat_runs_hugging_face_export_reads_back_with_its_markers_and_template(tmp_path):
     """A GPT-2-shaped run on chat data in GPT-2's BPE, exported with --format=hf and read back from the directory:
     the tokenizer is the run's own (GPT-2's vocabulary and the chat markers), the conversation's ids the run's."""
