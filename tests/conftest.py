@@ -143,7 +143,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     are spread one by one. The modules of LONGEST_FIRST come first, in its order. Tests marked `slow` skip unless
     asked for (-m slow or GPTKIT_SLOW_TESTS=1).
 
-    Tests marked `cuda` run where torch sees a CUDA GPU (or where GPU_TESTS_DEVICE names a device to run their
+    Tests marked `gpt2_bpe` skip, saying why, where GPT-2's BPE files can be neither read nor downloaded. Tests marked `cuda` run where torch sees a CUDA GPU (or where GPU_TESTS_DEVICE names a device to run their
     bodies on instead); elsewhere they are skipped, saying why."""
     import torch
 
@@ -160,12 +160,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if grouping and shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    skip_where_unavailable(items, "gpt2_bpe", gpt2_bpe_missing)
     if torch.cuda.is_available() or os.environ.get("GPU_TESTS_DEVICE"):
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False")
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def skip_where_unavailable(items: list[pytest.Item], marker: str, missing: Callable[[], str]) -> None:
+    """Skip the tests marked `marker` where `missing()` names what they lack (asked only if some are collected)."""
+    marked = [item for item in items if marker in item.keywords]
+    reason = missing() if marked else ""
+    if reason:
+        for item in marked:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def gpt2_bpe_missing() -> str:
+    """Why GPT-2's BPE cannot be had here, or "": offline, tiktoken reads it only from $TIKTOKEN_CACHE_DIR."""
+    import tiktoken
+
+    try:
+        tiktoken.get_encoding("gpt2")
+    except Exception as exc:  # tiktoken raises requests, OSError and ValueError kinds when it cannot fetch
+        return f"needs GPT-2's BPE files, not in tiktoken's cache nor downloadable ({type(exc).__name__}); set TIKTOKEN_CACHE_DIR"
+    return ""
 
 
 @pytest.fixture

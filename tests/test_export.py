@@ -62,6 +62,7 @@ def chat_checkpoint(tmp_path_factory) -> Path:
     return write_checkpoint(tmp_path_factory.mktemp("run") / "ckpt.pt", tokenizer, n_embd=64)
 
 
+@pytest.mark.gpt2_bpe
 @pytest.mark.heavy
 def test_hf_export_of_a_chat_checkpoint_runs_in_transformers_to_our_tokens(tmp_path, chat_checkpoint, capsys):
     destination = tmp_path / "exported"
@@ -179,6 +180,7 @@ def test_the_demos_model_exports_to_gguf_that_llama_cpp_runs_to_our_greedy_token
     assert llm.detokenize(ours).decode() == tokenizer.decode(ours)
 
 
+@pytest.mark.gpt2_bpe
 def test_never_overwrites_unasked(tmp_path, chat_checkpoint, capsys):
     destination = tmp_path / "taken"
     destination.mkdir()
@@ -204,6 +206,7 @@ def test_never_overwrites_unasked(tmp_path, chat_checkpoint, capsys):
     assert_one_line_error(code, err, f"{destination / 'notes.txt'} is a file, not a directory")
 
 
+@pytest.mark.gpt2_bpe
 def test_mistakes_are_one_line_errors_and_leave_no_directory(tmp_path, capsys):
     rope = write_checkpoint(tmp_path / "rope" / "ckpt.pt", tok.TiktokenTokenizer("gpt2"), pos_encoding="rope")
     char = write_checkpoint(tmp_path / "char" / "ckpt.pt", tok.CharTokenizer("abc\n", eot=True))

@@ -490,6 +490,7 @@ def time_limit(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+@pytest.mark.gpt2_bpe
 @pytest.mark.parametrize(("name", "make", "fragments"), HOSTILE_INPUTS, ids=[case[0] for case in HOSTILE_INPUTS])
 def test_hostile_input_is_one_line_and_nothing_is_written(
     tmp_path: Path, name: str, make: Callable[[Path], list[str]], fragments: list[str], capsys: pytest.CaptureFixture
@@ -504,6 +505,7 @@ def test_hostile_input_is_one_line_and_nothing_is_written(
     assert not out.exists()
 
 
+@pytest.mark.gpt2_bpe
 def test_symlink_loops_and_a_fifo_in_a_tree_are_left_out_not_followed(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

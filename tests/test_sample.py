@@ -210,6 +210,7 @@ def test_long_prompt_is_truncated_from_the_left_with_a_warning(trained_char_chec
     assert len(result.stdout.decode()) == 120 + 40 + 1  # generation beyond block_size works
 
 
+@pytest.mark.gpt2_bpe
 def test_streamed_bpe_text_is_valid_utf8_across_split_characters():
     tokenizer = TiktokenTokenizer("gpt2")
     text = "naïve café — 日本語のテキスト 🙂🚀 done"
@@ -230,6 +231,7 @@ def test_stream_holds_back_a_partial_stop_string():
     assert printed == ["", "a", "b", "X", "c", ""]
 
 
+@pytest.mark.gpt2_bpe
 def test_bpe_checkpoint_streams_valid_utf8_end_to_end(tmp_path, capsys):
     tokenizer = TiktokenTokenizer("gpt2")
     torch.manual_seed(0)

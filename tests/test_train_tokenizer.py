@@ -125,6 +125,7 @@ def test_any_text_round_trips(trained: tuple, held_out: list[str]) -> None:
     assert tokenizer.decode([tokenizer.eot_token]) == tok.END_OF_TEXT
 
 
+@pytest.mark.gpt2_bpe
 def test_trained_on_python_compresses_held_out_python_better_than_gpt2(trained: tuple, held_out: list[str]) -> None:
     _, _, tokenizer = trained
     gpt2 = tok.TiktokenTokenizer("gpt2")

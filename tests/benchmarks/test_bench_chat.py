@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 import bench_chat
 from helpers import assert_script_error, run_main, run_script, scripts_in_process
 
 
+@pytest.mark.gpt2_bpe
 def test_smoke_run_compares_chat_with_plain_training(tmp_path: Path, capsys, monkeypatch) -> None:
     out = tmp_path / "chat.json"
     # 2 rows of 64 tokens: the GPT-2 vocabulary's logits of the default 8 rows of 256 (400 MB) would dominate the run.

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 import bench_serve
 from helpers import run_main, run_script
 
@@ -14,6 +16,7 @@ TINY = ["--clients=2", "--new_tokens=2", "--rounds=1", "--probes=1", "--probe_to
 TINY_MODEL = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=32"]
 
 
+@pytest.mark.gpt2_bpe
 def test_smoke_run_measures_both_phases_and_first_tokens(tmp_path: Path, capsys) -> None:
     out, work = tmp_path / "serve.json", tmp_path / "work"
     code, _, err = run_main(bench_serve.main, [*TINY, *TINY_MODEL, f"--work_dir={work}", f"--json_out={out}"], capsys)
@@ -27,6 +30,7 @@ def test_smoke_run_measures_both_phases_and_first_tokens(tmp_path: Path, capsys)
     assert sorted(p.name for p in work.iterdir()) == ["server.log"]  # the random weights are deleted
 
 
+@pytest.mark.gpt2_bpe
 def test_smoke_run_of_chat_clients(tmp_path: Path) -> None:
     out, work = tmp_path / "serve.json", tmp_path / "work"
     args = ["--chat=True", f"--work_dir={work}", f"--json_out={out}"]

@@ -39,6 +39,7 @@ def measured_in_process(command: list[str], log_path: Path) -> bench_prepare.Run
     )
 
 
+@pytest.mark.gpt2_bpe
 @pytest.mark.heavy  # train.py and corpus.py in this process
 def test_smoke_run_writes_every_part(tmp_path: Path, capsys, monkeypatch) -> None:
     """bench_tokenizer.main in this process, and the scripts it measures too (the test below runs bench_tokenizer.py

@@ -47,6 +47,7 @@ def test_decode_shows_markers() -> None:
     )
 
 
+@pytest.mark.gpt2_bpe
 def test_gpt2_markers_and_the_injection_boundary() -> None:
     gpt2 = tok.TiktokenTokenizer("gpt2")
     chat = tok.ChatTokenizer.extending(gpt2)
@@ -134,6 +135,7 @@ def test_from_meta_of_no_object() -> None:
         ChatTemplate.from_meta(["x"], "here")
 
 
+@pytest.mark.gpt2_bpe
 @pytest.mark.parametrize("base", ["char", "gpt2"])
 def test_tokenizer_from_meta_round_trip(base: str) -> None:
     plain = tok.CharTokenizer.from_text("hello world", eot=True) if base == "char" else tok.TiktokenTokenizer("gpt2")

@@ -44,6 +44,7 @@ def read_split(out_dir: Path, meta: dict, split: str) -> np.ndarray:
     return np.concatenate(parts)
 
 
+@pytest.mark.gpt2_bpe
 def test_pieces_tokenise_like_the_whole_document(tmp_path: Path, shakespeare: str, gpt2) -> None:
     # Many small pieces, cut at single newlines between words: the same tokens as encoding the whole text.
     meta = run_corpus([SHAKESPEARE], tmp_path / "out", chunk_bytes=4096)
@@ -58,6 +59,7 @@ def test_pieces_tokenise_like_the_whole_document(tmp_path: Path, shakespeare: st
     assert meta["splits"]["train"]["documents"] == meta["splits"]["val"]["documents"] == 1
 
 
+@pytest.mark.gpt2_bpe
 def test_one_giant_line_still_tokenises_exactly(tmp_path: Path, shakespeare: str, gpt2) -> None:
     # No newline at all: pieces end before a space between words, which GPT-2 also splits at.
     line = " ".join(shakespeare.split())
@@ -80,6 +82,7 @@ def write_jsonl(path: Path, texts: list[str]) -> Path:
     return path
 
 
+@pytest.mark.gpt2_bpe
 def test_jsonl_split_follows_the_keyed_hash(tmp_path: Path, gpt2, shakespeare: str) -> None:
     texts = [p for p in shakespeare.split("\n\n")[:300] if p]
     corpus = write_jsonl(tmp_path / "c.jsonl", texts)
@@ -93,6 +96,7 @@ def test_jsonl_split_follows_the_keyed_hash(tmp_path: Path, gpt2, shakespeare: s
         assert meta["splits"][split]["documents"] == expected[split].count(gpt2.eot_token)
 
 
+@pytest.mark.gpt2_bpe
 def test_shards_concatenate_to_the_unsharded_stream(tmp_path: Path) -> None:
     single = run_corpus([SHAKESPEARE], tmp_path / "single", chunk_bytes=20000)
     sharded = run_corpus([SHAKESPEARE], tmp_path / "sharded", chunk_bytes=20000, shard_tokens=7000)
@@ -110,6 +114,7 @@ def test_shards_concatenate_to_the_unsharded_stream(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.gpt2_bpe
 def test_more_workers_same_bytes(tmp_path: Path, shakespeare: str) -> None:
     texts = [p for p in shakespeare.split("\n\n")[:400] if p]
     corpus = write_jsonl(tmp_path / "c.jsonl", texts)
@@ -139,6 +144,7 @@ def test_char_tokenizer_beyond_uint16_uses_uint32(tmp_path: Path) -> None:
     assert decoder.decode(stream[1:].tolist()) == text
 
 
+@pytest.mark.gpt2_bpe
 def test_failure_mid_write_leaves_the_directory_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "out"
     run_corpus([SHAKESPEARE], out, chunk_bytes=20000)
@@ -162,6 +168,7 @@ def test_failure_mid_write_leaves_the_directory_as_it_was(tmp_path: Path, monkey
     assert not (tmp_path / "fresh").exists()  # a directory this run created is removed again
 
 
+@pytest.mark.gpt2_bpe
 def test_rerun_replaces_outputs_and_removes_stale_files(tmp_path: Path) -> None:
     out = tmp_path / "out"
     run_corpus([SHAKESPEARE], out, chunk_bytes=20000, shard_tokens=5000)
@@ -174,6 +181,7 @@ def test_rerun_replaces_outputs_and_removes_stale_files(tmp_path: Path) -> None:
     assert read_meta(out, check_files=True) == meta
 
 
+@pytest.mark.gpt2_bpe
 def test_size_checks(tmp_path: Path) -> None:
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(UserError, match="corpus is empty"):

@@ -35,6 +35,7 @@ def expected(prompt: list[dict], reply: list[dict]) -> tuple[np.ndarray, np.ndar
     return ids, mask
 
 
+@pytest.mark.gpt2_bpe
 def test_text_and_message_forms_render_pairs_with_masks_on_the_replies(tmp_path, capsys):
     """Each form for each of four prompts; every pair of a prompt goes to the same split."""
 
@@ -75,6 +76,7 @@ def test_text_and_message_forms_render_pairs_with_masks_on_the_replies(tmp_path,
         assert len({prompt_of[text] for text in texts}) * 3 == len(texts), split
 
 
+@pytest.mark.gpt2_bpe
 def test_a_record_without_chosen_is_one_line_naming_file_and_line(tmp_path, capsys):
     records = [{"prompt": "a", "chosen": "b", "rejected": "c"}, {"prompt": "a", "rejected": "c"}]
     code, _, stderr, out = prepare(tmp_path, records, capsys)
@@ -106,6 +108,7 @@ def test_a_record_without_chosen_is_one_line_naming_file_and_line(tmp_path, caps
         ),
     ],
 )
+@pytest.mark.gpt2_bpe
 def test_a_pair_with_nothing_to_prefer_is_one_line(tmp_path, capsys, record, message):
     """The same reply twice, or replies to different prompts: DPO's loss would learn nothing, or the wrong thing."""
     code, _, stderr, out = prepare(tmp_path, [{"prompt": "a", "chosen": "b", "rejected": "c"}, record], capsys)
@@ -114,12 +117,14 @@ def test_a_pair_with_nothing_to_prefer_is_one_line(tmp_path, capsys, record, mes
     assert not (out / "meta.json").exists()
 
 
+@pytest.mark.gpt2_bpe
 def test_skip_counts_bad_records(tmp_path, capsys):
     good = [{"prompt": f"q{i}", "chosen": "yes", "rejected": "no"} for i in range(10)]
     code, stdout, _, _ = prepare(tmp_path, [*good, {"prompt": "x", "chosen": "y"}], capsys, "--on_bad=skip")
     assert code == 0 and "1 skipped (1 no chosen or rejected)" in stdout
 
 
+@pytest.mark.gpt2_bpe
 def test_parquet_records(tmp_path, capsys):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -140,6 +145,7 @@ def test_parquet_records(tmp_path, capsys):
     assert gpt2_chat_tokenizer().decode(ids.tolist()).count("question") == 1
 
 
+@pytest.mark.gpt2_bpe
 def test_pair_batches_hold_chosen_then_rejected_rows_and_resume_by_index(tmp_path, capsys):
     records = [{"prompt": f"q {i}", "chosen": "yes " * (1 + i % 3), "rejected": "no"} for i in range(20)]
     _, _, _, out = prepare(tmp_path, records, capsys)

@@ -86,6 +86,7 @@ def turns_key(messages: list[dict]) -> int:
     return int.from_bytes(digest, "little")
 
 
+@pytest.mark.gpt2_bpe
 def test_jsonl_conversations_read_back_exactly(tmp_path: Path, capsys: Any) -> None:
     records = [{"messages": conversation(i, turns=1 + i % 3)} for i in range(60)]
     source = write_jsonl(tmp_path / "chats.jsonl", [*records[:30], "", *records[30:]])  # a blank line is no record
@@ -111,6 +112,7 @@ def test_jsonl_conversations_read_back_exactly(tmp_path: Path, capsys: Any) -> N
     assert stdout.startswith(f"wrote 7 files to {out} (uint16, vocab 50,261): train {len(expected['train'])} conv")
 
 
+@pytest.mark.gpt2_bpe
 def test_gz_parquet_and_prompt_completion_in_a_directory(tmp_path: Path, capsys: Any) -> None:
     root = tmp_path / "in"
     root.mkdir()
@@ -183,6 +185,7 @@ def test_char_table_from_the_conversations_same_for_any_worker_count(tmp_path: P
         assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes().replace(b"out2", b"out1")
 
 
+@pytest.mark.gpt2_bpe
 def test_cut_and_drop(tmp_path: Path, capsys: Any) -> None:
     long_answer = " ".join(WORDS * 3)
     variants = [  # four of each kind, each its own conversation
@@ -227,6 +230,7 @@ BAD_LINES = {
 }
 
 
+@pytest.mark.gpt2_bpe
 @pytest.mark.parametrize("reason", sorted(BAD_LINES))
 def test_bad_record_one_line_with_file_and_line(tmp_path: Path, capsys: Any, reason: str) -> None:
     record, fragment = BAD_LINES[reason]
@@ -236,6 +240,7 @@ def test_bad_record_one_line_with_file_and_line(tmp_path: Path, capsys: Any, rea
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.gpt2_bpe
 def test_on_bad_skip_counts_each_reason(tmp_path: Path, capsys: Any) -> None:
     goods = [{"messages": [{"role": "user", "content": f"hi {i}"}, GOOD_LINE["messages"][1]]} for i in range(20)]
     records = goods + [BAD_LINES[r][0] for r in sorted(BAD_LINES)] + [BAD_LINES["wrong role"][0]]
@@ -249,6 +254,7 @@ def test_on_bad_skip_counts_each_reason(tmp_path: Path, capsys: Any) -> None:
     assert "7 conversations skipped (1 empty content, 1 invalid UTF-8, 1 malformed JSON, 1 no assistant turn" in stdout
 
 
+@pytest.mark.gpt2_bpe
 def test_parquet_bad_row_names_the_row(tmp_path: Path, capsys: Any) -> None:
     rows = [{"messages": GOOD_LINE["messages"]}] * 9 + [{"messages": [{"role": "user", "content": "hi"}]}]
     source = write_parquet(tmp_path / "c.parquet", rows)
@@ -314,6 +320,7 @@ def test_reused_tokenizer_gives_the_base_ids(tmp_path: Path, capsys: Any) -> Non
     assert_one_line_error(code, err, f"{unknown}:2: ", "'Z'", "not in the character vocabulary")
 
 
+@pytest.mark.gpt2_bpe
 def test_failure_midway_leaves_the_earlier_data(tmp_path: Path, capsys: Any) -> None:
     good = [{"messages": conversation(i)} for i in range(200)]
     out = tmp_path / "out"
@@ -349,6 +356,7 @@ def test_help_lists_every_setting(capsys: Any) -> None:
     assert "--block_size  (integer, default 1024)" in stdout and "--too_long  (string, default 'cut')" in stdout
 
 
+@pytest.mark.gpt2_bpe
 def test_mask_file_matches_assistant_tokens(tmp_path: Path, capsys: Any) -> None:
     source = write_jsonl(tmp_path / "c.jsonl", [{"messages": conversation(i)} for i in range(30)])
     out = tmp_path / "out"
@@ -377,6 +385,7 @@ def test_work_items_are_bounded_and_keep_every_record_in_order(tmp_path: Path) -
     assert sum(i.input_bytes for i in items) == jsonl.stat().st_size + parquet.stat().st_size
 
 
+@pytest.mark.gpt2_bpe
 def test_sigterm_mid_run_ends_the_workers_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # this checkout's gptkit, whatever the environment installed
     block = "".join(json.dumps({"messages": conversation(i, turns=3)}) + "\n" for i in range(2000))
@@ -391,6 +400,7 @@ def test_sigterm_mid_run_ends_the_workers_and_leaves_nothing(tmp_path: Path, mon
     assert alive(workers) == [] and not out.exists()
 
 
+@pytest.mark.gpt2_bpe
 def test_a_conversation_given_twice_goes_to_one_split(tmp_path: Path, capsys: Any) -> None:
     """Datasets repeat records: were the copies split apart, val would measure what train learned by heart."""
     distinct = [{"messages": conversation(i)} for i in range(30)]
@@ -404,6 +414,7 @@ def test_a_conversation_given_twice_goes_to_one_split(tmp_path: Path, capsys: An
     assert len(got["train"]) + len(got["val"]) == 60
 
 
+@pytest.mark.gpt2_bpe
 def test_a_conversation_past_16_mib_of_text_is_bad_input_not_a_memory_blow_up(tmp_path: Path, capsys: Any) -> None:
     """Its tokenization would take memory in proportion (a 300 MB reply asked for 9.6 GB): refused before."""
     huge = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a " * (2**23 + 9)}]}

@@ -74,6 +74,7 @@ def mixed_corpus(tmp_path: Path, paragraphs: list[str]) -> Path:
     return root
 
 
+@pytest.mark.gpt2_bpe
 def test_mixed_corpus_meta_and_tokens(
     run_corpus: Callable, tmp_path: Path, mixed_corpus: Path, paragraphs: list[str]
 ) -> None:
@@ -105,6 +106,7 @@ def test_mixed_corpus_meta_and_tokens(
     assert meta["splits"]["val"]["documents"] > 0
 
 
+@pytest.mark.gpt2_bpe
 def test_same_seed_same_split_other_seed_differs(run_corpus: Callable, tmp_path: Path, mixed_corpus: Path) -> None:
     common = [f"--input={mixed_corpus}", "--text_field=body", "--block_size=16", "--num_workers=2"]
     for name, seed in (("a", 1), ("b", 1), ("c", 2)):
@@ -138,6 +140,7 @@ def test_char_tokenizer_and_shards(run_corpus: Callable, tmp_path: Path) -> None
     assert tok.tokenizer_from_meta(meta["tokenizer"]).decode(stream[1:].tolist()) == SHAKESPEARE.read_text()
 
 
+@pytest.mark.gpt2_bpe
 def test_bpe_dir_offline(run_corpus: Callable, tmp_path: Path) -> None:
     """A process: this one has GPT-2's encoding loaded already, the process starts with tiktoken's cache out of
     reach. The damaged files are refused before any encoding is loaded, here in this process."""
@@ -174,6 +177,7 @@ BAD_UTF8 = b"good line\nanother line \xff\xfe broken\nmore\n"
         ("good", ["--shards=2"], ["unknown setting 'shards'"]),
     ],
 )
+@pytest.mark.gpt2_bpe
 def test_bad_input_is_one_line_and_writes_nothing(
     run_corpus: Callable, tmp_path: Path, setup: str, args: list[str], fragments: list[str]
 ) -> None:
@@ -200,6 +204,7 @@ def test_bad_input_is_one_line_and_writes_nothing(
     assert_nothing_written(out)
 
 
+@pytest.mark.gpt2_bpe
 def test_decode_error_replace_and_skip(run_corpus: Callable, tmp_path: Path) -> None:
     inputs = tmp_path / "in"
     inputs.mkdir()
@@ -251,6 +256,7 @@ CRASH_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.gpt2_bpe
 @pytest.mark.parametrize("where", ["write", "commit"])
 def test_killed_run_leaves_nothing_that_looks_complete(run_corpus: Callable, tmp_path: Path, where: str) -> None:
     """The crash is a process; the runs before and after it call corpus.py's main in this process."""
@@ -306,6 +312,7 @@ def big_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ],
     ids=["sigterm", "sigterm_group", "ctrl_c"],
 )
+@pytest.mark.gpt2_bpe
 def test_a_stop_signal_mid_run_ends_the_workers_and_leaves_nothing(
     tmp_path: Path, big_corpus: Path, signum: int, group: bool, code: int, message: str
 ) -> None:
@@ -318,6 +325,7 @@ def test_a_stop_signal_mid_run_ends_the_workers_and_leaves_nothing(
     assert not out.exists()  # the run created it: no *.tmp, no train.bin / val.bin / meta.json
 
 
+@pytest.mark.gpt2_bpe
 def test_two_quick_ctrl_cs_end_the_run_as_one_does(tmp_path: Path, big_corpus: Path) -> None:
     """The second Ctrl-C arrives while the workers are being stopped, where it waits until they have left (cut
     short, the stop left them waiting for work and the exit waiting on them forever), or on the way out, where it
@@ -330,6 +338,7 @@ def test_two_quick_ctrl_cs_end_the_run_as_one_does(tmp_path: Path, big_corpus: P
     assert alive(workers) == [] and not out.exists()
 
 
+@pytest.mark.gpt2_bpe
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers end with a killed parent only on Linux")
 def test_kill_9_mid_run_still_ends_the_workers(tmp_path: Path, big_corpus: Path) -> None:
     out = tmp_path / "out"
@@ -412,6 +421,7 @@ def prepared(
     return result, read_meta(out, check_files=True), {p.name: p.read_bytes() for p in out.glob("*.bin")}
 
 
+@pytest.mark.gpt2_bpe
 def test_a_directory_walk_reads_only_the_text_files(run_corpus: Callable, tmp_path: Path, messy_tree: Path) -> None:
     assert len(pycache_files(messy_tree)) == 2
     seed = f"--seed={seed_for(len(TEXT_FILES))}"
@@ -435,6 +445,7 @@ def test_a_directory_walk_reads_only_the_text_files(run_corpus: Callable, tmp_pa
     ],
     ids=["include_py", "exclude_folder_and_name", "exclude_relative_path"],
 )
+@pytest.mark.gpt2_bpe
 def test_include_and_exclude_choose_what_a_walk_reads(
     run_corpus: Callable, tmp_path: Path, messy_tree: Path, flags: list[str], read: list[str], changed: dict[str, int]
 ) -> None:
@@ -448,6 +459,7 @@ def test_include_and_exclude_choose_what_a_walk_reads(
     assert f"{changed['excluded']} excluded" in result.stdout
 
 
+@pytest.mark.gpt2_bpe
 def test_a_walk_of_a_project_leaves_out_prepared_data_runs_and_model_folders(
     run_corpus: Callable, tmp_path: Path, paragraphs: list[str]
 ) -> None:
@@ -494,6 +506,7 @@ def test_a_binary_file_named_on_its_own_is_an_error_not_skipped(
     assert_nothing_written(tmp_path / "o")
 
 
+@pytest.mark.gpt2_bpe
 def test_a_latin1_text_file_in_a_tree_is_an_error_naming_file_and_offset(
     run_corpus: Callable, tmp_path: Path, messy_tree: Path
 ) -> None:
@@ -524,6 +537,7 @@ def python_test_tree() -> tuple[Path, list[str]]:
     return Path(os.path.dirname(json.__file__)), ["--include=*.py"]
 
 
+@pytest.mark.gpt2_bpe
 def test_a_real_tree_python_lib_test(run_corpus: Callable, tmp_path: Path) -> None:
     root, flags = python_test_tree()
     binary = pycache = 0  # counted here independently of gptkit
@@ -601,6 +615,7 @@ def test_a_long_document_cut_into_pieces_has_a_sentencepiece_tokenizers_whole_do
     assert tokens_of(out)[1:] == expected  # train's pieces, then val's, cut in the middle of the document
 
 
+@pytest.mark.gpt2_bpe
 def test_a_byte_order_mark_opening_a_file_is_no_text(run_corpus: Callable, tmp_path: Path) -> None:
     """A UTF-8 byte-order mark opening a text or JSONL file is left out (as Python's utf-8-sig reads it): the ids are
     tiktoken's of the texts alone."""

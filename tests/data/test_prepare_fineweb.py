@@ -60,6 +60,7 @@ def fineweb_here(capsys: pytest.CaptureFixture) -> Callable[..., subprocess.Comp
     return lambda *args: run_in_process(fineweb.main, list(args), capsys)
 
 
+@pytest.mark.gpt2_bpe
 def test_download_and_tokenise_into_shards(
     tmp_path: Path, parquet_server: tuple[str, list[str]], fineweb_here: Callable[..., subprocess.CompletedProcess]
 ) -> None:
@@ -178,6 +179,7 @@ def test_sigterm_during_the_download_keeps_only_the_resumable_part_file(tmp_path
     assert cached[0].read_bytes() == b"PAR1" + b"\0" * ((1 << 16) - 4)
 
 
+@pytest.mark.gpt2_bpe
 def test_sigterm_while_tokenising_ends_the_workers_and_leaves_nothing(tmp_path: Path) -> None:
     folder = tmp_path / "served" / "sample" / "10BT"
     folder.mkdir(parents=True)

@@ -80,6 +80,7 @@ def test_char_level_counts_vocab_and_meta(tmp_path: Path) -> None:
     assert "".join(chars[i] for i in np.concatenate([train, val])) == text
 
 
+@pytest.mark.gpt2_bpe
 def test_gpt2_counts_with_source_flag(tmp_path: Path, prepare_here: Callable[..., subprocess.CompletedProcess]) -> None:
     corpus = canonical_shakespeare()
     out = tmp_path / "s"
@@ -94,6 +95,7 @@ def test_gpt2_counts_with_source_flag(tmp_path: Path, prepare_here: Callable[...
     assert np.fromfile(out / "val.bin", dtype="<u2").tolist() == enc.encode(text[int(len(text) * 0.9) :])
 
 
+@pytest.mark.gpt2_bpe
 def test_gpt2_from_bpe_dir_without_tiktoken_cache(
     tmp_path: Path, prepare_here: Callable[..., subprocess.CompletedProcess]
 ) -> None:
@@ -140,6 +142,7 @@ def test_other_text_needs_sha256_none(tmp_path: Path, prepare_here: Callable[...
     assert_script_error(missing, "does not exist")
 
 
+@pytest.mark.gpt2_bpe
 def test_earlier_data_is_replaced_only_by_the_same_preparation_or_with_overwrite(
     tmp_path: Path, prepare_here: Callable[..., subprocess.CompletedProcess]
 ) -> None:

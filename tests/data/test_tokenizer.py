@@ -65,6 +65,7 @@ def test_char_tokenizer_rejects_bad_tables() -> None:
         CharTokenizer(["ab"])
 
 
+@pytest.mark.gpt2_bpe
 def test_gpt2_known_ids_and_specials_as_text(gpt2: TiktokenTokenizer) -> None:
     assert gpt2.vocab_size == 50257 and gpt2.eot_token == 50256
     assert gpt2.encode("Hello world") == [15496, 995]
@@ -77,6 +78,7 @@ def test_gpt2_known_ids_and_specials_as_text(gpt2: TiktokenTokenizer) -> None:
     assert gpt2.to_meta() == {"kind": "tiktoken", "encoding": "gpt2"}
 
 
+@pytest.mark.gpt2_bpe
 def test_gpt2_numpy_encoding_matches_the_list_encoding(gpt2: TiktokenTokenizer, shakespeare_text: str) -> None:
     """encode_array (the pipeline's fast path) gives exactly encode's ids, special-token text included."""
     text = shakespeare_text[:20000] + " <|endoftext|> naïve 日本語 🙂"
@@ -85,6 +87,7 @@ def test_gpt2_numpy_encoding_matches_the_list_encoding(gpt2: TiktokenTokenizer, 
     assert array.tolist() == gpt2.encode(text)
 
 
+@pytest.mark.gpt2_bpe
 def test_bpe_dir_matches_cached_encoding(tmp_path: Path, gpt2: TiktokenTokenizer, shakespeare_text: str) -> None:
     local = TiktokenTokenizer("gpt2", bpe_dir=copy_gpt2_bpe_files(tmp_path / "bpe"))
     assert local.vocab_size == 50257 and local.eot_token == 50256
@@ -93,6 +96,7 @@ def test_bpe_dir_matches_cached_encoding(tmp_path: Path, gpt2: TiktokenTokenizer
     assert local.decode(local.encode(sample)) == sample
 
 
+@pytest.mark.gpt2_bpe
 def test_bpe_dir_corrupted_or_missing_file_rejected(tmp_path: Path) -> None:
     bpe = copy_gpt2_bpe_files(tmp_path / "bpe")
     data = bytearray((bpe / "vocab.bpe").read_bytes())
@@ -122,6 +126,7 @@ def test_a_missing_gguf_file_is_said_to_be_missing(tmp_path: Path) -> None:
     assert str(error.value) == f"{missing}: no such file or directory"
 
 
+@pytest.mark.gpt2_bpe
 def test_tokenizer_from_meta_rebuilds_both_kinds() -> None:
     char = tokenizer.tokenizer_from_meta({"kind": "char", "chars": ["x", "y"], "eot": True})
     assert isinstance(char, CharTokenizer) and char.vocab_size == 3 and char.encode("yx") == [1, 0]
@@ -176,6 +181,7 @@ def test_a_damaged_bpe_record_is_one_clear_error(damage, message: str) -> None:
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.gpt2_bpe
 def test_make_tokenizer_takes_names_and_trained_directories(tmp_path: Path) -> None:
     assert type(tokenizer.make_tokenizer("gpt2")) is TiktokenTokenizer
     with pytest.raises(UserError, match=r"train_tokenizer\.py"):

@@ -161,6 +161,7 @@ def test_long_prompts_are_cut_from_the_left_or_refused(char_tokenizer):
         assert HTTP.post(f"{base}/v1/completions", json={"model": "m", "prompt": prompt[-16:]}).status_code == 200
 
 
+@pytest.mark.gpt2_bpe
 def test_bpe_text_streams_utf8_safe_and_whole():
     """A random GPT-2-vocabulary model makes byte tokens that split characters: every streamed chunk is whole text,
     and the chunks join to the non-streamed answer of the same seed."""

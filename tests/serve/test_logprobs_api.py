@@ -126,6 +126,7 @@ def test_chat_logprobs_come_in_the_chat_format():
         assert sum(math.exp(top.logprob) for top in entry.top_logprobs) <= 1 + 1e-6
 
 
+@pytest.mark.gpt2_bpe
 def test_a_token_that_is_part_of_a_character_is_written_as_bytes():
     tokenizer = TiktokenTokenizer("gpt2")
     model = lively_model(tokenizer.vocab_size, block_size=32)
@@ -165,6 +166,7 @@ def test_best_of_answers_the_candidates_with_the_highest_mean_logprob(server):
     assert best["usage"]["completion_tokens"] == sum(len(c["logprobs"]["tokens"]) for c in candidates)
 
 
+@pytest.mark.gpt2_bpe
 def test_tokenizer_endpoints_speak_vllms_format():
     wrong_model = [("tokenize", {"prompt": "Hi"}), ("detokenize", {"tokens": [1]})]
     tokenizer = gpt2_chat_tokenizer()
@@ -211,6 +213,7 @@ def test_an_echoed_prompt_is_scored_whole_up_to_one_token_past_the_context(serve
     assert "max_length=34" in refused.json()["error"]["message"]
 
 
+@pytest.mark.gpt2_bpe
 def test_text_offsets_count_characters_of_the_text_when_tokens_split_them():
     """GPT-2 spells 🙂 in two tokens of two bytes each, and has a token of the lone byte 0xa9 (no UTF-8 alone): each
     token starts at the character holding its first byte, in the text as decoded ("a🙂b", "x\ufffdy"), also when a

@@ -122,6 +122,7 @@ def test_f16_and_q8_0_tensors_are_within_their_formats_error(tmp_path):
         assert np.abs(blocks - original).max() > 0  # quantized, not stored exactly
 
 
+@pytest.mark.gpt2_bpe
 @pytest.mark.heavy
 def test_metadata_holds_the_architecture_tokenizer_and_chat_template(gpt2_file, gpt2_model):
     _, reader = gpt2_file
@@ -161,6 +162,7 @@ def test_metadata_holds_the_architecture_tokenizer_and_chat_template(gpt2_file, 
     assert "output.weight" in names and len(names) == 4 + 1 + 12 * config.n_layer  # untied: the head is stored
 
 
+@pytest.mark.gpt2_bpe
 @pytest.mark.heavy
 def test_the_chat_template_in_the_metadata_renders_our_ids(tmp_path, gpt2_file, gpt2_model):
     transformers = pytest.importorskip("transformers")
@@ -180,6 +182,7 @@ def test_the_chat_template_in_the_metadata_renders_our_ids(tmp_path, gpt2_file, 
     assert modelfile.startswith("FROM ./tiny-f16.gguf\n") and 'PARAMETER stop "<|end|>"' in modelfile
 
 
+@pytest.mark.gpt2_bpe
 @pytest.mark.heavy
 def test_gpt2_s_chat_vocabulary_reads_back_with_tiktoken_s_ids_and_our_template(gpt2_file):
     """gptkit/data/gguf_tokenizer.py over the file's metadata (as gpt2_file's reader parsed it): GPT-2's 50,000 tokens

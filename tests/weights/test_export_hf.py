@@ -68,6 +68,7 @@ def chat_ids(hf_tokenizer, messages, generation_prompt: bool) -> list[int]:
     return list(out["input_ids"] if isinstance(out, Mapping) else out)
 
 
+@pytest.mark.gpt2_bpe
 @pytest.mark.parametrize("kind", ["gpt2", "trained"])
 def test_auto_tokenizer_encodes_held_out_text_to_our_ids(tmp_path, kind, trained_bpe):
     ours = tok.TiktokenTokenizer("gpt2") if kind == "gpt2" else trained_bpe
@@ -98,6 +99,7 @@ def test_a_character_vocabulary_encodes_to_our_ids_and_refuses_unknown_character
         hf.encode("a\u4e16b")
 
 
+@pytest.mark.gpt2_bpe
 @pytest.mark.parametrize("kind", ["gpt2", "trained", "char"])
 def test_apply_chat_template_gives_our_templates_ids(tmp_path, kind, trained_bpe):
     base = {
