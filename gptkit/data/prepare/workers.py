@@ -253,7 +253,7 @@ _worker: Any = None  # the worker of this pool process (a Worker unless run_item
 
 
 # Ctrl-C goes to the whole process group, and so does SIGTERM from `timeout` or a batch scheduler: the main
-# process handles both (gptkit.core.errors.run_cli), ends the workers and shuts the pool down; workers ignore them.
+# process handles both (gptkit.core.errors.run_cli) and shuts the pool down; workers ignore them and finish their item.
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -339,7 +339,7 @@ def run_items(
         num_workers, mp_context=context, initializer=_init_worker, initargs=(job, parent_pid, make_worker)
     )
     pending: deque = deque()
-    started = finished = False
+    started = False
     try:
         for item in items:
             pending.append(_submit(pool, item, first=not started))
@@ -348,7 +348,6 @@ def run_items(
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
-        finished = True
     except BrokenProcessPool:
         raise UserError(
             "a tokenising worker process died (out of memory?); try fewer --num_workers or a smaller --chunk_bytes"
@@ -357,14 +356,4 @@ def run_items(
         # A second Ctrl-C waits until the workers have left: cut short, the shutdown leaves them waiting for work
         # that never comes, and the interpreter's exit waits on them forever.
         with stop_signals_held():
-            if not finished:
-                kill_workers(pool)
             pool.shutdown(wait=True, cancel_futures=True)
-
-
-def kill_workers(pool: ProcessPoolExecutor) -> None:
-    """End a stopped run's workers at once: the items at hand are of no use now, and one that hangs would keep the
-    run waiting for it. SIGKILL, since workers ignore the stop signals (Python 3.14's pool.kill_workers does this)."""
-    for process in list((pool._processes or {}).values()):
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
