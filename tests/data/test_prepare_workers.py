@@ -138,6 +138,7 @@ def test_two_processes_give_the_results_of_one_in_order() -> None:
     assert one == two and len(one) == len(items)
 
 
+@pytest.mark.gpt2_bpe
 @pytest.mark.parametrize("kind", ["char", "gpt2"])
 def test_a_job_survives_pickling_for_platforms_without_fork(kind: str) -> None:
     # Where workers are spawned instead of forked, each receives the Job (and its built tokenizer) pickled.
