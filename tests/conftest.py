@@ -141,9 +141,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The tests of a module that share a module-scoped fixture run in one xdist process (`make test` distributes
     with --dist=loadgroup), so that the fixture's run or server is made once, not once per process; the other tests
     are spread one by one. The modules of LONGEST_FIRST come first, in its order. Tests marked `slow` skip unless
-    asked for (-m slow or GPTKIT_SLOW_TESTS=1).
+    asked for (-m slow or GPTKIT_SLOW_TESTS=1). Tests marked `gpt2_bpe` skip, saying why, where GPT-2's BPE files
+    can be neither read nor downloaded.
 
-    Tests marked `gpt2_bpe` skip, saying why, where GPT-2's BPE files can be neither read nor downloaded. Tests marked `cuda` run where torch sees a CUDA GPU (or where GPU_TESTS_DEVICE names a device to run their
+    Tests marked `cuda` run where torch sees a CUDA GPU (or where GPU_TESTS_DEVICE names a device to run their
     bodies on instead); elsewhere they are skipped, saying why."""
     import torch
 
