@@ -180,13 +180,15 @@ def skip_where_unavailable(items: list[pytest.Item], marker: str, missing: Calla
 
 
 def gpt2_bpe_missing() -> str:
-    """Why GPT-2's BPE cannot be had here, or "": offline, tiktoken reads it only from $TIKTOKEN_CACHE_DIR."""
-    import tiktoken
+    """Why GPT-2's BPE cannot be had here (the toolkit's own one line), or "": offline, tiktoken reads it only from
+    $TIKTOKEN_CACHE_DIR."""
+    from gptkit.core.errors import UserError
+    from gptkit.data.tokenizer import TiktokenTokenizer
 
     try:
-        tiktoken.get_encoding("gpt2")
-    except Exception as exc:  # tiktoken raises requests, OSError and ValueError kinds when it cannot fetch
-        return f"needs GPT-2's BPE files, not in tiktoken's cache nor downloadable ({type(exc).__name__}); set TIKTOKEN_CACHE_DIR"
+        TiktokenTokenizer("gpt2")
+    except UserError as exc:
+        return f"needs GPT-2's BPE: {exc}"
     return ""
 
 
